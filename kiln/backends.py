@@ -1,0 +1,99 @@
+"""The backend registry: the seam between capture and code generation.
+
+A backend has torch.compile's contract: `backend(gm: torch.fx.GraphModule,
+example_inputs: list[torch.Tensor]) -> callable`. `kiln.compile(backend=...)`
+accepts a registered name or any such callable. Backends that take `mode` and
+`options` (kiln's inductor) are registered with `takes_options=True` and are
+called through a closure that binds them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.config import validate_options
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+log = logging.getLogger("kiln.backends")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable
+    takes_options: bool
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_backend(compiler_fn: Callable | None = None, *, name: str | None = None, takes_options: bool = False):
+    """Register a backend under `name` (default: the function's name). Usable as a decorator."""
+
+    def register(fn: Callable) -> Callable:
+        key = name or fn.__name__
+        if not callable(fn):
+            raise TypeError(f"kiln.register_backend: {fn!r} is not callable")
+        _REGISTRY[key] = _Entry(fn, takes_options)
+        return fn
+
+    return register(compiler_fn) if compiler_fn is not None else register
+
+
+def list_backends() -> list[str]:
+    """The names accepted by `kiln.compile(backend=...)`."""
+    return sorted(_REGISTRY)
+
+
+def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Backend:
+    """Turn `backend`, `mode` and `options` into a callable with the backend contract."""
+    if callable(backend) and not isinstance(backend, str):
+        if mode is not None or options is not None:
+            raise ValueError("kiln.compile: mode and options apply to kiln's own backends, not to a user callable")
+        return backend
+    if not isinstance(backend, str):
+        raise TypeError(f"kiln.compile: backend must be a str or a callable, got {type(backend).__name__}")
+    if backend not in _REGISTRY:
+        raise ValueError(f"kiln.compile: unknown backend {backend!r}; known backends: {', '.join(list_backends())}")
+    entry = _REGISTRY[backend]
+    if not entry.takes_options:
+        if mode is not None or options is not None:
+            raise ValueError(f"kiln.compile: backend {backend!r} takes no mode or options")
+        return entry.fn
+    resolved = validate_options(mode, options)
+    return _BoundBackend(entry.fn, resolved, backend)
+
+
+class _BoundBackend:
+    """A backend with its resolved options bound; prints as `inductor(options)`."""
+
+    def __init__(self, fn: Callable, options: dict, name: str):
+        self.fn, self.options, self.name = fn, options, name
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return self.fn(gm, example_inputs, options=self.options)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.options})"
+
+
+@register_backend
+def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Run the captured graph as it is: tells a capture bug from a code-generation bug."""
+    return gm.forward
+
+
+_warned_inductor_fallback = False
+
+
+@register_backend(name="inductor", takes_options=True)
+def _inductor_placeholder(gm: torch.fx.GraphModule, example_inputs: list, options: dict) -> Callable:
+    """Until kiln's code generator is registered, "inductor" runs the captured graph eagerly."""
+    global _warned_inductor_fallback
+    if not _warned_inductor_fallback:
+        log.warning("kiln: the inductor code generator is not available yet; running captured graphs eagerly")
+        _warned_inductor_fallback = True
+    return gm.forward

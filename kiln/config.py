@@ -1,0 +1,76 @@
+"""kiln's configuration: one object, every field read somewhere.
+
+`kiln.config` holds process-wide settings (like `torch._dynamo.config`); the
+per-call `options=` dict of `kiln.compile` is validated against `OPTIONS`, the
+table of code-generator options, and `MODES` maps each `mode=` to the options
+it implies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Config:
+    """Process-wide settings. Change them by attribute: `kiln.config.cache_size_limit = 16`."""
+
+    cache_size_limit: int = 8
+    """Compiled entries kept per code object; past it kiln runs the frame eagerly and warns once."""
+
+    debug_dir: str | None = None
+    """Where `trace.enabled` writes each stage's artefacts (KILN_DEBUG_DIR overrides; default ./kiln_debug)."""
+
+
+config = Config()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One entry of `kiln.compile(options=...)`: its type, default and what it does."""
+
+    type: type
+    default: Any
+    doc: str
+
+
+OPTIONS: dict[str, Option] = {
+    "trace.enabled": Option(bool, False, "write every stage's artefact to the debug directory"),
+}
+
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+}
+
+
+def validate_options(mode: str | None, options: dict | None) -> dict[str, Any]:
+    """Resolve `mode` and `options` into one dict of option values, or raise a clear error."""
+    if mode is not None and not isinstance(mode, str):
+        raise TypeError(f"kiln.compile: mode must be a str or None, got {type(mode).__name__}")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"kiln.compile: unknown mode {mode!r}; known modes: {', '.join(MODES)}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"kiln.compile: options must be a dict or None, got {type(options).__name__}")
+    resolved = {name: opt.default for name, opt in OPTIONS.items()}
+    resolved.update(MODES[mode or "default"])
+    for name, value in (options or {}).items():
+        if name not in OPTIONS:
+            raise ValueError(f"kiln.compile: unknown option {name!r}; known options: {', '.join(sorted(OPTIONS))}")
+        expected = OPTIONS[name].type
+        if not isinstance(value, expected):
+            raise TypeError(f"kiln.compile: option {name!r} must be {expected.__name__}, got {type(value).__name__}")
+        resolved[name] = value
+    return resolved
+
+
+def list_options() -> list[str]:
+    """The names `options=` accepts (torch: torch._inductor.list_options)."""
+    return sorted(OPTIONS)
+
+
+def list_mode_options(mode: str | None = None) -> dict:
+    """What each mode sets (torch: torch._inductor.list_mode_options)."""
+    if mode is None:
+        return {m: dict(v) for m, v in MODES.items()}
+    return dict(MODES[mode])
+

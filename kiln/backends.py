@@ -97,3 +97,9 @@ def _inductor_placeholder(gm: torch.fx.GraphModule, example_inputs: list, option
         log.warning("kiln: the inductor code generator is not available yet; running captured graphs eagerly")
         _warned_inductor_fallback = True
     return gm.forward
+
+
+# The autograd stage's backend: ATen forward/backward graphs run op by op (kiln/autograd).
+from kiln.autograd import aot_eager  # noqa: E402  (registered after the registry exists)
+
+register_backend(name="aot_eager")(aot_eager)

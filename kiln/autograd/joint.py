@@ -1,0 +1,68 @@
+"""Tracing a captured graph down to ATen ops, with its backward when it needs one.
+
+Tracing runs the graph on fake tensors under `make_fx`'s dispatch-level tracer,
+which sits below autograd: every ATen op the forward runs is recorded, and so is
+every op the autograd engine runs inside `torch.autograd.grad`. That is how the
+*joint* graph gets the backward: the forward is run with the inputs that require
+grad marked as such, and `torch.autograd.grad(outputs, inputs, tangents)` is
+traced with the tangents (the incoming gradients) as extra graph inputs.
+
+The joint graph's signature is `(*primals, *tangents) -> (*outputs, *grads)`,
+where `grads` holds only the gradients autograd actually produced (`grad_mask`
+says which inputs get one). The traced graphs are not functional yet: in-place
+ops and input mutations are recorded as the program ran them; `functionalize`
+removes them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln.autograd.signature import OutputSignature, TensorSpec
+
+
+def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: dict) -> torch.fx.GraphModule:
+    """The ATen graph of `fn` on flat inputs, traced without autograd (the inference graph)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [s.fake(mode) for s in input_specs]
+    with torch.no_grad():
+        return make_fx(fn, decomposition_table=decompositions)(*fakes)
+
+
+@dataclass
+class JointGraph:
+    """The traced joint graph and which flat inputs received a gradient from it."""
+
+    gm: torch.fx.GraphModule
+    num_primals: int
+    num_tangents: int
+    num_outputs: int
+    grad_mask: list[bool]
+
+
+def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
+                signature: OutputSignature, decompositions: dict) -> JointGraph:
+    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    primals = [s.fake(mode, rg) for s, rg in zip(input_specs, requires_grad)]
+    diff_outputs = signature.differentiable()
+    tangents = [signature.graph_outputs[i].fake(mode) for i in diff_outputs]
+    n = len(primals)
+    grad_mask: list[bool] = []
+
+    def joint(*flat):
+        outs = fn(*flat[:n])
+        wrt = [p for p in flat[:n] if p.requires_grad]
+        grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
+        by_input = iter(grads)
+        full = [next(by_input) if p.requires_grad else None for p in flat[:n]]
+        grad_mask[:] = [g is not None for g in full]
+        return [*outs, *[g for g in full if g is not None]]
+
+    with torch.enable_grad():
+        gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
+    return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)

@@ -1,0 +1,198 @@
+"""Splitting the functional joint graph into a forward and a backward graph.
+
+Every tensor the backward reads that the forward computed must be either saved
+by the forward (memory, held from forward to backward) or recomputed by the
+backward from tensors that are saved. Which ones to save is a minimum cut:
+
+    source -> primal_in                   inf   (inputs are available in the forward)
+    source -> v_in                        inf   for v the forward must compute and
+                                                that may not be recomputed
+    v_in   -> v_out                       bytes(v)   (cutting it = saving v)
+    v_out  -> u_in                        inf   for each use of v by a forward-side node u
+    v_out  -> sink                        inf   when the backward reads v
+
+Forward-side nodes are the ones that do not depend on a tangent. Only ops that
+are cheap and deterministic may be recomputed (`RECOMPUTABLE`: pointwise ops,
+views, a few constructors); matmuls, convolutions, reductions, random ops and
+anything unknown are computed once, in the forward. A cut separates source and
+sink; its capacity is the bytes saved. The "naive" partition (save every forward
+tensor the backward reads) is one such cut, so the minimum never saves more.
+Of all minimum cuts the one closest to the sink is taken: equal bytes, least
+recomputation.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from kiln.autograd.maxflow import FlowGraph
+
+aten = torch.ops.aten
+
+RECOMPUTABLE_OPS = {
+    operator.getitem,
+    aten._unsafe_view.default, aten.clone.default, aten._to_copy.default, aten.cat.default,
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+}
+"""Ops besides pointwise and view ops that are cheap to recompute in the backward."""
+
+
+def is_recomputable(node: fx.Node) -> bool:
+    """May `node` be computed a second time, in the backward, with the same result at little cost?"""
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target in RECOMPUTABLE_OPS:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    return target.is_view or torch.Tag.pointwise in target.tags
+
+
+def node_bytes(node: fx.Node) -> float:
+    """Memory held by saving `node`'s value: its storage (a view keeps its base alive)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return math.inf
+    try:
+        return val.untyped_storage().nbytes()
+    except (NotImplementedError, RuntimeError):
+        return val.numel() * val.element_size()
+
+
+@dataclass
+class Partition:
+    """A forward graph, a backward graph, and the decision that split them."""
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    strategy: str
+    saved: list[str]
+    saved_bytes: int
+    naive_saved: list[str]
+    naive_bytes: int
+    recomputed: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        ratio = f"{self.saved_bytes / self.naive_bytes:.2f}" if self.naive_bytes else "-"
+        return (f"{self.strategy}: save {len(self.saved)} tensors, {self.saved_bytes} bytes "
+                f"(naive save-all: {len(self.naive_saved)} tensors, {self.naive_bytes} bytes; ratio {ratio}); "
+                f"recompute {len(self.recomputed)} ops in the backward\n"
+                f"  saved: {', '.join(self.saved)}\n"
+                f"  recomputed: {', '.join(self.recomputed)}")
+
+
+@dataclass
+class JointLayout:
+    """Which placeholders of the joint graph are primals and which outputs belong to which graph."""
+
+    num_primals: int
+    forward_outputs: list[int]
+    backward_outputs: list[int]
+
+
+def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut") -> Partition:
+    """Split `joint` into forward and backward graphs (`strategy`: "min_cut" or "naive")."""
+    nodes = _JointNodes(joint, layout)
+    naive = nodes.naive_saved()
+    saved = naive if strategy == "naive" else nodes.min_cut_saved()
+    if sum(map(node_bytes, saved)) > sum(map(node_bytes, naive)):
+        raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
+    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved)
+    backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs)
+    recomputed = [n.name for n in backward.graph.nodes
+                  if n.op == "call_function" and n.name in nodes.forward_side_names]
+    return Partition(forward, backward, strategy, [n.name for n in saved], int(sum(map(node_bytes, saved))),
+                     [n.name for n in naive], int(sum(map(node_bytes, naive))), recomputed)
+
+
+class _JointNodes:
+    """The joint graph's nodes classified: forward side, required by the forward, read by the backward."""
+
+    def __init__(self, joint: fx.GraphModule, layout: JointLayout):
+        placeholders = list(joint.graph.find_nodes(op="placeholder"))
+        self.graph = joint.graph
+        self.primals = placeholders[:layout.num_primals]
+        self.tangents = placeholders[layout.num_primals:]
+        outs = joint.graph.find_nodes(op="output")[0].args[0]
+        self.forward_outputs = [outs[i] for i in layout.forward_outputs]
+        self.backward_outputs = [outs[i] for i in layout.backward_outputs]
+        tangent_dependent = set(self.tangents)
+        for node in joint.graph.nodes:
+            if node.op != "output" and any(a in tangent_dependent for a in node.all_input_nodes):
+                tangent_dependent.add(node)
+        self.forward_side = [n for n in joint.graph.nodes
+                             if n.op in ("placeholder", "get_attr", "call_function") and n not in tangent_dependent]
+        self.forward_side_names = {n.name for n in self.forward_side}
+        required = _ancestors(self.forward_outputs)
+        for node in list(required):  # every value of a multi-output op the forward runs is available
+            required.update(u for u in node.users if u.target is operator.getitem)
+        self.required_forward = required | {n for n in self.forward_side if n.op != "call_function"}
+        self.backward_reads = {n for n in self.forward_side
+                               if any(u in tangent_dependent for u in n.users)} | {
+                              n for n in self.backward_outputs if n is not None and n not in tangent_dependent}
+
+    def naive_saved(self) -> list[fx.Node]:
+        """Every forward tensor that a node outside the forward reads."""
+        fwd = self.required_forward
+        return [n for n in self.forward_side if n in fwd and (
+            n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
+
+    def min_cut_saved(self) -> list[fx.Node]:
+        flow = FlowGraph()
+        forward_side = set(self.forward_side)
+        for node in self.forward_side:
+            if node.op != "call_function" or (node in self.required_forward and not is_recomputable(node)):
+                flow.add_edge("source", (node, "in"), math.inf)
+            flow.add_edge((node, "in"), (node, "out"), node_bytes(node))
+            for user in node.users:
+                if user in forward_side:
+                    flow.add_edge((node, "out"), (user, "in"), math.inf)
+            if node in self.backward_reads:
+                flow.add_edge((node, "out"), "sink", math.inf)
+        flow.node("sink")
+        flow.max_flow("source", "sink")
+        sink_side = flow.sink_side("sink")
+        return [n for n in self.forward_side if (n, "in") not in sink_side and (n, "out") in sink_side]
+
+
+def _ancestors(roots: list) -> set:
+    seen, stack = set(), [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> fx.GraphModule:
+    """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs:
+        ph = graph.placeholder(node.name)
+        ph.meta = dict(node.meta)
+        env[node] = ph
+    needed, stack = set(), [o for o in outputs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in env or node in needed:
+            continue
+        if node.op == "placeholder":
+            raise AssertionError(f"kiln: partition needs {node.name} but it is neither saved nor an input")
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in joint.graph.nodes:
+        if node in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
+    graph.eliminate_dead_code()
+    return fx.GraphModule(joint, graph)

@@ -1,0 +1,115 @@
+"""Running compiled ATen graphs as the captured graph would run.
+
+Training: a `torch.autograd.Function` per compiled graph. Its forward runs the
+compiled forward graph and saves the tensors the partitioner chose; its backward
+runs the compiled backward graph on them and the incoming gradients. Autograd
+then sees the compiled region as one node: `retain_graph`, hooks on the inputs
+and gradient accumulation behave as for any custom Function. Inference runs the
+forward-only graph and saves nothing.
+
+Both paths then finish the call as eager would have: mutated inputs receive
+their new values (`copy_`, outside autograd: only inputs that do not require
+grad may be mutated), outputs that alias an input are rebuilt as real views of
+it, and the output structure is restored.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
+
+DOUBLE_BACKWARD_ERROR = (
+    b"kiln: double backward (differentiating the gradient of a compiled graph, e.g. "
+    b"torch.autograd.grad(..., create_graph=True) then backward again) is not supported; "
+    b"run that part eagerly (kiln.disable) or use backend='eager'")
+
+
+def apply_mutations(flat: list, mutations: list[InputMutation], outs: list) -> None:
+    """Write the new values of mutated inputs into the real inputs, as eager's in-place ops did."""
+    if not mutations:
+        return
+    with torch.no_grad():
+        for m in mutations:
+            flat[m.input_index].copy_(outs[m.output_index])
+
+
+class InferenceRunner:
+    """The forward-only graph: no autograd node, nothing saved for a backward."""
+
+    def __init__(self, program: FlatProgram, signature: OutputSignature, compiled: Callable,
+                 mutations: list[InputMutation]):
+        self.program, self.signature, self.compiled, self.mutations = program, signature, compiled, mutations
+
+    def __call__(self, flat: list) -> Any:
+        outs = list(self.compiled(*flat))
+        apply_mutations(flat, self.mutations, outs)
+        return self.program.assemble(self.signature, flat, outs)
+
+
+class TrainingRunner:
+    """The forward and backward graphs behind one `torch.autograd.Function`."""
+
+    def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable, backward: Callable,
+                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool]):
+        self.program, self.signature, self.mutations = program, signature, mutations
+        self.function = _make_function(forward, backward, len(signature.graph_outputs), num_saved,
+                                       signature, grad_mask)
+
+    def __call__(self, flat: list) -> Any:
+        outs = list(self.function.apply(*flat))
+        apply_mutations(flat, self.mutations, outs)
+        return self.program.assemble(self.signature, flat, outs)
+
+
+def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_saved: int,
+                   signature: OutputSignature, grad_mask: list[bool]) -> type:
+    """A `torch.autograd.Function` class bound to one pair of compiled graphs."""
+    differentiable = signature.differentiable()
+    tangent_specs = [signature.graph_outputs[i] for i in differentiable]
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *flat):
+            results = list(forward(*flat))
+            saved = results[len(results) - num_saved:] if num_saved else []
+            outs = results[:len(results) - num_saved]
+            ctx.save_for_backward(*saved)
+            ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
+                                          if i >= num_outputs or not signature.requires_grad[i]])
+            return tuple(outs)
+
+        @staticmethod
+        def backward(ctx, *grad_outputs):
+            tangents = [_as_traced(grad_outputs[i], spec) for i, spec in zip(differentiable, tangent_specs)]
+            differentiating_twice = torch.is_grad_enabled() and any(
+                t.requires_grad for t in (*tangents, *ctx.saved_tensors))
+            with torch.no_grad():
+                grads = iter(backward(*ctx.saved_tensors, *tangents))
+            result = [next(grads) if has_grad else None for has_grad in grad_mask]
+            if differentiating_twice:
+                return _delay_error(result)
+            return tuple(result)
+
+    return CompiledFunction
+
+
+def _as_traced(grad: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """The incoming gradient with the strides the backward graph was traced with.
+
+    Autograd may hand in an expanded or transposed gradient (`loss.sum()` gives a
+    stride-0 one); compiled kernels index with the traced strides, so copy if they differ.
+    """
+    if tuple(grad.stride()) == spec.stride or grad.numel() <= 1:
+        return grad
+    return torch.empty_strided(spec.shape, spec.stride, dtype=grad.dtype, device=grad.device).copy_(grad)
+
+
+def _delay_error(grads: list) -> tuple:
+    """Gradients that raise a clear error if anything differentiates through them again."""
+    present = [g for g in grads if g is not None]
+    err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_ERROR, len(present))
+    wrapped = iter(err(*[g.detach().requires_grad_(True) for g in present]))
+    return tuple(next(wrapped) if g is not None else None for g in grads)

@@ -1,0 +1,169 @@
+"""The calling convention between a captured graph and its ATen graphs.
+
+A captured `gm` takes positional inputs (tensors, and constants the capture
+guards on) and may read parameters and buffers through `get_attr` or
+`call_module`. Its ATen graphs take one *flat* list of tensors instead: the
+tensor inputs in order, then every parameter and buffer of `gm` ("lifted
+state"), so that gradients and buffer mutations reach the real module state.
+
+What `gm` returns is found by one run on fake tensors (`analyze`): each leaf of
+its output structure is either a graph output, an alias of an input (rebuilt
+outside the compiled graph so it is a real view of the input, as in eager), or
+a constant (ints, None) that the graph does not compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape, strides, dtype and device of a tensor: what compiled graphs specialize on."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorSpec":
+        return TensorSpec(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    def fake(self, mode: FakeTensorMode, requires_grad: bool = False) -> torch.Tensor:
+        with mode:
+            t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    def nbytes(self) -> int:
+        numel = 1
+        for s in self.shape:
+            numel *= s
+        return numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class GraphOutput:
+    """Leaf `index`-th of the graph's outputs."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class AliasOutput:
+    """A leaf that is input `input_index` itself, or a view of it: rebuilt from the real input."""
+
+    input_index: int
+    identity: bool
+    shape: tuple
+    stride: tuple
+    offset: int
+
+
+@dataclass(frozen=True)
+class ConstantOutput:
+    value: Any
+
+
+@dataclass
+class OutputSignature:
+    """What one requires-grad pattern of the inputs makes `gm` return."""
+
+    tree: pytree.TreeSpec
+    leaves: list
+    graph_outputs: list[TensorSpec]
+    requires_grad: list[bool]
+
+    def differentiable(self) -> list[int]:
+        return [i for i, rg in enumerate(self.requires_grad) if rg]
+
+
+class FlatProgram:
+    """`gm` seen as a function of one flat list of tensors (inputs, then lifted state)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
+        self.gm = gm
+        self.num_args = len(example_inputs)
+        self.tensor_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
+        # Non-tensor inputs are baked in as constants: the capture guards on their values.
+        self.constants = {i: a for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
+        self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
+        state = [t for _, t in gm.named_parameters()] + [t for _, t in gm.named_buffers()]
+        flat = [example_inputs[i] for i in self.tensor_positions] + state
+        self.input_specs = [TensorSpec.of(t) for t in flat]
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_specs)
+
+    def flatten_inputs(self, args: tuple) -> list[torch.Tensor]:
+        """The real flat inputs of one call: its tensor arguments, then `gm`'s current state."""
+        if len(args) != self.num_args:
+            raise TypeError(f"kiln: compiled graph takes {self.num_args} inputs, got {len(args)}")
+        state = [t for _, t in self.gm.named_parameters()] + [t for _, t in self.gm.named_buffers()]
+        return [args[i] for i in self.tensor_positions] + state
+
+    def run(self, flat: list) -> Any:
+        """Call `gm` on flat inputs (real or fake), returning what `gm` returns."""
+        n = len(self.tensor_positions)
+        args = [None] * self.num_args
+        for i, v in self.constants.items():
+            args[i] = v
+        for pos, t in zip(self.tensor_positions, flat[:n]):
+            args[pos] = t
+        if not self.state_names:
+            return self.gm(*args)
+        state = dict(zip(self.state_names, flat[n:]))
+        return torch.func.functional_call(self.gm, state, tuple(args), strict=True, tie_weights=False)
+
+    def graph_function(self, signature: OutputSignature) -> Callable:
+        """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors."""
+        graph_leaves = [k for k, leaf in enumerate(signature.leaves) if isinstance(leaf, GraphOutput)]
+
+        def graph_fn(*flat):
+            leaves = pytree.tree_leaves(self.run(list(flat)))
+            return [leaves[k] for k in graph_leaves]
+
+        return graph_fn
+
+    def analyze(self, requires_grad: tuple[bool, ...] | None) -> OutputSignature:
+        """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        rg = requires_grad or (False,) * self.num_inputs
+        fakes = [s.fake(mode, r) for s, r in zip(self.input_specs, rg)]
+        storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
+        with torch.set_grad_enabled(requires_grad is not None):
+            out = self.run(fakes)
+        leaves, tree = pytree.tree_flatten(out)
+        kinds, specs, needs_grad = [], [], []
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                kinds.append(ConstantOutput(leaf))
+                continue
+            base = next((i for i, s in enumerate(storages) if s == StorageWeakRef(leaf.untyped_storage())), None)
+            if base is not None:
+                kinds.append(AliasOutput(base, leaf is fakes[base], tuple(leaf.shape), tuple(leaf.stride()),
+                                         leaf.storage_offset()))
+                continue
+            kinds.append(GraphOutput(len(specs)))
+            specs.append(TensorSpec.of(leaf))
+            needs_grad.append(leaf.requires_grad)
+        return OutputSignature(tree, kinds, specs, needs_grad)
+
+    def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
+        """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
+        leaves = []
+        for leaf in signature.leaves:
+            if isinstance(leaf, GraphOutput):
+                leaves.append(graph_outs[leaf.index])
+            elif isinstance(leaf, AliasOutput):
+                base = flat[leaf.input_index]
+                leaves.append(base if leaf.identity else base.as_strided(leaf.shape, leaf.stride, leaf.offset))
+            else:
+                leaves.append(leaf.value)
+        return pytree.tree_unflatten(leaves, signature.tree)

@@ -111,5 +111,6 @@ def _delay_error(grads: list) -> tuple:
     """Gradients that raise a clear error if anything differentiates through them again."""
     present = [g for g in grads if g is not None]
     err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_ERROR, len(present))
-    wrapped = iter(err(*[g.detach().requires_grad_(True) for g in present]))
+    wrapped = err(*[g.detach().requires_grad_(True) for g in present])
+    wrapped = iter((wrapped,) if isinstance(wrapped, torch.Tensor) else wrapped)
     return tuple(next(wrapped) if g is not None else None for g in grads)

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.autograd.helpers import compile_module, train_and_compare
+from .helpers import compile_module, train_and_compare
 
 
 class MLP(nn.Module):

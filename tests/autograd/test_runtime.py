@@ -1,0 +1,159 @@
+"""The runtime wrapper: autograd.Function semantics, inference path, odd outputs."""
+import pytest
+import torch
+import torch.nn as nn
+
+from kiln.autograd import aot_compile, aot_eager
+
+from .helpers import compile_module
+
+
+def count_saved(fn):
+    """How many tensors autograd saved for backward while running `fn()`."""
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = fn()
+    return out, len(packed)
+
+
+class Mixed(nn.Module):
+    """Outputs of every kind: differentiable, integer, constant, None, a tensor not needing grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        h = self.lin(x)
+        return {"h": h, "idx": h.argmax(-1), "n": 3, "none": None, "y2": y * 2}
+
+
+def test_outputs_that_do_not_require_grad_none_and_constants():
+    model = Mixed()
+    x, y = torch.randn(2, 4), torch.randn(2)
+    out = compile_module(model, [x, y])(x, y)
+    ref = model(x, y)
+    assert out["n"] == 3 and out["none"] is None
+    assert out["h"].requires_grad and not out["idx"].requires_grad and not out["y2"].requires_grad
+    assert torch.equal(out["idx"], ref["idx"]) and torch.equal(out["y2"], ref["y2"])
+    out["h"].sum().backward()
+    torch.testing.assert_close(model.lin.bias.grad, torch.full((3,), 2.0))  # batch of 2
+
+
+def test_unused_input_gets_none_grad_and_unused_output_zero_grad():
+    def f(a, b, c):
+        return a * 2, (a + 1).sum()
+
+    gm = torch.fx.symbolic_trace(f)
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    compiled = aot_eager(gm, [a, b, 1.5])
+    first, second = compiled(a, b, 1.5)
+    second.backward()  # `first` receives no gradient: the Function sees zeros for it
+    torch.testing.assert_close(a.grad, torch.ones(3))
+    assert b.grad is None
+
+
+def test_retain_graph_allows_a_second_backward_and_is_required_for_it():
+    lin = nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    compiled = compile_module(lin, [x])
+    loss = compiled(x).pow(2).sum()
+    loss.backward(retain_graph=True)
+    once = lin.weight.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(lin.weight.grad, 2 * once)
+    loss = compiled(x).pow(2).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="second time|freed"):
+        loss.backward()
+
+
+def test_double_backward_raises_a_clear_error():
+    lin = nn.Linear(3, 1)
+    x = torch.randn(2, 3, requires_grad=True)
+    compiled = compile_module(lin, [x])
+    out = compiled(x).tanh().sum()
+    (gx,) = torch.autograd.grad(out, x, create_graph=True)
+    torch.testing.assert_close(gx, torch.autograd.grad(lin(x).tanh().sum(), x)[0])
+    with pytest.raises(RuntimeError, match="kiln: double backward"):
+        gx.sum().backward()
+
+
+def test_first_order_grad_with_create_graph_still_works_without_second_order():
+    w = torch.randn(3, requires_grad=True)
+    gm = torch.fx.symbolic_trace(lambda w: (w * w).sum())
+    compiled = aot_eager(gm, [w])
+    (g,) = torch.autograd.grad(compiled(w), w, create_graph=True)
+    torch.testing.assert_close(g.detach(), 2 * w.detach())
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inference_under_no_grad_saves_nothing_and_has_no_grad_fn(context):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    compiled = compile_module(model, [x])
+    with context():
+        out, saved = count_saved(lambda: compiled(x))
+        ref = model(x)
+    assert saved == 0 and out.grad_fn is None and not out.requires_grad
+    torch.testing.assert_close(out, ref)
+
+
+def test_inference_when_no_input_requires_grad():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).requires_grad_(False)
+    x = torch.randn(3, 4)
+    compiled = compile_module(model, [x])
+    out, saved = count_saved(lambda: compiled(x))
+    assert saved == 0 and out.grad_fn is None
+    assert list(compiled.runners) == [None]  # only the inference graph was built
+
+
+def test_training_saves_exactly_what_the_partition_chose():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    compiled = compile_module(model, [x])
+    out, saved = count_saved(lambda: compiled(x))
+    (split,) = compiled.partitions.values()
+    assert saved == len(split.saved) > 0
+    assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"
+
+
+def test_changing_which_inputs_require_grad_compiles_another_variant():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    compiled = compile_module(model, [x])
+    model[0].requires_grad_(False)
+    compiled(x).sum().backward()
+    assert model[0].weight.grad is None and model[1].weight.grad is not None
+    assert len(compiled.partitions) == 2
+
+
+def test_non_contiguous_incoming_gradient():
+    """The gradient arrives transposed, with other strides than the backward graph was traced with."""
+    w = torch.randn(4, 3, requires_grad=True)
+    gm = torch.fx.symbolic_trace(lambda x, w: (x @ w) * 1.0)
+    x = torch.randn(2, 4)
+    compiled = aot_eager(gm, [x, w])
+    g = torch.randn(3, 2).t()
+    assert not g.is_contiguous()
+    compiled(x, w).backward(g)
+    torch.testing.assert_close(w.grad, x.t() @ g)
+
+
+def test_compiler_receives_separate_forward_and_backward_with_fake_inputs():
+    received = []
+
+    def compiler(gm, example_inputs):
+        received.append((gm, example_inputs))
+        return gm
+
+    lin = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    aot_compile(torch.fx.symbolic_trace(lin), [x], compiler)
+    (fw, fw_inputs), (bw, bw_inputs) = received
+    assert [tuple(t.shape) for t in fw_inputs] == [(4, 3), (2, 3), (2,)]
+    assert all(type(t).__name__ == "FakeTensor" for t in fw_inputs + bw_inputs)
+    targets = {n.target for n in fw.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.addmm.default in targets
+    assert tuple(bw_inputs[-1].shape) == (4, 2)  # the tangent comes last
+

@@ -1,0 +1,111 @@
+"""The min-cut partitioner: what it saves, what it recomputes, and that it never saves more than save-all."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kiln.autograd.functionalize import FUNCTIONALIZATION_DECOMPOSITIONS, functionalize
+from kiln.autograd.joint import trace_joint
+from kiln.autograd.partition import JointLayout, is_recomputable, partition
+from kiln.autograd.signature import FlatProgram
+
+from .helpers import compile_module
+from .test_aot import CNN, MLP, Block, ManualAttention
+
+
+def mm_chain(x, w1, w2):
+    y = x @ w1
+    z = torch.sin(y) * 2 + 1  # sin's backward reads y; the matmul of z reads z
+    return (z @ w2).sum()
+
+
+def joint_graph(fn, inputs):
+    """The functional joint graph of `fn` and its layout, as aot_compile builds them."""
+    program = FlatProgram(torch.fx.symbolic_trace(fn), inputs)
+    key = tuple(t.requires_grad for t in inputs)
+    signature = program.analyze(key)
+    joint = trace_joint(program.graph_function(signature), program.input_specs, key, signature,
+                        FUNCTIONALIZATION_DECOMPOSITIONS)
+    tangents = [signature.graph_outputs[i] for i in signature.differentiable()]
+    graph, mutations = functionalize(joint.gm, program.input_specs + tangents)
+    n = joint.num_outputs
+    layout = JointLayout(joint.num_primals, list(range(n)) + [m.output_index for m in mutations],
+                         list(range(n, n + sum(joint.grad_mask))))
+    return graph, layout
+
+
+def chain_inputs():
+    return [torch.randn(8, 16), torch.randn(16, 32, requires_grad=True), torch.randn(32, 4, requires_grad=True)]
+
+
+def test_pointwise_chain_recomputed_and_matmul_output_saved():
+    graph, layout = joint_graph(mm_chain, chain_inputs())
+    split = partition(graph, layout)
+    assert "mm" in split.saved  # x @ w1: expensive, saved
+    assert not {"sin", "mul", "add"} & set(split.saved)  # the pointwise chain after it is not
+    assert {"sin", "mul", "add"} <= set(split.recomputed)
+    assert split.saved_bytes < split.naive_bytes
+    naive = partition(graph, layout, strategy="naive")
+    assert {"mm", "add"} <= set(naive.saved) and naive.saved_bytes == split.naive_bytes
+
+
+@pytest.mark.parametrize("strategy", ["min_cut", "naive"])
+def test_forward_then_backward_graphs_compute_what_the_joint_computes(strategy):
+    inputs = chain_inputs()
+    graph, layout = joint_graph(mm_chain, inputs)
+    split = partition(graph, layout, strategy=strategy)
+    tangent = torch.tensor(1.5)
+    expected = graph(*inputs, tangent)
+    forward_out = split.forward(*inputs)
+    num_saved = len(split.saved)
+    saved = forward_out[len(forward_out) - num_saved:]
+    grads = split.backward(*saved, tangent)
+    torch.testing.assert_close(forward_out[0], expected[0])
+    for got, want in zip(grads, [expected[i] for i in layout.backward_outputs]):
+        torch.testing.assert_close(got, want)
+
+
+def test_backward_graph_reads_no_primal_that_is_not_saved():
+    graph, layout = joint_graph(mm_chain, chain_inputs())
+    split = partition(graph, layout)
+    placeholders = [n.name for n in split.backward.graph.find_nodes(op="placeholder")]
+    assert placeholders == split.saved + ["arg3_1"]  # saved tensors, then the tangent
+
+
+@pytest.mark.parametrize("model, shape", [(MLP, (5, 8)), (CNN, (2, 3, 8, 8)), (Block, (2, 5, 16)),
+                                          (ManualAttention, (2, 5, 16))])
+def test_never_saves_more_bytes_than_save_all(model, shape):
+    torch.manual_seed(0)
+    compiled = compile_module(model(), [torch.randn(*shape)])
+    (split,) = compiled.partitions.values()
+    assert 0 < split.saved_bytes <= split.naive_bytes
+
+
+def test_random_ops_are_never_recomputed():
+    class Drop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return F.dropout(torch.tanh(self.lin(x)), p=0.3, training=True).sum()
+
+    compiled = compile_module(Drop(), [torch.randn(4, 8)])
+    (split,) = compiled.partitions.values()
+    for node in split.backward.graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload):
+            assert torch.Tag.nondeterministic_seeded not in node.target.tags, node.format_node()
+
+
+def test_recomputable_ops_table():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    nodes = {op: graph.call_function(op, (x,)) for op in [
+        torch.ops.aten.relu.default, torch.ops.aten.t.default, torch.ops.aten.sum.default,
+        torch.ops.aten.bernoulli.default]}
+    assert is_recomputable(nodes[torch.ops.aten.relu.default])
+    assert is_recomputable(nodes[torch.ops.aten.t.default])
+    assert not is_recomputable(nodes[torch.ops.aten.sum.default])
+    assert not is_recomputable(nodes[torch.ops.aten.bernoulli.default])
+    mm = graph.call_function(torch.ops.aten.mm.default, (x, x))
+    assert not is_recomputable(mm)

@@ -1,3 +1,9 @@
 """kiln: a just-in-time compiler for unmodified PyTorch programs."""
+from kiln.api import compile, disable, graph_break, reset
 from kiln.backends import list_backends, register_backend
+from kiln.codegen import inductor
+from kiln.capture.entry import BackendCompilerFailed, FullGraphError
 from kiln.config import config, list_mode_options, list_options
+
+__all__ = ["compile", "disable", "graph_break", "reset", "list_backends", "register_backend", "config",
+           "list_options", "list_mode_options", "FullGraphError", "BackendCompilerFailed"]

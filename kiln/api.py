@@ -1,0 +1,137 @@
+"""The public entry points: `kiln.compile` and its companions, mirroring torch.compile's API."""
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from typing import Any, Callable
+
+from torch import nn
+
+from kiln.backends import resolve_backend
+from kiln.capture.entry import CompileContext
+
+_contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+
+
+def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: str | Callable = "inductor", mode: str | None = None, options: dict | None = None,
+            disable: bool = False):
+    """Compile `model` (a function, bound method or nn.Module) just in time; a drop-in for torch.compile.
+
+    Usable as `kiln.compile(fn)`, `@kiln.compile` and `@kiln.compile(backend="eager")`.
+    """
+    if model is None:
+        return lambda m: compile(m, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                                 options=options, disable=disable)
+    _check_flag("fullgraph", fullgraph)
+    _check_flag("disable", disable)
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"kiln.compile: dynamic must be True, False or None, got {dynamic!r}")
+    if not callable(model):
+        raise TypeError(f"kiln.compile: expected a function, method or nn.Module, got {type(model).__name__}")
+    compiler = resolve_backend(backend, mode, options)
+    if disable:
+        return model
+    ctx = CompileContext(compiler, fullgraph=fullgraph)
+    _contexts.add(ctx)
+    if isinstance(model, nn.Module):
+        return OptimizedModule(model, ctx)
+    return _compile_callable(model, ctx)
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"kiln.compile: {name} must be a bool, got {type(value).__name__}")
+
+
+def _compile_callable(fn: Callable, ctx: CompileContext) -> Callable:
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        compiled = ctx.function(fn.__func__)
+        bound = functools.partial(compiled, fn.__self__)
+        functools.update_wrapper(bound, fn.__func__)
+        bound._kiln_context = ctx
+        return bound
+    if isinstance(fn, types.FunctionType):
+        compiled = ctx.function(fn)
+        compiled._kiln_context = ctx
+        return compiled
+    raise TypeError(f"kiln.compile: cannot compile {type(fn).__name__} objects (not a Python function or module)")
+
+
+class OptimizedModule(nn.Module):
+    """The module kiln.compile returns: shares parameters, buffers and state with `_orig_mod`."""
+
+    def __init__(self, mod: nn.Module, ctx: CompileContext):
+        super().__init__()
+        self._orig_mod = mod
+        self._kiln_context = ctx
+        forward = type(mod).forward
+        self._compiled_forward = ctx.function(forward) if isinstance(forward, types.FunctionType) else None
+
+    def __getattr__(self, name: str):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._orig_mod, name)
+
+    def __setattr__(self, name: str, value):
+        if name in ("_orig_mod", "_kiln_context", "_compiled_forward") or "_orig_mod" not in self.__dict__.get("_modules", {}):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __call__(self, *args, **kwargs):
+        mod = self._orig_mod
+        if self._compiled_forward is None or mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks:
+            return mod(*args, **kwargs)
+        return self._compiled_forward(mod, *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule({self._orig_mod!r})"
+
+
+def disable(fn: Callable | None = None, recursive: bool = True):
+    """Never compile `fn`: when compiled code calls it, the call runs eagerly (a graph break)."""
+    if fn is None:
+        return lambda f: disable(f, recursive)
+
+    @functools.wraps(fn)
+    def eager(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    eager.__kiln_disabled__ = True
+    return eager
+
+
+def graph_break() -> None:
+    """An explicit graph break when compiled; does nothing when run eagerly."""
+
+
+graph_break.__kiln_graph_break__ = True
+
+
+def reset() -> None:
+    """Forget every compiled frame of every kiln.compile call (torch._dynamo.reset)."""
+    for ctx in list(_contexts):
+        ctx.frames.clear()
+        ctx.functions.clear()
+        ctx.records.clear()
+
+
+def context_of(compiled: Any) -> CompileContext:
+    """The CompileContext behind what kiln.compile returned."""
+    ctx = getattr(compiled, "_kiln_context", None)
+    if ctx is None:
+        raise TypeError(f"{compiled!r} was not returned by kiln.compile")
+    return ctx
+
+

@@ -1,0 +1,1 @@
+"""Capture: CPython bytecode -> torch.fx graph + guards + output program (kiln's TorchDynamo)."""

@@ -1,0 +1,86 @@
+"""The catalogue of graph breaks: why kiln ended a graph, explained, with a hint.
+
+Every break the interpreter raises names a `BreakReason` from `CATALOGUE`, so
+`explain()`, the logs and `fullgraph=True` errors all speak the same words.
+`GraphBreak` is raised where the interpreter meets something it cannot put in
+a graph; `Unresumable` where it cannot even continue after running it natively
+(the frame then runs eagerly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BreakReason:
+    id: str
+    explanation: str
+    hint: str
+
+
+CATALOGUE: dict[str, BreakReason] = {
+    r.id: r
+    for r in [
+        BreakReason("print", "print() writes to the terminal, a side effect a graph cannot hold",
+                    "remove the print or move it out of the compiled function"),
+        BreakReason("tensor_to_python", "a tensor's value is read into Python (.item(), .tolist(), int(t), ...)",
+                    "keep the value as a tensor, or move the read out of the compiled region"),
+        BreakReason("data_dependent_branch", "a Python branch depends on a tensor's value (if t:, assert t, while t)",
+                    "use torch.where / torch.cond, or move the check outside the compiled function"),
+        BreakReason("numpy", "a numpy call: kiln does not trace numpy",
+                    "use the torch equivalent (torch.arange for np.arange, ...)"),
+        BreakReason("unsupported_call", "a call to a function kiln cannot trace (a C function or builtin it does not model)",
+                    "replace it with torch operations, or wrap it with kiln.disable if it must run eagerly"),
+        BreakReason("autograd_backward", "Tensor.backward() runs the autograd engine, which kiln does not capture yet",
+                    "call backward outside the compiled function; the compiled forward still gets a compiled backward"),
+        BreakReason("explicit", "kiln.graph_break() was called", "remove the kiln.graph_break() call"),
+        BreakReason("disabled", "the function is marked kiln.disable, so it runs eagerly",
+                    "remove kiln.disable if the function should be compiled"),
+        BreakReason("unsupported_object", "an operation on a Python object kiln does not model",
+                    "use plain Python containers, tensors and nn.Modules inside the compiled region"),
+        BreakReason("unsupported_opcode", "a bytecode instruction kiln does not interpret",
+                    "move that construct (generators, try/except around a break, ...) out of the compiled region"),
+        BreakReason("dynamic_output_shape", "an op whose output shape depends on tensor values (nonzero, unique, masked_select)",
+                    "use a fixed-shape formulation (torch.where with a mask)"),
+        BreakReason("exception", "the traced code raises an exception", "check the inputs; the frame runs eagerly"),
+        BreakReason("unknown_context", "a `with` block whose context manager kiln does not model",
+                    "use torch.no_grad/enable_grad/autocast, or move the block out of the compiled region"),
+        BreakReason("hooks", "a module with hooks registered is called", "remove the hooks or compile a hook-free module"),
+        BreakReason("recursion", "inlining is nested too deep (recursion)", "rewrite the recursion as a loop"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class UserLocation:
+    filename: str
+    lineno: int
+    function: str
+
+    def line_text(self) -> str:
+        import linecache
+
+        return linecache.getline(self.filename, self.lineno).strip()
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+
+class GraphBreak(Exception):
+    """The interpreter cannot put the current instruction in a graph; run it natively and resume."""
+
+    def __init__(self, reason_id: str, detail: str, location: UserLocation | None = None):
+        self.reason = CATALOGUE[reason_id]
+        self.detail = detail
+        self.location = location
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        where = ""
+        if self.location is not None:
+            where = f"\n  at {self.location}\n    {self.location.line_text()}"
+        return f"graph break ({self.reason.id}): {self.detail}. {self.reason.explanation}.{where}\n  hint: {self.reason.hint}"
+
+
+class Unresumable(GraphBreak):
+    """A break kiln cannot resume after; the frame runs natively (eagerly)."""

@@ -1,0 +1,136 @@
+"""Wrapping the user's real objects as trackers, installing the guards each one needs.
+
+`wrap(state, obj, source)` is the only place that turns something from the
+user's world into a tracker, so it is the only place that decides what to
+guard: a tensor's metadata, a constant's value, a module's identity, a
+container's length. `wrap_lazy` defers all of that until the value is used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
+from kiln.capture.sources import ItemSource, Source
+from kiln.capture.values.base import LazyValue, Value
+from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.modules import ModuleValue
+from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PythonModuleValue
+from kiln.capture.values.tensor import TensorValue
+from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, TorchFunctionValue
+
+
+def wrap_lazy(state, obj: Any, source: Source) -> Value:
+    if isinstance(obj, (nn.Module, types.FunctionType, type, types.ModuleType)):
+        return wrap(state, obj, source)  # cheap identity guards; realizing later gains nothing
+    return LazyValue(state, obj, source)
+
+
+def wrap(state, obj: Any, source: Source) -> Value:
+    if state.opaque_inputs:
+        return OpaqueValue(obj, source)
+    expr = state.source_expr(source)
+    if isinstance(obj, GradModeRestore):  # resuming inside a `with torch.no_grad():` block
+        return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))
+    if isinstance(obj, torch.Tensor):
+        return _tensor(state, obj, source, expr)
+    if isinstance(obj, nn.Module):
+        _identity(state, obj, source, expr)
+        return ModuleValue(obj, source)
+    if isinstance(obj, (bool, type(None))):
+        state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
+        return ConstantValue(obj, source)
+    if type(obj) in (int, float, str, bytes) or isinstance(obj, (torch.dtype, torch.device, torch.Size)) or (
+            type(obj) is tuple and is_literal(obj)):
+        name = state.guards.constant(obj, "const") if not is_literal(obj) else repr(obj)
+        state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",
+                               type(obj).__name__, f"type({expr}).__name__"))
+        if not (isinstance(obj, float) and obj != obj):
+            state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+        return ConstantValue(obj, source)
+    if isinstance(obj, enum.Enum):
+        _identity(state, obj, source, expr)
+        return ConstantValue(obj, source)
+    if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(type(obj), "_fields")):
+        _type(state, obj, source, expr)
+        state.guards.add(Guard(GuardKind.LENGTH_MATCH, source, f"len({expr}) == {len(obj)}", str(len(obj)), f"len({expr})"))
+        items = [wrap_lazy(state, v, ItemSource(source, i)) for i, v in enumerate(obj)]
+        if isinstance(obj, list):
+            return ListValue(items, source)
+        return TupleValue(items, cls=type(obj), source=source)
+    if type(obj) is dict or (isinstance(obj, dict) and not dataclasses.is_dataclass(obj)):
+        if all(is_literal(k) for k in obj):
+            _type(state, obj, source, expr)
+            keys = list(obj.keys())
+            state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys!r}", repr(keys),
+                                   f"list({expr}.keys())"))
+            return DictValue({k: wrap_lazy(state, v, ItemSource(source, k)) for k, v in obj.items()}, source, type(obj))
+    if isinstance(obj, types.FunctionType):
+        _identity(state, obj, source, expr)
+        return FunctionValue.of(state, obj, source)
+    if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
+        from kiln.capture.sources import AttrSource
+
+        self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
+        return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
+    if isinstance(obj, type):
+        _identity(state, obj, source, expr)
+        return ClassValue(obj, source)
+    if isinstance(obj, types.ModuleType):
+        _identity(state, obj, source, expr)
+        return PythonModuleValue(obj)
+    if _is_torch_callable(obj):
+        _identity(state, obj, source, expr)
+        return TorchFunctionValue(obj, source)
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType)):
+        _identity(state, obj, source, expr)
+        return BuiltinValue(obj, source)
+    if type(obj).__module__.startswith("numpy") or isinstance(obj, (types.GeneratorType,)):
+        _type(state, obj, source, expr)
+        return OpaqueValue(obj, source)
+    if hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__"):
+        _type(state, obj, source, expr)
+        return ObjectValue(obj, source)
+    _type(state, obj, source, expr)
+    return OpaqueValue(obj, source)
+
+
+def _is_torch_callable(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return callable(obj) and (module == "torch" or module.startswith("torch.") or module.startswith("torch._C")) and \
+        not isinstance(obj, (torch.Tensor, nn.Module, type))
+
+
+def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
+    sig = tensor_signature(t)
+    name = state.guards.constant(sig, "tensor")
+    state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, f"___check_tensor({expr}, {name})", describe_tensor(sig),
+                           f"___describe_tensor(___tensor_signature({expr}))"))
+    node, fake = state.graph.input(source, t)
+    return TensorValue(node, fake, source)
+
+
+def _identity(state, obj: Any, source: Source, expr: str) -> None:
+    name = state.guards.constant(obj, "obj")
+    label = getattr(obj, "__qualname__", None) or type(obj).__name__
+    state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {name}", f"the same object ({label})",
+                           f"'a different object: ' + repr(type({expr}).__name__)"))
+
+
+def _type(state, obj: Any, source: Source, expr: str) -> None:
+    state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",
+                           type(obj).__name__, f"type({expr}).__name__"))
+
+
+def _type_name(state, obj: Any) -> str:
+    cls = type(obj)
+    if cls in (int, float, str, bytes, bool, tuple, list, dict):
+        return cls.__name__
+    return state.guards.constant(cls, "type")

@@ -1,0 +1,314 @@
+"""Frame entry: the compiling wrapper, the cache per frame, and the continuations.
+
+`CompiledFrame` owns the cache entries of one frame — a function's entry, or a
+continuation (the rest of a function after a graph break, starting at an
+instruction with a given stack). A call checks each entry's guard function in
+order and runs the first whose guards pass; otherwise it captures again
+(logging which guard failed), up to `config.cache_size_limit` entries, after
+which the frame runs eagerly with one warning.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture import bytecode
+from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln.capture.guards import GuardSet
+from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
+from kiln.capture.native import render_instruction
+from kiln.capture.output import write_program
+from kiln.capture.sources import ClosureSource, LocalSource
+from kiln.capture.state import CaptureState
+from kiln.capture.values.base import NULL
+from kiln.capture.values.functions import CellValue
+from kiln.config import config
+
+load_opcode_modules()
+
+log_breaks = logging.getLogger("kiln.graph_breaks")
+log_recompiles = logging.getLogger("kiln.recompiles")
+log_guards = logging.getLogger("kiln.guards")
+log_graph = logging.getLogger("kiln.graph")
+log_program = logging.getLogger("kiln.bytecode")
+log = logging.getLogger("kiln.capture")
+
+
+class FullGraphError(RuntimeError):
+    """`fullgraph=True` and the function has a graph break."""
+
+
+class BackendCompilerFailed(RuntimeError):
+    """The backend raised while compiling a captured graph."""
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """What a compiled frame starts from: a code object at an instruction, with a stack layout."""
+
+    code: types.CodeType
+    start: int = 0
+    stack_nulls: tuple[bool, ...] = ()
+    local_names: tuple[str, ...] | None = None  # None: a function entry, locals are its arguments
+    cell_names: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        if self.start == 0 and self.local_names is None:
+            return where
+        line = bytecode.instructions(self.code)[self.start].lineno
+        return f"{where}, resumed at line {line}"
+
+
+@dataclass
+class CaptureRecord:
+    """What one capture produced, kept for explain() and reports."""
+
+    frame: str
+    graph: torch.fx.GraphModule | None
+    op_count: int
+    graph_break: GraphBreak | None
+    guards: GuardSet
+    program_source: str
+    compile_seconds: float
+    recompile_reason: str | None = None
+
+
+@dataclass
+class CacheEntry:
+    guard: Callable
+    program: Callable
+    guards: GuardSet
+    program_source: str
+
+
+@dataclass(eq=False)
+class CompileContext:
+    """Everything one `kiln.compile(...)` call owns: its backend, options and frames."""
+
+    backend: Callable
+    fullgraph: bool = False
+    frames: dict[FrameSpec, "CompiledFrame"] = field(default_factory=dict)
+    records: list[CaptureRecord] = field(default_factory=list)
+    graph_counter: int = 0
+    functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
+
+    def frame(self, spec: FrameSpec) -> "CompiledFrame":
+        if spec not in self.frames:
+            self.frames[spec] = CompiledFrame(spec, self)
+        return self.frames[spec]
+
+    def function(self, fn: types.FunctionType) -> "CompiledFunction":
+        if fn not in self.functions:
+            self.functions[fn] = CompiledFunction(fn, self)
+        return self.functions[fn]
+
+
+class CompiledFrame:
+    def __init__(self, spec: FrameSpec, ctx: CompileContext):
+        self.spec, self.ctx = spec, ctx
+        self.entries: list[CacheEntry] = []
+        self.run_eagerly = False  # set when the frame cannot be captured; function entries only
+        self._warned_limit = False
+
+    def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
+        for entry in self.entries:
+            if entry.guard(L, G, C):
+                return entry.program(L, G, C)
+        if self.run_eagerly:
+            return eager()
+        reason = self.entries[-1].guards.first_failure(L, G, C) if self.entries else None
+        if reason is not None:
+            log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
+        opaque = False
+        if len(self.entries) >= config.cache_size_limit:
+            if eager is not None:
+                self._warn_limit(reason)
+                self.run_eagerly = True
+                return eager()
+            opaque = True  # a continuation must still run: step through it natively, unguarded
+        entry = self._capture(L, G, C, eager, opaque, reason)
+        if entry is None:
+            return eager()
+        return entry.program(L, G, C)
+
+    def _warn_limit(self, reason: str | None) -> None:
+        if not self._warned_limit:
+            self._warned_limit = True
+            warnings.warn(f"kiln: {self.spec.describe()} hit config.cache_size_limit "
+                          f"({config.cache_size_limit}); it runs eagerly from now on. Last recompile: {reason}")
+
+    def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
+        start = time.perf_counter()
+        try:
+            result = capture(self.spec, L, G, C, self.ctx, opaque)
+        except (FullGraphError, BackendCompilerFailed):
+            raise
+        except Unresumable as e:
+            if eager is None:
+                raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
+            log_breaks.warning("kiln: %s runs eagerly: %s", self.spec.describe(), e)
+            self.run_eagerly = True
+            return None
+        except Exception as e:  # a failed capture never breaks the user's program
+            if eager is None:
+                raise
+            warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); running it eagerly")
+            log.debug("capture failure", exc_info=True)
+            self.run_eagerly = True
+            return None
+        entry, record = result
+        record.compile_seconds = time.perf_counter() - start
+        record.recompile_reason = reason
+        self.ctx.records.append(record)
+        self.entries.append(entry)
+        return entry
+
+
+class CompiledFunction:
+    """A Python function whose frames kiln compiles: what `kiln.compile(fn)` returns (as a callable)."""
+
+    def __init__(self, fn: types.FunctionType, ctx: CompileContext):
+        self.fn, self.ctx = fn, ctx
+        self.frame = ctx.frame(FrameSpec(fn.__code__))
+        code = fn.__code__
+        self._simple = not (code.co_flags & 0x0C) and code.co_kwonlyargcount == 0
+        self._names = code.co_varnames[:code.co_argcount]
+        self._signature = inspect.signature(fn) if not self._simple or fn.__defaults__ else None
+        functools.update_wrapper(self, fn)
+
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        if self._simple and not kwargs and len(args) == len(self._names):
+            return dict(zip(self._names, args))
+        signature = self._signature or inspect.signature(self.fn)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def __call__(self, *args, **kwargs):
+        fn = self.fn
+        L = self.bind(args, kwargs)
+        return self.frame(L, fn.__globals__, fn.__closure__ or (), eager=lambda: fn(*args, **kwargs))
+
+
+# ------------------------------------------------------------------------------------------
+# One capture: interpret, choose the break, write the program, compile the graph
+# ------------------------------------------------------------------------------------------
+
+def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool):
+    break_at, reason = None, None
+    while True:
+        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque)
+        frame = _root_frame(state, spec, L, C)
+        try:
+            try:
+                value = frame.run()
+                return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
+            except StopAtBreak:
+                return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
+            finally:
+                state.restore_global_state()
+        except GraphBreak as e:
+            if isinstance(e, Unresumable) or break_at is not None:
+                raise
+            if ctx.fullgraph:
+                raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
+            break_at, reason = frame.current.index, e
+            log_breaks.info("%s", e.message())
+
+
+def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Frame:
+    from kiln.capture.builder import wrap_lazy
+
+    code = spec.code
+    names = spec.local_names if spec.local_names is not None else tuple(L)
+    locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}
+    stack = [NULL if is_null else wrap_lazy(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
+             for i, is_null in enumerate(spec.stack_nulls)]
+    cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
+             for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
+    for name in spec.cell_names:
+        cells[name] = CellValue(contents=wrap_lazy(state, L[f"___cell_{name}"], LocalSource(f"___cell_{name}")))
+    return Frame(state, code, state.G, locals_, cells, is_root=True, start=spec.start, stack=stack)
+
+
+def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx: CompileContext) -> list[str]:
+    """Rebuild the live stack and locals, run the breaking instruction natively, call the continuation."""
+    stack = [None if v is NULL else writer.value(v) for v in frame.stack]
+    local_exprs = {name: writer.value(v) for name, v in frame.locals.items()}
+    new_cells = {name: cell for name, cell in frame.cells.items() if cell.real is None and cell.contents is not None}
+    cell_exprs = {name: writer.value(cell.contents) for name, cell in new_cells.items()}
+    writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
+
+    def resume(index: int, new_stack: list) -> str:
+        target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs))
+        name = writer.constant(ctx.frame(target))
+        items = [f"{k!r}: {v}" for k, v in local_exprs.items()]
+        items += [f"'___stack{i}': {s}" for i, s in enumerate(new_stack) if s is not None]
+        items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
+        return f"return {name}({{{', '.join(items)}}}, G, C)"
+
+    lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
+    loc = frame.location()
+    return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
+
+
+def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame, reason, tail) -> tuple:
+    ctx.graph_counter += 1
+    graph_name = f"___graph_{ctx.graph_counter}"
+    source, writer = write_program(state, graph_fn_name=graph_name, finish=tail)
+    gm = None
+    if state.graph.op_count or writer.outputs:
+        if state.grad_enabled != state.entry_grad_enabled:
+            state.graph.set_grad_enabled(state.entry_grad_enabled)
+        gm = state.graph.output(writer.outputs)
+        gm.meta = {"frame": spec.describe()}
+        log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
+        example_inputs = [real for _, real in state.graph.inputs]
+        try:
+            compiled = ctx.backend(gm, example_inputs)
+        except Exception as e:
+            raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
+                                        f"of {spec.describe()}: {type(e).__name__}: {e}") from e
+        writer.namespace[graph_name] = compiled
+    guard_fn = state.guards.compile()
+    namespace = dict(writer.namespace)
+    exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
+    program_source = state.guards.source_code() + "\n\n" + source
+    log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
+    log_program.info("output program for %s\n%s", spec.describe(), program_source)
+    entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source)
+    record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, program_source, 0.0)
+    return entry, record
+
+
+def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
+    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
+    if getattr(fn, "__kiln_disabled__", False):
+        return fn(*args, **kwargs)
+    if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
+        return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
+    if isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
+        return ctx.function(type(fn).forward)(fn, *args, **kwargs)
+    if _compilable(fn):
+        return ctx.function(fn)(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def _compilable(fn: Any) -> bool:
+    if not isinstance(fn, types.FunctionType) or getattr(fn, "__kiln_disabled__", False):
+        return False
+    module = fn.__module__ or ""
+    return not (fn.__code__.co_flags & 0x3A0) and not module.startswith(("kiln", "torch."))
+
+
+def _has_hooks(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks)

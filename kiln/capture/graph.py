@@ -1,0 +1,108 @@
+"""Building the captured FX graph, with fake tensors flowing through every op.
+
+Each op the interpreter records runs once on fake tensors (shape, dtype, device
+and requires_grad, no data), which is how capture knows the result's metadata
+and whether the op is legal, and becomes one node of a `torch.fx.Graph` of
+torch-level calls — the graph every backend receives.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.sources import Source
+
+
+class GraphBuilder:
+    """One graph under construction: its placeholders (by source) and its nodes."""
+
+    def __init__(self) -> None:
+        self.graph = fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
+        self._input_nodes: dict[Source, fx.Node] = {}
+        self._names: set[str] = set()
+        self.op_count = 0
+
+    # --- inputs -----------------------------------------------------------------------------
+    def input(self, source: Source, real: torch.Tensor) -> tuple[fx.Node, torch.Tensor]:
+        """The placeholder for the tensor at `source` (one per source), and its fake value."""
+        if source in self._input_nodes:
+            node = self._input_nodes[source]
+            return node, node.meta["example_value"]
+        name = self._unique(_identifier(source.name()))
+        node = self._insert_placeholder(name)
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node.meta["example_value"] = fake
+        node.meta["val"] = fake
+        node.meta["source"] = source.expr()
+        self._input_nodes[source] = node
+        self.inputs.append((source, real))
+        return node, fake
+
+    def _insert_placeholder(self, name: str) -> fx.Node:
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if placeholders:
+            with self.graph.inserting_after(placeholders[-1]):
+                return self.graph.placeholder(name)
+        with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
+            return self.graph.placeholder(name)
+
+    def _unique(self, name: str) -> str:
+        base, n = name, 1
+        while name in self._names:
+            name, n = f"{base}_{n}", n + 1
+        self._names.add(name)
+        return name
+
+    # --- ops ----------------------------------------------------------------------------------
+    def call(self, kind: str, target: Any, args: tuple, kwargs: dict, fake_args: tuple, fake_kwargs: dict):
+        """Record `target(*args, **kwargs)`; returns (node, fake result). Args are nodes/constants."""
+        fake_out = self._run_fake(kind, target, fake_args, fake_kwargs)
+        node = self.graph.create_node(kind, target, args, kwargs)
+        node.meta["example_value"] = fake_out
+        self.op_count += 1
+        return node, fake_out
+
+    def _run_fake(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        fn: Callable = getattr(args[0], target) if kind == "call_method" else target
+        call_args = args[1:] if kind == "call_method" else args
+        try:
+            with self.fake_mode:
+                return fn(*call_args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise GraphBreak("dynamic_output_shape", f"{_name(target)} ({type(e).__name__})") from e
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise GraphBreak("exception", f"{_name(target)} raised {type(e).__name__}: {e}") from e
+
+    def getitem(self, node: fx.Node, index: int, fake: Any) -> fx.Node:
+        out = self.graph.call_function(operator.getitem, (node, index))
+        out.meta["example_value"] = fake
+        return out
+
+    def set_grad_enabled(self, enabled: bool) -> None:
+        """Grad mode changes inside the graph are nodes, so the backend sees them in order."""
+        self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+
+    def output(self, nodes: list[fx.Node]) -> fx.GraphModule:
+        # No dead-code elimination: an unused random op still advances the RNG in eager.
+        self.graph.output(tuple(nodes))
+        gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name="CapturedGraph")
+        return gm
+
+
+def _name(target: Any) -> str:
+    return getattr(target, "__name__", str(target))
+
+
+def _identifier(name: str) -> str:
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name).strip("_").lower() or "input"
+    return out if not out[0].isdigit() else "_" + out
+

@@ -1,0 +1,137 @@
+"""Guards: what a compiled entry assumed about its inputs, checked before it runs.
+
+Each guard has a kind (the vocabulary users see in logs and `explain`), the
+source it checks, and a Python boolean expression. A cache entry's guards are
+emitted as ONE Python function (`GuardSet.compile`), so a call costs one
+function call, not a walk over a list. When a check fails, `GuardSet.first_failure`
+re-evaluates the guards one by one to say which failed and the old vs new value.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture.sources import Source
+
+
+class GuardKind(enum.Enum):
+    TYPE_MATCH = "type"
+    ID_MATCH = "id"
+    EQUALS_MATCH = "constant"
+    TENSOR_MATCH = "tensor"
+    LENGTH_MATCH = "length"
+    DICT_KEYS = "dict keys"
+    GRAD_MODE = "grad mode"
+    AUTOCAST = "autocast"
+    MODULE_TRAINING = "module training"
+    NO_HOOKS = "module hooks"
+
+
+@dataclass(frozen=True)
+class Guard:
+    kind: GuardKind
+    source: Source | None
+    expr: str  # a boolean Python expression over L, G, C and the namespace
+    expected: str  # the value compiled for, as the user would read it
+    current: str  # an expression evaluating to the value now (for failure reasons)
+
+    def describe(self) -> str:
+        where = self.source.expr() if self.source is not None else "global state"
+        return f"{self.kind.value:<16} {where}: {self.expected}"
+
+
+def tensor_signature(t: torch.Tensor) -> tuple:
+    """What a tensor guard compares: the properties the captured graph specialized on."""
+    return (t.dtype, t.device, tuple(t.shape), tuple(t.stride()), t.requires_grad, type(t))
+
+
+def describe_tensor(sig: tuple) -> str:
+    dtype, device, shape, stride, requires_grad, cls = sig
+    return f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, stride={list(stride)}, requires_grad={requires_grad})"
+
+
+def _check_tensor(t: Any, sig: tuple) -> bool:
+    return (
+        type(t) is sig[5]
+        and t.dtype == sig[0]
+        and t.device == sig[1]
+        and t.shape == sig[2]
+        and t.stride() == sig[3]
+        and t.requires_grad == sig[4]
+    )
+
+
+def _autocast_state() -> tuple:
+    return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")) + (
+        torch.get_autocast_dtype("cpu"),
+        torch.get_autocast_dtype("cuda"),
+    )
+
+
+HELPERS: dict[str, Any] = {
+    "___check_tensor": _check_tensor,
+    "___tensor_signature": tensor_signature,
+    "___describe_tensor": describe_tensor,
+    "___autocast_state": _autocast_state,
+    "___grad_enabled": torch.is_grad_enabled,
+    "torch": torch,
+}
+
+
+@dataclass
+class GuardSet:
+    """The guards of one cache entry, deduplicated, in the order they were installed."""
+
+    guards: list[Guard] = field(default_factory=list)
+    namespace: dict[str, Any] = field(default_factory=dict)
+    _seen: set[str] = field(default_factory=set)
+
+    def add(self, guard: Guard) -> None:
+        if guard.expr not in self._seen:
+            self._seen.add(guard.expr)
+            self.guards.append(guard)
+
+    def constant(self, value: Any, hint: str) -> str:
+        """Put `value` in the guard namespace; returns the name the expressions use."""
+        name = f"___{hint}_{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def source_code(self) -> str:
+        lines = ["def guard(L, G, C):"]
+        if not self.guards:
+            lines.append("    return True")
+        else:
+            checks = [f"({g.expr})  # {g.kind.value}" for g in self.guards]
+            lines.append("    return (" + checks[0])
+            lines += ["        and " + c for c in checks[1:]]
+            lines.append("    )")
+        return "\n".join(lines)
+
+    def compile(self) -> Callable:
+        namespace = dict(HELPERS, **self.namespace)
+        exec(compile(self.source_code(), "<kiln guards>", "exec"), namespace)
+        return namespace["guard"]
+
+    def first_failure(self, L: dict, G: dict, C: tuple) -> str | None:
+        """The first guard that fails on these inputs, as 'kind source: expected X, got Y'."""
+        namespace = dict(HELPERS, **self.namespace, L=L, G=G, C=C)
+        for g in self.guards:
+            try:
+                ok = eval(g.expr, namespace)
+            except Exception:
+                ok = False
+            if not ok:
+                try:
+                    now = eval(g.current, namespace)
+                except Exception as e:  # the source itself is gone (a missing attribute, say)
+                    now = f"<{type(e).__name__}: {e}>"
+                where = g.source.expr() if g.source is not None else "global state"
+                return f"{g.kind.value} guard failed on {where}: expected {g.expected}, got {now}"
+        return None
+
+    def __str__(self) -> str:
+        return "\n".join(g.describe() for g in self.guards)

@@ -1,0 +1,200 @@
+"""The frame loop: interpret one code object's bytecode over trackers.
+
+A `Frame` holds a value stack, locals and cells, and steps through
+instructions by looking each opname up in `OPCODES` (filled by the modules of
+`opcodes/`, one per opcode family). Calls into Python functions inline a child
+frame on the same `CaptureState`. The root frame additionally stops *before*
+the instruction the capture chose as its graph break (`state.break_at`), with
+its stack intact, so the output program can run that instruction natively.
+"""
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+from kiln.capture import bytecode
+from kiln.capture.breaks import GraphBreak, UserLocation
+from kiln.capture.values.base import Value
+from kiln.capture.values.functions import CellValue, FunctionValue
+
+OPCODES: dict[str, Callable[["Frame", bytecode.Instruction], None]] = {}
+
+MAX_INLINE_DEPTH = 64
+
+
+def opcode(*names: str, since: tuple[int, int] = (3, 0), until: tuple[int, int] = (9, 9)):
+    """Register a handler for the given (normalized) opnames on the Python versions in [since, until]."""
+    import sys
+
+    def register(handler):
+        if since <= sys.version_info[:2] <= until:
+            for name in names:
+                OPCODES[name] = handler
+        return handler
+
+    return register
+
+
+class StopAtBreak(Exception):
+    """The root frame reached the instruction chosen as this capture's graph break."""
+
+
+class Return(Exception):
+    def __init__(self, value: Value):
+        self.value = value
+
+
+class Frame:
+    def __init__(self, state, code: types.CodeType, globals_: dict, locals_: dict[str, Value],
+                 cells: dict[str, CellValue], *, is_root: bool, start: int = 0, stack: list[Value] | None = None,
+                 self_value: Value | None = None):
+        self.state, self.code, self.globals = state, code, globals_
+        self.locals, self.cells = locals_, cells
+        self.is_root = is_root
+        self.instructions = bytecode.instructions(code)
+        self.ip = start
+        self.stack: list[Value] = list(stack or [])
+        self.kw_names: tuple[str, ...] = ()
+        self.self_value = self_value
+        self.current: bytecode.Instruction | None = None
+
+    # --- the stack ----------------------------------------------------------------------------
+    def push(self, value: Value) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Value:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Value]:
+        if n == 0:
+            return []
+        values = self.stack[-n:]
+        del self.stack[-n:]
+        return values
+
+    def peek(self, depth: int = 1) -> Value:
+        return self.stack[-depth]
+
+    # --- running ------------------------------------------------------------------------------
+    def run(self) -> Value:
+        self.state.frames.append(self)
+        try:
+            while True:
+                ins = self.instructions[self.ip]
+                if self.is_root and self.state.break_at == ins.index:
+                    self.current = ins
+                    raise StopAtBreak()
+                self.current = ins
+                self.ip += 1
+                handler = OPCODES.get(ins.opname)
+                if handler is None:
+                    raise GraphBreak("unsupported_opcode", f"{ins.opname}")
+                try:
+                    handler(self, ins)
+                except Return as r:
+                    return r.value
+                except GraphBreak as e:
+                    if e.location is None:
+                        e.location = self.location()
+                    raise
+        finally:
+            self.state.frames.pop()
+
+    def jump(self, target: int) -> None:
+        self.ip = target
+
+    def location(self) -> UserLocation:
+        lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
+        return UserLocation(self.code.co_filename, lineno or self.code.co_firstlineno, self.code.co_name)
+
+    def zero_arg_super(self) -> tuple[type, Value]:
+        """`super()` with no arguments: the class from the `__class__` cell, self from the first argument."""
+        if "__class__" not in self.cells or not self.code.co_varnames:
+            raise GraphBreak("unsupported_call", "super() outside a method")
+        cls = self.cells["__class__"].load(self.state).as_constant()
+        return cls, self.locals[self.code.co_varnames[0]]
+
+    def global_value(self, name: str) -> Value:
+        from kiln.capture.builder import wrap
+        from kiln.capture.values.objects import object_value
+
+        pending = self.state.pending_globals.get((id(self.globals), name))
+        if pending is not None:
+            return pending
+        if name in self.globals:
+            return wrap(self.state, self.globals[name], self.state.global_source(self.globals, name))
+        import builtins
+
+        if hasattr(builtins, name):
+            return object_value(getattr(builtins, name), self.state)
+        raise GraphBreak("exception", f"NameError: name {name!r} is not defined")
+
+
+# ------------------------------------------------------------------------------------------
+# Inlining a call
+# ------------------------------------------------------------------------------------------
+
+def inline_call(state, fn: FunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if len(state.frames) > MAX_INLINE_DEPTH:
+        raise GraphBreak("recursion", f"inlining {fn.name}")
+    code = fn.code
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):  # generator, coroutine, async generator
+        raise GraphBreak("unsupported_call", f"{fn.name} is a generator or coroutine")
+    locals_ = bind_arguments(fn, args, kwargs)
+    cells = {name: cell for name, cell in zip(code.co_freevars, fn.closure)}
+    frame = Frame(state, code, fn.globals, locals_, cells, is_root=False)
+    return frame.run()
+
+
+def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
+    """Python's argument binding, over trackers."""
+    code = fn.code
+    npos, nkwonly = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    positional = names[:npos]
+    kwonly = names[npos:npos + nkwonly]
+    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
+    bound: dict[str, Value] = {}
+    for name, value in zip(positional, args):
+        bound[name] = value
+    extra = args[npos:]
+    if extra and not has_varargs:
+        raise GraphBreak("exception", f"TypeError: {fn.name}() takes {npos} positional arguments but {len(args)} were given")
+    varkw: dict[str, Value] = {}
+    posonly = set(names[:code.co_posonlyargcount])
+    for name, value in kwargs.items():
+        if name in bound and name not in posonly:
+            raise GraphBreak("exception", f"TypeError: {fn.name}() got multiple values for argument {name!r}")
+        if (name in positional and name not in posonly) or name in kwonly:
+            bound[name] = value
+        elif has_varkw:
+            varkw[name] = value
+        else:
+            raise GraphBreak("exception", f"TypeError: {fn.name}() got an unexpected keyword argument {name!r}")
+    defaults = fn.defaults
+    for i, name in enumerate(positional):
+        if name not in bound:
+            d = i - (npos - len(defaults))
+            if d < 0:
+                raise GraphBreak("exception", f"TypeError: {fn.name}() missing argument {name!r}")
+            bound[name] = defaults[d]
+    for name in kwonly:
+        if name not in bound:
+            if name not in fn.kwdefaults:
+                raise GraphBreak("exception", f"TypeError: {fn.name}() missing keyword argument {name!r}")
+            bound[name] = fn.kwdefaults[name]
+    from kiln.capture.values.containers import DictValue, TupleValue
+
+    index = npos + nkwonly
+    if has_varargs:
+        bound[names[index]] = TupleValue(list(extra))
+        index += 1
+    if has_varkw:
+        bound[names[index]] = DictValue(varkw)
+    return bound
+
+
+def load_opcode_modules() -> None:
+    from kiln.capture.opcodes import calls, containers, control, names, operators, stack  # noqa: F401
+
+

@@ -1,0 +1,213 @@
+"""Running the breaking instruction natively, as Python source in the output program.
+
+When capture stops before an instruction it cannot trace, the output program
+performs that one instruction with real objects (a call, a branch on a
+tensor's value, a step of an unknown iterator, ...) and then calls the
+continuation with the resulting stack. Each renderer gets the stack as
+expressions (`None` for CPython's NULL) and a `resume(index, stack)` callback
+that writes the call of the continuation starting at instruction `index`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from kiln.capture.breaks import Unresumable
+from kiln.capture.bytecode import Instruction
+from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS
+
+Stack = list  # list[str | None]
+Resume = Callable[[int, Stack], str]
+
+RENDERERS: dict[str, Callable] = {}
+
+
+def renders(*names):
+    def register(fn):
+        for n in names:
+            RENDERERS[n] = fn
+        return fn
+
+    return register
+
+
+def render_instruction(ins: Instruction, stack: Stack, kw_names: tuple, resume: Resume, temp: Callable[[], str]) -> list[str]:
+    renderer = RENDERERS.get(ins.opname)
+    if renderer is None:
+        raise Unresumable("unsupported_opcode", f"cannot resume after {ins.opname}")
+    return renderer(ins, stack, kw_names, resume, temp)
+
+
+def _args(args: list[str], kw_names: tuple) -> str:
+    positional = args[:len(args) - len(kw_names)] if kw_names else args
+    keywords = [f"{k}={v}" for k, v in zip(kw_names, args[len(args) - len(kw_names):])] if kw_names else []
+    return ", ".join(positional + keywords)
+
+
+@renders("CALL")
+def _call(ins, stack, kw_names, resume, temp):
+    n = ins.arg + 2
+    items, rest = stack[-n:], stack[:-n]
+    fn, args = (items[1], items[2:]) if items[0] is None else (items[0], items[1:])
+    r = temp()
+    return [f"{r} = ___call_nested({fn}{', ' if args else ''}{_args(args, kw_names)})", resume(ins.index + 1, rest + [r])]
+
+
+@renders("CALL_FUNCTION_EX")
+def _call_ex(ins, stack, kw_names, resume, temp):
+    has_kwargs = ins.arg & 1
+    kwargs = stack[-1] if has_kwargs else None
+    args = stack[-1 - has_kwargs]
+    fn = stack[-2 - has_kwargs]
+    rest = stack[:-2 - has_kwargs]
+    if rest and rest[-1] is None:
+        rest = rest[:-1]
+    r = temp()
+    star_kwargs = f", **{kwargs}" if kwargs else ""
+    return [f"{r} = ___call_nested({fn}, *{args}{star_kwargs})", resume(ins.index + 1, rest + [r])]
+
+
+def _branch(condition: str, taken: str, not_taken: str) -> list[str]:
+    return [f"if {condition}:", f"    {taken}", not_taken]
+
+
+@renders("POP_JUMP_IF_TRUE")
+def _jump_true(ins, stack, kw, resume, temp):
+    return _branch(stack[-1], resume(ins.target, stack[:-1]), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("POP_JUMP_IF_FALSE")
+def _jump_false(ins, stack, kw, resume, temp):
+    return _branch(f"not {stack[-1]}", resume(ins.target, stack[:-1]), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("POP_JUMP_IF_NONE")
+def _jump_none(ins, stack, kw, resume, temp):
+    return _branch(f"{stack[-1]} is None", resume(ins.target, stack[:-1]), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("POP_JUMP_IF_NOT_NONE")
+def _jump_not_none(ins, stack, kw, resume, temp):
+    return _branch(f"{stack[-1]} is not None", resume(ins.target, stack[:-1]), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("JUMP_IF_FALSE_OR_POP")
+def _jump_false_or_pop(ins, stack, kw, resume, temp):
+    return _branch(f"not {stack[-1]}", resume(ins.target, stack), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("JUMP_IF_TRUE_OR_POP")
+def _jump_true_or_pop(ins, stack, kw, resume, temp):
+    return _branch(stack[-1], resume(ins.target, stack), resume(ins.index + 1, stack[:-1]))
+
+
+@renders("GET_ITER")
+def _get_iter(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = iter({stack[-1]})", resume(ins.index + 1, stack[:-1] + [r])]
+
+
+@renders("FOR_ITER")
+def _for_iter(ins, stack, kw, resume, temp):
+    r = temp()
+    return [
+        "try:",
+        f"    {r} = next({stack[-1]})",
+        "except StopIteration:",
+        f"    {resume(ins.target, stack[:-1])}",
+        resume(ins.index + 1, stack + [r]),
+    ]
+
+
+@renders("BINARY_OP")
+def _binary_op(ins, stack, kw, resume, temp):
+    r = temp()
+    op = ins.argrepr
+    if op.endswith("=") and op not in ("==", "!=", "<=", ">="):
+        line = f"{r} = {stack[-2]}; {r} {op} {stack[-1]}"
+    else:
+        line = f"{r} = {stack[-2]} {op} {stack[-1]}"
+    assert op in BINARY_OPS
+    return [line, resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("COMPARE_OP")
+def _compare_op(ins, stack, kw, resume, temp):
+    r = temp()
+    assert ins.argval in COMPARE_OPS
+    return [f"{r} = {stack[-2]} {ins.argval} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("CONTAINS_OP")
+def _contains_op(ins, stack, kw, resume, temp):
+    r = temp()
+    op = "not in" if ins.arg else "in"
+    return [f"{r} = {stack[-2]} {op} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("UNARY_NOT")
+def _not(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = not {stack[-1]}", resume(ins.index + 1, stack[:-1] + [r])]
+
+
+@renders("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_POSITIVE")
+def _unary(ins, stack, kw, resume, temp):
+    r = temp()
+    sign = {"UNARY_NEGATIVE": "-", "UNARY_INVERT": "~", "UNARY_POSITIVE": "+"}[ins.opname]
+    return [f"{r} = {sign}{stack[-1]}", resume(ins.index + 1, stack[:-1] + [r])]
+
+
+@renders("BINARY_SUBSCR")
+def _subscr(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = {stack[-2]}[{stack[-1]}]", resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("STORE_SUBSCR")
+def _store_subscr(ins, stack, kw, resume, temp):
+    return [f"{stack[-2]}[{stack[-1]}] = {stack[-3]}", resume(ins.index + 1, stack[:-3])]
+
+
+@renders("LOAD_ATTR")
+def _load_attr(ins, stack, kw, resume, temp):
+    r = temp()
+    pushed = [None, r] if ins.method_load else [r]
+    return [f"{r} = getattr({stack[-1]}, {ins.argval!r})", resume(ins.index + 1, stack[:-1] + pushed)]
+
+
+@renders("STORE_ATTR")
+def _store_attr(ins, stack, kw, resume, temp):
+    return [f"setattr({stack[-1]}, {ins.argval!r}, {stack[-2]})", resume(ins.index + 1, stack[:-2])]
+
+
+@renders("UNPACK_SEQUENCE")
+def _unpack(ins, stack, kw, resume, temp):
+    r = temp()
+    items = [f"{r}[{i}]" for i in reversed(range(ins.arg))]
+    return [f"{r} = tuple({stack[-1]})",
+            f"if len({r}) != {ins.arg}: raise ValueError(f'expected {ins.arg} values to unpack, got {{len({r})}}')",
+            resume(ins.index + 1, stack[:-1] + items)]
+
+
+@renders("RAISE_VARARGS")
+def _raise(ins, stack, kw, resume, temp):
+    if ins.arg == 1:
+        return [f"raise {stack[-1]}"]
+    if ins.arg == 2:
+        return [f"raise {stack[-2]} from {stack[-1]}"]
+    raise Unresumable("unsupported_opcode", "a bare `raise`")
+
+
+@renders("FORMAT_VALUE")
+def _format_value(ins, stack, kw, resume, temp):
+    r = temp()
+    convert = {0: "", 1: "str", 2: "repr", 3: "ascii"}[ins.arg & 0x03]
+    has_spec = bool(ins.arg & 0x04)
+    value, spec = (stack[-2], stack[-1]) if has_spec else (stack[-1], "''")
+    rest = stack[:-2] if has_spec else stack[:-1]
+    return [f"{r} = format({convert}({value}), {spec})", resume(ins.index + 1, rest + [r])]
+
+
+@renders("BEFORE_WITH")
+def _before_with(ins, stack, kw, resume, temp):
+    raise Unresumable("unknown_context", "a `with` block whose context manager kiln does not model")

@@ -1,0 +1,1 @@
+"""Opcode handlers, one module per family; each registers itself in `interpreter.OPCODES`."""

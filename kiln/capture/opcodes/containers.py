@@ -1,0 +1,99 @@
+"""Building and unpacking tuples, lists, sets and dicts."""
+from __future__ import annotations
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.interpreter import opcode
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, _key
+
+
+@opcode("BUILD_TUPLE")
+def build_tuple(frame, ins):
+    frame.push(TupleValue(frame.popn(ins.arg)))
+
+
+@opcode("BUILD_LIST")
+def build_list(frame, ins):
+    frame.push(ListValue(frame.popn(ins.arg)))
+
+
+@opcode("BUILD_SET")
+def build_set(frame, ins):
+    frame.push(SetValue(frame.popn(ins.arg)))
+
+
+@opcode("BUILD_MAP")
+def build_map(frame, ins):
+    items = frame.popn(2 * ins.arg)
+    frame.push(DictValue({_key(frame.state, items[i]): items[i + 1] for i in range(0, len(items), 2)}))
+
+
+@opcode("BUILD_CONST_KEY_MAP")
+def build_const_key_map(frame, ins):
+    keys = frame.pop().as_constant()
+    values = frame.popn(ins.arg)
+    frame.push(DictValue(dict(zip(keys, values))))
+
+
+@opcode("LIST_APPEND")
+def list_append(frame, ins):
+    value = frame.pop()
+    frame.peek(ins.arg).realize().items.append(value)
+
+
+@opcode("SET_ADD")
+def set_add(frame, ins):
+    value = frame.pop()
+    frame.peek(ins.arg).realize().call_method(frame.state, "add", [value], {})
+
+
+@opcode("MAP_ADD")
+def map_add(frame, ins):
+    value, key = frame.pop(), frame.pop()
+    frame.peek(ins.arg).realize().items[_key(frame.state, key)] = value
+
+
+@opcode("LIST_EXTEND")
+def list_extend(frame, ins):
+    iterable = frame.pop()
+    frame.peek(ins.arg).realize().items.extend(iterable.unpack(frame.state))
+
+
+@opcode("SET_UPDATE")
+def set_update(frame, ins):
+    iterable = frame.pop()
+    target = frame.peek(ins.arg).realize()
+    for item in iterable.unpack(frame.state):
+        target.call_method(frame.state, "add", [item], {})
+
+
+@opcode("DICT_UPDATE", "DICT_MERGE")
+def dict_update(frame, ins):
+    update = frame.pop().realize()
+    if not isinstance(update, DictValue):
+        raise GraphBreak("unsupported_object", f"** of {update}")
+    frame.peek(ins.arg).realize().items.update(update.items)
+
+
+@opcode("LIST_TO_TUPLE", until=(3, 11))
+def list_to_tuple(frame, ins):
+    frame.push(TupleValue(frame.pop().unpack(frame.state)))
+
+
+@opcode("UNPACK_SEQUENCE")
+def unpack_sequence(frame, ins):
+    items = frame.pop().unpack(frame.state)
+    if len(items) != ins.arg:
+        raise GraphBreak("exception", f"ValueError: expected {ins.arg} values to unpack, got {len(items)}")
+    for item in reversed(items):
+        frame.push(item)
+
+
+@opcode("UNPACK_EX")
+def unpack_ex(frame, ins):
+    before, after = ins.arg & 0xFF, ins.arg >> 8
+    items = frame.pop().unpack(frame.state)
+    if len(items) < before + after:
+        raise GraphBreak("exception", "ValueError: not enough values to unpack")
+    middle = ListValue(items[before:len(items) - after])
+    for item in reversed(items[:before] + [middle] + items[len(items) - after:]):
+        frame.push(item)

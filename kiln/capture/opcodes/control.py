@@ -1,0 +1,84 @@
+"""Jumps, branches, loops and raise."""
+from __future__ import annotations
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.interpreter import opcode
+from kiln.capture.values.containers import IteratorValue
+
+
+@opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_ABSOLUTE", "JUMP")
+def jump(frame, ins):
+    frame.jump(ins.target)
+
+
+def is_none(value) -> bool:
+    value = value.realize()
+    return value.is_constant() and value.as_constant() is None
+
+
+@opcode("POP_JUMP_IF_FALSE")
+def pop_jump_if_false(frame, ins):
+    if not frame.peek().truth(frame.state):
+        frame.jump(ins.target)
+    frame.pop()
+
+
+@opcode("POP_JUMP_IF_TRUE")
+def pop_jump_if_true(frame, ins):
+    if frame.peek().truth(frame.state):
+        frame.jump(ins.target)
+    frame.pop()
+
+
+@opcode("POP_JUMP_IF_NONE")
+def pop_jump_if_none(frame, ins):
+    if is_none(frame.pop()):
+        frame.jump(ins.target)
+
+
+@opcode("POP_JUMP_IF_NOT_NONE")
+def pop_jump_if_not_none(frame, ins):
+    if not is_none(frame.pop()):
+        frame.jump(ins.target)
+
+
+@opcode("JUMP_IF_FALSE_OR_POP", until=(3, 11))
+def jump_if_false_or_pop(frame, ins):
+    if not frame.peek().truth(frame.state):
+        frame.jump(ins.target)
+    else:
+        frame.pop()
+
+
+@opcode("JUMP_IF_TRUE_OR_POP", until=(3, 11))
+def jump_if_true_or_pop(frame, ins):
+    if frame.peek().truth(frame.state):
+        frame.jump(ins.target)
+    else:
+        frame.pop()
+
+
+@opcode("GET_ITER")
+def get_iter(frame, ins):
+    value = frame.peek().realize()
+    iterator = value if isinstance(value, IteratorValue) else IteratorValue(value.unpack(frame.state))
+    frame.pop()
+    frame.push(iterator)
+
+
+@opcode("FOR_ITER")
+def for_iter(frame, ins):
+    iterator = frame.peek().realize()
+    if not isinstance(iterator, IteratorValue):
+        raise GraphBreak("unsupported_object", f"iterating over {iterator}")
+    value = iterator.next()
+    if value is None:
+        frame.pop()
+        frame.jump(ins.target)
+    else:
+        frame.push(value)
+
+
+@opcode("RAISE_VARARGS")
+def raise_varargs(frame, ins):
+    raise GraphBreak("exception", "the traced code raises")

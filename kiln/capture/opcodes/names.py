@@ -1,0 +1,137 @@
+"""Loading and storing names: locals, globals, closure cells, attributes, imports."""
+from __future__ import annotations
+
+import sys
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.interpreter import opcode
+from kiln.capture.values.base import NULL
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.objects import ClassValue, PythonModuleValue
+
+
+@opcode("LOAD_FAST")
+def load_fast(frame, ins):
+    if ins.argval not in frame.locals:
+        raise GraphBreak("exception", f"UnboundLocalError: {ins.argval!r}")
+    frame.push(frame.locals[ins.argval])
+
+
+@opcode("LOAD_FAST_AND_CLEAR", since=(3, 12))
+def load_fast_and_clear(frame, ins):
+    frame.push(frame.locals.pop(ins.argval, NULL))
+
+
+@opcode("STORE_FAST")
+def store_fast(frame, ins):
+    value = frame.pop()
+    if value is NULL:  # 3.12 comprehensions restore a variable that was unbound
+        frame.locals.pop(ins.argval, None)
+    else:
+        frame.locals[ins.argval] = value
+
+
+@opcode("DELETE_FAST")
+def delete_fast(frame, ins):
+    frame.locals.pop(ins.argval, None)
+
+
+@opcode("LOAD_GLOBAL")
+def load_global(frame, ins):
+    if ins.method_load:
+        frame.push(NULL)
+    frame.push(frame.global_value(ins.argval))
+
+
+@opcode("STORE_GLOBAL")
+def store_global(frame, ins):
+    from kiln.capture.sources import ConstantSource
+    from kiln.capture.values.containers import DictValue
+
+    value = frame.pop()
+    state = frame.state
+    source = ConstantSource("G") if frame.globals is state.G else state.global_source(frame.globals, ins.argval).base
+    state.side_effects.store_item(DictValue({}, source=source), ConstantValue(ins.argval), value)
+    state.pending_globals[(id(frame.globals), ins.argval)] = value
+
+
+@opcode("LOAD_DEREF", "LOAD_CLASSDEREF")
+def load_deref(frame, ins):
+    cell = frame.cells.get(ins.argval)
+    if cell is None:
+        raise GraphBreak("exception", f"free variable {ins.argval!r} referenced before assignment")
+    frame.push(cell.load(frame.state))
+
+
+@opcode("STORE_DEREF")
+def store_deref(frame, ins):
+    from kiln.capture.values.functions import CellValue
+
+    value = frame.pop()
+    if ins.argval not in frame.cells:
+        frame.cells[ins.argval] = CellValue(contents=value)
+    else:
+        frame.cells[ins.argval].store(frame.state, value)
+
+
+@opcode("LOAD_CLOSURE")
+def load_closure(frame, ins):
+    frame.push(frame.cells[ins.argval])
+
+
+@opcode("LOAD_ATTR")
+def load_attr(frame, ins):
+    obj = frame.pop()
+    attr = obj.realize().getattr(frame.state, ins.argval)
+    if ins.method_load:
+        frame.push(NULL)
+    frame.push(attr)
+
+
+@opcode("LOAD_SUPER_ATTR", since=(3, 12))
+def load_super_attr(frame, ins):
+    from kiln.capture.values.objects import SuperValue
+
+    self_value = frame.pop()
+    cls = frame.pop()
+    frame.pop()  # the global `super`
+    attr = SuperValue(cls.as_constant(), self_value).getattr(frame.state, ins.argval)
+    if ins.method_load:
+        frame.push(NULL)
+    frame.push(attr)
+
+
+@opcode("STORE_ATTR")
+def store_attr(frame, ins):
+    obj = frame.pop()
+    value = frame.pop()
+    obj.realize().setattr(frame.state, ins.argval, value)
+
+
+@opcode("DELETE_ATTR")
+def delete_attr(frame, ins):
+    obj = frame.pop().realize()
+    real = getattr(obj, "obj", None)
+    if real is None or obj.source is None:
+        raise GraphBreak("unsupported_object", f"del of attribute {ins.argval!r}")
+    frame.state.side_effects.del_attr(real, obj, ins.argval)
+
+
+@opcode("IMPORT_NAME")
+def import_name(frame, ins):
+    frame.popn(2)  # level, fromlist
+    name = ins.argval
+    if name not in sys.modules:
+        raise GraphBreak("unsupported_call", f"import of {name!r}, not imported yet")
+    module = sys.modules[name.split(".")[0]] if "." in name else sys.modules[name]
+    frame.push(PythonModuleValue(module))
+
+
+@opcode("IMPORT_FROM")
+def import_from(frame, ins):
+    frame.push(frame.peek().getattr(frame.state, ins.argval))
+
+
+@opcode("LOAD_ASSERTION_ERROR")
+def load_assertion_error(frame, ins):
+    frame.push(ClassValue(AssertionError))

@@ -1,0 +1,109 @@
+"""The output program: generated Python that replaces the user's frame.
+
+For each capture kiln writes one function, `def program(L, G, C)`, that
+1. calls the compiled graph with its inputs fetched by source,
+2. rebuilds every Python value still needed (stack, locals, return value),
+3. replays side effects in program order,
+4. then either returns, or runs the breaking instruction natively and calls
+   the continuation (the rest of the function, compiled lazily) with the live
+   stack and locals.
+It is readable Python: `print(entry.program_source)` or the `bytecode` log.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from kiln.capture.values.base import NULL, Value
+from kiln.capture.values.constant import is_literal
+
+
+class ProgramWriter:
+    def __init__(self, state):
+        self.state = state
+        self.namespace: dict[str, Any] = dict(state.guards.namespace)
+        self.lines: list[str] = []
+        self.outputs: list = []  # fx nodes the graph must return, in order
+        self._output_index: dict = {}
+        self._constants: dict[int, str] = {}
+        self._temps = itertools.count()
+        self._memo: dict[int, str] = {}
+
+    # --- expressions ------------------------------------------------------------------------
+    def constant(self, value: Any) -> str:
+        if is_literal(value):
+            return repr(value)
+        key = self._constants.get(id(value))
+        if key is None:
+            name = getattr(value, "__name__", type(value).__name__)
+            key = f"___{''.join(c if c.isalnum() else '_' for c in str(name))}_{len(self.namespace)}"
+            self._constants[id(value)] = key
+            self.namespace[key] = value
+        return key
+
+    def source_expr(self, source) -> str:
+        return source.expr()
+
+    def tensor(self, value) -> str:
+        """A tensor from the graph: one of its outputs (or its input, fetched by source)."""
+        node = value.node
+        if node.op == "placeholder" and value.source is not None:
+            return value.source.expr()
+        if node not in self._output_index:
+            self._output_index[node] = len(self.outputs)
+            self.outputs.append(node)
+        return f"___out[{self._output_index[node]}]"
+
+    def grad_mode_exit(self, prev: bool) -> str:
+        from kiln.capture.values.torch_api import GradModeRestore
+
+        return f"{self.constant(GradModeRestore)}({prev!r})"
+
+    def value(self, v: Value) -> str:
+        """Rebuild `v` once into a temporary, so aliasing between stack and locals survives."""
+        if v is NULL:
+            raise AssertionError("NULL is not a value")
+        key = id(v)
+        if key not in self._memo:
+            expr = v.reconstruct(self)
+            if expr.isidentifier() or _is_simple(expr):
+                self._memo[key] = expr
+            else:
+                temp = f"___t{next(self._temps)}"
+                self.lines.append(f"{temp} = {expr}")
+                self._memo[key] = temp
+        return self._memo[key]
+
+    def temp(self) -> str:
+        return f"___t{next(self._temps)}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _is_simple(expr: str) -> bool:
+    return expr.startswith("L[") and "(" not in expr or expr.startswith("___out[") or expr in ("None", "True", "False")
+
+
+def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWriter]:
+    """The program's source. `finish(writer)` rebuilds the values it needs and returns the tail lines.
+
+    Values are rebuilt (into temporaries) before any side effect is replayed, so a value read
+    before a mutation keeps its old identity; rebuilding also decides which graph nodes become
+    graph outputs, so the graph call is written last, on top.
+    """
+    writer = ProgramWriter(state)
+    tail = finish(writer)
+    effects = [effect.render(writer) for effect in state.side_effects.effects]
+    head = []
+    if state.graph.op_count or writer.outputs:
+        inputs = ", ".join(source.expr() for source, _ in state.graph.inputs)
+        head.append(f"___out = {graph_fn_name}({inputs})")
+    if state.grad_enabled != state.entry_grad_enabled:
+        head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
+    writer.namespace["torch"] = torch
+    lines = head + writer.lines + effects + tail
+    source = "def program(L, G, C):\n" + "\n".join("    " + line for line in lines)
+    return source, writer

@@ -1,0 +1,87 @@
+"""Side effects on the user's Python objects, recorded during capture, replayed after the graph.
+
+Attribute stores, global stores and container mutations made by traced code
+must happen exactly as in eager. During capture they go into this log (and an
+overlay, so later reads in the same frame see them); the output program
+replays them in program order after the graph has run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kiln.capture.output import ProgramWriter
+    from kiln.capture.values.base import Value
+
+
+@dataclass
+class Effect:
+    """One mutation: `kind` is 'setattr', 'delattr', 'setitem', 'delitem' or 'replace'."""
+
+    kind: str
+    target: Value
+    key: Any
+    value: Value | None
+
+    def render(self, writer: ProgramWriter) -> str:
+        target = self.target.reconstruct(writer)
+        if self.kind == "setattr" and self.key.isidentifier():
+            return f"{target}.{self.key} = {self.value.reconstruct(writer)}"
+        if self.kind == "setattr":
+            return f"setattr({target}, {self.key!r}, {self.value.reconstruct(writer)})"
+        if self.kind == "delattr":
+            return f"delattr({target}, {self.key!r})"
+        if self.kind == "setitem":
+            return f"{target}[{self.key.reconstruct(writer)}] = {self.value.reconstruct(writer)}"
+        if self.kind == "delitem":
+            return f"del {target}[{self.key.reconstruct(writer)}]"
+        if self.kind == "replace":  # a list or dict mutated in place: write its final contents back
+            return self.target.render_replace(writer, target)
+        raise AssertionError(self.kind)
+
+
+@dataclass
+class SideEffects:
+    effects: list[Effect] = field(default_factory=list)
+    _attrs: dict[tuple[int, str], Value] = field(default_factory=dict)  # (id(obj), name) -> value
+    _replaced: set[int] = field(default_factory=set)
+
+    def store_attr(self, obj: Any, target: Value, name: str, value: Value) -> None:
+        self._attrs[(id(obj), name)] = value
+        self.effects.append(Effect("setattr", target, name, value))
+
+    def del_attr(self, obj: Any, target: Value, name: str) -> None:
+        self._attrs[(id(obj), name)] = _DELETED
+        self.effects.append(Effect("delattr", target, name, None))
+
+    def pending_attr(self, obj: Any, name: str) -> Value | None:
+        """The value traced code stored in `obj.name` earlier in this capture, if any."""
+        return self._attrs.get((id(obj), name))
+
+    def store_item(self, target: Value, key: Value, value: Value) -> None:
+        self.effects.append(Effect("setitem", target, key, value))
+
+    def del_item(self, target: Value, key: Value) -> None:
+        self.effects.append(Effect("delitem", target, key, None))
+
+    def replace_contents(self, target: Value) -> None:
+        """A pre-existing list/dict was mutated: write its final contents back (once)."""
+        if id(target) not in self._replaced:
+            self._replaced.add(id(target))
+            self.effects.append(Effect("replace", target, None, None))
+
+    def __len__(self) -> int:
+        return len(self.effects)
+
+
+class _Deleted:
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETED = _Deleted()
+
+
+def is_deleted(value: Any) -> bool:
+    return value is _DELETED

@@ -1,0 +1,106 @@
+"""The state one capture shares across all the frames it inlines.
+
+One `CaptureState` per attempt at compiling a frame: the graph being built,
+the guards installed so far, the side-effect log, the grad-mode and autocast
+state as the traced code sees it, and the objects the output program and the
+guards will need in their namespace. It is passed explicitly to everything
+that needs it — there is no "current capture" global.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.capture.graph import GraphBuilder
+from kiln.capture.guards import Guard, GuardKind, GuardSet
+from kiln.capture.side_effects import SideEffects
+from kiln.capture.sources import ConstantSource, GlobalSource, ItemSource, Source
+
+
+class CaptureState:
+    def __init__(self, L: dict, G: dict, C: tuple, break_at: int | None = None, opaque_inputs: bool = False):
+        self.L, self.G, self.C = L, G, C
+        self.opaque_inputs = opaque_inputs  # wrap every input as opaque: no guards, every use breaks
+        self.graph = GraphBuilder()
+        self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.break_at = break_at
+        self.frames: list = []  # the interpreter's frame stack, innermost last
+        self.entry_grad_enabled = torch.is_grad_enabled()
+        self.grad_enabled = self.entry_grad_enabled
+        self.autocast_stack: list = []
+        self.pending_globals: dict[tuple[int, str], object] = {}  # globals stored by traced code
+        self._constant_ids: dict[int, str] = {}
+        self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
+                              str(self.grad_enabled), "___grad_enabled()"))
+        self.guards.add(Guard(GuardKind.AUTOCAST, None, f"___autocast_state() == {_autocast_state()!r}",
+                              repr(_autocast_state()), "___autocast_state()"))
+
+    # --- sources ---------------------------------------------------------------------------
+    def source_expr(self, source: Source) -> str:
+        return source.expr()
+
+    def real_value(self, source: Source) -> Any:
+        """The object at `source` in this call's inputs."""
+        return eval(source.expr(), dict(self.guards.namespace), {"L": self.L, "G": self.G, "C": self.C})
+
+    def constant_source(self, obj: Any, hint: str) -> ConstantSource:
+        """A source for an object that has none in the frame: it is kept in the namespace."""
+        key = self._constant_ids.get(id(obj))
+        if key is None:
+            key = f"___{''.join(c if c.isalnum() else '_' for c in hint)}_{len(self._constant_ids)}"
+            self._constant_ids[id(obj)] = key
+            self.guards.namespace[key] = obj
+        return ConstantSource(key)
+
+    def global_source(self, globals_: dict, name: str) -> Source:
+        if globals_ is self.G:
+            return GlobalSource(name)
+        module = globals_.get("__name__", "module")
+        return ItemSource(self.constant_source(globals_, f"globals_{module}"), name)
+
+    # --- inlining -------------------------------------------------------------------------
+    def inline(self, fn, args: list, kwargs: dict):
+        from kiln.capture.interpreter import inline_call
+
+        return inline_call(self, fn, args, kwargs)
+
+    def current_frame(self):
+        return self.frames[-1]
+
+    # --- global state the graph changes ---------------------------------------------------
+    def set_grad_enabled(self, enabled: bool) -> None:
+        if enabled != self.grad_enabled:
+            self.graph.set_grad_enabled(enabled)
+            torch._C._set_grad_enabled(enabled)
+            self.grad_enabled = enabled
+
+    def enter_autocast(self, ctx) -> None:
+        import torch.amp.autocast_mode as amp
+
+        ctx.node = self.graph.graph.call_function(amp._enter_autocast, ctx.args)
+        ctx.real = torch.autocast(ctx.args[0], dtype=ctx.args[1], enabled=ctx.args[2], cache_enabled=ctx.args[3])
+        ctx.real.__enter__()
+        self.autocast_stack.append(ctx)
+
+    def exit_autocast(self, ctx) -> None:
+        import torch.amp.autocast_mode as amp
+
+        self.graph.graph.call_function(amp._exit_autocast, (ctx.node,))
+        ctx.real.__exit__(None, None, None)
+        self.autocast_stack.remove(ctx)
+
+    def restore_global_state(self) -> None:
+        """Undo what tracing did to the process (grad mode, autocast) once capture ends."""
+        for ctx in reversed(self.autocast_stack):
+            ctx.real.__exit__(None, None, None)
+        torch._C._set_grad_enabled(self.entry_grad_enabled)
+
+
+def _autocast_state() -> tuple:
+    from kiln.capture.guards import HELPERS
+
+    return HELPERS["___autocast_state"]()
+
+

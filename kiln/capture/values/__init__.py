@@ -1,0 +1,1 @@
+"""Value trackers: what the interpreter holds on its stack and in its locals."""

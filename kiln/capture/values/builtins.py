@@ -1,0 +1,325 @@
+"""Python builtins, `math` and `operator` during capture: one handler per function, in a table.
+
+Builtins on constants fold; builtins that only shuffle values (len, zip,
+enumerate, isinstance) are answered from the trackers; anything with a side
+effect (print) or an unmodelled C function is a graph break.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import operator
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.operators import apply_operator
+
+HANDLERS: dict[Any, Callable] = {}
+
+
+def handles(*fns):
+    def register(handler):
+        for fn in fns:
+            HANDLERS[fn] = handler
+        return handler
+
+    return register
+
+
+def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if fn in HANDLERS:
+        return HANDLERS[fn](state, *args, **kwargs)
+    if getattr(fn, "__module__", None) in ("math", "cmath") or fn in vars(operator).values():
+        if getattr(fn, "__module__", None) == "_operator" or fn in vars(operator).values():
+            return apply_operator(state, fn, args)
+        return _fold(fn, args, kwargs)
+    if getattr(fn, "__self__", None) is not None and isinstance(fn.__self__, (str, int, float, tuple, bytes)):
+        return _fold(fn, args, kwargs)  # 'a,b'.split(...), (1).bit_length()
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("numpy") or type(getattr(fn, "__self__", None)).__module__.startswith("numpy"):
+        raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)}()")
+    raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}()")
+
+
+def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    from kiln.capture.values.tensor import TensorValue
+
+    if any(isinstance(a.realize(), TensorValue) for a in args):
+        raise GraphBreak("tensor_to_python", f"{getattr(fn, '__name__', fn)}() on a tensor")
+    try:
+        return ConstantValue(fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}))
+    except GraphBreak:
+        raise
+    except Exception as e:
+        raise GraphBreak("exception", f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+
+
+def _constant_fold(*fns):
+    for fn in fns:
+        HANDLERS[fn] = lambda state, *args, _fn=fn, **kwargs: _fold(_fn, list(args), kwargs)
+
+
+_constant_fold(builtins.round, builtins.divmod, builtins.pow, builtins.hash, builtins.repr, builtins.format,
+               builtins.ord, builtins.chr, builtins.hex, builtins.bin, builtins.complex)
+
+
+@handles(builtins.print)
+def _print(state, *args, **kwargs):
+    raise GraphBreak("print", "print()")
+
+
+@handles(builtins.len)
+def _len(state, obj):
+    return ConstantValue(obj.length(state))
+
+
+@handles(builtins.isinstance)
+def _isinstance(state, obj, classes):
+    cls = obj.realize().python_type()
+    return ConstantValue(issubclass(cls, classes.as_constant()))
+
+
+@handles(builtins.issubclass)
+def _issubclass(state, cls, classes):
+    return ConstantValue(issubclass(cls.as_constant(), classes.as_constant()))
+
+
+@handles(builtins.type)
+def _type(state, obj):
+    from kiln.capture.values.objects import ClassValue
+
+    return ClassValue(obj.realize().python_type())
+
+
+@handles(builtins.callable)
+def _callable(state, obj):
+    return ConstantValue(callable(obj.realize().python_type()) and hasattr(obj.realize().python_type(), "__call__"))
+
+
+@handles(builtins.getattr)
+def _getattr(state, obj, name, *default):
+    try:
+        return obj.getattr(state, name.as_constant())
+    except GraphBreak as e:
+        if default and e.reason.id == "exception":
+            return default[0]
+        raise
+
+
+@handles(builtins.hasattr)
+def _hasattr(state, obj, name):
+    real = getattr(obj.realize(), "obj", None)
+    if real is not None:
+        return ConstantValue(hasattr(real, name.as_constant()))
+    try:
+        obj.getattr(state, name.as_constant())
+        return ConstantValue(True)
+    except GraphBreak as e:
+        if e.reason.id == "exception":
+            return ConstantValue(False)
+        raise
+
+
+@handles(builtins.setattr)
+def _setattr(state, obj, name, value):
+    obj.setattr(state, name.as_constant(), value)
+    return ConstantValue(None)
+
+
+@handles(builtins.range)
+def _range(state, *args):
+    return ConstantValue(range(*(a.as_constant() for a in args)))
+
+
+@handles(builtins.enumerate)
+def _enumerate(state, iterable, start=None):
+    first = start.as_constant() if start is not None else 0
+    return IteratorValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.unpack(state))])
+
+
+@handles(builtins.zip)
+def _zip(state, *iterables, strict=None):
+    columns = [it.unpack(state) for it in iterables]
+    if strict is not None and strict.as_constant() and len({len(c) for c in columns}) > 1:
+        raise GraphBreak("exception", "zip() arguments have different lengths")
+    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
+
+
+@handles(builtins.reversed)
+def _reversed(state, seq):
+    return IteratorValue(list(reversed(seq.unpack(state))))
+
+
+@handles(builtins.iter)
+def _iter(state, obj):
+    return IteratorValue(obj.unpack(state))
+
+
+@handles(builtins.next)
+def _next(state, it, *default):
+    it = it.realize()
+    if not isinstance(it, IteratorValue):
+        raise GraphBreak("unsupported_object", f"next() on {it}")
+    value = it.next()
+    if value is None:
+        if default:
+            return default[0]
+        raise GraphBreak("exception", "StopIteration")
+    return value
+
+
+@handles(builtins.map)
+def _map(state, fn, *iterables):
+    columns = [it.unpack(state) for it in iterables]
+    return IteratorValue([fn.call(state, list(row), {}) for row in zip(*columns)])
+
+
+@handles(builtins.filter)
+def _filter(state, fn, iterable):
+    keep = []
+    for item in iterable.unpack(state):
+        test = item if fn.realize().is_constant() and fn.as_constant() is None else fn.call(state, [item], {})
+        if test.truth(state):
+            keep.append(item)
+    return IteratorValue(keep)
+
+
+@handles(builtins.list)
+def _list(state, iterable=None):
+    return ListValue(iterable.unpack(state) if iterable is not None else [])
+
+
+@handles(builtins.tuple)
+def _tuple(state, iterable=None):
+    return TupleValue(iterable.unpack(state) if iterable is not None else [])
+
+
+@handles(builtins.set, builtins.frozenset)
+def _set(state, iterable=None):
+    return SetValue(iterable.unpack(state) if iterable is not None else [])
+
+
+@handles(builtins.dict)
+def _dict(state, pairs=None, **kwargs):
+    items = {}
+    if pairs is not None:
+        pairs = pairs.realize()
+        if isinstance(pairs, DictValue):
+            items.update(pairs.items)
+        else:
+            for pair in pairs.unpack(state):
+                k, v = pair.unpack(state)
+                items[k.as_constant()] = v
+    items.update(kwargs)
+    return DictValue(items)
+
+
+@handles(builtins.sorted)
+def _sorted(state, iterable, key=None, reverse=None):
+    if key is not None:
+        raise GraphBreak("unsupported_call", "sorted() with a key function")
+    values = sorted((v.as_constant() for v in iterable.unpack(state)), reverse=bool(reverse and reverse.as_constant()))
+    return ListValue([ConstantValue(v) for v in values])
+
+
+def _all(state, iterable):
+    return ConstantValue(all(v.truth(state) for v in iterable.unpack(state)))
+
+
+def _any(state, iterable):
+    return ConstantValue(any(v.truth(state) for v in iterable.unpack(state)))
+
+
+HANDLERS[builtins.all], HANDLERS[builtins.any] = _all, _any
+
+
+@handles(builtins.sum)
+def _sum(state, iterable, start=None):
+    total = start if start is not None else ConstantValue(0)
+    for item in iterable.unpack(state):
+        total = apply_operator(state, operator.add, [total, item])
+    return total
+
+
+def _extreme(pick: Callable):
+    def handler(state, *args, key=None, default=None):
+        items = args[0].unpack(state) if len(args) == 1 else list(args)
+        if key is not None:
+            raise GraphBreak("unsupported_call", f"{pick.__name__}() with a key function")
+        from kiln.capture.values.tensor import TensorValue
+
+        if any(isinstance(i.realize(), TensorValue) for i in items):
+            raise GraphBreak("data_dependent_branch", f"{pick.__name__}() compares tensors in Python")
+        if not items and default is not None:
+            return default
+        return ConstantValue(pick(i.as_constant() for i in items))
+
+    return handler
+
+
+HANDLERS[builtins.min], HANDLERS[builtins.max] = _extreme(min), _extreme(max)
+
+
+@handles(builtins.abs)
+def _abs(state, x):
+    return apply_operator(state, operator.abs, [x])
+
+
+def _scalar_cast(cls):
+    def handler(state, x=None, *rest):
+        if x is None:
+            return ConstantValue(cls())
+        from kiln.capture.values.tensor import TensorValue
+
+        if isinstance(x.realize(), TensorValue):
+            reason = "data_dependent_branch" if cls is bool else "tensor_to_python"
+            raise GraphBreak(reason, f"{cls.__name__}() of a tensor")
+        if cls is bool:
+            return ConstantValue(x.truth(state))
+        return _fold(cls, [x, *rest], {})
+
+    return handler
+
+
+for _cls in (int, float, bool, str):
+    HANDLERS[_cls] = _scalar_cast(_cls)
+
+
+@handles(builtins.id)
+def _id(state, obj):
+    real = getattr(obj.realize(), "obj", None)
+    if real is None:
+        raise GraphBreak("unsupported_call", "id() of a value made during capture")
+    return ConstantValue(id(real))
+
+
+@handles(functools.partial)
+def _partial(state, fn, *args, **kwargs):
+    from kiln.capture.values.objects import PartialValue
+
+    return PartialValue(fn, list(args), kwargs)
+
+
+@handles(builtins.super)
+def _super(state, *args):
+    from kiln.capture.values.objects import SuperValue
+
+    if args:
+        return SuperValue(args[0].as_constant(), args[1])
+    cls, self_value = state.current_frame().zero_arg_super()
+    return SuperValue(cls, self_value)
+
+
+@handles(torch._assert, getattr(torch, "_assert_async", torch._assert))
+def _torch_assert(state, condition, message=None):
+    if condition.realize().is_constant():
+        if not condition.as_constant():
+            raise GraphBreak("exception", f"assertion failed: {message.as_constant() if message else ''}")
+        return ConstantValue(None)
+    raise GraphBreak("data_dependent_branch", "torch._assert on a tensor")
+

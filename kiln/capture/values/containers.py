@@ -1,0 +1,385 @@
+"""Python containers during capture: tuples, lists, dicts, sets, slices and iterators.
+
+Containers built by the traced code are fully symbolic (their items are
+trackers). Containers that already existed (an argument, `self.cache`) are
+wrapped with a length or keys guard, their items wrapped lazily by source;
+mutating one is a side effect replayed after the graph.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+
+
+def _key(state, key: Value) -> Any:
+    k = key.realize()
+    if k.is_constant():
+        return k.as_constant()
+    obj = getattr(k, "obj", None)  # modules, functions and classes hash by identity
+    if obj is not None:
+        return obj
+    raise GraphBreak("unsupported_object", f"{k} as a dict key")
+
+
+class SequenceValue(Value):
+    items: list[Value]
+
+    def unpack(self, state) -> list[Value]:
+        return list(self.items)
+
+    def length(self, state) -> int:
+        return len(self.items)
+
+    def truth(self, state) -> bool:
+        return len(self.items) > 0
+
+    def is_constant(self) -> bool:
+        return all(i.realize().is_constant() for i in self.items)
+
+    def as_constant(self):
+        return self.python_type()(i.as_constant() for i in self.items)
+
+    def getitem(self, state, key: Value) -> Value:
+        k = key.realize()
+        from kiln.capture.values.tensor import TensorValue
+
+        if isinstance(k, TensorValue):
+            raise GraphBreak("tensor_to_python", "indexing a Python sequence with a tensor")
+        index = k.as_constant()
+        if isinstance(index, slice):
+            return self.rebuild(self.items[index])
+        try:
+            return self.items[index]
+        except IndexError as e:
+            raise GraphBreak("exception", f"index {index} out of range") from e
+
+    def rebuild(self, items: list[Value]) -> Value:
+        return type(self)(items)
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name == "index":
+            target = args[0].as_constant()
+            return ConstantValue([i.as_constant() for i in self.items].index(target))
+        if name == "count":
+            target = args[0].as_constant()
+            return ConstantValue(sum(1 for i in self.items if i.is_constant() and i.as_constant() == target))
+        raise GraphBreak("unsupported_call", f"{self.python_type().__name__}.{name}")
+
+    def _items_expr(self, writer) -> str:
+        return ", ".join(i.reconstruct(writer) for i in self.items)
+
+
+class TupleValue(SequenceValue):
+    def __init__(self, items: list[Value], cls: type = tuple, source=None):
+        self.items, self.cls, self.source = list(items), cls, source
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def as_constant(self):
+        values = [i.as_constant() for i in self.items]
+        return tuple(values) if self.cls is tuple else self.cls(values) if _is_structseq(self.cls) else self.cls(*values)
+
+    def rebuild(self, items):
+        return TupleValue(items)
+
+    def getattr(self, state, name: str) -> Value:
+        fields = getattr(self.cls, "_fields", None) or getattr(self.cls, "__match_args__", ())
+        if name in fields:
+            return self.items[list(fields).index(name)]
+        if name in ("index", "count", "_asdict", "_replace"):
+            from kiln.capture.values.functions import BoundMethodValue
+
+            return BoundMethodValue(self, name)
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
+
+    def call_method(self, state, name, args, kwargs):
+        if name == "_asdict":
+            fields = self.cls._fields
+            return DictValue(dict(zip(fields, self.items)))
+        if name == "_replace":
+            fields = list(self.cls._fields)
+            items = list(self.items)
+            for k, v in kwargs.items():
+                items[fields.index(k)] = v
+            return TupleValue(items, self.cls)
+        return super().call_method(state, name, args, kwargs)
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        inner = self._items_expr(writer)
+        if self.cls is tuple:
+            return f"({inner},)" if len(self.items) == 1 else f"({inner})"
+        cls = writer.constant(self.cls)
+        return f"{cls}([{inner}])" if _is_structseq(self.cls) else f"{cls}({inner})"
+
+    def __repr__(self):
+        return f"Tuple({self.items})"
+
+
+def _is_structseq(cls: type) -> bool:
+    return cls.__module__ == "torch.return_types"
+
+
+class ListValue(SequenceValue):
+    def __init__(self, items: list[Value], source=None):
+        self.items, self.source = list(items), source
+
+    def python_type(self) -> type:
+        return list
+
+    def as_constant(self):
+        return [i.as_constant() for i in self.items]
+
+    def _mutated(self, state) -> None:
+        if self.source is not None:
+            state.side_effects.replace_contents(self)
+
+    def setitem(self, state, key: Value, value: Value) -> None:
+        index = key.as_constant()
+        if isinstance(index, slice):
+            self.items[index] = value.unpack(state)
+        else:
+            self.items[index] = value
+        self._mutated(state)
+
+    def delitem(self, state, key: Value) -> None:
+        del self.items[key.as_constant()]
+        self._mutated(state)
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.functions import BoundMethodValue
+
+        return BoundMethodValue(self, name)
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name == "append":
+            self.items.append(args[0])
+        elif name == "extend":
+            self.items.extend(args[0].unpack(state))
+        elif name == "insert":
+            self.items.insert(args[0].as_constant(), args[1])
+        elif name == "pop":
+            value = self.items.pop(*(a.as_constant() for a in args))
+            self._mutated(state)
+            return value
+        elif name == "clear":
+            self.items.clear()
+        elif name == "reverse":
+            self.items.reverse()
+        elif name == "copy":
+            return ListValue(list(self.items))
+        elif name == "remove":
+            target = args[0].as_constant()
+            del self.items[[i.as_constant() for i in self.items].index(target)]
+        else:
+            return super().call_method(state, name, args, kwargs)
+        self._mutated(state)
+        return ConstantValue(None)
+
+    def render_replace(self, writer, target: str) -> str:
+        return f"{target}[:] = [{self._items_expr(writer)}]"
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        return f"[{self._items_expr(writer)}]"
+
+    def __repr__(self):
+        return f"List({self.items})"
+
+
+class DictValue(Value):
+    """A dict with constant keys; its values are trackers."""
+
+    def __init__(self, items: dict[Any, Value], source=None, cls: type = dict):
+        self.items, self.source, self.cls = dict(items), source, cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def is_constant(self) -> bool:
+        return all(v.realize().is_constant() for v in self.items.values())
+
+    def as_constant(self):
+        return {k: v.as_constant() for k, v in self.items.items()}
+
+    def getitem(self, state, key: Value) -> Value:
+        k = _key(state, key)
+        if k not in self.items:
+            raise GraphBreak("exception", f"KeyError: {k!r}")
+        return self.items[k]
+
+    def setitem(self, state, key: Value, value: Value) -> None:
+        k = _key(state, key)
+        self.items[k] = value
+        if self.source is not None:
+            state.side_effects.store_item(self, key, value)
+
+    def delitem(self, state, key: Value) -> None:
+        k = _key(state, key)
+        del self.items[k]
+        if self.source is not None:
+            state.side_effects.del_item(self, key)
+
+    def unpack(self, state) -> list[Value]:
+        return [_key_value(k) for k in self.items]
+
+    def length(self, state) -> int:
+        return len(self.items)
+
+    def truth(self, state) -> bool:
+        return bool(self.items)
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.functions import BoundMethodValue
+
+        return BoundMethodValue(self, name)
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name == "keys":
+            return ListValue(self.unpack(state))
+        if name == "values":
+            return ListValue(list(self.items.values()))
+        if name == "items":
+            return ListValue([TupleValue([_key_value(k), v]) for k, v in self.items.items()])
+        if name == "get":
+            k = _key(state, args[0])
+            return self.items.get(k, args[1] if len(args) > 1 else ConstantValue(None))
+        if name == "__contains__":
+            return ConstantValue(_key(state, args[0]) in self.items)
+        if name == "copy":
+            return DictValue(dict(self.items), cls=self.cls)
+        if name in ("update", "__setitem__", "pop", "setdefault", "clear", "popitem"):
+            return self._mutate(state, name, args, kwargs)
+        raise GraphBreak("unsupported_call", f"dict.{name}")
+
+    def _mutate(self, state, name, args, kwargs) -> Value:
+        result: Value = ConstantValue(None)
+        if name == "update":
+            pairs = list(args[0].realize().items.items()) if args else []
+            for k, v in pairs + list(kwargs.items()):
+                self.setitem(state, _key_value(k), v)
+        elif name == "__setitem__":
+            self.setitem(state, args[0], args[1])
+        elif name == "pop":
+            k = _key(state, args[0])
+            if k not in self.items and len(args) > 1:
+                return args[1]
+            result = self.items[k]
+            self.delitem(state, args[0])
+        elif name == "setdefault":
+            k = _key(state, args[0])
+            if k not in self.items:
+                self.setitem(state, args[0], args[1] if len(args) > 1 else ConstantValue(None))
+            result = self.items[k]
+        elif name == "clear":
+            for k in list(self.items):
+                self.delitem(state, _key_value(k))
+        else:
+            raise GraphBreak("unsupported_call", f"dict.{name}")
+        return result
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        inner = ", ".join(f"{writer.constant(k)}: {v.reconstruct(writer)}" for k, v in self.items.items())
+        if self.cls is dict:
+            return "{" + inner + "}"
+        return f"{writer.constant(self.cls)}({{{inner}}})"
+
+    def __repr__(self):
+        return f"Dict({self.items})"
+
+
+def _key_value(k: Any) -> Value:
+    from kiln.capture.values.objects import object_value
+
+    return ConstantValue(k) if isinstance(k, (int, float, str, bool, type(None), tuple, bytes)) else object_value(k)
+
+
+class SetValue(Value):
+    def __init__(self, items: list[Value]):
+        self.items = []
+        seen = set()
+        for i in items:
+            c = i.as_constant()
+            if c not in seen:
+                seen.add(c)
+                self.items.append(i)
+
+    def python_type(self):
+        return set
+
+    def is_constant(self):
+        return True
+
+    def as_constant(self):
+        return {i.as_constant() for i in self.items}
+
+    def unpack(self, state):
+        return list(self.items)
+
+    def getattr(self, state, name):
+        from kiln.capture.values.functions import BoundMethodValue
+
+        return BoundMethodValue(self, name)
+
+    def call_method(self, state, name, args, kwargs):
+        if name == "add":
+            if args[0].as_constant() not in self.as_constant():
+                self.items.append(args[0])
+            return ConstantValue(None)
+        if name == "__contains__":
+            return ConstantValue(args[0].as_constant() in self.as_constant())
+        result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
+        return ConstantValue(result)
+
+    def reconstruct(self, writer):
+        return "{" + ", ".join(i.reconstruct(writer) for i in self.items) + "}" if self.items else "set()"
+
+
+class SliceValue(Value):
+    def __init__(self, start: Value, stop: Value, step: Value):
+        self.start, self.stop, self.step = start, stop, step
+
+    def python_type(self):
+        return slice
+
+    def is_constant(self):
+        return all(p.realize().is_constant() for p in (self.start, self.stop, self.step))
+
+    def as_constant(self):
+        return slice(self.start.as_constant(), self.stop.as_constant(), self.step.as_constant())
+
+    def reconstruct(self, writer):
+        return f"slice({self.start.reconstruct(writer)}, {self.stop.reconstruct(writer)}, {self.step.reconstruct(writer)})"
+
+
+class IteratorValue(Value):
+    """An iterator over known items (a list, range, zip, enumerate, dict keys...)."""
+
+    def __init__(self, items: list[Value]):
+        self.items, self.position = list(items), 0
+
+    def python_type(self):
+        return type(iter([]))
+
+    def next(self) -> Value | None:
+        if self.position >= len(self.items):
+            return None
+        self.position += 1
+        return self.items[self.position - 1]
+
+    def unpack(self, state) -> list[Value]:
+        rest = self.items[self.position:]
+        self.position = len(self.items)
+        return rest
+
+    def reconstruct(self, writer) -> str:
+        rest = ", ".join(i.reconstruct(writer) for i in self.items[self.position:])
+        return f"iter([{rest}])"

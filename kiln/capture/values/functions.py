@@ -1,0 +1,173 @@
+"""Callables during capture: user functions (inlined), methods, closures and cells.
+
+Calling a Python function traced code can see into — a user function, a
+lambda, a closure made by MAKE_FUNCTION, a method — inlines it: its bytecode
+is interpreted in a child frame that shares the graph, guards and side
+effects. Builtins and torch functions live in `builtins.py` and `torch_api.py`.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.sources import AttrSource, ItemSource
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+
+
+class CellValue(Value):
+    """A closure cell. Cells of the user's world are read through their source; new ones hold a tracker."""
+
+    def __init__(self, contents: Value | None = None, real: types.CellType | None = None, source=None):
+        self.contents, self.real, self.source = contents, real, source
+
+    def load(self, state) -> Value:
+        if self.contents is not None:
+            return self.contents
+        if self.real is None:
+            raise GraphBreak("exception", "free variable referenced before assignment")
+        pending = state.side_effects.pending_attr(self.real, "cell_contents")
+        if pending is not None:
+            return pending
+        from kiln.capture.builder import wrap_lazy
+
+        return wrap_lazy(state, self.real.cell_contents, AttrSource(self.source, "cell_contents"))
+
+    def store(self, state, value: Value) -> None:
+        if self.real is None:
+            self.contents = value
+            return
+        state.side_effects.store_attr(self.real, self, "cell_contents", value)
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        contents = self.contents.reconstruct(writer) if self.contents is not None else ""
+        return f"{writer.constant(types.CellType)}({contents})"
+
+
+class FunctionValue(Value):
+    """A Python function to inline: a real one (with a source) or one made by MAKE_FUNCTION."""
+
+    def __init__(self, code: types.CodeType, globals_: dict, name: str, defaults: tuple[Value, ...] = (),
+                 kwdefaults: dict[str, Value] | None = None, closure: tuple[CellValue, ...] = (),
+                 real: types.FunctionType | None = None, source=None):
+        self.code, self.globals, self.name = code, globals_, name
+        self.defaults, self.kwdefaults, self.closure = defaults, kwdefaults or {}, closure
+        self.real, self.source = real, source
+        self.obj = real
+
+    @classmethod
+    def of(cls, state, fn: types.FunctionType, source) -> FunctionValue:
+        from kiln.capture.builder import wrap_lazy
+
+        defaults = tuple(
+            wrap_lazy(state, d, ItemSource(AttrSource(source, "__defaults__"), i)) for i, d in enumerate(fn.__defaults__ or ())
+        )
+        kwdefaults = {
+            k: wrap_lazy(state, d, ItemSource(AttrSource(source, "__kwdefaults__"), k))
+            for k, d in (fn.__kwdefaults__ or {}).items()
+        }
+        closure = tuple(
+            CellValue(real=c, source=ItemSource(AttrSource(source, "__closure__"), i))
+            for i, c in enumerate(fn.__closure__ or ())
+        )
+        return cls(fn.__code__, fn.__globals__, fn.__name__, defaults, kwdefaults, closure, real=fn, source=source)
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if self.real is not None and getattr(self.real, "__kiln_graph_break__", False):
+            raise GraphBreak("explicit", "kiln.graph_break()")
+        if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
+            raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
+        return state.inline(self, args, kwargs)
+
+    def getattr(self, state, name: str) -> Value:
+        if name == "__name__":
+            return ConstantValue(self.name)
+        if self.real is not None and self.source is not None:
+            from kiln.capture.builder import wrap
+
+            return wrap(state, getattr(self.real, name), AttrSource(self.source, name))
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        if self.real is not None:
+            return writer.constant(self.real)
+        defaults = "(" + "".join(d.reconstruct(writer) + ", " for d in self.defaults) + ")"
+        closure = "(" + "".join(c.reconstruct(writer) + ", " for c in self.closure) + ")"
+        return (f"{writer.constant(types.FunctionType)}({writer.constant(self.code)}, {writer.constant(self.globals)}, "
+                f"{self.name!r}, {defaults}, {closure})")
+
+    def __repr__(self) -> str:
+        return f"Function({self.name})"
+
+
+class MethodValue(Value):
+    """A Python function bound to a tracked `self` (a module's forward, an object's method)."""
+
+    def __init__(self, self_value: Value, fn: FunctionValue, source=None):
+        self.self_value, self.fn, self.source = self_value, fn, source
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def call(self, state, args, kwargs) -> Value:
+        return self.fn.call(state, [self.self_value, *args], kwargs)
+
+    def getattr(self, state, name):
+        if name == "__self__":
+            return self.self_value
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(state, name)
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        return f"{writer.constant(types.MethodType)}({self.fn.reconstruct(writer)}, {self.self_value.reconstruct(writer)})"
+
+
+class BoundMethodValue(Value):
+    """A method of a tracked value that the value implements itself (`list.append`, `dict.items`)."""
+
+    def __init__(self, self_value: Value, name: str):
+        self.self_value, self.name = self_value, name
+
+    def call(self, state, args, kwargs) -> Value:
+        return self.self_value.call_method(state, self.name, args, kwargs)
+
+    def reconstruct(self, writer) -> str:
+        return f"{self.self_value.reconstruct(writer)}.{self.name}"
+
+
+class BuiltinValue(Value):
+    """A C function or other callable kiln knows how to model (see builtins.HANDLERS), else a break."""
+
+    def __init__(self, fn: Any, source=None):
+        self.fn, self.source = fn, source
+        self.obj = fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def call(self, state, args, kwargs) -> Value:
+        from kiln.capture.values.builtins import call_builtin
+
+        return call_builtin(state, self.fn, args, kwargs)
+
+    def getattr(self, state, name):
+        return ConstantValue(getattr(self.fn, name))
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        return writer.constant(self.fn)
+
+    def __repr__(self):
+        return f"Builtin({getattr(self.fn, '__qualname__', self.fn)})"

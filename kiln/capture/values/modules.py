@@ -1,0 +1,127 @@
+"""nn.Modules during capture: forward inlined, parameters and buffers as graph inputs.
+
+A module is guarded by identity. Calling it inlines `type(m).forward` after a
+guard that it has no hooks; its parameters and buffers are read by attribute
+source (`L['self'].fc1.weight`) and become graph inputs with tensor guards;
+`self.training` is guarded by value. For modules defined by torch.nn itself,
+plain configuration attributes (kernel_size, eps, ...) are treated as fixed by
+the module's identity, as torch.compile does; user modules' attributes are
+guarded one by one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.guards import Guard, GuardKind
+from kiln.capture.sources import AttrSource
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import TupleValue
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as m
+
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or getattr(m, "_global_backward_pre_hooks", None))
+
+
+class ModuleValue(Value):
+    def __init__(self, module: nn.Module, source):
+        self.module, self.obj, self.source = module, module, source
+
+    def python_type(self) -> type:
+        return type(self.module)
+
+    # --- attributes -------------------------------------------------------------------------
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.builder import wrap
+        from kiln.capture.values.objects import class_attribute
+
+        pending = state.side_effects.pending_attr(self.module, name)
+        if pending is not None:
+            return pending
+        m, source = self.module, AttrSource(self.source, name)
+        d = m.__dict__
+        if name in d.get("_parameters", {}) or name in d.get("_buffers", {}) or name in d.get("_modules", {}):
+            return wrap(state, getattr(m, name), source)
+        if name in d:
+            value = d[name]
+            if name != "training" and _static_config(m) and _is_plain(value):
+                return ConstantValue(value)
+            return wrap(state, value, source)
+        if name == "__class__":
+            from kiln.capture.values.objects import ClassValue
+
+            return ClassValue(type(m))
+        return class_attribute(state, self, type(m), name, source)
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        state.side_effects.store_attr(self.module, self, name, value)
+
+    # --- calls --------------------------------------------------------------------------------
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        m = self.module
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or _global_hooks():
+            raise GraphBreak("hooks", f"{type(m).__name__} has hooks registered")
+        expr = state.source_expr(self.source)
+        state.guards.add(Guard(GuardKind.NO_HOOKS, self.source,
+                               f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks)", "no hooks",
+                               f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
+        forward = self.getattr(state, "forward")
+        return forward.call(state, args, kwargs)
+
+    def call_method(self, state, name, args, kwargs) -> Value:
+        raise GraphBreak("unsupported_call", f"nn.Module.{name}")
+
+    # --- containers -------------------------------------------------------------------------
+    def unpack(self, state) -> list[Value]:
+        m = self.module
+        if not isinstance(m, _CONTAINERS):
+            raise GraphBreak("unsupported_object", f"iterating over {type(m).__name__}")
+        self._guard_length(state)
+        if isinstance(m, (nn.ModuleDict, nn.ParameterDict)):
+            return [ConstantValue(k) for k in m.keys()]
+        return [self.getattr(state, k) for k in self._keys()]
+
+    def _keys(self) -> list[str]:
+        m = self.module
+        return list(m._parameters.keys()) if isinstance(m, (nn.ParameterList, nn.ParameterDict)) else list(m._modules.keys())
+
+    def _guard_length(self, state) -> None:
+        expr = state.source_expr(self.source)
+        n = len(self.module)
+        state.guards.add(Guard(GuardKind.LENGTH_MATCH, self.source, f"len({expr}) == {n}", str(n), f"len({expr})"))
+
+    def length(self, state) -> int:
+        self._guard_length(state)
+        return len(self.module)
+
+    def getitem(self, state, key: Value) -> Value:
+        m = self.module
+        k = key.as_constant()
+        if isinstance(m, (nn.ModuleDict, nn.ParameterDict)):
+            return self.getattr(state, k)
+        self._guard_length(state)
+        keys = self._keys()
+        if isinstance(k, slice):
+            return TupleValue([self.getattr(state, name) for name in keys[k]])
+        return self.getattr(state, keys[k])
+
+    def reconstruct(self, writer) -> str:
+        return writer.source_expr(self.source)
+
+    def __repr__(self) -> str:
+        return f"Module({type(self.module).__name__} at {self.source})"
+
+
+def _static_config(m: nn.Module) -> bool:
+    return type(m).__module__.startswith("torch.nn.")
+
+
+def _is_plain(value) -> bool:
+    return isinstance(value, (int, float, bool, str, type(None), tuple)) and not isinstance(value, torch.Tensor)

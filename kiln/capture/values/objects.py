@@ -1,0 +1,382 @@
+"""Everything else: classes, Python modules, user objects, partials, super(), and opaque values.
+
+User objects are read attribute by attribute through their source (each read
+guarded by what it found); their Python methods and properties are inlined.
+Objects made during capture (a dataclass, a namedtuple, a small helper class)
+are fully symbolic and rebuilt by the output program if they escape.
+An opaque value is a runtime object kiln does not model (a numpy array, an
+unknown C object): every operation on it is a graph break.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import torch
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.sources import AttrSource
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+
+
+def function_value(state, fn: types.FunctionType, source=None) -> FunctionValue:
+    return FunctionValue.of(state, fn, source or state.constant_source(fn, fn.__name__))
+
+
+def class_attribute(state, self_value: Value, cls: type, name: str, source) -> Value:
+    """`obj.name` resolved on the class: methods bind, properties run, constants read."""
+    from kiln.capture.builder import wrap
+
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            break
+    else:
+        raise GraphBreak("exception", f"{cls.__name__!r} object has no attribute {name!r}")
+    if isinstance(attr, types.FunctionType):
+        return MethodValue(self_value, function_value(state, attr))
+    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+        return function_value(state, attr.fget).call(state, [self_value], {})
+    if isinstance(attr, staticmethod):
+        return object_value(attr.__func__, state)
+    if isinstance(attr, classmethod):
+        return MethodValue(ClassValue(cls), function_value(state, attr.__func__))
+    if isinstance(attr, (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType)):
+        raise GraphBreak("unsupported_call", f"{cls.__name__}.{name} is a C method")
+    if source is not None:
+        return wrap(state, getattr(self_value.obj, name), source)
+    return object_value(attr, state)
+
+
+def object_value(obj: Any, state=None) -> Value:
+    """A tracker for an object reached without a source (a class attribute, a closure default)."""
+    from kiln.capture.values.torch_api import wrap_torch_attr
+
+    if isinstance(obj, types.FunctionType) and state is not None:
+        return function_value(state, obj)
+    if isinstance(obj, type):
+        return ClassValue(obj)
+    if isinstance(obj, types.ModuleType):
+        return PythonModuleValue(obj)
+    if (getattr(obj, "__module__", "") or "").startswith("torch") and callable(obj):
+        return wrap_torch_attr(obj)
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return BuiltinValue(obj)
+    if is_literal(obj) or isinstance(obj, (torch.dtype, torch.device, torch.Size)):
+        return ConstantValue(obj)
+    return OpaqueValue(obj)
+
+
+class ClassValue(Value):
+    def __init__(self, cls: type, source=None):
+        self.cls, self.obj, self.source = cls, cls, source
+
+    def python_type(self) -> type:
+        return type(self.cls)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.cls
+
+    def getattr(self, state, name: str) -> Value:
+        for klass in self.cls.__mro__:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, classmethod):
+                    return MethodValue(self, function_value(state, attr.__func__))
+                if isinstance(attr, staticmethod):
+                    return object_value(attr.__func__, state)
+                return object_value(getattr(self.cls, name), state)
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.cls, name))
+        raise GraphBreak("exception", f"type object {self.cls.__name__!r} has no attribute {name!r}")
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        cls = self.cls
+        if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+            return _namedtuple(cls, args, kwargs)
+        if issubclass(cls, torch.nn.Module):
+            raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} inside the compiled region")
+        if dataclasses.is_dataclass(cls) and issubclass(cls, dict):
+            return RecordedObjectValue(cls, args, kwargs)  # e.g. transformers' ModelOutput
+        init = getattr(cls, "__init__", None)
+        if cls.__new__ is object.__new__ and isinstance(init, types.FunctionType):
+            obj = NewObjectValue(cls)
+            function_value(state, init).call(state, [obj, *args], kwargs)
+            return obj
+        if cls.__new__ is object.__new__ and init is object.__init__ and not args and not kwargs:
+            return NewObjectValue(cls)
+        from kiln.capture.values.builtins import HANDLERS, call_builtin
+
+        if cls in HANDLERS:
+            return call_builtin(state, cls, args, kwargs)
+        raise GraphBreak("unsupported_call", f"constructing {cls.__qualname__}")
+
+    def reconstruct(self, writer) -> str:
+        return writer.constant(self.cls)
+
+    def __repr__(self) -> str:
+        return f"Class({self.cls.__qualname__})"
+
+
+def _namedtuple(cls: type, args: list[Value], kwargs: dict[str, Value]) -> TupleValue:
+    values = dict(zip(cls._fields, args))
+    values.update(kwargs)
+    for name, default in getattr(cls, "_field_defaults", {}).items():
+        values.setdefault(name, ConstantValue(default))
+    missing = [f for f in cls._fields if f not in values]
+    if missing:
+        raise GraphBreak("exception", f"{cls.__name__}() missing {missing}")
+    return TupleValue([values[f] for f in cls._fields], cls=cls)
+
+
+class PythonModuleValue(Value):
+    def __init__(self, module: types.ModuleType):
+        self.module, self.obj = module, module
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.module
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.builder import wrap
+        from kiln.capture.values.torch_api import wrap_torch_attr
+
+        try:
+            attr = getattr(self.module, name)
+        except AttributeError as e:
+            raise GraphBreak("exception", f"module {self.module.__name__!r} has no attribute {name!r}") from e
+        modname = self.module.__name__
+        if modname == "torch" or modname.startswith("torch."):
+            return wrap_torch_attr(attr)
+        if modname in ("math", "operator", "cmath") or modname.startswith("numpy"):
+            return object_value(attr, state)
+        return wrap(state, attr, AttrSource(state.constant_source(self.module, modname.replace(".", "_")), name))
+
+    def reconstruct(self, writer) -> str:
+        return writer.constant(self.module)
+
+    def __repr__(self):
+        return f"PyModule({self.module.__name__})"
+
+
+class ObjectValue(Value):
+    """An existing user object, read through its source."""
+
+    def __init__(self, obj: Any, source):
+        self.obj, self.source = obj, source
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.builder import wrap
+
+        pending = state.side_effects.pending_attr(self.obj, name)
+        if pending is not None:
+            return pending
+        source = AttrSource(self.source, name)
+        if name in getattr(self.obj, "__dict__", {}):
+            return wrap(state, self.obj.__dict__[name], source)
+        if name == "__class__":
+            return ClassValue(type(self.obj))
+        return class_attribute(state, self, type(self.obj), name, source)
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        state.side_effects.store_attr(self.obj, self, name, value)
+
+    def call(self, state, args, kwargs) -> Value:
+        return class_attribute(state, self, type(self.obj), "__call__", None).call(state, args, kwargs)
+
+    def _dunder(self, state, name: str, args: list[Value]) -> Value:
+        return class_attribute(state, self, type(self.obj), name, None).call(state, args, {})
+
+    def getitem(self, state, key):
+        return self._dunder(state, "__getitem__", [key])
+
+    def length(self, state) -> int:
+        return self._dunder(state, "__len__", []).as_constant()
+
+    def truth(self, state) -> bool:
+        cls = type(self.obj)
+        if hasattr(cls, "__bool__"):
+            return self._dunder(state, "__bool__", []).as_constant()
+        if hasattr(cls, "__len__"):
+            return self.length(state) > 0
+        return True
+
+    def unpack(self, state) -> list[Value]:
+        if isinstance(self.obj, (list, tuple)):
+            raise GraphBreak("unsupported_object", f"iterating a {type(self.obj).__name__} subclass")
+        raise GraphBreak("unsupported_object", f"iterating over a {type(self.obj).__name__}")
+
+    def __repr__(self):
+        return f"Object({type(self.obj).__name__} at {self.source})"
+
+
+class NewObjectValue(Value):
+    """An instance of a user class created during capture; its attributes are trackers."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.attrs: dict[str, Value] = {}
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def getattr(self, state, name: str) -> Value:
+        if name in self.attrs:
+            return self.attrs[name]
+        return class_attribute(state, self, self.cls, name, None)
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        self.attrs[name] = value
+
+    def call(self, state, args, kwargs):
+        return class_attribute(state, self, self.cls, "__call__", None).call(state, args, kwargs)
+
+    def getitem(self, state, key):
+        return class_attribute(state, self, self.cls, "__getitem__", None).call(state, [key], {})
+
+    def reconstruct(self, writer) -> str:
+        attrs = ", ".join(f"{k!r}: {v.reconstruct(writer)}" for k, v in self.attrs.items())
+        return f"___new_object({writer.constant(self.cls)}, {{{attrs}}})"
+
+
+class RecordedObjectValue(Value):
+    """A dict-like dataclass (transformers' ModelOutput) made during capture: rebuilt by calling the class.
+
+    Reads are answered from the constructor's arguments, as the class stores them:
+    by attribute, by key, and by position over the fields that are not None.
+    """
+
+    def __init__(self, cls: type, args: list[Value], kwargs: dict[str, Value]):
+        self.cls = cls
+        names = [f.name for f in dataclasses.fields(cls)]
+        self.fields: dict[str, Value] = {n: ConstantValue(None) for n in names}
+        self.fields.update(zip(names, args))
+        self.fields.update(kwargs)
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def _present(self) -> dict[str, Value]:
+        return {k: v for k, v in self.fields.items() if not (v.realize().is_constant() and v.as_constant() is None)}
+
+    def getattr(self, state, name: str) -> Value:
+        if name in self.fields:
+            return self.fields[name]
+        if name in ("to_tuple", "keys", "values", "items", "get"):
+            from kiln.capture.values.functions import BoundMethodValue
+
+            return BoundMethodValue(self, name)
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of {self.cls.__name__}")
+
+    def call_method(self, state, name, args, kwargs) -> Value:
+        present = self._present()
+        if name == "to_tuple":
+            return TupleValue(list(present.values()))
+        if name == "get":
+            return present.get(args[0].as_constant(), args[1] if len(args) > 1 else ConstantValue(None))
+        return DictValue(present).call_method(state, name, args, kwargs)
+
+    def getitem(self, state, key: Value) -> Value:
+        k = key.as_constant()
+        present = self._present()
+        if isinstance(k, str):
+            return present[k]
+        values = list(present.values())
+        return TupleValue(values[k]) if isinstance(k, slice) else values[k]
+
+    def unpack(self, state) -> list[Value]:
+        return [ConstantValue(k) for k in self._present()]
+
+    def length(self, state) -> int:
+        return len(self._present())
+
+    def reconstruct(self, writer) -> str:
+        kwargs = ", ".join(f"{k}={v.reconstruct(writer)}" for k, v in self._present().items())
+        return f"{writer.constant(self.cls)}({kwargs})"
+
+
+class PartialValue(Value):
+    def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def call(self, state, args, kwargs) -> Value:
+        return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def reconstruct(self, writer) -> str:
+        import functools
+
+        parts = [self.fn.reconstruct(writer)] + [a.reconstruct(writer) for a in self.args]
+        parts += [f"{k}={v.reconstruct(writer)}" for k, v in self.kwargs.items()]
+        return f"{writer.constant(functools.partial)}({', '.join(parts)})"
+
+
+class SuperValue(Value):
+    """`super()` inside an inlined method: attribute lookup starts after `cls` in the MRO."""
+
+    def __init__(self, cls: type, self_value: Value):
+        self.cls, self.self_value = cls, self_value
+
+    def getattr(self, state, name: str) -> Value:
+        mro = self.self_value.python_type().__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return MethodValue(self.self_value, function_value(state, attr))
+                if attr is object.__init__ or attr is torch.nn.Module.__init__:
+                    return BuiltinValue(_noop)
+                break
+        raise GraphBreak("unsupported_object", f"super().{name}")
+
+
+def _noop(*args, **kwargs):
+    return None
+
+
+class OpaqueValue(Value):
+    """A runtime object kiln does not model: it can be passed around, not operated on."""
+
+    def __init__(self, obj: Any, source=None):
+        self.obj, self.source = obj, source
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def getattr(self, state, name):
+        raise GraphBreak(_reason(self.obj), f"attribute {name!r} of a {type(self.obj).__name__}")
+
+    def call(self, state, args, kwargs):
+        raise GraphBreak(_reason(self.obj), f"calling a {type(self.obj).__name__}")
+
+    def unpack(self, state):
+        raise GraphBreak(_reason(self.obj), f"iterating over a {type(self.obj).__name__}")
+
+    def truth(self, state):
+        raise GraphBreak(_reason(self.obj), f"the truth value of a {type(self.obj).__name__}")
+
+    def reconstruct(self, writer) -> str:
+        if self.source is not None:
+            return writer.source_expr(self.source)
+        return writer.constant(self.obj)
+
+    def __repr__(self):
+        return f"Opaque({type(self.obj).__name__})"
+
+
+def _reason(obj: Any) -> str:
+    return "numpy" if type(obj).__module__.startswith("numpy") else "unsupported_object"

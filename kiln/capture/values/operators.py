@@ -1,0 +1,125 @@
+"""Python operators (`+`, `<`, `not`, `in`, ...) on trackers.
+
+One rule for all of them: a tensor operand makes the operator a graph node
+(`operator.add(x, y)`), constant operands fold at capture time, containers
+follow Python's own semantics, and a user object with a Python dunder method
+has that method inlined.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+
+BINARY_OPS: dict[str, Callable] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+    "%": operator.mod, "**": operator.pow, "@": operator.matmul, "&": operator.and_, "|": operator.or_,
+    "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift, ">>=": operator.irshift,
+}
+COMPARE_OPS: dict[str, Callable] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge,
+}
+_DUNDERS = {
+    operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"), operator.mul: ("__mul__", "__rmul__"),
+    operator.truediv: ("__truediv__", "__rtruediv__"), operator.matmul: ("__matmul__", "__rmatmul__"),
+    operator.eq: ("__eq__", "__eq__"), operator.getitem: ("__getitem__", None),
+}
+_INPLACE_TO_PLAIN = {
+    operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+    operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
+    operator.ipow: operator.pow, operator.imatmul: operator.matmul, operator.iand: operator.and_,
+    operator.ior: operator.or_, operator.ixor: operator.xor, operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
+}
+
+
+def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
+    """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
+    from kiln.capture.values.containers import ListValue, SequenceValue, TupleValue
+    from kiln.capture.values.tensor import TensorValue, trace_op
+
+    args = [a.realize() for a in args]
+    if any(isinstance(a, TensorValue) for a in args):
+        return trace_op(state, "call_function", fn, args, {})
+    if all(a.is_constant() for a in args):
+        try:
+            return ConstantValue(fn(*(a.as_constant() for a in args)))
+        except Exception as e:
+            raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if len(args) == 2 and isinstance(args[0], SequenceValue):
+        a, b = args
+        if plain is operator.add and isinstance(b, SequenceValue):
+            if fn is operator.iadd and isinstance(a, ListValue):
+                a.call_method(state, "extend", [b], {})
+                return a
+            return type(a)(a.items + b.items) if isinstance(a, ListValue) else TupleValue(a.items + b.items)
+        if plain is operator.mul and b.is_constant():
+            items = a.items * b.as_constant()
+            return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
+        if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
+            same = len(a.items) == len(b.items) and all(
+                apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
+            return ConstantValue(same if plain is operator.eq else not same)
+    return _dunder(state, plain, args)
+
+
+def _dunder(state, fn: Callable, args: list[Value]) -> Value:
+    """A user object's Python operator method, inlined."""
+    names = _DUNDERS.get(fn)
+    if names:
+        for value, name, other in ((args[0], names[0], args[1:]), (args[-1], names[1], args[:1])):
+            if name is None:
+                continue
+            method = getattr(value.python_type(), name, None)
+            if method is not None and hasattr(method, "__code__"):
+                return value.getattr(state, name).call(state, list(other), {})
+    if fn is operator.eq:
+        return ConstantValue(identical(args[0], args[1]))
+    if fn is operator.ne:
+        return ConstantValue(not identical(args[0], args[1]))
+    raise GraphBreak("unsupported_object", f"operator {fn.__name__} on {', '.join(map(repr, args))}")
+
+
+def identical(a: Value, b: Value) -> bool:
+    """`a is b` when capture can tell; otherwise a break."""
+    from kiln.capture.values.tensor import TensorValue
+
+    a, b = a.realize(), b.realize()
+    if a is b:
+        return True
+    if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+        return a.node is b.node
+    if a.is_constant() and b.is_constant():
+        return a.as_constant() is b.as_constant()
+    obj_a, obj_b = getattr(a, "obj", _MISSING), getattr(b, "obj", _MISSING)
+    if obj_a is not _MISSING and obj_b is not _MISSING:
+        return obj_a is obj_b
+    if a.is_constant() != b.is_constant() or isinstance(a, TensorValue) != isinstance(b, TensorValue):
+        return False
+    return type(a) is type(b) and a is b
+
+
+_MISSING = object()
+
+
+def contains(state, container: Value, item: Value) -> bool:
+    container = container.realize()
+    from kiln.capture.values.containers import DictValue, SetValue
+    from kiln.capture.values.tensor import TensorValue
+
+    if isinstance(container, TensorValue) or isinstance(item.realize(), TensorValue) and not isinstance(container, DictValue):
+        raise GraphBreak("data_dependent_branch", "`in` on a tensor")
+    if isinstance(container, (DictValue, SetValue)):
+        return container.call_method(state, "__contains__", [item], {}).as_constant()
+    if container.is_constant():
+        return item.as_constant() in container.as_constant()
+    return any(identical(item, x) or (item.realize().is_constant() and x.realize().is_constant()
+                                      and item.as_constant() == x.as_constant())
+               for x in container.unpack(state))

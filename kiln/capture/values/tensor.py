@@ -1,0 +1,184 @@
+"""Tensors during capture: an FX node plus a fake tensor carrying its metadata.
+
+Every torch function, tensor method and operator on a tensor becomes a graph
+node through `trace_op`; metadata queries (`.shape`, `.dtype`, `.dim()`) are
+answered from the fake tensor as constants — the tensor guard on the inputs
+is what makes that safe. Reading a tensor's data into Python (`.item()`,
+`if t:`) is a graph break.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+
+# Tensor methods that read data into Python: the graph ends there.
+DATA_READS = {
+    "item": "tensor_to_python",
+    "tolist": "tensor_to_python",
+    "numpy": "numpy",
+    "data_ptr": "tensor_to_python",
+    "__bool__": "data_dependent_branch",
+    "__int__": "tensor_to_python",
+    "__float__": "tensor_to_python",
+    "__index__": "tensor_to_python",
+    "backward": "autograd_backward",
+    "register_hook": "unsupported_call",
+    "untyped_storage": "unsupported_call",
+}
+
+# Metadata methods answered from the fake tensor.
+METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous", "element_size",
+                    "is_floating_point", "is_complex", "get_device", "storage_offset", "type", "__len__"}
+METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "layout", "is_sparse",
+                  "is_quantized", "is_meta", "itemsize", "is_mkldnn", "is_nested"}
+
+
+class TensorValue(Value):
+    def __init__(self, node: fx.Node, fake: torch.Tensor, source=None):
+        self.node, self.fake, self.source = node, fake, source
+
+    def python_type(self) -> type:
+        if self.source is not None and isinstance(self.fake, torch.nn.Parameter):
+            return torch.nn.Parameter
+        return torch.Tensor
+
+    def getattr(self, state, name: str) -> Value:
+        if name in METADATA_ATTRS:
+            value = getattr(self.fake, name)
+            return ConstantValue(torch.Size(value) if name == "shape" else value)
+        if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
+            return trace_op(state, "call_function", getattr, [self, ConstantValue(name)], {}) if name != "data" \
+                else trace_op(state, "call_method", "detach", [self], {})
+        if name == "grad":
+            if self.source is None:
+                raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")
+            from kiln.capture.builder import wrap
+            from kiln.capture.sources import AttrSource
+
+            return wrap(state, getattr(state.real_value(self.source), "grad"), AttrSource(self.source, "grad"))
+        if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
+            return TensorMethodValue(self, name)
+        raise GraphBreak("unsupported_object", f"tensor attribute {name!r}")
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if name in DATA_READS:
+            raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
+        if name in METADATA_METHODS:
+            const_args = [a.as_constant() for a in args]
+            const_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
+            result = getattr(self.fake, name)(*const_args, **const_kwargs)
+            return ConstantValue(result)
+        return trace_op(state, "call_method", name, [self, *args], kwargs)
+
+    def getitem(self, state, key: Value) -> Value:
+        return trace_op(state, "call_function", operator.getitem, [self, key], {})
+
+    def setitem(self, state, key: Value, value: Value) -> None:
+        trace_op(state, "call_function", operator.setitem, [self, key, value], {})
+
+    def unpack(self, state) -> list[Value]:
+        if self.fake.dim() == 0:
+            raise GraphBreak("exception", "iteration over a 0-d tensor")
+        return [self.getitem(state, ConstantValue(i)) for i in range(self.fake.shape[0])]
+
+    def length(self, state) -> int:
+        if self.fake.dim() == 0:
+            raise GraphBreak("exception", "len() of a 0-d tensor")
+        return self.fake.shape[0]
+
+    def truth(self, state) -> bool:
+        raise GraphBreak("data_dependent_branch", "the truth value of a tensor")
+
+    def reconstruct(self, writer) -> str:
+        return writer.tensor(self)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.node.name}: {tuple(self.fake.shape)} {self.fake.dtype})"
+
+
+class TensorMethodValue(Value):
+    """`t.add` before it is called."""
+
+    def __init__(self, tensor: TensorValue, name: str):
+        self.tensor, self.name = tensor, name
+
+    def python_type(self) -> type:
+        return type(getattr(torch.Tensor([]), self.name))
+
+    def call(self, state, args, kwargs) -> Value:
+        return self.tensor.call_method(state, self.name, args, kwargs)
+
+    def reconstruct(self, writer) -> str:
+        return f"{self.tensor.reconstruct(writer)}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"TensorMethod({self.name})"
+
+
+# ------------------------------------------------------------------------------------------
+# Recording an op
+# ------------------------------------------------------------------------------------------
+
+def trace_op(state, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """Record `target(*args, **kwargs)` in the graph and wrap its fake result as trackers."""
+    node_args, fake_args = _lower_all(state, args)
+    node_kwargs, fake_kwargs = {}, {}
+    for k, v in kwargs.items():
+        node_kwargs[k], fake_kwargs[k] = _lower(state, v)
+    node, fake = state.graph.call(kind, target, tuple(node_args), node_kwargs, tuple(fake_args), fake_kwargs)
+    return wrap_result(state, node, fake)
+
+
+def _lower_all(state, values: list[Value]) -> tuple[list, list]:
+    nodes, fakes = [], []
+    for v in values:
+        n, f = _lower(state, v)
+        nodes.append(n)
+        fakes.append(f)
+    return nodes, fakes
+
+
+def _lower(state, value: Value) -> tuple[Any, Any]:
+    """A tracker as (graph argument, fake argument)."""
+    from kiln.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
+
+    value = value.realize()
+    if isinstance(value, TensorValue):
+        return value.node, value.fake
+    if isinstance(value, (TupleValue, ListValue)):
+        nodes, fakes = _lower_all(state, value.items)
+        kind = tuple if isinstance(value, TupleValue) else list
+        return kind(nodes), kind(fakes)
+    if isinstance(value, SliceValue):
+        parts = [_lower(state, p) for p in (value.start, value.stop, value.step)]
+        return slice(*(p[0] for p in parts)), slice(*(p[1] for p in parts))
+    if isinstance(value, DictValue):
+        pairs = {k: _lower(state, v) for k, v in value.items.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if value.is_constant():
+        c = value.as_constant()
+        return c, c
+    raise GraphBreak("unsupported_object", f"{value} passed to a torch operation")
+
+
+def wrap_result(state, node: fx.Node, fake: Any) -> Value:
+    """Trackers for an op's result: tensors, tuples of tensors (structseqs too), or constants."""
+    from kiln.capture.values.containers import ListValue, TupleValue
+
+    if isinstance(fake, torch.Tensor):
+        return TensorValue(node, fake)
+    if isinstance(fake, (tuple, list)) and any(isinstance(f, torch.Tensor) for f in fake):
+        items = [wrap_result(state, state.graph.getitem(node, i, f), f) for i, f in enumerate(fake)]
+        if isinstance(fake, list):
+            return ListValue(items)
+        return TupleValue(items, cls=type(fake))
+    if fake is None or isinstance(fake, (int, float, bool, torch.Size, torch.dtype, torch.device)):
+        return ConstantValue(fake)
+    raise GraphBreak("unsupported_object", f"an op returned {type(fake).__name__}")

@@ -1,0 +1,210 @@
+"""torch's Python API during capture: functions become graph nodes, a few answer at capture time.
+
+`torch.*`, `torch.nn.functional.*`, `torch.linalg.*` and friends are recorded
+as graph nodes as they are. A small table answers the ones that ask about
+the world rather than compute (`torch.is_grad_enabled`, `torch.compiler.is_compiling`),
+and the grad-mode and autocast context managers change the capture state and
+put their switches in the graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.tensor import TensorValue, trace_op
+
+# Functions that ask "am I being compiled?": True while kiln captures. The older spelling
+# `torch._dynamo.is_compiling` is recognised by name, so kiln never imports torch._dynamo.
+IS_COMPILING: set[Callable] = {torch.compiler.is_compiling}
+
+
+def _asks_is_compiling(fn: Any) -> bool:
+    return fn in IS_COMPILING or (
+        getattr(fn, "__name__", "") == "is_compiling" and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
+    )
+
+
+NOT_TRACING: set[Callable] = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
+if hasattr(torch.compiler, "is_dynamo_compiling"):
+    IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
+if hasattr(torch.compiler, "is_exporting"):
+    NOT_TRACING.add(torch.compiler.is_exporting)
+
+# Functions whose result depends only on the metadata of their arguments.
+METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
+                      torch.get_default_dtype, torch.is_inference_mode_enabled, torch._C._get_cudnn_enabled}
+
+# Functions with effects outside the graph: a break.
+BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call",
+            torch.set_default_dtype: "unsupported_call", torch.save: "unsupported_call",
+            torch.load: "unsupported_call", torch.autograd.backward: "autograd_backward",
+            torch.autograd.grad: "autograd_backward", torch.nonzero: None}
+
+
+class TorchFunctionValue(Value):
+    def __init__(self, fn: Any, source=None):
+        self.fn, self.source = fn, source
+        self.obj = fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        fn = self.fn
+        if _asks_is_compiling(fn):
+            return ConstantValue(True)
+        if fn in NOT_TRACING:
+            return ConstantValue(False if fn is not torch._C._get_tracing_state else None)
+        if fn is torch.is_grad_enabled:
+            return ConstantValue(state.grad_enabled)
+        if fn in BREAKING and BREAKING[fn]:
+            raise GraphBreak(BREAKING[fn], f"{fn.__name__}()")
+        if fn in CONTEXTS:
+            return CONTEXTS[fn](state, args, kwargs)
+        if fn in METADATA_FUNCTIONS or fn in (torch.Size, torch.device, torch.finfo, torch.iinfo, torch.dtype):
+            return _metadata_call(fn, args, kwargs)
+        if fn is torch.nn.Parameter:
+            raise GraphBreak("unsupported_call", "creating an nn.Parameter inside the compiled region")
+        if isinstance(fn, type) and not issubclass(fn, torch.Tensor):
+            raise GraphBreak("unsupported_call", f"constructing {fn.__qualname__}")
+        return trace_op(state, "call_function", fn, args, kwargs)
+
+    def getattr(self, state, name: str) -> Value:
+        return wrap_torch_attr(getattr(self.fn, name))
+
+    def reconstruct(self, writer) -> str:
+        return writer.constant(self.fn)
+
+    def __repr__(self) -> str:
+        return f"TorchFunction({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _metadata_call(fn, args, kwargs) -> Value:
+    fake_args = [a.realize().fake if isinstance(a.realize(), TensorValue) else a.as_constant() for a in args]
+    return ConstantValue(fn(*fake_args, **{k: v.as_constant() for k, v in kwargs.items()}))
+
+
+def wrap_torch_attr(obj: Any) -> Value:
+    from kiln.capture.values.objects import PythonModuleValue
+
+    if isinstance(obj, type(torch)):
+        return PythonModuleValue(obj)
+    if callable(obj) and not isinstance(obj, torch.Tensor):
+        return TorchFunctionValue(obj)
+    return ConstantValue(obj)
+
+
+# ------------------------------------------------------------------------------------------
+# Context managers: grad mode and autocast
+# ------------------------------------------------------------------------------------------
+
+class GradModeContext(Value):
+    """`torch.no_grad()`, `torch.enable_grad()`, `torch.set_grad_enabled(b)` as a `with` target."""
+
+    def __init__(self, enabled: bool, applied_on_creation: bool = False, prev: bool | None = None):
+        self.enabled, self.applied_on_creation, self.prev = enabled, applied_on_creation, prev
+
+    def python_type(self) -> type:
+        return torch.no_grad if not self.enabled else torch.enable_grad
+
+    def enter(self, state) -> Value:
+        if not self.applied_on_creation:
+            self.prev = state.grad_enabled
+            state.set_grad_enabled(self.enabled)
+        return ConstantValue(None)
+
+    def exit(self, state) -> None:
+        state.set_grad_enabled(self.prev)
+
+    def reconstruct(self, writer) -> str:
+        return writer.grad_mode_exit(self.prev)
+
+    def __repr__(self) -> str:
+        return f"GradMode(enabled={self.enabled})"
+
+
+class AutocastContext(Value):
+    def __init__(self, device_type: str, dtype, enabled: bool, cache_enabled):
+        self.args = (device_type, dtype, enabled, cache_enabled)
+        self.node = None
+        self.real = None
+
+    def python_type(self) -> type:
+        return torch.autocast
+
+    def enter(self, state) -> Value:
+        state.enter_autocast(self)
+        return ConstantValue(None)
+
+    def exit(self, state) -> None:
+        state.exit_autocast(self)
+
+    def reconstruct(self, writer) -> str:
+        raise GraphBreak("unknown_context", "a graph break inside an autocast block")
+
+
+class ExitValue(Value):
+    """The `__exit__` CPython keeps on the stack for the duration of a `with` block."""
+
+    def __init__(self, ctx: Value):
+        self.ctx = ctx
+
+    def call(self, state, args, kwargs) -> Value:
+        self.ctx.exit(state)
+        return ConstantValue(None)
+
+    def reconstruct(self, writer) -> str:
+        return self.ctx.reconstruct(writer)
+
+
+def _no_grad(state, args, kwargs):
+    return GradModeContext(False)
+
+
+def _enable_grad(state, args, kwargs):
+    return GradModeContext(True)
+
+
+def _set_grad_enabled(state, args, kwargs):
+    enabled = (args[0] if args else kwargs["mode"]).as_constant()
+    prev = state.grad_enabled
+    state.set_grad_enabled(bool(enabled))
+    return GradModeContext(bool(enabled), applied_on_creation=True, prev=prev)
+
+
+def _autocast(default_device: str | None):
+    def make(state, args, kwargs):
+        values = [a.as_constant() for a in args]
+        options = {k: v.as_constant() for k, v in kwargs.items()}
+        device = default_device or (values.pop(0) if values else options.pop("device_type"))
+        names = ["dtype", "enabled", "cache_enabled"]
+        options.update(zip(names, values))
+        dtype = options.get("dtype") or torch.get_autocast_dtype(device)
+        return AutocastContext(device, dtype, options.get("enabled", True), options.get("cache_enabled"))
+
+    return make
+
+
+CONTEXTS: dict[Any, Callable] = {
+    torch.no_grad: _no_grad,
+    torch.enable_grad: _enable_grad,
+    torch.set_grad_enabled: _set_grad_enabled,
+    torch.autocast: _autocast(None),
+    torch.amp.autocast: _autocast(None),
+    torch.cpu.amp.autocast: _autocast("cpu"),
+    torch.cuda.amp.autocast: _autocast("cuda"),
+}
+
+
+class GradModeRestore:
+    """The `__exit__` of a grad-mode block, rebuilt for a continuation that resumes inside the block."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc_info) -> None:
+        torch._C._set_grad_enabled(self.prev)

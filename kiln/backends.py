@@ -86,17 +86,10 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     return gm.forward
 
 
-_warned_inductor_fallback = False
+# kiln's code generator (kiln/codegen): ATen graphs -> fused C++/OpenMP kernels on CPU.
+from kiln.codegen import inductor  # noqa: E402  (registered after the registry exists)
 
-
-@register_backend(name="inductor", takes_options=True)
-def _inductor_placeholder(gm: torch.fx.GraphModule, example_inputs: list, options: dict) -> Callable:
-    """Until kiln's code generator is registered, "inductor" runs the captured graph eagerly."""
-    global _warned_inductor_fallback
-    if not _warned_inductor_fallback:
-        log.warning("kiln: the inductor code generator is not available yet; running captured graphs eagerly")
-        _warned_inductor_fallback = True
-    return gm.forward
+register_backend(name="inductor", takes_options=True)(inductor)
 
 
 # The autograd stage's backend: ATen forward/backward graphs run op by op (kiln/autograd).

@@ -1,0 +1,149 @@
+"""kiln's inductor: ATen graph -> IR -> schedule -> kernels + wrapper -> a callable.
+
+Public API (shared by the C++ and the Triton targets):
+  compile_aten_graph(gm, example_inputs, options) -> callable   the inner compiler
+  inductor(gm, example_inputs, options=None) -> callable        the full backend
+      (torch-level graph -> kiln.autograd.aot_compile -> compile_aten_graph)
+
+Correctness first: a graph kiln cannot lower or compile runs through ATen as it
+is (logged, never a crash); an op with no lowering runs as an extern ATen call.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.fx
+
+from kiln.codegen import cpp
+from kiln.codegen.wrapper import generate_wrapper
+from kiln.config import config, validate_options
+from kiln.lower import lower_graph
+from kiln.lower.decompositions import decomposition_table
+from kiln.lower.verify import verify
+from kiln.schedule.fusion import schedule
+from kiln.schedule.memory import plan_memory
+
+log = logging.getLogger("kiln.codegen")
+
+_graph_ids = itertools.count()
+
+
+class CompiledGraph:
+    """A compiled ATen graph: call it with the graph's positional inputs."""
+
+    def __init__(self, call: Callable, artefacts: dict):
+        self.call = call
+        self.artefacts = artefacts  # stage name -> printable text (IR, schedule, C++, wrapper)
+
+    def __call__(self, *args):
+        return self.call(*args)
+
+    @property
+    def num_kernels(self) -> int:
+        return self.artefacts.get("num_kernels", 0)
+
+
+def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
+    table = decomposition_table()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and ("val" not in n.meta or n.target in table):
+            return True
+    return False
+
+
+def _has_mutation(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _retrace(gm, example_inputs):
+    """Re-trace `gm` through kiln's decompositions so every node is core ATen with `meta['val']`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fake = [t for t in example_inputs if isinstance(t, torch._subclasses.FakeTensor)]
+    if fake:
+        with fake[0].fake_mode:
+            return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="real")(*example_inputs)
+    return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
+    """The inner compiler: an ATen-level FX graph -> a callable over real tensors (positional)."""
+    options = validate_options(None, options) if options is None else options
+    name = f"graph{next(_graph_ids)}"
+    try:
+        return _compile(gm, example_inputs, options, name)
+    except Exception as e:  # correctness first: never fail the user's program
+        log.warning("kiln: %s could not be compiled (%s: %s); running it through ATen", name, type(e).__name__, e)
+        log.debug("compile failure", exc_info=True)
+        return CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}"})
+
+
+def _compile(gm, example_inputs, options, name) -> CompiledGraph:
+    times = {}
+    t0 = time.perf_counter()
+    if _has_mutation(gm):
+        raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
+    if _needs_retrace(gm):
+        gm = _retrace(gm, example_inputs)
+    times["decompose"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    graph = lower_graph(gm, example_inputs)
+    verify(graph)
+    times["lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sched = schedule(graph)
+    plan = plan_memory(sched)
+    times["schedule"] = time.perf_counter() - t
+    t = time.perf_counter()
+    source, kernels = cpp.generate_module(sched)
+    wrapper_src, namespace = generate_wrapper(sched, plan, kernels)
+    times["codegen"] = time.perf_counter() - t
+    t = time.perf_counter()
+    namespace.update(cpp.load_kernels(source, kernels))
+    times["build"] = time.perf_counter() - t
+    exec(compile(wrapper_src, f"<kiln wrapper {name}>", "exec"), namespace)
+    artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": str(graph), "schedule": str(sched),
+                 "memory": str(plan), "kernels.cpp": source, "wrapper.py": wrapper_src,
+                 "num_kernels": len(kernels), "times": times}
+    if options.get("trace.enabled"):
+        _write_trace(name, artefacts)
+    log.info("%s: %d kernels, %d externs, %s", name, len(kernels), len(sched.steps) - len(kernels),
+             ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in times.items()))
+    return CompiledGraph(namespace["call"], artefacts)
+
+
+def debug_dir() -> Path:
+    return Path(config.debug_dir or os.environ.get("KILN_DEBUG_DIR") or "kiln_debug")
+
+
+def _write_trace(name: str, artefacts: dict) -> None:
+    out = debug_dir() / "inductor" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for stage, text in artefacts.items():
+        fname = stage if "." in stage else f"{stage}.txt"
+        (out / fname).write_text(str(text))
+
+
+def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
+    """kiln's code generator as a torch.compile-style backend (`torch.compile(m, backend=kiln.inductor)`)."""
+    from kiln.autograd import aot_compile
+
+    options = validate_options(None, options) if options is None else options
+
+    def compiler(aten_gm, inputs):
+        return compile_aten_graph(aten_gm, inputs, options)
+
+    return aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name="inductor")
+
+
+__all__ = ["compile_aten_graph", "inductor", "CompiledGraph"]

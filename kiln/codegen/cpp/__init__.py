@@ -1,0 +1,33 @@
+"""The C++/OpenMP target: all kernels of one graph in one translation unit."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from kiln.codegen.cpp.kernel import CppKernel, generate_kernel
+from kiln.runtime import cache
+from kiln.schedule.fusion import Schedule
+
+PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
+
+
+def generate_module(sched: Schedule) -> tuple[str, dict[str, CppKernel]]:
+    """(C++ source of every kernel of `sched`, kernel name -> CppKernel with its argument lists)."""
+    layouts = sched.graph.buffer_layouts()
+    kernels = {g.name: generate_kernel(g, layouts) for g in sched.kernels()}
+    source = "\n\n".join([PRELUDE] + [k.source for k in kernels.values()]) + "\n"
+    return source, kernels
+
+
+def load_kernels(source: str, kernels: dict[str, CppKernel]) -> dict:
+    """ctypes functions for each kernel, with argument types set (pointers, then int64 sizes)."""
+    if not kernels:
+        return {}
+    lib = cache.load(source)
+    out = {}
+    for name, k in kernels.items():
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * len(k.arg_names) + [ctypes.c_int64] * len(k.size_args)
+        fn.restype = None
+        out[name] = fn
+    return out

@@ -1,0 +1,383 @@
+"""One C++/OpenMP function per KernelGroup.
+
+Layout of a generated kernel:
+
+    extern "C" void kernel0(const float* __restrict__ arg0, float* __restrict__ buf2, int64_t s0) {
+      #pragma omp parallel for if(...)          // outer loops: one iteration per output row
+      for (int64_t x0 = 0; x0 < s0; x0++) {
+        float acc0 = 0;                          // segment 0: a reduction over the inner loops
+        #pragma omp simd reduction(+:acc0)
+        for (int64_t y0 = 0; y0 < 64; y0++) { ... acc0 = acc0 + tmp1; }
+        #pragma omp simd                         // segment 1: pointwise over the inner loops
+        for (int64_t y0 = 0; y0 < 64; y0++) { ... buf2[64*x0 + y0] = ...; }
+      }
+    }
+
+With no outer loop (a full reduction) the inner loops run in parallel instead,
+each thread accumulating its own partial and the partials merged in thread
+order (deterministic for a given thread count). bfloat16 is computed in float
+and rounded after each op, as eager does.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from kiln.codegen.index_printer import cexpr
+from kiln.lower import ir
+from kiln.lower.index import contiguous_strides, linear_index, product
+from kiln.schedule.fusion import KernelGroup
+
+# Storage and compute C++ types per dtype.
+STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t", torch.int64: "int64_t",
+           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
+           torch.bool: "bool"}
+COMPUTE = {**STORAGE, torch.bfloat16: "float"}
+
+# IR op name -> C++ template ({T} is the compute type of the first argument).
+OPS = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "floordiv": "kiln::floordiv<{T}>({0}, {1})", "truncdiv": "kiln::truncdiv<{T}>({0}, {1})",
+    "mod": "kiln::pymod<{T}>({0}, {1})", "fmod": "kiln::cfmod<{T}>({0}, {1})", "neg": "(-{0})",
+    "abs": "std::abs({0})", "sign": "kiln::sign<{T}>({0})", "pow": "kiln::ipow<{T}>({0}, {1})",
+    "exp": "std::exp({0})", "exp2": "std::exp2({0})", "log": "std::log({0})", "log2": "std::log2({0})",
+    "log10": "std::log10({0})", "log1p": "std::log1p({0})", "expm1": "std::expm1({0})",
+    "sqrt": "std::sqrt({0})", "rsqrt": "({T}(1) / std::sqrt({0}))", "reciprocal": "({T}(1) / {0})",
+    "sigmoid": "kiln::sigmoid<{T}>({0})", "tanh": "std::tanh({0})", "erf": "std::erf({0})",
+    "erfc": "std::erfc({0})", "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})",
+    "asin": "std::asin({0})", "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})",
+    "cosh": "std::cosh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
+    "atanh": "std::atanh({0})", "atan2": "std::atan2({0}, {1})", "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})", "round": "std::nearbyint({0})", "trunc": "std::trunc({0})",
+    "maximum": "kiln::maximum<{T}>({0}, {1})", "minimum": "kiln::minimum<{T}>({0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
+    "logical_xor": "({0} != {1})", "logical_not": "(!{0})", "bitwise_and": "({0} & {1})",
+    "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "bitwise_not": "(~{0})",
+    "lshift": "({0} << {1})", "rshift": "({0} >> {1})", "isnan": "std::isnan({0})",
+    "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
+}
+assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
+EXACT_IN_BF16 = {"where", "maximum", "minimum", "neg", "abs", "sign"}
+
+# reduction type -> (accumulator declaration, update, result, merge, simd clause or None)
+REDUCTIONS = {
+    "sum": ("{T} {a} = 0;", "{a} = {a} + {v};", "{a}", "{a} = {a} + {b};", "+"),
+    "prod": ("{T} {a} = 1;", "{a} = {a} * {v};", "{a}", "{a} = {a} * {b};", "*"),
+    "max": ("{T} {a} = kiln::lowest<{T}>();", "{a} = kiln::maximum<{T}>({a}, {v});", "{a}",
+            "{a} = kiln::maximum<{T}>({a}, {b});", None),
+    "min": ("{T} {a} = kiln::highest<{T}>();", "{a} = kiln::minimum<{T}>({a}, {v});", "{a}",
+            "{a} = kiln::minimum<{T}>({a}, {b});", None),
+    "any": ("bool {a} = false;", "{a} = {a} || {v};", "{a}", "{a} = {a} || {b};", "||"),
+    "argmax": ("kiln::ArgReduce<{T}, true> {a};", "{a}.update({v}, {r});", "{a}.index", "{a}.merge({b});", None),
+    "argmin": ("kiln::ArgReduce<{T}, false> {a};", "{a}.update({v}, {r});", "{a}.index", "{a}.merge({b});", None),
+    "welford_mean": ("kiln::Welford<{T}> {a};", "{a}.update({v});", "{a}.mean", "{a}.merge({b});", None),
+    "welford_m2": ("kiln::Welford<{T}> {a};", "{a}.update({v});", "{a}.m2", "{a}.merge({b});", None),
+}
+
+# Below this many element-iterations a kernel runs on one thread (fork/join costs more).
+PARALLEL_MIN_WORK = 32768
+
+
+def const_literal(value, dtype) -> str:
+    t = COMPUTE[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        if math.isnan(value):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        return f"static_cast<{t}>({float(value)!r})"
+    return f"static_cast<{t}>({int(value)}L)"
+
+
+class _Scope:
+    """CSE cache for one C++ block: structurally equal expressions are computed once."""
+
+    def __init__(self, parent=None):
+        self.cache = dict(parent.cache) if parent else {}
+
+
+class CppKernel:
+    def __init__(self, group: KernelGroup, layouts: dict):
+        self.group = group
+        self.layouts = layouts
+        self.lines: list[str] = []
+        self.indent = 1
+        self.tmp = 0
+        self.values: dict[str, tuple] = {}   # buffer -> (store index, C++ variable) still in scope
+        self.inputs: dict[str, None] = {}
+        self.outputs: dict[str, None] = {}
+        self.produced = {n.name for n in group.nodes}
+        self.stored = {n.name for n in group.nodes if n.name not in group.local}
+
+    # ------------------------------------------------------------------ emission helpers
+    def line(self, s: str) -> None:
+        self.lines.append("  " * self.indent + s)
+
+    def new_tmp(self, prefix="tmp") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp - 1}"
+
+    def emit(self, e: ir.Expr, scope: _Scope) -> str:
+        key = e
+        try:
+            if key in scope.cache:
+                return scope.cache[key]
+        except TypeError:
+            key = id(e)
+        if isinstance(e, ir.Const):
+            return const_literal(e.value, e.dtype)
+        if isinstance(e, ir.IndexValue):
+            code = cexpr(e.expr)
+            out = code if e.dtype == torch.bool else f"static_cast<{COMPUTE[e.dtype]}>({code})"
+        elif isinstance(e, ir.Load):
+            out = self._load(e)
+            if out.startswith("tmp") or out.startswith("acc"):  # already in a register
+                scope.cache[key] = out
+                return out
+        elif e.name == "cast":
+            out = self._cast(self.emit(e.args[0], scope), e.args[0].dtype, e.dtype)
+        else:
+            args = [self.emit(a, scope) for a in e.args]
+            t = COMPUTE[e.args[0].dtype] if e.name != "where" else COMPUTE[e.dtype]
+            out = OPS[e.name].format(*args, T=t)
+            if e.dtype == torch.bfloat16 and e.name not in EXACT_IN_BF16:
+                out = f"kiln::round_bf16({out})"
+        var = self.new_tmp()
+        self.line(f"{'auto' if e.dtype == torch.bool else COMPUTE[e.dtype]} {var} = {out};")
+        scope.cache[key] = var
+        return var
+
+    def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        if src == dst:
+            return x
+        if dst == torch.bool:
+            return f"({x} != 0)"
+        if dst == torch.bfloat16:
+            return f"kiln::round_bf16(static_cast<float>({x}))"
+        return f"static_cast<{COMPUTE[dst]}>({x})"
+
+    def _load(self, e: ir.Load) -> str:
+        index = sympy.expand(e.index)
+        known = self.values.get(e.buf)
+        if known is not None and known[0] == index:
+            return known[1]
+        if e.buf in self.group.local:
+            raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
+        if e.buf not in self.produced:
+            self.inputs[e.buf] = None
+        code = f"{e.buf}[{cexpr(index)}]"
+        if e.dtype == torch.bfloat16:
+            code = f"kiln::bf16_to_float({code})"
+        if e.mask is not None:
+            code = f"({cexpr(e.mask)} ? {code} : {COMPUTE[e.dtype]}(0))"
+        return code
+
+    def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
+        index = self.group.store_index(node)
+        self.values[node.name] = (index, var)
+        if node.name in self.stored:
+            self.outputs[node.name] = None
+            v = self._cast(var, dtype, node.layout.dtype)
+            if node.layout.dtype == torch.bfloat16:
+                v = f"kiln::float_to_bf16({v})"
+            self.line(f"{node.name}[{cexpr(index)}] = {v};")
+
+    # ------------------------------------------------------------------ loops
+    def _open_loops(self, sizes, variables, pragma_outer=None, pragma_inner=None) -> int:
+        for k, (s, v) in enumerate(zip(sizes, variables)):
+            if k == 0 and pragma_outer:
+                self.line(pragma_outer)
+            if k == len(sizes) - 1 and pragma_inner:
+                self.line(pragma_inner)
+            self.line(f"for (int64_t {v} = 0; {v} < {cexpr(s)}; {v}++) {{")
+            self.indent += 1
+        return len(sizes)
+
+    def _close(self, n: int) -> None:
+        for _ in range(n):
+            self.indent -= 1
+            self.line("}")
+
+    def _work(self):
+        g = self.group
+        return product(g.outer) * product(g.inner)
+
+    def _parallel_if(self) -> str | None:
+        """'' (always), None (never), or an OpenMP if() clause for symbolic sizes."""
+        work = sympy.expand(self._work())
+        if work.is_Integer:
+            return "" if int(work) >= PARALLEL_MIN_WORK else None
+        return f" if({cexpr(work)} >= {PARALLEL_MIN_WORK})"
+
+    # ------------------------------------------------------------------ the kernel
+    def generate(self) -> str:
+        g = self.group
+        body_start = len(self.lines)
+        par = self._parallel_if()
+        if g.outer:
+            has_inner = any(s.inner for s in g.segments)
+            n_outer = len(g.outer)
+            if has_inner or n_outer == 1:
+                collapse = f" collapse({n_outer})" if n_outer > 1 else ""
+                simd = " simd" if not has_inner else ""
+                outer_pragma = None if par is None else f"#pragma omp parallel for{simd}{collapse}{par}"
+                inner_pragma = "#pragma omp simd" if (par is None and not has_inner) else None
+            else:
+                collapse = f" collapse({n_outer - 1})" if n_outer > 2 else ""
+                outer_pragma = None if par is None else f"#pragma omp parallel for{collapse}{par}"
+                inner_pragma = "#pragma omp simd"
+            opened = self._open_loops(g.outer, g.outer_vars(), outer_pragma, inner_pragma)
+        else:
+            opened = 0
+        outer_scope = _Scope()
+        for seg in g.segments:
+            if seg.inner:
+                self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
+            else:
+                self._outer_segment(seg, outer_scope)
+        self._close(opened)
+        body = self.lines[body_start:]
+        params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
+        params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
+        self.size_args = sorted({s for s in self._free_symbols(body)}, key=str)
+        params += [f"const int64_t {s}" for s in self.size_args]
+        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
+        return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
+
+    def _free_symbols(self, body_lines):
+        syms = set()
+        g = self.group
+        loop = set(g.outer_vars()) | set(g.inner_vars())
+        for s in list(g.outer) + list(g.inner):
+            syms |= sympy.sympify(s).free_symbols
+        for n in g.nodes:
+            for e in ir.iter_exprs(n.data.body):
+                if isinstance(e, ir.Load):
+                    syms |= sympy.sympify(e.index).free_symbols
+                    if e.mask is not None:
+                        syms |= e.mask.free_symbols
+                elif isinstance(e, ir.IndexValue):
+                    syms |= sympy.sympify(e.expr).free_symbols
+            for s in n.layout.stride:
+                syms |= sympy.sympify(s).free_symbols
+        return {s for s in syms if s not in loop and not (s.name[0] in "irxy" and s.name[1:].isdigit())}
+
+    def _mapped(self, node):
+        return ir.subs_expr(node.data.body, self.group.var_map(node))
+
+    def _outer_segment(self, seg, scope: _Scope) -> None:
+        for node in seg.nodes:
+            var = self.emit(self._mapped(node), scope)
+            self._store(node, var, node.data.body.dtype)
+
+    def _inner_segment(self, seg, outer_scope: _Scope, parallel: bool, par) -> None:
+        g = self.group
+        accs: dict = {}      # reduction key -> accumulator variable
+        decls = []
+        for node in seg.nodes:
+            if not node.is_reduction():
+                continue
+            rtype = node.data.reduction_type
+            family = "welford" if rtype.startswith("welford") else rtype
+            key = (family, self._mapped(node))
+            if key not in accs:
+                acc = self.new_tmp("acc")
+                accs[key] = (acc, rtype, COMPUTE[node.data.body.dtype])
+                decls.append(key)
+        simd_ops = [REDUCTIONS[accs[k][1]][4] for k in decls]
+        simd_ok = all(op is not None for op in simd_ops)
+        reduction_clause = "".join(f" reduction({op}:{accs[k][0]})" for k, op in zip(decls, simd_ops)) if simd_ok else ""
+        if parallel and decls:
+            self.line("{")
+            self.indent += 1
+        for k in decls:
+            acc, rtype, t = accs[k]
+            self.line(REDUCTIONS[rtype][0].format(T=t, a=acc))
+        if parallel and decls:
+            self._parallel_reduction(seg, accs, decls, par)
+            self.indent -= 1
+            self.line("}")
+        else:
+            inner_pragma = ("#pragma omp simd" + reduction_clause) if (simd_ok or not decls) else None
+            outer_pragma = None
+            if parallel:
+                collapse = f" collapse({len(g.inner)})" if len(g.inner) > 1 else ""
+                outer_pragma, inner_pragma = f"#pragma omp parallel for{collapse}{par}", None
+            opened = self._open_loops(g.inner, g.inner_vars(), outer_pragma, inner_pragma)
+            self._segment_body(seg, accs, outer_scope)
+            self._close(opened)
+        self._finish_reductions(seg, accs)
+
+    def _segment_body(self, seg, accs, outer_scope, acc_names=None) -> None:
+        g = self.group
+        scope = _Scope(outer_scope)
+        ridx = cexpr(linear_index(g.inner_vars(), contiguous_strides(g.inner)))
+        saved = dict(self.values)
+        updated = set()
+        for node in seg.nodes:
+            body = self._mapped(node)
+            var = self.emit(body, scope)
+            if node.is_reduction():
+                rtype = node.data.reduction_type
+                family = "welford" if rtype.startswith("welford") else rtype
+                acc, _, t = accs[(family, body)]
+                acc = (acc_names or {}).get(acc, acc)
+                if acc not in updated:  # welford mean and m2 share one accumulator
+                    self.line(REDUCTIONS[rtype][1].format(a=acc, v=var, r=ridx, T=t))
+                    updated.add(acc)
+            else:
+                self._store(node, var, body.dtype)
+        # inner values do not outlive the loop
+        self.values = {k: v for k, v in self.values.items() if k in saved and saved[k] == v}
+
+    def _parallel_reduction(self, seg, accs, decls, par) -> None:
+        """Inner loops split over threads; each thread's partial merged in thread order."""
+        g = self.group
+        local = {accs[k][0]: accs[k][0] + "_t" for k in decls}
+        self.line(f"#pragma omp parallel{par}")
+        self.line("{")
+        self.indent += 1
+        for k in decls:
+            acc, rtype, t = accs[k]
+            self.line(REDUCTIONS[rtype][0].format(T=t, a=local[acc]))
+        collapse = f" collapse({len(g.inner)})" if len(g.inner) > 1 else ""
+        opened = self._open_loops(g.inner, g.inner_vars(), f"#pragma omp for schedule(static){collapse}", None)
+        self._segment_body(seg, accs, _Scope(), acc_names=local)
+        self._close(opened)
+        self.line("#pragma omp for ordered schedule(static, 1)")
+        self.line("for (int t = 0; t < omp_get_num_threads(); t++) {")
+        self.indent += 1
+        self.line("#pragma omp ordered")
+        self.line("{")
+        self.indent += 1
+        for k in decls:
+            acc, rtype, t = accs[k]
+            self.line(REDUCTIONS[rtype][3].format(a=acc, b=local[acc], T=t))
+        self._close(2)
+        self.indent -= 1
+        self.line("}")
+
+    def _finish_reductions(self, seg, accs) -> None:
+        for node in seg.nodes:
+            if not node.is_reduction():
+                continue
+            rtype = node.data.reduction_type
+            family = "welford" if rtype.startswith("welford") else rtype
+            acc, _, t = accs[(family, self._mapped(node))]
+            result = REDUCTIONS[rtype][2].format(a=acc)
+            var = self.new_tmp()
+            out_t = COMPUTE[node.layout.dtype] if rtype in ("argmax", "argmin") else t
+            self.line(f"{out_t} {var} = {result};")
+            dtype = node.layout.dtype if rtype in ("argmax", "argmin") else node.data.body.dtype
+            self._store(node, var, dtype)
+
+
+def generate_kernel(group: KernelGroup, layouts: dict) -> CppKernel:
+    k = CppKernel(group, layouts)
+    k.source = k.generate()
+    return k

@@ -1,0 +1,123 @@
+// kiln C++ kernel prelude: scalar helpers with eager PyTorch semantics.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <omp.h>
+
+namespace kiln {
+
+static inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if (f != f) return 0x7fc0;
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+template <typename T> static inline T maximum(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
+  return a > b ? a : b;
+}
+template <typename T> static inline T minimum(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
+  return a < b ? a : b;
+}
+template <typename T> static inline T sign(T a) {
+  if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; }
+  return static_cast<T>((T(0) < a) - (a < T(0)));
+}
+template <typename T> static inline T floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
+  else {
+    if (b == 0) return 0;
+    T q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
+  }
+}
+template <typename T> static inline T truncdiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); }
+  else { return b == 0 ? 0 : a / b; }
+}
+template <typename T> static inline T pymod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T r = std::fmod(a, b);
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+  } else {
+    if (b == 0) return 0;
+    T r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+  }
+}
+template <typename T> static inline T cfmod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::fmod(a, b); }
+  else { return b == 0 ? 0 : a % b; }
+}
+template <typename T> static inline T ipow(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::pow(a, b); }
+  else {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    T r = 1;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
+  }
+}
+template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+template <typename T> static inline T lowest() {
+  if constexpr (std::is_floating_point<T>::value) return -std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::lowest();
+}
+template <typename T> static inline T highest() {
+  if constexpr (std::is_floating_point<T>::value) return std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::max();
+}
+
+template <typename T> struct Welford {
+  T mean = 0, m2 = 0, n = 0;
+  inline void update(T x) { n += 1; T d = x - mean; mean += d / n; m2 += d * (x - mean); }
+  inline void merge(const Welford& o) {
+    if (o.n == 0) return;
+    if (n == 0) { *this = o; return; }
+    T tot = n + o.n, d = o.mean - mean;
+    mean += d * (o.n / tot);
+    m2 += o.m2 + d * d * (n * o.n / tot);
+    n = tot;
+  }
+};
+
+// First index wins ties; a NaN is the maximum (and minimum), like eager.
+template <typename T, bool Max> struct ArgReduce {
+  T value = Max ? lowest<T>() : highest<T>();
+  int64_t index = 0;
+  bool seen = false;
+  inline void update(T x, int64_t i) {
+    if (!seen) { value = x; index = i; seen = true; return; }
+    bool value_nan = false, x_nan = false;
+    if constexpr (std::is_floating_point<T>::value) { value_nan = value != value; x_nan = x != x; }
+    if (value_nan) return;
+    if (x_nan || (Max ? x > value : x < value)) { value = x; index = i; }
+  }
+  inline void merge(const ArgReduce& o) {
+    if (!o.seen) return;
+    if (!seen) { *this = o; return; }
+    bool value_nan = false, o_nan = false;
+    if constexpr (std::is_floating_point<T>::value) { value_nan = value != value; o_nan = o.value != o.value; }
+    if (value_nan) return;
+    if (o_nan || (Max ? o.value > value : o.value < value) || (o.value == value && o.index < index)) *this = o;
+  }
+};
+
+}  // namespace kiln

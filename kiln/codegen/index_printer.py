@@ -1,0 +1,83 @@
+"""Printing sympy index and size expressions as C++ or Python source.
+
+Shared by every code generator: the C++ kernels, the Python wrapper, and the
+Triton kernels (which use the Python form).
+"""
+from __future__ import annotations
+
+import sympy
+
+from kiln.lower.index import FloorDiv, Mod
+
+
+class _Printer:
+    floordiv = "({} // {})"
+    mod = "({} % {})"
+    land, lor, lnot = " and ", " or ", "not "
+    true, false = "True", "False"
+
+    def __call__(self, e) -> str:
+        e = sympy.sympify(e)
+        return self.p(e)
+
+    def p(self, e) -> str:
+        if e is sympy.true or e == sympy.true:
+            return self.true
+        if e is sympy.false or e == sympy.false:
+            return self.false
+        if e.is_Integer:
+            return self.integer(int(e))
+        if e.is_Symbol:
+            return e.name
+        if isinstance(e, FloorDiv):
+            return self.floordiv.format(self.p(e.args[0]), self.p(e.args[1]))
+        if isinstance(e, Mod):
+            return self.mod.format(self.p(e.args[0]), self.p(e.args[1]))
+        if isinstance(e, sympy.Add):
+            return "(" + " + ".join(self.p(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Mul):
+            return "(" + "*".join(self.p(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return "(" + "*".join([self.p(e.base)] * int(e.exp)) + ")"
+        if isinstance(e, sympy.And):
+            return "(" + self.land.join(self.p(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Or):
+            return "(" + self.lor.join(self.p(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Not):
+            return "(" + self.lnot + self.p(e.args[0]) + ")"
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"({self.p(e.lhs)} {e.rel_op} {self.p(e.rhs)})"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            return self.minmax("max" if isinstance(e, sympy.Max) else "min", [self.p(a) for a in e.args])
+        raise NotImplementedError(f"cannot print index expression {e!r} ({type(e).__name__})")
+
+    def integer(self, v: int) -> str:
+        return str(v)
+
+    def minmax(self, name, args) -> str:
+        return f"{name}({', '.join(args)})"
+
+
+class CPrinter(_Printer):
+    """C++: integer division and modulo of non-negative int64 values."""
+
+    floordiv = "({} / {})"
+    land, lor, lnot = " && ", " || ", "!"
+    true, false = "true", "false"
+
+    def integer(self, v: int) -> str:
+        return f"{v}L" if abs(v) > 2**31 - 1 else str(v)
+
+    def minmax(self, name, args) -> str:
+        out = args[0]
+        for a in args[1:]:
+            out = f"std::{name}<int64_t>({out}, {a})"
+        return out
+
+
+class PythonPrinter(_Printer):
+    pass
+
+
+cexpr = CPrinter()
+pyexpr = PythonPrinter()

@@ -1,0 +1,46 @@
+"""The one table of what kiln decomposes before lowering.
+
+PyTorch's core-ATen decompositions, plus the composite ops that the core set
+keeps but that kiln would rather see as pointwise ops and reductions (so they
+fuse): GELU, LayerNorm, softmax and their backwards, and friends. Ops we lower
+directly or run as fast externs (addmm, convolution) are left alone.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+# Composite ops that the core table keeps but that fuse better as their parts.
+EXTRA = [
+    aten.gelu, aten.gelu_backward,
+    aten.native_layer_norm, aten.native_layer_norm_backward,
+    aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+    aten.silu, aten.silu_backward, aten.hardswish, aten.hardsigmoid, aten.mish,
+    aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
+    aten.mse_loss, aten.mse_loss_backward, aten.leaky_relu, aten.elu, aten.softplus,
+    aten.hardtanh, aten.addcmul, aten.addcdiv, aten.lerp, aten.rsub, aten.std, aten.var,
+    aten.native_batch_norm, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
+    aten.native_group_norm, aten.native_group_norm_backward,
+]
+
+# Kept whole: each is one fast ATen call, or lowered as it is.
+KEEP = [
+    aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default,
+    aten.convolution_backward.default, aten.var_mean.correction, aten.var.correction,
+    aten.mean.dim, aten.clamp.default, aten.clamp.Tensor,
+]
+
+
+@functools.lru_cache(None)
+def decomposition_table() -> dict:
+    """OpOverload -> decomposition, as passed to make_fx / aot_compile."""
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(EXTRA))
+    for op in KEEP:
+        table.pop(op, None)
+    return table

@@ -1,0 +1,213 @@
+"""Lowering an ATen FX graph to the loop-level IR (`LoweredGraph`).
+
+Walks the graph once. Each node goes through the lowering registry
+(`kiln.lower.ops.LOWERINGS`, one rule per ATen op); a node with no rule, or whose
+rule raises `Unsupported`, becomes an `Extern` ATen call on realized inputs.
+Pointwise results stay unrealized (an index function) and are inlined into their
+consumers; they are realized into buffers when an extern or the output needs
+memory, or when several consumers would each recompute non-trivial work.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from kiln.lower import ir
+from kiln.lower.index import contiguous_strides, sympify
+from kiln.lower.values import TensorValue, Unsupported, from_buffer
+
+log = logging.getLogger("kiln.lower")
+
+# An unrealized body bigger than this is realized (bounds kernel size and compile time).
+MAX_INLINE_SIZE = 120
+
+
+class GraphLowering:
+    """The lowering context, passed explicitly to every lowering rule."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.nodes: list[ir.Node] = []
+        self.layouts: dict[str, ir.Layout] = {}
+        self.inputs: list = []
+        self.size_vars: dict = {}
+        self.constants: dict[str, torch.Tensor] = {}
+        self._count = 0
+
+    # -- naming and buffers
+    def new_name(self, prefix: str = "buf") -> str:
+        self._count += 1
+        return f"{prefix}{self._count - 1}"
+
+    def add_buffer(self, node: ir.Node) -> None:
+        self.nodes.append(node)
+        if isinstance(node, (ir.ComputedBuffer, ir.MultiOutput)):
+            self.layouts[node.name] = node.layout
+        elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
+            self.layouts[node.name] = node.layout
+
+    def realize(self, v: TensorValue, stride=None) -> TensorValue:
+        """`v` backed by memory: a view of an existing buffer if it is one, else a new buffer."""
+        if stride is None and v.buffer_view() is not None:
+            return v
+        layout = ir.Layout(tuple(v.size), tuple(stride) if stride else contiguous_strides(v.size), v.dtype)
+        name = self.new_name()
+        self.add_buffer(ir.ComputedBuffer(name, layout, ir.Pointwise(tuple(v.size), v.body)))
+        return from_buffer(name, layout)
+
+    def ref(self, v: TensorValue) -> ir.TensorRef:
+        """An extern argument for `v`: the buffer itself, or an as_strided view of one."""
+        v = self.realize(v)
+        buf, offset, strides = v.buffer_view()
+        base = self.layouts[buf]
+        layout = ir.Layout(tuple(v.size), tuple(strides), v.dtype, offset)
+        same = tuple(base.size) == layout.size and tuple(base.stride) == layout.stride and offset == base.offset
+        return ir.TensorRef(buf, base if same else layout, view=not same)
+
+    # -- the walk
+    def run(self, example_inputs) -> ir.LoweredGraph:
+        env: dict[torch.fx.Node, Any] = {}
+        outputs = None
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for node, example in zip(placeholders, example_inputs):
+            env[node] = self._placeholder(node, example)
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "get_attr":
+                env[node] = self._constant(node)
+                continue
+            if node.op == "output":
+                outputs = [self._output(v, m) for v, m in zip(
+                    tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
+                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n, node.args[0]))[0])]
+                continue
+            env[node] = self._call(node, env)
+        return ir.LoweredGraph(self.inputs, self.nodes, outputs, self.size_vars, self.constants)
+
+    def _constant(self, node):
+        """A tensor attribute of the graph module: an input the wrapper binds once, at load time."""
+        value = getattr(self.gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"get_attr of a {type(value).__name__}")
+        name = f"const{len(self.constants)}"
+        layout = ir.Layout(tuple(sympify(s) for s in value.shape), tuple(sympify(s) for s in value.stride()), value.dtype)
+        self.constants[name] = value
+        self.layouts[name] = layout
+        return from_buffer(name, layout)
+
+    def _placeholder(self, node, example):
+        if isinstance(example, torch.Tensor):
+            size = tuple(sympify(s) for s in example.shape)
+            stride = tuple(sympify(s) for s in example.stride())
+            layout = ir.Layout(size, stride, example.dtype)
+            name = f"arg{len(self.inputs)}"
+            self.inputs.append(ir.InputBuffer(name, layout))
+            self.layouts[name] = layout
+            for d, s in enumerate(size):
+                if isinstance(s, sympy.Symbol):
+                    self.size_vars.setdefault(s, f"{name}.size({d})")
+            for d, s in enumerate(stride):
+                if isinstance(s, sympy.Symbol):
+                    self.size_vars.setdefault(s, f"{name}.stride({d})")
+            return from_buffer(name, layout)
+        expr = sympify(example) if isinstance(example, (int, torch.SymInt)) else None
+        if expr is None:
+            raise Unsupported(f"graph input of type {type(example).__name__}")
+        name = f"arg{len(self.inputs)}"
+        self.inputs.append(ir.SymInput(name, expr))
+        if isinstance(expr, sympy.Symbol):
+            self.size_vars.setdefault(expr, name)
+        return expr
+
+    def _call(self, node: torch.fx.Node, env):
+        from kiln.lower.ops import LOWERINGS
+
+        args = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args)
+        kwargs = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.kwargs)
+        meta = node.meta.get("val")
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        if isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool) and not isinstance(node.target, torch._ops.OpOverload):
+            return self._sym(meta)
+        if isinstance(meta, torch.SymInt):
+            return self._sym(meta)
+        rule = LOWERINGS.get(node.target)
+        if rule is not None:
+            try:
+                out = rule(self, meta, *args, **kwargs)
+                return self._maybe_realize(node, out)
+            except Unsupported as e:
+                log.debug("%s: no lowering (%s), running it as an extern", node.target, e)
+        return self.extern(node.target, args, kwargs, meta)
+
+    def _sym(self, meta):
+        expr = sympify(meta)
+        if not expr.free_symbols <= set(self.size_vars):
+            raise Unsupported(f"size expression {expr} is not bound by the inputs")
+        return expr
+
+    def _maybe_realize(self, node, out):
+        if not isinstance(out, TensorValue):
+            return out
+        users = len(node.users)
+        if ir.expr_size(out.body) > MAX_INLINE_SIZE or (users > 1 and not out.is_trivial()):
+            return self.realize(out)
+        return out
+
+    def extern(self, op, args, kwargs, meta) -> Any:
+        """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout."""
+        def convert(a):
+            if isinstance(a, TensorValue):
+                return self.ref(a)
+            if isinstance(a, sympy.Basic):
+                return ir.SymRef(a)
+            return a
+
+        c_args = tree_map(convert, args)
+        c_kwargs = tree_map(convert, kwargs)
+        schema = getattr(op, "_schema", None)
+        aliases = bool(schema and any(r.alias_info is not None for r in schema.returns))
+        name = self.new_name()
+        if isinstance(meta, torch.Tensor):
+            layout = _layout(meta)
+            self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layout, aliases))
+            return from_buffer(name, layout)
+        if isinstance(meta, (tuple, list)) and all(m is None or isinstance(m, torch.Tensor) for m in meta):
+            layouts = tuple(None if m is None else _layout(m) for m in meta)
+            self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layouts, aliases))
+            outs = []
+            for k, lay in enumerate(layouts):
+                if lay is None:
+                    outs.append(None)
+                    continue
+                sub = self.new_name()
+                self.add_buffer(ir.MultiOutput(sub, name, k, lay))
+                outs.append(from_buffer(sub, lay))
+            return type(meta)(outs) if isinstance(meta, tuple) else outs
+        raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
+
+    def _output(self, v, meta):
+        if isinstance(v, TensorValue):
+            if v.buffer_view() is None:
+                v = self.realize(v, stride=[sympify(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None)
+            return self.ref(v)
+        if isinstance(v, sympy.Basic):
+            return ir.SymRef(v)
+        return v
+
+
+def _layout(t: torch.Tensor) -> ir.Layout:
+    # offset 0: kernels address a tensor from its data_ptr, which includes the storage offset
+    return ir.Layout(tuple(sympify(s) for s in t.shape), tuple(sympify(s) for s in t.stride()), t.dtype)
+
+
+def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> ir.LoweredGraph:
+    """Lower `gm` (ATen-level, with `meta["val"]` on its nodes) to the loop-level IR."""
+    return GraphLowering(gm).run(example_inputs)

@@ -1,0 +1,190 @@
+"""Index arithmetic for the loop-level IR, in sympy.
+
+Every tensor of the IR is a function of integer index variables; views are
+rewrites of those index expressions. Sizes may be symbols (dynamic shapes), so
+all index math is symbolic; integer division and modulo get their own sympy
+functions because `floor(a / b)` is not what C++ or Triton computes on
+non-negative integers and would not simplify.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Sequence
+
+import sympy
+
+
+class FloorDiv(sympy.Function):
+    """`a // b` on non-negative integers."""
+
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        return None
+
+
+class Mod(sympy.Function):
+    """`a % b` on non-negative integers (named apart from sympy.Mod, which assumes reals)."""
+
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) % int(divisor))
+        return None
+
+
+def index_var(prefix: str, n: int) -> sympy.Symbol:
+    """The n-th loop variable with the given prefix: `i` output dims, `r` reduction dims."""
+    return _var(prefix, n)
+
+
+@functools.lru_cache(None)
+def _var(prefix: str, n: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{n}", integer=True, nonnegative=True)
+
+
+def index_vars(prefix: str, count: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(_var(prefix, k) for k in range(count))
+
+
+def sympify(x) -> sympy.Expr:
+    """A size or stride from FX (int, SymInt, sympy) as a sympy expression."""
+    if isinstance(x, sympy.Basic):
+        return x
+    node = getattr(x, "node", None)
+    if node is not None and hasattr(node, "expr"):
+        return sympy.sympify(node.expr)
+    return sympy.Integer(int(x))
+
+
+def product(xs: Iterable) -> sympy.Expr:
+    out = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
+def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    strides, acc = [], sympy.Integer(1)
+    for s in reversed(size):
+        strides.append(acc)
+        acc = acc * s
+    return tuple(reversed(strides))
+
+
+def linear_index(idx: Sequence[sympy.Expr], stride: Sequence[sympy.Expr], offset=0) -> sympy.Expr:
+    return sympy.expand(sympy.Integer(offset) + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
+
+
+def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
+    """(offset, strides) if `index` is affine in `variables` with constant-in-vars coefficients, else None."""
+    index = sympy.expand(index)
+    if any(isinstance(a, (FloorDiv, Mod)) for a in index.atoms(sympy.Function)):
+        return None
+    strides = []
+    for v in variables:
+        c = index.coeff(v)
+        if c.free_symbols & set(variables):
+            return None
+        strides.append(c)
+    offset = sympy.expand(index - sum((c * v for c, v in zip(strides, variables)), sympy.Integer(0)))
+    if offset.free_symbols & set(variables):
+        return None
+    return offset, tuple(strides)
+
+
+def simplify(index: sympy.Expr) -> sympy.Expr:
+    """Fold `c*(a // d)*d + c*(a % d)` back into `c*a` (what merging then splitting dims leaves)."""
+    index = sympy.expand(index)
+    changed = True
+    while changed and isinstance(index, sympy.Add):
+        changed = False
+        terms = list(index.args)
+        for t in terms:
+            for f in t.atoms(FloorDiv):
+                a, d = f.args
+                c = sympy.expand(t / (f * d))
+                if c.has(FloorDiv) or c.has(Mod) or c.free_symbols & a.free_symbols:
+                    continue
+                partner = sympy.expand(c * Mod(a, d))
+                if partner in terms:
+                    index = sympy.expand(index - t - partner + c * a)
+                    changed = True
+                    break
+            if changed:
+                break
+    return index
+
+
+def view_strides(old_size, old_stride, new_size):
+    """Strides of `new_size` viewing a tensor of (old_size, old_stride) without a copy, or None.
+
+    The algorithm of ATen's computeStride, over sympy sizes (exact equality only).
+    """
+    old_size, old_stride, new_size = (tuple(map(sympify, xs)) for xs in (old_size, old_stride, new_size))
+    old = [(s, st) for s, st in zip(old_size, old_stride) if s != 1]
+    new_stride = [None] * len(new_size)
+    oi, ni = 0, 0
+    while ni < len(new_size):
+        if new_size[ni] == 1:
+            new_stride[ni] = sympy.Integer(1)
+            ni += 1
+            continue
+        if oi >= len(old):
+            return None
+        # take one chunk: old dims [oi, oj) and new dims [ni, nj) with equal products
+        chunk_old, chunk_new = [old[oi]], [ni]
+        po, pn = old[oi][0], new_size[ni]
+        oi += 1
+        ni += 1
+        while po != pn:
+            if _lt(pn, po):
+                if ni >= len(new_size):
+                    return None
+                pn = pn * new_size[ni]
+                chunk_new.append(ni)
+                ni += 1
+            else:
+                if oi >= len(old):
+                    return None
+                po = po * old[oi][0]
+                chunk_old.append(old[oi])
+                oi += 1
+        for (s0, st0), (s1, st1) in zip(chunk_old, chunk_old[1:]):
+            if sympy.expand(st0 - st1 * s1) != 0:
+                return None
+        stride = chunk_old[-1][1]
+        for k in reversed(chunk_new):
+            if new_size[k] == 1:
+                new_stride[k] = sympy.Integer(1)
+                continue
+            new_stride[k] = stride
+            stride = stride * new_size[k]
+    if oi != len(old):
+        return None
+    return tuple(sympy.expand(s) for s in new_stride)
+
+
+def _lt(a, b) -> bool:
+    """a < b for products of sizes: true when b / a is a whole expression other than 1."""
+    num, den = sympy.fraction(sympy.cancel(b / a))
+    return den == 1 and num != 1 and not (num.is_number and num < 1)
+
+
+def is_static(expr) -> bool:
+    return not sympy.sympify(expr).free_symbols

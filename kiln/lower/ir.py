@@ -1,0 +1,309 @@
+"""The loop-level IR: data nodes, no closures, every node printable.
+
+A *value expression* (`Expr`) computes one element: loads from buffers at sympy
+index expressions, constants, index values, and named ops. A *buffer node*
+says how a whole buffer is produced:
+
+  Pointwise(ranges, body)                    body over i0..i{n-1}
+  Reduction(ranges, reduction_ranges, type, body)   body over i* and r*
+  Extern(op, args, kwargs)                   an ATen call (matmul, conv, anything unlowered)
+  MultiOutput(source, index)                 one element of an Extern's tuple result
+
+Op names (`Op.name`) are target-independent; each code generator (C++, Triton)
+maps them to its own syntax through a table. Index symbols: `i<k>` output
+dimensions, `r<k>` reduction dimensions, size symbols (`s0`...) come from the
+graph's symbolic shapes and are kernel arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import sympy
+import torch
+
+from kiln.lower.index import contiguous_strides
+
+
+@dataclass(frozen=True)
+class Load:
+    """`buf[index]`; when `mask` is given the load happens only where it holds (else 0)."""
+
+    buf: str
+    index: sympy.Expr
+    dtype: torch.dtype
+    mask: Any = None
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Union[bool, int, float]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """An index expression used as data (arange, masks): a sympy expression, integer or boolean."""
+
+    expr: Any
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Op:
+    """A named elementwise op (see OP_NAMES) over argument expressions, producing `dtype`."""
+
+    name: str
+    args: tuple
+    dtype: torch.dtype
+
+
+Expr = Union[Load, Const, IndexValue, Op]
+
+# Every op name a lowering may emit; each code generator maps all of them.
+OP_NAMES = frozenset("""
+add sub mul truediv floordiv truncdiv mod fmod neg abs sign pow
+exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf erfc
+sin cos tan asin acos atan sinh cosh asinh acosh atanh atan2 floor ceil round trunc
+maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor logical_not
+bitwise_and bitwise_or bitwise_xor bitwise_not lshift rshift
+isnan isinf where cast
+""".split())
+
+REDUCTION_TYPES = frozenset(
+    "sum prod max min any argmax argmin welford_mean welford_m2".split())
+
+
+@dataclass
+class Layout:
+    """Size, stride and storage offset of a buffer, in elements (sympy)."""
+
+    size: tuple
+    stride: tuple
+    dtype: torch.dtype
+    offset: Any = 0
+
+    @classmethod
+    def contiguous(cls, size, dtype):
+        size = tuple(sympy.sympify(s) for s in size)
+        return cls(size, contiguous_strides(size), dtype)
+
+    def numel(self):
+        out = sympy.Integer(1)
+        for s in self.size:
+            out = out * s
+        return out
+
+    def __str__(self):
+        dims = ", ".join(map(str, self.size))
+        stride = "" if self.stride == contiguous_strides(self.size) else f" stride=({', '.join(map(str, self.stride))})"
+        return f"{str(self.dtype).replace('torch.', '')}[{dims}]{stride}"
+
+
+@dataclass
+class Pointwise:
+    ranges: tuple
+    body: Expr
+
+
+@dataclass
+class Reduction:
+    ranges: tuple
+    reduction_ranges: tuple
+    reduction_type: str
+    body: Expr
+
+
+@dataclass
+class ComputedBuffer:
+    """A buffer written by generated code, one element per point of `data.ranges`."""
+
+    name: str
+    layout: Layout
+    data: Union[Pointwise, Reduction]
+
+    def is_reduction(self) -> bool:
+        return isinstance(self.data, Reduction)
+
+
+@dataclass
+class InputBuffer:
+    name: str
+    layout: Layout
+
+
+@dataclass
+class TensorRef:
+    """A tensor argument of an Extern: a buffer, or a strided view of one."""
+
+    buf: str
+    layout: Layout
+    view: bool = False
+
+
+@dataclass
+class SymRef:
+    """A size expression passed to an Extern or returned (evaluated by the wrapper)."""
+
+    expr: Any
+
+
+@dataclass
+class Extern:
+    """An ATen call the code generator does not lower. `layouts` are the output(s) eager produces."""
+
+    name: str
+    op: Any
+    args: tuple
+    kwargs: dict
+    layout: Any  # Layout, or a tuple of Layout/None for tuple results
+    aliases_inputs: bool = False
+
+
+@dataclass
+class MultiOutput:
+    name: str
+    source: str
+    index: int
+    layout: Layout
+
+
+Node = Union[ComputedBuffer, Extern, MultiOutput]
+
+
+@dataclass
+class LoweredGraph:
+    """The whole lowered program: inputs, nodes in program order, and what it returns."""
+
+    inputs: list          # InputBuffer | SymInput
+    nodes: list           # Node, in program order
+    outputs: list         # TensorRef | SymRef | Const (python constants pass through)
+    size_vars: dict = field(default_factory=dict)  # sympy.Symbol -> how the wrapper binds it
+    constants: dict = field(default_factory=dict)  # name -> tensor (graph attributes)
+
+    def buffer_layouts(self) -> dict:
+        out = {b.name: b.layout for b in self.inputs if isinstance(b, InputBuffer)}
+        out.update({k: Layout(tuple(v.shape), tuple(v.stride()), v.dtype) for k, v in self.constants.items()})
+        for n in self.nodes:
+            if isinstance(n, (ComputedBuffer, MultiOutput)):
+                out[n.name] = n.layout
+            elif isinstance(n, Extern) and isinstance(n.layout, Layout):
+                out[n.name] = n.layout
+        return out
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+@dataclass
+class SymInput:
+    """A graph input that is a size (SymInt): binds `symbol` (or is a plain int)."""
+
+    name: str
+    expr: Any
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Load):
+        m = f", mask={e.mask}" if e.mask is not None else ""
+        return f"load({e.buf}, {e.index}{m})"
+    if isinstance(e, Const):
+        return repr(e.value) if e.dtype != torch.bool else str(bool(e.value))
+    if isinstance(e, IndexValue):
+        return f"index({e.expr})"
+    if e.name == "cast":
+        return f"cast({format_expr(e.args[0])}, {str(e.dtype).replace('torch.', '')})"
+    return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"
+
+
+def _format_ref(a) -> str:
+    if isinstance(a, TensorRef):
+        return a.buf if not a.view else f"view({a.buf}, {a.layout.size}, {a.layout.stride}, {a.layout.offset})"
+    if isinstance(a, SymRef):
+        return str(a.expr)
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_format_ref(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner},)"
+    return repr(a)
+
+
+def format_node(n: Node) -> str:
+    if isinstance(n, ComputedBuffer):
+        d = n.data
+        if isinstance(d, Pointwise):
+            idx = ", ".join(f"i{k}" for k in range(len(d.ranges)))
+            return f"{n.name}: {n.layout} = pointwise[{', '.join(map(str, d.ranges))}]: lambda {idx}: {format_expr(d.body)}"
+        red = ", ".join(f"r{k} < {s}" for k, s in enumerate(d.reduction_ranges))
+        return (f"{n.name}: {n.layout} = reduce_{d.reduction_type}[{', '.join(map(str, d.ranges))}]"
+                f" over ({red}): {format_expr(d.body)}")
+    if isinstance(n, Extern):
+        args = ", ".join([_format_ref(a) for a in n.args] + [f"{k}={_format_ref(v)}" for k, v in n.kwargs.items()])
+        lay = n.layout if isinstance(n.layout, Layout) else "(" + ", ".join(map(str, n.layout)) + ")"
+        return f"{n.name}: {lay} = extern {n.op}({args})"
+    return f"{n.name}: {n.layout} = {n.source}[{n.index}]"
+
+
+def format_graph(g: LoweredGraph) -> str:
+    lines = ["def graph(" + ", ".join(
+        f"{b.name}: {b.layout}" if isinstance(b, InputBuffer) else f"{b.name}: int = {b.expr}"
+        for b in g.inputs) + "):"]
+    lines += ["    " + format_node(n) for n in g.nodes]
+    lines.append("    return (" + ", ".join(_format_ref(o) for o in g.outputs) + ",)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- traversal
+
+
+def subs_expr(e: Expr, mapping: dict, memo: dict | None = None) -> Expr:
+    """Substitute index symbols in every index, mask and index value of `e`."""
+    memo = {} if memo is None else memo
+    key = id(e)
+    if key in memo:
+        return memo[key][1]
+    if isinstance(e, Load):
+        out = Load(e.buf, sympy.sympify(e.index).xreplace(mapping), e.dtype,
+                   None if e.mask is None else e.mask.xreplace(mapping))
+    elif isinstance(e, IndexValue):
+        out = IndexValue(sympy.sympify(e.expr).xreplace(mapping), e.dtype)
+    elif isinstance(e, Op):
+        out = Op(e.name, tuple(subs_expr(a, mapping, memo) for a in e.args), e.dtype)
+    else:
+        out = e
+    memo[key] = (e, out)
+    return out
+
+
+def add_mask(e: Expr, cond) -> Expr:
+    """AND `cond` into the mask of every load of `e` (loads outside their tensor must not happen)."""
+    if cond is True or cond == sympy.true:
+        return e
+    if isinstance(e, Load):
+        return Load(e.buf, e.index, e.dtype, cond if e.mask is None else sympy.And(e.mask, cond))
+    if isinstance(e, Op):
+        return Op(e.name, tuple(add_mask(a, cond) for a in e.args), e.dtype)
+    return e
+
+
+def iter_exprs(e: Expr):
+    """Every sub-expression of `e` (pre-order, shared nodes visited once)."""
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        if isinstance(x, Op):
+            stack.extend(x.args)
+
+
+def loads(e: Expr) -> list[Load]:
+    return [x for x in iter_exprs(e) if isinstance(x, Load)]
+
+
+def expr_size(e: Expr) -> int:
+    return sum(1 for _ in iter_exprs(e))

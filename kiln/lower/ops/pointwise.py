@@ -1,0 +1,186 @@
+"""Pointwise lowerings: each ATen elementwise op becomes one `Op` over broadcast operands.
+
+The tables say, per op, the IR op name and how eager types it:
+  ARITH    computes in the result dtype (inputs cast to it)
+  COMPARE  computes in the promoted input dtype, yields bool
+  LOGICAL  casts inputs to bool, yields bool
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.lower import ir
+from kiln.lower.ops import register
+from kiln.lower.ops.common import operand, out_info, promote
+from kiln.lower.values import TensorValue, Unsupported, cast, const
+
+aten = torch.ops.aten
+
+ARITH = {
+    "add": [aten.add.Tensor, aten.add.Scalar], "sub": [aten.sub.Tensor, aten.sub.Scalar],
+    "mul": [aten.mul.Tensor, aten.mul.Scalar], "neg": [aten.neg.default], "abs": [aten.abs.default],
+    "sign": [aten.sign.default], "exp": [aten.exp.default], "exp2": [aten.exp2.default],
+    "log": [aten.log.default], "log2": [aten.log2.default], "log10": [aten.log10.default],
+    "log1p": [aten.log1p.default], "expm1": [aten.expm1.default], "sqrt": [aten.sqrt.default],
+    "rsqrt": [aten.rsqrt.default], "reciprocal": [aten.reciprocal.default],
+    "sigmoid": [aten.sigmoid.default], "tanh": [aten.tanh.default], "erf": [aten.erf.default],
+    "erfc": [aten.erfc.default], "sin": [aten.sin.default], "cos": [aten.cos.default],
+    "tan": [aten.tan.default], "asin": [aten.asin.default], "acos": [aten.acos.default],
+    "atan": [aten.atan.default], "sinh": [aten.sinh.default], "cosh": [aten.cosh.default],
+    "asinh": [aten.asinh.default], "acosh": [aten.acosh.default], "atanh": [aten.atanh.default],
+    "atan2": [aten.atan2.default], "floor": [aten.floor.default], "ceil": [aten.ceil.default],
+    "round": [aten.round.default], "trunc": [aten.trunc.default],
+    "maximum": [aten.maximum.default], "minimum": [aten.minimum.default],
+    "pow": [aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar],
+    "mod": [aten.remainder.Tensor, aten.remainder.Scalar], "fmod": [aten.fmod.Tensor, aten.fmod.Scalar],
+    "bitwise_and": [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
+    "bitwise_or": [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
+    "bitwise_xor": [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
+    "bitwise_not": [aten.bitwise_not.default],
+}
+COMPARE = {
+    "eq": [aten.eq.Tensor, aten.eq.Scalar], "ne": [aten.ne.Tensor, aten.ne.Scalar],
+    "lt": [aten.lt.Tensor, aten.lt.Scalar], "le": [aten.le.Tensor, aten.le.Scalar],
+    "gt": [aten.gt.Tensor, aten.gt.Scalar], "ge": [aten.ge.Tensor, aten.ge.Scalar],
+}
+LOGICAL = {
+    "logical_and": [aten.logical_and.default], "logical_or": [aten.logical_or.default],
+    "logical_xor": [aten.logical_xor.default], "logical_not": [aten.logical_not.default],
+}
+PREDICATE = {"isnan": [aten.isnan.default], "isinf": [aten.isinf.default]}
+
+
+def _arith(name):
+    def rule(ctx, meta, *args, **kwargs):
+        size, dtype = out_info(meta)
+        if name == "bitwise_not" and dtype == torch.bool:
+            return TensorValue(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
+        if name in ("bitwise_and", "bitwise_or", "bitwise_xor") and dtype == torch.bool:
+            ops = tuple(operand(a, size, dtype) for a in args)
+            return TensorValue(size, dtype, ir.Op({"bitwise_and": "logical_and", "bitwise_or": "logical_or",
+                                                   "bitwise_xor": "logical_xor"}[name], ops, dtype))
+        if kwargs.get("alpha", 1) != 1:
+            args = (args[0], _scaled(args[1], kwargs["alpha"], size, dtype))
+        ops = tuple(operand(a, size, dtype) for a in args)
+        return TensorValue(size, dtype, _simplify_pow(name, ops, dtype))
+    return rule
+
+
+def _scaled(v, alpha, size, dtype):
+    return ir.Op("mul", (operand(v, size, dtype), const(alpha, dtype)), dtype)
+
+
+def _simplify_pow(name, ops, dtype):
+    if name == "pow" and isinstance(ops[1], ir.Const):
+        e = ops[1].value
+        if e == 2:
+            return ir.Op("mul", (ops[0], ops[0]), dtype)
+        if e == 1:
+            return ops[0]
+        if e == 0.5 and dtype.is_floating_point:
+            return ir.Op("sqrt", (ops[0],), dtype)
+        if e == -1 and dtype.is_floating_point:
+            return ir.Op("reciprocal", (ops[0],), dtype)
+    return ir.Op(name, ops, dtype)
+
+
+def _compare(name):
+    def rule(ctx, meta, a, b):
+        size, dtype = out_info(meta)
+        compute = promote(a, b)
+        return TensorValue(size, dtype, ir.Op(name, (operand(a, size, compute), operand(b, size, compute)), dtype))
+    return rule
+
+
+def _logical(name):
+    def rule(ctx, meta, *args):
+        size, dtype = out_info(meta)
+        body = ir.Op(name, tuple(operand(a, size, torch.bool) for a in args), torch.bool)
+        return TensorValue(size, dtype, cast(body, dtype))
+    return rule
+
+
+def _predicate(name):
+    def rule(ctx, meta, a):
+        size, dtype = out_info(meta)
+        if not a.dtype.is_floating_point:
+            return TensorValue(size, dtype, const(False, dtype))
+        return TensorValue(size, dtype, ir.Op(name, (operand(a, size, a.dtype),), dtype))
+    return rule
+
+
+for _table, _factory in ((ARITH, _arith), (COMPARE, _compare), (LOGICAL, _logical), (PREDICATE, _predicate)):
+    for _name, _ops in _table.items():
+        register(*_ops)(_factory(_name))
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div(ctx, meta, a, b, rounding_mode=None):
+    size, dtype = out_info(meta)
+    if rounding_mode is None:
+        return TensorValue(size, dtype, ir.Op("truediv", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
+    ops = (operand(a, size, dtype), operand(b, size, dtype))
+    if dtype.is_floating_point:
+        q = ir.Op("truediv", ops, dtype)
+        return TensorValue(size, dtype, ir.Op("floor" if rounding_mode == "floor" else "trunc", (q,), dtype))
+    return TensorValue(size, dtype, ir.Op("floordiv" if rounding_mode == "floor" else "truncdiv", ops, dtype))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(ctx, meta, cond, a, b):
+    size, dtype = out_info(meta)
+    return TensorValue(size, dtype, ir.Op("where", (operand(cond, size, torch.bool), operand(a, size, dtype),
+                                                    operand(b, size, dtype)), dtype))
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp(ctx, meta, x, lo=None, hi=None):
+    size, dtype = out_info(meta)
+    body = operand(x, size, dtype)
+    if lo is not None:
+        body = ir.Op("maximum", (body, operand(lo, size, dtype)), dtype)
+    if hi is not None:
+        body = ir.Op("minimum", (body, operand(hi, size, dtype)), dtype)
+    return TensorValue(size, dtype, body)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(ctx, meta, x, hi):
+    return clamp(ctx, meta, x, None, hi)
+
+
+@register(aten.relu.default)
+def relu(ctx, meta, x):
+    size, dtype = out_info(meta)
+    if dtype == torch.bool:
+        raise Unsupported("relu of bool")
+    return TensorValue(size, dtype, ir.Op("maximum", (operand(x, size, dtype), const(0, dtype)), dtype))
+
+
+@register(aten._to_copy.default)
+def to_copy(ctx, meta, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    size, out_dtype = out_info(meta)
+    if device is not None and torch.device(device).type != meta.device.type or x.dtype not in (
+            torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+            torch.uint8, torch.bool):
+        raise Unsupported("device or dtype change")
+    return TensorValue(size, out_dtype, cast(x.body, out_dtype))
+
+
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
+def identity(ctx, meta, x, memory_format=None):
+    out_info(meta)
+    return x
+
+
+@register(aten.copy.default)
+def copy(ctx, meta, dst, src, non_blocking=False):
+    size, dtype = out_info(meta)
+    return TensorValue(size, dtype, operand(src, size, dtype))
+
+
+@register(aten.fill.Scalar)
+def fill(ctx, meta, x, value):
+    size, dtype = out_info(meta)
+    return TensorValue(size, dtype, operand(value, size, dtype))

@@ -1,0 +1,171 @@
+"""Reduction lowerings: a `Reduction` buffer over the reduced dims, the input inlined as its body.
+
+A reduction is always realized (computed once, never recomputed by consumers);
+its input, if pointwise, is fused in as the body (a prologue). Mean and variance
+are pointwise epilogues over sum / welford buffers.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln.lower import ir
+from kiln.lower.index import index_vars, product
+from kiln.lower.ops import register
+from kiln.lower.ops.common import SUPPORTED_DTYPES, out_info
+from kiln.lower.values import TensorValue, Unsupported, cast, const, from_buffer
+
+aten = torch.ops.aten
+
+
+def _dims(dims, n):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(n))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d + n if d < 0 else d for d in dims} if n else set())
+
+
+def reduce(ctx, x: TensorValue, dims, keepdim: bool, rtype: str, dtype: torch.dtype, body_dtype=None) -> TensorValue:
+    """Realize `rtype` of `x` over `dims` as a Reduction buffer of `dtype`; returns a load of it."""
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise Unsupported(f"dtype {x.dtype}")
+    n = x.ndim
+    dims = _dims(dims, n)
+    kept = [k for k in range(n) if k not in dims]
+    red = [k for k in dims if x.size[k] != 1]
+    out_size = tuple(sympy.Integer(1) if k in dims else x.size[k] for k in range(n)) if keepdim \
+        else tuple(x.size[k] for k in kept)
+    out_vars = index_vars("i", len(out_size))
+    r_vars = index_vars("r", len(red))
+    idx = []
+    for k in range(n):
+        if k in red:
+            idx.append(r_vars[red.index(k)])
+        elif k in dims:
+            idx.append(sympy.Integer(0))
+        else:
+            idx.append(out_vars[k] if keepdim else out_vars[kept.index(k)])
+    body = cast(x.at(idx), body_dtype or dtype)
+    if not red:
+        return TensorValue(out_size, dtype, cast(_trivial(rtype, body), dtype))
+    name = ctx.new_name()
+    layout = ir.Layout.contiguous(out_size, dtype)
+    ctx.add_buffer(ir.ComputedBuffer(name, layout, ir.Reduction(
+        out_size, tuple(x.size[k] for k in red), rtype, body)))
+    return from_buffer(name, layout)
+
+
+def _trivial(rtype, body):
+    """A reduction over a single element."""
+    if rtype in ("argmax", "argmin"):
+        return const(0, torch.int64)
+    if rtype == "any":
+        return cast(body, torch.bool)
+    if rtype == "welford_m2":
+        return const(0, body.dtype)
+    return body
+
+
+def _numel(x, dims):
+    return product(x.size[k] for k in _dims(dims, x.ndim))
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def sum_(ctx, meta, x, dims=None, keepdim=False, dtype=None):
+    _, out = out_info(meta)
+    return reduce(ctx, x, dims, keepdim, "sum", out)
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def prod(ctx, meta, x, dim=None, keepdim=False, dtype=None):
+    _, out = out_info(meta)
+    return reduce(ctx, x, dim, keepdim, "prod", out)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def mean(ctx, meta, x, dims=None, keepdim=False, dtype=None):
+    size, out = out_info(meta)
+    acc = torch.float64 if out == torch.float64 else torch.float32
+    s = reduce(ctx, x, dims, keepdim, "sum", acc)
+    q = ir.Op("truediv", (s.body, cast(ir.IndexValue(_numel(x, dims), torch.int64), acc)), acc)
+    return TensorValue(size, out, cast(q, out))
+
+
+@register(aten.amax.default)
+def amax(ctx, meta, x, dims=(), keepdim=False):
+    _, out = out_info(meta)
+    return reduce(ctx, x, dims, keepdim, "max", out)
+
+
+@register(aten.amin.default)
+def amin(ctx, meta, x, dims=(), keepdim=False):
+    _, out = out_info(meta)
+    return reduce(ctx, x, dims, keepdim, "min", out)
+
+
+def _arg(rtype):
+    def rule(ctx, meta, x, dim=None, keepdim=False):
+        _, out = out_info(meta)
+        if dim is None:
+            from kiln.lower.ops.views import reshape_value
+            x = reshape_value(x, (product(x.size),))
+            dim = 0
+        return reduce(ctx, x, [dim], keepdim, rtype, out, body_dtype=x.dtype)
+    return rule
+
+
+register(aten.argmax.default)(_arg("argmax"))
+register(aten.argmin.default)(_arg("argmin"))
+
+
+def _minmax_dim(rtype):
+    def rule(ctx, meta, x, dim, keepdim=False):
+        _, out = out_info(meta[0])
+        values = reduce(ctx, x, [dim], keepdim, rtype, out)
+        indices = reduce(ctx, x, [dim], keepdim, "arg" + rtype, torch.int64, body_dtype=x.dtype)
+        return (values, indices)
+    return rule
+
+
+register(aten.max.dim)(_minmax_dim("max"))
+register(aten.min.dim)(_minmax_dim("min"))
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(ctx, meta, x, dim=None, keepdim=False):
+    _, out = out_info(meta)
+    return reduce(ctx, x, dim, keepdim, "any", out, body_dtype=torch.bool)
+
+
+def _welford(ctx, x, dims, keepdim, correction):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if not x.dtype.is_floating_point:
+        raise Unsupported("variance of an integer tensor")
+    mean_ = reduce(ctx, x, dims, keepdim, "welford_mean", acc)
+    m2 = reduce(ctx, x, dims, keepdim, "welford_m2", acc)
+    n = _numel(x, dims)
+    denom = ir.Op("maximum", (ir.Op("sub", (cast(ir.IndexValue(n, torch.int64), acc), const(correction, acc)), acc),
+                              const(0, acc)), acc)
+    var = ir.Op("truediv", (m2.body, denom), acc)
+    return mean_, TensorValue(m2.size, acc, var)
+
+
+def _correction(correction, unbiased=None):
+    if correction is None:
+        return 1 if unbiased is None or unbiased else 0
+    return correction
+
+
+@register(aten.var_mean.correction)
+def var_mean(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
+    _, out = out_info(meta[0])
+    mean_, var = _welford(ctx, x, dims, keepdim, _correction(correction))
+    return (TensorValue(var.size, out, cast(var.body, out)), TensorValue(mean_.size, out, cast(mean_.body, out)))
+
+
+@register(aten.var.correction)
+def var(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
+    _, out = out_info(meta)
+    _, v = _welford(ctx, x, dims, keepdim, _correction(correction))
+    return TensorValue(v.size, out, cast(v.body, out))

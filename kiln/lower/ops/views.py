@@ -1,0 +1,189 @@
+"""View and layout lowerings: index rewrites, no data movement.
+
+Each rule returns a TensorValue whose body is the input's body at a rewritten
+index. `cat` and `constant_pad_nd` build masked selections: a load only happens
+where its source covers the index (`ir.add_mask`).
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln.lower import ir
+from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, sympify,
+                              view_strides)
+from kiln.lower.ops import register
+from kiln.lower.ops.common import out_info
+from kiln.lower.values import TensorValue, Unsupported, cast
+
+aten = torch.ops.aten
+
+
+def _dim(d, n):
+    return d + n if d < 0 else d
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def reshape(ctx, meta, x, size):
+    new_size, dtype = out_info(meta)
+    return reshape_value(x, new_size)
+
+
+def reshape_value(x: TensorValue, new_size) -> TensorValue:
+    new_vars = index_vars("i", len(new_size))
+    bv = x.buffer_view()
+    if bv is not None:
+        buf, offset, strides = bv
+        st = view_strides(x.size, strides, new_size)
+        if st is not None:
+            return TensorValue(tuple(new_size), x.dtype, ir.Load(buf, linear_index(new_vars, st, offset), x.dtype))
+    flat = linear_index(new_vars, contiguous_strides(new_size))
+    old_strides = contiguous_strides(x.size)
+    idx = []
+    for k, (s, cs) in enumerate(zip(x.size, old_strides)):
+        q = FloorDiv(flat, cs)
+        idx.append(q if k == 0 else Mod(q, s))
+    return TensorValue(tuple(new_size), x.dtype, x.at(idx))
+
+
+@register(aten.permute.default)
+def permute(ctx, meta, x, dims):
+    n = x.ndim
+    dims = [_dim(d, n) for d in dims]
+    out_vars = index_vars("i", n)
+    idx = [None] * n
+    for k, d in enumerate(dims):
+        idx[d] = out_vars[k]
+    return TensorValue(tuple(x.size[d] for d in dims), x.dtype, x.at(idx))
+
+
+@register(aten.expand.default)
+def expand(ctx, meta, x, size, implicit=False):
+    new_size, _ = out_info(meta)
+    n, r = len(new_size), x.ndim
+    out_vars = index_vars("i", n)
+    idx = [sympy.Integer(0) if (x.size[k] == 1 and new_size[n - r + k] != 1) else out_vars[n - r + k]
+           for k in range(r)]
+    return TensorValue(new_size, x.dtype, x.at(idx))
+
+
+@register(aten.unsqueeze.default)
+def unsqueeze(ctx, meta, x, dim):
+    dim = _dim(dim, x.ndim + 1)
+    out_vars = index_vars("i", x.ndim + 1)
+    idx = [v for k, v in enumerate(out_vars) if k != dim]
+    return TensorValue(x.size[:dim] + (sympy.Integer(1),) + x.size[dim:], x.dtype, x.at(idx))
+
+
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def squeeze(ctx, meta, x, dims=None):
+    new_size, _ = out_info(meta)
+    if dims is None:
+        dims = [k for k, s in enumerate(x.size) if s == 1]
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {_dim(d, max(x.ndim, 1)) for d in dims if x.ndim and x.size[_dim(d, x.ndim)] == 1}
+    out_vars = iter(index_vars("i", x.ndim - len(dims)))
+    idx = [sympy.Integer(0) if k in dims else next(out_vars) for k in range(x.ndim)]
+    return TensorValue(tuple(s for k, s in enumerate(x.size) if k not in dims), x.dtype, x.at(idx))
+
+
+def _norm_start(start, size):
+    start = 0 if start is None else start
+    start = sympify(start)
+    if start.is_Integer and int(start) < 0:
+        start = start + size
+    if start.is_Integer and size.is_Integer:
+        start = sympy.Integer(min(max(int(start), 0), int(size)))
+    return start
+
+
+@register(aten.slice.Tensor)
+def slice_(ctx, meta, x, dim=0, start=None, end=None, step=1):
+    new_size, _ = out_info(meta)
+    dim = _dim(dim, x.ndim)
+    start = _norm_start(start, x.size[dim])
+    out_vars = index_vars("i", x.ndim)
+    idx = list(out_vars)
+    idx[dim] = out_vars[dim] * step + start
+    return TensorValue(new_size, x.dtype, x.at(idx))
+
+
+@register(aten.select.int)
+def select(ctx, meta, x, dim, index):
+    dim = _dim(dim, x.ndim)
+    index = sympify(index)
+    if index.is_Integer and int(index) < 0:
+        index = index + x.size[dim]
+    out_vars = index_vars("i", x.ndim - 1)
+    idx = list(out_vars[:dim]) + [index] + list(out_vars[dim:])
+    return TensorValue(x.size[:dim] + x.size[dim + 1:], x.dtype, x.at(idx))
+
+
+@register(aten.split_with_sizes.default, aten.split.Tensor)
+def split(ctx, meta, x, sizes, dim=0):
+    dim = _dim(dim, x.ndim)
+    outs, start = [], sympy.Integer(0)
+    for m in meta:
+        size, _ = out_info(m)
+        out_vars = index_vars("i", x.ndim)
+        idx = list(out_vars)
+        idx[dim] = out_vars[dim] + start
+        outs.append(TensorValue(size, x.dtype, x.at(idx)))
+        start = start + size[dim]
+    return outs
+
+
+@register(aten.unbind.int)
+def unbind(ctx, meta, x, dim=0):
+    return [select(ctx, m, x, dim, k) for k, m in enumerate(meta)]
+
+
+@register(aten.cat.default)
+def cat(ctx, meta, tensors, dim=0):
+    size, dtype = out_info(meta)
+    dim = _dim(dim, len(size))
+    parts = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0)]
+    parts = [t for t in parts if t.size[dim] != 0] or parts[:1]
+    out_vars = index_vars("i", len(size))
+    v = out_vars[dim]
+    starts, acc = [], sympy.Integer(0)
+    for t in parts:
+        starts.append(acc)
+        acc = acc + t.size[dim]
+    body = None
+    for t, start in reversed(list(zip(parts, starts))):
+        idx = list(out_vars)
+        idx[dim] = v - start
+        piece = cast(t.at(idx), dtype)
+        if body is None:
+            body = ir.add_mask(piece, sympy.Ge(v, start)) if start != 0 else piece
+            continue
+        cond = sympy.Lt(v, start + t.size[dim])
+        lo = sympy.Ge(v, start) if start != 0 else sympy.true
+        body = ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(piece, sympy.And(lo, cond)), body), dtype)
+    return TensorValue(size, dtype, body)
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx, meta, x, pad, value=0):
+    size, dtype = out_info(meta)
+    out_vars = index_vars("i", x.ndim)
+    idx, conds = list(out_vars), []
+    for k in range(len(pad) // 2):
+        d = x.ndim - 1 - k
+        before = sympify(pad[2 * k])
+        idx[d] = out_vars[d] - before
+        if before > 0 if before.is_Integer else True:
+            conds.append(sympy.Ge(idx[d], 0))
+        after = sympify(pad[2 * k + 1])
+        if after > 0 if after.is_Integer else True:
+            conds.append(sympy.Lt(idx[d], x.size[d]))
+    body = x.at(idx)
+    if not conds:
+        return TensorValue(size, dtype, body)
+    cond = sympy.And(*conds)
+    if isinstance(value, float) and not dtype.is_floating_point:
+        raise Unsupported("float pad of an integer tensor")
+    return TensorValue(size, dtype, ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond),
+                                                    ir.Const(value if dtype != torch.bool else bool(value), dtype)), dtype))

@@ -1,0 +1,86 @@
+"""What an FX value is during lowering: a tensor as an index function.
+
+A `TensorValue` is a size, a dtype and a body: an IR expression over the index
+symbols i0..i{n-1} giving its element at that index. Pointwise ops build new
+bodies, views rewrite the index symbols, and a realized buffer is just a body
+that loads from it. Nothing here is a closure, so every value is printable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from kiln.lower import ir
+from kiln.lower.index import affine_strides, index_vars, linear_index, simplify
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle its arguments: the op runs as an extern instead."""
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    size: tuple
+    dtype: torch.dtype
+    body: ir.Expr
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+    def at(self, index) -> ir.Expr:
+        """The element expression at `index` (sympy expressions, one per dim)."""
+        mapping = {v: sympy.sympify(i) for v, i in zip(index_vars("i", self.ndim), index)}
+        if all(mapping[k] == k for k in mapping):
+            return self.body
+        return _simplify_loads(ir.subs_expr(self.body, mapping))
+
+    def buffer_view(self):
+        """(buf, offset, strides) if this value is a plain strided view of one buffer, else None."""
+        b = self.body
+        if not isinstance(b, ir.Load) or b.mask is not None:
+            return None
+        aff = affine_strides(b.index, index_vars("i", self.ndim))
+        if aff is None:
+            return None
+        offset, strides = aff
+        return b.buf, offset, strides
+
+    def is_trivial(self) -> bool:
+        """True for loads, constants and index values: cheap to recompute at every use."""
+        return not isinstance(self.body, ir.Op) or (self.body.name == "cast" and not isinstance(self.body.args[0], ir.Op))
+
+
+def from_buffer(name: str, layout: ir.Layout) -> TensorValue:
+    idx = index_vars("i", len(layout.size))
+    return TensorValue(tuple(layout.size), layout.dtype, ir.Load(name, linear_index(idx, layout.stride, layout.offset), layout.dtype))
+
+
+def _simplify_loads(e: ir.Expr) -> ir.Expr:
+    if isinstance(e, ir.Load):
+        return ir.Load(e.buf, simplify(e.index), e.dtype, e.mask)
+    if isinstance(e, ir.Op):
+        return ir.Op(e.name, tuple(_simplify_loads(a) for a in e.args), e.dtype)
+    return e
+
+
+def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, ir.Const):
+        return ir.Const(_py_value(e.value, dtype), dtype)
+    return ir.Op("cast", (e,), dtype)
+
+
+def _py_value(v, dtype):
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        return float(v)
+    return int(v)
+
+
+def const(value, dtype) -> ir.Const:
+    return ir.Const(_py_value(value, dtype), dtype)

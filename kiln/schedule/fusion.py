@@ -1,0 +1,228 @@
+"""Fusion: group IR nodes into kernels.
+
+A kernel (`KernelGroup`) is an outer loop nest over `outer` sizes (run in
+parallel) whose body is a sequence of *segments*: an inner segment loops over
+the `inner` sizes (pointwise nodes of shape outer+inner, and reductions of
+shape outer reducing inner), an outer segment computes nodes of shape `outer`
+once per outer iteration. Size-1 dims are ignored when matching shapes.
+
+Rules:
+- vertical: a consumer joins its producer's kernel when both iterate the same
+  space and it reads each in-kernel producer at exactly the point being written
+  (so the value is ready in the same iteration, no cross-thread dependence);
+- horizontal: any node joins the latest compatible kernel after all its producers,
+  so siblings reading the same inputs share a kernel;
+- prologues/epilogues: pointwise nodes of shape outer+inner fuse before and after
+  reductions; a pure pointwise kernel is re-split into outer/inner when the
+  first reduction joins it;
+- a reduction is computed once; reductions with the same body, ranges and
+  welford family share one loop (mean and m2 of one welford);
+- externs (and their tuple items) are their own steps and order barriers only
+  for their consumers.
+
+The plan is target independent: the C++ and Triton code generators both take
+`Schedule` and emit one kernel per group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from kiln.lower import ir
+from kiln.lower.index import index_vars, linear_index
+from kiln.schedule import deps
+
+
+def nonunit(sizes) -> tuple:
+    return tuple(s for s in sizes if s != 1)
+
+
+@dataclass
+class Segment:
+    inner: bool
+    nodes: list = field(default_factory=list)
+
+    def has_reduction(self) -> bool:
+        return any(n.is_reduction() for n in self.nodes)
+
+
+@dataclass
+class KernelGroup:
+    name: str
+    outer: tuple
+    inner: tuple
+    segments: list = field(default_factory=list)
+    local: set = field(default_factory=set)  # buffers kept in registers, never stored
+
+    @property
+    def nodes(self) -> list:
+        return [n for s in self.segments for n in s.nodes]
+
+    def has_reduction(self) -> bool:
+        return any(s.has_reduction() for s in self.segments)
+
+    def outer_vars(self):
+        return index_vars("x", len(self.outer))
+
+    def inner_vars(self):
+        return index_vars("y", len(self.inner))
+
+    def var_map(self, node: ir.ComputedBuffer) -> dict:
+        """Node index symbols (i*, r*) -> this kernel's loop variables (x* outer, y* inner)."""
+        loop = list(self.outer_vars()) + list(self.inner_vars())
+        mapping, k = {}, 0
+        d = node.data
+        for j, s in enumerate(d.ranges):
+            if s == 1:
+                mapping[index_vars("i", j + 1)[j]] = sympy.Integer(0)
+            else:
+                mapping[index_vars("i", j + 1)[j]] = loop[k]
+                k += 1
+        if isinstance(d, ir.Reduction):
+            k = len(self.outer)
+            for j, s in enumerate(d.reduction_ranges):
+                mapping[index_vars("r", j + 1)[j]] = loop[k] if s != 1 else sympy.Integer(0)
+                k += s != 1
+        return mapping
+
+    def store_index(self, node: ir.ComputedBuffer) -> sympy.Expr:
+        idx = index_vars("i", len(node.layout.size))
+        return sympy.expand(linear_index(idx, node.layout.stride, node.layout.offset).xreplace(self.var_map(node)))
+
+    def is_inner(self, node) -> bool:
+        return node.is_reduction() or (len(self.inner) > 0 and nonunit(node.data.ranges) == self.outer + self.inner)
+
+    def segment_of(self, name: str):
+        for k, s in enumerate(self.segments):
+            for n in s.nodes:
+                if n.name == name:
+                    return k, n
+        return None
+
+    def __str__(self) -> str:
+        lines = [f"kernel {self.name}: outer=({', '.join(map(str, self.outer))}) inner=({', '.join(map(str, self.inner))})"]
+        for k, s in enumerate(self.segments):
+            lines.append(f"  segment {k} ({'inner' if s.inner else 'outer'}): " + ", ".join(
+                n.name + ("(local)" if n.name in self.local else "") for n in s.nodes))
+        return "\n".join(lines)
+
+
+@dataclass
+class ExternStep:
+    node: ir.Node
+
+    def __str__(self) -> str:
+        return f"extern {self.node.name}"
+
+
+@dataclass
+class Schedule:
+    graph: ir.LoweredGraph
+    steps: list
+
+    def kernels(self) -> list[KernelGroup]:
+        return [s for s in self.steps if isinstance(s, KernelGroup)]
+
+    def __str__(self) -> str:
+        return "\n".join(str(s) for s in self.steps)
+
+
+def _shape(node: ir.ComputedBuffer):
+    d = node.data
+    if isinstance(d, ir.Reduction):
+        return nonunit(d.ranges), nonunit(d.reduction_ranges)
+    return nonunit(d.ranges), ()
+
+
+def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
+    """Add `node` to `group` if the fusion rules allow it; returns whether it was added."""
+    o, i = _shape(node)
+    trial = KernelGroup(group.name, group.outer, group.inner, [Segment(s.inner, list(s.nodes)) for s in group.segments])
+    if node.is_reduction():
+        if trial.has_reduction() or trial.inner:
+            if (o, i) != (trial.outer, trial.inner):
+                return False
+        elif o == trial.outer:
+            trial.inner = i
+        elif o + i == trial.outer:
+            trial.outer, trial.inner = o, i
+            for s in trial.segments:
+                s.inner = True
+        else:
+            return False
+        inner = True
+    else:
+        if o == trial.outer:
+            inner = False
+        elif trial.inner and o == trial.outer + trial.inner:
+            inner = True
+        else:
+            return False
+    # every in-kernel producer must be read exactly at the point it writes
+    last = trial.segments[-1] if trial.segments else None
+    same_segment_ok = last is not None and last.inner == inner
+    vm = trial.var_map(node)
+    for ld in deps.body_loads(node):
+        found = trial.segment_of(ld.buf)
+        if found is None:
+            continue
+        k, producer = found
+        if sympy.expand(ld.index.xreplace(vm)) != trial.store_index(producer):
+            return False
+        if k == len(trial.segments) - 1 and producer.is_reduction():
+            same_segment_ok = False
+    if same_segment_ok:
+        last.nodes.append(node)
+    else:
+        trial.segments.append(Segment(inner, [node]))
+    group.outer, group.inner, group.segments = trial.outer, trial.inner, trial.segments
+    return True
+
+
+def schedule(graph: ir.LoweredGraph) -> Schedule:
+    """Order the graph's nodes into kernels and extern calls, then mark register-only buffers."""
+    steps: list = []
+    where: dict[str, int] = {}
+    for inp in graph.inputs:
+        where[inp.name] = -1
+    for node in graph.nodes:
+        if not isinstance(node, ir.ComputedBuffer):
+            steps.append(ExternStep(node))
+            where[node.name] = len(steps) - 1
+            continue
+        producers = {where.get(b, -1) for b in deps.reads(node)}
+        earliest = max(producers, default=-1)
+        candidates = [k for k in range(len(steps) - 1, max(earliest, 0) - 1, -1) if isinstance(steps[k], KernelGroup)]
+        # vertical fusion (into a producer's kernel) first, then horizontal
+        candidates.sort(key=lambda k: k not in producers)
+        placed = next((k for k in candidates if _try_add(steps[k], node)), None)
+        if placed is None:
+            o, i = _shape(node)
+            steps.append(KernelGroup(f"kernel{sum(isinstance(s, KernelGroup) for s in steps)}", o, i,
+                                     [Segment(bool(i), [node])]))
+            placed = len(steps) - 1
+        where[node.name] = placed
+    sched = Schedule(graph, steps)
+    _mark_local(sched)
+    return sched
+
+
+def _mark_local(sched: Schedule) -> None:
+    """A buffer read only inside its own kernel, where its value is still in a register, is never stored."""
+    graph = sched.graph
+    outputs = deps.output_buffers(graph)
+    readers = deps.readers(graph)
+    for group in sched.kernels():
+        for k, seg in enumerate(group.segments):
+            for n in seg.nodes:
+                if n.name in outputs:
+                    continue
+                ok = True
+                for r in readers.get(n.name, []):
+                    found = group.segment_of(r.name) if isinstance(r, ir.ComputedBuffer) else None
+                    if found is None or (seg.inner and not n.is_reduction() and found[0] != k):
+                        ok = False
+                        break
+                if ok:
+                    group.local.add(n.name)

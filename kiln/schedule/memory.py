@@ -1,0 +1,94 @@
+"""Memory planning over a Schedule: when each buffer dies, and which storage it reuses.
+
+Buffers the wrapper holds: kernel outputs that are stored (not register-only),
+extern results and their tuple items. Each is released right after its last
+reader runs. A kernel output is allocated in the storage of a released kernel
+output of the same dtype and storage size when one exists (and is kept for
+that only when a later allocation can use it). Graph outputs, buffers that a
+graph output or an aliasing extern views, inputs and constants are never reused.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import sympy
+
+from kiln.lower import ir
+from kiln.schedule import deps
+from kiln.schedule.fusion import ExternStep, KernelGroup, Schedule
+
+
+def storage_numel(layout: ir.Layout):
+    """Elements the layout spans (0 for an empty tensor)."""
+    if any(s == 0 for s in layout.size):
+        return sympy.Integer(0)
+    return sympy.expand(1 + sum(((s - 1) * st for s, st in zip(layout.size, layout.stride)), sympy.Integer(0)))
+
+
+@dataclass
+class MemoryPlan:
+    reuse: dict = field(default_factory=dict)       # new buffer -> released buffer whose storage it takes
+    release_after: dict = field(default_factory=dict)  # step index -> buffers to drop after it
+    allocated: list = field(default_factory=list)   # buffers the wrapper allocates (kernel outputs)
+
+    def __str__(self) -> str:
+        lines = [f"{new} reuses {old}" for new, old in self.reuse.items()]
+        lines += [f"after step {k}: free {', '.join(v)}" for k, v in sorted(self.release_after.items()) if v]
+        return "\n".join(lines)
+
+
+def _step_writes(step) -> list[str]:
+    if isinstance(step, KernelGroup):
+        return [n.name for n in step.nodes if n.name not in step.local]
+    return [step.node.name]
+
+
+def _step_reads(step) -> set[str]:
+    if isinstance(step, KernelGroup):
+        produced = {n.name for n in step.nodes}
+        return {b for n in step.nodes for b in deps.reads(n)} - produced
+    return deps.extern_reads(step.node)
+
+
+def plan_memory(sched: Schedule) -> MemoryPlan:
+    graph = sched.graph
+    layouts = graph.buffer_layouts()
+    pinned = set(deps.output_buffers(graph))
+    for step in sched.steps:
+        if isinstance(step, ExternStep) and isinstance(step.node, ir.Extern) and step.node.aliases_inputs:
+            pinned |= deps.extern_reads(step.node) | {step.node.name}
+    last_use: dict[str, int] = {}
+    written_at: dict[str, int] = {}
+    for k, step in enumerate(sched.steps):
+        for b in _step_writes(step):
+            written_at[b] = k
+            last_use.setdefault(b, k)
+        for b in _step_reads(step):
+            last_use[b] = k
+    reusable = {n.name for step in sched.kernels() for n in step.nodes
+                if n.name not in step.local and n.name not in pinned}
+
+    def key(b):
+        lay = layouts[b]
+        return (storage_numel(lay), lay.dtype)
+
+    future = Counter(key(b) for b in reusable)
+    plan = MemoryPlan()
+    pool: dict = {}
+    for k, step in enumerate(sched.steps):
+        for b in _step_writes(step):
+            if b in reusable:
+                future[key(b)] -= 1
+                if pool.get(key(b)):
+                    plan.reuse[b] = pool[key(b)].pop()
+                plan.allocated.append(b)
+        released = [b for b, last in last_use.items() if last == k and b not in pinned and b in written_at]
+        keep = []
+        for b in released:
+            if b in reusable and future[key(b)] > 0:
+                pool.setdefault(key(b), []).append(b)
+            else:
+                keep.append(b)
+        plan.release_after[k] = keep
+    return plan

@@ -2,7 +2,6 @@
 from kiln.api import compile, disable, graph_break, reset
 from kiln.backends import list_backends, register_backend
 from kiln.codegen import inductor
-from kiln.codegen import inductor
 from kiln.capture.entry import BackendCompilerFailed, FullGraphError
 from kiln.config import config, list_mode_options, list_options
 

@@ -4,6 +4,10 @@ from kiln.backends import list_backends, register_backend
 from kiln.codegen import inductor
 from kiln.capture.entry import BackendCompilerFailed, FullGraphError
 from kiln.config import config, list_mode_options, list_options
+from kiln.debug.explain import explain
+from kiln.debug.logs import configure_from_environment as _configure_logs
+
+_configure_logs()
 
 __all__ = ["compile", "disable", "graph_break", "reset", "list_backends", "register_backend", "config",
-           "list_options", "list_mode_options", "FullGraphError", "BackendCompilerFailed"]
+           "list_options", "list_mode_options", "explain", "FullGraphError", "BackendCompilerFailed"]

@@ -87,11 +87,12 @@ class GuardSet:
 
     guards: list[Guard] = field(default_factory=list)
     namespace: dict[str, Any] = field(default_factory=dict)
-    _seen: set[str] = field(default_factory=set)
+    _seen: set = field(default_factory=set)
 
     def add(self, guard: Guard) -> None:
-        if guard.expr not in self._seen:
-            self._seen.add(guard.expr)
+        key = (guard.kind, guard.source) if guard.source is not None else guard.expr
+        if key not in self._seen:
+            self._seen.add(key)
             self.guards.append(guard)
 
     def constant(self, value: Any, hint: str) -> str:

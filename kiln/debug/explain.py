@@ -1,0 +1,93 @@
+"""`kiln.explain(fn)(*args)`: what compiling `fn` produced, as data and as a readable report.
+
+Runs `fn` once under a fresh kiln.compile with a recording eager backend and
+collects every capture: the graphs, the graph breaks (reason, user file:line,
+source line), ops per graph, guards and compile times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.api import compile as kiln_compile
+from kiln.api import context_of
+
+
+@dataclass
+class BreakReason:
+    reason: str
+    detail: str
+    location: str
+    source_line: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}\n    at {self.location}\n      {self.source_line}\n    hint: {self.hint}"
+
+
+@dataclass
+class ExplainOutput:
+    graphs: list[torch.fx.GraphModule] = field(default_factory=list)
+    graph_count: int = 0
+    graph_break_count: int = 0
+    break_reasons: list[BreakReason] = field(default_factory=list)
+    ops_per_graph: list[list[str]] = field(default_factory=list)
+    guards: list[str] = field(default_factory=list)
+    compile_times: list[float] = field(default_factory=list)
+    out: Any = None
+
+    def __str__(self) -> str:
+        lines = [
+            f"Graph count: {self.graph_count}",
+            f"Graph break count: {self.graph_break_count}",
+            f"Op count: {sum(len(ops) for ops in self.ops_per_graph)}",
+            f"Compile time: {sum(self.compile_times) * 1000:.1f} ms over {len(self.compile_times)} captures",
+            "",
+            "Break reasons:",
+        ]
+        for i, b in enumerate(self.break_reasons, 1):
+            lines.append(f"  {i}. {b}")
+        if not self.break_reasons:
+            lines.append("  (none)")
+        lines.append("")
+        for i, (gm, ops) in enumerate(zip(self.graphs, self.ops_per_graph), 1):
+            lines.append(f"Graph {i}: {len(ops)} ops")
+            lines += ["    " + line for line in gm.code.strip().splitlines()]
+            lines.append("")
+        lines.append("Guards:")
+        lines += ["  " + g for g in self.guards]
+        return "\n".join(lines)
+
+
+def _ops(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target.__name__ if callable(n.target) else n.target) for n in gm.graph.nodes
+            if n.op in ("call_function", "call_method", "call_module")]
+
+
+def explain(fn: Callable, *extra_args, **extra_kwargs) -> Callable[..., ExplainOutput]:
+    """`kiln.explain(fn)(*args, **kwargs)` -> ExplainOutput (also accepts explain(fn, *args) like torch's old form)."""
+
+    def run(*args, **kwargs) -> ExplainOutput:
+        compiled = kiln_compile(fn, backend="eager")
+        out = compiled(*args, **kwargs)
+        report = ExplainOutput(out=out)
+        for record in context_of(compiled).records:
+            report.compile_times.append(record.compile_seconds)
+            report.guards += [f"[{record.frame}] {g.describe()}" for g in record.guards.guards]
+            if record.graph is not None:
+                report.graphs.append(record.graph)
+                report.ops_per_graph.append(_ops(record.graph))
+            b = record.graph_break
+            if b is not None:
+                loc = b.location
+                report.break_reasons.append(BreakReason(b.reason.id, b.detail, str(loc) if loc else "?",
+                                                        loc.line_text() if loc else "", b.reason.hint))
+        report.graph_count = len(report.graphs)
+        report.graph_break_count = len(report.break_reasons)
+        return report
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run

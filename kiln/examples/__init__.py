@@ -1,0 +1,1 @@
+"""Bundled example programs (`python -m kiln run` runs vit_train)."""

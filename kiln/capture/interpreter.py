@@ -57,6 +57,7 @@ class Frame:
         self.kw_names: tuple[str, ...] = ()
         self.self_value = self_value
         self.current: bytecode.Instruction | None = None
+        self.yields: list[Value] | None = None  # set when the frame runs a generator to completion
 
     # --- the stack ----------------------------------------------------------------------------
     def push(self, value: Value) -> None:
@@ -138,11 +139,15 @@ def inline_call(state, fn: FunctionValue, args: list[Value], kwargs: dict[str, V
     if len(state.frames) > MAX_INLINE_DEPTH:
         raise GraphBreak("recursion", f"inlining {fn.name}")
     code = fn.code
-    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):  # generator, coroutine, async generator
-        raise GraphBreak("unsupported_call", f"{fn.name} is a generator or coroutine")
+    if code.co_flags & (0x80 | 0x100 | 0x200):  # coroutine, async generator
+        raise GraphBreak("unsupported_call", f"{fn.name} is a coroutine")
     locals_ = bind_arguments(fn, args, kwargs)
     cells = {name: cell for name, cell in zip(code.co_freevars, fn.closure)}
     frame = Frame(state, code, fn.globals, locals_, cells, is_root=False)
+    if code.co_flags & 0x20:  # a generator (a genexpr): run to completion when first iterated
+        from kiln.capture.values.functions import GeneratorValue
+
+        return GeneratorValue(frame, fn.name)
     return frame.run()
 
 

@@ -82,3 +82,21 @@ def for_iter(frame, ins):
 @opcode("RAISE_VARARGS")
 def raise_varargs(frame, ins):
     raise GraphBreak("exception", "the traced code raises")
+
+
+@opcode("RETURN_GENERATOR")
+def return_generator(frame, ins):
+    """The generator object, pushed for the POP_TOP that follows; kiln's generators are unrolled."""
+    from kiln.capture.values.constant import ConstantValue
+
+    frame.push(ConstantValue(None))
+
+
+@opcode("YIELD_VALUE")
+def yield_value(frame, ins):
+    from kiln.capture.values.constant import ConstantValue
+
+    if frame.yields is None:
+        raise GraphBreak("unsupported_opcode", "yield outside a generator kiln unrolls")
+    frame.yields.append(frame.pop())
+    frame.push(ConstantValue(None))  # the value sent in: next() sends None

@@ -171,3 +171,31 @@ class BuiltinValue(Value):
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+class GeneratorValue(Value):
+    """A generator made by an inlined generator function (most often a genexpr).
+
+    It is unrolled: the first iteration runs its frame to the end, collecting what
+    it yields, as torch.compile does. That reorders the generator's own side effects
+    before the consumer's, which is exact for the pure generators models use
+    (`sum(f(x) for f in fs)`, `tuple(t.shape[i] for i in dims)`).
+    """
+
+    def __init__(self, frame, name: str):
+        self.frame, self.name = frame, name
+        self.items: list[Value] | None = None
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def unpack(self, state) -> list[Value]:
+        if self.items is not None:
+            return []  # a generator is exhausted after one pass
+        self.frame.yields = []
+        self.frame.run()
+        self.items = self.frame.yields
+        return self.items
+
+    def __repr__(self) -> str:
+        return f"Generator({self.name})"

@@ -1,0 +1,1 @@
+"""Tests of kiln/capture: the symbolic interpreter, guards, graph breaks, the API."""

@@ -219,6 +219,16 @@ def _dict(state, pairs=None, **kwargs):
     return DictValue(items)
 
 
+@handles(builtins.slice)
+def _slice(state, *args):
+    from kiln.capture.values.containers import SliceValue
+
+    parts = list(args) if len(args) > 1 else [ConstantValue(None), args[0]]
+    while len(parts) < 3:
+        parts.append(ConstantValue(None))
+    return SliceValue(*parts)
+
+
 @handles(builtins.sorted)
 def _sorted(state, iterable, key=None, reverse=None):
     if key is not None:

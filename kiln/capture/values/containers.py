@@ -173,6 +173,12 @@ class ListValue(SequenceValue):
             self.items.reverse()
         elif name == "copy":
             return ListValue(list(self.items))
+        elif name == "sort":
+            if "key" in kwargs:
+                raise GraphBreak("unsupported_call", "list.sort() with a key function")
+            reverse = bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False
+            order = sorted(range(len(self.items)), key=lambda i: self.items[i].as_constant(), reverse=reverse)
+            self.items[:] = [self.items[i] for i in order]
         elif name == "remove":
             target = args[0].as_constant()
             del self.items[[i.as_constant() for i in self.items].index(target)]
@@ -238,6 +244,12 @@ class DictValue(Value):
     def getattr(self, state, name: str) -> Value:
         from kiln.capture.values.functions import BoundMethodValue
 
+        override = python_override(self.cls, dict, name)
+        if override is not None:  # a dict subclass's own Python method runs, inlined
+            from kiln.capture.values.functions import MethodValue
+            from kiln.capture.values.objects import function_value
+
+            return MethodValue(self, function_value(state, override))
         return BoundMethodValue(self, name)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -294,6 +306,19 @@ class DictValue(Value):
 
     def __repr__(self):
         return f"Dict({self.items})"
+
+
+def python_override(cls: type, base: type, name: str):
+    """The Python function `cls` (a subclass of the builtin `base`) defines for `name`, if any."""
+    import types
+
+    for klass in cls.__mro__:
+        if klass is base:
+            return None
+        attr = klass.__dict__.get(name)
+        if isinstance(attr, types.FunctionType):
+            return attr
+    return None
 
 
 def _key_value(k: Any) -> Value:

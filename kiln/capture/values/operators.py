@@ -53,8 +53,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         except Exception as e:
             raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
-    if len(args) == 2 and isinstance(args[0], SequenceValue):
-        a, b = args
+    a = b = None
+    if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
+        a, b = (_as_sequence(a) for a in args)
+    if len(args) == 2 and isinstance(a, SequenceValue):
         if plain is operator.add and isinstance(b, SequenceValue):
             if fn is operator.iadd and isinstance(a, ListValue):
                 a.call_method(state, "extend", [b], {})
@@ -68,6 +70,16 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _as_sequence(value: Value) -> Value:
+    """A constant tuple or list as a sequence tracker, so `(x, 1) + (2,)` mixes the two kinds."""
+    from kiln.capture.values.containers import ListValue, TupleValue
+
+    if value.is_constant() and type(value.as_constant()) in (tuple, list):
+        items = [ConstantValue(v) for v in value.as_constant()]
+        return ListValue(items) if isinstance(value.as_constant(), list) else TupleValue(items)
+    return value
 
 
 def _dunder(state, fn: Callable, args: list[Value]) -> Value:
@@ -114,12 +126,26 @@ def contains(state, container: Value, item: Value) -> bool:
     from kiln.capture.values.containers import DictValue, SetValue
     from kiln.capture.values.tensor import TensorValue
 
-    if isinstance(container, TensorValue) or isinstance(item.realize(), TensorValue) and not isinstance(container, DictValue):
+    if isinstance(container, TensorValue):
         raise GraphBreak("data_dependent_branch", "`in` on a tensor")
     if isinstance(container, (DictValue, SetValue)):
         return container.call_method(state, "__contains__", [item], {}).as_constant()
+    if isinstance(item.realize(), TensorValue):
+        return _tensor_in_sequence(state, container, item)
     if container.is_constant():
         return item.as_constant() in container.as_constant()
     return any(identical(item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
                for x in container.unpack(state))
+
+
+def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
+    """`t in [a, t]`: Python tries identity first, so it is known until an element needs `==`."""
+    from kiln.capture.values.tensor import TensorValue
+
+    for x in container.unpack(state):
+        if identical(item, x):
+            return True
+        if isinstance(x.realize(), TensorValue) or not x.realize().is_constant() or x.as_constant() is not None:
+            raise GraphBreak("data_dependent_branch", "`in` compares a tensor by value")
+    return False

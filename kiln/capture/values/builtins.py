@@ -315,6 +315,32 @@ def _partial(state, fn, *args, **kwargs):
     return PartialValue(fn, list(args), kwargs)
 
 
+@handles(functools.wraps)
+def _wraps(state, wrapped, *args, **kwargs):
+    """`functools.wraps(f)` on a function made during capture: only its name is carried over.
+
+    Inlining `update_wrapper` would read and write function attributes (`__dict__`,
+    `__wrapped__`) that a symbolic function does not have.
+    """
+    from kiln.capture.values.functions import BuiltinValue
+    from kiln.capture.values.objects import PartialValue
+
+    return PartialValue(BuiltinValue(_rename_function), [wrapped], {})
+
+
+def _rename_function(state, wrapped, wrapper):
+    from kiln.capture.values.functions import FunctionValue
+
+    wrapper = wrapper.realize()
+    if not isinstance(wrapper, FunctionValue) or wrapper.real is not None:
+        raise GraphBreak("unsupported_call", "functools.wraps applied to an existing function")
+    wrapper.name = getattr(wrapped.realize(), "name", wrapper.name)
+    return wrapper
+
+
+HANDLERS[_rename_function] = _rename_function
+
+
 @handles(builtins.super)
 def _super(state, *args):
     from kiln.capture.values.objects import SuperValue

@@ -83,6 +83,10 @@ class FunctionValue(Value):
             raise GraphBreak("explicit", "kiln.graph_break()")
         if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
             raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
+        from kiln.capture.values.builtins import HANDLERS, call_builtin
+
+        if self.real is not None and self.real in HANDLERS:  # Python functions kiln models, not inlines
+            return call_builtin(state, self.real, args, kwargs)
         return state.inline(self, args, kwargs)
 
     def getattr(self, state, name: str) -> Value:

@@ -292,16 +292,11 @@ class CppKernel:
         simd_ops = [REDUCTIONS[accs[k][1]][4] for k in decls]
         simd_ok = all(op is not None for op in simd_ops)
         reduction_clause = "".join(f" reduction({op}:{accs[k][0]})" for k, op in zip(decls, simd_ops)) if simd_ok else ""
-        if parallel and decls:
-            self.line("{")
-            self.indent += 1
         for k in decls:
             acc, rtype, t = accs[k]
             self.line(REDUCTIONS[rtype][0].format(T=t, a=acc))
         if parallel and decls:
             self._parallel_reduction(seg, accs, decls, par)
-            self.indent -= 1
-            self.line("}")
         else:
             inner_pragma = ("#pragma omp simd" + reduction_clause) if (simd_ok or not decls) else None
             outer_pragma = None

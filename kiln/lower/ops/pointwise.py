@@ -59,15 +59,11 @@ def _arith(name):
             ops = tuple(operand(a, size, dtype) for a in args)
             return TensorValue(size, dtype, ir.Op({"bitwise_and": "logical_and", "bitwise_or": "logical_or",
                                                    "bitwise_xor": "logical_xor"}[name], ops, dtype))
-        if kwargs.get("alpha", 1) != 1:
-            args = (args[0], _scaled(args[1], kwargs["alpha"], size, dtype))
         ops = tuple(operand(a, size, dtype) for a in args)
+        if kwargs.get("alpha", 1) != 1:
+            ops = (ops[0], ir.Op("mul", (ops[1], const(kwargs["alpha"], dtype)), dtype))
         return TensorValue(size, dtype, _simplify_pow(name, ops, dtype))
     return rule
-
-
-def _scaled(v, alpha, size, dtype):
-    return ir.Op("mul", (operand(v, size, dtype), const(alpha, dtype)), dtype)
 
 
 def _simplify_pow(name, ops, dtype):
@@ -168,8 +164,10 @@ def to_copy(ctx, meta, x, dtype=None, layout=None, device=None, pin_memory=None,
     return TensorValue(size, out_dtype, cast(x.body, out_dtype))
 
 
-@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default,
+          torch.ops.prims.copy_strided.default)
 def identity(ctx, meta, x, memory_format=None):
+    """Copies and aliases: the same values (a graph output still gets eager's strides from `meta`)."""
     out_info(meta)
     return x
 

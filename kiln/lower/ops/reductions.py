@@ -169,3 +169,19 @@ def var(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     _, out = out_info(meta)
     _, v = _welford(ctx, x, dims, keepdim, _correction(correction))
     return TensorValue(v.size, out, cast(v.body, out))
+
+
+@register(aten.linalg_vector_norm.default)
+def vector_norm(ctx, meta, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    size, out = out_info(meta)
+    if not out.is_floating_point or ord not in (1, 2, float("inf")):
+        raise Unsupported(f"norm of order {ord}")
+    acc = torch.float64 if out == torch.float64 else torch.float32
+    xa = TensorValue(x.size, acc, cast(x.body, acc))
+    mag = TensorValue(x.size, acc, ir.Op("abs", (xa.body,), acc))
+    if ord == 2:
+        sq = TensorValue(x.size, acc, ir.Op("mul", (xa.body, xa.body), acc))
+        r = reduce(ctx, sq, dim, keepdim, "sum", acc)
+        return TensorValue(size, out, cast(ir.Op("sqrt", (r.body,), acc), out))
+    r = reduce(ctx, mag, dim, keepdim, "sum" if ord == 1 else "max", acc)
+    return TensorValue(size, out, cast(r.body, out))

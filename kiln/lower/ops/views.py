@@ -184,6 +184,8 @@ def constant_pad_nd(ctx, meta, x, pad, value=0):
         return TensorValue(size, dtype, body)
     cond = sympy.And(*conds)
     if isinstance(value, float) and not dtype.is_floating_point:
-        raise Unsupported("float pad of an integer tensor")
+        if not value.is_integer():
+            raise Unsupported("fractional pad value for an integer tensor")
+        value = int(value)
     return TensorValue(size, dtype, ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond),
                                                     ir.Const(value if dtype != torch.bool else bool(value), dtype)), dtype))

@@ -1,0 +1,52 @@
+"""Shared by the lower/schedule/codegen tests: trace to ATen, compile with kiln, compare with eager."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten
+
+from kiln.codegen import compile_aten_graph
+from kiln.lower.decompositions import decomposition_table
+
+
+def trace(fn, *inputs, mode="fake"):
+    with torch.no_grad():
+        return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode=mode)(*inputs)
+
+
+def compile_fn(fn, *inputs, mode="fake", options=None):
+    """kiln's compiled version of `fn` (a CompiledGraph); fails the test if kiln fell back to ATen."""
+    gm = trace(fn, *inputs, mode=mode)
+    compiled = compile_aten_graph(gm, list(inputs), options)
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    return compiled
+
+
+def assert_same(got, ref, dtype=None):
+    got = tree_flatten(got)[0]
+    ref = tree_flatten(ref)[0]
+    assert len(got) == len(ref)
+    for k, (g, r) in enumerate(zip(got, ref)):
+        if not isinstance(r, torch.Tensor):
+            assert g == r, k
+            continue
+        assert g.shape == r.shape, (k, g.shape, r.shape)
+        assert g.dtype == r.dtype, (k, g.dtype, r.dtype)
+        tol = {}
+        if r.dtype == torch.bfloat16:
+            tol = dict(atol=2e-2, rtol=2e-2)
+        elif r.dtype == torch.float32:
+            tol = dict(atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(g, r, equal_nan=True, **tol, msg=lambda m: f"output {k}: {m}")
+
+
+def check(fn, *inputs, **kw):
+    """Compile `fn`, run it on `inputs`, compare every output with eager; returns the CompiledGraph."""
+    compiled = compile_fn(fn, *inputs, **kw)
+    with torch.no_grad():
+        assert_same(compiled(*inputs), fn(*inputs))
+    return compiled
+
+
+def count_externs(compiled) -> int:
+    return sum(1 for line in compiled.artefacts["schedule"].splitlines() if line.startswith("extern"))

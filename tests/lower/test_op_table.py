@@ -1,0 +1,188 @@
+"""The op table: each lowered op x dtype x shape, compiled by kiln and compared with eager.
+
+Many ops share one compiled graph (one per dtype x shape case) to keep the C++
+builds few; every case also asserts that nothing ran as an extern, so an op
+that silently stopped being lowered fails here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lower.helpers import check, count_externs
+
+FLOAT_UNARY = {
+    "exp": torch.exp, "log": lambda a: torch.log(a.abs() + 0.5), "sqrt": lambda a: torch.sqrt(a.abs()),
+    "rsqrt": lambda a: torch.rsqrt(a.abs() + 0.5), "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "erf": torch.erf, "sin": torch.sin, "cos": torch.cos, "neg": torch.neg, "abs": torch.abs,
+    "sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round,
+    "trunc": torch.trunc, "reciprocal": lambda a: torch.reciprocal(a.abs() + 0.5), "relu": torch.relu,
+    "expm1": torch.expm1, "log1p": lambda a: torch.log1p(a.abs()), "isnan": torch.isnan,
+    "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "square": torch.square,
+    "clamp": lambda a: a.clamp(-0.5, 0.5), "to_int": lambda a: (a * 4).to(torch.int64),
+    "to_bool": lambda a: a.round().bool(), "atan": torch.atan,
+}
+FLOAT_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+    "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
+    "gt": torch.gt, "ge": torch.ge, "where": lambda a, b: torch.where(a > 0, a, b),
+    "pow2": lambda a, b: a ** 2, "pow": lambda a, b: (a.abs() + 0.5) ** b, "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
+    "scalar": lambda a, b: a * 2.5 - 1, "floordiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="floor"),
+    "truncdiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="trunc"),
+    "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "atan2": torch.atan2,
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3), "masked_fill": lambda a, b: a.masked_fill(b > 0, -1.0),
+}
+INT_UNARY = {"neg": torch.neg, "abs": torch.abs, "sign": torch.sign, "bitwise_not": torch.bitwise_not,
+             "to_float": lambda a: a.float(), "square": torch.square, "relu": torch.relu}
+INT_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+    "eq": torch.eq, "lt": torch.lt, "ge": torch.ge, "where": lambda a, b: torch.where(a > 0, a, b),
+    "floordiv": lambda a, b: torch.div(a, b.abs() + 1, rounding_mode="floor"),
+    "truncdiv": lambda a, b: torch.div(a, b.abs() + 1, rounding_mode="trunc"),
+    "remainder": lambda a, b: torch.remainder(a, b.abs() + 1), "bitwise_and": torch.bitwise_and,
+    "bitwise_xor": torch.bitwise_xor, "pow": lambda a, b: a ** 2, "scalar_float": lambda a, b: a * 0.5,
+}
+BOOL_OPS = {
+    "and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor,
+    "not": lambda a, b: torch.logical_not(a), "bitwise_and": torch.bitwise_and, "eq": torch.eq,
+    "where": lambda a, b: torch.where(a, 1.0, 2.0), "to_int": lambda a, b: a.to(torch.int64) + b,
+}
+
+
+def _shapes():
+    """(a, b) makers covering size-1 dims, broadcasting, non-contiguous and empty inputs."""
+    return {
+        "plain": lambda mk: (mk(4, 5), mk(4, 5)),
+        "size1_broadcast": lambda mk: (mk(3, 1, 5), mk(4, 1)),
+        "noncontig": lambda mk: (mk(5, 4).t(), mk(8, 5)[::2]),
+        "empty": lambda mk: (mk(0, 5), mk(1, 5)),
+        "scalar": lambda mk: (mk(), mk(3)),
+    }
+
+
+def _maker(dtype):
+    g = torch.Generator().manual_seed(0)
+
+    def mk(*size):
+        if dtype.is_floating_point:
+            return torch.randn(size, generator=g).to(dtype)
+        if dtype == torch.bool:
+            return torch.randint(0, 2, size, generator=g).bool()
+        return torch.randint(-5, 6, size, generator=g).to(dtype)
+    return mk
+
+
+def _cases(dtype):
+    if dtype.is_floating_point:
+        return FLOAT_UNARY, FLOAT_BINARY
+    if dtype == torch.bool:
+        return {}, BOOL_OPS
+    return INT_UNARY, INT_BINARY
+
+
+@pytest.mark.parametrize("shape", list(_shapes()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool],
+                         ids=str)
+def test_pointwise(dtype, shape):
+    unary, binary = _cases(dtype)
+    a, b = _shapes()[shape](_maker(dtype))
+    if dtype == torch.bfloat16:
+        unary = {k: v for k, v in unary.items() if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign")}
+        binary = {k: v for k, v in binary.items() if k not in ("floordiv", "truncdiv", "remainder")}
+
+    def fn(a, b):
+        return tuple(f(a) for f in unary.values()) + tuple(f(a, b) for f in binary.values())
+
+    compiled = check(fn, a, b)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+REDUCTIONS = {
+    "sum_last": lambda a: a.sum(-1), "sum_first_keep": lambda a: a.sum(0, keepdim=True),
+    "sum_all": lambda a: a.sum(), "mean": lambda a: a.mean(-1), "amax": lambda a: a.amax(-1),
+    "amin_all": lambda a: a.amin((0, 1)), "argmax": lambda a: a.argmax(-1), "argmin0": lambda a: a.argmin(0),
+    "argmax_all": lambda a: a.argmax(), "max_dim": lambda a: a.max(1), "prod": lambda a: a.prod(-1),
+    "var": lambda a: a.var(-1), "var_mean": lambda a: torch.var_mean(a, 0, correction=0),
+    "std": lambda a: a.std(), "any": lambda a: (a > 0.5).any(-1), "logsumexp": lambda a: a.logsumexp(-1),
+    "softmax": lambda a: a.softmax(-1), "log_softmax0": lambda a: a.log_softmax(0),
+    "norm": lambda a: a.norm(dim=-1),
+}
+
+
+@pytest.mark.parametrize("shape", [(6, 7), (1, 9), (5, 1), (3, 4, 5)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_reductions_float(dtype, shape):
+    a = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cases = REDUCTIONS if dtype != torch.bfloat16 else {k: v for k, v in REDUCTIONS.items()
+                                                         if k not in ("prod", "argmax", "argmin0", "argmax_all", "max_dim")}
+
+    def fn(a):
+        return tuple(f(a) for f in cases.values())
+
+    compiled = check(fn, a)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool], ids=str)
+def test_reductions_int(dtype):
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(-3, 4, (5, 6), generator=g).to(dtype)
+
+    def fn(a):
+        outs = (a.sum(-1), a.sum(), a.any(0), a.amax(-1) if dtype != torch.bool else a.any(1), a.argmax(1).long() if dtype != torch.bool else a.sum(0))
+        return outs + ((a.prod(0),) if dtype != torch.bool else ())
+
+    compiled = check(fn, a)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+def test_reduction_of_empty():
+    a = torch.randn(3, 0)
+    check(lambda a: (a.sum(-1), a.sum(0), (a * 2).mean(0)), a)
+
+
+def test_reductions_noncontiguous_and_large():
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(300, 257, generator=g)  # large enough for the parallel paths
+    check(lambda a: (a.t().sum(-1), a.sum(), a.amax(), a.argmax(), torch.var_mean(a), a.t().softmax(-1),
+                     (a * a).sum(0)), big)
+
+
+VIEWS = {
+    "permute": lambda a: a.permute(2, 0, 1) * 2, "transpose": lambda a: a.transpose(0, 2) + 1,
+    "view": lambda a: a.view(6, 5) + 1, "reshape_noncontig": lambda a: a.transpose(1, 2).reshape(2, 15) * 3,
+    "flatten_lazy": lambda a: (a + 1).transpose(0, 1).reshape(-1) * 2,
+    "expand": lambda a: a[:, :1].expand(2, 4, 5) + 1, "unsqueeze": lambda a: a.unsqueeze(1) - 1,
+    "squeeze": lambda a: a[:, :1].squeeze(1) * 2, "slice_step": lambda a: a[:, ::2, 1:4] + 1,
+    "select_neg": lambda a: a[-1, :, -2] * 2, "cat": lambda a: torch.cat([a, a * 2, a[:, :1]], 1),
+    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0, "pad": lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0),
+    "pad_neg": lambda a: torch.nn.functional.pad(a, (-1, 1)), "split": lambda a: tuple(t * 2 for t in a.split([2, 1], 1)),
+    "unbind": lambda a: tuple(t + 1 for t in a.unbind(0)), "arange": lambda a: a + torch.arange(5),
+    "full": lambda a: a + torch.full((3, 5), 2.0), "zeros_like": lambda a: torch.zeros_like(a) + a,
+    "chunk_cat": lambda a: torch.cat(a.chunk(2, -1)[::-1], -1), "t_mm_input": lambda a: a[0].t() @ a[1],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_views(dtype):
+    a = (torch.randn(2, 3, 5) * 4).to(dtype)
+    cases = {k: v for k, v in VIEWS.items() if dtype.is_floating_point or k not in ("t_mm_input", "pad")}
+
+    def fn(a):
+        out = []
+        for f in cases.values():
+            r = f(a)
+            out.extend(r if isinstance(r, tuple) else (r,))
+        return tuple(out)
+
+    compiled = check(fn, a)
+    assert count_externs(compiled) == (1 if dtype.is_floating_point else 0), compiled.artefacts["schedule"]
+    assert "buf" in compiled.artefacts["ir"]
+
+
+def test_view_output_aliases_input():
+    """A graph output that is a view of an input is returned as a view, not a copy."""
+    a = torch.randn(4, 6)
+    compiled = check(lambda a: (a.t(), a[1:3]), a)
+    out = compiled(a)
+    assert out[0].data_ptr() == a.data_ptr() and out[1].data_ptr() == a[1:3].data_ptr()

@@ -48,11 +48,19 @@ class GlobalSource(Source):
 class AttrSource(Source):
     base: Source
     attr: str
+    module_dict: str | None = None  # "_parameters", "_buffers" or "_modules" when read off an nn.Module
 
     def expr(self) -> str:
+        return self.expr_from(self.base.expr(), fast=False)
+
+    def expr_from(self, base: str, fast: bool = True) -> str:
+        """The expression given its base's expression; `fast` reads module entries from their dict
+        (`m._parameters['w']`), skipping nn.Module.__getattr__ on the hot path."""
+        if fast and self.module_dict is not None:
+            return f"{base}.{self.module_dict}[{self.attr!r}]"
         if self.attr.isidentifier():
-            return f"{self.base.expr()}.{self.attr}"
-        return f"getattr({self.base.expr()}, {self.attr!r})"
+            return f"{base}.{self.attr}"
+        return f"getattr({base}, {self.attr!r})"
 
     def name(self) -> str:
         return f"{self.base.name()}_{self.attr}"
@@ -64,7 +72,10 @@ class ItemSource(Source):
     key: object  # an int, str or other literal with a faithful repr
 
     def expr(self) -> str:
-        return f"{self.base.expr()}[{self.key!r}]"
+        return self.expr_from(self.base.expr())
+
+    def expr_from(self, base: str, fast: bool = True) -> str:
+        return f"{base}[{self.key!r}]"
 
     def name(self) -> str:
         return f"{self.base.name()}_{self.key}"
@@ -72,13 +83,13 @@ class ItemSource(Source):
 
 @dataclass(frozen=True)
 class ClosureSource(Source):
-    """The contents of a closure cell of the compiled function: `C[i].cell_contents`."""
+    """A closure cell of the compiled function, `C[i]` (its contents: `C[i].cell_contents`)."""
 
     index: int
     var: str
 
     def expr(self) -> str:
-        return f"C[{self.index}].cell_contents"
+        return f"C[{self.index}]"  # the cell; its contents are AttrSource(self, "cell_contents")
 
     def name(self) -> str:
         return self.var
@@ -95,3 +106,9 @@ class ConstantSource(Source):
 
     def name(self) -> str:
         return self.key.strip("_")
+
+
+def fast_expr(source: Source) -> str:
+    """`source.expr()` with module entries read from their dicts all along the chain (for hot paths)."""
+    base = getattr(source, "base", None)
+    return source.expr_from(fast_expr(base)) if base is not None else source.expr()

@@ -45,6 +45,8 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.tensor import TensorValue, trace_op
 
     args = [a.realize() for a in args]
+    if fn is operator.getitem and not isinstance(args[0], TensorValue):
+        return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
     if any(isinstance(a, TensorValue) for a in args):
         return trace_op(state, "call_function", fn, args, {})
     if all(a.is_constant() for a in args):

@@ -39,7 +39,8 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
 
     `compiler(aten_gm, example_inputs)` receives the inference graph, or the forward and
     the backward graph separately, with fake example inputs; it returns a callable over
-    the same flat positional tensors. The result has `gm`'s calling convention.
+    the same flat positional tensors (or, if it sets `_boxed_call = True`, one list of them,
+    which it may empty to free inputs early). The result has `gm`'s calling convention.
     """
     compiled = AOTCompiled(gm, example_inputs, compiler, decompositions or {}, name)
     flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
@@ -142,4 +143,14 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def _run_as_is(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    return gm
+    """Run `gm` node by node, freeing each value (inputs included) after its last use.
+
+    A fresh Interpreter per call: one kept across calls would hold the last call's
+    outputs (the saved activations among them) in its environment until the next call.
+    """
+
+    def run(args: list):
+        return torch.fx.Interpreter(gm).boxed_run(args)
+
+    run._boxed_call = True
+    return run

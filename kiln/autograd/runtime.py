@@ -27,6 +27,17 @@ DOUBLE_BACKWARD_ERROR = (
     b"run that part eagerly (kiln.disable) or use backend='eager'")
 
 
+def call_compiled(compiled: Callable, args: list) -> Any:
+    """Call a compiled graph; one marked `_boxed_call = True` takes the list and may empty it.
+
+    The boxed convention (torch's, too) lets a graph drop each input after its last use:
+    with positional arguments the caller's tuple keeps every input alive until the end.
+    """
+    if getattr(compiled, "_boxed_call", False):
+        return compiled(args)
+    return compiled(*args)
+
+
 def apply_mutations(flat: list, mutations: list[InputMutation], outs: list) -> None:
     """Write the new values of mutated inputs into the real inputs, as eager's in-place ops did."""
     if not mutations:
@@ -44,7 +55,7 @@ class InferenceRunner:
         self.program, self.signature, self.compiled, self.mutations = program, signature, compiled, mutations
 
     def __call__(self, flat: list) -> Any:
-        outs = list(self.compiled(*flat))
+        outs = list(call_compiled(self.compiled, list(flat)))
         apply_mutations(flat, self.mutations, outs)
         return self.program.assemble(self.signature, flat, outs)
 
@@ -73,7 +84,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *flat):
-            results = list(forward(*flat))
+            results = list(call_compiled(forward, list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
             ctx.save_for_backward(*saved)
@@ -83,11 +94,14 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
 
         @staticmethod
         def backward(ctx, *grad_outputs):
-            tangents = [_as_traced(grad_outputs[i], spec) for i, spec in zip(differentiable, tangent_specs)]
-            differentiating_twice = torch.is_grad_enabled() and any(
-                t.requires_grad for t in (*tangents, *ctx.saved_tensors))
+            args = [*ctx.saved_tensors]
+            # Unless the graph is retained, autograd's references to the saved tensors go now, so
+            # that a boxed backward can free each one after its last use, as eager's nodes do.
+            ctx.maybe_clear_saved_tensors()
+            args += [_as_traced(grad_outputs[i], spec) for i, spec in zip(differentiable, tangent_specs)]
+            differentiating_twice = torch.is_grad_enabled() and any(t.requires_grad for t in args)
             with torch.no_grad():
-                grads = iter(backward(*ctx.saved_tensors, *tangents))
+                grads = iter(call_compiled(backward, args))
             result = [next(grads) if has_grad else None for has_grad in grad_mask]
             if differentiating_twice:
                 return _delay_error(result)

@@ -55,7 +55,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
         if not (isinstance(obj, float) and obj != obj):
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
         return ConstantValue(obj, source)
-    if isinstance(obj, enum.Enum):
+    if isinstance(obj, (enum.Enum, types.CodeType)):  # immutable: identity pins every attribute
         _identity(state, obj, source, expr)
         return ConstantValue(obj, source)
     if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(type(obj), "_fields")):

@@ -66,8 +66,13 @@ def _method_load(ins: dis.Instruction) -> bool:
 @lru_cache(maxsize=None)
 def instructions(code: types.CodeType) -> tuple[Instruction, ...]:
     """The instructions of `code`, with jump targets resolved to indices."""
-    raw = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+    every = list(dis.get_instructions(code))
+    raw = [i for i in every if i.opname not in ("CACHE", "EXTENDED_ARG")]
     index_of = {ins.offset: n for n, ins in enumerate(raw)}
+    # A jump may land on the EXTENDED_ARG that prefixes its target: it means the next real instruction.
+    for ins in reversed(every):
+        if ins.offset not in index_of:
+            index_of[ins.offset] = index_of.get(ins.offset + 2, len(raw) - 1)
     out = []
     lineno = code.co_firstlineno
     for n, ins in enumerate(raw):

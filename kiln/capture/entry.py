@@ -182,13 +182,14 @@ class CompiledFunction:
         code = fn.__code__
         self._simple = not (code.co_flags & 0x0C) and code.co_kwonlyargcount == 0
         self._names = code.co_varnames[:code.co_argcount]
-        self._signature = inspect.signature(fn) if not self._simple or fn.__defaults__ else None
+        # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped signature
+        self._signature = inspect.signature(fn, follow_wrapped=False) if not self._simple or fn.__defaults__ else None
         functools.update_wrapper(self, fn)
 
     def bind(self, args: tuple, kwargs: dict) -> dict:
         if self._simple and not kwargs and len(args) == len(self._names):
             return dict(zip(self._names, args))
-        signature = self._signature or inspect.signature(self.fn)
+        signature = self._signature or inspect.signature(self.fn, follow_wrapped=False)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)

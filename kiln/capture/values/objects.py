@@ -19,7 +19,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.containers import DictValue, TupleValue, python_override
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 
 
@@ -181,20 +181,55 @@ class ObjectValue(Value):
         return type(self.obj)
 
     def getattr(self, state, name: str) -> Value:
+        hook = python_override(type(self.obj), object, "__getattribute__")
+        if hook is not None:  # e.g. a config mapping attribute aliases: it decides what `obj.name` means
+            return function_value(state, hook).call(state, [self, ConstantValue(name)], {})
+        return self.generic_getattr(state, name)
+
+    def generic_getattr(self, state, name: str) -> Value:
+        """`object.__getattribute__`: data descriptors, the instance dict, the class, then `__getattr__`."""
         from kiln.capture.builder import wrap
+        from kiln.capture.side_effects import is_deleted
 
         pending = state.side_effects.pending_attr(self.obj, name)
         if pending is not None:
+            if is_deleted(pending):
+                raise GraphBreak("exception", f"AttributeError: {name!r} was deleted")
             return pending
         source = AttrSource(self.source, name)
-        if name in getattr(self.obj, "__dict__", {}):
-            return wrap(state, self.obj.__dict__[name], source)
+        cls = type(self.obj)
         if name == "__class__":
-            return ClassValue(type(self.obj))
-        return class_attribute(state, self, type(self.obj), name, source)
+            return ClassValue(cls)
+        if name == "__dict__":
+            return wrap(state, self.obj.__dict__, source)
+        if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
+            return wrap(state, self.obj.__dict__[name], source)
+        try:
+            return class_attribute(state, self, cls, name, source)
+        except GraphBreak as e:
+            fallback = python_override(cls, object, "__getattr__")
+            if e.reason.id != "exception" or fallback is None or any(name in k.__dict__ for k in cls.__mro__):
+                raise
+            return function_value(state, fallback).call(state, [self, ConstantValue(name)], {})
 
     def setattr(self, state, name: str, value: Value) -> None:
+        hook = python_override(type(self.obj), object, "__setattr__")
+        if hook is not None:
+            function_value(state, hook).call(state, [self, ConstantValue(name), value], {})
+            return
+        self.generic_setattr(state, name, value)
+
+    def generic_setattr(self, state, name: str, value: Value) -> None:
         state.side_effects.store_attr(self.obj, self, name, value)
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        """`object`'s own slots, reached through `super()` from a class that overrides them."""
+        if name == "__getattribute__":
+            return self.generic_getattr(state, args[0].as_constant())
+        if name == "__setattr__":
+            self.generic_setattr(state, args[0].as_constant(), args[1])
+            return ConstantValue(None)
+        raise GraphBreak("unsupported_call", f"object.{name} on a {type(self.obj).__name__}")
 
     def call(self, state, args, kwargs) -> Value:
         return class_attribute(state, self, type(self.obj), "__call__", None).call(state, args, kwargs)
@@ -219,7 +254,27 @@ class ObjectValue(Value):
     def unpack(self, state) -> list[Value]:
         if isinstance(self.obj, (list, tuple)):
             raise GraphBreak("unsupported_object", f"iterating a {type(self.obj).__name__} subclass")
-        raise GraphBreak("unsupported_object", f"iterating over a {type(self.obj).__name__}")
+        return iterate_instance(state, self, type(self.obj))
+
+
+def iterate_instance(state, value: Value, cls: type) -> list[Value]:
+    """The items of a user object, by Python's iteration protocol.
+
+    A Python `__iter__` is inlined (and its result iterated). A class that leaves
+    iteration to `collections.abc.Sequence` (or to the old `__getitem__` protocol)
+    with a `__len__` yields `self[0] .. self[len - 1]`: the same items, without
+    tracing the IndexError that ends the protocol's loop.
+    """
+    import collections.abc
+
+    iter_fn = getattr(cls, "__iter__", None)
+    if isinstance(iter_fn, types.FunctionType) and iter_fn is not collections.abc.Sequence.__iter__:
+        return function_value(state, iter_fn).call(state, [value], {}).unpack(state)
+    if iter_fn in (None, collections.abc.Sequence.__iter__) and isinstance(getattr(cls, "__len__", None), types.FunctionType) \
+            and isinstance(getattr(cls, "__getitem__", None), types.FunctionType):
+        n = value.length(state)
+        return [value.getitem(state, ConstantValue(i)) for i in range(n)]
+    raise GraphBreak("unsupported_object", f"iterating over a {cls.__name__}")
 
     def __repr__(self):
         return f"Object({type(self.obj).__name__} at {self.source})"
@@ -249,9 +304,28 @@ class NewObjectValue(Value):
     def getitem(self, state, key):
         return class_attribute(state, self, self.cls, "__getitem__", None).call(state, [key], {})
 
+    def length(self, state) -> int:
+        return class_attribute(state, self, self.cls, "__len__", None).call(state, [], {}).as_constant()
+
+    def truth(self, state) -> bool:
+        if hasattr(self.cls, "__bool__"):
+            return class_attribute(state, self, self.cls, "__bool__", None).call(state, [], {}).truth(state)
+        return self.length(state) > 0 if hasattr(self.cls, "__len__") else True
+
+    def unpack(self, state) -> list[Value]:
+        return iterate_instance(state, self, self.cls)
+
     def reconstruct(self, writer) -> str:
         attrs = ", ".join(f"{k!r}: {v.reconstruct(writer)}" for k, v in self.attrs.items())
-        return f"___new_object({writer.constant(self.cls)}, {{{attrs}}})"
+        return f"{writer.constant(new_object)}({writer.constant(self.cls)}, {{{attrs}}})"
+
+
+def new_object(cls: type, attrs: dict) -> Any:
+    """Rebuild an object made during capture: its traced `__init__` only set these attributes."""
+    obj = object.__new__(cls)
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 class RecordedObjectValue(Value):
@@ -340,6 +414,11 @@ class SuperValue(Value):
                     return MethodValue(self.self_value, function_value(state, attr))
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinValue(_noop)
+                if klass in (dict, list, tuple, set, object) and hasattr(self.self_value.realize(), "call_method"):
+                    # super().get(...) in a dict subclass: the builtin behaviour the container tracker models
+                    from kiln.capture.values.functions import BoundMethodValue
+
+                    return BoundMethodValue(self.self_value.realize(), name)
                 break
         raise GraphBreak("unsupported_object", f"super().{name}")
 

@@ -53,6 +53,13 @@ class TorchFunctionValue(Value):
     def python_type(self) -> type:
         return type(self.fn)
 
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        """torch's functions and classes are fixed objects (isinstance(x, torch.fx.Proxy), dict keys)."""
+        return self.fn
+
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         fn = self.fn
         if _asks_is_compiling(fn):

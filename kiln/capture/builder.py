@@ -20,6 +20,7 @@ from kiln.capture.sources import ItemSource, Source
 from kiln.capture.values.base import LazyValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PythonModuleValue
@@ -95,6 +96,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if type(obj).__module__.startswith("numpy") or isinstance(obj, (types.GeneratorType,)):
         _type(state, obj, source, expr)
         return OpaqueValue(obj, source)
+    if is_logger(obj):
+        _type(state, obj, source, expr)
+        return LoggerValue(obj, source)
     if hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__"):
         _type(state, obj, source, expr)
         return ObjectValue(obj, source)
@@ -110,8 +114,11 @@ def _is_torch_callable(obj: Any) -> bool:
 
 def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     sig = tensor_signature(t)
-    name = state.guards.constant(sig, "tensor")
-    state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, f"___check_tensor({expr}, {name})", describe_tensor(sig),
+    dtype, device, shape, stride, requires_grad, cls = sig
+    names = [state.guards.constant(v, hint) for v, hint in ((cls, "type"), (dtype, "dtype"), (device, "device"))]
+    check = (f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} "
+             f"and {expr}.shape == {shape!r} and {expr}.stride() == {stride!r} and {expr}.requires_grad is {requires_grad}")
+    state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, describe_tensor(sig),
                            f"___describe_tensor(___tensor_signature({expr}))"))
     node, fake = state.graph.input(source, t)
     return TensorValue(node, fake, source)

@@ -102,15 +102,28 @@ class GuardSet:
         return name
 
     def source_code(self) -> str:
-        lines = ["def guard(L, G, C):"]
-        if not self.guards:
-            lines.append("    return True")
-        else:
-            checks = [f"({g.expr})  # {g.kind.value}" for g in self.guards]
-            lines.append("    return (" + checks[0])
-            lines += ["        and " + c for c in checks[1:]]
-            lines.append("    )")
+        """One function: each source is fetched once into a local, then checked; the first failure returns False."""
+        lines = ["def guard(L, G, C):", "    try:"]
+        names: dict = {}
+        for g in self.guards:
+            check = g.expr
+            if g.source is not None:
+                var = self._bind(g.source, names, lines)
+                check = check.replace(g.source.expr(), var)
+            lines.append(f"        if not ({check}): return False  # {g.kind.value}")
+        lines += ["    except Exception:  # a source that no longer exists", "        return False", "    return True"]
         return "\n".join(lines)
+
+    def _bind(self, source: Source, names: dict, lines: list[str]) -> str:
+        """The local variable holding `source`'s value, fetching its base chain first (each once)."""
+        if source in names:
+            return names[source]
+        base = getattr(source, "base", None)
+        expr = source.expr_from(self._bind(base, names, lines)) if base is not None else source.expr()
+        var = f"v{len(names)}"
+        names[source] = var
+        lines.append(f"        {var} = {expr}")
+        return var
 
     def compile(self) -> Callable:
         namespace = dict(HELPERS, **self.namespace)

@@ -122,6 +122,8 @@ class Frame:
         pending = self.state.pending_globals.get((id(self.globals), name))
         if pending is not None:
             return pending
+        if name in self.globals and _is_torch_internal(self.globals):
+            return object_value(self.globals[name], self.state)  # torch's own module globals are not guarded
         if name in self.globals:
             return wrap(self.state, self.globals[name], self.state.global_source(self.globals, name))
         import builtins
@@ -129,6 +131,11 @@ class Frame:
         if hasattr(builtins, name):
             return object_value(getattr(builtins, name), self.state)
         raise GraphBreak("exception", f"NameError: name {name!r} is not defined")
+
+
+def _is_torch_internal(globals_: dict) -> bool:
+    name = globals_.get("__name__", "") or ""
+    return name == "torch" or name.startswith("torch.")
 
 
 # ------------------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ class ModuleValue(Value):
             return pending
         m, source = self.module, AttrSource(self.source, name)
         d = m.__dict__
-        if name in d.get("_parameters", {}) or name in d.get("_buffers", {}) or name in d.get("_modules", {}):
-            return wrap(state, getattr(m, name), source)
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(table, {}) and name not in d:
+                return wrap(state, d[table][name], AttrSource(self.source, name, table))
         if name in d:
             value = d[name]
             if name != "training" and _static_config(m) and _is_plain(value):

@@ -328,11 +328,13 @@ def _key_value(k: Any) -> Value:
 
 
 class SetValue(Value):
+    """A set of constants or of objects hashed by identity (modules: `memo` sets in nn.Module's generators)."""
+
     def __init__(self, items: list[Value]):
         self.items = []
         seen = set()
         for i in items:
-            c = i.as_constant()
+            c = _key(None, i)
             if c not in seen:
                 seen.add(c)
                 self.items.append(i)
@@ -341,13 +343,19 @@ class SetValue(Value):
         return set
 
     def is_constant(self):
-        return True
+        return all(i.realize().is_constant() for i in self.items)
 
     def as_constant(self):
-        return {i.as_constant() for i in self.items}
+        return {_key(None, i) for i in self.items}
 
     def unpack(self, state):
         return list(self.items)
+
+    def length(self, state) -> int:
+        return len(self.items)
+
+    def truth(self, state) -> bool:
+        return bool(self.items)
 
     def getattr(self, state, name):
         from kiln.capture.values.functions import BoundMethodValue
@@ -356,11 +364,13 @@ class SetValue(Value):
 
     def call_method(self, state, name, args, kwargs):
         if name == "add":
-            if args[0].as_constant() not in self.as_constant():
+            if _key(state, args[0]) not in self.as_constant():
                 self.items.append(args[0])
             return ConstantValue(None)
         if name == "__contains__":
-            return ConstantValue(args[0].as_constant() in self.as_constant())
+            return ConstantValue(_key(state, args[0]) in self.as_constant())
+        if not self.is_constant():
+            raise GraphBreak("unsupported_call", f"set.{name} on a set of objects")
         result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
         return ConstantValue(result)
 

@@ -52,7 +52,9 @@ class CompiledGraph:
 def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
     table = decomposition_table()
     for n in gm.graph.nodes:
-        if n.op == "call_function" and ("val" not in n.meta or n.target in table):
+        if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
+            continue
+        if "val" not in n.meta or n.target in table:
             return True
     return False
 
@@ -91,6 +93,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, options: 
 def _compile(gm, example_inputs, options, name) -> CompiledGraph:
     times = {}
     t0 = time.perf_counter()
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if devices - {"cpu"}:  # the C++ target reads host memory only; other devices need their own target
+        raise NotImplementedError(f"non-CPU inputs ({', '.join(sorted(devices))}) have no code generator here")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
     if _needs_retrace(gm):

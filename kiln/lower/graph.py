@@ -76,7 +76,8 @@ class GraphLowering:
         outputs = None
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         for node, example in zip(placeholders, example_inputs):
-            env[node] = self._placeholder(node, example)
+            # the traced metadata carries symbolic sizes where the example inputs are concrete
+            env[node] = self._placeholder(node, node.meta.get("val", example))
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 continue

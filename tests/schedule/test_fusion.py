@@ -1,0 +1,89 @@
+"""Fusion: the number of kernels kiln generates for known patterns (golden counts)."""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from kiln.autograd import aot_compile
+from kiln.codegen import compile_aten_graph
+from kiln.lower.decompositions import decomposition_table
+from lower.helpers import check, count_externs
+
+
+def test_pointwise_chain_is_one_kernel():
+    x = torch.randn(8, 33)
+    c = check(lambda x: ((x.sin() * 2 + 1).relu() - x.exp()).sigmoid(), x)
+    assert c.num_kernels == 1 and count_externs(c) == 0
+
+
+def test_layernorm_is_at_most_two_kernels():
+    x, w, b = torch.randn(6, 32), torch.randn(32), torch.randn(32)
+    c = check(lambda x, w, b: F.layer_norm(x, (32,), w, b), x, w, b)
+    assert c.num_kernels <= 2 and count_externs(c) == 0
+    # mean and variance live in registers: the only buffer allocated is the output
+    assert c.artefacts["wrapper.py"].count("empty_strided(") == 1
+
+
+def test_softmax_is_at_most_two_kernels():
+    x = torch.randn(5, 40)
+    c = check(lambda x: x.softmax(-1), x)
+    assert c.num_kernels <= 2 and count_externs(c) == 0
+    c = check(lambda x: x.log_softmax(-1), x)
+    assert c.num_kernels <= 2
+
+
+def test_linear_gelu_add_is_extern_mm_plus_one_kernel():
+    lin = torch.nn.Linear(16, 24)
+    x, r = torch.randn(4, 16), torch.randn(4, 24)
+    c = check(lambda x, r: F.gelu(lin(x)) + r, x, r)
+    assert count_externs(c) == 1 and c.num_kernels == 1, c.artefacts["schedule"]
+
+
+def test_siblings_share_a_kernel():
+    """Horizontal fusion: independent ops over the same input and shape run in one kernel."""
+    x = torch.randn(7, 9)
+    c = check(lambda x: (x.sin(), x.cos(), x.sum(-1), x.amax(-1)), x)
+    assert c.num_kernels == 1
+
+
+def test_reduction_never_recomputed():
+    """A reduction used by many consumers is computed once (one reduction loop in the kernel)."""
+    x = torch.randn(4, 50)
+    c = check(lambda x: (x - x.sum(-1, keepdim=True), x * x.sum(-1, keepdim=True), x.sum(-1)), x)
+    src = c.artefacts["kernels.cpp"].split("extern \"C\"", 1)[1]
+    assert len(re.findall(r"acc\d+ = acc\d+ \+", src)) == 1, src
+
+
+def _fw_bw_kernels(fn, *inputs):
+    graphs = []
+
+    def compiler(gm, example_inputs):
+        compiled = compile_aten_graph(gm, example_inputs)
+        assert "fallback" not in compiled.artefacts
+        graphs.append(compiled)
+        return compiled
+
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = aot_compile(gm, list(inputs), compiler, decompositions=decomposition_table())
+    out = compiled(*inputs)
+    out.sum().backward()
+    return graphs
+
+
+def test_layernorm_and_softmax_backward_fuse():
+    x = torch.randn(6, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    b = torch.randn(32, requires_grad=True)
+    fw, bw = _fw_bw_kernels(lambda x, w, b: F.layer_norm(x, (32,), w, b).softmax(-1) * 3, x, w, b)
+    # eager reference for the gradients
+    ref = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    (F.layer_norm(x, (32,), w, b).softmax(-1) * 3).sum().backward()
+    for got, t in zip(ref, (x, w, b)):
+        torch.testing.assert_close(got, t.grad, atol=1e-5, rtol=1e-5)
+    assert fw.num_kernels <= 2, fw.artefacts["schedule"]
+    # backward: row-wise part (dx) and the column sums (dw, db) over a different reduction axis
+    assert bw.num_kernels <= 3, bw.artefacts["schedule"]

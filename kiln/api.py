@@ -122,6 +122,9 @@ graph_break.__kiln_graph_break__ = True
 def reset() -> None:
     """Forget every compiled frame of every kiln.compile call (torch._dynamo.reset)."""
     for ctx in list(_contexts):
+        for frame in ctx.frames.values():  # compiled wrappers hold their frame: empty it, not only the dict
+            frame.entries.clear()
+            frame.run_eagerly = False
         ctx.frames.clear()
         ctx.functions.clear()
         ctx.records.clear()

@@ -143,6 +143,8 @@ class GuardSet:
                     now = eval(g.current, namespace)
                 except Exception as e:  # the source itself is gone (a missing attribute, say)
                     now = f"<{type(e).__name__}: {e}>"
+                if not isinstance(now, str) or g.kind is GuardKind.EQUALS_MATCH:
+                    now = repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
                 where = g.source.expr() if g.source is not None else "global state"
                 return f"{g.kind.value} guard failed on {where}: expected {g.expected}, got {now}"
         return None

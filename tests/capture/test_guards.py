@@ -1,0 +1,323 @@
+"""Guards and recompiles: what the graph specialized on is checked on every call; a failed
+guard recompiles and logs which guard failed with the old and new value; past
+`cache_size_limit` the frame runs eagerly with one warning."""
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.api import context_of
+
+from .helpers import t
+
+FLAG = True
+FACTOR = 2.0
+
+
+@pytest.fixture
+def recompiles(caplog):
+    caplog.set_level(logging.INFO, logger="kiln.recompiles")
+    return caplog
+
+
+def _messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "kiln.recompiles"]
+
+
+def _compiled(fn, **kw):
+    return kiln.compile(fn, backend="eager", **kw)
+
+
+def simple(x):
+    return x * 2 + 1
+
+
+@pytest.mark.parametrize("first,second,needle", [
+    (lambda: t(3), lambda: t(3, dtype=torch.float64), "torch.float64"),
+    (lambda: t(3), lambda: t(4), "shape=[4]"),
+    (lambda: t(3, 4), lambda: t(4, 3).T, "stride=[1, 3]"),
+    (lambda: t(3), lambda: t(3, grad=True), "requires_grad=True"),
+    (lambda: t(2, 2), lambda: t(2, 2, 1), "shape=[2, 2, 1]"),
+    (lambda: torch.arange(3), lambda: torch.arange(3.0), "torch.float32"),
+], ids=["dtype", "shape", "stride", "requires_grad", "rank", "int_to_float"])
+def test_tensor_guard_recompiles(recompiles, first, second, needle):
+    c = _compiled(simple)
+    a = first()
+    torch.testing.assert_close(c(a), simple(a))
+    a2 = first()
+    torch.testing.assert_close(c(a2), simple(a2))
+    assert len(context_of(c).records) == 1
+    b = second()
+    torch.testing.assert_close(c(b), simple(b))
+    assert len(context_of(c).records) == 2
+    msgs = _messages(recompiles)
+    assert len(msgs) == 1
+    assert "tensor guard failed on L['x']" in msgs[0] and needle in msgs[0], msgs[0]
+    assert "expected" in msgs[0] and "got" in msgs[0]
+    torch.testing.assert_close(c(a), simple(a))  # the first entry still serves the old inputs
+    assert len(context_of(c).records) == 2
+
+
+def reads_global(x):
+    if FLAG:
+        return x * FACTOR
+    return x - FACTOR
+
+
+def test_changed_global_bool_recompiles(recompiles):
+    global FLAG
+    c = _compiled(reads_global)
+    x = t(3)
+    torch.testing.assert_close(c(x), reads_global(x))
+    FLAG = False
+    try:
+        torch.testing.assert_close(c(x), reads_global(x))
+    finally:
+        FLAG = True
+    assert len(context_of(c).records) == 2
+    msg = _messages(recompiles)[0]
+    assert "G['FLAG']" in msg and "expected True" in msg and "got False" in msg, msg
+
+
+def test_changed_global_float_recompiles(recompiles):
+    global FACTOR
+    c = _compiled(reads_global)
+    x = t(3)
+    c(x)
+    FACTOR = 5.0
+    try:
+        torch.testing.assert_close(c(x), reads_global(x))
+    finally:
+        FACTOR = 2.0
+    assert len(context_of(c).records) == 2
+    msg = _messages(recompiles)[0]
+    assert "G['FACTOR']" in msg and "2.0" in msg and "5.0" in msg, msg
+
+
+def test_unchanged_global_does_not_recompile():
+    c = _compiled(reads_global)
+    for _ in range(3):
+        c(t(3))
+    assert len(context_of(c).records) == 1
+
+
+def test_python_int_argument_recompiles_on_change(recompiles):
+    def fn(x, n):
+        return x * n
+
+    c = _compiled(fn)
+    x = t(3)
+    c(x, 2)
+    c(x, 2)
+    assert len(context_of(c).records) == 1
+    torch.testing.assert_close(c(x, 3), x * 3)
+    assert len(context_of(c).records) == 2
+    assert "L['n']" in _messages(recompiles)[0]
+
+
+def test_string_argument_recompiles(recompiles):
+    def fn(x, mode):
+        return x.relu() if mode == "relu" else x.sigmoid()
+
+    c = _compiled(fn)
+    x = t(3)
+    torch.testing.assert_close(c(x, "relu"), x.relu())
+    torch.testing.assert_close(c(x, "sig"), x.sigmoid())
+    assert len(context_of(c).records) == 2
+    assert "'relu'" in _messages(recompiles)[0] and "'sig'" in _messages(recompiles)[0]
+
+
+def test_none_vs_tensor_argument_recompiles():
+    def fn(x, b=None):
+        return x if b is None else x + b
+
+    c = _compiled(fn)
+    x = t(3)
+    torch.testing.assert_close(c(x * 1), x)
+    torch.testing.assert_close(c(x, x), x + x)
+    assert len(context_of(c).records) == 2
+
+
+def test_list_length_guard(recompiles):
+    def fn(xs):
+        return sum(xs)
+
+    c = _compiled(fn)
+    two = [t(2), t(2)]
+    torch.testing.assert_close(c(two), two[0] + two[1])
+    xs = [t(2), t(2), t(2)]
+    torch.testing.assert_close(c(xs), xs[0] + xs[1] + xs[2])
+    assert len(context_of(c).records) == 2
+    assert "length guard failed" in _messages(recompiles)[0]
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.scale = 2.0
+        self.use_bias = True
+
+    def forward(self, x):
+        y = self.fc(x) * self.scale
+        if self.use_bias:
+            y = y + 1
+        if self.training:
+            y = y * 10
+        return y
+
+
+def test_module_attribute_change_recompiles(recompiles):
+    m = Scaled()
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    m.scale = 3.0
+    torch.testing.assert_close(c(x), m(x))
+    m.use_bias = False
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 3
+    msgs = _messages(recompiles)
+    assert "scale" in msgs[0] and "2.0" in msgs[0] and "3.0" in msgs[0], msgs[0]
+    assert "use_bias" in msgs[1] and "True" in msgs[1] and "False" in msgs[1], msgs[1]
+
+
+def test_setattr_through_optimized_module_recompiles():
+    m = Scaled()
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    c.scale = 4.0  # passes through to the original module
+    assert m.scale == 4.0
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2
+
+
+def test_train_to_eval_recompiles(recompiles):
+    m = Scaled().train()
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    c.eval()
+    assert not m.training
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2
+    msg = _messages(recompiles)[0]
+    assert "training" in msg and "True" in msg and "False" in msg, msg
+    c.train()
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2  # both entries are cached
+
+
+def test_dropout_train_eval_recompiles():
+    m = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    c = kiln.compile(m, backend="eager")
+    x = t(4, 3)
+    c(x)
+    m.eval()
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2
+
+
+def test_grad_mode_change_recompiles(recompiles):
+    c = _compiled(simple)
+    x = t(3, grad=True)
+    assert c(x).requires_grad
+    with torch.no_grad():
+        out = c(x)
+    assert not out.requires_grad
+    assert len(context_of(c).records) == 2
+    msg = _messages(recompiles)[0]
+    assert "grad mode" in msg and "True" in msg and "False" in msg, msg
+
+
+def test_replaced_parameter_recompiles():
+    m = nn.Linear(3, 3)
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    with torch.no_grad():
+        m.weight.mul_(2)  # same tensor, new values: no recompile, new result
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 1
+    m.weight = nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+    m.bias = nn.Parameter(torch.randn(3, dtype=torch.float64))
+    x64 = x.double()
+    torch.testing.assert_close(c(x64), m(x64))
+    assert len(context_of(c).records) == 2
+
+
+def test_closure_value_change_recompiles():
+    k = 2
+
+    def fn(x):
+        return x * k
+
+    c = _compiled(fn)
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2)
+    k = 5
+    torch.testing.assert_close(c(x), x * 5)
+    assert len(context_of(c).records) == 2
+
+
+def test_swapped_function_global_recompiles():
+    ns = {"act": torch.relu}
+    exec("def fn(x):\n    return act(x)", ns)
+    c = _compiled(ns["fn"])
+    x = t(5)
+    torch.testing.assert_close(c(x), torch.relu(x))
+    ns["act"] = torch.sigmoid
+    torch.testing.assert_close(c(x), torch.sigmoid(x))
+    assert len(context_of(c).records) == 2
+
+
+def test_cache_size_limit_then_eager_with_one_warning(monkeypatch):
+    monkeypatch.setattr(kiln.config, "cache_size_limit", 3)
+
+    def fn(x, n):
+        return x + n
+
+    c = _compiled(fn)
+    x = t(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(8):
+            torch.testing.assert_close(c(x, n), x + n)
+    assert len(context_of(c).records) == 3
+    limit = [w for w in caught if "cache_size_limit" in str(w.message)]
+    assert len(limit) == 1, [str(w.message) for w in caught]
+    assert "fn" in str(limit[0].message)
+
+
+def test_guards_are_one_function():
+    c = _compiled(simple)
+    c(t(3))
+    ctx = context_of(c)
+    entry = next(iter(ctx.frames.values())).entries[0]
+    source = entry.guards.source_code()
+    assert source.startswith("def guard(L, G, C):") and source.count("def ") == 1
+    assert "L['x']" in source and "# tensor" in source and "# grad mode" in source
+    assert entry.guard({"x": t(3)}, {}, ()) is True
+    assert entry.guard({"x": t(4)}, {}, ()) is False
+
+
+def test_guard_kinds_listed_in_record():
+    m = Scaled()
+    c = kiln.compile(m, backend="eager")
+    c(t(2, 3))
+    kinds = {g.kind.value for g in context_of(c).records[0].guards.guards}
+    assert {"tensor", "grad mode", "constant"} <= kinds, kinds
+
+
+def test_reset_forgets_compiled_frames():
+    c = _compiled(simple)
+    c(t(3))
+    assert len(context_of(c).records) == 1
+    kiln.reset()
+    assert len(context_of(c).records) == 0
+    c(t(3))
+    assert len(context_of(c).records) == 1

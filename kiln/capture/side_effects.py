@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Effect:
-    """One mutation: `kind` is 'setattr', 'delattr', 'setitem', 'delitem' or 'replace'."""
+    """One mutation: `kind` is 'setattr', 'delattr', 'setitem', 'delitem', 'replace' or 'call'."""
 
     kind: str
     target: Value
@@ -38,6 +38,9 @@ class Effect:
             return f"del {target}[{self.key.reconstruct(writer)}]"
         if self.kind == "replace":  # a list or dict mutated in place: write its final contents back
             return self.target.render_replace(writer, target)
+        if self.kind == "call":  # a call with only external effects (a log line), made after the graph
+            args = [a.reconstruct(writer) for a in self.key] + [f"{k}={v.reconstruct(writer)}" for k, v in self.value.items()]
+            return f"{target}({', '.join(args)})"
         raise AssertionError(self.kind)
 
 
@@ -64,6 +67,10 @@ class SideEffects:
 
     def del_item(self, target: Value, key: Value) -> None:
         self.effects.append(Effect("delitem", target, key, None))
+
+    def deferred_call(self, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> None:
+        """`fn(*args, **kwargs)` runs after the graph, in order with the other effects (logging, warnings)."""
+        self.effects.append(Effect("call", fn, list(args), dict(kwargs)))
 
     def replace_contents(self, target: Value) -> None:
         """A pre-existing list/dict was mutated: write its final contents back (once)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import functools
 import operator
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -71,6 +72,13 @@ _constant_fold(builtins.round, builtins.divmod, builtins.pow, builtins.hash, bui
 @handles(builtins.print)
 def _print(state, *args, **kwargs):
     raise GraphBreak("print", "print()")
+
+
+@handles(warnings.warn)
+def _warn(state, *args, **kwargs):
+    from kiln.capture.values.deferred import deferred_warn
+
+    return deferred_warn(state, *args, **kwargs)
 
 
 @handles(builtins.len)

@@ -1,0 +1,168 @@
+"""Real model code captured whole: tiny randomly initialised Hugging Face models.
+
+Each model is built from a config (no network, random weights), compiled with
+`kiln.compile(model, backend="eager", fullgraph=True)` and compared with eager:
+inference outputs (logits, loss), a second call with fresh inputs of the same
+shapes (which must not recompile: one capture record), and in training mode a
+forward+backward whose parameter gradients must match eager's.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import kiln  # noqa: E402
+from kiln.api import context_of  # noqa: E402
+
+VOCAB, BATCH, SEQ = 128, 2, 8
+
+
+def gpt2(**overrides):
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                  eos_token_id=0, **overrides)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _bert_config(**overrides):
+    return transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                   vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0, **overrides)
+
+
+def bert(**overrides):
+    return transformers.BertModel(_bert_config(**overrides))
+
+
+def bert_cls(**overrides):
+    return transformers.BertForSequenceClassification(_bert_config(num_labels=3, **overrides))
+
+
+def llama(**overrides):
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0, **overrides)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def ids(generator):
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+
+
+def lm_inputs(g, labels=False):
+    x = ids(g)
+    return {"input_ids": x, "labels": ids(g)} if labels else {"input_ids": x}
+
+
+def bert_inputs(g, labels=False):
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, SEQ - 3:] = 0  # padding in the second row: the mask matters
+    out = {"input_ids": ids(g), "attention_mask": mask, "token_type_ids": torch.zeros(BATCH, SEQ, dtype=torch.long)}
+    if labels:
+        out["labels"] = torch.randint(0, 3, (BATCH,), generator=g)
+    return out
+
+
+def _tensors(out) -> dict[str, torch.Tensor]:
+    """The tensor fields of a ModelOutput (or tuple), by name."""
+    items = out.items() if hasattr(out, "items") else enumerate(out)
+    return {str(k): v for k, v in items if isinstance(v, torch.Tensor)}
+
+
+def assert_outputs_close(actual, expected, atol=1e-5, rtol=1e-4):
+    assert type(actual) is type(expected)
+    a, e = _tensors(actual), _tensors(expected)
+    assert a.keys() == e.keys()
+    for k in e:
+        torch.testing.assert_close(a[k], e[k], atol=atol, rtol=rtol, msg=f"output {k!r} differs")
+
+
+def compile_strict(model):
+    """fullgraph=True, and a capture failure (which would silently run eagerly) is an error."""
+    return kiln.compile(model, backend="eager", fullgraph=True)
+
+
+def _no_capture_failure():
+    return warnings.catch_warnings() if False else _ErrorOnKilnWarning()
+
+
+class _ErrorOnKilnWarning:
+    def __enter__(self):
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.filterwarnings("error", message="kiln: ")
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+CASES = {
+    "gpt2": (gpt2, lm_inputs, False),
+    "gpt2_loss": (gpt2, lm_inputs, True),
+    "gpt2_no_cache": (lambda: gpt2(use_cache=False), lm_inputs, False),
+    "bert": (bert, bert_inputs, False),
+    "bert_cls": (bert_cls, bert_inputs, True),
+    "llama": (llama, lm_inputs, False),
+    "llama_loss": (llama, lm_inputs, True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_inference_matches_eager_one_graph(name):
+    make, inputs, labels = CASES[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(1)
+    with _no_capture_failure(), torch.no_grad():
+        for _ in range(2):  # the second call has fresh inputs of the same shapes: no recompile
+            kwargs = inputs(g, labels)
+            assert_outputs_close(compiled(**kwargs), model(**kwargs))
+    records = context_of(compiled).records
+    assert len(records) == 1, [r.recompile_reason for r in records]
+    assert records[0].graph_break is None and records[0].op_count > 0
+
+
+TRAIN_CASES = ["gpt2_loss", "bert_cls", "llama_loss"]
+
+
+@pytest.mark.parametrize("name", TRAIN_CASES)
+def test_training_gradients_match_eager(name):
+    make, inputs, labels = CASES[name]
+    torch.manual_seed(0)
+    model = make().train()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(2)
+    with _no_capture_failure():
+        for _ in range(2):
+            kwargs = inputs(g, labels)
+            model.zero_grad(set_to_none=True)
+            expected = model(**kwargs)
+            expected.loss.backward()
+            expected_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            model.zero_grad(set_to_none=True)
+            actual = compiled(**kwargs)
+            actual.loss.backward()
+            actual_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            assert_outputs_close(actual, expected)
+            assert actual_grads.keys() == expected_grads.keys() and expected_grads
+            for n in expected_grads:
+                torch.testing.assert_close(actual_grads[n], expected_grads[n], atol=1e-5, rtol=1e-4,
+                                           msg=f"gradient of {n} differs")
+    assert len(context_of(compiled).records) == 1
+
+
+def test_return_dict_false_gives_tuple():
+    torch.manual_seed(0)
+    model = gpt2().eval()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(3)
+    x = ids(g)
+    with _no_capture_failure(), torch.no_grad():
+        out, ref = compiled(x, return_dict=False), model(x, return_dict=False)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out[0], ref[0])

@@ -1,28 +1,40 @@
 """`aot_compile`: a captured graph in, a callable running compiled ATen graphs out.
 
-The passes, in order, each printable as Python and logged to `kiln.aot`:
+The passes, in order; each is timed, its graph kept in `AOTCompiled.traces` and
+logged to `kiln.aot` as Python code:
 
-    analyze       fake run of gm: output structure, aliases, which outputs need grad
-    trace         ATen graph of the forward, or the joint forward+backward  (joint.py)
-    functionalize pure ops; input mutations become outputs                  (functionalize.py)
-    partition     min-cut split of the joint into forward and backward       (partition.py)
+    analyze       fake run of gm: output structure, aliases, which outputs need grad (signature.py)
+    trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
+    functionalize pure ops; input mutations become outputs                           (functionalize.py)
+    partition     min-cut split of the joint into forward and backward               (partition.py)
     compile       the code generator's `compiler` on each graph
-    runtime       autograd.Function / inference wrapper                      (runtime.py)
+    runtime       autograd.Function / inference wrapper                              (runtime.py)
 
 Which graphs are built depends on the call: when grad mode is on and some input
 requires grad, the training pair for that requires-grad pattern; otherwise the
-inference graph. The variant the example inputs ask for is compiled at once; the
-others lazily, on the first call that needs them.
+inference graph. Autocast active at the call is traced into the graphs (the
+casts become graph ops), and the graphs then run with autocast off. The variant
+the example inputs ask for is compiled at once; others lazily, on the first call
+that needs them.
+
+RNG: random ops are traced as the ATen ops eager runs (`bernoulli`, ...), draw
+from the global generator when the graph runs, and are never recomputed in the
+backward (the partitioner bans them). Under `aot_eager` the ops run in eager's
+order, so dropout masks equal eager's bit for bit for the same seed (tested). A
+code generator that lowers random ops itself gets eager's distribution, not
+necessarily eager's stream.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from kiln.autograd.functionalize import FUNCTIONALIZATION_DECOMPOSITIONS, functionalize
+from kiln.autograd.decompositions import tracing_table
+from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner
@@ -32,104 +44,129 @@ log = logging.getLogger("kiln.aot")
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
                 decompositions: dict | None = None, name: str = "graph") -> Callable:
     """Compile `gm` (torch-level FX graph) through ATen graphs handed to `compiler`.
 
     `compiler(aten_gm, example_inputs)` receives the inference graph, or the forward and
-    the backward graph separately, with fake example inputs; it returns a callable over
-    the same flat positional tensors (or, if it sets `_boxed_call = True`, one list of them,
-    which it may empty to free inputs early). The result has `gm`'s calling convention.
+    the backward graph separately (`aten_gm.meta["kiln.aot"]["kind"]` says which), with
+    fake example inputs; it returns a callable over the same flat positional tensors (or,
+    if it sets `_boxed_call = True`, over one list of them, which it may empty to free
+    inputs early). The result has `gm`'s calling convention.
     """
-    compiled = AOTCompiled(gm, example_inputs, compiler, decompositions or {}, name)
+    compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
     flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    state = [t for _, t in gm.named_parameters()] + [t for _, t in gm.named_buffers()]
-    compiled.runner(compiled.key(flat + state))
+    compiled.runner(compiled.key(flat + compiled.program.state()))
     return compiled
 
 
+@dataclass
+class Trace:
+    """One pass's output: its name, how long it took, and the graph it produced."""
+
+    name: str
+    seconds: float
+    graph: torch.fx.GraphModule | None
+
+
 class AOTCompiled:
-    """The callable `aot_compile` returns: one compiled runner per requires-grad pattern."""
+    """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast) variant."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler,
-                 decompositions: dict, name: str):
+                 decompositions: dict | None, name: str):
         self.program = FlatProgram(gm, example_inputs)
         self.compiler = compiler
-        self.decompositions = {**FUNCTIONALIZATION_DECOMPOSITIONS, **decompositions}
+        self.decompositions = decompositions
         self.name = name
         self.runners: dict[Any, Callable] = {}
         self.partitions: dict[Any, Partition] = {}
+        self.traces: dict[Any, list[Trace]] = {}
 
     def __call__(self, *args):
         flat = self.program.flatten_inputs(args)
         return self.runner(self.key(flat))(flat)
 
     @staticmethod
-    def key(flat: list) -> tuple[bool, ...] | None:
-        """None for inference; else which flat inputs require grad."""
+    def key(flat: list) -> tuple:
+        """(None for inference, else which flat inputs require grad; the autocast state)."""
+        autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in flat):
-            return None
-        return tuple(t.requires_grad for t in flat)
+            return None, autocast
+        return tuple(t.requires_grad for t in flat), autocast
 
-    def runner(self, key) -> Callable:
+    def runner(self, key: tuple) -> Callable:
         if key not in self.runners:
             start = time.perf_counter()
-            self.runners[key] = self._build_training(key) if key is not None else self._build_inference()
-            log.info("%s: compiled %s in %.2f s", self.name, "training" if key else "inference",
-                     time.perf_counter() - start)
+            self.traces[key] = []
+            self.runners[key] = self._build_training(key) if key[0] is not None else self._build_inference(key)
+            log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
+                     time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
         return self.runners[key]
 
-    def _build_inference(self) -> Callable:
-        program = self.program
-        signature = program.analyze(None)
-        traced = trace_forward(program.graph_function(signature), program.input_specs, self.decompositions)
-        graph, mutations = functionalize(traced, program.input_specs)
-        _log_graph(f"{self.name} inference graph", graph)
-        compiled = self.compiler(graph, _example_inputs(graph))
-        return InferenceRunner(program, signature, compiled, mutations)
+    def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
+        """Run one named pass, timing it and keeping (and logging) the graph it produced."""
+        start = time.perf_counter()
+        result = fn(*args)
+        self._record(key, name, time.perf_counter() - start, graph_of(result) if graph_of else None)
+        return result
 
-    def _build_training(self, key: tuple[bool, ...]) -> Callable:
+    def _record(self, key: tuple, name: str, seconds: float, graph: torch.fx.GraphModule | None) -> None:
+        self.traces[key].append(Trace(name, seconds, graph))
+        if graph is not None and log.isEnabledFor(logging.INFO):
+            log.info("%s %s graph:\n%s", self.name, name, graph.print_readable(print_output=False))
+
+    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule) -> Callable:
+        graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
+        example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
+        return self._pass(key, f"compile {kind}", self.compiler, graph, example_inputs)
+
+    def _build_inference(self, key: tuple) -> Callable:
         program = self.program
-        signature = program.analyze(key)
+        signature = self._pass(key, "analyze", program.analyze, None)
+        traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
+                            tracing_table(self.decompositions, training=False), graph_of=lambda gm: gm)
+        graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
+                                      graph_of=lambda result: result[0])
+        return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
+
+    def _build_training(self, key: tuple) -> Callable:
+        program = self.program
+        requires_grad = key[0]
+        signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves
-            return self.runner(None)
-        joint = trace_joint(program.graph_function(signature), program.input_specs, key, signature,
-                            self.decompositions)
+            return self.runner((None, key[1]))
+        joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
+                           program.input_specs, requires_grad, signature,
+                           tracing_table(self.decompositions, training=True), graph_of=lambda j: j.gm)
         tangent_specs = [signature.graph_outputs[i] for i in signature.differentiable()]
-        graph, mutations = functionalize(joint.gm, program.input_specs + tangent_specs)
-        for m in mutations:
-            if key[m.input_index]:
-                raise NotImplementedError(
-                    f"kiln: the graph mutates input {m.input_index} in place and that input requires grad")
-        _log_graph(f"{self.name} joint graph", graph)
-        num_grads = sum(joint.grad_mask)
-        n_out = joint.num_outputs
+        graph, mutations = self._pass(key, "joint", functionalize, joint.gm, program.input_specs + tangent_specs,
+                                      graph_of=lambda result: result[0])
+        _refuse_mutations_of_grad_inputs(mutations, requires_grad)
+        num_outputs, num_grads = joint.num_outputs, sum(joint.grad_mask)
         layout = JointLayout(
             num_primals=joint.num_primals,
-            forward_outputs=list(range(n_out)) + [m.output_index for m in mutations],
-            backward_outputs=list(range(n_out, n_out + num_grads)))
-        split = partition(graph, layout)
-        self.partitions[key] = split
+            forward_outputs=list(range(num_outputs)) + [m.output_index for m in mutations],
+            backward_outputs=list(range(num_outputs, num_outputs + num_grads)))
+        split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout)
         log.info("%s partition, %s", self.name, split.summary())
-        _log_graph(f"{self.name} forward graph", split.forward)
-        _log_graph(f"{self.name} backward graph", split.backward)
-        forward = self.compiler(split.forward, _example_inputs(split.forward))
-        backward = self.compiler(split.backward, _example_inputs(split.backward))
-        # The forward graph returns outputs, then mutated values, then saved tensors.
-        runner_mutations = [type(m)(m.input_index, n_out + k) for k, m in enumerate(mutations)]
-        return TrainingRunner(program, signature, forward, backward, runner_mutations, len(split.saved),
-                              joint.grad_mask)
+        self._record(key, "forward", 0.0, split.forward)
+        self._record(key, "backward", 0.0, split.backward)
+        forward = self._compile(key, "forward", split.forward)
+        backward = self._compile(key, "backward", split.backward)
+        # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
+        moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
+        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask)
 
 
-def _example_inputs(gm: torch.fx.GraphModule) -> list:
-    """Fake tensors for the placeholders of a traced graph (from make_fx's `val` metadata)."""
-    return [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
-
-
-def _log_graph(title: str, gm: torch.fx.GraphModule) -> None:
-    if log.isEnabledFor(logging.INFO):
-        log.info("%s:\n%s", title, gm.print_readable(print_output=False))
+def _refuse_mutations_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:
+    for m in mutations:
+        if requires_grad[m.input_index]:
+            raise NotImplementedError(
+                f"kiln: the graph mutates input {m.input_index} in place and that input requires grad; "
+                "compiled training supports in-place updates only of inputs that do not require grad")
 
 
 def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -139,10 +176,10 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     runtime) and nothing of the code generator: it tells a bug of this stage from
     one of codegen.
     """
-    return aot_compile(gm, example_inputs, _run_as_is, name="aot_eager")
+    return aot_compile(gm, example_inputs, run_graph, name="aot_eager")
 
 
-def _run_as_is(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+def run_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Run `gm` node by node, freeing each value (inputs included) after its last use.
 
     A fresh Interpreter per call: one kept across calls would hold the last call's

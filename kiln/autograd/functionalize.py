@@ -10,7 +10,7 @@ generator lowers them as index rewrites, and a view is cheaper than a copy.
 
 Ops that mutate without a functional variant known to the functionalizer (the
 batch-norm family writes its running statistics in place) are decomposed first,
-during tracing: `FUNCTIONALIZATION_DECOMPOSITIONS`. `verify_functional` checks
+during tracing (`decompositions.FUNCTIONALIZATION`). `verify_functional` checks
 the result: no op of the final graph may have a mutable schema.
 """
 from __future__ import annotations
@@ -18,21 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.autograd.signature import TensorSpec
 
 aten = torch.ops.aten
-
-FUNCTIONALIZATION_DECOMPOSITIONS = get_decompositions([
-    aten.native_batch_norm,
-    aten._native_batch_norm_legit,
-    aten._native_batch_norm_legit_no_training,
-])
-"""Ops that mutate their inputs but that functionalization would keep as they are."""
-
 
 @dataclass(frozen=True)
 class InputMutation:
@@ -46,7 +37,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec]) -> tu
     """A functional copy of `gm`; input mutations are appended to its outputs."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [s.fake(mode) for s in input_specs]
-    with torch.no_grad():
+    with torch.no_grad(), torch._C._DisableAutocast():  # casts are already ops of `gm`
         fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
     mutations = _lift_input_mutations(fgm)
     _remove_identities(fgm)

@@ -57,7 +57,8 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
     def joint(*flat):
         outs = fn(*flat[:n])
         wrt = [p for p in flat[:n] if p.requires_grad]
-        grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
+        with torch._C._DisableAutocast():  # eager runs backward outside the autocast region
+            grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
         by_input = iter(grads)
         full = [next(by_input) if p.requires_grad else None for p in flat[:n]]
         grad_mask[:] = [g is not None for g in full]

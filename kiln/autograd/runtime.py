@@ -32,10 +32,12 @@ def call_compiled(compiled: Callable, args: list) -> Any:
 
     The boxed convention (torch's, too) lets a graph drop each input after its last use:
     with positional arguments the caller's tuple keeps every input alive until the end.
+    Autocast is off: its casts were traced into the graph.
     """
-    if getattr(compiled, "_boxed_call", False):
-        return compiled(args)
-    return compiled(*args)
+    with torch._C._DisableAutocast():
+        if getattr(compiled, "_boxed_call", False):
+            return compiled(args)
+        return compiled(*args)
 
 
 def apply_mutations(flat: list, mutations: list[InputMutation], outs: list) -> None:

@@ -93,8 +93,7 @@ class FlatProgram:
         # Non-tensor inputs are baked in as constants: the capture guards on their values.
         self.constants = {i: a for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
-        state = [t for _, t in gm.named_parameters()] + [t for _, t in gm.named_buffers()]
-        flat = [example_inputs[i] for i in self.tensor_positions] + state
+        flat = [example_inputs[i] for i in self.tensor_positions] + self.state()
         self.input_specs = [TensorSpec.of(t) for t in flat]
 
     @property
@@ -105,8 +104,11 @@ class FlatProgram:
         """The real flat inputs of one call: its tensor arguments, then `gm`'s current state."""
         if len(args) != self.num_args:
             raise TypeError(f"kiln: compiled graph takes {self.num_args} inputs, got {len(args)}")
-        state = [t for _, t in self.gm.named_parameters()] + [t for _, t in self.gm.named_buffers()]
-        return [args[i] for i in self.tensor_positions] + state
+        return [args[i] for i in self.tensor_positions] + self.state()
+
+    def state(self) -> list[torch.Tensor]:
+        """`gm`'s parameters and buffers now (an optimizer or `load_state_dict` may have replaced them)."""
+        return [t for _, t in self.gm.named_parameters()] + [t for _, t in self.gm.named_buffers()]
 
     def run(self, flat: list) -> Any:
         """Call `gm` on flat inputs (real or fake), returning what `gm` returns."""

@@ -29,13 +29,14 @@ def assert_close(a, b, dtype, what):
     torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{what}: {m}")
 
 
-def train_and_compare(make_model, make_inputs, loss_fn, *, dtype=torch.float64, steps=3, optimizer=None):
+def train_and_compare(make_model, make_inputs, loss_fn, *, dtype=torch.float64, steps=3, optimizer=None,
+                      compile_kwargs=None):
     """Train an eager copy and an aot_eager copy for `steps` steps; every loss, grad and buffer must match."""
     torch.manual_seed(0)
     eager = make_model().to(dtype)
     compiled_model = copy.deepcopy(eager)
     inputs = [x.to(dtype) if x.is_floating_point() else x for x in make_inputs()]
-    compiled = compile_module(compiled_model, inputs)
+    compiled = compile_module(compiled_model, inputs, **(compile_kwargs or {}))
     make_opt = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
     opt_e, opt_c = make_opt(eager.parameters()), make_opt(compiled_model.parameters())
     for step in range(steps):

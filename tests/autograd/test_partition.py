@@ -4,7 +4,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kiln.autograd.functionalize import FUNCTIONALIZATION_DECOMPOSITIONS, functionalize
+from kiln.autograd.decompositions import FUNCTIONALIZATION
+from kiln.autograd.functionalize import functionalize
 from kiln.autograd.joint import trace_joint
 from kiln.autograd.partition import JointLayout, is_recomputable, partition
 from kiln.autograd.signature import FlatProgram
@@ -25,7 +26,7 @@ def joint_graph(fn, inputs):
     key = tuple(t.requires_grad for t in inputs)
     signature = program.analyze(key)
     joint = trace_joint(program.graph_function(signature), program.input_specs, key, signature,
-                        FUNCTIONALIZATION_DECOMPOSITIONS)
+                        FUNCTIONALIZATION)
     tangents = [signature.graph_outputs[i] for i in signature.differentiable()]
     graph, mutations = functionalize(joint.gm, program.input_specs + tangents)
     n = joint.num_outputs

@@ -105,7 +105,7 @@ def test_inference_when_no_input_requires_grad():
     compiled = compile_module(model, [x])
     out, saved = count_saved(lambda: compiled(x))
     assert saved == 0 and out.grad_fn is None
-    assert list(compiled.runners) == [None]  # only the inference graph was built
+    assert [requires_grad for requires_grad, _ in compiled.runners] == [None]  # only the inference graph
 
 
 def test_training_saves_exactly_what_the_partition_chose():
@@ -151,9 +151,38 @@ def test_compiler_receives_separate_forward_and_backward_with_fake_inputs():
     x = torch.randn(4, 3)
     aot_compile(torch.fx.symbolic_trace(lin), [x], compiler)
     (fw, fw_inputs), (bw, bw_inputs) = received
+    assert fw.meta["kiln.aot"]["kind"] == "forward" and bw.meta["kiln.aot"]["kind"] == "backward"
     assert [tuple(t.shape) for t in fw_inputs] == [(4, 3), (2, 3), (2,)]
     assert all(type(t).__name__ == "FakeTensor" for t in fw_inputs + bw_inputs)
     targets = {n.target for n in fw.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten.addmm.default in targets
     assert tuple(bw_inputs[-1].shape) == (4, 2)  # the tangent comes last
 
+
+
+def test_passes_are_named_timed_and_kept():
+    lin = nn.Linear(3, 2)
+    compiled = compile_module(lin, [torch.randn(4, 3)])
+    (traces,) = compiled.traces.values()
+    assert [t.name for t in traces] == ["analyze", "trace joint", "joint", "partition", "forward", "backward",
+                                        "compile forward", "compile backward"]
+    assert all(t.seconds >= 0 for t in traces)
+    assert "torch.ops.aten" in traces[2].graph.code
+
+
+def test_autocast_is_traced_into_the_graph_and_matches_eager():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    compiled = compile_module(lin, [x])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+        ref = lin(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref)
+    out.float().sum().backward()
+    grad = lin.weight.grad.clone()
+    lin.zero_grad()
+    ref.float().sum().backward()
+    torch.testing.assert_close(grad, lin.weight.grad)
+    assert len(compiled.runners) == 2  # fp32 from the example inputs, then bf16 under autocast

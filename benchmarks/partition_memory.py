@@ -5,7 +5,8 @@ For each model, one training step (forward, loss, backward) runs eagerly and
 through kiln's autograd stage (`aot_eager`: the same ATen ops, so the numbers
 are the partition's, not a code generator's). Reported per model:
 
-  saved_bytes_kiln        bytes the compiled forward saves for backward (min-cut)
+  saved_bytes_kiln        bytes the compiled forward saves for backward (min-cut); saved_input_bytes_kiln
+                          of them are inputs' (parameters, the batch), alive anyway
   saved_bytes_naive       bytes the naive partition would save (every forward tensor the backward reads)
   saved_bytes_eager       bytes eager autograd saves (saved_tensors_hooks, unique storages)
   retained_after_forward  CPU bytes still allocated after forward+loss (activations held for backward)
@@ -153,6 +154,7 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
     (split,) = compiled.partitions.values()
     result = {"model": name, **info, "params": sum(p.numel() for p in model.parameters()),
               "saved_tensors_kiln": len(split.saved), "saved_bytes_kiln": split.saved_bytes,
+              "saved_input_bytes_kiln": split.saved_input_bytes,
               "saved_tensors_naive": len(split.naive_saved), "saved_bytes_naive": split.naive_bytes,
               "recomputed_ops_in_backward": len(split.recomputed)}
     for label, fn in (("eager", model), ("kiln", compiled)):

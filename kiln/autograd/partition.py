@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.maxflow import FlowGraph
 
@@ -78,13 +79,16 @@ class Partition:
     saved_bytes: int
     naive_saved: list[str]
     naive_bytes: int
+    saved_input_bytes: int
+    """Of `saved_bytes`, those held by inputs (parameters, ...) that stay alive anyway."""
     recomputed: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         ratio = f"{self.saved_bytes / self.naive_bytes:.2f}" if self.naive_bytes else "-"
-        return (f"{self.strategy}: save {len(self.saved)} tensors, {self.saved_bytes} bytes "
+        return (f"{self.strategy}: save {len(self.saved)} tensors, {self.saved_bytes} bytes, "
+                f"{self.saved_input_bytes} of them inputs' "
                 f"(naive save-all: {len(self.naive_saved)} tensors, {self.naive_bytes} bytes; ratio {ratio}); "
-                f"recompute {len(self.recomputed)} ops in the backward\n"
+                f"run {len(self.recomputed)} forward ops in the backward\n"
                 f"  saved: {', '.join(self.saved)}\n"
                 f"  recomputed: {', '.join(self.recomputed)}")
 
@@ -109,8 +113,11 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
+    input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()) for p in nodes.primals}
+    saved_input_bytes = sum(node_bytes(n) for n in saved
+                            if StorageWeakRef(n.meta["val"].untyped_storage()) in input_storages)
     return Partition(forward, backward, strategy, [n.name for n in saved], int(sum(map(node_bytes, saved))),
-                     [n.name for n in naive], int(sum(map(node_bytes, naive))), recomputed)
+                     [n.name for n in naive], int(sum(map(node_bytes, naive))), int(saved_input_bytes), recomputed)
 
 
 class _JointNodes:

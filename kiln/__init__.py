@@ -1,5 +1,5 @@
 """kiln: a just-in-time compiler for unmodified PyTorch programs."""
-from kiln.api import compile, disable, graph_break, reset
+from kiln.api import compile, disable, graph_break, mark_dynamic, mark_static, maybe_mark_dynamic, reset
 from kiln.backends import list_backends, register_backend
 from kiln.codegen import inductor
 from kiln.capture.entry import BackendCompilerFailed, FullGraphError
@@ -9,5 +9,5 @@ from kiln.debug.logs import configure_from_environment as _configure_logs
 
 _configure_logs()
 
-__all__ = ["compile", "disable", "graph_break", "reset", "list_backends", "register_backend", "config",
+__all__ = ["compile", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "disable", "graph_break", "reset", "list_backends", "register_backend", "config",
            "list_options", "list_mode_options", "explain", "FullGraphError", "BackendCompilerFailed"]

@@ -6,6 +6,7 @@ import types
 import weakref
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from kiln.backends import resolve_backend
@@ -33,7 +34,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiler = resolve_backend(backend, mode, options)
     if disable:
         return model
-    ctx = CompileContext(compiler, fullgraph=fullgraph)
+    ctx = CompileContext(compiler, fullgraph=fullgraph, dynamic=dynamic)
     _contexts.add(ctx)
     if isinstance(model, nn.Module):
         return OptimizedModule(model, ctx)
@@ -110,6 +111,23 @@ def disable(fn: Callable | None = None, recursive: bool = True):
 
     eager.__kiln_disabled__ = True
     return eager
+
+
+def mark_dynamic(t: torch.Tensor, index: int | list[int]) -> None:
+    """Compile dimension(s) `index` of `t` with a symbolic size from the first call (torch._dynamo.mark_dynamic)."""
+    dims = [index] if isinstance(index, int) else list(index)
+    t._kiln_dynamic_dims = set(getattr(t, "_kiln_dynamic_dims", ())) | {d % t.dim() for d in dims}
+
+
+def maybe_mark_dynamic(t: torch.Tensor, index: int | list[int]) -> None:
+    """Like mark_dynamic; kiln specializes such a dimension if the program forces a single value."""
+    mark_dynamic(t, index)
+
+
+def mark_static(t: torch.Tensor, index: int | list[int] | None = None) -> None:
+    """Never make dimension(s) `index` (all, if None) of `t` dynamic, whatever `dynamic=` says."""
+    dims = range(t.dim()) if index is None else ([index] if isinstance(index, int) else index)
+    t._kiln_static_dims = set(getattr(t, "_kiln_static_dims", ())) | {d % t.dim() for d in dims}
 
 
 def graph_break() -> None:

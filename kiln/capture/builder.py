@@ -67,12 +67,17 @@ def wrap(state, obj: Any, source: Source) -> Value:
             return ListValue(items, source)
         return TupleValue(items, cls=type(obj), source=source)
     if type(obj) is dict or (isinstance(obj, dict) and not dataclasses.is_dataclass(obj)):
-        if all(is_literal(k) for k in obj):
+        if all(is_literal(k) or _is_fixed_object(k) for k in obj):
             _type(state, obj, source, expr)
             keys = list(obj.keys())
-            state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys!r}", repr(keys),
+            keys_expr = repr(keys) if all(is_literal(k) for k in keys) else state.guards.constant(keys, "keys")
+            state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys_expr}", repr(keys),
                                    f"list({expr}.keys())"))
-            return DictValue({k: wrap_lazy(state, v, ItemSource(source, k)) for k, v in obj.items()}, source, type(obj))
+            return DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
+                             source, type(obj))
+    if _is_typing_object(obj):  # Union[...], Literal[...], int | None: immutable annotations
+        _identity(state, obj, source, expr)
+        return ConstantValue(obj, source)
     if isinstance(obj, types.FunctionType):
         _identity(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
@@ -106,6 +111,29 @@ def wrap(state, obj: Any, source: Source) -> Value:
     return OpaqueValue(obj, source)
 
 
+def _is_typing_object(obj: Any) -> bool:
+    return type(obj).__module__ == "typing" or isinstance(obj, (types.UnionType, types.GenericAlias))
+
+
+def _is_fixed_object(key: Any) -> bool:
+    """Dict keys that hash by identity and never change: classes, functions, enums, typing objects."""
+    return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, enum.Enum)) or _is_typing_object(key)
+
+
+class _NamespaceRef:
+    """A dict key kept in the guard namespace: its repr is the name an item source uses for it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _key_ref(state, key: Any) -> Any:
+    return key if is_literal(key) else _NamespaceRef(state.guards.constant(key, "key"))
+
+
 def _is_torch_callable(obj: Any) -> bool:
     module = getattr(obj, "__module__", None) or ""
     return callable(obj) and (module == "torch" or module.startswith("torch.") or module.startswith("torch._C")) and \
@@ -115,13 +143,41 @@ def _is_torch_callable(obj: Any) -> bool:
 def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
+    dynamic = dynamic_dims(state, t, source)
     names = [state.guards.constant(v, hint) for v, hint in ((cls, "type"), (dtype, "dtype"), (device, "device"))]
-    check = (f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} "
-             f"and {expr}.shape == {shape!r} and {expr}.stride() == {stride!r} and {expr}.requires_grad is {requires_grad}")
-    state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, describe_tensor(sig),
+    check = f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} and "
+    if dynamic:  # sizes are checked by the shape guard over the symbols; here only rank, static dims, layout
+        static = " and ".join(f"{expr}.size({d}) == {n}" for d, n in enumerate(shape) if d not in dynamic)
+        check += f"{expr}.dim() == {len(shape)} and {expr}.is_contiguous() and " + (f"{static} and " if static else "")
+    else:
+        check += f"{expr}.shape == {shape!r} and {expr}.stride() == {stride!r} and "
+    check += f"{expr}.requires_grad is {requires_grad}"
+    described = describe_tensor(sig) + (f", dynamic dims {sorted(dynamic)}" if dynamic else "")
+    state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
                            f"___describe_tensor(___tensor_signature({expr}))"))
-    node, fake = state.graph.input(source, t)
+    node, fake = state.graph.input(source, t, dynamic)
     return TensorValue(node, fake, source)
+
+
+def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
+    """Which dimensions of an input get symbolic sizes: by `dynamic=`, automatic dynamic and marks.
+
+    Parameters and buffers stay static (they do not change size between calls), as do sizes 0
+    and 1 and non-contiguous inputs.
+    """
+    if isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers"):
+        return frozenset()
+    if state.dynamic is True:
+        dims = set(range(t.dim()))
+    elif state.dynamic is False:
+        dims = set()
+    else:
+        dims = set(state.auto_dynamic.get(source, ()))
+    dims |= set(getattr(t, "_kiln_dynamic_dims", ()))
+    dims -= set(getattr(t, "_kiln_static_dims", ()))
+    if not t.is_contiguous():
+        return frozenset()
+    return frozenset(d for d in dims if t.shape[d] >= 2)
 
 
 def _identity(state, obj: Any, source: Source, expr: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import time
 import types
@@ -22,11 +23,11 @@ import torch
 
 from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak, Unresumable
-from kiln.capture.guards import GuardSet
+from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
 from kiln.capture.native import render_instruction
 from kiln.capture.output import write_program
-from kiln.capture.sources import ClosureSource, LocalSource
+from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
@@ -40,6 +41,21 @@ log_guards = logging.getLogger("kiln.guards")
 log_graph = logging.getLogger("kiln.graph")
 log_program = logging.getLogger("kiln.bytecode")
 log = logging.getLogger("kiln.capture")
+_profiler = torch.autograd.profiler  # `_profiler._is_profiler_enabled`: a module global, cheap to read per call
+_record_ids = itertools.count(1)
+
+# Observers of the capture stage, installed by kiln.debug (nothing here imports it):
+# each is called as listener(ctx, record) after a capture and its backend compile.
+RECORD_LISTENERS: list[Callable[["CompileContext", "CaptureRecord"], None]] = []
+
+
+class Instrumentation:
+    """Whether entry programs are timed (`python -m kiln run` turns it on); off, the call path only reads a flag."""
+
+    timing: bool = False
+
+
+instrumentation = Instrumentation()
 
 
 class FullGraphError(RuntimeError):
@@ -80,6 +96,12 @@ class CaptureRecord:
     program_source: str
     compile_seconds: float
     recompile_reason: str | None = None
+    id: int = 0  # process-wide graph id, shown by the report, the debug directory and the profiler range
+    name: str = ""  # the function's name
+    backend_seconds: float = 0.0  # the part of compile_seconds spent in the backend
+    compiled: Any = None  # what the backend returned
+    calls: int = 0  # calls of this entry's program and their time, counted while instrumentation is on
+    run_seconds: float = 0.0
 
 
 @dataclass
@@ -88,6 +110,8 @@ class CacheEntry:
     program: Callable
     guards: GuardSet
     program_source: str
+    record: CaptureRecord | None = None
+    input_shapes: list = field(default_factory=list)  # (source, shape) of each tensor input, for automatic dynamic
 
 
 @dataclass(eq=False)
@@ -96,10 +120,13 @@ class CompileContext:
 
     backend: Callable
     fullgraph: bool = False
+    dynamic: bool | None = None  # kiln.compile(dynamic=...): True, False or None (automatic dynamic)
     frames: dict[FrameSpec, "CompiledFrame"] = field(default_factory=dict)
     records: list[CaptureRecord] = field(default_factory=list)
     graph_counter: int = 0
     functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
+    run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
+    depth: int = 0
 
     def frame(self, spec: FrameSpec) -> "CompiledFrame":
         if spec not in self.frames:
@@ -118,15 +145,20 @@ class CompiledFrame:
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
         self._warned_limit = False
+        self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
     def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
         for entry in self.entries:
             if entry.guard(L, G, C):
+                if instrumentation.timing or _profiler._is_profiler_enabled:
+                    return self._run_observed(entry, L, G, C)
                 return entry.program(L, G, C)
         if self.run_eagerly:
             return eager()
         reason = self.entries[-1].guards.first_failure(L, G, C) if self.entries else None
         if reason is not None:
+            if self.ctx.dynamic is None:
+                reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
         opaque = False
         if len(self.entries) >= config.cache_size_limit:
@@ -138,7 +170,44 @@ class CompiledFrame:
         entry = self._capture(L, G, C, eager, opaque, reason)
         if entry is None:
             return eager()
+        if instrumentation.timing or _profiler._is_profiler_enabled:
+            return self._run_observed(entry, L, G, C)
         return entry.program(L, G, C)
+
+    def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
+        """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""
+        record, ctx = entry.record, self.ctx
+        ctx.depth += 1
+        start = time.perf_counter()
+        try:
+            if _profiler._is_profiler_enabled:
+                with torch.profiler.record_function(f"kiln: {record.name} (graph {record.id})"):
+                    return entry.program(L, G, C)
+            return entry.program(L, G, C)
+        finally:
+            seconds = time.perf_counter() - start
+            ctx.depth -= 1
+            record.calls += 1
+            record.run_seconds += seconds
+            if ctx.depth == 0:
+                ctx.run_seconds += seconds
+
+    def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
+        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic."""
+        changes = []
+        last = self.entries[-1]
+        for source, old_shape in last.input_shapes:
+            try:
+                new = eval(source.expr(), dict(last.guards.namespace), {"L": L, "G": G, "C": C})
+            except Exception:
+                continue
+            if not isinstance(new, torch.Tensor) or new.dim() != len(old_shape):
+                continue
+            dims = {d for d, (a, b) in enumerate(zip(old_shape, new.shape)) if a != b}
+            if dims - self.auto_dynamic.get(source, set()):
+                self.auto_dynamic.setdefault(source, set()).update(dims)
+                changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}" for d in sorted(dims)]
+        return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
@@ -149,7 +218,7 @@ class CompiledFrame:
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
         try:
-            result = capture(self.spec, L, G, C, self.ctx, opaque)
+            result = capture(self.spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
         except (FullGraphError, BackendCompilerFailed):
             raise
         except Unresumable as e:
@@ -170,6 +239,8 @@ class CompiledFrame:
         record.recompile_reason = reason
         self.ctx.records.append(record)
         self.entries.append(entry)
+        for listener in RECORD_LISTENERS:
+            listener(self.ctx, record)
         return entry
 
 
@@ -204,10 +275,11 @@ class CompiledFunction:
 # One capture: interpret, choose the break, write the program, compile the graph
 # ------------------------------------------------------------------------------------------
 
-def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool):
+def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool,
+            auto_dynamic: dict | None = None):
     break_at, reason = None, None
     while True:
-        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque)
+        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic)
         frame = _root_frame(state, spec, L, C)
         try:
             try:
@@ -222,8 +294,17 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
+            if bytecode.in_try_block(spec.code, frame.current.index):
+                raise _unresumable_in_try(e)
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
+
+
+def _unresumable_in_try(e: GraphBreak) -> Unresumable:
+    """A break inside a try block: an exception raised natively there would skip the handler."""
+    u = Unresumable(e.reason.id, f"{e.detail} (inside a try block, so the frame runs natively)")
+    u.location, u.callers = e.location, e.callers
+    return u
 
 
 def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Frame:
@@ -264,6 +345,7 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
 
 def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame, reason, tail) -> tuple:
     ctx.graph_counter += 1
+    compiled, backend_seconds, graph_id = None, 0.0, next(_record_ids)
     graph_name = f"___graph_{ctx.graph_counter}"
     source, writer = write_program(state, graph_fn_name=graph_name, finish=tail)
     gm = None
@@ -271,24 +353,43 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         if state.grad_enabled != state.entry_grad_enabled:
             state.graph.set_grad_enabled(state.entry_grad_enabled)
         gm = state.graph.output(writer.outputs)
-        gm.meta = {"frame": spec.describe()}
+        gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
         log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
         example_inputs = [real for _, real in state.graph.inputs]
+        backend_start = time.perf_counter()
         try:
             compiled = ctx.backend(gm, example_inputs)
         except Exception as e:
             raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
                                         f"of {spec.describe()}: {type(e).__name__}: {e}") from e
         writer.namespace[graph_name] = compiled
+        backend_seconds = time.perf_counter() - backend_start
+    if state.graph.is_dynamic():
+        _add_shape_guard(state)
     guard_fn = state.guards.compile()
     namespace = dict(writer.namespace)
     exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
     program_source = state.guards.source_code() + "\n\n" + source
     log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
     log_program.info("output program for %s\n%s", spec.describe(), program_source)
-    entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source)
-    record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, program_source, 0.0)
+    record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, program_source, 0.0,
+                           id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
+                           compiled=compiled)
+    entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source, record,
+                       [(source, tuple(real.shape)) for source, real in state.graph.inputs])
     return entry, record
+
+
+def _add_shape_guard(state: CaptureState) -> None:
+    """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility) as one guard."""
+    fakes = [node.meta["example_value"] for node in state.graph.graph.nodes if node.op == "placeholder"]
+    expr = state.graph.shape_env.produce_guards_expression(fakes)
+    if not expr:
+        return
+    for i, (source, _) in reversed(list(enumerate(state.graph.inputs))):
+        expr = expr.replace(f"L['t{i}']", fast_expr(source))
+    state.guards.add(Guard(GuardKind.SHAPE, None, expr, expr, "'sizes ' + repr([" + ", ".join(
+        f"tuple({fast_expr(s)}.shape)" for s, _ in state.graph.inputs) + "])"))
 
 
 def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import Source
@@ -23,27 +24,46 @@ class GraphBuilder:
 
     def __init__(self) -> None:
         self.graph = fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.shape_env = ShapeEnv()  # symbolic sizes of dynamic dimensions, and the guards on them
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
+        self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
         self._input_nodes: dict[Source, fx.Node] = {}
         self._names: set[str] = set()
         self.op_count = 0
 
     # --- inputs -----------------------------------------------------------------------------
-    def input(self, source: Source, real: torch.Tensor) -> tuple[fx.Node, torch.Tensor]:
-        """The placeholder for the tensor at `source` (one per source), and its fake value."""
+    def input(self, source: Source, real: torch.Tensor, dynamic_dims: frozenset = frozenset()):
+        """The placeholder for the tensor at `source` (one per source), and its fake value.
+
+        Dimensions in `dynamic_dims` get symbolic sizes (equal sizes share a symbol: duck
+        sizing); sizes 0 and 1 stay static, as torch does.
+        """
         if source in self._input_nodes:
             node = self._input_nodes[source]
             return node, node.meta["example_value"]
         name = self._unique(_identifier(source.name()))
         node = self._insert_placeholder(name)
-        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        fake = self._fake(real, source, dynamic_dims)
         node.meta["example_value"] = fake
         node.meta["val"] = fake
         node.meta["source"] = source.expr()
         self._input_nodes[source] = node
         self.inputs.append((source, real))
         return node, fake
+
+    def _fake(self, real: torch.Tensor, source: Source, dynamic_dims: frozenset) -> torch.Tensor:
+        if not dynamic_dims:
+            return self.fake_mode.from_tensor(real, static_shapes=True)
+        sizes = [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(real.dim())]
+        fake = self.fake_mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_symbol:
+                self.symbol_sources.setdefault(size.node.expr, (source, d))
+        return fake
+
+    def is_dynamic(self) -> bool:
+        return bool(self.symbol_sources)
 
     def _insert_placeholder(self, name: str) -> fx.Node:
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]

@@ -28,6 +28,7 @@ class GuardKind(enum.Enum):
     AUTOCAST = "autocast"
     MODULE_TRAINING = "module training"
     NO_HOOKS = "module hooks"
+    SHAPE = "shape relations"
 
 
 @dataclass(frozen=True)

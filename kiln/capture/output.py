@@ -31,6 +31,7 @@ class ProgramWriter:
         self._constants: dict[int, str] = {}
         self._temps = itertools.count()
         self._memo: dict[int, str] = {}
+        self._bound_symbols: set[str] = set()
 
     # --- expressions ------------------------------------------------------------------------
     def constant(self, value: Any) -> str:
@@ -56,6 +57,19 @@ class ProgramWriter:
             self._output_index[node] = len(self.outputs)
             self.outputs.append(node)
         return f"___out[{self._output_index[node]}]"
+
+    def symbolic(self, sym) -> str:
+        """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`."""
+        from torch.utils._sympy.printers import PythonPrinter
+
+        expr = sym.node.expr
+        for symbol in sorted(expr.free_symbols, key=str):
+            source, dim = self.state.graph.symbol_sources[symbol]
+            name = str(symbol)
+            if name not in self._bound_symbols:
+                self._bound_symbols.add(name)
+                self.lines.append(f"{name} = {fast_expr(source)}.size({dim})")
+        return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
         from kiln.capture.values.torch_api import GradModeRestore

@@ -19,8 +19,11 @@ from kiln.capture.sources import ConstantSource, GlobalSource, ItemSource, Sourc
 
 
 class CaptureState:
-    def __init__(self, L: dict, G: dict, C: tuple, break_at: int | None = None, opaque_inputs: bool = False):
+    def __init__(self, L: dict, G: dict, C: tuple, break_at: int | None = None, opaque_inputs: bool = False,
+                 dynamic: bool | None = None, auto_dynamic: dict | None = None):
         self.L, self.G, self.C = L, G, C
+        self.dynamic = dynamic  # kiln.compile(dynamic=...): True, False or None (automatic)
+        self.auto_dynamic = auto_dynamic or {}  # source -> dims that changed size in an earlier call
         self.opaque_inputs = opaque_inputs  # wrap every input as opaque: no guards, every use breaks
         self.graph = GraphBuilder()
         self.guards = GuardSet()

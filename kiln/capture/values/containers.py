@@ -7,7 +7,10 @@ mutating one is a side effect replayed after the graph.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
+
+import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
@@ -119,6 +122,39 @@ class TupleValue(SequenceValue):
 
     def __repr__(self):
         return f"Tuple({self.items})"
+
+
+class SizeValue(TupleValue):
+    """`t.shape` of a tensor with dynamic dimensions: a torch.Size whose entries may be symbolic."""
+
+    def __init__(self, items: list[Value]):
+        super().__init__(items, cls=torch.Size)
+
+    def as_constant(self):
+        return torch.Size([i.as_constant() for i in self.items])
+
+    def rebuild(self, items):
+        return SizeValue(items)
+
+    def getattr(self, state, name: str) -> Value:
+        if name == "numel":
+            from kiln.capture.values.functions import BoundMethodValue
+
+            return BoundMethodValue(self, name)
+        return super().getattr(state, name)
+
+    def call_method(self, state, name, args, kwargs):
+        if name == "numel":
+            from kiln.capture.values.operators import apply_operator
+
+            total = ConstantValue(1)
+            for item in self.items:
+                total = apply_operator(state, operator.mul, [total, item])
+            return total
+        return super().call_method(state, name, args, kwargs)
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.constant(torch.Size)}([{self._items_expr(writer)}])"
 
 
 def _is_structseq(cls: type) -> bool:

@@ -42,12 +42,13 @@ _INPLACE_TO_PLAIN = {
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
     from kiln.capture.values.containers import ListValue, SequenceValue, TupleValue
+    from kiln.capture.values.symbolic import SymValue
     from kiln.capture.values.tensor import TensorValue, trace_op
 
     args = [a.realize() for a in args]
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
-    if any(isinstance(a, TensorValue) for a in args):
+    if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
     if all(a.is_constant() for a in args):
         try:

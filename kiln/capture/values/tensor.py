@@ -17,6 +17,7 @@ import torch.fx as fx
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.symbolic import SYM_TYPES, SymValue, is_symbolic
 
 # Tensor methods that read data into Python: the graph ends there.
 DATA_READS = {
@@ -50,9 +51,10 @@ class TensorValue(Value):
         return torch.Tensor
 
     def getattr(self, state, name: str) -> Value:
+        if name == "shape":
+            return self.size_value(state)
         if name in METADATA_ATTRS:
-            value = getattr(self.fake, name)
-            return ConstantValue(torch.Size(value) if name == "shape" else value)
+            return ConstantValue(getattr(self.fake, name))
         if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
             return trace_op(state, "call_function", getattr, [self, ConstantValue(name)], {}) if name != "data" \
                 else trace_op(state, "call_method", "detach", [self], {})
@@ -73,12 +75,26 @@ class TensorValue(Value):
     def call_method(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
         if name in DATA_READS:
             raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
+        if name == "size" and not args and not kwargs:
+            return self.size_value(state)
         if name in METADATA_METHODS:
             const_args = [a.as_constant() for a in args]
             const_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
             result = getattr(self.fake, name)(*const_args, **const_kwargs)
+            if _has_symbols(result):
+                return trace_op(state, "call_method", name, [self, *args], kwargs)
             return ConstantValue(result)
         return trace_op(state, "call_method", name, [self, *args], kwargs)
+
+    def size_value(self, state) -> Value:
+        """`t.shape`: a constant torch.Size, or a SizeValue whose dynamic entries are symbolic."""
+        shape = self.fake.shape
+        if not _has_symbols(shape):
+            return ConstantValue(torch.Size(shape))
+        from kiln.capture.values.containers import SizeValue
+
+        return SizeValue([trace_op(state, "call_method", "size", [self, ConstantValue(d)], {}) if _has_symbols(n)
+                          else ConstantValue(n) for d, n in enumerate(shape)])
 
     def getitem(self, state, key: Value) -> Value:
         return trace_op(state, "call_function", operator.getitem, [self, key], {})
@@ -153,7 +169,7 @@ def _lower(state, value: Value) -> tuple[Any, Any]:
     from kiln.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
 
     value = value.realize()
-    if isinstance(value, TensorValue):
+    if isinstance(value, (TensorValue, SymValue)):
         return value.node, value.fake
     if isinstance(value, (TupleValue, ListValue)):
         nodes, fakes = _lower_all(state, value.items)
@@ -171,13 +187,21 @@ def _lower(state, value: Value) -> tuple[Any, Any]:
     raise GraphBreak("unsupported_object", f"{value} passed to a torch operation")
 
 
+def _has_symbols(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_has_symbols(v) for v in value)
+    return is_symbolic(value)
+
+
 def wrap_result(state, node: fx.Node, fake: Any) -> Value:
-    """Trackers for an op's result: tensors, tuples of tensors (structseqs too), or constants."""
+    """Trackers for an op's result: tensors, symbolic sizes, tuples of those (structseqs too), or constants."""
     from kiln.capture.values.containers import ListValue, TupleValue
 
     if isinstance(fake, torch.Tensor):
         return TensorValue(node, fake)
-    if isinstance(fake, (tuple, list)) and any(isinstance(f, torch.Tensor) for f in fake):
+    if isinstance(fake, SYM_TYPES):
+        return SymValue(node, fake) if is_symbolic(fake) else ConstantValue(SymValue(node, fake).as_constant())
+    if isinstance(fake, (tuple, list)) and any(isinstance(f, torch.Tensor) or is_symbolic(f) for f in fake):
         items = [wrap_result(state, state.graph.getitem(node, i, f), f) for i, f in enumerate(fake)]
         if isinstance(fake, list):
             return ListValue(items)

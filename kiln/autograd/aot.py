@@ -57,10 +57,50 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     if it sets `_boxed_call = True`, over one list of them, which it may empty to free
     inputs early). The result has `gm`'s calling convention.
     """
+    if _has_symbolic_sizes(gm):
+        return PerShapeCompiled(gm, example_inputs, compiler, decompositions, name)
+    return _aot_compiled(gm, example_inputs, compiler, decompositions, name)
+
+
+def _aot_compiled(gm, example_inputs, compiler, decompositions, name) -> "AOTCompiled":
     compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
     flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     compiled.runner(compiled.key(flat + compiled.program.state()))
     return compiled
+
+
+def _has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
+    """A graph captured with dynamic dimensions: its placeholders' example values have SymInt sizes."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+            return True
+    return False
+
+
+class PerShapeCompiled:
+    """A dynamic-shape graph compiled once per distinct input shape.
+
+    The ATen tracing here specializes sizes, so a graph captured with symbolic sizes must
+    not reuse a compilation made for other sizes: each new (shape, stride) signature gets
+    its own. Correct for every size; carrying the symbols through to the kernels, so one
+    compilation serves all sizes, is the next step.
+    """
+
+    def __init__(self, gm, example_inputs, compiler, decompositions, name):
+        self.args = (gm, compiler, decompositions, name)
+        self.compiled: dict[tuple, AOTCompiled] = {}
+        self._for(example_inputs)
+
+    def _for(self, args) -> "AOTCompiled":
+        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
+        if key not in self.compiled:
+            gm, compiler, decompositions, name = self.args
+            self.compiled[key] = _aot_compiled(gm, list(args), compiler, decompositions, name)
+        return self.compiled[key]
+
+    def __call__(self, *args):
+        return self._for(args)(*args)
 
 
 @dataclass

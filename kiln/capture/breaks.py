@@ -73,12 +73,22 @@ class GraphBreak(Exception):
         self.reason = CATALOGUE[reason_id]
         self.detail = detail
         self.location = location
+        self.callers: list[UserLocation] = []  # the inlining frames around `location`, innermost first
         super().__init__(self.message())
+
+    def add_frame(self, location: UserLocation) -> None:
+        """Record one more frame the break propagates through, so the user's own line is named too."""
+        if self.location is None:
+            self.location = location
+        else:
+            self.callers.append(location)
 
     def message(self) -> str:
         where = ""
         if self.location is not None:
             where = f"\n  at {self.location}\n    {self.location.line_text()}"
+        for caller in self.callers:
+            where += f"\n  called from {caller}\n    {caller.line_text()}"
         return f"graph break ({self.reason.id}): {self.detail}. {self.reason.explanation}.{where}\n  hint: {self.reason.hint}"
 
 

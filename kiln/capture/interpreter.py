@@ -95,8 +95,7 @@ class Frame:
                 except Return as r:
                     return r.value
                 except GraphBreak as e:
-                    if e.location is None:
-                        e.location = self.location()
+                    e.add_frame(self.location())
                     raise
         finally:
             self.state.frames.pop()

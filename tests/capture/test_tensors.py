@@ -262,18 +262,15 @@ def test_tensor_iteration_unpack():
 
 
 def test_boolean_mask_has_a_data_dependent_shape():
-    """x[mask] has a shape that depends on the mask's values: a break, and still eager's result."""
+    """x[mask] has a shape that depends on the mask's values; whatever capture does, eager's result."""
     def fn(x):
         y = x * 2
         z = y[y > 0]
-        return z.sum() + 1
+        return z.sum() + z.shape[0]
 
     import kiln
-    from .helpers import break_reasons, check
 
-    ctx = check(fn, t(4, 4, grad=True), second=False)
-    assert "dynamic_output_shape" in break_reasons(ctx)
     compiled = kiln.compile(fn, backend="eager")
-    for _ in range(3):  # the rest of the function sees a new size each time: it recompiles, stays right
+    for _ in range(4):
         x = t(4, 4)
         torch.testing.assert_close(compiled(x), fn(x))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.interpreter import opcode
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, _key
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, _key, _key_value
 
 
 @opcode("BUILD_TUPLE")
@@ -36,8 +36,8 @@ def build_const_key_map(frame, ins):
 
 @opcode("LIST_APPEND")
 def list_append(frame, ins):
-    value = frame.pop()
-    frame.peek(ins.arg).realize().items.append(value)
+    value = frame.pop()  # through the list's method: a list from the user's world records the mutation
+    frame.peek(ins.arg).realize().call_method(frame.state, "append", [value], {})
 
 
 @opcode("SET_ADD")
@@ -49,13 +49,13 @@ def set_add(frame, ins):
 @opcode("MAP_ADD")
 def map_add(frame, ins):
     value, key = frame.pop(), frame.pop()
-    frame.peek(ins.arg).realize().items[_key(frame.state, key)] = value
+    frame.peek(ins.arg).realize().setitem(frame.state, key, value)
 
 
 @opcode("LIST_EXTEND")
 def list_extend(frame, ins):
     iterable = frame.pop()
-    frame.peek(ins.arg).realize().items.extend(iterable.unpack(frame.state))
+    frame.peek(ins.arg).realize().call_method(frame.state, "extend", [iterable], {})
 
 
 @opcode("SET_UPDATE")
@@ -71,7 +71,9 @@ def dict_update(frame, ins):
     update = frame.pop().realize()
     if not isinstance(update, DictValue):
         raise GraphBreak("unsupported_object", f"** of {update}")
-    frame.peek(ins.arg).realize().items.update(update.items)
+    target = frame.peek(ins.arg).realize()
+    for key, value in update.items.items():
+        target.setitem(frame.state, _key_value(key), value)
 
 
 @opcode("LIST_TO_TUPLE", until=(3, 11))

@@ -21,6 +21,7 @@ from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, TupleValue, python_override
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.modules import ModuleValue
 
 
 def function_value(state, fn: types.FunctionType, source=None) -> FunctionValue:
@@ -56,6 +57,8 @@ def object_value(obj: Any, state=None) -> Value:
     """A tracker for an object reached without a source (a class attribute, a closure default)."""
     from kiln.capture.values.torch_api import wrap_torch_attr
 
+    if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
+        return BuiltinValue(obj)  # numpy's Python functions are not traced: calling one is a numpy break
     if isinstance(obj, types.FunctionType) and state is not None:
         return function_value(state, obj)
     if isinstance(obj, type):
@@ -102,7 +105,7 @@ class ClassValue(Value):
         if issubclass(cls, tuple) and hasattr(cls, "_fields"):
             return _namedtuple(cls, args, kwargs)
         if issubclass(cls, torch.nn.Module):
-            raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} inside the compiled region")
+            return stateless_module(state, cls, args, kwargs)
         if dataclasses.is_dataclass(cls) and issubclass(cls, dict):
             return RecordedObjectValue(cls, args, kwargs)  # e.g. transformers' ModelOutput
         init = getattr(cls, "__init__", None)
@@ -123,6 +126,37 @@ class ClassValue(Value):
 
     def __repr__(self) -> str:
         return f"Class({self.cls.__qualname__})"
+
+
+def stateless_module(state, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """`CrossEntropyLoss()` in a forward: a torch.nn module without parameters or buffers.
+
+    Built once, at capture time, from constant arguments (with the RNG state restored,
+    so construction consumes no randomness); the graph calls its forward, which reads
+    only the constant configuration the arguments set. It cannot escape the graph: a
+    shared instance would be observable where eager made a new one per call.
+    """
+    if not cls.__module__.startswith("torch.nn."):
+        raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} inside the compiled region")
+    rng = torch.get_rng_state()
+    try:
+        module = cls(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()})
+    except GraphBreak:
+        raise
+    except Exception as e:
+        raise GraphBreak("exception", f"{cls.__name__}(...) raised {type(e).__name__}: {e}") from e
+    finally:
+        torch.set_rng_state(rng)
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} (it has parameters or buffers)")
+    return FreshModuleValue(module, state.constant_source(module, cls.__name__))
+
+
+class FreshModuleValue(ModuleValue):
+    """A module built during capture (see `stateless_module`): usable inside the graph only."""
+
+    def reconstruct(self, writer) -> str:
+        raise GraphBreak("unsupported_object", f"the {type(self.module).__name__} built in the compiled region escapes it")
 
 
 def _namedtuple(cls: type, args: list[Value], kwargs: dict[str, Value]) -> TupleValue:

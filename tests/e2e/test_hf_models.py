@@ -39,6 +39,9 @@ def bert(**overrides):
 
 
 def bert_cls(**overrides):
+    # problem_type set up front: left None, the first forward sets it on the config, and the
+    # next call recompiles on that changed attribute (see test_config_written_by_forward)
+    overrides.setdefault("problem_type", "single_label_classification")
     return transformers.BertForSequenceClassification(_bert_config(num_labels=3, **overrides))
 
 
@@ -166,3 +169,21 @@ def test_return_dict_false_gives_tuple():
         out, ref = compiled(x, return_dict=False), model(x, return_dict=False)
     assert isinstance(out, tuple)
     torch.testing.assert_close(out[0], ref[0])
+
+
+def test_config_written_by_forward():
+    """BertForSequenceClassification sets config.problem_type on its first call (through the config's
+    validating __setattr__): the store is replayed after the graph, and the next call recompiles on it."""
+    torch.manual_seed(0)
+    model = bert_cls(problem_type=None).eval()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(4)
+    with _no_capture_failure(), torch.no_grad():
+        kwargs = bert_inputs(g, labels=True)
+        out = compiled(**kwargs)
+        assert model.config.problem_type == "single_label_classification"
+        assert_outputs_close(out, model(**kwargs))
+        kwargs = bert_inputs(g, labels=True)
+        assert_outputs_close(compiled(**kwargs), model(**kwargs))
+    records = context_of(compiled).records
+    assert len(records) == 2 and "problem_type" in records[1].recompile_reason

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import operator
+import types
+import typing
 import warnings
 from typing import Any, Callable
 
@@ -67,6 +70,8 @@ def _constant_fold(*fns):
 
 _constant_fold(builtins.round, builtins.divmod, builtins.pow, builtins.hash, builtins.repr, builtins.format,
                builtins.ord, builtins.chr, builtins.hex, builtins.bin, builtins.complex)
+# Pure functions of (immutable) annotations, as used by dataclass validators.
+_constant_fold(typing.get_origin, typing.get_args)
 
 
 @handles(builtins.print)
@@ -79,6 +84,34 @@ def _warn(state, *args, **kwargs):
     from kiln.capture.values.deferred import deferred_warn
 
     return deferred_warn(state, *args, **kwargs)
+
+
+@handles(inspect.signature)
+def _signature(state, fn, **options):
+    """`inspect.signature(f)` of a function capture can name: computed on the real function.
+
+    A signature depends only on the function object (code, defaults, annotations,
+    `__wrapped__`), whose identity the capture already relies on.
+    """
+    real = _real_callable(fn.realize())
+    if real is None:
+        raise GraphBreak("unsupported_call", "inspect.signature of a function made during capture")
+    return ConstantValue(inspect.signature(real, **{k: v.as_constant() for k, v in options.items()}))
+
+
+def _real_callable(value: Value) -> Any:
+    from kiln.capture.values.functions import FunctionValue, MethodValue
+
+    if isinstance(value, MethodValue):
+        func = _real_callable(value.fn.realize())
+        return None if func is None else types.MethodType(func, _SignatureSelf())
+    if isinstance(value, FunctionValue):
+        return value.real
+    return getattr(value, "obj", None) if callable(getattr(value, "obj", None)) else None
+
+
+class _SignatureSelf:
+    """Stands for `self` when asking a method's signature: the signature never looks at it."""
 
 
 @handles(builtins.len)

@@ -86,3 +86,29 @@ def test_inductor_is_the_registered_backend():
     from kiln.backends import resolve_backend
     bound = resolve_backend("inductor", None, {"trace.enabled": False})
     assert bound.fn is kiln.inductor
+
+
+def test_attention_block_training_matches_eager():
+    """MultiheadAttention + LayerNorm + MLP, forward and backward (flash attention stays an extern)."""
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self, d=32):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(d)
+            self.attn = torch.nn.MultiheadAttention(d, 4, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 64), torch.nn.GELU(), torch.nn.Linear(64, d))
+
+        def forward(self, x):
+            h = self.ln(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(x)
+
+    model = Block()
+    x = torch.randn(2, 8, 32)
+    ((torch.compile(model, backend=kiln.inductor)(x) ** 2).mean()).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ((model(x) ** 2).mean()).backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)

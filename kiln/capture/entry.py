@@ -383,7 +383,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
 def _add_shape_guard(state: CaptureState) -> None:
     """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility) as one guard."""
     fakes = [node.meta["example_value"] for node in state.graph.graph.nodes if node.op == "placeholder"]
-    expr = state.graph.shape_env.produce_guards_expression(fakes)
+    expr = state.graph.shape_env.produce_guards_expression(fakes, ignore_static=False)
     if not expr:
         return
     for i, (source, _) in reversed(list(enumerate(state.graph.inputs))):

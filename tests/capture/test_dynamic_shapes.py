@@ -1,0 +1,155 @@
+"""Dynamic shapes: dynamic=None (automatic), True and False, mark_dynamic, shape-relation guards."""
+import logging
+import warnings
+
+import pytest
+import torch
+
+import kiln
+from kiln.api import context_of
+
+
+def batch_fn(x, w):
+    b = x.shape[0]
+    h = (x @ w).relu().view(b, -1, 2)
+    return h.sum(1) * x.size(1), b * 2
+
+
+def _run_sizes(c, sizes, width=4):
+    w = torch.randn(width, 6)
+    for n in sizes:
+        x = torch.randn(n, width)
+        out, b = c(x, w)
+        ref, rb = batch_fn(x, w)
+        torch.testing.assert_close(out, ref)
+        assert b == rb
+
+
+SIZES = [2, 3, 5, 7, 8, 11, 13, 16, 17, 20]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_dynamic_none_compiles_at_most_twice_over_ten_batch_sizes(backend):
+    c = kiln.compile(batch_fn, backend=backend)
+    _run_sizes(c, SIZES)
+    assert len(context_of(c).records) == 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_dynamic_true_compiles_once(backend):
+    c = kiln.compile(batch_fn, backend=backend, dynamic=True)
+    _run_sizes(c, SIZES)
+    assert len(context_of(c).records) == 1
+
+
+def test_dynamic_false_recompiles_each_size_until_the_cache_limit_then_runs_eagerly():
+    c = kiln.compile(batch_fn, backend="eager", dynamic=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_sizes(c, SIZES)
+    assert len(context_of(c).records) == kiln.config.cache_size_limit
+    assert sum("cache_size_limit" in str(w.message) for w in caught) == 1
+
+
+def test_recompile_log_names_the_dimension_that_became_dynamic(caplog):
+    c = kiln.compile(batch_fn, backend="eager")
+    with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+        _run_sizes(c, [4, 6])
+    assert "dimension 0 of L['x'] changed 4 -> 6" in caplog.text
+    assert "now dynamic" in caplog.text
+
+
+def test_sizes_zero_and_one_are_specialized():
+    c = kiln.compile(batch_fn, backend="eager", dynamic=True)
+    _run_sizes(c, [1, 5, 6])
+    assert len(context_of(c).records) == 2  # size 1 is its own specialization; 5 and 6 share a graph
+
+
+def test_equal_sizes_share_a_symbol_and_a_changed_relation_recompiles():
+    def add(x, y):
+        return x + y
+
+    c = kiln.compile(add, backend="eager", dynamic=True)
+    torch.testing.assert_close(c(torch.ones(4), torch.ones(4)), torch.full((4,), 2.0))
+    torch.testing.assert_close(c(torch.ones(6), torch.ones(6)), torch.full((6,), 2.0))
+    assert len(context_of(c).records) == 1
+    x, y = torch.randn(5), torch.randn(1)  # unequal now: broadcasting, a different graph
+    torch.testing.assert_close(c(x, y), x + y)
+    assert len(context_of(c).records) == 2
+
+
+def test_shape_relation_guard_fails_when_two_equal_inputs_become_unequal():
+    def stack_rows(x, y):
+        return torch.cat([x, y], dim=1) * x.shape[0]
+
+    c = kiln.compile(stack_rows, backend="eager", dynamic=True)
+    for n, m in ((3, 3), (5, 5), (5, 7)):
+        x, y = torch.randn(n, 2), torch.randn(m, 2)
+        if n == m:
+            torch.testing.assert_close(c(x, y), stack_rows(x, y))
+        else:
+            with pytest.raises(RuntimeError):  # eager refuses too: the sizes must match for cat
+                stack_rows(x, y)
+    assert len(context_of(c).records) == 1
+    first = context_of(c).records[0].program_source
+    assert "shape relations" in first and "L['y'].size()[0] == L['x'].size()[0]" in first
+    x, y = torch.randn(4, 2), torch.randn(4, 3)  # a relation that held (equal widths) no longer does
+    torch.testing.assert_close(c(x, y), stack_rows(x, y))
+    assert len(context_of(c).records) == 2
+
+
+def test_mark_dynamic_makes_a_dimension_symbolic_from_the_first_call():
+    c = kiln.compile(batch_fn, backend="eager", dynamic=False)
+    w = torch.randn(4, 6)
+    for n in (3, 9, 12):
+        x = torch.randn(n, 4)
+        kiln.mark_dynamic(x, 0)
+        torch.testing.assert_close(c(x, w)[0], batch_fn(x, w)[0])
+    assert len(context_of(c).records) == 1
+
+
+def test_mark_static_keeps_a_dimension_specialized_under_dynamic_true():
+    c = kiln.compile(batch_fn, backend="eager", dynamic=True)
+    w = torch.randn(4, 6)
+    for n in (3, 9):
+        x = torch.randn(n, 4)
+        kiln.mark_static(x, 0)
+        torch.testing.assert_close(c(x, w)[0], batch_fn(x, w)[0])
+    assert len(context_of(c).records) == 2
+
+
+def test_python_loop_over_a_symbolic_size_specializes_with_a_guard():
+    def rows(x):
+        total = x[0] * 0
+        for i in range(x.shape[0]):
+            total = total + x[i]
+        return total
+
+    c = kiln.compile(rows, backend="eager", dynamic=True)
+    for n in (3, 3, 4):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(c(x), rows(x))
+    assert len(context_of(c).records) == 2
+
+
+def test_symbolic_size_returned_to_python_is_an_int():
+    def numel(x):
+        return x.shape[0] * x.shape[1], x.size()
+
+    c = kiln.compile(numel, backend="eager", dynamic=True)
+    for n in (3, 6):
+        x = torch.randn(n, 5)
+        n_elem, size = c(x)
+        assert n_elem == 5 * n and isinstance(n_elem, int)
+        assert size == torch.Size([n, 5])
+
+
+def test_parameters_stay_static_under_dynamic_true():
+    lin = torch.nn.Linear(4, 3)
+    c = kiln.compile(lin, backend="eager", dynamic=True)
+    for n in (2, 7, 9):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(c(x), lin(x))
+    assert len(context_of(c).records) == 1
+    guards = context_of(c).records[0].program_source
+    assert "v" in guards and "(3, 4)" in guards  # the weight's shape is checked exactly

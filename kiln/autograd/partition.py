@@ -110,7 +110,8 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     if sum(map(node_bytes, saved)) > sum(map(node_bytes, naive)):
         raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
     forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved)
-    backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs)
+    backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
+                        anchors=set(joint.graph.nodes) - nodes.forward_side_set)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
     input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()) for p in nodes.primals}
@@ -137,6 +138,7 @@ class _JointNodes:
                 tangent_dependent.add(node)
         self.forward_side = [n for n in joint.graph.nodes
                              if n.op in ("placeholder", "get_attr", "call_function") and n not in tangent_dependent]
+        self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
         required = _ancestors(self.forward_outputs)
         for node in list(required):  # every value of a multi-output op the forward runs is available
@@ -180,8 +182,14 @@ def _ancestors(roots: list) -> set:
     return seen
 
 
-def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> fx.GraphModule:
-    """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders)."""
+def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
+             anchors: set | None = None) -> fx.GraphModule:
+    """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders).
+
+    Nodes keep the joint graph's order, except that with `anchors` (the backward's own
+    nodes) only anchors do: every other node (a forward op recomputed in the backward) is
+    placed just before its first use, so that it is not held from the start of the backward.
+    """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -197,9 +205,29 @@ def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> fx.
             raise AssertionError(f"kiln: partition needs {node.name} but it is neither saved nor an input")
         needed.add(node)
         stack.extend(node.all_input_nodes)
-    for node in joint.graph.nodes:
-        if node in needed:
-            env[node] = graph.node_copy(node, lambda n: env[n])
+    in_order = [n for n in joint.graph.nodes if n in needed]
+    if anchors is not None:
+        in_order = _on_demand_order([n for n in in_order if n in anchors] + [o for o in outputs if o in needed], env)
+    for node in in_order:
+        env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
     graph.eliminate_dead_code()
     return fx.GraphModule(joint, graph)
+
+
+def _on_demand_order(anchors: list[fx.Node], available: dict) -> list[fx.Node]:
+    """A topological order visiting `anchors` in turn, each preceded by its not yet placed inputs."""
+    order, placed = [], set(available)
+    for anchor in anchors:
+        stack = [(anchor, False)]
+        while stack:
+            node, inputs_placed = stack.pop()
+            if node in placed:
+                continue
+            if inputs_placed:
+                placed.add(node)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            stack.extend((a, False) for a in reversed(node.all_input_nodes) if a not in placed)
+    return order

@@ -20,7 +20,9 @@ from typing import Callable
 import torch
 import torch.fx
 
-from kiln.codegen import cpp
+from kiln.codegen.target import select_target
+from kiln.codegen.describe import fused_graph, name_kernels
+from kiln.codegen.progress import StageProgress
 from kiln.codegen.wrapper import generate_wrapper
 from kiln.config import config, validate_options
 from kiln.lower import lower_graph
@@ -32,6 +34,13 @@ from kiln.schedule.memory import plan_memory
 log = logging.getLogger("kiln.codegen")
 
 _graph_ids = itertools.count()
+_names_used: dict[str, int] = {}
+
+# Observers installed by kiln.debug (nothing here imports it), called with each CompiledGraph and
+# the options it was compiled with: the debug directory writer, diagrams.
+GRAPH_LISTENERS: list[Callable[["CompiledGraph", dict], None]] = []
+# Backend wrappers installed by kiln.debug, by the option that turns them on: wrapper(backend) -> backend.
+BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
 
 
 class CompiledGraph:
@@ -81,16 +90,37 @@ def _retrace(gm, example_inputs):
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """The inner compiler: an ATen-level FX graph -> a callable over real tensors (positional)."""
     options = validate_options(None, options) if options is None else options
-    name = f"graph{next(_graph_ids)}"
+    name = _graph_name(gm)
     try:
-        return _compile(gm, example_inputs, options, name)
+        compiled = _compile(gm, example_inputs, options, name)
     except Exception as e:  # correctness first: never fail the user's program
         log.warning("kiln: %s could not be compiled (%s: %s); running it through ATen", name, type(e).__name__, e)
         log.debug("compile failure", exc_info=True)
-        return CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}"})
+        compiled = CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
+                                                           "aten_graph": gm.print_readable(print_output=False)})
+    for listener in GRAPH_LISTENERS:
+        listener(compiled, options)
+    return compiled
+
+
+def _graph_name(gm: torch.fx.GraphModule) -> str:
+    """`graph3/forward` for the forward graph of kiln's captured graph 3; `aten0` for a graph from elsewhere."""
+    aot = gm.meta.get("kiln.aot", {})
+    owner = aot.get("name", "")
+    name = f"{owner}/{aot.get('kind', 'graph')}" if owner.startswith("graph") else f"aten{next(_graph_ids)}"
+    _names_used[name] = _names_used.get(name, 0) + 1
+    return name if _names_used[name] == 1 else f"{name}_{_names_used[name]}"
 
 
 def _compile(gm, example_inputs, options, name) -> CompiledGraph:
+    progress = StageProgress(name, ["decompose", "lower", "schedule", "codegen", "build"])
+    try:
+        return _compile_stages(gm, example_inputs, options, name, progress)
+    finally:
+        progress.close()
+
+
+def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGraph:
     times = {}
     t0 = time.perf_counter()
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
@@ -101,27 +131,33 @@ def _compile(gm, example_inputs, options, name) -> CompiledGraph:
     if _needs_retrace(gm):
         gm = _retrace(gm, example_inputs)
     times["decompose"] = time.perf_counter() - t0
+    progress.advance("lower")
     t = time.perf_counter()
     graph = lower_graph(gm, example_inputs)
     verify(graph)
     times["lower"] = time.perf_counter() - t
+    progress.advance("schedule")
     t = time.perf_counter()
     sched = schedule(graph)
+    name_kernels(sched)
     plan = plan_memory(sched)
     times["schedule"] = time.perf_counter() - t
+    progress.advance("codegen")
     t = time.perf_counter()
-    source, kernels = cpp.generate_module(sched)
-    wrapper_src, namespace = generate_wrapper(sched, plan, kernels)
+    target = select_target(gm, example_inputs, options)
+    source, kernels = target.module.generate_module(sched)
+    wrapper_src, namespace = generate_wrapper(sched, plan, kernels, device=target.device)
     times["codegen"] = time.perf_counter() - t
+    progress.advance("build")
     t = time.perf_counter()
-    namespace.update(cpp.load_kernels(source, kernels))
+    namespace.update(target.module.load_kernels(source, kernels))
     times["build"] = time.perf_counter() - t
+    progress.advance("")
     exec(compile(wrapper_src, f"<kiln wrapper {name}>", "exec"), namespace)
     artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": str(graph), "schedule": str(sched),
-                 "memory": str(plan), "kernels.cpp": source, "wrapper.py": wrapper_src,
-                 "num_kernels": len(kernels), "times": times}
-    if options.get("trace.enabled"):
-        _write_trace(name, artefacts)
+                 "memory": str(plan), target.artefact: source, "wrapper.py": wrapper_src,
+                 "num_kernels": len(kernels), "kernel_names": list(kernels), "times": times, "name": name,
+                 "fused_graph": fused_graph(sched)}
     log.info("%s: %d kernels, %d externs, %s", name, len(kernels), len(sched.steps) - len(kernels),
              ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in times.items()))
     return CompiledGraph(namespace["call"], artefacts)
@@ -131,24 +167,25 @@ def debug_dir() -> Path:
     return Path(config.debug_dir or os.environ.get("KILN_DEBUG_DIR") or "kiln_debug")
 
 
-def _write_trace(name: str, artefacts: dict) -> None:
-    out = debug_dir() / "inductor" / name
-    out.mkdir(parents=True, exist_ok=True)
-    for stage, text in artefacts.items():
-        fname = stage if "." in stage else f"{stage}.txt"
-        (out / fname).write_text(str(text))
-
-
 def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """kiln's code generator as a torch.compile-style backend (`torch.compile(m, backend=kiln.inductor)`)."""
     from kiln.autograd import aot_compile
 
     options = validate_options(None, options) if options is None else options
+    for option, wrap in BACKEND_WRAPPERS.items():
+        if options.get(option):
+            return wrap(lambda g, inputs: inductor(g, inputs, {**options, option: False}))(gm, example_inputs)
+    graphs: list[CompiledGraph] = []
 
     def compiler(aten_gm, inputs):
-        return compile_aten_graph(aten_gm, inputs, options)
+        graphs.append(compile_aten_graph(aten_gm, inputs, options))
+        return graphs[-1]
 
-    return aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name="inductor")
+    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
+    compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(),
+                           name=f"graph{graph_id}" if graph_id is not None else "inductor")
+    compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
+    return compiled
 
 
 __all__ = ["compile_aten_graph", "inductor", "CompiledGraph"]

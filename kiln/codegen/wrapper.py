@@ -113,7 +113,9 @@ class WrapperCodegen:
             else:
                 self.line(f"{b} = empty_strided({self.shape(lay.size)}, {self.shape(lay.stride)}, "
                           f"dtype={lay.dtype}, device={self.device!r})")
-        args = [f"{b}.data_ptr()" for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
+        # C++ kernels take raw pointers; Triton launchers take the tensors (`takes_tensors`)
+        ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
+        args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
         self.line(f"{group.name}({', '.join(args)})")
 
     def extern_call(self, step: ExternStep) -> None:

@@ -27,12 +27,17 @@ from kiln.lower.index import contiguous_strides
 
 @dataclass(frozen=True)
 class Load:
-    """`buf[index]`; when `mask` is given the load happens only where it holds (else 0)."""
+    """`buf[index]`; when `mask` is given the load happens only where it holds (else 0).
+
+    Gather-style loads (embedding, index_select, gather) put symbols `ind<k>` in the
+    index and bind each to an integer expression in `indirect` ((symbol, Expr) pairs).
+    """
 
     buf: str
     index: sympy.Expr
     dtype: torch.dtype
     mask: Any = None
+    indirect: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,8 @@ class SymInput:
 def format_expr(e: Expr) -> str:
     if isinstance(e, Load):
         m = f", mask={e.mask}" if e.mask is not None else ""
-        return f"load({e.buf}, {e.index}{m})"
+        ind = "".join(f", {s}={format_expr(x)}" for s, x in e.indirect)
+        return f"load({e.buf}, {e.index}{m}{ind})"
     if isinstance(e, Const):
         return repr(e.value) if e.dtype != torch.bool else str(bool(e.value))
     if isinstance(e, IndexValue):
@@ -266,7 +272,8 @@ def subs_expr(e: Expr, mapping: dict, memo: dict | None = None) -> Expr:
         return memo[key][1]
     if isinstance(e, Load):
         out = Load(e.buf, sympy.sympify(e.index).xreplace(mapping), e.dtype,
-                   None if e.mask is None else e.mask.xreplace(mapping))
+                   None if e.mask is None else e.mask.xreplace(mapping),
+                   tuple((s, subs_expr(x, mapping, memo)) for s, x in e.indirect))
     elif isinstance(e, IndexValue):
         out = IndexValue(sympy.sympify(e.expr).xreplace(mapping), e.dtype)
     elif isinstance(e, Op):
@@ -282,7 +289,8 @@ def add_mask(e: Expr, cond) -> Expr:
     if cond is True or cond == sympy.true:
         return e
     if isinstance(e, Load):
-        return Load(e.buf, e.index, e.dtype, cond if e.mask is None else sympy.And(e.mask, cond))
+        return Load(e.buf, e.index, e.dtype, cond if e.mask is None else sympy.And(e.mask, cond),
+                    tuple((s, add_mask(x, cond)) for s, x in e.indirect))
     if isinstance(e, Op):
         return Op(e.name, tuple(add_mask(a, cond) for a in e.args), e.dtype)
     return e
@@ -299,6 +307,8 @@ def iter_exprs(e: Expr):
         yield x
         if isinstance(x, Op):
             stack.extend(x.args)
+        elif isinstance(x, Load):
+            stack.extend(v for _, v in x.indirect)
 
 
 def loads(e: Expr) -> list[Load]:

@@ -40,7 +40,7 @@ class TensorValue:
     def buffer_view(self):
         """(buf, offset, strides) if this value is a plain strided view of one buffer, else None."""
         b = self.body
-        if not isinstance(b, ir.Load) or b.mask is not None:
+        if not isinstance(b, ir.Load) or b.mask is not None or b.indirect:
             return None
         aff = affine_strides(b.index, index_vars("i", self.ndim))
         if aff is None:
@@ -60,7 +60,8 @@ def from_buffer(name: str, layout: ir.Layout) -> TensorValue:
 
 def _simplify_loads(e: ir.Expr) -> ir.Expr:
     if isinstance(e, ir.Load):
-        return ir.Load(e.buf, simplify(e.index), e.dtype, e.mask)
+        return ir.Load(e.buf, simplify(e.index), e.dtype, e.mask,
+                       tuple((s, _simplify_loads(x)) for s, x in e.indirect))
     if isinstance(e, ir.Op):
         return ir.Op(e.name, tuple(_simplify_loads(a) for a in e.args), e.dtype)
     return e

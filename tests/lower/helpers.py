@@ -9,12 +9,12 @@ from kiln.codegen import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
 
 
-def trace(fn, *inputs, mode="fake"):
+def trace(fn, *inputs, mode="real"):
     with torch.no_grad():
         return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode=mode)(*inputs)
 
 
-def compile_fn(fn, *inputs, mode="fake", options=None):
+def compile_fn(fn, *inputs, mode="real", options=None):
     """kiln's compiled version of `fn` (a CompiledGraph); fails the test if kiln fell back to ATen."""
     gm = trace(fn, *inputs, mode=mode)
     compiled = compile_aten_graph(gm, list(inputs), options)

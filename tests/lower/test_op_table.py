@@ -186,3 +186,20 @@ def test_view_output_aliases_input():
     compiled = check(lambda a: (a.t(), a[1:3]), a)
     out = compiled(a)
     assert out[0].data_ptr() == a.data_ptr() and out[1].data_ptr() == a[1:3].data_ptr()
+
+
+def test_gather_style_indexing():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(10, 6, generator=g)
+    ids = torch.randint(0, 10, (3, 4), generator=g)
+    x = torch.randn(5, 7, generator=g)
+    col = torch.randint(0, 7, (5, 3), generator=g)
+    rows = torch.tensor([4, -1, 0])
+
+    def fn(w, ids, x, col, rows):
+        return (torch.nn.functional.embedding(ids, w) * 2, torch.index_select(x, 1, col[0]) + 1,
+                torch.gather(x, 1, col).sin(), x[rows] * 3, x[:, col[1]], x[rows, col[:3, 0]],
+                torch.nn.functional.cross_entropy(x, col[:, 0]))
+
+    compiled = check(fn, w, ids, x, col, rows)
+    assert count_externs(compiled) == 0, compiled.artefacts["ir"]

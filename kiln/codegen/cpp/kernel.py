@@ -135,7 +135,7 @@ class CppKernel:
             code = cexpr(e.expr)
             out = code if e.dtype == torch.bool else f"static_cast<{COMPUTE[e.dtype]}>({code})"
         elif isinstance(e, ir.Load):
-            out = self._load(e)
+            out = self._load(e, scope)
             if out.startswith("tmp") or out.startswith("acc"):  # already in a register
                 scope.cache[key] = out
                 return out
@@ -161,8 +161,10 @@ class CppKernel:
             return f"kiln::round_bf16(static_cast<float>({x}))"
         return f"static_cast<{COMPUTE[dst]}>({x})"
 
-    def _load(self, e: ir.Load) -> str:
+    def _load(self, e: ir.Load, scope) -> str:
         index = sympy.expand(e.index)
+        if e.indirect:  # gather: compute the index values first, then address with them
+            index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
         known = self.values.get(e.buf)
         if known is not None and known[0] == index:
             return known[1]
@@ -265,7 +267,8 @@ class CppKernel:
                     syms |= sympy.sympify(e.expr).free_symbols
             for s in n.layout.stride:
                 syms |= sympy.sympify(s).free_symbols
-        return {s for s in syms if s not in loop and not (s.name[0] in "irxy" and s.name[1:].isdigit())}
+        return {s for s in syms if s not in loop and not s.name.startswith("ind")
+                and not (s.name[0] in "irxy" and s.name[1:].isdigit())}
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))

@@ -1,0 +1,103 @@
+"""Block sizes and `num_warps` for one kernel, from its sizes alone (mode="default").
+
+Three shapes of kernel:
+  pointwise   1-D blocks of XBLOCK elements over the flattened output;
+  persistent  a reduction whose whole row fits one block (RBLOCK >= rnumel): every
+              row is loaded once, and the values stay in registers for the epilogue
+              segments (softmax, layernorm read their input once);
+  looped      a reduction walks its rows in RBLOCK chunks, each lane accumulating,
+              then combines the lanes.
+A row-contiguous reduction (the reduced dim has stride 1) spends the block on the
+reduction; a column reduction (stride 1 on an outer dim) spends it on rows so
+that loads stay coalesced. max-autotune (later) benchmarks around these choices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from kiln.lower import ir
+from kiln.lower.index import product
+from kiln.schedule.fusion import KernelGroup
+from kiln.schedule.memory import storage_numel
+
+PERSISTENT_MAX_RBLOCK = 1024   # past this a row is looped over (register pressure)
+BLOCK_ELEMENTS = 4096          # XBLOCK * RBLOCK budget of one program
+POINTWISE_XBLOCK = 1024
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Config:
+    kind: str             # "pointwise" | "persistent" | "looped"
+    XBLOCK: int
+    RBLOCK: int = 1
+    num_warps: int = 4
+    index_dtype: str = "tl.int32"
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _static(expr):
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else None
+
+
+def _index_dtype(group: KernelGroup, layouts: dict) -> str:
+    """int32 when every buffer the kernel touches is statically smaller than 2**31 elements."""
+    names = {n.name for n in group.nodes}
+    for n in group.nodes:
+        names |= {ld.buf for ld in ir.loads(n.data.body)}
+    for b in names:
+        if b in layouts:
+            size = _static(storage_numel(layouts[b]))
+            if size is None or size > INT32_MAX:
+                return "tl.int64"
+    total = _static(product(group.outer) * product(group.inner))
+    return "tl.int32" if total is not None and total <= INT32_MAX else "tl.int64"
+
+
+def reduction_is_contiguous(group: KernelGroup) -> bool:
+    """True when loads walk the innermost reduction dim with stride 1 (a row reduction)."""
+    if not group.inner:
+        return True
+    last = group.inner_vars()[-1]
+    strides = []
+    for seg in group.segments:
+        if not seg.inner:
+            continue
+        for n in seg.nodes:
+            for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
+                c = sympy.expand(ld.index).coeff(last)
+                if c != 0:
+                    strides.append(c)
+    return not strides or any(c == 1 for c in strides)
+
+
+def choose(group: KernelGroup, layouts: dict) -> Config:
+    index_dtype = _index_dtype(group, layouts)
+    xnumel = _static(product(group.outer))
+    if not group.inner:
+        xblock = POINTWISE_XBLOCK if xnumel is None else min(POINTWISE_XBLOCK, next_pow2(xnumel))
+        return Config("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
+    rnumel = _static(product(group.inner))
+    xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
+    contiguous = reduction_is_contiguous(group)
+    if rnumel is not None and next_pow2(rnumel) <= PERSISTENT_MAX_RBLOCK:
+        rblock = next_pow2(rnumel)
+        xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128 if not contiguous else 64))
+        warps = max(1, min(8, xblock * rblock // 512))
+        return Config("persistent", xblock, rblock, warps, index_dtype)
+    if contiguous:
+        xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8)
+        rblock = 2048 if xblock == 1 else 512
+    else:
+        xblock = min(xcap, 64)
+        rblock = max(8, min(2048, BLOCK_ELEMENTS // xblock))
+        if rnumel is not None:
+            rblock = min(rblock, next_pow2(rnumel))
+    warps = max(1, min(8, xblock * rblock // 256))
+    return Config("looped", xblock, rblock, warps, index_dtype)

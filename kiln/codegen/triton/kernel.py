@@ -1,0 +1,474 @@
+"""One @triton.jit kernel (and its Python launcher) per KernelGroup.
+
+Layout of a generated reduction kernel (softmax over rows of 64, persistent):
+
+    @triton.jit
+    def kernel0_amax_sub_exp_sum_div(arg0, buf3, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+        xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]   # rows: the outer loops
+        xmask = xindex < xnumel
+        x0 = xindex
+        rindex = tl.arange(0, RBLOCK)[None, :]                             # the reduced (inner) loops
+        rmask = rindex < rnumel
+        y0 = rindex
+        mask = xmask & rmask
+        tmp0 = tl.load(arg0 + (y0 + 64*x0), mask, other=0)                 # segment 0: the max
+        buf0 = tl.reduce(tl.where(mask, tmp0, float('-inf')), 1, kiln_maximum)[:, None]
+        ...                                                                # later segments reuse tmp0
+
+Outer loop variables `x*` and inner `y*` are decomposed from the flat block
+indices with // and %; every IR index expression (views, broadcasting) is
+printed over them, and sizes that are symbols are kernel arguments. Loads and
+stores are masked with the masks of the dims their index uses, so tails are
+safe. A looped reduction wraps each inner segment in `for roffset in range(0,
+rnumel, RBLOCK)`, keeping per-lane accumulators combined after the loop.
+Half types are loaded to float32 and rounded after each op, as eager rounds.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln.codegen.index_printer import _Printer, pyexpr
+from kiln.codegen.triton import ops
+from kiln.codegen.triton.heuristics import Config, choose
+from kiln.lower import ir
+from kiln.lower.index import contiguous_strides, linear_index, product
+from kiln.schedule.fusion import KernelGroup
+
+
+class TritonPrinter(_Printer):
+    """Index expressions over block tensors: element-wise &, |, ~ and tl.minimum/maximum."""
+
+    land, lor, lnot = " & ", " | ", "~"
+
+    def minmax(self, name, args) -> str:
+        out = args[0]
+        for a in args[1:]:
+            out = f"tl.{name}imum({out}, {a})"
+        return out
+
+
+texpr = TritonPrinter()
+
+
+class _Scope:
+    """CSE cache of one block of code: structurally equal expressions are computed once."""
+
+    def __init__(self, parent=None):
+        self.cache = dict(parent.cache) if parent else {}
+
+
+def _decompose(flat: str, sizes, variables) -> list[str]:
+    """`x0 = ...` lines splitting a flat block index into one variable per dim (row-major)."""
+    lines, stride = [], sympy.Integer(1)
+    n = len(sizes)
+    for k in range(n - 1, -1, -1):
+        v, s = variables[k], sizes[k]
+        if n == 1:
+            code = flat
+        elif k == 0:
+            code = f"{flat} // ({texpr(stride)})"
+        elif stride == 1:
+            code = f"{flat} % ({texpr(s)})"
+        else:
+            code = f"({flat} // ({texpr(stride)})) % ({texpr(s)})"
+        lines.append(f"{v} = {code}")
+        stride = stride * s
+    return lines
+
+
+def describe(group: KernelGroup) -> str:
+    """A name fragment saying what a kernel fuses: its reductions and top-level ops, in order."""
+    words = []
+    for n in group.nodes:
+        d = n.data
+        if isinstance(d, ir.Reduction):
+            w = {"welford_mean": "var_mean", "welford_m2": "var_mean"}.get(d.reduction_type, d.reduction_type)
+        elif isinstance(d.body, ir.Op):
+            w = d.body.name if d.body.name != "cast" else "to"
+        else:
+            w = "copy" if isinstance(d.body, ir.Load) else "fill"
+        if w not in words:
+            words.append(w)
+    return "_".join(words[:5])
+
+
+class TritonKernel:
+    takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
+
+    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None):
+        self.group = group
+        self.layouts = layouts
+        self.config = config or choose(group, layouts)
+        self.lines: list[str] = []
+        self.indent = 1
+        self.tmp = 0
+        self.literals: set[str] = set()
+        self.values: dict[str, tuple] = {}   # buffer -> (store index, variable) still in registers
+        self.inputs: dict[str, None] = {}
+        self.outputs: dict[str, None] = {}
+        self.produced = {n.name for n in group.nodes}
+        self.stored = {n.name for n in group.nodes if n.name not in group.local}
+        self.xvars = set(group.outer_vars())
+        self.yvars = set(group.inner_vars())
+        # the launcher takes the group's name (what the wrapper calls); the kernel is named after it
+        plain = group.name.startswith("kernel") and group.name[6:].isdigit()
+        self.jit_name = f"triton_{group.name}" + (f"_{describe(group)}" if plain and describe(group) else "")
+
+    # ------------------------------------------------------------------ emission helpers
+    def line(self, s: str) -> None:
+        self.lines.append("    " * self.indent + s)
+
+    def new_tmp(self, prefix="tmp") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp - 1}"
+
+    def lit(self, code: str) -> str:
+        self.literals.add(code)
+        return code
+
+    def mask_for(self, syms, inner: bool) -> str | None:
+        """The block mask matching the loop variables an index uses."""
+        uses_x = bool(syms & self.xvars)
+        uses_y = bool(syms & self.yvars)
+        if uses_x and uses_y:
+            return "mask"
+        if uses_y:
+            return "rmask"
+        if uses_x:
+            return "xmask"
+        return None
+
+    def emit(self, e: ir.Expr, scope: _Scope) -> str:
+        key = e
+        try:
+            if key in scope.cache:
+                return scope.cache[key]
+        except TypeError:
+            key = id(e)
+        if isinstance(e, ir.Const):
+            return self.lit(ops.literal(e.value, e.dtype))
+        if isinstance(e, ir.IndexValue):
+            expr = sympy.sympify(e.expr)
+            if not expr.free_symbols:
+                v = bool(expr) if e.dtype == torch.bool else expr
+                return self.lit(ops.literal(v, e.dtype))
+            code = texpr(expr)
+            if e.dtype != torch.bool:
+                if not (expr.free_symbols & (self.xvars | self.yvars)):
+                    code = f"({code} + tl.zeros([1], tl.int64))"  # sizes only: make it a tensor
+                code = f"({code}).to({ops.COMPUTE[e.dtype]})"
+                if e.dtype in ops.ROUNDED:
+                    code = f"{ops.to_half(code, e.dtype)}.to(tl.float32)"
+            out = code
+        elif isinstance(e, ir.Load):
+            out = self._load(e)
+            if out in self.values_vars():
+                scope.cache[key] = out
+                return out
+        elif e.name == "cast":
+            out = self._cast(self.emit(e.args[0], scope), e.args[0].dtype, e.dtype)
+            if out in self.literals:
+                return out
+        else:
+            args = [self.emit(a, scope) for a in e.args]
+            if all(a in self.literals for a in args):  # e.g. exp(2.0): give Triton a tensor
+                args[0] = f"tl.full([1], {args[0]}, {ops.COMPUTE[e.args[0].dtype]})"
+            t = ops.COMPUTE[e.args[0].dtype] if e.name != "where" else ops.COMPUTE[e.dtype]
+            out = ops.OPS[e.name].format(*args, T=t)
+            if e.dtype in ops.ROUNDED and e.name not in ops.EXACT_IN_HALF:
+                out = f"{ops.to_half(out, e.dtype)}.to(tl.float32)"
+        var = self.new_tmp()
+        self.line(f"{var} = {out}")
+        scope.cache[key] = var
+        return var
+
+    def values_vars(self) -> set:
+        return {v for _, v in self.values.values()}
+
+    def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        if src == dst:
+            return x
+        if x in self.literals:
+            value = eval(x)  # a literal this module printed
+            return self.lit(ops.literal(value, dst))
+        if dst == torch.bool:
+            return f"({x} != 0)"
+        if dst in ops.ROUNDED:
+            src_float = src.is_floating_point and src not in ops.ROUNDED or src == torch.float32
+            x = x if src_float or src in ops.ROUNDED else f"{x}.to(tl.float32)"
+            return f"{ops.to_half(x, dst)}.to(tl.float32)"
+        if src in ops.ROUNDED and ops.COMPUTE[dst] == "tl.float32":
+            return x
+        return f"{x}.to({ops.COMPUTE[dst]})"
+
+    def _load(self, e: ir.Load) -> str:
+        index = sympy.expand(e.index)
+        known = self.values.get(e.buf)
+        if known is not None and known[0] == index:
+            return known[1]
+        if e.buf in self.group.local:
+            raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
+        if e.buf not in self.produced:
+            self.inputs[e.buf] = None
+        syms = index.free_symbols | (e.mask.free_symbols if e.mask is not None else set())
+        masks = [m for m in [self.mask_for(syms, True)] if m]
+        if e.mask is not None:
+            masks.append(texpr(e.mask))
+        code = f"tl.load({e.buf} + ({texpr(index)})"
+        code += f", {' & '.join(masks)}, other=0)" if masks else ")"
+        if e.dtype in ops.ROUNDED:
+            code += ".to(tl.float32)"
+        return code
+
+    def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
+        index = self.group.store_index(node)
+        self.values[node.name] = (index, var)
+        if node.name not in self.stored:
+            return
+        self.outputs[node.name] = None
+        lay = node.layout
+        v = self._cast(var, dtype, lay.dtype)
+        if lay.dtype in ops.ROUNDED:
+            v = ops.to_half(v, lay.dtype)
+        syms = index.free_symbols
+        ptr = texpr(index)
+        # the pointer block must have the shape of the value's loop nest (a full reduction stores at offset 0)
+        inner = self._in_inner and not node.is_reduction()
+        if not syms & self.xvars:
+            ptr = f"{ptr} + 0 * xindex"
+        if inner and not syms & self.yvars:
+            ptr = f"{ptr} + 0 * rindex"
+        mask = "mask" if inner else "xmask"
+        if v in self.literals:
+            v = f"tl.full([1], {v}, {ops.STORAGE[lay.dtype]})"
+        self.line(f"tl.store({node.name} + ({ptr}), {v}, {mask})")
+
+    # ------------------------------------------------------------------ the kernel
+    def generate(self) -> str:
+        g, cfg = self.group, self.config
+        self._in_inner = False
+        reduction = bool(g.inner)
+        xshape = "[:, None]" if reduction else ""
+        pid = "tl.program_id(0)" if cfg.index_dtype == "tl.int32" else "tl.program_id(0).to(tl.int64)"
+        self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){xshape}")
+        self.line("xmask = xindex < xnumel")
+        for s in _decompose("xindex", g.outer, list(g.outer_vars())):
+            self.line(s)
+        outer_scope = _Scope()
+        persistent_scope = None
+        if cfg.kind == "persistent":
+            self._rindex("tl.arange(0, RBLOCK)[None, :]")
+            persistent_scope = _Scope(outer_scope)
+        for k, seg in enumerate(g.segments):
+            self.line(f"# segment {k} ({'inner' if seg.inner else 'outer'}): {', '.join(n.name for n in seg.nodes)}")
+            if not seg.inner:
+                self._outer_segment(seg, persistent_scope or outer_scope)
+            elif cfg.kind == "persistent":
+                self._persistent_segment(seg, persistent_scope)
+            else:
+                self._looped_segment(seg, outer_scope)
+        body = self.lines
+        self.size_args = sorted(self._free_symbols(), key=str)
+        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
+        params = self.arg_names + [str(s) for s in self.size_args] + ["xnumel"]
+        if reduction:
+            params.append("rnumel")
+        params.append("XBLOCK: tl.constexpr")
+        if reduction:
+            params.append("RBLOCK: tl.constexpr")
+        head = ["@triton.jit", f"def {self.jit_name}({', '.join(params)}):",
+                f'    """{self._docstring()}"""']
+        return "\n".join(head + body) + "\n\n\n" + self._launcher()
+
+    def _docstring(self) -> str:
+        g, cfg = self.group, self.config
+        shape = f"outer ({', '.join(map(str, g.outer))})"
+        if g.inner:
+            shape += f" x inner ({', '.join(map(str, g.inner))})"
+        return f"{cfg.kind} kernel over {shape}: " + ", ".join(n.name for n in g.nodes)
+
+    def _rindex(self, start: str) -> None:
+        g = self.group
+        self.line(f"rindex = {start}")
+        self.line("rmask = rindex < rnumel")
+        for s in _decompose("rindex", g.inner, list(g.inner_vars())):
+            self.line(s)
+        self.line("mask = xmask & rmask")
+
+    def _launcher(self) -> str:
+        g, cfg = self.group, self.config
+        sizes = [str(s) for s in self.size_args]
+        lines = [f"def {g.name}({', '.join(self.arg_names + sizes)}):",
+                 f"    xnumel = {pyexpr(product(g.outer))}"]
+        args = self.arg_names + sizes + ["xnumel"]
+        kw = f"XBLOCK={cfg.XBLOCK}"
+        if g.inner:
+            lines.append(f"    rnumel = {pyexpr(product(g.inner))}")
+            args.append("rnumel")
+            kw += f", RBLOCK={cfg.RBLOCK}"
+        lines.append("    if xnumel <= 0:")
+        lines.append("        return")
+        grid = f"((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK},)"
+        lines.append(f"    {self.jit_name}[{grid}]({', '.join(args)}, {kw}, num_warps={cfg.num_warps})")
+        return "\n".join(lines) + "\n"
+
+    def _free_symbols(self):
+        syms = set()
+        g = self.group
+        for s in list(g.outer) + list(g.inner):
+            syms |= sympy.sympify(s).free_symbols
+        for n in g.nodes:
+            for e in ir.iter_exprs(n.data.body):
+                if isinstance(e, ir.Load):
+                    syms |= sympy.sympify(e.index).free_symbols
+                    if e.mask is not None:
+                        syms |= e.mask.free_symbols
+                elif isinstance(e, ir.IndexValue):
+                    syms |= sympy.sympify(e.expr).free_symbols
+            for s in n.layout.stride:
+                syms |= sympy.sympify(s).free_symbols
+            syms |= sympy.sympify(n.layout.offset).free_symbols
+        return {s for s in syms if not (s.name[0] in "irxy" and s.name[1:].isdigit())}
+
+    def _mapped(self, node):
+        return ir.subs_expr(node.data.body, self.group.var_map(node))
+
+    # ------------------------------------------------------------------ segments
+    def _outer_segment(self, seg, scope: _Scope) -> None:
+        self._in_inner = False
+        for node in seg.nodes:
+            var = self.emit(self._mapped(node), scope)
+            self._store(node, var, node.data.body.dtype)
+
+    def _reduction_keys(self, seg):
+        """Reductions of a segment grouped by (family, body): welford mean and m2 of one input share work."""
+        keys = {}
+        for node in seg.nodes:
+            if node.is_reduction():
+                rtype = node.data.reduction_type
+                family = "welford" if rtype.startswith("welford") else rtype
+                keys.setdefault((family, self._mapped(node)), []).append(node)
+        return keys
+
+    def _persistent_segment(self, seg, scope: _Scope) -> None:
+        self._in_inner = True
+        done: dict = {}
+        for node in seg.nodes:
+            body = self._mapped(node)
+            var = self.emit(body, scope)
+            if not node.is_reduction():
+                self._store(node, var, body.dtype)
+                continue
+            rtype = node.data.reduction_type
+            family = "welford" if rtype.startswith("welford") else rtype
+            key = (family, body)
+            if key not in done:
+                done[key] = self._reduce_block(family, var, body.dtype)
+            result = done[key][rtype] if family == "welford" else done[key]
+            self._store(node, result, node.layout.dtype if family in ("argmax", "argmin") else body.dtype)
+
+    def _reduce_block(self, family: str, v: str, dtype: torch.dtype):
+        """Reduce a [XBLOCK, RBLOCK] block along the rows; the result is [XBLOCK, 1]."""
+        t = ops.COMPUTE[dtype]
+        out = self.new_tmp("red")
+        if family == "welford":
+            s = self.new_tmp("red")
+            self.line(f"{s} = tl.sum(tl.where(mask, {v}, 0.0), 1)[:, None]")
+            self.line(f"{out}_mean = {s} / rnumel")
+            self.line(f"{out}_delta = tl.where(mask, {v} - {out}_mean, 0.0)")
+            self.line(f"{out}_m2 = tl.sum({out}_delta * {out}_delta, 1)[:, None]")
+            return {"welford_mean": f"{out}_mean", "welford_m2": f"{out}_m2"}
+        masked = f"tl.where(mask, {v}, {ops.identity(family, dtype)})"
+        if family in ("argmax", "argmin"):
+            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)"
+            self.line(f"_, {out} = tl.reduce(({masked}, {idx}), 1, kiln_{family}_combine)")
+            self.line(f"{out} = {out}[:, None]")
+            return out
+        if family in ("sum", "prod") and t == "tl.int1":
+            masked = f"{masked}.to(tl.int64)"
+        self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=masked)}[:, None]")
+        return out
+
+    def _looped_segment(self, seg, outer_scope: _Scope) -> None:
+        self._in_inner = True
+        keys = self._reduction_keys(seg)
+        accs = {}
+        for key, nodes in keys.items():
+            family = key[0]
+            dtype = nodes[0].data.body.dtype
+            t = ops.COMPUTE[dtype]
+            acc = self.new_tmp("acc")
+            accs[key] = acc
+            if family == "welford":
+                for part in ("mean", "m2", "weight"):
+                    self.line(f"{acc}_{part} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+            else:
+                self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ops.identity(family, dtype)}, {t})")
+                if family in ("argmax", "argmin"):
+                    self.line(f"{acc}_index = tl.full([XBLOCK, RBLOCK], {2**63 - 1}, tl.int64)")
+        self.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.indent += 1
+        self._rindex("roffset + tl.arange(0, RBLOCK)[None, :]")
+        scope = _Scope(outer_scope)
+        saved = dict(self.values)
+        updated = set()
+        for node in seg.nodes:
+            body = self._mapped(node)
+            var = self.emit(body, scope)
+            if not node.is_reduction():
+                self._store(node, var, body.dtype)
+                continue
+            rtype = node.data.reduction_type
+            family = "welford" if rtype.startswith("welford") else rtype
+            acc = accs[(family, body)]
+            if acc in updated:
+                continue
+            updated.add(acc)
+            if family == "welford":
+                self.line(f"{acc}_mean, {acc}_m2, {acc}_weight = kiln_welford_update("
+                          f"{acc}_mean, {acc}_m2, {acc}_weight, {var}, mask)")
+            elif family in ("argmax", "argmin"):
+                self.line(f"{acc}_next, {acc}_next_index = kiln_{family}_combine("
+                          f"{acc}, {acc}_index, {var}, rindex.to(tl.int64))")
+                self.line(f"{acc} = tl.where(mask, {acc}_next, {acc})")
+                self.line(f"{acc}_index = tl.where(mask, {acc}_next_index, {acc}_index)")
+            else:
+                self.line(f"{acc} = tl.where(mask, {ops.ACCUMULATE[family].format(a=acc, v=var)}, {acc})")
+        self.indent -= 1
+        # values computed inside the loop do not outlive it
+        self.values = {k: v for k, v in self.values.items() if k in saved and saved[k] == v}
+        results = {}
+        for key, acc in accs.items():
+            family = key[0]
+            out = self.new_tmp("red")
+            if family == "welford":
+                self.line(f"{out}_mean, {out}_m2, _ = tl.reduce(({acc}_mean, {acc}_m2, {acc}_weight), 1, "
+                          "kiln_welford_combine)")
+                results[key] = {"welford_mean": f"{out}_mean[:, None]", "welford_m2": f"{out}_m2[:, None]"}
+            elif family in ("argmax", "argmin"):
+                self.line(f"_, {out} = tl.reduce(({acc}, {acc}_index), 1, kiln_{family}_combine)")
+                results[key] = f"{out}[:, None]"
+            else:
+                self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=acc)}[:, None]")
+                results[key] = out
+        for key, nodes in keys.items():
+            for node in nodes:
+                family = key[0]
+                r = results[key][node.data.reduction_type] if family == "welford" else results[key]
+                if r.endswith("[:, None]"):
+                    var = self.new_tmp()
+                    self.line(f"{var} = {r}")
+                    r = var
+                dtype = node.layout.dtype if family in ("argmax", "argmin") else node.data.body.dtype
+                self._store(node, r, dtype)
+        self._in_inner = False
+
+
+def generate_kernel(group: KernelGroup, layouts: dict) -> TritonKernel:
+    k = TritonKernel(group, layouts)
+    k.source = k.generate()
+    return k
+
+
+__all__ = ["TritonKernel", "generate_kernel", "texpr"]

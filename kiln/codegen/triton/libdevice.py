@@ -1,0 +1,68 @@
+"""`libdevice` for generated kernels: CUDA's libdevice on the GPU, numpy under the interpreter.
+
+Triton's `triton.language.extra.libdevice` functions are stubs that only the
+GPU compiler resolves; under `TRITON_INTERPRET=1` (how the tests run kernels on
+the CPU) they return None. The interpreter runs a kernel as plain Python over
+numpy arrays, so there each function is the numpy ufunc applied to the
+tensor's data.
+"""
+from __future__ import annotations
+
+import os
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+if interpreting():
+    import types
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def _np(fn):
+        def op(*args):
+            tensors = [a for a in args if isinstance(a, tl.tensor)]
+            ref = tensors[0]
+            data = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+            with np.errstate(all="ignore"):
+                out = np.asarray(fn(*data)).astype(ref.handle.data.dtype)
+            elem = ref.dtype
+            ty = tl.block_type(elem, list(out.shape)) if out.ndim else elem
+            return tl.tensor(TensorHandle(out, elem), ty)
+        op.__name__ = fn.__name__
+        return op
+
+    _TABLE = {
+        "log10": np.log10, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
+        "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh, "tan": np.tan, "asin": np.arcsin,
+        "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+        "acosh": np.arccosh, "atanh": np.arctanh, "atan2": np.arctan2, "floor": np.floor, "ceil": np.ceil,
+        "nearbyint": np.rint, "trunc": np.trunc, "fmod": np.fmod, "pow": np.power,
+    }
+
+    def _erf(x):
+        import math
+        return np.vectorize(math.erf, otypes=[x.dtype])(x)
+
+    def _erfc(x):
+        import math
+        return np.vectorize(math.erfc, otypes=[x.dtype])(x)
+
+    _TABLE["erf"], _TABLE["erfc"] = _erf, _erfc
+    libdevice = types.SimpleNamespace(**{name: _np(fn) for name, fn in _TABLE.items()})
+
+    _builtin_range = range
+
+    def interpreter_range(*args):
+        """`range` over scalar kernel arguments: the interpreter holds them as 1-element arrays, which
+        numpy >= 2.4 no longer converts with int() (Triton 3.6's interpreter relies on that)."""
+        return _builtin_range(*[int(a.handle.data.reshape(-1)[0]) if isinstance(a, tl.tensor) else a for a in args])
+
+    OVERRIDES = {"range": interpreter_range}
+else:
+    from triton.language.extra import libdevice  # noqa: F401
+
+    OVERRIDES = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import types
 from typing import Any
 
@@ -21,6 +22,7 @@ from kiln.capture.values.base import LazyValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
+from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PythonModuleValue
@@ -42,6 +44,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))
     if isinstance(obj, torch.Tensor):
         return _tensor(state, obj, source, expr)
+    if isinstance(obj, (list, dict)) and id(obj) in state.mutable_values:
+        return _alias(state, obj, source, expr)
     if isinstance(obj, nn.Module):
         _identity(state, obj, source, expr)
         return ModuleValue(obj, source)
@@ -64,7 +68,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
         state.guards.add(Guard(GuardKind.LENGTH_MATCH, source, f"len({expr}) == {len(obj)}", str(len(obj)), f"len({expr})"))
         items = [wrap_lazy(state, v, ItemSource(source, i)) for i, v in enumerate(obj)]
         if isinstance(obj, list):
-            return ListValue(items, source)
+            return _remember(state, obj, source, ListValue(items, source))
         return TupleValue(items, cls=type(obj), source=source)
     if type(obj) is dict or (isinstance(obj, dict) and not dataclasses.is_dataclass(obj)):
         if all(is_literal(k) or _is_fixed_object(k) for k in obj):
@@ -73,8 +77,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
             keys_expr = repr(keys) if all(is_literal(k) for k in keys) else state.guards.constant(keys, "keys")
             state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys_expr}", repr(keys),
                                    f"list({expr}.keys())"))
-            return DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
-                             source, type(obj))
+            value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
+                              source, type(obj))
+            return _remember(state, obj, source, value)
     if _is_typing_object(obj):  # Union[...], Literal[...], int | None: immutable annotations
         _identity(state, obj, source, expr)
         return ConstantValue(obj, source)
@@ -101,6 +106,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if type(obj).__module__.startswith("numpy") or isinstance(obj, (types.GeneratorType,)):
         _type(state, obj, source, expr)
         return OpaqueValue(obj, source)
+    if obj is os.environ:
+        return EnvironValue(source)
     if is_logger(obj):
         _type(state, obj, source, expr)
         return LoggerValue(obj, source)
@@ -178,6 +185,22 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     if not t.is_contiguous():
         return frozenset()
     return frozenset(d for d in dims if t.shape[d] >= 2)
+
+
+def _remember(state, obj: Any, source: Source, value: Value) -> Value:
+    """Keep the one tracker of a mutable container, so a mutation through one path is seen by every path."""
+    state.mutable_values[id(obj)] = (value, source)
+    return value
+
+
+def _alias(state, obj: Any, source: Source, expr: str) -> Value:
+    """A list or dict already wrapped from another source: the same tracker, guarded to stay the same object."""
+    value, first = state.mutable_values[id(obj)]
+    if first != source:
+        first_expr = state.source_expr(first)
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same object as {first_expr}",
+                               f"'a different object: ' + repr(type({expr}).__name__)"))
+    return value
 
 
 def _identity(state, obj: Any, source: Source, expr: str) -> None:

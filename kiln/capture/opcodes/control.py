@@ -60,7 +60,11 @@ def jump_if_true_or_pop(frame, ins):
 
 @opcode("GET_ITER")
 def get_iter(frame, ins):
+    from kiln.capture.values.functions import GeneratorValue
+
     value = frame.peek().realize()
+    if isinstance(value, GeneratorValue):
+        value = value.iterate()  # iter(g) is g: share its position
     iterator = value if isinstance(value, IteratorValue) else IteratorValue(value.unpack(frame.state))
     frame.pop()
     frame.push(iterator)

@@ -203,7 +203,11 @@ def _iter(state, obj):
 
 @handles(builtins.next)
 def _next(state, it, *default):
+    from kiln.capture.values.functions import GeneratorValue
+
     it = it.realize()
+    if isinstance(it, GeneratorValue):
+        it = it.iterate()
     if not isinstance(it, IteratorValue):
         raise GraphBreak("unsupported_object", f"next() on {it}")
     value = it.next()

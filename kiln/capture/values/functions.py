@@ -180,26 +180,36 @@ class BuiltinValue(Value):
 class GeneratorValue(Value):
     """A generator made by an inlined generator function (most often a genexpr).
 
-    It is unrolled: the first iteration runs its frame to the end, collecting what
-    it yields, as torch.compile does. That reorders the generator's own side effects
-    before the consumer's, which is exact for the pure generators models use
-    (`sum(f(x) for f in fs)`, `tuple(t.shape[i] for i in dims)`).
+    It is unrolled: the first iteration (or next()) runs its frame to the end,
+    collecting what it yields, as torch.compile does. That reorders the generator's
+    own side effects before the consumer's, which is exact for the pure generators
+    models use (`sum(f(x) for f in fs)`, `tuple(t.shape[i] for i in dims)`).
     """
 
     def __init__(self, frame, name: str):
         self.frame, self.name = frame, name
-        self.items: list[Value] | None = None
+        self.iterator = None  # an IteratorValue over the yielded values, once run
 
     def python_type(self) -> type:
         return types.GeneratorType
 
+    def iterate(self):
+        if self.iterator is None:
+            from kiln.capture.values.containers import IteratorValue
+
+            self.frame.yields = []
+            self.frame.run()
+            self.iterator = IteratorValue(self.frame.yields)
+        return self.iterator
+
+    def next(self) -> Value | None:
+        return self.iterate().next()
+
     def unpack(self, state) -> list[Value]:
-        if self.items is not None:
-            return []  # a generator is exhausted after one pass
-        self.frame.yields = []
-        self.frame.run()
-        self.items = self.frame.yields
-        return self.items
+        return self.iterate().unpack(state)
+
+    def reconstruct(self, writer) -> str:
+        return self.iterate().reconstruct(writer)
 
     def __repr__(self) -> str:
         return f"Generator({self.name})"

@@ -79,7 +79,7 @@ def _as_sequence(value: Value) -> Value:
     """A constant tuple or list as a sequence tracker, so `(x, 1) + (2,)` mixes the two kinds."""
     from kiln.capture.values.containers import ListValue, TupleValue
 
-    if value.is_constant() and type(value.as_constant()) in (tuple, list):
+    if isinstance(value, ConstantValue) and type(value.as_constant()) in (tuple, list):
         items = [ConstantValue(v) for v in value.as_constant()]
         return ListValue(items) if isinstance(value.as_constant(), list) else TupleValue(items)
     return value

@@ -1,0 +1,264 @@
+"""The public API: kiln.compile's forms and arguments, OptimizedModule, disable, backends."""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.api import context_of
+
+from .helpers import t
+
+
+def double(x):
+    return x * 2
+
+
+def test_call_form():
+    c = kiln.compile(double, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2)
+    assert c.__name__ == "double"
+
+
+def test_decorator_without_arguments():
+    @kiln.compile
+    def f(x):
+        return x + 1
+
+    x = t(3)
+    torch.testing.assert_close(f(x), x + 1)
+
+
+def test_decorator_with_arguments():
+    @kiln.compile(backend="eager", fullgraph=True)
+    def f(x):
+        return x - 1
+
+    x = t(3)
+    torch.testing.assert_close(f(x), x - 1)
+    assert context_of(f).fullgraph
+
+
+def test_bound_method():
+    class Obj:
+        def __init__(self):
+            self.k = 3.0
+
+        def run(self, x):
+            return x * self.k
+
+    o = Obj()
+    c = kiln.compile(o.run, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 3.0)
+    o.k = 4.0
+    torch.testing.assert_close(c(x), x * 4.0)
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def test_optimized_module_shares_state():
+    m = _model()
+    c = kiln.compile(m, backend="eager")
+    assert isinstance(c, nn.Module)
+    assert c._orig_mod is m
+    assert [p is q for p, q in zip(c.parameters(), m.parameters())] == [True] * 4
+    assert list(c.state_dict()) == list(m.state_dict())
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    assert getattr(c, "0") is m[0]  # attribute pass-through (as torch.compile, no __getitem__)
+    assert c.training and m.training
+
+
+def test_optimized_module_train_eval_to():
+    m = _model()
+    c = kiln.compile(m, backend="eager")
+    c.eval()
+    assert not m.training
+    c.train()
+    assert m.training
+    c.to(torch.float64)
+    assert m[0].weight.dtype == torch.float64
+    x = t(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(c(x), m(x))
+
+
+def test_optimized_module_load_state_dict_and_grad():
+    m = _model()
+    c = kiln.compile(m, backend="eager")
+    sd = {k: torch.zeros_like(v) for k, v in m.state_dict().items()}
+    c.load_state_dict(sd)
+    assert torch.count_nonzero(m[0].weight) == 0
+    x = t(2, 3)
+    c(x).sum().backward()
+    assert m[2].bias.grad is not None
+
+
+def test_optimized_module_attribute_setting_passes_through():
+    m = _model()
+    m.flag = 1
+    c = kiln.compile(m, backend="eager")
+    assert c.flag == 1
+    c.flag = 2
+    assert m.flag == 2
+
+
+def test_disable_true_returns_the_callable():
+    m = _model()
+    assert kiln.compile(m, disable=True) is m
+    assert kiln.compile(double, disable=True) is double
+
+
+def test_kiln_disable_decorator_runs_eagerly():
+    @kiln.disable
+    def f(x):
+        return x * 3
+
+    x = t(3)
+    torch.testing.assert_close(f(x), x * 3)
+    assert f.__name__ == "f"
+
+
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    ({"backend": "nope"}, ValueError, "backend"),
+    ({"backend": 3}, TypeError, "backend"),
+    ({"mode": "warp-speed"}, ValueError, "mode"),
+    ({"mode": 7}, TypeError, "mode"),
+    ({"options": {"no.such.option": 1}}, ValueError, "no.such.option"),
+    ({"options": [1]}, TypeError, "options"),
+    ({"fullgraph": "yes"}, TypeError, "fullgraph"),
+    ({"dynamic": "maybe"}, TypeError, "dynamic"),
+    ({"disable": 1}, TypeError, "disable"),
+], ids=["backend", "backend_type", "mode", "mode_type", "option", "options_type", "fullgraph", "dynamic", "disable"])
+def test_bad_arguments_raise_clearly(kwargs, exc, needle):
+    with pytest.raises(exc, match=needle):
+        kiln.compile(double, **kwargs)
+
+
+def test_non_callable_model_raises():
+    with pytest.raises(TypeError, match="expected a function"):
+        kiln.compile(42)
+
+
+def test_unknown_backend_lists_known_ones():
+    with pytest.raises(ValueError) as info:
+        kiln.compile(double, backend="nope")
+    assert "eager" in str(info.value)
+
+
+def test_user_callable_backend_receives_graph_and_example_inputs():
+    seen = []
+
+    def my_backend(gm, example_inputs):
+        assert isinstance(gm, torch.fx.GraphModule)
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    c = kiln.compile(double, backend=my_backend)
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2)
+    assert len(seen) == 1
+    gm, inputs = seen[0]
+    assert len(inputs) == 1 and inputs[0].shape == (3,)
+    assert any(n.op == "call_function" for n in gm.graph.nodes)
+
+
+def test_backend_returning_other_callable_is_used():
+    def negating(gm, example_inputs):
+        def run(*args):
+            return tuple(-o for o in gm(*args))
+        return run
+
+    c = kiln.compile(double, backend=negating)
+    x = t(3)
+    torch.testing.assert_close(c(x), -(x * 2))
+
+
+def test_backend_failure_raises_backend_compiler_failed():
+    def broken(gm, example_inputs):
+        raise RuntimeError("kaput")
+
+    c = kiln.compile(double, backend=broken)
+    with pytest.raises(kiln.BackendCompilerFailed, match="kaput"):
+        c(t(3))
+
+
+def test_register_and_list_backends():
+    @kiln.register_backend
+    def capture_test_backend(gm, example_inputs):
+        return gm.forward
+
+    assert "capture_test_backend" in kiln.list_backends()
+    assert "eager" in kiln.list_backends() and "inductor" in kiln.list_backends()
+    c = kiln.compile(double, backend="capture_test_backend")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2)
+
+    kiln.register_backend(name="capture_named_backend")(lambda gm, ex: gm.forward)
+    assert "capture_named_backend" in kiln.list_backends()
+
+
+def test_mode_and_options_rejected_for_user_callable():
+    with pytest.raises(ValueError, match="mode"):
+        kiln.compile(double, backend=lambda gm, ex: gm.forward, mode="default")
+
+
+def test_config_cache_size_limit_default():
+    assert kiln.config.cache_size_limit == 8
+
+
+def test_kwargs_and_defaults_at_entry():
+    def f(x, scale=2.0, *, shift=0.0):
+        return x * scale + shift
+
+    c = kiln.compile(f, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), f(x))
+    torch.testing.assert_close(c(x, 3.0), f(x, 3.0))
+    torch.testing.assert_close(c(x, shift=1.0), f(x, shift=1.0))
+    torch.testing.assert_close(c(scale=0.5, x=x), f(x, 0.5))
+
+
+def test_graph_break_outside_compiled_is_a_noop():
+    assert kiln.graph_break() is None
+
+
+def test_is_compiling_true_only_while_capturing():
+    def f(x):
+        if torch.compiler.is_compiling():
+            return x + 1
+        return x - 1
+
+    c = kiln.compile(f, backend="eager", fullgraph=True)
+    x = t(3)
+    torch.testing.assert_close(c(x), x + 1)
+    torch.testing.assert_close(f(x), x - 1)
+
+
+def test_compiled_module_inside_compiled_function():
+    m = _model()
+    cm = kiln.compile(m, backend="eager")
+
+    def f(x):
+        return cm(x) * 2
+
+    c = kiln.compile(f, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x) * 2)
+
+
+def test_records_expose_graph_guards_and_program():
+    c = kiln.compile(double, backend="eager")
+    c(t(3))
+    (rec,) = context_of(c).records
+    assert rec.graph is not None and rec.op_count == 1 and rec.graph_break is None
+    assert "def program(L, G, C)" in rec.program_source and "def guard(L, G, C)" in rec.program_source
+    assert len(rec.guards.guards) >= 2
+
+
+def test_context_of_rejects_uncompiled():
+    with pytest.raises(TypeError):
+        context_of(double)

@@ -1,0 +1,136 @@
+"""Grad-mode and autocast contexts inside the compiled region: no_grad, enable_grad,
+set_grad_enabled (as a context and as a call), autocast; the state is restored after."""
+import pytest
+import torch
+
+import kiln
+from kiln.api import context_of
+
+from .helpers import check, t
+
+
+def no_grad_block(x):
+    with torch.no_grad():
+        y = x * 2
+    return y + x, y.requires_grad
+
+
+def enable_grad_inside_no_grad(x):
+    with torch.no_grad():
+        a = x * 2
+        with torch.enable_grad():
+            b = x * 3
+    return a, b, a.requires_grad, b.requires_grad
+
+
+def set_grad_enabled_ctx(x, mode):
+    with torch.set_grad_enabled(mode):
+        y = x.sin()
+    return y, torch.is_grad_enabled()
+
+
+def set_grad_enabled_call(x):
+    torch.set_grad_enabled(False)
+    y = x * 2
+    torch.set_grad_enabled(True)
+    return y + x
+
+
+def is_grad_enabled_branch(x):
+    if torch.is_grad_enabled():
+        return x * 2
+    return x * 3
+
+
+def nested_no_grad_return_inside(x):
+    with torch.no_grad():
+        return x * 5
+
+
+def autocast_cpu(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+    return y, y.dtype, (y.float() + 1).dtype
+
+
+def autocast_disabled(x, w):
+    with torch.autocast("cpu", enabled=False):
+        return x @ w
+
+
+def inference_mode_query(x):
+    return x * (2 if torch.is_inference_mode_enabled() else 3)
+
+
+CASES = [
+    (no_grad_block, (t(3, grad=True),)),
+    (enable_grad_inside_no_grad, (t(3, grad=True),)),
+    (set_grad_enabled_ctx, (t(3, grad=True), False)),
+    (set_grad_enabled_ctx, (t(3, grad=True), True)),
+    (set_grad_enabled_call, (t(3, grad=True),)),
+    (is_grad_enabled_branch, (t(3, grad=True),)),
+    (nested_no_grad_return_inside, (t(3, grad=True),)),
+    (autocast_cpu, (t(4, 4), t(4, 4))),
+    (autocast_disabled, (t(4, 4), t(4, 4))),
+    (inference_mode_query, (t(3),)),
+]
+
+
+@pytest.mark.parametrize("fn,args", CASES, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
+def test_context_one_graph(fn, args):
+    check(fn, *args, graphs=1, records=1, fullgraph=True, atol=1e-2)
+    assert torch.is_grad_enabled()
+
+
+def test_called_under_no_grad():
+    def fn(x):
+        return x * 2, torch.is_grad_enabled()
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3, grad=True)
+    with torch.no_grad():
+        out, flag = c(x)
+    assert flag is False and not out.requires_grad
+    out, flag = c(x)
+    assert flag is True and out.requires_grad
+    assert len(context_of(c).records) == 2
+
+
+def test_grad_mode_restored_when_compiled_code_raises():
+    def fn(x):
+        with torch.no_grad():
+            y = x * 2
+        if y.shape[0] == 3:
+            raise RuntimeError("boom")
+        return y
+
+    c = kiln.compile(fn, backend="eager")
+    with pytest.raises(RuntimeError, match="boom"):
+        c(t(3, grad=True))
+    assert torch.is_grad_enabled()
+
+
+def test_no_grad_decorator_function_inlined():
+    @torch.no_grad()
+    def helper(x):
+        return x * 2
+
+    def fn(x):
+        return helper(x) + x
+
+    check(fn, t(3, grad=True))
+
+
+def test_autocast_called_from_outside():
+    def fn(x, w):
+        return x @ w
+
+    c = kiln.compile(fn, backend="eager")
+    x, w = t(4, 4), t(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = c(x, w)
+        ref = fn(x, w)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    out2 = c(x, w)
+    assert out2.dtype == torch.float32
+    assert len(context_of(c).records) == 2

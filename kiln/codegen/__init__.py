@@ -124,8 +124,8 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     times = {}
     t0 = time.perf_counter()
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    if devices - {"cpu"}:  # the C++ target reads host memory only; other devices need their own target
-        raise NotImplementedError(f"non-CPU inputs ({', '.join(sorted(devices))}) have no code generator here")
+    if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
+        raise NotImplementedError(f"inputs on {', '.join(sorted(devices))}: no code generator for this mix")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
     if _needs_retrace(gm):

@@ -27,6 +27,11 @@ def kiln_minimum(a, b):
 
 
 @triton.jit
+def kiln_to_bf16(x):
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def kiln_prod_combine(a, b):
     return a * b
 

@@ -61,7 +61,16 @@ if interpreting():
         numpy >= 2.4 no longer converts with int() (Triton 3.6's interpreter relies on that)."""
         return _builtin_range(*[int(a.handle.data.reshape(-1)[0]) if isinstance(a, tl.tensor) else a for a in args])
 
-    OVERRIDES = {"range": interpreter_range}
+    def interpreter_to_bf16(x):
+        """float -> bfloat16 rounded to nearest even (the interpreter's cast drops the low bits instead)."""
+        import torch
+
+        data = np.ascontiguousarray(x.handle.data, dtype=np.float32)
+        bits = torch.from_numpy(data).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        ty = tl.block_type(tl.bfloat16, list(bits.shape)) if isinstance(x.type, tl.block_type) else tl.bfloat16
+        return tl.tensor(TensorHandle(bits, tl.bfloat16), ty)
+
+    OVERRIDES = {"range": interpreter_range, "kiln_to_bf16": interpreter_to_bf16}
 else:
     from triton.language.extra import libdevice  # noqa: F401
 

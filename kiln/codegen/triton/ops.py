@@ -57,8 +57,8 @@ EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
 
 
 def to_half(code: str, dtype: torch.dtype) -> str:
-    """Round a float value to a half type, nearest-even as CUDA does (spelled out: the interpreter truncates otherwise)."""
-    return f"{code}.to({ROUNDED[dtype]}, fp_downcast_rounding='rtne')"
+    """Round a float value to a half type, nearest-even (`kiln_to_bf16`: the interpreter's own bf16 cast truncates)."""
+    return f"kiln_to_bf16({code})" if dtype == torch.bfloat16 else f"{code}.to(tl.float16)"
 
 
 def literal(value, dtype: torch.dtype) -> str:

@@ -1,0 +1,234 @@
+"""The Triton target on the CPU: generated kernels run by Triton's interpreter, compared with eager.
+
+TRITON_INTERPRET=1 must be set before triton is imported (it decides at @triton.jit
+time whether a kernel is compiled or interpreted), so it is set at the top of this
+module. The interpreter is slow: shapes are small, but big enough for tails (sizes
+that are not a power of two) and for looped reductions (rows past the persistent limit).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+
+from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
+from lower.helpers import assert_same, trace  # noqa: E402
+
+from kiln.codegen import compile_aten_graph  # noqa: E402
+
+TRITON = {"cpu_backend": "triton"}
+LOOPED = PERSISTENT_MAX_RBLOCK + 37  # a row too long for one block: the reduction loops
+
+
+def compile_triton(fn, *inputs, mode="real"):
+    gm = trace(fn, *inputs, mode=mode)
+    compiled = compile_aten_graph(gm, list(inputs), TRITON)
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert "kernels.py" in compiled.artefacts
+    return compiled
+
+
+def check(fn, *inputs, max_kernels=None):
+    compiled = compile_triton(fn, *inputs)
+    with torch.no_grad():
+        assert_same(compiled(*inputs), fn(*inputs))
+    if max_kernels is not None:
+        assert compiled.num_kernels <= max_kernels, compiled.artefacts["kernels.py"]
+    return compiled
+
+
+def source(compiled) -> str:
+    return compiled.artefacts["kernels.py"]
+
+
+# ----------------------------------------------------------------------------- pointwise
+
+
+def test_pointwise_chain_is_one_masked_kernel():
+    x, y = torch.randn(7, 13), torch.randn(7, 13)
+    c = check(lambda x, y: ((x * 2).relu() + y.sigmoid()).tanh() - torch.exp(-x.abs()) / (1 + y * y), x, y,
+              max_kernels=1)
+    src = source(c)
+    assert "@triton.jit" in src and "xmask" in src and "tl.store" in src
+
+
+def test_unary_math_ops():
+    x = torch.randn(5, 11)
+    check(lambda x: torch.erf(x) + torch.log1p(x.abs()) + torch.expm1(x) * torch.rsqrt(x.abs() + 1)
+          + torch.floor(x) + torch.round(x * 3) + torch.atan2(x, x + 2) + torch.sign(x), x, max_kernels=1)
+
+
+def test_broadcasting():
+    a, b, c = torch.randn(4, 1, 6), torch.randn(5, 1), torch.randn(6)
+    check(lambda a, b, c: a * b + c - 1.5, a, b, c, max_kernels=1)
+
+
+def test_scalar_tensor_broadcast():
+    x, s = torch.randn(3, 9), torch.tensor(2.5)
+    check(lambda x, s: x * s + s, x, s)
+
+
+def test_non_contiguous_views():
+    x = torch.randn(6, 10)
+    check(lambda x: x.t() * 2 + 1, x)
+    check(lambda x: x[:, ::2] * x[:, 1::2] + x[1:4, 3:8].sum(), x)
+    check(lambda x: x.view(3, 2, 10).permute(2, 0, 1).sin(), x)
+    check(lambda x: x[2:].reshape(20, 2).cos() + x[:1, :2], x)
+
+
+def test_non_contiguous_input():
+    x = torch.randn(8, 6).t()[1:]
+    check(lambda x: x.exp() * 3, x)
+
+
+def test_int64_pointwise_floordiv_mod_with_negatives():
+    x = torch.randint(-20, 20, (5, 7))
+    y = torch.randint(1, 6, (5, 7)) * torch.where(torch.rand(5, 7) > 0.5, 1, -1)
+    check(lambda x, y: (torch.div(x, y, rounding_mode="floor"), x % y, torch.remainder(x, 3), x * y - 4,
+                        torch.div(x, y, rounding_mode="trunc")), x, y)
+
+
+def test_bool_and_where():
+    x = torch.randn(6, 9)
+    check(lambda x: torch.where((x > 0) & (x < 1), x, -x) + (x > 0.5).float(), x)
+    check(lambda x: (x > 0).logical_not() | (x < -1), x)
+
+
+def test_padding_masks_loads():
+    x = torch.randn(3, 5)
+    check(lambda x: F.pad(x, (2, 1, 1, 0), value=0.5) * 2, x)
+    check(lambda x: torch.cat([x, x * 2], dim=1).relu(), x)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+@pytest.mark.parametrize("n", [19, LOOPED], ids=["persistent", "looped"])
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "argmax", "argmin", "mean", "var", "prod"])
+def test_row_reductions(op, n):
+    x = torch.randn(5, n)
+    if op == "prod":
+        x = 1 + x * 0.01
+    fn = {
+        "sum": lambda x: x.sum(-1), "amax": lambda x: x.amax(-1), "amin": lambda x: x.amin(-1),
+        "argmax": lambda x: x.argmax(-1), "argmin": lambda x: x.argmin(-1), "mean": lambda x: x.mean(-1),
+        "var": lambda x: x.var(-1), "prod": lambda x: x.prod(-1),
+    }[op]
+    c = check(fn, x)
+    kind = "persistent" if n < PERSISTENT_MAX_RBLOCK else "looped"
+    assert f"{kind} kernel" in source(c), source(c)
+    if kind == "looped":
+        assert "for roffset in range(0, rnumel, RBLOCK)" in source(c)
+
+
+@pytest.mark.parametrize("shape", [(33, 7), (1300, 3)], ids=["persistent", "looped"])
+def test_column_reductions(shape):
+    x = torch.randn(*shape)
+    check(lambda x: (x.sum(0), x.amax(0), x.argmax(0), x.var(0, correction=0)), x)
+
+
+def test_full_reductions():
+    x = torch.randn(40, 33)
+    check(lambda x: (x.sum(), x.amax(), x.mean(), x.argmin()), x)
+
+
+def test_argmax_first_index_on_ties_and_nan_is_max():
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, float("nan"), 5.0, float("nan")], [-1.0, -1.0, -1.0, -1.0]])
+    check(lambda x: (x.argmax(-1), x.argmin(-1), x.amax(-1)), x)
+    x = torch.randn(3, LOOPED)
+    x[:, 100] = 10
+    x[:, LOOPED - 3] = 10
+    check(lambda x: x.argmax(-1), x)
+
+
+def test_reduction_epilogue_and_prologue():
+    x = torch.randn(6, 50)
+    check(lambda x: ((x * 2).exp().sum(-1, keepdim=True) + 1).log(), x, max_kernels=1)
+
+
+def test_int64_reductions():
+    x = torch.randint(-100, 100, (4, 37))
+    check(lambda x: (x.sum(-1), x.amax(-1), x.argmax(-1), x.amin(0)), x)
+
+
+# ----------------------------------------------------------------------------- fused normalizations
+
+
+@pytest.mark.parametrize("n", [33, LOOPED], ids=["persistent", "looped"])
+def test_softmax_fuses(n):
+    x = torch.randn(4, n)
+    check(lambda x: torch.softmax(x, -1), x, max_kernels=2)
+    check(lambda x: torch.log_softmax(x, -1), x, max_kernels=2)
+
+
+@pytest.mark.parametrize("n", [48, LOOPED], ids=["persistent", "looped"])
+def test_layernorm_fuses(n):
+    x, w, b = torch.randn(5, n), torch.randn(n), torch.randn(n)
+    check(lambda x, w, b: F.layer_norm(x, (n,), w, b, eps=1e-5), x, w, b, max_kernels=2)
+
+
+# ----------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_dtypes_pointwise_and_reduction(dtype):
+    if dtype.is_floating_point:
+        x = torch.randn(6, 21).to(dtype)
+        fn = lambda x: (x * 1.5 + x.abs(), x.sum(-1), x.amax(-1), x.softmax(-1))  # noqa: E731
+    else:
+        x = torch.randint(-50, 50, (6, 21), dtype=dtype)
+        fn = lambda x: (x * 3 + x.abs(), x.sum(-1), x.amax(-1), x.argmax(-1))  # noqa: E731
+    check(fn, x)
+
+
+def test_bf16_layernorm_computes_in_float32():
+    x, w = torch.randn(4, 40, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+    c = check(lambda x, w: F.layer_norm(x, (40,), w, None), x, w)
+    assert "tl.float32" in source(c)
+
+
+def test_mixed_dtype_casts():
+    x = torch.randn(5, 8)
+    check(lambda x: (x.to(torch.bfloat16) * 3).float() + x.to(torch.int64) + (x > 0).to(torch.int32), x)
+
+
+# ----------------------------------------------------------------------------- sizes and caching
+
+
+def test_symbolic_sizes_are_kernel_arguments():
+    x = torch.randn(6, 10)
+    c = compile_triton(lambda x: (x - x.mean(-1, keepdim=True)).relu() * x.shape[0], x, mode="symbolic")
+    src = source(c)
+    assert "def triton_" in src and ", s" in src, src
+    for shape in [(6, 10), (3, 17), (9, LOOPED)]:
+        y = torch.randn(*shape)
+        torch.testing.assert_close(c(y)[0], (y - y.mean(-1, keepdim=True)).relu() * shape[0])
+
+
+def test_kernel_module_cached_on_disk(tmp_path, monkeypatch):
+    from kiln.codegen import triton as triton_target
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    x = torch.randn(3, 5)
+    c = compile_triton(lambda x: x.cos() * 2 + 0.125, x)
+    files = list((tmp_path / "triton").rglob("*.py"))
+    assert len(files) == 1 and files[0].read_text() == source(c)
+    before = dict(triton_target.stats)
+    compile_triton(lambda x: x.cos() * 2 + 0.125, x)
+    assert triton_target.stats["memory_hits"] == before["memory_hits"] + 1
+
+
+def test_cpu_graphs_use_cpp_unless_forced():
+    from kiln.codegen.target import select_target
+
+    gm = trace(lambda x: x + 1, torch.randn(3))
+    assert select_target(gm, [torch.randn(3)], {}).name == "cpp"
+    assert select_target(gm, [torch.randn(3)], TRITON).name == "triton"

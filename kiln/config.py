@@ -21,6 +21,9 @@ class Config:
     debug_dir: str | None = None
     """Where `trace.enabled` writes each stage's artefacts (KILN_DEBUG_DIR overrides; default ./kiln_debug)."""
 
+    progress_delay: float = 1.0
+    """Seconds a graph's compile runs before its progress bar appears (bars show on a terminal only)."""
+
 
 config = Config()
 
@@ -36,6 +39,8 @@ class Option:
 
 OPTIONS: dict[str, Option] = {
     "trace.enabled": Option(bool, False, "write every stage's artefact to the debug directory"),
+    "trace.graph_diagram": Option(bool, False, "draw the captured and the fused graph as SVG in the debug directory"),
+    "check_accuracy": Option(bool, False, "run each compiled graph against eager too; report the first diverging node"),
 }
 
 MODES: dict[str, dict[str, Any]] = {

@@ -1,1 +1,38 @@
-"""Seeing what kiln did: logs, explain(), reports. Debug may import any stage; no stage imports debug."""
+"""Seeing what kiln did: logs, explain(), reports, the debug directory, diagrams, accuracy checks.
+
+Debug may import any stage; no stage imports debug. The stages expose listener
+lists and wrapper tables instead, which `install()` fills when kiln is imported:
+the debug directory writer (kiln.capture.entry.RECORD_LISTENERS,
+kiln.codegen.GRAPH_LISTENERS) and the `check_accuracy` option
+(kiln.codegen.BACKEND_WRAPPERS).
+"""
+from __future__ import annotations
+
+
+def install() -> None:
+    from kiln import codegen
+    from kiln.capture import entry
+    from kiln.debug import accuracy, trace
+
+    if trace.on_record not in entry.RECORD_LISTENERS:
+        entry.RECORD_LISTENERS.append(trace.on_record)
+    if trace.on_graph not in codegen.GRAPH_LISTENERS:
+        codegen.GRAPH_LISTENERS.append(trace.on_graph)
+    codegen.BACKEND_WRAPPERS["check_accuracy"] = accuracy.check_accuracy
+
+
+def check_accuracy(backend, rtol: float = 1e-3, atol: float = 1e-3):
+    """`backend` with every compiled graph checked against eager (see kiln/debug/accuracy.py)."""
+    from kiln.debug.accuracy import check_accuracy as wrap
+
+    return wrap(backend, rtol, atol)
+
+
+def write_repro(gm, args, path, note: str = ""):
+    """Save `gm` with its inputs' shapes as a standalone script (see kiln/debug/accuracy.py)."""
+    from kiln.debug.accuracy import write_repro as write
+
+    return write(gm, args, path, note)
+
+
+install()

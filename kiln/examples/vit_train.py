@@ -68,7 +68,7 @@ def train(model, steps: int, batch: int = 32) -> float:
     return 1000 * sum(times[1:]) / max(1, len(times) - 1)
 
 
-def main(steps: int = 6) -> None:
+def main(steps: int = 6) -> str:
     torch.manual_seed(0)
     eager = TinyViT()
     compiled = TinyViT()
@@ -78,8 +78,10 @@ def main(steps: int = 6) -> None:
     compiled_model = torch.compile(compiled)
     compiled_ms = train(compiled_model, steps)
     first = time.perf_counter() - start
-    print(f"eager step: {eager_ms:.1f} ms | compiled step: {compiled_ms:.1f} ms | "
-          f"speedup {eager_ms / compiled_ms:.2f}x | first compiled run (compile + {steps} steps): {first:.1f} s")
+    summary = (f"eager step: {eager_ms:.1f} ms | compiled step: {compiled_ms:.1f} ms | "
+               f"speedup {eager_ms / compiled_ms:.2f}x | first compiled run (compile + {steps} steps): {first:.1f} s")
+    print(summary)
+    return summary
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def test_trace_enabled_writes_ir_cpp_and_wrapper(tmp_path, monkeypatch):
     files = {p.name for p in tmp_path.rglob("*") if p.is_file()}
     assert {"ir.txt", "schedule.txt", "kernels.cpp", "wrapper.py"} <= files
     cpp = next(tmp_path.rglob("kernels.cpp")).read_text()
-    assert 'extern "C" void kernel0' in cpp
+    assert 'extern "C" void fused_max_exp_sum_0' in cpp  # kernels are named by what they fuse
 
 
 def test_unlowered_op_runs_as_extern():

@@ -184,7 +184,7 @@ class AOTCompiled:
         tangent_specs = [signature.graph_outputs[i] for i in signature.differentiable()]
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm, program.input_specs + tangent_specs,
                                       graph_of=lambda result: result[0])
-        _refuse_mutations_of_grad_inputs(mutations, requires_grad)
+        _check_no_mutation_of_grad_inputs(mutations, requires_grad)
         num_outputs, num_grads = joint.num_outputs, sum(joint.grad_mask)
         layout = JointLayout(
             num_primals=joint.num_primals,
@@ -198,15 +198,18 @@ class AOTCompiled:
         backward = self._compile(key, "backward", split.backward)
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
-        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask)
+        mutated = {m.input_index for m in mutations}
+        # A saved input (or view of one) that the call then mutates must be saved as a copy.
+        copy_saved = [k for k, i in enumerate(split.saved_inputs) if i in mutated]
+        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask,
+                              copy_saved)
 
 
-def _refuse_mutations_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:
+def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:
+    """Inputs that require grad are mutated on clones (signature.mutated_grad_inputs), never in the graph."""
     for m in mutations:
         if requires_grad[m.input_index]:
-            raise NotImplementedError(
-                f"kiln: the graph mutates input {m.input_index} in place and that input requires grad; "
-                "compiled training supports in-place updates only of inputs that do not require grad")
+            raise AssertionError(f"kiln: input {m.input_index} requires grad but the graph mutates it in place")
 
 
 def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

@@ -79,6 +79,8 @@ class Partition:
     saved_bytes: int
     naive_saved: list[str]
     naive_bytes: int
+    saved_inputs: list[int | None]
+    """Per saved tensor: the primal whose storage it shares (the input itself or a view), or None."""
     saved_input_bytes: int
     """Of `saved_bytes`, those held by inputs (parameters, ...) that stay alive anyway."""
     recomputed: list[str] = field(default_factory=list)
@@ -114,11 +116,12 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
                         anchors=set(joint.graph.nodes) - nodes.forward_side_set)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
-    input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()) for p in nodes.primals}
-    saved_input_bytes = sum(node_bytes(n) for n in saved
-                            if StorageWeakRef(n.meta["val"].untyped_storage()) in input_storages)
+    input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)}
+    saved_inputs = [input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage())) for n in saved]
+    saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
     return Partition(forward, backward, strategy, [n.name for n in saved], int(sum(map(node_bytes, saved))),
-                     [n.name for n in naive], int(sum(map(node_bytes, naive))), int(saved_input_bytes), recomputed)
+                     [n.name for n in naive], int(sum(map(node_bytes, naive))), saved_inputs,
+                     int(saved_input_bytes), recomputed)
 
 
 class _JointNodes:

@@ -8,9 +8,9 @@ and gradient accumulation behave as for any custom Function. Inference runs the
 forward-only graph and saves nothing.
 
 Both paths then finish the call as eager would have: mutated inputs receive
-their new values (`copy_`, outside autograd: only inputs that do not require
-grad may be mutated), outputs that alias an input are rebuilt as real views of
-it, and the output structure is restored.
+their new values (`copy_`; outside autograd for inputs that do not require grad,
+recorded by autograd for those that do), outputs that alias an input are rebuilt
+as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
@@ -66,20 +66,26 @@ class TrainingRunner:
     """The forward and backward graphs behind one `torch.autograd.Function`."""
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable, backward: Callable,
-                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool]):
+                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool], copy_saved: list[int]):
         self.program, self.signature, self.mutations = program, signature, mutations
         self.function = _make_function(forward, backward, len(signature.graph_outputs), num_saved,
-                                       signature, grad_mask)
+                                       signature, grad_mask, copy_saved)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.apply(*flat))
         apply_mutations(flat, self.mutations, outs)
+        for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
+            flat[i].copy_(outs[j])
         return self.program.assemble(self.signature, flat, outs)
 
 
 def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_saved: int,
-                   signature: OutputSignature, grad_mask: list[bool]) -> type:
-    """A `torch.autograd.Function` class bound to one pair of compiled graphs."""
+                   signature: OutputSignature, grad_mask: list[bool], copy_saved: list[int]) -> type:
+    """A `torch.autograd.Function` class bound to one pair of compiled graphs.
+
+    `copy_saved`: saved tensors that share storage with an input the call mutates afterwards;
+    they are saved as copies (the backward needs the value from before the mutation).
+    """
     differentiable = signature.differentiable()
     tangent_specs = [signature.graph_outputs[i] for i in differentiable]
 
@@ -89,6 +95,8 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
             results = list(call_compiled(forward, list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            for k in copy_saved:
+                saved[k] = saved[k].clone()
             ctx.save_for_backward(*saved)
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])

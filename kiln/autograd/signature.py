@@ -78,6 +78,10 @@ class OutputSignature:
     leaves: list
     graph_outputs: list[TensorSpec]
     requires_grad: list[bool]
+    mutated_grad_inputs: list[tuple[int, int]]
+    """(input, graph output): inputs that require grad and are updated in place. Their new
+    value is a differentiable graph output, copied into the input under autograd after the
+    call, so that the input's history continues through the compiled graph as in eager."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -126,10 +130,14 @@ class FlatProgram:
     def graph_function(self, signature: OutputSignature) -> Callable:
         """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors."""
         graph_leaves = [k for k, leaf in enumerate(signature.leaves) if isinstance(leaf, GraphOutput)]
+        mutated = [i for i, _ in signature.mutated_grad_inputs]
 
         def graph_fn(*flat):
-            leaves = pytree.tree_leaves(self.run(list(flat)))
-            return [leaves[k] for k in graph_leaves]
+            flat = list(flat)
+            for i in mutated:  # mutate a copy: the input itself is updated under autograd, after the call
+                flat[i] = flat[i].clone()
+            leaves = pytree.tree_leaves(self.run(flat))
+            return [leaves[k] for k in graph_leaves] + [flat[i] for i in mutated]
 
         return graph_fn
 
@@ -137,7 +145,10 @@ class FlatProgram:
         """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         rg = requires_grad or (False,) * self.num_inputs
-        fakes = [s.fake(mode, r) for s, r in zip(self.input_specs, rg)]
+        # Inputs that require grad are run as clones (non-leaves), as the graph function runs
+        # them when they are mutated; a clone's version counter then tells whether it was.
+        fakes = [s.fake(mode, r).clone() if r else s.fake(mode) for s, r in zip(self.input_specs, rg)]
+        versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
         with torch.set_grad_enabled(requires_grad is not None):
             out = self.run(fakes)
@@ -155,7 +166,13 @@ class FlatProgram:
             kinds.append(GraphOutput(len(specs)))
             specs.append(TensorSpec.of(leaf))
             needs_grad.append(leaf.requires_grad)
-        return OutputSignature(tree, kinds, specs, needs_grad)
+        mutated = []
+        for i, fake in enumerate(fakes):
+            if rg[i] and fake._version != versions[i]:
+                mutated.append((i, len(specs)))
+                specs.append(self.input_specs[i])
+                needs_grad.append(True)
+        return OutputSignature(tree, kinds, specs, needs_grad, mutated)
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""

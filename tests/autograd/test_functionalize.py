@@ -1,4 +1,6 @@
 """Functionalization: pure graphs, input mutations lifted to outputs and replayed on the real inputs."""
+import copy
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -6,6 +8,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln.autograd import aot_eager
 from kiln.autograd.functionalize import functionalize, verify_functional
 from kiln.autograd.signature import TensorSpec
+
+from .helpers import compile_module
 
 aten = torch.ops.aten
 
@@ -64,28 +68,64 @@ def test_batchnorm_eval_mode_leaves_running_stats_and_train_mode_updates_them():
     assert torch.equal(bn.running_mean, before) and bn.num_batches_tracked.item() == 1
 
 
-def test_mutating_an_input_that_requires_grad_is_refused_clearly():
-    def f(x, w):
-        h = x * w
-        h.add_(1)
-        w2 = w * 1
-        return h, w2
+class AddInPlace(torch.nn.Module):
+    """`h.add_(...)` on an activation that requires grad, as a graph after a graph break sees it."""
 
-    w = torch.randn(3, requires_grad=True)
-    aot_eager(torch.fx.symbolic_trace(f), [torch.randn(3), w])  # mutating an intermediate is fine
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.linspace(-1, 1, 4))
+        self.lin = torch.nn.Linear(4, 4)
 
-    class Leafy(torch.nn.Module):
-        def forward(self, x):
-            y = x * 2
-            x.mul_(2)
-            return y
+    def forward(self, h):
+        h.add_(self.shift)
+        return self.lin(h).tanh(), h.view(-1)
 
-    x = torch.randn(3).requires_grad_()
-    with pytest.raises((NotImplementedError, RuntimeError), match="in-place|requires grad"):
-        aot_eager(torch.fx.symbolic_trace(Leafy()), [x * 1])
+
+def test_inplace_update_of_an_input_that_requires_grad_matches_eager():
+    torch.manual_seed(0)
+    model = AddInPlace().double()
+    reference = copy.deepcopy(model)
+    w_c = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w_e = w_c.detach().clone().requires_grad_()
+    compiled = compile_module(model, [w_c * 1])
+    results = []
+    for fn, w in ((compiled, w_c), (reference, w_e)):
+        h = w * 2  # a non-leaf that requires grad
+        out, flat = fn(h)
+        assert flat._base is h  # still a view of the (updated) input
+        (out.sum() + (h * 3).sum() + flat.pow(2).sum()).backward()  # h is read after the update
+        results.append((h.detach(), out.detach()))
+    torch.testing.assert_close(results[0], results[1])
+    torch.testing.assert_close(w_c.grad, w_e.grad)
+    torch.testing.assert_close(model.lin.weight.grad, reference.lin.weight.grad)
+    torch.testing.assert_close(model.shift.grad, reference.shift.grad)
+
+
+def test_inplace_update_of_a_leaf_that_requires_grad_fails_as_in_eager():
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    compiled = compile_module(AddInPlace().double(), [x])
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        compiled(x)
 
 
 def test_verify_functional_rejects_mutable_ops():
     graph = make_fx(lambda x: x.add_(1))(torch.randn(2))
     with pytest.raises(NotImplementedError, match="mutates"):
         verify_functional(graph)
+
+
+def test_saved_input_that_the_call_then_mutates_is_saved_as_a_copy():
+    """The backward needs x from before `x.add_(1)`. Eager raises here (x was saved, then
+    modified); kiln saves a copy and returns the gradient for the value x had."""
+
+    def f(x, w):
+        y = x * w
+        x.add_(1)
+        return y
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    compiled = aot_eager(torch.fx.symbolic_trace(f), [x.clone(), w])
+    original = x.clone()
+    compiled(x, w).sum().backward()
+    torch.testing.assert_close(x, original + 1)
+    torch.testing.assert_close(w.grad, original)

@@ -126,7 +126,7 @@ class CompileContext:
     graph_counter: int = 0
     functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
     run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
-    depth: int = 0
+    running: list = field(default_factory=list)  # records whose programs are running now (observed calls)
 
     def frame(self, spec: FrameSpec) -> "CompiledFrame":
         if spec not in self.frames:
@@ -177,7 +177,7 @@ class CompiledFrame:
     def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
         """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""
         record, ctx = entry.record, self.ctx
-        ctx.depth += 1
+        ctx.running.append(record)
         start = time.perf_counter()
         try:
             if _profiler._is_profiler_enabled:
@@ -186,10 +186,10 @@ class CompiledFrame:
             return entry.program(L, G, C)
         finally:
             seconds = time.perf_counter() - start
-            ctx.depth -= 1
+            ctx.running.pop()
             record.calls += 1
             record.run_seconds += seconds
-            if ctx.depth == 0:
+            if not ctx.running:
                 ctx.run_seconds += seconds
 
     def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
@@ -237,6 +237,10 @@ class CompiledFrame:
         entry, record = result
         record.compile_seconds = time.perf_counter() - start
         record.recompile_reason = reason
+        for running in self.ctx.running:  # compiling a continuation inside a program is not time in compiled code
+            running.run_seconds -= record.compile_seconds
+        if self.ctx.running:
+            self.ctx.run_seconds -= record.compile_seconds
         self.ctx.records.append(record)
         self.entries.append(entry)
         for listener in RECORD_LISTENERS:

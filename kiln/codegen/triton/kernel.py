@@ -96,7 +96,7 @@ def describe(group: KernelGroup) -> str:
 class TritonKernel:
     takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
 
-    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None):
+    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None, external=None):
         self.group = group
         self.layouts = layouts
         self.config = config or choose(group, layouts)
@@ -109,6 +109,11 @@ class TritonKernel:
         self.outputs: dict[str, None] = {}
         self.produced = {n.name for n in group.nodes}
         self.stored = {n.name for n in group.nodes if n.name not in group.local}
+        # persistent kernels keep every row in registers: a buffer no other step reads needs no store
+        # (it is still an argument: the wrapper allocates and frees what the schedule stores)
+        self.skip_store = set()
+        if self.config.kind == "persistent" and external is not None:
+            self.skip_store = self.stored - set(external)
         self.xvars = set(group.outer_vars())
         self.yvars = set(group.inner_vars())
         # the launcher takes the group's name (what the wrapper calls); the kernel is named after it
@@ -227,6 +232,9 @@ class TritonKernel:
         if node.name not in self.stored:
             return
         self.outputs[node.name] = None
+        if node.name in self.skip_store:
+            self.line(f"# {node.name} stays in registers (read only inside this kernel)")
+            return
         lay = node.layout
         v = self._cast(var, dtype, lay.dtype)
         if lay.dtype in ops.ROUNDED:
@@ -309,9 +317,11 @@ class TritonKernel:
             kw += f", RBLOCK={cfg.RBLOCK}"
         lines.append("    if xnumel <= 0:")
         lines.append("        return")
-        grid = f"((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK},)"
-        lines.append(f"    {self.jit_name}[{grid}]({', '.join(args)}, {kw}, num_warps={cfg.num_warps})")
-        return "\n".join(lines) + "\n"
+        grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
+        lines.append(f"    _launch_{self.jit_name}({grid}, {', '.join(args)})")
+        launcher = (f"_launch_{self.jit_name} = Launcher({self.jit_name}, {len(self.arg_names)}, "
+                    f"num_warps={cfg.num_warps}, {kw})")
+        return launcher + "\n\n\n" + "\n".join(lines) + "\n"
 
     def _free_symbols(self):
         syms = set()
@@ -465,8 +475,9 @@ class TritonKernel:
         self._in_inner = False
 
 
-def generate_kernel(group: KernelGroup, layouts: dict) -> TritonKernel:
-    k = TritonKernel(group, layouts)
+def generate_kernel(group: KernelGroup, layouts: dict, external=None) -> TritonKernel:
+    """`external`: buffers read outside their own kernel (or returned); others may stay in registers."""
+    k = TritonKernel(group, layouts, external=external)
     k.source = k.generate()
     return k
 

@@ -1,0 +1,53 @@
+"""Launching a generated kernel with little Python in the way.
+
+`JITFunction[grid](...)` binds arguments, computes a specialization key and
+looks the binary up on every call (tens of microseconds, more than many of
+kiln's kernels take on the GPU). A `Launcher` does that once per
+specialization and then calls the compiled binary's `run` directly, as
+Inductor's launchers do. The key it checks per call is what Triton specializes
+on for these kernels: 16-byte alignment of each tensor and, for each integer,
+whether it is 1, a multiple of 16, or too large for int32. Under the
+interpreter, or with Triton's launch hooks set (profilers), every call goes
+through the JITFunction.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from kiln.codegen.triton.libdevice import interpreting
+
+
+def _int_key(v: int):
+    return (v == 1, v % 16 == 0, v >= 2**31 or v < -2**31)
+
+
+class Launcher:
+    def __init__(self, fn, num_tensors: int, num_warps: int, **constexprs):
+        self.fn = fn
+        self.num_tensors = num_tensors
+        self.num_warps = num_warps
+        self.constexprs = constexprs
+        self.const_values = tuple(constexprs.values())
+        self.binaries: dict = {}
+        self.direct = not interpreting()
+
+    def key(self, args) -> tuple:
+        n = self.num_tensors
+        return tuple([a.data_ptr() % 16 == 0 for a in args[:n]] + [_int_key(v) for v in args[n:]])
+
+    def __call__(self, grid: int, *args) -> None:
+        if self.direct:
+            hooks = triton.knobs.runtime.launch_enter_hook is None and triton.knobs.runtime.launch_exit_hook is None
+            key = self.key(args)
+            binary = self.binaries.get(key) if hooks else None
+            if binary is not None:
+                stream = torch._C._cuda_getCurrentRawStream(args[0].get_device())
+                binary.run(grid, 1, 1, stream, binary.function, binary.packed_metadata, None, None, None,
+                           *args, *self.const_values)
+                return
+            binary = self.fn[(grid,)](*args, **self.constexprs, num_warps=self.num_warps)
+            if hooks and binary is not None:
+                self.binaries[key] = binary
+            return
+        self.fn[(grid,)](*args, **self.constexprs, num_warps=self.num_warps)

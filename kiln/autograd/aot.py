@@ -198,11 +198,7 @@ class AOTCompiled:
         backward = self._compile(key, "backward", split.backward)
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
-        mutated = {m.input_index for m in mutations}
-        # A saved input (or view of one) that the call then mutates must be saved as a copy.
-        copy_saved = [k for k, i in enumerate(split.saved_inputs) if i in mutated]
-        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask,
-                              copy_saved)
+        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask)
 
 
 def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:

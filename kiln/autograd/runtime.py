@@ -66,10 +66,10 @@ class TrainingRunner:
     """The forward and backward graphs behind one `torch.autograd.Function`."""
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable, backward: Callable,
-                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool], copy_saved: list[int]):
+                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool]):
         self.program, self.signature, self.mutations = program, signature, mutations
         self.function = _make_function(forward, backward, len(signature.graph_outputs), num_saved,
-                                       signature, grad_mask, copy_saved)
+                                       signature, grad_mask)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.apply(*flat))
@@ -80,11 +80,11 @@ class TrainingRunner:
 
 
 def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_saved: int,
-                   signature: OutputSignature, grad_mask: list[bool], copy_saved: list[int]) -> type:
+                   signature: OutputSignature, grad_mask: list[bool]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
-    `copy_saved`: saved tensors that share storage with an input the call mutates afterwards;
-    they are saved as copies (the backward needs the value from before the mutation).
+    Saved tensors go through `save_for_backward`, so autograd's version check applies: an
+    input saved and then mutated in place raises at backward, as it does in eager.
     """
     differentiable = signature.differentiable()
     tangent_specs = [signature.graph_outputs[i] for i in differentiable]
@@ -95,8 +95,6 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
             results = list(call_compiled(forward, list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
-            for k in copy_saved:
-                saved[k] = saved[k].clone()
             ctx.save_for_backward(*saved)
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])

@@ -84,7 +84,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
         _identity(state, obj, source, expr)
         return ConstantValue(obj, source)
     if isinstance(obj, types.FunctionType):
-        _identity(state, obj, source, expr)
+        _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
         from kiln.capture.sources import AttrSource
@@ -201,6 +201,22 @@ def _alias(state, obj: Any, source: Source, expr: str) -> Value:
         state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same object as {first_expr}",
                                f"'a different object: ' + repr(type({expr}).__name__)"))
     return value
+
+
+def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) -> None:
+    """A function defined inside another is a new object on every call: guard its code, not its identity.
+
+    Its defaults and closure cells are read through their sources, guarded when used.
+    """
+    if "<locals>" not in fn.__qualname__ or getattr(fn, "__kiln_disabled__", False) or getattr(fn, "__wrapped__", None):
+        _identity(state, fn, source, expr)
+        return
+    code = state.guards.constant(fn.__code__, "code")
+    glob = state.guards.constant(fn.__globals__, "globals")
+    state.guards.add(Guard(GuardKind.ID_MATCH, source,
+                           f"type({expr}) is ___function_type and {expr}.__code__ is {code} and {expr}.__globals__ is {glob}",
+                           f"a function with the code of {fn.__qualname__}", f"repr({expr})"))
+    state.guards.namespace["___function_type"] = types.FunctionType
 
 
 def _identity(state, obj: Any, source: Source, expr: str) -> None:

@@ -322,7 +322,7 @@ def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Fram
     cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
              for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
     for name in spec.cell_names:
-        cells[name] = CellValue(contents=wrap_lazy(state, L[f"___cell_{name}"], LocalSource(f"___cell_{name}")))
+        cells[name] = CellValue(real=L[f"___cell_{name}"], source=LocalSource(f"___cell_{name}"))
     return Frame(state, code, state.G, locals_, cells, is_root=True, start=spec.start, stack=stack)
 
 
@@ -330,8 +330,11 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     """Rebuild the live stack and locals, run the breaking instruction natively, call the continuation."""
     stack = [None if v is NULL else writer.value(v) for v in frame.stack]
     local_exprs = {name: writer.value(v) for name, v in frame.locals.items()}
-    new_cells = {name: cell for name, cell in frame.cells.items() if cell.real is None and cell.contents is not None}
-    cell_exprs = {name: writer.value(cell.contents) for name, cell in new_cells.items()}
+    # The frame's own cells (not its closure's) pass as real cell objects, the same ones the closures
+    # rebuilt for the continuation hold, so a nonlocal write on either side is seen by the other.
+    own_cells = {name: cell for name, cell in frame.cells.items()
+                 if name not in spec.code.co_freevars and (cell.real is not None or cell.contents is not None)}
+    cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
 
     def resume(index: int, new_stack: list) -> str:

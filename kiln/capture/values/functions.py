@@ -104,7 +104,7 @@ class FunctionValue(Value):
         if self.real is not None:
             return writer.constant(self.real)
         defaults = "(" + "".join(d.reconstruct(writer) + ", " for d in self.defaults) + ")"
-        closure = "(" + "".join(c.reconstruct(writer) + ", " for c in self.closure) + ")"
+        closure = "(" + "".join(writer.value(c) + ", " for c in self.closure) + ")"  # one cell object each"
         return (f"{writer.constant(types.FunctionType)}({writer.constant(self.code)}, {writer.constant(self.globals)}, "
                 f"{self.name!r}, {defaults}, {closure})")
 

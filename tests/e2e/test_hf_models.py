@@ -21,6 +21,15 @@ from kiln.api import context_of  # noqa: E402
 VOCAB, BATCH, SEQ = 128, 2, 8
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls: OpenMP threads only contend (100x slower on a busy 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def gpt2(**overrides):
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,

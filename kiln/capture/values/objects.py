@@ -19,7 +19,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, TupleValue, python_override
+from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 
@@ -50,6 +50,8 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
         raise GraphBreak("unsupported_call", f"{cls.__name__}.{name} is a C method")
     if source is not None:
         return wrap(state, getattr(self_value.obj, name), source)
+    if hasattr(type(attr), "__get__"):  # a descriptor kiln does not run (cached_property, a C getset)
+        raise GraphBreak("unsupported_object", f"{cls.__name__}.{name} (a {type(attr).__name__})")
     return object_value(attr, state)
 
 
@@ -95,6 +97,8 @@ class ClassValue(Value):
                     return MethodValue(self, function_value(state, attr.__func__))
                 if isinstance(attr, staticmethod):
                     return object_value(attr.__func__, state)
+                if klass in _BUILTIN_BASES and isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                    return UnboundSlotValue(klass, name)
                 return object_value(getattr(self.cls, name), state)
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantValue(getattr(self.cls, name))
@@ -157,6 +161,29 @@ class FreshModuleValue(ModuleValue):
 
     def reconstruct(self, writer) -> str:
         raise GraphBreak("unsupported_object", f"the {type(self.module).__name__} built in the compiled region escapes it")
+
+
+_BUILTIN_BASES = (object, dict, list, tuple, set)
+
+
+class UnboundSlotValue(Value):
+    """`object.__setattr__`, `dict.get`, ... called with the instance first: the instance's tracker answers."""
+
+    def __init__(self, klass: type, name: str):
+        self.klass, self.name = klass, name
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        target = args[0].realize() if args else None
+        modelled = (ObjectValue, NewObjectValue) if self.klass is object else (DictValue, ListValue, TupleValue, SetValue)
+        if not isinstance(target, modelled) or not issubclass(target.python_type(), self.klass):
+            raise GraphBreak("unsupported_call", f"{self.klass.__name__}.{self.name} on {target}")
+        return target.call_method(state, self.name, list(args[1:]), kwargs)
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.constant(self.klass)}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"UnboundSlot({self.klass.__name__}.{self.name})"
 
 
 def _namedtuple(cls: type, args: list[Value], kwargs: dict[str, Value]) -> TupleValue:
@@ -254,7 +281,13 @@ class ObjectValue(Value):
         self.generic_setattr(state, name, value)
 
     def generic_setattr(self, state, name: str, value: Value) -> None:
-        state.side_effects.store_attr(self.obj, self, name, value)
+        descriptor = _class_lookup(type(self.obj), name)
+        if isinstance(descriptor, property) and isinstance(descriptor.fset, types.FunctionType):
+            function_value(state, descriptor.fset).call(state, [self, value], {})
+        elif _is_data_descriptor(descriptor):
+            raise GraphBreak("unsupported_object", f"assigning {type(self.obj).__name__}.{name} (a {type(descriptor).__name__})")
+        else:
+            state.side_effects.store_attr(self.obj, self, name, value)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
         """`object`'s own slots, reached through `super()` from a class that overrides them."""
@@ -325,12 +358,41 @@ class NewObjectValue(Value):
         return self.cls
 
     def getattr(self, state, name: str) -> Value:
-        if name in self.attrs:
+        if name in self.attrs and not _is_data_descriptor(_class_lookup(self.cls, name)):
             return self.attrs[name]
-        return class_attribute(state, self, self.cls, name, None)
+        try:
+            return class_attribute(state, self, self.cls, name, None)
+        except GraphBreak as e:
+            fallback = python_override(self.cls, object, "__getattr__")
+            if e.reason.id != "exception" or fallback is None:
+                raise
+            return function_value(state, fallback).call(state, [self, ConstantValue(name)], {})
 
     def setattr(self, state, name: str, value: Value) -> None:
-        self.attrs[name] = value
+        """Python's assignment: a `__setattr__` override or a property setter runs; else the instance dict."""
+        hook = python_override(self.cls, object, "__setattr__")
+        if hook is not None:
+            function_value(state, hook).call(state, [self, ConstantValue(name), value], {})
+            return
+        self.generic_setattr(state, name, value)
+
+    def generic_setattr(self, state, name: str, value: Value) -> None:
+        descriptor = _class_lookup(self.cls, name)
+        if isinstance(descriptor, property) and isinstance(descriptor.fset, types.FunctionType):
+            function_value(state, descriptor.fset).call(state, [self, value], {})
+        elif _is_data_descriptor(descriptor):
+            raise GraphBreak("unsupported_object", f"assigning {self.cls.__name__}.{name} (a {type(descriptor).__name__})")
+        else:
+            self.attrs[name] = value
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        """`object.__setattr__` / `__getattribute__` reached through `super()`."""
+        if name == "__setattr__":
+            self.generic_setattr(state, args[0].as_constant(), args[1])
+            return ConstantValue(None)
+        if name == "__getattribute__":
+            return self.getattr(state, args[0].as_constant())
+        raise GraphBreak("unsupported_call", f"object.{name} on a {self.cls.__name__}")
 
     def call(self, state, args, kwargs):
         return class_attribute(state, self, self.cls, "__call__", None).call(state, args, kwargs)
@@ -350,16 +412,33 @@ class NewObjectValue(Value):
         return iterate_instance(state, self, self.cls)
 
     def reconstruct(self, writer) -> str:
-        attrs = ", ".join(f"{k!r}: {v.reconstruct(writer)}" for k, v in self.attrs.items())
+        attrs = ", ".join(f"{k!r}: {writer.value(v)}" for k, v in self.attrs.items())  # value(): aliasing kept
         return f"{writer.constant(new_object)}({writer.constant(self.cls)}, {{{attrs}}})"
 
 
 def new_object(cls: type, attrs: dict) -> Any:
-    """Rebuild an object made during capture: its traced `__init__` only set these attributes."""
+    """Rebuild an object made during capture: its traced `__init__` only set these instance attributes."""
     obj = object.__new__(cls)
     for name, value in attrs.items():
-        object.__setattr__(obj, name, value)
+        if hasattr(obj, "__dict__"):
+            obj.__dict__[name] = value
+        else:  # __slots__
+            object.__setattr__(obj, name, value)
     return obj
+
+
+def _class_lookup(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def _is_data_descriptor(attr: Any) -> bool:
+    """A class attribute that takes over assignment (a property); `__slots__` members store plainly."""
+    if isinstance(attr, types.MemberDescriptorType):
+        return False
+    return hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
 
 
 class RecordedObjectValue(Value):

@@ -76,6 +76,10 @@ class TorchFunctionValue(Value):
             return _metadata_call(fn, args, kwargs)
         if fn is torch.nn.Parameter:
             raise GraphBreak("unsupported_call", "creating an nn.Parameter inside the compiled region")
+        if isinstance(fn, type) and issubclass(fn, torch.nn.Module):  # torch.nn.CrossEntropyLoss() in a forward
+            from kiln.capture.values.objects import stateless_module
+
+            return stateless_module(state, fn, args, kwargs)
         if isinstance(fn, type) and not issubclass(fn, torch.Tensor):
             raise GraphBreak("unsupported_call", f"constructing {fn.__qualname__}")
         return trace_op(state, "call_function", fn, args, kwargs)

@@ -51,6 +51,20 @@ def cuda_time(fn, warmup=5, iters=30) -> float:
     return statistics.median(times)
 
 
+def kernel_time(fn, iters=10) -> float:
+    """Milliseconds of GPU kernel time per call (torch.profiler, CUDA activity only): excludes launch gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / iters / 1000
+
+
 def flat(x):
     if isinstance(x, torch.Tensor):
         return [x]
@@ -122,7 +136,7 @@ def function_cases(quick):
 def run_inference(name, fn, inputs, dtype, compilers, rows):
     with torch.no_grad():
         ref = fn(*inputs)
-        row = {"case": name, "eager_ms": cuda_time(lambda: fn(*inputs))}
+        row = {"case": name, "eager_ms": cuda_time(lambda: fn(*inputs)), "eager_gpu_ms": kernel_time(lambda: fn(*inputs))}
         for cname, make in compilers.items():
             try:
                 compiled = make(fn)
@@ -136,6 +150,7 @@ def run_inference(name, fn, inputs, dtype, compilers, rows):
                     row[f"{cname}_ms"] = f"WRONG ({err:.2g})"
                     continue
                 row[f"{cname}_ms"] = cuda_time(lambda: compiled(*inputs))
+                row[f"{cname}_gpu_ms"] = kernel_time(lambda: compiled(*inputs))
             except Exception as e:  # noqa: BLE001  (a smoke test reports, never aborts)
                 traceback.print_exc()
                 row[f"{cname}_ms"] = f"ERROR {type(e).__name__}: {str(e)[:80]}"
@@ -159,7 +174,7 @@ def run_training(name, make_model, x, dtype, compilers, rows):
     eager_step = step(base)
     ref_loss = eager_step().detach()
     ref_grads = [p.grad.clone() for p in base.parameters()]
-    row = {"case": name, "eager_ms": cuda_time(eager_step)}
+    row = {"case": name, "eager_ms": cuda_time(eager_step), "eager_gpu_ms": kernel_time(eager_step)}
     for cname, make in compilers.items():
         try:
             compiled = make(base)
@@ -175,6 +190,7 @@ def run_training(name, make_model, x, dtype, compilers, rows):
                 row[f"{cname}_ms"] = f"WRONG ({err:.2g})"
                 continue
             row[f"{cname}_ms"] = cuda_time(go)
+            row[f"{cname}_gpu_ms"] = kernel_time(go)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             row[f"{cname}_ms"] = f"ERROR {type(e).__name__}: {str(e)[:80]}"
@@ -190,10 +206,10 @@ def compilers():
     }
 
 
-def print_table(rows, names):
-    cols = ["eager_ms"] + [f"{n}_ms" for n in names]
+def print_table(rows, names, unit="ms"):
+    cols = [f"eager_{unit}"] + [f"{n}_{unit}" for n in names]
     width = max(len(r["case"]) for r in rows) + 2
-    head = "case".ljust(width) + "".join(c.replace("_ms", "").rjust(30) for c in cols)
+    head = "case".ljust(width) + "".join(c.replace(f"_{unit}", "").rjust(30) for c in cols)
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
@@ -201,12 +217,11 @@ def print_table(rows, names):
         for c in cols:
             v = r.get(c, "-")
             if isinstance(v, float):
-                sp = f" ({r['eager_ms'] / v:.2f}x)" if c != "eager_ms" and v > 0 else ""
+                base = r.get(cols[0])
+                sp = f" ({base / v:.2f}x)" if c != cols[0] and v > 0 and isinstance(base, float) else ""
                 v = f"{v:.3f} ms{sp}"
             cells.append(str(v)[:29].rjust(30))
         print(r["case"].ljust(width) + "".join(cells))
-    print("\n(ms: median CUDA-event time per call; (Nx): speedup over eager; "
-          "compile times and max errors are in the JSON)")
 
 
 def main():
@@ -248,7 +263,11 @@ def main():
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             rows.append({"case": name, "eager_ms": "ERROR"})
-    print_table(rows, names)
+    print("\n== wall time per call: median of CUDA-event-timed calls (launch overhead included); (Nx) = speedup over eager")
+    print_table(rows, names, "ms")
+    print("\n== GPU kernel time per call (torch.profiler): what the kernels alone take")
+    print_table(rows, names, "gpu_ms")
+    print("\n(compile times and max errors are in the JSON)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1,

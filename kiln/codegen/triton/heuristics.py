@@ -26,6 +26,7 @@ PERSISTENT_MAX_RBLOCK = 1024   # past this a row is looped over (register pressu
 BLOCK_ELEMENTS = 4096          # XBLOCK * RBLOCK budget of one program
 POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
+MIN_PROGRAMS = 256
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Config:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
 
 
 def _static(expr):
@@ -91,11 +96,14 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
         xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128 if not contiguous else 64))
         warps = max(1, min(8, xblock * rblock // 512))
         return Config("persistent", xblock, rblock, warps, index_dtype)
+    # enough programs to fill the GPU (about two per SM of an H100/H200) before widening blocks
+    per_program = 1 if xnumel is None else max(1, _pow2_floor(xnumel // MIN_PROGRAMS))
     if contiguous:
-        xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8)
+        xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8, per_program)
         rblock = 2048 if xblock == 1 else 512
     else:
-        xblock = min(xcap, 64)
+        # a column reduction: each row of the block is XBLOCK contiguous elements (at least 32 bytes)
+        xblock = min(xcap, 64, max(16, per_program))
         rblock = max(8, min(2048, BLOCK_ELEMENTS // xblock))
         if rnumel is not None:
             rblock = min(rblock, next_pow2(rnumel))

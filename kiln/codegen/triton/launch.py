@@ -18,6 +18,13 @@ import triton
 from kiln.codegen.triton.libdevice import interpreting
 
 
+def _no_hooks() -> bool:
+    """No launch hooks installed (Triton 3.6 keeps them as HookChains, empty by default; older ones as None)."""
+    r = triton.knobs.runtime
+    return not getattr(r.launch_enter_hook, "calls", r.launch_enter_hook) and \
+        not getattr(r.launch_exit_hook, "calls", r.launch_exit_hook)
+
+
 def _int_key(v: int):
     return (v == 1, v % 16 == 0, v >= 2**31 or v < -2**31)
 
@@ -38,7 +45,7 @@ class Launcher:
 
     def __call__(self, grid: int, *args) -> None:
         if self.direct:
-            hooks = triton.knobs.runtime.launch_enter_hook is None and triton.knobs.runtime.launch_exit_hook is None
+            hooks = _no_hooks()
             key = self.key(args)
             binary = self.binaries.get(key) if hooks else None
             if binary is not None:

@@ -7,6 +7,7 @@ effect (print) or an unmodelled C function is a graph break.
 from __future__ import annotations
 
 import builtins
+import collections
 import functools
 import inspect
 import operator
@@ -262,6 +263,13 @@ def _dict(state, pairs=None, **kwargs):
                 items[k.as_constant()] = v
     items.update(kwargs)
     return DictValue(items)
+
+
+@handles(collections.OrderedDict)
+def _ordered_dict(state, pairs=None, **kwargs):
+    value = _dict(state, pairs, **kwargs)
+    value.cls = collections.OrderedDict
+    return value
 
 
 @handles(builtins.slice)

@@ -10,6 +10,7 @@ unknown C object): every operation on it is a graph break.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 from typing import Any
 
@@ -71,8 +72,8 @@ def object_value(obj: Any, state=None) -> Value:
         return wrap_torch_attr(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return BuiltinValue(obj)
-    if is_literal(obj) or isinstance(obj, (torch.dtype, torch.device, torch.Size)):
-        return ConstantValue(obj)
+    if is_literal(obj) or isinstance(obj, (torch.dtype, torch.device, torch.Size, enum.Enum)):
+        return ConstantValue(obj)  # immutable: enum members too (`mode is Mode.A` must fold right)
     return OpaqueValue(obj)
 
 

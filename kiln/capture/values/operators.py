@@ -113,8 +113,8 @@ def identical(a: Value, b: Value) -> bool:
         return a.node is b.node
     if a.is_constant() and b.is_constant():
         return a.as_constant() is b.as_constant()
-    obj_a, obj_b = getattr(a, "obj", _MISSING), getattr(b, "obj", _MISSING)
-    if obj_a is not _MISSING and obj_b is not _MISSING:
+    obj_a, obj_b = _object_of(a), _object_of(b)
+    if obj_a is not _MISSING and obj_b is not _MISSING:  # a constant against a tracked real object, too
         return obj_a is obj_b
     if a.is_constant() != b.is_constant() or isinstance(a, TensorValue) != isinstance(b, TensorValue):
         return False
@@ -122,6 +122,13 @@ def identical(a: Value, b: Value) -> bool:
 
 
 _MISSING = object()
+
+
+def _object_of(v: Value):
+    """The real Python object behind a tracker, when it has one (a constant, a module, a class...)."""
+    if isinstance(v, ConstantValue):
+        return v.as_constant()
+    return getattr(v, "obj", _MISSING)
 
 
 def contains(state, container: Value, item: Value) -> bool:

@@ -6,6 +6,7 @@ drawn at all, so logs and CI output stay clean.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 
 from kiln.config import config
@@ -18,9 +19,14 @@ class StageProgress:
         self.bar = None
         stream = sys.stderr
         if stages and hasattr(stream, "isatty") and stream.isatty():
-            from tqdm import tqdm
+            try:
+                from tqdm import tqdm
+            except ImportError:  # no tqdm: no bar
+                return
 
+            size = shutil.get_terminal_size((80, 24))  # a terminal that reports no size: 80x24
             self.bar = tqdm(total=len(stages), desc=f"kiln {name}", unit="stage", leave=False, file=stream,
+                            ncols=min(100, size.columns), nrows=max(2, size.lines),
                             delay=config.progress_delay, bar_format="{desc}: {bar} {n_fmt}/{total_fmt} {postfix}")
             self.bar.set_postfix_str(stages[0], refresh=False)
 

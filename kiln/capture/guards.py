@@ -29,6 +29,7 @@ class GuardKind(enum.Enum):
     MODULE_TRAINING = "module training"
     NO_HOOKS = "module hooks"
     SHAPE = "shape relations"
+    NOT_SHADOWED = "not shadowed"  # a class attribute the instance's __dict__ does not override
 
 
 @dataclass(frozen=True)

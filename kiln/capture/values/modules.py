@@ -40,7 +40,7 @@ class ModuleValue(Value):
     # --- attributes -------------------------------------------------------------------------
     def getattr(self, state, name: str) -> Value:
         from kiln.capture.builder import wrap
-        from kiln.capture.values.objects import class_attribute
+        from kiln.capture.values.objects import class_attribute, guard_not_shadowed
 
         pending = state.side_effects.pending_attr(self.module, name)
         if pending is not None:
@@ -59,6 +59,7 @@ class ModuleValue(Value):
             from kiln.capture.values.objects import ClassValue
 
             return ClassValue(type(m))
+        guard_not_shadowed(state, self, name)
         return class_attribute(state, self, type(m), name, source)
 
     def setattr(self, state, name: str, value: Value) -> None:

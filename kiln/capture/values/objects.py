@@ -56,6 +56,19 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
     return object_value(attr, state)
 
 
+def guard_not_shadowed(state, self_value: Value, name: str) -> None:
+    """`obj.name` resolved on the class: guard that the instance does not gain its own `name` later
+    (`m.act = torch.sigmoid` after compiling a forward that called the method `self.act`)."""
+    from kiln.capture.guards import Guard, GuardKind
+
+    source = getattr(self_value, "source", None)
+    if source is None or not hasattr(getattr(self_value, "obj", None), "__dict__"):
+        return
+    expr = state.source_expr(source)
+    state.guards.add(Guard(GuardKind.NOT_SHADOWED, source, f"{name!r} not in {expr}.__dict__",
+                           f"{name!r} read from the class", f"{expr}.__dict__.get({name!r})"))
+
+
 def object_value(obj: Any, state=None) -> Value:
     """A tracker for an object reached without a source (a class attribute, a closure default)."""
     from kiln.capture.values.torch_api import wrap_torch_attr
@@ -266,6 +279,7 @@ class ObjectValue(Value):
             return wrap(state, self.obj.__dict__, source)
         if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
             return wrap(state, self.obj.__dict__[name], source)
+        guard_not_shadowed(state, self, name)
         try:
             return class_attribute(state, self, cls, name, source)
         except GraphBreak as e:

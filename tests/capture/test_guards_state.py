@@ -1,0 +1,230 @@
+"""Python state the graph read must be guarded: after each change below, the compiled function
+must give eager's answer (by recompiling), never a stale one."""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.api import context_of
+
+from .helpers import t
+
+CONFIG = {"scale": 2.0, "mode": "relu"}
+SIZES = [1, 2]
+
+
+class Settings:
+    factor = 3.0
+
+    def __init__(self):
+        self.bias = 1.0
+
+
+SETTINGS = Settings()
+
+
+def reads_dict(x):
+    y = x * CONFIG["scale"]
+    return y.relu() if CONFIG["mode"] == "relu" else y.tanh()
+
+
+def reads_list(x):
+    return x * sum(SIZES) + len(SIZES)
+
+
+def reads_object(x):
+    return x * SETTINGS.factor + SETTINGS.bias
+
+
+def _mutate_dict():
+    CONFIG["scale"] = 5.0
+    CONFIG["mode"] = "tanh"
+
+
+def _restore_dict():
+    CONFIG["scale"] = 2.0
+    CONFIG["mode"] = "relu"
+
+
+def _mutate_list():
+    SIZES.append(7)
+
+
+def _restore_list():
+    del SIZES[2:]
+
+
+def _mutate_list_item():
+    SIZES[0] = 10
+
+
+def _restore_list_item():
+    SIZES[0] = 1
+
+
+def _mutate_instance():
+    SETTINGS.bias = -4.0
+
+
+def _restore_instance():
+    SETTINGS.bias = 1.0
+
+
+def _mutate_class():
+    Settings.factor = 0.5
+
+
+def _restore_class():
+    Settings.factor = 3.0
+
+
+@pytest.mark.parametrize("fn,mutate,restore", [
+    (reads_dict, _mutate_dict, _restore_dict),
+    (reads_list, _mutate_list, _restore_list),
+    (reads_list, _mutate_list_item, _restore_list_item),
+    (reads_object, _mutate_instance, _restore_instance),
+    (reads_object, _mutate_class, _restore_class),
+], ids=["dict_values", "list_append", "list_item", "instance_attr", "class_attr"])
+def test_mutated_global_state_is_seen(fn, mutate, restore):
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), fn(x))
+    mutate()
+    try:
+        torch.testing.assert_close(c(x), fn(x))
+    finally:
+        restore()
+    torch.testing.assert_close(c(x), fn(x))
+    assert len(context_of(c).records) == 2
+
+
+def test_mutated_default_argument_is_seen():
+    def fn(x, opts={"k": 2}):  # noqa: B006
+        return x * opts["k"]
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2)
+    fn.__defaults__[0]["k"] = 7
+    torch.testing.assert_close(c(x), x * 7)
+
+
+def test_hook_added_after_compile_is_honoured():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    handle = m[0].register_forward_hook(lambda mod, inp, out: out * 100)
+    try:
+        torch.testing.assert_close(c(x), m(x))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(c(x), m(x))
+
+
+def test_top_level_hook_added_after_compile_is_honoured():
+    torch.manual_seed(0)
+    m = nn.Linear(3, 3)
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    handle = m.register_forward_pre_hook(lambda mod, inp: (inp[0] * 0,))
+    try:
+        torch.testing.assert_close(c(x), m(x))
+    finally:
+        handle.remove()
+
+
+def test_swapped_submodule_is_seen():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    m[1] = nn.Sigmoid()
+    torch.testing.assert_close(c(x), m(x))
+
+
+def test_plain_tensor_attribute_replaced_is_seen():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offset = torch.zeros(3)
+
+        def forward(self, x):
+            return x + self.offset
+
+    m = M()
+    c = kiln.compile(m, backend="eager")
+    x = t(3)
+    c(x)
+    m.offset = torch.ones(3)
+    torch.testing.assert_close(c(x), x + 1)
+
+
+def test_parameter_requires_grad_toggled():
+    torch.manual_seed(0)
+    m = nn.Linear(3, 3)
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    assert c(x).requires_grad
+    m.weight.requires_grad_(False)
+    m.bias.requires_grad_(False)
+    out = c(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, m(x))
+
+
+def test_closure_list_mutated_between_calls():
+    scales = [1.0]
+
+    def fn(x):
+        return x * scales[0]
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    c(x)
+    scales[0] = 9.0
+    torch.testing.assert_close(c(x), x * 9.0)
+
+
+def test_method_rebound_on_instance():
+    class M(nn.Module):
+        def forward(self, x):
+            return self.act(x)
+
+        def act(self, x):
+            return x.relu()
+
+    m = M()
+    c = kiln.compile(m, backend="eager")
+    x = t(4)
+    c(x)
+    m.act = torch.sigmoid
+    torch.testing.assert_close(c(x), torch.sigmoid(x))
+
+
+def test_global_module_swapped():
+    ns = {"torch": torch}
+    exec("import math\ndef fn(x):\n    return x * math.pi", ns)
+    c = kiln.compile(ns["fn"], backend="eager")
+    x = t(3)
+    c(x)
+
+    class FakeMath:
+        pi = 1.0
+
+    ns["math"] = FakeMath
+    torch.testing.assert_close(c(x), x * 1.0)
+
+
+def test_tensor_input_views_and_storage_offset():
+    def fn(x):
+        return x * 2
+
+    c = kiln.compile(fn, backend="eager")
+    base = t(10)
+    torch.testing.assert_close(c(base[:5]), base[:5] * 2)
+    torch.testing.assert_close(c(base[5:]), base[5:] * 2)
+    torch.testing.assert_close(c(base[::2]), base[::2] * 2)

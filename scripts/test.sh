@@ -4,4 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
+# Tools the debug tests use when present: Graphviz's dot (diagrams) and Chromium (the HTML report's
+# screenshot test). About two minutes with apt; without them those tests use the built-in layout or skip.
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && { ! command -v dot >/dev/null || ! command -v chromium >/dev/null; }; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } \
+    || echo "scripts/test.sh: could not install graphviz/chromium; the tests that need them skip"
+fi
 python3 -m pytest tests -q -p no:cacheprovider "$@"

@@ -36,7 +36,7 @@ class Block(nn.Module):
 
 
 class TinyViT(nn.Module):
-    def __init__(self, dim: int = 64, depth: int = 4, heads: int = 4, classes: int = 10):
+    def __init__(self, dim: int = 64, depth: int = 2, heads: int = 4, classes: int = 10):
         super().__init__()
         self.embed = PatchEmbed(4, dim)
         self.pos = nn.Parameter(torch.zeros(1, 64, dim))

@@ -154,8 +154,9 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     times["build"] = time.perf_counter() - t
     progress.advance("")
     exec(compile(wrapper_src, f"<kiln wrapper {name}>", "exec"), namespace)
-    artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": str(graph), "schedule": str(sched),
-                 "memory": str(plan), target.artefact: source, "wrapper.py": wrapper_src,
+    # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds
+    artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": graph, "schedule": sched,
+                 "memory": plan, target.artefact: source, "wrapper.py": wrapper_src,
                  "num_kernels": len(kernels), "kernel_names": list(kernels), "times": times, "name": name,
                  "fused_graph": fused_graph(sched)}
     log.info("%s: %d kernels, %d externs, %s", name, len(kernels), len(sched.steps) - len(kernels),

@@ -30,7 +30,23 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):
             return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, sympy.Add) and divisor.is_Integer:
+            whole, rest = _split_multiples(base, divisor)
+            if whole != 0:
+                return whole + FloorDiv(rest, divisor)
         return None
+
+
+def _split_multiples(expr, d):
+    """(sum of the terms of `expr` that are integer multiples of d, divided by d; the other terms)."""
+    whole, rest = sympy.Integer(0), sympy.Integer(0)
+    for t in expr.args:
+        c, _ = t.as_coeff_Mul()
+        if c.is_Integer and int(c) % int(d) == 0:
+            whole += t / d
+        else:
+            rest += t
+    return whole, rest
 
 
 class Mod(sympy.Function):
@@ -45,6 +61,10 @@ class Mod(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(int(base) % int(divisor))
+        if isinstance(base, sympy.Add) and divisor.is_Integer:
+            whole, rest = _split_multiples(base, divisor)
+            if whole != 0:
+                return Mod(rest, divisor)
         return None
 
 
@@ -88,7 +108,8 @@ def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
 
 
 def linear_index(idx: Sequence[sympy.Expr], stride: Sequence[sympy.Expr], offset=0) -> sympy.Expr:
-    return sympy.expand(sympy.Integer(offset) + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
+    terms = [sympy.sympify(offset)] + [i * s for i, s in zip(idx, stride) if s != 0 and i != 0]
+    return sympy.Add(*terms)
 
 
 def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
@@ -110,6 +131,8 @@ def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
 
 def simplify(index: sympy.Expr) -> sympy.Expr:
     """Fold `c*(a // d)*d + c*(a % d)` back into `c*a` (what merging then splitting dims leaves)."""
+    if not index.has(FloorDiv):
+        return index
     index = sympy.expand(index)
     changed = True
     while changed and isinstance(index, sympy.Add):

@@ -49,4 +49,4 @@ def check(fn, *inputs, **kw):
 
 
 def count_externs(compiled) -> int:
-    return sum(1 for line in compiled.artefacts["schedule"].splitlines() if line.startswith("extern"))
+    return sum(1 for line in str(compiled.artefacts["schedule"]).splitlines() if line.startswith("extern"))

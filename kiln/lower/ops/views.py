@@ -37,13 +37,49 @@ def reshape_value(x: TensorValue, new_size) -> TensorValue:
         st = view_strides(x.size, strides, new_size)
         if st is not None:
             return TensorValue(tuple(new_size), x.dtype, ir.Load(buf, linear_index(new_vars, st, offset), x.dtype))
-    flat = linear_index(new_vars, contiguous_strides(new_size))
-    old_strides = contiguous_strides(x.size)
-    idx = []
-    for k, (s, cs) in enumerate(zip(x.size, old_strides)):
-        q = FloorDiv(flat, cs)
-        idx.append(q if k == 0 else Mod(q, s))
+    if any(s == 0 for s in new_size):
+        return TensorValue(tuple(new_size), x.dtype, x.at([sympy.Integer(0)] * x.ndim))
+    try:
+        idx = _reshape_index(x.size, new_size)
+    except IndexError:  # sizes whose products kiln cannot compare symbolically: go through the flat index
+        flat = linear_index(new_vars, contiguous_strides(new_size))
+        idx = [FloorDiv(flat, cs) if k == 0 else Mod(FloorDiv(flat, cs), s)
+               for k, (s, cs) in enumerate(zip(x.size, contiguous_strides(x.size)))]
     return TensorValue(tuple(new_size), x.dtype, x.at(idx))
+
+
+def _reshape_index(old_size, new_size) -> list:
+    """Old index as a function of the new one, group by group of dims with equal products.
+
+    Splitting a dim is affine (i = 64*j0 + j1); only merged dims need // and %.
+    """
+    new_vars = index_vars("i", len(new_size))
+    old_nz = [k for k, s in enumerate(old_size) if s != 1]
+    new_nz = [k for k, s in enumerate(new_size) if s != 1]
+    idx = [sympy.Integer(0)] * len(old_size)
+    oi = ni = 0
+    while oi < len(old_nz) or ni < len(new_nz):
+        og, ng = [old_nz[oi]], [new_nz[ni]]
+        po, pn = old_size[og[0]], new_size[ng[0]]
+        oi, ni = oi + 1, ni + 1
+        while po != pn:
+            if _smaller(pn, po):
+                ng.append(new_nz[ni])
+                pn, ni = pn * new_size[new_nz[ni]], ni + 1
+            else:
+                og.append(old_nz[oi])
+                po, oi = po * old_size[old_nz[oi]], oi + 1
+        flat = linear_index([new_vars[k] for k in ng], contiguous_strides([new_size[k] for k in ng]))
+        strides = contiguous_strides([old_size[k] for k in og])
+        for j, (k, st) in enumerate(zip(og, strides)):
+            q = FloorDiv(flat, st)
+            idx[k] = q if j == 0 else Mod(q, old_size[k])
+    return idx
+
+
+def _smaller(a, b) -> bool:
+    from kiln.lower.index import _lt
+    return _lt(a, b)
 
 
 @register(aten.permute.default)

@@ -83,7 +83,8 @@ class PerShapeCompiled:
 
     The ATen tracing here specializes sizes, so a graph captured with symbolic sizes must
     not reuse a compilation made for other sizes: each new (shape, stride) signature gets
-    its own. Correct for every size; carrying the symbols through to the kernels, so one
+    its own (non-tensor inputs, baked in as constants, are part of the signature too).
+    Correct for every size; carrying the symbols through to the kernels, so one
     compilation serves all sizes, is the next step.
     """
 
@@ -93,14 +94,33 @@ class PerShapeCompiled:
         self._for(example_inputs)
 
     def _for(self, args) -> "AOTCompiled":
-        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
+        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else _constant_key(a) for a in args)
         if key not in self.compiled:
             gm, compiler, decompositions, name = self.args
+            if self.compiled:
+                log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
             self.compiled[key] = _aot_compiled(gm, list(args), compiler, decompositions, name)
         return self.compiled[key]
 
     def __call__(self, *args):
         return self._for(args)(*args)
+
+    @property
+    def traces(self) -> dict:
+        """Every specialization's passes (keys as AOTCompiled's, with the specialization's number appended)."""
+        return {(*key, k): t for k, c in enumerate(self.compiled.values()) for key, t in c.traces.items()}
+
+    @property
+    def partitions(self) -> dict:
+        return {(*key, k): p for k, c in enumerate(self.compiled.values()) for key, p in c.partitions.items()}
+
+
+def _constant_key(value):
+    try:
+        hash(value)
+        return ("constant", type(value), value)
+    except TypeError:
+        return ("object", id(value))
 
 
 @dataclass

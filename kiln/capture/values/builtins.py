@@ -245,9 +245,15 @@ def _tuple(state, iterable=None):
     return TupleValue(iterable.unpack(state) if iterable is not None else [])
 
 
-@handles(builtins.set, builtins.frozenset)
+@handles(builtins.set)
 def _set(state, iterable=None):
     return SetValue(iterable.unpack(state) if iterable is not None else [])
+
+
+@handles(builtins.frozenset)
+def _frozenset(state, iterable=None):
+    """Immutable, so a constant: hashing needs its items to be constants too."""
+    return ConstantValue(frozenset(v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])))
 
 
 @handles(builtins.dict)

@@ -232,3 +232,13 @@ def test_cpu_graphs_use_cpp_unless_forced():
     gm = trace(lambda x: x + 1, torch.randn(3))
     assert select_target(gm, [torch.randn(3)], {}).name == "cpp"
     assert select_target(gm, [torch.randn(3)], TRITON).name == "triton"
+
+
+# ----------------------------------------------------------------------------- gathers
+
+
+def test_embedding_and_index_select_gather():
+    w, idx = torch.randn(11, 6), torch.tensor([[0, 3, 10], [7, 7, 1]])
+    check(lambda w, idx: F.embedding(idx, w) * 2, w, idx)
+    check(lambda w, idx: torch.index_select(w, 0, idx[0]).sum(-1), w, idx)
+    check(lambda w, idx: w[idx[1], 1:4] + 1, w, idx)

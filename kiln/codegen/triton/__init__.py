@@ -100,6 +100,8 @@ def load_kernels(source: str, kernels: dict[str, TritonKernel]) -> dict:
     if not kernels:
         return {}
     module = load_module(source)
+    for k in kernels.values():  # compile errors surface here, where the graph can still fall back to ATen
+        getattr(module, f"_launch_{k.jit_name}").precompile(*k.example_args())
     return {name: getattr(module, name) for name in kernels}
 
 

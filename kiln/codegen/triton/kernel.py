@@ -77,6 +77,23 @@ def _decompose(flat: str, sizes, variables) -> list[str]:
     return lines
 
 
+def _is_indirect(sym) -> bool:
+    return sym.name.startswith("ind") and sym.name[3:].isdigit()
+
+
+def _loop_symbols(exprs) -> set:
+    """Every symbol the indices, masks and index values inside `exprs` use (which loop variables a gather needs)."""
+    out = set()
+    for e in (x for root in exprs for x in ir.iter_exprs(root)):
+        if isinstance(e, ir.Load):
+            out |= sympy.sympify(e.index).free_symbols
+            if e.mask is not None:
+                out |= e.mask.free_symbols
+        elif isinstance(e, ir.IndexValue):
+            out |= sympy.sympify(e.expr).free_symbols
+    return out
+
+
 def describe(group: KernelGroup) -> str:
     """A name fragment saying what a kernel fuses: its reductions and top-level ops, in order."""
     words = []
@@ -167,7 +184,7 @@ class TritonKernel:
                     code = f"{ops.to_half(code, e.dtype)}.to(tl.float32)"
             out = code
         elif isinstance(e, ir.Load):
-            out = self._load(e)
+            out = self._load(e, scope)
             if out in self.values_vars():
                 scope.cache[key] = out
                 return out
@@ -207,8 +224,12 @@ class TritonKernel:
             return x
         return f"{x}.to({ops.COMPUTE[dst]})"
 
-    def _load(self, e: ir.Load) -> str:
+    def _load(self, e: ir.Load, scope: _Scope) -> str:
         index = sympy.expand(e.index)
+        syms = index.free_symbols | (e.mask.free_symbols if e.mask is not None else set())
+        if e.indirect:  # gather: compute the index values first, then address with them
+            syms |= _loop_symbols([x for _, x in e.indirect])
+            index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
         known = self.values.get(e.buf)
         if known is not None and known[0] == index:
             return known[1]
@@ -216,7 +237,6 @@ class TritonKernel:
             raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
         if e.buf not in self.produced:
             self.inputs[e.buf] = None
-        syms = index.free_symbols | (e.mask.free_symbols if e.mask is not None else set())
         masks = [m for m in [self.mask_for(syms, True)] if m]
         if e.mask is not None:
             masks.append(texpr(e.mask))
@@ -304,6 +324,14 @@ class TritonKernel:
             self.line(s)
         self.line("mask = xmask & rmask")
 
+    def example_args(self) -> tuple[list, list]:
+        """(dtype of each tensor argument, a value for each integer argument) for `Launcher.precompile`."""
+        g = self.group
+        dtypes = [self.layouts[b].dtype for b in self.arg_names]
+        numels = [product(g.outer)] + ([product(g.inner)] if g.inner else [])
+        ints = [int(v) if sympy.sympify(v).is_Integer else 2 for v in list(self.size_args) + numels]
+        return dtypes, ints
+
     def _launcher(self) -> str:
         g, cfg = self.group, self.config
         sizes = [str(s) for s in self.size_args]
@@ -339,7 +367,7 @@ class TritonKernel:
             for s in n.layout.stride:
                 syms |= sympy.sympify(s).free_symbols
             syms |= sympy.sympify(n.layout.offset).free_symbols
-        return {s for s in syms if not (s.name[0] in "irxy" and s.name[1:].isdigit())}
+        return {s for s in syms if not (s.name[0] in "irxy" and s.name[1:].isdigit()) and not _is_indirect(s)}
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))

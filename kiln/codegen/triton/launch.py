@@ -39,6 +39,18 @@ class Launcher:
         self.binaries: dict = {}
         self.direct = not interpreting()
 
+    def precompile(self, dtypes, ints) -> None:
+        """Compile now (at graph compile time, where a failure falls back to ATen) rather than at the first call.
+
+        `dtypes`: one per tensor argument; `ints`: the integer arguments (a stand-in where only known at run time).
+        Tensors are taken as 16-byte aligned, as fresh allocations are.
+        """
+        if not self.direct:
+            return
+        binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, num_warps=self.num_warps)
+        if binary is not None and _no_hooks():
+            self.binaries[tuple([True] * len(dtypes) + [_int_key(v) for v in ints])] = binary
+
     def key(self, args) -> tuple:
         n = self.num_tensors
         return tuple([a.data_ptr() % 16 == 0 for a in args[:n]] + [_int_key(v) for v in args[n:]])

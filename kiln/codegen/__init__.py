@@ -34,6 +34,7 @@ from kiln.schedule.memory import plan_memory
 log = logging.getLogger("kiln.codegen")
 
 _graph_ids = itertools.count()
+_profiler = torch.autograd.profiler
 _names_used: dict[str, int] = {}
 
 # Observers installed by kiln.debug (nothing here imports it), called with each CompiledGraph and
@@ -46,11 +47,17 @@ BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
 class CompiledGraph:
     """A compiled ATen graph: call it with the graph's positional inputs."""
 
-    def __init__(self, call: Callable, artefacts: dict):
+    def __init__(self, call: Callable, artefacts: dict, profiled: Callable[[], Callable] | None = None):
         self.call = call
         self.artefacts = artefacts  # stage name -> printable text (IR, schedule, C++, wrapper)
+        self._profiled, self._profiled_call = profiled, None  # builds `call` with each kernel a profiler range
 
     def __call__(self, *args):
+        if self._profiled is not None and _profiler._is_profiler_enabled:  # a module global: cheap per call
+            if self._profiled_call is None:
+                self._profiled_call = self._profiled()
+            with torch.profiler.record_function(f"kiln: {self.artefacts.get('name', 'graph')}"):
+                return self._profiled_call(*args)
         return self.call(*args)
 
     @property
@@ -161,7 +168,22 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
                  "fused_graph": fused_graph(sched)}
     log.info("%s: %d kernels, %d externs, %s", name, len(kernels), len(sched.steps) - len(kernels),
              ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in times.items()))
-    return CompiledGraph(namespace["call"], artefacts)
+    return CompiledGraph(namespace["call"], artefacts, lambda: _profiled_call(wrapper_src, namespace, kernels, name))
+
+
+def _profiled_call(wrapper_src: str, namespace: dict, kernels: dict, name: str) -> Callable:
+    """The wrapper again, each kernel call a `torch.profiler` range named after the kernel."""
+
+    def ranged(kernel: str, fn: Callable) -> Callable:
+        def run(*args):
+            with torch.profiler.record_function(kernel):
+                return fn(*args)
+        return run
+
+    ns = dict(namespace)
+    ns.update({k: ranged(k, namespace[k]) for k in kernels if k in namespace})
+    exec(compile(wrapper_src, f"<kiln wrapper {name} (profiled)>", "exec"), ns)
+    return ns["call"]
 
 
 def debug_dir() -> Path:

@@ -100,6 +100,9 @@ def check_accuracy(backend: Callable, rtol: float = 1e-3, atol: float = 1e-3) ->
             return out
 
         run._kiln_checked = compiled
+        for attr in ("compiled_graphs", "traces"):  # what reports read from kiln's backend
+            if hasattr(compiled, attr):
+                setattr(run, attr, getattr(compiled, attr))
         return run
 
     checked.__name__ = f"check_accuracy({getattr(backend, '__name__', backend)})"

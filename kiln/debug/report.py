@@ -140,8 +140,11 @@ def text_report(contexts: list[CompileContext], summary: str | None = None) -> s
                      f"graph breaks: {len(region.breaks)}   recompiles: {len(region.recompiles)}   "
                      f"kernels: {sum(g.num_kernels for g in region.graphs)}")
         lines.append(f"    compile time: {region.compile_seconds:.2f} s  ({format_stages(region.stages)})")
-        lines.append(f"    time in compiled code: {region.run_seconds * 1000:.1f} ms over {region.calls} calls "
-                     "(forward programs; backward graphs run inside autograd)")
+        if region.calls:
+            lines.append(f"    time in compiled code: {region.run_seconds * 1000:.1f} ms over {region.calls} calls "
+                         "(forward programs; backward graphs run inside autograd)")
+        else:
+            lines.append("    time in compiled code: not measured (python -m kiln run measures it)")
         for r in region.breaks:
             where, text = break_location(r)
             b = r.graph_break

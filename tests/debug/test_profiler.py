@@ -42,3 +42,15 @@ def test_hot_path_counts_nothing_without_profiler_or_kiln_run():
     finally:
         entry.instrumentation.timing = False
     assert record.calls == 1 and record.run_seconds > 0
+
+
+def test_generated_kernels_are_ranges_named_by_what_they_fuse():
+    compiled = kiln.compile(lambda x: (x.sin() * 2).softmax(-1))
+    x = torch.randn(8, 16)
+    compiled(x)
+    gid = context_of(compiled).records[0].id
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(x)
+    names = [e.name for e in prof.events()]
+    assert f"kiln: graph{gid}/inference" in names  # the ATen graph behind the region
+    assert any(n.startswith("fused_sin_max_exp_sum") for n in names), names

@@ -7,9 +7,9 @@ tensor inputs in order, then every parameter and buffer of `gm` ("lifted
 state"), so that gradients and buffer mutations reach the real module state.
 
 What `gm` returns is found by one run on fake tensors (`analyze`): each leaf of
-its output structure is either a graph output, an alias of an input (rebuilt
-outside the compiled graph so it is a real view of the input, as in eager), or
-a constant (ints, None) that the graph does not compute.
+its output structure is either a graph output, an alias of an input or of an
+earlier graph output (rebuilt outside the compiled graph so it is a real view,
+as in eager), or a constant (ints, None) that the graph does not compute.
 """
 from __future__ import annotations
 
@@ -40,12 +40,6 @@ class TensorSpec:
             t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
         return t.requires_grad_(requires_grad) if requires_grad else t
 
-    def nbytes(self) -> int:
-        numel = 1
-        for s in self.shape:
-            numel *= s
-        return numel * self.dtype.itemsize
-
 
 @dataclass(frozen=True)
 class GraphOutput:
@@ -59,6 +53,20 @@ class AliasOutput:
     """A leaf that is input `input_index` itself, or a view of it: rebuilt from the real input."""
 
     input_index: int
+    identity: bool
+    shape: tuple
+    stride: tuple
+    offset: int
+
+
+@dataclass(frozen=True)
+class OutputAlias:
+    """A leaf that is graph output `output_index` again, or another view of its storage.
+
+    Rebuilt from that output after the call: two outputs of one autograd.Function that
+    view the same storage could not be modified in place, one output and its view can."""
+
+    output_index: int
     identity: bool
     shape: tuple
     stride: tuple
@@ -154,6 +162,7 @@ class FlatProgram:
             out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
         kinds, specs, needs_grad = [], [], []
+        output_storages: dict[StorageWeakRef, tuple[int, torch.Tensor]] = {}
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
                 kinds.append(ConstantOutput(leaf))
@@ -163,6 +172,13 @@ class FlatProgram:
                 kinds.append(AliasOutput(base, leaf is fakes[base], tuple(leaf.shape), tuple(leaf.stride()),
                                          leaf.storage_offset()))
                 continue
+            storage = StorageWeakRef(leaf.untyped_storage())
+            if storage in output_storages:
+                index, first = output_storages[storage]
+                kinds.append(OutputAlias(index, leaf is first, tuple(leaf.shape), tuple(leaf.stride()),
+                                         leaf.storage_offset()))
+                continue
+            output_storages[storage] = (len(specs), leaf)
             kinds.append(GraphOutput(len(specs)))
             specs.append(TensorSpec.of(leaf))
             needs_grad.append(leaf.requires_grad)
@@ -180,8 +196,8 @@ class FlatProgram:
         for leaf in signature.leaves:
             if isinstance(leaf, GraphOutput):
                 leaves.append(graph_outs[leaf.index])
-            elif isinstance(leaf, AliasOutput):
-                base = flat[leaf.input_index]
+            elif isinstance(leaf, (AliasOutput, OutputAlias)):
+                base = flat[leaf.input_index] if isinstance(leaf, AliasOutput) else graph_outs[leaf.output_index]
                 leaves.append(base if leaf.identity else base.as_strided(leaf.shape, leaf.stride, leaf.offset))
             else:
                 leaves.append(leaf.value)

@@ -186,3 +186,17 @@ def test_autocast_is_traced_into_the_graph_and_matches_eager():
     ref.float().sum().backward()
     torch.testing.assert_close(grad, lin.weight.grad)
     assert len(compiled.runners) == 2  # fp32 from the example inputs, then bf16 under autocast
+
+
+def test_outputs_viewing_one_another_behave_as_in_eager():
+    def f(x, w):
+        y = x * w
+        return y, y.view(-1), y
+
+    x, w = torch.randn(2, 3), torch.randn(2, 3, requires_grad=True)
+    first, flat, again = aot_eager(torch.fx.symbolic_trace(f), [x, w])(x, w)
+    assert again is first and flat.data_ptr() == first.data_ptr()
+    flat.mul_(2)  # in-place through one output shows in the other, as in eager
+    torch.testing.assert_close(first, 2 * x * w.detach())
+    first.sum().backward()
+    torch.testing.assert_close(w.grad, 2 * x)

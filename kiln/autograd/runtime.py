@@ -107,7 +107,8 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
             # that a boxed backward can free each one after its last use, as eager's nodes do.
             ctx.maybe_clear_saved_tensors()
             args += [_as_traced(grad_outputs[i], spec) for i, spec in zip(differentiable, tangent_specs)]
-            differentiating_twice = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+            # Grad mode is on in a backward exactly when it runs with create_graph=True.
+            differentiating_twice = torch.is_grad_enabled()
             with torch.no_grad():
                 grads = iter(call_compiled(backward, args))
             result = [next(grads) if has_grad else None for has_grad in grad_mask]

@@ -200,3 +200,15 @@ def test_outputs_viewing_one_another_behave_as_in_eager():
     torch.testing.assert_close(first, 2 * x * w.detach())
     first.sum().backward()
     torch.testing.assert_close(w.grad, 2 * x)
+
+
+def test_gradient_penalty_raises_instead_of_silently_dropping_the_second_order_term():
+    """Eager's d(out)/dx depends on the weight; a compiled one that did not would make the
+    penalty a constant and its gradient silently vanish."""
+    lin = nn.Linear(3, 1)
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled = compile_module(lin, [x])
+    (gx,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    assert gx.requires_grad
+    with pytest.raises(RuntimeError, match="kiln: double backward"):
+        gx.pow(2).sum().backward()

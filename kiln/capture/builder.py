@@ -163,7 +163,19 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
                            f"___describe_tensor(___tensor_signature({expr}))"))
     node, fake = state.graph.input(source, t, dynamic)
-    return TensorValue(node, fake, source)
+    value = TensorValue(node, fake, source)
+    value.real = t
+    _guard_tensor_alias(state, t, source, expr)
+    return value
+
+
+def _guard_tensor_alias(state, t: torch.Tensor, source: Source, expr: str) -> None:
+    """One tensor reached through two sources (tied weights): capture relied on it, so guard it."""
+    first = state.mutable_values.setdefault(("tensor", id(t)), (None, source))[1]
+    if first != source:
+        first_expr = state.source_expr(first)
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same tensor as {first_expr}",
+                               f"'a different tensor'"))
 
 
 def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:

@@ -119,11 +119,14 @@ def delete_attr(frame, ins):
 
 @opcode("IMPORT_NAME")
 def import_name(frame, ins):
-    frame.popn(2)  # level, fromlist
+    level, fromlist = (v.as_constant() for v in frame.popn(2))
     name = ins.argval
+    if level:
+        raise GraphBreak("unsupported_call", f"relative import of {name!r}")
     if name not in sys.modules:
         raise GraphBreak("unsupported_call", f"import of {name!r}, not imported yet")
-    module = sys.modules[name.split(".")[0]] if "." in name else sys.modules[name]
+    # `import a.b` binds the top package; `from a.b import c` (a fromlist) reads c off a.b itself
+    module = sys.modules[name] if fromlist else sys.modules[name.split(".")[0]]
     frame.push(PythonModuleValue(module))
 
 

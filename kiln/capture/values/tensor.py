@@ -42,6 +42,8 @@ METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"
 
 
 class TensorValue(Value):
+    real: torch.Tensor | None = None  # the input tensor itself, for identity (`p in memo`, tied weights)
+
     def __init__(self, node: fx.Node, fake: torch.Tensor, source=None):
         self.node, self.fake, self.source = node, fake, source
 
@@ -77,7 +79,7 @@ class TensorValue(Value):
             raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
         if name == "size" and not args and not kwargs:
             return self.size_value(state)
-        if name in METADATA_METHODS:
+        if name in METADATA_METHODS and not (name == "type" and (args or kwargs)):  # t.type(dtype) converts
             const_args = [a.as_constant() for a in args]
             const_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
             result = getattr(self.fake, name)(*const_args, **const_kwargs)
@@ -183,6 +185,8 @@ def _lower(state, value: Value) -> tuple[Any, Any]:
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if value.is_constant():
         c = value.as_constant()
+        if isinstance(c, torch.Tensor):  # a tracker bug, never a constant: the graph would bake in a fake tensor
+            raise GraphBreak("unsupported_object", f"a tensor held as a Python constant ({value})")
         return c, c
     raise GraphBreak("unsupported_object", f"{value} passed to a torch operation")
 

@@ -129,7 +129,6 @@ class _JointNodes:
 
     def __init__(self, joint: fx.GraphModule, layout: JointLayout):
         placeholders = list(joint.graph.find_nodes(op="placeholder"))
-        self.graph = joint.graph
         self.primals = placeholders[:layout.num_primals]
         self.tangents = placeholders[layout.num_primals:]
         outs = joint.graph.find_nodes(op="output")[0].args[0]
@@ -158,14 +157,14 @@ class _JointNodes:
             n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
 
     def min_cut_saved(self) -> list[fx.Node]:
+        """The saved set of the minimum cut closest to the sink (see the module docstring)."""
         flow = FlowGraph()
-        forward_side = set(self.forward_side)
         for node in self.forward_side:
             if node.op != "call_function" or (node in self.required_forward and not is_recomputable(node)):
                 flow.add_edge("source", (node, "in"), math.inf)
             flow.add_edge((node, "in"), (node, "out"), node_bytes(node))
             for user in node.users:
-                if user in forward_side:
+                if user in self.forward_side_set:
                     flow.add_edge((node, "out"), (user, "in"), math.inf)
             if node in self.backward_reads:
                 flow.add_edge((node, "out"), "sink", math.inf)

@@ -1,0 +1,116 @@
+"""When capture cannot work at all, the user's program still runs: eagerly, with one warning;
+disabled functions and methods run natively inside compiled code."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.api import context_of
+
+from .helpers import break_reasons, check, t
+
+
+def test_internal_capture_failure_warns_once_and_runs_eagerly(monkeypatch):
+    import kiln.capture.entry as entry
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("internal capture bug")
+
+    monkeypatch.setattr(entry, "capture", broken)
+
+    def fn(x):
+        return x * 2
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(c(x), x * 2)
+    msgs = [str(w.message) for w in caught if "internal capture bug" in str(w.message)]
+    assert len(msgs) == 1, msgs
+
+
+class WithDisabledMethod(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.calls = 0
+
+    @kiln.disable
+    def helper(self, x):
+        self.calls += 1
+        return x * 10
+
+    def forward(self, x):
+        return self.helper(self.fc(x)) + 1
+
+
+def test_disabled_method_runs_natively():
+    torch.manual_seed(0)
+    m = WithDisabledMethod()
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m.fc(x) * 10 + 1)
+    assert m.calls == 1
+    assert "disabled" in break_reasons(context_of(c))
+
+
+def test_disable_inside_compiled_nested_call():
+    @kiln.disable
+    def eager_only(x):
+        assert not torch.compiler.is_compiling()
+        return x.sum().item()
+
+    def fn(x):
+        return x * eager_only(x)
+
+    check(fn, t(3), second=False)
+
+
+def test_generator_function_consumed_by_user_loop():
+    def gen(x):
+        for i in range(3):
+            yield x * i
+
+    def fn(x):
+        total = 0
+        for v in gen(x):
+            total = total + v
+        return total
+
+    check(fn, t(3, grad=True), graphs=1, fullgraph=True)
+
+
+def test_yield_from_generator():
+    def inner(x):
+        yield x
+        yield x * 2
+
+    def outer(x):
+        yield from inner(x)
+        yield x * 3
+
+    def fn(x):
+        return torch.stack(list(outer(x)))
+
+    check(fn, t(3), graphs=1, fullgraph=True)
+
+
+def test_module_parameters_and_buffers_iteration():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.register_buffer("b", torch.ones(3))
+
+        def forward(self, x):
+            reg = sum(p.pow(2).sum() for p in self.parameters())
+            nb = len(list(self.buffers()))
+            return self.fc(x) + reg + nb
+
+    from .helpers import check_module
+
+    check_module(M, t(2, 3, grad=True), graphs=1, fullgraph=True)

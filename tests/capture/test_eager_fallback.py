@@ -114,3 +114,55 @@ def test_module_parameters_and_buffers_iteration():
     from .helpers import check_module
 
     check_module(M, t(2, 3, grad=True), graphs=1, fullgraph=True)
+
+
+def test_compiling_a_generator_function_yields_like_eager():
+    def gen(x):
+        for i in range(3):
+            yield x * i
+
+    c = kiln.compile(gen, backend="eager")
+    x = t(3)
+    got = list(c(x))
+    want = list(gen(x))
+    assert len(got) == len(want) == 3
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_break_with_varargs_and_kwargs_at_entry(capsys):
+    def fn(*args, **kwargs):
+        y = args[0] * kwargs["k"]
+        print("mid")
+        return y + len(args) + len(kwargs)
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x, 1, k=2.0), fn(x, 1, k=2.0))
+
+
+def test_user_list_mutated_then_printed(capsys):
+    def fn(xs, x):
+        xs.append(1)
+        print(len(xs))
+        xs.append(2)
+        return x * len(xs)
+
+    c = kiln.compile(fn, backend="eager")
+    xs = []
+    x = t(3)
+    torch.testing.assert_close(c(xs, x), x * 2)
+    assert xs == [1, 2]
+    assert capsys.readouterr().out == "1\n"
+
+
+def test_inplace_input_then_print_sees_new_value(capsys):
+    def fn(x):
+        x.add_(1)
+        print(float(x.sum()))
+        return x
+
+    c = kiln.compile(fn, backend="eager")
+    x = torch.zeros(3)
+    c(x)
+    assert capsys.readouterr().out == "3.0\n"

@@ -142,3 +142,21 @@ def test_tied_weights_identity_and_untying():
     m.head.weight = nn.Parameter(m.emb.weight.detach().clone())  # untie: parameters() now yields one more
     torch.testing.assert_close(c(idx), m(idx))
     assert len(context_of(c).records) == 2
+
+
+class MyTensor(torch.Tensor):
+    pass
+
+
+def test_isinstance_on_tensor_subclass_input():
+    def fn(x):
+        return x * (2 if isinstance(x, MyTensor) else 3)
+
+    import kiln
+
+    c = kiln.compile(fn, backend="eager")
+    plain = t(3)
+    sub = t(3).as_subclass(MyTensor)
+    torch.testing.assert_close(c(plain), plain * 3)
+    out = c(sub)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), sub.as_subclass(torch.Tensor) * 2)

@@ -48,6 +48,8 @@ class TensorValue(Value):
         self.node, self.fake, self.source = node, fake, source
 
     def python_type(self) -> type:
+        if self.real is not None:
+            return type(self.real)  # the tensor guard checks this exact type
         if self.source is not None and isinstance(self.fake, torch.nn.Parameter):
             return torch.nn.Parameter
         return torch.Tensor

@@ -107,6 +107,7 @@ class HandlerRange:
     end: int
     target: int
     depth: int
+    lasti: bool = False  # the handler expects the raising instruction's offset below the exception
 
 
 @lru_cache(maxsize=None)
@@ -116,7 +117,7 @@ def exception_ranges(code: types.CodeType) -> tuple[HandlerRange, ...]:
     ranges = []
     for entry in dis.Bytecode(code).exception_entries:
         end = max((i for off, i in index_of.items() if off < entry.end), default=0) + 1
-        ranges.append(HandlerRange(index_of.get(entry.start, 0), end, index_of[entry.target], entry.depth))
+        ranges.append(HandlerRange(index_of.get(entry.start, 0), end, index_of[entry.target], entry.depth, entry.lasti))
     return tuple(ranges)
 
 

@@ -15,6 +15,7 @@ from typing import Callable
 from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak, UserLocation
 from kiln.capture.values.base import Value
+from kiln.capture.values.exceptions import TracedException
 from kiln.capture.values.functions import CellValue, FunctionValue
 
 OPCODES: dict[str, Callable[["Frame", bytecode.Instruction], None]] = {}
@@ -57,6 +58,7 @@ class Frame:
         self.kw_names: tuple[str, ...] = ()
         self.self_value = self_value
         self.current: bytecode.Instruction | None = None
+        self.handled: list[Value] = []  # exceptions being handled (`except` blocks entered), innermost last
         self.yields: list[Value] | None = None  # set when the frame runs a generator to completion
 
     # --- the stack ----------------------------------------------------------------------------
@@ -94,6 +96,10 @@ class Frame:
                     handler(self, ins)
                 except Return as r:
                     return r.value
+                except TracedException as e:
+                    if not self.unwind(e):  # no `try` here catches it: on to the caller's frame
+                        e.add_frame(self.location())
+                        raise
                 except GraphBreak as e:
                     e.add_frame(self.location())
                     raise
@@ -102,6 +108,24 @@ class Frame:
 
     def jump(self, target: int) -> None:
         self.ip = target
+
+    def unwind(self, exc: TracedException) -> bool:
+        """Jump to the handler of the innermost `try` around the current instruction, as CPython does:
+        the exception-table entry covering it gives the stack depth and the target. False when none does."""
+        from kiln.capture.values.constant import ConstantValue
+
+        index = self.current.index
+        for entry in bytecode.exception_ranges(self.code):
+            if entry.start <= index < entry.end:
+                if bytecode.handler_is_with_cleanup(self.code, entry.target):
+                    return False  # unwinding through a `with` would run __exit__: not modelled, stays a break
+                del self.stack[entry.depth:]
+                if entry.lasti:
+                    self.push(ConstantValue(self.current.offset))
+                self.push(exc.value)
+                self.jump(entry.target)
+                return True
+        return False
 
     def location(self) -> UserLocation:
         lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
@@ -206,6 +230,6 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
 
 
 def load_opcode_modules() -> None:
-    from kiln.capture.opcodes import calls, containers, control, names, operators, stack  # noqa: F401
+    from kiln.capture.opcodes import calls, containers, control, exceptions, names, operators, stack  # noqa: F401
 
 

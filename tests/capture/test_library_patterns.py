@@ -267,3 +267,57 @@ def test_module_with_parameters_built_in_forward_breaks():
     compiled = kiln.compile(f, backend="eager", fullgraph=True)
     with pytest.raises(Exception, match="parameters or buffers"):
         compiled(t(2, 3))
+
+
+class Lookup(collections.abc.Mapping):
+    """A Mapping whose `get` and `in` come from collections.abc: both rely on catching KeyError."""
+
+    def __init__(self):
+        self.d = {"a": 2}
+
+    def __getitem__(self, k):
+        return self.d[k]
+
+    def __iter__(self):
+        return iter(self.d)
+
+    def __len__(self):
+        return len(self.d)
+
+
+LOOKUP = Lookup()
+
+
+def test_exceptions_raised_and_caught_in_traced_code():
+    def f(x):
+        a = LOOKUP.get("a", 5) + LOOKUP.get("missing", 7)
+        try:
+            raise ValueError("bad")
+        except (KeyError, ValueError) as e:
+            a += len(e.args)
+        try:
+            [1, 2][5]
+        except IndexError:
+            a += 10
+        return x * a, "a" in LOOKUP, "b" in LOOKUP
+
+    check(f, t(3), fullgraph=True, graphs=1)
+
+
+def test_uncaught_exception_still_raises():
+    def f(x):
+        try:
+            return x * LOOKUP["missing"]
+        except ValueError:
+            return x
+
+    compiled = kiln.compile(f, backend="eager")
+    with pytest.raises(KeyError):
+        compiled(t(2))
+
+
+def test_tensor_type_conversion_is_an_op():
+    def f(x):
+        return x.softmax(-1).type(torch.float64) * 2
+
+    check(f, t(2, 3), fullgraph=True, graphs=1)

@@ -120,7 +120,20 @@ CASES = {
     "bert_cls": (bert_cls, bert_inputs, True),
     "llama": (llama, lm_inputs, False),
     "llama_loss": (llama, lm_inputs, True),
+    # the eager attention paths (and the AttentionInterface lookup through Mapping.get's try/except)
+    "gpt2_eager_attention": (lambda: gpt2(attn_implementation="eager"), lm_inputs, False),
+    "bert_eager_attention": (lambda: bert(attn_implementation="eager"), bert_inputs, False),
+    "llama_eager_attention": (lambda: llama(attn_implementation="eager"), lm_inputs, True),
+    # left padding: the causal+padding mask is built inside the graph
+    "gpt2_padded": (gpt2, lambda g, labels: padded_lm_inputs(g), False),
+    "llama_padded": (llama, lambda g, labels: padded_lm_inputs(g), False),
 }
+
+
+def padded_lm_inputs(g):
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, :3] = 0
+    return {"input_ids": ids(g), "attention_mask": mask}
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -58,7 +58,7 @@ def jump_if_true_or_pop(frame, ins):
         frame.pop()
 
 
-@opcode("GET_ITER")
+@opcode("GET_ITER", "GET_YIELD_FROM_ITER")
 def get_iter(frame, ins):
     from kiln.capture.values.functions import GeneratorValue
 
@@ -83,9 +83,6 @@ def for_iter(frame, ins):
         frame.push(value)
 
 
-@opcode("RAISE_VARARGS")
-def raise_varargs(frame, ins):
-    raise GraphBreak("exception", "the traced code raises")
 
 
 @opcode("RETURN_GENERATOR")
@@ -104,3 +101,42 @@ def yield_value(frame, ins):
         raise GraphBreak("unsupported_opcode", "yield outside a generator kiln unrolls")
     frame.yields.append(frame.pop())
     frame.push(ConstantValue(None))  # the value sent in: next() sends None
+
+
+def _send(frame, ins) -> bool:
+    """`yield from` in an unrolled generator: one step of the inner iterator; False once it is done."""
+    from kiln.capture.values.constant import ConstantValue
+
+    frame.pop()  # the value sent in: unrolled generators are only ever sent None
+    iterator = frame.peek().realize()
+    if not isinstance(iterator, IteratorValue):
+        raise GraphBreak("unsupported_object", f"yield from {iterator}")
+    value = iterator.next()
+    if value is None:
+        frame.push(ConstantValue(None))  # the inner generator's return value, not modelled
+        frame.jump(ins.target)
+        return False
+    frame.push(value)
+    return True
+
+
+@opcode("SEND", until=(3, 11))
+def send_311(frame, ins):
+    """3.11: when the inner iterator is done, SEND pops it too and pushes its return value."""
+    if not _send(frame, ins):
+        value = frame.pop()
+        frame.pop()
+        frame.push(value)
+
+
+@opcode("SEND", since=(3, 12))
+def send_312(frame, ins):
+    """3.12: the iterator stays below the return value until the END_SEND at the target."""
+    _send(frame, ins)
+
+
+@opcode("END_SEND", since=(3, 12))
+def end_send(frame, ins):
+    value = frame.pop()
+    frame.pop()
+    frame.push(value)

@@ -57,7 +57,9 @@ class SequenceValue(Value):
         try:
             return self.items[index]
         except IndexError as e:
-            raise GraphBreak("exception", f"index {index} out of range") from e
+            from kiln.capture.values.exceptions import raise_python
+
+            raise raise_python(IndexError, f"index {index} out of range") from e
 
     def rebuild(self, items: list[Value]) -> Value:
         return type(self)(items)
@@ -253,7 +255,9 @@ class DictValue(Value):
     def getitem(self, state, key: Value) -> Value:
         k = _key(state, key)
         if k not in self.items:
-            raise GraphBreak("exception", f"KeyError: {k!r}")
+            from kiln.capture.values.exceptions import raise_python
+
+            raise raise_python(KeyError, k)
         return self.items[k]
 
     def setitem(self, state, key: Value, value: Value) -> None:
@@ -357,6 +361,19 @@ def python_override(cls: type, base: type, name: str):
     return None
 
 
+def _set_key(value: Value) -> Any:
+    """What a set hashes an item by: tensors by identity (the input tensor, or the graph value).
+
+    Only sets take tensors: a dict keyed by a tensor would be rebuilt with a stale key.
+    """
+    from kiln.capture.values.tensor import TensorValue
+
+    v = value.realize()
+    if isinstance(v, TensorValue):
+        return ("___tensor", id(v.real) if v.real is not None else v.node)
+    return _key(None, v)
+
+
 def _key_value(k: Any) -> Value:
     from kiln.capture.values.objects import object_value
 
@@ -370,7 +387,7 @@ class SetValue(Value):
         self.items = []
         seen = set()
         for i in items:
-            c = _key(None, i)
+            c = _set_key(i)
             if c not in seen:
                 seen.add(c)
                 self.items.append(i)
@@ -382,7 +399,7 @@ class SetValue(Value):
         return all(i.realize().is_constant() for i in self.items)
 
     def as_constant(self):
-        return {_key(None, i) for i in self.items}
+        return {_set_key(i) for i in self.items}
 
     def unpack(self, state):
         return list(self.items)
@@ -400,11 +417,11 @@ class SetValue(Value):
 
     def call_method(self, state, name, args, kwargs):
         if name == "add":
-            if _key(state, args[0]) not in self.as_constant():
+            if _set_key(args[0]) not in self.as_constant():
                 self.items.append(args[0])
             return ConstantValue(None)
         if name == "__contains__":
-            return ConstantValue(_key(state, args[0]) in self.as_constant())
+            return ConstantValue(_set_key(args[0]) in self.as_constant())
         if not self.is_constant():
             raise GraphBreak("unsupported_call", f"set.{name} on a set of objects")
         result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))

@@ -124,6 +124,10 @@ class ClassValue(Value):
             return _namedtuple(cls, args, kwargs)
         if issubclass(cls, torch.nn.Module):
             return stateless_module(state, cls, args, kwargs)
+        from kiln.capture.values.exceptions import ExceptionValue, is_exception_class
+
+        if is_exception_class(cls) and not kwargs:
+            return ExceptionValue(cls, args)
         if dataclasses.is_dataclass(cls) and issubclass(cls, dict):
             return RecordedObjectValue(cls, args, kwargs)  # e.g. transformers' ModelOutput
         init = getattr(cls, "__init__", None)

@@ -1,0 +1,52 @@
+"""Raising and handling exceptions: raise, the `except` clauses' opcodes, and unwinding to a handler.
+
+See `values/exceptions.py` for which exceptions are traced; `Frame.unwind` jumps
+to the handler these opcodes then run.
+"""
+from __future__ import annotations
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.interpreter import opcode
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.exceptions import ExceptionValue, TracedException, as_exception
+
+
+@opcode("RAISE_VARARGS")
+def raise_varargs(frame, ins):
+    if ins.arg == 0:  # bare `raise` inside an except block
+        if not frame.handled:
+            raise GraphBreak("exception", "RuntimeError: No active exception to reraise")
+        raise TracedException(frame.handled[-1])
+    if ins.arg == 2:
+        frame.pop()  # the cause: `raise X from Y` raises X
+    raise TracedException(as_exception(frame.pop()))
+
+
+@opcode("RERAISE")
+def reraise(frame, ins):
+    exc = frame.pop()
+    if not isinstance(exc, ExceptionValue):
+        raise GraphBreak("exception", f"re-raising {exc}")
+    raise TracedException(exc)
+
+
+@opcode("PUSH_EXC_INFO")
+def push_exc_info(frame, ins):
+    exc = frame.pop()
+    frame.push(frame.handled[-1] if frame.handled else ConstantValue(None))
+    frame.push(exc)
+    frame.handled.append(exc)
+
+
+@opcode("POP_EXCEPT")
+def pop_except(frame, ins):
+    frame.pop()
+    if frame.handled:
+        frame.handled.pop()
+
+
+@opcode("CHECK_EXC_MATCH")
+def check_exc_match(frame, ins):
+    match = frame.pop().as_constant()
+    exc = frame.peek()
+    frame.push(ConstantValue(issubclass(exc.python_type(), match)))

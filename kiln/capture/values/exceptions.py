@@ -1,0 +1,81 @@
+"""Python exceptions raised and caught inside traced code.
+
+Library code uses exceptions for control flow: `Mapping.get` is
+`try: return self[key] except KeyError: return default`. When traced code raises
+an exception whose type capture knows (a `raise` statement, or a KeyError /
+IndexError / AttributeError kiln's own trackers raise where Python would), it
+travels as a `TracedException`: the interpreter unwinds to the innermost
+`try` handler of the current frame, or of the frames it was inlined from, and
+runs the handler. An exception no traced handler catches stays what it was
+before: a graph break of reason "exception" (the instruction then runs natively
+and raises for real).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+
+
+class ExceptionValue(Value):
+    """An exception instance made during capture: its class and constructor arguments."""
+
+    def __init__(self, cls: type, args: list[Value]):
+        self.cls, self.args = cls, list(args)
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.containers import TupleValue
+
+        if name == "args":
+            return TupleValue(self.args)
+        if name in ("__traceback__", "__cause__", "__context__"):
+            return ConstantValue(None)
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
+
+    def message(self) -> str:
+        try:
+            return str(self.cls(*(a.as_constant() for a in self.args)))
+        except Exception:
+            return self.cls.__name__
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.constant(self.cls)}({', '.join(a.reconstruct(writer) for a in self.args)})"
+
+    def __repr__(self) -> str:
+        return f"Exception({self.cls.__name__})"
+
+
+class TracedException(GraphBreak):
+    """A Python exception raised by traced code; a traced `try` may catch it (see the module docstring)."""
+
+    def __init__(self, value: ExceptionValue):
+        self.value = value
+        super().__init__("exception", f"{value.cls.__name__}: {value.message()}")
+
+
+def raise_python(cls: type, *args: Any) -> TracedException:
+    """The exception Python would raise here (`raise raise_python(KeyError, key)`), catchable by traced code."""
+    return TracedException(ExceptionValue(cls, [ConstantValue(a) for a in args]))
+
+
+def is_exception_class(cls: Any) -> bool:
+    """Exception classes capture can make without running code: builtin ones and subclasses keeping their __init__."""
+    return isinstance(cls, type) and issubclass(cls, BaseException) and all(
+        "__init__" not in k.__dict__ and "__new__" not in k.__dict__ for k in cls.__mro__ if k.__module__ != "builtins")
+
+
+def as_exception(value: Value) -> ExceptionValue:
+    """What `raise value` raises: a class is instantiated without arguments."""
+    from kiln.capture.values.objects import ClassValue
+
+    value = value.realize()
+    if isinstance(value, ExceptionValue):
+        return value
+    if isinstance(value, ClassValue) and is_exception_class(value.cls):
+        return ExceptionValue(value.cls, [])
+    raise GraphBreak("exception", f"the traced code raises {value}")

@@ -19,6 +19,7 @@ dropout 0.1). Batch sizes are smaller than the GPU bench's so that a shared CPU 
 minute; every byte count scales linearly with the batch.
 
     python benchmarks/partition_memory.py [--out benchmarks/results/partition_<date>.json]
+        [--models transformer6,cnn_fashion,gpt2_block] [--batch-scale 4]
 """
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/partition_<date>.json)")
     parser.add_argument("--batch-scale", type=float, default=1.0, help="multiply every batch size")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default=None, help="comma list of model names (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     date = datetime.datetime.now(datetime.timezone.utc)
@@ -202,6 +204,8 @@ def main() -> int:
                                    f"partition_{date.strftime('%Y%m%d')}.json")
     results = []
     for name, make_model, x, loss_fn, info in workloads(args.batch_scale):
+        if args.models and name not in args.models.split(","):
+            continue
         r = measure(name, make_model, x, loss_fn, info)
         results.append(r)
         mib = 1 << 20

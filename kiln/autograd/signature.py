@@ -133,7 +133,7 @@ class FlatProgram:
         if not self.state_names:
             return self.gm(*args)
         state = dict(zip(self.state_names, flat[n:]))
-        return torch.func.functional_call(self.gm, state, tuple(args), strict=True, tie_weights=False)
+        return torch.func.functional_call(self.gm, state, tuple(args), strict=True, tie_weights=True)
 
     def graph_function(self, signature: OutputSignature) -> Callable:
         """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors."""

@@ -198,3 +198,20 @@ def test_seed_003_compiled_model_then_loss_backward():
     compiled(x).sum().backward()
     torch.testing.assert_close(model.weight.grad, x.expand(10, 10))
     torch.testing.assert_close(model.bias.grad, torch.ones(10))
+
+
+class Tied(nn.Module):
+    """Input embedding and output projection share one weight (GPT-2, many LMs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_tied_weights_get_both_gradient_contributions():
+    train_and_compare(Tied, lambda: [torch.randint(0, 10, (6,))], lambda out: out.logsumexp(-1).mean())

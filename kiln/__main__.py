@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     options = parser.parse_args(argv)
 
+    original_compile = torch.compile
     torch.compile = kiln.compile  # every torch.compile(...) in the script now builds with kiln
     entry.instrumentation.timing = True  # count the time spent in compiled programs
     kept = []  # the report needs every context, also those the script has dropped by exit
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
+        torch.compile = original_compile
         entry.RECORD_LISTENERS.remove(listener)
         entry.instrumentation.timing = False
         contexts = _ordered(set(_contexts) | set(kept))

@@ -57,3 +57,25 @@ def test_report_prints_captured_graph_code(cli_run):
     out = cli_run[0].stdout
     assert "|     sin = torch.sin(x)" in out
     assert "|     relu = torch.relu(sub)" in out
+
+
+def test_without_a_script_runs_the_bundled_example(monkeypatch, tmp_path, capsys):
+    """`python -m kiln run` alone: the bundled example (here a stand-in, the real one takes ~20 s) and its summary."""
+    import torch
+
+    import kiln.__main__ as cli
+    from kiln.examples import vit_train
+
+    def tiny_example():
+        compiled = torch.compile(lambda x: torch.tanh(x) * 3, backend="eager")
+        compiled(torch.randn(4))
+        return "eager step: 1.0 ms | compiled step: 0.5 ms | speedup 2.00x"
+
+    monkeypatch.setattr(vit_train, "main", tiny_example)
+    original = torch.compile
+    assert cli.main(["run", "--report", str(tmp_path / "r.html")]) == 0
+    assert torch.compile is original  # restored after the run
+    out = capsys.readouterr().out
+    assert "kiln report" in out and "speedup 2.00x" in out
+    assert re.search(r"\[\d+\] <lambda> .*backend=eager", out)
+    assert "speedup 2.00x" in (tmp_path / "r.html").read_text()

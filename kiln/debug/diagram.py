@@ -36,8 +36,8 @@ def fx_diagram(gm: torch.fx.GraphModule, title: str = "captured graph") -> Diagr
         elif node.op == "output":
             label = "output"
         else:
-            target = node.target
-            label = f"{node.name} = {getattr(target, '__name__', str(target))}"
+            target = getattr(node.target, "__name__", str(node.target))
+            label = node.name if node.name.rstrip("0123456789").rstrip("_") == target else f"{node.name} = {target}"
         val = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(val, torch.Tensor):
             label += f"  {str(val.dtype).replace('torch.', '')}{list(val.shape)}"

@@ -166,6 +166,7 @@ def first_divergent_node(gm: torch.fx.GraphModule, args: list, backend: Callable
                          rtol: float = 1e-3, atol: float = 1e-3) -> str | None:
     """The first node (by graph order) whose value, compiled by `backend`, differs from eager; None if none."""
     env: dict = {}
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]  # prefixes compile for inference
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):

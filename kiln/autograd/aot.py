@@ -152,7 +152,9 @@ class AOTCompiled:
     @staticmethod
     def key(flat: list) -> tuple:
         """(None for inference, else which flat inputs require grad; the autocast state)."""
-        autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
+        autocast = ()
+        if torch._C._is_any_autocast_enabled():
+            autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in flat):
             return None, autocast
         return tuple(t.requires_grad for t in flat), autocast

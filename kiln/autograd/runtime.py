@@ -27,17 +27,23 @@ DOUBLE_BACKWARD_ERROR = (
     b"run that part eagerly (kiln.disable) or use backend='eager'")
 
 
-def call_compiled(compiled: Callable, args: list) -> Any:
-    """Call a compiled graph; one marked `_boxed_call = True` takes the list and may empty it.
+def boxed(compiled: Callable) -> Callable[[list], Any]:
+    """The compiled graph as a function of one list of inputs, which it may empty.
 
     The boxed convention (torch's, too) lets a graph drop each input after its last use:
     with positional arguments the caller's tuple keeps every input alive until the end.
-    Autocast is off: its casts were traced into the graph.
+    A compiler opts in with `_boxed_call = True`; other callables get their inputs spread.
+    Autocast is off while the graph runs: its casts were traced into the graph.
     """
-    with torch._C._DisableAutocast():
-        if getattr(compiled, "_boxed_call", False):
-            return compiled(args)
-        return compiled(*args)
+    call = compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args))
+
+    def run(args: list):
+        if torch._C._is_any_autocast_enabled():
+            with torch._C._DisableAutocast():
+                return call(args)
+        return call(args)
+
+    return run
 
 
 def apply_mutations(flat: list, mutations: list[InputMutation], outs: list) -> None:
@@ -54,10 +60,10 @@ class InferenceRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, compiled: Callable,
                  mutations: list[InputMutation]):
-        self.program, self.signature, self.compiled, self.mutations = program, signature, compiled, mutations
+        self.program, self.signature, self.compiled, self.mutations = program, signature, boxed(compiled), mutations
 
     def __call__(self, flat: list) -> Any:
-        outs = list(call_compiled(self.compiled, list(flat)))
+        outs = list(self.compiled(list(flat)))
         apply_mutations(flat, self.mutations, outs)
         return self.program.assemble(self.signature, flat, outs)
 
@@ -88,11 +94,12 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
     """
     differentiable = signature.differentiable()
     tangent_specs = [signature.graph_outputs[i] for i in differentiable]
+    forward, backward = boxed(forward), boxed(backward)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *flat):
-            results = list(call_compiled(forward, list(flat)))
+            results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
             ctx.save_for_backward(*saved)
@@ -110,7 +117,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
             # Grad mode is on in a backward exactly when it runs with create_graph=True.
             differentiating_twice = torch.is_grad_enabled()
             with torch.no_grad():
-                grads = iter(call_compiled(backward, args))
+                grads = iter(backward(args))
             result = [next(grads) if has_grad else None for has_grad in grad_mask]
             if differentiating_twice:
                 return _delay_error(result)

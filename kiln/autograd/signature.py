@@ -120,6 +120,8 @@ class FlatProgram:
 
     def state(self) -> list[torch.Tensor]:
         """`gm`'s parameters and buffers now (an optimizer or `load_state_dict` may have replaced them)."""
+        if not self.state_names:  # the capture lifts them to inputs
+            return []
         return [t for _, t in self.gm.named_parameters()] + [t for _, t in self.gm.named_buffers()]
 
     def run(self, flat: list) -> Any:

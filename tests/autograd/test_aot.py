@@ -215,3 +215,8 @@ class Tied(nn.Module):
 
 def test_tied_weights_get_both_gradient_contributions():
     train_and_compare(Tied, lambda: [torch.randint(0, 10, (6,))], lambda out: out.logsumexp(-1).mean())
+
+
+def test_cnn_with_batchnorm_in_eval_mode_fine_tunes_like_eager():
+    """Frozen statistics (eval mode) while the weights train: BN reads, never writes, its buffers."""
+    train_and_compare(lambda: CNN().eval(), lambda: [torch.randn(2, 3, 8, 8)], mse_to_zero)

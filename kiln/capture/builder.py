@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
-from kiln.capture.sources import ItemSource, Source
+from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import LazyValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
@@ -116,6 +116,15 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ObjectValue(obj, source)
     _type(state, obj, source, expr)
     return OpaqueValue(obj, source)
+
+
+def guard_hasattr(state, source: Source | None, name: str, present: bool) -> None:
+    """Capture relied on `hasattr(obj, name)` being `present` (a hasattr() call, or an AttributeError)."""
+    if source is None:
+        return
+    expr = f"hasattr({state.source_expr(source)}, {name!r})"
+    # no source of its own: the guard function would fetch `obj.name` first, which may not exist
+    state.guards.add(Guard(GuardKind.HASATTR, None, f"{expr} is {present}", f"{expr} is {present}", expr))
 
 
 def _is_typing_object(obj: Any) -> bool:

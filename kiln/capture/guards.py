@@ -30,6 +30,7 @@ class GuardKind(enum.Enum):
     NO_HOOKS = "module hooks"
     SHAPE = "shape relations"
     NOT_SHADOWED = "not shadowed"  # a class attribute the instance's __dict__ does not override
+    HASATTR = "has attribute"  # hasattr(obj, name), or an AttributeError the code relied on
 
 
 @dataclass(frozen=True)

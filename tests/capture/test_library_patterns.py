@@ -321,3 +321,39 @@ def test_tensor_type_conversion_is_an_op():
         return x.softmax(-1).type(torch.float64) * 2
 
     check(f, t(2, 3), fullgraph=True, graphs=1)
+
+
+def test_attribute_error_caught_by_traced_code():
+    cfg = AliasConfig()
+
+    def f(x):
+        try:
+            extra = cfg.not_there
+        except AttributeError:
+            extra = 1
+        return x * (cfg.num_layers + extra)
+
+    check(f, t(3), fullgraph=True, graphs=1)
+
+
+def test_hasattr_and_attribute_errors_are_guarded():
+    class Holder:
+        pass
+
+    h = Holder()
+
+    def f(x):
+        try:
+            extra = h.extra
+        except AttributeError:
+            extra = 1
+        return x * (extra + (10 if hasattr(h, "flag") else 0))
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = t(2)
+    torch.testing.assert_close(compiled(x), x)
+    h.extra = 3
+    torch.testing.assert_close(compiled(x), x * 3)
+    h.flag = True
+    torch.testing.assert_close(compiled(x), x * 13)
+    assert len(context_of(compiled).records) == 3

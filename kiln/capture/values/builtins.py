@@ -155,9 +155,18 @@ def _getattr(state, obj, name, *default):
 
 @handles(builtins.hasattr)
 def _hasattr(state, obj, name):
-    real = getattr(obj.realize(), "obj", None)
+    from kiln.capture.builder import guard_hasattr
+    from kiln.capture.side_effects import is_deleted
+
+    value, key = obj.realize(), name.as_constant()
+    real = getattr(value, "obj", None)
     if real is not None:
-        return ConstantValue(hasattr(real, name.as_constant()))
+        pending = state.side_effects.pending_attr(real, key)  # set or deleted earlier in this capture
+        if pending is not None:
+            return ConstantValue(not is_deleted(pending))
+        present = hasattr(real, key)
+        guard_hasattr(state, value.source, key, present)
+        return ConstantValue(present)
     try:
         obj.getattr(state, name.as_constant())
         return ConstantValue(True)

@@ -44,7 +44,9 @@ class ConstantValue(Value):
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
-            raise GraphBreak("exception", f"{type(self.value).__name__} has no attribute {name!r}") from e
+            from kiln.capture.values.exceptions import raise_python
+
+            raise raise_python(AttributeError, f"{type(self.value).__name__} has no attribute {name!r}") from e
         if callable(attr):
             from kiln.capture.values.functions import BuiltinValue
 

@@ -21,6 +21,7 @@ from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 
@@ -38,7 +39,7 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
             attr = klass.__dict__[name]
             break
     else:
-        raise GraphBreak("exception", f"{cls.__name__!r} object has no attribute {name!r}")
+        raise raise_python(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
     if isinstance(attr, types.FunctionType):
         return MethodValue(self_value, function_value(state, attr))
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
@@ -116,7 +117,7 @@ class ClassValue(Value):
                 return object_value(getattr(self.cls, name), state)
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantValue(getattr(self.cls, name))
-        raise GraphBreak("exception", f"type object {self.cls.__name__!r} has no attribute {name!r}")
+        raise raise_python(AttributeError, f"type object {self.cls.__name__!r} has no attribute {name!r}")
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         cls = self.cls
@@ -235,7 +236,7 @@ class PythonModuleValue(Value):
         try:
             attr = getattr(self.module, name)
         except AttributeError as e:
-            raise GraphBreak("exception", f"module {self.module.__name__!r} has no attribute {name!r}") from e
+            raise raise_python(AttributeError, f"module {self.module.__name__!r} has no attribute {name!r}") from e
         modname = self.module.__name__
         if modname == "torch" or modname.startswith("torch."):
             return wrap_torch_attr(attr)
@@ -289,6 +290,10 @@ class ObjectValue(Value):
         except GraphBreak as e:
             fallback = python_override(cls, object, "__getattr__")
             if e.reason.id != "exception" or fallback is None or any(name in k.__dict__ for k in cls.__mro__):
+                if e.reason.id == "exception":
+                    from kiln.capture.builder import guard_hasattr
+
+                    guard_hasattr(state, self.source, name, False)  # the code may catch the AttributeError
                 raise
             return function_value(state, fallback).call(state, [self, ConstantValue(name)], {})
 

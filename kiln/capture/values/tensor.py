@@ -73,7 +73,9 @@ class TensorValue(Value):
             return TensorMethodValue(self, name)
         if not hasattr(torch.Tensor, name) and (self.source is None or not hasattr(state.real_value(self.source), name)):
             # hasattr(t, "jax") and getattr(t, name, default) rely on the AttributeError
-            raise GraphBreak("exception", f"AttributeError: 'Tensor' object has no attribute {name!r}")
+            from kiln.capture.values.exceptions import raise_python
+
+            raise raise_python(AttributeError, f"'Tensor' object has no attribute {name!r}")
         raise GraphBreak("unsupported_object", f"tensor attribute {name!r}")
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:

@@ -199,14 +199,19 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | Non
         if options.get(option):
             return wrap(lambda g, inputs: inductor(g, inputs, {**options, option: False}))(gm, example_inputs)
     graphs: list[CompiledGraph] = []
+    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
+    name = f"graph{graph_id}" if graph_id is not None else "inductor"
+    progress = StageProgress(name, None, first="autograd")
 
     def compiler(aten_gm, inputs):
+        progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
         graphs.append(compile_aten_graph(aten_gm, inputs, options))
         return graphs[-1]
 
-    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
-    compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(),
-                           name=f"graph{graph_id}" if graph_id is not None else "inductor")
+    try:
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
+    finally:
+        progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
     return compiled
 

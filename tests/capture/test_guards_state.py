@@ -228,3 +228,19 @@ def test_tensor_input_views_and_storage_offset():
     torch.testing.assert_close(c(base[:5]), base[:5] * 2)
     torch.testing.assert_close(c(base[5:]), base[5:] * 2)
     torch.testing.assert_close(c(base[::2]), base[::2] * 2)
+
+
+def test_torch_nn_module_config_change_is_seen():
+    """torch.nn's own modules are guarded on their configuration too (torch.compile recompiles)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.LayerNorm(4), nn.LeakyReLU(0.1))
+    c = kiln.compile(m, backend="eager")
+    x = t(50, 4)
+    c(x)
+    m[1].p = 0.0
+    m[2].eps = 10.0
+    m[3].negative_slope = 0.5
+    torch.manual_seed(0)
+    out = c(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, m(x))

@@ -3,10 +3,9 @@
 A module is guarded by identity. Calling it inlines `type(m).forward` after a
 guard that it has no hooks; its parameters and buffers are read by attribute
 source (`L['self'].fc1.weight`) and become graph inputs with tensor guards;
-`self.training` is guarded by value. For modules defined by torch.nn itself,
-plain configuration attributes (kernel_size, eps, ...) are treated as fixed by
-the module's identity, as torch.compile does; user modules' attributes are
-guarded one by one.
+`self.training` is guarded by value. Plain attributes are guarded by value on
+every module, torch.nn's own too: `model.dropout.p = 0.0` after compiling must
+recompile (torch.compile does), not keep the old probability.
 """
 from __future__ import annotations
 
@@ -52,9 +51,7 @@ class ModuleValue(Value):
                 return wrap(state, d[table][name], AttrSource(self.source, name, table))
         if name in d:
             value = d[name]
-            if name != "training" and _static_config(m) and _is_plain(value):
-                return ConstantValue(value)
-            return wrap(state, value, source)
+            return wrap(state, value, source)  # guarded by value, torch.nn's own modules too (dropout.p, eps)
         if name == "__class__":
             from kiln.capture.values.objects import ClassValue
 
@@ -119,11 +116,3 @@ class ModuleValue(Value):
 
     def __repr__(self) -> str:
         return f"Module({type(self.module).__name__} at {self.source})"
-
-
-def _static_config(m: nn.Module) -> bool:
-    return type(m).__module__.startswith("torch.nn.")
-
-
-def _is_plain(value) -> bool:
-    return isinstance(value, (int, float, bool, str, type(None), tuple)) and not isinstance(value, torch.Tensor)

@@ -209,3 +209,27 @@ def test_config_written_by_forward():
         assert_outputs_close(compiled(**kwargs), model(**kwargs))
     records = context_of(compiled).records
     assert len(records) == 2 and "problem_type" in records[1].recompile_reason
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_decoding_with_a_kv_cache(make):
+    """The prompt's DynamicCache (built in the graph, rebuilt by the output program) is fed back in; the
+    cache's in-place growth is replayed on the user's object. Step 2 recompiles (new kwarg, new sizes,
+    marked dynamic); step 3 reuses that entry."""
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(5)
+    x = ids(g)
+    with _no_capture_failure(), torch.no_grad():
+        out, ref = compiled(input_ids=x), model(input_ids=x)
+        assert_outputs_close(out, ref)
+        cache, ref_cache = out.past_key_values, ref.past_key_values
+        assert type(cache) is type(ref_cache)
+        for step in range(3):
+            token = ids(g)[:, :1]
+            assert_outputs_close(compiled(input_ids=token, past_key_values=cache),
+                                 model(input_ids=token, past_key_values=ref_cache))
+            assert cache.get_seq_length() == ref_cache.get_seq_length() == SEQ + step + 1
+    records = context_of(compiled).records
+    assert len(records) == 3 and all(r.graph_break is None for r in records)

@@ -20,6 +20,7 @@ from pathlib import Path
 log = logging.getLogger("kiln.runtime.cache")
 
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
+LIBS = ["-lmvec", "-lm"]  # glibc's vector math (the kernels' exp/erf/tanh... in simd loops)
 
 # What this process did: tests read it, and the debug report could.
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
@@ -40,7 +41,7 @@ def compiler() -> str:
 def source_key(source: str) -> str:
     h = hashlib.sha256()
     h.update(source.encode())
-    h.update(("\0".join([compiler()] + CXX_FLAGS)).encode())
+    h.update(("\0".join([compiler()] + CXX_FLAGS + LIBS)).encode())
     return h.hexdigest()
 
 
@@ -56,7 +57,7 @@ def build(source: str) -> Path:
     src.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
-    cmd = [compiler(), *CXX_FLAGS, str(src), "-o", tmp]
+    cmd = [compiler(), *CXX_FLAGS, str(src), "-o", tmp, *LIBS]
     log.debug("compiling %s", " ".join(cmd))
     stats["compiles"] += 1
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -42,11 +42,11 @@ OPS = {
     "floordiv": "kiln::floordiv<{T}>({0}, {1})", "truncdiv": "kiln::truncdiv<{T}>({0}, {1})",
     "mod": "kiln::pymod<{T}>({0}, {1})", "fmod": "kiln::cfmod<{T}>({0}, {1})", "neg": "(-{0})",
     "abs": "std::abs({0})", "sign": "kiln::sign<{T}>({0})", "pow": "kiln::ipow<{T}>({0}, {1})",
-    "exp": "std::exp({0})", "exp2": "std::exp2({0})", "log": "std::log({0})", "log2": "std::log2({0})",
-    "log10": "std::log10({0})", "log1p": "std::log1p({0})", "expm1": "std::expm1({0})",
+    "exp": "kiln::vexp({0})", "exp2": "std::exp2({0})", "log": "kiln::vlog({0})", "log2": "std::log2({0})",
+    "log10": "std::log10({0})", "log1p": "kiln::vlog1p({0})", "expm1": "kiln::vexpm1({0})",
     "sqrt": "std::sqrt({0})", "rsqrt": "({T}(1) / std::sqrt({0}))", "reciprocal": "({T}(1) / {0})",
-    "sigmoid": "kiln::sigmoid<{T}>({0})", "tanh": "std::tanh({0})", "erf": "std::erf({0})",
-    "erfc": "std::erfc({0})", "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})",
+    "sigmoid": "kiln::sigmoid<{T}>({0})", "tanh": "kiln::vtanh({0})", "erf": "kiln::verf({0})",
+    "erfc": "std::erfc({0})", "sin": "kiln::vsin({0})", "cos": "kiln::vcos({0})", "tan": "std::tan({0})",
     "asin": "std::asin({0})", "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})",
     "cosh": "std::cosh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
     "atanh": "std::atanh({0})", "atan2": "std::atan2({0}, {1})", "floor": "std::floor({0})",
@@ -75,6 +75,8 @@ REDUCTIONS = {
     "argmin": ("kiln::ArgReduce<{T}, false> {a};", "{a}.update({v}, {r});", "{a}.index", "{a}.merge({b});", None),
     "welford_mean": ("kiln::Welford<{T}> {a};", "{a}.update({v});", "{a}.mean", "{a}.merge({b});", None),
     "welford_m2": ("kiln::Welford<{T}> {a};", "{a}.update({v});", "{a}.m2", "{a}.merge({b});", None),
+    # serial kernels compute mean and variance in two vectorized passes (see _welford_means)
+    "welford_two_pass": ("{T} {a}_m2 = 0;", "{a}_m2 = {a}_m2 + ({v} - {a}_mean) * ({v} - {a}_mean);", None, None, "+"),
 }
 
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
@@ -292,9 +294,17 @@ class CppKernel:
                 acc = self.new_tmp("acc")
                 accs[key] = (acc, rtype, COMPUTE[node.data.body.dtype])
                 decls.append(key)
+        welford = [k for k in decls if k[0] == "welford"]
+        produced_here = {n.name for n in seg.nodes}
+        if welford and not parallel and not any(ld.buf in produced_here for k in welford for ld in ir.loads(k[1])):
+            self._welford_means(accs, welford, outer_scope)
+            for k in welford:
+                accs[k] = (accs[k][0], "welford_two_pass", accs[k][2])
         simd_ops = [REDUCTIONS[accs[k][1]][4] for k in decls]
         simd_ok = all(op is not None for op in simd_ops)
-        reduction_clause = "".join(f" reduction({op}:{accs[k][0]})" for k, op in zip(decls, simd_ops)) if simd_ok else ""
+        reduction_clause = "".join(
+            f" reduction({op}:{accs[k][0]}{'_m2' if accs[k][1] == 'welford_two_pass' else ''})"
+            for k, op in zip(decls, simd_ops)) if simd_ok else ""
         for k in decls:
             acc, rtype, t = accs[k]
             self.line(REDUCTIONS[rtype][0].format(T=t, a=acc))
@@ -311,6 +321,24 @@ class CppKernel:
             self._close(opened)
         self._finish_reductions(seg, accs)
 
+    def _welford_means(self, accs, keys, outer_scope) -> None:
+        """First pass of mean/variance: a vectorized sum per welford body, then its mean."""
+        g = self.group
+        for k in keys:
+            acc, _, t = accs[k]
+            self.line(f"{t} {acc}_sum = 0;")
+        clause = "".join(f" reduction(+:{accs[k][0]}_sum)" for k in keys)
+        opened = self._open_loops(g.inner, g.inner_vars(), None, "#pragma omp simd" + clause)
+        scope = _Scope(outer_scope)
+        for k in keys:
+            acc = accs[k][0]
+            self.line(f"{acc}_sum = {acc}_sum + {self.emit(k[1], scope)};")
+        self._close(opened)
+        n = cexpr(product(g.inner))
+        for k in keys:
+            acc, _, t = accs[k]
+            self.line(f"const {t} {acc}_mean = {acc}_sum / static_cast<{t}>({n});")
+
     def _segment_body(self, seg, accs, outer_scope, acc_names=None) -> None:
         g = self.group
         scope = _Scope(outer_scope)
@@ -323,10 +351,11 @@ class CppKernel:
             if node.is_reduction():
                 rtype = node.data.reduction_type
                 family = "welford" if rtype.startswith("welford") else rtype
-                acc, _, t = accs[(family, body)]
+                acc, mode, t = accs[(family, body)]
                 acc = (acc_names or {}).get(acc, acc)
                 if acc not in updated:  # welford mean and m2 share one accumulator
-                    self.line(REDUCTIONS[rtype][1].format(a=acc, v=var, r=ridx, T=t))
+                    update = REDUCTIONS[mode if mode == "welford_two_pass" else rtype][1]
+                    self.line(update.format(a=acc, v=var, r=ridx, T=t))
                     updated.add(acc)
             else:
                 self._store(node, var, body.dtype)
@@ -366,8 +395,11 @@ class CppKernel:
                 continue
             rtype = node.data.reduction_type
             family = "welford" if rtype.startswith("welford") else rtype
-            acc, _, t = accs[(family, self._mapped(node))]
-            result = REDUCTIONS[rtype][2].format(a=acc)
+            acc, mode, t = accs[(family, self._mapped(node))]
+            if mode == "welford_two_pass":
+                result = f"{acc}_mean" if rtype == "welford_mean" else f"{acc}_m2"
+            else:
+                result = REDUCTIONS[rtype][2].format(a=acc)
             var = self.new_tmp()
             out_t = COMPUTE[node.layout.dtype] if rtype in ("argmax", "argmin") else t
             self.line(f"{out_t} {var} = {result};")

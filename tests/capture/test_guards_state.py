@@ -244,3 +244,15 @@ def test_torch_nn_module_config_change_is_seen():
     out = c(x)
     torch.manual_seed(0)
     torch.testing.assert_close(out, m(x))
+
+
+def test_backward_hook_added_after_compile_fires():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x).sum().backward()
+    fired = []
+    m[0].register_full_backward_hook(lambda mod, gin, gout: fired.append(1))
+    c(x).sum().backward()
+    assert fired == [1]

@@ -65,11 +65,13 @@ class ModuleValue(Value):
     # --- calls --------------------------------------------------------------------------------
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         m = self.module
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or _global_hooks():
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or _global_hooks():
             raise GraphBreak("hooks", f"{type(m).__name__} has hooks registered")
         expr = state.source_expr(self.source)
+        # backward hooks too: one registered after compiling must still fire (the call then breaks)
         state.guards.add(Guard(GuardKind.NO_HOOKS, self.source,
-                               f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks)", "no hooks",
+                               f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks or {expr}._backward_hooks "
+                               f"or {expr}._backward_pre_hooks)", "no hooks",
                                f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
         forward = self.getattr(state, "forward")
         return forward.call(state, args, kwargs)

@@ -57,10 +57,12 @@ class Region:
     recompiles: list[CaptureRecord] = field(default_factory=list)
     run_seconds: float = 0.0
     calls: int = 0
+    graphless_capture: float = 0.0  # captures that produced no graph (a continuation with no tensor ops)
 
     @property
     def stages(self) -> dict[str, float]:
         total = dict.fromkeys(STAGES, 0.0)
+        total["capture"] = self.graphless_capture
         for g in self.graphs:
             for k, v in g.stages.items():
                 total[k] += v
@@ -103,6 +105,8 @@ def collect(contexts: list[CompileContext]) -> list[Region]:
         for r in records:
             if r.graph is not None:
                 region.graphs.append(graph_info(r))
+            else:
+                region.graphless_capture += r.compile_seconds
             if r.graph_break is not None:
                 region.breaks.append(r)
             if r.recompile_reason:

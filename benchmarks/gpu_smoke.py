@@ -116,6 +116,38 @@ class MLP(nn.Module):
         return self.norm(x + self.fc2(F.gelu(self.fc1(x))))
 
 
+class ConvNet(nn.Module):
+    """conv -> batchnorm -> relu blocks and a pooled linear head (BatchNorm's per-channel reductions)."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                                  nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU())
+        self.head = nn.Linear(c, 3 * 32 * 32)
+
+    def forward(self, x):
+        y = self.body(x).mean((2, 3))
+        return self.head(y).view_as(x)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: layernorm, attention (SDPA), MLP with GELU, residuals."""
+
+    def __init__(self, d=512, heads=8):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
 def function_cases(quick):
     n = 2048 if quick else 8192
     cases = []
@@ -260,6 +292,19 @@ def main():
         try:
             x = torch.randn(b, 1024, device=DEV, dtype=dtype)
             run_training(name, lambda: MLP(1024, 4096).to(DEV, dtype), x, dtype, compilers(), rows)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append({"case": name, "eager_ms": "ERROR"})
+    more = [("ConvNet fwd+bwd fp32 [32x3x32x32]", lambda: ConvNet().to(DEV), torch.randn(32, 3, 32, 32, device=DEV),
+             torch.float32),
+            ("transformer block fwd+bwd bf16 [8x512x512]", lambda: Block().to(DEV, torch.bfloat16),
+             torch.randn(8, 512, 512, device=DEV, dtype=torch.bfloat16), torch.bfloat16)]
+    for name, make_model, x, dtype in more:
+        if args.only and args.only not in name:
+            continue
+        print(f"== {name}", flush=True)
+        try:
+            run_training(name, make_model, x, dtype, compilers(), rows)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             rows.append({"case": name, "eager_ms": "ERROR"})

@@ -27,6 +27,7 @@ BLOCK_ELEMENTS = 4096          # XBLOCK * RBLOCK budget of one program
 POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
+MAX_RSPLIT = 256
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Config:
     RBLOCK: int = 1
     num_warps: int = 4
     index_dtype: str = "tl.int32"
+    RSPLIT: int = 1       # split reductions: chunks of the reduction run by separate programs
+    RCHUNK: int = 0       # elements of one chunk (a multiple of RBLOCK)
+    COMBINE_XBLOCK: int = 1  # rows per program of the kernel combining the chunks
 
 
 def next_pow2(n: int) -> int:
@@ -108,4 +112,11 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
         if rnumel is not None:
             rblock = min(rblock, next_pow2(rnumel))
     warps = max(1, min(8, xblock * rblock // 256))
+    programs = None if xnumel is None else -(-xnumel // xblock)
+    if programs is not None and rnumel is not None and programs < MIN_PROGRAMS // 2:
+        rsplit = min(_pow2_floor(-(-MIN_PROGRAMS // programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
+        if rsplit >= 2:
+            rchunk = -(-(-(-rnumel // rsplit)) // rblock) * rblock
+            combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))
+            return Config("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
     return Config("looped", xblock, rblock, warps, index_dtype)

@@ -445,7 +445,7 @@ class TritonKernel:
                 self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ops.identity(family, dtype)}, {t})")
                 if family in ("argmax", "argmin"):
                     self.line(f"{acc}_index = tl.full([XBLOCK, RBLOCK], {2**63 - 1}, tl.int64)")
-        self.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.line(f"for roffset in {self._loop_range()}:")
         self.indent += 1
         self._rindex("roffset + tl.arange(0, RBLOCK)[None, :]")
         scope = _Scope(outer_scope)
@@ -476,36 +476,60 @@ class TritonKernel:
         self.indent -= 1
         # values computed inside the loop do not outlive it
         self.values = {k: v for k, v in self.values.items() if k in saved and saved[k] == v}
-        results = {}
-        for key, acc in accs.items():
-            family = key[0]
-            out = self.new_tmp("red")
-            if family == "welford":
-                self.line(f"{out}_mean, {out}_m2, _ = tl.reduce(({acc}_mean, {acc}_m2, {acc}_weight), 1, "
-                          "kiln_welford_combine)")
-                results[key] = {"welford_mean": f"{out}_mean[:, None]", "welford_m2": f"{out}_m2[:, None]"}
-            elif family in ("argmax", "argmin"):
-                self.line(f"_, {out} = tl.reduce(({acc}, {acc}_index), 1, kiln_{family}_combine)")
-                results[key] = f"{out}[:, None]"
-            else:
-                self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=acc)}[:, None]")
-                results[key] = out
+        self._finish_looped(keys, {key: self._lane_combine(key[0], acc) for key, acc in accs.items()})
+        self._in_inner = False
+
+    def _loop_range(self) -> str:
+        return "range(0, rnumel, RBLOCK)"
+
+    def _lane_combine(self, family: str, acc: str) -> dict:
+        """Combine a looped reduction's per-lane accumulators along the rows: {part: [XBLOCK, 1] variable}."""
+        out = self.new_tmp("red")
+        if family == "welford":
+            self.line(f"{out}_mean, {out}_m2, {out}_weight = tl.reduce(({acc}_mean, {acc}_m2, {acc}_weight), 1, "
+                      "kiln_welford_combine)")
+            parts = {"mean": f"{out}_mean", "m2": f"{out}_m2", "weight": f"{out}_weight"}
+        elif family in ("argmax", "argmin"):
+            self.line(f"{out}_value, {out}_index = tl.reduce(({acc}, {acc}_index), 1, kiln_{family}_combine)")
+            parts = {"value": f"{out}_value", "index": f"{out}_index"}
+        else:
+            self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=acc)}")
+            parts = {"value": out}
+        for name, var in parts.items():
+            self.line(f"{var} = {var}[:, None]")
+        return parts
+
+    def _finish_looped(self, keys: dict, results: dict) -> None:
+        """Store each reduction's result (and keep it in registers for the segments after)."""
         for key, nodes in keys.items():
             for node in nodes:
-                family = key[0]
-                r = results[key][node.data.reduction_type] if family == "welford" else results[key]
-                if r.endswith("[:, None]"):
-                    var = self.new_tmp()
-                    self.line(f"{var} = {r}")
-                    r = var
-                dtype = node.layout.dtype if family in ("argmax", "argmin") else node.data.body.dtype
-                self._store(node, r, dtype)
-        self._in_inner = False
+                self._store(node, _result(results[key], node.data.reduction_type), _result_dtype(node))
+
+
+_PART = {"welford_mean": "mean", "welford_m2": "m2", "argmax": "index", "argmin": "index"}
+
+
+def _result(parts: dict, rtype: str) -> str:
+    return parts[_PART.get(rtype, "value")]
+
+
+def _result_dtype(node) -> torch.dtype:
+    return node.layout.dtype if node.data.reduction_type in ("argmax", "argmin") else node.data.body.dtype
 
 
 def generate_kernel(group: KernelGroup, layouts: dict, external=None) -> TritonKernel:
     """`external`: buffers read outside their own kernel (or returned); others may stay in registers."""
-    k = TritonKernel(group, layouts, external=external)
+    from dataclasses import replace
+
+    from kiln.codegen.triton.split import SplitReductionKernel, splittable
+
+    config = choose(group, layouts)
+    if config.kind == "split" and splittable(group):
+        k = SplitReductionKernel(group, layouts, config, external=external)
+    else:
+        if config.kind == "split":
+            config = replace(config, kind="looped")
+        k = TritonKernel(group, layouts, config, external=external)
     k.source = k.generate()
     return k
 

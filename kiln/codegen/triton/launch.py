@@ -55,18 +55,20 @@ class Launcher:
         n = self.num_tensors
         return tuple([a.data_ptr() % 16 == 0 for a in args[:n]] + [_int_key(v) for v in args[n:]])
 
-    def __call__(self, grid: int, *args) -> None:
+    def __call__(self, grid, *args) -> None:
+        """`grid`: the number of programs, or a (programs, splits) pair for 2-D grids."""
+        gx, gy = (grid, 1) if isinstance(grid, int) else grid
         if self.direct:
             hooks = _no_hooks()
             key = self.key(args)
             binary = self.binaries.get(key) if hooks else None
             if binary is not None:
                 stream = torch._C._cuda_getCurrentRawStream(args[0].get_device())
-                binary.run(grid, 1, 1, stream, binary.function, binary.packed_metadata, None, None, None,
+                binary.run(gx, gy, 1, stream, binary.function, binary.packed_metadata, None, None, None,
                            *args, *self.const_values)
                 return
-            binary = self.fn[(grid,)](*args, **self.constexprs, num_warps=self.num_warps)
+            binary = self.fn[(gx, gy)](*args, **self.constexprs, num_warps=self.num_warps)
             if hooks and binary is not None:
                 self.binaries[key] = binary
             return
-        self.fn[(grid,)](*args, **self.constexprs, num_warps=self.num_warps)
+        self.fn[(gx, gy)](*args, **self.constexprs, num_warps=self.num_warps)

@@ -31,16 +31,15 @@ def one_thread():
 
 
 def gpt2(**overrides):
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                  eos_token_id=0, **overrides)
-    return transformers.GPT2LMHeadModel(cfg)
+    options = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                   attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**options, **overrides}))
 
 
 def _bert_config(**overrides):
-    return transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                                   vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                   attention_probs_dropout_prob=0.0, **overrides)
+    options = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB,
+                   max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return transformers.BertConfig(**{**options, **overrides})
 
 
 def bert(**overrides):
@@ -233,3 +232,36 @@ def test_decoding_with_a_kv_cache(make):
             assert cache.get_seq_length() == ref_cache.get_seq_length() == SEQ + step + 1
     records = context_of(compiled).records
     assert len(records) == 3 and all(r.graph_break is None for r in records)
+
+
+DROPOUT_CASES = {
+    "gpt2": (lambda: gpt2(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1), lambda g: lm_inputs(g, True)),
+    "bert_cls": (lambda: bert_cls(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+                 lambda g: bert_inputs(g, True)),
+    "llama": (lambda: llama(attention_dropout=0.1), lambda g: lm_inputs(g, True)),
+}
+
+
+@pytest.mark.parametrize("name", list(DROPOUT_CASES))
+def test_training_with_dropout_draws_the_same_random_numbers(name):
+    """Dropout p=0.1 in training: the graph's random ops run in eager's order, so one seed gives one answer."""
+    make, inputs = DROPOUT_CASES[name]
+    torch.manual_seed(0)
+    model = make().train()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(6)
+    with _no_capture_failure():
+        kwargs = inputs(g)
+        torch.manual_seed(7)
+        actual = compiled(**kwargs)
+        actual.loss.backward()
+        actual_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        expected = model(**kwargs)
+        expected.loss.backward()
+    assert_outputs_close(actual, expected)
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(actual_grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=f"gradient of {n} differs")
+    assert len(context_of(compiled).records) == 1

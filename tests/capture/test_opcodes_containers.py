@@ -350,3 +350,43 @@ def test_dict_argument_mutation_visible_to_caller():
     torch.testing.assert_close(fn(c, x), dict_arg_mutated(e, x))
     assert list(c) == list(e) == ["keep", "new"]
     torch.testing.assert_close(c["new"], e["new"])
+
+
+def itertools_and_reduce(xs):
+    import functools
+    import itertools
+    import operator
+
+    chained = list(itertools.chain(xs, [xs[0] * 2]))
+    pairs = [a * b for a, b in itertools.product(xs[:2], repeat=2)]
+    head = list(itertools.islice(xs, 2))
+    total = functools.reduce(operator.add, chained)
+    prod = functools.reduce(lambda a, b: a * b, xs, 1.0)
+    return total, pairs, head, prod
+
+
+def zip_star_transpose(x):
+    rows = [(x, x * 2), (x * 3, x * 4)]
+    firsts, seconds = zip(*rows)
+    return list(firsts), seconds
+
+
+def reversed_enumerate_modules_free(xs):
+    out = []
+    for i, v in enumerate(reversed(xs)):
+        out.append(v * i)
+    return out
+
+
+def shape_conversions(x):
+    return x * 1, list(x.shape), tuple(x.size()), x.shape == torch.Size([2, 3]), str(x.shape), repr(x.dtype)
+
+
+@pytest.mark.parametrize("fn,args", [
+    (itertools_and_reduce, ([t(2, grad=True), t(2), t(2)],)),
+    (zip_star_transpose, (t(3),)),
+    (reversed_enumerate_modules_free, ([t(2), t(2), t(2)],)),
+    (shape_conversions, (t(2, 3),)),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_iteration_helpers_one_graph(fn, args):
+    check(fn, *args, graphs=1, records=1, fullgraph=True)

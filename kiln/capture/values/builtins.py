@@ -10,6 +10,7 @@ import builtins
 import collections
 import functools
 import inspect
+import itertools
 import operator
 import types
 import typing
@@ -226,6 +227,35 @@ def _next(state, it, *default):
             return default[0]
         raise GraphBreak("exception", "StopIteration")
     return value
+
+
+@handles(itertools.chain)
+def _chain(state, *iterables):
+    return IteratorValue([item for it in iterables for item in it.unpack(state)])
+
+
+@handles(itertools.product)
+def _product(state, *iterables, repeat=None):
+    columns = [it.unpack(state) for it in iterables] * (repeat.as_constant() if repeat is not None else 1)
+    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
+
+
+@handles(itertools.islice)
+def _islice(state, iterable, *bounds):
+    items = iterable.unpack(state)
+    return IteratorValue(list(itertools.islice(items, *(b.as_constant() for b in bounds))))
+
+
+@handles(functools.reduce)
+def _reduce(state, fn, iterable, *initial):
+    """`functools.reduce` unrolled: `fn` is traced (or folded) once per item."""
+    items = list(initial) + iterable.unpack(state)
+    if not items:
+        raise GraphBreak("exception", "reduce() of empty iterable with no initial value")
+    total = items[0]
+    for item in items[1:]:
+        total = fn.call(state, [total, item], {})
+    return total
 
 
 @handles(builtins.map)

@@ -359,3 +359,27 @@ def test_module_called_inside_function():
         return m(x).sum(-1) + m.fc1.bias.sum()
 
     check(fn, t(3, 4, grad=True), graphs=1, fullgraph=True)
+
+
+class Truthiness(nn.Module):
+    def __init__(self, with_layers):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.layers = nn.ModuleList([nn.Identity()] if with_layers else [])
+        self.opt = None
+
+    def forward(self, x):
+        if self.fc:
+            x = x * 2
+        if self.layers:
+            x = x * 100
+        if not self.opt:
+            x = x + 1
+        if self.fc.bias is not None and self.fc.weight.requires_grad:
+            x = x - 1
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("with_layers", [True, False])
+def test_module_truthiness(with_layers):
+    check_module(lambda: Truthiness(with_layers), t(2, 4, grad=True), graphs=1, fullgraph=True)

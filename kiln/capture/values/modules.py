@@ -98,6 +98,15 @@ class ModuleValue(Value):
         n = len(self.module)
         state.guards.add(Guard(GuardKind.LENGTH_MATCH, self.source, f"len({expr}) == {n}", str(n), f"len({expr})"))
 
+    def truth(self, state) -> bool:
+        """`if self.downsample:` — a module is true unless its class defines __bool__ or __len__ (containers)."""
+        cls = type(self.module)
+        if getattr(cls, "__bool__", None) is not None:
+            return self.getattr(state, "__bool__").call(state, [], {}).truth(state)
+        if getattr(cls, "__len__", None) is not None:
+            return self.length(state) > 0
+        return True
+
     def length(self, state) -> int:
         self._guard_length(state)
         return len(self.module)

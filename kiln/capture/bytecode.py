@@ -128,6 +128,32 @@ def handler_is_with_cleanup(code: types.CodeType, target: int) -> bool:
     return "WITH_EXCEPT_START" in names
 
 
+RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled"})
+
+
+@lru_cache(maxsize=None)
+def has_unresumable_with(code: types.CodeType) -> bool:
+    """True when `code` has a `with` block kiln cannot resume inside (autocast, any unknown manager).
+
+    Continuations can rebuild a grad-mode block only; a break inside any other block,
+    or before one whose continuation would break inside it, cannot be resumed. The
+    manager is recognised by the names loaded on the `with` line before BEFORE_WITH.
+    """
+    ins = instructions(code)
+    for i, instr in enumerate(ins):
+        if instr.opname != "BEFORE_WITH":
+            continue
+        names = set()
+        j = i - 1
+        while j >= 0 and ins[j].lineno == instr.lineno and ins[j].opname != "BEFORE_WITH":
+            if ins[j].opname in ("LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST"):
+                names.add(ins[j].argval)
+            j -= 1
+        if not names & RESUMABLE_CONTEXTS:
+            return True
+    return False
+
+
 def in_try_block(code: types.CodeType, index: int) -> bool:
     """True when instruction `index` sits inside a user's try/except (not only inside a `with`)."""
     ins = instructions(code)

@@ -299,14 +299,17 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.in_try_block(spec.code, frame.current.index):
-                raise _unresumable_in_try(e)
+                raise _unresumable(e, "inside a try block")
+            if bytecode.has_unresumable_with(spec.code):
+                raise _unresumable(e, "in a function with an autocast or unknown `with` block")
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
 
 
-def _unresumable_in_try(e: GraphBreak) -> Unresumable:
-    """A break inside a try block: an exception raised natively there would skip the handler."""
-    u = Unresumable(e.reason.id, f"{e.detail} (inside a try block, so the frame runs natively)")
+def _unresumable(e: GraphBreak, why: str) -> Unresumable:
+    """A break the output program cannot resume after (an exception raised natively inside a try
+    would skip its handler; an autocast block cannot be rebuilt): the frame runs natively."""
+    u = Unresumable(e.reason.id, f"{e.detail} ({why}, so the frame runs natively)")
     u.location, u.callers = e.location, e.callers
     return u
 

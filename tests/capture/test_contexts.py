@@ -134,3 +134,48 @@ def test_autocast_called_from_outside():
     out2 = c(x, w)
     assert out2.dtype == torch.float32
     assert len(context_of(c).records) == 2
+
+
+def _autocast_break_inside(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+        print("inside")
+        z = y @ w
+    return z, y.dtype
+
+
+def _autocast_break_before(x, w):
+    y = x * 2
+    print("before")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = y @ w
+        print("inside")
+    return z.float() @ w
+
+
+def _unknown_context_break_before(x):
+    import contextlib
+
+    y = x * 2
+    print("before")
+    with contextlib.nullcontext():
+        y = y + 1
+        print("inside")
+    return y
+
+
+@pytest.mark.parametrize("fn,args", [
+    (_autocast_break_inside, lambda: (t(4, 4), t(4, 4))),
+    (_autocast_break_before, lambda: (t(4, 4), t(4, 4))),
+    (_unknown_context_break_before, lambda: (t(3),)),
+], ids=["autocast_break_inside", "autocast_break_before", "unknown_context_break_before"])
+def test_break_and_unresumable_with_block_runs_correctly(fn, args, capsys):
+    """A continuation cannot rebuild an autocast or unknown `with` block: the frame runs natively."""
+    c = kiln.compile(fn, backend="eager")
+    for _ in range(2):
+        a = args()
+        out, ref = c(*a), fn(*a)
+        if isinstance(out, tuple):
+            out, ref = out[0], ref[0]
+        torch.testing.assert_close(out.float(), ref.float())
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")

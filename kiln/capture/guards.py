@@ -104,17 +104,24 @@ class GuardSet:
         self.namespace[name] = value
         return name
 
-    def source_code(self) -> str:
-        """One function: each source is fetched once into a local, then checked; the first failure returns False."""
+    def source_code(self, diagnose: bool = False) -> str:
+        """One function: each source is fetched once into a local, then checked; the first failure returns False.
+
+        With `diagnose`, the same function returns the index of the failing guard instead (or the
+        exception that stopped it), so a recompile reason names exactly what the real check saw.
+        """
         lines = ["def guard(L, G, C):", "    try:"]
         names: dict = {}
-        for g in self.guards:
+        for i, g in enumerate(self.guards):
             check = g.expr
             if g.source is not None:
                 var = self._bind(g.source, names, lines)
                 check = check.replace(g.source.expr(), var)
-            lines.append(f"        if not ({check}): return False  # {g.kind.value}")
-        lines += ["    except Exception:  # a source that no longer exists", "        return False", "    return True"]
+            lines.append(f"        if not ({check}): return {i if diagnose else False}  # {g.kind.value}")
+        if diagnose:
+            lines += ["    except Exception as e:", "        return e", "    return None"]
+        else:
+            lines += ["    except Exception:  # a source that no longer exists", "        return False", "    return True"]
         return "\n".join(lines)
 
     def _bind(self, source: Source, names: dict, lines: list[str]) -> str:
@@ -135,22 +142,23 @@ class GuardSet:
 
     def first_failure(self, L: dict, G: dict, C: tuple) -> str | None:
         """The first guard that fails on these inputs, as 'kind source: expected X, got Y'."""
-        namespace = dict(HELPERS, **self.namespace, L=L, G=G, C=C)
-        for g in self.guards:
-            try:
-                ok = eval(g.expr, namespace)
-            except Exception:
-                ok = False
-            if not ok:
-                try:
-                    now = eval(g.current, namespace)
-                except Exception as e:  # the source itself is gone (a missing attribute, say)
-                    now = f"<{type(e).__name__}: {e}>"
-                if not isinstance(now, str) or g.kind is GuardKind.EQUALS_MATCH:
-                    now = repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
-                where = g.source.expr() if g.source is not None else "global state"
-                return f"{g.kind.value} guard failed on {where}: expected {g.expected}, got {now}"
-        return None
+        namespace = dict(HELPERS, **self.namespace)
+        exec(compile(self.source_code(diagnose=True), "<kiln guard diagnosis>", "exec"), namespace)
+        failed = namespace["guard"](L, G, C)
+        if isinstance(failed, Exception):
+            return f"checking the guards raised {type(failed).__name__}: {failed}"
+        if failed is None:
+            return None
+        g = self.guards[failed]
+        namespace.update(L=L, G=G, C=C)
+        try:
+            now = eval(g.current, namespace)
+        except Exception as e:  # the source itself is gone (a missing attribute, say)
+            now = f"<{type(e).__name__}: {e}>"
+        if not isinstance(now, str) or g.kind is GuardKind.EQUALS_MATCH:
+            now = repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
+        where = g.source.expr() if g.source is not None else "global state"
+        return f"{g.kind.value} guard failed on {where}: expected {g.expected}, got {now}"
 
     def __str__(self) -> str:
         return "\n".join(g.describe() for g in self.guards)

@@ -154,6 +154,16 @@ def has_unresumable_with(code: types.CodeType) -> bool:
     return False
 
 
+@lru_cache(maxsize=None)
+def has_try_block(code: types.CodeType) -> bool:
+    """True when `code` has a user try/except or try/finally anywhere.
+
+    A continuation that breaks inside one cannot run natively (a continuation is not a
+    real frame), so a break anywhere in such a function runs the whole frame natively.
+    """
+    return any(in_try_block(code, r.start) for r in exception_ranges(code))
+
+
 def in_try_block(code: types.CodeType, index: int) -> bool:
     """True when instruction `index` sits inside a user's try/except (not only inside a `with`)."""
     ins = instructions(code)

@@ -298,8 +298,8 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
-            if bytecode.in_try_block(spec.code, frame.current.index):
-                raise _unresumable(e, "inside a try block")
+            if bytecode.has_try_block(spec.code):
+                raise _unresumable(e, "in a function with a try block")
             if bytecode.has_unresumable_with(spec.code):
                 raise _unresumable(e, "in a function with an autocast or unknown `with` block")
             break_at, reason = frame.current.index, e

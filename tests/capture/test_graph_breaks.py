@@ -379,3 +379,18 @@ def test_item_values_recompile_continuation_and_stay_correct(monkeypatch):
         torch.testing.assert_close(c(x), brk_item(x))
     # the entry, 3 specialized continuations, then one unguarded native step and the rest after it
     assert len(context_of(c).records) == 6
+
+
+def test_break_before_a_try_block_runs_correctly(capsys):
+    """The continuation would break inside the try: the frame runs natively instead of crashing."""
+    def fn(x):
+        y = x * 2
+        print("a")
+        try:
+            z = y + 1
+            print("b")
+        except KeyError:
+            z = y
+        return z
+
+    check(fn, t(3))

@@ -160,6 +160,9 @@ def function_cases(quick):
                       (torch.randn(n // 8, 8192, device=DEV, dtype=dtype),), dtype))
         ln = LayerNorm(1024).to(DEV, dtype)
         cases.append((f"layernorm {name} [{n}x1024]", ln, (x,), dtype))
+    scale = torch.tensor(0.5)  # a CPU scalar tensor mixed with CUDA tensors, as eager allows
+    cases.append(("cpu scalar constant fp32 [4096x1024]", lambda x: (x * scale + 1).relu(),
+                  (torch.randn(4096, 1024, device=DEV),), torch.float32))
     cases.append(("sum+argmax fp32 cols [4096x512]", lambda x: (x.sum(0), x.argmax(-1), x.var(-1)),
                   (torch.randn(4096, 512, device=DEV),), torch.float32))
     return cases

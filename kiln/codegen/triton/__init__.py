@@ -46,11 +46,29 @@ def interpreting() -> bool:
 
 def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     """(Python source of every kernel of `sched` and its launcher, kernel name -> TritonKernel)."""
+    _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     external = external_reads(sched)
     kernels = {g.name: generate_kernel(g, layouts, external) for g in sched.kernels()}
     source = "\n\n".join([HEADER] + [k.source for k in kernels.values()])
     return source, kernels
+
+
+def _constants_on_device(sched: Schedule) -> None:
+    """Graph constants the kernels read must be in GPU memory: CPU scalars (`torch.tensor(0.5)` in a model,
+    which eager mixes freely with CUDA tensors) are copied to the GPU once; a larger CPU tensor read by a
+    kernel is refused (the graph then runs through ATen)."""
+    if interpreting():
+        return
+    graph = sched.graph
+    read = {b for g in sched.kernels() for n in g.nodes for b in deps.reads(n)}
+    for name in read & set(graph.constants):
+        t = graph.constants[name]
+        if t.device.type == "cuda":
+            continue
+        if t.numel() != 1:
+            raise NotImplementedError(f"constant {name} on {t.device} read by a Triton kernel")
+        graph.constants[name] = t.to("cuda")
 
 
 def external_reads(sched: Schedule) -> set[str]:

@@ -25,7 +25,7 @@ from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
-from kiln.capture.native import render_instruction
+from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import write_program
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
@@ -302,6 +302,8 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise _unresumable(e, "in a function with a try block")
             if bytecode.has_unresumable_with(spec.code):
                 raise _unresumable(e, "in a function with an autocast or unknown `with` block")
+            if not resumable_anywhere(spec.code):
+                raise _unresumable(e, "in a function with an instruction a continuation cannot run natively")
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
 

@@ -211,3 +211,100 @@ def _format_value(ins, stack, kw, resume, temp):
 @renders("BEFORE_WITH")
 def _before_with(ins, stack, kw, resume, temp):
     raise Unresumable("unknown_context", "a `with` block whose context manager kiln does not model")
+
+
+# --- slices, container building, imports, deletions: their handlers break on values kiln does
+# not model (an opaque object, a tensor used as a key), so a continuation may stop at them too.
+
+@renders("BINARY_SLICE")
+def _binary_slice(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = {stack[-3]}[{stack[-2]}:{stack[-1]}]", resume(ins.index + 1, stack[:-3] + [r])]
+
+
+@renders("STORE_SLICE")
+def _store_slice(ins, stack, kw, resume, temp):
+    return [f"{stack[-3]}[{stack[-2]}:{stack[-1]}] = {stack[-4]}", resume(ins.index + 1, stack[:-4])]
+
+
+@renders("UNPACK_EX")
+def _unpack_ex(ins, stack, kw, resume, temp):
+    before, after = ins.arg & 0xFF, ins.arg >> 8
+    r, m = temp(), temp()
+    items = [f"{r}[{i}]" for i in range(before)] + [m] + [f"{r}[len({r}) - {after - i}]" for i in range(after)]
+    return [f"{r} = list({stack[-1]})",
+            f"if len({r}) < {before + after}: raise ValueError('not enough values to unpack')",
+            f"{m} = {r}[{before}:len({r}) - {after}]",
+            resume(ins.index + 1, stack[:-1] + list(reversed(items)))]
+
+
+def _container_method(method: str):
+    """LIST_APPEND(i), SET_ADD(i), LIST_EXTEND(i), SET_UPDATE(i), DICT_UPDATE(i), DICT_MERGE(i): the
+    container sits i below the popped value."""
+    def render(ins, stack, kw, resume, temp):
+        target = stack[-1 - ins.arg]
+        return [f"{target}.{method}({stack[-1]})", resume(ins.index + 1, stack[:-1])]
+
+    return render
+
+
+for _name, _method in (("LIST_APPEND", "append"), ("SET_ADD", "add"), ("LIST_EXTEND", "extend"),
+                       ("SET_UPDATE", "update"), ("DICT_UPDATE", "update"), ("DICT_MERGE", "update")):
+    RENDERERS[_name] = _container_method(_method)
+
+
+@renders("MAP_ADD")
+def _map_add(ins, stack, kw, resume, temp):
+    return [f"{stack[-3 - ins.arg + 1]}[{stack[-2]}] = {stack[-1]}", resume(ins.index + 1, stack[:-2])]
+
+
+@renders("BUILD_STRING")
+def _build_string(ins, stack, kw, resume, temp):
+    r = temp()
+    parts = stack[len(stack) - ins.arg:]
+    return [f"{r} = ''.join([{', '.join(parts)}])", resume(ins.index + 1, stack[:len(stack) - ins.arg] + [r])]
+
+
+@renders("IMPORT_NAME")
+def _import_name(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = __import__({ins.argval!r}, G, None, {stack[-1]}, {stack[-2]})",
+            resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("IMPORT_FROM")
+def _import_from(ins, stack, kw, resume, temp):
+    r = temp()
+    return [f"{r} = getattr({stack[-1]}, {ins.argval!r})", resume(ins.index + 1, stack + [r])]
+
+
+@renders("DELETE_ATTR")
+def _delete_attr(ins, stack, kw, resume, temp):
+    return [f"delattr({stack[-1]}, {ins.argval!r})", resume(ins.index + 1, stack[:-1])]
+
+
+@renders("DELETE_SUBSCR")
+def _delete_subscr(ins, stack, kw, resume, temp):
+    return [f"del {stack[-2]}[{stack[-1]}]", resume(ins.index + 1, stack[:-2])]
+
+
+# Instructions whose handlers never raise a graph break (or only for a Python error the frame
+# would raise anyway): a continuation never has to run one natively.
+NEVER_BREAKS = frozenset({
+    "NOP", "RESUME", "PRECALL", "COPY_FREE_VARS", "CACHE", "EXTENDED_ARG", "POP_TOP", "PUSH_NULL", "COPY", "SWAP",
+    "END_FOR", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "MAKE_CELL", "LOAD_FAST", "LOAD_FAST_AND_CLEAR",
+    "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
+    "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SET", "BUILD_SLICE", "BUILD_MAP",
+    "BUILD_CONST_KEY_MAP", "IS_OP", "STORE_GLOBAL", "LOAD_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
+    "LIST_TO_TUPLE", "CALL_INTRINSIC_1", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
+    "WITH_EXCEPT_START", "LOAD_SUPER_ATTR",
+})
+
+
+def resumable_anywhere(code) -> bool:
+    """True when every instruction of `code` either never breaks or can run natively in a
+    continuation; otherwise a break in this function runs the whole frame natively, since a
+    continuation stopping at such an instruction could not go on (and has no frame to fall back to)."""
+    from kiln.capture.bytecode import instructions
+
+    return all(ins.opname in RENDERERS or ins.opname in NEVER_BREAKS for ins in instructions(code))

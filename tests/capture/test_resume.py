@@ -275,3 +275,35 @@ def test_rng_across_break():
     e = f(x)
     torch.manual_seed(5)
     torch.testing.assert_close(c(x), e)
+
+
+def after_break_import_and_opaque(x):
+    y = x * 2
+    kiln.graph_break()
+    import numpy as np
+    arr = np.arange(4)
+    first, *rest = arr
+    both = [*arr, 5]
+    head = list(arr)[1:3]
+    d = {}
+    d.update({"k": arr})
+    return y + float(first) + len(rest) + len(both) + len(head) + len(d)
+
+
+def after_break_match(x, kind):
+    y = x + 1
+    kiln.graph_break()
+    match kind:
+        case (a, b):
+            return y * a * b
+        case _:
+            return y
+
+
+@pytest.mark.parametrize("fn,args", [
+    (after_break_import_and_opaque, (t(3),)),
+    (after_break_match, (t(3), (2, 3))),
+    (after_break_match, (t(3), "x")),
+], ids=["import_and_opaque", "match_pair", "match_default"])
+def test_continuations_run_unmodelled_instructions_natively(fn, args):
+    check(fn, *args)

@@ -357,3 +357,29 @@ def test_hasattr_and_attribute_errors_are_guarded():
     h.flag = True
     torch.testing.assert_close(compiled(x), x * 13)
     assert len(context_of(compiled).records) == 3
+
+
+def test_forward_hooks_are_inlined_and_guarded():
+    """Hooks left on submodules (transformers installs output-capturing hooks once) stay in one graph."""
+    seen = []
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.inner(x).relu()
+
+    net = Net()
+    net.inner.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    net.inner.register_forward_hook(lambda m, args, out: out + 1)
+    net.inner.register_forward_hook(lambda m, args, out: seen.append(out.shape))  # returns None: output kept
+    compiled = kiln.compile(net, backend="eager", fullgraph=True)
+    x = t(2, 3)
+    torch.testing.assert_close(compiled(x), net(x))
+    assert seen == [torch.Size([2, 3])] * 2  # the list append is replayed after the graph
+    handle = net.inner.register_forward_hook(lambda m, args, out: out * 0)
+    torch.testing.assert_close(compiled(x), net(x))  # a new hook recompiles
+    handle.remove()
+    assert len(context_of(compiled).records) == 2

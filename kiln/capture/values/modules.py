@@ -65,9 +65,14 @@ class ModuleValue(Value):
     # --- calls --------------------------------------------------------------------------------
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         m = self.module
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or _global_hooks():
-            raise GraphBreak("hooks", f"{type(m).__name__} has hooks registered")
+        if m._backward_hooks or m._backward_pre_hooks or _global_hooks():
+            raise GraphBreak("hooks", f"{type(m).__name__} has backward or global hooks registered")
         expr = state.source_expr(self.source)
+        if m._forward_hooks or m._forward_pre_hooks:
+            state.guards.add(Guard(GuardKind.NO_HOOKS, self.source,
+                                   f"not ({expr}._backward_hooks or {expr}._backward_pre_hooks)", "no backward hooks",
+                                   f"dict({expr}._backward_hooks, **{expr}._backward_pre_hooks)"))
+            return self._call_with_forward_hooks(state, args, kwargs)
         # backward hooks too: one registered after compiling must still fire (the call then breaks)
         state.guards.add(Guard(GuardKind.NO_HOOKS, self.source,
                                f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks or {expr}._backward_hooks "
@@ -75,6 +80,36 @@ class ModuleValue(Value):
                                f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
         forward = self.getattr(state, "forward")
         return forward.call(state, args, kwargs)
+
+    def _call_with_forward_hooks(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """`Module.__call__` with forward (pre-)hooks, as torch runs them: each hook is inlined like any
+        function. The hook dicts are read through their sources, so adding or removing a hook recompiles."""
+        from kiln.capture.values.containers import DictValue
+
+        def hooks(name: str) -> list[tuple[Value, bool]]:
+            table = self.getattr(state, name).realize()
+            with_kwargs = self.getattr(state, name + "_with_kwargs").realize()
+            if not isinstance(table, DictValue) or not isinstance(with_kwargs, DictValue):
+                raise GraphBreak("hooks", f"{type(self.module).__name__}.{name} is not a plain dict")
+            return [(hook, key in with_kwargs.items) for key, hook in table.items.items()]
+
+        for hook, takes_kwargs in hooks("_forward_pre_hooks"):
+            if takes_kwargs:
+                result = hook.call(state, [self, TupleValue(args), DictValue(kwargs)], {})
+                if not _is_none(result):
+                    new_args, new_kwargs = result.unpack(state)
+                    args, kwargs = new_args.unpack(state), dict(new_kwargs.realize().items)
+            else:
+                result = hook.call(state, [self, TupleValue(args)], {})
+                if not _is_none(result):
+                    args = result.unpack(state) if issubclass(result.python_type(), tuple) else [result]
+        output = self.getattr(state, "forward").call(state, args, kwargs)
+        for hook, takes_kwargs in hooks("_forward_hooks"):
+            hook_args = [self, TupleValue(args), DictValue(kwargs), output] if takes_kwargs else [self, TupleValue(args), output]
+            result = hook.call(state, hook_args, {})
+            if not _is_none(result):
+                output = result
+        return output
 
     def call_method(self, state, name, args, kwargs) -> Value:
         raise GraphBreak("unsupported_call", f"nn.Module.{name}")
@@ -127,3 +162,8 @@ class ModuleValue(Value):
 
     def __repr__(self) -> str:
         return f"Module({type(self.module).__name__} at {self.source})"
+
+
+def _is_none(value: Value) -> bool:
+    value = value.realize()
+    return value.is_constant() and value.as_constant() is None

@@ -131,6 +131,7 @@ class TritonKernel:
         self.skip_store = set()
         if self.config.kind == "persistent" and external is not None:
             self.skip_store = self.stored - set(external)
+        self._in_inner = False  # emitting an inner segment (values over rows x reduction lanes)
         self.xvars = set(group.outer_vars())
         self.yvars = set(group.inner_vars())
         # the launcher takes the group's name (what the wrapper calls); the kernel is named after it
@@ -149,7 +150,7 @@ class TritonKernel:
         self.literals.add(code)
         return code
 
-    def mask_for(self, syms, inner: bool) -> str | None:
+    def mask_for(self, syms) -> str | None:
         """The block mask matching the loop variables an index uses."""
         uses_x = bool(syms & self.xvars)
         uses_y = bool(syms & self.yvars)
@@ -237,7 +238,7 @@ class TritonKernel:
             raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
         if e.buf not in self.produced:
             self.inputs[e.buf] = None
-        masks = [m for m in [self.mask_for(syms, True)] if m]
+        masks = [m for m in [self.mask_for(syms)] if m]
         if e.mask is not None:
             masks.append(texpr(e.mask))
         code = f"tl.load({e.buf} + ({texpr(index)})"

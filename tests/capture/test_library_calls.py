@@ -160,3 +160,13 @@ def test_isinstance_on_tensor_subclass_input():
     torch.testing.assert_close(c(plain), plain * 3)
     out = c(sub)
     torch.testing.assert_close(out.as_subclass(torch.Tensor), sub.as_subclass(torch.Tensor) * 2)
+
+
+def test_dispatch_mode_stack_query_is_a_constant():
+    """torch 2.11's MultiheadAttention asks this in eval mode; it must not become a graph op."""
+    import torch.utils._python_dispatch as pd
+
+    def fn(x):
+        return x * (2 if len(pd._get_current_dispatch_mode_stack()) == 0 else 3)
+
+    check(fn, t(3), graphs=1, fullgraph=True)

@@ -34,6 +34,13 @@ if hasattr(torch.compiler, "is_dynamo_compiling"):
 if hasattr(torch.compiler, "is_exporting"):
     NOT_TRACING.add(torch.compiler.is_exporting)
 
+# Queries about the dispatch state the user's call runs under (no modes, normally): answered at
+# capture time, outside the fake mode capture uses. torch 2.11's MultiheadAttention asks
+# `_is_make_fx_tracing()` through this in eval mode; as a graph op it returned a list (a break).
+WORLD_QUERIES: set[Callable] = set()
+if hasattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack"):
+    WORLD_QUERIES.add(torch.utils._python_dispatch._get_current_dispatch_mode_stack)
+
 # Functions whose result depends only on the metadata of their arguments.
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
                       torch.get_default_dtype, torch.is_inference_mode_enabled, torch._C._get_cudnn_enabled}
@@ -64,6 +71,8 @@ class TorchFunctionValue(Value):
         fn = self.fn
         if _asks_is_compiling(fn):
             return ConstantValue(True)
+        if fn in WORLD_QUERIES:
+            return ConstantValue(fn(*(a.as_constant() for a in args)))
         if fn in NOT_TRACING:
             return ConstantValue(False if fn is not torch._C._get_tracing_state else None)
         if fn is torch.is_grad_enabled:

@@ -96,3 +96,9 @@ register_backend(name="inductor", takes_options=True)(inductor)
 from kiln.autograd import aot_eager  # noqa: E402  (registered after the registry exists)
 
 register_backend(name="aot_eager")(aot_eager)
+
+
+# CUDA graphs over the same ATen graphs run op by op (kiln/runtime/cudagraphs.py).
+from kiln.runtime.cudagraphs import cudagraphs  # noqa: E402  (registered after the registry exists)
+
+register_backend(name="cudagraphs")(cudagraphs)

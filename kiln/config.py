@@ -41,10 +41,13 @@ OPTIONS: dict[str, Option] = {
     "trace.enabled": Option(bool, False, "write every stage's artefact to the debug directory"),
     "trace.graph_diagram": Option(bool, False, "draw the captured and the fused graph as SVG in the debug directory"),
     "check_accuracy": Option(bool, False, "run each compiled graph against eager too; report the first diverging node"),
+    "triton.cudagraphs": Option(bool, False, "record CUDA graphs (kiln/runtime/cudagraphs.py) and replay them: "
+                                "less launch overhead; outputs valid until the next call"),
 }
 
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
 }
 
 

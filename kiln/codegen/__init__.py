@@ -202,17 +202,23 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | Non
     graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
     name = f"graph{graph_id}" if graph_id is not None else "inductor"
     progress = StageProgress(name, None, first="autograd")
+    pool = None  # mode="reduce-overhead": each ATen graph recorded into CUDA graphs, one memory pool for them all
+    if options.get("triton.cudagraphs"):
+        from kiln.runtime.cudagraphs import CUDAGraphPool
+
+        pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
 
     def compiler(aten_gm, inputs):
         progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
         graphs.append(compile_aten_graph(aten_gm, inputs, options))
-        return graphs[-1]
+        return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
     try:
         compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
     finally:
         progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
+    compiled.cudagraph_pool = pool
     return compiled
 
 

@@ -89,7 +89,7 @@ class WrapperCodegen:
             kernel_reads |= set(k.arg_names)
         for inp in g.inputs:
             if isinstance(inp, ir.InputBuffer) and inp.name in kernel_reads:
-                self.line(f"{inp.name} = _restride({inp.name}, {self.shape(inp.layout.size)}, {self.shape(inp.layout.stride)})")
+                self.restride(inp.name, inp.name, inp.layout)
         for name in g.constants:
             self.namespace[name] = g.constants[name]
         for k, step in enumerate(self.sched.steps):
@@ -102,6 +102,11 @@ class WrapperCodegen:
                 self.line("del " + ", ".join(dead))
         self.line("return (" + "".join(self.arg(o) + ", " for o in g.outputs) + ")")
         return "\n".join(self.lines) + "\n"
+
+    def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
+        """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed)."""
+        stride = self.shape(layout.stride)
+        self.line(f"if {src}.stride() != {stride}: {dst} = _restride({src}, {self.shape(layout.size)}, {stride})")
 
     def kernel_call(self, group: KernelGroup) -> None:
         kernel = self.kernels[group.name]
@@ -121,12 +126,13 @@ class WrapperCodegen:
     def extern_call(self, step: ExternStep) -> None:
         n = step.node
         if isinstance(n, ir.MultiOutput):
-            self.line(f"{n.name} = _restride({n.source}[{n.index}], {self.shape(n.layout.size)}, {self.shape(n.layout.stride)})")
+            self.line(f"{n.name} = {n.source}[{n.index}]")
+            self.restride(n.name, n.name, n.layout)
             return
         args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
         self.line(f"{n.name} = {self.op_name(n.op)}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
-            self.line(f"{n.name} = _restride({n.name}, {self.shape(n.layout.size)}, {self.shape(n.layout.stride)})")
+            self.restride(n.name, n.name, n.layout)
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:

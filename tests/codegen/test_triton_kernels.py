@@ -1,23 +1,30 @@
-"""The Triton target on the CPU: generated kernels run by Triton's interpreter, compared with eager.
+"""The Triton target: generated kernels compared with eager, on the CPU through Triton's interpreter.
 
 TRITON_INTERPRET=1 must be set before triton is imported (it decides at @triton.jit
 time whether a kernel is compiled or interpreted), so it is set at the top of this
 module. The interpreter is slow: shapes are small, but big enough for tails (sizes
 that are not a power of two) and for looped reductions (rows past the persistent limit).
+
+On a GPU the same tests run the kernels for real:
+    KILN_TRITON_TEST_DEVICE=cuda python -m pytest tests/codegen/test_triton_kernels.py
 """
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+if DEVICE != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402
@@ -28,7 +35,12 @@ TRITON = {"cpu_backend": "triton"}
 LOOPED = PERSISTENT_MAX_RBLOCK + 37  # a row too long for one block: the reduction loops
 
 
+def on_device(inputs):
+    return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
 def compile_triton(fn, *inputs, mode="real"):
+    inputs = on_device(inputs)
     gm = trace(fn, *inputs, mode=mode)
     compiled = compile_aten_graph(gm, list(inputs), TRITON)
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
@@ -37,6 +49,7 @@ def compile_triton(fn, *inputs, mode="real"):
 
 
 def check(fn, *inputs, max_kernels=None):
+    inputs = on_device(inputs)
     compiled = compile_triton(fn, *inputs)
     with torch.no_grad():
         assert_same(compiled(*inputs), fn(*inputs))
@@ -209,7 +222,7 @@ def test_symbolic_sizes_are_kernel_arguments():
     src = source(c)
     assert "def triton_" in src and ", s" in src, src
     for shape in [(6, 10), (3, 17), (9, LOOPED)]:
-        y = torch.randn(*shape)
+        y = torch.randn(*shape, device=DEVICE)
         torch.testing.assert_close(c(y)[0], (y - y.mean(-1, keepdim=True)).relu() * shape[0])
 
 
@@ -226,6 +239,7 @@ def test_kernel_module_cached_on_disk(tmp_path, monkeypatch):
     assert triton_target.stats["memory_hits"] == before["memory_hits"] + 1
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU target selection")
 def test_cpu_graphs_use_cpp_unless_forced():
     from kiln.codegen.target import select_target
 

@@ -38,6 +38,9 @@ class CaptureState:
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
                               str(self.grad_enabled), "___grad_enabled()"))
+        inference = torch.is_inference_mode_enabled()  # folded by torch.is_inference_mode_enabled()
+        self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"torch.is_inference_mode_enabled() is {inference}",
+                              f"inference mode {inference}", "torch.is_inference_mode_enabled()"))
         self.guards.add(Guard(GuardKind.AUTOCAST, None, f"___autocast_state() == {_autocast_state()!r}",
                               repr(_autocast_state()), "___autocast_state()"))
 

@@ -179,3 +179,16 @@ def test_break_and_unresumable_with_block_runs_correctly(fn, args, capsys):
             out, ref = out[0], ref[0]
         torch.testing.assert_close(out.float(), ref.float())
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+
+
+def test_inference_mode_change_recompiles():
+    def fn(x):
+        return x * (2 if torch.is_inference_mode_enabled() else 3)
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(2)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), x * 3)
+    with torch.inference_mode():
+        torch.testing.assert_close(c(x), x * 2)
+    assert len(context_of(c).records) == 2

@@ -256,3 +256,20 @@ def test_backward_hook_added_after_compile_fires():
     m[0].register_full_backward_hook(lambda mod, gin, gout: fired.append(1))
     c(x).sum().backward()
     assert fired == [1]
+
+
+def test_global_forward_hook_registered_after_compile_runs():
+    from torch.nn.modules.module import register_module_forward_hook
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    c(x)
+    seen = []
+    handle = register_module_forward_hook(lambda mod, inp, out: seen.append(type(mod).__name__))
+    try:
+        torch.testing.assert_close(c(x), m(x))
+    finally:
+        handle.remove()
+    assert seen.count("Linear") == 2  # compiled and eager call each ran the hook

@@ -78,6 +78,9 @@ class ModuleValue(Value):
                                f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks or {expr}._backward_hooks "
                                f"or {expr}._backward_pre_hooks)", "no hooks",
                                f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
+        state.guards.namespace["___global_hooks"] = _global_hooks  # a global hook registered later must run
+        state.guards.add(Guard(GuardKind.NO_HOOKS, None, "not ___global_hooks()", "no global module hooks",
+                               "___global_hooks()"))
         forward = self.getattr(state, "forward")
         return forward.call(state, args, kwargs)
 

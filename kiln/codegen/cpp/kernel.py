@@ -137,8 +137,8 @@ class CppKernel:
             code = cexpr(e.expr)
             out = code if e.dtype == torch.bool else f"static_cast<{COMPUTE[e.dtype]}>({code})"
         elif isinstance(e, ir.Load):
-            out = self._load(e, scope)
-            if out.startswith("tmp") or out.startswith("acc"):  # already in a register
+            out, in_register = self._load(e, scope)
+            if in_register:
                 scope.cache[key] = out
                 return out
         elif e.name == "cast":
@@ -163,13 +163,14 @@ class CppKernel:
             return f"kiln::round_bf16(static_cast<float>({x}))"
         return f"static_cast<{COMPUTE[dst]}>({x})"
 
-    def _load(self, e: ir.Load, scope) -> str:
+    def _load(self, e: ir.Load, scope) -> tuple[str, bool]:
+        """(C++ for the loaded value, whether it is a variable already holding it)."""
         index = sympy.expand(e.index)
         if e.indirect:  # gather: compute the index values first, then address with them
             index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
         known = self.values.get(e.buf)
         if known is not None and known[0] == index:
-            return known[1]
+            return known[1], True
         if e.buf in self.group.local:
             raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
         if e.buf not in self.produced:
@@ -179,7 +180,7 @@ class CppKernel:
             code = f"kiln::bf16_to_float({code})"
         if e.mask is not None:
             code = f"({cexpr(e.mask)} ? {code} : {COMPUTE[e.dtype]}(0))"
-        return code
+        return code, False
 
     def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
         index = self.group.store_index(node)

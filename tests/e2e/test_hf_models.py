@@ -265,3 +265,34 @@ def test_training_with_dropout_draws_the_same_random_numbers(name):
         if p.grad is not None:
             torch.testing.assert_close(actual_grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=f"gradient of {n} differs")
     assert len(context_of(compiled).records) == 1
+
+
+@pytest.mark.parametrize("flag", ["output_hidden_states", "output_attentions"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_output_capturing_hooks(name, flag):
+    """An eager call with output_hidden_states/attentions installs transformers' capturing hooks on the
+    layers; the compiled model inlines them (hidden states collected in the graph, set on the output
+    after construction, in eager's key order), with and without the flag."""
+    make, inputs, _ = CASES[name if flag == "output_hidden_states" else f"{name}_eager_attention"]  # SDPA has no weights
+    torch.manual_seed(0)
+    model = make().eval()
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        model(**inputs(g, False), **{flag: True})  # installs the hooks (under a lock kiln does not trace)
+    compiled = compile_strict(model)
+    with _no_capture_failure(), torch.no_grad():
+        for on in (True, False, True):
+            kwargs = {**inputs(g, False), flag: on}
+            actual, expected = compiled(**kwargs), model(**kwargs)
+            assert list(actual.keys()) == list(expected.keys())
+            for a, e in zip(actual.to_tuple(), expected.to_tuple()):
+                if isinstance(e, tuple):
+                    assert len(a) == len(e)
+                    for x, y in zip(a, e):
+                        torch.testing.assert_close(x, y)
+                elif isinstance(e, torch.Tensor):
+                    torch.testing.assert_close(a, e)
+            if on:
+                captured = getattr(actual, flag.removeprefix("output_"))
+                assert len(captured) == model.config.num_hidden_layers + (flag == "output_hidden_states")
+    assert len(context_of(compiled).records) == 2  # one per value of the flag

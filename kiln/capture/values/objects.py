@@ -469,7 +469,9 @@ class RecordedObjectValue(Value):
     """A dict-like dataclass (transformers' ModelOutput) made during capture: rebuilt by calling the class.
 
     Reads are answered from the constructor's arguments, as the class stores them:
-    by attribute, by key, and by position over the fields that are not None.
+    by attribute, by key, and by position over the fields that are not None. Like
+    the OrderedDict underneath, a field first set later (`out["hidden_states"] = ...`)
+    goes to the end of the key order, and the rebuilt object repeats those stores.
     """
 
     def __init__(self, cls: type, args: list[Value], kwargs: dict[str, Value]):
@@ -478,12 +480,14 @@ class RecordedObjectValue(Value):
         self.fields: dict[str, Value] = {n: ConstantValue(None) for n in names}
         self.fields.update(zip(names, args))
         self.fields.update(kwargs)
+        self.order = [k for k, v in self.fields.items() if not _is_none(v)]  # the dict's keys, in order
+        self.initial = list(self.order)  # the keys the constructor set
 
     def python_type(self) -> type:
         return self.cls
 
     def _present(self) -> dict[str, Value]:
-        return {k: v for k, v in self.fields.items() if not (v.realize().is_constant() and v.as_constant() is None)}
+        return {k: self.fields[k] for k in self.order}
 
     def getattr(self, state, name: str) -> Value:
         if name in self.fields:
@@ -492,7 +496,22 @@ class RecordedObjectValue(Value):
             from kiln.capture.values.functions import BoundMethodValue
 
             return BoundMethodValue(self, name)
-        raise GraphBreak("unsupported_object", f"attribute {name!r} of {self.cls.__name__}")
+        if hasattr(self.cls, name):
+            raise GraphBreak("unsupported_object", f"attribute {name!r} of {self.cls.__name__}")
+        raise raise_python(AttributeError, f"{self.cls.__name__!r} object has no attribute {name!r}")
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        if name not in self.order or _is_none(value):  # an attribute outside the dict: not modelled
+            raise GraphBreak("unsupported_object", f"setting {self.cls.__name__}.{name} outside its keys")
+        self.fields[name] = value
+
+    def setitem(self, state, key: Value, value: Value) -> None:
+        k = key.as_constant()
+        if k not in self.fields or _is_none(value):
+            raise GraphBreak("unsupported_object", f"{self.cls.__name__}[{k!r}] = ...")
+        self.fields[k] = value
+        if k not in self.order:
+            self.order.append(k)
 
     def call_method(self, state, name, args, kwargs) -> Value:
         present = self._present()
@@ -506,6 +525,8 @@ class RecordedObjectValue(Value):
         k = key.as_constant()
         present = self._present()
         if isinstance(k, str):
+            if k not in present:
+                raise raise_python(KeyError, k)
             return present[k]
         values = list(present.values())
         return TupleValue(values[k]) if isinstance(k, slice) else values[k]
@@ -517,8 +538,24 @@ class RecordedObjectValue(Value):
         return len(self._present())
 
     def reconstruct(self, writer) -> str:
-        kwargs = ", ".join(f"{k}={v.reconstruct(writer)}" for k, v in self._present().items())
-        return f"{writer.constant(self.cls)}({kwargs})"
+        init = ", ".join(f"{k}={writer.value(self.fields[k])}" for k in self.initial)
+        later = [k for k in self.order if k not in self.initial]
+        if not later:
+            return f"{writer.constant(self.cls)}({init})"
+        stores = ", ".join(f"({k!r}, {writer.value(self.fields[k])})" for k in later)
+        return f"{writer.constant(rebuild_output)}({writer.constant(self.cls)}({init}), [{stores}])"
+
+
+def rebuild_output(obj: Any, stores: list) -> Any:
+    """A ModelOutput whose fields were set after construction: repeat the stores, in order."""
+    for key, value in stores:
+        obj[key] = value
+    return obj
+
+
+def _is_none(value: Value) -> bool:
+    value = value.realize()
+    return value.is_constant() and value.as_constant() is None
 
 
 class PartialValue(Value):

@@ -307,3 +307,34 @@ def after_break_match(x, kind):
 ], ids=["import_and_opaque", "match_pair", "match_default"])
 def test_continuations_run_unmodelled_instructions_natively(fn, args):
     check(fn, *args)
+
+
+def break_inside_map_lambda(xs):
+    vals = list(map(lambda v: v.sum().item(), xs))
+    return xs[0] * len(vals), vals
+
+
+def break_inside_sorted_key(xs):
+    ordered = sorted(xs, key=lambda v: v.sum().item())
+    return torch.stack(ordered)
+
+
+def break_in_property(x):
+    class Lazy:
+        def __init__(self, t):
+            self.t = t
+
+        @property
+        def total(self):
+            return self.t.sum().item()
+
+    return x * Lazy(x).total
+
+
+@pytest.mark.parametrize("fn,args", [
+    (break_inside_map_lambda, ([t(2), t(2)],)),
+    (break_inside_sorted_key, ([t(2), t(2), t(2)],)),
+    (break_in_property, (t(3),)),
+], ids=["map_lambda", "sorted_key", "property"])
+def test_breaks_inside_callbacks(fn, args):
+    check(fn, *args, second=False)

@@ -229,7 +229,13 @@ class CompiledFrame:
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
-                raise
+                if opaque:
+                    raise
+                # a continuation has no frame to run eagerly: step through it natively instead
+                log.warning("kiln: capturing %s failed (%s: %s); stepping through it natively",
+                            self.spec.describe(), type(e).__name__, e)
+                log.debug("capture failure", exc_info=True)
+                return self._capture(L, G, C, eager, True, reason)
             warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); running it eagerly")
             log.debug("capture failure", exc_info=True)
             self.run_eagerly = True

@@ -166,3 +166,31 @@ def test_inplace_input_then_print_sees_new_value(capsys):
     x = torch.zeros(3)
     c(x)
     assert capsys.readouterr().out == "3.0\n"
+
+
+def test_continuation_capture_failure_steps_natively(monkeypatch, capsys):
+    """An internal failure while capturing a continuation must not break the program."""
+    import kiln.capture.entry as entry
+
+    real = entry.capture
+    calls = []
+
+    def flaky(spec, *args, **kwargs):
+        opaque = args[4] if len(args) > 4 else kwargs.get("opaque", False)
+        if spec.start != 0 and not opaque and not calls:
+            calls.append(spec)
+            raise RuntimeError("internal bug in a continuation")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(entry, "capture", flaky)
+
+    def fn(x):
+        y = x * 2
+        print("break")
+        return y + 1
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2 + 1)
+    torch.testing.assert_close(c(x), x * 2 + 1)
+    assert calls

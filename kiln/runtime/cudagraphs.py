@@ -215,7 +215,7 @@ class Recording:
         self.static: list[tuple[int, int]] = []    # (input index, address read in place)
         self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []  # (index, buffer, address, shape, dtype)
         self.spans: list[tuple[int, torch.Tensor, torch.Size, tuple, torch.dtype, int]] = []  # overlapping inputs
-        self.outputs: list[tuple[Any, bool]] = []  # (static output, returned as a fresh alias)
+        self.outputs: list[tuple[Any, bool]] = []  # (static output, made stale by replays)
         self.outstanding: tuple | list = ()
         self.replays = 0
         self.last_copies = 0
@@ -257,8 +257,8 @@ class Recording:
         pool.invalidate_from(self.order, f"replay {self.replays + 1} of {self.name}")
         pool.ops.replay(self.graph)
         self.replays += 1
-        outs = [s.detach() if alias else s for s, alias in self.outputs]
-        self.outstanding = [o for o, (_, alias) in zip(outs, self.outputs) if alias]
+        outs = [s.detach() if isinstance(s, torch.Tensor) else s for s, _ in self.outputs]
+        self.outstanding = [o for o, (_, tracked) in zip(outs, self.outputs) if tracked]
         return outs
 
 
@@ -358,7 +358,7 @@ class CUDAGraphed:
             if not isinstance(o, torch.Tensor):
                 rec.outputs.append((o, False))
                 continue
-            # an output that is a parameter (read in place) stays valid: return it as it is
+            # an output viewing a parameter (read in place) is not overwritten by replays: never stale
             rec.outputs.append((o, o.untyped_storage().data_ptr() not in in_place))
             pool.owners.setdefault(o.data_ptr(), self)
         rec.order = len(pool.recordings)

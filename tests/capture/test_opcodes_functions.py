@@ -374,3 +374,37 @@ def test_returned_lambda_sees_graph_value():
     compiled = kiln.compile(make, backend="eager")
     x = t(3)
     torch.testing.assert_close(compiled(x)(x), make(x)(x))
+
+
+def late_binding_closures(x):
+    fns = [lambda: i for i in range(3)]  # noqa: B023 - late binding is the point
+    return x * sum(f() for f in fns)
+
+
+def closure_over_loop_variable(x):
+    fns = []
+    for k in range(3):
+        def f(v):
+            return v * k  # noqa: B023
+        fns.append(f)
+    return [f(x) for f in fns]
+
+
+def shared_cell_two_closures(x):
+    state = x
+
+    def read():
+        return state
+
+    def write(v):
+        nonlocal state
+        state = v
+
+    write(x * 5)
+    return read()
+
+
+@pytest.mark.parametrize("fn", [late_binding_closures, closure_over_loop_variable, shared_cell_two_closures],
+                         ids=lambda f: f.__name__)
+def test_closure_cell_semantics(fn):
+    check(fn, t(3), graphs=1, fullgraph=True)

@@ -92,8 +92,16 @@ class CUDAOps:
 
     def capture(self, call: Callable, inputs: list, pool, device: torch.device):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool):
-            outs = call(list(inputs))
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream()
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    outs = call(list(inputs))
+            except Exception:
+                # a failed capture_end leaves torch.cuda.graph's side stream current: put the caller's back
+                torch.cuda.set_stream(stream)
+                torch.cuda.synchronize()
+                raise
         return graph, outs
 
     def replay(self, graph) -> None:
@@ -358,9 +366,10 @@ class CUDAGraphed:
             if not isinstance(o, torch.Tensor):
                 rec.outputs.append((o, False))
                 continue
-            # an output viewing a parameter (read in place) is not overwritten by replays: never stale
-            rec.outputs.append((o, o.untyped_storage().data_ptr() not in in_place))
-            pool.owners.setdefault(o.data_ptr(), self)
+            tracked = o.untyped_storage().data_ptr() not in in_place  # a view of a parameter is never stale
+            rec.outputs.append((o, tracked))
+            if tracked:
+                pool.owners.setdefault(o.data_ptr(), self)
         rec.order = len(pool.recordings)
         pool.recordings.append(rec)
         self.recordings.append(rec)

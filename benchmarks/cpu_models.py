@@ -131,14 +131,22 @@ def _summarize(results: list) -> dict:
         eager = by.get((model, "eager"), {}).get("cold", {})
         step, base = c.get("step_ms", {}).get("median"), eager.get("step_ms", {}).get("median")
         torch_step = by.get((model, "torch"), {}).get("cold", {}).get("step_ms", {}).get("median")
+        eager_first = (eager.get("pre_calls_s") or [None])[0]
         out.setdefault(model, {})[comp] = {
             "status": c.get("status"), "correctness": c.get("correctness", {}).get("status"),
             "step_ms_median": step, "speedup_vs_eager": (base / step) if step and base else None,
             "speedup_vs_torch_compile": (torch_step / step) if step and torch_step else None,
             "cold_compile_s": c.get("compile_s"), "warm_compile_s": r.get("warm_compile_s"),
+            # compile_s includes the first step; minus eager's first step it is the compiler's own time
+            "cold_compile_minus_eager_first_step_s": _minus(c.get("compile_s"), eager_first),
+            "warm_compile_minus_eager_first_step_s": _minus(r.get("warm_compile_s"), eager_first),
             "error": c.get("error"),
         }
     return out
+
+
+def _minus(a, b):
+    return a - b if a is not None and b is not None else None
 
 
 if __name__ == "__main__":

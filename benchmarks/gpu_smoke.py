@@ -1,6 +1,7 @@
 """GPU smoke test of kiln's Triton target: correctness vs eager, then eager / kiln / torch.compile timings.
 
-    python benchmarks/gpu_smoke.py [--quick] [--json PATH]
+    python benchmarks/gpu_smoke.py [--quick] [--only SUBSTRING] [--json PATH]
+    e.g. python3 benchmarks/gpu_smoke.py --json benchmarks/results/gpu_smoke_$(date -u +%F)_h100.json
 
 Each case compiles a small graph or model three ways (eager, kiln, torch.compile),
 checks kiln's outputs (and gradients, for training) against eager, and times each

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import types
 from typing import Any
@@ -108,6 +109,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return OpaqueValue(obj, source)
     if obj is os.environ:
         return EnvironValue(source)
+    if type(obj) is functools.partial:  # immutable: its identity pins func, args and keywords
+        _identity(state, obj, source, expr)
+        return _partial(state, obj, source)
     if is_logger(obj):
         _type(state, obj, source, expr)
         return LoggerValue(obj, source)
@@ -116,6 +120,16 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ObjectValue(obj, source)
     _type(state, obj, source, expr)
     return OpaqueValue(obj, source)
+
+
+def _partial(state, obj: functools.partial, source: Source) -> Value:
+    from kiln.capture.values.objects import PartialValue
+
+    args = [wrap_lazy(state, a, ItemSource(AttrSource(source, "args"), i)) for i, a in enumerate(obj.args)]
+    keywords = {k: wrap_lazy(state, v, ItemSource(AttrSource(source, "keywords"), k)) for k, v in obj.keywords.items()}
+    value = PartialValue(wrap_lazy(state, obj.func, AttrSource(source, "func")), args, keywords)
+    value.source = source
+    return value
 
 
 def guard_hasattr(state, source: Source | None, name: str, present: bool) -> None:

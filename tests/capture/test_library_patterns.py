@@ -383,3 +383,20 @@ def test_forward_hooks_are_inlined_and_guarded():
     torch.testing.assert_close(compiled(x), net(x))  # a new hook recompiles
     handle.remove()
     assert len(context_of(compiled).records) == 2
+
+
+ACT = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+
+
+def test_existing_functools_partial_is_called_through():
+    class Act(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = ACT
+
+        def forward(self, x):
+            return self.act(x) * 2
+
+    from tests.capture.helpers import check_module
+
+    check_module(Act, t(2, 3), fullgraph=True, graphs=1)

@@ -273,3 +273,17 @@ def test_global_forward_hook_registered_after_compile_runs():
     finally:
         handle.remove()
     assert seen.count("Linear") == 2  # compiled and eager call each ran the hook
+
+
+def test_id_of_an_argument_is_guarded():
+    class Obj:
+        pass
+
+    def fn(x, o):
+        return x * (id(o) % 7 + 1)
+
+    c = kiln.compile(fn, backend="eager")
+    x = t(3)
+    a, b = Obj(), Obj()
+    torch.testing.assert_close(c(x, a), fn(x, a))
+    torch.testing.assert_close(c(x, b), fn(x, b))

@@ -400,9 +400,14 @@ for _cls in (int, float, bool, str):
 
 @handles(builtins.id)
 def _id(state, obj):
-    real = getattr(obj.realize(), "obj", None)
+    value = obj.realize()
+    real = getattr(value, "obj", None)
     if real is None:
         raise GraphBreak("unsupported_call", "id() of a value made during capture")
+    if value.source is not None:  # the folded id holds only for this very object: guard its identity
+        from kiln.capture.builder import _identity
+
+        _identity(state, real, value.source, state.source_expr(value.source))
     return ConstantValue(id(real))
 
 

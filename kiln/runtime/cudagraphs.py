@@ -6,8 +6,8 @@ first call with an input signature runs it as it is (the warm-up: kernels compil
 cuBLAS sets up); the second records it into a `torch.cuda.CUDAGraph`; later calls
 replay the recording.
 
-Inputs. Parameters, and outputs of another graph of the same pool (the activations a
-backward graph reads from its forward's replay), are read where they are: the
+Inputs. Parameters, and outputs of another graph of the same pool (the activations and
+weights a backward graph reads from its forward's replay), are read where they are: the
 recording bakes their addresses in, and a call where one sits elsewhere needs another
 recording (one graph per signature, at most `MAX_RECORDINGS` per compiled graph).
 Every other input is copied into a static buffer of the recording, and only when its
@@ -116,7 +116,7 @@ class CUDAGraphPool:
         self.ops = ops or CUDAOps()
         self.handle = None                    # the memory pool, created with the first recording
         self.recordings: list[Recording] = []  # in recording order
-        self.owners: dict[int, CUDAGraphed] = {}  # address of a static output -> the graph it belongs to
+        self.owners: dict[int, CUDAGraphed | str] = {}  # address of a static output -> its graph (or _PARAMETER)
         self.graphs: list[CUDAGraphed] = []
         _pools.add(self)
 
@@ -208,6 +208,9 @@ def _overlapping(t: torch.Tensor) -> bool:
             return True
         covered += stride * (size - 1)
     return False
+
+
+_PARAMETER = "parameter"  # pool.owners' mark for outputs viewing a parameter's memory
 
 
 class Recording:
@@ -368,8 +371,8 @@ class CUDAGraphed:
                 continue
             tracked = o.untyped_storage().data_ptr() not in in_place  # a view of a parameter is never stale
             rec.outputs.append((o, tracked))
-            if tracked:
-                pool.owners.setdefault(o.data_ptr(), self)
+            # read in place by the other graphs of the pool (a backward reading saved weights too)
+            pool.owners.setdefault(o.data_ptr(), self if tracked else _PARAMETER)
         rec.order = len(pool.recordings)
         pool.recordings.append(rec)
         self.recordings.append(rec)

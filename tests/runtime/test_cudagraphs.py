@@ -414,7 +414,32 @@ def test_training_equals_eager(device, how):
     assert kinds == ["backward", "forward"], kinds
     assert all(g.stats["replays"] >= 3 for g in pool.graphs), [g.stats for g in pool.graphs]
     backward = next(g for g in pool.graphs if g.name.endswith("backward"))
-    assert backward.recordings[0].static  # saved activations read where the forward replay left them
+    # saved activations and weights are read where the forward replay left them: only the incoming gradient is copied
+    assert backward.recordings[0].static and backward.recordings[0].last_copies == 1, backward.recordings[0].copied
+
+
+def test_batchnorm_buffers_mutated_by_the_graph_are_written_back(device):
+    """kiln's graphs are functional: BatchNorm's running statistics are outputs, copied back after the replay."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).to(device)
+    model = copy.deepcopy(ref)
+    before = set(cg._pools)
+    compiled = kiln.compile(model, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(2, 3, 8, 8, device=device)
+        for net in (ref, compiled):
+            net.zero_grad()
+            net(x).square().mean().backward()
+        for p, q in zip(ref.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4)
+        for a, b in zip(ref.buffers(), model.buffers()):
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+    assert all(g.stats["replays"] >= 2 for p in new_pools(before) for g in p.graphs)
+    ref.eval(), compiled.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 3, 8, 8, device=device)
+            torch.testing.assert_close(compiled(x), ref(x), rtol=1e-3, atol=1e-4)
 
 
 def test_two_forwards_before_backward_raise_not_wrong_gradients(device):

@@ -164,7 +164,7 @@ def _captured_reason(gm: torch.fx.GraphModule, example_inputs: list) -> str | No
 
 # ATen ops that wait for the GPU (their result or its size is read on the host): a capture would fail.
 _SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_consecutive",
-            "aten::_unique2", "aten::unique_dim", "aten::repeat_interleave", "aten::_assert_async",
+            "aten::_unique2", "aten::unique_dim", "aten::repeat_interleave",
             "aten::equal", "aten::is_nonzero"}
 
 
@@ -306,14 +306,14 @@ class CUDAGraphed:
     def _miss(self, args: list) -> list:
         if _set_stale is None:
             _check_not_stale(args)
-        if self.disabled:
-            return self._eager(args)
         for rec in self.recordings:
             copies = rec.copies_for(args)
             if copies is not None:
                 self.last = rec
                 self.stats["replays"] += 1
                 return rec.replay(*copies)
+        if self.disabled:
+            return self._eager(args)
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
         if key not in self.warmed:  # first call with this signature: run it as it is
             self.warmed.add(key)

@@ -27,7 +27,9 @@ to a compiled graph, raises an error naming the graph that overwrote it rather t
 giving its new contents. The rule, for users: an output of a `reduce-overhead` model
 is valid until the next call of the model (in training: until the next forward — the
 backward replay leaves the forward's outputs alone); `.clone()` what you keep longer.
-Views taken of an output before it went stale are not caught.
+Views taken of an output before it went stale are not caught. A saved input (the
+recording's input buffer, refilled by the next forward) trips autograd's version check
+instead: both are errors, neither a wrong gradient.
 `kiln.cudagraph_mark_step_begin()` (torch.compiler.cudagraph_mark_step_begin) ends a
 step explicitly: every output returned so far is invalidated at once. kiln does not
 need it (outputs go stale exactly when overwritten); code written for torch may call it.
@@ -38,8 +40,9 @@ adopting memory of the pool that the next replay overwrites.
 
 Fallbacks (no graphs, one `kiln.perf_hints` line saying why): CPU tensors or several
 devices, dynamic shapes (a graph captured with symbolic sizes), graphs that mutate
-their inputs in place, and anything whose capture raises (ops that synchronize with
-the host: `.item()`, `nonzero`, CPU copies). kiln's ATen graphs are functional: input
+their inputs in place, ops that synchronize with the host (`.item()`, `nonzero`,
+boolean-mask indexing: a table, checked before recording), and anything else whose
+capture raises; then that graph runs as it is from then on. kiln's ATen graphs are functional: input
 mutations (BatchNorm's running statistics) are graph outputs written back after the
 call, so such graphs are recorded; the write-back runs outside the graph.
 """

@@ -400,3 +400,17 @@ def test_existing_functools_partial_is_called_through():
     from tests.capture.helpers import check_module
 
     check_module(Act, t(2, 3), fullgraph=True, graphs=1)
+
+
+def test_augmented_assignment_of_a_tensor_onto_a_number():
+    """T5's `position_bias = 0; position_bias += mask`-style code: the graph gets `0 + t`, not `0 += t`."""
+
+    def f(x):
+        total = 0
+        for i in range(3):
+            total += x * i
+        items = [1]
+        items += [2]
+        return total, len(items)
+
+    check(f, t(3), fullgraph=True, graphs=1)

@@ -48,6 +48,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     args = [a.realize() for a in args]
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
+    if fn in _INPLACE_TO_PLAIN and not isinstance(args[0], TensorValue) and (
+            isinstance(args[0], SymValue) or args[0].is_constant() and type(args[0].as_constant()) in (int, float, bool)):
+        fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
     if all(a.is_constant() for a in args):

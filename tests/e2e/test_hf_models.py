@@ -317,3 +317,46 @@ def test_training_through_aot_eager(name):
     for n, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(actual_grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=f"gradient of {n} differs")
+
+
+def _decoder_options():
+    return dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0, bos_token_id=0,
+                eos_token_id=0)
+
+
+def _lm_with_labels(g):
+    return {"input_ids": ids(g), "labels": ids(g)}
+
+
+MORE_ARCHITECTURES = {
+    "bert_masked_lm": (lambda: transformers.BertForMaskedLM(_bert_config()),
+                       lambda g: {**bert_inputs(g), "labels": ids(g)}),
+    "mistral_sliding_window": (lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(**_decoder_options(), sliding_window=4)), _lm_with_labels),
+    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_decoder_options())), _lm_with_labels),
+    "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**_decoder_options(), head_dim=16)),
+              _lm_with_labels),
+    # use_cache=False: with a cache, DynamicCache(config=...) deep-copies the config (a graph break)
+    "t5_no_cache": (lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB, d_kv=16, decoder_start_token_id=0,
+        pad_token_id=0, use_cache=False)), _lm_with_labels),
+    "vit": (lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+        patch_size=8, num_labels=3, problem_type="single_label_classification")),
+            lambda g: {"pixel_values": torch.randn(2, 3, 32, 32, generator=g), "labels": torch.tensor([0, 2])}),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE_ARCHITECTURES))
+def test_more_architectures_inference(name):
+    make, inputs = MORE_ARCHITECTURES[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = compile_strict(model)
+    g = torch.Generator().manual_seed(10)
+    with _no_capture_failure(), torch.no_grad():
+        for _ in range(2):
+            kwargs = inputs(g)
+            assert_outputs_close(compiled(**kwargs), model(**kwargs))
+    assert len(context_of(compiled).records) == 1

@@ -442,6 +442,22 @@ def test_batchnorm_buffers_mutated_by_the_graph_are_written_back(device):
             torch.testing.assert_close(compiled(x), ref(x), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("how", [{"mode": "reduce-overhead"}, {"backend": "cudagraphs"}])
+def test_random_ops_draw_new_numbers_each_replay(device, how):
+    """Dropout inside a recorded graph: each replay advances the generator (no mask frozen at recording)."""
+    m = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5)).to(device)
+    compiled = kiln.compile(m, **how)
+    x = torch.randn(4, 64, device=device)
+    masks = []
+    for _ in range(5):
+        out = compiled(x)
+        out.sum().backward()
+        masks.append(out.detach() == 0)
+    assert not torch.equal(masks[3], masks[4]) and not torch.equal(masks[2], masks[3])
+    frac = masks[4].float().mean().item()
+    assert 0.3 < frac < 0.7, frac
+
+
 def test_two_forwards_before_backward_raise_not_wrong_gradients(device):
     model = small_mlp(device)
     compiled = kiln.compile(model, mode="reduce-overhead")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -114,8 +115,9 @@ def time_training(name, make, iters) -> dict:
 
 def run_tests() -> int:
     print("== tests/runtime/test_cudagraphs.py", flush=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                            str(ROOT / "tests/runtime/test_cudagraphs.py")], cwd=ROOT)
+                            str(ROOT / "tests/runtime/test_cudagraphs.py")], cwd=ROOT, env=env)
 
 
 def main() -> None:

@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for every job (eager, torch and kiln alike); default: unset")
     p.add_argument("--out", default=None)
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
                 caches = Path(tmp) / f"{model}-{comp}"
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
                            KILN_CACHE_DIR=str(caches / "kiln"), PYTHONPATH=str(ROOT))
+                if args.threads:
+                    env["OMP_NUM_THREADS"] = str(args.threads)
                 job = dict(model=model, compiler=comp, device="cpu", quick=args.quick, seed=0,
                            steps=args.steps, warmup=args.warmup, check_steps=3, check=comp != "eager",
                            cudnn_benchmark=False, compiler_opts={}, tol_fp32=5e-3, tol_bf16=5e-2)
@@ -107,7 +111,7 @@ def main(argv=None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version()},
+                    "python": platform.python_version(), "load_average": os.getloadavg(), "threads": args.threads},
         "summary": summary, "results": results}, indent=1, default=str))
     print(f"\nwrote {out}")
     print(json.dumps(summary, indent=1))

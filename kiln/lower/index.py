@@ -207,7 +207,3 @@ def _lt(a, b) -> bool:
     """a < b for products of sizes: true when b / a is a whole expression other than 1."""
     num, den = sympy.fraction(sympy.cancel(b / a))
     return den == 1 and num != 1 and not (num.is_number and num < 1)
-
-
-def is_static(expr) -> bool:
-    return not sympy.sympify(expr).free_symbols

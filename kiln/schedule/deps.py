@@ -8,10 +8,6 @@ from torch.utils._pytree import tree_flatten
 from kiln.lower import ir
 
 
-def node_outputs(node: ir.Node) -> list[str]:
-    return [node.name]
-
-
 def extern_reads(node: ir.Node) -> set[str]:
     if isinstance(node, ir.MultiOutput):
         return {node.source}

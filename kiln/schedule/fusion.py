@@ -90,9 +90,6 @@ class KernelGroup:
         idx = index_vars("i", len(node.layout.size))
         return sympy.expand(linear_index(idx, node.layout.stride, node.layout.offset).xreplace(self.var_map(node)))
 
-    def is_inner(self, node) -> bool:
-        return node.is_reduction() or (len(self.inner) > 0 and nonunit(node.data.ranges) == self.outer + self.inner)
-
     def segment_of(self, name: str):
         for k, s in enumerate(self.segments):
             for n in s.nodes:

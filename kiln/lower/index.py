@@ -68,17 +68,13 @@ class Mod(sympy.Function):
         return None
 
 
-def index_var(prefix: str, n: int) -> sympy.Symbol:
-    """The n-th loop variable with the given prefix: `i` output dims, `r` reduction dims."""
-    return _var(prefix, n)
-
-
 @functools.lru_cache(None)
 def _var(prefix: str, n: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{n}", integer=True, nonnegative=True)
 
 
 def index_vars(prefix: str, count: int) -> tuple[sympy.Symbol, ...]:
+    """Loop variables `<prefix>0..`: `i` output dims, `r` reduction dims, `x`/`y` a kernel's outer/inner loops."""
     return tuple(_var(prefix, k) for k in range(count))
 
 

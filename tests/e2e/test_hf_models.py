@@ -8,6 +8,7 @@ forward+backward whose parameter gradients must match eager's.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -93,22 +94,16 @@ def assert_outputs_close(actual, expected, atol=1e-5, rtol=1e-4):
 
 
 def compile_strict(model):
-    """fullgraph=True, and a capture failure (which would silently run eagerly) is an error."""
+    """fullgraph=True: the first graph break is an error naming its reason and line."""
     return kiln.compile(model, backend="eager", fullgraph=True)
 
 
+@contextlib.contextmanager
 def _no_capture_failure():
-    return warnings.catch_warnings() if False else _ErrorOnKilnWarning()
-
-
-class _ErrorOnKilnWarning:
-    def __enter__(self):
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
+    """A capture that fails outright warns and runs eagerly (never breaking the user's program); here it is an error."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("error", message="kiln: ")
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
+        yield
 
 
 CASES = {

@@ -118,7 +118,9 @@ class Frame:
         for entry in bytecode.exception_ranges(self.code):
             if entry.start <= index < entry.end:
                 if bytecode.handler_is_with_cleanup(self.code, entry.target):
-                    return False  # unwinding through a `with` would run __exit__: not modelled, stays a break
+                    # unwinding through a `with` would run its __exit__ (restore grad mode, ...): not modelled,
+                    # so no outer `try` may catch this one either
+                    raise GraphBreak("exception", f"{exc.detail}, raised inside a `with` block")
                 del self.stack[entry.depth:]
                 if entry.lasti:
                     self.push(ConstantValue(self.current.offset))

@@ -414,3 +414,24 @@ def test_augmented_assignment_of_a_tensor_onto_a_number():
         return total, len(items)
 
     check(f, t(3), fullgraph=True, graphs=1)
+
+
+def test_exception_through_a_with_block_is_not_caught_in_the_graph():
+    """Catching it outside would skip the `with`'s __exit__ in the trace: it must not be handled there."""
+
+    def inner(x):
+        with torch.no_grad():
+            y = x * 2
+            raise KeyError("k")
+        return y
+
+    def f(x):
+        try:
+            return inner(x)
+        except KeyError:
+            return x * 3 + torch.is_grad_enabled()
+
+    compiled = kiln.compile(f, backend="eager")
+    x = t(2)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert torch.is_grad_enabled()

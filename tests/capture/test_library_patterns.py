@@ -435,3 +435,26 @@ def test_exception_through_a_with_block_is_not_caught_in_the_graph():
     x = t(2)
     torch.testing.assert_close(compiled(x), f(x))
     assert torch.is_grad_enabled()
+
+
+class Faulty:
+    @property
+    def broken(self):
+        return {}["missing"]  # a KeyError: getattr's default must not hide it
+
+
+FAULTY = Faulty()
+
+
+def test_getattr_default_swallows_only_attribute_error():
+    def f(x):
+        return x * getattr(FAULTY, "absent", 2)
+
+    check(f, t(2), fullgraph=True, graphs=1)
+
+    def g(x):
+        return x * getattr(FAULTY, "broken", 2)
+
+    compiled = kiln.compile(g, backend="eager")
+    with pytest.raises(KeyError):
+        compiled(t(2))

@@ -149,9 +149,16 @@ def _getattr(state, obj, name, *default):
     try:
         return obj.getattr(state, name.as_constant())
     except GraphBreak as e:
-        if default and e.reason.id == "exception":
+        if default and _is_attribute_error(e):
             return default[0]
         raise
+
+
+def _is_attribute_error(e: GraphBreak) -> bool:
+    """getattr(o, n, default) and hasattr swallow AttributeError only: a KeyError from a property propagates."""
+    from kiln.capture.values.exceptions import TracedException
+
+    return isinstance(e, TracedException) and issubclass(e.value.cls, AttributeError)
 
 
 @handles(builtins.hasattr)
@@ -172,7 +179,7 @@ def _hasattr(state, obj, name):
         obj.getattr(state, name.as_constant())
         return ConstantValue(True)
     except GraphBreak as e:
-        if e.reason.id == "exception":
+        if _is_attribute_error(e):
             return ConstantValue(False)
         raise
 

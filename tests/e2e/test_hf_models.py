@@ -4,7 +4,13 @@ Each model is built from a config (no network, random weights), compiled with
 `kiln.compile(model, backend="eager", fullgraph=True)` and compared with eager:
 inference outputs (logits, loss), a second call with fresh inputs of the same
 shapes (which must not recompile: one capture record), and in training mode a
-forward+backward whose parameter gradients must match eager's.
+forward+backward whose parameter gradients must match eager's. Beyond GPT-2, BERT
+and Llama with default (SDPA) and eager attention: padding masks, return_dict=False,
+a config written by forward, KV-cache decoding, dropout under one seed, the
+output-capturing hooks, the aot_eager backend, and a few more architectures.
+Known gaps (graph breaks, so fullgraph=True raises; fullgraph=False runs correctly):
+the first call with output_hidden_states/output_attentions installs hooks under a
+threading.Lock; T5 with use_cache=True deep-copies its config.
 """
 from __future__ import annotations
 

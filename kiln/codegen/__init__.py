@@ -5,6 +5,13 @@ Public API (shared by the C++ and the Triton targets):
   inductor(gm, example_inputs, options=None) -> callable        the full backend
       (torch-level graph -> kiln.autograd.aot_compile -> compile_aten_graph)
 
+The stages, each usable alone (a target needs only the last two):
+  kiln.lower.lower_graph(gm, example_inputs) -> ir.LoweredGraph   (kiln.lower.verify.verify checks it)
+  kiln.schedule.fusion.schedule(graph) -> Schedule of KernelGroup / ExternStep
+  kiln.schedule.memory.plan_memory(schedule) -> MemoryPlan
+  target.generate_module(schedule) / target.load_kernels(...)     (codegen/cpp, codegen/triton)
+  kiln.codegen.wrapper.generate_wrapper(schedule, plan, kernels)  the host program
+
 Correctness first: a graph kiln cannot lower or compile runs through ATen as it
 is (logged, never a crash); an op with no lowering runs as an extern ATen call.
 """

@@ -192,3 +192,57 @@ def test_inference_mode_change_recompiles():
     with torch.inference_mode():
         torch.testing.assert_close(c(x), x * 2)
     assert len(context_of(c).records) == 2
+
+
+class _Depth:
+    """A context manager written in Python: kiln inlines its __enter__ and __exit__."""
+
+    def __init__(self):
+        self.depth = 0
+
+    def __enter__(self):
+        self.depth += 1
+        return 2.0
+
+    def __exit__(self, *exc_info):
+        self.depth -= 1
+        return False
+
+
+def test_python_context_managers_are_inlined_into_one_graph():
+    import contextlib
+
+    outer = _Depth()
+
+    def f(x):
+        with contextlib.nullcontext():
+            y = x * 2
+        with outer as k:
+            y = y * k
+        with _Depth() as k2:
+            y = y + k2
+        return y
+
+    c = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(c(x), f(x))
+    torch.testing.assert_close(c(torch.ones(3)), f(torch.ones(3)))
+    assert outer.depth == 0
+    assert len(kiln.api.context_of(c).records) == 1
+
+
+def test_break_inside_a_python_context_manager_runs_the_frame_natively_and_correctly():
+    outer = _Depth()
+
+    def g(x):
+        with outer as k:
+            y = x * k
+            kiln.graph_break()
+            y = y + 1
+        return y, outer.depth
+
+    c = kiln.compile(g, backend="eager")
+    x = torch.randn(3)
+    out, depth = c(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert depth == 0 and outer.depth == 0

@@ -78,10 +78,28 @@ def before_with(frame, ins):
     from kiln.capture.values.torch_api import AutocastContext, ExitValue, GradModeContext
 
     ctx = frame.pop().realize()
-    if not isinstance(ctx, (GradModeContext, AutocastContext)):
-        raise GraphBreak("unknown_context", f"with {ctx}")
-    frame.push(ExitValue(ctx))
-    frame.push(ctx.enter(frame.state))
+    if isinstance(ctx, (GradModeContext, AutocastContext)):
+        frame.push(ExitValue(ctx))
+        frame.push(ctx.enter(frame.state))
+        return
+    if _has_python_protocol(ctx):  # a context manager written in Python (nullcontext, a user's class): inline it
+        exit_method = ctx.getattr(frame.state, "__exit__")
+        entered = ctx.getattr(frame.state, "__enter__").call(frame.state, [], {})
+        frame.push(exit_method)
+        frame.push(entered)
+        return
+    raise GraphBreak("unknown_context", f"with {ctx}")
+
+
+def _has_python_protocol(ctx) -> bool:
+    """True when both __enter__ and __exit__ are Python functions on the object's class."""
+    import types
+
+    try:
+        cls = ctx.python_type()
+    except GraphBreak:
+        return False
+    return all(isinstance(getattr(cls, name, None), types.FunctionType) for name in ("__enter__", "__exit__"))
 
 
 @opcode("LOAD_BUILD_CLASS")

@@ -90,6 +90,26 @@ class KernelGroup:
         idx = index_vars("i", len(node.layout.size))
         return sympy.expand(linear_index(idx, node.layout.stride, node.layout.offset).xreplace(self.var_map(node)))
 
+    def size_symbols(self) -> set:
+        """The symbolic sizes this group's kernel needs as arguments: every free symbol of its
+        loop bounds, loads, masks and layouts that is not a loop variable (i0, r1, x2, y3) or an
+        indirect-load index (ind0). Both targets pass exactly these to their kernels."""
+        syms = set()
+        for s in list(self.outer) + list(self.inner):
+            syms |= sympy.sympify(s).free_symbols
+        for n in self.nodes:
+            for e in ir.iter_exprs(n.data.body):
+                if isinstance(e, ir.Load):
+                    syms |= sympy.sympify(e.index).free_symbols
+                    if e.mask is not None:
+                        syms |= e.mask.free_symbols
+                elif isinstance(e, ir.IndexValue):
+                    syms |= sympy.sympify(e.expr).free_symbols
+            for s in n.layout.stride:
+                syms |= sympy.sympify(s).free_symbols
+            syms |= sympy.sympify(n.layout.offset).free_symbols
+        return {s for s in syms if not _is_loop_or_indirect(s)}
+
     def segment_of(self, name: str):
         for k, s in enumerate(self.segments):
             for n in s.nodes:
@@ -123,6 +143,11 @@ class Schedule:
 
     def __str__(self) -> str:
         return "\n".join(str(s) for s in self.steps)
+
+
+def _is_loop_or_indirect(sym) -> bool:
+    name = sym.name
+    return (name[0] in "irxy" and name[1:].isdigit()) or (name.startswith("ind") and name[3:].isdigit())
 
 
 def _shape(node: ir.ComputedBuffer):

@@ -249,29 +249,10 @@ class CppKernel:
         body = self.lines[body_start:]
         params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
         params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
-        self.size_args = sorted({s for s in self._free_symbols(body)}, key=str)
+        self.size_args = sorted(self.group.size_symbols(), key=str)
         params += [f"const int64_t {s}" for s in self.size_args]
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
-
-    def _free_symbols(self, body_lines):
-        syms = set()
-        g = self.group
-        loop = set(g.outer_vars()) | set(g.inner_vars())
-        for s in list(g.outer) + list(g.inner):
-            syms |= sympy.sympify(s).free_symbols
-        for n in g.nodes:
-            for e in ir.iter_exprs(n.data.body):
-                if isinstance(e, ir.Load):
-                    syms |= sympy.sympify(e.index).free_symbols
-                    if e.mask is not None:
-                        syms |= e.mask.free_symbols
-                elif isinstance(e, ir.IndexValue):
-                    syms |= sympy.sympify(e.expr).free_symbols
-            for s in n.layout.stride:
-                syms |= sympy.sympify(s).free_symbols
-        return {s for s in syms if s not in loop and not s.name.startswith("ind")
-                and not (s.name[0] in "irxy" and s.name[1:].isdigit())}
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))

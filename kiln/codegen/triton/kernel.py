@@ -77,10 +77,6 @@ def _decompose(flat: str, sizes, variables) -> list[str]:
     return lines
 
 
-def _is_indirect(sym) -> bool:
-    return sym.name.startswith("ind") and sym.name[3:].isdigit()
-
-
 def _loop_symbols(exprs) -> set:
     """Every symbol the indices, masks and index values inside `exprs` use (which loop variables a gather needs)."""
     out = set()
@@ -298,7 +294,7 @@ class TritonKernel:
             else:
                 self._looped_segment(seg, outer_scope)
         body = self.lines
-        self.size_args = sorted(self._free_symbols(), key=str)
+        self.size_args = sorted(self.group.size_symbols(), key=str)
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         params = self.arg_names + [str(s) for s in self.size_args] + ["xnumel"]
         if reduction:
@@ -352,23 +348,6 @@ class TritonKernel:
                     f"num_warps={cfg.num_warps}, {kw})")
         return launcher + "\n\n\n" + "\n".join(lines) + "\n"
 
-    def _free_symbols(self):
-        syms = set()
-        g = self.group
-        for s in list(g.outer) + list(g.inner):
-            syms |= sympy.sympify(s).free_symbols
-        for n in g.nodes:
-            for e in ir.iter_exprs(n.data.body):
-                if isinstance(e, ir.Load):
-                    syms |= sympy.sympify(e.index).free_symbols
-                    if e.mask is not None:
-                        syms |= e.mask.free_symbols
-                elif isinstance(e, ir.IndexValue):
-                    syms |= sympy.sympify(e.expr).free_symbols
-            for s in n.layout.stride:
-                syms |= sympy.sympify(s).free_symbols
-            syms |= sympy.sympify(n.layout.offset).free_symbols
-        return {s for s in syms if not (s.name[0] in "irxy" and s.name[1:].isdigit()) and not _is_indirect(s)}
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))

@@ -41,7 +41,7 @@ def splittable(group) -> bool:
 class SplitReductionKernel(TritonKernel):
     def generate(self) -> str:
         g, cfg = self.group, self.config
-        self.size_args = sorted(self._free_symbols(), key=str)
+        self.size_args = sorted(self.group.size_symbols(), key=str)
         self.workspaces: list = []   # (name, torch dtype, family, part, identity)
         # ---- kernel 1: partials
         self._in_inner = False

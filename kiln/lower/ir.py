@@ -118,6 +118,11 @@ class Reduction:
     reduction_type: str
     body: Expr
 
+    @property
+    def family(self) -> str:
+        """Reductions that share one accumulator: welford_mean and welford_m2 are one Welford pass."""
+        return "welford" if self.reduction_type.startswith("welford") else self.reduction_type
+
 
 @dataclass
 class ComputedBuffer:

@@ -270,7 +270,7 @@ class CppKernel:
             if not node.is_reduction():
                 continue
             rtype = node.data.reduction_type
-            family = "welford" if rtype.startswith("welford") else rtype
+            family = node.data.family
             key = (family, self._mapped(node))
             if key not in accs:
                 acc = self.new_tmp("acc")
@@ -332,7 +332,7 @@ class CppKernel:
             var = self.emit(body, scope)
             if node.is_reduction():
                 rtype = node.data.reduction_type
-                family = "welford" if rtype.startswith("welford") else rtype
+                family = node.data.family
                 acc, mode, t = accs[(family, body)]
                 acc = (acc_names or {}).get(acc, acc)
                 if acc not in updated:  # welford mean and m2 share one accumulator
@@ -376,7 +376,7 @@ class CppKernel:
             if not node.is_reduction():
                 continue
             rtype = node.data.reduction_type
-            family = "welford" if rtype.startswith("welford") else rtype
+            family = node.data.family
             acc, mode, t = accs[(family, self._mapped(node))]
             if mode == "welford_two_pass":
                 result = f"{acc}_mean" if rtype == "welford_mean" else f"{acc}_m2"

@@ -364,8 +364,7 @@ class TritonKernel:
         keys = {}
         for node in seg.nodes:
             if node.is_reduction():
-                rtype = node.data.reduction_type
-                family = "welford" if rtype.startswith("welford") else rtype
+                family = node.data.family
                 keys.setdefault((family, self._mapped(node)), []).append(node)
         return keys
 
@@ -379,7 +378,7 @@ class TritonKernel:
                 self._store(node, var, body.dtype)
                 continue
             rtype = node.data.reduction_type
-            family = "welford" if rtype.startswith("welford") else rtype
+            family = node.data.family
             key = (family, body)
             if key not in done:
                 done[key] = self._reduce_block(family, var, body.dtype)
@@ -437,8 +436,7 @@ class TritonKernel:
             if not node.is_reduction():
                 self._store(node, var, body.dtype)
                 continue
-            rtype = node.data.reduction_type
-            family = "welford" if rtype.startswith("welford") else rtype
+            family = node.data.family
             acc = accs[(family, body)]
             if acc in updated:
                 continue

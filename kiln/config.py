@@ -43,11 +43,20 @@ OPTIONS: dict[str, Option] = {
     "check_accuracy": Option(bool, False, "run each compiled graph against eager too; report the first diverging node"),
     "triton.cudagraphs": Option(bool, False, "record CUDA graphs (kiln/runtime/cudagraphs.py) and replay them: "
                                 "less launch overhead; outputs valid until the next call"),
+    "max_autotune": Option(bool, False, "Triton: benchmark block sizes, num_warps and num_stages of each kernel on "
+                           "its first call's inputs and keep the fastest (kiln/runtime/autotune.py, decisions cached "
+                           "on disk); matmuls (mm, addmm, bmm) also try a Triton template against ATen"),
+    "epilogue_fusion": Option(bool, True, "with max_autotune, fuse the pointwise ops that follow a matmul (bias, "
+                              "activation) into its Triton template instead of a kernel of their own"),
+    "shape_padding": Option(bool, False, "CUDA: pad the inner dims of matmul operands to a multiple of 8 (fp16/bf16) "
+                            "or 4 (fp32 with TF32) for tensor cores, slicing the result back"),
 }
 
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
     "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "shape_padding": True, "triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "shape_padding": True},
 }
 
 

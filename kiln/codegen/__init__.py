@@ -152,13 +152,14 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     times["lower"] = time.perf_counter() - t
     progress.advance("schedule")
     t = time.perf_counter()
-    sched = schedule(graph)
+    target = select_target(gm, example_inputs, options)
+    prepare = getattr(target.module, "prepare", None)  # Triton: matmul templates (max_autotune), shape padding
+    sched = schedule(graph, prepare(graph, options, target.device) if prepare else None, options)
     name_kernels(sched)
     plan = plan_memory(sched)
     times["schedule"] = time.perf_counter() - t
     progress.advance("codegen")
     t = time.perf_counter()
-    target = select_target(gm, example_inputs, options)
     source, kernels = target.module.generate_module(sched)
     wrapper_src, namespace = generate_wrapper(sched, plan, kernels, device=target.device)
     times["codegen"] = time.perf_counter() - t

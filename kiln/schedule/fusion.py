@@ -18,7 +18,12 @@ Rules:
 - a reduction is computed once; reductions with the same body, ranges and
   welford family share one loop (mean and m2 of one welford);
 - externs (and their tuple items) are their own steps and order barriers only
-  for their consumers.
+  for their consumers;
+- templates (max-autotune's matmuls, given as reduction nodes by the Triton
+  target, `schedule(graph, templates=...)`) each start a kernel of their own and
+  take only epilogues: pointwise nodes over the template's output space that
+  read a buffer of the kernel (bias, activation, residual), in outer segments;
+  none with `epilogue_fusion=False`.
 
 The plan is target independent: the C++ and Triton code generators both take
 `Schedule` and emit one kernel per group.
@@ -137,6 +142,13 @@ class ExternStep:
 class Schedule:
     graph: ir.LoweredGraph
     steps: list
+    templates: dict = field(default_factory=dict)  # node name -> spec of the template computing it (matmuls)
+    options: dict = field(default_factory=dict)    # the compile options the schedule was made under
+
+    def template_of(self, group: "KernelGroup"):
+        """The template spec of a group that starts with a template node, else None."""
+        nodes = group.nodes
+        return self.templates.get(nodes[0].name) if nodes else None
 
     def kernels(self) -> list[KernelGroup]:
         return [s for s in self.steps if isinstance(s, KernelGroup)]
@@ -155,6 +167,13 @@ def _shape(node: ir.ComputedBuffer):
     if isinstance(d, ir.Reduction):
         return nonunit(d.ranges), nonunit(d.reduction_ranges)
     return nonunit(d.ranges), ()
+
+
+def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
+    """A template group takes `node` as an epilogue: pointwise over its output space, reading one of its buffers."""
+    o, i = _shape(node)
+    produced = {n.name for n in group.nodes}
+    return not node.is_reduction() and o == group.outer and bool(deps.reads(node) & produced)
 
 
 def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
@@ -202,8 +221,15 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
     return True
 
 
-def schedule(graph: ir.LoweredGraph) -> Schedule:
-    """Order the graph's nodes into kernels and extern calls, then mark register-only buffers."""
+def schedule(graph: ir.LoweredGraph, templates: dict | None = None, options: dict | None = None) -> Schedule:
+    """Order the graph's nodes into kernels and extern calls, then mark register-only buffers.
+
+    `templates`: node name -> template spec (see the module docstring); `options`: the compile options
+    (`epilogue_fusion` is read here; the code generators read the others from `Schedule.options`)."""
+    templates = templates or {}
+    options = options or {}
+    epilogues = options.get("epilogue_fusion", True)
+    template_groups: set[int] = set()
     steps: list = []
     where: dict[str, int] = {}
     for inp in graph.inputs:
@@ -216,6 +242,9 @@ def schedule(graph: ir.LoweredGraph) -> Schedule:
         producers = {where.get(b, -1) for b in deps.reads(node)}
         earliest = max(producers, default=-1)
         candidates = [k for k in range(len(steps) - 1, max(earliest, 0) - 1, -1) if isinstance(steps[k], KernelGroup)]
+        if node.name in templates:
+            candidates = []
+        candidates = [k for k in candidates if k not in template_groups or (epilogues and _epilogue_ok(steps[k], node))]
         # vertical fusion (into a producer's kernel) first, then horizontal
         candidates.sort(key=lambda k: k not in producers)
         placed = next((k for k in candidates if _try_add(steps[k], node)), None)
@@ -224,8 +253,10 @@ def schedule(graph: ir.LoweredGraph) -> Schedule:
             steps.append(KernelGroup(f"kernel{sum(isinstance(s, KernelGroup) for s in steps)}", o, i,
                                      [Segment(bool(i), [node])]))
             placed = len(steps) - 1
+            if node.name in templates:
+                template_groups.add(placed)
         where[node.name] = placed
-    sched = Schedule(graph, steps)
+    sched = Schedule(graph, steps, dict(templates), dict(options))
     _mark_local(sched)
     return sched
 

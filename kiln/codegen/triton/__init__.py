@@ -44,13 +44,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def prepare(graph, options: dict, device: str) -> dict:
+    """Before scheduling: matmul templates (max_autotune) and shape padding; returns the template specs."""
+    from kiln.codegen.triton.templates import prepare as prepare_matmuls
+
+    return prepare_matmuls(graph, options, device)
+
+
 def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
-    """(Python source of every kernel of `sched` and its launcher, kernel name -> TritonKernel)."""
+    """(Python source of every kernel of `sched` and its launcher, kernel name -> TritonKernel).
+
+    Under `max_autotune` (read from `sched.options`) each group is several candidates behind an
+    `Autotuned` (kiln/codegen/triton/tuning.py); template groups always are."""
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     external = external_reads(sched)
-    kernels = {g.name: generate_kernel(g, layouts, external) for g in sched.kernels()}
-    source = "\n\n".join([HEADER] + [k.source for k in kernels.values()])
+    tune = sched.options.get("max_autotune", False)
+    kernels = {}
+    for g in sched.kernels():
+        spec = sched.template_of(g)
+        if spec is not None or tune:
+            from kiln.codegen.triton import tuning
+
+            kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
+                else tuning.tuned_kernel(g, layouts, external)
+        else:
+            kernels[g.name] = generate_kernel(g, layouts, external)
+    header = HEADER
+    if any(getattr(k, "variants", None) for k in kernels.values()):
+        from kiln.codegen.triton.tuning import HEADER as TUNING_HEADER
+
+        header += TUNING_HEADER
+    source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
 
 
@@ -114,17 +139,22 @@ def load_module(source: str):
         return module
 
 
-def load_kernels(source: str, kernels: dict[str, TritonKernel]) -> dict:
-    """The launcher of each kernel: `name(*tensors, *sizes)`, as the wrapper calls it."""
+def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> dict:
+    """The launcher of each kernel: `name(*tensors, *sizes)`, as the wrapper calls it.
+
+    `timer(label, run) -> ms`: how the autotuned kernels (max_autotune) time their candidates
+    (default: kiln/runtime/autotune.py's; tests pass a deterministic one)."""
     if not kernels:
         return {}
     module = load_module(source)
     for k in kernels.values():  # compile errors surface here, where the graph can still fall back to ATen
-        if hasattr(k, "precompile"):
-            k.precompile(module)
-        else:
-            getattr(module, f"_launch_{k.jit_name}").precompile(*k.example_args())
-    return {name: getattr(module, name) for name in kernels}
+        k.precompile(module)
+    launchers = {name: getattr(module, name) for name in kernels}
+    if timer is not None:
+        for fn in launchers.values():
+            if hasattr(fn, "candidates"):
+                fn.timer = timer
+    return launchers
 
 
-__all__ = ["available", "interpreting", "generate_module", "load_kernels", "TritonKernel"]
+__all__ = ["available", "interpreting", "prepare", "generate_module", "load_kernels", "TritonKernel"]

@@ -120,3 +120,50 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
             combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))
             return Config("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
     return Config("looped", xblock, rblock, warps, index_dtype)
+
+
+def _warps(elements: int, per_warp: int) -> int:
+    return max(1, min(8, elements // per_warp))
+
+
+def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config]:
+    """Configurations max-autotune benchmarks for `group`: the heuristic's choice first, then variants around
+    it (block sizes, num_warps; a looped form of a persistent or split reduction), at most `limit`."""
+    base = choose(group, layouts)
+    out = [base]
+    xnumel = _static(product(group.outer))
+    xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
+    idx = base.index_dtype
+    more: list[Config] = []
+    if base.kind == "pointwise":
+        for x in (1024, 512, 2048, 256, 128):
+            if x <= max(xcap, 128):
+                more += [Config("pointwise", x, 1, _warps(x, 256), idx), Config("pointwise", x, 1, _warps(x, 128), idx)]
+    else:
+        rnumel = _static(product(group.inner))
+        rcap = 1 << 30 if rnumel is None else next_pow2(rnumel)
+        if base.kind == "persistent":
+            for x in (1, 2, 4, 8, 16, 32, 64, 128):
+                if x <= xcap and x * base.RBLOCK <= 2 * BLOCK_ELEMENTS and x != base.XBLOCK:
+                    more.append(Config("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
+        small = [(1, max(16, rcap // 2)), (2, max(16, rcap // 4))] if rcap <= 2 * PERSISTENT_MAX_RBLOCK else []
+        for x, r in small + [(1, 2048), (1, 1024), (4, 512), (8, 512), (16, 256), (32, 128), (64, 64), (2, 1024)]:
+            if x <= xcap and r <= max(rcap, 64) and (x, r) != (base.XBLOCK, base.RBLOCK):
+                more.append(Config("looped", x, r, _warps(x * r, 256), idx))
+    seen = {base}
+    for c in more:
+        if c not in seen and len(out) < limit:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def label(cfg: Config) -> str:
+    """A candidate's name in logs and in the autotune cache."""
+    parts = [cfg.kind, f"XBLOCK={cfg.XBLOCK}"]
+    if cfg.kind != "pointwise":
+        parts.append(f"RBLOCK={cfg.RBLOCK}")
+    if cfg.kind == "split":
+        parts.append(f"RSPLIT={cfg.RSPLIT}")
+    parts.append(f"num_warps={cfg.num_warps}")
+    return " ".join(parts)

@@ -133,6 +133,11 @@ class TritonKernel:
         # the launcher takes the group's name (what the wrapper calls); the kernel is named after it
         plain = group.name.startswith("kernel") and group.name[6:].isdigit()
         self.jit_name = f"triton_{group.name}" + (f"_{describe(group)}" if plain and describe(group) else "")
+        # max-autotune emits one launcher per candidate config: `entry` is the launcher's name, `launch_suffix`
+        # tells its Launcher objects apart, `signature` (when set) is the argument order the entry takes
+        self.entry = group.name
+        self.launch_suffix = ""
+        self.signature: list | None = None
 
     # ------------------------------------------------------------------ emission helpers
     def line(self, s: str) -> None:
@@ -304,7 +309,8 @@ class TritonKernel:
             params.append("RBLOCK: tl.constexpr")
         head = ["@triton.jit", f"def {self.jit_name}({', '.join(params)}):",
                 f'    """{self._docstring()}"""']
-        return "\n".join(head + body) + "\n\n\n" + self._launcher()
+        self.jit_source = "\n".join(head + body)
+        return self.jit_source + "\n\n\n" + self._launcher()
 
     def _docstring(self) -> str:
         g, cfg = self.group, self.config
@@ -329,10 +335,14 @@ class TritonKernel:
         ints = [int(v) if sympy.sympify(v).is_Integer else 2 for v in list(self.size_args) + numels]
         return dtypes, ints
 
+    def precompile(self, module) -> None:
+        """Compile the kernel now, where a failure can still fall back to ATen."""
+        getattr(module, f"_launch_{self.jit_name}{self.launch_suffix}").precompile(*self.example_args())
+
     def _launcher(self) -> str:
         g, cfg = self.group, self.config
         sizes = [str(s) for s in self.size_args]
-        lines = [f"def {g.name}({', '.join(self.arg_names + sizes)}):",
+        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
                  f"    xnumel = {pyexpr(product(g.outer))}"]
         args = self.arg_names + sizes + ["xnumel"]
         kw = f"XBLOCK={cfg.XBLOCK}"
@@ -343,8 +353,8 @@ class TritonKernel:
         lines.append("    if xnumel <= 0:")
         lines.append("        return")
         grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
-        lines.append(f"    _launch_{self.jit_name}({grid}, {', '.join(args)})")
-        launcher = (f"_launch_{self.jit_name} = Launcher({self.jit_name}, {len(self.arg_names)}, "
+        lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})")
+        launcher = (f"_launch_{self.jit_name}{self.launch_suffix} = Launcher({self.jit_name}, {len(self.arg_names)}, "
                     f"num_warps={cfg.num_warps}, {kw})")
         return launcher + "\n\n\n" + "\n".join(lines) + "\n"
 
@@ -495,13 +505,14 @@ def _result_dtype(node) -> torch.dtype:
     return node.layout.dtype if node.data.reduction_type in ("argmax", "argmin") else node.data.body.dtype
 
 
-def generate_kernel(group: KernelGroup, layouts: dict, external=None) -> TritonKernel:
-    """`external`: buffers read outside their own kernel (or returned); others may stay in registers."""
+def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: Config | None = None) -> TritonKernel:
+    """`external`: buffers read outside their own kernel (or returned); others may stay in registers.
+    `config`: the block sizes to use (default: the heuristic's choice)."""
     from dataclasses import replace
 
     from kiln.codegen.triton.split import SplitReductionKernel, splittable
 
-    config = choose(group, layouts)
+    config = config or choose(group, layouts)
     if config.kind == "split" and splittable(group):
         k = SplitReductionKernel(group, layouts, config, external=external)
     else:

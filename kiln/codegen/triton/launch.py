@@ -30,10 +30,12 @@ def _int_key(v: int):
 
 
 class Launcher:
-    def __init__(self, fn, num_tensors: int, num_warps: int, **constexprs):
+    def __init__(self, fn, num_tensors: int, num_warps: int, num_stages: int | None = None, **constexprs):
         self.fn = fn
         self.num_tensors = num_tensors
         self.num_warps = num_warps
+        self.options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
+                                                                            "num_stages": num_stages}
         self.constexprs = constexprs
         self.const_values = tuple(constexprs.values())
         self.binaries: dict = {}
@@ -47,7 +49,7 @@ class Launcher:
         """
         if not self.direct:
             return
-        binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, num_warps=self.num_warps)
+        binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, **self.options)
         if binary is not None and _no_hooks():
             self.binaries[tuple([True] * len(dtypes) + [_int_key(v) for v in ints])] = binary
 
@@ -67,8 +69,8 @@ class Launcher:
                 binary.run(gx, gy, 1, stream, binary.function, binary.packed_metadata, None, None, None,
                            *args, *self.const_values)
                 return
-            binary = self.fn[(gx, gy)](*args, **self.constexprs, num_warps=self.num_warps)
+            binary = self.fn[(gx, gy)](*args, **self.constexprs, **self.options)
             if hooks and binary is not None:
                 self.binaries[key] = binary
             return
-        self.fn[(gx, gy)](*args, **self.constexprs, num_warps=self.num_warps)
+        self.fn[(gx, gy)](*args, **self.constexprs, **self.options)

@@ -79,7 +79,8 @@ class SplitReductionKernel(TritonKernel):
         src += ["", "", "@triton.jit", f"def {self.jit_name}({', '.join(c_params)}):",
                 f'    """{doc} (combine + epilogue)"""']
         src += combine_body
-        return "\n".join(src) + "\n\n\n" + self._launcher()
+        self.jit_source = "\n".join(src)
+        return self.jit_source + "\n\n\n" + self._launcher()
 
     def _docstring(self) -> str:
         g = self.group
@@ -146,23 +147,23 @@ class SplitReductionKernel(TritonKernel):
         sizes = [str(s) for s in self.size_args]
         ws = [w[0] for w in self.workspaces]
         first = self.arg_names[0]
-        lines = [f"def {g.name}({', '.join(self.arg_names + sizes)}):",
+        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
                  f"    xnumel = {pyexpr(product(g.outer))}",
                  f"    rnumel = {pyexpr(product(g.inner))}",
                  "    if xnumel <= 0:",
                  "        return"]
         for name, dtype, *_ in self.workspaces:
             lines.append(f"    {name} = torch.empty(xnumel * {cfg.RSPLIT}, dtype={dtype}, device={first}.device)")
-        lines.append(f"    _launch_{self.jit_name}_partial(((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}, {cfg.RSPLIT}), "
+        lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}(((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}, {cfg.RSPLIT}), "
                      f"{', '.join(ws + self.partial_args + sizes + ['xnumel', 'rnumel'])})")
         cx = cfg.COMBINE_XBLOCK
-        lines.append(f"    _launch_{self.jit_name}((xnumel + {cx - 1}) // {cx}, "
+        lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}((xnumel + {cx - 1}) // {cx}, "
                      f"{', '.join(ws + self.combine_args + sizes + ['xnumel'])})")
         launchers = [
-            f"_launch_{self.jit_name}_partial = Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
+            f"_launch_{self.jit_name}_partial{self.launch_suffix} = Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
             f"num_warps={cfg.num_warps}, XBLOCK={cfg.XBLOCK}, RBLOCK={cfg.RBLOCK}, RSPLIT={cfg.RSPLIT}, "
             f"RCHUNK={cfg.RCHUNK})",
-            f"_launch_{self.jit_name} = Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
+            f"_launch_{self.jit_name}{self.launch_suffix} = Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
             f"num_warps={max(1, min(8, cx * cfg.RSPLIT // 256))}, XBLOCK={cx}, RSPLIT={cfg.RSPLIT})",
         ]
         return "\n".join(launchers) + "\n\n\n" + "\n".join(lines) + "\n"
@@ -174,6 +175,6 @@ class SplitReductionKernel(TritonKernel):
         numels = [int(v) if v.is_Integer else 2 for v in (product(g.outer), product(g.inner))]
         ws_dtypes = [w[1] for w in self.workspaces]
         dt = [self.layouts[b].dtype for b in self.partial_args]
-        getattr(module, f"_launch_{self.jit_name}_partial").precompile(ws_dtypes + dt, sizes + numels)
+        getattr(module, f"_launch_{self.jit_name}_partial{self.launch_suffix}").precompile(ws_dtypes + dt, sizes + numels)
         dc = ws_dtypes + [self.layouts[b].dtype for b in self.combine_args]
-        getattr(module, f"_launch_{self.jit_name}").precompile(dc, sizes + numels[:1])
+        getattr(module, f"_launch_{self.jit_name}{self.launch_suffix}").precompile(dc, sizes + numels[:1])

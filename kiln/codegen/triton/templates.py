@@ -32,7 +32,8 @@ import torch
 
 from kiln.codegen.triton import ops
 from kiln.codegen.triton.heuristics import Config, _index_dtype, next_pow2
-from kiln.codegen.triton.kernel import TritonKernel, _Scope, texpr
+from kiln.codegen.triton.kernel import TritonKernel, _Scope
+from kiln.codegen.triton.libdevice import interpreting
 from kiln.lower import ir
 from kiln.lower.index import index_vars
 from kiln.schedule.fusion import KernelGroup, Segment, nonunit
@@ -323,6 +324,8 @@ class MatmulTemplateKernel(TritonKernel):
         self.line("else:")
         self.line(f"    a = tl.load(a_ptrs, mask=rk[None, :] < {spec.K} - k, other=0.0)")
         self.line(f"    b = tl.load(b_ptrs, mask=rk[:, None] < {spec.K} - k, other=0.0)")
+        if spec.dtype == torch.bfloat16 and interpreting():  # the interpreter's bf16 dot is wrong; fp32 is exact
+            self.line("a, b = a.to(tl.float32), b.to(tl.float32)")
         self.line(f'acc += tl.dot(a, b, input_precision="{precision}")')
         self.line(f"a_ptrs += BLOCK_K * {sak}")
         self.line(f"b_ptrs += BLOCK_K * {sbk}")

@@ -1,0 +1,204 @@
+"""max-autotune's matmul template (kiln/codegen/triton/templates.py) and shape padding, on the CPU.
+
+The Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton as in
+test_triton_kernels.py); tensors are tiny because the interpreter is slow. Each template is checked
+against eager with the template forced to win (a deterministic timer passed to `load_kernels`) and
+with ATen forced to win, so both paths of the choice are exercised.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+
+from lower.helpers import assert_same, trace  # noqa: E402
+
+from kiln.codegen import compile_aten_graph  # noqa: E402
+from kiln.codegen import triton as triton_target  # noqa: E402
+from kiln.codegen.describe import name_kernels  # noqa: E402
+from kiln.codegen.triton import templates  # noqa: E402
+from kiln.codegen.wrapper import generate_wrapper  # noqa: E402
+from kiln.config import validate_options  # noqa: E402
+from kiln.lower import lower_graph  # noqa: E402
+from kiln.schedule.fusion import schedule  # noqa: E402
+from kiln.schedule.memory import plan_memory  # noqa: E402
+
+MAX = {**validate_options("max-autotune-no-cudagraphs", None), "cpu_backend": "triton"}
+DEFAULT = {**validate_options(None, None), "cpu_backend": "triton"}
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+
+
+def fresh_process(name: str) -> None:
+    """What a new process would see: no kernel module loaded, an empty autotune cache."""
+    triton_target._loaded.clear()
+    os.environ["KILN_CACHE_DIR"] = os.path.join(os.environ["KILN_CACHE_DIR"], name)
+
+
+def prefer(kind: str):
+    """A timer under which every candidate whose label starts with `kind` is fastest (and each runs once)."""
+    def timer(label, run):
+        run()
+        return 1.0 if label.startswith(kind) else 2.0
+    return timer
+
+
+def build(fn, inputs, options, timer=None, device="cpu"):
+    """The stages of kiln.codegen._compile, with `timer` given to the autotuned kernels:
+    (call, schedule, namespace, kernel source)."""
+    gm = trace(fn, *inputs)
+    graph = lower_graph(gm, inputs)
+    sched = schedule(graph, triton_target.prepare(graph, options, device), options)
+    name_kernels(sched)
+    plan = plan_memory(sched)
+    source, kernels = triton_target.generate_module(sched)
+    wrapper, namespace = generate_wrapper(sched, plan, kernels, device=device)
+    namespace.update(triton_target.load_kernels(source, kernels, timer=timer))
+    exec(compile(wrapper, "<test wrapper>", "exec"), namespace)
+    return namespace["call"], sched, namespace, source
+
+
+def template_groups(sched):
+    return [g for g in sched.kernels() if sched.template_of(g) is not None]
+
+
+def check_both_ways(fn, *inputs, epilogue_nodes=None, options=MAX):
+    """Compile under max-autotune with the template winning, then with ATen winning; both equal eager."""
+    ref = fn(*inputs)
+    for kind in ("template", "aten"):
+        fresh_process(kind)
+        call, sched, ns, source = build(fn, list(inputs), options, prefer(kind))
+        groups = template_groups(sched)
+        assert groups, str(sched)
+        assert_same(call(*inputs), ref)
+        for g in groups:
+            assert ns[g.name].decisions[()]["winner"].startswith(kind)
+        if epilogue_nodes is not None:
+            assert [len(g.nodes) - 1 for g in groups] == epilogue_nodes, str(sched)
+    return sched, source
+
+
+def test_linear_relu_epilogue_is_fused_into_the_template():
+    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    sched, source = check_both_ways(lambda x, w, b: F.relu(F.linear(x, w, b)) * 0.5, x, w, b, epilogue_nodes=[2])
+    assert "tl.dot" in source and "Autotuned(" in source
+    assert len(sched.kernels()) == 1  # matmul, bias, relu and scale: one kernel
+
+
+def test_mm_without_epilogue_and_uneven_k():
+    a, b = torch.randn(7, 19), torch.randn(19, 9)  # K=19: the last K block is masked
+    check_both_ways(torch.mm, a, b, epilogue_nodes=[0])
+
+
+def test_bmm_with_transposed_operand_and_epilogue():
+    a, b = torch.randn(3, 6, 17), torch.randn(3, 5, 17)
+    check_both_ways(lambda a, b: torch.tanh(torch.bmm(a, b.transpose(1, 2))) + 1, a, b, epilogue_nodes=[1])
+
+
+def test_matmul_output_read_elsewhere_is_stored():
+    x, w = torch.randn(4, 16), torch.randn(16, 8)
+
+    def fn(x, w):
+        y = x @ w
+        return y.sigmoid(), y.sum(0)
+    sched, _ = check_both_ways(fn, x, w)
+    group = template_groups(sched)[0]
+    assert group.nodes[0].name not in group.local
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_addmm(dtype):
+    x, w, b = (torch.randn(4, 16, dtype=dtype), torch.randn(16, 8, dtype=dtype), torch.randn(8, dtype=dtype))
+    check_both_ways(lambda b, x, w: torch.addmm(b, x, w).relu(), b, x, w)
+
+
+def test_epilogue_fusion_off_keeps_the_epilogue_apart():
+    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
+    sched, _ = check_both_ways(fn, x, w, b, epilogue_nodes=[0], options={**MAX, "epilogue_fusion": False})
+    assert len(sched.kernels()) == 2
+
+
+def test_compile_aten_graph_under_each_mode():
+    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b)).softmax(-1)  # noqa: E731
+    ref = fn(x, w, b)
+    for mode in ("default", "max-autotune-no-cudagraphs", "max-autotune"):
+        options = {**validate_options(mode, None), "cpu_backend": "triton"}
+        compiled = compile_aten_graph(trace(fn, x, w, b), [x, w, b], options)
+        assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+        assert_same(compiled(x, w, b), ref)
+        src = compiled.artefacts["kernels.py"]
+        assert ("tl.dot" in src) == (mode != "default")
+        # default keeps the matmul an extern ATen call, as before max-autotune existed
+        assert ("extern" in str(compiled.artefacts["schedule"])) == (mode == "default")
+
+
+def test_symbolic_sizes_keep_the_extern():
+    x, w = torch.randn(5, 16), torch.randn(16, 8)
+    gm = trace(lambda x, w: (x @ w).relu(), x, w, mode="symbolic")
+    graph = lower_graph(gm, [x, w])
+    assert templates.prepare(graph, MAX, "cpu") == {}
+
+
+# ----------------------------------------------------------------------------- shape padding
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm"])
+def test_padded_matmul_equals_aten(op):
+    torch.manual_seed(0)
+    if op == "bmm":
+        args = (torch.randn(2, 5, 13), torch.randn(2, 13, 6))
+    elif op == "mm":
+        args = (torch.randn(5, 13), torch.randn(13, 6))
+    else:
+        args = (torch.randn(6), torch.randn(5, 13), torch.randn(13, 6))
+    ref = getattr(torch, op)(*args)
+    got = templates.PaddedMatmul(op, 8)(*args)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref)
+
+
+def test_padding_is_for_cuda_tensor_cores_only():
+    assert templates.padding_multiple(torch.float16, "cuda") == 8
+    assert templates.padding_multiple(torch.bfloat16, "cuda") == 8
+    assert templates.padding_multiple(torch.float16, "cpu") == 0
+    assert templates.needs_padding(13, 16, 8) and not templates.needs_padding(16, 24, 8)
+
+
+def test_shape_padding_rewrites_the_extern_on_cuda_graphs():
+    """The pass itself, on a CPU graph told it runs on CUDA: the extern calls PaddedMatmul, and runs right."""
+    x, w = torch.randn(5, 13, dtype=torch.float16), torch.randn(13, 6, dtype=torch.float16)
+    gm = trace(lambda x, w: x @ w, x, w)
+    graph = lower_graph(gm, [x, w])
+    assert templates.prepare(graph, {**DEFAULT, "shape_padding": True}, "cuda") == {}
+    ops = [n.op for n in graph.nodes if hasattr(n, "op")]
+    assert any(isinstance(op, templates.PaddedMatmul) for op in ops), ops
+    padded = next(op for op in ops if isinstance(op, templates.PaddedMatmul))
+    torch.testing.assert_close(padded(x.float(), w.float()), x.float() @ w.float())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",
+                    reason="needs a CUDA device (KILN_TRITON_TEST_DEVICE=cuda)")
+def test_template_and_padding_on_gpu():
+    x, w, b = (torch.randn(100, 250, device="cuda", dtype=torch.float16),
+               torch.randn(130, 250, device="cuda", dtype=torch.float16), torch.randn(130, device="cuda",
+                                                                                   dtype=torch.float16))
+    fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
+    for kind in ("template", "aten"):
+        call, sched, ns, _ = build(fn, [x, w, b], MAX, prefer(kind), device="cuda:0")
+        assert template_groups(sched)
+        assert_same(call(x, w, b), fn(x, w, b))

@@ -313,9 +313,10 @@ class MatmulTemplateKernel(TritonKernel):
         self.line(f"a_ptrs = {a.buf} + ({int(a.layout.offset)} + {ba}ram[:, None] * {sam} + rk[None, :] * {sak})")
         self.line(f"b_ptrs = {b.buf} + ({int(b.layout.offset)} + {bb}rk[:, None] * {sbk} + rbn[None, :] * {sbn})")
         self.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-        precision = "tf32" if spec.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
-        if spec.dtype != torch.float32:
-            precision = "ieee"  # half inputs: the tensor cores' own precision
+        # fp32 as eager computes it: TF32 only where torch allows it (half inputs: the tensor cores' own precision)
+        precision = ""
+        if spec.dtype == torch.float32:
+            precision = ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"'
         self.line(f"for k in range(0, {spec.K}, BLOCK_K):")
         self.indent += 1
         self.line("if EVEN_K:")
@@ -326,7 +327,7 @@ class MatmulTemplateKernel(TritonKernel):
         self.line(f"    b = tl.load(b_ptrs, mask=rk[:, None] < {spec.K} - k, other=0.0)")
         if spec.dtype == torch.bfloat16 and interpreting():  # the interpreter's bf16 dot is wrong; fp32 is exact
             self.line("a, b = a.to(tl.float32), b.to(tl.float32)")
-        self.line(f'acc += tl.dot(a, b, input_precision="{precision}")')
+        self.line(f"acc += tl.dot(a, b{precision})")
         self.line(f"a_ptrs += BLOCK_K * {sak}")
         self.line(f"b_ptrs += BLOCK_K * {sbk}")
         self.indent -= 1

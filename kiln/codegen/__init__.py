@@ -7,7 +7,8 @@ Public API (shared by the C++ and the Triton targets):
 
 The stages, each usable alone (a target needs only the last two):
   kiln.lower.lower_graph(gm, example_inputs) -> ir.LoweredGraph   (kiln.lower.verify.verify checks it)
-  kiln.schedule.fusion.schedule(graph) -> Schedule of KernelGroup / ExternStep
+  kiln.schedule.fusion.schedule(graph, templates, options) -> Schedule of KernelGroup / ExternStep
+      (templates: the target's `prepare(graph, options, device)`, Triton's max-autotune matmuls)
   kiln.schedule.memory.plan_memory(schedule) -> MemoryPlan
   target.generate_module(schedule) / target.load_kernels(...)     (codegen/cpp, codegen/triton)
   kiln.codegen.wrapper.generate_wrapper(schedule, plan, kernels)  the host program

@@ -196,6 +196,9 @@ class Autotuned:
 
     def _decide(self, args) -> Callable:
         sizes = args[self.num_tensors:]
+        if len(self.candidates) == 1:  # nothing to choose: no benchmark, no cache file
+            self.chosen[sizes] = next(iter(self.candidates.values()))
+            return self.chosen[sizes]
         if _capturing():  # no benchmarking inside a CUDA graph recording
             label = self._read(decision_key(self.source_hash, args)) or next(iter(self.candidates))
             return self.candidates[label]

@@ -68,6 +68,13 @@ def test_winner_is_the_fastest_by_the_given_timings():
     assert ran == ["b"] and calls == ["a", "b", "c"]  # decided once per size set
 
 
+def test_a_single_candidate_is_not_benchmarked():
+    calls = []
+    tuned = autotune.Autotuned("k", "src", {"only": counting([], 0)}, 0, timer=fixed_timer({"only": 1.0}, calls))
+    tuned()
+    assert calls == [] and tuned.decisions == {}
+
+
 def test_ties_keep_the_first_candidate_and_failures_are_never_chosen():
     def broken(*args):
         raise RuntimeError("out of shared memory")
@@ -205,11 +212,12 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
     compiled(*args)
     tunings = autotune.stats["tunings"] - before["tunings"]
-    assert tunings == compiled.num_kernels >= 3  # every kernel (the matmul template group included)
+    assert tunings >= 3  # the kernels with a choice to make (the matmul template group included)
     files = list((tmp_path / "autotune").rglob("*.json"))
     assert len(files) == tunings
     winners = {json.loads(f.read_text())["kernel"]: json.loads(f.read_text())["winner"] for f in files}
-    assert set(winners) == set(compiled.artefacts["kernel_names"])
+    assert set(winners) <= set(compiled.artefacts["kernel_names"]) and len(winners) == tunings
+    assert any(w == "aten" or w.startswith("template") for w in winners.values())
 
     triton_target._loaded.clear()  # what a second process starts with
     before = dict(autotune.stats)
@@ -243,11 +251,14 @@ def test_injected_timer_picks_the_fastest_generated_config():
     call, sched, ns, source = build(workload, args, options, last_is_fastest)
     for g, r in zip(call(*args), workload(*args)):
         torch.testing.assert_close(g, r, atol=2e-5, rtol=2e-5)
+    chosen = 0
     for group in sched.kernels():
         tuned = ns[group.name]
         labels = list(tuned.candidates)
-        assert tuned.decisions[()]["winner"] == labels[-1], (group.name, labels)
-        assert len(labels) >= 2, (group.name, labels)
+        if len(labels) > 1:
+            assert tuned.decisions[()]["winner"] == labels[-1], (group.name, labels)
+            chosen += 1
+    assert chosen >= 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",

@@ -9,7 +9,7 @@ Three shapes of kernel:
               then combines the lanes.
 A row-contiguous reduction (the reduced dim has stride 1) spends the block on the
 reduction; a column reduction (stride 1 on an outer dim) spends it on rows so
-that loads stay coalesced. max-autotune (later) benchmarks around these choices.
+that loads stay coalesced. max-autotune benchmarks around these choices (`candidates`).
 """
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def _broadcast_index(ref: ir.TensorRef, out_vars) -> sympy.Expr:
     return sympy.expand(idx)
 
 
-def _template_node(n: ir.Extern, graph_device: str, pad: int):
+def _template_node(n: ir.Extern, pad: int):
     """(nodes replacing the extern, name -> MatmulSpec) or None when the template cannot compute it."""
     kind = MATMULS[n.op]
     if kind == "addmm":
@@ -252,7 +252,7 @@ def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
         if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout):
             dtype = n.layout.dtype
             multiple = padding_multiple(dtype, device_type) if padding else 0
-            made = _template_node(n, device, multiple) if autotune else None
+            made = _template_node(n, multiple) if autotune else None
             if made is not None:
                 nodes += made[0]
                 templates.update(made[1])

@@ -38,7 +38,7 @@ from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner
-from kiln.autograd.signature import FlatProgram
+from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
 
 log = logging.getLogger("kiln.aot")
 
@@ -57,35 +57,23 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     if it sets `_boxed_call = True`, over one list of them, which it may empty to free
     inputs early). The result has `gm`'s calling convention.
     """
-    if _has_symbolic_sizes(gm):
+    try:
+        compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
+        flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        compiled.runner(compiled.key(flat + compiled.program.state()))
+        return compiled
+    except NeedsStaticShapes as e:
+        log.info("%s: %s: compiling it once per input shape", name, e)
         return PerShapeCompiled(gm, example_inputs, compiler, decompositions, name)
-    return _aot_compiled(gm, example_inputs, compiler, decompositions, name)
-
-
-def _aot_compiled(gm, example_inputs, compiler, decompositions, name) -> "AOTCompiled":
-    compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
-    flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    compiled.runner(compiled.key(flat + compiled.program.state()))
-    return compiled
-
-
-def _has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
-    """A graph captured with dynamic dimensions: its placeholders' example values have SymInt sizes."""
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
-            return True
-    return False
 
 
 class PerShapeCompiled:
-    """A dynamic-shape graph compiled once per distinct input shape.
+    """A dynamic-shape graph compiled once per distinct input shape, with static sizes.
 
-    The ATen tracing here specializes sizes, so a graph captured with symbolic sizes must
-    not reuse a compilation made for other sizes: each new (shape, stride) signature gets
-    its own (non-tensor inputs, baked in as constants, are part of the signature too).
-    Correct for every size; carrying the symbols through to the kernels, so one
-    compilation serves all sizes, is the next step.
+    The fallback for what the symbolic path cannot express yet (`NeedsStaticShapes`), and
+    for calls whose sizes fail a guard that the lazy compile of a second variant added:
+    each new (shape, stride) signature gets its own static compilation (non-tensor inputs,
+    baked in as constants, are part of the signature too).
     """
 
     def __init__(self, gm, example_inputs, compiler, decompositions, name):
@@ -99,7 +87,9 @@ class PerShapeCompiled:
             gm, compiler, decompositions, name = self.args
             if self.compiled:
                 log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
-            self.compiled[key] = _aot_compiled(gm, list(args), compiler, decompositions, name)
+            self.compiled[key] = compiled = AOTCompiled(gm, list(args), compiler, decompositions, name,
+                                                        static_shapes=True)
+            compiled.runner(compiled.key(compiled.program.flatten_inputs(tuple(args))))
         return self.compiled[key]
 
     def __call__(self, *args):
@@ -136,18 +126,39 @@ class AOTCompiled:
     """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast) variant."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler,
-                 decompositions: dict | None, name: str):
-        self.program = FlatProgram(gm, example_inputs)
+                 decompositions: dict | None, name: str, static_shapes: bool = False):
+        self.program = FlatProgram(gm, example_inputs, static_shapes)
         self.compiler = compiler
         self.decompositions = decompositions
         self.name = name
-        self.runners: dict[Any, Callable] = {}
+        self.runners: dict[Any, Callable | None] = {}
         self.partitions: dict[Any, Partition] = {}
         self.traces: dict[Any, list[Trace]] = {}
+        # Dynamic shapes. The variant compiled with the capture is covered by the capture's
+        # guards (built after it); a variant compiled later may add size guards of its own:
+        # they are checked here, and calls that fail them (or variants the symbolic path
+        # cannot express: runner None) run a compilation specialized to their sizes.
+        self.size_checks: dict[Any, str] = {}
+        self.specialized: PerShapeCompiled | None = None
+        self._covered_by_capture = True
 
     def __call__(self, *args):
         flat = self.program.flatten_inputs(args)
-        return self.runner(self.key(flat))(flat)
+        key = self.key(flat)
+        runner = self.runner(key)
+        if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)):
+            return self._specialized(args)
+        return runner(flat)
+
+    def _sizes_admitted(self, key, flat: list) -> bool:
+        check = self.size_checks.get(key)
+        return check is None or self.program.shape_env().evaluate_guards_expression(check, flat)
+
+    def _specialized(self, args: tuple):
+        if self.specialized is None:
+            self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler, self.decompositions,
+                                                self.name)
+        return self.specialized(*args)
 
     @staticmethod
     def key(flat: list) -> tuple:
@@ -159,11 +170,25 @@ class AOTCompiled:
             return None, autocast
         return tuple(t.requires_grad for t in flat), autocast
 
-    def runner(self, key: tuple) -> Callable:
+    def runner(self, key: tuple) -> Callable | None:
         if key not in self.runners:
             start = time.perf_counter()
             self.traces[key] = []
-            self.runners[key] = self._build_training(key) if key[0] is not None else self._build_inference(key)
+            covered = self._covered_by_capture  # compiled within the capture's backend call
+            shape_env = self.program.shape_env()
+            guards_before = len(shape_env.guards) if shape_env else 0
+            try:
+                self.runners[key] = self._build_training(key) if key[0] is not None else self._build_inference(key)
+            except NeedsStaticShapes as e:
+                if covered:
+                    raise
+                log.info("%s: %s: this variant compiles once per input shape", self.name, e)
+                self.runners[key] = None
+            finally:
+                if covered:
+                    self._covered_by_capture = False
+            if shape_env and not covered and len(shape_env.guards) > guards_before:
+                self.size_checks[key] = shape_env.produce_guards_expression(self.program.symbolic_inputs())
             log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
                      time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
         return self.runners[key]
@@ -189,9 +214,10 @@ class AOTCompiled:
         program = self.program
         signature = self._pass(key, "analyze", program.analyze, None)
         traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
-                            tracing_table(self.decompositions, training=False), graph_of=lambda gm: gm)
+                            tracing_table(self.decompositions, training=False), program.fake_mode(),
+                            graph_of=lambda gm: gm)
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
-                                      graph_of=lambda result: result[0])
+                                      program.fake_mode(), graph_of=lambda result: result[0])
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
 
     def _build_training(self, key: tuple) -> Callable:
@@ -202,9 +228,10 @@ class AOTCompiled:
             return self.runner((None, key[1]))
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
-                           tracing_table(self.decompositions, training=True), graph_of=lambda j: j.gm)
-        tangent_specs = [signature.graph_outputs[i] for i in signature.differentiable()]
-        graph, mutations = self._pass(key, "joint", functionalize, joint.gm, program.input_specs + tangent_specs,
+                           tracing_table(self.decompositions, training=True), program.fake_mode(),
+                           graph_of=lambda j: j.gm)
+        graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
+                                      program.input_specs + signature.tangent_specs(), program.fake_mode(),
                                       graph_of=lambda result: result[0])
         _check_no_mutation_of_grad_inputs(mutations, requires_grad)
         num_outputs, num_grads = joint.num_outputs, sum(joint.grad_mask)
@@ -220,7 +247,7 @@ class AOTCompiled:
         backward = self._compile(key, "backward", split.backward)
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
-        return TrainingRunner(program, signature, forward, backward, moved, len(split.saved), joint.grad_mask)
+        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
 
 
 def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:

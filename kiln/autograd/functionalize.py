@@ -33,11 +33,15 @@ class InputMutation:
     output_index: int
 
 
-def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec]) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
-    """A functional copy of `gm`; input mutations are appended to its outputs."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
+                  mode: FakeTensorMode | None = None) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
+    """A functional copy of `gm`; input mutations are appended to its outputs.
+
+    Traced in `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one
+    owning its symbols)."""
+    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [s.fake(mode) for s in input_specs]
-    with torch.no_grad(), torch._C._DisableAutocast():  # casts are already ops of `gm`
+    with mode, torch.no_grad(), torch._C._DisableAutocast():  # casts are already ops of `gm`
         fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
     mutations = _lift_input_mutations(fgm)
     _remove_identities(fgm)

@@ -25,11 +25,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln.autograd.signature import OutputSignature, TensorSpec
 
 
-def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: dict) -> torch.fx.GraphModule:
+def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: dict,
+                  mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
     """The ATen graph of `fn` on flat inputs, traced without autograd (the inference graph)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [s.fake(mode) for s in input_specs]
-    with torch.no_grad():
+    with mode, torch.no_grad():  # in the mode: factory calls (torch.arange(n)) make fake tensors too
         return make_fx(fn, decomposition_table=decompositions)(*fakes)
 
 
@@ -45,12 +46,12 @@ class JointGraph:
 
 
 def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
-                signature: OutputSignature, decompositions: dict) -> JointGraph:
+                signature: OutputSignature, decompositions: dict, mode: FakeTensorMode | None = None) -> JointGraph:
     """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     primals = [s.fake(mode, rg) for s, rg in zip(input_specs, requires_grad)]
     diff_outputs = signature.differentiable()
-    tangents = [signature.graph_outputs[i].fake(mode) for i in diff_outputs]
+    tangents = [spec.fake(mode) for spec in signature.tangent_specs()]
     n = len(primals)
     grad_mask: list[bool] = []
 
@@ -64,6 +65,6 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
         grad_mask[:] = [g is not None for g in full]
         return [*outs, *[g for g in full if g is not None]]
 
-    with torch.enable_grad():
+    with mode, torch.enable_grad():
         gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)

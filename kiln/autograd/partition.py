@@ -58,14 +58,31 @@ def is_recomputable(node: fx.Node) -> bool:
 
 
 def node_bytes(node: fx.Node) -> float:
-    """Memory held by saving `node`'s value: its storage (a view keeps its base alive)."""
+    """Memory held by saving `node`'s value: its storage (a view keeps its base alive).
+
+    A size (a SymInt of a dynamic-shape graph) is saved as a Python int: free. Symbolic
+    byte counts are taken at the sizes of the call being compiled (their hint), so the
+    cut is the best one for that call and a valid one for every other.
+    """
     val = node.meta.get("val")
+    if is_size(node):
+        return 0
     if not isinstance(val, torch.Tensor):
         return math.inf
     try:
-        return val.untyped_storage().nbytes()
+        return _hint(val.untyped_storage().nbytes())
     except (NotImplementedError, RuntimeError):
-        return val.numel() * val.element_size()
+        return _hint(val.numel() * val.element_size())
+
+
+def is_size(node: fx.Node) -> bool:
+    """Does `node` compute an integer (a symbolic size, `sym_size`, arithmetic on sizes)?"""
+    val = node.meta.get("val")
+    return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
+
+
+def _hint(n) -> int:
+    return n.node.hint if isinstance(n, torch.SymInt) else n
 
 
 @dataclass
@@ -76,6 +93,8 @@ class Partition:
     backward: fx.GraphModule
     strategy: str
     saved: list[str]
+    """Names of the forward's values the backward receives: tensors, and sizes (see `saved_is_size`)."""
+    saved_is_size: list[bool]
     saved_bytes: int
     naive_saved: list[str]
     naive_bytes: int
@@ -111,17 +130,54 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     saved = naive if strategy == "naive" else nodes.min_cut_saved()
     if sum(map(node_bytes, saved)) > sum(map(node_bytes, naive)):
         raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
-    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved)
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
                         anchors=set(joint.graph.nodes) - nodes.forward_side_set)
+    unbound = _unbound_symbols(backward)
+    if unbound:  # sizes the backward's kernels need that none of its inputs' shapes carries
+        saved += [_size_node(joint, nodes.primals, symbol) for symbol in sorted(unbound, key=str)]
+        backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
+                            anchors=set(joint.graph.nodes) - nodes.forward_side_set)
+    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
     input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)}
-    saved_inputs = [input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage())) for n in saved]
+    saved_inputs = [None if is_size(n) else input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage()))
+                    for n in saved]
     saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
-    return Partition(forward, backward, strategy, [n.name for n in saved], int(sum(map(node_bytes, saved))),
-                     [n.name for n in naive], int(sum(map(node_bytes, naive))), saved_inputs,
-                     int(saved_input_bytes), recomputed)
+    return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
+                     int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
+                     saved_inputs, int(saved_input_bytes), recomputed)
+
+
+def _unbound_symbols(gm: fx.GraphModule) -> set:
+    """Symbols in `gm`'s sizes that no placeholder carries as a whole size, stride or int."""
+    used, bound = set(), set()
+    for node in gm.graph.nodes:
+        exprs = _size_exprs(node.meta.get("val"))
+        used.update(s for e in exprs for s in e.free_symbols)
+        if node.op == "placeholder":
+            bound.update(e for e in exprs if e.is_Symbol)
+    return used - bound
+
+
+def _size_exprs(val) -> list:
+    if isinstance(val, torch.SymInt):
+        return [val.node.expr]
+    if isinstance(val, torch.Tensor):
+        return [s.node.expr for s in (*val.shape, *val.stride()) if isinstance(s, torch.SymInt)]
+    return []
+
+
+def _size_node(joint: fx.GraphModule, primals: list[fx.Node], symbol) -> fx.Node:
+    """A `sym_size` node of the joint graph reading `symbol` off the primal whose size it is."""
+    for primal in primals:
+        for dim, size in enumerate(primal.meta["val"].shape):
+            if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                with joint.graph.inserting_after(list(joint.graph.find_nodes(op="placeholder"))[-1]):
+                    node = joint.graph.call_function(aten.sym_size.int, (primal, dim))
+                node.meta["val"] = size
+                return node
+    raise AssertionError(f"kiln: size {symbol} of the backward is no input's size")
 
 
 class _JointNodes:

@@ -72,9 +72,9 @@ class TrainingRunner:
     """The forward and backward graphs behind one `torch.autograd.Function`."""
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable, backward: Callable,
-                 mutations: list[InputMutation], num_saved: int, grad_mask: list[bool]):
+                 mutations: list[InputMutation], saved_is_size: list[bool], grad_mask: list[bool]):
         self.program, self.signature, self.mutations = program, signature, mutations
-        self.function = _make_function(forward, backward, len(signature.graph_outputs), num_saved,
+        self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask)
 
     def __call__(self, flat: list) -> Any:
@@ -85,16 +85,18 @@ class TrainingRunner:
         return self.program.assemble(self.signature, flat, outs)
 
 
-def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_saved: int,
+def _make_function(forward: Callable, backward: Callable, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
-    input saved and then mutated in place raises at backward, as it does in eager.
+    input saved and then mutated in place raises at backward, as it does in eager. Saved
+    sizes (the ints a dynamic-shape backward needs) are kept on the context as they are.
     """
     differentiable = signature.differentiable()
-    tangent_specs = [signature.graph_outputs[i] for i in differentiable]
+    tangent_specs = signature.tangent_specs()
     forward, backward = boxed(forward), boxed(backward)
+    num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -102,6 +104,9 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
             results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            if has_sizes:
+                ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
+                saved = [v for v, size in zip(saved, saved_is_size) if not size]
             ctx.save_for_backward(*saved)
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])
@@ -110,6 +115,9 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, num_
         @staticmethod
         def backward(ctx, *grad_outputs):
             args = [*ctx.saved_tensors]
+            if has_sizes:
+                tensors, sizes = iter(args), iter(ctx.saved_sizes)
+                args = [next(sizes) if size else next(tensors) for size in saved_is_size]
             # Unless the graph is retained, autograd's references to the saved tensors go now, so
             # that a boxed backward can free each one after its last use, as eager's nodes do.
             ctx.maybe_clear_saved_tensors()
@@ -131,7 +139,10 @@ def _as_traced(grad: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 
     Autograd may hand in an expanded or transposed gradient (`loss.sum()` gives a
     stride-0 one); compiled kernels index with the traced strides, so copy if they differ.
+    A dynamic-shape backward is traced with contiguous gradients (`tangent_specs`).
     """
+    if spec.symbolic:
+        return grad.contiguous()
     if tuple(grad.stride()) == spec.stride or grad.numel() <= 1:
         return grad
     return torch.empty_strided(spec.shape, spec.stride, dtype=grad.dtype, device=grad.device).copy_(grad)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -35,10 +36,32 @@ class TensorSpec:
     def of(t: torch.Tensor) -> "TensorSpec":
         return TensorSpec(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
+    @property
+    def symbolic(self) -> bool:
+        """Sizes or strides are SymInts (a dynamic-shape graph): they hold for every size the guards admit."""
+        return any(isinstance(s, torch.SymInt) for s in self.shape + self.stride)
+
+    def contiguous(self) -> "TensorSpec":
+        strides, acc = [], 1
+        for size in reversed(self.shape):
+            strides.append(acc)
+            acc = acc * size
+        return TensorSpec(self.shape, tuple(reversed(strides)), self.dtype, self.device)
+
     def fake(self, mode: FakeTensorMode, requires_grad: bool = False) -> torch.Tensor:
         with mode:
             t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
         return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+class NeedsStaticShapes(Exception):
+    """A dynamic-shape graph does something whose sizes the runtime cannot yet compute per call
+    (an output that is a size, or a view with symbolic geometry): compile it per input shape."""
+
+
+def _require_static(value, what: str) -> None:
+    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(value)):
+        raise NeedsStaticShapes(f"{what} with symbolic sizes")
 
 
 @dataclass(frozen=True)
@@ -94,19 +117,53 @@ class OutputSignature:
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
+    def tangent_specs(self) -> list[TensorSpec]:
+        """The incoming gradients the backward graph is traced with, one per differentiable output.
+
+        With the outputs' own strides; contiguous where the sizes are symbolic, since the runtime
+        can then make any gradient match with `.contiguous()` without computing strides per call.
+        """
+        specs = [self.graph_outputs[i] for i in self.differentiable()]
+        return [s.contiguous() if s.symbolic else s for s in specs]
+
 
 class FlatProgram:
     """`gm` seen as a function of one flat list of tensors (inputs, then lifted state)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, static_shapes: bool = False):
         self.gm = gm
         self.num_args = len(example_inputs)
         self.tensor_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
         # Non-tensor inputs are baked in as constants: the capture guards on their values.
         self.constants = {i: a for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
-        flat = [example_inputs[i] for i in self.tensor_positions] + self.state()
-        self.input_specs = [TensorSpec.of(t) for t in flat]
+        self.shared_mode = None if static_shapes else _symbolic_fake_mode(gm)
+        inputs = [example_inputs[i] for i in self.tensor_positions]
+        if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
+            placeholders = list(gm.graph.find_nodes(op="placeholder"))
+            inputs = [placeholders[i].meta["example_value"] for i in self.tensor_positions]
+        self.input_specs = [TensorSpec.of(t) for t in inputs + self.state()]
+
+    @property
+    def symbolic(self) -> bool:
+        return self.shared_mode is not None
+
+    def shape_env(self):
+        """The shape environment of a dynamic-shape graph (None for a static one)."""
+        return self.shared_mode.shape_env if self.shared_mode is not None else None
+
+    def symbolic_inputs(self) -> list[torch.Tensor]:
+        """Fake flat inputs with the graph's symbolic sizes, for guard expressions over the real ones."""
+        return [spec.fake(self.shared_mode) for spec in self.input_specs]
+
+    def fake_mode(self) -> FakeTensorMode:
+        """The mode the graphs are traced in: a fresh one, or for a dynamic-shape graph the capture's.
+
+        The capture's mode owns the shape environment whose symbols the graph's sizes are:
+        tracing in it keeps the sizes symbolic, and records in that environment any guard
+        the ATen ops add (checked with the capture's own guards).
+        """
+        return self.shared_mode or FakeTensorMode(allow_non_fake_inputs=True)
 
     @property
     def num_inputs(self) -> int:
@@ -153,7 +210,7 @@ class FlatProgram:
 
     def analyze(self, requires_grad: tuple[bool, ...] | None) -> OutputSignature:
         """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = self.fake_mode()
         rg = requires_grad or (False,) * self.num_inputs
         # Inputs that require grad are run as clones (non-leaves), as the graph function runs
         # them when they are mutated; a clone's version counter then tells whether it was.
@@ -161,22 +218,28 @@ class FlatProgram:
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
         with torch.set_grad_enabled(requires_grad is not None):
-            out = self.run(fakes)
+            with mode, enable_python_dispatcher():  # factories (torch.arange(n)) make fakes; sizes stay symbols
+                out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
         kinds, specs, needs_grad = [], [], []
         output_storages: dict[StorageWeakRef, tuple[int, torch.Tensor]] = {}
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
+                _require_static(leaf, "an output that is a size")
                 kinds.append(ConstantOutput(leaf))
                 continue
             base = next((i for i, s in enumerate(storages) if s == StorageWeakRef(leaf.untyped_storage())), None)
             if base is not None:
+                if leaf is not fakes[base]:
+                    _require_static((tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset()), "an output that views an input")
                 kinds.append(AliasOutput(base, leaf is fakes[base], tuple(leaf.shape), tuple(leaf.stride()),
                                          leaf.storage_offset()))
                 continue
             storage = StorageWeakRef(leaf.untyped_storage())
             if storage in output_storages:
                 index, first = output_storages[storage]
+                if leaf is not first:
+                    _require_static((tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset()), "an output that views another")
                 kinds.append(OutputAlias(index, leaf is first, tuple(leaf.shape), tuple(leaf.stride()),
                                          leaf.storage_offset()))
                 continue
@@ -204,3 +267,14 @@ class FlatProgram:
             else:
                 leaves.append(leaf.value)
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+def _symbolic_fake_mode(gm: torch.fx.GraphModule) -> FakeTensorMode | None:
+    """The fake mode of `gm`'s placeholders if some of their sizes are symbolic, else None."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+            mode = value.fake_mode
+            mode.allow_non_fake_inputs = True  # tensor constants of the graph are real
+            return mode
+    return None

@@ -7,11 +7,13 @@ torch-level calls — the graph every backend receives.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -93,7 +95,9 @@ class GraphBuilder:
         fn: Callable = getattr(args[0], target) if kind == "call_method" else target
         call_args = args[1:] if kind == "call_method" else args
         try:
-            with self.fake_mode:
+            # With symbolic sizes, composite ops (F.pad, ...) must decompose in Python, where sizes
+            # stay symbols; their C++ versions would specialize every size they read.
+            with self.fake_mode, (enable_python_dispatcher() if self.symbol_sources else contextlib.nullcontext()):
                 return fn(*call_args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
             raise GraphBreak("dynamic_output_shape", f"{_name(target)} ({type(e).__name__})") from e

@@ -31,12 +31,13 @@ def test_gpt2_forward_over_sequence_lengths_captures_twice(backend):
     assert len(context_of(compiled).records) == 2
 
 
-def test_gpt2_training_step_over_sequence_lengths_matches_eager():
-    """Correct at every length. (The LM-loss path still specializes the length, so this recompiles per
-    length rather than twice; that is an open gap of issue #6, not asserted here.)"""
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_gpt2_training_step_over_sequence_lengths_captures_twice_and_matches_eager(backend):
+    """Forward, loss and backward: the length becomes a symbol at the second length, and one
+    training compilation (C++ kernels with inductor) serves every later length."""
     ref = tiny_gpt2()
     model = copy.deepcopy(ref)
-    compiled = kiln.compile(model, backend="aot_eager")
+    compiled = kiln.compile(model, backend=backend)
     opt_ref, opt = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (ref, model))
     for n in LENGTHS:
         ids = torch.randint(0, 128, (2, n))
@@ -46,3 +47,6 @@ def test_gpt2_training_step_over_sequence_lengths_matches_eager():
             o.step()
         for (name, p), q in zip(ref.named_parameters(), model.parameters()):
             torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"{name} at length {n}")
+    records = context_of(compiled).records
+    assert len(records) == 2
+    assert len(records[1].compiled.runners) == 1 and records[1].compiled.specialized is None

@@ -73,6 +73,7 @@ def _var(prefix: str, n: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{n}", integer=True, nonnegative=True)
 
 
+@functools.lru_cache(None)
 def index_vars(prefix: str, count: int) -> tuple[sympy.Symbol, ...]:
     """Loop variables `<prefix>0..`: `i` output dims, `r` reduction dims, `x`/`y` a kernel's outer/inner loops."""
     return tuple(_var(prefix, k) for k in range(count))
@@ -110,6 +111,14 @@ def linear_index(idx: Sequence[sympy.Expr], stride: Sequence[sympy.Expr], offset
 
 def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
     """(offset, strides) if `index` is affine in `variables` with constant-in-vars coefficients, else None."""
+    return _affine_strides(sympy.sympify(index), tuple(variables))
+
+
+@functools.lru_cache(maxsize=16384)
+def _affine_strides(index: sympy.Expr, variables: tuple):
+    fast = _affine_terms(index, variables)
+    if fast is not None:
+        return fast
     index = sympy.expand(index)
     if any(isinstance(a, (FloorDiv, Mod)) for a in index.atoms(sympy.Function)):
         return None
@@ -123,6 +132,31 @@ def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
     if offset.free_symbols & set(variables):
         return None
     return offset, tuple(strides)
+
+
+def _affine_terms(index: sympy.Expr, variables: tuple):
+    """affine_strides without sympy.expand, for the usual index: a sum of `coefficient * variable` terms and
+    terms free of the variables (what linear_index builds). None when a term is anything else."""
+    where = {v: k for k, v in enumerate(variables)}
+    strides = [sympy.Integer(0)] * len(variables)
+    offset = []
+    for term in sympy.Add.make_args(index):
+        if not term.free_symbols & where.keys():
+            if term.has(FloorDiv, Mod):
+                return None
+            offset.append(term)
+            continue
+        coeff, rest = term.as_coeff_Mul()
+        factors = sympy.Mul.make_args(rest)
+        hits = [f for f in factors if f in where]
+        if len(hits) != 1:
+            return None
+        others = [f for f in factors if f is not hits[0]]
+        c = coeff * sympy.Mul(*others)
+        if c.free_symbols & where.keys() or c.has(FloorDiv, Mod) or any(isinstance(f, sympy.Add) for f in others):
+            return None
+        strides[where[hits[0]]] += c
+    return sympy.Add(*offset), tuple(strides)
 
 
 def simplify(index: sympy.Expr) -> sympy.Expr:

@@ -16,6 +16,7 @@ graph's symbolic shapes and are kernel arguments.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -39,6 +40,13 @@ class Load:
     mask: Any = None
     indirect: tuple = ()
 
+    def __hash__(self) -> int:  # computed once: expressions are dict keys (CSE, caches) all through codegen
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.buf, self.index, self.dtype, self.mask, self.indirect))
+            object.__setattr__(self, "_hash", h)
+        return h
+
 
 @dataclass(frozen=True)
 class Const:
@@ -61,6 +69,13 @@ class Op:
     name: str
     args: tuple
     dtype: torch.dtype
+
+    def __hash__(self) -> int:  # computed once (hashing a deep tree on every lookup is quadratic)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.args, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 Expr = Union[Load, Const, IndexValue, Op]
@@ -271,18 +286,41 @@ def format_graph(g: LoweredGraph) -> str:
 
 def subs_expr(e: Expr, mapping: dict, memo: dict | None = None) -> Expr:
     """Substitute index symbols in every index, mask and index value of `e`."""
-    memo = {} if memo is None else memo
+    if memo is None:
+        try:
+            return _subs_cached(e, tuple(mapping.items()))
+        except TypeError:  # an unhashable value somewhere: no cache
+            memo = {}
+    return _subs(e, mapping, memo)
+
+
+@functools.lru_cache(maxsize=16384)
+def _subs_cached(e: Expr, items: tuple) -> Expr:
+    """subs_expr, remembered: the same body is mapped again and again (each kernel maps a node's body
+    more than once; views of equal shapes share index expressions)."""
+    return _subs(e, dict(items), {})
+
+
+@functools.lru_cache(maxsize=65536)
+def _xreplace(expr, items: tuple):
+    return sympy.sympify(expr).xreplace(dict(items))
+
+
+def _subs(e: Expr, mapping: dict, memo: dict) -> Expr:
     key = id(e)
     if key in memo:
         return memo[key][1]
+    items = memo.get("items")
+    if items is None:
+        items = memo["items"] = tuple(mapping.items())
     if isinstance(e, Load):
-        out = Load(e.buf, sympy.sympify(e.index).xreplace(mapping), e.dtype,
-                   None if e.mask is None else e.mask.xreplace(mapping),
-                   tuple((s, subs_expr(x, mapping, memo)) for s, x in e.indirect))
+        out = Load(e.buf, _xreplace(e.index, items), e.dtype,
+                   None if e.mask is None else _xreplace(e.mask, items),
+                   tuple((s, _subs(x, mapping, memo)) for s, x in e.indirect))
     elif isinstance(e, IndexValue):
-        out = IndexValue(sympy.sympify(e.expr).xreplace(mapping), e.dtype)
+        out = IndexValue(_xreplace(e.expr, items), e.dtype)
     elif isinstance(e, Op):
-        out = Op(e.name, tuple(subs_expr(a, mapping, memo) for a in e.args), e.dtype)
+        out = Op(e.name, tuple(_subs(a, mapping, memo) for a in e.args), e.dtype)
     else:
         out = e
     memo[key] = (e, out)
@@ -317,7 +355,13 @@ def iter_exprs(e: Expr):
 
 
 def loads(e: Expr) -> list[Load]:
-    return [x for x in iter_exprs(e) if isinstance(x, Load)]
+    return list(_loads(e))
+
+
+@functools.lru_cache(maxsize=16384)
+def _loads(e: Expr) -> tuple:
+    """The loads of `e`, remembered: fusion asks for them for every candidate kernel of every node."""
+    return tuple(x for x in iter_exprs(e) if isinstance(x, Load))
 
 
 def expr_size(e: Expr) -> int:

@@ -23,6 +23,8 @@ def storage_numel(layout: ir.Layout):
     """Elements the layout spans (0 for an empty tensor)."""
     if any(s == 0 for s in layout.size):
         return sympy.Integer(0)
+    if all(isinstance(x, (int, sympy.Integer)) for x in (*layout.size, *layout.stride)):  # static: no sympy
+        return sympy.Integer(1 + sum((int(s) - 1) * int(st) for s, st in zip(layout.size, layout.stride)))
     return sympy.expand(1 + sum(((s - 1) * st for s, st in zip(layout.size, layout.stride)), sympy.Integer(0)))
 
 
@@ -68,26 +70,31 @@ def plan_memory(sched: Schedule) -> MemoryPlan:
             last_use[b] = k
     reusable = {n.name for step in sched.kernels() for n in step.nodes
                 if n.name not in step.local and n.name not in pinned}
-
-    def key(b):
+    keys = {}  # buffer -> (storage size, dtype), computed once per buffer (a sympy expression each)
+    for b in reusable:
         lay = layouts[b]
-        return (storage_numel(lay), lay.dtype)
+        keys[b] = (storage_numel(lay), lay.dtype)
+    dying: dict[int, list[str]] = {}  # step -> buffers whose last use it is (in last_use's order)
+    for b, last in last_use.items():
+        if b not in pinned and b in written_at:
+            dying.setdefault(last, []).append(b)
 
-    future = Counter(key(b) for b in reusable)
+    future = Counter(keys.values())
     plan = MemoryPlan()
     pool: dict = {}
     for k, step in enumerate(sched.steps):
         for b in _step_writes(step):
             if b in reusable:
-                future[key(b)] -= 1
-                if pool.get(key(b)):
-                    plan.reuse[b] = pool[key(b)].pop()
+                key = keys[b]
+                future[key] -= 1
+                if pool.get(key):
+                    plan.reuse[b] = pool[key].pop()
                 plan.allocated.append(b)
-        released = [b for b, last in last_use.items() if last == k and b not in pinned and b in written_at]
+        released = dying.get(k, [])
         keep = []
         for b in released:
-            if b in reusable and future[key(b)] > 0:
-                pool.setdefault(key(b), []).append(b)
+            if b in reusable and future[keys[b]] > 0:
+                pool.setdefault(keys[b], []).append(b)
             else:
                 keep.append(b)
         plan.release_after[k] = keep

@@ -28,8 +28,8 @@ def test_unlowered_op_runs_as_extern():
 
 
 def test_unsupported_dtype_runs_as_extern():
-    x = torch.randn(4, 6).half()
-    c = check(lambda x: (x * 2).float().sum(-1), x)
+    x = torch.randn(4, 6, dtype=torch.complex64)  # no code generator computes complex numbers
+    c = check(lambda x: (x * 2).abs().sum(-1), x)
     assert count_externs(c) >= 1
 
 

@@ -49,6 +49,9 @@ BOOL_OPS = {
 }
 
 
+HALF = (torch.bfloat16, torch.float16)  # computed in float, rounded after each op: ops at rounding ties left out
+
+
 def _shapes():
     """(a, b) makers covering size-1 dims, broadcasting, non-contiguous and empty inputs."""
     return {
@@ -81,12 +84,12 @@ def _cases(dtype):
 
 
 @pytest.mark.parametrize("shape", list(_shapes()))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool],
-                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.bool], ids=str)
 def test_pointwise(dtype, shape):
     unary, binary = _cases(dtype)
     a, b = _shapes()[shape](_maker(dtype))
-    if dtype == torch.bfloat16:
+    if dtype in HALF:
         unary = {k: v for k, v in unary.items() if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign")}
         binary = {k: v for k, v in binary.items() if k not in ("floordiv", "truncdiv", "remainder")}
 
@@ -110,10 +113,10 @@ REDUCTIONS = {
 
 
 @pytest.mark.parametrize("shape", [(6, 7), (1, 9), (5, 1), (3, 4, 5)], ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_reductions_float(dtype, shape):
     a = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    cases = REDUCTIONS if dtype != torch.bfloat16 else {k: v for k, v in REDUCTIONS.items()
+    cases = REDUCTIONS if dtype not in HALF else {k: v for k, v in REDUCTIONS.items()
                                                          if k not in ("prod", "argmax", "argmin0", "argmax_all", "max_dim")}
 
     def fn(a):
@@ -203,3 +206,16 @@ def test_gather_style_indexing():
 
     compiled = check(fn, w, ids, x, col, rows)
     assert count_externs(compiled) == 0, compiled.artefacts["ir"]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_casts_round_like_eager(dtype):
+    """float32 -> half -> float32 bit for bit: ties to even, subnormals, overflow to inf, NaN and inf."""
+    info = torch.finfo(dtype)
+    special = torch.tensor([0.0, -0.0, 1.0, -2.5, float("inf"), float("-inf"), float("nan"), info.max, -info.max,
+                            info.max * 1.0009765625, 70000.0, info.tiny, info.tiny / 3, info.tiny * 0.75,
+                            info.smallest_normal / 1024 * 0.5, 1 + info.eps / 2, 1 + info.eps * 1.5, 1e-9])
+    x = torch.cat([special, torch.randn(200, generator=torch.Generator().manual_seed(5)) * 300])
+    compiled = check(lambda x: (x.to(dtype), x.to(dtype).float() * 2, (x.to(dtype) * x.to(dtype)).double()), x)
+    out = compiled(x)[0]
+    torch.testing.assert_close(out, x.to(dtype), rtol=0, atol=0, equal_nan=True)

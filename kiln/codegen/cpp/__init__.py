@@ -15,7 +15,14 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, CppKernel]]:
     """(C++ source of every kernel of `sched`, kernel name -> CppKernel with its argument lists)."""
     layouts = sched.graph.buffer_layouts()
     kernels = {g.name: generate_kernel(g, layouts) for g in sched.kernels()}
-    source = "\n\n".join([PRELUDE] + [k.source for k in kernels.values()]) + "\n"
+    # A kernel equal to an earlier one up to names is an alias of its function (compiled once). Kernels never
+    # call each other: each function and its aliases may go in their own translation unit (a parallel build).
+    parts: dict[str, list[CppKernel]] = {}
+    for k in kernels.values():
+        parts.setdefault(k.canonical_source(), []).append(k)
+    source = PRELUDE + "".join(
+        f"\n{cache.UNIT_MARK}" + "\n".join([same[0].source] + [k.alias_of(same[0]) for k in same[1:]]) + "\n"
+        for same in parts.values())
     return source, kernels
 
 

@@ -15,26 +15,32 @@ Layout of a generated kernel:
 
 With no outer loop (a full reduction) the inner loops run in parallel instead,
 each thread accumulating its own partial and the partials merged in thread
-order (deterministic for a given thread count). bfloat16 is computed in float
-and rounded after each op, as eager does.
+order (deterministic for a given thread count). bfloat16 and float16 are computed
+in float and rounded after each op, as eager does.
 """
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import sympy
 import torch
 
-from kiln.codegen.index_printer import cexpr
+from kiln.codegen.index_printer import cexpr as _cexpr
 from kiln.lower import ir
 from kiln.lower.index import contiguous_strides, linear_index, product
 from kiln.schedule.fusion import KernelGroup
 
 # Storage and compute C++ types per dtype.
-STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t", torch.int64: "int64_t",
-           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
-           torch.bool: "bool"}
-COMPUTE = {**STORAGE, torch.bfloat16: "float"}
+STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t", torch.float16: "uint16_t",
+           torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+           torch.uint8: "uint8_t", torch.bool: "bool"}
+COMPUTE = {**STORAGE, torch.bfloat16: "float", torch.float16: "float"}
+# Half types: stored as their bits, computed in float, rounded after each op as eager rounds.
+# dtype -> (load: bits -> float, store: float -> bits, round: float -> float).
+HALF = {torch.bfloat16: ("kiln::bf16_to_float", "kiln::float_to_bf16", "kiln::round_bf16"),
+        torch.float16: ("kiln::fp16_to_float", "kiln::float_to_fp16", "kiln::round_fp16")}
 
 # IR op name -> C++ template ({T} is the compute type of the first argument).
 OPS = {
@@ -60,7 +66,7 @@ OPS = {
     "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
-EXACT_IN_BF16 = {"where", "maximum", "minimum", "neg", "abs", "sign"}
+EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
 
 # reduction type -> (accumulator declaration, update, result, merge, simd clause or None)
 REDUCTIONS = {
@@ -81,6 +87,11 @@ REDUCTIONS = {
 
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
 PARALLEL_MIN_WORK = 32768
+
+# Index expressions repeat across kernels (equal shapes, equal views): print and expand each once.
+cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
+_expand = functools.lru_cache(maxsize=65536)(sympy.expand)
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def const_literal(value, dtype) -> str:
@@ -147,8 +158,8 @@ class CppKernel:
             args = [self.emit(a, scope) for a in e.args]
             t = COMPUTE[e.args[0].dtype] if e.name != "where" else COMPUTE[e.dtype]
             out = OPS[e.name].format(*args, T=t)
-            if e.dtype == torch.bfloat16 and e.name not in EXACT_IN_BF16:
-                out = f"kiln::round_bf16({out})"
+            if e.dtype in HALF and e.name not in EXACT_IN_HALF:
+                out = f"{HALF[e.dtype][2]}({out})"
         var = self.new_tmp()
         self.line(f"{'auto' if e.dtype == torch.bool else COMPUTE[e.dtype]} {var} = {out};")
         scope.cache[key] = var
@@ -159,13 +170,13 @@ class CppKernel:
             return x
         if dst == torch.bool:
             return f"({x} != 0)"
-        if dst == torch.bfloat16:
-            return f"kiln::round_bf16(static_cast<float>({x}))"
+        if dst in HALF:
+            return f"{HALF[dst][2]}(static_cast<float>({x}))"
         return f"static_cast<{COMPUTE[dst]}>({x})"
 
     def _load(self, e: ir.Load, scope) -> tuple[str, bool]:
         """(C++ for the loaded value, whether it is a variable already holding it)."""
-        index = sympy.expand(e.index)
+        index = _expand(e.index)
         if e.indirect:  # gather: compute the index values first, then address with them
             index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
         known = self.values.get(e.buf)
@@ -176,8 +187,8 @@ class CppKernel:
         if e.buf not in self.produced:
             self.inputs[e.buf] = None
         code = f"{e.buf}[{cexpr(index)}]"
-        if e.dtype == torch.bfloat16:
-            code = f"kiln::bf16_to_float({code})"
+        if e.dtype in HALF:
+            code = f"{HALF[e.dtype][0]}({code})"
         if e.mask is not None:
             code = f"({cexpr(e.mask)} ? {code} : {COMPUTE[e.dtype]}(0))"
         return code, False
@@ -188,8 +199,8 @@ class CppKernel:
         if node.name in self.stored:
             self.outputs[node.name] = None
             v = self._cast(var, dtype, node.layout.dtype)
-            if node.layout.dtype == torch.bfloat16:
-                v = f"kiln::float_to_bf16({v})"
+            if node.layout.dtype in HALF:
+                v = f"{HALF[node.layout.dtype][1]}({v})"
             self.line(f"{node.name}[{cexpr(index)}] = {v};")
 
     # ------------------------------------------------------------------ loops
@@ -252,7 +263,19 @@ class CppKernel:
         self.size_args = sorted(self.group.size_symbols(), key=str)
         params += [f"const int64_t {s}" for s in self.size_args]
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
+        self.params = params
         return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
+
+    def canonical_source(self) -> str:
+        """The source with the function and its parameters renamed by position: kernels equal in it compute
+        the same function of their arguments (DenseNet-121's backward graph: 356 distinct of 517)."""
+        names = [self.group.name] + self.arg_names + [str(s) for s in self.size_args]
+        rename = {n: f"_{k}" for k, n in enumerate(names)}
+        return _NAME.sub(lambda m: rename.get(m.group(0), m.group(0)), self.source)
+
+    def alias_of(self, target: "CppKernel") -> str:
+        """A declaration making this kernel's symbol another name of `target`'s function (same canonical source)."""
+        return f'extern "C" void {self.group.name}({", ".join(target.params)}) __attribute__((alias("{target.group.name}")));'
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))

@@ -74,6 +74,43 @@ static inline uint16_t float_to_bf16(float f) {
 
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// IEEE half: float <-> binary16 bits (round to nearest even, subnormals, inf and NaN kept).
+static inline float fp16_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: value man * 2^-24
+    float f = static_cast<float>(man) * 5.9604644775390625e-08f;
+    return sign ? -f : f;
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+static inline uint16_t float_to_fp16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN, inf
+  if (abs >= 0x477ff000u) return sign | 0x7c00;                                   // rounds past 65504
+  if (abs < 0x38800000u) {  // below the smallest normal half: a subnormal (or zero), rounded to even
+    float a;
+    std::memcpy(&a, &abs, sizeof(a));
+    float scaled = a * 16777216.0f;  // in units of 2^-24; exact, and nearbyint rounds half to even
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1) - (112u << 23);
+  return sign | static_cast<uint16_t>(rounded >> 13);
+}
+
+static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
+
 template <typename T> static inline T maximum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
   return a > b ? a : b;

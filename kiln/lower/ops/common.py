@@ -8,7 +8,7 @@ from kiln.lower import ir
 from kiln.lower.index import index_vars, sympify
 from kiln.lower.values import TensorValue, Unsupported, cast, const
 
-SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32,
+SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool}
 
 

@@ -11,7 +11,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.ops import register
-from kiln.lower.ops.common import operand, out_info, promote
+from kiln.lower.ops.common import SUPPORTED_DTYPES, operand, out_info, promote
 from kiln.lower.values import TensorValue, Unsupported, cast, const
 
 aten = torch.ops.aten
@@ -157,9 +157,7 @@ def relu(ctx, meta, x):
 def to_copy(ctx, meta, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
     size, out_dtype = out_info(meta)
-    if device is not None and torch.device(device).type != meta.device.type or x.dtype not in (
-            torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
-            torch.uint8, torch.bool):
+    if device is not None and torch.device(device).type != meta.device.type or x.dtype not in SUPPORTED_DTYPES:
         raise Unsupported("device or dtype change")
     return TensorValue(size, out_dtype, cast(x.body, out_dtype))
 

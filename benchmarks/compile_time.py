@@ -1,0 +1,410 @@
+"""Cold compile time of kiln by stage, on big training graphs (issue #5).
+
+    python benchmarks/compile_time.py [--models densenet121,transformer12,resnet18] [--targets cpp,triton]
+                                      [--autocast bf16|none] [--run] [--triton-build] [--profile FILE]
+
+Each (model, target) job runs in a fresh subprocess with an empty KILN_CACHE_DIR (a cold compile).
+A job compiles one training step (forward + backward, under bf16 autocast by default) of the model
+with `kiln.compile(model)`'s default backend and reports seconds per stage:
+
+    capture     bytecode -> FX graph + guards + output program (the wall time of the first call
+                minus the time in the backend)
+    aot         kiln.autograd: analyze, trace joint, functionalize, partition (AOTCompiled.traces)
+    decompose   re-tracing the ATen graphs through kiln's decompositions, when needed
+    lower       ATen graph -> loop-level IR (+ verify)
+    schedule    fusion, kernel names, memory plan
+    codegen     kernel source + wrapper source
+    build       the C++ compiler (cpp), or writing and importing the kernel module (triton)
+    triton_build  (--triton-build, triton only) every generated Triton kernel compiled to a CUBIN for
+                sm_90 through Triton's own compiler, without a GPU: what `build` costs on the GPU
+
+Targets: `cpp` is kiln's CPU target; `triton` is the GPU code generator run on CPU tensors
+(KILN_CPU_BACKEND=triton TRITON_INTERPRET=1). By default a job stops right after the compile (the
+backend raises once kiln.inductor has returned), so no kernel runs; `--run` also runs the step and
+checks nothing else. Models are built here in plain PyTorch: DenseNet-121 (torchvision's
+architecture: growth 32, blocks (6, 12, 24, 16), bn_size 4, BN+ReLU+Conv layers that concatenate
+every earlier feature map), a 12-layer pre-LN transformer and a ResNet-18-style CNN, at small
+sizes (compile time depends on the graph, not on the tensor sizes).
+
+Results: benchmarks/results/<date>_compile_time_cpu.json (one entry per job, with the host).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ["densenet121", "transformer12", "resnet18"]
+TARGETS = ["cpp", "triton"]
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def build_model(name: str):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class DenseLayer(nn.Module):
+        def __init__(self, cin, growth, bn_size):
+            super().__init__()
+            self.norm1 = nn.BatchNorm2d(cin)
+            self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+            self.norm2 = nn.BatchNorm2d(bn_size * growth)
+            self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+        def forward(self, features):  # a list of every earlier feature map, as torchvision's _DenseLayer
+            x = torch.cat(features, 1)
+            x = self.conv1(F.relu(self.norm1(x)))
+            return self.conv2(F.relu(self.norm2(x)))
+
+    class DenseBlock(nn.ModuleDict):
+        def __init__(self, layers, cin, growth, bn_size):
+            super().__init__()
+            for k in range(layers):
+                self[f"denselayer{k + 1}"] = DenseLayer(cin + k * growth, growth, bn_size)
+
+        def forward(self, x):
+            features = [x]
+            for layer in self.values():
+                features.append(layer(features))
+            return torch.cat(features, 1)
+
+    class Transition(nn.Sequential):
+        def __init__(self, cin, cout):
+            super().__init__(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, cout, 1, bias=False), nn.AvgPool2d(2, 2))
+
+    class DenseNet(nn.Module):
+        def __init__(self, growth=32, blocks=(6, 12, 24, 16), init=64, bn_size=4, classes=1000):
+            super().__init__()
+            layers = [nn.Conv2d(3, init, 7, 2, 3, bias=False), nn.BatchNorm2d(init), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+            c = init
+            for k, n in enumerate(blocks):
+                layers.append(DenseBlock(n, c, growth, bn_size))
+                c += n * growth
+                if k != len(blocks) - 1:
+                    layers.append(Transition(c, c // 2))
+                    c //= 2
+            layers.append(nn.BatchNorm2d(c))
+            self.features = nn.Sequential(*layers)
+            self.classifier = nn.Linear(c, classes)
+
+        def forward(self, x):
+            x = F.relu(self.features(x))
+            return self.classifier(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    class Block(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class Transformer(nn.Module):
+        def __init__(self, vocab=1000, d=256, heads=4, layers=12, seq=64):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.zeros(seq, d))
+            self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos[: idx.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.ln(x))
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = None if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
+            return F.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNet(nn.Module):
+        def __init__(self, widths=(64, 128, 256, 512), depth=(2, 2, 2, 2), classes=1000):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
+            blocks, c = [], 64
+            for k, (w, n) in enumerate(zip(widths, depth)):
+                for j in range(n):
+                    blocks.append(Basic(c, w, 2 if j == 0 and k > 0 else 1))
+                    c = w
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(c, classes)
+
+        def forward(self, x):
+            x = self.blocks(self.stem(x))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    torch.manual_seed(0)
+    if name == "densenet121":
+        return DenseNet(), (torch.randn(2, 3, 64, 64),)
+    if name == "transformer12":
+        return Transformer(), (torch.randint(0, 1000, (2, 64)),)
+    if name == "resnet18":
+        return ResNet(), (torch.randn(2, 3, 64, 64),)
+    raise ValueError(f"unknown model {name}")
+
+
+# ----------------------------------------------------------------------------- one job (a subprocess)
+
+
+class _StopAfterCompile(Exception):
+    pass
+
+
+def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bool, profile: str | None) -> dict:
+    import torch
+
+    import kiln
+
+    model, inputs = build_model(model_name)
+    compiled: list = []
+    backend_seconds = [0.0]
+
+    def backend(gm, example_inputs):
+        start = time.perf_counter()
+        out = kiln.inductor(gm, example_inputs)
+        backend_seconds[0] += time.perf_counter() - start
+        compiled.append(out)
+        if not run:
+            raise _StopAfterCompile
+        return out
+
+    cmodel = kiln.compile(model, backend=backend)
+
+    def step():
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16" else torch.autocast("cpu", enabled=False)
+        with ctx:
+            out = cmodel(*inputs)
+        out.float().sum().backward()
+
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    start = time.perf_counter()
+    try:
+        step()
+    except Exception as e:  # the stop after compile arrives wrapped by kiln's capture
+        if not any(isinstance(x, _StopAfterCompile) for x in _chain(e)):
+            raise
+    wall = time.perf_counter() - start
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    stages = {"capture": 0.0, "aot": 0.0, "decompose": 0.0, "lower": 0.0, "schedule": 0.0, "codegen": 0.0,
+              "build": 0.0}
+    aot_passes: dict = {}
+    graphs = []
+    for c in compiled:
+        for key, passes in c.traces.items():
+            for t in passes:
+                if not t.name.startswith("compile"):
+                    stages["aot"] += t.seconds
+                    aot_passes[t.name] = aot_passes.get(t.name, 0.0) + t.seconds
+        for g in c.compiled_graphs:
+            a = g.artefacts
+            for k, v in a.get("times", {}).items():
+                stages[k] = stages.get(k, 0.0) + v
+            graphs.append({"name": a.get("name"), "kernels": a.get("num_kernels", 0), "fallback": a.get("fallback"),
+                           "times": {k: round(v, 3) for k, v in a.get("times", {}).items()}})
+    if run:
+        records = list(cmodel._kiln_context.records)
+        stages["capture"] = sum(r.compile_seconds - r.backend_seconds for r in records)
+    else:
+        stages["capture"] = wall - backend_seconds[0]
+    result = {"model": model_name, "target": target, "autocast": autocast, "ran_step": run,
+              "wall_s": round(wall, 3), "backend_s": round(backend_seconds[0], 3),
+              "stages_s": {k: round(v, 3) for k, v in stages.items()},
+              "aot_passes_s": {k: round(v, 3) for k, v in aot_passes.items()}, "graphs": graphs,
+              "kernels": sum(g["kernels"] for g in graphs)}
+    if triton_build and target == "triton":
+        result["triton_build"] = _triton_build_all(compiled)
+        result["stages_s"]["triton_build"] = result["triton_build"]["seconds"]
+    return result
+
+
+def _chain(e):
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _triton_build_all(compiled) -> dict:
+    """Compile each generated Triton kernel for sm_90 in a child process without TRITON_INTERPRET (no GPU needed)."""
+    from kiln.codegen import triton as triton_target
+
+    sigs = []
+    for c in compiled:
+        for g in c.compiled_graphs:
+            src, sched = g.artefacts.get("kernels.py"), g.artefacts.get("schedule")
+            if not isinstance(src, str) or sched is None:
+                continue
+            _, kernels = triton_target.generate_module(sched)  # again, for each kernel's argument types
+            sigs.append({"path": str(_module_path(triton_target, src)), "kernels": {
+                f"_launch_{k.jit_name}": ([str(d) for d in k.example_args()[0]], list(k.example_args()[1]))
+                for k in kernels.values()}})
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(sigs, f)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, __file__, "--_triton_build", f.name], env=env, capture_output=True,
+                          text=True, cwd=str(ROOT))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"seconds": 0.0, "error": (proc.stderr or proc.stdout)[-2000:]}
+
+
+def _module_path(triton_target, source: str) -> Path:
+    from kiln.runtime import cache
+
+    key = triton_target.source_key(source)
+    return cache.cache_dir() / "triton" / key[:2] / f"{key}.py"
+
+
+_TRITON_TYPES = {"torch.float32": "*fp32", "torch.float16": "*fp16", "torch.bfloat16": "*bf16",
+                 "torch.float64": "*fp64", "torch.int64": "*i64", "torch.int32": "*i32", "torch.int16": "*i16",
+                 "torch.int8": "*i8", "torch.uint8": "*u8", "torch.bool": "*i1"}
+
+
+def triton_build_worker(spec_file: str) -> dict:
+    """Cross-compile every kernel of the given kernel modules to sm_90 (one after another, as kiln's build does)."""
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    total, count, per = 0.0, 0, []
+    for entry in json.loads(Path(spec_file).read_text()):
+        spec = importlib.util.spec_from_file_location(f"bench_{Path(entry['path']).stem[:16]}", entry["path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        for name, (dtypes, ints) in entry["kernels"].items():
+            launcher = getattr(module, name)
+            fn = launcher.fn
+            names = fn.arg_names
+            signature, constexprs = {}, {}
+            tensors = [_TRITON_TYPES[d] for d in dtypes]
+            for k, a in enumerate(names):
+                if a in launcher.constexprs:
+                    signature[a] = "constexpr"
+                    constexprs[(k,)] = launcher.constexprs[a]
+                elif k < len(tensors):
+                    signature[a] = tensors[k]
+                else:
+                    signature[a] = "i64" if abs(ints[k - len(tensors)]) >= 2 ** 31 else "i32"
+            start = time.perf_counter()
+            triton.compile(ASTSource(fn, signature, constexprs), target=target,
+                           options={"num_warps": launcher.num_warps})
+            seconds = time.perf_counter() - start
+            total += seconds
+            count += 1
+            per.append(seconds)
+    per.sort()
+    return {"seconds": round(total, 3), "kernels": count,
+            "median_kernel_s": round(per[len(per) // 2], 4) if per else 0.0,
+            "max_kernel_s": round(per[-1], 4) if per else 0.0}
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def run_job(args, model: str, target: str, cache: str) -> dict:
+    env = dict(os.environ, KILN_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    if target == "triton":
+        env.update(KILN_CPU_BACKEND="triton", TRITON_INTERPRET="1", TRITON_CACHE_DIR=os.path.join(cache, "tcache"))
+    else:
+        env.pop("KILN_CPU_BACKEND", None)
+    cmd = [sys.executable, __file__, "--_job", json.dumps({
+        "model": model, "target": target, "autocast": args.autocast, "run": args.run,
+        "triton_build": args.triton_build, "profile": args.profile and f"{args.profile}.{model}.{target}.prof"})]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=str(ROOT))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+            res["process_s"] = round(time.perf_counter() - start, 3)
+            return res
+    return {"model": model, "target": target, "status": "error", "error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--autocast", default="bf16", choices=["bf16", "none"])
+    p.add_argument("--run", action="store_true", help="also run the compiled step (default: stop after compile)")
+    p.add_argument("--triton-build", action="store_true", help="cross-compile the Triton kernels for sm_90")
+    p.add_argument("--profile", default=None, help="write a cProfile of each job to PROFILE.<model>.<target>.prof")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--label", default="", help="a note kept with the results (e.g. 'before')")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    results = []
+    for model in args.models.split(","):
+        for target in args.targets.split(","):
+            with tempfile.TemporaryDirectory(prefix="kiln_ct_") as cache:
+                res = run_job(args, model, target, cache)
+            results.append(res)
+            stages = res.get("stages_s")
+            print(f"{model:14s} {target:6s} " + (" ".join(f"{k} {v:.2f}" for k, v in stages.items()) +
+                  f" | backend {res['backend_s']:.2f} s, {res['kernels']} kernels" if stages else res.get("error", "")),
+                  flush=True)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}_compile_time_cpu.json"
+    doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
+           "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
+           "argv": sys.argv[1:], "results": results}
+    if out.exists() and args.label:  # keep earlier labelled runs (before/after) side by side
+        try:
+            old = json.loads(out.read_text())
+            runs = old.get("runs", [old])
+            doc = {"runs": runs + [doc]}
+        except (ValueError, OSError):
+            pass
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--_job":
+        spec = json.loads(sys.argv[2])
+        print("RESULT " + json.dumps(job(spec["model"], spec["target"], spec["autocast"], spec["run"],
+                                         spec["triton_build"], spec["profile"])))
+    elif len(sys.argv) > 2 and sys.argv[1] == "--_triton_build":
+        print("RESULT " + json.dumps(triton_build_worker(sys.argv[2])))
+    else:
+        sys.exit(main())

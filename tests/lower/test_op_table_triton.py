@@ -1,0 +1,63 @@
+"""The op table's half-precision cases on the Triton target, run on the CPU through Triton's interpreter.
+
+Same ops and the same comparison with eager as test_op_table.py (which runs the C++ target); one small
+shape per case, since the interpreter is slow. TRITON_INTERPRET=1 must be set before triton is imported.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+if DEVICE != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)
+
+from lower.helpers import assert_same, count_externs, trace  # noqa: E402
+from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E402
+
+from kiln.codegen import compile_aten_graph  # noqa: E402
+
+ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "floordiv", "truncdiv", "remainder",
+                 "prod", "argmax", "argmin0", "argmax_all", "max_dim")
+
+
+def check(fn, *inputs):
+    inputs = [x.to(DEVICE) for x in inputs]
+    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    with torch.no_grad():
+        assert_same(compiled(*inputs), fn(*inputs))
+    return compiled
+
+
+@pytest.mark.parametrize("dtype", [torch.float16], ids=str)
+def test_pointwise_half(dtype):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 5, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)
+    unary = [f for k, f in FLOAT_UNARY.items() if k not in ROUNDING_TIES]
+    binary = [f for k, f in FLOAT_BINARY.items() if k not in ROUNDING_TIES]
+    c = check(lambda a, b: tuple(f(a) for f in unary) + tuple(f(a, b) for f in binary), a, b)
+    assert "tl.float16" in c.artefacts["kernels.py"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16], ids=str)
+def test_reductions_half(dtype):
+    a = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cases = [f for k, f in REDUCTIONS.items() if k not in ROUNDING_TIES]
+    check(lambda a: tuple(f(a) for f in cases), a)
+
+
+def test_half_casts_round_like_eager():
+    x = torch.tensor([0.0, 1.0, -2.5, 70000.0, 65519.0, 65520.0, 1e-7, 3e-8, 1 + 2 ** -11, 1 + 3 * 2 ** -11,
+                      float("inf"), float("nan")])
+    c = check(lambda x: (x.to(torch.float16), x.to(torch.float16).float() * 2), x)
+    torch.testing.assert_close(c(x.to(DEVICE))[0], x.to(DEVICE).half(), rtol=0, atol=0, equal_nan=True)

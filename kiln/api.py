@@ -78,11 +78,13 @@ class OptimizedModule(nn.Module):
     def __setattr__(self, name: str, value):
         if name in ("_orig_mod", "_kiln_context", "_compiled_forward") or "_orig_mod" not in self.__dict__.get("_modules", {}):
             super().__setattr__(name, value)
+            if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
+                self.__dict__["_kiln_mod"] = value  # the per-call path reads this plain attribute instead
         else:
             setattr(self._orig_mod, name, value)
 
     def __call__(self, *args, **kwargs):
-        mod = self._orig_mod
+        mod = self._kiln_mod
         if self._compiled_forward is None or mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks:
             return mod(*args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)

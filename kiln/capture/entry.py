@@ -263,8 +263,12 @@ class CompiledFunction:
         code = fn.__code__
         self._simple = not (code.co_flags & 0x0C) and code.co_kwonlyargcount == 0
         self._names = code.co_varnames[:code.co_argcount]
+        # a call with exactly this many positional arguments (and no keywords) binds by zip
+        self._num_positional = len(self._names) if self._simple else -1
         # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped signature
         self._signature = inspect.signature(fn, follow_wrapped=False) if not self._simple or fn.__defaults__ else None
+        self._globals, self._closure = fn.__globals__, fn.__closure__ or ()  # both read-only attributes
+        self._run_frame = self.frame.__call__  # a bound method: calls it without the slot lookup per call
         functools.update_wrapper(self, fn)
 
     def bind(self, args: tuple, kwargs: dict) -> dict:
@@ -276,9 +280,12 @@ class CompiledFunction:
         return dict(bound.arguments)
 
     def __call__(self, *args, **kwargs):
+        if kwargs or len(args) != self._num_positional:
+            L = self.bind(args, kwargs)
+        else:
+            L = dict(zip(self._names, args))
         fn = self.fn
-        L = self.bind(args, kwargs)
-        return self.frame(L, fn.__globals__, fn.__closure__ or (), eager=lambda: fn(*args, **kwargs))
+        return self._run_frame(L, self._globals, self._closure, lambda: fn(*args, **kwargs))
 
 
 # ------------------------------------------------------------------------------------------

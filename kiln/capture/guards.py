@@ -67,11 +67,14 @@ def _check_tensor(t: Any, sig: tuple) -> bool:
     )
 
 
+_is_autocast_enabled, _get_autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+
 def _autocast_state() -> tuple:
-    return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")) + (
-        torch.get_autocast_dtype("cpu"),
-        torch.get_autocast_dtype("cuda"),
-    )
+    """Per device (CPU, CUDA) whether autocast is on, then its dtype (a `torch.autocast` entered
+    inside the graph without a dtype takes it, so it matters even while autocast is off)."""
+    return (_is_autocast_enabled("cpu"), _is_autocast_enabled("cuda"),
+            _get_autocast_dtype("cpu"), _get_autocast_dtype("cuda"))
 
 
 HELPERS: dict[str, Any] = {

@@ -10,6 +10,7 @@ launcher the target binds to `name`.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,6 +34,47 @@ def _view(t: torch.Tensor, size, stride, offset) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+@functools.lru_cache(maxsize=None)
+def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: tuple) -> str | None:
+    """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload.
+
+    The bindings (`torch.*`, `torch._C._nn.*`) parse their arguments in C++ and call the
+    unboxed kernel; an `OpOverload` call goes through Python and the boxed dispatcher, about
+    2 us more per call, which on small graphs is most of an extern's time. The binding picks
+    an overload by its arguments, so it is used only when no other overload of the op
+    (other than `out=` variants) could accept this call's arguments. Factory ops are left
+    alone: a binding with no `device=` argument obeys `torch.set_default_device`, ATen does not.
+    """
+    name = op._schema.name.split("::")[1]
+    if op.namespace != "aten" or any(a.name == "device" or "Device" in str(a.type) for a in op._schema.arguments):
+        return None
+    if getattr(torch, name, None) is getattr(torch._C._VariableFunctions, name, 0):
+        text = f"torch.{name}"
+    elif hasattr(torch._C._nn, name):
+        text = f"torch._C._nn.{name}"
+    else:
+        return None
+    packet = getattr(torch.ops.aten, name)
+    for overload in packet.overloads():
+        other = getattr(packet, overload)
+        if other is op or any(a.is_out for a in other._schema.arguments):
+            continue
+        if _accepts(other._schema, num_positional, kwarg_names):
+            return None
+    return text if _accepts(op._schema, num_positional, kwarg_names) else None
+
+
+def _accepts(schema, num_positional: int, kwarg_names: tuple) -> bool:
+    """Whether a call with `num_positional` arguments and these keywords can bind to `schema`."""
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    required = [a for a in positional if not a.has_default_value()]
+    if not len(required) <= num_positional <= len(positional):
+        return False
+    names = {a.name for a in schema.arguments[num_positional:]}
+    missing = [a.name for a in schema.arguments[num_positional:] if not a.has_default_value() and a.name not in kwarg_names]
+    return set(kwarg_names) <= names and not missing
+
+
 class WrapperCodegen:
     def __init__(self, sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu"):
         self.sched, self.plan, self.kernels, self.device = sched, plan, kernels, device
@@ -40,7 +82,11 @@ class WrapperCodegen:
         self.layouts = self.graph.buffer_layouts()
         self.namespace: dict = {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
                                 "_restride": _restride, "_view": _view, "device": torch.device}
+        # the device kernel outputs are allocated on, as a torch.device (a string is parsed on every call)
+        self.device_name = "".join(c for c in device if c.isalnum())
+        self.namespace[self.device_name] = torch.device(device)
         self.lines: list[str] = []
+        self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
 
     # -- values as Python source
     def const(self, value) -> str:
@@ -62,6 +108,8 @@ class WrapperCodegen:
             if not a.view:
                 return a.buf
             lay = a.layout
+            if lay.offset == 0:  # as_strided keeps the base's storage offset
+                return f"{a.buf}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
             return f"_view({a.buf}, {self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)})"
         if isinstance(a, ir.SymRef):
             return pyexpr(a.expr)
@@ -71,9 +119,10 @@ class WrapperCodegen:
         inner = ", ".join(pyexpr(x) for x in xs)
         return f"({inner}{',' if len(xs) == 1 else ''})"
 
-    def op_name(self, op) -> str:
+    def op_name(self, op, num_positional: int = 0, kwarg_names: tuple = ()) -> str:
         if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
-            return f"aten.{op._schema.name.split('::')[1]}.{op._overloadname}"
+            return torch_binding(op, num_positional, kwarg_names) or \
+                f"aten.{op._schema.name.split('::')[1]}.{op._overloadname}"
         return self.const(op)
 
     # -- the program
@@ -113,15 +162,24 @@ class WrapperCodegen:
         for b in kernel.outputs:
             lay = self.layouts[b]
             old = self.plan.reuse.get(b)
-            if old is not None:
+            if old is not None and old in self.exact and self._same_layout(self.layouts[old], lay):
+                self.line(f"{b} = {old}; del {old}  # reuse")
+            elif old is not None:
                 self.line(f"{b} = {old}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)}); del {old}  # reuse")
             else:
                 self.line(f"{b} = empty_strided({self.shape(lay.size)}, {self.shape(lay.stride)}, "
-                          f"dtype={lay.dtype}, device={self.device!r})")
+                          f"dtype={lay.dtype}, device={self.device_name})")
+            if old is None or old in self.exact:
+                self.exact.add(b)
         # C++ kernels take raw pointers; Triton launchers take the tensors (`takes_tensors`)
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
         self.line(f"{group.name}({', '.join(args)})")
+
+    @staticmethod
+    def _same_layout(a: ir.Layout, b: ir.Layout) -> bool:
+        return (a.dtype == b.dtype and a.offset == 0 and b.offset == 0 and tuple(a.size) == tuple(b.size)
+                and tuple(a.stride) == tuple(b.stride))
 
     def extern_call(self, step: ExternStep) -> None:
         n = step.node
@@ -130,7 +188,7 @@ class WrapperCodegen:
             self.restride(n.name, n.name, n.layout)
             return
         args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
-        self.line(f"{n.name} = {self.op_name(n.op)}({', '.join(args)})")
+        self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)
 

@@ -1,0 +1,85 @@
+"""The generated wrapper's cheap per-call forms behave as the ATen calls they replace.
+
+The wrapper calls an extern through its Python binding (`torch.addmm`) when that binding
+can only run the same overload, writes an offset-0 view as `buf.as_strided(size, stride)`,
+and renames a dead buffer of the same layout instead of re-viewing it. These tests check
+the choices and that the results equal eager's (never timings).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen.wrapper import torch_binding
+from lower.helpers import check
+
+aten = torch.ops.aten
+
+
+def test_binding_used_only_when_no_other_overload_fits():
+    assert torch_binding(aten.addmm.default, 3, ()) == "torch.addmm"
+    assert torch_binding(aten.addmm.default, 3, ("beta",)) == "torch.addmm"
+    assert torch_binding(aten.mm.default, 2, ()) == "torch.mm"  # mm.dtype needs a third argument
+    assert torch_binding(aten.convolution.default, 9, ()) == "torch.convolution"
+    assert torch_binding(aten.avg_pool2d.default, 2, ()) == "torch._C._nn.avg_pool2d"
+    assert torch_binding(aten.add.Tensor, 2, ()) is None  # add.Scalar takes two arguments too
+    assert torch_binding(aten.full.default, 2, ()) is None  # a factory: torch.full obeys set_default_device
+    assert torch_binding(aten.split.Tensor, 2, ()) is None  # torch.split is a Python function
+    assert torch_binding(aten.convolution_backward.default, 11, ()) is None  # no binding
+
+
+def test_extern_with_keyword_arguments_matches_eager():
+    b, x, w = torch.randn(8), torch.randn(4, 6), torch.randn(6, 8)
+    c = check(lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0).relu(), b, x, w)
+    assert "torch.addmm(" in c.artefacts["wrapper.py"]
+
+
+def test_views_and_reused_buffers_match_eager():
+    ws = [torch.randn(8, 8) for _ in range(4)]
+    x = torch.randn(3, 8)
+
+    def fn(x, *ws):
+        for w in ws:
+            x = torch.nn.functional.linear(x, w).tanh()  # a transposed view of w per layer
+        return x, x.t()
+
+    c = check(fn, x, *ws)
+    wrapper = c.artefacts["wrapper.py"]
+    assert ".as_strided(" in wrapper and "_view(" not in wrapper, wrapper
+    assert "; del buf" in wrapper and "# reuse" in wrapper, wrapper
+
+
+def test_view_with_an_offset_of_an_input_with_a_storage_offset():
+    base = torch.randn(40)
+    x = base[3:35].view(4, 8)  # storage offset 3
+
+    def fn(x, w):
+        return (x[1:, 2:] @ w).relu()
+
+    w = torch.randn(6, 5)
+    check(fn, x, w)
+
+
+def test_convolution_extern_matches_eager():
+    x, w, b = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    c = check(lambda x, w, b: torch.conv2d(x, w, b, padding=1).relu(), x, w, b)
+    assert "torch.convolution(" in c.artefacts["wrapper.py"]
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+def test_compiled_module_inference_and_training_match_eager():
+    model, ref = _mlp(), _mlp()
+    compiled = kiln.compile(model)
+    x = torch.randn(1, 16)
+    for _ in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), ref(x))
+        compiled(x).sum().backward()
+        ref(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)

@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.autograd.signature import TensorSpec
+from kiln.autograd.signature import TensorSpec, symbolic_dispatch
 
 aten = torch.ops.aten
 
@@ -41,7 +41,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     owning its symbols)."""
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [s.fake(mode) for s in input_specs]
-    with mode, torch.no_grad(), torch._C._DisableAutocast():  # casts are already ops of `gm`
+    with mode, symbolic_dispatch(mode), torch.no_grad(), torch._C._DisableAutocast():  # casts are ops of `gm`
         fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
     mutations = _lift_input_mutations(fgm)
     _remove_identities(fgm)

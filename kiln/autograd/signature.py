@@ -13,6 +13,8 @@ as in eager), or a constant (ints, None) that the graph does not compute.
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -218,7 +220,7 @@ class FlatProgram:
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
         with torch.set_grad_enabled(requires_grad is not None):
-            with mode, enable_python_dispatcher():  # factories (torch.arange(n)) make fakes; sizes stay symbols
+            with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
         kinds, specs, needs_grad = [], [], []
@@ -267,6 +269,12 @@ class FlatProgram:
             else:
                 leaves.append(leaf.value)
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+def symbolic_dispatch(mode: FakeTensorMode):
+    """With symbolic sizes, composite ops (F.linear, F.pad, ...) must decompose in Python,
+    where sizes stay symbols: their C++ versions read concrete sizes and fail or specialize."""
+    return enable_python_dispatcher() if mode.shape_env is not None else contextlib.nullcontext()
 
 
 def _symbolic_fake_mode(gm: torch.fx.GraphModule) -> FakeTensorMode | None:

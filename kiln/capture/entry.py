@@ -9,10 +9,12 @@ which the frame runs eagerly with one warning.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import itertools
 import logging
+import re
 import time
 import types
 import warnings
@@ -406,15 +408,40 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
 
 
 def _add_shape_guard(state: CaptureState) -> None:
-    """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility) as one guard."""
+    """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility).
+
+    One guard per relation, so that a recompile names the relation that failed. Relations
+    over inputs with no symbolic size (parameters, ...) are left out: their tensor guards
+    already check every size and stride.
+    """
     fakes = [node.meta["example_value"] for node in state.graph.graph.nodes if node.op == "placeholder"]
     expr = state.graph.shape_env.produce_guards_expression(fakes, ignore_static=False)
     if not expr:
         return
-    for i, (source, _) in reversed(list(enumerate(state.graph.inputs))):
-        expr = expr.replace(f"L['t{i}']", fast_expr(source))
-    state.guards.add(Guard(GuardKind.SHAPE, None, expr, expr, "'sizes ' + repr([" + ", ".join(
-        f"tuple({fast_expr(s)}.shape)" for s, _ in state.graph.inputs) + "])"))
+    inputs = state.graph.inputs
+    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake)}
+    for relation in _conjuncts(expr):
+        used = sorted({int(i) for i in re.findall(r"L\['t(\d+)'\]", relation)})
+        if not set(used) & symbolic:
+            continue
+        fast, readable = relation, relation
+        for i in reversed(used):
+            fast = fast.replace(f"L['t{i}']", fast_expr(inputs[i][0]))
+            readable = readable.replace(f"L['t{i}']", inputs[i][0].expr())
+        current = "'sizes ' + repr([" + ", ".join(f"tuple({fast_expr(inputs[i][0])}.shape)" for i in used) + "])"
+        state.guards.add(Guard(GuardKind.SHAPE, None, fast, readable, current))  # no source: one per relation
+
+
+def _conjuncts(expr: str) -> list[str]:
+    """`a and b and c` -> [a, b, c] (split on the expression's syntax, not its text)."""
+    tree = ast.parse(expr, mode="eval").body
+    if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And):
+        return [ast.get_source_segment(expr, value) for value in tree.values]
+    return [expr]
+
+
+def _has_symbols(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:

@@ -153,3 +153,17 @@ def test_parameters_stay_static_under_dynamic_true():
     assert len(context_of(c).records) == 1
     guards = context_of(c).records[0].program_source
     assert "v" in guards and "(3, 4)" in guards  # the weight's shape is checked exactly
+
+
+def test_recompile_reason_names_the_one_relation_that_failed(caplog):
+    def total(x, y):
+        return x.sum() + y.sum() * y.shape[0]
+
+    c = kiln.compile(total, backend="eager", dynamic=True)
+    c(torch.ones(4), torch.ones(4))  # equal sizes: one symbol for both, with the relation as a guard
+    with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+        x, y = torch.randn(5), torch.randn(7)
+        torch.testing.assert_close(c(x, y), total(x, y))
+    (reason,) = [r.message for r in caplog.records if "recompiling" in r.message]
+    assert "shape relations guard failed" in reason and "L['y'].size()[0] == L['x'].size()[0]" in reason
+    assert "storage_offset" not in reason  # only the failed relation, not all of them

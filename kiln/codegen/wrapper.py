@@ -22,12 +22,19 @@ from kiln.schedule.memory import MemoryPlan
 
 
 def _restride(t: torch.Tensor, size, stride) -> torch.Tensor:
-    """`t` with exactly `stride` on its non-trivial dims (copied if ATen chose another layout)."""
+    """`t` with exactly `stride` on its non-trivial dims (copied if ATen chose another layout).
+
+    A stride of 0 (the traced result was an expanded tensor: equal values along that dim)
+    cannot be written to: one slice is copied and expanded again.
+    """
     if all(n <= 1 or a == b for n, a, b in zip(size, t.stride(), stride)):
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    broadcast = [d for d, (n, s) in enumerate(zip(size, stride)) if s == 0 and n > 1]
+    for d in broadcast:
+        t = t.narrow(d, 0, 1)
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
-    return out
+    return out.expand(size) if broadcast else out
 
 
 def _view(t: torch.Tensor, size, stride, offset) -> torch.Tensor:

@@ -112,3 +112,14 @@ def test_attention_block_training_matches_eager():
     ((model(x) ** 2).mean()).backward()
     for g, p in zip(got, model.parameters()):
         torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_extern_result_restrided_to_a_traced_broadcast_layout():
+    """An extern whose traced result was expanded (stride 0) but which returns a dense tensor
+    (torch versions differ) is copied once per slice and expanded again, not written through stride 0."""
+    from kiln.codegen.wrapper import _restride
+
+    dense = torch.randn(3, 1).expand(3, 4).contiguous()
+    out = _restride(dense, (3, 4), (1, 0))
+    assert out.stride() == (1, 0)
+    assert torch.equal(out, dense)

@@ -2,7 +2,8 @@
 
 TRITON_INTERPRET=1 must be set before triton is imported (it decides at @triton.jit
 time whether a kernel is compiled or interpreted), so it is set at the top of this
-module. The interpreter is slow: shapes are small, but big enough for tails (sizes
+module, on machines without a GPU only (on a GPU machine it would make every CUDA test
+collected alongside interpret its kernels). The interpreter is slow: shapes are small, but big enough for tails (sizes
 that are not a power of two) and for looped reductions (rows past the persistent limit).
 
 On a GPU the same tests run the kernels for real:
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import os
 
+import torch  # (triton is imported later, by kiln, when it loads kernels)
+
 DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
+# Not on a machine with a GPU: the variable holds for the whole process, and the CUDA tests
+# collected with this module would then run their kernels through the interpreter too.
+if DEVICE == "cpu" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton")

@@ -180,15 +180,17 @@ class GraphLowering:
             layout = _layout(meta)
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layout, aliases))
             return from_buffer(name, layout)
-        if isinstance(meta, (tuple, list)) and all(m is None or isinstance(m, (torch.Tensor, int)) for m in meta):
-            # Python ints among the results (cuDNN attention's max sequence lengths) are known
-            # from the fake result: consumers get the value, no buffer.
+        if isinstance(meta, (tuple, list)) and all(m is None or isinstance(m, (torch.Tensor, int, torch.SymInt))
+                                                   for m in meta):
+            # Ints among the results (fused attention's max sequence lengths) are known from the
+            # fake result, as numbers or as expressions over the sizes: consumers get the value.
             layouts = tuple(_layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layouts, aliases))
             outs = []
             for k, lay in enumerate(layouts):
                 if lay is None:
-                    outs.append(meta[k] if isinstance(meta[k], int) else None)
+                    outs.append(self._sym(meta[k]) if isinstance(meta[k], torch.SymInt)
+                                else meta[k] if isinstance(meta[k], int) else None)
                     continue
                 sub = self.new_name()
                 self.add_buffer(ir.MultiOutput(sub, name, k, lay))

@@ -1,0 +1,115 @@
+"""Where a compiled step's GPU time goes: kernel time by kind, and the launch gaps between.
+
+For one model of the shared benchmark (`models_bench.py`, passed by path because it
+lives outside this repository) and each compiler, runs warm-up steps and then profiles
+a few steps with torch.profiler, and splits each step's wall time into
+
+    matmul     cuBLAS / CUTLASS GEMMs (extern matmuls and linear layers)
+    attention  fused attention kernels (flash, memory-efficient, cuDNN)
+    triton     generated Triton kernels (kiln's or torch.compile's)
+    other      every other CUDA kernel (ATen elementwise, reductions, copies, optimizer)
+    gaps       step wall time minus the sum of kernel times: launch overhead, host code,
+               synchronisation (kernels run one at a time on one stream here)
+
+    python benchmarks/gpu_profile.py --bench .bench/models_bench.py \\
+        --models bert_infer_bf16,gpt2_train --compilers eager,torch,kiln --out profile.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+
+import torch
+
+KINDS = ("matmul", "attention", "triton", "other")
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    if any(k in lowered for k in ("gemm", "cutlass", "sm90_xmma", "cublas", "nvjet", "splitk")):
+        return "matmul"
+    if any(k in lowered for k in ("flash", "fmha", "attention", "cudnn_generated")):
+        return "attention"
+    if lowered.startswith(("triton", "kiln", "fused_")) or "triton" in lowered:
+        return "triton"
+    return "other"
+
+
+def load_bench(path: str):
+    spec = importlib.util.spec_from_file_location("models_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["models_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int) -> dict:
+    device = torch.device("cuda")
+    bench.apply_global_settings(cudnn_benchmark=True)
+    bench.seed_all(0)
+    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
+    comp = bench.COMPILERS[compiler]
+    fn = comp.wrap(workload.model, {})
+    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
+    step = bench.make_step(workload, fn, optimizer, device, comp)
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    by_kind = dict.fromkeys(KINDS, 0.0)
+    kernels = 0
+    top: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        ms = getattr(event, "device_time", event.cuda_time) / 1e3 / steps
+        by_kind[kernel_kind(event.name)] += ms
+        top[event.name] = top.get(event.name, 0.0) + ms
+        kernels += 1
+    busy = sum(by_kind.values())
+    return {"model": model_name, "compiler": compiler, "step_ms": wall_ms, "kernel_ms": busy,
+            "gaps_ms": max(wall_ms - busy, 0.0), "kernels_per_step": kernels / steps,
+            "by_kind_ms": by_kind,
+            "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bench", required=True, help="path to models_bench.py")
+    parser.add_argument("--models", default="bert_infer_bf16,gpt2_train")
+    parser.add_argument("--compilers", default="eager,torch,kiln")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    options = parser.parse_args()
+    bench = load_bench(options.bench)
+    rows = []
+    for model_name in options.models.split(","):
+        for compiler in options.compilers.split(","):
+            bench.reset_compiler_state()
+            try:
+                row = profile_one(bench, model_name, compiler, options.steps, options.warmup)
+            except Exception as e:  # one failure must not lose the others' rows
+                row = {"model": model_name, "compiler": compiler, "error": f"{type(e).__name__}: {e}"[:300]}
+            rows.append(row)
+            if "error" in row:
+                print(f"{model_name:<18} {compiler:<6} ERROR {row['error']}")
+                continue
+            kinds = "  ".join(f"{k} {row['by_kind_ms'][k]:7.2f}" for k in KINDS)
+            print(f"{model_name:<18} {compiler:<6} step {row['step_ms']:7.2f} ms = kernels {row['kernel_ms']:7.2f} "
+                  f"({kinds}) + gaps {row['gaps_ms']:6.2f}; {row['kernels_per_step']:.0f} kernels/step", flush=True)
+    if options.out:
+        with open(options.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """Cold compile time of kiln by stage, on big training graphs (issue #5).
 
     python benchmarks/compile_time.py [--models densenet121,transformer12,resnet18] [--targets cpp,triton]
-                                      [--autocast bf16|none] [--run] [--triton-build] [--profile FILE]
+                                      [--autocast bf16|none] [--run] [--profile FILE] [--label TEXT]
+                                      [--triton-build [--triton-pool serial:1|thread:N|process:N]]
 
 Each (model, target) job runs in a fresh subprocess with an empty KILN_CACHE_DIR (a cold compile).
 A job compiles one training step (forward + backward, under bf16 autocast by default) of the model
@@ -17,6 +18,8 @@ with `kiln.compile(model)`'s default backend and reports seconds per stage:
     build       the C++ compiler (cpp), or writing and importing the kernel module (triton)
     triton_build  (--triton-build, triton only) every generated Triton kernel compiled to a CUBIN for
                 sm_90 through Triton's own compiler, without a GPU: what `build` costs on the GPU
+                (kiln's Triton target compiles its kernels one after another; --triton-pool tries
+                threads or forked processes instead)
 
 Targets: `cpp` is kiln's CPU target; `triton` is the GPU code generator run on CPU tensors
 (KILN_CPU_BACKEND=triton TRITON_INTERPRET=1). By default a job stops right after the compile (the
@@ -26,7 +29,8 @@ architecture: growth 32, blocks (6, 12, 24, 16), bn_size 4, BN+ReLU+Conv layers 
 every earlier feature map), a 12-layer pre-LN transformer and a ResNet-18-style CNN, at small
 sizes (compile time depends on the graph, not on the tensor sizes).
 
-Results: benchmarks/results/<date>_compile_time_cpu.json (one entry per job, with the host).
+Results: benchmarks/results/<date>_compile_time_cpu.json (one entry per job, with the host); with
+--label, runs written to the same file are kept side by side (before/after).
 """
 from __future__ import annotations
 
@@ -275,8 +279,11 @@ def _triton_build_all(compiled) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(sigs, f)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, __file__, "--_triton_build", f.name], env=env, capture_output=True,
-                          text=True, cwd=str(ROOT))
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--_triton_build", f.name], env=env, capture_output=True,
+                              text=True, cwd=str(ROOT))
+    finally:
+        os.unlink(f.name)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -305,6 +312,7 @@ def triton_build_worker(spec_file: str) -> dict:
 
     target = GPUTarget("cuda", 90, 32)
     total, count, per = 0.0, 0, []
+    jobs_list = []
     for entry in json.loads(Path(spec_file).read_text()):
         spec = importlib.util.spec_from_file_location(f"bench_{Path(entry['path']).stem[:16]}", entry["path"])
         module = importlib.util.module_from_spec(spec)
@@ -324,24 +332,51 @@ def triton_build_worker(spec_file: str) -> dict:
                     signature[a] = tensors[k]
                 else:
                     signature[a] = "i64" if abs(ints[k - len(tensors)]) >= 2 ** 31 else "i32"
-            start = time.perf_counter()
-            triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                           options={"num_warps": launcher.num_warps})
-            seconds = time.perf_counter() - start
-            total += seconds
-            count += 1
-            per.append(seconds)
+            jobs_list.append((fn, signature, constexprs, launcher.num_warps))
+
+    def one(job):
+        fn, signature, constexprs, num_warps = job
+        start = time.perf_counter()
+        triton.compile(ASTSource(fn, signature, constexprs), target=target, options={"num_warps": num_warps})
+        return time.perf_counter() - start
+
+    kind, _, n = os.environ.get("KILN_BENCH_TRITON_POOL", "serial:1").partition(":")
+    workers = int(n or 1)
+    start = time.perf_counter()
+    if kind == "thread" and workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            per = list(pool.map(one, jobs_list))
+    elif kind == "process" and workers > 1:  # forked workers inherit the kernels (as Inductor's compile pool)
+        import multiprocessing
+
+        global _JOBS
+        _JOBS = (one, jobs_list)
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            per = pool.map(_one_forked, range(len(jobs_list)))
+    else:
+        per = [one(j) for j in jobs_list]
+    total, count = time.perf_counter() - start, len(per)
     per.sort()
-    return {"seconds": round(total, 3), "kernels": count,
+    return {"seconds": round(total, 3), "kernels": count, "pool": f"{kind}:{workers}",
             "median_kernel_s": round(per[len(per) // 2], 4) if per else 0.0,
             "max_kernel_s": round(per[-1], 4) if per else 0.0}
+
+
+_JOBS = None
+
+
+def _one_forked(k: int) -> float:
+    one, jobs = _JOBS
+    return one(jobs[k])
 
 
 # ----------------------------------------------------------------------------- the driver
 
 
 def run_job(args, model: str, target: str, cache: str) -> dict:
-    env = dict(os.environ, KILN_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, KILN_CACHE_DIR=cache, PYTHONPATH=str(ROOT), KILN_BENCH_TRITON_POOL=args.triton_pool)
     if target == "triton":
         env.update(KILN_CPU_BACKEND="triton", TRITON_INTERPRET="1", TRITON_CACHE_DIR=os.path.join(cache, "tcache"))
     else:
@@ -366,6 +401,8 @@ def main(argv=None) -> int:
     p.add_argument("--autocast", default="bf16", choices=["bf16", "none"])
     p.add_argument("--run", action="store_true", help="also run the compiled step (default: stop after compile)")
     p.add_argument("--triton-build", action="store_true", help="cross-compile the Triton kernels for sm_90")
+    p.add_argument("--triton-pool", default="serial:1",
+                   help="with --triton-build: serial:1, thread:N or process:N (forked) workers compiling the kernels")
     p.add_argument("--profile", default=None, help="write a cProfile of each job to PROFILE.<model>.<target>.prof")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--label", default="", help="a note kept with the results (e.g. 'before')")

@@ -163,6 +163,11 @@ def simplify(index: sympy.Expr) -> sympy.Expr:
     """Fold `c*(a // d)*d + c*(a % d)` back into `c*a` (what merging then splitting dims leaves)."""
     if not index.has(FloorDiv):
         return index
+    return _simplify(index)
+
+
+@functools.lru_cache(maxsize=16384)
+def _simplify(index: sympy.Expr) -> sympy.Expr:
     index = sympy.expand(index)
     changed = True
     while changed and isinstance(index, sympy.Add):
@@ -235,5 +240,7 @@ def view_strides(old_size, old_stride, new_size):
 
 def _lt(a, b) -> bool:
     """a < b for products of sizes: true when b / a is a whole expression other than 1."""
+    if a.is_Integer and b.is_Integer and int(a) > 0:  # static sizes: no sympy.cancel
+        return int(b) % int(a) == 0 and int(b) > int(a)
     num, den = sympy.fraction(sympy.cancel(b / a))
     return den == 1 and num != 1 and not (num.is_number and num < 1)

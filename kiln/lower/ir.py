@@ -47,6 +47,9 @@ class Load:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self) -> dict:  # string hashes differ between processes: a copy computes its own
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 @dataclass(frozen=True)
 class Const:
@@ -76,6 +79,9 @@ class Op:
             h = hash((self.name, self.args, self.dtype))
             object.__setattr__(self, "_hash", h)
         return h
+
+    def __getstate__(self) -> dict:  # string hashes differ between processes: a copy computes its own
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 Expr = Union[Load, Const, IndexValue, Op]

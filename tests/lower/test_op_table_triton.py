@@ -1,18 +1,22 @@
 """The op table's half-precision cases on the Triton target, run on the CPU through Triton's interpreter.
 
 Same ops and the same comparison with eager as test_op_table.py (which runs the C++ target); one small
-shape per case, since the interpreter is slow. TRITON_INTERPRET=1 must be set before triton is imported.
+shape per case, since the interpreter is slow. TRITON_INTERPRET=1 must be set before triton is imported;
+on a GPU machine `KILN_TRITON_TEST_DEVICE=cuda` runs the kernels for real.
 """
 from __future__ import annotations
 
 import os
 
+import torch  # (triton is imported later, by kiln, when it loads kernels)
+
 DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
+# Not on a machine with a GPU: the variable holds for the whole process (CUDA tests collected
+# alongside would interpret their kernels too).
+if DEVICE == "cpu" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 pytest.importorskip("triton")
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -149,8 +149,9 @@ def test_options_and_modes_are_listed_and_validated():
     for name in ("max_autotune", "epilogue_fusion", "shape_padding"):
         assert name in kiln.list_options() and name in OPTIONS
     modes = kiln.list_mode_options()
-    assert modes["max-autotune"] == {"max_autotune": True, "shape_padding": True, "triton.cudagraphs": True}
-    assert modes["max-autotune-no-cudagraphs"] == {"max_autotune": True, "shape_padding": True}
+    assert modes["max-autotune"] == {"max_autotune": True, "triton.cudagraphs": True}
+    assert modes["max-autotune-no-cudagraphs"] == {"max_autotune": True}
+    assert OPTIONS["shape_padding"].default is True  # as in torch
     assert kiln.list_mode_options("max-autotune")["triton.cudagraphs"] is True
     resolved = validate_options("max-autotune-no-cudagraphs", {"epilogue_fusion": False})
     assert resolved["max_autotune"] and not resolved["epilogue_fusion"] and not resolved["triton.cudagraphs"]

@@ -27,6 +27,7 @@ necessarily eager's stream.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -45,6 +46,7 @@ log = logging.getLogger("kiln.aot")
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
@@ -166,9 +168,9 @@ class AOTCompiled:
         autocast = ()
         if torch._C._is_any_autocast_enabled():
             autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in flat):
+        if not torch.is_grad_enabled() or not any(map(_requires_grad, flat)):
             return None, autocast
-        return tuple(t.requires_grad for t in flat), autocast
+        return tuple(map(_requires_grad, flat)), autocast
 
     def runner(self, key: tuple) -> Callable | None:
         if key not in self.runners:

@@ -119,6 +119,18 @@ class OutputSignature:
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
+    def plain_outputs(self) -> str | None:
+        """"single" or "tuple" when the output is the graph's one output or all of them in order, else None."""
+        if list(self.leaves) != [GraphOutput(i) for i in range(len(self.leaves))] or self.mutated_grad_inputs:
+            return None
+        if len(self.leaves) != len(self.graph_outputs):
+            return None
+        if self.tree == pytree.tree_structure(0):
+            return "single"
+        if self.tree == pytree.tree_structure(tuple(range(len(self.leaves)))):
+            return "tuple"
+        return None
+
     def tangent_specs(self) -> list[TensorSpec]:
         """The incoming gradients the backward graph is traced with, one per differentiable output.
 

@@ -26,6 +26,10 @@ log = logging.getLogger("kiln.lower")
 
 # An unrealized body bigger than this is realized (bounds kernel size and compile time).
 MAX_INLINE_SIZE = 120
+# A body this small is recomputed by each of its users rather than realized when that reads no more
+# memory than the buffer would (relu's backward `where(x <= 0, 0, grad)`, read by batch norm's backward
+# reduction and pointwise: DenseNet-121's backward had 118 kernels computing only that).
+RECOMPUTE_SIZE = 8
 
 
 class GraphLowering:
@@ -158,9 +162,24 @@ class GraphLowering:
         if not isinstance(out, TensorValue):
             return out
         users = len(node.users)
-        if ir.expr_size(out.body) > MAX_INLINE_SIZE or (users > 1 and not out.is_trivial()):
+        if ir.expr_size(out.body) > MAX_INLINE_SIZE or (
+                users > 1 and not out.is_trivial() and not self._recomputable(node, out)):
             return self.realize(out)
         return out
+
+    def _recomputable(self, node, out: TensorValue) -> bool:
+        """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its
+        arguments, once per use), and the users' loads (users x loads) no more than realizing costs
+        (loads, one store, one load per user)."""
+        from kiln.lower.ops import LOWERINGS
+
+        body = out.body
+        if ir.expr_size(body) > RECOMPUTE_SIZE:
+            return False
+        n_loads, users = len(ir.loads(body)), len(node.users)
+        if users * n_loads > n_loads + 1 + users:
+            return False
+        return all(u.op == "call_function" and u.target in LOWERINGS for u in node.users)
 
     def extern(self, op, args, kwargs, meta) -> Any:
         """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout."""

@@ -65,30 +65,3 @@ def test_hf_gpt2_with_dropout_trains_bit_for_bit_like_eager():
     assert torch.equal(losses[0], losses[1])
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), name
-
-
-class Reshaping(nn.Module):
-    """Sizes read from the input: a graph captured with dynamic=True has symbolic sizes here."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(12, 4)
-
-    def forward(self, x):
-        n = x.size(0)
-        return self.lin(x.view(n, -1)).view(n, 2, 2) * n
-
-
-def test_dynamic_shapes_compile_per_size_and_stay_correct():
-    torch.manual_seed(0)
-    model = Reshaping()
-    reference = copy.deepcopy(model)
-    compiled = kiln.compile(model, backend="aot_eager", dynamic=True)
-    for batch in (3, 5, 3):
-        x = torch.randn(batch, 3, 4)
-        out = compiled(x)
-        expected = reference(x)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        torch.testing.assert_close(model.lin.weight.grad, reference.lin.weight.grad)

@@ -11,24 +11,13 @@ On a GPU the same tests run the kernels for real:
 """
 from __future__ import annotations
 
-import os
+from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
 
-import torch  # (triton is imported later, by kiln, when it loads kernels)
+import pytest
+import torch
+import torch.nn.functional as F
 
-DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
-# Not on a machine with a GPU: the variable holds for the whole process, and the CUDA tests
-# collected with this module would then run their kernels through the interpreter too.
-if DEVICE == "cpu" and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-pytest.importorskip("triton")
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
-if DEVICE != "cpu" and not torch.cuda.is_available():
-    pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)
+skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402

@@ -6,23 +6,12 @@ on a GPU machine `KILN_TRITON_TEST_DEVICE=cuda` runs the kernels for real.
 """
 from __future__ import annotations
 
-import os
+from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
 
-import torch  # (triton is imported later, by kiln, when it loads kernels)
+import pytest
+import torch
 
-DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
-# Not on a machine with a GPU: the variable holds for the whole process (CUDA tests collected
-# alongside would interpret their kernels too).
-if DEVICE == "cpu" and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
-if DEVICE != "cpu" and not torch.cuda.is_available():
-    pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)
+skip_module_unless_kernels_run()
 
 from lower.helpers import assert_same, count_externs, trace  # noqa: E402
 from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E402

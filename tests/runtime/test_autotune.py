@@ -13,22 +13,17 @@ import json
 import logging
 import os
 
-import torch  # (triton is imported later, by kiln, when it loads kernels)
+from triton_device import DEVICE, INTERPRETING  # first: sets TRITON_INTERPRET
 
-DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
-# Not on a machine with a GPU: the variable holds for the whole process, and the CUDA tests
-# collected with this module would then run their kernels through the interpreter too.
-if DEVICE == "cpu" and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-
-import kiln  # noqa: E402
-from kiln.config import MODES, OPTIONS, validate_options  # noqa: E402
-from kiln.runtime import autotune  # noqa: E402
+import kiln
+from kiln.config import MODES, OPTIONS, validate_options
+from kiln.runtime import autotune
 
 needs_interpreter = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    not INTERPRETING, reason="runs Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
 
 
 @pytest.fixture(autouse=True)

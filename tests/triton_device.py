@@ -1,0 +1,26 @@
+"""Where the Triton tests run their kernels, decided before kiln loads any: import this first.
+
+`KILN_TRITON_TEST_DEVICE=cuda` runs them on the GPU for real. Otherwise they run on CPU
+tensors through Triton's interpreter, which `TRITON_INTERPRET=1` selects when a kernel is
+decorated (`@triton.jit`, when kiln loads a kernel module). The variable is set here on
+machines without a GPU only: it holds for the whole process, and on a GPU machine the CUDA
+tests collected alongside would interpret their kernels too (and fail inside CUDA graphs).
+"""
+import os
+
+import pytest
+import torch
+
+DEVICE = os.environ.get("KILN_TRITON_TEST_DEVICE", "cpu")
+if DEVICE == "cpu" and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def skip_module_unless_kernels_run() -> None:
+    """Skip the calling test module where its kernels cannot run (call it at module level)."""
+    pytest.importorskip("triton")
+    if DEVICE == "cpu" and not INTERPRETING:
+        pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+    if DEVICE != "cpu" and not torch.cuda.is_available():
+        pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 
 skip_module_unless_kernels_run()
+# Checks built on CPU inputs (the interpreter's); on the GPU, test_template_and_padding_on_gpu and
+# benchmarks/autotune_gpu.py check the same paths.
+cpu_inputs = pytest.mark.skipif(DEVICE != "cpu", reason="builds its inputs on the CPU")
 
 from lower.helpers import assert_same, trace  # noqa: E402
 
@@ -87,6 +90,7 @@ def check_both_ways(fn, *inputs, epilogue_nodes=None, options=MAX):
     return sched, source
 
 
+@cpu_inputs
 def test_linear_relu_epilogue_is_fused_into_the_template():
     x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
     sched, source = check_both_ways(lambda x, w, b: F.relu(F.linear(x, w, b)) * 0.5, x, w, b, epilogue_nodes=[2])
@@ -94,16 +98,19 @@ def test_linear_relu_epilogue_is_fused_into_the_template():
     assert len(sched.kernels()) == 1  # matmul, bias, relu and scale: one kernel
 
 
+@cpu_inputs
 def test_mm_without_epilogue_and_uneven_k():
     a, b = torch.randn(7, 19), torch.randn(19, 9)  # K=19: the last K block is masked
     check_both_ways(torch.mm, a, b, epilogue_nodes=[0])
 
 
+@cpu_inputs
 def test_bmm_with_transposed_operand_and_epilogue():
     a, b = torch.randn(3, 6, 17), torch.randn(3, 5, 17)
     check_both_ways(lambda a, b: torch.tanh(torch.bmm(a, b.transpose(1, 2))) + 1, a, b, epilogue_nodes=[1])
 
 
+@cpu_inputs
 def test_matmul_output_read_elsewhere_is_stored():
     x, w = torch.randn(4, 16), torch.randn(16, 8)
 
@@ -115,12 +122,14 @@ def test_matmul_output_read_elsewhere_is_stored():
     assert group.nodes[0].name not in group.local
 
 
+@cpu_inputs
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_addmm(dtype):
     x, w, b = (torch.randn(4, 16, dtype=dtype), torch.randn(16, 8, dtype=dtype), torch.randn(8, dtype=dtype))
     check_both_ways(lambda b, x, w: torch.addmm(b, x, w).relu(), b, x, w)
 
 
+@cpu_inputs
 def test_epilogue_fusion_off_keeps_the_epilogue_apart():
     x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
     fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
@@ -128,6 +137,7 @@ def test_epilogue_fusion_off_keeps_the_epilogue_apart():
     assert len(sched.kernels()) == 2
 
 
+@cpu_inputs
 def test_compile_aten_graph_under_each_mode():
     x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b)).softmax(-1)  # noqa: E731

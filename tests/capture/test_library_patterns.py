@@ -458,3 +458,26 @@ def test_getattr_default_swallows_only_attribute_error():
     compiled = kiln.compile(g, backend="eager")
     with pytest.raises(KeyError):
         compiled(t(2))
+
+
+def _validate_union(name, value, expected):
+    if not isinstance(value, typing.get_args(expected)):
+        raise TypeError(f"{name} must be {expected}")
+
+
+_VALIDATORS = {typing.Union: _validate_union}
+
+
+def _validate(name, value, expected):
+    if (origin := typing.get_origin(expected)) is None:
+        return
+    elif validator := _VALIDATORS.get(origin):  # a function tested for truth (huggingface_hub's strict dataclasses)
+        validator(name, value, expected)
+
+
+def test_function_looked_up_in_a_table_and_tested_for_truth():
+    def fn(x):
+        _validate("problem_type", "single_label", typing.Optional[str])
+        return x * 2
+
+    check(fn, t(3), fullgraph=True, graphs=1)

@@ -16,6 +16,14 @@ from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 
 
+class CallableValue(Value):
+    """A function-like value. Functions define no `__bool__` or `__len__`: they are always true
+    (`if validator := table.get(key):` must not need the function as a constant)."""
+
+    def truth(self, state) -> bool:
+        return True
+
+
 class CellValue(Value):
     """A closure cell. Cells of the user's world are read through their source; new ones hold a tracker."""
 
@@ -47,7 +55,7 @@ class CellValue(Value):
         return f"{writer.constant(types.CellType)}({contents})"
 
 
-class FunctionValue(Value):
+class FunctionValue(CallableValue):
     """A Python function to inline: a real one (with a source) or one made by MAKE_FUNCTION."""
 
     def __init__(self, code: types.CodeType, globals_: dict, name: str, defaults: tuple[Value, ...] = (),
@@ -112,7 +120,7 @@ class FunctionValue(Value):
         return f"Function({self.name})"
 
 
-class MethodValue(Value):
+class MethodValue(CallableValue):
     """A Python function bound to a tracked `self` (a module's forward, an object's method)."""
 
     def __init__(self, self_value: Value, fn: FunctionValue, source=None):
@@ -137,7 +145,7 @@ class MethodValue(Value):
         return f"{writer.constant(types.MethodType)}({self.fn.reconstruct(writer)}, {self.self_value.reconstruct(writer)})"
 
 
-class BoundMethodValue(Value):
+class BoundMethodValue(CallableValue):
     """A method of a tracked value that the value implements itself (`list.append`, `dict.items`)."""
 
     def __init__(self, self_value: Value, name: str):
@@ -150,7 +158,7 @@ class BoundMethodValue(Value):
         return f"{self.self_value.reconstruct(writer)}.{self.name}"
 
 
-class BuiltinValue(Value):
+class BuiltinValue(CallableValue):
     """A C function or other callable kiln knows how to model (see builtins.HANDLERS), else a break."""
 
     def __init__(self, fn: Any, source=None):

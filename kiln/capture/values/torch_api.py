@@ -15,6 +15,7 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.functions import CallableValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 # Functions that ask "am I being compiled?": True while kiln captures. The older spelling
@@ -52,7 +53,7 @@ BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call
             torch.autograd.grad: "autograd_backward", torch.nonzero: None}
 
 
-class TorchFunctionValue(Value):
+class TorchFunctionValue(CallableValue):
     def __init__(self, fn: Any, source=None):
         self.fn, self.source = fn, source
         self.obj = fn

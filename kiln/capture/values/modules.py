@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_module
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
@@ -23,8 +24,8 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module as m
-
+    """Whether any global module hook is registered (called by guards on every call: keep it cheap)."""
+    m = _module_module
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
                 or getattr(m, "_global_backward_pre_hooks", None))
 

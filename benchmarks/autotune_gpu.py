@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,26 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln_autotune_bench_"))
 
 import kiln  # noqa: E402
+from benchmarks.gpu_smoke import cuda_time  # noqa: E402
 from kiln.runtime import autotune  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-
-
-def cuda_time(fn, warmup=10, iters=50) -> float:
-    """Median milliseconds of `fn()` over `iters` CUDA-event-timed runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def flat(x):

@@ -27,6 +27,7 @@ import re
 import sympy
 import torch
 
+from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import cexpr as _cexpr
 from kiln.lower import ir
 from kiln.lower.index import contiguous_strides, linear_index, product
@@ -107,13 +108,6 @@ def const_literal(value, dtype) -> str:
     return f"static_cast<{t}>({int(value)}L)"
 
 
-class _Scope:
-    """CSE cache for one C++ block: structurally equal expressions are computed once."""
-
-    def __init__(self, parent=None):
-        self.cache = dict(parent.cache) if parent else {}
-
-
 class CppKernel:
     def __init__(self, group: KernelGroup, layouts: dict):
         self.group = group
@@ -135,13 +129,10 @@ class CppKernel:
         self.tmp += 1
         return f"{prefix}{self.tmp - 1}"
 
-    def emit(self, e: ir.Expr, scope: _Scope) -> str:
-        key = e
-        try:
-            if key in scope.cache:
-                return scope.cache[key]
-        except TypeError:
-            key = id(e)
+    def emit(self, e: ir.Expr, scope: Scope) -> str:
+        key, hit = scope.lookup(e)
+        if hit is not None:
+            return hit
         if isinstance(e, ir.Const):
             return const_literal(e.value, e.dtype)
         if isinstance(e, ir.IndexValue):
@@ -250,7 +241,7 @@ class CppKernel:
             opened = self._open_loops(g.outer, g.outer_vars(), outer_pragma, inner_pragma)
         else:
             opened = 0
-        outer_scope = _Scope()
+        outer_scope = Scope()
         for seg in g.segments:
             if seg.inner:
                 self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
@@ -280,12 +271,12 @@ class CppKernel:
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))
 
-    def _outer_segment(self, seg, scope: _Scope) -> None:
+    def _outer_segment(self, seg, scope: Scope) -> None:
         for node in seg.nodes:
             var = self.emit(self._mapped(node), scope)
             self._store(node, var, node.data.body.dtype)
 
-    def _inner_segment(self, seg, outer_scope: _Scope, parallel: bool, par) -> None:
+    def _inner_segment(self, seg, outer_scope: Scope, parallel: bool, par) -> None:
         g = self.group
         accs: dict = {}      # reduction key -> accumulator variable
         decls = []
@@ -334,7 +325,7 @@ class CppKernel:
             self.line(f"{t} {acc}_sum = 0;")
         clause = "".join(f" reduction(+:{accs[k][0]}_sum)" for k in keys)
         opened = self._open_loops(g.inner, g.inner_vars(), None, "#pragma omp simd" + clause)
-        scope = _Scope(outer_scope)
+        scope = Scope(outer_scope)
         for k in keys:
             acc = accs[k][0]
             self.line(f"{acc}_sum = {acc}_sum + {self.emit(k[1], scope)};")
@@ -346,7 +337,7 @@ class CppKernel:
 
     def _segment_body(self, seg, accs, outer_scope, acc_names=None) -> None:
         g = self.group
-        scope = _Scope(outer_scope)
+        scope = Scope(outer_scope)
         ridx = cexpr(linear_index(g.inner_vars(), contiguous_strides(g.inner)))
         saved = dict(self.values)
         updated = set()
@@ -379,7 +370,7 @@ class CppKernel:
             self.line(REDUCTIONS[rtype][0].format(T=t, a=local[acc]))
         collapse = f" collapse({len(g.inner)})" if len(g.inner) > 1 else ""
         opened = self._open_loops(g.inner, g.inner_vars(), f"#pragma omp for schedule(static){collapse}", None)
-        self._segment_body(seg, accs, _Scope(), acc_names=local)
+        self._segment_body(seg, accs, Scope(), acc_names=local)
         self._close(opened)
         self.line("#pragma omp for ordered schedule(static, 1)")
         self.line("for (int t = 0; t < omp_get_num_threads(); t++) {")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
 from kiln.codegen.triton import ops
 from kiln.codegen.triton.heuristics import Config, choose
@@ -49,13 +50,6 @@ class TritonPrinter(_Printer):
 
 
 texpr = TritonPrinter()
-
-
-class _Scope:
-    """CSE cache of one block of code: structurally equal expressions are computed once."""
-
-    def __init__(self, parent=None):
-        self.cache = dict(parent.cache) if parent else {}
 
 
 def _decompose(flat: str, sizes, variables) -> list[str]:
@@ -163,13 +157,10 @@ class TritonKernel:
             return "xmask"
         return None
 
-    def emit(self, e: ir.Expr, scope: _Scope) -> str:
-        key = e
-        try:
-            if key in scope.cache:
-                return scope.cache[key]
-        except TypeError:
-            key = id(e)
+    def emit(self, e: ir.Expr, scope: Scope) -> str:
+        key, hit = scope.lookup(e)
+        if hit is not None:
+            return hit
         if isinstance(e, ir.Const):
             return self.lit(ops.literal(e.value, e.dtype))
         if isinstance(e, ir.IndexValue):
@@ -226,7 +217,7 @@ class TritonKernel:
             return x
         return f"{x}.to({ops.COMPUTE[dst]})"
 
-    def _load(self, e: ir.Load, scope: _Scope) -> str:
+    def _load(self, e: ir.Load, scope: Scope) -> str:
         index = sympy.expand(e.index)
         syms = index.free_symbols | (e.mask.free_symbols if e.mask is not None else set())
         if e.indirect:  # gather: compute the index values first, then address with them
@@ -285,11 +276,11 @@ class TritonKernel:
         self.line("xmask = xindex < xnumel")
         for s in _decompose("xindex", g.outer, list(g.outer_vars())):
             self.line(s)
-        outer_scope = _Scope()
+        outer_scope = Scope()
         persistent_scope = None
         if cfg.kind == "persistent":
             self._rindex("tl.arange(0, RBLOCK)[None, :]")
-            persistent_scope = _Scope(outer_scope)
+            persistent_scope = Scope(outer_scope)
         for k, seg in enumerate(g.segments):
             self.line(f"# segment {k} ({'inner' if seg.inner else 'outer'}): {', '.join(n.name for n in seg.nodes)}")
             if not seg.inner:
@@ -363,7 +354,7 @@ class TritonKernel:
         return ir.subs_expr(node.data.body, self.group.var_map(node))
 
     # ------------------------------------------------------------------ segments
-    def _outer_segment(self, seg, scope: _Scope) -> None:
+    def _outer_segment(self, seg, scope: Scope) -> None:
         self._in_inner = False
         for node in seg.nodes:
             var = self.emit(self._mapped(node), scope)
@@ -378,7 +369,7 @@ class TritonKernel:
                 keys.setdefault((family, self._mapped(node)), []).append(node)
         return keys
 
-    def _persistent_segment(self, seg, scope: _Scope) -> None:
+    def _persistent_segment(self, seg, scope: Scope) -> None:
         self._in_inner = True
         done: dict = {}
         for node in seg.nodes:
@@ -417,7 +408,7 @@ class TritonKernel:
         self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=masked)}[:, None]")
         return out
 
-    def _looped_segment(self, seg, outer_scope: _Scope) -> None:
+    def _looped_segment(self, seg, outer_scope: Scope) -> None:
         self._in_inner = True
         keys = self._reduction_keys(seg)
         accs = {}
@@ -437,7 +428,7 @@ class TritonKernel:
         self.line(f"for roffset in {self._loop_range()}:")
         self.indent += 1
         self._rindex("roffset + tl.arange(0, RBLOCK)[None, :]")
-        scope = _Scope(outer_scope)
+        scope = Scope(outer_scope)
         saved = dict(self.values)
         updated = set()
         for node in seg.nodes:

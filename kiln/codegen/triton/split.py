@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import pyexpr
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.kernel import TritonKernel, _Scope, _decompose, _result, _result_dtype
+from kiln.codegen.triton.kernel import TritonKernel, _decompose, _result, _result_dtype
 from kiln.lower.index import product
 
 # workspace parts of each reduction family: (part, dtype of the partial: None = the body's compute type)
@@ -48,7 +49,7 @@ class SplitReductionKernel(TritonKernel):
         self._header()
         self.line("rsplit = tl.program_id(1)")
         self.line(f"# segment 0 (inner, chunk rsplit of {cfg.RSPLIT}): {', '.join(n.name for n in g.segments[0].nodes)}")
-        self._looped_segment(g.segments[0], _Scope())
+        self._looped_segment(g.segments[0], Scope())
         partial_body, self.lines = self.lines, []
         self.partial_args = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         partial_inputs, partial_outputs = dict(self.inputs), dict(self.outputs)
@@ -57,7 +58,7 @@ class SplitReductionKernel(TritonKernel):
         self._header()
         self.line("sindex = tl.arange(0, RSPLIT)[None, :]")
         self._combine_partials()
-        scope = _Scope()
+        scope = Scope()
         for k, seg in enumerate(g.segments[1:], 1):
             self.line(f"# segment {k} (outer): {', '.join(n.name for n in seg.nodes)}")
             self._outer_segment(seg, scope)

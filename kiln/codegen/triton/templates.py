@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from kiln.codegen.cse import Scope
 from kiln.codegen.triton import ops
 from kiln.codegen.triton.heuristics import Config, _index_dtype, next_pow2
-from kiln.codegen.triton.kernel import TritonKernel, _Scope
+from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.lower import ir
 from kiln.lower.index import index_vars
@@ -347,7 +348,7 @@ class MatmulTemplateKernel(TritonKernel):
             self.line(f"{value} = {ops.to_half('acc', spec.dtype)}.to(tl.float32)")
         self.line(f"# segment 0 (template): {mm.name} = {a.buf} @ {b.buf}")
         self._store(mm, value, spec.dtype)
-        scope = _Scope()
+        scope = Scope()
         for k, seg in enumerate(g.segments[1:], 1):
             self.line(f"# segment {k} (epilogue): {', '.join(n.name for n in seg.nodes)}")
             self._outer_segment(seg, scope)

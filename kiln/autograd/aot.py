@@ -61,8 +61,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     """
     try:
         compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
-        flat = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-        compiled.runner(compiled.key(flat + compiled.program.state()))
+        compiled.compile_for(example_inputs)
         return compiled
     except NeedsStaticShapes as e:
         log.info("%s: %s: compiling it once per input shape", name, e)
@@ -91,7 +90,7 @@ class PerShapeCompiled:
                 log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
             self.compiled[key] = compiled = AOTCompiled(gm, list(args), compiler, decompositions, name,
                                                         static_shapes=True)
-            compiled.runner(compiled.key(compiled.program.flatten_inputs(tuple(args))))
+            compiled.compile_for(args)
         return self.compiled[key]
 
     def __call__(self, *args):
@@ -161,6 +160,10 @@ class AOTCompiled:
             self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler, self.decompositions,
                                                 self.name)
         return self.specialized(*args)
+
+    def compile_for(self, args) -> None:
+        """Compile now the variant that a call with `args` runs (the rest compile on first use)."""
+        self.runner(self.key(self.program.flatten_inputs(tuple(args))))
 
     @staticmethod
     def key(flat: list) -> tuple:

@@ -99,7 +99,8 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
     sizes (the ints a dynamic-shape backward needs) are kept on the context as they are.
     """
     differentiable = signature.differentiable()
-    tangent_specs = signature.tangent_specs()
+    # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
+    tangents = [(i, spec, spec.symbolic) for i, spec in zip(differentiable, signature.tangent_specs())]
     forward, backward = boxed(forward), boxed(backward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
 
@@ -126,7 +127,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
             # Unless the graph is retained, autograd's references to the saved tensors go now, so
             # that a boxed backward can free each one after its last use, as eager's nodes do.
             ctx.maybe_clear_saved_tensors()
-            args += [_as_traced(grad_outputs[i], spec) for i, spec in zip(differentiable, tangent_specs)]
+            args += [_as_traced(grad_outputs[i], spec, symbolic) for i, spec, symbolic in tangents]
             # Grad mode is on in a backward exactly when it runs with create_graph=True.
             differentiating_twice = torch.is_grad_enabled()
             with torch.no_grad():
@@ -157,14 +158,14 @@ def _fast_apply(function: type) -> Callable:
     return call
 
 
-def _as_traced(grad: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+def _as_traced(grad: torch.Tensor, spec: TensorSpec, symbolic: bool) -> torch.Tensor:
     """The incoming gradient with the strides the backward graph was traced with.
 
     Autograd may hand in an expanded or transposed gradient (`loss.sum()` gives a
     stride-0 one); compiled kernels index with the traced strides, so copy if they differ.
     A dynamic-shape backward is traced with contiguous gradients (`tangent_specs`).
     """
-    if spec.symbolic:
+    if symbolic:
         return grad.contiguous()
     if tuple(grad.stride()) == spec.stride or grad.numel() <= 1:
         return grad

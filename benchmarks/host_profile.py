@@ -1,0 +1,111 @@
+"""Where a compiled step's host (Python) time goes, for one model of the shared benchmark.
+
+The GPU profile (gpu_profile.py) shows kiln's BERT step losing to torch.compile in the
+gaps between kernels, not in the kernels. This script times the host side alone: for
+each compiler it runs warm-up steps, then
+
+    host_ms    wall time to issue one step, without waiting for the GPU
+               (median over steps, each followed by a synchronize that is not timed)
+    step_ms    wall time of one step including the synchronize
+
+and, for kiln, a cProfile of a few steps (top functions by own time), so the Python
+frames that cost the most are named.
+
+    python benchmarks/host_profile.py --bench .bench/models_bench.py \\
+        --models bert_infer_bf16 --compilers torch,kiln --out host.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from benchmarks.gpu_profile import load_bench
+
+
+def _build(bench, model_name: str, compiler: str, opts: dict):
+    device = torch.device("cuda")
+    bench.apply_global_settings(cudnn_benchmark=True)
+    bench.seed_all(0)
+    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
+    comp = bench.COMPILERS[compiler]
+    fn = comp.wrap(workload.model, opts)
+    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
+    return bench.make_step(workload, fn, optimizer, device, comp)
+
+
+def _times(step, n: int) -> tuple[float, float]:
+    host, total = [], []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        total.append((t2 - t0) * 1e3)
+    return statistics.median(host), statistics.median(total)
+
+
+def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, top: int) -> dict:
+    t0 = time.perf_counter()
+    step = _build(bench, model_name, compiler, opts)
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    for _ in range(5):
+        step()
+    host_ms, step_ms = _times(step, steps)
+    row = {"model": model_name, "compiler": compiler, "first_call_s": round(first, 2),
+           "host_ms": round(host_ms, 3), "step_ms": round(step_ms, 3)}
+    if compiler.startswith("kiln"):
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(10):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+        row["cprofile_10_steps"] = text.getvalue()
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", required=True, help="path to models_bench.py")
+    p.add_argument("--models", default="bert_infer_bf16")
+    p.add_argument("--compilers", default="eager,torch,kiln")
+    p.add_argument("--kiln-opts", default="{}", help="JSON options for kiln.compile")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--top", type=int, default=35)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    bench = load_bench(args.bench)
+    rows = []
+    for model in args.models.split(","):
+        for compiler in args.compilers.split(","):
+            opts = json.loads(args.kiln_opts) if compiler == "kiln" else {}
+            row = profile_one(bench, model, compiler, opts, args.steps, args.top)
+            print({k: v for k, v in row.items() if k != "cprofile_10_steps"}, flush=True)
+            if "cprofile_10_steps" in row:
+                print(row["cprofile_10_steps"], flush=True)
+            rows.append(row)
+            torch._dynamo.reset()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,14 +12,25 @@ Ops that mutate without a functional variant known to the functionalizer (the
 batch-norm family writes its running statistics in place) are decomposed first,
 during tracing (`decompositions.FUNCTIONALIZATION`). `verify_functional` checks
 the result: no op of the final graph may have a mutable schema.
+
+The re-trace runs every op of the graph on fake tensors once more (a third of the
+autograd stage's time on DenseNet-121). When the graph's only in-place ops are
+pointwise writes to graph inputs, each the last use of that input (batch norm's
+running statistics, `num_batches_tracked += 1`), or it has none (most transformers),
+functionalization amounts to a rewrite, done without re-tracing
+(`_rewrite_input_writes`): each in-place op becomes its out-of-place variant, and the
+written input gets `copy_(input, new value)` at the end, as the re-trace records it.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import TensorSpec, symbolic_dispatch
 
@@ -39,16 +50,106 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
 
     Traced in `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one
     owning its symbols)."""
-    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [s.fake(mode) for s in input_specs]
-    with mode, symbolic_dispatch(mode), torch.no_grad(), torch._C._DisableAutocast():  # casts are ops of `gm`
-        fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
+    fgm = _rewrite_input_writes(gm)
+    if fgm is None:
+        mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [s.fake(mode) for s in input_specs]
+        with mode, symbolic_dispatch(mode), torch.no_grad(), torch._C._DisableAutocast():  # casts are ops of `gm`
+            fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
     mutations = _lift_input_mutations(fgm)
     _remove_identities(fgm)
     fgm.graph.eliminate_dead_code()
     fgm.recompile()
     verify_functional(fgm)
     return fgm, mutations
+
+
+def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """The graph `make_fx(functionalize(gm))` records, built by rewriting a copy of `gm`; None
+    unless every in-place op of `gm` is a pointwise write to a graph input that is its last use.
+
+    Functionalization runs the out-of-place variant where the in-place op was and, once the
+    function returns, copies each written input's final value into it, in input order. With
+    no later reader of the input or of a view of it, nothing else changes: the other nodes
+    are copied as they are, and each new node's value is computed as the re-trace computes
+    it, by running its op on the fake values of its arguments.
+    """
+    nodes = list(gm.graph.nodes)
+    writes = {n: _out_of_place(n.target) for n in nodes if n.op == "call_function"
+              and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable}
+    if not all(writes.values()):
+        return None
+    if writes:
+        position = {n: k for k, n in enumerate(nodes)}
+        aliases = defaultdict(list)  # storage -> the nodes whose value it holds
+        for n in nodes:
+            aliases[_storage(n)].append(n)
+        if not all(_last_write_to_input(n, aliases, position) and _fake_mode(n) for n in writes):
+            return None
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    new_values: dict[torch.fx.Node, torch.fx.Node] = {}  # written input -> its final value
+    for node in nodes:
+        if node in writes:
+            args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
+            new = new_values[node.args[0]] = graph.call_function(writes[node], args, kwargs)
+            new.meta["val"] = _fake_run(writes[node], node)
+            continue
+        if node.op == "output":
+            for placeholder in gm.graph.find_nodes(op="placeholder"):
+                if placeholder in new_values:
+                    graph.call_function(aten.copy_.default, (env[placeholder], new_values[placeholder]))
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """`aten.add.Tensor` for `aten.add_.Tensor` (and `copy` for `copy_`): the op functionalization
+    runs instead of an in-place pointwise op; None for any other mutating op."""
+    if op is aten.copy_.default:
+        return aten.copy.default
+    name = op._schema.name.split("::")[-1]
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
+    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    if not isinstance(functional, torch._ops.OpOverload) or functional._schema.is_mutable:
+        return None
+    if torch.Tag.pointwise not in functional.tags or torch.Tag.nondeterministic_seeded in functional.tags:
+        return None
+    return functional
+
+
+def _last_write_to_input(node: torch.fx.Node, aliases: dict, position: dict) -> bool:
+    """Does `node` write a graph input (not a view of one) that no later node reads, directly or
+    through a view, and is its own result unused?"""
+    target = node.args[0] if node.args else None
+    if node.users or not isinstance(target, torch.fx.Node) or target.op != "placeholder":
+        return False
+    storage = _storage(target)
+    return storage is not None and not any(position[u] > position[node]
+                                           for alias in aliases[storage] for u in alias.users)
+
+
+def _storage(node: torch.fx.Node):
+    val = node.meta.get("val")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def _fake_mode(node: torch.fx.Node) -> FakeTensorMode | None:
+    """The one fake mode of the values of `node`'s arguments (None if they have several: a graph
+    traced on real tensors gives each value a mode of its own)."""
+    modes = {v.fake_mode for v in pytree.tree_leaves(_arg_values(node)) if isinstance(v, FakeTensor)}
+    return modes.pop() if len(modes) == 1 else None
+
+
+def _arg_values(node: torch.fx.Node) -> tuple:
+    return torch.fx.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+
+
+def _fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
+    """`op` run on the fake values of `node`'s arguments, in their fake mode, as the re-trace runs it."""
+    args, kwargs = _arg_values(node)
+    with _fake_mode(node), torch.no_grad(), torch._C._DisableAutocast():
+        return op(*args, **kwargs)
 
 
 def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[InputMutation]:

@@ -6,6 +6,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.autograd import aot_eager
+from kiln.autograd import functionalize as functionalize_module
 from kiln.autograd.functionalize import functionalize, verify_functional
 from kiln.autograd.signature import TensorSpec
 
@@ -127,3 +128,50 @@ def test_input_saved_for_backward_then_mutated_is_refused_as_in_eager():
         f(x.clone(), w).sum().backward()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         aot_eager(torch.fx.symbolic_trace(f), [x.clone(), w])
+
+
+def _retraced(gm, input_specs, monkeypatch):
+    """`functionalize` with the rewrite shortcut off: the graph through `torch.func.functionalize`."""
+    with monkeypatch.context() as m:
+        m.setattr(functionalize_module, "_rewrite_input_writes", lambda gm: None)
+        return functionalize(gm, input_specs)
+
+
+def _structure(gm) -> list:
+    """Each node's op, target, arguments (as node positions) and value metadata: the graph up to names."""
+    position = {}
+    out = []
+    for k, node in enumerate(gm.graph.nodes):
+        position[node] = k
+        val = node.meta.get("val")
+        meta = (tuple(val.shape), val.stride(), val.dtype) if isinstance(val, torch.Tensor) else repr(val)
+        target = str(node.target) if node.op == "call_function" else None  # a placeholder's target is its name
+        out.append((node.op, target, repr(torch.fx.map_arg((node.args, node.kwargs), position.get)), meta))
+    return out
+
+
+def batchnorm_step(bn_weight, x, running_mean, running_var, num_batches):
+    """Batch norm's training step as the tracing decomposition leaves it: running statistics written last."""
+    num_batches.add_(1)
+    mean = x.mean(0)
+    running_mean.copy_(running_mean * 0.9 + mean * 0.1)
+    running_var.copy_(running_var * 0.9 + x.var(0) * 0.1)
+    return [(x - mean) * bn_weight]
+
+
+@pytest.mark.parametrize("fn, args, rewritten", [
+    (batchnorm_step, lambda: (torch.randn(3), torch.randn(4, 3), torch.zeros(3), torch.ones(3),
+                              torch.tensor(0)), True),
+    (lambda x, y: [torch.sin(x) + y.t(), y.view(-1)], lambda: (torch.randn(2, 2), torch.randn(2, 2)), True),
+    (mutating, lambda: (torch.randn(2, 3), torch.randn(2, 3)), False),  # read after the write; a view written
+])
+def test_input_writes_are_rewritten_to_the_graph_the_retrace_gives(fn, args, rewritten, monkeypatch):
+    inputs = args()
+    traced = make_fx(fn, tracing_mode="fake")(*[t.clone() for t in inputs])  # as kiln traces
+    assert (functionalize_module._rewrite_input_writes(traced) is not None) == rewritten
+    graph, mutations = functionalize(traced, specs(*inputs))
+    expected_graph, expected_mutations = _retraced(traced, specs(*inputs), monkeypatch)
+    assert _structure(graph) == _structure(expected_graph)
+    assert mutations == expected_mutations
+    outs, expected = graph(*[t.clone() for t in inputs]), expected_graph(*[t.clone() for t in inputs])
+    torch.testing.assert_close(outs, expected)

@@ -19,7 +19,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower import ir
-from kiln.lower.index import contiguous_strides, sympify
+from kiln.lower.index import contiguous_strides, index_vars, sympify
 from kiln.lower.values import TensorValue, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
@@ -30,6 +30,11 @@ MAX_INLINE_SIZE = 120
 # memory than the buffer would (relu's backward `where(x <= 0, 0, grad)`, read by batch norm's backward
 # reduction and pointwise: DenseNet-121's backward had 118 kernels computing only that).
 RECOMPUTE_SIZE = 8
+# A body that reads no tensor at full size (every load misses one of its dims, like cross-entropy's
+# one-hot gradient `where(target[i] == j, -1, 0) * scale`) is recomputed up to this size: realizing it
+# writes and reads a full tensor ([tokens, vocabulary] fp32 for a language model's loss) to save a
+# few arithmetic ops.
+BROADCAST_RECOMPUTE_SIZE = 32
 
 
 class GraphLowering:
@@ -170,14 +175,17 @@ class GraphLowering:
     def _recomputable(self, node, out: TensorValue) -> bool:
         """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its
         arguments, once per use), and the users' loads (users x loads) no more than realizing costs
-        (loads, one store, one load per user)."""
+        (loads, one store, one load per user), unless every load is a broadcast (a full-size buffer
+        always costs more than re-reading values each row or column shares)."""
         from kiln.lower.ops import LOWERINGS
 
         body = out.body
-        if ir.expr_size(body) > RECOMPUTE_SIZE:
+        size = ir.expr_size(body)
+        broadcast_only = size <= BROADCAST_RECOMPUTE_SIZE and _reads_no_full_tensor(out)
+        if size > RECOMPUTE_SIZE and not broadcast_only:
             return False
         n_loads, users = len(ir.loads(body)), len(node.users)
-        if users * n_loads > n_loads + 1 + users:
+        if users * n_loads > n_loads + 1 + users and not broadcast_only:
             return False
         return all(u.op == "call_function" and u.target in LOWERINGS for u in node.users)
 
@@ -225,6 +233,12 @@ class GraphLowering:
         if isinstance(v, sympy.Basic):
             return ir.SymRef(v)
         return v
+
+
+def _reads_no_full_tensor(v: TensorValue) -> bool:
+    """Whether each load of `v` is indexed by fewer than all of `v`'s non-trivial dims (a broadcast)."""
+    dims = {var for var, n in zip(index_vars("i", v.ndim), v.size) if n != 1}
+    return all(not dims <= sympy.sympify(ld.index).free_symbols for ld in ir.loads(v.body))
 
 
 def _layout(t: torch.Tensor) -> ir.Layout:

@@ -208,6 +208,42 @@ def test_gather_style_indexing():
     assert count_externs(compiled) == 0, compiled.artefacts["ir"]
 
 
+def test_scatter_of_one_position_per_row_is_a_select():
+    """`zeros.scatter(1, target[:, None], -1.0)` (cross-entropy's backward) lowers to a fused select,
+    along either dim and over any base; a scatter of several positions per row stays an ATen call."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 9, generator=g)
+    rows = torch.randint(0, 9, (5, 1), generator=g)
+    cols = torch.randint(0, 5, (1, 9), generator=g)
+
+    def fn(x, rows, cols):
+        return (torch.zeros_like(x).scatter(1, rows, -1.0) * 2, x.scatter(0, cols, 3.0) + 1,
+                x.scatter(-1, rows, 0.5).sum(1))
+
+    compiled = check(fn, x, rows, cols)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    two_per_row = torch.randint(0, 9, (5, 2), generator=g)
+    compiled = check(lambda x, i: x.scatter(1, i, -1.0) * 2, x, two_per_row)
+    assert count_externs(compiled) == 1
+
+
+def test_cross_entropy_writes_no_vocabulary_sized_temporary():
+    """The loss gathers from log_softmax without writing it; the gradient `onehot - softmax * sum(onehot)`
+    recomputes the one-hot instead of storing it: the only [rows, classes] buffer is the gradient."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 300, generator=g)
+    t = torch.randint(0, 300, (6,), generator=g)
+
+    def fn(x, t, scale):
+        logp = torch.log_softmax(x, 1)
+        onehot = torch.zeros_like(x).scatter(1, t[:, None], -1.0) * scale
+        return onehot - torch.exp(logp) * onehot.sum(1, keepdim=True), -logp.gather(1, t[:, None]).mean()
+
+    compiled = check(fn, x, t, torch.tensor(0.5))
+    wrapper = compiled.artefacts["wrapper.py"]
+    assert wrapper.count("empty_strided((6, 300)") == 1, wrapper
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_half_casts_round_like_eager(dtype):
     """float32 -> half -> float32 bit for bit: ties to even, subnormals, overflow to inf, NaN and inf."""

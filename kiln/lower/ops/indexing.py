@@ -30,19 +30,71 @@ def _safe_index(e: ir.Expr, size) -> ir.Expr:
     return ir.Op("minimum", (ir.Op("maximum", (wrapped, const(0, torch.int64)), torch.int64), hi), torch.int64)
 
 
+def _is_indirect(v) -> bool:
+    return isinstance(v, (ir.Load, ir.Op, ir.Const, ir.IndexValue))
+
+
 def gather_load(ctx, x: TensorValue, idx: list) -> ir.Expr:
     """`x` at `idx`, where each entry is a sympy index or an IR expression (an indirect index)."""
+    if x.buffer_view() is None:
+        inlined = _inline_gather(x, idx)
+        if inlined is not None:
+            return inlined
     x = ctx.realize(x)
     buf, offset, strides = x.buffer_view()
     binds, parts = [], []
     for k, v in enumerate(idx):
-        if isinstance(v, (ir.Load, ir.Op, ir.Const, ir.IndexValue)):
+        if _is_indirect(v):
             sym = sympy.Symbol(f"ind{len(binds)}", integer=True)
             binds.append((sym, _safe_index(v, x.size[k])))
             parts.append(sym)
         else:
             parts.append(v)
     return ir.Load(buf, linear_index(parts, strides, offset), x.dtype, None, tuple(binds))
+
+
+def _inline_gather(x: TensorValue, idx: list) -> ir.Expr | None:
+    """`x`'s (unrealized) body evaluated at `idx` without writing `x` to memory, or None.
+
+    Cross-entropy gathers one element per row of `log_softmax(logits)`: realizing it writes a
+    [tokens, vocabulary] fp32 tensor (1.6 GB for GPT-2) to read 8192 values back. Evaluating
+    the body at the gathered positions reads a few elements instead. This works when the
+    indirect positions only reach the indices of the body's loads, where `Load.indirect` can
+    bind them; a mask or an index value over them (padding, iota) falls back to realizing.
+    """
+    taken = {str(s) for ld in ir.loads(x.body) for s, _ in ld.indirect}
+    fresh = (f"ind{k}" for k in range(len(taken) + len(idx) + 1) if f"ind{k}" not in taken)
+    binds, parts = {}, []
+    for k, v in enumerate(idx):
+        if _is_indirect(v):
+            sym = sympy.Symbol(next(fresh), integer=True)
+            binds[sym] = _safe_index(v, x.size[k])
+            parts.append(sym)
+        else:
+            parts.append(v)
+    try:
+        return _bind_indirect(x.at(parts), binds)
+    except Unsupported:
+        return None
+
+
+def _bind_indirect(e: ir.Expr, binds: dict) -> ir.Expr:
+    """`e` with each load whose index uses a symbol of `binds` binding it (Unsupported where a mask or an
+    index value would need one)."""
+    if isinstance(e, ir.Load):
+        used = sympy.sympify(e.index).free_symbols & binds.keys()
+        if e.mask is not None and sympy.sympify(e.mask).free_symbols & binds.keys():
+            raise Unsupported("an indirect position in a load mask")
+        indirect = tuple((s, _bind_indirect(v, binds)) for s, v in e.indirect)
+        indirect += tuple((s, binds[s]) for s in sorted(used, key=str))
+        return ir.Load(e.buf, e.index, e.dtype, e.mask, indirect)
+    if isinstance(e, ir.IndexValue):
+        if sympy.sympify(e.expr).free_symbols & binds.keys():
+            raise Unsupported("an indirect position in an index value")
+        return e
+    if isinstance(e, ir.Op):
+        return ir.Op(e.name, tuple(_bind_indirect(a, binds) for a in e.args), e.dtype)
+    return e
 
 
 @register(aten.embedding.default)
@@ -74,6 +126,28 @@ def gather(ctx, meta, x, dim, index, sparse_grad=False):
     idx = list(out_vars)
     idx[dim] = index.at(out_vars)
     return TensorValue(size, dtype, gather_load(ctx, x, idx))
+
+
+@register(aten.scatter.value)
+def scatter_value(ctx, meta, x, dim, index, value):
+    """`x` with `value` written at one position per row along `dim`: a pointwise select.
+
+    Cross-entropy's backward scatters -1 into a zero [tokens, vocabulary] tensor; as an
+    extern that fills, copies and scatters 1.6 GB in fp32 for GPT-2, as a select it
+    fuses into its consumer. Only when `index` has one entry along `dim` and `x`'s extent
+    elsewhere (so no position is written twice); other scatters stay ATen calls. Like
+    Inductor, an out-of-range index writes nothing instead of raising.
+    """
+    size, dtype = out_info(meta)
+    dim = dim + x.ndim if dim < 0 else dim
+    if index.ndim != x.ndim or index.size[dim] != 1 or any(
+            index.size[d] != x.size[d] for d in range(x.ndim) if d != dim):
+        raise Unsupported("scatter of more than one position per row")
+    out_vars = list(index_vars("i", len(size)))
+    row = list(out_vars)
+    row[dim] = sympy.Integer(0)
+    hit = ir.Op("eq", (cast(index.at(row), torch.int64), ir.IndexValue(out_vars[dim], torch.int64)), torch.bool)
+    return TensorValue(size, dtype, ir.Op("where", (hit, const(value, dtype), cast(x.at(out_vars), dtype)), dtype))
 
 
 @register(aten.index.Tensor)

@@ -46,7 +46,7 @@ def load_bench(path: str):
     return module
 
 
-def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int) -> dict:
+def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, top_n: int = 12) -> dict:
     device = torch.device("cuda")
     bench.apply_global_settings(cudnn_benchmark=True)
     bench.seed_all(0)
@@ -78,7 +78,7 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int) 
     return {"model": model_name, "compiler": compiler, "step_ms": wall_ms, "kernel_ms": busy,
             "gaps_ms": max(wall_ms - busy, 0.0), "kernels_per_step": kernels / steps,
             "by_kind_ms": by_kind,
-            "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12])}
+            "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:top_n])}
 
 
 def main() -> None:
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--compilers", default="eager,torch,kiln")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--top", type=int, default=12, help="how many of the longest kernels to list")
     parser.add_argument("--out", default=None)
     options = parser.parse_args()
     bench = load_bench(options.bench)
@@ -96,7 +97,7 @@ def main() -> None:
         for compiler in options.compilers.split(","):
             bench.reset_compiler_state()
             try:
-                row = profile_one(bench, model_name, compiler, options.steps, options.warmup)
+                row = profile_one(bench, model_name, compiler, options.steps, options.warmup, options.top)
             except Exception as e:  # one failure must not lose the others' rows
                 row = {"model": model_name, "compiler": compiler, "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(row)

@@ -8,7 +8,7 @@ each compiler it runs warm-up steps, then
                (median over steps, each followed by a synchronize that is not timed)
     step_ms    wall time of one step including the synchronize
 
-and, for kiln, a cProfile of a few steps (top functions by own time), so the Python
+and, for kiln and torch.compile, a cProfile of a few steps (top functions by own time), so the Python
 frames that cost the most are named.
 
     python benchmarks/host_profile.py --bench .bench/models_bench.py \\
@@ -65,7 +65,7 @@ def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, t
     host_ms, step_ms = _times(step, steps)
     row = {"model": model_name, "compiler": compiler, "first_call_s": round(first, 2),
            "host_ms": round(host_ms, 3), "step_ms": round(step_ms, 3)}
-    if compiler.startswith("kiln"):
+    if compiler.startswith(("kiln", "torch")):
         prof = cProfile.Profile()
         torch.cuda.synchronize()
         prof.enable()

@@ -26,7 +26,7 @@ FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
     "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
     "gt": torch.gt, "ge": torch.ge, "where": lambda a, b: torch.where(a > 0, a, b),
-    "pow2": lambda a, b: a ** 2, "pow": lambda a, b: (a.abs() + 0.5) ** b, "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
+    "pow2": lambda a, b: a ** 2, "pow3": lambda a, b: a ** 3, "pow": lambda a, b: (a.abs() + 0.5) ** b, "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
     "scalar": lambda a, b: a * 2.5 - 1, "floordiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="floor"),
     "truncdiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="trunc"),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "atan2": torch.atan2,

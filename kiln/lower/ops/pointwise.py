@@ -77,7 +77,17 @@ def _simplify_pow(name, ops, dtype):
             return ir.Op("sqrt", (ops[0],), dtype)
         if e == -1 and dtype.is_floating_point:
             return ir.Op("reciprocal", (ops[0],), dtype)
+        if e == 3 and dtype.is_floating_point:
+            return _cube(ops[0], dtype)
     return ir.Op(name, ops, dtype)
+
+
+def _cube(x, dtype):
+    """x * x * x, as eager computes `x ** 3` (in float32 for half types, rounded once): GELU's tanh
+    form cubes every activation, and a general `pow` costs a log and an exp per element."""
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x = cast(x, compute)
+    return cast(ir.Op("mul", (ir.Op("mul", (x, x), compute), x), compute), dtype)
 
 
 def _compare(name):

@@ -177,32 +177,19 @@ def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
 
 
 def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
-    """Add `node` to `group` if the fusion rules allow it; returns whether it was added."""
-    o, i = _shape(node)
-    trial = KernelGroup(group.name, group.outer, group.inner, [Segment(s.inner, list(s.nodes)) for s in group.segments])
-    if node.is_reduction():
-        if trial.has_reduction() or trial.inner:
-            if (o, i) != (trial.outer, trial.inner):
-                return False
-        elif o == trial.outer:
-            trial.inner = i
-        elif o + i == trial.outer:
-            trial.outer, trial.inner = o, i
-            for s in trial.segments:
-                s.inner = True
-        else:
-            return False
-        inner = True
-    else:
-        if o == trial.outer:
-            inner = False
-        elif trial.inner and o == trial.outer + trial.inner:
-            inner = True
-        else:
-            return False
+    """Add `node` to `group` if the fusion rules allow it; returns whether it was added.
+
+    Called for every candidate kernel of every node (tens of thousands of times on a big
+    training graph, mostly to say no): the loop space is checked first, without copying
+    the group, and the group is changed only once `node` is accepted."""
+    fit = _loop_fit(group, node)
+    if fit is None:
+        return False
+    outer, inner, in_inner, resplit = fit
+    trial = KernelGroup(group.name, outer, inner, group.segments)  # the group's loops as they would be
     # every in-kernel producer must be read exactly at the point it writes
-    last = trial.segments[-1] if trial.segments else None
-    same_segment_ok = last is not None and last.inner == inner
+    last = group.segments[-1] if group.segments else None
+    same_segment_ok = last is not None and (resplit or last.inner) == in_inner
     vm = trial.var_map(node)
     for ld in deps.body_loads(node):
         found = trial.segment_of(ld.buf)
@@ -211,14 +198,36 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
         k, producer = found
         if sympy.expand(ld.index.xreplace(vm)) != trial.store_index(producer):
             return False
-        if k == len(trial.segments) - 1 and producer.is_reduction():
+        if k == len(group.segments) - 1 and producer.is_reduction():
             same_segment_ok = False
+    group.outer, group.inner = outer, inner
+    if resplit:
+        for s in group.segments:
+            s.inner = True
     if same_segment_ok:
         last.nodes.append(node)
     else:
-        trial.segments.append(Segment(inner, [node]))
-    group.outer, group.inner, group.segments = trial.outer, trial.inner, trial.segments
+        group.segments.append(Segment(in_inner, [node]))
     return True
+
+
+def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer):
+    """How `group`'s loops take `node`: (outer, inner, whether `node` goes in an inner segment,
+    whether the group is re-split into outer/inner around a first reduction), or None."""
+    o, i = _shape(node)
+    if node.is_reduction():
+        if group.has_reduction() or group.inner:
+            return (o, i, True, False) if (o, i) == (group.outer, group.inner) else None
+        if o == group.outer:
+            return o, i, True, False
+        if o + i == group.outer:
+            return o, i, True, True
+        return None
+    if o == group.outer:
+        return group.outer, group.inner, False, False
+    if group.inner and o == group.outer + group.inner:
+        return group.outer, group.inner, True, False
+    return None
 
 
 def schedule(graph: ir.LoweredGraph, templates: dict | None = None, options: dict | None = None) -> Schedule:

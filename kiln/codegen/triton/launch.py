@@ -3,10 +3,11 @@
 `JITFunction[grid](...)` binds arguments, computes a specialization key and
 looks the binary up on every call (tens of microseconds, more than many of
 kiln's kernels take on the GPU). A `Launcher` does that once per
-specialization and then calls the compiled binary's `run` directly, as
-Inductor's launchers do. The key it checks per call is what Triton specializes
-on for these kernels: 16-byte alignment of each tensor and, for each integer,
-whether it is 1, a multiple of 16, or too large for int32. Under the
+specialization and then calls the compiled binary's C launcher directly (below
+even Triton's Python `CompiledKernel.run`), as Inductor's launchers do. The key
+it checks per call is what Triton specializes on for these kernels: 16-byte
+alignment of each tensor and, for each integer, whether it is 1, a multiple of
+16, or too large for int32. Under the
 interpreter, or with Triton's launch hooks set (profilers), every call goes
 through the JITFunction.
 """
@@ -17,12 +18,32 @@ import triton
 
 from kiln.codegen.triton.libdevice import interpreting
 
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
+_RUNTIME = triton.knobs.runtime
+
 
 def _no_hooks() -> bool:
     """No launch hooks installed (Triton 3.6 keeps them as HookChains, empty by default; older ones as None)."""
-    r = triton.knobs.runtime
+    r = _RUNTIME
     return not getattr(r.launch_enter_hook, "calls", r.launch_enter_hook) and \
         not getattr(r.launch_exit_hook, "calls", r.launch_exit_hook)
+
+
+def _direct_launch(binary):
+    """A function launching `binary` as `launch(gx, gy, stream, *args)`, skipping Triton's Python launcher
+    (`CompiledKernel.run`: two nested functions built and a scratch check on every call) when the kernel
+    needs no scratch memory; `binary.run` itself otherwise, or where Triton's launcher differs from 3.6's."""
+    run = binary.run
+    launch = getattr(run, "launch", None)
+    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
+            or getattr(run, "num_ctas", 1) != 1:
+        return lambda gx, gy, stream, *args: run(gx, gy, 1, stream, binary.function, binary.packed_metadata,
+                                                 None, None, None, *args)
+    head = (binary.function, run.launch_cooperative_grid, run.launch_pdl, None, None, binary.packed_metadata,
+            None, None, None)
+    return lambda gx, gy, stream, *args: launch(gx, gy, 1, stream, *head, *args)
 
 
 def _int_key(v: int):
@@ -38,7 +59,7 @@ class Launcher:
                                                                             "num_stages": num_stages}
         self.constexprs = constexprs
         self.const_values = tuple(constexprs.values())
-        self.binaries: dict = {}
+        self.launches: dict = {}
         self.direct = not interpreting()
 
     def precompile(self, dtypes, ints) -> None:
@@ -51,7 +72,7 @@ class Launcher:
             return
         binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, **self.options)
         if binary is not None and _no_hooks():
-            self.binaries[tuple([True] * len(dtypes) + [_int_key(v) for v in ints])] = binary
+            self.launches[tuple([True] * len(dtypes) + [_int_key(v) for v in ints])] = _direct_launch(binary)
 
     def key(self, args) -> tuple:
         n = self.num_tensors
@@ -63,14 +84,12 @@ class Launcher:
         if self.direct:
             hooks = _no_hooks()
             key = self.key(args)
-            binary = self.binaries.get(key) if hooks else None
-            if binary is not None:
-                stream = torch._C._cuda_getCurrentRawStream(args[0].get_device())
-                binary.run(gx, gy, 1, stream, binary.function, binary.packed_metadata, None, None, None,
-                           *args, *self.const_values)
+            launch = self.launches.get(key) if hooks else None
+            if launch is not None:
+                launch(gx, gy, _current_stream(args[0].get_device()), *args, *self.const_values)
                 return
             binary = self.fn[(gx, gy)](*args, **self.constexprs, **self.options)
             if hooks and binary is not None:
-                self.binaries[key] = binary
+                self.launches[key] = _direct_launch(binary)
             return
         self.fn[(gx, gy)](*args, **self.constexprs, **self.options)

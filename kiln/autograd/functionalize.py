@@ -50,21 +50,22 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
 
     Traced in `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one
     owning its symbols)."""
-    fgm = _rewrite_input_writes(gm)
-    if fgm is None:
+    root, graph = gm, _rewrite_input_writes(gm)
+    if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         fakes = [s.fake(mode) for s in input_specs]
         with mode, symbolic_dispatch(mode), torch.no_grad(), torch._C._DisableAutocast():  # casts are ops of `gm`
-            fgm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
-    mutations = _lift_input_mutations(fgm)
-    _remove_identities(fgm)
-    fgm.graph.eliminate_dead_code()
-    fgm.recompile()
+            root = make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
+        graph = root.graph
+    mutations = _lift_input_mutations(graph)
+    _remove_identities(graph)
+    graph.eliminate_dead_code()
+    fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
     verify_functional(fgm)
     return fgm, mutations
 
 
-def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     """The graph `make_fx(functionalize(gm))` records, built by rewriting a copy of `gm`; None
     unless every in-place op of `gm` is a pointwise write to a graph input that is its last use.
 
@@ -100,7 +101,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | No
                 if placeholder in new_values:
                     graph.call_function(aten.copy_.default, (env[placeholder], new_values[placeholder]))
         env[node] = graph.node_copy(node, env.__getitem__)
-    return torch.fx.GraphModule(gm, graph)
+    return graph
 
 
 def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -152,9 +153,8 @@ def _fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
         return op(*args, **kwargs)
 
 
-def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[InputMutation]:
+def _lift_input_mutations(graph: torch.fx.Graph) -> list[InputMutation]:
     """Turn the trailing `copy_(placeholder, value)` nodes into extra outputs."""
-    graph = gm.graph
     placeholders = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
     output = graph.find_nodes(op="output")[0]
     outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
@@ -170,14 +170,14 @@ def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[InputMutation]:
     return mutations
 
 
-def _remove_identities(gm: torch.fx.GraphModule) -> None:
+def _remove_identities(graph: torch.fx.Graph) -> None:
     """Drop ops that return their input's value unchanged: `detach`, `alias`, same-meta `copy`.
 
     Autograd's saved-variable unpacking leaves `detach` nodes in the joint graph and
     decompositions leave `copy(dst, src)` where `src` already has `dst`'s metadata;
     without autograd in the graph they only obscure what the partitioner sees.
     """
-    for node in list(gm.graph.nodes):
+    for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         if node.target in (aten.detach.default, aten.alias.default):

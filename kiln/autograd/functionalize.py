@@ -48,8 +48,9 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
                   mode: FakeTensorMode | None = None) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
     """A functional copy of `gm`; input mutations are appended to its outputs.
 
-    Traced in `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one
-    owning its symbols)."""
+    Rewritten without tracing where `_rewrite_input_writes` applies; otherwise re-traced in
+    `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one owning its
+    symbols)."""
     root, graph = gm, _rewrite_input_writes(gm)
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)

@@ -9,12 +9,62 @@ re-evaluates the guards one by one to say which failed and the old vs new value.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from kiln.capture.sources import Source
+from kiln.capture.sources import AttrSource, Source
+
+
+# where a source expression may start in a guard (L[...], G[...], C[...], getattr(...), a namespace name), and
+# the string literals to skip (a dict-keys guard's expected keys are text, not code)
+_SOURCE_START = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|(?<![\w.])(?:[LGC]\[|getattr\(|(_\w*))""")
+
+_STR = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
+_KEY = rf"""\[(?:{_STR}|[^\[\]'"])*\]"""  # a subscript: a literal key (str, int, tuple) or a namespace name
+_ROOT = re.compile(rf"[LGC]{_KEY}|_\w*")
+_TRAILER = re.compile(rf"\.\w+|{_KEY}")
+_GETATTR_TAIL = re.compile(rf", (?:{_STR})\)")
+
+
+def _chain_ends(check: str, start: int) -> list[int]:
+    """Where a source expression starting at `start` may end: after its root and after each trailer
+    (`.name`, `[key]`), so a match always ends on a whole token."""
+    if check.startswith("getattr(", start):  # getattr(<chain>, 'name'): an attribute that is not an identifier
+        inner = _chain_ends(check, start + 8)
+        m = _GETATTR_TAIL.match(check, inner[-1]) if inner else None
+    else:
+        m = _ROOT.match(check, start)
+    if m is None:
+        return []
+    ends = [m.end()]
+    while (m := _TRAILER.match(check, ends[-1])) is not None:
+        ends.append(m.end())
+    return ends
+
+
+def _use_locals(check: str, exprs: dict[str, str]) -> str:
+    """`check` with every bound source's expression replaced by its local, longest first.
+
+    A match ends where a token ends (`L['x'].a` is not replaced inside `L['x'].ab`), and text inside
+    string literals is left alone. The local holds what the expression evaluates to: it was fetched
+    earlier in the same guard function, and nothing between runs user code that could change it.
+    """
+    out, pos = [], 0
+    for m in _SOURCE_START.finditer(check):
+        start = m.start()
+        if check[start] in "'\"" or start < pos or (m.group(1) is not None and m.group(1) not in exprs):
+            continue  # a literal, inside a replaced expression, or a namespace name no bound source starts with
+        for end in reversed(_chain_ends(check, start)):
+            var = exprs.get(check[start:end])
+            if var is not None:
+                out += (check[pos:start], var)
+                pos = end
+                break
+    out.append(check[pos:])
+    return "".join(out)
 
 
 class GuardKind(enum.Enum):
@@ -114,27 +164,37 @@ class GuardSet:
         exception that stopped it), so a recompile reason names exactly what the real check saw.
         """
         lines = ["def guard(L, G, C):", "    try:"]
-        names: dict = {}
+        names: dict = {}  # source -> its local
+        exprs: dict = {}  # a bound source's expression (as guards write it) -> its local
+        readable: dict = {}  # source -> its expression
         for i, g in enumerate(self.guards):
-            check = g.expr
-            if g.source is not None:
-                var = self._bind(g.source, names, lines)
-                check = check.replace(g.source.expr(), var)
-            lines.append(f"        if not ({check}): return {i if diagnose else False}  # {g.kind.value}")
+            if g.kind is GuardKind.NOT_SHADOWED and g.source is not None:
+                self._bind(AttrSource(g.source, "__dict__"), names, lines, exprs, readable)  # reused by other guards
+            elif g.source is not None:
+                self._bind(g.source, names, lines, exprs, readable)
+            check = _use_locals(g.expr, exprs)
+            note = readable[g.source] if g.source is not None else g.expr if check != g.expr else ""
+            note = f"{g.kind.value}: {note}" if note else g.kind.value  # what the locals stand for, for readers
+            lines.append(f"        if not ({check}): return {i if diagnose else False}  # {note}")
         if diagnose:
             lines += ["    except Exception as e:", "        return e", "    return None"]
         else:
             lines += ["    except Exception:  # a source that no longer exists", "        return False", "    return True"]
         return "\n".join(lines)
 
-    def _bind(self, source: Source, names: dict, lines: list[str]) -> str:
+    def _bind(self, source: Source, names: dict, lines: list[str], exprs: dict, readable: dict) -> str:
         """The local variable holding `source`'s value, fetching its base chain first (each once)."""
         if source in names:
             return names[source]
         base = getattr(source, "base", None)
-        expr = source.expr_from(self._bind(base, names, lines)) if base is not None else source.expr()
+        if base is None:
+            expr = readable[source] = source.expr()
+        else:
+            expr = source.expr_from(self._bind(base, names, lines, exprs, readable))
+            readable[source] = source.expr_from(readable[base], fast=False)  # = source.expr(), without the recursion
         var = f"v{len(names)}"
         names[source] = var
+        exprs.setdefault(readable[source], var)
         lines.append(f"        {var} = {expr}")
         return var
 

@@ -321,3 +321,78 @@ def test_reset_forgets_compiled_frames():
     assert len(context_of(c).records) == 0
     c(t(3))
     assert len(context_of(c).records) == 1
+
+
+def test_guard_reuses_bound_locals_and_replaces_whole_tokens_only():
+    from kiln.capture.guards import _use_locals
+
+    exprs = {"L['a']": "v3", "L['a'].b": "v4", "getattr(L['m'], '0')": "v5"}
+    # `L['a']` inside `L['a1']` or `L['a'].bc` is not the bound source; text in literals is left alone
+    assert _use_locals("L['a1'] is L['a'] and L['a'].bc is L['a'].b", exprs) == "L['a1'] is v3 and v3.bc is v4"
+    assert _use_locals("list(L['a'].keys()) == [\"L['a']\"]", exprs) == "list(v3.keys()) == [\"L['a']\"]"
+    assert _use_locals("hasattr(getattr(L['m'], '0').x, 'y') is False", exprs) == "hasattr(v5.x, 'y') is False"
+
+
+class _Inner(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_Inner()])
+
+    def forward(self, x):
+        inner = self.layers[0]
+        if hasattr(inner, "extra"):
+            return inner(x) * inner.extra
+        return inner(x)
+
+
+def test_hasattr_guard_on_a_nested_module_reads_its_local_and_still_recompiles(recompiles):
+    m = _Outer()
+    c = kiln.compile(m, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), m(x))
+    source = context_of(c).records[0].guards.source_code()
+    assert "if not (hasattr(v" in source, source  # not re-fetched from L['self'] through Module.__getattr__
+    m.layers[0].extra = 3.0
+    torch.testing.assert_close(c(x), (x + 1) * 3.0)
+    assert len(context_of(c).records) == 2
+    assert any("has attribute" in msg and "extra" in msg for msg in _messages(recompiles)), _messages(recompiles)
+
+
+class _Config:
+    """Like transformers' PretrainedConfig: attribute reads run Python code."""
+
+    def __init__(self):
+        self.scale = 2.0
+
+    def __getattribute__(self, name):
+        return super().__getattribute__(name)
+
+    def describe(self):
+        return "class"
+
+
+class _Configured(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = _Config()
+
+    def forward(self, x):
+        return x * self.config.scale if self.config.describe() == "class" else x
+
+
+def test_not_shadowed_guard_reuses_the_dict_local_and_still_recompiles(recompiles):
+    m = _Configured()
+    c = kiln.compile(m, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), x * 2.0)
+    source = context_of(c).records[0].guards.source_code()
+    assert "not in v" in source and ".__dict__):" not in source, source
+    m.config.describe = lambda: "instance"  # the instance now shadows the method
+    torch.testing.assert_close(c(x), x)
+    assert len(context_of(c).records) == 2
+    assert any("not shadowed" in msg and "describe" in msg for msg in _messages(recompiles)), _messages(recompiles)

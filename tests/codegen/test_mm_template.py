@@ -185,16 +185,24 @@ def test_padding_is_for_cuda_tensor_cores_only():
     assert templates.needs_padding(13, 16, 8) and not templates.needs_padding(16, 24, 8)
 
 
-def test_shape_padding_rewrites_the_extern_on_cuda_graphs():
-    """The pass itself, on a CPU graph told it runs on CUDA: the extern calls PaddedMatmul, and runs right."""
-    x, w = torch.randn(5, 13, dtype=torch.float16), torch.randn(13, 6, dtype=torch.float16)
-    gm = trace(lambda x, w: x @ w, x, w)
-    graph = lower_graph(gm, [x, w])
+def _padded_ops(m: int, k: int, n: int) -> list:
+    """The PaddedMatmul ops the shape-padding pass puts in an fp16 m x k @ k x n graph told it runs on CUDA."""
+    x, w = torch.randn(m, k, dtype=torch.float16), torch.randn(k, n, dtype=torch.float16)
+    graph = lower_graph(trace(lambda x, w: x @ w, x, w), [x, w])
     assert templates.prepare(graph, {**DEFAULT, "shape_padding": True}, "cuda") == {}
-    ops = [n.op for n in graph.nodes if hasattr(n, "op")]
-    assert any(isinstance(op, templates.PaddedMatmul) for op in ops), ops
-    padded = next(op for op in ops if isinstance(op, templates.PaddedMatmul))
-    torch.testing.assert_close(padded(x.float(), w.float()), x.float() @ w.float())
+    return [n.op for n in graph.nodes if isinstance(getattr(n, "op", None), templates.PaddedMatmul)]
+
+
+def test_shape_padding_rewrites_compute_bound_externs_on_cuda_graphs():
+    """The pass itself, on CPU graphs told they run on CUDA: a compute-bound matmul with an unaligned K
+    calls PaddedMatmul, which computes the same product; a small (memory-bound) one is left alone, since
+    copying its operands costs more than an aligned kernel saves."""
+    padded = _padded_ops(1024, 1001, 1024)
+    assert len(padded) == 1
+    x, w = torch.randn(64, 1001), torch.randn(1001, 96)
+    torch.testing.assert_close(padded[0](x, w), x @ w)
+    assert _padded_ops(64, 3137, 128) == []
+    assert templates.worth_padding(8192, 50257, 768) and not templates.worth_padding(64, 128, 3137)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",

@@ -12,8 +12,9 @@
   own and fuses the pointwise nodes after it as epilogue segments (option
   `epilogue_fusion`).
 - with `shape_padding` (and no template), an extern matmul on CUDA whose K or N is not a
-  multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed) calls `PaddedMatmul`:
-  the operands are zero-padded on those dims, the result sliced back.
+  multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed), and that is compute-bound
+  (`worth_padding`), calls `PaddedMatmul`: the operands are zero-padded on those dims,
+  the result sliced back.
 
 `MatmulTemplateKernel` emits the template group: a tiled `tl.dot` kernel over
 [BLOCK_M, BLOCK_N] tiles of the output (grouped launch order for L2 reuse), the fp32
@@ -121,6 +122,18 @@ def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
 
 def needs_padding(k: int, n: int, multiple: int) -> bool:
     return multiple > 0 and (k % multiple != 0 or n % multiple != 0)
+
+
+# Flops per element moved above which a matmul is limited by tensor-core throughput, not memory (an
+# H100 does about 300 bf16 flops per byte of HBM traffic): below it, padding's copies cost more than
+# the aligned kernel saves.
+PAD_MIN_INTENSITY = 128
+
+
+def worth_padding(m: int, n: int, k: int) -> bool:
+    """Whether an M x N x K matmul is compute-bound enough for shape padding to pay for its copies
+    (GPT-2's 8192 x 50257 x 768 LM head is; a small CNN's 64 x 128 x 3136 classifier is not)."""
+    return m * n * k >= PAD_MIN_INTENSITY * (m * k + k * n + m * n)
 
 
 def padded_matmul(op: str, args: tuple, kwargs: dict, multiple: int) -> torch.Tensor:
@@ -260,8 +273,9 @@ def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
                 continue
             if multiple:
                 refs = [a for a in n.args if isinstance(a, ir.TensorRef)]
-                k, nn = _static(refs[-2].layout.size[-1]), _static(refs[-1].layout.size[-1])
-                if k is not None and nn is not None and needs_padding(k, nn, multiple):
+                m, k = (_static(d) for d in refs[-2].layout.size[-2:])
+                nn = _static(refs[-1].layout.size[-1])
+                if None not in (m, k, nn) and needs_padding(k, nn, multiple) and worth_padding(m, nn, k):
                     n = ir.Extern(n.name, PaddedMatmul(MATMULS[n.op], multiple), n.args, n.kwargs, n.layout,
                                   n.aliases_inputs)
         nodes.append(n)

@@ -7,9 +7,8 @@ specialization and then calls the compiled binary's C launcher directly (below
 even Triton's Python `CompiledKernel.run`), as Inductor's launchers do. The key
 it checks per call is what Triton specializes on for these kernels: 16-byte
 alignment of each tensor and, for each integer, whether it is 1, a multiple of
-16, or too large for int32. Under the
-interpreter, or with Triton's launch hooks set (profilers), every call goes
-through the JITFunction.
+16, or too large for int32. Under the interpreter, or with Triton's launch hooks
+set (profilers), every call goes through the JITFunction.
 """
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ import triton
 from kiln.codegen.triton.libdevice import interpreting
 
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
-
-
 _RUNTIME = triton.knobs.runtime
 
 

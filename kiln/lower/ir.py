@@ -360,6 +360,19 @@ def iter_exprs(e: Expr):
             stack.extend(v for _, v in x.indirect)
 
 
+def index_symbols(e: Expr) -> set:
+    """Every symbol the load indices, masks and index values inside `e` use."""
+    out = set()
+    for x in iter_exprs(e):
+        if isinstance(x, Load):
+            out |= sympy.sympify(x.index).free_symbols
+            if x.mask is not None:
+                out |= x.mask.free_symbols
+        elif isinstance(x, IndexValue):
+            out |= sympy.sympify(x.expr).free_symbols
+    return out
+
+
 def loads(e: Expr) -> list[Load]:
     return list(_loads(e))
 

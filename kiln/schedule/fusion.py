@@ -103,13 +103,7 @@ class KernelGroup:
         for s in list(self.outer) + list(self.inner):
             syms |= sympy.sympify(s).free_symbols
         for n in self.nodes:
-            for e in ir.iter_exprs(n.data.body):
-                if isinstance(e, ir.Load):
-                    syms |= sympy.sympify(e.index).free_symbols
-                    if e.mask is not None:
-                        syms |= e.mask.free_symbols
-                elif isinstance(e, ir.IndexValue):
-                    syms |= sympy.sympify(e.expr).free_symbols
+            syms |= ir.index_symbols(n.data.body)
             for s in n.layout.stride:
                 syms |= sympy.sympify(s).free_symbols
             syms |= sympy.sympify(n.layout.offset).free_symbols

@@ -73,15 +73,7 @@ def _decompose(flat: str, sizes, variables) -> list[str]:
 
 def _loop_symbols(exprs) -> set:
     """Every symbol the indices, masks and index values inside `exprs` use (which loop variables a gather needs)."""
-    out = set()
-    for e in (x for root in exprs for x in ir.iter_exprs(root)):
-        if isinstance(e, ir.Load):
-            out |= sympy.sympify(e.index).free_symbols
-            if e.mask is not None:
-                out |= e.mask.free_symbols
-        elif isinstance(e, ir.IndexValue):
-            out |= sympy.sympify(e.expr).free_symbols
-    return out
+    return set().union(*(ir.index_symbols(root) for root in exprs))
 
 
 def describe(group: KernelGroup) -> str:

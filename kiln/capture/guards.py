@@ -8,6 +8,7 @@ re-evaluates the guards one by one to say which failed and the old vs new value.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass, field
@@ -45,24 +46,35 @@ def _chain_ends(check: str, start: int) -> list[int]:
     return ends
 
 
-def _use_locals(check: str, exprs: dict[str, str]) -> str:
-    """`check` with every bound source's expression replaced by its local, longest first.
+def _bound_chains(check: str, exprs: dict[str, Any]):
+    """(start, end, value) of each source expression in `check` that is a key of `exprs`, longest first.
 
-    A match ends where a token ends (`L['x'].a` is not replaced inside `L['x'].ab`), and text inside
-    string literals is left alone. The local holds what the expression evaluates to: it was fetched
-    earlier in the same guard function, and nothing between runs user code that could change it.
+    A match ends where a token ends (`L['x'].a` is not matched inside `L['x'].ab`), and text inside
+    string literals is skipped.
     """
-    out, pos = [], 0
+    pos = 0
     for m in _SOURCE_START.finditer(check):
         start = m.start()
         if check[start] in "'\"" or start < pos or (m.group(1) is not None and m.group(1) not in exprs):
-            continue  # a literal, inside a replaced expression, or a namespace name no bound source starts with
+            continue  # a literal, inside a matched expression, or a namespace name no key starts with
         for end in reversed(_chain_ends(check, start)):
-            var = exprs.get(check[start:end])
-            if var is not None:
-                out += (check[pos:start], var)
+            value = exprs.get(check[start:end])
+            if value is not None:
+                yield start, end, value
                 pos = end
                 break
+
+
+def _use_locals(check: str, exprs: dict[str, str]) -> str:
+    """`check` with every bound source's expression replaced by its local, longest first.
+
+    The local holds what the expression evaluates to: it was fetched earlier in the same guard
+    function, and nothing between runs user code that could change it.
+    """
+    out, pos = [], 0
+    for start, end, var in _bound_chains(check, exprs):
+        out += (check[pos:start], var)
+        pos = end
     out.append(check[pos:])
     return "".join(out)
 
@@ -137,6 +149,209 @@ HELPERS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class _Alias:
+    """A source that is the same object as `target`: proven by the identity guard at index `proof`,
+    or (`proof` None) only likely, and tested per call."""
+
+    target: Source
+    proof: int | None
+
+
+_DROP = "drop"  # a plan step: the guard repeats one that always runs, on a source proven the same object
+
+
+def _identities(guards: list[Guard], namespace: dict) -> tuple[dict, set]:
+    """Sources that an ID_MATCH guard proves are an earlier source's object: `S is R` (an alias guard)
+    or `S is ___obj_N` after `R is ___obj_N`. Returns {S: _Alias(R, the guard's index)}, and the sources
+    pinned to a namespace object (two of them are the same object only if proven so)."""
+    by_expr = {g.source.expr(): g.source for g in reversed(guards) if g.source is not None}
+    first_with: dict[str, Source] = {}  # a namespace object -> the first source guarded to be it
+    same, pinned = {}, set()
+    for i, g in enumerate(guards):
+        other = _compared_to(g, GuardKind.ID_MATCH, "{} is ")
+        if other in namespace:
+            pinned.add(g.source)
+            target = first_with.setdefault(other, g.source)
+        else:
+            target = by_expr.get(other)
+        if target is not None and target != g.source and g.source not in same:
+            same[g.source] = _Alias(same[target].target if target in same else target, i)
+    return same, pinned
+
+
+def _compared_to(g: Guard, kind: GuardKind, head: str) -> str | None:
+    """What a `kind` guard written `head.format(source) + X` compares its source to: X."""
+    if g.kind is not kind or g.source is None:
+        return None
+    head = head.format(g.source.expr())
+    return g.expr[len(head):] if g.expr.startswith(head) else None
+
+
+def _likely_same(guards: list[Guard], namespace: dict, same: dict) -> list[tuple[Source, Source]]:
+    """Pairs (S, R) that may be one object: the parents of a proven pair that read the same child
+    (`a.cfg.__dict__ is b.cfg.__dict__`), and sources type-guarded to one class kept in the namespace
+    (each paired with the first such source)."""
+    pairs = [(s.base, a.target.base) for s, a in same.items()
+             if hasattr(s, "base") and hasattr(a.target, "base") and dataclasses.replace(s, base=a.target.base) == a.target]
+    first_of: dict[str, Source] = {}
+    for g in guards:
+        cls = _compared_to(g, GuardKind.TYPE_MATCH, "type({}) is ")
+        if cls in namespace:
+            pairs.append((g.source, first_of.setdefault(cls, g.source)))
+    return pairs
+
+
+def _aliases(guards: list[Guard], namespace: dict) -> dict[Source, _Alias]:
+    """Every source whose guards may repeat another source's."""
+    aliases, pinned = _identities(guards, namespace)
+    for s, r in _likely_same(guards, namespace, dict(aliases)):
+        target = aliases[r].target if r in aliases else r
+        if s not in aliases and s not in pinned and s != target:
+            aliases[s] = _Alias(target, None)
+    return aliases
+
+
+def _mapped_ancestors(source: Source | None, aliases: dict) -> list[Source]:
+    """`source` and its bases that have an alias, nearest first."""
+    found = []
+    while source is not None:
+        if source in aliases:
+            found.append(source)
+        source = getattr(source, "base", None)
+    return found
+
+
+def _repeats(kind: GuardKind, check: str, always: set) -> bool:
+    """Whether `check` (rewritten onto the alias target) is one that `always` runs, or `X is X`."""
+    left, sep, right = check.partition(" is ")
+    return (kind, check) in always or (sep != "" and left == right)
+
+
+def _plan(guards: list[Guard], aliases: dict) -> list:
+    """For each guard: None (check it), `_DROP` (leave it out) or a source S (check it only when S is
+    not its alias target, in one block per S).
+
+    A guard on (a child of) an aliased source S is rewritten onto the target R; if that check is one
+    that always runs (a guard with no aliased source above it), the guard says nothing new once S is R.
+    Proven (an identity guard checks it): left out, the identity guard itself kept. Likely: skipped
+    behind one `if S is not R` test. So 12 BERT layers sharing one config read its attributes once.
+    """
+    subjects = _subjects(guards)
+    always = {(g.kind, g.expr) for g, s in zip(guards, subjects) if not _mapped_ancestors(s, aliases)}
+    return [_step(i, g, subject, aliases, always) for i, (g, subject) in enumerate(zip(guards, subjects))]
+
+
+def _step(i: int, g: Guard, subject: Source | None, aliases: dict, always: set):
+    """The plan for guard `i`: decided by its nearest aliased source whose target repeats it.
+
+    A source's own proof is never left out on its account (a proof may be, on account of a source
+    above it: what it proves follows from that source's proof, and proofs are only dropped upwards)."""
+    for source in _mapped_ancestors(subject, aliases):
+        alias = aliases[source]
+        if not _repeats(g.kind, _onto(g.expr, source, alias.target), always):
+            continue
+        if alias.proof is None:
+            return source
+        if alias.proof != i:
+            return _DROP
+    return None
+
+
+def _subjects(guards: list[Guard]) -> list[Source | None]:
+    """The source each guard checks: its own or, for one without (a hasattr guard), the one source its
+    check reads (None where it reads none or several)."""
+    by_expr: dict[str, Source] = {}
+    seen: set = set()
+    for g in guards:
+        source = g.source
+        while source is not None and source not in seen:
+            seen.add(source)
+            by_expr.setdefault(source.expr(), source)
+            source = getattr(source, "base", None)
+    subjects = []
+    for g in guards:
+        read = {s for _, _, s in _bound_chains(g.expr, by_expr)} if g.source is None else {g.source}
+        subjects.append(read.pop() if len(read) == 1 else None)
+    return subjects
+
+
+def _onto(check: str, source: Source, target: Source) -> str:
+    """`check` with `source`'s expression written as `target`'s, where it starts a source chain."""
+    root = source
+    while getattr(root, "base", None) is not None:
+        root = root.base
+    return _use_locals(check, {root.expr(): root.expr(), source.expr(): target.expr()})
+
+
+def _hooks_from_dict(check: str, module: str) -> str:
+    """`m._forward_hooks` read as `m.__dict__['_forward_hooks']`, where nn.Module keeps it: a module's
+    class defines `__getattr__`, which makes every attribute load on it slower than a dict lookup."""
+    return re.sub(rf"{re.escape(module)}\.(_\w*hooks)\b", lambda m: f"{module}.__dict__[{m.group(1)!r}]", check)
+
+
+class _Writer:
+    """The body of a guard function being written: its lines, and the local bound to each source fetched."""
+
+    def __init__(self, diagnose: bool):
+        self.diagnose = diagnose
+        self.lines = ["def guard(L, G, C):", "    try:"]
+        self.indent = " " * 8
+        self.names: dict = {}  # source -> its local
+        self.exprs: dict = {}  # a bound source's expression (as guards write it) -> its local
+        self.readable: dict = {}  # source -> its expression
+        self.count = 0  # locals bound so far: a block's locals keep their names after it
+
+    def check(self, i: int, g: Guard) -> None:
+        """`if not (<g with bound locals>): return ...`, fetching its source first."""
+        expr = g.expr
+        if g.kind in (GuardKind.NOT_SHADOWED, GuardKind.NO_HOOKS) and g.source is not None:
+            self.bind(AttrSource(g.source, "__dict__"))  # reused by other guards
+            expr = _hooks_from_dict(expr, g.source.expr()) if g.kind is GuardKind.NO_HOOKS else expr
+        elif g.source is not None:
+            self.bind(g.source)
+        check = _use_locals(expr, self.exprs)
+        note = self.readable[g.source] if g.source is not None else g.expr if check != g.expr else ""
+        note = f"{g.kind.value}: {note}" if note else g.kind.value  # what the locals stand for, for readers
+        self.lines.append(f"{self.indent}if not ({check}): return {i if self.diagnose else False}  # {note}")
+
+    def block(self, source: Source, target: Source, guards: list[tuple[int, Guard]]) -> None:
+        """`guards` (on `source`) checked only when `source` is not `target`'s object, whose guards
+        they repeat. What the block fetches is fetched again after it: the block may not have run."""
+        var, target_var = self.bind(source), self.bind(target)
+        self.lines.append(f"{self.indent}if {var} is not {target_var}:  # else its guards repeat "
+                          f"those of {self.readable[target]}")
+        saved = dict(self.names), dict(self.exprs), self.indent
+        self.indent += "    "
+        for i, g in guards:
+            self.check(i, g)
+        self.names, self.exprs, self.indent = saved
+
+    def bind(self, source: Source) -> str:
+        """The local variable holding `source`'s value, fetching its base chain first (each once)."""
+        if source in self.names:
+            return self.names[source]
+        base = getattr(source, "base", None)
+        if base is None:
+            expr = self.readable[source] = source.expr()
+        else:
+            expr = source.expr_from(self.bind(base))
+            self.readable[source] = source.expr_from(self.readable[base], fast=False)  # = source.expr(), no recursion
+        var, self.count = f"v{self.count}", self.count + 1
+        self.names[source] = var
+        self.exprs.setdefault(self.readable[source], var)
+        self.lines.append(f"{self.indent}{var} = {expr}")
+        return var
+
+    def finish(self) -> str:
+        if self.diagnose:
+            self.lines += ["    except Exception as e:", "        return e", "    return None"]
+        else:
+            self.lines += ["    except Exception:  # a source that no longer exists", "        return False",
+                           "    return True"]
+        return "\n".join(self.lines)
+
+
 @dataclass
 class GuardSet:
     """The guards of one cache entry, deduplicated, in the order they were installed."""
@@ -144,59 +359,46 @@ class GuardSet:
     guards: list[Guard] = field(default_factory=list)
     namespace: dict[str, Any] = field(default_factory=dict)
     _seen: set = field(default_factory=set)
+    _constant_names: dict = field(default_factory=dict)  # id(value) (a device: itself) -> its name in the namespace
 
     def add(self, guard: Guard) -> None:
-        key = (guard.kind, guard.source) if guard.source is not None else guard.expr
+        key = (guard.kind, guard.source, guard.expr) if guard.source is not None else guard.expr
         if key not in self._seen:
             self._seen.add(key)
             self.guards.append(guard)
 
     def constant(self, value: Any, hint: str) -> str:
-        """Put `value` in the guard namespace; returns the name the expressions use."""
-        name = f"___{hint}_{len(self.namespace)}"
-        self.namespace[name] = value
+        """Put `value` in the guard namespace; returns the name the expressions use.
+
+        One object has one name, so the same check on two sources reads the same text (which is how
+        `_plan` sees that one guard repeats another).
+        """
+        key = value if type(value) is torch.device else id(value)  # `t.device` is a new object per read
+        name = self._constant_names.get(key)
+        if name is None:
+            name = self._constant_names[key] = f"___{hint}_{len(self.namespace)}"
+            self.namespace[name] = value
         return name
 
     def source_code(self, diagnose: bool = False) -> str:
         """One function: each source is fetched once into a local, then checked; the first failure returns False.
 
+        Guards that repeat others on a source that is the same object are left out or skipped: see `_plan`.
         With `diagnose`, the same function returns the index of the failing guard instead (or the
         exception that stopped it), so a recompile reason names exactly what the real check saw.
         """
-        lines = ["def guard(L, G, C):", "    try:"]
-        names: dict = {}  # source -> its local
-        exprs: dict = {}  # a bound source's expression (as guards write it) -> its local
-        readable: dict = {}  # source -> its expression
-        for i, g in enumerate(self.guards):
-            if g.kind is GuardKind.NOT_SHADOWED and g.source is not None:
-                self._bind(AttrSource(g.source, "__dict__"), names, lines, exprs, readable)  # reused by other guards
-            elif g.source is not None:
-                self._bind(g.source, names, lines, exprs, readable)
-            check = _use_locals(g.expr, exprs)
-            note = readable[g.source] if g.source is not None else g.expr if check != g.expr else ""
-            note = f"{g.kind.value}: {note}" if note else g.kind.value  # what the locals stand for, for readers
-            lines.append(f"        if not ({check}): return {i if diagnose else False}  # {note}")
-        if diagnose:
-            lines += ["    except Exception as e:", "        return e", "    return None"]
-        else:
-            lines += ["    except Exception:  # a source that no longer exists", "        return False", "    return True"]
-        return "\n".join(lines)
-
-    def _bind(self, source: Source, names: dict, lines: list[str], exprs: dict, readable: dict) -> str:
-        """The local variable holding `source`'s value, fetching its base chain first (each once)."""
-        if source in names:
-            return names[source]
-        base = getattr(source, "base", None)
-        if base is None:
-            expr = readable[source] = source.expr()
-        else:
-            expr = source.expr_from(self._bind(base, names, lines, exprs, readable))
-            readable[source] = source.expr_from(readable[base], fast=False)  # = source.expr(), without the recursion
-        var = f"v{len(names)}"
-        names[source] = var
-        exprs.setdefault(readable[source], var)
-        lines.append(f"        {var} = {expr}")
-        return var
+        aliases = _aliases(self.guards, self.namespace)
+        plan = _plan(self.guards, aliases)
+        writer = _Writer(diagnose)
+        written: set = set()
+        for i, (g, step) in enumerate(zip(self.guards, plan)):
+            if step is None:
+                writer.check(i, g)
+            elif step is not _DROP and step not in written:
+                written.add(step)
+                block = [(j, self.guards[j]) for j in range(i, len(plan)) if plan[j] == step]
+                writer.block(step, aliases[step].target, block)
+        return writer.finish()
 
     def compile(self) -> Callable:
         namespace = dict(HELPERS, **self.namespace)

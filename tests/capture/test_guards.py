@@ -396,3 +396,46 @@ def test_not_shadowed_guard_reuses_the_dict_local_and_still_recompiles(recompile
     torch.testing.assert_close(c(x), x)
     assert len(context_of(c).records) == 2
     assert any("not shadowed" in msg and "describe" in msg for msg in _messages(recompiles)), _messages(recompiles)
+
+
+def _always_checked(source: str) -> list[str]:
+    """The guard function's checks that run on every call (not inside an `if S is not R:` block)."""
+    return [line for line in source.splitlines() if line.startswith(" " * 8 + "if not (")]
+
+
+def _guard_source(m: nn.Module, *args) -> str:
+    c = kiln.compile(m, backend="eager")
+    torch.testing.assert_close(c(*args), m(*args))
+    return context_of(c).records[0].guards.source_code()
+
+
+@pytest.mark.parametrize("config_cls", ["PlainConfig", "MappedConfig"])
+def test_shared_config_is_checked_once(config_cls):
+    from .test_guards_state import MappedConfig, PlainConfig, shared_config_layers
+
+    _, m = shared_config_layers({"PlainConfig": PlainConfig, "MappedConfig": MappedConfig}[config_cls])
+    source = _guard_source(m, t(3))
+    always = "\n".join(_always_checked(source))
+    assert "'0').config.scale" in always and "'1').config" not in always and "'2').config" not in always, source
+    assert source.count("is not v") == 2, source  # one test per other layer: is its config the first one's?
+
+
+def test_module_reached_twice_is_checked_once():
+    lin = nn.Linear(3, 3)
+    source = _guard_source(nn.Sequential(lin, nn.ReLU(), lin), t(2, 3))
+    assert "id: getattr(L['self'], '2')" in source, source  # the identity check stays
+    assert "module hooks: getattr(L['self'], '2')" not in source and "'2').weight" not in source, source
+
+
+def test_tied_weight_is_checked_once():
+    from .test_guards_state import TiedLinears
+
+    source = _guard_source(TiedLinears(), t(2, 3))
+    assert "id: L['self'].b.weight" in source and "tensor: L['self'].b.weight" not in source, source
+    assert "tensor: L['self'].a.weight" in source and "tensor: L['self'].b.bias" in source, source
+
+
+def test_module_hooks_read_from_the_module_dict():
+    source = _guard_source(nn.Sequential(nn.Linear(3, 3)), t(2, 3))
+    hooks = [line for line in source.splitlines() if "# module hooks: " in line]
+    assert hooks and all("['_forward_hooks']" in line and "._forward_hooks" not in line for line in hooks), source

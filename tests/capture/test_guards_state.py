@@ -287,3 +287,118 @@ def test_id_of_an_argument_is_guarded():
     a, b = Obj(), Obj()
     torch.testing.assert_close(c(x, a), fn(x, a))
     torch.testing.assert_close(c(x, b), fn(x, b))
+
+
+def test_second_method_rebound_on_instance():
+    """Two class attributes read off one object: each has its own not-shadowed guard."""
+    class M(nn.Module):
+        def forward(self, x):
+            return self.shift(self.act(x))  # `shift` is read first
+
+        def act(self, x):
+            return x.relu()
+
+        def shift(self, x):
+            return x + 1
+
+    m = M()
+    c = kiln.compile(m, backend="eager")
+    x = t(4)
+    c(x)
+    m.act = torch.sigmoid
+    torch.testing.assert_close(c(x), torch.sigmoid(x) + 1)
+
+
+class PlainConfig:
+    def __init__(self, scale=2.0):
+        self.scale = scale
+
+
+class MappedConfig(PlainConfig):
+    """Like transformers' PretrainedConfig: reads run Python code that maps aliases to attributes."""
+
+    attribute_map = {"factor": "scale"}
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+class ConfiguredLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x):
+        return x * self.config.scale + getattr(self.config, "factor", 0.0)
+
+
+def shared_config_layers(config_cls):
+    """Three layers holding one config object (as transformers' layers do)."""
+    config = config_cls()
+    return config, nn.Sequential(*(ConfiguredLayer(config) for _ in range(3)))
+
+
+@pytest.mark.parametrize("config_cls", [PlainConfig, MappedConfig])
+@pytest.mark.parametrize("change", ["shared value", "own config", "own equal config", "own config, then shared value"])
+def test_layers_sharing_one_config(config_cls, change):
+    config, m = shared_config_layers(config_cls)
+    c = kiln.compile(m, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), m(x))
+    if change.startswith("own"):
+        m[2].config = config_cls(2.0 if change == "own equal config" else 7.0)
+        torch.testing.assert_close(c(x), m(x))
+    if change.endswith("shared value"):
+        config.scale = 5.0
+        torch.testing.assert_close(c(x), m(x))
+    records = len(context_of(c).records)
+    assert records == {"own equal config": 1, "own config, then shared value": 3}.get(change, 2), records
+
+
+def test_module_reached_twice():
+    """One Linear at two positions: its guards are checked once; a hook on it or a swap is still seen."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3)
+    m = nn.Sequential(lin, nn.ReLU(), lin)
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    handle = lin.register_forward_hook(lambda mod, inp, out: out * 100)
+    try:
+        torch.testing.assert_close(c(x), m(x))
+    finally:
+        handle.remove()
+    lin.weight.requires_grad_(False)
+    torch.testing.assert_close(c(x), m(x))
+    m[2] = nn.Linear(3, 3)
+    torch.testing.assert_close(c(x), m(x))
+
+
+class TiedLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+@pytest.mark.parametrize("change", ["untie", "requires_grad", "strides"])
+def test_tied_weight_changes_are_seen(change):
+    torch.manual_seed(0)
+    m = TiedLinears()
+    c = kiln.compile(m, backend="eager")
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    if change == "untie":
+        m.b.weight = nn.Parameter(torch.randn(3, 3))
+    elif change == "requires_grad":
+        m.a.weight.requires_grad_(False)
+    else:
+        with torch.no_grad():
+            m.a.weight.data = torch.randn(3, 3)[:, :3].T  # same shape, transposed strides
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2

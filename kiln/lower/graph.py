@@ -19,7 +19,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower import ir
-from kiln.lower.index import contiguous_strides, index_vars, sympify
+from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.values import TensorValue, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
@@ -35,6 +35,17 @@ RECOMPUTE_SIZE = 8
 # writes and reads a full tensor ([tokens, vocabulary] fp32 for a language model's loss) to save a
 # few arithmetic ops.
 BROADCAST_RECOMPUTE_SIZE = 32
+
+aten = torch.ops.aten
+# Externs that take operands in any stride order at no cost (cuBLAS transposes for free): an unrealized
+# operand is written in the order of its own loads (a transposed weight cast is a coalesced copy, not a
+# strided scatter).
+ANY_ORDER_EXTERNS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+# FX ops whose result is a view: a value reaches an extern or the output through them unchanged.
+VIEW_OPS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+                      aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+                      aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.t.default,
+                      aten.transpose.int, aten.alias.default, operator.getitem})
 
 
 class GraphLowering:
@@ -62,17 +73,30 @@ class GraphLowering:
             self.layouts[node.name] = node.layout
 
     def realize(self, v: TensorValue, stride=None) -> TensorValue:
-        """`v` backed by memory: a view of an existing buffer if it is one, else a new buffer."""
+        """`v` backed by memory: a view of an existing buffer if it is one, else a new buffer.
+
+        Strides that are a permutation of a dense layout (a transposed or channels-last result) store a
+        buffer whose dims are in memory order, computed in that order (coalesced writes), and return the
+        permuted view of it."""
         if stride is None and v.buffer_view() is not None:
             return v
         layout = ir.Layout(tuple(v.size), tuple(stride) if stride else contiguous_strides(v.size), v.dtype)
+        order = _memory_order(layout)
         name = self.new_name()
-        self.add_buffer(ir.ComputedBuffer(name, layout, ir.Pointwise(tuple(v.size), v.body)))
+        if order is None:
+            self.add_buffer(ir.ComputedBuffer(name, layout, ir.Pointwise(tuple(v.size), v.body)))
+            return from_buffer(name, layout)
+        storage = ir.Layout.contiguous([v.size[d] for d in order], v.dtype)
+        position = {d: k for k, d in enumerate(order)}
+        variables = index_vars("i", v.ndim)
+        body = v.at([variables[position[d]] for d in range(v.ndim)])
+        self.add_buffer(ir.ComputedBuffer(name, storage, ir.Pointwise(storage.size, body)))
         return from_buffer(name, layout)
 
-    def ref(self, v: TensorValue) -> ir.TensorRef:
-        """An extern argument for `v`: the buffer itself, or an as_strided view of one."""
-        v = self.realize(v)
+    def ref(self, v: TensorValue, any_order: bool = False) -> ir.TensorRef:
+        """An extern argument for `v`: the buffer itself, or an as_strided view of one. With `any_order`
+        (the extern takes any strides) a computed `v` is stored in the order of its loads."""
+        v = self.realize(v, stride=load_order_strides(v) if any_order and v.buffer_view() is None else None)
         buf, offset, strides = v.buffer_view()
         base = self.layouts[buf]
         layout = ir.Layout(tuple(v.size), tuple(strides), v.dtype, offset)
@@ -170,6 +194,12 @@ class GraphLowering:
         if ir.expr_size(out.body) > MAX_INLINE_SIZE or (
                 users > 1 and not out.is_trivial() and not self._recomputable(node, out)):
             return self.realize(out)
+        if users > 1 and out.buffer_view() is None and _realizing_uses(node) > 1:
+            # each extern or output use would store its own copy (GPT-2's bf16 weight cast, read by the LM
+            # head's matmul and saved for the backward): store it once, with eager's strides
+            meta = node.meta.get("val")
+            return self.realize(out, stride=[sympify(s) for s in meta.stride()] if isinstance(meta, torch.Tensor)
+                                else None)
         return out
 
     def _recomputable(self, node, out: TensorValue) -> bool:
@@ -191,9 +221,11 @@ class GraphLowering:
 
     def extern(self, op, args, kwargs, meta) -> Any:
         """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout."""
+        any_order = op in ANY_ORDER_EXTERNS
+
         def convert(a):
             if isinstance(a, TensorValue):
-                return self.ref(a)
+                return self.ref(a, any_order)
             if isinstance(a, sympy.Basic):
                 return ir.SymRef(a)
             return a
@@ -233,6 +265,64 @@ class GraphLowering:
         if isinstance(v, sympy.Basic):
             return ir.SymRef(v)
         return v
+
+
+def _realizing_uses(node: torch.fx.Node) -> int:
+    """How many uses of `node` (looking through views) store it in a buffer of their own: externs and the
+    graph's output."""
+    from kiln.lower.ops import LOWERINGS
+
+    count = 0
+    for user in node.users:
+        if user.op == "call_function" and user.target in VIEW_OPS:
+            count += _realizing_uses(user)
+        elif user.op == "output" or user.op != "call_function" or user.target not in LOWERINGS:
+            count += 1
+    return count
+
+
+def load_order_strides(v: TensorValue):
+    """Strides storing `v` in the order its first full-size load reads memory (its dims sorted by their
+    stride in that load), or None (contiguous) when no load is a permutation of `v`'s dims."""
+    variables = index_vars("i", v.ndim)
+    for ld in ir.loads(v.body):
+        aff = affine_strides(ld.index, variables) if ld.mask is None and not ld.indirect else None
+        if aff is None:
+            continue
+        strides = aff[1]
+        if not all(sympy.sympify(s).is_Integer for s in strides):
+            return None
+        dims = [d for d in range(v.ndim) if v.size[d] != 1]
+        if any(int(strides[d]) <= 0 for d in dims) or len({int(strides[d]) for d in dims}) != len(dims):
+            continue  # a broadcast or repeated stride: not a permutation
+        order = sorted(dims, key=lambda d: -int(strides[d]))
+        if order == dims:
+            return None
+        out = [sympy.Integer(1)] * v.ndim  # size-1 dims: any stride
+        step = sympy.Integer(1)
+        for d in reversed(order):
+            out[d] = step
+            step = step * v.size[d]
+        return out
+    return None
+
+
+def _memory_order(layout: ir.Layout):
+    """The dims of `layout` outermost-first in memory when it is a dense layout in another order than the
+    logical one (size-1 dims placed where they stand), else None."""
+    if not all(sympy.sympify(s).is_Integer for s in layout.stride):
+        return None
+    dims = [d for d, n in enumerate(layout.size) if n != 1]
+    order = sorted(dims, key=lambda d: -int(layout.stride[d]))
+    if order == dims:
+        return None
+    step = sympy.Integer(1)
+    for d in reversed(order):
+        if sympy.sympify(layout.stride[d]) != step:
+            return None  # not dense: padded or overlapping
+        step = step * layout.size[d]
+    units = [d for d in range(len(layout.size)) if d not in dims]
+    return units + order  # size-1 dims first: they do not move any address
 
 
 def _reads_no_full_tensor(v: TensorValue) -> bool:

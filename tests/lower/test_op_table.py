@@ -255,3 +255,30 @@ def test_half_casts_round_like_eager(dtype):
     compiled = check(lambda x: (x.to(dtype), x.to(dtype).float() * 2, (x.to(dtype) * x.to(dtype)).double()), x)
     out = compiled(x)[0]
     torch.testing.assert_close(out, x.to(dtype), rtol=0, atol=0, equal_nan=True)
+
+
+def test_cast_read_by_a_matmul_and_returned_is_stored_once_in_memory_order():
+    """A weight cast for a matmul and also returned (saved for the backward, in training) is one buffer
+    with eager's layout, written in the order it is read; the matmul takes the transposed view of it."""
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(4, 6, generator=g), torch.randn(10, 6, generator=g)
+
+    def fn(x, w):
+        wb = w.to(torch.float64)
+        return x.double() @ wb.t(), wb
+
+    compiled = check(fn, x, w)
+    wrapper = compiled.artefacts["wrapper.py"]
+    assert wrapper.count("empty_strided((10, 6), (6, 1), dtype=torch.float64") == 1, wrapper
+    assert "(6, 10)" not in wrapper.split("torch.mm")[0], wrapper  # no transposed copy
+
+
+def test_result_with_permuted_strides_is_computed_in_memory_order():
+    """An output whose eager strides are a permutation (`x.t() * 2` keeps the transposed layout) is a
+    buffer iterated in memory order, viewed with eager's strides."""
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(10))
+    compiled = check(lambda x: x.t() * 2 + 1, x)
+    out = compiled(x)[0]
+    assert out.stride() == (1, 7)
+    ir = str(compiled.artefacts["ir"])
+    assert "pointwise[5, 7]" in ir and "pointwise[7, 5]" not in ir, ir

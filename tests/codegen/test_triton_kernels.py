@@ -241,6 +241,29 @@ def test_cpu_graphs_use_cpp_unless_forced():
     assert select_target(gm, [torch.randn(3)], TRITON).name == "triton"
 
 
+# ----------------------------------------------------------------------------- launching
+
+
+def test_launcher_checks_the_alignment_of_graph_inputs_only():
+    """Fresh buffers are always 16-byte aligned: only graph inputs (a user's slice) are checked per call."""
+    x = torch.randn(64)
+    c = check(lambda x: (x.sin() * 2).sum() + x.cos(), x)
+    launchers = [line for line in source(c).splitlines() if "= Launcher(" in line]
+    assert launchers and all("check_alignment=" in line for line in launchers), launchers
+    reads_input_only = [line for line in launchers if "check_alignment=(0,)" in line]
+    assert reads_input_only, launchers
+
+
+def test_input_at_an_unaligned_address_after_aligned_calls():
+    """A kernel specialized for aligned inputs, then called with a slice 4 bytes into its storage: the
+    launcher's fast path must not take it (misaligned vector loads), and the result must match eager."""
+    fn = lambda x, y: x * 2 + y  # noqa: E731
+    base, y = torch.randn(1025, device=DEVICE), torch.randn(1024, device=DEVICE)
+    compiled = compile_triton(fn, base[:1024], y)
+    for x in (base[:1024], base[1:], base[:1024]):
+        assert_same(compiled(x, y), fn(x, y))
+
+
 # ----------------------------------------------------------------------------- gathers
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
+from kiln.lower import ir
 from kiln.runtime import cache
 from kiln.schedule import deps
 from kiln.schedule.fusion import Schedule
@@ -60,6 +61,7 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     external = external_reads(sched)
+    unaligned = maybe_unaligned(sched)
     tune = sched.options.get("max_autotune", False)
     kernels = {}
     for g in sched.kernels():
@@ -70,7 +72,7 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
                 else tuning.tuned_kernel(g, layouts, external)
         else:
-            kernels[g.name] = generate_kernel(g, layouts, external)
+            kernels[g.name] = generate_kernel(g, layouts, external, unaligned=unaligned)
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
         from kiln.codegen.triton.tuning import HEADER as TUNING_HEADER
@@ -95,6 +97,17 @@ def _constants_on_device(sched: Schedule) -> None:
         if t.numel() != 1:
             raise NotImplementedError(f"constant {name} on {t.device} read by a Triton kernel")
         graph.constants[name] = t.to("cuda")
+
+
+def maybe_unaligned(sched: Schedule) -> set[str]:
+    """Buffers a kernel may receive at an address that is not 16-byte aligned: graph inputs and constants
+    (a user's slice), and what an aliasing extern returns (a view into another tensor). Everything else is
+    a fresh allocation of the caching allocator."""
+    graph = sched.graph
+    out = {b.name for b in graph.inputs if hasattr(b, "layout")} | set(graph.constants)
+    aliasing = {n.name for n in graph.nodes if isinstance(n, ir.Extern) and n.aliases_inputs}
+    out |= aliasing | {n.name for n in graph.nodes if isinstance(n, ir.MultiOutput) and n.source in aliasing}
+    return out
 
 
 def external_reads(sched: Schedule) -> set[str]:

@@ -95,8 +95,12 @@ def describe(group: KernelGroup) -> str:
 class TritonKernel:
     takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
 
-    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None, external=None):
+    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None, external=None,
+                 unaligned=None):
         self.group = group
+        # buffers that may not be 16-byte aligned (graph inputs, views made by externs): the launcher checks
+        # only these (None: all), as fresh allocations always are
+        self.unaligned = unaligned
         self.layouts = layouts
         self.config = config or choose(group, layouts)
         self.lines: list[str] = []
@@ -337,8 +341,10 @@ class TritonKernel:
         lines.append("        return")
         grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
         lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})")
+        check = "" if self.unaligned is None else \
+            f"check_alignment={tuple(k for k, a in enumerate(self.arg_names) if a in self.unaligned)}, "
         launcher = (f"_launch_{self.jit_name}{self.launch_suffix} = Launcher({self.jit_name}, {len(self.arg_names)}, "
-                    f"num_warps={cfg.num_warps}, {kw})")
+                    f"num_warps={cfg.num_warps}, {check}{kw})")
         return launcher + "\n\n\n" + "\n".join(lines) + "\n"
 
 
@@ -488,20 +494,22 @@ def _result_dtype(node) -> torch.dtype:
     return node.layout.dtype if node.data.reduction_type in ("argmax", "argmin") else node.data.body.dtype
 
 
-def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: Config | None = None) -> TritonKernel:
+def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: Config | None = None,
+                    unaligned=None) -> TritonKernel:
     """`external`: buffers read outside their own kernel (or returned); others may stay in registers.
-    `config`: the block sizes to use (default: the heuristic's choice)."""
+    `config`: the block sizes to use (default: the heuristic's choice). `unaligned`: the buffers whose
+    alignment the launcher must check (default: all)."""
     from dataclasses import replace
 
     from kiln.codegen.triton.split import SplitReductionKernel, splittable
 
     config = config or choose(group, layouts)
     if config.kind == "split" and splittable(group):
-        k = SplitReductionKernel(group, layouts, config, external=external)
+        k = SplitReductionKernel(group, layouts, config, external=external, unaligned=unaligned)
     else:
         if config.kind == "split":
             config = replace(config, kind="looped")
-        k = TritonKernel(group, layouts, config, external=external)
+        k = TritonKernel(group, layouts, config, external=external, unaligned=unaligned)
     k.source = k.generate()
     return k
 

@@ -12,6 +12,9 @@ set (profilers), every call goes through the JITFunction.
 """
 from __future__ import annotations
 
+from functools import reduce
+from operator import or_
+
 import torch
 import triton
 
@@ -28,29 +31,40 @@ def _no_hooks() -> bool:
         not getattr(r.launch_exit_hook, "calls", r.launch_exit_hook)
 
 
-def _direct_launch(binary):
-    """A function launching `binary` as `launch(gx, gy, stream, *args)`, skipping Triton's Python launcher
-    (`CompiledKernel.run`: two nested functions built and a scratch check on every call) when the kernel
-    needs no scratch memory; `binary.run` itself otherwise, or where Triton's launcher differs from 3.6's."""
+def _direct_launch(binary) -> tuple:
+    """(launch, head) such that `launch(gx, gy, 1, stream, *head, *args)` runs `binary`: its C launcher,
+    skipping Triton's Python `CompiledKernel.run` (two nested functions built and a scratch check on every
+    call), when the kernel needs no scratch memory; `binary.run` otherwise, or where Triton's launcher
+    differs from 3.6's."""
     run = binary.run
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
             or getattr(run, "num_ctas", 1) != 1:
-        return lambda gx, gy, stream, *args: run(gx, gy, 1, stream, binary.function, binary.packed_metadata,
-                                                 None, None, None, *args)
-    head = (binary.function, run.launch_cooperative_grid, run.launch_pdl, None, None, binary.packed_metadata,
-            None, None, None)
-    return lambda gx, gy, stream, *args: launch(gx, gy, 1, stream, *head, *args)
+        return run, (binary.function, binary.packed_metadata, None, None, None)
+    return launch, (binary.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                    binary.packed_metadata, None, None, None)
 
 
 def _int_key(v: int):
     return (v == 1, v % 16 == 0, v >= 2**31 or v < -2**31)
 
 
+_data_ptr = torch.Tensor.data_ptr
+
+
 class Launcher:
-    def __init__(self, fn, num_tensors: int, num_warps: int, num_stages: int | None = None, **constexprs):
+    """One kernel's launches. The fast path (`fast`) is the launch for 16-byte aligned tensors and the integer
+    arguments it was specialized for (a graph's static sizes never change): per call it checks the integers
+    (one tuple compare), the hooks and the alignment of the tensors that may be unaligned (one pass in C;
+    none when every argument is a fresh allocation), and calls the C launcher. Anything else goes through
+    the specialization table (`launches`) or the JITFunction."""
+
+    def __init__(self, fn, num_tensors: int, num_warps: int, num_stages: int | None = None,
+                 check_alignment: tuple | None = None, **constexprs):
+        """`check_alignment`: the positions of the tensors that may be unaligned (default: all)."""
         self.fn = fn
         self.num_tensors = num_tensors
+        self.check = tuple(range(num_tensors)) if check_alignment is None else tuple(check_alignment)
         self.num_warps = num_warps
         self.options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
                                                                             "num_stages": num_stages}
@@ -58,6 +72,8 @@ class Launcher:
         self.const_values = tuple(constexprs.values())
         self.launches: dict = {}
         self.direct = not interpreting()
+        self.fast = None
+        self.fast_ints: tuple = ()
 
     def precompile(self, dtypes, ints) -> None:
         """Compile now (at graph compile time, where a failure falls back to ATen) rather than at the first call.
@@ -69,7 +85,12 @@ class Launcher:
             return
         binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, **self.options)
         if binary is not None and _no_hooks():
-            self.launches[tuple([True] * len(dtypes) + [_int_key(v) for v in ints])] = _direct_launch(binary)
+            self._add(tuple([True] * len(dtypes) + [_int_key(v) for v in ints]), binary, tuple(ints))
+
+    def _add(self, key: tuple, binary, ints: tuple) -> None:
+        self.launches[key] = launch = _direct_launch(binary)
+        if all(key[:self.num_tensors]):
+            self.fast, self.fast_ints = launch, ints
 
     def key(self, args) -> tuple:
         n = self.num_tensors
@@ -77,16 +98,25 @@ class Launcher:
 
     def __call__(self, grid, *args) -> None:
         """`grid`: the number of programs, or a (programs, splits) pair for 2-D grids."""
+        fast = self.fast
+        if fast is not None and args[self.num_tensors:] == self.fast_ints and _no_hooks() and (
+                not self.check or not reduce(or_, map(_data_ptr, map(args.__getitem__, self.check))) & 15):
+            gx, gy = (grid, 1) if type(grid) is int else grid
+            fast[0](gx, gy, 1, _current_stream(args[0].get_device()), *fast[1], *args, *self.const_values)
+            return
+        self._call(grid, args)
+
+    def _call(self, grid, args) -> None:
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         if self.direct:
             hooks = _no_hooks()
             key = self.key(args)
             launch = self.launches.get(key) if hooks else None
             if launch is not None:
-                launch(gx, gy, _current_stream(args[0].get_device()), *args, *self.const_values)
+                launch[0](gx, gy, 1, _current_stream(args[0].get_device()), *launch[1], *args, *self.const_values)
                 return
             binary = self.fn[(gx, gy)](*args, **self.constexprs, **self.options)
             if hooks and binary is not None:
-                self.launches[key] = _direct_launch(binary)
+                self._add(key, binary, tuple(args[self.num_tensors:]))
             return
         self.fn[(gx, gy)](*args, **self.constexprs, **self.options)

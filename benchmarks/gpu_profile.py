@@ -67,18 +67,22 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, 
     by_kind = dict.fromkeys(KINDS, 0.0)
     kernels = 0
     top: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         ms = getattr(event, "device_time", event.cuda_time) / 1e3 / steps
         by_kind[kernel_kind(event.name)] += ms
         top[event.name] = top.get(event.name, 0.0) + ms
+        calls[event.name] = calls.get(event.name, 0) + 1
         kernels += 1
     busy = sum(by_kind.values())
     return {"model": model_name, "compiler": compiler, "step_ms": wall_ms, "kernel_ms": busy,
             "gaps_ms": max(wall_ms - busy, 0.0), "kernels_per_step": kernels / steps,
             "by_kind_ms": by_kind,
-            "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:top_n])}
+            "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:top_n]),
+            "top_kernel_calls_per_step": {name: calls[name] / steps
+                                          for name in sorted(top, key=lambda n: -top[n])[:top_n]}}
 
 
 def main() -> None:

@@ -237,17 +237,17 @@ def _plan(guards: list[Guard], aliases: dict) -> list:
     Proven (an identity guard checks it): left out, the identity guard itself kept. Likely: skipped
     behind one `if S is not R` test. So 12 BERT layers sharing one config read its attributes once.
     """
-    subjects = _subjects(guards)
-    always = {(g.kind, g.expr) for g, s in zip(guards, subjects) if not _mapped_ancestors(s, aliases)}
-    return [_step(i, g, subject, aliases, always) for i, (g, subject) in enumerate(zip(guards, subjects))]
+    mapped = [_mapped_ancestors(s, aliases) for s in _subjects(guards)]
+    always = {(g.kind, g.expr) for g, sources in zip(guards, mapped) if not sources}
+    return [_step(i, g, sources, aliases, always) for i, (g, sources) in enumerate(zip(guards, mapped))]
 
 
-def _step(i: int, g: Guard, subject: Source | None, aliases: dict, always: set):
-    """The plan for guard `i`: decided by its nearest aliased source whose target repeats it.
+def _step(i: int, g: Guard, mapped: list[Source], aliases: dict, always: set):
+    """The plan for guard `i`: decided by its nearest aliased source (of `mapped`) whose target repeats it.
 
     A source's own proof is never left out on its account (a proof may be, on account of a source
     above it: what it proves follows from that source's proof, and proofs are only dropped upwards)."""
-    for source in _mapped_ancestors(subject, aliases):
+    for source in mapped:
         alias = aliases[source]
         if not _repeats(g.kind, _onto(g.expr, source, alias.target), always):
             continue

@@ -148,12 +148,16 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     times["decompose"] = time.perf_counter() - t0
     progress.advance("lower")
     t = time.perf_counter()
-    graph = lower_graph(gm, example_inputs)
+    target = select_target(gm, example_inputs, options)
+    on_gpu = target.device.startswith("cuda")
+    # channels-last only where no activation leaves the graph for a backward that expects eager's layout
+    inference = gm.meta.get("kiln.aot", {}).get("kind") == "inference"
+    graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and bool(options.get("shape_padding", False)),
+                        channels_last_convs=on_gpu and inference)
     verify(graph)
     times["lower"] = time.perf_counter() - t
     progress.advance("schedule")
     t = time.perf_counter()
-    target = select_target(gm, example_inputs, options)
     prepare = getattr(target.module, "prepare", None)  # Triton: matmul templates (max_autotune), shape padding
     sched = schedule(graph, prepare(graph, options, target.device) if prepare else None, options)
     name_kernels(sched)

@@ -211,6 +211,7 @@ class LoweredGraph:
     outputs: list         # TensorRef | SymRef | Const (python constants pass through)
     size_vars: dict = field(default_factory=dict)  # sympy.Symbol -> how the wrapper binds it
     constants: dict = field(default_factory=dict)  # name -> tensor (graph attributes)
+    zero_padded: dict = field(default_factory=dict)  # buffer -> logical last size (rows padded with zeros past it)
 
     def buffer_layouts(self) -> dict:
         out = {b.name: b.layout for b in self.inputs if isinstance(b, InputBuffer)}
@@ -334,10 +335,15 @@ def _subs(e: Expr, mapping: dict, memo: dict) -> Expr:
 
 
 def add_mask(e: Expr, cond) -> Expr:
-    """AND `cond` into the mask of every load of `e` (loads outside their tensor must not happen)."""
+    """AND `cond` into the mask of every load of `e` whose address depends on it (loads outside their
+    tensor must not happen). A load whose index does not use `cond`'s symbols reads a valid address
+    wherever its own mask holds (a row's scale read while padding the row's columns): it stays unmasked,
+    as a scalar load must (Triton refuses a block mask on a scalar pointer)."""
     if cond is True or cond == sympy.true:
         return e
     if isinstance(e, Load):
+        if not e.indirect and not (sympy.sympify(e.index).free_symbols & sympy.sympify(cond).free_symbols):
+            return e
         return Load(e.buf, e.index, e.dtype, cond if e.mask is None else sympy.And(e.mask, cond),
                     tuple((s, add_mask(x, cond)) for s, x in e.indirect))
     if isinstance(e, Op):

@@ -28,7 +28,7 @@ from kiln.codegen.describe import name_kernels  # noqa: E402
 from kiln.codegen.triton import templates  # noqa: E402
 from kiln.codegen.wrapper import generate_wrapper  # noqa: E402
 from kiln.config import validate_options  # noqa: E402
-from kiln.lower import lower_graph  # noqa: E402
+from kiln.lower import ir, lower_graph  # noqa: E402
 from kiln.schedule.fusion import schedule  # noqa: E402
 from kiln.schedule.memory import plan_memory  # noqa: E402
 
@@ -203,6 +203,71 @@ def test_shape_padding_rewrites_compute_bound_externs_on_cuda_graphs():
     torch.testing.assert_close(padded[0](x, w), x @ w)
     assert _padded_ops(64, 3137, 128) == []
     assert templates.worth_padding(8192, 50257, 768) and not templates.worth_padding(64, 128, 3137)
+
+
+def _logits_grad_graph(pad: bool):
+    """A language model's head backward in small: dL (computed, rows of an odd length, scaled by a
+    0-d tensor as the loss's 1/N) read by dX = dL @ W and dW = dL^T @ X."""
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(2048, 1101, generator=g, dtype=torch.float16),
+              torch.randn(1101, 512, generator=g, dtype=torch.float16),
+              torch.randn(2048, 512, generator=g, dtype=torch.float16), torch.tensor(0.5, dtype=torch.float16)]
+
+    def fn(dl, w, x, scale):
+        d = dl * scale + 1
+        return d @ w, d.t() @ x
+
+    return fn, inputs, lower_graph(trace(fn, *inputs), inputs, pad_matmul_operands=pad)
+
+
+def test_matmul_operand_with_long_unaligned_rows_is_stored_with_zero_padded_rows():
+    """On the GPU the lowering stores dL with rows padded to 128 bytes, zeros past column 1101: dW reads
+    the transposed view with an aligned leading dimension, and dX's padded matmul reads the whole rows
+    as K instead of copying dL into a padded tensor. Off the GPU nothing is padded."""
+    _, _, plain = _logits_grad_graph(pad=False)
+    assert plain.zero_padded == {}
+    fn, inputs, graph = _logits_grad_graph(pad=True)
+    (buf, width), = graph.zero_padded.items()
+    assert width == 1101 and graph.buffer_layouts()[buf].size[-1] == 1152  # 1101 fp16 -> 2304 bytes
+    padded = next(n for n in graph.nodes if n.name == buf)
+    scale_loads = [ld for ld in ir.loads(padded.data.body) if ld.buf == "arg3"]
+    assert scale_loads and all(ld.mask is None for ld in scale_loads)  # a scalar load takes no block mask
+    templates.prepare(graph, {**DEFAULT, "shape_padding": True}, "cuda")
+    externs = [n for n in graph.nodes if getattr(n, "op", None) is not None and n.name != buf]
+    dx, dw = externs
+    assert isinstance(dx.op, templates.PaddedMatmul) and dx.args[0].layout.size[-1] == 1152
+    assert not isinstance(dw.op, templates.PaddedMatmul) and tuple(dw.args[0].layout.stride) == (1, 1152)
+    d = inputs[0] * inputs[3] + 1
+    wide = torch.zeros(2048, 1152, dtype=torch.float16)
+    wide[:, :1101] = d
+    torch.testing.assert_close(dx.op(wide.float(), inputs[1].float()), d.float() @ inputs[1].float())
+
+
+def test_padded_matmul_pads_b_to_a_wider_k():
+    a = torch.zeros(5, 16)
+    a[:, :13] = torch.randn(5, 13)
+    b = torch.randn(13, 6)
+    torch.testing.assert_close(templates.PaddedMatmul("mm", 8)(a, b), a[:, :13] @ b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",
+                    reason="needs a CUDA device (KILN_TRITON_TEST_DEVICE=cuda)")
+def test_zero_padded_operands_on_gpu():
+    fn, inputs, _ = _logits_grad_graph(pad=True)
+    inputs = [t.cuda() for t in inputs]
+    compiled = compile_aten_graph(trace(fn, *inputs), inputs, DEFAULT)
+    assert "fallback" not in compiled.artefacts
+    assert "(2048, 1152)" in compiled.artefacts["wrapper.py"], compiled.artefacts["wrapper.py"]
+    assert_same(compiled(*inputs), fn(*inputs))
+
+    def also_returned(dl, w, x, scale):  # the padded operand returned too: with eager's strides
+        d = dl * scale + 1
+        return d @ w, d.t() @ x, d
+
+    compiled = compile_aten_graph(trace(also_returned, *inputs), inputs, DEFAULT)
+    out = compiled(*inputs)
+    assert_same(out, also_returned(*inputs))
+    assert out[2].stride() == (1101, 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",

@@ -144,7 +144,7 @@ def padded_matmul(op: str, args: tuple, kwargs: dict, multiple: int) -> torch.Te
         a, b = args
     n = b.shape[-1]
     a_p = _pad_dim(a, -1, multiple)
-    b_p = _pad_dim(_pad_dim(b, -2, multiple), -1, multiple)
+    b_p = _pad_dim(_pad_dim(b, -2, a_p.shape[-1]), -1, multiple)  # K as long as A's (A may come wider)
     if op == "mm":
         out = torch.mm(a_p, b_p)
     elif op == "bmm":
@@ -253,6 +253,19 @@ def _template_node(n: ir.Extern, pad: int):
     return nodes, {name: spec}
 
 
+def _whole_rows(a: ir.TensorRef, graph: ir.LoweredGraph) -> ir.TensorRef:
+    """The K operand `a` widened to its buffer's whole rows when the lowering stored it with zero-padded
+    rows (`LoweredGraph.zero_padded`): the padded matmul reads them instead of copying `a` into a padded
+    tensor."""
+    width = graph.zero_padded.get(a.buf)
+    lay = a.layout
+    if width is None or _static(lay.size[-1]) != width or _static(lay.stride[-1]) != 1 or _static(lay.offset) != 0:
+        return a
+    row = _static(lay.stride[-2])
+    wide = ir.Layout(tuple(lay.size[:-1]) + (sympy.Integer(row),), lay.stride, lay.dtype, lay.offset)
+    return ir.TensorRef(a.buf, wide, view=True)
+
+
 def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
     """Rewrite `graph`'s extern matmuls for max-autotune templates and shape padding (see the module
     docstring); returns the template nodes' specs (node name -> MatmulSpec) for the scheduler."""
@@ -276,7 +289,8 @@ def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
                 m, k = (_static(d) for d in refs[-2].layout.size[-2:])
                 nn = _static(refs[-1].layout.size[-1])
                 if None not in (m, k, nn) and needs_padding(k, nn, multiple) and worth_padding(m, nn, k):
-                    n = ir.Extern(n.name, PaddedMatmul(MATMULS[n.op], multiple), n.args, n.kwargs, n.layout,
+                    args = tuple(_whole_rows(a, graph) if a is refs[-2] else a for a in n.args)
+                    n = ir.Extern(n.name, PaddedMatmul(MATMULS[n.op], multiple), args, n.kwargs, n.layout,
                                   n.aliases_inputs)
         nodes.append(n)
     graph.nodes = nodes

@@ -23,4 +23,4 @@ def register(*ops) -> Callable:
     return deco
 
 
-from kiln.lower.ops import creation, indexing, pointwise, reductions, views  # noqa: E402,F401  (fill the table)
+from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: E402,F401  (fill the table)

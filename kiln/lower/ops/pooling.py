@@ -1,0 +1,258 @@
+"""2-d max pooling with indices, forward and backward, as Pointwise bodies over a static window.
+
+Each output element of the forward is a max over at most MAX_TAPS input elements, so it is an
+unrolled chain of `where`s over masked loads: it fuses the op before it (relu -> max_pool) and
+runs in one kernel instead of an ATen call. Each input element of the backward receives the
+gradient of the few output windows that can contain it, so the backward is a masked gather that
+fuses into what follows (max_pool's backward -> relu's backward `where` -> conv's backward).
+
+Eager's semantics are kept exactly: a window's max is taken in row-major order, replacing the
+current one when an element is greater or NaN (ties keep the first, the last NaN wins), starting
+from the first in-bounds element; padding never wins. Symbolic sizes, integer tensors, windows of
+more than MAX_TAPS elements and dilated backwards raise Unsupported: ATen runs them.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from kiln.lower import ir
+from kiln.lower.index import FloorDiv, Mod, index_vars, sympify
+from kiln.lower.ops import register
+from kiln.lower.ops.common import out_info
+from kiln.lower.values import TensorValue, Unsupported, cast, const
+
+aten = torch.ops.aten
+
+# Largest window unrolled (5x5): each tap costs a load and a few ops in every output element.
+MAX_TAPS = 25
+# An unrealized input is recomputed at every tap up to this body size (relu, a pointwise affine);
+# a bigger one is stored once and read back.
+TAP_INLINE_SIZE = 16
+# Most output windows summed per input element in the backward (3x3 stride 1 reaches 9).
+MAX_WINDOWS = 9
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One spatial dim of a pooling: kernel, stride, padding, dilation, input and output sizes."""
+
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    size: int
+    out: int
+
+    def lowest(self, tap: int) -> int:
+        """The input position of `tap` in the first window."""
+        return -self.padding + tap * self.dilation
+
+    def highest(self, tap: int) -> int:
+        """The input position of `tap` in the last window."""
+        return (self.out - 1) * self.stride + self.lowest(tap)
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One kernel position along an axis, at output index `o`: where it reads, when that is inside the
+    input, and when it is the window's first inside position (eager's starting maximum)."""
+
+    position: sympy.Expr
+    inside: sympy.Basic
+    first: sympy.Basic
+
+
+def _static(x, what: str) -> int:
+    x = sympify(x)
+    if not x.is_Integer:
+        raise Unsupported(f"symbolic {what} {x}")
+    return int(x)
+
+
+def _pair(v, what: str) -> tuple:
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) not in (1, 2):
+        raise Unsupported(f"{what} of {len(v)} values")
+    return tuple(_static(a, what) for a in v * (3 - len(v)))
+
+
+def _axes(x: TensorValue, out_size, kernel_size, stride, padding, dilation) -> tuple:
+    """The two Axis of a pooling of `x` into `out_size`, with ATen's argument defaults (stride = kernel)."""
+    if x.ndim not in (3, 4):
+        raise Unsupported(f"max_pool2d of a {x.ndim}-d tensor")
+    kernel = _pair(kernel_size, "kernel size")
+    stride = _pair(stride, "stride") if stride else kernel
+    padding, dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
+    sizes = [_static(s, "size") for s in x.size[-2:]]
+    outs = [_static(s, "size") for s in out_size[-2:]]
+    return tuple(Axis(*args) for args in zip(kernel, stride, padding, dilation, sizes, outs))
+
+
+def _tap(axis: Axis, tap: int, o: sympy.Symbol) -> Tap | None:
+    """Kernel position `tap` of `axis` at output index `o`, or None if it is never inside the input.
+    Bounds that hold for every `o` are left out of the conditions."""
+    lo, hi = axis.lowest(tap), axis.highest(tap)
+    if hi < 0 or lo >= axis.size:
+        return None
+    pos = o * axis.stride + lo
+    inside = sympy.And(sympy.Ge(pos, 0) if lo < 0 else sympy.true,
+                       sympy.Lt(pos, axis.size) if hi >= axis.size else sympy.true)
+    if tap == 0 or axis.highest(tap - 1) < 0:
+        first = sympy.true
+    elif axis.lowest(tap - 1) >= 0:
+        first = sympy.false
+    else:
+        first = sympy.Lt(pos - axis.dilation, 0)  # the previous tap falls in the padding
+    return Tap(pos, inside, first)
+
+
+def _window(axes: tuple, out_vars) -> list:
+    """The window's taps inside the input, row-major: (row Tap, column Tap) pairs."""
+    rows = [t for t in (_tap(axes[0], k, out_vars[0]) for k in range(axes[0].kernel)) if t is not None]
+    cols = [t for t in (_tap(axes[1], k, out_vars[1]) for k in range(axes[1].kernel)) if t is not None]
+    return list(itertools.product(rows, cols))
+
+
+def _cond(c) -> ir.Expr:
+    return ir.Const(bool(c), torch.bool) if c in (sympy.true, sympy.false) else ir.IndexValue(c, torch.bool)
+
+
+def _or(a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    """a or b, folded where either is a constant (a tap known to start or never start the maximum)."""
+    for c, other in ((a, b), (b, a)):
+        if isinstance(c, ir.Const):
+            return c if c.value else other
+    return ir.Op("logical_or", (a, b), torch.bool)
+
+
+def _and(a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    """a and b, folded where either is a constant (a tap always inside the input)."""
+    for c, other in ((a, b), (b, a)):
+        if isinstance(c, ir.Const):
+            return other if c.value else c
+    return ir.Op("logical_and", (a, b), torch.bool)
+
+
+def _pool_input(ctx, x: TensorValue) -> TensorValue:
+    """`x` as read at every tap: inlined when its body is small (relu fuses), else stored once."""
+    if x.buffer_view() is None and ir.expr_size(x.body) > TAP_INLINE_SIZE:
+        return ctx.realize(x)
+    return x
+
+
+def max_pool_bodies(x: TensorValue, axes: tuple, out_vars) -> tuple:
+    """(values, indices) bodies at output index `out_vars`: eager's running max over the window.
+
+    Each step reads the running value once (a NaN-propagating `maximum` keeping the earlier of equal
+    values), so the bodies' trees grow linearly with the window, not exponentially: printers and other
+    tree walks of the IR do not share common subexpressions."""
+    lead, (oh, ow) = list(out_vars[:-2]), out_vars[-2:]
+    value, index = None, const(0, torch.int64)
+    for row, col in _window(axes, (oh, ow)):
+        inside = sympy.And(row.inside, col.inside)
+        v = ir.add_mask(x.at(lead + [row.position, col.position]), inside)
+        start = _cond(sympy.And(row.first, col.first))
+        if value is not None:
+            better = ir.Op("logical_or", (ir.Op("gt", (v, value), torch.bool), ir.Op("isnan", (v,), torch.bool)),
+                           torch.bool)
+            start = _or(start, better)
+        take = _and(_cond(inside), start)
+        flat = ir.IndexValue(row.position * axes[1].size + col.position, torch.int64)
+        index = flat if isinstance(take, ir.Const) else ir.Op("where", (take, flat, index), torch.int64)
+        if inside != sympy.true:
+            v = ir.Op("where", (_cond(inside), v, const(float("-inf"), x.dtype)), x.dtype)
+        value = v if value is None else ir.Op("maximum", (v, value), x.dtype)
+    return value, index
+
+
+def _used_results(ctx, meta) -> set:
+    """Which results (0: values, 1: indices) the graph reads. Tuple items reach their users without
+    the graph's realize decisions, so the rule stores what is read itself; inference reads no indices."""
+    for node in ctx.gm.graph.nodes:
+        if node.meta.get("val") is meta and all(u.target is operator.getitem for u in node.users):
+            return {u.args[1] for u in node.users}
+    return {0, 1}
+
+
+def _out_strides(meta) -> list:
+    return [sympify(s) for s in meta.stride()]
+
+
+@register(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Values and indices computed in one pass (both realized back to back, so one kernel writes both);
+    ceil_mode needs nothing more: the output size comes from `meta` and the taps past the input are masked."""
+    if not isinstance(meta, (tuple, list)) or len(meta) != 2:
+        raise Unsupported("max_pool2d_with_indices without its (values, indices) result")
+    size, dtype = out_info(meta[0])
+    if not dtype.is_floating_point:
+        raise Unsupported(f"max_pool2d of {dtype}")
+    axes = _axes(x, size, kernel_size, stride, padding, dilation)
+    if axes[0].kernel * axes[1].kernel > MAX_TAPS:
+        raise Unsupported(f"a {axes[0].kernel}x{axes[1].kernel} window")
+    x = _pool_input(ctx, x)
+    bodies = max_pool_bodies(x, axes, index_vars("i", len(size)))
+    used = _used_results(ctx, meta)
+    outs = []
+    for k, (body, m) in enumerate(zip(bodies, meta)):
+        v = TensorValue(size, m.dtype, body)
+        outs.append(ctx.realize(v, stride=_out_strides(m)) if k in used else v)
+    return tuple(outs)
+
+
+def _windows(axis: Axis, i: sympy.Symbol) -> list:
+    """The output indices along `axis` whose window can hold input index `i`, each with the condition that
+    it does (an index in range, `i` under one of its taps). Needs dilation 1."""
+    base = FloorDiv(i + axis.padding, axis.stride)
+    out = []
+    for j in range(-(-axis.kernel // axis.stride)):
+        o = base - j
+        conds = [sympy.Lt(Mod(i + axis.padding, axis.stride) + j * axis.stride, axis.kernel)
+                 if (j + 1) * axis.stride > axis.kernel else sympy.true]
+        if axis.padding // axis.stride - j < 0:
+            conds.append(sympy.Ge(o, 0))
+        if (axis.size - 1 + axis.padding) // axis.stride - j >= axis.out:
+            conds.append(sympy.Lt(o, axis.out))
+        out.append((o, sympy.And(*conds)))
+    return out
+
+
+def _read_often(ctx, v: TensorValue, reads: int) -> TensorValue:
+    """`v` read `reads` times per element: stored once unless it is cheap to recompute."""
+    return ctx.realize(v) if reads > 1 and not v.is_trivial() else v
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(ctx, meta, grad, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                     indices):
+    """grad_input[h, w] = sum of grad[oh, ow] over the windows (oh, ow) holding (h, w) whose saved index
+    is h*W + w, summed in (oh, ow) order as eager accumulates. Indices are taken to come from the
+    forward, so inside their own window (eager's scatter would honour any index of the plane)."""
+    size, dtype = out_info(meta)
+    if not dtype.is_floating_point:
+        raise Unsupported(f"max_pool2d backward of {dtype}")
+    axes = _axes(x, grad.size, kernel_size, stride, padding, dilation)
+    if any(a.dilation != 1 for a in axes):
+        raise Unsupported("dilated max_pool2d backward")
+    variables = index_vars("i", len(size))
+    lead, (h, w) = list(variables[:-2]), variables[-2:]
+    windows = list(itertools.product(_windows(axes[0], h), _windows(axes[1], w)))
+    if len(windows) > MAX_WINDOWS:
+        raise Unsupported(f"{len(windows)} windows per input element")
+    grad, indices = _read_often(ctx, grad, len(windows)), _read_often(ctx, indices, len(windows))
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    flat = ir.IndexValue(h * axes[1].size + w, torch.int64)
+    total = None
+    for (oh, in_h), (ow, in_w) in reversed(windows):  # oh, ow ascending
+        inside = sympy.And(in_h, in_w)
+        saved = ir.add_mask(cast(indices.at(lead + [oh, ow]), torch.int64), inside)
+        hit = _and(_cond(inside), ir.Op("eq", (saved, flat), torch.bool))
+        g = cast(ir.add_mask(grad.at(lead + [oh, ow]), inside), acc)
+        term = ir.Op("where", (hit, g, const(0, acc)), acc)
+        total = term if total is None else ir.Op("add", (total, term), acc)
+    return TensorValue(size, dtype, cast(total, dtype))

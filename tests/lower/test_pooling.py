@@ -1,0 +1,228 @@
+"""Max pooling with indices, forward and backward, lowered to pointwise kernels and compared with eager.
+
+Inputs are rounded so windows hold ties, and carry NaNs and -inf: indices must match eager's exactly
+(first of equal values, last NaN, first inside position of an all -inf window). The Triton cases run
+the same graphs through Triton's interpreter on the CPU (TRITON_INTERPRET=1).
+"""
+from __future__ import annotations
+
+from triton_device import DEVICE, INTERPRETING  # first: sets TRITON_INTERPRET
+
+import pytest
+import torch
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import kiln
+from kiln import codegen
+from kiln.codegen import compile_aten_graph
+from kiln.lower.decompositions import decomposition_table
+from lower.helpers import assert_same, check, count_externs, trace
+
+aten = torch.ops.aten
+
+# (kernel, stride, padding, dilation, ceil_mode, input size)
+CONFIGS = {
+    "2x2_s2": ([2, 2], [2, 2], [0, 0], [1, 1], False, (2, 3, 8, 8)),  # the tutorial CNN
+    "3x3_s2_p1": ([3, 3], [2, 2], [1, 1], [1, 1], False, (2, 3, 9, 10)),  # ResNet's stem
+    "2x2_s2_odd": ([2, 2], [2, 2], [0, 0], [1, 1], False, (1, 2, 7, 5)),
+    "2x2_s2_ceil": ([2, 2], [2, 2], [0, 0], [1, 1], True, (1, 2, 7, 5)),
+    "3x3_s2_p1_ceil": ([3, 3], [2, 2], [1, 1], [1, 1], True, (1, 2, 8, 6)),
+    "3x3_s1_p1": ([3, 3], [1, 1], [1, 1], [1, 1], False, (1, 2, 5, 6)),
+    "3x2_s_2x1": ([3, 2], [2, 1], [1, 0], [1, 1], False, (2, 2, 7, 6)),
+    "5x5_s3_p2": ([5, 5], [3, 3], [2, 2], [1, 1], True, (1, 2, 11, 9)),
+    "1x1": ([1, 1], [1, 1], [0, 0], [1, 1], False, (1, 2, 3, 4)),
+    "3d_input": ([2, 2], [2, 2], [1, 1], [1, 1], False, (3, 6, 7)),
+}
+FORWARD_ONLY = {
+    "dilated": ([3, 3], [2, 2], [1, 1], [2, 2], False, (1, 2, 9, 8)),
+    "dilated_ceil": ([2, 3], [2, 1], [1, 1], [3, 2], True, (1, 2, 8, 7)),
+}
+
+
+def _input(size, dtype=torch.float32, seed=0):
+    """Small integers (many ties), a few NaNs, and an all -inf corner (every window there starts at -inf)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 4, size, generator=g).to(dtype)
+    flat = x.view(-1)
+    flat[torch.randperm(flat.numel(), generator=g)[:3]] = float("nan")
+    x[..., :3, :3] = float("-inf")
+    return x
+
+
+def _pool(config):
+    kernel, stride, padding, dilation, ceil_mode, _ = config
+    return lambda x: aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+
+
+def _pool_backward(config):
+    kernel, stride, padding, dilation, ceil_mode, _ = config
+    return lambda g, x, i: aten.max_pool2d_with_indices_backward(g, x, kernel, stride, padding, dilation, ceil_mode, i)
+
+
+def _assert_indices_exact(compiled, fn, *inputs):
+    """Indices are compared exactly (assert_close on int64 is exact too; this names the case on failure)."""
+    got, ref = compiled(*inputs), fn(*inputs)
+    assert torch.equal(got[1], ref[1]), (got[1], ref[1])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS) + list(FORWARD_ONLY))
+def test_forward(name):
+    config = {**CONFIGS, **FORWARD_ONLY}[name]
+    x = _input(config[-1])
+    compiled = check(_pool(config), x)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    assert compiled.artefacts["num_kernels"] == 1, compiled.artefacts["schedule"]  # values and indices together
+    _assert_indices_exact(compiled, _pool(config), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_forward_dtypes_and_channels_last(dtype):
+    config = CONFIGS["3x3_s2_p1"]
+    x = _input(config[-1], dtype).contiguous(memory_format=torch.channels_last)
+    compiled = check(_pool(config), x)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    _assert_indices_exact(compiled, _pool(config), x)
+
+
+def test_nan_and_ties_pick_eagers_index():
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[[[1.0, nan, 5.0, 5.0], [nan, 2.0, 5.0, -0.0],
+                        [-inf, -inf, 0.0, -0.0], [-inf, -inf, -0.0, 0.0]]]])
+    config = CONFIGS["2x2_s2"]
+    compiled = check(_pool(config), x)
+    _assert_indices_exact(compiled, _pool(config), x)
+    assert compiled(x)[1].flatten().tolist() == [4, 2, 8, 10]
+
+
+def test_relu_fuses_into_the_pool():
+    config = CONFIGS["3x3_s2_p1"]
+    fn = lambda x: _pool(config)(torch.relu(x))[0]  # noqa: E731  (inference: the indices are not computed)
+    compiled = check(fn, torch.randn(2, 3, 9, 10))
+    assert count_externs(compiled) == 0
+    assert compiled.artefacts["num_kernels"] == 1
+    assert "int64_t*" not in compiled.artefacts["kernels.cpp"]  # no indices buffer written
+
+
+def test_large_window_stays_an_extern():
+    fn = lambda x: aten.max_pool2d_with_indices(x, [6, 6], [2, 2])  # noqa: E731
+    compiled = check(fn, torch.randn(1, 2, 12, 12))
+    assert "max_pool2d_with_indices" in str(compiled.artefacts["ir"])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_backward(name):
+    config = CONFIGS[name]
+    x = _input(config[-1])
+    values, indices = _pool(config)(x)
+    grad = torch.randn(values.shape, generator=torch.Generator().manual_seed(1))
+    compiled = check(_pool_backward(config), grad, x, indices)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+def test_backward_fuses_with_relus_backward():
+    config = CONFIGS["2x2_s2"]
+    x = torch.randn(config[-1])
+    values, indices = _pool(config)(torch.relu(x))
+    grad = torch.randn(values.shape)
+    pool_backward = _pool_backward(config)
+    fn = lambda g, x, i: aten.threshold_backward(pool_backward(g, torch.relu(x), i), torch.relu(x), 0.0)  # noqa: E731
+    compiled = check(fn, grad, x, indices)
+    assert count_externs(compiled) == 0
+    assert compiled.artefacts["num_kernels"] == 1
+
+
+def test_dilated_backward_stays_an_extern():
+    config = FORWARD_ONLY["dilated"]
+    x = _input(config[-1])
+    values, indices = _pool(config)(x)
+    compiled = check(_pool_backward(config), torch.randn(values.shape), x, indices)
+    assert "max_pool2d_with_indices_backward" in str(compiled.artefacts["ir"])
+
+
+class SmallCNN(nn.Module):
+    """The tutorial CNN's shape: conv-relu-pool twice, then linear layers; a ResNet-style pool first."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 6, 3), nn.Conv2d(6, 8, 3)
+        self.fc1, self.fc2 = nn.Linear(8 * 2 * 2, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(x, 3, 2, 1)
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2, 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2, 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def test_joint_graph_of_a_cnn_has_no_pool_externs():
+    """The training step traced at the ATen level (forward and backward in one graph), like AOT autograd."""
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.randn(2, 3, 27, 27)
+    params = dict(model.named_parameters())
+
+    def step(x, *weights):
+        out = torch.func.functional_call(model, dict(zip(params, weights)), (x,))
+        return torch.autograd.grad(out.square().sum(), weights)
+
+    gm = make_fx(step, decomposition_table=decomposition_table())(x, *params.values())
+    inputs = [x] + [p.detach() for p in params.values()]
+    compiled = compile_aten_graph(gm, inputs)
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert "max_pool" not in str(compiled.artefacts["schedule"]), compiled.artefacts["schedule"]
+    assert_same(compiled(*inputs), step(x, *params.values()))
+
+
+def test_cnn_trains_through_kiln_compile():
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.randn(2, 3, 27, 27)
+    graphs = []
+    codegen.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
+    try:
+        loss = kiln.compile(model)(x).square().sum()
+        loss.backward()
+    finally:
+        codegen.GRAPH_LISTENERS.pop()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = model(x).square().sum()
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+    assert len(graphs) == 2  # forward and backward
+    for compiled in graphs:
+        assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+        assert "max_pool" not in str(compiled.artefacts["schedule"]), compiled.artefacts["schedule"]
+
+
+# ----------------------------------------------------------------------------- the Triton target
+
+
+def _triton_check(fn, *inputs):
+    """`fn` compiled for the Triton target, compared with eager, no externs."""
+    pytest.importorskip("triton")
+    if DEVICE == "cpu" and not INTERPRETING:
+        pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    inputs = [x.to(DEVICE) for x in inputs]
+    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    with torch.no_grad():
+        assert_same(compiled(*inputs), fn(*inputs))
+    return compiled
+
+
+@pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1", "3x3_s2_p1_ceil"])
+def test_triton_forward_and_backward(name):
+    config = CONFIGS[name]
+    x = _input(config[-1])
+    _triton_check(_pool(config), x)
+    values, indices = _pool(config)(x)
+    grad = torch.randn(values.shape, generator=torch.Generator().manual_seed(1))
+    _triton_check(_pool_backward(config), grad, x, indices)
+
+
+def test_triton_half_channels_last():
+    config = CONFIGS["3x3_s2_p1"]
+    _triton_check(_pool(config), _input(config[-1], torch.float16).contiguous(memory_format=torch.channels_last))

@@ -7,7 +7,7 @@ operand of dX = dL @ W and the (transposed) M operand of dW = dL^T @ X. cuBLAS p
   padded copy     F.pad to 50264 columns before the matmul (shape padding, the copy included)
   padded stride   row stride 50304, the logical size still 50257 (a view into a wider buffer)
 
-    python benchmarks/padded_strides.py [--tokens 8192] [--vocab 50257] [--hidden 768]
+    PYTHONPATH=. python benchmarks/padded_strides.py [--tokens 8192] [--vocab 50257] [--hidden 768]
 """
 from __future__ import annotations
 
@@ -17,20 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-
-def cuda_ms(fn, reps: int = 20) -> float:
-    """Median milliseconds of `fn` over `reps` calls, CUDA events, after warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+from benchmarks.gpu_smoke import cuda_time
 
 
 def main() -> None:
@@ -62,7 +49,7 @@ def main() -> None:
         out = fn().float()
         ref = ref_dx if name.startswith("dX") else ref_dw
         err = ((out - ref).abs().max() / ref.abs().max()).item()
-        rows[name] = {"ms": cuda_ms(fn), "max_rel_err": err}
+        rows[name] = {"ms": cuda_time(fn, warmup=3, iters=20), "max_rel_err": err}
         print(f"{name:<18} {rows[name]['ms']:7.3f} ms   max rel err {err:.2e}", flush=True)
     if a.out:
         with open(a.out, "w") as f:

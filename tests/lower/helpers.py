@@ -52,3 +52,16 @@ def check(fn, *inputs, **kw):
 
 def count_externs(compiled) -> int:
     return sum(1 for line in str(compiled.artefacts["schedule"]).splitlines() if line.startswith("extern"))
+
+
+def check_triton(fn, *inputs, device: str = "cpu"):
+    """`fn` compiled for the Triton target on `device` (the interpreter on CPU), compared with eager, with
+    no ATen externs left."""
+    inputs = [x.to(device) for x in inputs]
+    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
+    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+    with torch.no_grad():
+        assert_same(compiled(*inputs), fn(*inputs))
+    return compiled
+

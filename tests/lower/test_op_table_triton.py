@@ -13,23 +13,16 @@ import torch
 
 skip_module_unless_kernels_run()
 
-from lower.helpers import assert_same, count_externs, trace  # noqa: E402
+from lower.helpers import check_triton  # noqa: E402
 from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E402
 
-from kiln.codegen import compile_aten_graph  # noqa: E402
 
 ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "floordiv", "truncdiv", "remainder",
                  "prod", "argmax", "argmin0", "argmax_all", "max_dim")
 
 
 def check(fn, *inputs):
-    inputs = [x.to(DEVICE) for x in inputs]
-    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
-    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
-    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
-    with torch.no_grad():
-        assert_same(compiled(*inputs), fn(*inputs))
-    return compiled
+    return check_triton(fn, *inputs, device=DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16], ids=str)

@@ -17,7 +17,7 @@ import kiln
 from kiln import codegen
 from kiln.codegen import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
-from lower.helpers import assert_same, check, count_externs, trace
+from lower.helpers import assert_same, check, check_triton, count_externs
 
 aten = torch.ops.aten
 
@@ -204,13 +204,7 @@ def _triton_check(fn, *inputs):
     pytest.importorskip("triton")
     if DEVICE == "cpu" and not INTERPRETING:
         pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
-    inputs = [x.to(DEVICE) for x in inputs]
-    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
-    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
-    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
-    with torch.no_grad():
-        assert_same(compiled(*inputs), fn(*inputs))
-    return compiled
+    return check_triton(fn, *inputs, device=DEVICE)
 
 
 @pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1", "3x3_s2_p1_ceil"])

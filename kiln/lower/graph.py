@@ -40,8 +40,8 @@ aten = torch.ops.aten
 # Externs that take operands in any stride order at no cost (cuBLAS transposes for free): an unrealized
 # operand is written in the order of its own loads (a transposed weight cast is a coalesced copy, not a
 # strided scatter).
-ANY_ORDER_EXTERNS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
 MATMUL_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+ANY_ORDER_EXTERNS = MATMUL_OPS | {aten.baddbmm.default}
 # A buffer whose rows are at least this long, at an unaligned length, is stored with rows padded to
 # PAD_ROW_BYTES (zeros in the padding) when a matmul reads it on the GPU (`pad_matmul_operands`): cuBLAS
 # runs its fast kernels only on aligned leading dimensions, and a K operand must also be a multiple of 8
@@ -107,12 +107,12 @@ class GraphLowering:
     def realize_zero_padded(self, v: TensorValue) -> TensorValue:
         """`v` in a new buffer whose rows are padded with zeros to a multiple of PAD_ROW_BYTES: a matmul
         reads it with an aligned leading dimension, or, as its K operand, whole padded rows."""
+        from kiln.lower.ops.views import padded
+
         n, itemsize = int(v.size[-1]), v.dtype.itemsize
         wide = -(-n * itemsize // PAD_ROW_BYTES) * PAD_ROW_BYTES // itemsize
         storage = ir.Layout.contiguous(tuple(v.size[:-1]) + (sympy.Integer(wide),), v.dtype)
-        inside = sympy.Lt(index_vars("i", v.ndim)[-1], n)
-        body = ir.Op("where", (ir.IndexValue(inside, torch.bool), ir.add_mask(v.body, inside), ir.Const(0, v.dtype)),
-                     v.dtype)
+        body = padded(v, [0, wide - n], storage.size, v.dtype).body
         name = self.new_name()
         self.add_buffer(ir.ComputedBuffer(name, storage, ir.Pointwise(storage.size, body)))
         self.zero_padded[name] = n
@@ -234,8 +234,7 @@ class GraphLowering:
             # each extern or output use would store its own copy (GPT-2's bf16 weight cast, read by the LM
             # head's matmul and saved for the backward): store it once, with eager's strides
             meta = node.meta.get("val")
-            return self.realize(out, stride=[sympify(s) for s in meta.stride()] if isinstance(meta, torch.Tensor)
-                                else None)
+            return self.realize(out, stride=_layout(meta).stride if isinstance(meta, torch.Tensor) else None)
         return out
 
     def _recomputable(self, node, out: TensorValue) -> bool:
@@ -311,9 +310,9 @@ class GraphLowering:
         if isinstance(v, TensorValue):
             view = v.buffer_view()
             if view is not None and view[0] in self.zero_padded:  # eager's strides, not the padded rows
-                v = self.realize(v, stride=[sympify(s) for s in meta.stride()])
+                v = self.realize(v, stride=_layout(meta).stride)
             elif view is None:
-                v = self.realize(v, stride=[sympify(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None)
+                v = self.realize(v, stride=_layout(meta).stride if isinstance(meta, torch.Tensor) else None)
             return self.ref(v)
         if isinstance(v, sympy.Basic):
             return ir.SymRef(v)
@@ -349,7 +348,7 @@ def _realizing_uses(node: torch.fx.Node) -> int:
     for user in node.users:
         if user.op == "call_function" and user.target in VIEW_OPS:
             count += _realizing_uses(user)
-        elif user.op == "output" or user.op != "call_function" or user.target not in LOWERINGS:
+        elif user.op != "call_function" or user.target not in LOWERINGS:  # the output, or an extern
             count += 1
     return count
 
@@ -369,15 +368,19 @@ def load_order_strides(v: TensorValue):
         if any(int(strides[d]) <= 0 for d in dims) or len({int(strides[d]) for d in dims}) != len(dims):
             continue  # a broadcast or repeated stride: not a permutation
         order = sorted(dims, key=lambda d: -int(strides[d]))
-        if order == dims:
-            return None
-        out = [sympy.Integer(1)] * v.ndim  # size-1 dims: any stride
-        step = sympy.Integer(1)
-        for d in reversed(order):
-            out[d] = step
-            step = step * v.size[d]
-        return out
+        return None if order == dims else _dense_strides(v.size, order)
     return None
+
+
+def _dense_strides(size, order) -> list:
+    """Strides of a dense tensor of `size` whose dims in `order` (outermost first) are laid out one after
+    the other; dims not in `order` (size 1) get stride 1."""
+    out = [sympy.Integer(1)] * len(size)
+    step = sympy.Integer(1)
+    for d in reversed(order):
+        out[d] = step
+        step = step * size[d]
+    return out
 
 
 def _memory_order(layout: ir.Layout):
@@ -387,13 +390,9 @@ def _memory_order(layout: ir.Layout):
         return None
     dims = [d for d, n in enumerate(layout.size) if n != 1]
     order = sorted(dims, key=lambda d: -int(layout.stride[d]))
-    if order == dims:
-        return None
-    step = sympy.Integer(1)
-    for d in reversed(order):
-        if sympy.sympify(layout.stride[d]) != step:
-            return None  # not dense: padded or overlapping
-        step = step * layout.size[d]
+    dense = _dense_strides(layout.size, order)
+    if order == dims or any(sympy.sympify(layout.stride[d]) != dense[d] for d in order):
+        return None  # the logical order, or not dense (padded or overlapping)
     units = [d for d in range(len(layout.size)) if d not in dims]
     return units + order  # size-1 dims first: they do not move any address
 

@@ -204,6 +204,12 @@ def cat(ctx, meta, tensors, dim=0):
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(ctx, meta, x, pad, value=0):
     size, dtype = out_info(meta)
+    return padded(x, pad, size, dtype, value)
+
+
+def padded(x: TensorValue, pad, size, dtype, value=0) -> TensorValue:
+    """`x` of `size` padded by `pad` (F.pad's order: last dim first, before/after pairs) with `value`;
+    only in-range positions load from `x`."""
     out_vars = index_vars("i", x.ndim)
     idx, conds = list(out_vars), []
     for k in range(len(pad) // 2):

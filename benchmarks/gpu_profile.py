@@ -46,13 +46,18 @@ def load_bench(path: str):
     return module
 
 
+# Compiler names this script adds to the bench's: kiln with options, as (bench compiler, options).
+KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"})}
+
+
 def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, top_n: int = 12) -> dict:
     device = torch.device("cuda")
     bench.apply_global_settings(cudnn_benchmark=True)
     bench.seed_all(0)
     workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
-    comp = bench.COMPILERS[compiler]
-    fn = comp.wrap(workload.model, {})
+    bench_compiler, opts = KILN_VARIANTS.get(compiler, (compiler, {}))
+    comp = bench.COMPILERS[bench_compiler]
+    fn = comp.wrap(workload.model, opts)
     optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
     step = bench.make_step(workload, fn, optimizer, device, comp)
     for _ in range(warmup):
@@ -89,7 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench", required=True, help="path to models_bench.py")
     parser.add_argument("--models", default="bert_infer_bf16,gpt2_train")
-    parser.add_argument("--compilers", default="eager,torch,kiln")
+    parser.add_argument("--compilers", default="eager,torch,kiln",
+                        help="bench compilers, and kiln-ro (kiln with mode='reduce-overhead')")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--top", type=int, default=12, help="how many of the longest kernels to list")

@@ -7,6 +7,8 @@ each compiler it runs warm-up steps, then
     host_ms    wall time to issue one step, without waiting for the GPU
                (median over steps, each followed by a synchronize that is not timed)
     step_ms    wall time of one step including the synchronize
+    back_to_back_ms  wall time per step when steps run back to back (as models_bench runs them)
+    syncs_per_step   calls in one step that wait for the GPU (torch.cuda sync debug mode), with places
 
 and, for kiln and torch.compile, a cProfile of a few steps (top functions by own time), so the Python
 frames that cost the most are named.
@@ -54,6 +56,38 @@ def _times(step, n: int) -> tuple[float, float]:
     return statistics.median(host), statistics.median(total)
 
 
+def _back_to_back_ms(step, n: int) -> float:
+    """Wall time per step with no synchronize between steps, as models_bench runs them: the host
+    may run ahead of the GPU, unless something in the step waits for the GPU."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def _synchronizing_calls(step) -> list[str]:
+    """The calls in one step that make the host wait for the GPU (torch's sync debug mode), by where they
+    were made: a wait inside a compiled step keeps the host from queueing the next step's work."""
+    import traceback
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    places = []
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            places.append(f"{w.filename}:{w.lineno}: {str(w.message)[:120]}")
+    return places
+
+
 def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, top: int) -> dict:
     t0 = time.perf_counter()
     step = _build(bench, model_name, compiler, opts)
@@ -63,8 +97,11 @@ def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, t
     for _ in range(5):
         step()
     host_ms, step_ms = _times(step, steps)
+    syncs = _synchronizing_calls(step)
     row = {"model": model_name, "compiler": compiler, "first_call_s": round(first, 2),
-           "host_ms": round(host_ms, 3), "step_ms": round(step_ms, 3)}
+           "host_ms": round(host_ms, 3), "step_ms": round(step_ms, 3),
+           "back_to_back_ms": round(_back_to_back_ms(step, steps), 3),
+           "syncs_per_step": len(syncs), "sync_places": syncs[:20]}
     if compiler.startswith(("kiln", "torch")):
         prof = cProfile.Profile()
         torch.cuda.synchronize()

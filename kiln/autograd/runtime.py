@@ -47,12 +47,20 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
 
 
 def apply_mutations(flat: list, mutations: list[InputMutation], outs: list) -> None:
-    """Write the new values of mutated inputs into the real inputs, as eager's in-place ops did."""
+    """Write the new values of mutated inputs into the real inputs, as eager's in-place ops did.
+
+    One `_foreach_copy_` for them all (DenseNet-121's 363 batch-norm statistics were 363 `copy_`
+    calls a step), unless two targets share storage: the fused copy runs them in parallel."""
     if not mutations:
         return
+    targets = [flat[m.input_index] for m in mutations]
+    values = [outs[m.output_index] for m in mutations]
     with torch.no_grad():
-        for m in mutations:
-            flat[m.input_index].copy_(outs[m.output_index])
+        if len(targets) > 1 and len({t.untyped_storage().data_ptr() for t in targets}) == len(targets):
+            torch._foreach_copy_(targets, values)
+            return
+        for target, value in zip(targets, values):
+            target.copy_(value)
 
 
 class InferenceRunner:

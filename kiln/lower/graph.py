@@ -225,16 +225,20 @@ class GraphLowering:
         if not isinstance(out, TensorValue):
             return out
         users = len(node.users)
+        # a value convolutions read is stored in the layout they run in (a residual stream read by the
+        # next block's convolution and by its residual add), not stored by rows and then copied
+        conv_stride = channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
         if ir.expr_size(out.body) > MAX_INLINE_SIZE or (
                 users > 1 and not out.is_trivial() and not self._recomputable(node, out)):
             if self._pads(out) and _feeds_matmul(node):
                 return self.realize_zero_padded(out)
-            return self.realize(out)
+            return self.realize(out, stride=conv_stride)
         if users > 1 and out.buffer_view() is None and _realizing_uses(node) > 1:
             # each extern or output use would store its own copy (GPT-2's bf16 weight cast, read by the LM
             # head's matmul and saved for the backward): store it once, with eager's strides
             meta = node.meta.get("val")
-            return self.realize(out, stride=_layout(meta).stride if isinstance(meta, torch.Tensor) else None)
+            eager = _layout(meta).stride if isinstance(meta, torch.Tensor) else None
+            return self.realize(out, stride=conv_stride or eager)
         return out
 
     def _recomputable(self, node, out: TensorValue) -> bool:
@@ -309,7 +313,9 @@ class GraphLowering:
     def _output(self, v, meta):
         if isinstance(v, TensorValue):
             view = v.buffer_view()
-            if view is not None and view[0] in self.zero_padded:  # eager's strides, not the padded rows
+            if view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)):
+                # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
+                # the caller may .view() it
                 v = self.realize(v, stride=_layout(meta).stride)
             elif view is None:
                 v = self.realize(v, stride=_layout(meta).stride if isinstance(meta, torch.Tensor) else None)
@@ -337,6 +343,22 @@ def _feeds_matmul(node: torch.fx.Node) -> bool:
     """Whether a matmul reads `node`, directly or through views."""
     return any(u.op == "call_function" and (u.target in MATMUL_OPS or u.target in VIEW_OPS and _feeds_matmul(u))
                for u in node.users)
+
+
+def _layout_differs(strides, meta) -> bool:
+    """Whether a buffer view's strides differ from eager's (`meta`'s) on a dim of more than one element."""
+    if not isinstance(meta, torch.Tensor):
+        return False
+    eager = _layout(meta)
+    return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, eager.stride))
+
+
+def _feeds_conv2d(node: torch.fx.Node) -> bool:
+    """Whether `node` (a 4-d value) is the input of a plain 2-d convolution."""
+    meta = node.meta.get("val")
+    return isinstance(meta, torch.Tensor) and meta.dim() == 4 and any(
+        u.op == "call_function" and u.target is aten.convolution.default and u.args[0] is node
+        and not u.args[6] for u in node.users)
 
 
 def _realizing_uses(node: torch.fx.Node) -> int:

@@ -74,13 +74,24 @@ class KernelGroup:
         return index_vars("y", len(self.inner))
 
     def var_map(self, node: ir.ComputedBuffer) -> dict:
-        """Node index symbols (i*, r*) -> this kernel's loop variables (x* outer, y* inner)."""
+        """Node index symbols (i*, r*) -> this kernel's loop variables (x* outer, y* inner).
+
+        A pointwise node whose dims merge runs of the kernel's loops (a [384, 128, 128] view of a
+        [32, 12, 128 | 128] reduction kernel) maps each dim to its run's row-major index."""
         loop = list(self.outer_vars()) + list(self.inner_vars())
+        sizes = list(self.outer) + list(self.inner)
         mapping, k = {}, 0
         d = node.data
+        runs = None if isinstance(d, ir.Reduction) else merged_runs(nonunit(d.ranges), self.outer, self.inner)
         for j, s in enumerate(d.ranges):
             if s == 1:
                 mapping[index_vars("i", j + 1)[j]] = sympy.Integer(0)
+            elif runs is not None:
+                expr = sympy.Integer(0)
+                for p in runs[k]:
+                    expr = expr * sizes[p] + loop[p]
+                mapping[index_vars("i", j + 1)[j]] = expr
+                k += 1
             else:
                 mapping[index_vars("i", j + 1)[j]] = loop[k]
                 k += 1
@@ -221,6 +232,38 @@ def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer):
         return group.outer, group.inner, False, False
     if group.inner and o == group.outer + group.inner:
         return group.outer, group.inner, True, False
+    runs = merged_runs(o, group.outer, group.inner)
+    if runs is not None:
+        return group.outer, group.inner, runs[-1][-1] >= len(group.outer), False
+    return None
+
+
+def merged_runs(sizes: tuple, outer: tuple, inner: tuple):
+    """For pointwise `sizes` that differ from a kernel's loops only by merged dims: the loop
+    positions each dim spans (consecutive, not crossing from outer into inner), else None.
+
+    Against the outer loops alone (a node of an outer segment) or outer + inner (an inner
+    segment). Only static sizes: a symbolic product cannot be compared."""
+    if sizes in (tuple(outer), tuple(outer) + tuple(inner)):
+        return None  # the plain one-dim-per-loop mapping
+    if not all(isinstance(x, (int, sympy.Integer)) for x in (*sizes, *outer, *inner)):
+        return None
+    for loops in (tuple(outer), tuple(outer) + tuple(inner)):
+        runs, pos = [], 0
+        for n in sizes:
+            run, span = [], 1
+            while span < n and pos < len(loops):
+                if run and pos == len(outer):
+                    return None  # a dim would span outer and inner loops
+                span *= int(loops[pos])
+                run.append(pos)
+                pos += 1
+            if span != n or not run:
+                break
+            runs.append(run)
+        else:
+            if pos == len(loops):
+                return runs
     return None
 
 

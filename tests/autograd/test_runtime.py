@@ -212,3 +212,21 @@ def test_gradient_penalty_raises_instead_of_silently_dropping_the_second_order_t
     assert gx.requires_grad
     with pytest.raises(RuntimeError, match="kiln: double backward"):
         gx.pow(2).sum().backward()
+
+
+def test_mutated_inputs_receive_their_new_values_in_one_fused_copy_or_in_order():
+    """Batch-norm statistics (float and int64 counters) are written back with one fused copy; targets
+    that share storage are copied one by one, in order, as eager's in-place ops ran."""
+    from kiln.autograd.functionalize import InputMutation
+    from kiln.autograd.runtime import apply_mutations
+
+    mean, var, count = torch.zeros(4), torch.ones(4), torch.tensor(0)
+    flat = [torch.randn(2, 4), mean, var, count]
+    outs = [torch.randn(2, 4), torch.full((4,), 0.5), torch.full((4,), 2.0), torch.tensor(1)]
+    apply_mutations(flat, [InputMutation(1, 1), InputMutation(2, 2), InputMutation(3, 3)], outs)
+    assert mean.tolist() == [0.5] * 4 and var.tolist() == [2.0] * 4 and count.item() == 1
+
+    base = torch.zeros(6)
+    overlapping = [base[:4], base[2:]]
+    apply_mutations(overlapping, [InputMutation(0, 0), InputMutation(1, 1)], [torch.ones(4), torch.full((4,), 2.0)])
+    assert base.tolist() == [1, 1, 2, 2, 2, 2]  # the second write wins where they overlap

@@ -51,3 +51,40 @@ def test_channels_last_inference_graph_on_gpu():
     assert "fallback" not in compiled.artefacts
     assert "(256, 1, 32, 4)" in compiled.artefacts["wrapper.py"], compiled.artefacts["wrapper.py"]
     assert_same(compiled(*inputs), conv_net(*inputs))
+
+
+def residual_block(x, w1, w2, scale, shift):
+    """ResNet's pattern: the block's output (an affine + residual + relu, too many loads to recompute)
+    is read by the next convolution and by the next residual add."""
+    y = F.relu(F.conv2d(x, w1, padding=1) * scale.view(1, 4, 1, 1) + shift.view(1, 4, 1, 1) + x)
+    return F.conv2d(y, w2, padding=1) + y, F.conv2d(x, w1, padding=1)
+
+
+def test_a_value_read_by_a_convolution_and_a_kernel_is_stored_channels_last_once():
+    """The residual stream (read by the next convolution and by the residual add) is stored once in the
+    convolutions' layout, not by rows and then copied for the convolution; a convolution's result that is
+    also a graph output comes back with eager's strides (the caller may .view() it)."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g) for s in [(2, 4, 6, 6), (4, 4, 3, 3), (4, 4, 3, 3), (4,), (4,)]]
+    graph = lower_graph(trace(residual_block, *inputs), inputs, channels_last_convs=True)
+    convs = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    second = convs[1]
+    stream = next(n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name == second.args[0].buf)
+    assert tuple(stream.data.ranges) == (2, 6, 6, 4)  # stored N, H, W, C and read by the convolution as it is
+    residual_add = next(n for n in graph.nodes if isinstance(n, ir.ComputedBuffer)
+                        and second.name in {ld.buf for ld in ir.loads(n.data.body)})
+    assert stream.name in {ld.buf for ld in ir.loads(residual_add.data.body)}  # the same buffer, no copy
+    assert tuple(graph.outputs[1].layout.stride) == (144, 36, 6, 1)  # eager's, not the convolution's
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_residual_block_inference_graph_on_gpu():
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g).cuda() for s in [(2, 4, 6, 6), (4, 4, 3, 3), (4, 4, 3, 3), (4,), (4,)]]
+    gm = trace(residual_block, *inputs)
+    gm.meta["kiln.aot"] = {"kind": "inference", "name": "graph0"}
+    compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
+    assert "fallback" not in compiled.artefacts
+    got = compiled(*inputs)
+    assert got[1].stride() == (144, 36, 6, 1)
+    assert_same(got, residual_block(*inputs))

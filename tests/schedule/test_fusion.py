@@ -87,3 +87,29 @@ def test_layernorm_and_softmax_backward_fuse():
     assert fw.num_kernels <= 2, fw.artefacts["schedule"]
     # backward: row-wise part (dx) and the column sums (dw, db) over a different reduction axis
     assert bw.num_kernels <= 3, bw.artefacts["schedule"]
+
+
+def test_softmax_read_through_a_reshaping_view_is_one_kernel():
+    """Attention's softmax: the scores are [B, H, S, S] but the next bmm reads a [B*H, S, S] view. The
+    normalizing pass is over the merged dims of the reduction kernel's loops and joins it, instead of
+    a second kernel that reads the scores again (BERT's math-attention path)."""
+    def attention(q, k, mask, v):
+        scores = torch.bmm(q, k).view(2, 3, 16, 16) + mask
+        return torch.bmm(torch.ops.aten._safe_softmax(scores, -1).view(6, 16, 16), v)
+
+    mask = torch.zeros(2, 1, 16, 16)
+    mask[1, ..., 10:] = float("-inf")
+    mask[0, :, 3, :] = float("-inf")  # a fully masked row: _safe_softmax gives zeros there
+    c = check(attention, torch.randn(6, 16, 8), torch.randn(6, 8, 16), mask, torch.randn(6, 16, 8))
+    assert c.num_kernels == 1 and count_externs(c) == 2, c.artefacts["schedule"]
+
+
+def test_merged_runs_maps_each_dim_to_consecutive_loops():
+    from kiln.schedule.fusion import merged_runs
+
+    assert merged_runs((384, 128, 128), (32, 12, 128), (128,)) == [[0, 1], [2], [3]]
+    assert merged_runs((384, 128), (32, 12, 128), ()) == [[0, 1], [2]]
+    # a dim may not span the outer loops and the reduction lanes, nor split a loop
+    assert merged_runs((32, 12, 16384), (32, 12, 128), (128,)) is None
+    assert merged_runs((64, 6, 128, 128), (32, 12, 128), (128,)) is None
+    assert merged_runs((32, 12, 128, 128), (32, 12, 128), (128,)) is None  # the plain mapping

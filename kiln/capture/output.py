@@ -91,6 +91,19 @@ class ProgramWriter:
                 self._memo[key] = temp
         return self._memo[key]
 
+    def before_effects(self, v: Value) -> str:
+        """`v` for a replayed side effect. A value found at a path into the user's objects
+        (`L['kwargs']['past_key_values']`) is read into a temporary ahead of every effect: an earlier
+        effect may delete or rebind what the path goes through (`kwargs['cache'] = kwargs.pop('past_key_values')`)."""
+        if getattr(v, "source", None) is None:
+            return v.reconstruct(self)
+        key = ("before effects", id(v))
+        if key not in self._memo:
+            temp = self.temp()
+            self.lines.append(f"{temp} = {v.reconstruct(self)}")
+            self._memo[key] = temp
+        return self._memo[key]
+
     def temp(self) -> str:
         return f"___t{next(self._temps)}"
 

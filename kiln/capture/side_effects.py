@@ -25,21 +25,22 @@ class Effect:
     value: Value | None
 
     def render(self, writer: ProgramWriter) -> str:
-        target = self.target.reconstruct(writer)
+        target = writer.before_effects(self.target)
         if self.kind == "setattr" and self.key.isidentifier():
-            return f"{target}.{self.key} = {self.value.reconstruct(writer)}"
+            return f"{target}.{self.key} = {writer.before_effects(self.value)}"
         if self.kind == "setattr":
-            return f"setattr({target}, {self.key!r}, {self.value.reconstruct(writer)})"
+            return f"setattr({target}, {self.key!r}, {writer.before_effects(self.value)})"
         if self.kind == "delattr":
             return f"delattr({target}, {self.key!r})"
         if self.kind == "setitem":
-            return f"{target}[{self.key.reconstruct(writer)}] = {self.value.reconstruct(writer)}"
+            return f"{target}[{writer.before_effects(self.key)}] = {writer.before_effects(self.value)}"
         if self.kind == "delitem":
-            return f"del {target}[{self.key.reconstruct(writer)}]"
+            return f"del {target}[{writer.before_effects(self.key)}]"
         if self.kind == "replace":  # a list or dict mutated in place: write its final contents back
             return self.target.render_replace(writer, target)
         if self.kind == "call":  # a call with only external effects (a log line), made after the graph
-            args = [a.reconstruct(writer) for a in self.key] + [f"{k}={v.reconstruct(writer)}" for k, v in self.value.items()]
+            args = [writer.before_effects(a) for a in self.key] + [
+                f"{k}={writer.before_effects(v)}" for k, v in self.value.items()]
             return f"{target}({', '.join(args)})"
         raise AssertionError(self.kind)
 

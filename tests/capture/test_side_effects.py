@@ -267,3 +267,23 @@ def test_inplace_on_buffer_visible():
     c(x)
     c(x)
     torch.testing.assert_close(m.total, 2 * x)
+
+
+def test_a_kwarg_popped_and_renamed_then_mutated_through_its_new_key():
+    """transformers' deprecation wrapper: `kwargs['cache'] = kwargs.pop('past_key_values')`, then the cache is
+    updated in place. The replay reads the cache through the path it had when the call began, not through
+    the key that an earlier replayed effect deleted."""
+    class Cache:
+        pass
+
+    def rename(x, **kwargs):
+        kwargs["cache"] = kwargs.pop("past")
+        kwargs["cache"].length = 3
+        return x + 1, kwargs
+
+    compiled = kiln.compile(rename, backend="eager", fullgraph=True)
+    for _ in range(2):
+        cache, x = Cache(), t(2)
+        out, kwargs = compiled(x, past=cache)
+        assert kwargs == {"cache": cache} and cache.length == 3
+        torch.testing.assert_close(out, x + 1)

@@ -90,6 +90,21 @@ def test_non_contiguous_views():
     check(lambda x: x[2:].reshape(20, 2).cos() + x[:1, :2], x)
 
 
+def test_transposing_kernels_run_on_tiles_with_tails():
+    """A kernel whose loads walk memory along another dim than its stores (attention's K^T written for a
+    bmm, a cast through a permute) runs on 2-d tiles: read coalesced along one dim, written along the
+    other. Sizes that are not multiples of the tile exercise the masks; a broadcast operand reads one row."""
+    k = torch.randn(2, 37, 3, 20).to(torch.bfloat16)  # [batch, seq, heads, dim], as a linear layer writes it
+    c = check(lambda k: (k.permute(0, 2, 3, 1).float() * 0.125).contiguous(), k, max_kernels=1)
+    src = source(c)
+    assert "tiled kernel over" in src and "rindex" in src and "mask = xmask & rmask" in src, src
+    x, bias = torch.randn(24, 40), torch.randn(24, 1)
+    c = check(lambda x, b: (x.t() + b.t()).contiguous(), x, bias, max_kernels=1)
+    assert "tiled kernel over" in source(c)
+    # a plain (non-transposing) pointwise kernel keeps its 1-d blocks
+    assert "tiled" not in source(check(lambda x: x * 2 + 1, x))
+
+
 def test_non_contiguous_input():
     x = torch.randn(8, 6).t()[1:]
     check(lambda x: x.exp() * 3, x)

@@ -1,7 +1,9 @@
 """Block sizes and `num_warps` for one kernel, from its sizes alone (mode="default").
 
-Three shapes of kernel:
+Four shapes of kernel:
   pointwise   1-D blocks of XBLOCK elements over the flattened output;
+  tiled       a transposing pointwise kernel: 2-d tiles, RBLOCK along the dim its loads walk and
+              XBLOCK along the others (`transposed_dim`);
   persistent  a reduction whose whole row fits one block (RBLOCK >= rnumel): every
               row is loaded once, and the values stay in registers for the epilogue
               segments (softmax, layernorm read their input once);
@@ -32,7 +34,7 @@ MAX_RSPLIT = 256
 
 @dataclass(frozen=True)
 class Config:
-    kind: str             # "pointwise" | "persistent" | "looped"
+    kind: str             # "pointwise" | "tiled" | "persistent" | "looped" | "split"
     XBLOCK: int
     RBLOCK: int = 1
     num_warps: int = 4
@@ -86,10 +88,36 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
     return not strides or any(c == 1 for c in strides)
 
 
+def transposed_dim(group: KernelGroup):
+    """For a pointwise kernel that transposes (a load walks memory along loop dim t, not the last one,
+    while the stores walk the last dim): t, else None. Such a kernel runs on 2-d tiles (kind "tiled"):
+    reads coalesced along t, writes along the last dim, Triton swapping them through shared memory."""
+    if group.inner or len(group.outer) < 2 or any(_static(s) is None for s in group.outer):
+        return None
+    variables = group.outer_vars()
+    last = variables[-1]
+    if any(sympy.expand(group.store_index(n)).coeff(last) != 1 for n in group.nodes if n.name not in group.local):
+        return None
+    for n in group.nodes:
+        for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
+            index = sympy.expand(ld.index)
+            if ld.indirect or index.coeff(last) in (0, 1):
+                continue
+            for t, v in enumerate(variables[:-1]):
+                if index.coeff(v) == 1 and _static(group.outer[t]) >= TILE and _static(group.outer[-1]) >= TILE:
+                    return t
+    return None
+
+
+TILE = 16  # the smallest transposed dims worth a tile
+
+
 def choose(group: KernelGroup, layouts: dict) -> Config:
     index_dtype = _index_dtype(group, layouts)
     xnumel = _static(product(group.outer))
     if not group.inner:
+        if transposed_dim(group) is not None:
+            return Config("tiled", 64, 64, 4, index_dtype)
         xblock = POINTWISE_XBLOCK if xnumel is None else min(POINTWISE_XBLOCK, next_pow2(xnumel))
         return Config("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
     rnumel = _static(product(group.inner))
@@ -135,7 +163,10 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
     idx = base.index_dtype
     more: list[Config] = []
-    if base.kind == "pointwise":
+    if base.kind == "tiled":
+        more += [Config("tiled", x, r, w, idx) for x, r, w in ((32, 64, 4), (64, 32, 4), (128, 32, 8), (64, 64, 8))]
+        more.append(Config("pointwise", 1024, 1, 4, idx))
+    elif base.kind == "pointwise":
         for x in (1024, 512, 2048, 256, 128):
             if x <= max(xcap, 128):
                 more += [Config("pointwise", x, 1, _warps(x, 256), idx), Config("pointwise", x, 1, _warps(x, 128), idx)]

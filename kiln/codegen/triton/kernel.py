@@ -31,7 +31,7 @@ import torch
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.heuristics import Config, choose
+from kiln.codegen.triton.heuristics import Config, choose, transposed_dim
 from kiln.lower import ir
 from kiln.lower.index import contiguous_strides, linear_index, product
 from kiln.schedule.fusion import KernelGroup
@@ -250,8 +250,9 @@ class TritonKernel:
             v = ops.to_half(v, lay.dtype)
         syms = index.free_symbols
         ptr = texpr(index)
-        # the pointer block must have the shape of the value's loop nest (a full reduction stores at offset 0)
-        inner = self._in_inner and not node.is_reduction()
+        # the pointer block must have the shape of the value's loop nest (a full reduction stores at offset 0;
+        # a tiled kernel's values are whole tiles)
+        inner = (self._in_inner and not node.is_reduction()) or self.config.kind == "tiled"
         if not syms & self.xvars:
             ptr = f"{ptr} + 0 * xindex"
         if inner and not syms & self.yvars:
@@ -266,12 +267,16 @@ class TritonKernel:
         g, cfg = self.group, self.config
         self._in_inner = False
         reduction = bool(g.inner)
-        xshape = "[:, None]" if reduction else ""
+        tiled = cfg.kind == "tiled"
+        xshape = "[:, None]" if reduction else "[None, :]" if tiled else ""
         pid = "tl.program_id(0)" if cfg.index_dtype == "tl.int32" else "tl.program_id(0).to(tl.int64)"
         self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){xshape}")
         self.line("xmask = xindex < xnumel")
-        for s in _decompose("xindex", g.outer, list(g.outer_vars())):
-            self.line(s)
+        if tiled:
+            self._tile_rows()
+        else:
+            for s in _decompose("xindex", g.outer, list(g.outer_vars())):
+                self.line(s)
         outer_scope = Scope()
         persistent_scope = None
         if cfg.kind == "persistent":
@@ -289,10 +294,10 @@ class TritonKernel:
         self.size_args = sorted(self.group.size_symbols(), key=str)
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         params = self.arg_names + [str(s) for s in self.size_args] + ["xnumel"]
-        if reduction:
+        if reduction or tiled:
             params.append("rnumel")
         params.append("XBLOCK: tl.constexpr")
-        if reduction:
+        if reduction or tiled:
             params.append("RBLOCK: tl.constexpr")
         head = ["@triton.jit", f"def {self.jit_name}({', '.join(params)}):",
                 f'    """{self._docstring()}"""']
@@ -306,6 +311,24 @@ class TritonKernel:
             shape += f" x inner ({', '.join(map(str, g.inner))})"
         return f"{cfg.kind} kernel over {shape}: " + ", ".join(n.name for n in g.nodes)
 
+    def _tile_rows(self) -> None:
+        """A tiled kernel's loop variables: the transposed dim from `rindex` (the tile's rows, axis 0), the
+        others from `xindex` (axis 1). The transposed dim's variable counts as a `y` variable, so an index
+        using it is masked with `rmask`."""
+        g = self.group
+        t = transposed_dim(g)
+        variables = list(g.outer_vars())
+        others = [k for k in range(len(g.outer)) if k != t]
+        for s in _decompose("xindex", [g.outer[k] for k in others], [variables[k] for k in others]):
+            self.line(s)
+        pid = "tl.program_id(1)" if self.config.index_dtype == "tl.int32" else "tl.program_id(1).to(tl.int64)"
+        self.line(f"rindex = {pid} * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
+        self.line("rmask = rindex < rnumel")
+        self.line(f"{variables[t]} = rindex")
+        self.line("mask = xmask & rmask")
+        self.xvars.discard(variables[t])
+        self.yvars.add(variables[t])
+
     def _rindex(self, start: str) -> None:
         g = self.group
         self.line(f"rindex = {start}")
@@ -318,7 +341,7 @@ class TritonKernel:
         """(dtype of each tensor argument, a value for each integer argument) for `Launcher.precompile`."""
         g = self.group
         dtypes = [self.layouts[b].dtype for b in self.arg_names]
-        numels = [product(g.outer)] + ([product(g.inner)] if g.inner else [])
+        numels = list(self._numels())
         ints = [int(v) if sympy.sympify(v).is_Integer else 2 for v in list(self.size_args) + numels]
         return dtypes, ints
 
@@ -326,20 +349,31 @@ class TritonKernel:
         """Compile the kernel now, where a failure can still fall back to ATen."""
         getattr(module, f"_launch_{self.jit_name}{self.launch_suffix}").precompile(*self.example_args())
 
+    def _numels(self) -> tuple:
+        """(xnumel, rnumel): the sizes the two block indices run over (rnumel only for reductions and tiles)."""
+        g = self.group
+        if self.config.kind == "tiled":
+            t = g.outer[transposed_dim(g)]
+            return sympy.sympify(product(g.outer)) / t, t
+        return (product(g.outer), product(g.inner)) if g.inner else (product(g.outer),)
+
     def _launcher(self) -> str:
         g, cfg = self.group, self.config
         sizes = [str(s) for s in self.size_args]
+        numels = self._numels()
         lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
-                 f"    xnumel = {pyexpr(product(g.outer))}"]
+                 f"    xnumel = {pyexpr(numels[0])}"]
         args = self.arg_names + sizes + ["xnumel"]
         kw = f"XBLOCK={cfg.XBLOCK}"
-        if g.inner:
-            lines.append(f"    rnumel = {pyexpr(product(g.inner))}")
+        if len(numels) > 1:
+            lines.append(f"    rnumel = {pyexpr(numels[1])}")
             args.append("rnumel")
             kw += f", RBLOCK={cfg.RBLOCK}"
         lines.append("    if xnumel <= 0:")
         lines.append("        return")
         grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
+        if cfg.kind == "tiled":
+            grid = f"({grid}, (rnumel + {cfg.RBLOCK - 1}) // {cfg.RBLOCK})"
         lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})")
         check = "" if self.unaligned is None else \
             f"check_alignment={tuple(k for k, a in enumerate(self.arg_names) if a in self.unaligned)}, "

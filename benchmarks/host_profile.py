@@ -70,7 +70,6 @@ def _back_to_back_ms(step, n: int) -> float:
 def _synchronizing_calls(step) -> list[str]:
     """The calls in one step that make the host wait for the GPU (torch's sync debug mode), by where they
     were made: a wait inside a compiled step keeps the host from queueing the next step's work."""
-    import traceback
     import warnings
 
     torch.cuda.synchronize()

@@ -97,11 +97,11 @@ class ProgramWriter:
         effect may delete or rebind what the path goes through (`kwargs['cache'] = kwargs.pop('past_key_values')`)."""
         if getattr(v, "source", None) is None:
             return v.reconstruct(self)
-        key = ("before effects", id(v))
+        path = v.reconstruct(self)
+        key = ("before effects", path)  # one read per path, however many values were found there
         if key not in self._memo:
-            temp = self.temp()
-            self.lines.append(f"{temp} = {v.reconstruct(self)}")
-            self._memo[key] = temp
+            self._memo[key] = self.temp()
+            self.lines.append(f"{self._memo[key]} = {path}")
         return self._memo[key]
 
     def temp(self) -> str:

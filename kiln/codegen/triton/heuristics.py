@@ -30,6 +30,7 @@ POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
 MAX_RSPLIT = 256
+TILE = 16                      # the smallest transposed dims worth a 2-d tile
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def transposed_dim(group: KernelGroup):
     """For a pointwise kernel that transposes (a load walks memory along loop dim t, not the last one,
     while the stores walk the last dim): t, else None. Such a kernel runs on 2-d tiles (kind "tiled"):
     reads coalesced along t, writes along the last dim, Triton swapping them through shared memory."""
-    if group.inner or len(group.outer) < 2 or any(_static(s) is None for s in group.outer):
+    if group.inner or len(group.outer) < 2 or any(_static(s) is None for s in group.outer) \
+            or _static(group.outer[-1]) < TILE:
         return None
     variables = group.outer_vars()
     last = variables[-1]
@@ -104,12 +106,9 @@ def transposed_dim(group: KernelGroup):
             if ld.indirect or index.coeff(last) in (0, 1):
                 continue
             for t, v in enumerate(variables[:-1]):
-                if index.coeff(v) == 1 and _static(group.outer[t]) >= TILE and _static(group.outer[-1]) >= TILE:
+                if index.coeff(v) == 1 and _static(group.outer[t]) >= TILE:
                     return t
     return None
-
-
-TILE = 16  # the smallest transposed dims worth a tile
 
 
 def choose(group: KernelGroup, layouts: dict) -> Config:

@@ -103,6 +103,7 @@ class TritonKernel:
         self.unaligned = unaligned
         self.layouts = layouts
         self.config = config or choose(group, layouts)
+        self.tile_dim = transposed_dim(group) if self.config.kind == "tiled" else None  # the tiles' row dim
         self.lines: list[str] = []
         self.indent = 1
         self.tmp = 0
@@ -315,8 +316,7 @@ class TritonKernel:
         """A tiled kernel's loop variables: the transposed dim from `rindex` (the tile's rows, axis 0), the
         others from `xindex` (axis 1). The transposed dim's variable counts as a `y` variable, so an index
         using it is masked with `rmask`."""
-        g = self.group
-        t = transposed_dim(g)
+        g, t = self.group, self.tile_dim
         variables = list(g.outer_vars())
         others = [k for k in range(len(g.outer)) if k != t]
         for s in _decompose("xindex", [g.outer[k] for k in others], [variables[k] for k in others]):
@@ -352,8 +352,8 @@ class TritonKernel:
     def _numels(self) -> tuple:
         """(xnumel, rnumel): the sizes the two block indices run over (rnumel only for reductions and tiles)."""
         g = self.group
-        if self.config.kind == "tiled":
-            t = g.outer[transposed_dim(g)]
+        if self.tile_dim is not None:
+            t = g.outer[self.tile_dim]
             return sympy.sympify(product(g.outer)) / t, t
         return (product(g.outer), product(g.inner)) if g.inner else (product(g.outer),)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kiln.capture.sources import fast_expr
+from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import is_literal
 
@@ -127,8 +127,8 @@ def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWri
     effects = [effect.render(writer) for effect in state.side_effects.effects]
     head = []
     if state.graph.op_count or writer.outputs:
-        inputs = ", ".join(fast_expr(source) for source, _ in state.graph.inputs)
-        head.append(f"___out = {graph_fn_name}({inputs})")
+        fetches, inputs = shared_fetches([source for source, _ in state.graph.inputs])
+        head += fetches + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
     if state.grad_enabled != state.entry_grad_enabled:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.api import context_of
 
 from .helpers import check, t
 
@@ -125,3 +126,27 @@ def test_output_view_of_output_aliases():
     y, v = c(t(2, 3))
     v[0] = 7.0
     assert y[0, 0] == 7.0
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_parameters_of_one_submodule_are_fetched_through_one_local():
+    model = torch.nn.Sequential(_Block(), _Block())
+    c = kiln.compile(model, backend="eager")
+    x = t(2, 4)
+    torch.testing.assert_close(c(x), model(x))
+    (rec,) = context_of(c).records
+    program = rec.program_source.split("def program(L, G, C):")[1]
+    # L['self']._modules['0'] is read once into a local, not once per parameter under it
+    assert program.count("._modules['0']") == 1
+    with torch.no_grad():
+        model[0].b.weight.mul_(2)  # in place: the next call reads the new values through the locals
+    torch.testing.assert_close(c(x), model(x))

@@ -225,9 +225,7 @@ class GraphLowering:
         if not isinstance(out, TensorValue):
             return out
         users = len(node.users)
-        # a value convolutions read is stored in the layout they run in (a residual stream read by the
-        # next block's convolution and by its residual add), not stored by rows and then copied
-        conv_stride = channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
+        conv_stride = self.conv_input_stride(node, out)
         if ir.expr_size(out.body) > MAX_INLINE_SIZE or (
                 users > 1 and not out.is_trivial() and not self._recomputable(node, out)):
             if self._pads(out) and _feeds_matmul(node):
@@ -240,6 +238,12 @@ class GraphLowering:
             eager = _layout(meta).stride if isinstance(meta, torch.Tensor) else None
             return self.realize(out, stride=conv_stride or eager)
         return out
+
+    def conv_input_stride(self, node: torch.fx.Node, out: TensorValue) -> tuple | None:
+        """Channels-last strides for `node`'s value `out` when convolutions read it and run channels-last:
+        a value convolutions read is stored in the layout they run in (a residual stream read by the next
+        block's convolution and by its residual add), not stored by rows and then copied per convolution."""
+        return channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
 
     def _recomputable(self, node, out: TensorValue) -> bool:
         """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its

@@ -88,3 +88,38 @@ def test_residual_block_inference_graph_on_gpu():
     got = compiled(*inputs)
     assert got[1].stride() == (144, 36, 6, 1)
     assert_same(got, residual_block(*inputs))
+
+
+def pooled_stem(x, w0, w1, w2):
+    """ResNet's stem: the max-pooled value is read by the first block's two convolutions."""
+    y = F.max_pool2d(F.relu(F.conv2d(x, w0, padding=1)), 3, 2, 1)
+    return F.conv2d(y, w1, padding=1) + F.conv2d(y, w2)
+
+
+def stem_inputs(device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=g).to(device) for s in [(1, 3, 10, 10), (4, 3, 3, 3), (4, 4, 3, 3), (4, 4, 1, 1)]]
+
+
+def test_a_max_pool_read_by_convolutions_is_stored_channels_last_once_without_its_indices():
+    """The pool's values (a tuple item, which bypasses the graph's realize decisions) are written once in
+    the convolutions' layout and read by both as they are; the indices, which inference never reads, are
+    not computed at all."""
+    inputs = stem_inputs()
+    graph = lower_graph(trace(pooled_stem, *inputs), inputs, channels_last_convs=True)
+    convs = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    pooled = {c.args[0].buf for c in convs[1:]}
+    assert len(pooled) == 1
+    (pool,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name in pooled]
+    assert tuple(pool.data.ranges) == (1, 5, 5, 4)  # N, H, W, C: memory order
+    assert not [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.layout.dtype == torch.int64]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pooled_stem_inference_graph_on_gpu():
+    inputs = stem_inputs("cuda")
+    gm = trace(pooled_stem, *inputs)
+    gm.meta["kiln.aot"] = {"kind": "inference", "name": "graph0"}
+    compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
+    assert "fallback" not in compiled.artefacts
+    assert_same(compiled(*inputs), pooled_stem(*inputs))

@@ -170,13 +170,14 @@ def max_pool_bodies(x: TensorValue, axes: tuple, out_vars) -> tuple:
     return value, index
 
 
-def _used_results(ctx, meta) -> set:
-    """Which results (0: values, 1: indices) the graph reads. Tuple items reach their users without
-    the graph's realize decisions, so the rule stores what is read itself; inference reads no indices."""
+def _used_results(ctx, meta) -> dict:
+    """The results (0: values, 1: indices) the graph reads, each with its getitem node. Tuple items reach
+    their users without the graph's realize decisions, so the rule stores what is read itself; inference
+    reads no indices."""
     for node in ctx.gm.graph.nodes:
         if node.meta.get("val") is meta and all(u.target is operator.getitem for u in node.users):
-            return {u.args[1] for u in node.users}
-    return {0, 1}
+            return {u.args[1]: u for u in node.users if u.users}
+    return {0: None, 1: None}
 
 
 def _out_strides(meta) -> list:
@@ -201,7 +202,10 @@ def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dil
     outs = []
     for k, (body, m) in enumerate(zip(bodies, meta)):
         v = TensorValue(size, m.dtype, body)
-        outs.append(ctx.realize(v, stride=_out_strides(m)) if k in used else v)
+        if k in used:  # pooled values that convolutions read (ResNet's stem) are stored in their layout
+            stride = ctx.conv_input_stride(used[k], v) if used[k] is not None else None
+            v = ctx.realize(v, stride=stride or _out_strides(m))
+        outs.append(v)
     return tuple(outs)
 
 

@@ -179,6 +179,8 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     if dynamic:  # sizes are checked by the shape guard over the symbols; here only rank, static dims, layout
         static = " and ".join(f"{expr}.size({d}) == {n}" for d, n in enumerate(shape) if d not in dynamic)
         check += f"{expr}.dim() == {len(shape)} and {expr}.is_contiguous() and " + (f"{static} and " if static else "")
+    elif t.is_contiguous() and min(shape, default=2) > 1:  # then the strides follow from the shape (and are
+        check += f"{expr}.shape == {shape!r} and {expr}.is_contiguous() and "  # a cheaper read than stride())
     else:
         check += f"{expr}.shape == {shape!r} and {expr}.stride() == {stride!r} and "
     check += f"{expr}.requires_grad is {requires_grad}"

@@ -250,6 +250,18 @@ def test_replaced_parameter_recompiles():
     assert len(context_of(c).records) == 2
 
 
+def test_parameter_data_swapped_for_its_transpose_recompiles():
+    """`p.data = p.data.t()` keeps the parameter object, its storage and its shape (square): only the
+    strides tell, and the compiled code read the old ones."""
+    m = nn.Linear(3, 3)
+    c = kiln.compile(m)
+    x = t(2, 3)
+    torch.testing.assert_close(c(x), m(x))
+    m.weight.data = m.weight.data.t()
+    torch.testing.assert_close(c(x), m(x))
+    assert len(context_of(c).records) == 2
+
+
 def test_closure_value_change_recompiles():
     k = 2
 

@@ -97,10 +97,10 @@ class GraphLowering:
         if order is None:
             self.add_buffer(ir.ComputedBuffer(name, layout, ir.Pointwise(tuple(v.size), v.body)))
             return from_buffer(name, layout)
-        storage = ir.Layout.contiguous([v.size[d] for d in order], v.dtype)
         position = {d: k for k, d in enumerate(order)}
         variables = index_vars("i", v.ndim)
-        body = v.at([variables[position[d]] for d in range(v.ndim)])
+        sizes, body = merged_copy_dims([v.size[d] for d in order], v.at([variables[position[d]] for d in range(v.ndim)]))
+        storage = ir.Layout.contiguous(sizes, v.dtype)
         self.add_buffer(ir.ComputedBuffer(name, storage, ir.Pointwise(storage.size, body)))
         return from_buffer(name, layout)
 
@@ -377,6 +377,33 @@ def _realizing_uses(node: torch.fx.Node) -> int:
         elif user.op != "call_function" or user.target not in LOWERINGS:  # the output, or an extern
             count += 1
     return count
+
+
+def merged_copy_dims(sizes: list, body) -> tuple[list, Any]:
+    """A copy into a dense buffer (`body` one unmasked affine load over `sizes`' loop variables) with each
+    pair of neighbouring dims that the load also walks as one run merged into one dim.
+
+    A 3x3 convolution weight copied channels-last is [O, KH, KW, I] read at o*9*I + i*9 + kh*3 + kw: as
+    [O, 9, I] its 9 taps are one dim the loads walk contiguously, which a tiled kernel can read whole
+    (as four dims, no dim of the copy reads more than 3 neighbouring elements)."""
+    if not isinstance(body, ir.Load) or body.mask is not None or body.indirect \
+            or not all(sympify(n).is_Integer for n in sizes):
+        return sizes, body
+    variables = index_vars("i", len(sizes))
+    affine = affine_strides(body.index, variables)
+    if affine is None:
+        return sizes, body
+    offset, strides = affine[0], list(affine[1])
+    sizes = [sympify(n) for n in sizes]
+    for k in reversed(range(len(sizes) - 1)):
+        if strides[k] == sizes[k + 1] * strides[k + 1]:
+            sizes[k:k + 2] = [sizes[k] * sizes[k + 1]]
+            del strides[k]
+    if len(sizes) == len(variables):
+        return sizes, body
+    merged = index_vars("i", len(sizes))
+    index = offset + sum((st * var for st, var in zip(strides, merged)), sympy.Integer(0))
+    return sizes, ir.Load(body.buf, index, body.dtype)
 
 
 def load_order_strides(v: TensorValue):

@@ -105,6 +105,16 @@ def test_transposing_kernels_run_on_tiles_with_tails():
     assert "tiled" not in source(check(lambda x: x * 2 + 1, x))
 
 
+def test_a_weight_copied_channels_last_reads_its_taps_as_one_dim_of_the_tile():
+    """A 3x3 convolution weight stored channels-last ([O, I, 3, 3] -> O, 3, 3, I in memory): its two 3-long
+    tap dims merge into one 9-long dim that the loads walk contiguously, and the tile's rows cover it."""
+    w = torch.randn(20, 24, 3, 3)
+    c = check(lambda w: w.contiguous(memory_format=torch.channels_last), w, max_kernels=1)
+    src = source(c)
+    assert "tiled kernel over outer (20, 9, 24)" in src and "RBLOCK=16" in src, src
+    assert c(on_device([w])[0])[0].stride() == (216, 1, 72, 24)
+
+
 def test_non_contiguous_input():
     x = torch.randn(8, 6).t()[1:]
     check(lambda x: x.exp() * 3, x)

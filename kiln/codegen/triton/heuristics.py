@@ -30,7 +30,8 @@ POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
 MAX_RSPLIT = 256
-TILE = 16                      # the smallest transposed dims worth a 2-d tile
+TILE = 16                      # the smallest last dim worth a 2-d tile
+MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 weight's 9 taps)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def transposed_dim(group: KernelGroup):
             if ld.indirect or index.coeff(last) in (0, 1):
                 continue
             for t, v in enumerate(variables[:-1]):
-                if index.coeff(v) == 1 and _static(group.outer[t]) >= TILE:
+                if index.coeff(v) == 1 and _static(group.outer[t]) >= MIN_TILE_ROWS:
                     return t
     return None
 
@@ -115,8 +116,10 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
     index_dtype = _index_dtype(group, layouts)
     xnumel = _static(product(group.outer))
     if not group.inner:
-        if transposed_dim(group) is not None:
-            return Config("tiled", 64, 64, 4, index_dtype)
+        t = transposed_dim(group)
+        if t is not None:  # rows cover a short transposed dim whole, and the tile stays BLOCK_ELEMENTS
+            rows = min(64, next_pow2(_static(group.outer[t])))
+            return Config("tiled", BLOCK_ELEMENTS // rows if rows < 64 else 64, rows, 4, index_dtype)
         xblock = POINTWISE_XBLOCK if xnumel is None else min(POINTWISE_XBLOCK, next_pow2(xnumel))
         return Config("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
     rnumel = _static(product(group.inner))
@@ -163,7 +166,9 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config
     idx = base.index_dtype
     more: list[Config] = []
     if base.kind == "tiled":
-        more += [Config("tiled", x, r, w, idx) for x, r, w in ((32, 64, 4), (64, 32, 4), (128, 32, 8), (64, 64, 8))]
+        shapes = ((32, 64, 4), (64, 32, 4), (128, 32, 8), (64, 64, 8)) if base.RBLOCK == 64 else \
+            ((base.XBLOCK // 2, base.RBLOCK, 4), (base.XBLOCK * 2, base.RBLOCK, 8))  # rows: the whole short dim
+        more += [Config("tiled", x, r, w, idx) for x, r, w in shapes]
         more.append(Config("pointwise", 1024, 1, 4, idx))
     elif base.kind == "pointwise":
         for x in (1024, 512, 2048, 256, 128):

@@ -123,3 +123,18 @@ def test_pooled_stem_inference_graph_on_gpu():
     compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
     assert "fallback" not in compiled.artefacts
     assert_same(compiled(*inputs), pooled_stem(*inputs))
+
+
+def test_a_weight_copied_channels_last_is_written_as_three_dims():
+    """Stored channels-last, a 3x3 weight [O, I, 3, 3] is written O, 3, 3, I; its two tap dims are one run of
+    the loads (kh * 3 + kw), so the copy's loops are [O, 9, I] and its load walks the 9 taps with stride 1.
+    A 1x1 weight needs no copy at all."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g) for s in [(1, 6, 5, 5), (8, 6, 3, 3)]]
+    graph = lower_graph(trace(lambda x, w: F.conv2d(x, w, padding=1), *inputs), inputs, channels_last_convs=True)
+    (conv,) = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    (copy,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name == conv.args[1].buf]
+    assert tuple(copy.data.ranges) == (8, 9, 6)
+    i0, i1, i2 = sorted(copy.data.body.index.free_symbols, key=str)
+    assert copy.data.body.index == 54 * i0 + i1 + 9 * i2  # o * I*9 + tap + i * 9
+    assert tuple(conv.args[1].layout.stride) == (54, 1, 18, 6)  # the convolution still sees [O, I, 3, 3]

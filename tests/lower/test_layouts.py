@@ -90,15 +90,20 @@ def test_residual_block_inference_graph_on_gpu():
     assert_same(got, residual_block(*inputs))
 
 
-def pooled_stem(x, w0, w1, w2):
-    """ResNet's stem: the max-pooled value is read by the first block's two convolutions."""
-    y = F.max_pool2d(F.relu(F.conv2d(x, w0, padding=1)), 3, 2, 1)
+def pooled_stem(x, w0, w1, w2, mean, var, weight, bias):
+    """ResNet's stem: the first convolution's batch norm and relu, max-pooled; the pooled value is read by
+    the first block's two convolutions."""
+    y = F.relu(F.batch_norm(F.conv2d(x, w0, padding=1), mean, var, weight, bias, training=False))
+    y = F.max_pool2d(y, 3, 2, 1)
     return F.conv2d(y, w1, padding=1) + F.conv2d(y, w2)
 
 
 def stem_inputs(device="cpu"):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(s, generator=g).to(device) for s in [(1, 3, 10, 10), (4, 3, 3, 3), (4, 4, 3, 3), (4, 4, 1, 1)]]
+    shapes = [(1, 3, 10, 10), (4, 3, 3, 3), (4, 4, 3, 3), (4, 4, 1, 1), (4,), (4,), (4,), (4,)]
+    inputs = [torch.randn(s, generator=g) for s in shapes]
+    inputs[5] = inputs[5].abs() + 0.5  # a variance
+    return [t.to(device) for t in inputs]
 
 
 def test_a_max_pool_read_by_convolutions_is_stored_channels_last_once_without_its_indices():
@@ -112,6 +117,11 @@ def test_a_max_pool_read_by_convolutions_is_stored_channels_last_once_without_it
     assert len(pooled) == 1
     (pool,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name in pooled]
     assert tuple(pool.data.ranges) == (1, 5, 5, 4)  # N, H, W, C: memory order
+    # what the pool reads (the affine + relu, too big to recompute at each of the 9 taps) is stored in the
+    # convolution's layout too, not transposed to rows between two channels-last kernels
+    (pool_input,) = {ld.buf for ld in ir.loads(pool.data.body)}
+    (stored,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name == pool_input]
+    assert tuple(stored.data.ranges) == (1, 10, 10, 4)
     assert not [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.layout.dtype == torch.int64]
 
 

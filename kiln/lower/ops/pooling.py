@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from kiln.lower import ir
+from kiln.lower.graph import load_order_strides
 from kiln.lower.index import FloorDiv, Mod, index_vars, sympify
 from kiln.lower.ops import register
 from kiln.lower.ops.common import out_info
@@ -139,9 +140,11 @@ def _and(a: ir.Expr, b: ir.Expr) -> ir.Expr:
 
 
 def _pool_input(ctx, x: TensorValue) -> TensorValue:
-    """`x` as read at every tap: inlined when its body is small (relu fuses), else stored once."""
+    """`x` as read at every tap: inlined when its body is small (relu fuses), else stored once, in the
+    order its own loads read (a channels-last convolution's batch norm + relu is stored channels-last,
+    not transposed on the way to a pool that writes channels-last again)."""
     if x.buffer_view() is None and ir.expr_size(x.body) > TAP_INLINE_SIZE:
-        return ctx.realize(x)
+        return ctx.realize(x, stride=load_order_strides(x))
     return x
 
 

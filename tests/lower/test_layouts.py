@@ -42,13 +42,20 @@ def test_convolutions_run_channels_last_and_the_kernels_between_use_that_layout(
     assert [tuple(c.layout.stride) for c in plain.nodes if isinstance(c, ir.Extern)][0] == (256, 64, 8, 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_channels_last_inference_graph_on_gpu():
-    inputs = conv_inputs("cuda")
-    gm = trace(conv_net, *inputs)
+def compile_inference_graph(fn, inputs):
+    """`fn` traced and compiled as an inference graph (where the GPU target runs convolutions
+    channels-last), without falling back to ATen."""
+    gm = trace(fn, *inputs)
     gm.meta["kiln.aot"] = {"kind": "inference", "name": "graph0"}
     compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
     assert "fallback" not in compiled.artefacts
+    return compiled
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_channels_last_inference_graph_on_gpu():
+    inputs = conv_inputs("cuda")
+    compiled = compile_inference_graph(conv_net, inputs)
     assert "(256, 1, 32, 4)" in compiled.artefacts["wrapper.py"], compiled.artefacts["wrapper.py"]
     assert_same(compiled(*inputs), conv_net(*inputs))
 
@@ -81,10 +88,7 @@ def test_a_value_read_by_a_convolution_and_a_kernel_is_stored_channels_last_once
 def test_residual_block_inference_graph_on_gpu():
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(s, generator=g).cuda() for s in [(2, 4, 6, 6), (4, 4, 3, 3), (4, 4, 3, 3), (4,), (4,)]]
-    gm = trace(residual_block, *inputs)
-    gm.meta["kiln.aot"] = {"kind": "inference", "name": "graph0"}
-    compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
-    assert "fallback" not in compiled.artefacts
+    compiled = compile_inference_graph(residual_block, inputs)
     got = compiled(*inputs)
     assert got[1].stride() == (144, 36, 6, 1)
     assert_same(got, residual_block(*inputs))
@@ -128,10 +132,7 @@ def test_a_max_pool_read_by_convolutions_is_stored_channels_last_once_without_it
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pooled_stem_inference_graph_on_gpu():
     inputs = stem_inputs("cuda")
-    gm = trace(pooled_stem, *inputs)
-    gm.meta["kiln.aot"] = {"kind": "inference", "name": "graph0"}
-    compiled = compile_aten_graph(gm, inputs, validate_options(None, None))
-    assert "fallback" not in compiled.artefacts
+    compiled = compile_inference_graph(pooled_stem, inputs)
     assert_same(compiled(*inputs), pooled_stem(*inputs))
 
 

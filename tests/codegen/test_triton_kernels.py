@@ -11,6 +11,8 @@ On a GPU the same tests run the kernels for real:
 """
 from __future__ import annotations
 
+import re
+
 from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
 
 import pytest
@@ -32,10 +34,10 @@ def on_device(inputs):
     return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def compile_triton(fn, *inputs, mode="real"):
+def compile_triton(fn, *inputs, mode="real", options=None):
     inputs = on_device(inputs)
     gm = trace(fn, *inputs, mode=mode)
-    compiled = compile_aten_graph(gm, list(inputs), TRITON)
+    compiled = compile_aten_graph(gm, list(inputs), dict(TRITON, **(options or {})))
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
     assert "kernels.py" in compiled.artefacts
     return compiled
@@ -113,6 +115,11 @@ def test_a_weight_copied_channels_last_reads_its_taps_as_one_dim_of_the_tile():
     src = source(c)
     assert "tiled kernel over outer (20, 9, 24)" in src and "RBLOCK=16" in src, src
     assert c(on_device([w])[0])[0].stride() == (216, 1, 72, 24)
+    # max-autotune tries other tile widths, every one with rows covering the 9 taps whole
+    tuned = source(compile_triton(lambda w: w.contiguous(memory_format=torch.channels_last), w,
+                                  options={"max_autotune": True}))
+    tiles = re.findall(r"'tiled XBLOCK=(\d+) RBLOCK=(\d+)", tuned)
+    assert len(tiles) >= 3 and {r for _, r in tiles} == {"16"}, tuned
 
 
 def test_non_contiguous_input():

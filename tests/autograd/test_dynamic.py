@@ -44,6 +44,26 @@ def test_one_training_compilation_serves_every_batch_size():
     assert [g.artefacts.get("fallback") for g in aot.compiled_graphs] == [None, None]  # kernels, not ATen
 
 
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h.relu(), h.sum()
+
+
+def test_an_output_the_loss_does_not_reach_gets_zeros_of_its_symbolic_size():
+    model = TwoHeads()
+    compiled = kiln.compile(model, backend="inductor", dynamic=True)
+    for batch in (3, 5):
+        model.zero_grad()
+        _, total = compiled(torch.ones(batch, 6))
+        total.backward()  # the relu head gets no gradient: the backward reads zeros of size [batch, 4]
+        torch.testing.assert_close(model.lin.bias.grad, torch.full((4,), float(batch)))
+
+
 def flatten_relu_scale(x):
     return x.reshape(-1).relu() * x.shape[0]
 

@@ -53,6 +53,42 @@ def test_unused_input_gets_none_grad_and_unused_output_zero_grad():
     assert b.grad is None
 
 
+def test_an_unused_transposed_output_gets_zeros_with_its_traced_strides():
+    def f(a):
+        return (a * 2).t(), (a + 1).sum()
+
+    a = torch.randn(3, 4, requires_grad=True)
+    first, second = aot_eager(torch.fx.symbolic_trace(f), [a])(a)
+    assert first.stride() == (1, 4)
+    second.backward()  # the backward graph reads a zero gradient for `first`
+    torch.testing.assert_close(a.grad, torch.ones(3, 4))
+
+
+class ZeroFills(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen ops that write zeros (`zeros` dispatches as `zero_` or `fill_`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.zeros.default)
+        return func(*args, **(kwargs or {}))
+
+
+def test_backward_makes_no_zero_gradients_for_batch_norm_statistics():
+    """The running statistics are outputs of the compiled Function that no loss reaches; autograd must not
+    fill a zero gradient for each (DenseNet-121: 363 fills per training step)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2), nn.BatchNorm1d(2))
+    x = torch.randn(5, 4)
+    compiled = compile_module(model, [x])
+    loss = compiled(x).sum()
+    with ZeroFills() as fills:
+        loss.backward()
+    assert fills.count == 0
+    assert model[1].num_batches_tracked.item() == 1 and model[0].weight.grad is not None
+
+
 def test_retain_graph_allows_a_second_backward_and_is_required_for_it():
     lin = nn.Linear(3, 3)
     x = torch.randn(2, 3)

@@ -250,19 +250,40 @@ def test_gradient_penalty_raises_instead_of_silently_dropping_the_second_order_t
         gx.pow(2).sum().backward()
 
 
-def test_mutated_inputs_receive_their_new_values_in_one_fused_copy_or_in_order():
-    """Batch-norm statistics (float and int64 counters) are written back with one fused copy; targets
-    that share storage are copied one by one, in order, as eager's in-place ops ran."""
+class FusedCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the dtypes of each `_foreach_copy_` and counts single `copy_` calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.fused, self.single = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._foreach_copy_.default:
+            self.fused.append({t.dtype for t in args[0]})
+        self.single += func is torch.ops.aten.copy_.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_mutated_inputs_receive_their_new_values_in_one_fused_copy_per_dtype_or_in_order():
+    """Batch-norm statistics (float) and counters (int64) are written back with one fused copy per dtype
+    (ATen fuses a copy into one kernel only for lists of one dtype); targets that share storage are copied
+    one by one, in order, as eager's in-place ops ran."""
     from kiln.autograd.functionalize import InputMutation
-    from kiln.autograd.runtime import apply_mutations
+    from kiln.autograd.runtime import MutationWriter
+    from kiln.autograd.signature import TensorSpec
 
     mean, var, count = torch.zeros(4), torch.ones(4), torch.tensor(0)
     flat = [torch.randn(2, 4), mean, var, count]
     outs = [torch.randn(2, 4), torch.full((4,), 0.5), torch.full((4,), 2.0), torch.tensor(1)]
-    apply_mutations(flat, [InputMutation(1, 1), InputMutation(2, 2), InputMutation(3, 3)], outs)
+    write = MutationWriter([InputMutation(1, 1), InputMutation(2, 2), InputMutation(3, 3)],
+                           [TensorSpec.of(t) for t in flat])
+    with FusedCopies() as copies:
+        write(flat, outs)
     assert mean.tolist() == [0.5] * 4 and var.tolist() == [2.0] * 4 and count.item() == 1
+    assert copies.fused == [{torch.float32}, {torch.int64}] and copies.single == 0
 
     base = torch.zeros(6)
     overlapping = [base[:4], base[2:]]
-    apply_mutations(overlapping, [InputMutation(0, 0), InputMutation(1, 1)], [torch.ones(4), torch.full((4,), 2.0)])
+    write = MutationWriter([InputMutation(0, 0), InputMutation(1, 1)], [TensorSpec.of(t) for t in overlapping])
+    write(overlapping, [torch.ones(4), torch.full((4,), 2.0)])
     assert base.tolist() == [1, 1, 2, 2, 2, 2]  # the second write wins where they overlap

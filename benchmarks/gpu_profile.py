@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 import time
 
@@ -36,6 +37,12 @@ def kernel_kind(name: str) -> str:
     if lowered.startswith(("triton", "kiln", "fused_")) or "triton" in lowered:
         return "triton"
     return "other"
+
+
+def kernel_family(name: str) -> str:
+    """A generated kernel's name without its serial number (`triton_red_fused_sum_12` -> `triton_red_fused_sum`),
+    so that the many one-call kernels of a big graph add up by what they do."""
+    return re.sub(r"_\d+$", "", name)
 
 
 def load_bench(path: str):
@@ -73,6 +80,8 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, 
     kernels = 0
     top: dict[str, float] = {}
     calls: dict[str, int] = {}
+    families: dict[str, float] = {}
+    family_calls: dict[str, int] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -80,6 +89,9 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, 
         by_kind[kernel_kind(event.name)] += ms
         top[event.name] = top.get(event.name, 0.0) + ms
         calls[event.name] = calls.get(event.name, 0) + 1
+        family = kernel_family(event.name)
+        families[family] = families.get(family, 0.0) + ms
+        family_calls[family] = family_calls.get(family, 0) + 1
         kernels += 1
     busy = sum(by_kind.values())
     return {"model": model_name, "compiler": compiler, "step_ms": wall_ms, "kernel_ms": busy,
@@ -87,7 +99,9 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, 
             "by_kind_ms": by_kind,
             "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:top_n]),
             "top_kernel_calls_per_step": {name: calls[name] / steps
-                                          for name in sorted(top, key=lambda n: -top[n])[:top_n]}}
+                                          for name in sorted(top, key=lambda n: -top[n])[:top_n]},
+            "families_ms": {name: [round(families[name], 4), family_calls[name] / steps]
+                            for name in sorted(families, key=lambda n: -families[n])[:3 * top_n]}}
 
 
 def main() -> None:

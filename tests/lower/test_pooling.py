@@ -1,4 +1,5 @@
-"""Max pooling with indices, forward and backward, lowered to pointwise kernels and compared with eager.
+"""Max pooling with indices and average pooling, forward and backward, lowered to pointwise kernels and
+compared with eager.
 
 Inputs are rounded so windows hold ties, and carry NaNs and -inf: indices must match eager's exactly
 (first of equal values, last NaN, first inside position of an all -inf window). The Triton cases run
@@ -196,6 +197,56 @@ def test_cnn_trains_through_kiln_compile():
         assert "max_pool" not in str(compiled.artefacts["schedule"]), compiled.artefacts["schedule"]
 
 
+# ----------------------------------------------------------------------------- average pooling
+
+# (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, input size)
+AVG_CONFIGS = {
+    "2x2_s2": ([2, 2], [2, 2], [0, 0], False, True, None, (2, 3, 8, 8)),  # DenseNet's transitions
+    "3x3_s2_p1": ([3, 3], [2, 2], [1, 1], False, True, None, (2, 3, 9, 10)),
+    "3x3_s2_p1_ceil_exclude_pad": ([3, 3], [2, 2], [1, 1], True, False, None, (1, 2, 8, 6)),
+    "3x3_s2_p1_ceil_include_pad": ([3, 3], [2, 2], [1, 1], True, True, None, (1, 2, 8, 6)),  # clipped last window
+    "2x3_s_1x2_exclude_pad": ([2, 3], [1, 2], [1, 1], False, False, None, (1, 2, 7, 5)),
+    "3x3_divisor_override": ([3, 3], [1, 1], [1, 1], False, True, 5, (1, 2, 5, 6)),
+    "5x5_s3_p2_ceil": ([5, 5], [3, 3], [2, 2], True, True, None, (1, 2, 11, 9)),
+    "3d_input": ([2, 2], [2, 2], [1, 1], True, False, None, (3, 7, 6)),
+}
+
+
+def _avg_pool(config):
+    kernel, stride, padding, ceil_mode, include_pad, divisor, _ = config
+    return lambda x: aten.avg_pool2d(x, kernel, stride, padding, ceil_mode, include_pad, divisor)
+
+
+def _avg_pool_backward(config):
+    kernel, stride, padding, ceil_mode, include_pad, divisor, _ = config
+    return lambda g, x: aten.avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, include_pad, divisor)
+
+
+@pytest.mark.parametrize("name", list(AVG_CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_avg_pool_forward_and_backward(name, dtype):
+    """Eager's divisor in every corner: padding counted or not, ceil_mode's clipped windows, an override."""
+    config = AVG_CONFIGS[name]
+    x = torch.randn(config[-1], generator=torch.Generator().manual_seed(0)).to(dtype)
+    forward = check(_avg_pool(config), x)
+    grad = torch.randn(_avg_pool(config)(x).shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    backward = check(_avg_pool_backward(config), grad, x)
+    assert count_externs(forward) == 0 and count_externs(backward) == 0
+
+
+def test_avg_pool_backward_fuses_into_the_batch_norm_backward_before_it():
+    """DenseNet's transition: relu -> avg_pool 2x2 stride 2; the pool's backward is a gather (one window
+    per input element) inside relu's backward kernel."""
+    config = AVG_CONFIGS["2x2_s2"]
+    x = torch.randn(config[-1])
+    grad = torch.randn(_avg_pool(config)(x).shape)
+    pool_backward = _avg_pool_backward(config)
+    fn = lambda g, x: aten.threshold_backward(pool_backward(g, torch.relu(x)), torch.relu(x), 0.0)  # noqa: E731
+    compiled = check(fn, grad, x)
+    assert count_externs(compiled) == 0
+    assert compiled.artefacts["num_kernels"] == 1
+
+
 # ----------------------------------------------------------------------------- the Triton target
 
 
@@ -220,3 +271,11 @@ def test_triton_forward_and_backward(name):
 def test_triton_half_channels_last():
     config = CONFIGS["3x3_s2_p1"]
     _triton_check(_pool(config), _input(config[-1], torch.float16).contiguous(memory_format=torch.channels_last))
+
+
+@pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1_ceil_include_pad"])
+def test_triton_avg_pool_forward_and_backward(name):
+    config = AVG_CONFIGS[name]
+    x = torch.randn(config[-1], generator=torch.Generator().manual_seed(0))
+    _triton_check(_avg_pool(config), x)
+    _triton_check(_avg_pool_backward(config), torch.randn(_avg_pool(config)(x).shape), x)

@@ -93,7 +93,7 @@ def _pair(v, what: str) -> tuple:
 def _axes(x: TensorValue, out_size, kernel_size, stride, padding, dilation) -> tuple:
     """The two Axis of a pooling of `x` into `out_size`, with ATen's argument defaults (stride = kernel)."""
     if x.ndim not in (3, 4):
-        raise Unsupported(f"max_pool2d of a {x.ndim}-d tensor")
+        raise Unsupported(f"2-d pooling of a {x.ndim}-d tensor")
     kernel = _pair(kernel_size, "kernel size")
     stride = _pair(stride, "stride") if stride else kernel
     padding, dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
@@ -237,6 +237,11 @@ def _windows(axis: Axis, i: sympy.Symbol) -> list:
     return out
 
 
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The type a pooling sums in: float32 for 16-bit inputs, as ATen's kernels accumulate."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _read_often(ctx, v: TensorValue, reads: int) -> TensorValue:
     """`v` read `reads` times per element: stored once unless it is cheap to recompute."""
     return ctx.realize(v) if reads > 1 and not v.is_trivial() else v
@@ -260,7 +265,7 @@ def max_pool2d_with_indices_backward(ctx, meta, grad, x, kernel_size, stride, pa
     if len(windows) > MAX_WINDOWS:
         raise Unsupported(f"{len(windows)} windows per input element")
     grad, indices = _read_often(ctx, grad, len(windows)), _read_often(ctx, indices, len(windows))
-    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = _accumulator(dtype)
     flat = ir.IndexValue(h * axes[1].size + w, torch.int64)
     total = None
     for (oh, in_h), (ow, in_w) in reversed(windows):  # oh, ow ascending
@@ -304,7 +309,9 @@ def _divisor(axes: tuple, out_vars, count_include_pad: bool, divisor_override) -
     return ir.Op("mul", tuple(counts), torch.int64)
 
 
-def _avg_axes(x, out_size, kernel_size, stride, padding, ceil_mode) -> tuple:
+def _avg_axes(x, out_size, kernel_size, stride, padding) -> tuple:
+    """The pooling's two Axis; ceil_mode needs nothing more (the output size comes from the result's shape,
+    and `_divisor` clips each window as eager does)."""
     axes = _axes(x, out_size, kernel_size, stride, padding, 1)
     if axes[0].kernel * axes[1].kernel > MAX_TAPS:
         raise Unsupported(f"a {axes[0].kernel}x{axes[1].kernel} window")
@@ -314,17 +321,13 @@ def _avg_axes(x, out_size, kernel_size, stride, padding, ceil_mode) -> tuple:
     return axes
 
 
-def _accumulator(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 @register(aten.avg_pool2d.default)
 def avg_pool2d(ctx, meta, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     size, dtype = out_info(meta)
     if not dtype.is_floating_point:
         raise Unsupported(f"avg_pool2d of {dtype}")
-    axes = _avg_axes(x, size, kernel_size, stride, padding, ceil_mode)
+    axes = _avg_axes(x, size, kernel_size, stride, padding)
     x = _pool_input(ctx, x)
     out_vars = index_vars("i", len(size))
     lead, (oh, ow) = list(out_vars[:-2]), out_vars[-2:]
@@ -345,7 +348,7 @@ def avg_pool2d_backward(ctx, meta, grad, x, kernel_size, stride, padding, ceil_m
     size, dtype = out_info(meta)
     if not dtype.is_floating_point:
         raise Unsupported(f"avg_pool2d backward of {dtype}")
-    axes = _avg_axes(x, grad.size, kernel_size, stride, padding, ceil_mode)
+    axes = _avg_axes(x, grad.size, kernel_size, stride, padding)
     variables = index_vars("i", len(size))
     lead, (h, w) = list(variables[:-2]), variables[-2:]
     windows = list(itertools.product(_windows(axes[0], h), _windows(axes[1], w)))

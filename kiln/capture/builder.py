@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
+from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import LazyValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
@@ -174,19 +175,23 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
     dynamic = dynamic_dims(state, t, source)
+    by_contiguity = t.is_contiguous() and min(shape, default=2) > 1
     names = [state.guards.constant(v, hint) for v, hint in ((cls, "type"), (dtype, "dtype"), (device, "device"))]
     check = f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} and "
     if dynamic:  # sizes are checked by the shape guard over the symbols; here only rank, static dims, layout
         static = " and ".join(f"{expr}.size({d}) == {n}" for d, n in enumerate(shape) if d not in dynamic)
         check += f"{expr}.dim() == {len(shape)} and {expr}.is_contiguous() and " + (f"{static} and " if static else "")
-    elif t.is_contiguous() and min(shape, default=2) > 1:  # then the strides follow from the shape (and are
-        check += f"{expr}.shape == {shape!r} and {expr}.is_contiguous() and "  # a cheaper read than stride())
+    elif by_contiguity:  # then the strides follow from the shape (and are a cheaper read than stride())
+        check += f"{expr}.shape == {shape!r} and {expr}.is_contiguous() and "
     else:
         check += f"{expr}.shape == {shape!r} and {expr}.stride() == {stride!r} and "
     check += f"{expr}.requires_grad is {requires_grad}"
     described = describe_tensor(sig) + (f", dynamic dims {sorted(dynamic)}" if dynamic else "")
+    native = None
+    if not dynamic and cls in NATIVE_TYPES and t.layout == torch.strided:  # the same check, in C++
+        native = (cls, dtype, device, shape, None if by_contiguity else stride, requires_grad)
     state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
-                           f"___describe_tensor(___tensor_signature({expr}))"))
+                           f"___describe_tensor(___tensor_signature({expr}))", native))
     node, fake = state.graph.input(source, t, dynamic)
     value = TensorValue(node, fake, source)
     value.real = t

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import bytecode
+from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
@@ -404,7 +404,13 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
                            compiled=compiled)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source, record,
                        [(source, tuple(real.shape)) for source, real in state.graph.inputs])
+    if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
+        tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
     return entry, record
+
+
+def _recompile_guard(entry: CacheEntry) -> None:
+    entry.guard = entry.guards.compile()
 
 
 def _add_shape_guard(state: CaptureState) -> None:

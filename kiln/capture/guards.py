@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.capture import tensor_checks
 from kiln.capture.sources import AttrSource, Source
 
 
@@ -102,6 +103,8 @@ class Guard:
     expr: str  # a boolean Python expression over L, G, C and the namespace
     expected: str  # the value compiled for, as the user would read it
     current: str  # an expression evaluating to the value now (for failure reasons)
+    native: tuple | None = None  # a tensor guard the C++ check can run: (type, dtype, device, sizes, strides or
+    # None for "contiguous", requires_grad), see kiln/capture/tensor_checks.py
 
     def describe(self) -> str:
         where = self.source.expr() if self.source is not None else "global state"
@@ -293,14 +296,16 @@ def _hooks_from_dict(check: str, module: str) -> str:
 class _Writer:
     """The body of a guard function being written: its lines, and the local bound to each source fetched."""
 
-    def __init__(self, diagnose: bool):
+    def __init__(self, diagnose: bool, native: bool = False):
         self.diagnose = diagnose
+        self.native = native  # tensor guards outside blocks go to one C++ check at the end
         self.lines = ["def guard(L, G, C):", "    try:"]
         self.indent = " " * 8
         self.names: dict = {}  # source -> its local
         self.exprs: dict = {}  # a bound source's expression (as guards write it) -> its local
         self.readable: dict = {}  # source -> its expression
         self.count = 0  # locals bound so far: a block's locals keep their names after it
+        self.tensors: list[tuple[str, tuple]] = []  # (local, native spec) of the tensors checked at the end
 
     def check(self, i: int, g: Guard) -> None:
         """`if not (<g with bound locals>): return ...`, fetching its source first."""
@@ -309,7 +314,11 @@ class _Writer:
             self.bind(AttrSource(g.source, "__dict__"))  # reused by other guards
             expr = _hooks_from_dict(expr, g.source.expr()) if g.kind is GuardKind.NO_HOOKS else expr
         elif g.source is not None:
-            self.bind(g.source)
+            var = self.bind(g.source)
+            if self.native and g.native is not None and self.indent == " " * 8:
+                self.tensors.append((var, g.native))
+                self.lines.append(f"{self.indent}# tensor {var}: {g.expected}, checked in C++ at the end")
+                return
         check = _use_locals(expr, self.exprs)
         note = self.readable[g.source] if g.source is not None else g.expr if check != g.expr else ""
         note = f"{g.kind.value}: {note}" if note else g.kind.value  # what the locals stand for, for readers
@@ -344,6 +353,10 @@ class _Writer:
         return var
 
     def finish(self) -> str:
+        if self.tensors:
+            self.lines.append(f"{self.indent}if not ___check_tensors(___tensor_specs, "
+                              f"{', '.join(var for var, _ in self.tensors)}): return False  "
+                              f"# tensor: {len(self.tensors)} tensors (type, dtype, device, shape, stride, requires_grad)")
         if self.diagnose:
             self.lines += ["    except Exception as e:", "        return e", "    return None"]
         else:
@@ -380,16 +393,21 @@ class GuardSet:
             self.namespace[name] = value
         return name
 
-    def source_code(self, diagnose: bool = False) -> str:
+    def source_code(self, diagnose: bool = False, native: bool = False) -> str:
         """One function: each source is fetched once into a local, then checked; the first failure returns False.
 
         Guards that repeat others on a source that is the same object are left out or skipped: see `_plan`.
         With `diagnose`, the same function returns the index of the failing guard instead (or the
         exception that stopped it), so a recompile reason names exactly what the real check saw.
+        With `native`, the tensor guards are one call of the C++ check (`tensor_checks`) at the end.
         """
+        return self._write(diagnose, native)[0]
+
+    def _write(self, diagnose: bool, native: bool) -> tuple[str, list[tuple]]:
+        """(source, the native specs of the tensors its C++ check reads, in argument order)."""
         aliases = _aliases(self.guards, self.namespace)
         plan = _plan(self.guards, aliases)
-        writer = _Writer(diagnose)
+        writer = _Writer(diagnose, native)
         written: set = set()
         for i, (g, step) in enumerate(zip(self.guards, plan)):
             if step is None:
@@ -398,11 +416,16 @@ class GuardSet:
                 written.add(step)
                 block = [(j, self.guards[j]) for j in range(i, len(plan)) if plan[j] == step]
                 writer.block(step, aliases[step].target, block)
-        return writer.finish()
+        return writer.finish(), [spec for _, spec in writer.tensors]
 
     def compile(self) -> Callable:
+        """The guard function, its tensor checks in C++ when the extension is loaded (`tensor_checks`)."""
+        native = tensor_checks.available()
+        source, specs = self._write(False, native is not None)
         namespace = dict(HELPERS, **self.namespace)
-        exec(compile(self.source_code(), "<kiln guards>", "exec"), namespace)
+        if specs:
+            namespace.update(___check_tensors=native.check, ___tensor_specs=native.specs(specs))
+        exec(compile(source, "<kiln guards>", "exec"), namespace)
         return namespace["guard"]
 
     def first_failure(self, L: dict, G: dict, C: tuple) -> str | None:

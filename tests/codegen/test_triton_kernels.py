@@ -286,6 +286,17 @@ def test_launcher_checks_the_alignment_of_graph_inputs_only():
     assert reads_input_only, launchers
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CPU and CUDA tensors mix only on a GPU")
+def test_a_cpu_scalar_input_to_a_cuda_graph_runs_through_aten():
+    """Eager multiplies a CUDA tensor by a CPU 0-dim tensor; launchers pass raw device addresses, so a kernel
+    must never read the CPU one: the graph is refused by the Triton target and runs through ATen."""
+    fn = lambda x, s: x * s + 1  # noqa: E731
+    x, s = torch.randn(64, device=DEVICE), torch.tensor(3.0)
+    compiled = compile_aten_graph(trace(fn, x, s), [x, s], TRITON)
+    assert "Triton kernel" in compiled.artefacts.get("fallback", "")
+    assert_same(compiled(x, s), fn(x, s))
+
+
 def test_input_at_an_unaligned_address_after_aligned_calls():
     """A kernel specialized for aligned inputs, then called with a slice 4 bytes into its storage: the
     launcher's fast path must not take it (misaligned vector loads), and the result must match eager."""

@@ -89,7 +89,7 @@ def test_inputs_copied_only_where_needed():
     g([torch.randn(2, 4), w])
     g([torch.randn(2, 4), w])
     (rec,) = g.recordings
-    assert [i for i, _ in rec.static] == [1]  # the parameter is read where it is
+    assert rec.static_at == [1]  # the parameter is read where it is
     assert [i for i, *_ in rec.copied] == [0]
     g([torch.randn(2, 4), w])
     assert rec.last_copies == 1
@@ -106,7 +106,7 @@ def test_output_of_an_earlier_graph_is_read_in_place():
         (out,) = bwd([saved, grad])
         torch.testing.assert_close(out, x * 2 * grad)
     (rec,) = bwd.recordings
-    assert [i for i, _ in rec.static] == [0] and rec.last_copies == 1
+    assert rec.static_at == [0] and rec.last_copies == 1
 
 
 def test_parameter_address_change_records_again():
@@ -377,7 +377,7 @@ def test_model_inputs_copied_only_where_needed(device):
             compiled(torch.randn(8, 32, device=device))
     (pool,) = new_pools(before)
     (rec,) = pool.graphs[0].recordings
-    assert len(rec.static) == 6 and rec.last_copies == 1  # six parameters read in place, the input copied
+    assert len(rec.static_at) == 6 and rec.last_copies == 1  # six parameters read in place, the input copied
 
 
 def test_model_stale_output_raises(device):
@@ -418,7 +418,7 @@ def test_training_equals_eager(device, how):
     assert all(g.stats["replays"] >= 3 for g in pool.graphs), [g.stats for g in pool.graphs]
     backward = next(g for g in pool.graphs if g.name.endswith("backward"))
     # saved activations and weights are read where the forward replay left them: only the incoming gradient is copied
-    assert backward.recordings[0].static and backward.recordings[0].last_copies == 1, backward.recordings[0].copied
+    assert backward.recordings[0].static_at and backward.recordings[0].last_copies == 1, backward.recordings[0].copied
 
 
 def test_batchnorm_buffers_mutated_by_the_graph_are_written_back(device):

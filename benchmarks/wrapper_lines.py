@@ -1,0 +1,104 @@
+"""Host time per line of kiln's generated wrappers, for one model of the shared benchmark.
+
+step_parts.py says how long a wrapper takes; this says which of its lines: after warm-up it
+traces the lines of every `<kiln wrapper ...>` code object (sys.settrace, only those frames)
+and charges the time from one line event to the next to the earlier line. Tracing adds about
+a microsecond a line, so read the lines that cost tens of microseconds: extern calls,
+launches, allocations. The GPU is synchronized before each traced step, so nothing waits on it.
+
+    python benchmarks/wrapper_lines.py --bench .bench/models_bench.py --model cnn_fashion_train --out lines.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from benchmarks.gpu_profile import KILN_VARIANTS, load_bench
+
+
+class LineClock:
+    """Per (wrapper, line): total seconds and hits, over the traced calls."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+        self.hits = defaultdict(int)
+        self.sources: dict[str, list[str]] = {}
+
+    def tracer(self, frame, event, arg):
+        name = frame.f_code.co_filename
+        if not name.startswith("<kiln wrapper"):
+            return None
+        last = [None, 0.0]
+
+        def local(frame, event, arg):
+            now = time.perf_counter()
+            if last[0] is not None:
+                self.seconds[(name, last[0])] += now - last[1]
+                self.hits[(name, last[0])] += 1
+            last[0] = frame.f_lineno if event == "line" else None
+            last[1] = time.perf_counter()
+            return local
+        return local
+
+    def report(self, graphs, steps: int, top: int) -> list[dict]:
+        text = {f"<kiln wrapper {g.artefacts.get('name')}>": g.artefacts.get("wrapper.py", "").splitlines()
+                for g in graphs}
+        rows = []
+        for (name, line), s in sorted(self.seconds.items(), key=lambda kv: -kv[1])[:top]:
+            lines = text.get(name, [])
+            rows.append({"wrapper": name, "line": line, "us_per_step": round(s / steps * 1e6, 1),
+                         "code": lines[line - 1].strip()[:140] if 0 < line <= len(lines) else "?"})
+        return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", required=True)
+    p.add_argument("--model", default="cnn_fashion_train")
+    p.add_argument("--compiler", default="kiln", help="kiln or kiln-ro")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--top", type=int, default=40)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    from kiln.codegen import GRAPH_LISTENERS
+
+    graphs = []
+    GRAPH_LISTENERS.append(lambda graph, options: graphs.append(graph))
+    bench = load_bench(args.bench)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    base, opts = KILN_VARIANTS.get(args.compiler, (args.compiler, {}))
+    bench.apply_global_settings(cudnn_benchmark=True)
+    bench.seed_all(0)
+    workload = bench.MODELS[args.model].factory(bench.BuildCtx(device, False, 0))
+    comp = bench.COMPILERS[base]
+    fn = comp.wrap(workload.model, opts)
+    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
+    step = bench.make_step(workload, fn, optimizer, device, comp)
+    for _ in range(15):
+        step()
+    clock = LineClock()
+    for _ in range(args.steps):
+        sync()
+        sys.settrace(clock.tracer)
+        try:
+            step()
+        finally:
+            sys.settrace(None)
+    sync()
+    rows = clock.report(graphs, args.steps, args.top)
+    for r in rows:
+        print(f"{r['us_per_step']:8.1f} us  {r['wrapper']}:{r['line']:<4} {r['code']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,8 @@ import os
 import sys
 import threading
 
+import torch
+
 from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
 from kiln.lower import ir
 from kiln.runtime import cache

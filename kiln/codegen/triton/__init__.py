@@ -17,8 +17,6 @@ import os
 import sys
 import threading
 
-import torch
-
 from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
 from kiln.lower import ir
 from kiln.runtime import cache
@@ -99,18 +97,6 @@ def _constants_on_device(sched: Schedule) -> None:
         if t.numel() != 1:
             raise NotImplementedError(f"constant {name} on {t.device} read by a Triton kernel")
         graph.constants[name] = t.to("cuda")
-
-
-def check_inputs_on_device(sched: Schedule, example_inputs: list) -> None:
-    """Refuse a graph whose kernels read an input that is not on the GPU (a CPU scalar tensor passed to a
-    CUDA model): the launchers hand kernels raw addresses, so it would be read as device memory. The graph
-    then runs through ATen, which mixes CPU scalars with CUDA tensors as eager does."""
-    if interpreting():
-        return
-    read = {b for g in sched.kernels() for n in g.nodes for b in deps.reads(n)}
-    for buf, example in zip(sched.graph.inputs, example_inputs):
-        if buf.name in read and isinstance(example, torch.Tensor) and example.device.type != "cuda":
-            raise NotImplementedError(f"input {buf.name} on {example.device} read by a Triton kernel")
 
 
 def maybe_unaligned(sched: Schedule) -> set[str]:

@@ -31,8 +31,7 @@ import torch
 from benchmarks.gpu_profile import load_bench
 
 
-def _build(bench, model_name: str, compiler: str, opts: dict):
-    device = torch.device("cuda")
+def _build(bench, model_name: str, compiler: str, opts: dict, device: torch.device = torch.device("cuda")):
     bench.apply_global_settings(cudnn_benchmark=True)
     bench.seed_all(0)
     workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))

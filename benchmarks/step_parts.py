@@ -35,6 +35,7 @@ class KilnParts:
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
+        self.graphs: list = []  # every graph kiln compiles while listening
 
     def install(self, compiled_model) -> None:
         from kiln.api import context_of
@@ -57,11 +58,18 @@ class KilnParts:
         return timed
 
     def listen(self) -> None:
-        """Collect every graph kiln compiles from now on."""
+        """Collect every graph kiln compiles from now on, until `stop_listening`."""
         from kiln.codegen import GRAPH_LISTENERS
 
-        self.graphs = []
-        GRAPH_LISTENERS.append(lambda graph, options: self.graphs.append(graph))
+        GRAPH_LISTENERS.append(self._collect)
+
+    def stop_listening(self) -> None:
+        from kiln.codegen import GRAPH_LISTENERS
+
+        GRAPH_LISTENERS.remove(self._collect)
+
+    def _collect(self, graph, options) -> None:
+        self.graphs.append(graph)
 
 
 def _phases(bench, workload, fn, optimizer, device, comp):
@@ -135,8 +143,7 @@ def measure(bench, model_name: str, compiler: str, steps: int, device: torch.dev
     row["host_sum_ms"] = round(sum(row["phases_us"].values()) / 1e3, 3)
     if parts is not None:
         row["kiln_parts_us"] = {k: round(v / steps * 1e6, 1) for k, v in sorted(parts.seconds.items())}
-        from kiln.codegen import GRAPH_LISTENERS
-        GRAPH_LISTENERS.clear()
+        parts.stop_listening()
     return row
 
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks.gpu_profile import KILN_VARIANTS, load_bench
+from benchmarks.host_profile import _build
 
 
 class LineClock:
@@ -73,14 +74,7 @@ def main() -> None:
     bench = load_bench(args.bench)
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    base, opts = KILN_VARIANTS.get(args.compiler, (args.compiler, {}))
-    bench.apply_global_settings(cudnn_benchmark=True)
-    bench.seed_all(0)
-    workload = bench.MODELS[args.model].factory(bench.BuildCtx(device, False, 0))
-    comp = bench.COMPILERS[base]
-    fn = comp.wrap(workload.model, opts)
-    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
-    step = bench.make_step(workload, fn, optimizer, device, comp)
+    step = _build(bench, args.model, *KILN_VARIANTS.get(args.compiler, (args.compiler, {})), device)
     for _ in range(15):
         step()
     clock = LineClock()

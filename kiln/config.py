@@ -3,11 +3,15 @@
 `kiln.config` holds process-wide settings (like `torch._dynamo.config`); the
 per-call `options=` dict of `kiln.compile` is validated against `OPTIONS`, the
 table of code-generator options, and `MODES` maps each `mode=` to the options
-it implies.
+it implies. `cache_dir()` and `compiler()` are the environment's settings for
+what kiln builds with the C++ compiler (generated kernels, the guards' tensor
+checks), read by stages that do not import each other.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -26,6 +30,16 @@ class Config:
 
 
 config = Config()
+
+
+def cache_dir() -> Path:
+    """Where kiln keeps what it builds, across processes (KILN_CACHE_DIR, else ~/.cache/kiln)."""
+    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln")
+
+
+def compiler() -> str:
+    """The C++ compiler command (KILN_CXX, else CXX, else g++)."""
+    return os.environ.get("KILN_CXX") or os.environ.get("CXX") or "g++"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ from typing import Callable
 
 import torch
 
+from kiln.config import cache_dir, compiler
+
 log = logging.getLogger("kiln.guards")
 
 SOURCE = r"""
@@ -227,15 +229,10 @@ def _flags() -> list[str]:
             f"-Wl,-rpath,{torch_lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]
 
 
-def _compiler() -> str:
-    return os.environ.get("KILN_CXX") or os.environ.get("CXX") or "g++"
-
-
 def _library_path() -> Path:
     """Where the extension for this source, compiler, torch and Python lives in the cache directory."""
-    key = hashlib.sha256("\0".join([SOURCE, _compiler(), torch.__version__, sys.version, *_flags()]).encode())
-    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "ext" / \
-        key.hexdigest()[:16] / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    key = hashlib.sha256("\0".join([SOURCE, compiler(), torch.__version__, sys.version, *_flags()]).encode())
+    return cache_dir() / "ext" / key.hexdigest()[:16] / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
 def _build(path: Path) -> Path:
@@ -246,9 +243,9 @@ def _build(path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([_compiler(), str(src), "-o", tmp, *_flags()], capture_output=True, text=True)
+        proc = subprocess.run([compiler(), str(src), "-o", tmp, *_flags()], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:] or f"{_compiler()} exited with {proc.returncode}")
+            raise RuntimeError(proc.stderr[-2000:] or f"{compiler()} exited with {proc.returncode}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -25,6 +25,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from kiln.config import cache_dir, compiler
+
 log = logging.getLogger("kiln.runtime.cache")
 
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
@@ -40,15 +42,6 @@ stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "units": 0}
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln")
-
-
-def compiler() -> str:
-    """The C++ compiler command (KILN_CXX, else CXX, else g++)."""
-    return os.environ.get("KILN_CXX") or os.environ.get("CXX") or "g++"
 
 
 def source_key(source: str) -> str:

@@ -31,13 +31,13 @@ import torch.fx
 from kiln.codegen.target import select_target
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.progress import StageProgress
-from kiln.codegen.wrapper import generate_wrapper
+from kiln.codegen.wrapper import ParameterDerived, generate_wrapper
 from kiln.config import config, validate_options
 from kiln.lower import lower_graph
 from kiln.lower.decompositions import decomposition_table
 from kiln.lower.verify import verify
 from kiln.schedule.fusion import schedule
-from kiln.schedule.memory import plan_memory
+from kiln.schedule.memory import input_only_kernels, plan_memory
 
 log = logging.getLogger("kiln.codegen")
 
@@ -55,10 +55,18 @@ BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
 class CompiledGraph:
     """A compiled ATen graph: call it with the graph's positional inputs."""
 
-    def __init__(self, call: Callable, artefacts: dict, profiled: Callable[[], Callable] | None = None):
+    def __init__(self, call: Callable, artefacts: dict, profiled: Callable[[], Callable] | None = None,
+                 kept: list[ParameterDerived] = ()):
         self.call = call
         self.artefacts = artefacts  # stage name -> printable text (IR, schedule, C++, wrapper)
         self._profiled, self._profiled_call = profiled, None  # builds `call` with each kernel a profiler range
+        self.kept = list(kept)  # results kept across calls, computed from parameters
+
+    def refresh(self, args: list) -> None:
+        """Recompute what `kept` holds if a parameter among `args` changed: a CUDA graph replay reads it
+        without running the wrapper."""
+        for derived in self.kept:
+            derived.refresh(args)
 
     def __call__(self, *args):
         if self._profiled is not None and _profiler._is_profiler_enabled:  # a module global: cheap per call
@@ -161,7 +169,8 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     prepare = getattr(target.module, "prepare", None)  # Triton: matmul templates (max_autotune), shape padding
     sched = schedule(graph, prepare(graph, options, target.device) if prepare else None, options)
     name_kernels(sched)
-    plan = plan_memory(sched)
+    # an inference graph's parameters rarely change between calls: kernels reading them alone run once per version
+    plan = plan_memory(sched, input_only_kernels(sched) if inference else [])
     times["schedule"] = time.perf_counter() - t
     progress.advance("codegen")
     t = time.perf_counter()
@@ -181,7 +190,9 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
                  "fused_graph": fused_graph(sched)}
     log.info("%s: %d kernels, %d externs, %s", name, len(kernels), len(sched.steps) - len(kernels),
              ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in times.items()))
-    return CompiledGraph(namespace["call"], artefacts, lambda: _profiled_call(wrapper_src, namespace, kernels, name))
+    kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
+    return CompiledGraph(namespace["call"], artefacts, lambda: _profiled_call(wrapper_src, namespace, kernels, name),
+                         kept)
 
 
 def _profiled_call(wrapper_src: str, namespace: dict, kernels: dict, name: str) -> Callable:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import torch
 
@@ -39,6 +40,51 @@ def _restride(t: torch.Tensor, size, stride) -> torch.Tensor:
 
 def _view(t: torch.Tensor, size, stride, offset) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+class ParameterDerived:
+    """The outputs of a kernel that reads parameters alone (an inference graph's convolution weight
+    copied channels-last), kept across calls and recomputed only when a parameter is replaced or
+    changed in place (its version counter moves). Called with other tensors (an input that is not a
+    parameter is a new tensor on every call) it computes without keeping anything.
+
+    A recomputation writes into the kept tensors, so they never move: a CUDA graph that read them
+    stays valid as long as `refresh` runs before each replay (`kiln.runtime.cudagraphs` does)."""
+
+    __slots__ = ("compute", "positions", "sources", "key", "values")
+
+    def __init__(self, compute, positions: tuple):
+        self.compute, self.positions = compute, positions  # positions: the inputs' places in the graph's inputs
+        self.sources, self.key, self.values = (), None, None
+
+    def __call__(self, *sources):
+        if not _keeps(sources):
+            return self.compute(*sources)
+        key = [(s._version, s.data_ptr()) for s in sources]
+        if key == self.key and all(map(operator.is_, sources, self.sources)):
+            return self.values
+        fresh = self.compute(*sources)
+        if self.values is not None and all(o.shape == n.shape and o.stride() == n.stride()
+                                           for o, n in zip(self.values, fresh)):
+            with torch.no_grad():
+                for old, new in zip(self.values, fresh):
+                    old.copy_(new)
+        else:
+            self.values = fresh
+        self.sources, self.key = sources, key
+        return self.values
+
+    def refresh(self, args: list) -> None:
+        """Bring the kept outputs up to date with the graph inputs `args` (before a CUDA graph replay).
+        Outputs of other inputs are not kept: the recording computes them itself, every replay."""
+        sources = [args[i] for i in self.positions]
+        if _keeps(sources):
+            self(*sources)
+
+
+def _keeps(sources) -> bool:
+    """Are these a kept computation's inputs: parameters, with version counters (not inference tensors)?"""
+    return all(type(s) is torch.nn.Parameter and not s.is_inference() for s in sources)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +139,9 @@ class WrapperCodegen:
         self.device_name = "".join(c for c in device if c.isalnum())
         self.namespace[self.device_name] = torch.device(device)
         self.lines: list[str] = []
+        self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
+        self.namespace["ParameterDerived"] = ParameterDerived
 
     # -- values as Python source
     def const(self, value) -> str:
@@ -148,8 +196,11 @@ class WrapperCodegen:
                 self.restride(inp.name, inp.name, inp.layout)
         for name in g.constants:
             self.namespace[name] = g.constants[name]
+        kept = set(self.plan.kept)
         for k, step in enumerate(self.sched.steps):
-            if isinstance(step, KernelGroup):
+            if isinstance(step, KernelGroup) and step.name in kept:
+                self.kept_kernel_call(step, names)
+            elif isinstance(step, KernelGroup):
                 self.kernel_call(step)
             else:
                 self.extern_call(step)
@@ -157,7 +208,7 @@ class WrapperCodegen:
             if dead:
                 self.line("del " + ", ".join(dead))
         self.line("return (" + "".join(self.arg(o) + ", " for o in g.outputs) + ")")
-        return "\n".join(self.lines) + "\n"
+        return "\n".join(self.functions + self.lines) + "\n"
 
     def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
         """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed)."""
@@ -182,6 +233,21 @@ class WrapperCodegen:
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
         self.line(f"{group.name}({', '.join(args)})")
+
+    def kept_kernel_call(self, group: KernelGroup, inputs: list[str]) -> None:
+        """A kernel that reads graph inputs alone (`MemoryPlan.kept`): its allocations and launch become a
+        function of those inputs, called through a `ParameterDerived` that keeps the results."""
+        kernel = self.kernels[group.name]
+        sources = [a for a in kernel.arg_names if a in inputs]
+        body: list[str] = []
+        call_line, self.line = self.line, lambda s: body.append("    " + s)
+        self.kernel_call(group)
+        self.line = call_line
+        outputs = "".join(b + ", " for b in kernel.outputs)
+        positions = self.shape([inputs.index(a) for a in sources])
+        self.functions += [f"def _compute_{group.name}({', '.join(sources)}):", *body, f"    return ({outputs})", "",
+                           f"_kept_{group.name} = ParameterDerived(_compute_{group.name}, {positions})", "", ""]
+        self.line(f"{outputs}= _kept_{group.name}({', '.join(sources)})  # recomputed when a parameter changes")
 
     @staticmethod
     def _same_layout(a: ir.Layout, b: ir.Layout) -> bool:

@@ -285,6 +285,9 @@ class CUDAGraphed:
     def __init__(self, compiled: Callable, pool: CUDAGraphPool, name: str, device: torch.device | None = None):
         self.compiled = compiled
         self.call = compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args))
+        # results the wrapper keeps across calls (kiln.codegen.wrapper.ParameterDerived): a replay reads them
+        # where they are, so they are brought up to date outside the graph first
+        self.refresh = compiled.refresh if getattr(compiled, "kept", None) else None
         self.pool, self.name, self.device = pool, name, device
         self.recordings: list[Recording] = []
         self.last: Recording | None = None
@@ -299,9 +302,14 @@ class CUDAGraphed:
                 _check_not_stale(args)
             copies = rec.copies_for(args)
             if copies is not None:
-                self.stats["replays"] += 1
-                return rec.replay(*copies)
+                return self._replay(rec, copies, args)
         return self._miss(args)
+
+    def _replay(self, rec: Recording, copies: tuple, args: list) -> list:
+        self.stats["replays"] += 1
+        if self.refresh is not None:
+            self.refresh(args)
+        return rec.replay(*copies)
 
     def _eager(self, args: list) -> list:
         self.stats["eager"] += 1
@@ -314,8 +322,7 @@ class CUDAGraphed:
             copies = rec.copies_for(args)
             if copies is not None:
                 self.last = rec
-                self.stats["replays"] += 1
-                return rec.replay(*copies)
+                return self._replay(rec, copies, args)
         if self.disabled:
             return self._eager(args)
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
@@ -327,12 +334,13 @@ class CUDAGraphed:
             self.disabled = f"more than {MAX_RECORDINGS} input signatures (shapes or parameter addresses)"
             log.info("%s: CUDA graphs off from now on: %s", self.name, self.disabled)
             return self._eager(args)
+        if self.refresh is not None:  # so that the capture finds them up to date and records no recomputation
+            self.refresh(args)
         rec = self._record(args)
         if rec is None:
             return self._eager(args)
         self.last = rec
-        self.stats["replays"] += 1
-        return rec.replay([], [])
+        return self._replay(rec, ([], []), args)
 
     def _record(self, args: list) -> Recording | None:
         pool = self.pool

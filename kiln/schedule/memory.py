@@ -6,6 +6,11 @@ reader runs. A kernel output is allocated in the storage of a released kernel
 output of the same dtype and storage size when one exists (and is kept for
 that only when a later allocation can use it). Graph outputs, buffers that a
 graph output or an aliasing extern views, inputs and constants are never reused.
+
+Kept across calls (`kept`): the outputs of kernels that read graph inputs alone
+(`input_only_kernels`: in an inference graph, a convolution weight copied
+channels-last). The wrapper computes them once per parameter version
+(`kiln.codegen.wrapper.ParameterDerived`); they are never released or reused.
 """
 from __future__ import annotations
 
@@ -33,11 +38,26 @@ class MemoryPlan:
     reuse: dict = field(default_factory=dict)       # new buffer -> released buffer whose storage it takes
     release_after: dict = field(default_factory=dict)  # step index -> buffers to drop after it
     allocated: list = field(default_factory=list)   # buffers the wrapper allocates (kernel outputs)
+    kept: list = field(default_factory=list)        # kernels whose outputs are kept across calls
 
     def __str__(self) -> str:
         lines = [f"{new} reuses {old}" for new, old in self.reuse.items()]
         lines += [f"after step {k}: free {', '.join(v)}" for k, v in sorted(self.release_after.items()) if v]
+        lines += [f"kept across calls: {group}" for group in self.kept]
         return "\n".join(lines)
+
+
+def input_only_kernels(sched: Schedule) -> list[str]:
+    """Kernels that read nothing but graph inputs and write no graph output: their results change only
+    when those inputs do, so a graph whose inputs include the parameters may keep them across calls."""
+    inputs = {i.name for i in sched.graph.inputs}
+    outputs = deps.output_buffers(sched.graph)
+    found = []
+    for group in sched.kernels():
+        reads = _step_reads(group)
+        if reads and reads <= inputs and not set(_step_writes(group)) & outputs and sched.template_of(group) is None:
+            found.append(group.name)
+    return found
 
 
 def _step_writes(step) -> list[str]:
@@ -53,10 +73,14 @@ def _step_reads(step) -> set[str]:
     return deps.extern_reads(step.node)
 
 
-def plan_memory(sched: Schedule) -> MemoryPlan:
+def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
+    """The plan for `sched`; `kept`: kernels (from `input_only_kernels`) whose outputs outlive the call."""
     graph = sched.graph
     layouts = graph.buffer_layouts()
     pinned = set(deps.output_buffers(graph))
+    for group in sched.kernels():
+        if group.name in kept:
+            pinned |= set(_step_writes(group))
     for step in sched.steps:
         if isinstance(step, ExternStep) and isinstance(step.node, ir.Extern) and step.node.aliases_inputs:
             pinned |= deps.extern_reads(step.node) | {step.node.name}
@@ -80,7 +104,7 @@ def plan_memory(sched: Schedule) -> MemoryPlan:
             dying.setdefault(last, []).append(b)
 
     future = Counter(keys.values())
-    plan = MemoryPlan()
+    plan = MemoryPlan(kept=list(kept))
     pool: dict = {}
     for k, step in enumerate(sched.steps):
         for b in _step_writes(step):

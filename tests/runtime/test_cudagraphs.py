@@ -485,3 +485,19 @@ def test_cuda_cpu_tensor_in_a_cuda_model_runs_without_graphs(caplog):
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x, s), m(x) * s.cuda(), rtol=2e-3, atol=2e-3)
     assert "inputs on cpu, cuda" in caplog.text
+
+
+@cuda
+def test_cuda_a_weight_changed_in_place_between_replays_is_seen():
+    # The channels-last copies of the 3x3 weights are kept across calls, outside the CUDA graph:
+    # a replay must refresh them first, or it would convolve with the old weights.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1)).cuda().eval()
+    compiled = kiln.compile(model, mode="reduce-overhead")
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), rtol=2e-3, atol=2e-3)
+        model[2].weight.mul_(-1)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x), rtol=2e-3, atol=2e-3)

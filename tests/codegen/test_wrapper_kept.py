@@ -1,0 +1,115 @@
+"""Kernels that read parameters alone (an inference graph's weight transforms) run once per parameter version.
+
+The wrapper keeps their results across calls (`ParameterDerived`) and recomputes them when a parameter
+is replaced or changed in place, so a compiled model still returns what eager returns after the user
+edits its weights.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen import GRAPH_LISTENERS
+from kiln.codegen.wrapper import ParameterDerived
+
+
+class ScaledLinear(nn.Module):
+    """`weight * sigmoid(scale)` reads parameters alone: one kernel, whose result an inference graph keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 16))
+        self.scale = nn.Parameter(torch.randn(8, 1))
+
+    def forward(self, x):
+        return x @ (self.weight * self.scale.sigmoid()).t() + 1
+
+
+@pytest.fixture
+def graphs():
+    """The CompiledGraphs kiln builds during the test."""
+    seen = []
+    listener = lambda graph, options: seen.append(graph)  # noqa: E731
+    GRAPH_LISTENERS.append(listener)
+    yield seen
+    GRAPH_LISTENERS.remove(listener)
+
+
+def test_a_kernel_reading_only_parameters_runs_once(graphs):
+    torch.manual_seed(0)
+    model = ScaledLinear()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+        (graph,) = graphs
+        assert "ParameterDerived(" in graph.artefacts["wrapper.py"]
+        (kept,) = graph.kept
+        first = [t.data_ptr() for t in kept.values]
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert [t.data_ptr() for t in kept.values] == first  # neither recomputed nor moved
+
+
+def test_a_parameter_changed_in_place_is_seen(graphs):
+    torch.manual_seed(0)
+    model = ScaledLinear()
+    compiled = kiln.compile(model)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        compiled(x)
+        model.weight.mul_(-2)  # no guard sees this: the version counter does
+        torch.testing.assert_close(compiled(x), model(x))
+        model.scale.copy_(torch.randn(8, 1))
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_replaced_parameter_is_seen():
+    torch.manual_seed(0)
+    model = ScaledLinear()
+    compiled = kiln.compile(model)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        compiled(x)
+        model.weight = nn.Parameter(torch.randn(8, 16))
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_training_graph_keeps_nothing(graphs):
+    torch.manual_seed(0)
+    model = ScaledLinear()
+    compiled = kiln.compile(model)
+    x = torch.randn(4, 16)
+    compiled(x).sum().backward()
+    assert graphs and all(not g.kept for g in graphs)
+
+
+def test_results_of_tensors_that_are_not_parameters_are_not_kept():
+    calls = []
+
+    def compute(a):
+        calls.append(a)
+        return (a * 2,)
+
+    derived = ParameterDerived(compute, (0,))
+    a = torch.randn(3)
+    derived(a)
+    derived(a)
+    assert len(calls) == 2 and derived.values is None
+    p = nn.Parameter(torch.randn(3))
+    derived(p)
+    derived(p)
+    assert len(calls) == 3
+
+
+def test_an_input_only_kernel_over_inference_tensors_is_computed_every_call():
+    # m * 2 reads a graph input alone (a matmul reads its result), but not a parameter: inference_mode
+    # tensors have no version counter, and a new m comes with every call
+    compiled = kiln.compile(lambda x, m: x @ (m * 2.0))
+    with torch.inference_mode():
+        for _ in range(3):
+            x, m = torch.randn(4, 16), torch.randn(16, 8)
+            torch.testing.assert_close(compiled(x, m), x @ (m * 2.0))

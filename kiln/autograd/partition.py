@@ -237,7 +237,6 @@ class _JointNodes:
         sink_side = flow.sink_side("sink")
         return [n for n in self.forward_side if (n, "in") not in sink_side and (n, "out") in sink_side]
 
-
     def _chained(self) -> set[fx.Node]:
         """Forward values that may not be recomputed because recomputing them would recompute another
         value that the backward holds (see the module docstring).

@@ -58,8 +58,17 @@ class ParameterDerived:
         self.sources, self.key, self.values = (), None, None
 
     def __call__(self, *sources):
-        if not _keeps(sources):
-            return self.compute(*sources)
+        return self._current(sources) if _keeps(sources) else self.compute(*sources)
+
+    def refresh(self, args: list) -> None:
+        """Bring the kept outputs up to date with the graph inputs `args` (before a CUDA graph replay).
+        Outputs of other inputs are not kept: the recording computes them itself, every replay."""
+        sources = [args[i] for i in self.positions]
+        if _keeps(sources):
+            self._current(sources)
+
+    def _current(self, sources):
+        """The kept outputs for these parameters, recomputed first if one was replaced or changed."""
         key = [(s._version, s.data_ptr()) for s in sources]
         if key == self.key and all(map(operator.is_, sources, self.sources)):
             return self.values
@@ -73,13 +82,6 @@ class ParameterDerived:
             self.values = fresh
         self.sources, self.key = sources, key
         return self.values
-
-    def refresh(self, args: list) -> None:
-        """Bring the kept outputs up to date with the graph inputs `args` (before a CUDA graph replay).
-        Outputs of other inputs are not kept: the recording computes them itself, every replay."""
-        sources = [args[i] for i in self.positions]
-        if _keeps(sources):
-            self(*sources)
 
 
 def _keeps(sources) -> bool:

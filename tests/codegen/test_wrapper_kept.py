@@ -37,30 +37,34 @@ def graphs():
     GRAPH_LISTENERS.remove(listener)
 
 
-def test_a_kernel_reading_only_parameters_runs_once(graphs):
-    torch.manual_seed(0)
-    model = ScaledLinear()
-    compiled = kiln.compile(model)
-    with torch.no_grad():
-        x = torch.randn(4, 16)
-        torch.testing.assert_close(compiled(x), model(x))
-        (graph,) = graphs
-        assert "ParameterDerived(" in graph.artefacts["wrapper.py"]
-        (kept,) = graph.kept
-        first = [t.data_ptr() for t in kept.values]
-        for _ in range(3):
-            x = torch.randn(4, 16)
-            torch.testing.assert_close(compiled(x), model(x))
-        assert [t.data_ptr() for t in kept.values] == first  # neither recomputed nor moved
-
-
-def test_a_parameter_changed_in_place_is_seen(graphs):
+def compiled_and_called():
+    """A ScaledLinear, kiln's compilation of it, and an input it has been called with once (inference)."""
     torch.manual_seed(0)
     model = ScaledLinear()
     compiled = kiln.compile(model)
     x = torch.randn(4, 16)
     with torch.no_grad():
-        compiled(x)
+        torch.testing.assert_close(compiled(x), model(x))
+    return model, compiled, x
+
+
+def test_a_kernel_reading_only_parameters_runs_once(graphs):
+    model, compiled, _ = compiled_and_called()
+    (graph,) = graphs
+    assert "ParameterDerived(" in graph.artefacts["wrapper.py"]
+    (kept,) = graph.kept
+    first_key, first = kept.key, [t.data_ptr() for t in kept.values]
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert kept.key is first_key  # not recomputed
+    assert [t.data_ptr() for t in kept.values] == first  # not moved
+
+
+def test_a_parameter_changed_in_place_is_seen():
+    model, compiled, x = compiled_and_called()
+    with torch.no_grad():
         model.weight.mul_(-2)  # no guard sees this: the version counter does
         torch.testing.assert_close(compiled(x), model(x))
         model.scale.copy_(torch.randn(8, 1))
@@ -68,12 +72,8 @@ def test_a_parameter_changed_in_place_is_seen(graphs):
 
 
 def test_a_replaced_parameter_is_seen():
-    torch.manual_seed(0)
-    model = ScaledLinear()
-    compiled = kiln.compile(model)
-    x = torch.randn(4, 16)
+    model, compiled, x = compiled_and_called()
     with torch.no_grad():
-        compiled(x)
         model.weight = nn.Parameter(torch.randn(8, 16))
         torch.testing.assert_close(compiled(x), model(x))
 

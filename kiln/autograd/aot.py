@@ -57,7 +57,9 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     the backward graph separately (`aten_gm.meta["kiln.aot"]["kind"]` says which), with
     fake example inputs; it returns a callable over the same flat positional tensors (or,
     if it sets `_boxed_call = True`, over one list of them, which it may empty to free
-    inputs early). The result has `gm`'s calling convention.
+    inputs early). The result has `gm`'s calling convention. A compiler that fuses ops into
+    kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
+    to save values that compiler stores anyway (`partition`'s `fused`).
     """
     try:
         compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
@@ -244,7 +246,8 @@ class AOTCompiled:
             num_primals=joint.num_primals,
             forward_outputs=list(range(num_outputs)) + [m.output_index for m in mutations],
             backward_outputs=list(range(num_outputs, num_outputs + num_grads)))
-        split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout)
+        split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
+                                                 getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)

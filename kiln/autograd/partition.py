@@ -25,12 +25,21 @@ sink; its capacity is the bytes saved. The "naive" partition (save every forward
 tensor the backward reads) is one such cut, so the minimum never saves more.
 Of all minimum cuts the one closest to the sink is taken: equal bytes, least
 recomputation.
+
+Ties between values of equal size are broken by what the code generator stores
+anyway. A compiler that fuses ops (`fused`: the ops it generates kernels for)
+never writes a pointwise value whose readers it all fuses, unless it is saved:
+saving it costs a store, while saving its input that an extern (a convolution)
+wrote costs nothing. Such values cost one byte more, so the CNN's
+conv -> relu -> max-pool saves the convolution's output and the pool reads
+relu(conv) in its own kernel, with no relu kernel in the forward.
 """
 from __future__ import annotations
 
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -129,11 +138,15 @@ class JointLayout:
     backward_outputs: list[int]
 
 
-def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut") -> Partition:
-    """Split `joint` into forward and backward graphs (`strategy`: "min_cut" or "naive")."""
+def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
+              fused: Callable[[Any], bool] | None = None) -> Partition:
+    """Split `joint` into forward and backward graphs (`strategy`: "min_cut" or "naive").
+
+    `fused(target)`: whether the compiler fuses that op into kernels with its neighbours, so that a
+    value only fused ops read is stored only when saved (None: every value is stored, as op by op)."""
     nodes = _JointNodes(joint, layout)
     naive = nodes.naive_saved()
-    saved = naive if strategy == "naive" else nodes.min_cut_saved()
+    saved = naive if strategy == "naive" else nodes.min_cut_saved(fused)
     if sum(map(node_bytes, saved)) > sum(map(node_bytes, naive)):
         raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
@@ -218,15 +231,17 @@ class _JointNodes:
         return [n for n in self.forward_side if n in fwd and (
             n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
 
-    def min_cut_saved(self) -> list[fx.Node]:
+    def min_cut_saved(self, fused: Callable[[Any], bool] | None = None) -> list[fx.Node]:
         """The saved set of the minimum cut closest to the sink (see the module docstring)."""
         flow = FlowGraph()
         chained = self._chained()
+        outputs = set(self.forward_outputs)
         for node in self.forward_side:
             if node.op != "call_function" or (node in self.required_forward and not is_recomputable(node)) \
                     or node in chained:
                 flow.add_edge("source", (node, "in"), math.inf)
-            flow.add_edge((node, "in"), (node, "out"), node_bytes(node))
+            unstored = fused is not None and node not in outputs and _only_fused_read(node, fused)
+            flow.add_edge((node, "in"), (node, "out"), node_bytes(node) + unstored)
             for user in node.users:
                 if user in self.forward_side_set:
                     flow.add_edge((node, "out"), (user, "in"), math.inf)
@@ -270,6 +285,21 @@ class _JointNodes:
                     node in self.backward_reads or any(u in feeds for u in node.users)):
                 feeds.add(node)
         return feeds
+
+
+def _only_fused_read(node: fx.Node, fused: Callable[[Any], bool]) -> bool:
+    """Is `node` a pointwise value that, unless saved, no op stores: it and every reader (through views,
+    in the forward and the backward) are fused ops."""
+    if not (is_recomputable(node) and fused(node.target)) or _is_view(node):
+        return False
+    readers, stack = [], list(node.users)
+    while stack:
+        user = stack.pop()
+        if user.op == "call_function" and _is_view(user):
+            stack.extend(user.users)
+        else:
+            readers.append(user)
+    return all(u.op == "call_function" and fused(u.target) for u in readers)
 
 
 def _is_view(node: fx.Node) -> bool:

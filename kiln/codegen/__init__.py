@@ -214,6 +214,13 @@ def debug_dir() -> Path:
     return Path(config.debug_dir or os.environ.get("KILN_DEBUG_DIR") or "kiln_debug")
 
 
+def fuses(target) -> bool:
+    """Does the code generator fuse `target` into kernels (it has a lowering), rather than call ATen?"""
+    from kiln.lower.ops import LOWERINGS
+
+    return target in LOWERINGS
+
+
 def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """kiln's code generator as a torch.compile-style backend (`torch.compile(m, backend=kiln.inductor)`)."""
     from kiln.autograd import aot_compile
@@ -237,6 +244,7 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: dict | Non
         graphs.append(compile_aten_graph(aten_gm, inputs, options))
         return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
+    compiler.fuses = fuses
     try:
         compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
     finally:

@@ -15,6 +15,10 @@ Rules:
 - prologues/epilogues: pointwise nodes of shape outer+inner fuse before and after
   reductions; a pure pointwise kernel is re-split into outer/inner when the
   first reduction joins it;
+- a reduction over a pointwise kernel's leading dims (a bias gradient, the
+  column sum of relu's backward) takes that kernel over: its loops become the
+  reduction's, and the pointwise nodes run their dims in that order (`orders`),
+  so the values are summed where they are computed, not stored and read back;
 - a reduction is computed once; reductions with the same body, ranges and
   welford family share one loop (mean and m2 of one welford);
 - externs (and their tuple items) are their own steps and order barriers only
@@ -30,6 +34,7 @@ The plan is target independent: the C++ and Triton code generators both take
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import sympy
@@ -59,6 +64,9 @@ class KernelGroup:
     inner: tuple
     segments: list = field(default_factory=list)
     local: set = field(default_factory=set)  # buffers kept in registers, never stored
+    # node name -> the loop position of each of its non-unit dims, for pointwise nodes whose dims the
+    # loops run in another order (the producer of a column sum: [rows, cols] on loops (cols | rows))
+    orders: dict = field(default_factory=dict)
 
     @property
     def nodes(self) -> list:
@@ -83,9 +91,13 @@ class KernelGroup:
         mapping, k = {}, 0
         d = node.data
         runs = None if isinstance(d, ir.Reduction) else merged_runs(nonunit(d.ranges), self.outer, self.inner)
+        order = self.orders.get(node.name)
         for j, s in enumerate(d.ranges):
             if s == 1:
                 mapping[index_vars("i", j + 1)[j]] = sympy.Integer(0)
+            elif order is not None:
+                mapping[index_vars("i", j + 1)[j]] = loop[order[k]]
+                k += 1
             elif runs is not None:
                 expr = sympy.Integer(0)
                 for p in runs[k]:
@@ -131,7 +143,9 @@ class KernelGroup:
         lines = [f"kernel {self.name}: outer=({', '.join(map(str, self.outer))}) inner=({', '.join(map(str, self.inner))})"]
         for k, s in enumerate(self.segments):
             lines.append(f"  segment {k} ({'inner' if s.inner else 'outer'}): " + ", ".join(
-                n.name + ("(local)" if n.name in self.local else "") for n in s.nodes))
+                n.name + ("(local)" if n.name in self.local else "")
+                + (f"(dims on loops {', '.join(map(str, self.orders[n.name]))})" if n.name in self.orders else "")
+                for n in s.nodes))
         return "\n".join(lines)
 
 
@@ -190,8 +204,8 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
     fit = _loop_fit(group, node)
     if fit is None:
         return False
-    outer, inner, in_inner, resplit = fit
-    trial = KernelGroup(group.name, outer, inner, group.segments)  # the group's loops as they would be
+    outer, inner, in_inner, resplit, orders = fit
+    trial = KernelGroup(group.name, outer, inner, group.segments, orders=orders)  # the group's loops as they would be
     # every in-kernel producer must be read exactly at the point it writes
     last = group.segments[-1] if group.segments else None
     same_segment_ok = last is not None and (resplit or last.inner) == in_inner
@@ -205,7 +219,7 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
             return False
         if k == len(group.segments) - 1 and producer.is_reduction():
             same_segment_ok = False
-    group.outer, group.inner = outer, inner
+    group.outer, group.inner, group.orders = outer, inner, orders
     if resplit:
         for s in group.segments:
             s.inner = True
@@ -218,24 +232,56 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
 
 def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer):
     """How `group`'s loops take `node`: (outer, inner, whether `node` goes in an inner segment,
-    whether the group is re-split into outer/inner around a first reduction), or None."""
+    whether the group is re-split into outer/inner around a first reduction, the group's `orders`
+    after), or None."""
     o, i = _shape(node)
+    orders = group.orders
     if node.is_reduction():
         if group.has_reduction() or group.inner:
-            return (o, i, True, False) if (o, i) == (group.outer, group.inner) else None
+            return (o, i, True, False, orders) if (o, i) == (group.outer, group.inner) else None
         if o == group.outer:
-            return o, i, True, False
-        if o + i == group.outer:
-            return o, i, True, True
-        return None
+            return o, i, True, False, orders
+        reordered = _reordered(group, node, o, i)
+        return None if reordered is None else (o, i, True, True, reordered)
     if o == group.outer:
-        return group.outer, group.inner, False, False
+        return group.outer, group.inner, False, False, orders
     if group.inner and o == group.outer + group.inner:
-        return group.outer, group.inner, True, False
+        return group.outer, group.inner, True, False, orders
     runs = merged_runs(o, group.outer, group.inner)
     if runs is not None:
-        return group.outer, group.inner, runs[-1][-1] >= len(group.outer), False
+        return group.outer, group.inner, runs[-1][-1] >= len(group.outer), False, orders
     return None
+
+
+def _reordered(group: KernelGroup, reduction: ir.ComputedBuffer, outer: tuple, inner: tuple) -> dict | None:
+    """The `orders` under which `reduction` (over `outer`, reducing `inner`) takes over a pointwise
+    group whose loops are the same sizes, maybe in another order: none ({}) when the group's dims run
+    on the new loops as they are, else the dim order under which the reduction reads each of the
+    group's buffers where it is written. None when no order does, or when a reordered group's nodes
+    do not all run on its loops one dim each."""
+    loops = outer + inner
+    if loops == group.outer and _reads_where_written(KernelGroup(group.name, outer, inner, group.segments), reduction):
+        return {}
+    if group.orders or len(loops) != len(group.outer) or sorted(map(str, loops)) != sorted(map(str, group.outer)):
+        return None
+    if any(nonunit(n.data.ranges) != group.outer for n in group.nodes):
+        return None
+    for order in itertools.permutations(range(len(loops))):
+        if order != tuple(range(len(loops))) and all(loops[p] == size for p, size in zip(order, group.outer)):
+            trial = KernelGroup(group.name, outer, inner, group.segments, orders={n.name: order for n in group.nodes})
+            if _reads_where_written(trial, reduction):
+                return trial.orders
+    return None
+
+
+def _reads_where_written(trial: KernelGroup, reduction: ir.ComputedBuffer) -> bool:
+    """Does `reduction`, in `trial`'s loops, read each of the group's buffers at the point it is written?"""
+    vm = trial.var_map(reduction)
+    for ld in deps.body_loads(reduction):
+        found = trial.segment_of(ld.buf)
+        if found is not None and sympy.expand(ld.index.xreplace(vm)) != trial.store_index(found[1]):
+            return False
+    return True
 
 
 def merged_runs(sizes: tuple, outer: tuple, inner: tuple):

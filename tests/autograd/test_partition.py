@@ -50,11 +50,25 @@ def test_pointwise_chain_recomputed_and_matmul_output_saved():
     assert {"mm", "add"} <= set(naive.saved) and naive.saved_bytes == split.naive_bytes
 
 
-@pytest.mark.parametrize("strategy", ["min_cut", "naive"])
-def test_forward_then_backward_graphs_compute_what_the_joint_computes(strategy):
-    inputs = chain_inputs()
-    graph, layout = joint_graph(mm_chain, inputs)
-    split = partition(graph, layout, strategy=strategy)
+def conv_relu_pool(x, w):
+    return F.max_pool2d(torch.relu(F.conv2d(x, w, padding=1)), 2).sum()
+
+
+def conv_inputs():
+    return [torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3, requires_grad=True)]
+
+
+def fuses_all_but_convolutions(target) -> bool:
+    return target not in (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+
+
+@pytest.mark.parametrize("fn, make_inputs, strategy, fused", [
+    (mm_chain, chain_inputs, "min_cut", None), (mm_chain, chain_inputs, "naive", None),
+    (conv_relu_pool, conv_inputs, "min_cut", fuses_all_but_convolutions)])
+def test_forward_then_backward_graphs_compute_what_the_joint_computes(fn, make_inputs, strategy, fused):
+    inputs = make_inputs()
+    graph, layout = joint_graph(fn, inputs)
+    split = partition(graph, layout, strategy=strategy, fused=fused)
     tangent = torch.tensor(1.5)
     expected = graph(*inputs, tangent)
     forward_out = split.forward(*inputs)
@@ -152,3 +166,27 @@ def test_a_residual_stream_is_not_recomputed_link_by_link():
 
 def test_a_residual_stack_trains_like_eager():
     train_and_compare(ResidualStack, lambda: [torch.randn(4, 16)], lambda out: out)
+
+
+def test_a_fusing_compiler_saves_the_convolution_output_rather_than_its_relu():
+    # relu(conv) and conv are the same size. Op by op either may be saved (the cut nearest the sink
+    # saves relu); a compiler that fuses relu into the pool stores relu only if it is saved, while the
+    # convolution's output is in memory anyway.
+    graph, layout = joint_graph(conv_relu_pool, conv_inputs())
+    op_by_op = partition(graph, layout)
+    assert "relu" in op_by_op.saved and "convolution" not in op_by_op.saved
+    fused = partition(graph, layout, fused=fuses_all_but_convolutions)
+    assert "convolution" in fused.saved and "relu" not in fused.saved
+    assert "relu" in fused.recomputed
+    assert fused.saved_bytes == op_by_op.saved_bytes
+
+
+def test_a_value_an_extern_reads_is_saved_as_it_is():
+    # relu(conv) read by a second convolution is stored for it anyway: recomputing it in the
+    # backward, for the second convolution's weight gradient, would store it a second time.
+    def conv_relu_conv(x, w, w2):
+        return F.conv2d(torch.relu(F.conv2d(x, w, padding=1)), w2, padding=1).sum()
+
+    graph, layout = joint_graph(conv_relu_conv, conv_inputs() + [torch.randn(5, 4, 3, 3, requires_grad=True)])
+    split = partition(graph, layout, fused=fuses_all_but_convolutions)
+    assert "relu" in split.saved and "relu" not in split.recomputed

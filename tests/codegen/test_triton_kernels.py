@@ -173,6 +173,20 @@ def test_column_reductions(shape):
     check(lambda x: (x.sum(0), x.amax(0), x.argmax(0), x.var(0, correction=0)), x)
 
 
+@pytest.mark.parametrize("rows", [8, 1300, 9000], ids=["persistent", "looped", "split"])
+def test_a_column_sum_stores_and_sums_its_producer_in_one_kernel(rows):
+    # relu's backward, read by matmuls, and its column sum (a bias gradient): the kernel walks the
+    # columns, storing each value and adding it to its column's sum
+    def relu_backward_and_bias_gradient(x, grad):
+        masked = torch.where(x <= 0, 0.0, grad)
+        return masked, masked.sum(0)
+
+    x, grad = torch.randn(rows, 24), torch.randn(rows, 24)
+    c = check(relu_backward_and_bias_gradient, x, grad, max_kernels=1)
+    if rows == 9000:
+        assert "split reduction" in source(c), source(c)
+
+
 def test_full_reductions():
     x = torch.randn(40, 33)
     check(lambda x: (x.sum(), x.amax(), x.mean(), x.argmin()), x)

@@ -56,6 +56,31 @@ def test_reduction_never_recomputed():
     assert len(re.findall(r"acc\d+ = acc\d+ \+", src)) == 1, src
 
 
+def relu_backward_and_bias_gradient(x, grad):
+    """A linear layer's backward through relu: the input gradient (read by matmuls) and its column sum."""
+    masked = torch.where(x <= 0, 0.0, grad)
+    return masked, masked.sum(0)
+
+
+def test_a_column_sum_runs_in_the_kernel_of_what_it_sums():
+    # the sum walks the columns and reads each value where the pointwise node computes it: the
+    # pointwise node runs its [rows, columns] dims on the sum's (columns | rows) loops
+    x, grad = torch.randn(8, 128), torch.randn(8, 128)
+    c = check(relu_backward_and_bias_gradient, x, grad)
+    assert c.num_kernels == 1, c.artefacts["schedule"]
+    assert "dims on loops 1, 0" in str(c.artefacts["schedule"])
+
+
+def test_the_loads_decide_the_order_of_a_square_column_sum():
+    # [6, 6]: the sizes fit the sum's loops either way; only the order it reads the values in does
+    x, grad = torch.randn(6, 6), torch.randn(6, 6)
+    c = check(relu_backward_and_bias_gradient, x, grad)
+    assert c.num_kernels == 1, c.artefacts["schedule"]
+    assert "dims on loops 1, 0" in str(c.artefacts["schedule"])
+    c = check(lambda x: (x * 2, (x * 2).sum(1)), x)  # a row sum keeps the dims in order
+    assert c.num_kernels == 1 and "dims on loops" not in str(c.artefacts["schedule"])
+
+
 def _fw_bw_kernels(fn, *inputs):
     graphs = []
 

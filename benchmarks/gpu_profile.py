@@ -54,7 +54,10 @@ def load_bench(path: str):
 
 
 # Compiler names this script adds to the bench's: kiln with options, as (bench compiler, options).
-KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"})}
+KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"}),
+                 "kiln-eager": ("kiln", {"backend": "eager"}),
+                 "kiln-aot_eager": ("kiln", {"backend": "aot_eager"}),
+                 "kiln-ma": ("kiln", {"mode": "max-autotune-no-cudagraphs"})}
 
 
 def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, top_n: int = 12) -> dict:

@@ -60,8 +60,9 @@ OPTIONS: dict[str, Option] = {
     "max_autotune": Option(bool, False, "Triton: benchmark block sizes, num_warps and num_stages of each kernel on "
                            "its first call's inputs and keep the fastest (kiln/runtime/autotune.py, decisions cached "
                            "on disk); matmuls (mm, addmm, bmm) also try a Triton template against ATen"),
-    "epilogue_fusion": Option(bool, True, "with max_autotune, fuse the pointwise ops that follow a matmul (bias, "
-                              "activation) into its Triton template instead of a kernel of their own"),
+    "epilogue_fusion": Option(bool, True, "fuse the pointwise ops that follow a matmul (bias, activation) into its "
+                              "Triton template (every matmul under max_autotune, small ones otherwise) instead of a "
+                              "kernel of their own"),
     "shape_padding": Option(bool, True, "CUDA: pad the inner dims of matmul operands to a multiple of 8 (fp16/bf16) "
                             "or 4 (fp32 with TF32) for tensor cores, slicing the result back (on by default, as in "
                             "torch: GPT-2's vocabulary of 50257 made its LM-head matmuls run 2x slower unpadded)"),

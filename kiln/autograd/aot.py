@@ -245,7 +245,8 @@ class AOTCompiled:
         layout = JointLayout(
             num_primals=joint.num_primals,
             forward_outputs=list(range(num_outputs)) + [m.output_index for m in mutations],
-            backward_outputs=list(range(num_outputs, num_outputs + num_grads)))
+            backward_outputs=list(range(num_outputs, num_outputs + num_grads)),
+            grad_primals=_held_primals(joint.grad_mask, signature, mutations))
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
                                                  getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
@@ -256,6 +257,13 @@ class AOTCompiled:
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
+
+
+def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:
+    """Per primal: requires grad and is not written after the graph (so saving it, rather than a value
+    computed from it, keeps nothing alive that its owner does not, and autograd's version check holds)."""
+    written = {i for i, _ in signature.mutated_grad_inputs} | {m.input_index for m in mutations}
+    return tuple(grad and i not in written for i, grad in enumerate(grad_mask))
 
 
 def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:

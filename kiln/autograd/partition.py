@@ -21,7 +21,8 @@ end, so recomputing it from x0 and the branch outputs would compute every link
 before the backward's first step and hold them all, as much memory as saving
 them, plus the work (a 60-output kernel of 3.8 ms in ViT-B/16's backward).
 A cut separates source and
-sink; its capacity is the bytes saved. The "naive" partition (save every forward
+sink; its capacity is the bytes saved (inputs that require grad, the parameters,
+count nothing: they are held anyway). The "naive" partition (save every forward
 tensor the backward reads) is one such cut, so the minimum never saves more.
 Of all minimum cuts the one closest to the sink is taken: equal bytes, least
 recomputation.
@@ -136,6 +137,8 @@ class JointLayout:
     num_primals: int
     forward_outputs: list[int]
     backward_outputs: list[int]
+    grad_primals: tuple[bool, ...] = ()
+    """Per primal, whether it requires grad (a parameter: held by its module, so free to save)."""
 
 
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
@@ -147,7 +150,7 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     nodes = _JointNodes(joint, layout)
     naive = nodes.naive_saved()
     saved = naive if strategy == "naive" else nodes.min_cut_saved(fused)
-    if sum(map(node_bytes, saved)) > sum(map(node_bytes, naive)):
+    if sum(map(nodes.save_cost, saved)) > sum(map(nodes.save_cost, naive)):
         raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
                         anchors=set(joint.graph.nodes) - nodes.forward_side_set)
@@ -205,6 +208,7 @@ class _JointNodes:
     def __init__(self, joint: fx.GraphModule, layout: JointLayout):
         placeholders = list(joint.graph.find_nodes(op="placeholder"))
         self.primals = placeholders[:layout.num_primals]
+        self.held = {p for p, grad in zip(self.primals, layout.grad_primals) if grad}
         self.tangents = placeholders[layout.num_primals:]
         outs = joint.graph.find_nodes(op="output")[0].args[0]
         self.forward_outputs = [outs[i] for i in layout.forward_outputs]
@@ -225,6 +229,12 @@ class _JointNodes:
                                if any(u in tangent_dependent for u in n.users)} | {
                               n for n in self.backward_outputs if n is not None and n not in tangent_dependent}
 
+    def save_cost(self, node: fx.Node) -> float:
+        """What saving `node` costs the cut: its bytes, except for a primal that requires grad (a parameter),
+        which its owner holds anyway. So a value recomputed from an extern's output and parameters (a
+        convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes."""
+        return 0 if node in self.held else node_bytes(node)
+
     def naive_saved(self) -> list[fx.Node]:
         """Every forward tensor that a node outside the forward reads."""
         fwd = self.required_forward
@@ -241,7 +251,7 @@ class _JointNodes:
                     or node in chained:
                 flow.add_edge("source", (node, "in"), math.inf)
             unstored = fused is not None and node not in outputs and _only_fused_read(node, fused)
-            flow.add_edge((node, "in"), (node, "out"), node_bytes(node) + unstored)
+            flow.add_edge((node, "in"), (node, "out"), self.save_cost(node) + unstored)
             for user in node.users:
                 if user in self.forward_side_set:
                     flow.add_edge((node, "out"), (user, "in"), math.inf)

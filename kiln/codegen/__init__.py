@@ -34,7 +34,7 @@ from kiln.codegen.progress import StageProgress
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper
 from kiln.config import config, validate_options
 from kiln.lower import lower_graph
-from kiln.lower.decompositions import decomposition_table
+from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.verify import verify
 from kiln.schedule.fusion import schedule
 from kiln.schedule.memory import input_only_kernels, plan_memory
@@ -82,11 +82,10 @@ class CompiledGraph:
 
 
 def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
-    table = decomposition_table()
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
             continue
-        if "val" not in n.meta or n.target in table:
+        if "val" not in n.meta or decomposes(n):
             return True
     return False
 

@@ -1,8 +1,9 @@
 """Names and pictures of a schedule: kernels named by what they fuse, the fused graph as plain data.
 
 `name_kernels(sched)` renames each kernel group after the work it does, in body
-order: reductions by their type, elementwise ops by their IR op name, at most
-four distinct names, then the kernel's index (`fused_max_sub_exp_sum_1`). Both
+order: reductions by their type, elementwise ops by their IR op name, matmul
+templates as `mm`/`bmm`, at most four distinct names, then the kernel's index
+(`fused_max_sub_exp_sum_1`, `fused_mm_erf_2`). Both
 targets (C++, Triton) emit the name as the function's name, so it is what the
 wrapper calls, what the kernel source shows and what a profiler lists.
 
@@ -27,10 +28,11 @@ def _ops(expr, out: list) -> None:
         out.append(expr.name)
 
 
-def kernel_parts(group: KernelGroup) -> list[str]:
-    """The distinct op names of `group`'s nodes, in order (reductions by their type)."""
-    names: list[str] = []
-    for node in group.nodes:
+def kernel_parts(group: KernelGroup, template: str | None = None) -> list[str]:
+    """The distinct op names of `group`'s nodes, in order (reductions by their type); a template group's first
+    node (a matmul written as a sum of products) is named by `template` ("mm", "bmm")."""
+    names: list[str] = [template] if template else []
+    for node in group.nodes[1:] if template else group.nodes:
         ops: list[str] = []
         _ops(node.data.body, ops)
         if node.is_reduction():
@@ -45,7 +47,8 @@ def kernel_parts(group: KernelGroup) -> list[str]:
 def name_kernels(sched: Schedule) -> None:
     """Rename every kernel group of `sched` after what it fuses (a C identifier, unique by its index)."""
     for i, group in enumerate(sched.kernels()):
-        parts = kernel_parts(group) or ["copy"]
+        spec = sched.template_of(group)
+        parts = kernel_parts(group, spec.op if spec is not None else None) or ["copy"]
         group.name = "_".join(["fused" if len(group.nodes) > 1 else "kernel", *parts, str(i)])
 
 

@@ -3,7 +3,9 @@
 PyTorch's core-ATen decompositions, plus the composite ops that the core set
 keeps but that kiln would rather see as pointwise ops and reductions (so they
 fuse): GELU, LayerNorm, softmax and their backwards, and friends. Ops we lower
-directly or run as fast externs (addmm, convolution) are left alone.
+directly or run as fast externs (addmm, convolution) are left alone, except that
+a convolution's bias is taken out of it (`OWN`), forward and backward, so that
+it fuses with the ops around the convolution.
 """
 from __future__ import annotations
 
@@ -44,6 +46,40 @@ KEEP = [
 ]
 
 
+def convolution_bias_apart(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A convolution with a bias as the convolution without it, then the bias added per channel.
+
+    ATen adds a cuDNN convolution's bias in a pass of its own (a launch, the whole output read and
+    written again); as a pointwise add it fuses into whatever kernel reads the convolution (its ReLU,
+    its pooling). The result is eager's: both round the convolution, then the sum, to the output dtype."""
+    if bias is None:
+        return NotImplemented
+    out = aten.convolution.default(input, weight, None, stride, padding, dilation, transposed, output_padding, groups)
+    return out + bias.reshape([1, -1] + [1] * (out.dim() - 2))
+
+
+def convolution_backward_bias_apart(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                    output_padding, groups, output_mask):
+    """The bias gradient (the output gradient summed over every dim but the channels) as a reduction that
+    fuses into the kernel computing the output gradient, rather than a reduction ATen launches alone."""
+    if not output_mask[2]:
+        return NotImplemented
+    grad_bias = grad_output.sum([0] + list(range(2, grad_output.dim())))
+    if not (output_mask[0] or output_mask[1]):
+        return None, None, grad_bias
+    grad_input, grad_weight, _ = aten.convolution_backward.default(
+        grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        [output_mask[0], output_mask[1], False])
+    return grad_input, grad_weight, grad_bias
+
+
+# kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
+OWN = {
+    aten.convolution.default: convolution_bias_apart,
+    aten.convolution_backward.default: convolution_backward_bias_apart,
+}
+
+
 @functools.lru_cache(None)
 def decomposition_table() -> dict:
     """OpOverload -> decomposition, as passed to make_fx / aot_compile."""
@@ -51,4 +87,14 @@ def decomposition_table() -> dict:
     table.update(get_decompositions(EXTRA))
     for op in KEEP:
         table.pop(op, None)
+    table.update(OWN)
     return table
+
+
+def decomposes(node) -> bool:
+    """Would tracing FX `node` through `decomposition_table()` replace it (a convolution without a bias stays)?"""
+    if node.target is aten.convolution.default:
+        return node.args[2] is not None
+    if node.target is aten.convolution_backward.default:
+        return bool(node.args[10][2])
+    return node.target in decomposition_table()

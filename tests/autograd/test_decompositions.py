@@ -1,7 +1,10 @@
 """The decomposition tables tracing applies: the caller's, over functionalization's."""
+import pytest
 import torch
 
 from kiln.autograd.decompositions import FUNCTIONALIZATION, core_aten, tracing_table
+from kiln.lower.decompositions import (convolution_backward_bias_apart, convolution_bias_apart, decomposes,
+                                       decomposition_table)
 
 from .helpers import run_as_is, train_and_compare
 from .test_aot import Block
@@ -28,3 +31,64 @@ def test_core_aten_decomposition_trains_like_eager_and_decomposes_backward_ops()
     targets = {n.target for gm, _ in run_as_is.graphs for n in gm.graph.nodes if n.op == "call_function"}
     assert aten.native_layer_norm_backward.default not in targets and aten.t.default not in targets
     assert aten.native_layer_norm.default in targets  # a core op: kept
+
+
+# ----------------------------------------------------------------------------- a convolution's bias, apart
+# kiln.lower.decompositions.OWN: the bias is added (forward) and summed (backward) outside the convolution,
+# so both fuse with the ops around it; the results are ATen's.
+
+CONVOLUTIONS = {  # name: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    "conv2d": ((2, 4, 9, 9), (6, 4, 3, 3), 6, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+    "strided grouped conv2d": ((2, 4, 9, 9), (6, 2, 3, 3), 6, [2, 2], [0, 1], [1, 1], False, [0, 0], 2),
+    "conv1d": ((3, 2, 11), (5, 2, 4), 5, [1], [2], [1], False, [0], 1),
+    "transposed conv2d": ((2, 4, 5, 5), (4, 3, 3, 3), 3, [2, 2], [1, 1], [1, 1], True, [1, 1], 1),
+}
+
+
+def _convolution_args(name):
+    x, w, c, *rest = CONVOLUTIONS[name]
+    torch.manual_seed(0)
+    return (torch.randn(x, dtype=torch.float64), torch.randn(w, dtype=torch.float64),
+            torch.randn(c, dtype=torch.float64), *rest)
+
+
+@pytest.mark.parametrize("name", CONVOLUTIONS)
+def test_a_convolution_with_its_bias_apart_equals_aten(name):
+    args = _convolution_args(name)
+    torch.testing.assert_close(convolution_bias_apart(*args), aten.convolution.default(*args))
+    assert convolution_bias_apart(args[0], args[1], None, *args[3:]) is NotImplemented
+
+
+@pytest.mark.parametrize("name", CONVOLUTIONS)
+@pytest.mark.parametrize("mask", [[True, True, True], [False, True, True], [False, False, True]])
+def test_a_convolution_backward_with_the_bias_gradient_apart_equals_aten(name, mask):
+    x, w, b, *rest = _convolution_args(name)
+    grad = torch.randn_like(aten.convolution.default(x, w, b, *rest))
+    args = (grad, x, w, list(b.shape), *rest)
+    got, ref = convolution_backward_bias_apart(*args, mask), aten.convolution_backward.default(*args, mask)
+    for k in range(3):
+        assert (got[k] is None) == (not mask[k])
+        if mask[k]:
+            torch.testing.assert_close(got[k], ref[k])
+    assert convolution_backward_bias_apart(*args, [True, True, False]) is NotImplemented
+
+
+class ConvBiasReLU(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def test_training_with_the_bias_apart_matches_eager_and_sums_the_bias_gradient_in_the_graph():
+    run_as_is.graphs.clear()
+    train_and_compare(ConvBiasReLU, lambda: [torch.randn(2, 3, 6, 6)], lambda out: out.pow(2).mean(),
+                      compile_kwargs={"decompositions": decomposition_table()})
+    nodes = [n for gm, _ in run_as_is.graphs for n in gm.graph.nodes if n.op == "call_function"]
+    convolutions = [n for n in nodes if n.target is aten.convolution.default]
+    backwards = [n for n in nodes if n.target is aten.convolution_backward.default]
+    assert convolutions and all(n.args[2] is None for n in convolutions)
+    assert backwards and all(n.args[10][2] is False for n in backwards)
+    assert not any(decomposes(n) for n in nodes)  # a traced graph needs no second trace

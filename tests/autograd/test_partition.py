@@ -9,6 +9,7 @@ from kiln.autograd.functionalize import functionalize
 from kiln.autograd.joint import trace_joint
 from kiln.autograd.partition import JointLayout, is_recomputable, partition
 from kiln.autograd.signature import FlatProgram
+from kiln.lower import decompositions as kiln_decompositions
 
 from .helpers import compile_module, train_and_compare
 from .test_aot import CNN, MLP, Block, ManualAttention
@@ -20,18 +21,18 @@ def mm_chain(x, w1, w2):
     return (z @ w2).sum()
 
 
-def joint_graph(fn, inputs):
+def joint_graph(fn, inputs, decompositions=FUNCTIONALIZATION):
     """The functional joint graph of `fn` and its layout, as aot_compile builds them."""
     program = FlatProgram(torch.fx.symbolic_trace(fn), inputs)
     key = tuple(t.requires_grad for t in inputs)
     signature = program.analyze(key)
     joint = trace_joint(program.graph_function(signature), program.input_specs, key, signature,
-                        FUNCTIONALIZATION)
+                        {**FUNCTIONALIZATION, **decompositions})
     tangents = [signature.graph_outputs[i] for i in signature.differentiable()]
     graph, mutations = functionalize(joint.gm, program.input_specs + tangents)
     n = joint.num_outputs
     layout = JointLayout(joint.num_primals, list(range(n)) + [m.output_index for m in mutations],
-                         list(range(n, n + sum(joint.grad_mask))))
+                         list(range(n, n + sum(joint.grad_mask))), tuple(joint.grad_mask))
     return graph, layout
 
 
@@ -179,6 +180,20 @@ def test_a_fusing_compiler_saves_the_convolution_output_rather_than_its_relu():
     assert "convolution" in fused.saved and "relu" not in fused.saved
     assert "relu" in fused.recomputed
     assert fused.saved_bytes == op_by_op.saved_bytes
+
+
+def test_a_convolution_bias_taken_apart_is_recomputed_from_the_saved_convolution():
+    # kiln adds a convolution's bias apart (kiln.lower.decompositions): relu(conv + b) is recomputed in the
+    # backward from the convolution's output and the bias, a parameter, which costs the cut nothing to save.
+    def conv_bias_relu_pool(x, w, b):
+        return F.max_pool2d(torch.relu(F.conv2d(x, w, b, padding=1)), 2).sum()
+
+    inputs = conv_inputs() + [torch.randn(4, requires_grad=True)]
+    graph, layout = joint_graph(conv_bias_relu_pool, inputs, kiln_decompositions.OWN)
+    split = partition(graph, layout, fused=fuses_all_but_convolutions)
+    assert "convolution" in split.saved and "relu" not in split.saved, split.saved
+    bias_grad = [n for n in split.backward.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList]
+    assert bias_grad, split.backward.code
 
 
 def test_a_value_an_extern_reads_is_saved_as_it_is():

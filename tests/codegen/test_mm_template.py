@@ -148,9 +148,37 @@ def test_compile_aten_graph_under_each_mode():
         assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
         assert_same(compiled(x, w, b), ref)
         src = compiled.artefacts["kernels.py"]
-        assert ("tl.dot" in src) == (mode != "default")
-        # default keeps the matmul an extern ATen call, as before max-autotune existed
-        assert ("extern" in str(compiled.artefacts["schedule"])) == (mode == "default")
+        # a matmul this small is a template in every mode; only max-autotune benchmarks tiles against ATen
+        assert "tl.dot" in src and "extern" not in str(compiled.artefacts["schedule"])
+        assert ("Autotuned(" in src) == (mode != "default")
+
+
+def _template_specs(m: int, k: int, n: int, options) -> dict:
+    x, w = torch.empty(m, k), torch.empty(k, n)
+    graph = lower_graph(trace(lambda x, w: x @ w, x, w, mode="fake"), [x, w])
+    return templates.prepare(graph, options, "cuda")
+
+
+def test_default_mode_makes_templates_of_small_matmuls_only():
+    """Small (host-bound) matmuls become templates without autotuning; a long K (one program would walk it
+    alone) or many multiply-adds keep cuBLAS, which max-autotune may still beat."""
+    assert len(_template_specs(1, 256, 256, DEFAULT)) == 1          # an MLP layer at batch 1
+    assert len(_template_specs(128, 64, 3136, DEFAULT)) == 1        # a small CNN's weight gradient
+    assert _template_specs(64, 3136, 128, DEFAULT) == {}            # K = 3136: two programs, 98 steps each
+    assert _template_specs(4096, 768, 768, DEFAULT) == {}           # BERT's projections
+    assert len(_template_specs(4096, 768, 768, MAX)) == 1
+    assert templates.small_matmul(1, 1, 256, 256) and not templates.small_matmul(1, 64, 128, 3136)
+
+
+@cpu_inputs
+def test_default_template_fuses_bias_and_activation_without_autotuning():
+    x, w, b = torch.randn(3, 40), torch.randn(20, 40), torch.randn(20)
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    call, sched, ns, source = build(fn, [x, w, b], DEFAULT)
+    assert_same(call(x, w, b), fn(x, w, b))
+    (group,) = sched.kernels()
+    assert sched.template_of(group) is not None and group.name.startswith("fused_mm_")
+    assert "Autotuned(" not in source and "BLOCK_M=16, BLOCK_N=32, BLOCK_K=64" in source
 
 
 def test_symbolic_sizes_keep_the_extern():

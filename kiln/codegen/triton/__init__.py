@@ -47,7 +47,8 @@ def interpreting() -> bool:
 
 
 def prepare(graph, options: dict, device: str) -> dict:
-    """Before scheduling: matmul templates (max_autotune) and shape padding; returns the template specs."""
+    """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
+    returns the template specs."""
     from kiln.codegen.triton.templates import prepare as prepare_matmuls
 
     return prepare_matmuls(graph, options, device)
@@ -57,7 +58,8 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     """(Python source of every kernel of `sched` and its launcher, kernel name -> TritonKernel).
 
     Under `max_autotune` (read from `sched.options`) each group is several candidates behind an
-    `Autotuned` (kiln/codegen/triton/tuning.py); template groups always are."""
+    `Autotuned` (kiln/codegen/triton/tuning.py); otherwise a template group (a small matmul) is the
+    template with its default tiles."""
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     external = external_reads(sched)
@@ -66,7 +68,9 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     kernels = {}
     for g in sched.kernels():
         spec = sched.template_of(g)
-        if spec is not None or tune:
+        if spec is not None and not tune:
+            kernels[g.name] = default_template(g, layouts, external, spec)
+        elif spec is not None or tune:
             from kiln.codegen.triton import tuning
 
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
@@ -80,6 +84,15 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
         header += TUNING_HEADER
     source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
+
+
+def default_template(group, layouts: dict, external, spec) -> TritonKernel:
+    """A small matmul's template kernel with the tiles `templates.default_config` picks (no benchmark)."""
+    from kiln.codegen.triton.templates import MatmulTemplateKernel, default_config
+
+    kernel = MatmulTemplateKernel(group, layouts, spec, default_config(spec.M, spec.N, spec.K), external)
+    kernel.source = kernel.generate()
+    return kernel
 
 
 def _constants_on_device(sched: Schedule) -> None:

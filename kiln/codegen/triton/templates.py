@@ -1,9 +1,12 @@
-"""Matmul templates (max-autotune) and shape padding: what the Triton target does with aten mm/addmm/bmm.
+"""Matmul templates and shape padding: what the Triton target does with aten mm/addmm/bmm.
 
 `prepare(graph, options)` runs on the lowered graph before scheduling:
 
 - with `max_autotune`, each extern `mm`, `addmm` (beta = alpha = 1) or `bmm` over float32 /
-  bfloat16 / float16 tensors of static sizes becomes a *template node*: a ComputedBuffer
+  bfloat16 / float16 tensors of static sizes becomes a *template node*; without it, only the
+  small ones do (`small_matmul`: host-bound, where a cuBLAS call costs the host more than a
+  Triton launch and the GPU work is a few microseconds), with one tile configuration chosen
+  by `default_config` instead of a benchmark. A template node is a ComputedBuffer
   whose data is the matmul as a sum reduction (ranges [B,] M, N; reduction K; the body
   multiplies the two operand loads, so the scheduler, the memory planner and the
   dependency analysis read it like any reduction), named in the returned dict with its
@@ -20,9 +23,10 @@
 [BLOCK_M, BLOCK_N] tiles of the output (grouped launch order for L2 reuse), the fp32
 accumulator rounded to the matmul's dtype as eager rounds, stored only if another step
 reads it, then the epilogue segments computed on the tile in registers. The group's
-entry is an `Autotuned` over several tile configurations and `aten`: the ATen matmul
-(padded when `shape_padding` says so) followed by the epilogue as a pointwise Triton
-kernel of its own — the fastest is kept, per kiln/runtime/autotune.py.
+entry is, under max-autotune, an `Autotuned` over several tile configurations and `aten`: the
+ATen matmul (padded when `shape_padding` says so) followed by the epilogue as a pointwise Triton
+kernel of its own — the fastest is kept, per kiln/runtime/autotune.py; in the other modes it is
+the template with `default_config`.
 """
 from __future__ import annotations
 
@@ -80,6 +84,30 @@ def matmul_configs(M: int, N: int, K: int, limit: int) -> list[MatmulConfig]:
         if len(out) == limit:
             break
     return out
+
+
+# A matmul is "small" (host-bound) under both bounds: its multiply-adds, and K, which a template program
+# walks serially (no split-K). Measured on an H100 host (benchmarks/wrapper_line_costs.py): torch.mm or
+# addmm costs the host 15-25 us a call, a template launch 8-10 us, and the epilogue it takes saves a launch
+# and an allocation more; an MLP of six Linear(256, 256) at batch 1 went from 0.26 to 0.13 ms per call
+# with templates. A 64 x 128 matmul over K = 3136 (a small CNN's classifier) is not small: two programs
+# walking 3136 would take 50 us of GPU time.
+SMALL_MATMUL_MACS = 1 << 25
+SMALL_MATMUL_MAX_K = 1024
+
+
+def small_matmul(batch: int, M: int, N: int, K: int) -> bool:
+    """Is this matmul cheap enough on the GPU that its host cost decides, so a template beats cuBLAS?"""
+    return batch * M * N * K <= SMALL_MATMUL_MACS and K <= SMALL_MATMUL_MAX_K
+
+
+def default_config(M: int, N: int, K: int) -> MatmulConfig:
+    """The tiles of a small matmul's template without autotuning: blocks no larger than the sizes (at least
+    16, tl.dot's minimum), narrower columns for a vector-like M so that more programs share the work."""
+    block_m = max(16, min(64, next_pow2(M)))
+    block_n = max(16, min(64 if M > 16 else 32, next_pow2(N)))
+    block_k = max(16, min(64, next_pow2(K)))
+    return MatmulConfig(block_m, block_n, block_k, num_warps=4, num_stages=3 if K > 2 * block_k else 2)
 
 
 @dataclass
@@ -203,8 +231,9 @@ def _broadcast_index(ref: ir.TensorRef, out_vars) -> sympy.Expr:
     return sympy.expand(idx)
 
 
-def _template_node(n: ir.Extern, pad: int):
-    """(nodes replacing the extern, name -> MatmulSpec) or None when the template cannot compute it."""
+def _template_node(n: ir.Extern, pad: int, autotune: bool):
+    """(nodes replacing the extern, name -> MatmulSpec) or None when the template cannot compute it, or
+    (without `autotune`) the matmul is not small enough to prefer it unmeasured."""
     kind = MATMULS[n.op]
     if kind == "addmm":
         if len(n.args) != 3 or any(float(v) != 1 for v in n.kwargs.values()):
@@ -230,7 +259,7 @@ def _template_node(n: ir.Extern, pad: int):
         N = int(b.layout.size[2])
     else:
         batch, (M, K), N = 1, (int(s) for s in a.layout.size), int(b.layout.size[1])
-    if K < 2 or M * N * batch == 0:
+    if K < 2 or M * N * batch == 0 or not (autotune or small_matmul(batch, M, N, K)):
         return None
     name = n.name if bias is None else f"{n.name}_mm"
     ranges = (batch, M, N) if kind == "bmm" else (M, N)
@@ -270,8 +299,6 @@ def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
     """Rewrite `graph`'s extern matmuls for max-autotune templates and shape padding (see the module
     docstring); returns the template nodes' specs (node name -> MatmulSpec) for the scheduler."""
     autotune, padding = options.get("max_autotune", False), options.get("shape_padding", False)
-    if not (autotune or padding):
-        return {}
     device_type = torch.device(device).type
     templates: dict = {}
     nodes = []
@@ -279,7 +306,7 @@ def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
         if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout):
             dtype = n.layout.dtype
             multiple = padding_multiple(dtype, device_type) if padding else 0
-            made = _template_node(n, multiple) if autotune else None
+            made = _template_node(n, multiple, autotune)
             if made is not None:
                 nodes += made[0]
                 templates.update(made[1])
@@ -439,5 +466,5 @@ def aten_candidate(group: KernelGroup, spec: MatmulSpec, entry: str, signature: 
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["prepare", "MatmulSpec", "MatmulTemplateKernel", "PaddedMatmul", "padded_matmul", "matmul_configs",
+__all__ = ["prepare", "small_matmul", "default_config", "MatmulSpec", "MatmulTemplateKernel", "PaddedMatmul", "padded_matmul", "matmul_configs",
            "epilogue_group", "aten_candidate", "aten_matmul_out"]

@@ -6,7 +6,15 @@ and charges the time from one line event to the next to the earlier line. Tracin
 a microsecond a line, so read the lines that cost tens of microseconds: extern calls,
 launches, allocations. The GPU is synchronized before each traced step, so nothing waits on it.
 
+With `--isolated` no tracer runs: the arguments of one call of each wrapper are recorded, the
+wrapper's body is replayed once line by line (so every name a line reads exists), then each
+line is timed alone, `--repeat` times back to back, with a synchronize between lines (`del`
+lines and the `return` are not timed). That is each line's cost with warm caches: in a real
+step the same lines cost 2 to 3 times more on the H100 host (2026-11-25: the CNN's forward
+wrapper took 154 us line by line, 416 us inside a step).
+
     python benchmarks/wrapper_lines.py --bench .bench/models_bench.py --model cnn_fashion_train --out lines.json
+    python benchmarks/wrapper_lines.py --bench .bench/models_bench.py --model cnn_fashion_train --isolated
 """
 from __future__ import annotations
 
@@ -57,6 +65,44 @@ class LineClock:
         return rows
 
 
+def isolated_line_costs(call, source: str, args: tuple, repeat: int, sync) -> list[dict]:
+    """(microseconds per run, code) for each statement of the wrapper function `call` (`source`: the
+    wrapper's), each run `repeat` times alone on the arguments `args` of a real call."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def call("))
+    body = [line.strip() for line in lines[start + 1:] if line.strip()]
+    env = dict(call.__globals__)
+    env.update(zip(call.__code__.co_varnames[:call.__code__.co_argcount], args))
+    rows = []
+    with torch.no_grad():
+        for line in body:
+            if line.startswith(("del ", "return")):
+                continue
+            code = compile(line.split("; del ")[0], "<line>", "exec")
+            exec(code, env)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                exec(code, env)
+            elapsed = time.perf_counter() - t0
+            sync()
+            rows.append({"us": round(elapsed / repeat * 1e6, 2), "code": line[:140]})
+    return rows
+
+
+def record_calls(graphs) -> dict:
+    """Wrap each compiled graph's call so that its first call's arguments are kept: name -> (call, source, args)."""
+    recorded = {}
+    for graph in graphs:
+        inner = graph.call
+
+        def record(*a, _graph=graph, _inner=inner):
+            recorded.setdefault(_graph.artefacts.get("name"), (_inner, _graph.artefacts["wrapper.py"], a))
+            return _inner(*a)
+        graph.call = record
+    return recorded
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True)
@@ -65,6 +111,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--isolated", action="store_true", help="time each line alone (see the module docstring)")
+    p.add_argument("--repeat", type=int, default=50, help="with --isolated: runs of each line")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     from kiln.codegen import GRAPH_LISTENERS
@@ -77,6 +125,20 @@ def main() -> None:
     step = _build(bench, args.model, *KILN_VARIANTS.get(args.compiler, (args.compiler, {})), device)
     for _ in range(15):
         step()
+    if args.isolated:
+        recorded = record_calls(graphs)
+        step()
+        sync()
+        result = {name: isolated_line_costs(call, source, call_args, args.repeat, sync)
+                  for name, (call, source, call_args) in recorded.items()}
+        for name, rows in result.items():
+            print(f"== {name}: {sum(r['us'] for r in rows):.1f} us over {len(rows)} lines")
+            for r in rows:
+                print(f"  {r['us']:8.2f} us  {r['code']}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     clock = LineClock()
     for _ in range(args.steps):
         sync()

@@ -17,6 +17,13 @@ With no outer loop (a full reduction) the inner loops run in parallel instead,
 each thread accumulating its own partial and the partials merged in thread
 order (deterministic for a given thread count). bfloat16 and float16 are computed
 in float and rounded after each op, as eager does.
+
+A column reduction (one outer and one inner loop, the loads contiguous along
+the outer one: a bias gradient summing a [rows, columns] tensor over its rows)
+runs in tiles of COLUMN_LANES columns instead: rows outer, the tile's columns
+inner and vectorized, one accumulator per column (`_column_tiles`). Row by row,
+a strided inner loop reads one element per cache line and does not vectorize
+(a GELU backward fused with its bias gradient: 5 ms in place of eager's 1 ms).
 """
 from __future__ import annotations
 
@@ -88,6 +95,11 @@ REDUCTIONS = {
 
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
 PARALLEL_MIN_WORK = 32768
+
+# Columns per tile of a column reduction (`_column_tiles`): a 64-byte line of floats per row read.
+COLUMN_LANES = 16
+# A column tile's accumulators start here (reductions with a plain per-lane accumulator).
+LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln::highest<{T}>()", "any": "false"}
 
 # Index expressions repeat across kernels (equal shapes, equal views): print and expand each once.
 cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
@@ -226,7 +238,10 @@ class CppKernel:
         g = self.group
         body_start = len(self.lines)
         par = self._parallel_if()
-        if g.outer:
+        opened = 0
+        if self._is_column_reduction():
+            self._column_tiles(par)
+        elif g.outer:
             has_inner = any(s.inner for s in g.segments)
             n_outer = len(g.outer)
             if has_inner or n_outer == 1:
@@ -239,14 +254,13 @@ class CppKernel:
                 outer_pragma = None if par is None else f"#pragma omp parallel for{collapse}{par}"
                 inner_pragma = "#pragma omp simd"
             opened = self._open_loops(g.outer, g.outer_vars(), outer_pragma, inner_pragma)
-        else:
-            opened = 0
-        outer_scope = Scope()
-        for seg in g.segments:
-            if seg.inner:
-                self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
-            else:
-                self._outer_segment(seg, outer_scope)
+        if not self._is_column_reduction():
+            outer_scope = Scope()
+            for seg in g.segments:
+                if seg.inner:
+                    self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
+                else:
+                    self._outer_segment(seg, outer_scope)
         self._close(opened)
         body = self.lines[body_start:]
         params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
@@ -278,18 +292,7 @@ class CppKernel:
 
     def _inner_segment(self, seg, outer_scope: Scope, parallel: bool, par) -> None:
         g = self.group
-        accs: dict = {}      # reduction key -> accumulator variable
-        decls = []
-        for node in seg.nodes:
-            if not node.is_reduction():
-                continue
-            rtype = node.data.reduction_type
-            family = node.data.family
-            key = (family, self._mapped(node))
-            if key not in accs:
-                acc = self.new_tmp("acc")
-                accs[key] = (acc, rtype, COMPUTE[node.data.body.dtype])
-                decls.append(key)
+        accs, decls = self._reduction_accumulators(seg)
         welford = [k for k in decls if k[0] == "welford"]
         produced_here = {n.name for n in seg.nodes}
         if welford and not parallel and not any(ld.buf in produced_here for k in welford for ld in ir.loads(k[1])):
@@ -316,6 +319,83 @@ class CppKernel:
             self._segment_body(seg, accs, outer_scope)
             self._close(opened)
         self._finish_reductions(seg, accs)
+
+    def _reduction_accumulators(self, seg) -> tuple[dict, list]:
+        """(reduction key -> (accumulator, reduction type, compute type), the keys in order): one accumulator
+        per distinct (family, body), so that welford's mean and m2 of one input share it."""
+        accs: dict = {}
+        decls = []
+        for node in seg.nodes:
+            if not node.is_reduction():
+                continue
+            key = (node.data.family, self._mapped(node))
+            if key not in accs:
+                accs[key] = (self.new_tmp("acc"), node.data.reduction_type, COMPUTE[node.data.body.dtype])
+                decls.append(key)
+        return accs, decls
+
+    def _is_column_reduction(self) -> bool:
+        """One outer and one inner loop, one segment of plain reductions (and pointwise nodes), whose loads
+        are mostly contiguous along the outer loop and strided along the inner one, all at indices affine in
+        the outer variable (a division or modulo of it, as a concatenation's, would run per element and row,
+        where the row-by-row loop computes it once per column)."""
+        g = self.group
+        if len(g.outer) != 1 or len(g.inner) != 1 or len(g.segments) != 1 or not g.segments[0].inner:
+            return False
+        nodes = g.segments[0].nodes
+        reductions = [n for n in nodes if n.is_reduction()]
+        if not reductions or any(n.data.reduction_type not in LANE_INIT for n in reductions):
+            return False
+        x, y = g.outer_vars()[0], g.inner_vars()[0]
+        along_columns = along_rows = 0
+        for node in nodes:
+            for e in ir.iter_exprs(self._mapped(node)):
+                if isinstance(e, ir.IndexValue) and x in sympy.sympify(e.expr).free_symbols:
+                    return False
+                if not isinstance(e, ir.Load):
+                    continue
+                index = _expand(e.index)
+                step_x, step_y = index.coeff(x), index.coeff(y)
+                if x in _expand(index - step_x * x).free_symbols or e.mask is not None or e.indirect:
+                    return False
+                along_rows += step_y == 1
+                along_columns += step_x == 1 and step_y != 0
+        return along_columns > along_rows
+
+    def _column_tiles(self, par) -> None:
+        """A column reduction (see the module docstring): per tile of COLUMN_LANES columns, rows outer, the
+        tile's columns inner and vectorized, each with its own accumulator; then each column's results."""
+        g = self.group
+        seg = g.segments[0]
+        (size,), (x,), (y,) = g.outer, g.outer_vars(), g.inner_vars()
+        accs, decls = self._reduction_accumulators(seg)
+        lanes = {key: (f"{acc}[l]", rtype, t) for key, (acc, rtype, t) in accs.items()}
+        if par is not None:
+            self.line(f"#pragma omp parallel for{par}")
+        self.line(f"for (int64_t {x}_tile = 0; {x}_tile < {cexpr(size)}; {x}_tile += {COLUMN_LANES}) {{")
+        self.indent += 1
+        self.line(f"const int64_t lanes = std::min<int64_t>({COLUMN_LANES}, {cexpr(size)} - {x}_tile);")
+        for key in decls:
+            acc, rtype, t = accs[key]
+            self.line(f"{t} {acc}[{COLUMN_LANES}];")
+            self.line(f"for (int64_t l = 0; l < lanes; l++) {acc}[l] = {LANE_INIT[rtype].format(T=t)};")
+        self.line(f"for (int64_t {y} = 0; {y} < {cexpr(g.inner[0])}; {y}++) {{")
+        self.indent += 1
+        self._lane_loop(x, "#pragma omp simd")
+        self._segment_body(seg, accs, Scope(), acc_names={acc: name for (acc, _, _), (name, _, _)
+                                                          in zip(accs.values(), lanes.values())})
+        self._close(2)
+        self._lane_loop(x, None)
+        self._finish_reductions(seg, lanes)
+        self._close(2)
+
+    def _lane_loop(self, x: str, pragma: str | None) -> None:
+        """Open a loop over the tile's columns, with the outer variable `x` bound to each column."""
+        if pragma:
+            self.line(pragma)
+        self.line("for (int64_t l = 0; l < lanes; l++) {")
+        self.indent += 1
+        self.line(f"const int64_t {x} = {x}_tile + l;")
 
     def _welford_means(self, accs, keys, outer_scope) -> None:
         """First pass of mean/variance: a vectorized sum per welford body, then its mean."""

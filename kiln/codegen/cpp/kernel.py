@@ -239,7 +239,8 @@ class CppKernel:
         body_start = len(self.lines)
         par = self._parallel_if()
         opened = 0
-        if self._is_column_reduction():
+        columns = self._is_column_reduction()
+        if columns:
             self._column_tiles(par)
         elif g.outer:
             has_inner = any(s.inner for s in g.segments)
@@ -254,7 +255,7 @@ class CppKernel:
                 outer_pragma = None if par is None else f"#pragma omp parallel for{collapse}{par}"
                 inner_pragma = "#pragma omp simd"
             opened = self._open_loops(g.outer, g.outer_vars(), outer_pragma, inner_pragma)
-        if not self._is_column_reduction():
+        if not columns:
             outer_scope = Scope()
             for seg in g.segments:
                 if seg.inner:
@@ -369,7 +370,7 @@ class CppKernel:
         seg = g.segments[0]
         (size,), (x,), (y,) = g.outer, g.outer_vars(), g.inner_vars()
         accs, decls = self._reduction_accumulators(seg)
-        lanes = {key: (f"{acc}[l]", rtype, t) for key, (acc, rtype, t) in accs.items()}
+        lane = {acc: f"{acc}[l]" for acc, _, _ in accs.values()}  # each column's accumulator in the tile
         if par is not None:
             self.line(f"#pragma omp parallel for{par}")
         self.line(f"for (int64_t {x}_tile = 0; {x}_tile < {cexpr(size)}; {x}_tile += {COLUMN_LANES}) {{")
@@ -382,11 +383,10 @@ class CppKernel:
         self.line(f"for (int64_t {y} = 0; {y} < {cexpr(g.inner[0])}; {y}++) {{")
         self.indent += 1
         self._lane_loop(x, "#pragma omp simd")
-        self._segment_body(seg, accs, Scope(), acc_names={acc: name for (acc, _, _), (name, _, _)
-                                                          in zip(accs.values(), lanes.values())})
+        self._segment_body(seg, accs, Scope(), acc_names=lane)
         self._close(2)
         self._lane_loop(x, None)
-        self._finish_reductions(seg, lanes)
+        self._finish_reductions(seg, {key: (lane[acc], rtype, t) for key, (acc, rtype, t) in accs.items()})
         self._close(2)
 
     def _lane_loop(self, x: str, pragma: str | None) -> None:

@@ -42,6 +42,19 @@ def test_gelu_backward_with_its_bias_gradient_is_one_tiled_kernel():
     assert compiled.num_kernels == 1 and tiled(compiled)
 
 
+def test_columns_summed_over_two_row_dims_tile():
+    # a LayerNorm's weight and bias gradients: [batch, tokens, features] summed over batch and tokens
+    grad, normed = torch.randn(6, 50, 24), torch.randn(6, 50, 24)
+    compiled = check(lambda g, n: ((g * n).sum((0, 1)), g.sum((0, 1))), grad, normed)
+    assert tiled(compiled)
+
+
+def test_a_batch_sum_of_a_3d_tensor_tiles_its_last_dim():
+    # a position embedding's gradient: [batch, tokens, features] summed over the batch alone
+    compiled = check(lambda g: g.sum(0), torch.randn(12, 7, 40))
+    assert tiled(compiled)
+
+
 def test_bfloat16_columns_accumulate_in_float():
     x = torch.randn(1000, 40, dtype=torch.bfloat16)
     assert tiled(check(lambda x: x.float().sum(0), x))

@@ -18,8 +18,9 @@ each thread accumulating its own partial and the partials merged in thread
 order (deterministic for a given thread count). bfloat16 and float16 are computed
 in float and rounded after each op, as eager does.
 
-A column reduction (one outer and one inner loop, the loads contiguous along
-the outer one: a bias gradient summing a [rows, columns] tensor over its rows)
+A column reduction (the loads contiguous along the last outer loop: a bias
+gradient summing a [rows, columns] tensor over its rows, a LayerNorm weight
+gradient over [batch, tokens, features], a position embedding's over the batch)
 runs in tiles of COLUMN_LANES columns instead: rows outer, the tile's columns
 inner and vectorized, one accumulator per column (`_column_tiles`). Row by row,
 a strided inner loop reads one element per cache line and does not vectorize
@@ -336,18 +337,18 @@ class CppKernel:
         return accs, decls
 
     def _is_column_reduction(self) -> bool:
-        """One outer and one inner loop, one segment of plain reductions (and pointwise nodes), whose loads
-        are mostly contiguous along the outer loop and strided along the inner one, all at indices affine in
-        the outer variable (a division or modulo of it, as a concatenation's, would run per element and row,
-        where the row-by-row loop computes it once per column)."""
+        """One segment of plain reductions (and pointwise nodes), whose loads are mostly contiguous along the
+        last outer loop and strided along the innermost reduction loop, all at indices affine in that loop's
+        variable (a division or modulo of it, as a concatenation's, would run per element and row, where the
+        row-by-row loop computes it once per column)."""
         g = self.group
-        if len(g.outer) != 1 or len(g.inner) != 1 or len(g.segments) != 1 or not g.segments[0].inner:
+        if not g.outer or not g.inner or len(g.segments) != 1 or not g.segments[0].inner:
             return False
         nodes = g.segments[0].nodes
         reductions = [n for n in nodes if n.is_reduction()]
         if not reductions or any(n.data.reduction_type not in LANE_INIT for n in reductions):
             return False
-        x, y = g.outer_vars()[0], g.inner_vars()[0]
+        x, y = g.outer_vars()[-1], g.inner_vars()[-1]
         along_columns = along_rows = 0
         for node in nodes:
             for e in ir.iter_exprs(self._mapped(node)):
@@ -368,11 +369,13 @@ class CppKernel:
         tile's columns inner and vectorized, each with its own accumulator; then each column's results."""
         g = self.group
         seg = g.segments[0]
-        (size,), (x,), (y,) = g.outer, g.outer_vars(), g.inner_vars()
+        *outer, size = g.outer
+        *outer_vars, x = g.outer_vars()
         accs, decls = self._reduction_accumulators(seg)
         lane = {acc: f"{acc}[l]" for acc, _, _ in accs.values()}  # each column's accumulator in the tile
         if par is not None:
-            self.line(f"#pragma omp parallel for{par}")
+            self.line(f"#pragma omp parallel for{f' collapse({len(g.outer)})' if outer else ''}{par}")
+        opened = self._open_loops(outer, outer_vars)
         self.line(f"for (int64_t {x}_tile = 0; {x}_tile < {cexpr(size)}; {x}_tile += {COLUMN_LANES}) {{")
         self.indent += 1
         self.line(f"const int64_t lanes = std::min<int64_t>({COLUMN_LANES}, {cexpr(size)} - {x}_tile);")
@@ -380,14 +383,13 @@ class CppKernel:
             acc, rtype, t = accs[key]
             self.line(f"{t} {acc}[{COLUMN_LANES}];")
             self.line(f"for (int64_t l = 0; l < lanes; l++) {acc}[l] = {LANE_INIT[rtype].format(T=t)};")
-        self.line(f"for (int64_t {y} = 0; {y} < {cexpr(g.inner[0])}; {y}++) {{")
-        self.indent += 1
+        rows = self._open_loops(g.inner, g.inner_vars())
         self._lane_loop(x, "#pragma omp simd")
         self._segment_body(seg, accs, Scope(), acc_names=lane)
-        self._close(2)
+        self._close(rows + 1)
         self._lane_loop(x, None)
         self._finish_reductions(seg, {key: (lane[acc], rtype, t) for key, (acc, rtype, t) in accs.items()})
-        self._close(2)
+        self._close(2 + opened)
 
     def _lane_loop(self, x: str, pragma: str | None) -> None:
         """Open a loop over the tile's columns, with the outer variable `x` bound to each column."""

@@ -7,6 +7,7 @@ with ATen forced to win, so both paths of the choice are exercised.
 """
 from __future__ import annotations
 
+import copy
 import os
 
 from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
@@ -22,7 +23,8 @@ cpu_inputs = pytest.mark.skipif(DEVICE != "cpu", reason="builds its inputs on th
 
 from lower.helpers import assert_same, trace  # noqa: E402
 
-from kiln.codegen import compile_aten_graph  # noqa: E402
+import kiln  # noqa: E402
+from kiln.codegen import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
 from kiln.codegen.describe import name_kernels  # noqa: E402
 from kiln.codegen.triton import templates  # noqa: E402
@@ -309,3 +311,45 @@ def test_template_and_padding_on_gpu():
         call, sched, ns, _ = build(fn, [x, w, b], MAX, prefer(kind), device="cuda:0")
         assert template_groups(sched)
         assert_same(call(x, w, b), fn(x, w, b))
+
+
+# ----------------------------------------------------------------------------- end to end, default mode
+
+
+class SmallCNN(torch.nn.Module):
+    """The benchmark's tutorial CNN, shrunk: convolutions with biases, ReLU, max-pooling, two Linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.fc1, self.fc2 = torch.nn.Linear(8 * 2 * 2, 16), torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@cpu_inputs
+def test_small_cnn_trains_like_eager_with_templates_and_biases_apart(monkeypatch):
+    """Default mode on the Triton target: the Linear layers' matmuls are templates in the forward and the
+    backward, the convolutions run without their biases (added and summed in kernels), gradients equal eager's."""
+    monkeypatch.setenv("KILN_CPU_BACKEND", "triton")
+    graphs = []
+    GRAPH_LISTENERS.append(lambda graph, options: graphs.append(graph))
+    torch.manual_seed(0)
+    model = SmallCNN()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 2, 1])
+    try:
+        F.cross_entropy(kiln.compile(model)(x), y).backward()
+    finally:
+        GRAPH_LISTENERS.pop()
+    F.cross_entropy(reference(x), y).backward()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5)
+    wrappers = {g.artefacts["name"]: g.artefacts["wrapper.py"] for g in graphs}
+    forward, backward = (next(w for n, w in wrappers.items() if n.endswith(kind)) for kind in ("forward", "backward"))
+    assert "fused_mm" in forward and "torch.addmm" not in backward and "torch.mm" not in backward
+    assert "torch.convolution(arg" in forward and ", None, [1, 1]" in forward  # no bias in the ATen call
+    assert backward.count("convolution_backward") == 2 and "True, True, True]" not in backward

@@ -89,6 +89,7 @@ class GuardKind(enum.Enum):
     DICT_KEYS = "dict keys"
     GRAD_MODE = "grad mode"
     AUTOCAST = "autocast"
+    MATMUL_PRECISION = "matmul precision"  # TF32 for float32 matmuls: compiled templates bake it in
     MODULE_TRAINING = "module training"
     NO_HOOKS = "module hooks"
     SHAPE = "shape relations"
@@ -148,6 +149,7 @@ HELPERS: dict[str, Any] = {
     "___describe_tensor": describe_tensor,
     "___autocast_state": _autocast_state,
     "___grad_enabled": torch.is_grad_enabled,
+    "___tf32_matmuls": torch._C._get_cublas_allow_tf32,
     "torch": torch,
 }
 

@@ -43,6 +43,10 @@ class CaptureState:
                               f"inference mode {inference}", "torch.is_inference_mode_enabled()"))
         self.guards.add(Guard(GuardKind.AUTOCAST, None, f"___autocast_state() == {_autocast_state()!r}",
                               repr(_autocast_state()), "___autocast_state()"))
+        # torch.backends.cuda.matmul.allow_tf32: cuBLAS reads it per call, a compiled Triton matmul when built
+        tf32 = torch._C._get_cublas_allow_tf32()
+        self.guards.add(Guard(GuardKind.MATMUL_PRECISION, None, f"___tf32_matmuls() is {tf32}",
+                              f"TF32 matmuls {tf32}", "___tf32_matmuls()"))
 
     # --- sources ---------------------------------------------------------------------------
     def source_expr(self, source: Source) -> str:

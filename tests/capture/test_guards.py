@@ -234,6 +234,23 @@ def test_grad_mode_change_recompiles(recompiles):
     assert "grad mode" in msg and "True" in msg and "False" in msg, msg
 
 
+def test_tf32_matmul_setting_change_recompiles(recompiles):
+    # a compiled float32 matmul (a Triton template) is built for TF32 or IEEE precision, as eager's cuBLAS
+    # follows torch.backends.cuda.matmul.allow_tf32 per call
+    c = _compiled(simple)
+    x = t(3)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        c(x)
+        torch.backends.cuda.matmul.allow_tf32 = not before
+        c(x)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert len(context_of(c).records) == 2
+    msg = _messages(recompiles)[0]
+    assert "matmul precision" in msg and "TF32 matmuls" in msg, msg
+
+
 def test_replaced_parameter_recompiles():
     m = nn.Linear(3, 3)
     c = kiln.compile(m, backend="eager")

@@ -239,11 +239,24 @@ class CppKernel:
         g = self.group
         body_start = len(self.lines)
         par = self._parallel_if()
-        opened = 0
-        columns = self._is_column_reduction()
-        if columns:
+        if self._is_column_reduction():
             self._column_tiles(par)
-        elif g.outer:
+        else:
+            self._row_loops(par)
+        body = self.lines[body_start:]
+        params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
+        params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
+        self.size_args = sorted(self.group.size_symbols(), key=str)
+        params += [f"const int64_t {s}" for s in self.size_args]
+        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
+        self.params = params
+        return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
+
+    def _row_loops(self, par) -> None:
+        """The outer loops, one iteration per output row, and each segment inside them (module docstring)."""
+        g = self.group
+        opened = 0
+        if g.outer:
             has_inner = any(s.inner for s in g.segments)
             n_outer = len(g.outer)
             if has_inner or n_outer == 1:
@@ -256,22 +269,13 @@ class CppKernel:
                 outer_pragma = None if par is None else f"#pragma omp parallel for{collapse}{par}"
                 inner_pragma = "#pragma omp simd"
             opened = self._open_loops(g.outer, g.outer_vars(), outer_pragma, inner_pragma)
-        if not columns:
-            outer_scope = Scope()
-            for seg in g.segments:
-                if seg.inner:
-                    self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
-                else:
-                    self._outer_segment(seg, outer_scope)
+        outer_scope = Scope()
+        for seg in g.segments:
+            if seg.inner:
+                self._inner_segment(seg, outer_scope, parallel=(not g.outer and par is not None), par=par)
+            else:
+                self._outer_segment(seg, outer_scope)
         self._close(opened)
-        body = self.lines[body_start:]
-        params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
-        params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
-        self.size_args = sorted(self.group.size_symbols(), key=str)
-        params += [f"const int64_t {s}" for s in self.size_args]
-        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
-        self.params = params
-        return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
 
     def canonical_source(self) -> str:
         """The source with the function and its parameters renamed by position: kernels equal in it compute

@@ -70,7 +70,7 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
         spec = sched.template_of(g)
         if spec is not None and not tune:
             kernels[g.name] = default_template(g, layouts, external, spec)
-        elif spec is not None or tune:
+        elif tune:
             from kiln.codegen.triton import tuning
 
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \

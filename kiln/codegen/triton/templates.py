@@ -87,10 +87,10 @@ def matmul_configs(M: int, N: int, K: int, limit: int) -> list[MatmulConfig]:
 
 
 # A matmul is "small" (host-bound) under both bounds: its multiply-adds, and K, which a template program
-# walks serially (no split-K). Measured on an H100 host (benchmarks/wrapper_line_costs.py): torch.mm or
-# addmm costs the host 15-25 us a call, a template launch 8-10 us, and the epilogue it takes saves a launch
-# and an allocation more; an MLP of six Linear(256, 256) at batch 1 went from 0.26 to 0.13 ms per call
-# with templates. A 64 x 128 matmul over K = 3136 (a small CNN's classifier) is not small: two programs
+# walks serially (no split-K). Measured on an H100 host (benchmarks/wrapper_lines.py --isolated): torch.mm
+# or addmm costs the host 14-26 us a call, a template launch 8-10 us, and the epilogue it takes saves a
+# launch and an allocation more; an MLP of six Linear(256, 256) at batch 1 went from 0.26 to 0.185 ms per
+# call with these templates (benchmarks/step_parts.py). A 64 x 128 matmul over K = 3136 (a small CNN's classifier) is not small: two programs
 # walking 3136 would take 50 us of GPU time.
 SMALL_MATMUL_MACS = 1 << 25
 SMALL_MATMUL_MAX_K = 1024
@@ -466,5 +466,5 @@ def aten_candidate(group: KernelGroup, spec: MatmulSpec, entry: str, signature: 
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["prepare", "small_matmul", "default_config", "MatmulSpec", "MatmulTemplateKernel", "PaddedMatmul", "padded_matmul", "matmul_configs",
-           "epilogue_group", "aten_candidate", "aten_matmul_out"]
+__all__ = ["prepare", "small_matmul", "default_config", "MatmulSpec", "MatmulTemplateKernel", "PaddedMatmul",
+           "padded_matmul", "matmul_configs", "epilogue_group", "aten_candidate", "aten_matmul_out"]

@@ -352,6 +352,17 @@ def test_split_full_and_column_and_batchnorm_style_reductions():
     assert "split reduction" in source(c)
 
 
+def test_batch_norm_statistics_over_many_channels_split_their_rows():
+    # 256 channels of 2 x 64 x 64 values: one program per channel would leave most of a GPU idle, so
+    # each channel's sum and Welford statistics are computed in chunks and combined. The interpreter takes
+    # minutes over these 2M values, so on the CPU the kernels are only generated (the split kernels' results
+    # are checked at smaller sizes above, Welford's included); on a GPU they run and are compared with eager.
+    statistics = lambda x: (x.sum((0, 2, 3)), torch.var_mean(x, (0, 2, 3), correction=0))  # noqa: E731
+    x = torch.randn(2, 256, 64, 64)
+    c = check(statistics, x) if DEVICE == "cuda" else compile_triton(statistics, x)
+    assert "split reduction over outer (256)" in source(c), source(c)
+
+
 def test_reduction_read_back_by_its_row_is_not_split():
     x, w = torch.randn(2, 9000), torch.randn(9000)
     c = check(lambda x, w: F.layer_norm(x, (9000,), w), x, w, max_kernels=2)

@@ -29,6 +29,10 @@ BLOCK_ELEMENTS = 4096          # XBLOCK * RBLOCK budget of one program
 POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
+# A row reduction over long rows (BatchNorm's statistics: N*H*W values per channel) splits until it has
+# this many programs, about eight per SM of an H100: each program keeps one RBLOCK of loads in flight,
+# and 128 to 512 channels at one program each left the GPU's memory bandwidth mostly idle.
+ROW_SPLIT_PROGRAMS = 1024
 MAX_RSPLIT = 256
 TILE = 16                      # the smallest last dim worth a 2-d tile
 MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 weight's 9 taps)
@@ -143,8 +147,9 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
             rblock = min(rblock, next_pow2(rnumel))
     warps = max(1, min(8, xblock * rblock // 256))
     programs = None if xnumel is None else -(-xnumel // xblock)
-    if programs is not None and rnumel is not None and programs < MIN_PROGRAMS // 2:
-        rsplit = min(_pow2_floor(-(-MIN_PROGRAMS // programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
+    wanted = ROW_SPLIT_PROGRAMS if contiguous and xblock == 1 else MIN_PROGRAMS
+    if programs is not None and rnumel is not None and programs < wanted // 2:
+        rsplit = min(_pow2_floor(-(-wanted // programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
         if rsplit >= 2:
             rchunk = -(-(-(-rnumel // rsplit)) // rblock) * rblock
             combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))

@@ -4,7 +4,7 @@ earlier threshold (a row reduction split only below MIN_PROGRAMS // 2 programs, 
 programs walking N*H*W values each), and eager.
 
 Forward and backward are traced separately (aten.native_batch_norm and its backward, decomposed as in a
-training graph), compiled with kiln's code generator, checked against eager, then timed with CUDA events
+training graph), compiled with kiln's code generator, checked against eager (norm-relative error), then timed with CUDA events
 (triton.testing.do_bench, median).
 
     python benchmarks/batchnorm_kernels.py [--dtype bfloat16] [--out bn.json]
@@ -72,7 +72,8 @@ def main() -> None:
             steps[name] = (compiled(forward, [x, weight, bias], programs),
                            compiled(backward, [grad, y, x, weight, mean, invstd], programs))
         times = {}
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+        # |got - eager| / |eager|: a bf16 sum over 800K values differs from eager's by an ulp of its largest
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
         for name, (fwd, bwd) in steps.items():
             def step():
                 y, mean, invstd = fwd(x, weight, bias)
@@ -81,7 +82,8 @@ def main() -> None:
             # element of the backward's mask
             got = (*fwd(x, weight, bias), *bwd(grad, y, x, weight, mean, invstd))
             for g, e in zip(got, (y, mean, invstd, *expected[1:])):
-                torch.testing.assert_close(g.float(), e.float(), rtol=tol, atol=tol)
+                error = ((g.double() - e.double()).norm() / e.double().norm()).item()
+                assert error < tol, f"{name}: relative error {error:.2e} over {tuple(e.shape)}"
             times[name] = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median") * 1e3
         rows.append({"channels": channels, "side": side, "dtype": args.dtype, "us": times})
         shape = f"64x{channels}x{side}x{side}"

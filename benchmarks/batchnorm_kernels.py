@@ -73,7 +73,7 @@ def main() -> None:
                            compiled(backward, [grad, y, x, weight, mean, invstd], programs))
         times = {}
         # |got - eager| / |eager|: a bf16 sum over 800K values differs from eager's by an ulp of its largest
-        tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
         for name, (fwd, bwd) in steps.items():
             def step():
                 y, mean, invstd = fwd(x, weight, bias)

@@ -1,6 +1,6 @@
 """Training BatchNorm + ReLU on the GPU at DenseNet-121's shapes (batch 64): kiln's Triton kernels with the
-statistics reductions split across programs (`heuristics.ROW_SPLIT_PROGRAMS`), the same kernels with the
-earlier threshold (a row reduction split only below MIN_PROGRAMS // 2 programs, so 128 channels ran as 128
+statistics reductions split across programs (`heuristics.ROW_SPLIT_PROGRAMS`, for rows of at least
+ROW_SPLIT_MIN_RNUMEL values), the same kernels with the earlier threshold (a row reduction split only below MIN_PROGRAMS // 2 programs, so 128 channels ran as 128
 programs walking N*H*W values each), and eager.
 
 Forward and backward are traced separately (aten.native_batch_norm and its backward, decomposed as in a

@@ -353,14 +353,17 @@ def test_split_full_and_column_and_batchnorm_style_reductions():
 
 
 def test_batch_norm_statistics_over_many_channels_split_their_rows():
-    # 256 channels of 2 x 64 x 64 values: one program per channel would leave most of a GPU idle, so
+    # 256 channels of 2 x 128 x 128 values: one program per channel would leave most of a GPU idle, so
     # each channel's sum and Welford statistics are computed in chunks and combined. The interpreter takes
-    # minutes over these 2M values, so on the CPU the kernels are only generated (the split kernels' results
+    # minutes over these 8M values, so on the CPU the kernels are only generated (the split kernels' results
     # are checked at smaller sizes above, Welford's included); on a GPU they run and are compared with eager.
     statistics = lambda x: (x.sum((0, 2, 3)), torch.var_mean(x, (0, 2, 3), correction=0))  # noqa: E731
-    x = torch.randn(2, 256, 64, 64)
+    x = torch.randn(2, 256, 128, 128)
     c = check(statistics, x) if DEVICE == "cuda" else compile_triton(statistics, x)
     assert "split reduction over outer (256)" in source(c), source(c)
+    # 14 x 14 images: rows of 392 values, one program each (a split would cost a launch and a workspace)
+    short = compile_triton(statistics, torch.randn(2, 256, 14, 14))
+    assert "split reduction" not in source(short), source(short)
 
 
 def test_reduction_read_back_by_its_row_is_not_split():

@@ -31,8 +31,11 @@ INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
 # A row reduction over long rows (BatchNorm's statistics: N*H*W values per channel) splits until it has
 # this many programs, about eight per SM of an H100: each program keeps one RBLOCK of loads in flight,
-# and 128 to 512 channels at one program each left the GPU's memory bandwidth mostly idle.
+# and 128 to 512 channels at one program each left the GPU's memory bandwidth mostly idle. Rows shorter
+# than ROW_SPLIT_MIN_RNUMEL do not: the second launch and the workspace cost more than they save
+# (benchmarks/batchnorm_kernels.py, H100: 64x128x28x28 fp32 129 -> 109 us split, 64x128x14x14 42 -> 72 us).
 ROW_SPLIT_PROGRAMS = 1024
+ROW_SPLIT_MIN_RNUMEL = 32768
 MAX_RSPLIT = 256
 TILE = 16                      # the smallest last dim worth a 2-d tile
 MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 weight's 9 taps)
@@ -147,7 +150,8 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
             rblock = min(rblock, next_pow2(rnumel))
     warps = max(1, min(8, xblock * rblock // 256))
     programs = None if xnumel is None else -(-xnumel // xblock)
-    wanted = ROW_SPLIT_PROGRAMS if contiguous and xblock == 1 else MIN_PROGRAMS
+    long_rows = contiguous and xblock == 1 and rnumel is not None and rnumel >= ROW_SPLIT_MIN_RNUMEL
+    wanted = ROW_SPLIT_PROGRAMS if long_rows else MIN_PROGRAMS
     if programs is not None and rnumel is not None and programs < wanted // 2:
         rsplit = min(_pow2_floor(-(-wanted // programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
         if rsplit >= 2:

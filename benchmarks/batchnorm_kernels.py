@@ -1,11 +1,11 @@
 """Training BatchNorm + ReLU on the GPU at DenseNet-121's shapes (batch 64): kiln's Triton kernels with the
 statistics reductions split across programs (`heuristics.ROW_SPLIT_PROGRAMS`, for rows of at least
-ROW_SPLIT_MIN_RNUMEL values), the same kernels with the earlier threshold (a row reduction split only below MIN_PROGRAMS // 2 programs, so 128 channels ran as 128
-programs walking N*H*W values each), and eager.
+ROW_SPLIT_MIN_RNUMEL values), the same kernels with the earlier threshold (a row reduction split only below
+MIN_PROGRAMS // 2 programs, so 128 channels ran as 128 programs walking N*H*W values each), and eager.
 
 Forward and backward are traced separately (aten.native_batch_norm and its backward, decomposed as in a
-training graph), compiled with kiln's code generator, checked against eager (norm-relative error), then timed with CUDA events
-(triton.testing.do_bench, median).
+training graph), compiled with kiln's code generator, checked against eager (norm-relative error), then
+timed with CUDA events (triton.testing.do_bench, median).
 
     python benchmarks/batchnorm_kernels.py [--dtype bfloat16] [--out bn.json]
 """
@@ -87,7 +87,8 @@ def main() -> None:
             times[name] = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median") * 1e3
         rows.append({"channels": channels, "side": side, "dtype": args.dtype, "us": times})
         shape = f"64x{channels}x{side}x{side}"
-        print(f"{shape:>22s} {args.dtype:>9s}  {'':12s} {times['looped']:8.1f} {times['split']:8.1f} {times['eager']:8.1f}")
+        print(f"{shape:>22s} {args.dtype:>9s}  {'':12s} "
+              f"{times['looped']:8.1f} {times['split']:8.1f} {times['eager']:8.1f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -1,7 +1,8 @@
-"""max-autotune's matmul template (kiln/codegen/triton/templates.py) and shape padding, on the CPU.
+"""max-autotune's matmul template (kiln/codegen/triton/templates.py) and shape padding.
 
-The Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton as in
-test_triton_kernels.py); tensors are tiny because the interpreter is slow. Each template is checked
+The Triton kernels run on `DEVICE` (tests/triton_device.py): on the CPU through Triton's interpreter
+(TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton as in test_triton_kernels.py), on the GPU for real under
+KILN_TRITON_TEST_DEVICE=cuda. Tensors are tiny because the interpreter is slow. Each template is checked
 against eager with the template forced to win (a deterministic timer passed to `load_kernels`) and
 with ATen forced to win, so both paths of the choice are exercised.
 """
@@ -17,9 +18,6 @@ import torch
 import torch.nn.functional as F
 
 skip_module_unless_kernels_run()
-# Checks built on CPU inputs (the interpreter's); on the GPU, test_template_and_padding_on_gpu and
-# benchmarks/autotune_gpu.py check the same paths.
-cpu_inputs = pytest.mark.skipif(DEVICE != "cpu", reason="builds its inputs on the CPU")
 
 from lower.helpers import assert_same, trace  # noqa: E402
 
@@ -57,7 +55,12 @@ def prefer(kind: str):
     return timer
 
 
-def build(fn, inputs, options, timer=None, device="cpu"):
+def randn(*size, dtype=torch.float32):
+    """Random inputs on the device the kernels run on."""
+    return torch.randn(*size, dtype=dtype).to(DEVICE)
+
+
+def build(fn, inputs, options, timer=None, device=DEVICE):
     """The stages of kiln.codegen._compile, with `timer` given to the autotuned kernels:
     (call, schedule, namespace, kernel source)."""
     gm = trace(fn, *inputs)
@@ -92,29 +95,25 @@ def check_both_ways(fn, *inputs, epilogue_nodes=None, options=MAX):
     return sched, source
 
 
-@cpu_inputs
 def test_linear_relu_epilogue_is_fused_into_the_template():
-    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    x, w, b = randn(5, 24), randn(10, 24), randn(10)
     sched, source = check_both_ways(lambda x, w, b: F.relu(F.linear(x, w, b)) * 0.5, x, w, b, epilogue_nodes=[2])
     assert "tl.dot" in source and "Autotuned(" in source
     assert len(sched.kernels()) == 1  # matmul, bias, relu and scale: one kernel
 
 
-@cpu_inputs
 def test_mm_without_epilogue_and_uneven_k():
-    a, b = torch.randn(7, 19), torch.randn(19, 9)  # K=19: the last K block is masked
+    a, b = randn(7, 19), randn(19, 9)  # K=19: the last K block is masked
     check_both_ways(torch.mm, a, b, epilogue_nodes=[0])
 
 
-@cpu_inputs
 def test_bmm_with_transposed_operand_and_epilogue():
-    a, b = torch.randn(3, 6, 17), torch.randn(3, 5, 17)
+    a, b = randn(3, 6, 17), randn(3, 5, 17)
     check_both_ways(lambda a, b: torch.tanh(torch.bmm(a, b.transpose(1, 2))) + 1, a, b, epilogue_nodes=[1])
 
 
-@cpu_inputs
 def test_matmul_output_read_elsewhere_is_stored():
-    x, w = torch.randn(4, 16), torch.randn(16, 8)
+    x, w = randn(4, 16), randn(16, 8)
 
     def fn(x, w):
         y = x @ w
@@ -124,24 +123,21 @@ def test_matmul_output_read_elsewhere_is_stored():
     assert group.nodes[0].name not in group.local
 
 
-@cpu_inputs
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_addmm(dtype):
-    x, w, b = (torch.randn(4, 16, dtype=dtype), torch.randn(16, 8, dtype=dtype), torch.randn(8, dtype=dtype))
+    x, w, b = randn(4, 16, dtype=dtype), randn(16, 8, dtype=dtype), randn(8, dtype=dtype)
     check_both_ways(lambda b, x, w: torch.addmm(b, x, w).relu(), b, x, w)
 
 
-@cpu_inputs
 def test_epilogue_fusion_off_keeps_the_epilogue_apart():
-    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    x, w, b = randn(5, 24), randn(10, 24), randn(10)
     fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
     sched, _ = check_both_ways(fn, x, w, b, epilogue_nodes=[0], options={**MAX, "epilogue_fusion": False})
     assert len(sched.kernels()) == 2
 
 
-@cpu_inputs
 def test_compile_aten_graph_under_each_mode():
-    x, w, b = torch.randn(5, 24), torch.randn(10, 24), torch.randn(10)
+    x, w, b = randn(5, 24), randn(10, 24), randn(10)
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b)).softmax(-1)  # noqa: E731
     ref = fn(x, w, b)
     for mode in ("default", "max-autotune-no-cudagraphs", "max-autotune"):
@@ -172,9 +168,8 @@ def test_default_mode_makes_templates_of_small_matmuls_only():
     assert templates.small_matmul(1, 1, 256, 256) and not templates.small_matmul(1, 64, 128, 3136)
 
 
-@cpu_inputs
 def test_default_template_fuses_bias_and_activation_without_autotuning():
-    x, w, b = torch.randn(3, 40), torch.randn(20, 40), torch.randn(20)
+    x, w, b = randn(3, 40), randn(20, 40), randn(20)
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
     call, sched, ns, source = build(fn, [x, w, b], DEFAULT)
     assert_same(call(x, w, b), fn(x, w, b))
@@ -330,7 +325,6 @@ class SmallCNN(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
-@cpu_inputs
 def test_small_cnn_trains_like_eager_with_templates_and_biases_apart(monkeypatch):
     """Default mode on the Triton target: the Linear layers' matmuls are templates in the forward and the
     backward, the convolutions run without their biases (added and summed in kernels), gradients equal eager's."""
@@ -338,9 +332,9 @@ def test_small_cnn_trains_like_eager_with_templates_and_biases_apart(monkeypatch
     graphs = []
     GRAPH_LISTENERS.append(lambda graph, options: graphs.append(graph))
     torch.manual_seed(0)
-    model = SmallCNN()
+    model = SmallCNN().to(DEVICE)
     reference = copy.deepcopy(model)
-    x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 2, 1])
+    x, y = randn(3, 1, 8, 8), torch.tensor([0, 2, 1], device=DEVICE)
     try:
         F.cross_entropy(kiln.compile(model)(x), y).backward()
     finally:

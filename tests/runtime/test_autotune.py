@@ -1,7 +1,8 @@
 """The autotuner (kiln/runtime/autotune.py) and mode="max-autotune" / "max-autotune-no-cudagraphs".
 
-Generated Triton kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1,
-KILN_CPU_BACKEND=triton), where timings mean nothing but the mechanism is the same: every
+Generated Triton kernels run on `DEVICE` (tests/triton_device.py): on the CPU through Triton's
+interpreter (TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton), where timings mean nothing but the
+mechanism is the same, or on the GPU under KILN_TRITON_TEST_DEVICE=cuda. Either way every
 candidate runs, the fastest by the timer is kept, the decision is written to the cache and read
 back by the next compile. Deterministic timers are passed as parameters (`Autotuned(timer=...)`,
 `load_kernels(timer=...)`).
@@ -9,6 +10,7 @@ back by the next compile. Deterministic timers are passed as parameters (`Autotu
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
@@ -22,8 +24,8 @@ import kiln
 from kiln.config import MODES, OPTIONS, validate_options
 from kiln.runtime import autotune
 
-needs_interpreter = pytest.mark.skipif(
-    not INTERPRETING, reason="runs Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+runs_kernels = pytest.mark.skipif(
+    DEVICE == "cpu" and not INTERPRETING, reason="runs Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
 
 
 @pytest.fixture(autouse=True)
@@ -169,11 +171,12 @@ def workload(x, w, b):
 
 
 def inputs():
+    """The workload's inputs on the device the kernels run on (tests/triton_device.py)."""
     torch.manual_seed(0)
-    return torch.randn(6, 20), torch.randn(12, 20), torch.randn(12)
+    return tuple(t.to(DEVICE) for t in (torch.randn(6, 20), torch.randn(12, 20), torch.randn(12)))
 
 
-@needs_interpreter
+@runs_kernels
 @pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "max-autotune"])
 def test_kiln_compile_equals_eager_under_each_mode(mode):
     pytest.importorskip("triton")
@@ -193,7 +196,7 @@ def test_kiln_compile_equals_eager_under_each_mode(mode):
     assert (tuned > 0) == (mode != "default")
 
 
-@needs_interpreter
+@runs_kernels
 def test_second_compile_reads_the_decisions_back(tmp_path):
     """The cache files are written by the first compile; a new process (no kernel module loaded yet)
     compiling the same graph benchmarks nothing."""
@@ -228,7 +231,7 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     assert autotune.stats["disk_hits"] - before["disk_hits"] == tunings
 
 
-@needs_interpreter
+@runs_kernels
 def test_injected_timer_picks_the_fastest_generated_config():
     """Through `load_kernels(timer=...)`: for each kernel the candidate the timer calls fastest (here the
     last one listed) is the one kept, and the graph still equals eager with it."""
@@ -236,12 +239,12 @@ def test_injected_timer_picks_the_fastest_generated_config():
     from codegen.test_mm_template import build
 
     args = list(inputs())
-    seen: dict = {}
+    timed = itertools.count()
 
     def last_is_fastest(label, run):
+        """Each candidate timed faster than the one before (labels repeat across kernels: count calls)."""
         run()
-        seen.setdefault(label, len(seen))
-        return 100.0 - seen[label]
+        return 100.0 - next(timed)
 
     options = {**validate_options("max-autotune-no-cudagraphs", None), "cpu_backend": "triton"}
     from kiln.codegen import triton as triton_target
@@ -264,7 +267,7 @@ def test_injected_timer_picks_the_fastest_generated_config():
                     reason="needs a CUDA device (KILN_TRITON_TEST_DEVICE=cuda)")
 def test_max_autotune_with_cuda_graphs_on_gpu():
     kiln.reset()
-    args = [a.cuda().half() for a in inputs()]
+    args = [a.half() for a in inputs()]
     compiled = kiln.compile(workload, mode="max-autotune")
     with torch.no_grad():
         for _ in range(3):  # warm-up (autotunes), record, replay

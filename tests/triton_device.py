@@ -17,10 +17,16 @@ if DEVICE == "cpu" and not torch.cuda.is_available():
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def skip_module_unless_kernels_run() -> None:
-    """Skip the calling test module where its kernels cannot run (call it at module level)."""
+def skip_unless_kernels_run(allow_module_level: bool = False) -> None:
+    """Skip the calling test (the module, at module level) where its Triton kernels cannot run."""
     pytest.importorskip("triton")
     if DEVICE == "cpu" and not INTERPRETING:
-        pytest.skip("these tests run Triton kernels on CPU tensors (TRITON_INTERPRET=1)", allow_module_level=True)
+        pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1",
+                    allow_module_level=allow_module_level)
     if DEVICE != "cpu" and not torch.cuda.is_available():
-        pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=True)
+        pytest.skip(f"KILN_TRITON_TEST_DEVICE={DEVICE} but no CUDA device", allow_module_level=allow_module_level)
+
+
+def skip_module_unless_kernels_run() -> None:
+    """Skip the calling test module where its kernels cannot run (call it at module level)."""
+    skip_unless_kernels_run(allow_module_level=True)

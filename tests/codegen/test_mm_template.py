@@ -298,12 +298,11 @@ def test_zero_padded_operands_on_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",
                     reason="needs a CUDA device (KILN_TRITON_TEST_DEVICE=cuda)")
 def test_template_and_padding_on_gpu():
-    x, w, b = (torch.randn(100, 250, device="cuda", dtype=torch.float16),
-               torch.randn(130, 250, device="cuda", dtype=torch.float16), torch.randn(130, device="cuda",
-                                                                                   dtype=torch.float16))
+    half = torch.float16
+    x, w, b = randn(100, 250, dtype=half), randn(130, 250, dtype=half), randn(130, dtype=half)
     fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
     for kind in ("template", "aten"):
-        call, sched, ns, _ = build(fn, [x, w, b], MAX, prefer(kind), device="cuda:0")
+        call, sched, ns, _ = build(fn, [x, w, b], MAX, prefer(kind))
         assert template_groups(sched)
         assert_same(call(x, w, b), fn(x, w, b))
 

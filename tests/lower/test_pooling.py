@@ -7,7 +7,7 @@ the same graphs through Triton's interpreter on the CPU (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
-from triton_device import DEVICE, INTERPRETING  # first: sets TRITON_INTERPRET
+from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
 
 import pytest
 import torch
@@ -252,9 +252,7 @@ def test_avg_pool_backward_fuses_into_the_batch_norm_backward_before_it():
 
 def _triton_check(fn, *inputs):
     """`fn` compiled for the Triton target, compared with eager, no externs."""
-    pytest.importorskip("triton")
-    if DEVICE == "cpu" and not INTERPRETING:
-        pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    skip_unless_kernels_run()
     return check_triton(fn, *inputs, device=DEVICE)
 
 

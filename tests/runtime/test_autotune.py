@@ -15,7 +15,7 @@ import json
 import logging
 import os
 
-from triton_device import DEVICE, INTERPRETING  # first: sets TRITON_INTERPRET
+from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
 
 import pytest
 import torch
@@ -23,10 +23,6 @@ import torch
 import kiln
 from kiln.config import MODES, OPTIONS, validate_options
 from kiln.runtime import autotune
-
-runs_kernels = pytest.mark.skipif(
-    DEVICE == "cpu" and not INTERPRETING, reason="runs Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
-
 
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path, monkeypatch):
@@ -176,10 +172,9 @@ def inputs():
     return tuple(t.to(DEVICE) for t in (torch.randn(6, 20), torch.randn(12, 20), torch.randn(12)))
 
 
-@runs_kernels
 @pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "max-autotune"])
 def test_kiln_compile_equals_eager_under_each_mode(mode):
-    pytest.importorskip("triton")
+    skip_unless_kernels_run()
     from kiln.codegen import triton as triton_target
 
     kiln.reset()
@@ -196,11 +191,10 @@ def test_kiln_compile_equals_eager_under_each_mode(mode):
     assert (tuned > 0) == (mode != "default")
 
 
-@runs_kernels
 def test_second_compile_reads_the_decisions_back(tmp_path):
     """The cache files are written by the first compile; a new process (no kernel module loaded yet)
     compiling the same graph benchmarks nothing."""
-    pytest.importorskip("triton")
+    skip_unless_kernels_run()
     from kiln.codegen import compile_aten_graph
     from kiln.codegen import triton as triton_target
     from lower.helpers import trace
@@ -231,11 +225,10 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     assert autotune.stats["disk_hits"] - before["disk_hits"] == tunings
 
 
-@runs_kernels
 def test_injected_timer_picks_the_fastest_generated_config():
     """Through `load_kernels(timer=...)`: for each kernel the candidate the timer calls fastest (here the
     last one listed) is the one kept, and the graph still equals eager with it."""
-    pytest.importorskip("triton")
+    skip_unless_kernels_run()
     from codegen.test_mm_template import build
 
     args = list(inputs())

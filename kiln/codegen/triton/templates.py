@@ -90,8 +90,8 @@ def matmul_configs(M: int, N: int, K: int, limit: int) -> list[MatmulConfig]:
 # walks serially (no split-K). Measured on an H100 host (benchmarks/wrapper_lines.py --isolated): torch.mm
 # or addmm costs the host 14-26 us a call, a template launch 8-10 us, and the epilogue it takes saves a
 # launch and an allocation more; an MLP of six Linear(256, 256) at batch 1 went from 0.26 to 0.185 ms per
-# call with these templates (benchmarks/step_parts.py). A 64 x 128 matmul over K = 3136 (a small CNN's classifier) is not small: two programs
-# walking 3136 would take 50 us of GPU time.
+# call with these templates (benchmarks/step_parts.py). A 64 x 128 matmul over K = 3136 (a small CNN's
+# classifier) is not small: two programs walking 3136 would take 50 us of GPU time.
 SMALL_MATMUL_MACS = 1 << 25
 SMALL_MATMUL_MAX_K = 1024
 

@@ -1,7 +1,8 @@
 """max-autotune on the GPU: matmul + epilogue and reduction workloads, kiln default vs kiln max-autotune.
 
     python benchmarks/autotune_gpu.py [--only SUBSTRING] [--json PATH] [--no-torch]
-    e.g. python benchmarks/autotune_gpu.py --json benchmarks/results/autotune_$(date -u +%F)_h100.json
+    e.g. python benchmarks/autotune_gpu.py \\
+        --json benchmarks/results/autotune_gpu/$(date -u +%F)_h100_$(git rev-parse --short=7 HEAD).json
 
 For each workload (inference, torch.no_grad) it compiles:
   kiln default                        kiln.compile(fn)
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln_autotune_bench_"))
 
 import kiln  # noqa: E402
-from benchmarks.gpu_smoke import cuda_time  # noqa: E402
+from common import cuda_time  # noqa: E402
 from kiln.runtime import autotune  # noqa: E402
 
 DEV = "cuda"

@@ -15,7 +15,7 @@ torch.compile, and a cProfile breakdown of kiln's call (top functions by tottime
 in microseconds per call; cProfile slows everything by a similar factor, so read
 the shares, not the absolute numbers).
 
-    python benchmarks/call_overhead.py [--out benchmarks/results/2026-11-22_call_overhead_cpu.json]
+    python benchmarks/call_overhead.py [--out benchmarks/results/call_overhead/<date>_cpu_<commit>.json]
         [--no-torch-compile] [--no-profile] [--clock wall|thread] [--workloads mlp_bs1_inference,...]
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ the captured graph itself with the same inputs (guard check + fetching inputs +
 dispatch). Two workloads: a 2-tensor function and a module with
 100 parameters (50 Linear(8, 8) layers).
 
-    python benchmarks/capture_overhead.py [--out benchmarks/results/capture_overhead.json]
+    python benchmarks/capture_overhead.py [--out benchmarks/results/capture_overhead/<date>_<machine>_<commit>.json]
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ architecture: growth 32, blocks (6, 12, 24, 16), bn_size 4, BN+ReLU+Conv layers 
 every earlier feature map), a 12-layer pre-LN transformer and a ResNet-18-style CNN, at small
 sizes (compile time depends on the graph, not on the tensor sizes).
 
-Results: benchmarks/results/<date>_compile_time_cpu.json (one entry per job, with the host); with
+Results: benchmarks/results/compile_time/<date>_cpu_<commit>.json (one entry per job, with the host); with
 --label, runs written to the same file are kept side by side (before/after).
 """
 from __future__ import annotations
@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import result_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["densenet121", "transformer12", "resnet18"]
@@ -418,8 +420,7 @@ def main(argv=None) -> int:
             print(f"{model:14s} {target:6s} " + (" ".join(f"{k} {v:.2f}" for k, v in stages.items()) +
                   f" | backend {res['backend_s']:.2f} s, {res['kernels']} kernels" if stages else res.get("error", "")),
                   flush=True)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}_compile_time_cpu.json"
+    out = Path(args.out or result_path("compile_time", "cpu"))
     doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
            "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
            "argv": sys.argv[1:], "results": results}

@@ -15,7 +15,7 @@ its `run_job` in a fresh subprocess (correctness vs an eager copy, cold compile 
 Cold runs use empty cache directories (TORCHINDUCTOR_CACHE_DIR, KILN_CACHE_DIR);
 each compiler is then run once more in a second process over the same, now warm,
 directories: that is the warm compile time. Results go to
-benchmarks/results/cpu_<UTC date>.json.
+benchmarks/results/cpu_models/<UTC date>_cpu_<commit>.json.
 """
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ import datetime as dt
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from common import result_path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT.parent / "shared" / "bench"
@@ -104,8 +105,7 @@ def main(argv=None) -> int:
                 results.append(entry)
                 _print_row(entry)
     summary = _summarize(results)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
-        f"cpu_{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d')}.json"
+    out = Path(args.out or result_path("cpu_models", "cpu"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -17,13 +17,12 @@ a few steps with torch.profiler, and splits each step's wall time into
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import re
-import sys
 import time
 
 import torch
+
+from common import build_step, harness_compiler, load_bench, write_json
 
 KINDS = ("matmul", "attention", "triton", "other")
 
@@ -45,31 +44,8 @@ def kernel_family(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
-def load_bench(path: str):
-    spec = importlib.util.spec_from_file_location("models_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["models_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# Compiler names this script adds to the bench's: kiln with options, as (bench compiler, options).
-KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"}),
-                 "kiln-eager": ("kiln", {"backend": "eager"}),
-                 "kiln-aot_eager": ("kiln", {"backend": "aot_eager"}),
-                 "kiln-ma": ("kiln", {"mode": "max-autotune-no-cudagraphs"})}
-
-
 def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, top_n: int = 12) -> dict:
-    device = torch.device("cuda")
-    bench.apply_global_settings(cudnn_benchmark=True)
-    bench.seed_all(0)
-    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
-    bench_compiler, opts = KILN_VARIANTS.get(compiler, (compiler, {}))
-    comp = bench.COMPILERS[bench_compiler]
-    fn = comp.wrap(workload.model, opts)
-    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
-    step = bench.make_step(workload, fn, optimizer, device, comp)
+    step = build_step(bench, model_name, *harness_compiler(compiler))
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -134,9 +110,7 @@ def main() -> None:
             kinds = "  ".join(f"{k} {row['by_kind_ms'][k]:7.2f}" for k in KINDS)
             print(f"{model_name:<18} {compiler:<6} step {row['step_ms']:7.2f} ms = kernels {row['kernel_ms']:7.2f} "
                   f"({kinds}) + gaps {row['gaps_ms']:6.2f}; {row['kernels_per_step']:.0f} kernels/step", flush=True)
-    if options.out:
-        with open(options.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=2)
+    write_json(options.out, {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """GPU smoke test of kiln's Triton target: correctness vs eager, then eager / kiln / torch.compile timings.
 
     python benchmarks/gpu_smoke.py [--quick] [--only SUBSTRING] [--json PATH]
-    e.g. python3 benchmarks/gpu_smoke.py --json benchmarks/results/gpu_smoke_$(date -u +%F)_h100.json
+    e.g. python3 benchmarks/gpu_smoke.py \\
+        --json benchmarks/results/gpu_smoke/$(date -u +%F)_h100_$(git rev-parse --short=7 HEAD).json
 
 Each case compiles a small graph or model three ways (eager, kiln, torch.compile),
 checks kiln's outputs (and gradients, for training) against eager, and times each
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -28,28 +28,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kiln  # noqa: E402
+from common import cuda_time  # noqa: E402
 
 DEV = "cuda"
 
 
 def tol(dtype):
     return {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}.get(dtype, 1e-3)
-
-
-def cuda_time(fn, warmup=5, iters=30) -> float:
-    """Median milliseconds of `fn()` over `iters` CUDA-event-timed runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def kernel_time(fn, iters=10) -> float:

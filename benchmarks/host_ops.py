@@ -11,12 +11,10 @@ every op, so compare the same op across compilers, not absolute totals.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from benchmarks.gpu_profile import KILN_VARIANTS, load_bench
-from benchmarks.host_profile import _build
+from common import build_step, harness_compiler, load_bench, write_json
 
 
 def op_table(step, steps: int, top: int) -> list[dict]:
@@ -46,15 +44,12 @@ def main() -> None:
     bench = load_bench(args.bench)
     result = {}
     for compiler in args.compilers.split(","):
-        base, opts = KILN_VARIANTS.get(compiler, (compiler, {}))
-        rows = op_table(_build(bench, args.model, base, opts), args.steps, args.top)
+        rows = op_table(build_step(bench, args.model, *harness_compiler(compiler)), args.steps, args.top)
         result[compiler] = rows
         print(f"== {compiler}: {sum(r['self_us'] for r in rows):.0f} us self time in the top {len(rows)}")
         for r in rows:
             print(f"  {r['self_us']:8.1f} us  {r['calls']:5.1f} x  {r['op'][:90]}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

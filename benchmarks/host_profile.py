@@ -28,17 +28,7 @@ import time
 
 import torch
 
-from benchmarks.gpu_profile import load_bench
-
-
-def _build(bench, model_name: str, compiler: str, opts: dict, device: torch.device = torch.device("cuda")):
-    bench.apply_global_settings(cudnn_benchmark=True)
-    bench.seed_all(0)
-    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
-    comp = bench.COMPILERS[compiler]
-    fn = comp.wrap(workload.model, opts)
-    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
-    return bench.make_step(workload, fn, optimizer, device, comp)
+from common import build_step, load_bench, write_json
 
 
 def _times(step, n: int) -> tuple[float, float]:
@@ -88,7 +78,7 @@ def _synchronizing_calls(step) -> list[str]:
 
 def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, top: int) -> dict:
     t0 = time.perf_counter()
-    step = _build(bench, model_name, compiler, opts)
+    step = build_step(bench, model_name, compiler, opts)
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
@@ -137,9 +127,7 @@ def main() -> None:
                 print(row["cprofile_10_steps"], flush=True)
             rows.append(row)
             torch._dynamo.reset()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

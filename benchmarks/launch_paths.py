@@ -17,8 +17,7 @@ import json
 
 import torch
 
-from benchmarks.host_profile import _build
-from benchmarks.gpu_profile import load_bench
+from common import build_step, load_bench, write_json
 from kiln.codegen.triton import launch
 
 
@@ -70,15 +69,13 @@ def main() -> None:
     bench = load_bench(options.bench)
     rows = []
     for model in options.models.split(","):
-        step = _build(bench, model, "kiln", json.loads(options.kiln_opts))
+        step = build_step(bench, model, "kiln", json.loads(options.kiln_opts))
         for _ in range(5):
             step()
         row = {"model": model, **count_paths(step, steps=3)}
         print(json.dumps(row, indent=1), flush=True)
         rows.append(row)
-    if options.out:
-        with open(options.out, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(options.out, rows)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_smoke import cuda_time
+from common import cuda_time
 
 
 def main() -> None:

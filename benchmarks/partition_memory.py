@@ -18,7 +18,8 @@ GPT-2-style block (d 768, 12 heads, causal attention written out as HF GPT-2 doe
 dropout 0.1). Batch sizes are smaller than the GPU bench's so that a shared CPU runs it in about a
 minute; every byte count scales linearly with the batch.
 
-    python benchmarks/partition_memory.py [--out benchmarks/results/partition_<date>.json]
+    python benchmarks/partition_memory.py [--out PATH]
+        (default PATH: benchmarks/results/partition_memory/<date>_cpu_<commit>.json)
         [--models transformer6,cnn_fashion,gpt2_block] [--batch-scale 4]
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch._C._profiler import _EventType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common import result_path  # noqa: E402
 from kiln.autograd import aot_eager  # noqa: E402
 
 
@@ -193,15 +195,15 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/partition_<date>.json)")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default benchmarks/results/partition_memory/<date>_cpu_<commit>.json)")
     parser.add_argument("--batch-scale", type=float, default=1.0, help="multiply every batch size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=None, help="comma list of model names (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     date = datetime.datetime.now(datetime.timezone.utc)
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"partition_{date.strftime('%Y%m%d')}.json")
+    out = args.out or result_path("partition_memory", "cpu")
     results = []
     for name, make_model, x, loss_fn, info in workloads(args.batch_scale):
         if args.models and name not in args.models.split(","):

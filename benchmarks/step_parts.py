@@ -27,7 +27,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.gpu_profile import KILN_VARIANTS, load_bench
+from common import build_workload, harness_compiler, load_bench, write_json
 
 
 class KilnParts:
@@ -105,17 +105,12 @@ def _phases(bench, workload, fn, optimizer, device, comp):
 
 
 def measure(bench, model_name: str, compiler: str, steps: int, device: torch.device) -> dict:
-    base, opts = KILN_VARIANTS.get(compiler, (compiler, {}))
+    base, opts = harness_compiler(compiler)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    bench.apply_global_settings(cudnn_benchmark=True)
-    bench.seed_all(0)
-    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
-    comp = bench.COMPILERS[base]
     parts = KilnParts() if base == "kiln" else None
     if parts is not None:
         parts.listen()
-    fn = comp.wrap(workload.model, opts)
-    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
+    workload, fn, optimizer, comp = build_workload(bench, model_name, base, opts, device)
     phases = _phases(bench, workload, fn, optimizer, device, comp)
     for _ in range(15):
         for run in phases.values():
@@ -166,9 +161,7 @@ def main() -> None:
             torch._dynamo.reset()
             import kiln
             kiln.reset()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One line per (model, compiler) of a models_bench JSON: median step, speedup over eager, compile s, correctness.
 
-    python benchmarks/summarize_bench.py benchmarks/results/<run>.json [...]
+    python benchmarks/summarize_bench.py benchmarks/results/models_bench/<run>.json [...]
 """
 from __future__ import annotations
 

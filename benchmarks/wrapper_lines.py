@@ -19,15 +19,13 @@ wrapper took 154 us line by line, 416 us inside a step).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
 
 import torch
 
-from benchmarks.gpu_profile import KILN_VARIANTS, load_bench
-from benchmarks.host_profile import _build
+from common import build_step, harness_compiler, load_bench, write_json
 
 
 class LineClock:
@@ -122,7 +120,7 @@ def main() -> None:
     bench = load_bench(args.bench)
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    step = _build(bench, args.model, *KILN_VARIANTS.get(args.compiler, (args.compiler, {})), device)
+    step = build_step(bench, args.model, *harness_compiler(args.compiler), device)
     for _ in range(15):
         step()
     if args.isolated:
@@ -135,9 +133,7 @@ def main() -> None:
             print(f"== {name}: {sum(r['us'] for r in rows):.1f} us over {len(rows)} lines")
             for r in rows:
                 print(f"  {r['us']:8.2f} us  {r['code']}")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+        write_json(args.out, result)
         return
     clock = LineClock()
     for _ in range(args.steps):
@@ -151,9 +147,7 @@ def main() -> None:
     rows = clock.report(graphs, args.steps, args.top)
     for r in rows:
         print(f"{r['us_per_step']:8.1f} us  {r['wrapper']}:{r['line']:<4} {r['code']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""Helpers the benchmark scripts share: loading the shared model harness, building one compiled step of its
+models, timing GPU work with CUDA events, and writing a run's JSON.
+
+The scripts are run as `python benchmarks/<script>.py` from the repository root, so this directory is first on
+`sys.path` and they import these helpers as `from common import ...`. The model harness, `models_bench.py`, is not
+part of this repository (it lives in the shared bench beside it); scripts that use it take its path as `--bench`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+
+import torch
+
+# Compiler names the scripts accept beside the harness's own: kiln with options, as (harness compiler, options).
+KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"}),
+                 "kiln-eager": ("kiln", {"backend": "eager"}),
+                 "kiln-aot_eager": ("kiln", {"backend": "aot_eager"}),
+                 "kiln-ma": ("kiln", {"mode": "max-autotune-no-cudagraphs"})}
+
+
+def load_bench(path: str):
+    """Import the shared harness from its file path (registered as `models_bench`, which its workers import)."""
+    spec = importlib.util.spec_from_file_location("models_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["models_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def harness_compiler(name: str) -> tuple[str, dict]:
+    """The harness compiler and its options behind a name the scripts accept (see KILN_VARIANTS)."""
+    return KILN_VARIANTS.get(name, (name, {}))
+
+
+def build_workload(bench, model_name: str, compiler: str, opts: dict, device: torch.device):
+    """One of the harness's models compiled by one of its compilers, with the harness's global settings and seed,
+    as (workload, compiled callable, optimizer or None, harness compiler)."""
+    bench.apply_global_settings(cudnn_benchmark=True)
+    bench.seed_all(0)
+    workload = bench.MODELS[model_name].factory(bench.BuildCtx(device, False, 0))
+    comp = bench.COMPILERS[compiler]
+    fn = comp.wrap(workload.model, opts)
+    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" else None
+    return workload, fn, optimizer, comp
+
+
+def build_step(bench, model_name: str, compiler: str, opts: dict, device: torch.device | None = None):
+    """The harness's step function (forward, and for training backward and optimizer) of one compiled model."""
+    device = device or torch.device("cuda")
+    workload, fn, optimizer, comp = build_workload(bench, model_name, compiler, opts, device)
+    return bench.make_step(workload, fn, optimizer, device, comp)
+
+
+def cuda_time(fn, warmup: int = 5, iters: int = 30) -> float:
+    """Median milliseconds of `fn()` over `iters` CUDA-event-timed runs (GPU time, not host time)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def write_json(path: str | None, data) -> None:
+    """Write a run's result as indented JSON when the script was given a path (`--out`/`--json`)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+def result_path(benchmark: str, machine: str) -> str:
+    """Where a run is kept: `benchmarks/results/<benchmark>/<date>_<machine>_<commit>.json`, the commit being the
+    checkout measured (`git rev-parse --short HEAD`), so that a file says what produced it."""
+    import datetime
+    import os
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=here, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    folder = os.path.join(here, "results", benchmark)
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{date}_{machine}_{commit}.json")

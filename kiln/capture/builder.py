@@ -212,7 +212,8 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     """Which dimensions of an input get symbolic sizes: by `dynamic=`, automatic dynamic and marks.
 
     Parameters and buffers stay static (they do not change size between calls), as do sizes 0
-    and 1 and non-contiguous inputs.
+    and 1 and non-contiguous inputs. Dimensions recorded for another rank (an input that was 2-d
+    when its dimension 1 changed size, 1-d now) are left out: a new rank is a new specialization.
     """
     if isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers"):
         return frozenset()
@@ -226,7 +227,7 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     dims -= set(getattr(t, "_kiln_static_dims", ()))
     if not t.is_contiguous():
         return frozenset()
-    return frozenset(d for d in dims if t.shape[d] >= 2)
+    return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
 
 
 def _remember(state, obj: Any, source: Source, value: Value) -> Value:

@@ -74,7 +74,7 @@ class SequenceValue(Value):
         raise GraphBreak("unsupported_call", f"{self.python_type().__name__}.{name}")
 
     def _items_expr(self, writer) -> str:
-        return ", ".join(i.reconstruct(writer) for i in self.items)
+        return ", ".join(writer.value(i) for i in self.items)  # value(): one object per tracker (`[a, a]`)
 
 
 class TupleValue(SequenceValue):
@@ -339,7 +339,7 @@ class DictValue(Value):
     def reconstruct(self, writer) -> str:
         if self.source is not None:
             return writer.source_expr(self.source)
-        inner = ", ".join(f"{writer.constant(k)}: {v.reconstruct(writer)}" for k, v in self.items.items())
+        inner = ", ".join(f"{writer.constant(k)}: {writer.value(v)}" for k, v in self.items.items())
         if self.cls is dict:
             return "{" + inner + "}"
         return f"{writer.constant(self.cls)}({{{inner}}})"
@@ -428,7 +428,7 @@ class SetValue(Value):
         return ConstantValue(result)
 
     def reconstruct(self, writer):
-        return "{" + ", ".join(i.reconstruct(writer) for i in self.items) + "}" if self.items else "set()"
+        return "{" + ", ".join(writer.value(i) for i in self.items) + "}" if self.items else "set()"
 
 
 class SliceValue(Value):
@@ -469,5 +469,5 @@ class IteratorValue(Value):
         return rest
 
     def reconstruct(self, writer) -> str:
-        rest = ", ".join(i.reconstruct(writer) for i in self.items[self.position:])
+        rest = ", ".join(writer.value(i) for i in self.items[self.position:])
         return f"iter([{rest}])"

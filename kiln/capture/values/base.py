@@ -40,6 +40,9 @@ class Value:
     def setattr(self, state: CaptureState, name: str, value: Value) -> None:
         raise GraphBreak("unsupported_object", f"setting attribute {name!r} of {self}")
 
+    def delattr(self, state: CaptureState, name: str) -> None:
+        raise GraphBreak("unsupported_object", f"deleting attribute {name!r} of {self}")
+
     def call(self, state: CaptureState, args: list[Value], kwargs: dict[str, Value]) -> Value:
         raise GraphBreak("unsupported_call", f"calling {self}")
 
@@ -125,6 +128,9 @@ class LazyValue(Value):
 
     def setattr(self, state, name, value):
         return self.realize().setattr(state, name, value)
+
+    def delattr(self, state, name):
+        return self.realize().delattr(state, name)
 
     def call(self, state, args, kwargs):
         return self.realize().call(state, args, kwargs)

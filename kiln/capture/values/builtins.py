@@ -190,6 +190,19 @@ def _setattr(state, obj, name, value):
     return ConstantValue(None)
 
 
+@handles(builtins.delattr)
+def _delattr(state, obj, name):
+    obj.delattr(state, name.as_constant())
+    return ConstantValue(None)
+
+
+@handles(builtins.vars)
+def _vars(state, obj=None):
+    if obj is None:
+        raise GraphBreak("unsupported_call", "vars() without an argument")
+    return obj.getattr(state, "__dict__")
+
+
 @handles(builtins.range)
 def _range(state, *args):
     return ConstantValue(range(*(a.as_constant() for a in args)))

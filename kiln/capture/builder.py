@@ -20,7 +20,7 @@ from torch import nn
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
-from kiln.capture.values.base import LazyValue, Value
+from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import DictValue, ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
@@ -40,7 +40,7 @@ def wrap_lazy(state, obj: Any, source: Source) -> Value:
 
 def wrap(state, obj: Any, source: Source) -> Value:
     if state.opaque_inputs:
-        return OpaqueValue(obj, source)
+        return UnguardedValue(source)
     expr = state.source_expr(source)
     if isinstance(obj, GradModeRestore):  # resuming inside a `with torch.no_grad():` block
         return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))

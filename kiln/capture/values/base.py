@@ -93,6 +93,18 @@ class NullValue(Value):
 NULL = NullValue()
 
 
+class UnguardedValue(Value):
+    """An input of a frame stepped through natively (a continuation past its cache limit): its entry has
+    no guards, so nothing about the value may be folded, not even its type or identity. Every use breaks
+    (the base class's answers), and the output program does it with the real object."""
+
+    def __init__(self, source: Source):
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Unguarded({self.source})"
+
+
 class LazyValue(Value):
     """An input not looked at yet: it installs guards only when the code uses it.
 

@@ -141,7 +141,10 @@ def _type(state, obj):
 
 @handles(builtins.callable)
 def _callable(state, obj):
-    return ConstantValue(callable(obj.realize().python_type()) and hasattr(obj.realize().python_type(), "__call__"))
+    """Python asks the object's type for a `__call__` slot; `hasattr(cls, "__call__")` would also find
+    the metaclass's (every class has one), calling any instance callable."""
+    cls = obj.realize().python_type()
+    return ConstantValue(any("__call__" in klass.__dict__ for klass in cls.__mro__))
 
 
 @handles(builtins.getattr)

@@ -160,6 +160,9 @@ class BoundMethodValue(CallableValue):
     def __init__(self, self_value: Value, name: str):
         self.self_value, self.name = self_value, name
 
+    def python_type(self) -> type:
+        return types.BuiltinMethodType  # [].append, {}.get: methods of C types
+
     def call(self, state, args, kwargs) -> Value:
         return self.self_value.call_method(state, self.name, args, kwargs)
 

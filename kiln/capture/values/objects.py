@@ -634,6 +634,11 @@ class PartialValue(Value):
     def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]):
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
+    def python_type(self) -> type:
+        import functools
+
+        return functools.partial
+
     def call(self, state, args, kwargs) -> Value:
         return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})
 

@@ -11,7 +11,7 @@ import operator
 from typing import Callable
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.values.base import Value
+from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue
 
 BINARY_OPS: dict[str, Callable] = {
@@ -99,31 +99,50 @@ def _dunder(state, fn: Callable, args: list[Value]) -> Value:
             if method is not None and hasattr(method, "__code__"):
                 return value.getattr(state, name).call(state, list(other), {})
     if fn is operator.eq:
-        return ConstantValue(identical(args[0], args[1]))
+        return ConstantValue(identical(state, args[0], args[1]))
     if fn is operator.ne:
-        return ConstantValue(not identical(args[0], args[1]))
+        return ConstantValue(not identical(state, args[0], args[1]))
     raise GraphBreak("unsupported_object", f"operator {fn.__name__} on {', '.join(map(repr, args))}")
 
 
-def identical(a: Value, b: Value) -> bool:
-    """`a is b` when capture can tell; otherwise a break."""
+def identical(state, a: Value, b: Value) -> bool:
+    """`a is b` when capture can tell; otherwise a break.
+
+    Two objects of the user's world (inputs, attributes) compared by identity: the answer is guarded,
+    both ways (`f(x, x)` after `f(x, y)` compiled `a is b` as False).
+    """
     from kiln.capture.values.tensor import TensorValue
 
     a, b = a.realize(), b.realize()
     if a is b:
         return True
+    if isinstance(a, UnguardedValue) or isinstance(b, UnguardedValue):
+        raise GraphBreak("unsupported_object", "`is` on a value whose identity is not guarded")
+    if a.source is not None and b.source is not None and not (isinstance(a, ConstantValue) and isinstance(b, ConstantValue)):
+        same = state.real_value(a.source) is state.real_value(b.source)  # two sources, one object (tied weights)
+        return _guard_identity(state, a, b, same)
     if isinstance(a, TensorValue) and isinstance(b, TensorValue):
-        if a.real is not None and b.real is not None:
-            return a.real is b.real  # two sources, one tensor (tied weights)
         return a.node is b.node
     if a.is_constant() and b.is_constant():
         return a.as_constant() is b.as_constant()
     obj_a, obj_b = _object_of(a), _object_of(b)
     if obj_a is not _MISSING and obj_b is not _MISSING:  # a constant against a tracked real object, too
-        return obj_a is obj_b
+        return _guard_identity(state, a, b, obj_a is obj_b)
     if a.is_constant() != b.is_constant() or isinstance(a, TensorValue) != isinstance(b, TensorValue):
         return False
     return type(a) is type(b) and a is b
+
+
+def _guard_identity(state, a: Value, b: Value, same: bool) -> bool:
+    """The identity of two objects found by source holds only while they are (or are not) one object."""
+    from kiln.capture.guards import Guard, GuardKind
+
+    if a.source is not None and b.source is not None and a.source != b.source:
+        ea, eb = state.source_expr(a.source), state.source_expr(b.source)
+        check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
+        state.guards.add(Guard(GuardKind.ID_MATCH, a.source, check, f"{'' if same else 'not '}the same object as {eb}",
+                               f"'the same object' if {ea} is {eb} else 'a different object'"))
+    return same
 
 
 _MISSING = object()
@@ -149,7 +168,7 @@ def contains(state, container: Value, item: Value) -> bool:
         return _tensor_in_sequence(state, container, item)
     if container.is_constant():
         return item.as_constant() in container.as_constant()
-    return any(identical(item, x) or (item.realize().is_constant() and x.realize().is_constant()
+    return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
                for x in container.unpack(state))
 
@@ -159,7 +178,7 @@ def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
     from kiln.capture.values.tensor import TensorValue
 
     for x in container.unpack(state):
-        if identical(item, x):
+        if identical(state, item, x):
             return True
         if isinstance(x.realize(), TensorValue) or not x.realize().is_constant() or x.as_constant() is not None:
             raise GraphBreak("data_dependent_branch", "`in` compares a tensor by value")

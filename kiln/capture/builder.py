@@ -7,6 +7,7 @@ container's length. `wrap_lazy` defers all of that until the value is used.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -22,7 +23,8 @@ from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
@@ -81,6 +83,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
                                    f"list({expr}.keys())"))
             value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
                               source, type(obj))
+            if isinstance(obj, collections.defaultdict):
+                value.default_factory = wrap_lazy(state, obj.default_factory, AttrSource(source, "default_factory"))
             return _remember(state, obj, source, value)
     if _is_typing_object(obj):  # Union[...], Literal[...], int | None: immutable annotations
         _identity(state, obj, source, expr)
@@ -89,8 +93,6 @@ def wrap(state, obj: Any, source: Source) -> Value:
         _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
-        from kiln.capture.sources import AttrSource
-
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
     if isinstance(obj, type):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.interpreter import opcode
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, _key, _key_value
+from kiln.capture.values.containers import ListValue, SetValue, TupleValue, _key, _key_value
+from kiln.capture.values.dicts import DictValue
 
 
 @opcode("BUILD_TUPLE")
@@ -80,7 +81,7 @@ def dict_update(frame, ins):
     if not isinstance(update, DictValue):
         raise GraphBreak("unsupported_object", f"** of {update}")
     target = frame.peek(ins.arg).realize()
-    for key, value in update.items.items():
+    for key, value in update.pairs(frame.state):
         target.setitem(frame.state, _key_value(key), value)
 
 

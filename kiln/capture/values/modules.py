@@ -95,7 +95,7 @@ class ModuleValue(Value):
     def _call_with_forward_hooks(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """`Module.__call__` with forward (pre-)hooks, as torch runs them: each hook is inlined like any
         function. The hook dicts are read through their sources, so adding or removing a hook recompiles."""
-        from kiln.capture.values.containers import DictValue
+        from kiln.capture.values.dicts import DictValue
 
         def hooks(name: str) -> list[tuple[Value, bool]]:
             table = self.getattr(state, name).realize()

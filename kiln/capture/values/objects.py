@@ -23,7 +23,8 @@ from kiln.capture.values.classes import (class_attribute, class_data, function_v
                                          guard_class_lacks, guard_not_shadowed, is_mutable_class,
                                          pending_class_attr)
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
@@ -384,6 +385,10 @@ class InstanceDictValue(DictValue):
             elif self.items.get(name) is not value:
                 self.items[name] = value
 
+    def pairs(self, state):
+        self._sync(state)
+        return super().pairs(state)
+
     def getitem(self, state, key):
         self._sync(state)
         return super().getitem(state, key)
@@ -397,22 +402,6 @@ class InstanceDictValue(DictValue):
         self._sync(state)
         super().delitem(state, key)
         state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), None)
-
-    def unpack(self, state):
-        self._sync(state)
-        return super().unpack(state)
-
-    def length(self, state):
-        self._sync(state)
-        return super().length(state)
-
-    def truth(self, state):
-        self._sync(state)
-        return super().truth(state)
-
-    def call_method(self, state, name, args, kwargs):
-        self._sync(state)
-        return super().call_method(state, name, args, kwargs)
 
 
 def iterate_instance(state, value: Value, cls: type) -> list[Value]:

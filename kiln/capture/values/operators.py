@@ -41,7 +41,8 @@ _INPLACE_TO_PLAIN = {
 
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
-    from kiln.capture.values.containers import ListValue, SequenceValue, TupleValue
+    from kiln.capture.values.containers import ListValue, SequenceValue, SetValue, TupleValue, from_constant
+    from kiln.capture.values.dicts import DictValue
     from kiln.capture.values.symbolic import SymValue
     from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -53,12 +54,19 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
-    if all(a.is_constant() for a in args):
+    in_place = fn in _INPLACE_TO_PLAIN and isinstance(args[0], (ListValue, SetValue))
+    if all(a.is_constant() for a in args) and not in_place and not any(isinstance(a, DictValue) for a in args):
+        # An in-place operator on a list or set mutates it (and every alias of it); a dict keeps its kind
+        # (`dicts`). Any other result is new: a list or set comes back as a tracker, built per call.
         try:
-            return ConstantValue(fn(*(a.as_constant() for a in args)))
+            return from_constant(fn(*(a.as_constant() for a in args)))
         except Exception as e:
             raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if in_place and isinstance(args[0], SetValue) and all(a.is_constant() for a in args):
+        return args[0].replace_items(from_constant(plain(*(a.as_constant() for a in args))).items)
+    if isinstance(args[0], DictValue) and len(args) == 2:
+        return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
         a, b = (_as_sequence(a) for a in args)
@@ -69,6 +77,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 return a
             return type(a)(a.items + b.items) if isinstance(a, ListValue) else TupleValue(a.items + b.items)
         if plain is operator.mul and b.is_constant():
+            if fn is operator.imul and isinstance(a, ListValue):
+                a.items[:] = a.items * b.as_constant()
+                a.mutated(state)
+                return a
             items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
@@ -76,6 +88,20 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:
+    """`==`, `!=`, `|` and `|=` on dicts, as the dict types define them (see `dicts`)."""
+    from kiln.capture.values.dicts import DictValue, equal, merged
+
+    if plain in (operator.eq, operator.ne):
+        same = isinstance(b, DictValue) and equal(state, a, b)
+        return ConstantValue(same if plain is operator.eq else not same)
+    if fn is operator.ior:
+        return a.call_method(state, "__ior__", [b], {})
+    if plain is operator.or_:
+        return merged(state, a, b)
+    return _dunder(state, plain, [a, b])
 
 
 def _as_sequence(value: Value) -> Value:
@@ -157,7 +183,8 @@ def _object_of(v: Value):
 
 def contains(state, container: Value, item: Value) -> bool:
     container = container.realize()
-    from kiln.capture.values.containers import DictValue, SetValue
+    from kiln.capture.values.containers import SetValue
+    from kiln.capture.values.dicts import DictValue
     from kiln.capture.values.tensor import TensorValue
 
     if isinstance(container, TensorValue):

@@ -185,7 +185,8 @@ def _lower_all(state, values: list[Value]) -> tuple[list, list]:
 
 def _lower(state, value: Value) -> tuple[Any, Any]:
     """A tracker as (graph argument, fake argument)."""
-    from kiln.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
+    from kiln.capture.values.containers import ListValue, SliceValue, TupleValue
+    from kiln.capture.values.dicts import DictValue
 
     value = value.realize()
     if isinstance(value, (TensorValue, SymValue)):

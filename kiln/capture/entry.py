@@ -28,7 +28,7 @@ from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
 from kiln.capture.native import render_instruction, resumable_anywhere
-from kiln.capture.output import write_program
+from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
@@ -416,6 +416,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     if state.graph.op_count or writer.outputs:
         if state.grad_enabled != state.entry_grad_enabled:
             state.graph.set_grad_enabled(state.entry_grad_enabled)
+        if records_grad_inside(state):
+            state.graph.start_with_grad_disabled()
         gm = state.graph.output(writer.outputs)
         gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
         log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))

@@ -129,6 +129,11 @@ class ProgramWriter:
         self.lines.append(line)
 
 
+def records_grad_inside(state) -> bool:
+    """Whether the graph is entered with grad mode off and turns it on inside (see `write_program`)."""
+    return not state.entry_grad_enabled and state.graph.enables_grad and not torch.is_inference_mode_enabled()
+
+
 def _is_literal_value(v: Value) -> bool:
     """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity."""
     return v.source is None and v.is_constant() and is_literal(v.as_constant()) if isinstance(v, ConstantValue) else False
@@ -150,10 +155,16 @@ def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWri
     effects = [effect.render(writer) for effect in state.side_effects.effects]
     writer.finish_values()
     head = []
+    enters_grad = records_grad_inside(state)
     if state.graph.op_count or writer.outputs:
         fetches, inputs = shared_fetches([source for source, _ in state.graph.inputs])
-        head += fetches + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
-    if state.grad_enabled != state.entry_grad_enabled:
+        # A graph entered with grad mode off that turns it on inside (`with torch.enable_grad():`, or the
+        # continuation after a break inside `with torch.no_grad():`) is called with grad mode on and
+        # starts by turning it off: a backend decides from the mode it is called in whether to record
+        # gradients at all (kiln's AOT autograd does), so its grad-enabled part must be seen.
+        call = ["torch._C._set_grad_enabled(True)"] if enters_grad else []
+        head += fetches + call + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
+    if state.grad_enabled != state.entry_grad_enabled or enters_grad:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch
     lines = head + writer.lines + effects + tail

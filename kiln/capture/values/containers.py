@@ -99,7 +99,7 @@ class TupleValue(SequenceValue):
             from kiln.capture.values.functions import BoundMethodValue
 
             return BoundMethodValue(self, name)
-        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
+        return method_of(self, self.cls, name)
 
     def call_method(self, state, name, args, kwargs):
         if name == "_asdict":
@@ -193,9 +193,7 @@ class ListValue(SequenceValue):
         self.mutated(state)
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.functions import BoundMethodValue
-
-        return BoundMethodValue(self, name)
+        return method_of(self, list, name)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
         if name == "append":
@@ -238,6 +236,19 @@ class ListValue(SequenceValue):
 
     def __repr__(self):
         return f"List({self.items})"
+
+
+def method_of(value: Value, cls: type, name: str) -> Value:
+    """`value.name` of a container: its method (which the tracker's `call_method` runs), or the
+    AttributeError Python raises (`hasattr([], "shape")` is False, `getattr(xs, "n", 0)` is 0)."""
+    from kiln.capture.values.exceptions import raise_python
+    from kiln.capture.values.functions import BoundMethodValue
+
+    if callable(getattr(cls, name, None)):
+        return BoundMethodValue(value, name)
+    if hasattr(cls, name):
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {cls.__name__}")
+    raise raise_python(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
 
 def from_constant(value: Any) -> Value:
@@ -317,9 +328,7 @@ class SetValue(Value):
         return bool(self.items)
 
     def getattr(self, state, name):
-        from kiln.capture.values.functions import BoundMethodValue
-
-        return BoundMethodValue(self, name)
+        return method_of(self, set, name)
 
     def replace_items(self, items: list[Value]) -> SetValue:
         """`s |= t` and the like: this set (every alias of it) now holds `items`."""

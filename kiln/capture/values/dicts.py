@@ -14,7 +14,7 @@ from typing import Any
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import ListValue, TupleValue, _key, _key_value, python_override
+from kiln.capture.values.containers import TupleValue, _key, _key_value, python_override
 from kiln.capture.values.exceptions import raise_python
 
 
@@ -151,10 +151,64 @@ def _copy(d, state):
     return DictValue(dict(d.pairs(state)), cls=d.cls, default_factory=d.default_factory)
 
 
+class DictViewValue(Value):
+    """`d.keys()`, `d.values()` or `d.items()`: a live view of one dict tracker.
+
+    Iterating it gives the dict's current items in order; as a constant it is a real view of the
+    same items, so keys and items views compare and combine as sets (`a.keys() == b.keys()` ignores
+    order, `a.keys() & {...}` is a set) and a values view compares by identity, as in Python.
+    """
+
+    def __init__(self, d: DictValue, kind: str):
+        self.dict, self.kind = d, kind
+
+    def python_type(self) -> type:
+        return type(getattr({}, self.kind)())
+
+    def _items(self, state) -> list[Value]:
+        pairs = self.dict.pairs(state)
+        if self.kind == "keys":
+            return [_key_value(k) for k, _ in pairs]
+        if self.kind == "values":
+            return [v for _, v in pairs]
+        return [TupleValue([_key_value(k), v]) for k, v in pairs]
+
+    def unpack(self, state) -> list[Value]:
+        return self._items(state)
+
+    def length(self, state) -> int:
+        return len(self.dict.pairs(state))
+
+    def truth(self, state) -> bool:
+        return self.length(state) > 0
+
+    def is_constant(self) -> bool:
+        return self.kind != "values" and self.dict.is_constant()
+
+    def as_constant(self):
+        return getattr(dict(self.dict.as_constant()), self.kind)()
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.containers import method_of
+
+        return method_of(self, self.python_type(), name)
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        if not self.is_constant():
+            raise GraphBreak("unsupported_call", f"dict_{self.kind}.{name} over values kiln does not know")
+        return ConstantValue(getattr(self.as_constant(), name)(*(a.as_constant() for a in args)))
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.dict)}.{self.kind}()"
+
+    def __repr__(self):
+        return f"DictView({self.kind} of {self.dict})"
+
+
 _READS = {
-    "keys": lambda d, state: ListValue(d.unpack(state)),
-    "values": lambda d, state: ListValue([v for _, v in d.pairs(state)]),
-    "items": lambda d, state: ListValue([TupleValue([_key_value(k), v]) for k, v in d.pairs(state)]),
+    "keys": lambda d, state: DictViewValue(d, "keys"),
+    "values": lambda d, state: DictViewValue(d, "values"),
+    "items": lambda d, state: DictViewValue(d, "items"),
     "get": _get,
     "__contains__": lambda d, state, key: ConstantValue(_key(state, key) in dict(d.pairs(state))),
     "__getitem__": lambda d, state, key: d.getitem(state, key),

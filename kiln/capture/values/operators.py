@@ -184,13 +184,15 @@ def _object_of(v: Value):
 def contains(state, container: Value, item: Value) -> bool:
     container = container.realize()
     from kiln.capture.values.containers import SetValue
-    from kiln.capture.values.dicts import DictValue
+    from kiln.capture.values.dicts import DictValue, DictViewValue
     from kiln.capture.values.tensor import TensorValue
 
     if isinstance(container, TensorValue):
         raise GraphBreak("data_dependent_branch", "`in` on a tensor")
     if isinstance(container, (DictValue, SetValue)):
         return container.call_method(state, "__contains__", [item], {}).as_constant()
+    if isinstance(container, DictViewValue) and container.kind == "keys":
+        return contains(state, container.dict, item)
     if isinstance(item.realize(), TensorValue):
         return _tensor_in_sequence(state, container, item)
     if container.is_constant():

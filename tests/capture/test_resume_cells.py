@@ -254,3 +254,24 @@ def test_an_unresumable_break_runs_eagerly_only_for_inputs_that_reach_it():
     ctx = context_of(compiled)
     assert graph_count(ctx) == 1
     assert len(ctx.records) == 1
+
+
+def builds_from_inputs_after_a_break(x, k, v, flag):
+    print("", end="")
+    d = {k: v}
+    s = {k, v}
+    same = k is flag
+    return x * 2, d, s, same, +v, tuple([k, v])
+
+
+def test_a_continuation_past_its_cache_limit_folds_nothing_about_its_inputs(monkeypatch):
+    """Past the limit a continuation steps natively with unguarded inputs: a dict or set built from
+    them, or `is` on them, runs natively each call (it was folded once, or could not resume)."""
+    from kiln.config import config
+
+    monkeypatch.setattr(config, "cache_size_limit", 1)
+    compiled = kiln.compile(builds_from_inputs_after_a_break, backend="eager")
+    for args in [(t(2), "a", 1, None), (t(2), "b", 2, "b"), (t(2), "c", 3, None), (t(3), 5, 4, 5)]:
+        got, expected = compiled(*args), builds_from_inputs_after_a_break(*args)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:]

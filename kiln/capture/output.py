@@ -136,7 +136,7 @@ def records_grad_inside(state) -> bool:
 
 def _is_literal_value(v: Value) -> bool:
     """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity."""
-    return v.source is None and v.is_constant() and is_literal(v.as_constant()) if isinstance(v, ConstantValue) else False
+    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value)
 
 
 def _is_simple(expr: str) -> bool:

@@ -488,3 +488,14 @@ def test_sizes_written_to_python_state_are_plain_numbers(dynamic):
         sizes_into_python_state(torch.ones(n, 4), out := [])
         assert expected_state == STATE and expected_out == out
     assert graph_count(context_of(compiled)) <= 2
+
+
+def defaultdict_of_a_non_callable(x):
+    return collections.defaultdict(3), x
+
+
+def test_a_defaultdict_of_a_non_callable_raises_as_eager():
+    with pytest.raises(TypeError):
+        defaultdict_of_a_non_callable(t(2))
+    with pytest.raises(TypeError):
+        kiln.compile(defaultdict_of_a_non_callable, backend="eager")(t(2))

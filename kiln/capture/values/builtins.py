@@ -337,15 +337,15 @@ def _ordered_dict(state, pairs=None, **kwargs):
 
 @handles(collections.defaultdict)
 def _defaultdict(state, default_factory=None, pairs=None, **kwargs):
+    from kiln.capture.values.exceptions import raise_python
+
     value = _dict(state, pairs, **kwargs)
-    value.cls, value.default_factory = collections.defaultdict, default_factory
-    if default_factory is not None and not default_factory.realize().is_constant() and not _is_callable(default_factory):
-        raise GraphBreak("exception", "TypeError: first argument must be callable or None")
+    factory = default_factory.realize() if default_factory is not None else None
+    if factory is not None and not (factory.is_constant() and factory.as_constant() is None):
+        if not _callable(state, factory).as_constant():
+            raise raise_python(TypeError, "first argument must be callable or None")
+    value.cls, value.default_factory = collections.defaultdict, factory
     return value
-
-
-def _is_callable(value: Value) -> bool:
-    return _callable(None, value).as_constant()
 
 
 def _fromkeys(cls: type):

@@ -217,18 +217,20 @@ class PythonModuleValue(Value):
             return pending
         modname = self.module.__name__
         fixed = modname in ("math", "operator", "cmath") or modname.startswith(("numpy", "torch.")) or modname == "torch"
-        source = state.constant_source(self.module, modname.replace(".", "_"))
         try:
             attr = getattr(self.module, name)
         except AttributeError as e:
             if not fixed:  # `getattr(mod, "flag", False)` relied on its absence
-                guard_hasattr(state, source, name, False)
+                guard_hasattr(state, self._source(state), name, False)
             raise raise_python(AttributeError, f"module {self.module.__name__!r} has no attribute {name!r}") from e
         if modname == "torch" or modname.startswith("torch."):
             return wrap_torch_attr(attr)
         if fixed:
             return object_value(attr, state)
-        return wrap(state, attr, AttrSource(source, name))
+        return wrap(state, attr, AttrSource(self._source(state), name))
+
+    def _source(self, state):
+        return state.constant_source(self.module, self.module.__name__.replace(".", "_"))
 
     def setattr(self, state, name: str, value: Value) -> None:
         """`mod.flag = v`: a store into the module's globals, as `global flag; flag = v` in it would be."""

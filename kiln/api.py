@@ -144,7 +144,7 @@ def reset() -> None:
     for ctx in list(_contexts):
         for frame in ctx.frames.values():  # compiled wrappers hold their frame: empty it, not only the dict
             frame.entries.clear()
-            frame.run_eagerly = False
+            frame.run_eagerly, frame.failures = False, 0
         ctx.frames.clear()
         ctx.functions.clear()
         ctx.records.clear()

@@ -89,7 +89,11 @@ class InferenceRunner:
         self.plain = None if mutations else signature.plain_outputs()
 
     def __call__(self, flat: list) -> Any:
-        outs = self.compiled(list(flat))
+        if torch.is_grad_enabled():  # no output is differentiable: an eagerly run graph (aot_eager) must record
+            with torch.no_grad():  # no autograd history (the ops of a `no_grad` block in it would require grad)
+                outs = self.compiled(list(flat))
+        else:
+            outs = self.compiled(list(flat))
         if self.plain is not None:  # the graph's outputs are the result as they are
             return outs[0] if self.plain == "single" else tuple(outs)
         outs = list(outs)

@@ -7,6 +7,7 @@ container's length. `wrap_lazy` defers all of that until the value is used.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -20,9 +21,10 @@ from torch import nn
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
-from kiln.capture.values.base import LazyValue, Value
+from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, ListValue, TupleValue
+from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
@@ -40,7 +42,7 @@ def wrap_lazy(state, obj: Any, source: Source) -> Value:
 
 def wrap(state, obj: Any, source: Source) -> Value:
     if state.opaque_inputs:
-        return OpaqueValue(obj, source)
+        return UnguardedValue(source)
     expr = state.source_expr(source)
     if isinstance(obj, GradModeRestore):  # resuming inside a `with torch.no_grad():` block
         return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))
@@ -81,6 +83,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
                                    f"list({expr}.keys())"))
             value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
                               source, type(obj))
+            if isinstance(obj, collections.defaultdict):
+                value.default_factory = wrap_lazy(state, obj.default_factory, AttrSource(source, "default_factory"))
             return _remember(state, obj, source, value)
     if _is_typing_object(obj):  # Union[...], Literal[...], int | None: immutable annotations
         _identity(state, obj, source, expr)
@@ -89,8 +93,6 @@ def wrap(state, obj: Any, source: Source) -> Value:
         _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
-        from kiln.capture.sources import AttrSource
-
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
     if isinstance(obj, type):
@@ -212,7 +214,8 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     """Which dimensions of an input get symbolic sizes: by `dynamic=`, automatic dynamic and marks.
 
     Parameters and buffers stay static (they do not change size between calls), as do sizes 0
-    and 1 and non-contiguous inputs.
+    and 1 and non-contiguous inputs. Dimensions recorded for another rank (an input that was 2-d
+    when its dimension 1 changed size, 1-d now) are left out: a new rank is a new specialization.
     """
     if isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers"):
         return frozenset()
@@ -226,7 +229,7 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     dims -= set(getattr(t, "_kiln_static_dims", ()))
     if not t.is_contiguous():
         return frozenset()
-    return frozenset(d for d in dims if t.shape[d] >= 2)
+    return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
 
 
 def _remember(state, obj: Any, source: Source, value: Value) -> Value:

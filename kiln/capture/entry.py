@@ -28,7 +28,7 @@ from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
 from kiln.capture.native import render_instruction, resumable_anywhere
-from kiln.capture.output import write_program
+from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
@@ -109,7 +109,7 @@ class CaptureRecord:
 @dataclass
 class CacheEntry:
     guard: Callable
-    program: Callable
+    program: Callable | None  # None: run the frame eagerly (a break it cannot resume after)
     guards: GuardSet
     program_source: str
     record: CaptureRecord | None = None
@@ -147,11 +147,14 @@ class CompiledFrame:
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
         self._warned_limit = False
+        self.failures = 0  # captures that raised (see `_capture_failed`)
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
     def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
         for entry in self.entries:
             if entry.guard(L, G, C):
+                if entry.program is None:  # an eager entry (see `_add_eager_entry`)
+                    return eager()
                 if instrumentation.timing or _profiler._is_profiler_enabled:
                     return self._run_observed(entry, L, G, C)
                 return entry.program(L, G, C)
@@ -211,6 +214,28 @@ class CompiledFrame:
                 changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}" for d in sorted(dims)]
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
+    def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
+        """Inputs passing `guards` run the frame eagerly (a break it cannot resume after); others compile."""
+        self.entries.append(CacheEntry(guards.compile(), None, guards, "# runs eagerly", None))
+        log_recompiles.info("%s runs eagerly for inputs passing its guards (%s)", self.spec.describe(), reason)
+
+    def _capture_failed(self, e: Exception, reason: str | None) -> None:
+        """A capture raised (a bug, or a case kiln does not model): this call runs eagerly.
+
+        A break capture meets again on the same path (it carries the guards of that path) becomes
+        an eager entry. Any other failure may depend on what no guard describes (an input's rank):
+        later calls try again, until `cache_size_limit` failures make the frame run eagerly for good.
+        """
+        self.failures += 1
+        if self.failures == 1:
+            warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); "
+                          "running it eagerly")
+        log.debug("capture failure", exc_info=True)
+        if isinstance(getattr(e, "guards", None), GuardSet):
+            self._add_eager_entry(e.guards, reason)
+        elif self.failures >= config.cache_size_limit:
+            self.run_eagerly = True
+
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
             self._warned_limit = True
@@ -227,7 +252,7 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             log_breaks.warning("kiln: %s runs eagerly: %s", self.spec.describe(), e)
-            self.run_eagerly = True
+            self._add_eager_entry(e.guards, reason)
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
@@ -238,9 +263,7 @@ class CompiledFrame:
                             self.spec.describe(), type(e).__name__, e)
                 log.debug("capture failure", exc_info=True)
                 return self._capture(L, G, C, eager, True, reason)
-            warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); running it eagerly")
-            log.debug("capture failure", exc_info=True)
-            self.run_eagerly = True
+            self._capture_failed(e, reason)
             return None
         entry, record = result
         record.compile_seconds = time.perf_counter() - start
@@ -310,17 +333,30 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 state.restore_global_state()
         except GraphBreak as e:
             if isinstance(e, Unresumable) or break_at is not None:
-                raise
+                raise _with_guards(e, state)
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
-                raise _unresumable(e, "in a function with a try block")
+                raise _with_guards(_unresumable(e, "in a function with a try block"), state)
             if bytecode.has_unresumable_with(spec.code):
-                raise _unresumable(e, "in a function with an autocast or unknown `with` block")
+                raise _with_guards(_unresumable(e, "in a function with an autocast or unknown `with` block"), state)
             if not resumable_anywhere(spec.code):
-                raise _unresumable(e, "in a function with an instruction a continuation cannot run natively")
+                raise _with_guards(_unresumable(e, "in a function with an instruction a continuation cannot run "
+                                                   "natively"), state)
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
+
+
+def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:
+    """`e`, carrying the guards capture installed before it: what the path to this break depended on.
+
+    Capture decides nothing it does not guard, so inputs passing these guards meet the same break:
+    the frame runs eagerly for them (a cache entry), and is compiled again for inputs that fail them.
+    """
+    if state.graph.is_dynamic():
+        _add_shape_guard(state)
+    e.guards = state.guards
+    return e
 
 
 def _unresumable(e: GraphBreak, why: str) -> Unresumable:
@@ -351,9 +387,10 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     stack = [None if v is NULL else writer.value(v) for v in frame.stack]
     local_exprs = {name: writer.value(v) for name, v in frame.locals.items()}
     # The frame's own cells (not its closure's) pass as real cell objects, the same ones the closures
-    # rebuilt for the continuation hold, so a nonlocal write on either side is seen by the other.
-    own_cells = {name: cell for name, cell in frame.cells.items()
-                 if name not in spec.code.co_freevars and (cell.real is not None or cell.contents is not None)}
+    # rebuilt for the continuation hold, so a nonlocal write on either side is seen by the other. Empty
+    # cells pass too: a variable first assigned after the break may be read by a closure made before it,
+    # and a nested function defined after the break may need its own cell (a recursive `def h`).
+    own_cells = {name: cell for name, cell in frame.cells.items() if name not in spec.code.co_freevars}
     cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
 
@@ -379,6 +416,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     if state.graph.op_count or writer.outputs:
         if state.grad_enabled != state.entry_grad_enabled:
             state.graph.set_grad_enabled(state.entry_grad_enabled)
+        if records_grad_inside(state):
+            state.graph.start_with_grad_disabled()
         gm = state.graph.output(writer.outputs)
         gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
         log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))

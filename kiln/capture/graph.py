@@ -33,6 +33,7 @@ class GraphBuilder:
         self._input_nodes: dict[Source, fx.Node] = {}
         self._names: set[str] = set()
         self.op_count = 0
+        self.enables_grad = False  # a grad-mode change inside the graph turns it on
 
     # --- inputs -----------------------------------------------------------------------------
     def input(self, source: Source, real: torch.Tensor, dynamic_dims: frozenset = frozenset()):
@@ -114,6 +115,15 @@ class GraphBuilder:
     def set_grad_enabled(self, enabled: bool) -> None:
         """Grad mode changes inside the graph are nodes, so the backend sees them in order."""
         self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+        self.enables_grad = self.enables_grad or enabled
+
+    def start_with_grad_disabled(self) -> None:
+        """Make the graph's first op turn grad mode off: the output program then calls it with grad
+        mode on (see `write_program`), so the backend knows a part of it records gradients."""
+        ops = [n for n in self.graph.nodes if n.op != "placeholder"]
+        if ops:
+            with self.graph.inserting_before(ops[0]):
+                self.graph.call_function(torch._C._set_grad_enabled, (False,))
 
     def output(self, nodes: list[fx.Node]) -> fx.GraphModule:
         # No dead-code elimination: an unused random op still advances the RNG in eager.

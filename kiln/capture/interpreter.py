@@ -220,7 +220,8 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
             if name not in fn.kwdefaults:
                 raise GraphBreak("exception", f"TypeError: {fn.name}() missing keyword argument {name!r}")
             bound[name] = fn.kwdefaults[name]
-    from kiln.capture.values.containers import DictValue, TupleValue
+    from kiln.capture.values.containers import TupleValue
+    from kiln.capture.values.dicts import DictValue
 
     index = npos + nkwonly
     if has_varargs:

@@ -265,6 +265,45 @@ def _build_string(ins, stack, kw, resume, temp):
     return [f"{r} = ''.join([{', '.join(parts)}])", resume(ins.index + 1, stack[:len(stack) - ins.arg] + [r])]
 
 
+@renders("IS_OP")
+def _is_op(ins, stack, kw, resume, temp):
+    r = temp()
+    op = "is not" if ins.arg else "is"
+    return [f"{r} = {stack[-2]} {op} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
+
+
+@renders("BUILD_MAP")
+def _build_map(ins, stack, kw, resume, temp):
+    r = temp()
+    items = stack[len(stack) - 2 * ins.arg:]
+    pairs = ", ".join(f"{items[i]}: {items[i + 1]}" for i in range(0, len(items), 2))
+    return [f"{r} = {{{pairs}}}", resume(ins.index + 1, stack[:len(stack) - 2 * ins.arg] + [r])]
+
+
+@renders("BUILD_SET")
+def _build_set(ins, stack, kw, resume, temp):
+    r = temp()
+    items = stack[len(stack) - ins.arg:]
+    return [f"{r} = {{{', '.join(items)}}}" if items else f"{r} = set()",
+            resume(ins.index + 1, stack[:len(stack) - ins.arg] + [r])]
+
+
+@renders("CALL_INTRINSIC_1")
+def _call_intrinsic_1(ins, stack, kw, resume, temp):
+    r = temp()
+    expr = {"INTRINSIC_UNARY_POSITIVE": f"+{stack[-1]}", "INTRINSIC_LIST_TO_TUPLE": f"tuple({stack[-1]})"}.get(ins.argrepr)
+    if expr is None:
+        raise Unresumable("unsupported_opcode", f"cannot resume after CALL_INTRINSIC_1 {ins.argrepr}")
+    return [f"{r} = {expr}", resume(ins.index + 1, stack[:-1] + [r])]
+
+
+@renders("LOAD_SUPER_ATTR")
+def _load_super_attr(ins, stack, kw, resume, temp):
+    r = temp()
+    pushed = [None, r] if ins.method_load else [r]
+    return [f"{r} = getattr({stack[-3]}({stack[-2]}, {stack[-1]}), {ins.argval!r})", resume(ins.index + 1, stack[:-3] + pushed)]
+
+
 @renders("IMPORT_NAME")
 def _import_name(ins, stack, kw, resume, temp):
     r = temp()
@@ -294,10 +333,10 @@ NEVER_BREAKS = frozenset({
     "NOP", "RESUME", "PRECALL", "COPY_FREE_VARS", "CACHE", "EXTENDED_ARG", "POP_TOP", "PUSH_NULL", "COPY", "SWAP",
     "END_FOR", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "MAKE_CELL", "LOAD_FAST", "LOAD_FAST_AND_CLEAR",
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
-    "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SET", "BUILD_SLICE", "BUILD_MAP",
-    "BUILD_CONST_KEY_MAP", "IS_OP", "STORE_GLOBAL", "LOAD_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
-    "LIST_TO_TUPLE", "CALL_INTRINSIC_1", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
-    "WITH_EXCEPT_START", "LOAD_SUPER_ATTR",
+    "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
+    "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "LOAD_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
+    "LIST_TO_TUPLE", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
+    "WITH_EXCEPT_START",
 })
 
 

@@ -18,7 +18,7 @@ import torch
 
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
-from kiln.capture.values.constant import is_literal
+from kiln.capture.values.constant import ConstantValue, is_literal
 
 
 class ProgramWriter:
@@ -32,6 +32,7 @@ class ProgramWriter:
         self._temps = itertools.count()
         self._memo: dict[int, str] = {}
         self._bound_symbols: set[str] = set()
+        self._after_values: list = []  # lines written once every value is rebuilt (see `after_values`)
 
     # --- expressions ------------------------------------------------------------------------
     def constant(self, value: Any) -> str:
@@ -83,7 +84,7 @@ class ProgramWriter:
         key = id(v)
         if key not in self._memo:
             expr = v.reconstruct(self)
-            if expr.isidentifier() or _is_simple(expr):
+            if expr.isidentifier() or _is_simple(expr) or _is_literal_value(v):
                 self._memo[key] = expr
             else:
                 temp = f"___t{next(self._temps)}"
@@ -91,12 +92,29 @@ class ProgramWriter:
                 self._memo[key] = temp
         return self._memo[key]
 
+    def declare(self, v: Value, expr: str) -> str:
+        """Bind `v` to a temporary holding `expr` now, before its parts are rebuilt, so a value
+        that (through a closure cell) contains itself is rebuilt as one object."""
+        temp = self.temp()
+        self.lines.append(f"{temp} = {expr}")
+        self._memo[id(v)] = temp
+        return temp
+
+    def after_values(self, line) -> None:
+        """`line()` is written once the values are rebuilt (filling a declared value's parts)."""
+        self._after_values.append(line)
+
+    def finish_values(self) -> None:
+        while self._after_values:
+            self.lines.append(self._after_values.pop(0)())
+
     def before_effects(self, v: Value) -> str:
         """`v` for a replayed side effect. A value found at a path into the user's objects
         (`L['kwargs']['past_key_values']`) is read into a temporary ahead of every effect: an earlier
-        effect may delete or rebind what the path goes through (`kwargs['cache'] = kwargs.pop('past_key_values')`)."""
+        effect may delete or rebind what the path goes through (`kwargs['cache'] = kwargs.pop('past_key_values')`).
+        A value made during capture is rebuilt once, like every value (`self.a = self.b = []` stores one list)."""
         if getattr(v, "source", None) is None:
-            return v.reconstruct(self)
+            return self.value(v)
         path = v.reconstruct(self)
         key = ("before effects", path)  # one read per path, however many values were found there
         if key not in self._memo:
@@ -109,6 +127,16 @@ class ProgramWriter:
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
+
+
+def records_grad_inside(state) -> bool:
+    """Whether the graph is entered with grad mode off and turns it on inside (see `write_program`)."""
+    return not state.entry_grad_enabled and state.graph.enables_grad and not torch.is_inference_mode_enabled()
+
+
+def _is_literal_value(v: Value) -> bool:
+    """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity."""
+    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value)
 
 
 def _is_simple(expr: str) -> bool:
@@ -125,11 +153,18 @@ def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWri
     writer = ProgramWriter(state)
     tail = finish(writer)
     effects = [effect.render(writer) for effect in state.side_effects.effects]
+    writer.finish_values()
     head = []
+    enters_grad = records_grad_inside(state)
     if state.graph.op_count or writer.outputs:
         fetches, inputs = shared_fetches([source for source, _ in state.graph.inputs])
-        head += fetches + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
-    if state.grad_enabled != state.entry_grad_enabled:
+        # A graph entered with grad mode off that turns it on inside (`with torch.enable_grad():`, or the
+        # continuation after a break inside `with torch.no_grad():`) is called with grad mode on and
+        # starts by turning it off: a backend decides from the mode it is called in whether to record
+        # gradients at all (kiln's AOT autograd does), so its grad-enabled part must be seen.
+        call = ["torch._C._set_grad_enabled(True)"] if enters_grad else []
+        head += fetches + call + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
+    if state.grad_enabled != state.entry_grad_enabled or enters_grad:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch
     lines = head + writer.lines + effects + tail

@@ -59,6 +59,16 @@ class SideEffects:
         self._attrs[(id(obj), name)] = _DELETED
         self.effects.append(Effect("delattr", target, name, None))
 
+    def shadow_attr(self, obj: Any, name: str, value: Value | None) -> None:
+        """`obj.__dict__[name]` was written (None: deleted) by an effect recorded as a dict store:
+        later attribute reads in this capture see it, and no second effect is recorded."""
+        self._attrs[(id(obj), name)] = _DELETED if value is None else value
+
+    def instance_attrs(self, obj: Any) -> list[tuple[str, Any]]:
+        """(name, value or the deleted marker) of every attribute of `obj` stored in this capture, in order."""
+        key = id(obj)
+        return [(name, value) for (owner, name), value in self._attrs.items() if owner == key]
+
     def pending_attr(self, obj: Any, name: str) -> Value | None:
         """The value traced code stored in `obj.name` earlier in this capture, if any."""
         return self._attrs.get((id(obj), name))

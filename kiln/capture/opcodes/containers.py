@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.interpreter import opcode
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, _key, _key_value
+from kiln.capture.values.containers import ListValue, SetValue, TupleValue, _key, _key_value
+from kiln.capture.values.dicts import DictValue
 
 
 @opcode("BUILD_TUPLE")
@@ -34,16 +35,24 @@ def build_const_key_map(frame, ins):
     frame.push(DictValue(dict(zip(keys, values))))
 
 
+def _container_method(target, state, name: str, args: list) -> None:
+    """`target.name(*args)` for a container tracker; a value kiln does not model (an opaque list a
+    continuation stepping natively received) is a break, run natively by the output program."""
+    if not hasattr(target, "call_method"):
+        raise GraphBreak("unsupported_object", f"{name} on {target}")
+    target.call_method(state, name, args, {})
+
+
 @opcode("LIST_APPEND")
 def list_append(frame, ins):
     value = frame.pop()  # through the list's method: a list from the user's world records the mutation
-    frame.peek(ins.arg).realize().call_method(frame.state, "append", [value], {})
+    _container_method(frame.peek(ins.arg).realize(), frame.state, "append", [value])
 
 
 @opcode("SET_ADD")
 def set_add(frame, ins):
     value = frame.pop()
-    frame.peek(ins.arg).realize().call_method(frame.state, "add", [value], {})
+    _container_method(frame.peek(ins.arg).realize(), frame.state, "add", [value])
 
 
 @opcode("MAP_ADD")
@@ -55,7 +64,7 @@ def map_add(frame, ins):
 @opcode("LIST_EXTEND")
 def list_extend(frame, ins):
     iterable = frame.pop()
-    frame.peek(ins.arg).realize().call_method(frame.state, "extend", [iterable], {})
+    _container_method(frame.peek(ins.arg).realize(), frame.state, "extend", [iterable])
 
 
 @opcode("SET_UPDATE")
@@ -63,7 +72,7 @@ def set_update(frame, ins):
     iterable = frame.pop()
     target = frame.peek(ins.arg).realize()
     for item in iterable.unpack(frame.state):
-        target.call_method(frame.state, "add", [item], {})
+        _container_method(target, frame.state, "add", [item])
 
 
 @opcode("DICT_UPDATE", "DICT_MERGE")
@@ -72,7 +81,7 @@ def dict_update(frame, ins):
     if not isinstance(update, DictValue):
         raise GraphBreak("unsupported_object", f"** of {update}")
     target = frame.peek(ins.arg).realize()
-    for key, value in update.items.items():
+    for key, value in update.pairs(frame.state):
         target.setitem(frame.state, _key_value(key), value)
 
 

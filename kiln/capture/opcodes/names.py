@@ -45,14 +45,9 @@ def load_global(frame, ins):
 
 @opcode("STORE_GLOBAL")
 def store_global(frame, ins):
-    from kiln.capture.sources import ConstantSource
-    from kiln.capture.values.containers import DictValue
+    from kiln.capture.values.objects import store_global as store
 
-    value = frame.pop()
-    state = frame.state
-    source = ConstantSource("G") if frame.globals is state.G else state.global_source(frame.globals, ins.argval).base
-    state.side_effects.store_item(DictValue({}, source=source), ConstantValue(ins.argval), value)
-    state.pending_globals[(id(frame.globals), ins.argval)] = value
+    store(frame.state, frame.globals, ins.argval, frame.pop())
 
 
 @opcode("LOAD_DEREF", "LOAD_CLASSDEREF")
@@ -110,11 +105,7 @@ def store_attr(frame, ins):
 
 @opcode("DELETE_ATTR")
 def delete_attr(frame, ins):
-    obj = frame.pop().realize()
-    real = getattr(obj, "obj", None)
-    if real is None or obj.source is None:
-        raise GraphBreak("unsupported_object", f"del of attribute {ins.argval!r}")
-    frame.state.side_effects.del_attr(real, obj, ins.argval)
+    frame.pop().realize().delattr(frame.state, ins.argval)
 
 
 @opcode("IMPORT_NAME")

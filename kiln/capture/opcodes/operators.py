@@ -27,7 +27,7 @@ def compare_op(frame, ins):
 @opcode("IS_OP")
 def is_op(frame, ins):
     b, a = frame.pop(), frame.pop()
-    frame.push(ConstantValue(identical(a, b) != bool(ins.arg)))
+    frame.push(ConstantValue(identical(frame.state, a, b) != bool(ins.arg)))
 
 
 @opcode("CONTAINS_OP")

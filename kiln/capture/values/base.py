@@ -40,6 +40,9 @@ class Value:
     def setattr(self, state: CaptureState, name: str, value: Value) -> None:
         raise GraphBreak("unsupported_object", f"setting attribute {name!r} of {self}")
 
+    def delattr(self, state: CaptureState, name: str) -> None:
+        raise GraphBreak("unsupported_object", f"deleting attribute {name!r} of {self}")
+
     def call(self, state: CaptureState, args: list[Value], kwargs: dict[str, Value]) -> Value:
         raise GraphBreak("unsupported_call", f"calling {self}")
 
@@ -90,6 +93,18 @@ class NullValue(Value):
 NULL = NullValue()
 
 
+class UnguardedValue(Value):
+    """An input of a frame stepped through natively (a continuation past its cache limit): its entry has
+    no guards, so nothing about the value may be folded, not even its type or identity. Every use breaks
+    (the base class's answers), and the output program does it with the real object."""
+
+    def __init__(self, source: Source):
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Unguarded({self.source})"
+
+
 class LazyValue(Value):
     """An input not looked at yet: it installs guards only when the code uses it.
 
@@ -125,6 +140,9 @@ class LazyValue(Value):
 
     def setattr(self, state, name, value):
         return self.realize().setattr(state, name, value)
+
+    def delattr(self, state, name):
+        return self.realize().delattr(state, name)
 
     def call(self, state, args, kwargs):
         return self.realize().call(state, args, kwargs)

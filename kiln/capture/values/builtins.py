@@ -22,7 +22,8 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
+from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.operators import apply_operator
 
 HANDLERS: dict[Any, Callable] = {}
@@ -58,7 +59,7 @@ def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if any(isinstance(a.realize(), TensorValue) for a in args):
         raise GraphBreak("tensor_to_python", f"{getattr(fn, '__name__', fn)}() on a tensor")
     try:
-        return ConstantValue(fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}))
+        return from_constant(fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}))
     except GraphBreak:
         raise
     except Exception as e:
@@ -141,7 +142,10 @@ def _type(state, obj):
 
 @handles(builtins.callable)
 def _callable(state, obj):
-    return ConstantValue(callable(obj.realize().python_type()) and hasattr(obj.realize().python_type(), "__call__"))
+    """Python asks the object's type for a `__call__` slot; `hasattr(cls, "__call__")` would also find
+    the metaclass's (every class has one), calling any instance callable."""
+    cls = obj.realize().python_type()
+    return ConstantValue(any("__call__" in klass.__dict__ for klass in cls.__mro__))
 
 
 @handles(builtins.getattr)
@@ -188,6 +192,19 @@ def _hasattr(state, obj, name):
 def _setattr(state, obj, name, value):
     obj.setattr(state, name.as_constant(), value)
     return ConstantValue(None)
+
+
+@handles(builtins.delattr)
+def _delattr(state, obj, name):
+    obj.delattr(state, name.as_constant())
+    return ConstantValue(None)
+
+
+@handles(builtins.vars)
+def _vars(state, obj=None):
+    if obj is None:
+        raise GraphBreak("unsupported_call", "vars() without an argument")
+    return obj.getattr(state, "__dict__")
 
 
 @handles(builtins.range)
@@ -304,15 +321,9 @@ def _frozenset(state, iterable=None):
 
 @handles(builtins.dict)
 def _dict(state, pairs=None, **kwargs):
-    items = {}
-    if pairs is not None:
-        pairs = pairs.realize()
-        if isinstance(pairs, DictValue):
-            items.update(pairs.items)
-        else:
-            for pair in pairs.unpack(state):
-                k, v = pair.unpack(state)
-                items[k.as_constant()] = v
+    from kiln.capture.values.dicts import update_pairs
+
+    items = dict(update_pairs(state, pairs)) if pairs is not None else {}
     items.update(kwargs)
     return DictValue(items)
 
@@ -322,6 +333,32 @@ def _ordered_dict(state, pairs=None, **kwargs):
     value = _dict(state, pairs, **kwargs)
     value.cls = collections.OrderedDict
     return value
+
+
+@handles(collections.defaultdict)
+def _defaultdict(state, default_factory=None, pairs=None, **kwargs):
+    from kiln.capture.values.exceptions import raise_python
+
+    value = _dict(state, pairs, **kwargs)
+    factory = default_factory.realize() if default_factory is not None else None
+    if factory is not None and not (factory.is_constant() and factory.as_constant() is None):
+        if not _callable(state, factory).as_constant():
+            raise raise_python(TypeError, "first argument must be callable or None")
+    value.cls, value.default_factory = collections.defaultdict, factory
+    return value
+
+
+def _fromkeys(cls: type):
+    def handler(state, keys, value=None):
+        from kiln.capture.values.dicts import fromkeys
+
+        return fromkeys(state, cls, keys, value)
+
+    return handler
+
+
+for _dict_cls in (dict, collections.OrderedDict, collections.defaultdict):
+    HANDLERS[_dict_cls.fromkeys] = _fromkeys(_dict_cls)
 
 
 @handles(builtins.slice)

@@ -74,7 +74,7 @@ class SequenceValue(Value):
         raise GraphBreak("unsupported_call", f"{self.python_type().__name__}.{name}")
 
     def _items_expr(self, writer) -> str:
-        return ", ".join(i.reconstruct(writer) for i in self.items)
+        return ", ".join(writer.value(i) for i in self.items)  # value(): one object per tracker (`[a, a]`)
 
 
 class TupleValue(SequenceValue):
@@ -99,10 +99,12 @@ class TupleValue(SequenceValue):
             from kiln.capture.values.functions import BoundMethodValue
 
             return BoundMethodValue(self, name)
-        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
+        return method_of(self, self.cls, name)
 
     def call_method(self, state, name, args, kwargs):
         if name == "_asdict":
+            from kiln.capture.values.dicts import DictValue
+
             fields = self.cls._fields
             return DictValue(dict(zip(fields, self.items)))
         if name == "_replace":
@@ -173,7 +175,8 @@ class ListValue(SequenceValue):
     def as_constant(self):
         return [i.as_constant() for i in self.items]
 
-    def _mutated(self, state) -> None:
+    def mutated(self, state) -> None:
+        """Record that this list changed: one from the user's world gets its final contents written back."""
         if self.source is not None:
             state.side_effects.replace_contents(self)
 
@@ -183,16 +186,14 @@ class ListValue(SequenceValue):
             self.items[index] = value.unpack(state)
         else:
             self.items[index] = value
-        self._mutated(state)
+        self.mutated(state)
 
     def delitem(self, state, key: Value) -> None:
         del self.items[key.as_constant()]
-        self._mutated(state)
+        self.mutated(state)
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.functions import BoundMethodValue
-
-        return BoundMethodValue(self, name)
+        return method_of(self, list, name)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
         if name == "append":
@@ -203,7 +204,7 @@ class ListValue(SequenceValue):
             self.items.insert(args[0].as_constant(), args[1])
         elif name == "pop":
             value = self.items.pop(*(a.as_constant() for a in args))
-            self._mutated(state)
+            self.mutated(state)
             return value
         elif name == "clear":
             self.items.clear()
@@ -222,7 +223,7 @@ class ListValue(SequenceValue):
             del self.items[[i.as_constant() for i in self.items].index(target)]
         else:
             return super().call_method(state, name, args, kwargs)
-        self._mutated(state)
+        self.mutated(state)
         return ConstantValue(None)
 
     def render_replace(self, writer, target: str) -> str:
@@ -237,115 +238,31 @@ class ListValue(SequenceValue):
         return f"List({self.items})"
 
 
-class DictValue(Value):
-    """A dict with constant keys; its values are trackers."""
+def method_of(value: Value, cls: type, name: str) -> Value:
+    """`value.name` of a container: its method (which the tracker's `call_method` runs), or the
+    AttributeError Python raises (`hasattr([], "shape")` is False, `getattr(xs, "n", 0)` is 0)."""
+    from kiln.capture.values.exceptions import raise_python
+    from kiln.capture.values.functions import BoundMethodValue
 
-    def __init__(self, items: dict[Any, Value], source=None, cls: type = dict):
-        self.items, self.source, self.cls = dict(items), source, cls
+    if callable(getattr(cls, name, None)):
+        return BoundMethodValue(value, name)
+    if hasattr(cls, name):
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a {cls.__name__}")
+    raise raise_python(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
-    def python_type(self) -> type:
-        return self.cls
 
-    def is_constant(self) -> bool:
-        return all(v.realize().is_constant() for v in self.items.values())
+def from_constant(value: Any) -> Value:
+    """A folded result as a tracker: a list, dict or set (a new, mutable object on every call) as a
+    container tracker the output program rebuilds, never one object kept in the program's namespace."""
+    if type(value) is list:
+        return ListValue([from_constant(v) for v in value])
+    if type(value) is set:
+        return SetValue([from_constant(v) for v in value])
+    if type(value) is dict:
+        from kiln.capture.values.dicts import DictValue
 
-    def as_constant(self):
-        return {k: v.as_constant() for k, v in self.items.items()}
-
-    def getitem(self, state, key: Value) -> Value:
-        k = _key(state, key)
-        if k not in self.items:
-            from kiln.capture.values.exceptions import raise_python
-
-            raise raise_python(KeyError, k)
-        return self.items[k]
-
-    def setitem(self, state, key: Value, value: Value) -> None:
-        k = _key(state, key)
-        self.items[k] = value
-        if self.source is not None:
-            state.side_effects.store_item(self, key, value)
-
-    def delitem(self, state, key: Value) -> None:
-        k = _key(state, key)
-        del self.items[k]
-        if self.source is not None:
-            state.side_effects.del_item(self, key)
-
-    def unpack(self, state) -> list[Value]:
-        return [_key_value(k) for k in self.items]
-
-    def length(self, state) -> int:
-        return len(self.items)
-
-    def truth(self, state) -> bool:
-        return bool(self.items)
-
-    def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.functions import BoundMethodValue
-
-        override = python_override(self.cls, dict, name)
-        if override is not None:  # a dict subclass's own Python method runs, inlined
-            from kiln.capture.values.functions import MethodValue
-            from kiln.capture.values.objects import function_value
-
-            return MethodValue(self, function_value(state, override))
-        return BoundMethodValue(self, name)
-
-    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
-        if name == "keys":
-            return ListValue(self.unpack(state))
-        if name == "values":
-            return ListValue(list(self.items.values()))
-        if name == "items":
-            return ListValue([TupleValue([_key_value(k), v]) for k, v in self.items.items()])
-        if name == "get":
-            k = _key(state, args[0])
-            return self.items.get(k, args[1] if len(args) > 1 else ConstantValue(None))
-        if name == "__contains__":
-            return ConstantValue(_key(state, args[0]) in self.items)
-        if name == "copy":
-            return DictValue(dict(self.items), cls=self.cls)
-        if name in ("update", "__setitem__", "pop", "setdefault", "clear", "popitem"):
-            return self._mutate(state, name, args, kwargs)
-        raise GraphBreak("unsupported_call", f"dict.{name}")
-
-    def _mutate(self, state, name, args, kwargs) -> Value:
-        result: Value = ConstantValue(None)
-        if name == "update":
-            pairs = list(args[0].realize().items.items()) if args else []
-            for k, v in pairs + list(kwargs.items()):
-                self.setitem(state, _key_value(k), v)
-        elif name == "__setitem__":
-            self.setitem(state, args[0], args[1])
-        elif name == "pop":
-            k = _key(state, args[0])
-            if k not in self.items and len(args) > 1:
-                return args[1]
-            result = self.items[k]
-            self.delitem(state, args[0])
-        elif name == "setdefault":
-            k = _key(state, args[0])
-            if k not in self.items:
-                self.setitem(state, args[0], args[1] if len(args) > 1 else ConstantValue(None))
-            result = self.items[k]
-        elif name == "clear":
-            for k in list(self.items):
-                self.delitem(state, _key_value(k))
-        else:
-            raise GraphBreak("unsupported_call", f"dict.{name}")
-        return result
-
-    def reconstruct(self, writer) -> str:
-        if self.source is not None:
-            return writer.source_expr(self.source)
-        inner = ", ".join(f"{writer.constant(k)}: {v.reconstruct(writer)}" for k, v in self.items.items())
-        if self.cls is dict:
-            return "{" + inner + "}"
-        return f"{writer.constant(self.cls)}({{{inner}}})"
-
-    def __repr__(self):
-        return f"Dict({self.items})"
+        return DictValue({k: from_constant(v) for k, v in value.items()})
+    return ConstantValue(value)
 
 
 def python_override(cls: type, base: type, name: str):
@@ -411,9 +328,12 @@ class SetValue(Value):
         return bool(self.items)
 
     def getattr(self, state, name):
-        from kiln.capture.values.functions import BoundMethodValue
+        return method_of(self, set, name)
 
-        return BoundMethodValue(self, name)
+    def replace_items(self, items: list[Value]) -> SetValue:
+        """`s |= t` and the like: this set (every alias of it) now holds `items`."""
+        self.items = list(items)
+        return self
 
     def call_method(self, state, name, args, kwargs):
         if name == "add":
@@ -428,7 +348,7 @@ class SetValue(Value):
         return ConstantValue(result)
 
     def reconstruct(self, writer):
-        return "{" + ", ".join(i.reconstruct(writer) for i in self.items) + "}" if self.items else "set()"
+        return "{" + ", ".join(writer.value(i) for i in self.items) + "}" if self.items else "set()"
 
 
 class SliceValue(Value):
@@ -469,5 +389,5 @@ class IteratorValue(Value):
         return rest
 
     def reconstruct(self, writer) -> str:
-        rest = ", ".join(i.reconstruct(writer) for i in self.items[self.position:])
+        rest = ", ".join(writer.value(i) for i in self.items[self.position:])
         return f"iter([{rest}])"

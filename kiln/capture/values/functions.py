@@ -38,9 +38,13 @@ class CellValue(Value):
         pending = state.side_effects.pending_attr(self.real, "cell_contents")
         if pending is not None:
             return pending
+        try:
+            contents = self.real.cell_contents
+        except ValueError:  # an empty cell: the frame runs natively and raises Python's NameError
+            raise GraphBreak("exception", "free variable referenced before assignment") from None
         from kiln.capture.builder import wrap_lazy
 
-        return wrap_lazy(state, self.real.cell_contents, AttrSource(self.source, "cell_contents"))
+        return wrap_lazy(state, contents, AttrSource(self.source, "cell_contents"))
 
     def store(self, state, value: Value) -> None:
         if self.real is None:
@@ -49,10 +53,15 @@ class CellValue(Value):
         state.side_effects.store_attr(self.real, self, "cell_contents", value)
 
     def reconstruct(self, writer) -> str:
+        """A new cell is made empty and filled once every value is rebuilt: a recursive nested
+        function is in its own closure (`def h(n): ... h(n - 1)`), so its cell and the function
+        refer to each other, and the cell must hold the very function object the locals hold."""
         if self.source is not None:
             return writer.source_expr(self.source)
-        contents = self.contents.reconstruct(writer) if self.contents is not None else ""
-        return f"{writer.constant(types.CellType)}({contents})"
+        cell = writer.declare(self, f"{writer.constant(types.CellType)}()")
+        if self.contents is not None:
+            writer.after_values(lambda: f"{cell}.cell_contents = {writer.value(self.contents)}")
+        return cell
 
 
 class FunctionValue(CallableValue):
@@ -150,6 +159,9 @@ class BoundMethodValue(CallableValue):
 
     def __init__(self, self_value: Value, name: str):
         self.self_value, self.name = self_value, name
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType  # [].append, {}.get: methods of C types
 
     def call(self, state, args, kwargs) -> Value:
         return self.self_value.call_method(state, self.name, args, kwargs)

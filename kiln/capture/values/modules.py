@@ -42,7 +42,11 @@ class ModuleValue(Value):
         from kiln.capture.builder import wrap
         from kiln.capture.values.objects import class_attribute, guard_not_shadowed
 
+        from kiln.capture.side_effects import is_deleted
+
         pending = state.side_effects.pending_attr(self.module, name)
+        if pending is not None and is_deleted(pending):
+            raise GraphBreak("unsupported_object", f"{type(self.module).__name__}.{name} read after `del`")
         if pending is not None:
             return pending
         m, source = self.module, AttrSource(self.source, name)
@@ -62,6 +66,9 @@ class ModuleValue(Value):
 
     def setattr(self, state, name: str, value: Value) -> None:
         state.side_effects.store_attr(self.module, self, name, value)
+
+    def delattr(self, state, name: str) -> None:
+        state.side_effects.del_attr(self.module, self, name)  # nn.Module.__delattr__ runs on replay
 
     # --- calls --------------------------------------------------------------------------------
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -88,7 +95,7 @@ class ModuleValue(Value):
     def _call_with_forward_hooks(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """`Module.__call__` with forward (pre-)hooks, as torch runs them: each hook is inlined like any
         function. The hook dicts are read through their sources, so adding or removing a hook recompiles."""
-        from kiln.capture.values.containers import DictValue
+        from kiln.capture.values.dicts import DictValue
 
         def hooks(name: str) -> list[tuple[Value, bool]]:
             table = self.getattr(state, name).realize()

@@ -19,55 +19,15 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import (class_attribute, class_data, function_value, guard_class_entry,
+                                         guard_class_lacks, guard_not_shadowed, is_mutable_class,
+                                         pending_class_attr)
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import DictValue, ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
-
-
-def function_value(state, fn: types.FunctionType, source=None) -> FunctionValue:
-    return FunctionValue.of(state, fn, source or state.constant_source(fn, fn.__name__))
-
-
-def class_attribute(state, self_value: Value, cls: type, name: str, source) -> Value:
-    """`obj.name` resolved on the class: methods bind, properties run, constants read."""
-    from kiln.capture.builder import wrap
-
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            attr = klass.__dict__[name]
-            break
-    else:
-        raise raise_python(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
-    if isinstance(attr, types.FunctionType):
-        return MethodValue(self_value, function_value(state, attr))
-    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
-        return function_value(state, attr.fget).call(state, [self_value], {})
-    if isinstance(attr, staticmethod):
-        return object_value(attr.__func__, state)
-    if isinstance(attr, classmethod):
-        return MethodValue(ClassValue(cls), function_value(state, attr.__func__))
-    if isinstance(attr, (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType)):
-        raise GraphBreak("unsupported_call", f"{cls.__name__}.{name} is a C method")
-    if source is not None:
-        return wrap(state, getattr(self_value.obj, name), source)
-    if hasattr(type(attr), "__get__"):  # a descriptor kiln does not run (cached_property, a C getset)
-        raise GraphBreak("unsupported_object", f"{cls.__name__}.{name} (a {type(attr).__name__})")
-    return object_value(attr, state)
-
-
-def guard_not_shadowed(state, self_value: Value, name: str) -> None:
-    """`obj.name` resolved on the class: guard that the instance does not gain its own `name` later
-    (`m.act = torch.sigmoid` after compiling a forward that called the method `self.act`)."""
-    from kiln.capture.guards import Guard, GuardKind
-
-    source = getattr(self_value, "source", None)
-    if source is None or not hasattr(getattr(self_value, "obj", None), "__dict__"):
-        return
-    expr = state.source_expr(source)
-    state.guards.add(Guard(GuardKind.NOT_SHADOWED, source, f"{name!r} not in {expr}.__dict__",
-                           f"{name!r} read from the class", f"{expr}.__dict__.get({name!r})"))
 
 
 def object_value(obj: Any, state=None) -> Value:
@@ -105,19 +65,38 @@ class ClassValue(Value):
         return self.cls
 
     def getattr(self, state, name: str) -> Value:
+        """`Cls.name`, guarded where the MRO found it (see `classes`); a value stored earlier in this capture wins."""
+        pending = pending_class_attr(state, self.cls, name)
+        if pending is not None:
+            return pending
         for klass in self.cls.__mro__:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
-                if isinstance(attr, classmethod):
-                    return MethodValue(self, function_value(state, attr.__func__))
-                if isinstance(attr, staticmethod):
-                    return object_value(attr.__func__, state)
                 if klass in _BUILTIN_BASES and isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
                     return UnboundSlotValue(klass, name)
-                return object_value(getattr(self.cls, name), state)
+                if isinstance(attr, classmethod):
+                    guard_class_entry(state, self.cls, name, attr, self.source)
+                    return MethodValue(self, function_value(state, attr.__func__))
+                if isinstance(attr, (staticmethod, types.FunctionType, property)) or (
+                        hasattr(type(attr), "__get__") and not isinstance(attr, type)):
+                    guard_class_entry(state, self.cls, name, attr, self.source)
+                    return object_value(getattr(self.cls, name), state)
+                return class_data(state, self.cls, name, self.source)
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantValue(getattr(self.cls, name))
+        guard_class_lacks(state, self.cls, name, self.source)
         raise raise_python(AttributeError, f"type object {self.cls.__name__!r} has no attribute {name!r}")
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        """`Cls.count += 1`: replayed after the graph, in program order; later reads in this capture see it."""
+        if not is_mutable_class(self.cls):
+            raise raise_python(TypeError, f"cannot set {name!r} attribute of immutable type {self.cls.__name__!r}")
+        state.side_effects.store_attr(self.cls, self, name, value)
+
+    def delattr(self, state, name: str) -> None:
+        if not is_mutable_class(self.cls) or name not in self.cls.__dict__:
+            raise GraphBreak("unsupported_object", f"del {self.cls.__name__}.{name}")
+        state.side_effects.del_attr(self.cls, self, name)
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         cls = self.cls
@@ -230,25 +209,49 @@ class PythonModuleValue(Value):
         return self.module
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.builder import wrap
+        from kiln.capture.builder import guard_hasattr, wrap
         from kiln.capture.values.torch_api import wrap_torch_attr
 
+        pending = state.pending_globals.get((id(vars(self.module)), name))  # `mod.x = ...` or `global x` earlier
+        if pending is not None:
+            return pending
+        modname = self.module.__name__
+        fixed = modname in ("math", "operator", "cmath") or modname.startswith(("numpy", "torch.")) or modname == "torch"
         try:
             attr = getattr(self.module, name)
         except AttributeError as e:
+            if not fixed:  # `getattr(mod, "flag", False)` relied on its absence
+                guard_hasattr(state, self._source(state), name, False)
             raise raise_python(AttributeError, f"module {self.module.__name__!r} has no attribute {name!r}") from e
-        modname = self.module.__name__
         if modname == "torch" or modname.startswith("torch."):
             return wrap_torch_attr(attr)
-        if modname in ("math", "operator", "cmath") or modname.startswith("numpy"):
+        if fixed:
             return object_value(attr, state)
-        return wrap(state, attr, AttrSource(state.constant_source(self.module, modname.replace(".", "_")), name))
+        return wrap(state, attr, AttrSource(self._source(state), name))
+
+    def _source(self, state):
+        return state.constant_source(self.module, self.module.__name__.replace(".", "_"))
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        """`mod.flag = v`: a store into the module's globals, as `global flag; flag = v` in it would be."""
+        if self.module.__name__.split(".")[0] in ("torch", "math", "operator", "numpy"):
+            raise GraphBreak("unsupported_object", f"setting {self.module.__name__}.{name}")
+        store_global(state, vars(self.module), name, value)
 
     def reconstruct(self, writer) -> str:
         return writer.constant(self.module)
 
     def __repr__(self):
         return f"PyModule({self.module.__name__})"
+
+
+def store_global(state, globals_: dict, name: str, value: Value) -> None:
+    """A module global written by traced code: replayed after the graph, seen by later reads in this capture."""
+    from kiln.capture.sources import ConstantSource
+
+    source = ConstantSource("G") if globals_ is state.G else state.global_source(globals_, name).base
+    state.side_effects.store_item(DictValue({}, source=source), ConstantValue(name), value)
+    state.pending_globals[(id(globals_), name)] = value
 
 
 class ObjectValue(Value):
@@ -281,7 +284,8 @@ class ObjectValue(Value):
         if name == "__class__":
             return ClassValue(cls)
         if name == "__dict__":
-            return wrap(state, self.obj.__dict__, source)
+            base = wrap(state, self.obj.__dict__, source)
+            return InstanceDictValue(self, base) if isinstance(base, DictValue) else base
         if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
             return wrap(state, self.obj.__dict__[name], source)
         guard_not_shadowed(state, self, name)
@@ -312,6 +316,19 @@ class ObjectValue(Value):
             raise GraphBreak("unsupported_object", f"assigning {type(self.obj).__name__}.{name} (a {type(descriptor).__name__})")
         else:
             state.side_effects.store_attr(self.obj, self, name, value)
+
+    def delattr(self, state, name: str) -> None:
+        """`del obj.name` of an instance attribute: replayed after the graph; later reads see it gone."""
+        from kiln.capture.side_effects import is_deleted
+
+        cls = type(self.obj)
+        if python_override(cls, object, "__delattr__") is not None or _is_data_descriptor(_class_lookup(cls, name)):
+            raise GraphBreak("unsupported_object", f"del {cls.__name__}.{name} (a __delattr__ or descriptor)")
+        pending = state.side_effects.pending_attr(self.obj, name)
+        present = not is_deleted(pending) if pending is not None else name in getattr(self.obj, "__dict__", ())
+        if not present:
+            raise GraphBreak("exception", f"AttributeError: {name!r} (deleting an attribute the instance lacks)")
+        state.side_effects.del_attr(self.obj, self, name)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
         """`object`'s own slots, reached through `super()` from a class that overrides them."""
@@ -346,6 +363,47 @@ class ObjectValue(Value):
         if isinstance(self.obj, (list, tuple)):
             raise GraphBreak("unsupported_object", f"iterating a {type(self.obj).__name__} subclass")
         return iterate_instance(state, self, type(self.obj))
+
+
+class InstanceDictValue(DictValue):
+    """`obj.__dict__` (or `vars(obj)`) of an existing object: the instance's attributes as a dict.
+
+    It shares its items with the one tracker of that dict (`wrap` keeps one per object), and with
+    the object's attributes: an attribute stored earlier in this capture is an item here, and an item
+    written here is what a later `obj.name` reads. Its own writes replay as dict stores (no
+    `__setattr__` runs, as in eager).
+    """
+
+    def __init__(self, owner: ObjectValue, base: DictValue):
+        super().__init__({}, base.source)
+        self.owner, self.items = owner, base.items
+
+    def _sync(self, state) -> None:
+        from kiln.capture.side_effects import is_deleted
+
+        for name, value in state.side_effects.instance_attrs(self.owner.obj):
+            if is_deleted(value):
+                self.items.pop(name, None)
+            elif self.items.get(name) is not value:
+                self.items[name] = value
+
+    def pairs(self, state):
+        self._sync(state)
+        return super().pairs(state)
+
+    def getitem(self, state, key):
+        self._sync(state)
+        return super().getitem(state, key)
+
+    def setitem(self, state, key, value):
+        self._sync(state)
+        super().setitem(state, key, value)
+        state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), value)
+
+    def delitem(self, state, key):
+        self._sync(state)
+        super().delitem(state, key)
+        state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), None)
 
 
 def iterate_instance(state, value: Value, cls: type) -> list[Value]:
@@ -408,6 +466,11 @@ class NewObjectValue(Value):
             raise GraphBreak("unsupported_object", f"assigning {self.cls.__name__}.{name} (a {type(descriptor).__name__})")
         else:
             self.attrs[name] = value
+
+    def delattr(self, state, name: str) -> None:
+        if python_override(self.cls, object, "__delattr__") is not None or name not in self.attrs:
+            raise GraphBreak("unsupported_object", f"del {self.cls.__name__}.{name}")
+        del self.attrs[name]
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
         """`object.__setattr__` / `__getattribute__` reached through `super()`."""
@@ -561,6 +624,11 @@ def _is_none(value: Value) -> bool:
 class PartialValue(Value):
     def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]):
         self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def python_type(self) -> type:
+        import functools
+
+        return functools.partial
 
     def call(self, state, args, kwargs) -> Value:
         return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})

@@ -11,7 +11,7 @@ import operator
 from typing import Callable
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.values.base import Value
+from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue
 
 BINARY_OPS: dict[str, Callable] = {
@@ -41,7 +41,8 @@ _INPLACE_TO_PLAIN = {
 
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
-    from kiln.capture.values.containers import ListValue, SequenceValue, TupleValue
+    from kiln.capture.values.containers import ListValue, SequenceValue, SetValue, TupleValue, from_constant
+    from kiln.capture.values.dicts import DictValue
     from kiln.capture.values.symbolic import SymValue
     from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -53,12 +54,19 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
-    if all(a.is_constant() for a in args):
+    in_place = fn in _INPLACE_TO_PLAIN and isinstance(args[0], (ListValue, SetValue))
+    if all(a.is_constant() for a in args) and not in_place and not any(isinstance(a, DictValue) for a in args):
+        # An in-place operator on a list or set mutates it (and every alias of it); a dict keeps its kind
+        # (`dicts`). Any other result is new: a list or set comes back as a tracker, built per call.
         try:
-            return ConstantValue(fn(*(a.as_constant() for a in args)))
+            return from_constant(fn(*(a.as_constant() for a in args)))
         except Exception as e:
             raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if in_place and isinstance(args[0], SetValue) and all(a.is_constant() for a in args):
+        return args[0].replace_items(from_constant(plain(*(a.as_constant() for a in args))).items)
+    if isinstance(args[0], DictValue) and len(args) == 2:
+        return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
         a, b = (_as_sequence(a) for a in args)
@@ -69,6 +77,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 return a
             return type(a)(a.items + b.items) if isinstance(a, ListValue) else TupleValue(a.items + b.items)
         if plain is operator.mul and b.is_constant():
+            if fn is operator.imul and isinstance(a, ListValue):
+                a.items[:] = a.items * b.as_constant()
+                a.mutated(state)
+                return a
             items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
@@ -76,6 +88,20 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:
+    """`==`, `!=`, `|` and `|=` on dicts, as the dict types define them (see `dicts`)."""
+    from kiln.capture.values.dicts import DictValue, equal, merged
+
+    if plain in (operator.eq, operator.ne):
+        same = isinstance(b, DictValue) and equal(state, a, b)
+        return ConstantValue(same if plain is operator.eq else not same)
+    if fn is operator.ior:
+        return a.call_method(state, "__ior__", [b], {})
+    if plain is operator.or_:
+        return merged(state, a, b)
+    return _dunder(state, plain, [a, b])
 
 
 def _as_sequence(value: Value) -> Value:
@@ -99,31 +125,50 @@ def _dunder(state, fn: Callable, args: list[Value]) -> Value:
             if method is not None and hasattr(method, "__code__"):
                 return value.getattr(state, name).call(state, list(other), {})
     if fn is operator.eq:
-        return ConstantValue(identical(args[0], args[1]))
+        return ConstantValue(identical(state, args[0], args[1]))
     if fn is operator.ne:
-        return ConstantValue(not identical(args[0], args[1]))
+        return ConstantValue(not identical(state, args[0], args[1]))
     raise GraphBreak("unsupported_object", f"operator {fn.__name__} on {', '.join(map(repr, args))}")
 
 
-def identical(a: Value, b: Value) -> bool:
-    """`a is b` when capture can tell; otherwise a break."""
+def identical(state, a: Value, b: Value) -> bool:
+    """`a is b` when capture can tell; otherwise a break.
+
+    Two objects of the user's world (inputs, attributes) compared by identity: the answer is guarded,
+    both ways (`f(x, x)` after `f(x, y)` compiled `a is b` as False).
+    """
     from kiln.capture.values.tensor import TensorValue
 
     a, b = a.realize(), b.realize()
     if a is b:
         return True
+    if isinstance(a, UnguardedValue) or isinstance(b, UnguardedValue):
+        raise GraphBreak("unsupported_object", "`is` on a value whose identity is not guarded")
+    if a.source is not None and b.source is not None and not (isinstance(a, ConstantValue) and isinstance(b, ConstantValue)):
+        same = state.real_value(a.source) is state.real_value(b.source)  # two sources, one object (tied weights)
+        return _guard_identity(state, a, b, same)
     if isinstance(a, TensorValue) and isinstance(b, TensorValue):
-        if a.real is not None and b.real is not None:
-            return a.real is b.real  # two sources, one tensor (tied weights)
         return a.node is b.node
     if a.is_constant() and b.is_constant():
         return a.as_constant() is b.as_constant()
     obj_a, obj_b = _object_of(a), _object_of(b)
     if obj_a is not _MISSING and obj_b is not _MISSING:  # a constant against a tracked real object, too
-        return obj_a is obj_b
+        return _guard_identity(state, a, b, obj_a is obj_b)
     if a.is_constant() != b.is_constant() or isinstance(a, TensorValue) != isinstance(b, TensorValue):
         return False
     return type(a) is type(b) and a is b
+
+
+def _guard_identity(state, a: Value, b: Value, same: bool) -> bool:
+    """The identity of two objects found by source holds only while they are (or are not) one object."""
+    from kiln.capture.guards import Guard, GuardKind
+
+    if a.source is not None and b.source is not None and a.source != b.source:
+        ea, eb = state.source_expr(a.source), state.source_expr(b.source)
+        check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
+        state.guards.add(Guard(GuardKind.ID_MATCH, a.source, check, f"{'' if same else 'not '}the same object as {eb}",
+                               f"'the same object' if {ea} is {eb} else 'a different object'"))
+    return same
 
 
 _MISSING = object()
@@ -138,18 +183,21 @@ def _object_of(v: Value):
 
 def contains(state, container: Value, item: Value) -> bool:
     container = container.realize()
-    from kiln.capture.values.containers import DictValue, SetValue
+    from kiln.capture.values.containers import SetValue
+    from kiln.capture.values.dicts import DictValue, DictViewValue
     from kiln.capture.values.tensor import TensorValue
 
     if isinstance(container, TensorValue):
         raise GraphBreak("data_dependent_branch", "`in` on a tensor")
     if isinstance(container, (DictValue, SetValue)):
         return container.call_method(state, "__contains__", [item], {}).as_constant()
+    if isinstance(container, DictViewValue) and container.kind == "keys":
+        return contains(state, container.dict, item)
     if isinstance(item.realize(), TensorValue):
         return _tensor_in_sequence(state, container, item)
     if container.is_constant():
         return item.as_constant() in container.as_constant()
-    return any(identical(item, x) or (item.realize().is_constant() and x.realize().is_constant()
+    return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
                for x in container.unpack(state))
 
@@ -159,7 +207,7 @@ def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
     from kiln.capture.values.tensor import TensorValue
 
     for x in container.unpack(state):
-        if identical(item, x):
+        if identical(state, item, x):
             return True
         if isinstance(x.realize(), TensorValue) or not x.realize().is_constant() or x.as_constant() is not None:
             raise GraphBreak("data_dependent_branch", "`in` compares a tensor by value")

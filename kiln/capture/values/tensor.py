@@ -158,7 +158,20 @@ def trace_op(state, kind: str, target: Any, args: list[Value], kwargs: dict[str,
     for k, v in kwargs.items():
         node_kwargs[k], fake_kwargs[k] = _lower(state, v)
     node, fake = state.graph.call(kind, target, tuple(node_args), node_kwargs, tuple(fake_args), fake_kwargs)
-    return wrap_result(state, node, fake)
+    returned = _returned_argument(fake, [*args, *kwargs.values()])
+    return returned if returned is not None else wrap_result(state, node, fake)
+
+
+def _returned_argument(fake: Any, args: list[Value]) -> Value | None:
+    """The argument an op returned as itself (`x.add_(1)`, `out=` ops, `x.contiguous()` of a contiguous x):
+    its own tracker, so `y = x.add_(1); y is x` holds as in eager. The op's node stays in the graph."""
+    if not isinstance(fake, torch.Tensor):
+        return None
+    for arg in args:
+        arg = arg.realize()
+        if isinstance(arg, TensorValue) and arg.fake is fake:
+            return arg
+    return None
 
 
 def _lower_all(state, values: list[Value]) -> tuple[list, list]:
@@ -172,7 +185,8 @@ def _lower_all(state, values: list[Value]) -> tuple[list, list]:
 
 def _lower(state, value: Value) -> tuple[Any, Any]:
     """A tracker as (graph argument, fake argument)."""
-    from kiln.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
+    from kiln.capture.values.containers import ListValue, SliceValue, TupleValue
+    from kiln.capture.values.dicts import DictValue
 
     value = value.realize()
     if isinstance(value, (TensorValue, SymValue)):

@@ -114,9 +114,17 @@ class TensorValue(Value):
         return [self.getitem(state, ConstantValue(i)) for i in range(self.fake.shape[0])]
 
     def length(self, state) -> int:
+        """The first size as a Python int: a symbolic size is specialized (the shape environment guards it)."""
+        return int(self.len_value(state).as_constant())
+
+    def len_value(self, state) -> Value:
+        """`len(t)`: the first size, symbolic when that dimension is dynamic (never a raw SymInt constant,
+        which the graph would print as a name nothing binds)."""
         if self.fake.dim() == 0:
             raise GraphBreak("exception", "len() of a 0-d tensor")
-        return self.fake.shape[0]
+        if not _has_symbols(self.fake.shape[0]):
+            return ConstantValue(self.fake.shape[0])
+        return trace_op(state, "call_method", "size", [self, ConstantValue(0)], {})
 
     def truth(self, state) -> bool:
         raise GraphBreak("data_dependent_branch", "the truth value of a tensor")

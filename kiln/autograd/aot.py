@@ -40,6 +40,7 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
+from kiln.runtime.compile_lock import build_once, compile_lock
 
 log = logging.getLogger("kiln.aot")
 
@@ -86,14 +87,15 @@ class PerShapeCompiled:
 
     def _for(self, args) -> "AOTCompiled":
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else _constant_key(a) for a in args)
-        if key not in self.compiled:
-            gm, compiler, decompositions, name = self.args
-            if self.compiled:
-                log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
-            self.compiled[key] = compiled = AOTCompiled(gm, list(args), compiler, decompositions, name,
-                                                        static_shapes=True)
-            compiled.compile_for(args)
-        return self.compiled[key]
+        return build_once(self.compiled, key, lambda: self._specialize(key, args))
+
+    def _specialize(self, key: tuple, args) -> "AOTCompiled":
+        gm, compiler, decompositions, name = self.args
+        if self.compiled:
+            log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
+        compiled = AOTCompiled(gm, list(args), compiler, decompositions, name, static_shapes=True)
+        compiled.compile_for(args)
+        return compiled
 
     def __call__(self, *args):
         return self._for(args)(*args)
@@ -159,8 +161,10 @@ class AOTCompiled:
 
     def _specialized(self, args: tuple):
         if self.specialized is None:
-            self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler, self.decompositions,
-                                                self.name)
+            with compile_lock:
+                if self.specialized is None:
+                    self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler,
+                                                        self.decompositions, self.name)
         return self.specialized(*args)
 
     def compile_for(self, args) -> None:
@@ -178,27 +182,30 @@ class AOTCompiled:
         return tuple(map(_requires_grad, flat)), autocast
 
     def runner(self, key: tuple) -> Callable | None:
-        if key not in self.runners:
-            start = time.perf_counter()
-            self.traces[key] = []
-            covered = self._covered_by_capture  # compiled within the capture's backend call
-            shape_env = self.program.shape_env()
-            guards_before = len(shape_env.guards) if shape_env else 0
-            try:
-                self.runners[key] = self._build_training(key) if key[0] is not None else self._build_inference(key)
-            except NeedsStaticShapes as e:
-                if covered:
-                    raise
-                log.info("%s: %s: this variant compiles once per input shape", self.name, e)
-                self.runners[key] = None
-            finally:
-                if covered:
-                    self._covered_by_capture = False
-            if shape_env and not covered and len(shape_env.guards) > guards_before:
-                self.size_checks[key] = shape_env.produce_guards_expression(self.program.symbolic_inputs())
-            log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
-                     time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
-        return self.runners[key]
+        """The variant for `key`; compiled on its first call, by one thread (calls come from many)."""
+        return build_once(self.runners, key, lambda: self._build_runner(key))
+
+    def _build_runner(self, key: tuple) -> Callable | None:
+        start = time.perf_counter()
+        self.traces[key] = []
+        covered = self._covered_by_capture  # compiled within the capture's backend call
+        shape_env = self.program.shape_env()
+        guards_before = len(shape_env.guards) if shape_env else 0
+        try:
+            runner = self._build_training(key) if key[0] is not None else self._build_inference(key)
+        except NeedsStaticShapes as e:
+            if covered:
+                raise
+            log.info("%s: %s: this variant compiles once per input shape", self.name, e)
+            runner = None
+        finally:
+            if covered:
+                self._covered_by_capture = False
+        if shape_env and not covered and len(shape_env.guards) > guards_before:
+            self.size_checks[key] = shape_env.produce_guards_expression(self.program.symbolic_inputs())
+        log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
+                 time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
+        return runner
 
     def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
         """Run one named pass, timing it and keeping (and logging) the graph it produced."""

@@ -239,7 +239,7 @@ class AOTCompiled:
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves
-            return self.runner((None, key[1]))
+            return _without_grad(self.runner((None, key[1])))
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
                            tracing_table(self.decompositions, training=True), program.fake_mode(),
@@ -264,6 +264,20 @@ class AOTCompiled:
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
+
+
+def _without_grad(runner: Callable | None) -> Callable | None:
+    """Run an inference graph called with grad on, without grad, as it was traced: functionalization
+    dropped its detaches, so its ops would otherwise record a history eager never had (`x.detach() * 2`
+    returned requires_grad=True under aot_eager)."""
+    if runner is None:
+        return None
+
+    def run(flat: list) -> Any:
+        with torch.no_grad():
+            return runner(flat)
+
+    return run
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

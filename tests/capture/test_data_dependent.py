@@ -100,7 +100,6 @@ def nested_helper(x):
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
          argwhere, item, tolist, nonzero_static, index_put_bool_mask, nested_helper]
-UNIQUE = {unique, unique_counts, unique_consecutive}
 STATIC_SHAPE = {nonzero_static, index_put_bool_mask}  # no break: the op's output shape does not depend on data
 
 # Other values, same data-dependent sizes (positives, unique values, bins, repeats); changing sizes: below.
@@ -126,21 +125,9 @@ def run_and_compare(fn, compiled, x, requires_grad):
         assert_same(e_x.grad, c_x.grad, path="grad")
 
 
-# aot_eager returns a graph's only output, detached from every input that requires grad, as requiring
-# grad: unique's (derivative-less) backward is then reached. A kiln/autograd bug outside this module.
-DETACHED_ONLY_OUTPUT = pytest.mark.xfail(raises=NotImplementedError, reason="aot_eager requires_grad of detached output")
-
-
-def cases():
-    for fn in CASES:
-        for backend in ("eager", "aot_eager", "inductor"):
-            for requires_grad in (False, True):
-                marks = DETACHED_ONLY_OUTPUT if fn in UNIQUE and backend == "aot_eager" and requires_grad else ()
-                yield pytest.param(fn, backend, requires_grad, marks=marks,
-                                   id=f"{fn.__name__}-{backend}-{'grad' if requires_grad else 'no_grad'}")
-
-
-@pytest.mark.parametrize("fn, backend, requires_grad", cases())
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_data_dependent_op_breaks_cleanly(fn, backend, requires_grad):
     compiled = kiln.compile(fn, backend=backend)
     run_and_compare(fn, compiled, INPUTS[0].clone(), requires_grad)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.functionalize import InputMutation, functionalize
@@ -43,6 +44,7 @@ from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
 from kiln.runtime.compile_lock import build_once, compile_lock
 
 log = logging.getLogger("kiln.aot")
+log_hints = logging.getLogger("kiln.perf_hints")
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -198,6 +200,8 @@ class AOTCompiled:
                 raise
             log.info("%s: %s: this variant compiles once per input shape", self.name, e)
             runner = None
+        except (DynamicOutputShapeException, DataDependentOutputException) as e:
+            runner = self._data_dependent_fallback(key, e)
         finally:
             if covered:
                 self._covered_by_capture = False
@@ -206,6 +210,15 @@ class AOTCompiled:
         log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
                  time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
         return runner
+
+    def _data_dependent_fallback(self, key: tuple, error: Exception) -> Callable:
+        """A variant whose ATen graphs would need a data-dependent size (capture keeps `y[mask] = v` in the
+        graph, as torch.compile does, but its backward indexes by the mask): the captured graph runs op
+        by op, with eager's autograd. Correct, not compiled; logged as a slow path."""
+        log_hints.warning("%s: the %s graph needs a size that depends on tensor data (%s: %s); it runs "
+                          "eagerly, op by op", self.name, "training" if key[0] else "inference",
+                          type(error).__name__, error)
+        return self.program.run
 
     def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
         """Run one named pass, timing it and keeping (and logging) the graph it produced."""

@@ -104,8 +104,10 @@ class GraphBuilder:
             # stay symbols; their C++ versions would specialize every size they read.
             with self.fake_mode, (enable_python_dispatcher() if self.symbol_sources else contextlib.nullcontext()):
                 return fn(*call_args, **kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        except DynamicOutputShapeException as e:  # nonzero, x[mask], unique, ...
             raise GraphBreak("dynamic_output_shape", f"{_name(target)} ({type(e).__name__})") from e
+        except DataDependentOutputException as e:  # torch.equal, torch.allclose: a Python value from data
+            raise GraphBreak("tensor_to_python", f"{_name(target)} ({type(e).__name__})") from e
         except GraphBreak:
             raise
         except Exception as e:

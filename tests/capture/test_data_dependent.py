@@ -90,6 +90,38 @@ def index_put_bool_mask(x):
     return y * 2
 
 
+def index_put_masked_values(x):
+    """`y[m] = x[m] * 2`: the read breaks; the write stays in the graph, but its backward indexes by the mask."""
+    y = torch.zeros_like(x)
+    m = x > 0
+    y[m] = x[m] * 2
+    return y + 1
+
+
+def nonzero_as_tuple(x):
+    return torch.nonzero(x > 0, as_tuple=True)[0] * 2 + x.sum()
+
+
+def unique_rows(x):
+    return x.detach().view(2, 3).round().unique(dim=0) + x.sum()
+
+
+def masked_scatter(x):
+    return torch.zeros(6).masked_scatter(x > 0, x * 2) + 1
+
+
+def count_nonzero(x):
+    return torch.count_nonzero(x > 0) + x
+
+
+def tensors_equal(x):
+    return x * 2 if torch.equal(x, x.clone()) else x
+
+
+def tensors_allclose(x):
+    return (x + 1) * torch.allclose(x, x + 1e-9)
+
+
 def nested_helper(x):
     def positives(t):
         return t[t > 0]
@@ -99,8 +131,11 @@ def nested_helper(x):
 
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
-         argwhere, item, tolist, nonzero_static, index_put_bool_mask, nested_helper]
-STATIC_SHAPE = {nonzero_static, index_put_bool_mask}  # no break: the op's output shape does not depend on data
+         argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
+         unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, nested_helper]
+# No break: the op's output shape does not depend on data.
+STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero}
+READS_A_VALUE = {item, tolist, tensors_equal, tensors_allclose}  # a Python value from tensor data
 
 # Other values, same data-dependent sizes (positives, unique values, bins, repeats); changing sizes: below.
 INPUTS = [torch.tensor([0.5, -1.2, 2.3, -0.1, 1.7, -2.4]), torch.tensor([-0.5, 1.2, -2.3, 0.1, -1.7, 2.4])]
@@ -135,7 +170,9 @@ def test_data_dependent_op_breaks_cleanly(fn, backend, requires_grad):
     assert graph_count(ctx) <= torch_compile_graphs(fn, INPUTS[0])
     if fn in STATIC_SHAPE:
         assert break_reasons(ctx) == []
-    elif fn not in (item, tolist):
+    elif fn in READS_A_VALUE:
+        assert set(break_reasons(ctx)) == {"tensor_to_python"}
+    else:
         assert set(break_reasons(ctx)) == {"dynamic_output_shape"}  # an inlined helper breaks in both frames
     run_and_compare(fn, compiled, INPUTS[1].clone(), requires_grad)
 
@@ -176,3 +213,11 @@ def test_masked_result_sizes_change_between_calls(backend):
     for n in range(2, 9):
         x = torch.arange(n, dtype=torch.float32) - 1.5
         assert_same(f(x), compiled(x))
+
+
+def test_masked_write_with_grad_runs_its_graph_eagerly_and_says_so(caplog):
+    """The write's backward needs a data-dependent size: that graph runs op by op, logged as a slow path."""
+    compiled = kiln.compile(index_put_masked_values, backend="aot_eager")
+    with caplog.at_level("WARNING", logger="kiln.perf_hints"):
+        run_and_compare(index_put_masked_values, compiled, INPUTS[0].clone(), requires_grad=True)
+    assert any("depends on tensor data" in r.getMessage() for r in caplog.records)

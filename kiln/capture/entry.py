@@ -15,6 +15,7 @@ import inspect
 import itertools
 import logging
 import re
+import threading
 import time
 import types
 import warnings
@@ -129,7 +130,18 @@ class CompileContext:
     graph_counter: int = 0
     functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
     run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
-    running: list = field(default_factory=list)  # records whose programs are running now (observed calls)
+    _thread: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def running(self) -> list:
+        """Records whose programs run now in the calling thread (observed calls), outermost first.
+
+        One stack per thread: calls from other threads neither nest in these nor end them.
+        """
+        stack = getattr(self._thread, "running", None)
+        if stack is None:
+            stack = self._thread.running = []
+        return stack
 
     def frame(self, spec: FrameSpec) -> "CompiledFrame":
         return build_once(self.frames, spec, lambda: CompiledFrame(spec, self))

@@ -170,3 +170,33 @@ def test_compiled_code_runs_concurrently_from_threads():
 
     run_in_threads(many_calls)
     assert len(context_of(compiled).records) == 1
+
+
+def test_timed_calls_keep_one_stack_of_running_programs_per_thread():
+    """With timing on (`python -m kiln run`), each thread sees only its own running programs."""
+    from kiln.capture.entry import instrumentation
+
+    barrier, seen = threading.Barrier(2), []
+
+    @kiln.disable
+    def rendezvous():
+        barrier.wait()  # both threads are inside their compiled program now
+        seen.append(len(ctx.running))
+        barrier.wait()
+
+    def f(x):
+        y = x * 2
+        rendezvous()
+        return y + 1
+
+    compiled = kiln.compile(f, backend="eager")
+    ctx = context_of(compiled)
+    instrumentation.timing = True
+    try:
+        results = run_in_threads(lambda i: compiled(torch.ones(3) * i), n=2)
+    finally:
+        instrumentation.timing = False
+    assert seen == [1, 1]
+    assert ctx.running == []
+    for i, out in enumerate(results):
+        assert_same(torch.ones(3) * i * 2 + 1, out)

@@ -26,6 +26,7 @@ necessarily eager's stream.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 import time
@@ -279,18 +280,24 @@ class AOTCompiled:
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
 
 
-def _without_grad(runner: Callable | None) -> Callable | None:
-    """Run an inference graph called with grad on, without grad, as it was traced: functionalization
-    dropped its detaches, so its ops would otherwise record a history eager never had (`x.detach() * 2`
-    returned requires_grad=True under aot_eager)."""
+def _without_grad(runner: InferenceRunner | None) -> InferenceRunner | None:
+    """The inference runner for a call with grad on: its graph runs without grad, as it was traced.
+
+    Functionalization dropped the graph's detaches, so under grad mode its ops would record a history
+    eager never had (`x.detach() * 2` requiring grad). Outputs that alias an input are still rebuilt
+    with grad on: they keep the input's history, as eager's views do.
+    """
     if runner is None:
         return None
+    graph = runner.compiled
 
-    def run(flat: list) -> Any:
+    def graph_without_grad(flat: list) -> Any:
         with torch.no_grad():
-            return runner(flat)
+            return graph(flat)
 
-    return run
+    variant = copy.copy(runner)
+    variant.compiled = graph_without_grad
+    return variant
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

@@ -29,3 +29,18 @@ def test_detached_outputs_do_not_require_grad(fn, backend):
     for e, a in zip(flat_expected, flat_actual):
         assert a.requires_grad is e.requires_grad is False
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_view_of_an_input_keeps_its_history(backend):
+    """No graph output to differentiate, but the returned view of `x` carries x's history, as in eager."""
+    def view_and_detached(x):
+        return x.view(2, 2), x.detach() * 3
+
+    x = torch.randn(4, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    view, detached = kiln.compile(view_and_detached, backend=backend)(x)
+    assert view.requires_grad and not detached.requires_grad
+    (view * 5).sum().backward()
+    (x_ref.view(2, 2) * 5).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)

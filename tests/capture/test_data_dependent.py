@@ -122,6 +122,26 @@ def tensors_allclose(x):
     return (x + 1) * torch.allclose(x, x + 1e-9)
 
 
+class PositivePart(torch.nn.Module):
+    """A module whose forward selects by a mask: the break is inside an inlined module call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h[h > 0].sum() + h.mean()
+
+
+torch.manual_seed(0)
+POSITIVE_PART = PositivePart()
+
+
+def module_with_mask(x):
+    return POSITIVE_PART(x.view(1, 6)) * 2
+
+
 def nested_helper(x):
     def positives(t):
         return t[t > 0]
@@ -132,7 +152,8 @@ def nested_helper(x):
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
          argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
-         unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, nested_helper]
+         unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, module_with_mask,
+         nested_helper]
 # No break: the op's output shape does not depend on data.
 STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero}
 READS_A_VALUE = {item, tolist, tensors_equal, tensors_allclose}  # a Python value from tensor data

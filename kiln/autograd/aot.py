@@ -216,7 +216,7 @@ class AOTCompiled:
         """A variant whose ATen graphs would need a data-dependent size (capture keeps `y[mask] = v` in the
         graph, as torch.compile does, but its backward indexes by the mask): the captured graph runs op
         by op, with eager's autograd. Correct, not compiled; logged as a slow path."""
-        log_hints.warning("%s: the %s graph needs a size that depends on tensor data (%s: %s); it runs "
+        log_hints.warning("%s: the %s graph needs a size or value that depends on tensor data (%s: %s); it runs "
                           "eagerly, op by op", self.name, "training" if key[0] else "inference",
                           type(error).__name__, error)
         return self.program.run

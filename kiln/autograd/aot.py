@@ -90,7 +90,7 @@ class PerShapeCompiled:
 
     def _for(self, args) -> "AOTCompiled":
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else _constant_key(a) for a in args)
-        return build_once(self.compiled, key, lambda: self._specialize(key, args))
+        return build_once(self.compiled, key, self._specialize, key, args)
 
     def _specialize(self, key: tuple, args) -> "AOTCompiled":
         gm, compiler, decompositions, name = self.args
@@ -186,7 +186,10 @@ class AOTCompiled:
 
     def runner(self, key: tuple) -> Callable | None:
         """The variant for `key`; compiled on its first call, by one thread (calls come from many)."""
-        return build_once(self.runners, key, lambda: self._build_runner(key))
+        try:
+            return self.runners[key]  # every call: no lock
+        except KeyError:
+            return build_once(self.runners, key, self._build_runner, key)
 
     def _build_runner(self, key: tuple) -> Callable | None:
         start = time.perf_counter()

@@ -144,10 +144,10 @@ class CompileContext:
         return stack
 
     def frame(self, spec: FrameSpec) -> "CompiledFrame":
-        return build_once(self.frames, spec, lambda: CompiledFrame(spec, self))
+        return build_once(self.frames, spec, CompiledFrame, spec, self)
 
     def function(self, fn: types.FunctionType) -> "CompiledFunction":
-        return build_once(self.functions, fn, lambda: CompiledFunction(fn, self))
+        return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 
 class CompiledFrame:

@@ -20,8 +20,8 @@ compile_lock = threading.RLock()
 T = TypeVar("T")
 
 
-def build_once(cache: dict, key: Hashable, build: Callable[[], T]) -> T:
-    """`cache[key]`, built by `build()` under the compile lock by the first thread that needs it.
+def build_once(cache: dict, key: Hashable, build: Callable[..., T], *args) -> T:
+    """`cache[key]`, built by `build(*args)` under the compile lock by the first thread that needs it.
 
     The unlocked read is the fast path of every call; only a miss takes the lock, and it looks
     again once it holds it, so concurrent first calls build one value, not one each.
@@ -32,5 +32,5 @@ def build_once(cache: dict, key: Hashable, build: Callable[[], T]) -> T:
         pass
     with compile_lock:
         if key not in cache:
-            cache[key] = build()
+            cache[key] = build(*args)
         return cache[key]

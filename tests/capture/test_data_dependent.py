@@ -122,6 +122,11 @@ def tensors_allclose(x):
     return (x + 1) * torch.allclose(x, x + 1e-9)
 
 
+def full_from_tensor(x):
+    """torch.full reads a tensor fill value into Python in eager; kiln fills from the tensor in the graph."""
+    return torch.full((6,), x.detach().sum()) * x
+
+
 class PositivePart(torch.nn.Module):
     """A module whose forward selects by a mask: the break is inside an inlined module call."""
 
@@ -152,10 +157,10 @@ def nested_helper(x):
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
          argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
-         unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, module_with_mask,
+         unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, full_from_tensor, module_with_mask,
          nested_helper]
 # No break: the op's output shape does not depend on data.
-STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero}
+STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero, full_from_tensor}
 READS_A_VALUE = {item, tolist, tensors_equal, tensors_allclose}  # a Python value from tensor data
 
 # Other values, same data-dependent sizes (positives, unique values, bins, repeats); changing sizes: below.
@@ -242,3 +247,27 @@ def test_masked_write_with_grad_runs_its_graph_eagerly_and_says_so(caplog):
     with caplog.at_level("WARNING", logger="kiln.perf_hints"):
         run_and_compare(index_put_masked_values, compiled, INPUTS[0].clone(), requires_grad=True)
     assert any("depends on tensor data" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("fill", [torch.tensor(2), torch.tensor(1.5), torch.tensor(True), torch.tensor(2.5, dtype=torch.float64),
+                                  torch.tensor(3, dtype=torch.int8)], ids=lambda t: str(t.dtype))
+def test_full_from_a_tensor_has_eagers_dtype(fill):
+    """full infers its dtype from the Python number (int64 for any integer tensor, the default float dtype)."""
+    def f(x, v):
+        return torch.full((3,), v) + x.sum().to(torch.int8)
+
+    x = torch.randn(4)
+    compiled = kiln.compile(f, backend="aot_eager")
+    assert_same(f(x, fill), compiled(x, fill))
+    assert graph_count(context_of(compiled)) == 1
+
+
+def test_full_from_a_tensor_that_requires_grad_raises_like_eager():
+    def f(x):
+        return torch.full((3,), x.sum())
+
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(TypeError, match="must be Number"):
+        f(x)
+    with pytest.raises(TypeError, match="must be Number"):
+        kiln.compile(f, backend="aot_eager")(x)

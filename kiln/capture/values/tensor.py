@@ -115,16 +115,20 @@ class TensorValue(Value):
 
     def length(self, state) -> int:
         """The first size as a Python int: a symbolic size is specialized (the shape environment guards it)."""
-        return int(self.len_value(state).as_constant())
+        return int(self._first_size())
 
     def len_value(self, state) -> Value:
         """`len(t)`: the first size, symbolic when that dimension is dynamic (never a raw SymInt constant,
         which the graph would print as a name nothing binds)."""
+        size = self._first_size()
+        if not _has_symbols(size):
+            return ConstantValue(size)
+        return trace_op(state, "call_method", "size", [self, ConstantValue(0)], {})
+
+    def _first_size(self):
         if self.fake.dim() == 0:
             raise GraphBreak("exception", "len() of a 0-d tensor")
-        if not _has_symbols(self.fake.shape[0]):
-            return ConstantValue(self.fake.shape[0])
-        return trace_op(state, "call_method", "size", [self, ConstantValue(0)], {})
+        return self.fake.shape[0]
 
     def truth(self, state) -> bool:
         raise GraphBreak("data_dependent_branch", "the truth value of a tensor")

@@ -129,6 +129,17 @@ def test_many_threads_never_exceed_the_cache():
     assert len(frame.entries) == 1 and not frame.run_eagerly
 
 
+def test_one_compile_per_distinct_guard_set():
+    """Two input shapes, two threads each (static shapes): one entry per shape, whichever thread comes first."""
+    counter = CountingBackend()
+    compiled = kiln.compile(sin_affine, backend=counter, dynamic=False)
+    inputs = [torch.randn(3 + 2 * (i % 2)) for i in range(THREADS)]
+    results = run_in_threads(lambda i: compiled(inputs[i]))
+    for x, out in zip(inputs, results):
+        assert_same(sin_affine(x), out)
+    assert counter.calls == 2
+
+
 def test_guards_read_the_calling_threads_grad_mode():
     """Grad mode is per thread: threads with and without no_grad get their own entry and eager's requires_grad."""
     counter = CountingBackend("aot_eager")

@@ -70,6 +70,11 @@ def repeat_interleave_tensor(x):
     return torch.repeat_interleave(x, (x.abs() * 3).long()) * 2
 
 
+def repeat_interleave_output_size(x):
+    """With output_size the result's size is known: the op stays in the graph (both inputs repeat 22 times)."""
+    return torch.repeat_interleave(x, (x.abs() * 3).long(), output_size=22) * 2
+
+
 def argwhere(x):
     return torch.argwhere(x > 0) * 2 + 1
 
@@ -158,11 +163,12 @@ def nested_helper(x):
 
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
-         argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
+         repeat_interleave_output_size, argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
          unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, full_from_tensor,
          module_with_mask, nested_helper]
 # No break: the op's output shape does not depend on data.
-STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero, full_from_tensor}
+STATIC_SHAPE = {nonzero_static, index_put_bool_mask, masked_scatter, count_nonzero, full_from_tensor,
+                repeat_interleave_output_size}
 READS_A_VALUE = {item, tolist, tensors_equal, tensors_allclose}  # a Python value from tensor data
 
 # Other values, same data-dependent sizes (positives, unique values, bins, repeats); changing sizes: below.

@@ -163,7 +163,8 @@ def nested_helper(x):
 
 CASES = [nonzero, nonzero_method, where_single_arg, masked_select, bool_index, len_of_masked,
          masked_size_arithmetic, unique, unique_counts, unique_consecutive, bincount, repeat_interleave_tensor,
-         repeat_interleave_output_size, argwhere, item, tolist, nonzero_static, index_put_bool_mask, index_put_masked_values, nonzero_as_tuple,
+         repeat_interleave_output_size, argwhere, item, tolist, nonzero_static, index_put_bool_mask,
+         index_put_masked_values, nonzero_as_tuple,
          unique_rows, masked_scatter, count_nonzero, tensors_equal, tensors_allclose, full_from_tensor,
          module_with_mask, nested_helper]
 # No break: the op's output shape does not depend on data.

@@ -26,6 +26,7 @@ necessarily eager's stream.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 import time
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.functionalize import InputMutation, functionalize
@@ -40,8 +42,10 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
+from kiln.runtime.compile_lock import build_once, compile_lock
 
 log = logging.getLogger("kiln.aot")
+log_hints = logging.getLogger("kiln.perf_hints")
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -86,14 +90,15 @@ class PerShapeCompiled:
 
     def _for(self, args) -> "AOTCompiled":
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else _constant_key(a) for a in args)
-        if key not in self.compiled:
-            gm, compiler, decompositions, name = self.args
-            if self.compiled:
-                log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
-            self.compiled[key] = compiled = AOTCompiled(gm, list(args), compiler, decompositions, name,
-                                                        static_shapes=True)
-            compiled.compile_for(args)
-        return self.compiled[key]
+        return build_once(self.compiled, key, self._specialize, key, args)
+
+    def _specialize(self, key: tuple, args) -> "AOTCompiled":
+        gm, compiler, decompositions, name = self.args
+        if self.compiled:
+            log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
+        compiled = AOTCompiled(gm, list(args), compiler, decompositions, name, static_shapes=True)
+        compiled.compile_for(args)
+        return compiled
 
     def __call__(self, *args):
         return self._for(args)(*args)
@@ -159,8 +164,10 @@ class AOTCompiled:
 
     def _specialized(self, args: tuple):
         if self.specialized is None:
-            self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler, self.decompositions,
-                                                self.name)
+            with compile_lock:
+                if self.specialized is None:
+                    self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler,
+                                                        self.decompositions, self.name)
         return self.specialized(*args)
 
     def compile_for(self, args) -> None:
@@ -178,27 +185,44 @@ class AOTCompiled:
         return tuple(map(_requires_grad, flat)), autocast
 
     def runner(self, key: tuple) -> Callable | None:
-        if key not in self.runners:
-            start = time.perf_counter()
-            self.traces[key] = []
-            covered = self._covered_by_capture  # compiled within the capture's backend call
-            shape_env = self.program.shape_env()
-            guards_before = len(shape_env.guards) if shape_env else 0
-            try:
-                self.runners[key] = self._build_training(key) if key[0] is not None else self._build_inference(key)
-            except NeedsStaticShapes as e:
-                if covered:
-                    raise
-                log.info("%s: %s: this variant compiles once per input shape", self.name, e)
-                self.runners[key] = None
-            finally:
-                if covered:
-                    self._covered_by_capture = False
-            if shape_env and not covered and len(shape_env.guards) > guards_before:
-                self.size_checks[key] = shape_env.produce_guards_expression(self.program.symbolic_inputs())
-            log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
-                     time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
-        return self.runners[key]
+        """The variant for `key`; compiled on its first call, by one thread (calls come from many)."""
+        try:
+            return self.runners[key]  # every call: no lock
+        except KeyError:
+            return build_once(self.runners, key, self._build_runner, key)
+
+    def _build_runner(self, key: tuple) -> Callable | None:
+        start = time.perf_counter()
+        self.traces[key] = []
+        covered = self._covered_by_capture  # compiled within the capture's backend call
+        shape_env = self.program.shape_env()
+        guards_before = len(shape_env.guards) if shape_env else 0
+        try:
+            runner = self._build_training(key) if key[0] is not None else self._build_inference(key)
+        except NeedsStaticShapes as e:
+            if covered:
+                raise
+            log.info("%s: %s: this variant compiles once per input shape", self.name, e)
+            runner = None
+        except (DynamicOutputShapeException, DataDependentOutputException) as e:
+            runner = self._data_dependent_fallback(key, e)
+        finally:
+            if covered:
+                self._covered_by_capture = False
+        if shape_env and not covered and len(shape_env.guards) > guards_before:
+            self.size_checks[key] = shape_env.produce_guards_expression(self.program.symbolic_inputs())
+        log.info("%s: compiled %s in %.2f s (%s)", self.name, "training" if key[0] else "inference",
+                 time.perf_counter() - start, ", ".join(f"{t.name} {t.seconds:.3f}s" for t in self.traces[key]))
+        return runner
+
+    def _data_dependent_fallback(self, key: tuple, error: Exception) -> Callable:
+        """A variant whose ATen graphs would need a data-dependent size (capture keeps `y[mask] = v` in the
+        graph, as torch.compile does, but its backward indexes by the mask): the captured graph runs op
+        by op, with eager's autograd. Correct, not compiled; logged as a slow path."""
+        log_hints.warning("%s: the %s graph needs a size or value that depends on tensor data (%s: %s); it runs "
+                          "eagerly, op by op", self.name, "training" if key[0] else "inference",
+                          type(error).__name__, error)
+        return self.program.run
 
     def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
         """Run one named pass, timing it and keeping (and logging) the graph it produced."""
@@ -232,7 +256,7 @@ class AOTCompiled:
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves
-            return self.runner((None, key[1]))
+            return _without_grad(self.runner((None, key[1])))
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
                            tracing_table(self.decompositions, training=True), program.fake_mode(),
@@ -257,6 +281,26 @@ class AOTCompiled:
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
+
+
+def _without_grad(runner: InferenceRunner | None) -> InferenceRunner | None:
+    """The inference runner for a call with grad on: its graph runs without grad, as it was traced.
+
+    Functionalization dropped the graph's detaches, so under grad mode its ops would record a history
+    eager never had (`x.detach() * 2` requiring grad). Outputs that alias an input are still rebuilt
+    with grad on: they keep the input's history, as eager's views do.
+    """
+    if runner is None:
+        return None
+    graph = runner.compiled
+
+    def graph_without_grad(flat: list) -> Any:
+        with torch.no_grad():
+            return graph(flat)
+
+    variant = copy.copy(runner)
+    variant.compiled = graph_without_grad
+    return variant
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

@@ -15,6 +15,7 @@ import inspect
 import itertools
 import logging
 import re
+import threading
 import time
 import types
 import warnings
@@ -34,6 +35,7 @@ from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.config import config
+from kiln.runtime.compile_lock import build_once, compile_lock
 
 load_opcode_modules()
 
@@ -128,17 +130,24 @@ class CompileContext:
     graph_counter: int = 0
     functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
     run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
-    running: list = field(default_factory=list)  # records whose programs are running now (observed calls)
+    _thread: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def running(self) -> list:
+        """Records whose programs run now in the calling thread (observed calls), outermost first.
+
+        One stack per thread: calls from other threads neither nest in these nor end them.
+        """
+        stack = getattr(self._thread, "running", None)
+        if stack is None:
+            stack = self._thread.running = []
+        return stack
 
     def frame(self, spec: FrameSpec) -> "CompiledFrame":
-        if spec not in self.frames:
-            self.frames[spec] = CompiledFrame(spec, self)
-        return self.frames[spec]
+        return build_once(self.frames, spec, CompiledFrame, spec, self)
 
     def function(self, fn: types.FunctionType) -> "CompiledFunction":
-        if fn not in self.functions:
-            self.functions[fn] = CompiledFunction(fn, self)
-        return self.functions[fn]
+        return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 
 class CompiledFrame:
@@ -151,15 +160,36 @@ class CompiledFrame:
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
     def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
+        # The fast path takes no lock: entries are only ever appended, each one complete.
         for entry in self.entries:
             if entry.guard(L, G, C):
-                if entry.program is None:  # an eager entry (see `_add_eager_entry`)
-                    return eager()
-                if instrumentation.timing or _profiler._is_profiler_enabled:
-                    return self._run_observed(entry, L, G, C)
-                return entry.program(L, G, C)
-        if self.run_eagerly:
+                break
+        else:
+            entry = self._miss(L, G, C, eager)
+            if entry is None:
+                return eager()
+        if entry.program is None:  # an eager entry (see `_add_eager_entry`)
             return eager()
+        if instrumentation.timing or _profiler._is_profiler_enabled:
+            return self._run_observed(entry, L, G, C)
+        return entry.program(L, G, C)
+
+    def _miss(self, L, G, C, eager: Callable | None) -> CacheEntry | None:
+        """No entry's guards pass: the entry to run, compiled now, or None when the frame runs eagerly.
+
+        One capture at a time (the compile lock); a thread that waited for the lock first looks for
+        an entry another thread added meanwhile, so concurrent first calls compile once.
+        """
+        if self.run_eagerly:
+            return None
+        with compile_lock:
+            for entry in self.entries:
+                if entry.guard(L, G, C):
+                    return entry
+            return None if self.run_eagerly else self._compile(L, G, C, eager)
+
+    def _compile(self, L, G, C, eager: Callable | None) -> CacheEntry | None:
+        """Capture a new entry for this call (the compile lock held), or None: the frame runs eagerly."""
         reason = self.entries[-1].guards.first_failure(L, G, C) if self.entries else None
         if reason is not None:
             if self.ctx.dynamic is None:
@@ -170,14 +200,9 @@ class CompiledFrame:
             if eager is not None:
                 self._warn_limit(reason)
                 self.run_eagerly = True
-                return eager()
+                return None
             opaque = True  # a continuation must still run: step through it natively, unguarded
-        entry = self._capture(L, G, C, eager, opaque, reason)
-        if entry is None:
-            return eager()
-        if instrumentation.timing or _profiler._is_profiler_enabled:
-            return self._run_observed(entry, L, G, C)
-        return entry.program(L, G, C)
+        return self._capture(L, G, C, eager, opaque, reason)
 
     def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
         """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""

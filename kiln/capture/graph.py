@@ -26,7 +26,12 @@ class GraphBuilder:
 
     def __init__(self) -> None:
         self.graph = fx.Graph()
-        self.shape_env = ShapeEnv()  # symbolic sizes of dynamic dimensions, and the guards on them
+        # Symbolic sizes of dynamic dimensions, and the guards on them. Ops whose output size or value
+        # depends on tensor data (nonzero, x[mask], unique, .item()) raise on fake tensors instead of
+        # inventing unbacked sizes: such an op ends the graph and runs natively, as torch.compile does
+        # by default (capture_dynamic_output_shape_ops / capture_scalar_outputs off). An unbacked size
+        # printed into generated code would name a symbol nothing binds.
+        self.shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
@@ -100,8 +105,10 @@ class GraphBuilder:
             # stay symbols; their C++ versions would specialize every size they read.
             with self.fake_mode, (enable_python_dispatcher() if self.symbol_sources else contextlib.nullcontext()):
                 return fn(*call_args, **kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        except DynamicOutputShapeException as e:  # nonzero, x[mask], unique, ...
             raise GraphBreak("dynamic_output_shape", f"{_name(target)} ({type(e).__name__})") from e
+        except DataDependentOutputException as e:  # torch.equal, torch.allclose: a Python value from data
+            raise GraphBreak("tensor_to_python", f"{_name(target)} ({type(e).__name__})") from e
         except GraphBreak:
             raise
         except Exception as e:

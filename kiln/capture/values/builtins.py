@@ -119,6 +119,11 @@ class _SignatureSelf:
 
 @handles(builtins.len)
 def _len(state, obj):
+    from kiln.capture.values.tensor import TensorValue
+
+    obj = obj.realize()
+    if isinstance(obj, TensorValue):  # a dynamic first dimension stays symbolic
+        return obj.len_value(state)
     return ConstantValue(obj.length(state))
 
 

@@ -114,6 +114,18 @@ class TensorValue(Value):
         return [self.getitem(state, ConstantValue(i)) for i in range(self.fake.shape[0])]
 
     def length(self, state) -> int:
+        """The first size as a Python int: a symbolic size is specialized (the shape environment guards it)."""
+        return int(self._first_size())
+
+    def len_value(self, state) -> Value:
+        """`len(t)`: the first size, symbolic when that dimension is dynamic (never a raw SymInt constant,
+        which the graph would print as a name nothing binds)."""
+        size = self._first_size()
+        if not _has_symbols(size):
+            return ConstantValue(size)
+        return trace_op(state, "call_method", "size", [self, ConstantValue(0)], {})
+
+    def _first_size(self):
         if self.fake.dim() == 0:
             raise GraphBreak("exception", "len() of a 0-d tensor")
         return self.fake.shape[0]

@@ -50,7 +50,7 @@ METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex
 BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call",
             torch.set_default_dtype: "unsupported_call", torch.save: "unsupported_call",
             torch.load: "unsupported_call", torch.autograd.backward: "autograd_backward",
-            torch.autograd.grad: "autograd_backward", torch.nonzero: None}
+            torch.autograd.grad: "autograd_backward"}
 
 
 class TorchFunctionValue(CallableValue):
@@ -78,8 +78,10 @@ class TorchFunctionValue(CallableValue):
             return ConstantValue(False if fn is not torch._C._get_tracing_state else None)
         if fn is torch.is_grad_enabled:
             return ConstantValue(state.grad_enabled)
-        if fn in BREAKING and BREAKING[fn]:
+        if fn in BREAKING:
             raise GraphBreak(BREAKING[fn], f"{fn.__name__}()")
+        if fn is torch.full and _fills_from_tensor(args, kwargs):
+            return _full_from_tensor(state, args, kwargs)
         if fn in CONTEXTS:
             return CONTEXTS[fn](state, args, kwargs)
         if fn in METADATA_FUNCTIONS or fn in (torch.Size, torch.device, torch.finfo, torch.iinfo, torch.dtype):
@@ -102,6 +104,36 @@ class TorchFunctionValue(CallableValue):
 
     def __repr__(self) -> str:
         return f"TorchFunction({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _fills_from_tensor(args: list[Value], kwargs: dict[str, Value]) -> bool:
+    """`torch.full(size, t)` with a 0-d tensor `t` that does not require grad (eager rejects one that does)."""
+    if len(args) != 2 or "out" in kwargs:
+        return False
+    fill = args[1].realize()
+    return isinstance(fill, TensorValue) and fill.fake.dim() == 0 and not fill.fake.requires_grad
+
+
+def _full_from_tensor(state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """`torch.full(size, t)` as `torch.empty(size).fill_(t)`: eager reads `t` into a Python number (a
+    break); filling from the tensor keeps it in the graph, as torch.compile does. The dtype is the one
+    full infers from that number (torch.compile's rewrite takes the default dtype for an integer `t`)."""
+    fill = args[1].realize()
+    if "dtype" not in kwargs:
+        kwargs = {**kwargs, "dtype": ConstantValue(_full_dtype(fill.fake.dtype))}
+    empty = trace_op(state, "call_function", torch.empty, [args[0]], kwargs)
+    return empty.call_method(state, "fill_", [fill], {})
+
+
+def _full_dtype(fill_dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch.full gives a Python bool, int, float or complex (`t.item()` of a `fill_dtype` tensor)."""
+    if fill_dtype == torch.bool:
+        return torch.bool
+    if fill_dtype.is_complex:
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    if fill_dtype.is_floating_point:
+        return torch.get_default_dtype()
+    return torch.int64
 
 
 def _metadata_call(fn, args, kwargs) -> Value:

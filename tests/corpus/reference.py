@@ -125,9 +125,14 @@ def _invoke(target, c: Call, observe: Callable[[], Any]) -> Outcome:
     return Outcome(result, error, (args, kwargs), observe())
 
 
+def _from_torch(value) -> bool:
+    """torch's own objects (torch.Size, SymInt, dtypes) compare as themselves, never by their attributes."""
+    return type(value).__module__.split(".")[0] == "torch"
+
+
 def comparable(value):
     """`value` with user objects replaced by (class name, attributes), so that assert_same compares contents."""
-    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or callable(value):
+    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or callable(value) or _from_torch(value):
         return value
     if isinstance(value, list):
         return [comparable(v) for v in value]

@@ -106,6 +106,34 @@ def mutate_clone_of_grad_input(x):
     return y
 
 
+# --- inputs that alias each other (the same tensor, or a view of another input) ----------------------------------
+
+SHARED = t(6)
+
+
+@cases((SHARED, SHARED[:3]), marks=bug("class 3: an input mutated while another input views it: the view input reads stale values"))
+def mutate_input_whose_view_is_another_input(a, b):
+    a.add_(1)
+    return b * 2
+
+
+@cases((SHARED, SHARED[2:]), marks=bug("class 3: an input that views another is mutated: the base input reads stale values"))
+def mutate_view_input_read_base(a, b):
+    b.mul_(3)
+    return a.sum()
+
+
+@cases((SHARED, SHARED))
+def same_tensor_twice_read_only(a, b):
+    return a * b + a
+
+
+@cases((SHARED[:3], SHARED[3:]))
+def disjoint_views_of_one_base(a, b):
+    a.add_(1)
+    return a + b
+
+
 # --- outputs that alias ---------------------------------------------------------------------------------------
 
 

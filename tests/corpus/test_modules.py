@@ -544,3 +544,20 @@ def test_module_attribute_change_between_calls_is_guarded():
     torch.testing.assert_close(compiled(X), m(X))
     m.act = "relu"
     torch.testing.assert_close(compiled(X), m(X))
+
+
+THROUGH_AUTOGRAD_STAGE = [BasicLinear, SequentialStack, ModuleListLoop, BufferRunningMean, BufferCounter,
+                          TrainingFlagBranch, BatchNormTrain, BatchNormEval, AttributeCounter, SharedSubmodule,
+                          InPlaceActivation, ParameterListAndDict, RawParameter, ModuleReturnsDict]
+
+
+@pytest.mark.parametrize("make", [pytest.param(cls, id=cls.__name__) for cls in THROUGH_AUTOGRAD_STAGE])
+def test_module_through_autograd_stage(make):
+    check_module(make, (X,), (X,), backend="aot_eager")
+
+
+@pytest.mark.parametrize("make, args", [pytest.param(ConvBlock, (t(2, 2, 5, 5),), id="ConvBlock"),
+                                        pytest.param(EmbeddingBag, (torch.randint(0, 10, (2, 3)),), id="EmbeddingBag"),
+                                        pytest.param(TransformerEncoderTiny, (X3,), id="TransformerEncoderTiny")])
+def test_larger_module_through_autograd_stage(make, args):
+    check_module(make, args, backend="aot_eager")

@@ -33,11 +33,6 @@ def gap(what: str):
     return pytest.mark.xfail(strict=True, reason=f"capture gap: {what}")
 
 
-def case(name: str, *values, marks=()):
-    """A row of a parametrized table, named for the report."""
-    return pytest.param(*values, id=name, marks=marks)
-
-
 @dataclass
 class Call:
     """One call's arguments; a plain tuple in a case's calls means positional arguments only."""
@@ -175,7 +170,8 @@ def _loss(out):
 
 def _compare(expected: Outcome, actual: Outcome, atol: float, rtol: float, modules) -> None:
     if expected.error is not None:
-        assert actual.error is not None, f"eager raised {type(expected.error).__name__}: {expected.error}; kiln returned"
+        assert actual.error is not None, \
+            f"eager raised {type(expected.error).__name__}: {expected.error}; kiln returned"
         assert type(actual.error) is type(expected.error), (
             f"eager raised {type(expected.error).__name__}, kiln raised {type(actual.error).__name__}: {actual.error}")
         return

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, globals_state, t
+from .reference import Table, bug, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -141,7 +141,8 @@ def requires_grad_change(x):
     return x * 3
 
 
-@cases((t(4), 2), (t(4), 3), (t(4), 4), marks=gap("an int argument that changes is not made dynamic (one graph per value)"))
+@cases((t(4), 2), (t(4), 3), (t(4), 4),
+       marks=gap("an int argument that changes is not made dynamic (one graph per value)"))
 def int_argument_changes(x, n):
     return x * n
 

@@ -97,7 +97,8 @@ def generator_return_value(x):
     return first
 
 
-@cases((A,), state=globals_state(globals(), TRACE=[]), marks=bug("a generator is run to the end before the loop body: side effects out of order"))
+@cases((A,), state=globals_state(globals(), TRACE=[]),
+       marks=bug("a generator is run to the end before the loop body: side effects out of order"))
 def generator_side_effects_in_order(x):
     out = []
     for v in noisy(x):
@@ -106,7 +107,8 @@ def generator_side_effects_in_order(x):
     return out
 
 
-@cases((A,), state=globals_state(globals(), TRACE=[]), marks=bug("next() on a generator runs the whole generator: later side effects happen"))
+@cases((A,), state=globals_state(globals(), TRACE=[]),
+       marks=bug("next() on a generator runs the whole generator: later side effects happen"))
 def generator_partially_consumed(x):
     g = noisy(x)
     return next(g)

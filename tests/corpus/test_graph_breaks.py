@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, globals_state, t
+from .reference import Table, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -3,7 +3,7 @@ attributes, guards that must notice a change between calls, side effects on Pyth
 import pytest
 import torch
 
-from .reference import Table, after, bug, check, gap, globals_state, t
+from .reference import Table, after, bug, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -308,7 +308,8 @@ def _set_factor(v):
     return setup
 
 
-@cases(after(_set_factor(3.0), A), after(_set_factor(5.0), A), marks=bug("class 4: no guard on a class attribute read in compiled code"))
+@cases(after(_set_factor(3.0), A), after(_set_factor(5.0), A),
+       marks=bug("class 4: no guard on a class attribute read in compiled code"))
 def class_attribute_guard(a):
     return a * Scaler.factor
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .reference import Table, bug, check, gap, t
+from .reference import Table, bug, check, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -178,7 +178,9 @@ def nonzero_data_dependent(a):
     return (a > 0).nonzero()
 
 
-@cases((A,), marks=bug("class 7: len() of a boolean-masked tensor puts an unbacked size symbol into the FX code: NameError u0"))
+@cases((A,),
+       marks=bug("class 7: len() of a boolean-masked tensor puts an unbacked size symbol into the FX code: "
+                 "NameError u0"))
 def len_of_masked_tensor(a):
     return len(a[a > 0]) * a
 

@@ -114,7 +114,7 @@ def generator_partially_consumed(x):
     return next(g)
 
 
-@cases((A,))
+@cases((A,), marks=gap("generator.send() is modelled as sending None; the capture fails and the frame runs eagerly"))
 def generator_send(x):
     g = accumulator()
     next(g)

@@ -132,6 +132,11 @@ class OutputSignature:
     call, so that the input's history continues through the compiled graph as in eager."""
     graph_sources: list[tuple[int, bool]]
     """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
+    reaches: list[frozenset[int]] | None = None
+    """Per differentiable graph output (in `differentiable()` order), the flat inputs its autograd
+    graph reaches; None with fewer than two (the backward then always receives every gradient).
+    A backward that gets no gradient for some outputs gives None, as eager does, to the inputs
+    that only those outputs reach, not a zero tensor."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -248,6 +253,7 @@ class FlatProgram:
         # tells whether it was.
         fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, rg)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
+        input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         with torch.set_grad_enabled(requires_grad is not None):
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
@@ -260,7 +266,10 @@ class FlatProgram:
                 mutated.append((i, len(outputs.specs)))
                 outputs.specs.append(self.input_specs[i])
                 outputs.needs_grad.append(True)
-        return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources)
+                outputs.tensors.append(fake)
+        differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
+        reaches = _reached_inputs(differentiable, input_nodes) if len(differentiable) > 1 else None
+        return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches)
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
@@ -311,6 +320,7 @@ class _OutputClassifier:
         self.specs: list[TensorSpec] = []
         self.needs_grad: list[bool] = []
         self.sources: list[tuple[int, bool]] = []
+        self.tensors: list[torch.Tensor] = []  # the fake value of each graph output
 
     def classify(self, leaves: list) -> list:
         groups: dict[StorageWeakRef, list[int]] = {}  # storage -> the leaves on it (none on an input's)
@@ -341,6 +351,7 @@ class _OutputClassifier:
         self.specs.append(TensorSpec.of(t))
         self.needs_grad.append(t.requires_grad)
         self.sources.append((leaf, of_base))
+        self.tensors.append(t)
         return len(self.specs) - 1
 
     def _base(self, leaves: list, group: list[int]) -> tuple[int, torch.Tensor]:
@@ -352,6 +363,30 @@ class _OutputClassifier:
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
                 return self._output(base, k, of_base), base
         raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+
+
+def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:
+    """Per root, the inputs (by their autograd node) that a backward from it reaches: eager's
+    backward gives those, and only those, a gradient."""
+    memo: dict = {}
+    return [_reach(root.grad_fn, input_nodes, memo) if root.grad_fn is not None else frozenset() for root in roots]
+
+
+def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
+    """The inputs reachable from autograd node `node` (iterative: autograd graphs run deep)."""
+    stack = [(node, False)]
+    while stack:
+        current, expanded = stack.pop()
+        if current in memo:
+            continue
+        children = [child for child, _ in current.next_functions if child is not None]
+        if not expanded:
+            stack.append((current, True))
+            stack.extend((child, False) for child in children if child not in memo)
+            continue
+        found = {input_nodes[current]} if current in input_nodes else set()
+        memo[current] = frozenset(found.union(*(memo[child] for child in children)))
+    return memo[node]
 
 
 def _geometry(leaf: torch.Tensor, base: torch.Tensor, what: str) -> tuple:

@@ -5,7 +5,7 @@ once per side, so it must build the same values each time), then compares side b
 
 - each output's value, shape, strides, dtype, `requires_grad`, `is_leaf` and whether it has a `grad_fn`;
 - which outputs and inputs are the same object, and which share storage;
-- after a backward from every output that requires grad, each input's `.grad` (None where eager's is);
+- after a backward from every output that requires grad (or those `loss_from` names), each input's `.grad` (None where eager's is);
 - after writing into each output in place, every input and output again (a write through one
   alias is seen through the others, as in eager).
 """
@@ -17,24 +17,29 @@ import torch.utils._pytree as pytree
 import kiln
 
 
-def check(fn, make_args, backend: str, *, dynamic=None, calls: int = 1, compiled=None) -> None:
-    """Compare eager and kiln on `calls` calls (each with fresh arguments from `make_args(call)`)."""
+def check(fn, make_args, backend: str, *, dynamic=None, calls: int = 1, compiled=None, loss_from=None) -> None:
+    """Compare eager and kiln on `calls` calls (each with fresh arguments from `make_args(call)`).
+
+    `loss_from`: the tensor outputs (positions among them) the backward starts from; default all."""
     compiled = compiled or kiln.compile(fn, backend=backend, dynamic=dynamic)
     for call in range(calls):
         eager_args, kiln_args = make_args(call), make_args(call)
         expected, actual = fn(*eager_args), compiled(*kiln_args)
         where = f"{backend}, call {call}"
-        compare_results(eager_args, expected, kiln_args, actual, where)
+        compare_results(eager_args, expected, kiln_args, actual, where, loss_from)
 
 
-def compare_results(eager_args, expected, kiln_args, actual, where: str) -> None:
+def compare_results(eager_args, expected, kiln_args, actual, where: str, loss_from=None) -> None:
     e_in, k_in = _tensors(eager_args), _tensors(kiln_args)
     e_out, k_out = pytree.tree_leaves(expected), pytree.tree_leaves(actual)
     assert pytree.tree_structure(expected) == pytree.tree_structure(actual), where
     for k, (e, a) in enumerate(zip(e_out, k_out)):
         _compare_leaf(e, a, f"{where}, output {k}")
     assert _sharing(e_in + _tensors(e_out)) == _sharing(k_in + _tensors(k_out)), f"{where}: aliasing differs"
-    _compare_grads(e_in, _tensors(e_out), k_in, _tensors(k_out), where)
+    e_roots, k_roots = _tensors(e_out), _tensors(k_out)
+    if loss_from is not None:
+        e_roots, k_roots = [e_roots[k] for k in loss_from], [k_roots[k] for k in loss_from]
+    _compare_grads(e_in, e_roots, k_in, k_roots, where)
     _compare_writes(e_in, _tensors(e_out), k_in, _tensors(k_out), where)
 
 

@@ -3,6 +3,7 @@
 The passes, in order; each is timed, its graph kept in `AOTCompiled.traces` and
 logged to `kiln.aot` as Python code:
 
+    aliasing      inputs sharing storage, one written: views of one base input      (aliased_inputs.py)
     analyze       fake run of gm: output structure, aliases, which outputs need grad (signature.py)
     trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
@@ -34,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
@@ -61,6 +63,10 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
     to save values that compiler stores anyway (`partition`'s `fused`).
     """
+    if written_alias_groups(gm, example_inputs) != []:
+        log.info("%s: inputs share storage and one is written: compiling with a base input per storage", name)
+        return AliasedInputsCompiled(gm, example_inputs,
+                                     lambda g, inputs: PerShapeCompiled(g, inputs, compiler, decompositions, name))
     try:
         compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
         compiled.compile_for(example_inputs)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
+from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import LazyValue, Value
@@ -206,6 +206,37 @@ def _guard_tensor_alias(state, t: torch.Tensor, source: Source, expr: str) -> No
         first_expr = state.source_expr(first)
         state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same tensor as {first_expr}",
                                f"'a different tensor'"))
+
+
+def guard_input_aliasing(state) -> None:
+    """If the graph writes a tensor input, guard which inputs share storage and at what offsets.
+
+    A write through one input is read through every other on its storage (`f(x, x)`,
+    `f(x, x[:3])`, a parameter passed in as an input too): the backend compiles for the aliasing of
+    the inputs it was given, and a call with other aliasing must recompile. Capture's fake inputs
+    start at version 0, so a write shows as a later version. Graphs that only read their inputs
+    compute the same whatever aliases, and get no guard.
+    """
+    inputs = state.graph.inputs
+    fakes = [state.graph.input(source, real)[1] for source, real in inputs]
+    if len(inputs) < 2 or not any(map(_written, fakes)):
+        return
+    exprs = [state.source_expr(source) for source, _ in inputs]
+    itemsizes = tuple(real.element_size() for _, real in inputs)
+    expected = input_aliasing(tuple(real for _, real in inputs), itemsizes)
+    shared = {j for j, _ in expected if sum(1 for k, _ in expected if k == j) > 1}
+    described = "; ".join(" ".join(exprs[i] for i, (j, _) in enumerate(expected) if j == g) for g in sorted(shared))
+    call = f"___input_aliasing(({', '.join(exprs)},), {itemsizes!r})"
+    state.guards.add(Guard(GuardKind.INPUT_ALIASING, None, f"{call} == {state.guards.constant(expected, 'aliasing')}",
+                           f"storage shared by {described}" if shared else "no two inputs share storage",
+                           f"repr({call})"))
+
+
+def _written(fake: torch.Tensor) -> bool:
+    try:
+        return fake._version > 0
+    except RuntimeError:  # an inference tensor keeps no version: assume it may have been written
+        return True
 
 
 def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:

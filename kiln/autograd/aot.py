@@ -237,8 +237,9 @@ class AOTCompiled:
         program = self.program
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
-        if not signature.differentiable():  # nothing to differentiate: the inference graph serves
-            return self.runner((None, key[1]))
+        if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
+            # this signature's aliases (a view of an input that requires grad keeps its history)
+            return self.runner((None, key[1])).with_signature(signature)
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
                            tracing_table(self.decompositions, training=True), program.fake_mode(),

@@ -14,6 +14,7 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -84,9 +85,16 @@ class InferenceRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, compiled: Callable,
                  mutations: list[InputMutation]):
         self.program, self.signature, self.compiled = program, signature, boxed(compiled)
+        self.mutations = mutations
         self.write_mutations = MutationWriter(mutations, program.input_specs)
-
         self.plain = None if mutations else signature.plain_outputs()
+
+    def with_signature(self, signature: OutputSignature) -> "InferenceRunner":
+        """The same graph, its outputs assembled by `signature` (of a call in grad mode whose outputs
+        need no gradient: the same graph outputs, aliases rebuilt with history where eager's have it)."""
+        runner = copy.copy(self)
+        runner.signature, runner.plain = signature, None if self.mutations else signature.plain_outputs()
+        return runner
 
     def __call__(self, flat: list) -> Any:
         outs = self.compiled(list(flat))

@@ -251,14 +251,18 @@ class FlatProgram:
         # Inputs that require grad are run as copies (non-leaves, with the input's strides), as
         # the graph function runs them when they are mutated; a copy's version counter then
         # tells whether it was.
-        fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, rg)]
+        # Without grad mode, floating inputs still require grad here (leaves, which no_grad lets be
+        # written): so an alias tells eager's `x.detach()` (no grad) from `x[0]` (requires grad, as a
+        # view taken under no_grad of an input that requires grad does).
+        fakes = [_non_leaf(s, mode) if r else s.fake(mode, requires_grad is None and s.dtype.is_floating_point)
+                 for s, r in zip(self.input_specs, rg)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         with torch.set_grad_enabled(requires_grad is not None):
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
-        outputs = _OutputClassifier(fakes)
+        outputs = _OutputClassifier(fakes, grad_mode=requires_grad is not None)
         kinds = outputs.classify(leaves)
         mutated = []
         for i, fake in enumerate(fakes):
@@ -312,8 +316,9 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 class _OutputClassifier:
     """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
 
-    def __init__(self, fakes: list[torch.Tensor]):
+    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool):
         self.fakes = fakes
+        self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
         self.inputs: dict[StorageWeakRef, int] = {}
         for i, f in enumerate(fakes):
             self.inputs.setdefault(_storage(f), i)
@@ -337,14 +342,14 @@ class _OutputClassifier:
             storage = _storage(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
-                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], "an output that views an input")))
+                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, "an output that views an input")))
             elif len(groups[storage]) == 1:  # its storage is its own: the graph returns it as it is
                 kinds.append(GraphOutput(self._output(leaf, k, False)))
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                kinds.append(OutputAlias(index, *_geometry(leaf, base, "an output that views another")))
+                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, "an output that views another")))
         return kinds
 
     def _output(self, t: torch.Tensor, leaf: int, of_base: bool) -> int:
@@ -389,14 +394,14 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
     return memo[node]
 
 
-def _geometry(leaf: torch.Tensor, base: torch.Tensor, what: str) -> tuple:
+def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, what: str) -> tuple:
     """(identity, shape, stride, offset relative to `base`'s, detach, no_grad) of `leaf` on `base`'s storage.
 
     Shape None: `base`'s own geometry (`y.detach()`), which holds for every size of a dynamic graph."""
     if leaf is base:
         return True, None, None, 0, False, False
     history = (base.requires_grad and not leaf.requires_grad,  # detached
-               leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # a view taken under no_grad
+               grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
     if _same_geometry(leaf, base):
         return (False, None, None, 0, *history)
     geometry = (tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - base.storage_offset())

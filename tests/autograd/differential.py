@@ -17,14 +17,17 @@ import torch.utils._pytree as pytree
 import kiln
 
 
-def check(fn, make_args, backend: str, *, dynamic=None, calls: int = 1, compiled=None, loss_from=None) -> None:
+def check(fn, make_args, backend: str, *, dynamic=None, calls: int = 1, compiled=None, loss_from=None,
+          grad_mode: bool = True) -> None:
     """Compare eager and kiln on `calls` calls (each with fresh arguments from `make_args(call)`).
 
-    `loss_from`: the tensor outputs (positions among them) the backward starts from; default all."""
+    `loss_from`: the tensor outputs (positions among them) the backward starts from; default all.
+    `grad_mode`: whether the calls run with grad mode on."""
     compiled = compiled or kiln.compile(fn, backend=backend, dynamic=dynamic)
     for call in range(calls):
         eager_args, kiln_args = make_args(call), make_args(call)
-        expected, actual = fn(*eager_args), compiled(*kiln_args)
+        with torch.set_grad_enabled(grad_mode):
+            expected, actual = fn(*eager_args), compiled(*kiln_args)
         where = f"{backend}, call {call}"
         compare_results(eager_args, expected, kiln_args, actual, where, loss_from)
 

@@ -148,3 +148,11 @@ def test_views_of_inputs_at_another_storage_offset():
 
 def input_views_1d(x):
     return x[1:], x[::2], x.detach(), x + 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [detached_twin, input_views, input_detached, under_no_grad, mixed, identity,
+                                     integer_outputs], ids=lambda f: f.__name__)
+def test_aliased_outputs_of_a_call_under_no_grad(program, backend):
+    """Called under no_grad with inputs that require grad: the flags eager gives each output."""
+    check(program, _vector(True), backend, calls=2, grad_mode=False)

@@ -18,11 +18,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._sympy.printers import PythonPrinter
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class AliasOutput:
     offset: int
     detach: bool = False
     no_grad: bool = False
+    sizes: Callable | None = None  # a dynamic graph's geometry, (shape, stride, offset) of the flat inputs
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach` and `no_grad` as for `AliasOutput`."""
+    `detach`, `no_grad` and `sizes` as for `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -111,11 +114,13 @@ class OutputAlias:
     offset: int
     detach: bool = False
     no_grad: bool = False
+    sizes: Callable | None = None
 
 
 @dataclass(frozen=True)
 class ConstantOutput:
     value: Any
+    sizes: Callable | None = None  # a size of a dynamic graph (`x.shape[0]`): its value from the flat inputs
 
 
 @dataclass
@@ -187,6 +192,15 @@ class FlatProgram:
     def shape_env(self):
         """The shape environment of a dynamic-shape graph (None for a static one)."""
         return self.shared_mode.shape_env if self.shared_mode is not None else None
+
+    def size_sources(self) -> dict:
+        """Each size symbol of a dynamic graph -> (flat input, dimension) whose size it is."""
+        sources: dict = {}
+        for i, spec in enumerate(self.input_specs):
+            for d, size in enumerate(spec.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    sources.setdefault(size.node.expr, (i, d))
+        return sources
 
     def symbolic_inputs(self) -> list[torch.Tensor]:
         """Fake flat inputs with the graph's symbolic sizes, for guard expressions over the real ones."""
@@ -262,7 +276,7 @@ class FlatProgram:
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
-        outputs = _OutputClassifier(fakes, grad_mode=requires_grad is not None)
+        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
         kinds = outputs.classify(leaves)
         mutated = []
         for i, fake in enumerate(fakes):
@@ -282,24 +296,25 @@ class FlatProgram:
             if isinstance(leaf, GraphOutput):
                 leaves.append(graph_outs[leaf.index])
             elif isinstance(leaf, AliasOutput):
-                leaves.append(_rebuild(flat[leaf.input_index], leaf))
+                leaves.append(_rebuild(flat[leaf.input_index], leaf, flat))
             elif isinstance(leaf, OutputAlias):
-                leaves.append(_rebuild(graph_outs[leaf.output_index], leaf))
+                leaves.append(_rebuild(graph_outs[leaf.output_index], leaf, flat))
             else:
-                leaves.append(leaf.value)
+                leaves.append(leaf.value if leaf.sizes is None else leaf.sizes(flat)[0])
         return pytree.tree_unflatten(leaves, signature.tree)
 
 
-def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias) -> torch.Tensor:
+def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) -> torch.Tensor:
     """The output `leaf` describes, as a tensor on `base`'s storage (as eager's shares it)."""
     if leaf.identity:
         return base
     if leaf.detach:
         base = base.detach()
+    shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
     with torch.no_grad() if leaf.no_grad else contextlib.nullcontext():
-        if leaf.shape is None:  # the base's own geometry, whatever its sizes are this call
+        if shape is None:  # the base's own geometry, whatever its sizes are this call
             return base if leaf.detach else base.view_as(base)
-        return base.as_strided(leaf.shape, leaf.stride, base.storage_offset() + leaf.offset)
+        return base.as_strided(shape, stride, base.storage_offset() + offset)
 
 
 def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
@@ -316,8 +331,9 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 class _OutputClassifier:
     """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
 
-    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool):
+    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict):
         self.fakes = fakes
+        self.size_sources = size_sources
         self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
         self.inputs: dict[StorageWeakRef, int] = {}
         for i, f in enumerate(fakes):
@@ -336,20 +352,22 @@ class _OutputClassifier:
         kinds = []
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
-                _require_static(leaf, "an output that is a size")
-                kinds.append(ConstantOutput(leaf))
+                if not isinstance(leaf, torch.SymInt):
+                    _require_static(leaf, "an output that is a symbolic float or bool")
+                kinds.append(ConstantOutput(leaf, _size_function((leaf,), self.size_sources, "an output that is a size")
+                                            if isinstance(leaf, torch.SymInt) else None))
                 continue
             storage = _storage(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
-                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, "an output that views an input")))
+                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, self.size_sources)))
             elif len(groups[storage]) == 1:  # its storage is its own: the graph returns it as it is
                 kinds.append(GraphOutput(self._output(leaf, k, False)))
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, "an output that views another")))
+                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, self.size_sources)))
         return kinds
 
     def _output(self, t: torch.Tensor, leaf: int, of_base: bool) -> int:
@@ -394,19 +412,43 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
     return memo[node]
 
 
-def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, what: str) -> tuple:
-    """(identity, shape, stride, offset relative to `base`'s, detach, no_grad) of `leaf` on `base`'s storage.
+def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
+    """(identity, shape, stride, offset relative to `base`'s, detach, no_grad, sizes) of `leaf` on `base`'s storage.
 
-    Shape None: `base`'s own geometry (`y.detach()`), which holds for every size of a dynamic graph."""
+    Shape None: `base`'s own geometry (`y.detach()`), which holds for every size of a dynamic graph.
+    With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
-        return True, None, None, 0, False, False
+        return True, None, None, 0, False, False, None
     history = (base.requires_grad and not leaf.requires_grad,  # detached
                grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
     if _same_geometry(leaf, base):
-        return (False, None, None, 0, *history)
-    geometry = (tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - base.storage_offset())
-    _require_static(geometry, what)
-    return (False, *geometry, *history)
+        return (False, None, None, 0, *history, None)
+    shape, stride, offset = tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - base.storage_offset()
+    if not any(isinstance(v, torch.SymInt) for v in (*shape, *stride, offset)):
+        return (False, shape, stride, offset, *history, None)
+    evaluate = _size_function((*shape, *stride, offset), size_sources, "an output that views another tensor")
+    n = len(shape)
+    return (False, None, None, 0, *history, lambda flat: _split_geometry(evaluate(flat), n))
+
+
+def _split_geometry(values: tuple, ndim: int) -> tuple:
+    return values[:ndim], values[ndim:2 * ndim], values[-1]
+
+
+def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
+    """flat inputs -> `values` (ints, SymInts) for this call's sizes: each symbol read off the input
+    dimension it is the size of, the expressions then computed as Python code."""
+    exprs = [sympy.sympify(_expr(v)) for v in values]
+    symbols = set().union(*(e.free_symbols for e in exprs))
+    if not symbols <= size_sources.keys():
+        raise NeedsStaticShapes(f"{what} with sizes no input dimension carries")
+    printer = PythonPrinter()
+    lines = ["def sizes(flat):"] + [f"    {sym} = flat[{i}].size({d})" for sym, (i, d) in
+                                    ((sym, size_sources[sym]) for sym in sorted(symbols, key=str))]
+    lines.append(f"    return ({''.join(printer.doprint(e) + ', ' for e in exprs)})")
+    namespace: dict = {}
+    exec("\n".join(lines), {"max": max, "min": min}, namespace)
+    return namespace["sizes"]
 
 
 def _expr(v):
@@ -422,7 +464,10 @@ def _same_geometry(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _covers(base: torch.Tensor, leaf: torch.Tensor) -> bool:
     """Whether every element of `leaf` lies within `base`'s extent of their common storage."""
-    _require_static((tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset()), "an output that views another")
+    if any(isinstance(v, torch.SymInt) for v in (*leaf.shape, *leaf.stride(), leaf.storage_offset())):
+        if leaf._base is base:  # a view lies within its base, whatever the sizes
+            return True
+        raise NeedsStaticShapes("outputs sharing storage, not views of one base, with symbolic sizes")
     if leaf.numel() == 0:
         return True
     low, high = _extent(base)

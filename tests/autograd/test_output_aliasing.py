@@ -7,6 +7,7 @@ output's requires_grad / is_leaf / grad_fn, then the inputs' gradients.
 import pytest
 import torch
 
+import kiln
 from tests.autograd.differential import check
 
 
@@ -156,3 +157,23 @@ def input_views_1d(x):
 def test_aliased_outputs_of_a_call_under_no_grad(program, backend):
     """Called under no_grad with inputs that require grad: the flags eager gives each output."""
     check(program, _vector(True), backend, calls=2, grad_mode=False)
+
+
+def sizes_out(x):
+    return x.shape[0], x.shape[0] // 2 + 1, x[: x.shape[0] // 2] * 2
+
+
+def test_dynamic_views_compile_once():
+    """Views whose geometry depends on a size symbol are rebuilt per call from that call's sizes,
+    within one symbolic compilation (no per-shape recompile)."""
+    from kiln.api import context_of
+    from kiln.autograd.aot import AOTCompiled
+    from tests.capture.helpers import graph_count
+
+    compiled = kiln.compile(dynamic_views, backend="aot_eager", dynamic=True)
+    check(dynamic_views, lambda call: (torch.linspace(-1.0, 2.0, 8 + 2 * call),), "aot_eager", calls=3,
+          compiled=compiled)
+    check(sizes_out, lambda call: (torch.linspace(-1.0, 2.0, 8 + 2 * call),), "aot_eager", calls=3, dynamic=True)
+    assert graph_count(context_of(compiled)) == 1
+    aot = [r.compiled for r in context_of(compiled).records if r.graph is not None][0]
+    assert isinstance(aot, AOTCompiled) and aot.specialized is None, "fell back to compiling per shape"

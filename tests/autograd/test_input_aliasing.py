@@ -180,3 +180,14 @@ def test_clone_of_an_input_is_a_new_tensor(backend):
         return b.clone(), a.clone(), b
 
     check(f, lambda call: (_vector(), _vector() + 3), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aliasing", ["same", "prefix", "detached", "distinct"])
+def test_read_only_aliased_inputs_that_require_grad(backend, aliasing):
+    """No write: nothing to specialize, and gradients through both aliases add up as in eager."""
+    def f(a, b):
+        return a[:3] * b[:3], a, b[1:]
+
+    check(f, lambda call: ALIASINGS[aliasing](_vector().requires_grad_(), (_vector() + 3).requires_grad_()), backend,
+          calls=2)

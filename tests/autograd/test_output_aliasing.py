@@ -177,3 +177,35 @@ def test_dynamic_views_compile_once():
     assert graph_count(context_of(compiled)) == 1
     aot = [r.compiled for r in context_of(compiled).records if r.graph is not None][0]
     assert isinstance(aot, AOTCompiled) and aot.specialized is None, "fell back to compiling per shape"
+
+
+def written_then_viewed(x):
+    t = x + 1
+    v = t[1:]
+    t.mul_(2)
+    return v, t[::2]
+
+
+def mutated_input_view(x):
+    x.mul_(2)
+    return x[1:], x
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_view_of_an_intermediate_written_after_the_view(backend):
+    check(written_then_viewed, _vector(True), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_views_of_an_input_written_in_place_keep_its_history(backend):
+    """The input (a non-leaf that requires grad) is written: its views, and the gradient reaching the leaf."""
+    results = []
+    for fn in (mutated_input_view, kiln.compile(mutated_input_view, backend=backend)):
+        w = torch.linspace(-1.0, 1.0, 6, requires_grad=True)
+        x = w * 1
+        view, same = fn(x)
+        assert same is x and view._base is x
+        (view * 3).sum().backward()
+        results.append((view.detach(), x.detach(), w.grad))
+    for e, a in zip(*results):
+        torch.testing.assert_close(a, e)

@@ -262,14 +262,13 @@ class FlatProgram:
         """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
         mode = self.fake_mode()
         rg = requires_grad or (False,) * self.num_inputs
-        # Inputs that require grad are run as copies (non-leaves, with the input's strides), as
-        # the graph function runs them when they are mutated; a copy's version counter then
-        # tells whether it was.
-        # Without grad mode, floating inputs still require grad here (leaves, which no_grad lets be
-        # written): so an alias tells eager's `x.detach()` (no grad) from `x[0]` (requires grad, as a
-        # view taken under no_grad of an input that requires grad does).
-        fakes = [_non_leaf(s, mode) if r else s.fake(mode, requires_grad is None and s.dtype.is_floating_point)
-                 for s, r in zip(self.input_specs, rg)]
+        # Inputs that require grad are run as copies (non-leaves, with the input's strides, which
+        # may be written in place), as the graph function runs them when they are mutated; a
+        # copy's version counter then tells whether it was. Without grad mode, floating inputs
+        # are run so too: an alias then tells eager's `x.detach()` (no grad) from `x[0]`
+        # (requires grad, as a view taken under no_grad of an input that requires grad does).
+        as_grad = rg if requires_grad is not None else [s.dtype.is_floating_point for s in self.input_specs]
+        fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         with torch.set_grad_enabled(requires_grad is not None):
@@ -286,7 +285,7 @@ class FlatProgram:
                 outputs.needs_grad.append(True)
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
-        reaches = _reached_inputs(differentiable, input_nodes) if len(differentiable) > 1 else None
+        reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches)
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
@@ -319,7 +318,7 @@ def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) ->
 
 def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
     """A fake that requires grad and is not a leaf (so it may be written in place), with `spec`'s strides."""
-    with mode:
+    with mode, torch.enable_grad():
         return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device).copy_(
             spec.fake(mode, True))
 

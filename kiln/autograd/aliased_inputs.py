@@ -61,8 +61,11 @@ def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
     versions = {i: fakes[i]._version for i in positions}
-    with mode, torch.no_grad():
-        gm(*fakes)
+    try:
+        with mode, torch.no_grad():
+            gm(*fakes)
+    except Exception:  # an op the plain fake run cannot do: assume a write, which is compiled soundly either way
+        return True
     return any(fakes[i]._version != v for i, v in versions.items())
 
 

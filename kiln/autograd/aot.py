@@ -3,6 +3,7 @@
 The passes, in order; each is timed, its graph kept in `AOTCompiled.traces` and
 logged to `kiln.aot` as Python code:
 
+    aliasing      inputs sharing storage, one written: views of one base input      (aliased_inputs.py)
     analyze       fake run of gm: output structure, aliases, which outputs need grad (signature.py)
     trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
@@ -26,7 +27,6 @@ necessarily eager's stream.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 import time
@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
@@ -65,6 +66,10 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
     to save values that compiler stores anyway (`partition`'s `fused`).
     """
+    if written_alias_groups(gm, example_inputs) != []:
+        log.info("%s: inputs share storage and one is written: compiling with a base input per storage", name)
+        return AliasedInputsCompiled(gm, example_inputs,
+                                     lambda g, inputs: PerShapeCompiled(g, inputs, compiler, decompositions, name))
     try:
         compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
         compiled.compile_for(example_inputs)
@@ -255,8 +260,9 @@ class AOTCompiled:
         program = self.program
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
-        if not signature.differentiable():  # nothing to differentiate: the inference graph serves
-            return _without_grad(self.runner((None, key[1])))
+        if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
+            # this signature's aliases (a view of an input that requires grad keeps its history)
+            return self.runner((None, key[1])).with_signature(signature)
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
                            tracing_table(self.decompositions, training=True), program.fake_mode(),
@@ -281,26 +287,6 @@ class AOTCompiled:
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
-
-
-def _without_grad(runner: InferenceRunner | None) -> InferenceRunner | None:
-    """The inference runner for a call with grad on: its graph runs without grad, as it was traced.
-
-    Functionalization dropped the graph's detaches, so under grad mode its ops would record a history
-    eager never had (`x.detach() * 2` requiring grad). Outputs that alias an input are still rebuilt
-    with grad on: they keep the input's history, as eager's views do.
-    """
-    if runner is None:
-        return None
-    graph = runner.compiled
-
-    def graph_without_grad(flat: list) -> Any:
-        with torch.no_grad():
-            return graph(flat)
-
-    variant = copy.copy(runner)
-    variant.compiled = graph_without_grad
-    return variant
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

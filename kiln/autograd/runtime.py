@@ -14,6 +14,7 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -84,9 +85,16 @@ class InferenceRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, compiled: Callable,
                  mutations: list[InputMutation]):
         self.program, self.signature, self.compiled = program, signature, boxed(compiled)
+        self.mutations = mutations
         self.write_mutations = MutationWriter(mutations, program.input_specs)
-
         self.plain = None if mutations else signature.plain_outputs()
+
+    def with_signature(self, signature: OutputSignature) -> "InferenceRunner":
+        """The same graph, its outputs assembled by `signature` (of a call in grad mode whose outputs
+        need no gradient: the same graph outputs, aliases rebuilt with history where eager's have it)."""
+        runner = copy.copy(self)
+        runner.signature, runner.plain = signature, None if self.mutations else signature.plain_outputs()
+        return runner
 
     def __call__(self, flat: list) -> Any:
         if torch.is_grad_enabled():  # no output is differentiable: an eagerly run graph (aot_eager) must record
@@ -131,6 +139,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
     tangents = [(i, spec, spec.symbolic) for i, spec in zip(differentiable, signature.tangent_specs())]
     symbolic_tangents = any(symbolic for _, _, symbolic in tangents)
+    reached_by = _reached_by(signature, grad_mask)
     forward, backward = boxed(forward), boxed(backward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
 
@@ -170,12 +179,33 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
             with torch.no_grad():
                 grads = iter(backward(args))
             result = [next(grads) if has_grad else None for has_grad in grad_mask]
+            if reached_by is not None:
+                _drop_unreached(result, reached_by, [grad_outputs[i] is None for i, _, _ in tangents])
             if differentiating_twice:
                 return _delay_error(result)
             return tuple(result)
 
     CompiledFunction.call = _fast_apply(CompiledFunction)
     return CompiledFunction
+
+
+def _reached_by(signature: OutputSignature, grad_mask: list[bool]) -> list[frozenset[int]] | None:
+    """Per flat input that gets a gradient, the differentiable outputs (by tangent position) reaching it."""
+    if signature.reaches is None:
+        return None
+    return [frozenset(k for k, reach in enumerate(signature.reaches) if i in reach) if has_grad else frozenset()
+            for i, has_grad in enumerate(grad_mask)]
+
+
+def _drop_unreached(result: list, reached_by: list[frozenset[int]], absent: list[bool]) -> None:
+    """None, not the zeros the graph computed, for inputs that only outputs without a gradient reach:
+    eager's backward never visits them, and leaves their `.grad` None."""
+    if not any(absent):
+        return
+    missing = {k for k, gone in enumerate(absent) if gone}
+    for i, outputs in enumerate(reached_by):
+        if result[i] is not None and outputs <= missing:
+            result[i] = None
 
 
 def _fast_apply(function: type) -> Callable:

@@ -18,11 +18,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._sympy.printers import PythonPrinter
 
 
 @dataclass(frozen=True)
@@ -75,32 +77,50 @@ class GraphOutput:
 
 @dataclass(frozen=True)
 class AliasOutput:
-    """A leaf that is input `input_index` itself, or a view of it: rebuilt from the real input."""
+    """A leaf that is input `input_index` itself, or another tensor on its storage: rebuilt from the real input.
+
+    `offset` is relative to the input's own storage offset, which the tensor guards do not pin
+    (`buf[1:5]` and `buf[2:6]` pass the same guard). `detach`: the leaf does not require grad
+    while the input does (`x.detach()`, a view taken under no_grad), so it is rebuilt from a
+    detached alias, sharing storage but not history, as eager's is. `no_grad`: a view taken under
+    no_grad of a tensor that requires grad, which eager leaves requiring grad with no history: rebuilt
+    under no_grad too."""
 
     input_index: int
     identity: bool
     shape: tuple
     stride: tuple
     offset: int
+    detach: bool = False
+    no_grad: bool = False
+    sizes: Callable | None = None  # a dynamic graph's geometry, (shape, stride, offset) of the flat inputs
 
 
 @dataclass(frozen=True)
 class OutputAlias:
-    """A leaf that is graph output `output_index` again, or another view of its storage.
+    """A leaf on the storage of graph output `output_index`, which is that storage's base tensor.
 
-    Rebuilt from that output after the call: two outputs of one autograd.Function that
-    view the same storage could not be modified in place, one output and its view can."""
+    Outputs that share storage with each other (`y, y.detach()`; `t[::2], t[1:3]`; `t.unbind()`)
+    are rebuilt after the call as views of their common base, which the graph returns for them
+    (an intermediate the user may never see): a code generator keeps each graph output's layout,
+    not storage shared between outputs, and autograd could not let two outputs of one Function
+    that view each other be modified in place. `offset` is relative to the base's storage offset;
+    `detach`, `no_grad` and `sizes` as for `AliasOutput`."""
 
     output_index: int
     identity: bool
     shape: tuple
     stride: tuple
     offset: int
+    detach: bool = False
+    no_grad: bool = False
+    sizes: Callable | None = None
 
 
 @dataclass(frozen=True)
 class ConstantOutput:
     value: Any
+    sizes: Callable | None = None  # a size of a dynamic graph (`x.shape[0]`): its value from the flat inputs
 
 
 @dataclass
@@ -115,6 +135,13 @@ class OutputSignature:
     """(input, graph output): inputs that require grad and are updated in place. Their new
     value is a differentiable graph output, copied into the input under autograd after the
     call, so that the input's history continues through the compiled graph as in eager."""
+    graph_sources: list[tuple[int, bool]]
+    """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
+    reaches: list[frozenset[int]] | None = None
+    """Per differentiable graph output (in `differentiable()` order), the flat inputs its autograd
+    graph reaches; None with fewer than two (the backward then always receives every gradient).
+    A backward that gets no gradient for some outputs gives None, as eager does, to the inputs
+    that only those outputs reach, not a zero tensor."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -166,6 +193,15 @@ class FlatProgram:
         """The shape environment of a dynamic-shape graph (None for a static one)."""
         return self.shared_mode.shape_env if self.shared_mode is not None else None
 
+    def size_sources(self) -> dict:
+        """Each size symbol of a dynamic graph -> (flat input, dimension) whose size it is."""
+        sources: dict = {}
+        for i, spec in enumerate(self.input_specs):
+            for d, size in enumerate(spec.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    sources.setdefault(size.node.expr, (i, d))
+        return sources
+
     def symbolic_inputs(self) -> list[torch.Tensor]:
         """Fake flat inputs with the graph's symbolic sizes, for guard expressions over the real ones."""
         return [spec.fake(self.shared_mode) for spec in self.input_specs]
@@ -210,7 +246,7 @@ class FlatProgram:
 
     def graph_function(self, signature: OutputSignature) -> Callable:
         """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors."""
-        graph_leaves = [k for k, leaf in enumerate(signature.leaves) if isinstance(leaf, GraphOutput)]
+        sources = signature.graph_sources
         mutated = [i for i, _ in signature.mutated_grad_inputs]
 
         def graph_fn(*flat):
@@ -218,7 +254,7 @@ class FlatProgram:
             for i in mutated:  # mutate a copy: the input itself is updated under autograd, after the call
                 flat[i] = flat[i].clone()
             leaves = pytree.tree_leaves(self.run(flat))
-            return [leaves[k] for k in graph_leaves] + [flat[i] for i in mutated]
+            return [leaves[k]._base if of_base else leaves[k] for k, of_base in sources] + [flat[i] for i in mutated]
 
         return graph_fn
 
@@ -226,48 +262,31 @@ class FlatProgram:
         """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
         mode = self.fake_mode()
         rg = requires_grad or (False,) * self.num_inputs
-        # Inputs that require grad are run as clones (non-leaves), as the graph function runs
-        # them when they are mutated; a clone's version counter then tells whether it was.
-        fakes = [s.fake(mode, r).clone() if r else s.fake(mode) for s, r in zip(self.input_specs, rg)]
+        # Inputs that require grad are run as copies (non-leaves, with the input's strides, which
+        # may be written in place), as the graph function runs them when they are mutated; a
+        # copy's version counter then tells whether it was. Without grad mode, floating inputs
+        # are run so too: an alias then tells eager's `x.detach()` (no grad) from `x[0]`
+        # (requires grad, as a view taken under no_grad of an input that requires grad does).
+        as_grad = rg if requires_grad is not None else [s.dtype.is_floating_point for s in self.input_specs]
+        fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
-        storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
+        input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         with torch.set_grad_enabled(requires_grad is not None):
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
-        kinds, specs, needs_grad = [], [], []
-        output_storages: dict[StorageWeakRef, tuple[int, torch.Tensor]] = {}
-        for leaf in leaves:
-            if not isinstance(leaf, torch.Tensor):
-                _require_static(leaf, "an output that is a size")
-                kinds.append(ConstantOutput(leaf))
-                continue
-            base = next((i for i, s in enumerate(storages) if s == StorageWeakRef(leaf.untyped_storage())), None)
-            if base is not None:
-                if leaf is not fakes[base]:
-                    _require_static((tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset()), "an output that views an input")
-                kinds.append(AliasOutput(base, leaf is fakes[base], tuple(leaf.shape), tuple(leaf.stride()),
-                                         leaf.storage_offset()))
-                continue
-            storage = StorageWeakRef(leaf.untyped_storage())
-            if storage in output_storages:
-                index, first = output_storages[storage]
-                if leaf is not first:
-                    _require_static((tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset()), "an output that views another")
-                kinds.append(OutputAlias(index, leaf is first, tuple(leaf.shape), tuple(leaf.stride()),
-                                         leaf.storage_offset()))
-                continue
-            output_storages[storage] = (len(specs), leaf)
-            kinds.append(GraphOutput(len(specs)))
-            specs.append(TensorSpec.of(leaf))
-            needs_grad.append(leaf.requires_grad)
+        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
+        kinds = outputs.classify(leaves)
         mutated = []
         for i, fake in enumerate(fakes):
             if rg[i] and fake._version != versions[i]:
-                mutated.append((i, len(specs)))
-                specs.append(self.input_specs[i])
-                needs_grad.append(True)
-        return OutputSignature(tree, kinds, specs, needs_grad, mutated)
+                mutated.append((i, len(outputs.specs)))
+                outputs.specs.append(self.input_specs[i])
+                outputs.needs_grad.append(True)
+                outputs.tensors.append(fake)
+        differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
+        reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
+        return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches)
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
@@ -275,12 +294,189 @@ class FlatProgram:
         for leaf in signature.leaves:
             if isinstance(leaf, GraphOutput):
                 leaves.append(graph_outs[leaf.index])
-            elif isinstance(leaf, (AliasOutput, OutputAlias)):
-                base = flat[leaf.input_index] if isinstance(leaf, AliasOutput) else graph_outs[leaf.output_index]
-                leaves.append(base if leaf.identity else base.as_strided(leaf.shape, leaf.stride, leaf.offset))
+            elif isinstance(leaf, AliasOutput):
+                leaves.append(_rebuild(flat[leaf.input_index], leaf, flat))
+            elif isinstance(leaf, OutputAlias):
+                leaves.append(_rebuild(graph_outs[leaf.output_index], leaf, flat))
             else:
-                leaves.append(leaf.value)
+                leaves.append(leaf.value if leaf.sizes is None else leaf.sizes(flat)[0])
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) -> torch.Tensor:
+    """The output `leaf` describes, as a tensor on `base`'s storage (as eager's shares it)."""
+    if leaf.identity:
+        return base
+    if leaf.detach:
+        base = base.detach()
+    shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
+    with torch.no_grad() if leaf.no_grad else contextlib.nullcontext():
+        if shape is None:  # the base's own geometry, whatever its sizes are this call
+            return base if leaf.detach else base.view_as(base)
+        return base.as_strided(shape, stride, base.storage_offset() + offset)
+
+
+def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
+    """A fake that requires grad and is not a leaf (so it may be written in place), with `spec`'s strides."""
+    with mode, torch.enable_grad():
+        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device).copy_(
+            spec.fake(mode, True))
+
+
+def _storage(t: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(t.untyped_storage())
+
+
+class _OutputClassifier:
+    """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
+
+    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict):
+        self.fakes = fakes
+        self.size_sources = size_sources
+        self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
+        self.inputs: dict[StorageWeakRef, int] = {}
+        for i, f in enumerate(fakes):
+            self.inputs.setdefault(_storage(f), i)
+        self.specs: list[TensorSpec] = []
+        self.needs_grad: list[bool] = []
+        self.sources: list[tuple[int, bool]] = []
+        self.tensors: list[torch.Tensor] = []  # the fake value of each graph output
+
+    def classify(self, leaves: list) -> list:
+        groups: dict[StorageWeakRef, list[int]] = {}  # storage -> the leaves on it (none on an input's)
+        for k, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and _storage(leaf) not in self.inputs:
+                groups.setdefault(_storage(leaf), []).append(k)
+        roots: dict[StorageWeakRef, tuple[int, torch.Tensor]] = {}  # storage -> (graph output, base)
+        kinds = []
+        for k, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                if not isinstance(leaf, torch.SymInt):
+                    _require_static(leaf, "an output that is a symbolic float or bool")
+                kinds.append(ConstantOutput(leaf, _size_function((leaf,), self.size_sources, "an output that is a size")
+                                            if isinstance(leaf, torch.SymInt) else None))
+                continue
+            storage = _storage(leaf)
+            if storage in self.inputs:
+                i = self.inputs[storage]
+                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, self.size_sources)))
+            elif len(groups[storage]) == 1:  # its storage is its own: the graph returns it as it is
+                kinds.append(GraphOutput(self._output(leaf, k, False)))
+            else:
+                if storage not in roots:
+                    roots[storage] = self._base(leaves, groups[storage])
+                index, base = roots[storage]
+                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, self.size_sources)))
+        return kinds
+
+    def _output(self, t: torch.Tensor, leaf: int, of_base: bool) -> int:
+        self.specs.append(TensorSpec.of(t))
+        self.needs_grad.append(t.requires_grad)
+        self.sources.append((leaf, of_base))
+        self.tensors.append(t)
+        return len(self.specs) - 1
+
+    def _base(self, leaves: list, group: list[int]) -> tuple[int, torch.Tensor]:
+        """A graph output for the leaves of `group`, which share one storage: a leaf's `_base`
+        (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it."""
+        for k in group:
+            of_base = leaves[k]._base is not None
+            base = leaves[k]._base if of_base else leaves[k]
+            if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
+                return self._output(base, k, of_base), base
+        raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+
+
+def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:
+    """Per root, the inputs (by their autograd node) that a backward from it reaches: eager's
+    backward gives those, and only those, a gradient."""
+    memo: dict = {}
+    return [_reach(root.grad_fn, input_nodes, memo) if root.grad_fn is not None else frozenset() for root in roots]
+
+
+def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
+    """The inputs reachable from autograd node `node` (iterative: autograd graphs run deep)."""
+    stack = [(node, False)]
+    while stack:
+        current, expanded = stack.pop()
+        if current in memo:
+            continue
+        children = [child for child, _ in current.next_functions if child is not None]
+        if not expanded:
+            stack.append((current, True))
+            stack.extend((child, False) for child in children if child not in memo)
+            continue
+        found = {input_nodes[current]} if current in input_nodes else set()
+        memo[current] = frozenset(found.union(*(memo[child] for child in children)))
+    return memo[node]
+
+
+def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
+    """(identity, shape, stride, offset relative to `base`'s, detach, no_grad, sizes) of `leaf` on `base`'s storage.
+
+    Shape None: `base`'s own geometry (`y.detach()`), which holds for every size of a dynamic graph.
+    With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
+    if leaf is base:
+        return True, None, None, 0, False, False, None
+    history = (base.requires_grad and not leaf.requires_grad,  # detached
+               grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
+    if _same_geometry(leaf, base):
+        return (False, None, None, 0, *history, None)
+    shape, stride, offset = tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - base.storage_offset()
+    if not any(isinstance(v, torch.SymInt) for v in (*shape, *stride, offset)):
+        return (False, shape, stride, offset, *history, None)
+    evaluate = _size_function((*shape, *stride, offset), size_sources, "an output that views another tensor")
+    n = len(shape)
+    return (False, None, None, 0, *history, lambda flat: _split_geometry(evaluate(flat), n))
+
+
+def _split_geometry(values: tuple, ndim: int) -> tuple:
+    return values[:ndim], values[ndim:2 * ndim], values[-1]
+
+
+def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
+    """flat inputs -> `values` (ints, SymInts) for this call's sizes: each symbol read off the input
+    dimension it is the size of, the expressions then computed as Python code."""
+    exprs = [sympy.sympify(_expr(v)) for v in values]
+    symbols = set().union(*(e.free_symbols for e in exprs))
+    if not symbols <= size_sources.keys():
+        raise NeedsStaticShapes(f"{what} with sizes no input dimension carries")
+    printer = PythonPrinter()
+    lines = ["def sizes(flat):"] + [f"    {sym} = flat[{i}].size({d})" for sym, (i, d) in
+                                    ((sym, size_sources[sym]) for sym in sorted(symbols, key=str))]
+    lines.append(f"    return ({''.join(printer.doprint(e) + ', ' for e in exprs)})")
+    namespace: dict = {}
+    exec("\n".join(lines), {"max": max, "min": min}, namespace)
+    return namespace["sizes"]
+
+
+def _expr(v):
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def _same_geometry(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal sizes, strides and offset, compared as expressions (no size guard is added)."""
+    ga = [_expr(v) for v in (*a.shape, *a.stride(), a.storage_offset())]
+    gb = [_expr(v) for v in (*b.shape, *b.stride(), b.storage_offset())]
+    return a.dim() == b.dim() and ga == gb
+
+
+def _covers(base: torch.Tensor, leaf: torch.Tensor) -> bool:
+    """Whether every element of `leaf` lies within `base`'s extent of their common storage."""
+    if any(isinstance(v, torch.SymInt) for v in (*leaf.shape, *leaf.stride(), leaf.storage_offset())):
+        if leaf._base is base:  # a view lies within its base, whatever the sizes
+            return True
+        raise NeedsStaticShapes("outputs sharing storage, not views of one base, with symbolic sizes")
+    if leaf.numel() == 0:
+        return True
+    low, high = _extent(base)
+    leaf_low, leaf_high = _extent(leaf)
+    return low <= leaf_low and leaf_high <= high
+
+
+def _extent(t: torch.Tensor) -> tuple:
+    start = t.storage_offset()
+    return start, start + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
 
 
 def symbolic_dispatch(mode: FakeTensorMode):

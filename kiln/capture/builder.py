@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln.capture.guards import Guard, GuardKind, describe_tensor, tensor_signature
+from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
@@ -210,6 +210,46 @@ def _guard_tensor_alias(state, t: torch.Tensor, source: Source, expr: str) -> No
                                f"'a different tensor'"))
 
 
+def guard_input_aliasing(state) -> None:
+    """If the graph writes a tensor input, guard which inputs share storage and at what offsets.
+
+    A write through one input is read through every other on its storage (`f(x, x)`,
+    `f(x, x[:3])`, a buffer passed in as an input too): the backend compiles for the aliasing of
+    the inputs it was given, and a call with other aliasing must recompile. Capture's fake inputs
+    start at version 0, so a write shows as a later version. Graphs that only read their inputs
+    compute the same whatever aliases, and get no guard. Module state that is not written is left
+    out: the guard reads every tensor it covers on each call, and parameters only alias when tied
+    (the same object, which an identity guard already covers).
+    """
+    inputs = [(source, real, _written(state.graph.input(source, real)[1])) for source, real in state.graph.inputs]
+    if not any(written for _, _, written in inputs):
+        return
+    covered = [(source, real) for source, real, written in inputs if written or not _is_state(source, real)]
+    if len(covered) < 2:
+        return
+    exprs = [state.source_expr(source) for source, _ in covered]
+    itemsizes = tuple(real.element_size() for _, real in covered)
+    expected = input_aliasing(tuple(real for _, real in covered), itemsizes)
+    shared = {j for j, _ in expected if sum(1 for k, _ in expected if k == j) > 1}
+    described = "; ".join(" ".join(exprs[i] for i, (j, _) in enumerate(expected) if j == g) for g in sorted(shared))
+    call = f"___input_aliasing(({', '.join(exprs)},), {itemsizes!r})"
+    state.guards.add(Guard(GuardKind.INPUT_ALIASING, None, f"{call} == {state.guards.constant(expected, 'aliasing')}",
+                           f"storage shared by {described}" if shared else "no two inputs share storage",
+                           f"repr({call})"))
+
+
+def _is_state(source: Source, t: torch.Tensor) -> bool:
+    """A module's parameter or buffer (as `dynamic_dims` tells them)."""
+    return isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers")
+
+
+def _written(fake: torch.Tensor) -> bool:
+    try:
+        return fake._version > 0
+    except RuntimeError:  # an inference tensor keeps no version: assume it may have been written
+        return True
+
+
 def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     """Which dimensions of an input get symbolic sizes: by `dynamic=`, automatic dynamic and marks.
 
@@ -217,7 +257,7 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     and 1 and non-contiguous inputs. Dimensions recorded for another rank (an input that was 2-d
     when its dimension 1 changed size, 1-d now) are left out: a new rank is a new specialization.
     """
-    if isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers"):
+    if _is_state(source, t):
         return frozenset()
     if state.dynamic is True:
         dims = set(range(t.dim()))

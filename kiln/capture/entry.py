@@ -26,6 +26,7 @@ import torch
 
 from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln.capture.builder import guard_input_aliasing
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
 from kiln.capture.native import render_instruction, resumable_anywhere
@@ -446,6 +447,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         gm = state.graph.output(writer.outputs)
         gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
         log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
+        guard_input_aliasing(state)  # before the backend, whose fake runs could touch the inputs' fakes
         example_inputs = [real for _, real in state.graph.inputs]
         backend_start = time.perf_counter()
         try:

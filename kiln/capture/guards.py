@@ -95,6 +95,7 @@ class GuardKind(enum.Enum):
     SHAPE = "shape relations"
     NOT_SHADOWED = "not shadowed"  # a class attribute the instance's __dict__ does not override
     HASATTR = "has attribute"  # hasattr(obj, name), or an AttributeError the code relied on
+    INPUT_ALIASING = "input aliasing"  # which tensor inputs share storage, where the graph writes one
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,29 @@ HELPERS: dict[str, Any] = {
     "___tf32_matmuls": torch._C._get_cublas_allow_tf32,
     "torch": torch,
 }
+
+
+def input_aliasing(tensors: tuple, itemsizes: tuple) -> tuple:
+    """Per tensor: the first of `tensors` on its storage, and, if others share that storage, its
+    byte offset into it.
+
+    What a graph that writes an input assumed about which inputs alias (a write through one is
+    read through the others) and where. Storages are told apart by their start address, computed
+    from ints (`data_ptr`, `storage_offset`), cheaper to read than the storage object; a storage
+    with no bytes (a null address) aliases nothing."""
+    first: dict = {}
+    places = []
+    for i, (t, itemsize) in enumerate(zip(tensors, itemsizes)):
+        offset = t.storage_offset() * itemsize
+        start = t.data_ptr() - offset
+        places.append((first.setdefault(start or ("empty", i), i), offset))
+    counts: dict = {}
+    for j, _ in places:
+        counts[j] = counts.get(j, 0) + 1
+    return tuple((j, offset if counts[j] > 1 else 0) for j, offset in places)
+
+
+HELPERS["___input_aliasing"] = input_aliasing
 
 
 @dataclass(frozen=True)

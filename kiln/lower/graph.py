@@ -152,9 +152,12 @@ class GraphLowering:
                 env[node] = self._constant(node)
                 continue
             if node.op == "output":
-                outputs = [self._output(v, m) for v, m in zip(
+                owners = _input_owners(placeholders, example_inputs, self.inputs)
+                results = tree_flatten(node.args[0])[0]
+                outputs = [self._output(v, m, owners, _alias_root(n)) for v, m, n in zip(
                     tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
-                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n, node.args[0]))[0])]
+                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
+                    results)]
                 continue
             env[node] = self._call(node, env)
         return ir.LoweredGraph(self.inputs, self.nodes, outputs, self.size_vars, self.constants, self.zero_padded)
@@ -314,10 +317,18 @@ class GraphLowering:
             return v
         return self.realize(v, stride=stride)
 
-    def _output(self, v, meta):
+    def _output(self, v, meta, owners: dict, root):
+        """The graph output `v` (traced value `meta`, a view of node `root` or `root` itself).
+
+        `owners`: buffer -> the node whose storage it holds, so that an output with storage of its own
+        in the traced graph (`x.clone()`, lowered as `x`) is not returned as an input's or another
+        output's buffer: eager's are distinct tensors, and a write to one would show in the other."""
         if isinstance(v, TensorValue):
             view = v.buffer_view()
-            if view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)):
+            if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
+                v = self.realize(v, stride=_layout(meta).stride)
+                owners[v.buffer_view()[0]] = root
+            elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)):
                 # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
                 # the caller may .view() it
                 v = self.realize(v, stride=_layout(meta).stride)
@@ -327,6 +338,23 @@ class GraphLowering:
         if isinstance(v, sympy.Basic):
             return ir.SymRef(v)
         return v
+
+
+def _input_owners(placeholders: list, example_inputs: list, inputs: list) -> dict:
+    """Input buffer name -> its placeholder (tensor placeholders, in order, as `run` binds them)."""
+    tensors = [n for n, example in zip(placeholders, example_inputs)
+               if isinstance(n.meta.get("val", example), torch.Tensor)]
+    return {buf.name: n for buf, n in zip(inputs, tensors)}
+
+
+def _alias_root(node):
+    """The node whose storage `node`'s value is on: through view ops (their schema's result aliases
+    their first argument) to a placeholder or a value computed with storage of its own."""
+    while (isinstance(node, torch.fx.Node) and node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+           and node.target._schema.returns and node.target._schema.returns[0].alias_info is not None
+           and not node.target._schema.returns[0].alias_info.is_write and isinstance(node.args[0], torch.fx.Node)):
+        node = node.args[0]
+    return node if isinstance(node, torch.fx.Node) else None
 
 
 def channels_last_strides(size) -> tuple:

@@ -1,0 +1,161 @@
+"""Graphs called with inputs that share storage, one of which the graph writes in place.
+
+`f(a, b)` with `a.add_(1); return a + b`, called as `f(x, x)` or `f(x, x[:3])`: eager's `a + b`
+reads the written values through `b`. The ATen graphs are traced on one fake tensor per input,
+each with storage of its own, so functionalization would turn the write into a copy that `b`
+never sees. Here such a graph is rewritten before it is compiled: each group of inputs on one
+storage becomes one *base* input (a 1-D view of the storage span the group covers), and each
+member a view of it taken at the top of the graph. Writes through any member are then writes to
+the base, which functionalization sees as such and copies back into the real storage.
+
+Which inputs share storage, and at what storage offsets, is fixed for a compiled graph: the
+capture guards it (`capture/guards.py`, the "input aliasing" guard) where the graph writes an
+input. Inputs that share storage but are only read need nothing of this (tied weights).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+
+@dataclass(frozen=True)
+class AliasGroup:
+    """Inputs `members` (positions) on one storage: the base spans its first `extent` elements, and
+    member k starts `offsets[k]` elements into it (its storage offset).
+
+    The base starts where the storage does: `as_strided` takes offsets from the storage's start,
+    so with a base at offset 0 the graph's views mean the same whoever runs them."""
+
+    members: tuple[int, ...]
+    offsets: tuple[int, ...]
+    extent: int
+
+
+def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[AliasGroup] | None:
+    """The groups of inputs that share storage if the graph writes one of them; [] if none needs
+    rewriting; None if some cannot be (members of different dtypes: run the graph as it is)."""
+    groups = _storage_groups(example_inputs)
+    if not groups or not _written(gm, example_inputs, {i for g in groups for i in g}):
+        return []
+    tensors = [[example_inputs[i] for i in g] for g in groups]
+    if any(len({t.dtype for t in ts}) > 1 for ts in tensors):
+        return None
+    return [_group(g, ts) for g, ts in zip(groups, tensors)]
+
+
+def _storage_groups(inputs: list) -> list[list[int]]:
+    by_storage: dict[StorageWeakRef, list[int]] = {}
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+            by_storage.setdefault(StorageWeakRef(t.untyped_storage()), []).append(i)
+    return [g for g in by_storage.values() if len(g) > 1]
+
+
+def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
+    """Does one run of `gm` on fake copies of `inputs` (their storage sharing kept) write any of `positions`?"""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
+    versions = {i: fakes[i]._version for i in positions}
+    try:
+        with mode, torch.no_grad():
+            gm(*fakes)
+    except Exception:  # an op the plain fake run cannot do: assume a write, which is compiled soundly either way
+        return True
+    return any(fakes[i]._version != v for i, v in versions.items())
+
+
+def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup:
+    end = max(t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) for t in tensors)
+    return AliasGroup(tuple(members), tuple(t.storage_offset() for t in tensors), end + 1)
+
+
+class AliasedInputsCompiled:
+    """`gm` compiled per input shape for the aliasing of its inputs: with a base input per storage
+    where the graph writes one of several inputs on it, as it is where none is, and run as it is
+    where the aliased inputs differ in dtype. Per shape, since the views of the bases are taken at
+    each shape's geometry (the capture guards the aliasing itself)."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: list, compile: Callable[[fx.GraphModule, list], Callable]):
+        self.gm, self.compile = gm, compile
+        self.compiled: dict[tuple, Callable] = {}
+        self._for(example_inputs)
+
+    def _for(self, args) -> Callable:
+        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
+        if key not in self.compiled:
+            groups = written_alias_groups(self.gm, list(args))
+            if groups is None:  # no one base can hold inputs of several dtypes
+                self.compiled[key] = self.gm
+            elif groups:
+                self.compiled[key] = SyntheticBases(self.gm, list(args), groups, self.compile)
+            else:
+                self.compiled[key] = self.compile(self.gm, list(args))
+        return self.compiled[key]
+
+    def __call__(self, *args):
+        return self._for(args)(*args)
+
+
+class SyntheticBases:
+    """A graph whose aliased inputs become views of one base input each, compiled by `compile`."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: list, groups: list[AliasGroup],
+                 compile: Callable[[fx.GraphModule, list], Callable]):
+        self.groups = groups
+        member_of = {i: (g, k) for g in groups for k, i in enumerate(g.members)}
+        self.kept = [i for i in range(len(example_inputs)) if i not in member_of]
+        self.returned_inputs = _returned_placeholders(gm, set(member_of))
+        self.compiled = compile(_rewrite(gm, groups, example_inputs), self.inputs(example_inputs))
+
+    def inputs(self, args) -> list:
+        """The rewritten graph's inputs: the unaliased ones, then one base per group."""
+        bases = [args[g.members[0]].as_strided((g.extent,), (1,), 0) for g in self.groups]
+        return [args[i] for i in self.kept] + bases
+
+    def __call__(self, *args):
+        out = self.compiled(*self.inputs(args))
+        if self.returned_inputs:  # `return a`: eager returns the input itself, not a view of the base
+            out = list(out)
+            for position, i in self.returned_inputs:
+                out[position] = args[i]
+            out = tuple(out)
+        return out
+
+
+def _returned_placeholders(gm: fx.GraphModule, members: set[int]) -> list[tuple[int, int]]:
+    """(output position, input) for the graph's outputs that are aliased inputs themselves."""
+    placeholders = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    result = gm.graph.find_nodes(op="output")[0].args[0]
+    if not isinstance(result, (tuple, list)):
+        return []
+    return [(k, placeholders[n]) for k, n in enumerate(result) if n in placeholders and placeholders[n] in members]
+
+
+def _rewrite(gm: fx.GraphModule, groups: list[AliasGroup], example_inputs: list) -> fx.GraphModule:
+    """`gm` taking (unaliased inputs, bases), each aliased input an `as_strided` view of its base.
+
+    Placeholders keep no fake values: the rewritten graph compiles per input shape (sizes the
+    capture left symbolic are then static), since the views' geometry is its own."""
+    member_of = {i: (g, k) for g, group in enumerate(groups) for k, i in enumerate(group.members)}
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    for i, node in enumerate(placeholders):
+        if i not in member_of:
+            env[node] = graph.placeholder(node.name)
+    bases = [graph.placeholder(f"aliased_base_{g}") for g in range(len(groups))]
+    for i, node in enumerate(placeholders):
+        if i in member_of:
+            g, k = member_of[i]
+            t = example_inputs[i]
+            env[node] = graph.call_function(torch.as_strided, (bases[g], tuple(t.shape), tuple(t.stride()),
+                                                               groups[g].offsets[k]))
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph)

@@ -1,0 +1,193 @@
+"""Inputs that share storage, one of them written by the graph (issue 21, class 3).
+
+`f(a, b)` with `a.add_(1)` reads the write through `b` when called as `f(x, x)` or `f(x, x[:3])`.
+The capture guards which inputs share storage (so a call with other aliasing recompiles) and the
+autograd stage compiles such a graph with one base input per storage (`aliased_inputs.py`).
+Each case runs eagerly and compiled on identically built arguments (`differential.check`).
+"""
+import pytest
+import torch
+
+import kiln
+from tests.autograd.differential import check
+
+BACKENDS = ["aot_eager", "inductor"]
+
+
+def add_then_read(a, b):
+    a.add_(1)
+    return a[:3] + b[:3]
+
+
+def write_second(a, b):
+    b.mul_(2)
+    return a * 1
+
+
+def write_both(a, b):
+    a.add_(1)
+    b.mul_(2)
+    return a[:2] - b[:2]
+
+
+def write_through_view(a, b):
+    a[0] = 5.0
+    return b.clone()
+
+
+def returns_the_inputs(a, b):
+    a.add_(1)
+    return a, b
+
+
+def returns_a_view(a, b):
+    a.add_(1)
+    return b[1:], b.detach()
+
+
+def three_inputs(a, b, c):
+    a.add_(1)
+    return a[:2] + b[:2] + c[:2]
+
+
+def _vector(n: int = 8):
+    return torch.linspace(-1.0, 2.0, n)
+
+
+ALIASINGS = {
+    "same": lambda x, y: (x, x),
+    "prefix": lambda x, y: (x, x[:3]),
+    "prefix_first": lambda x, y: (x[:3], x),
+    "overlap": lambda x, y: (x[1:4], x[2:5]),
+    "interleaved": lambda x, y: (x[::2], x[1::2]),
+    "detached": lambda x, y: (x, x.detach()),
+    "distinct": lambda x, y: (x, y),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aliasing", list(ALIASINGS))
+@pytest.mark.parametrize("program", [add_then_read, write_second, write_both, write_through_view, returns_the_inputs,
+                                     returns_a_view], ids=lambda f: f.__name__)
+def test_aliased_inputs_match_eager(program, aliasing, backend):
+    check(program, lambda call: ALIASINGS[aliasing](_vector(), _vector() + 3), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["eager"])
+def test_changing_aliasing_between_calls_recompiles(backend):
+    """One compiled function called with each aliasing in turn, and back: every call as eager."""
+    order = ["distinct", "same", "prefix", "overlap", "distinct", "interleaved", "same", "overlap"]
+    compiled = kiln.compile(add_then_read, backend=backend)
+    check(add_then_read, lambda call: ALIASINGS[order[call]](_vector(), _vector() + 3), backend,
+          calls=len(order), compiled=compiled)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_aliasing_at_other_offsets(backend):
+    """`(x[1:4], x[2:5])` then `(x[3:6], x[4:7])`: the same shapes and relative offset, other places."""
+    check(add_then_read, lambda call: (lambda x: (x[1 + 2 * call:4 + 2 * call], x[2 + 2 * call:5 + 2 * call]))(
+        _vector(12)), backend, calls=3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_inputs_two_aliased(backend):
+    check(three_inputs, lambda call: (lambda x, y: (x, y, x[1:]) if call % 2 else (x[1:], y, x))(_vector(), _vector()),
+          backend, calls=4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_alias(backend):
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+
+    check(f, lambda call: (lambda x: (x, x.t()))(torch.arange(12.0).view(3, 4)), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changing_sizes_with_aliasing(backend):
+    def make(call):
+        x = _vector(6 + 2 * call)
+        return (x, x[: x.shape[0] // 2])
+
+    check(add_then_read, make, backend, calls=4)
+
+
+class Accumulator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("argument", ["buffer", "buffer_view", "other"])
+def test_buffer_passed_as_input(backend, argument):
+    """A module writes its buffer while its input is that buffer, a view of it, or another tensor."""
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = Accumulator()
+        m.total.copy_(torch.arange(4.0))
+        fn = kiln.compile(m, backend=backend) if compiled else m
+        outs = []
+        for _ in range(2):
+            x = {"buffer": m.total, "buffer_view": m.total[::1], "other": torch.ones(4)}[argument]
+            outs.append(fn(x).clone())
+        results.append((outs, m.total.clone()))
+    for e, a in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, e)
+    torch.testing.assert_close(results[1][1], results[0][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aliased_inputs_that_require_grad(backend):
+    """Two views of one tensor that requires grad, one written: values and gradients as eager's."""
+    def f(a, b):
+        a.mul_(2)
+        return (a[:3] * b[:3]).sum()
+
+    grads = []
+    for fn in (f, kiln.compile(f, backend=backend)):
+        w = torch.linspace(0.5, 2.0, 6, requires_grad=True)
+        y = w * 1
+        out = fn(y, y[1:4])
+        out.backward()
+        grads.append((out.detach(), y.detach(), w.grad))
+    for e, a in zip(*grads):
+        torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aliased_inputs_of_two_dtypes(backend):
+    """No one base holds a float and an int view of one storage: the graph runs as captured."""
+    def f(a, b):
+        a.mul_(2)
+        return b + 1
+
+    check(f, lambda call: (lambda x: (x, x.view(torch.int32)))(torch.linspace(1.0, 2.0, 4)), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clone_of_an_input_is_a_new_tensor(backend):
+    """`b.clone()` is lowered as `b`; the compiled graph still returns storage of its own."""
+    def f(a, b):
+        a[0] = 5.0
+        return b.clone(), a.clone(), b
+
+    check(f, lambda call: (_vector(), _vector() + 3), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aliasing", ["same", "prefix", "detached", "distinct"])
+def test_read_only_aliased_inputs_that_require_grad(backend, aliasing):
+    """No write: nothing to specialize, and gradients through both aliases add up as in eager."""
+    def f(a, b):
+        return a[:3] * b[:3], a, b[1:]
+
+    check(f, lambda call: ALIASINGS[aliasing](_vector().requires_grad_(), (_vector() + 3).requires_grad_()), backend,
+          calls=2)

@@ -1,0 +1,211 @@
+"""Outputs that alias each other or the inputs come back as eager returns them (issue 21, class 2).
+
+Each program runs eagerly and compiled (`differential.check`): values, shapes, strides, which
+outputs share storage with which (so a write through one is seen through the others), and each
+output's requires_grad / is_leaf / grad_fn, then the inputs' gradients.
+"""
+import pytest
+import torch
+
+import kiln
+from tests.autograd.differential import check
+
+
+def detached_twin(x):
+    y = x * 2
+    return y, y.detach()
+
+
+def strided_views(x):
+    t = x + 1
+    p = t[::2]
+    q = t[1:]
+    return p, q[:2]
+
+
+def views_of_views(x):
+    t = x * 3
+    return t[1:][::2], t[2:], t
+
+
+def view_before_base(x):
+    y = x.sin()
+    return y.view(2, 4).t(), y
+
+
+def same_twice(x):
+    y = x + 1
+    return y, y
+
+
+def unbind_intermediate(x):
+    return (x.view(2, 4) * 2).unbind(0)
+
+
+def split_with_base(x):
+    y = x * 2
+    return y.split(3), y
+
+
+def chunk_intermediate(x):
+    return (x - 1).chunk(3)
+
+
+def expanded_and_diagonal(x):
+    y = x.view(2, 4) + 1
+    return y[:, :2].diagonal(), y[0].expand(3, 4), y
+
+
+def detached_slice(x):
+    y = x * 2
+    return y[1:].detach(), y
+
+
+def identity(x):
+    return x
+
+
+def input_views(x):
+    return x.view(-1), x[0], x.view(2, 4).t(), x[1:], x[:2]
+
+
+def input_detached(x):
+    return x.detach(), x * 2
+
+
+def input_unbind(x):
+    return x.view(4, 2).unbind(1)
+
+
+def under_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        v = x[1:]
+    return x * 3, y, v
+
+
+def integer_outputs(x):
+    return x.argmax(), (x > 0), x.sum()
+
+
+def mixed(x):
+    t = x + 1
+    return x, t, x[2:], t[1:], t.detach(), 5
+
+
+PROGRAMS = [detached_twin, strided_views, views_of_views, view_before_base, same_twice, unbind_intermediate,
+            split_with_base, chunk_intermediate, expanded_and_diagonal, detached_slice, identity, input_views,
+            input_detached, input_unbind, under_no_grad, integer_outputs, mixed]
+
+
+def _vector(requires_grad: bool, n: int = 8):
+    def make(call):
+        return (torch.linspace(-1.0, 2.0, n + 0 * call, dtype=torch.float32).requires_grad_(requires_grad),)
+    return make
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
+def test_aliased_outputs_aot_eager(program, requires_grad):
+    check(program, _vector(requires_grad), "aot_eager", calls=2)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("program", [detached_twin, strided_views, views_of_views, view_before_base, split_with_base,
+                                     expanded_and_diagonal, input_views, mixed], ids=lambda f: f.__name__)
+def test_aliased_outputs_inductor(program, requires_grad):
+    check(program, _vector(requires_grad), "inductor", calls=2)
+
+
+def dynamic_views(x):
+    t = x * 2
+    half = x.shape[0] // 2
+    return t[:half], t[half:], t.view(2, -1).t(), x[1:], x.view(-1, 2)[0], t.detach(), t
+
+
+def dynamic_detach(x):
+    y = x + 1
+    return y, y.detach(), x.detach(), x
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["auto_dynamic", "dynamic"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [dynamic_views, dynamic_detach, strided_views, mixed], ids=lambda f: f.__name__)
+def test_aliased_outputs_with_changing_sizes(program, backend, dynamic):
+    """The views' geometry follows each call's sizes, never the first call's."""
+    def make(call):
+        return (torch.linspace(-1.0, 2.0, 8 + 4 * call).requires_grad_(call % 2 == 1),)
+    check(program, make, backend, dynamic=dynamic, calls=4)
+
+
+def test_views_of_inputs_at_another_storage_offset():
+    """`buf[1:5]` and `buf[3:7]` pass the same tensor guard: a view of the input starts at the input's offset."""
+    def make(call):
+        buf = torch.arange(10.0)
+        return (buf[1 + 2 * call:5 + 2 * call],)
+    for backend in ("aot_eager", "inductor"):
+        check(input_views_1d, make, backend, calls=3)
+
+
+def input_views_1d(x):
+    return x[1:], x[::2], x.detach(), x + 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [detached_twin, input_views, input_detached, under_no_grad, mixed, identity,
+                                     integer_outputs], ids=lambda f: f.__name__)
+def test_aliased_outputs_of_a_call_under_no_grad(program, backend):
+    """Called under no_grad with inputs that require grad: the flags eager gives each output."""
+    check(program, _vector(True), backend, calls=2, grad_mode=False)
+
+
+def sizes_out(x):
+    return x.shape[0], x.shape[0] // 2 + 1, x[: x.shape[0] // 2] * 2
+
+
+def test_dynamic_views_compile_once():
+    """Views whose geometry depends on a size symbol are rebuilt per call from that call's sizes,
+    within one symbolic compilation (no per-shape recompile)."""
+    from kiln.api import context_of
+    from kiln.autograd.aot import AOTCompiled
+    from tests.capture.helpers import graph_count
+
+    compiled = kiln.compile(dynamic_views, backend="aot_eager", dynamic=True)
+    check(dynamic_views, lambda call: (torch.linspace(-1.0, 2.0, 8 + 2 * call),), "aot_eager", calls=3,
+          compiled=compiled)
+    check(sizes_out, lambda call: (torch.linspace(-1.0, 2.0, 8 + 2 * call),), "aot_eager", calls=3, dynamic=True)
+    assert graph_count(context_of(compiled)) == 1
+    aot = [r.compiled for r in context_of(compiled).records if r.graph is not None][0]
+    assert isinstance(aot, AOTCompiled) and aot.specialized is None, "fell back to compiling per shape"
+
+
+def written_then_viewed(x):
+    t = x + 1
+    v = t[1:]
+    t.mul_(2)
+    return v, t[::2]
+
+
+def mutated_input_view(x):
+    x.mul_(2)
+    return x[1:], x
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_view_of_an_intermediate_written_after_the_view(backend):
+    check(written_then_viewed, _vector(True), backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_views_of_an_input_written_in_place_keep_its_history(backend):
+    """The input (a non-leaf that requires grad) is written: its views, and the gradient reaching the leaf."""
+    results = []
+    for fn in (mutated_input_view, kiln.compile(mutated_input_view, backend=backend)):
+        w = torch.linspace(-1.0, 1.0, 6, requires_grad=True)
+        x = w * 1
+        view, same = fn(x)
+        assert same is x and view._base is x
+        (view * 3).sum().backward()
+        results.append((view.detach(), x.detach(), w.grad))
+    for e, a in zip(*results):
+        torch.testing.assert_close(a, e)

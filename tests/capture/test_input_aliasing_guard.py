@@ -1,0 +1,43 @@
+"""The "input aliasing" guard: a graph that writes an input is specialized on which inputs share storage."""
+import torch
+
+import kiln
+from kiln.api import context_of
+from kiln.capture.guards import input_aliasing
+from tests.capture.helpers import graph_count, recompile_reasons
+
+
+def add_then_read(a, b):
+    a.add_(1)
+    return a[:3] + b[:3]
+
+
+def only_read(a, b):
+    return a[:3] + b[:3]
+
+
+def test_input_aliasing_names_the_first_tensor_on_each_storage_and_offsets_where_shared():
+    x, y = torch.zeros(6), torch.zeros(6)
+    assert input_aliasing((x, y, x[2:], y.view(2, 3)), (4, 4, 4, 4)) == ((0, 0), (1, 0), (0, 8), (1, 0))
+    assert input_aliasing((x, y), (4, 4)) == ((0, 0), (1, 0))
+    assert input_aliasing((torch.zeros(0), torch.zeros(0)), (4, 4)) == ((0, 0), (1, 0))  # no bytes: no aliasing
+
+
+def test_a_change_of_aliasing_recompiles_a_writing_graph():
+    compiled = kiln.compile(add_then_read, backend="eager")
+    x, y = torch.zeros(5), torch.zeros(5)
+    compiled(x, y)
+    compiled(x, x)
+    compiled(x, x[:3])
+    compiled(x, x)
+    ctx = context_of(compiled)
+    assert graph_count(ctx) == 3
+    assert any("input aliasing" in r for r in recompile_reasons(ctx))
+
+
+def test_a_graph_that_only_reads_its_inputs_is_not_guarded_on_aliasing():
+    compiled = kiln.compile(only_read, backend="eager")
+    x, y = torch.zeros(5), torch.zeros(5)
+    for args in ((x, y), (x, x), (x, x[::1]), (x, x.detach())):
+        torch.testing.assert_close(compiled(*args), only_read(*args))
+    assert graph_count(context_of(compiled)) == 1

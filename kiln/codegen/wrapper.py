@@ -10,6 +10,8 @@ launcher the target binds to `name`.
 """
 from __future__ import annotations
 
+import builtins
+import dis
 import functools
 import math
 import operator
@@ -266,6 +268,23 @@ class WrapperCodegen:
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)
+
+
+def unbound_globals(module_code, namespace: dict) -> list[str]:
+    """The global names the wrapper's functions read that neither `namespace` nor the builtins define.
+
+    Each is a `NameError` waiting for the first call that reaches it (a size symbol read by a computation
+    hoisted out of `call`, where the symbols are bound): checked once at compile time, where the graph can
+    still fall back to ATen, rather than failing every call."""
+    missing: dict[str, None] = {}
+    for const in module_code.co_consts:
+        if not hasattr(const, "co_code"):
+            continue
+        for ins in dis.get_instructions(const):
+            name = ins.argval
+            if ins.opname == "LOAD_GLOBAL" and name not in namespace and not hasattr(builtins, name):
+                missing[f"{name} (in {const.co_name})"] = None
+    return list(missing)
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:

@@ -44,6 +44,26 @@ def _view(t: torch.Tensor, size, stride, offset) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+# The argument through which a Triton kernel that checks values reports an error code (an int32 tensor of
+# one element, zero unless a check failed); C++ kernels return the code instead.
+ERROR_FLAG = "kiln_error"
+
+
+def _raise_kernel_error(code: int):
+    """Raise what eager raises on the invalid value a kernel found (`ir.KERNEL_ERRORS`)."""
+    exception, message = ir.KERNEL_ERRORS[int(code)]
+    raise exception(message)
+
+
+def _check_error_flag(flag: torch.Tensor) -> None:
+    """After a Triton kernel that checks values: raise its error. On the GPU the check is a device-side
+    assert, as eager's own index checks are there (asynchronous: reading the flag would wait for the GPU)."""
+    if flag.is_cuda:
+        torch._assert_async(flag[0] == 0, "kiln: a kernel found an index out of bounds (eager raises here)")
+    elif flag[0]:
+        _raise_kernel_error(flag[0])
+
+
 class ParameterDerived:
     """The outputs of a kernel that reads parameters alone (an inference graph's convolution weight
     copied channels-last), kept across calls and recomputed only when a parameter is replaced or
@@ -138,7 +158,8 @@ class WrapperCodegen:
         self.graph = sched.graph
         self.layouts = self.graph.buffer_layouts()
         self.namespace: dict = {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
-                                "_restride": _restride, "_view": _view, "device": torch.device}
+                                "_restride": _restride, "_view": _view, "device": torch.device,
+                                "_raise_kernel_error": _raise_kernel_error, "_check_error_flag": _check_error_flag}
         # the device kernel outputs are allocated on, as a torch.device (a string is parsed on every call)
         self.device_name = "".join(c for c in device if c.isalnum())
         self.namespace[self.device_name] = torch.device(device)
@@ -236,7 +257,16 @@ class WrapperCodegen:
         # C++ kernels take raw pointers; Triton launchers take the tensors (`takes_tensors`)
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
-        self.line(f"{group.name}({', '.join(args)})")
+        launch = f"{group.name}({', '.join(args)})"
+        if ERROR_FLAG in kernel.arg_names:
+            self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
+            self.line(launch)
+            self.line(f"_check_error_flag({ERROR_FLAG})")
+        elif getattr(kernel, "reports_errors", False):
+            self.line(f"_error = {launch}")
+            self.line("if _error: _raise_kernel_error(_error)")
+        else:
+            self.line(launch)
 
     def kept_kernel_call(self, group: KernelGroup, inputs: list[str]) -> None:
         """A kernel that reads graph inputs alone (`MemoryPlan.kept`): its allocations and launch become a

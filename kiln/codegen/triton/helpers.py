@@ -1,7 +1,8 @@
 """@triton.jit helpers the generated kernels call (imported into every kernel module).
 
 They exist where Triton's own ops differ from eager's semantics: Python-style
-integer floor division and modulo (Triton's `//` and `%` truncate like C),
+floor division and modulo (Triton's `//` and `%` truncate like C; a float floor
+division is eager's div_floor, not floor(a / b)),
 NaN-propagating max/min (eager's `maximum` returns NaN if either side is), and
 the combine functions of argmax/argmin (first index wins ties, NaN is the max)
 and Welford variance (merging per-lane partial means and M2).
@@ -38,8 +39,13 @@ def kiln_prod_combine(a, b):
 
 @triton.jit
 def kiln_floordiv(a, b):
-    if a.dtype.is_floating():
-        return libdevice.floor(a / b)
+    if a.dtype.is_floating():  # eager's div_floor_floating: floor(a / b) rounds 1 // 0.1 up to 10
+        mod = libdevice.fmod(a, b)
+        div = (a - mod) / b
+        div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+        floor = libdevice.floor(div)
+        floor = tl.where(div - floor > 0.5, floor + 1.0, floor)
+        return tl.where(b == 0, a / b, tl.where(div == 0, libdevice.copysign(0.0 * a, a / b), floor))
     else:
         q = a // b
         r = a - q * b

@@ -49,6 +49,8 @@ OPS = {
     "bitwise_xor": "({0} ^ {1})", "bitwise_not": "kiln_bitwise_not({0})", "lshift": "({0} << {1})",
     "rshift": "({0} >> {1})", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float('inf'))",
     "where": "tl.where({0}, {1}, {2})",
+    # the check itself is emitted before (TritonKernel._checks): an index out of range reads address 0
+    "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 

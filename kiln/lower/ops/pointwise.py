@@ -126,9 +126,10 @@ def div(ctx, meta, a, b, rounding_mode=None):
     if rounding_mode is None:
         return TensorValue(size, dtype, ir.Op("truediv", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
     ops = (operand(a, size, dtype), operand(b, size, dtype))
-    if dtype.is_floating_point:
-        q = ir.Op("truediv", ops, dtype)
-        return TensorValue(size, dtype, ir.Op("floor" if rounding_mode == "floor" else "trunc", (q,), dtype))
+    if dtype.is_floating_point and rounding_mode == "trunc":
+        return TensorValue(size, dtype, ir.Op("trunc", (ir.Op("truediv", ops, dtype),), dtype))
+    # floating floordiv is eager's div_floor (floor(a / b) rounds 1 // 0.1 up to 10); integer floordiv and
+    # truncdiv raise on a zero divisor
     return TensorValue(size, dtype, ir.Op("floordiv" if rounding_mode == "floor" else "truncdiv", ops, dtype))
 
 

@@ -112,13 +112,14 @@ static inline uint16_t float_to_fp16(float f) {
 
 static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
 
+// NaN wins; between equal values (0.0 and -0.0) the first, as eager's maximum, clamp and relu.
 template <typename T> static inline T maximum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
-  return a > b ? a : b;
+  return a < b ? b : a;
 }
 template <typename T> static inline T minimum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
-  return a < b ? a : b;
+  return b < a ? b : a;
 }
 // sign(NaN) is 0, as eager's.
 template <typename T> static inline T sign(T a) { return static_cast<T>((T(0) < a) - (a < T(0))); }

@@ -28,6 +28,17 @@ def kiln_minimum(a, b):
 
 
 @triton.jit
+def kiln_pointwise_maximum(a, b):
+    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first."""
+    return tl.where((a != a) | ((b == b) & ~(a < b)), a, b)
+
+
+@triton.jit
+def kiln_pointwise_minimum(a, b):
+    return tl.where((a != a) | ((b == b) & ~(b < a)), a, b)
+
+
+@triton.jit
 def kiln_to_bf16(x):
     return x.to(tl.bfloat16)
 

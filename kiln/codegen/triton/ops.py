@@ -41,7 +41,7 @@ OPS = {
     "acosh": "libdevice.acosh({0})", "atanh": "libdevice.atanh({0})", "atan2": "libdevice.atan2({0}, {1})",
     "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})", "round": "libdevice.nearbyint({0})",
     "trunc": "libdevice.trunc({0})",
-    "maximum": "kiln_maximum({0}, {1})", "minimum": "kiln_minimum({0}, {1})",
+    "maximum": "kiln_pointwise_maximum({0}, {1})", "minimum": "kiln_pointwise_minimum({0}, {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "(({0} != 0) & ({1} != 0))",
     "logical_or": "(({0} != 0) | ({1} != 0))", "logical_xor": "(({0} != 0) ^ ({1} != 0))",

@@ -81,6 +81,9 @@ CASES = {
     "float_floordiv_rounding": (lambda x, y: x // y, (floats(1.0, -1.0, 7.5, 1e300, 0.3), floats(0.1, 0.1, 0.5, 1e-10, 0.1))),
     "float_remainder_fmod": (lambda x, y: (x % y, torch.fmod(x, y)), (FLOAT_EDGES, FLOAT_OTHER)),
     "rounding": (lambda x: (x.round(), x.floor(), x.ceil(), x.trunc()), (floats(0.5, 1.5, 2.5, -0.5, -0.0, NAN, INF),)),
+    "integer_rounding_is_identity": (lambda a: (a.floor(), a.round(), a.trunc(), a.ceil()),
+                                     (ints(2 ** 63 - 1, I64_MIN + 1, 3),)),
+    "half_pow_one_half": (lambda x: x ** 0.5, (floats(-0.0, -INF, 4.0, NAN).half(),)),
     "nan_predicates": (lambda x: (x.isnan(), x.isinf(), torch.isfinite(x), torch.nan_to_num(x)), (FLOAT_EDGES,)),
     # indices out of range: gather-style loads
     "gather_out_of_range": (lambda x, i: torch.gather(x, 0, i) + 1, (torch.randn(5), ints(0, 7))),

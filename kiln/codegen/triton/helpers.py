@@ -86,6 +86,15 @@ def kiln_pymod(a, b):
 
 
 @triton.jit
+def kiln_neg(x):
+    """-x with eager's signed zero: Triton's negation is 0 - x, which makes -(0.0) 0.0."""
+    if x.dtype.is_floating():
+        return x * -1.0
+    else:
+        return -x
+
+
+@triton.jit
 def kiln_sign(x):
     return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
 

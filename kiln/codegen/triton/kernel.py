@@ -186,7 +186,8 @@ class TritonKernel:
                 return out
         else:
             args = [self.emit(a, scope) for a in e.args]
-            if all(a in self.literals for a in args):  # e.g. exp(2.0): give Triton a tensor
+            if all(a in self.literals for a in args) or (e.name == "pow" and args[0] in self.literals):
+                # e.g. exp(2.0), 2.0 ** x: give Triton a tensor
                 args[0] = f"tl.full([1], {args[0]}, {ops.COMPUTE[e.args[0].dtype]})"
             self._checks(e, args)
             t = ops.COMPUTE[e.args[0].dtype] if e.name != "where" else ops.COMPUTE[e.dtype]

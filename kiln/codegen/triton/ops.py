@@ -29,7 +29,7 @@ ROUNDED = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
 OPS = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "floordiv": "kiln_floordiv({0}, {1})", "truncdiv": "kiln_truncdiv({0}, {1})",
-    "mod": "kiln_pymod({0}, {1})", "fmod": "kiln_fmod({0}, {1})", "neg": "(-{0})",
+    "mod": "kiln_pymod({0}, {1})", "fmod": "kiln_fmod({0}, {1})", "neg": "kiln_neg({0})",
     "abs": "tl.abs({0})", "sign": "kiln_sign({0})", "pow": "kiln_pow({0}, {1} + tl.zeros_like({0}))",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
     "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "expm1": "libdevice.expm1({0})",

@@ -177,6 +177,7 @@ def test_errors_from_parallel_kernels():
 
 
 TRITON_CASES = ["floordiv_by_zero", "remainder_by_zero", "division_valid", "int64_min_by_minus_one", "sign_sgn",
+                "int_pow_overflow", "int_min_abs_neg", "integer_rounding_is_identity", "clamp_nan",
                 "float_floordiv", "float_floordiv_rounding", "maximum_minimum_nan", "gather_out_of_range",
                 "index_select_negative", "getitem_out_of_range", "getitem_negative_wraps", "embedding_out_of_range",
                 "embedding_valid", "scatter_row_out_of_range"]

@@ -103,8 +103,16 @@ def kiln_sign(x):
 def kiln_pow(a, b):
     if a.dtype.is_floating():
         return libdevice.pow(a, b.to(a.dtype))
-    else:
-        return libdevice.pow(a.to(tl.float64), b.to(tl.float64)).to(a.dtype)
+    else:  # exactly, wrapping on overflow as eager does (a float64 pow rounds and saturates)
+        result = (b * 0 + 1).to(a.dtype)
+        base = a
+        e = b
+        for _ in tl.static_range(64):
+            result = tl.where((e & 1) != 0, result * base, result)
+            base = base * base
+            e = e >> 1
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)).to(a.dtype)
+        return tl.where(b < 0, negative, result)
 
 
 @triton.jit

@@ -184,6 +184,8 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     wrapper_code = compile(wrapper_src, f"<kiln wrapper {name}>", "exec")
     exec(wrapper_code, namespace)
     missing = unbound_globals(wrapper_code, namespace)
+    for launcher in (namespace[k] for k in kernels if hasattr(namespace.get(k), "__code__")):  # Triton's
+        missing += unbound_globals(launcher.__code__, launcher.__globals__)
     if missing:
         raise NameError(f"the generated wrapper reads names it never binds: {', '.join(missing)}")
     # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds

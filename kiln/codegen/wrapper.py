@@ -6,7 +6,10 @@ calls the kernels and the extern ATen ops in schedule order, drops each buffer
 after its last use, and returns the graph's outputs. It is plain Python source
 (written to the debug directory with trace.enabled) compiled with `exec`.
 Target independent: a kernel call is `name(*pointers, *sizes)` for whatever
-launcher the target binds to `name`.
+launcher the target binds to `name`. A kernel that checks values (an index, an
+integer divisor) reports what eager would raise as an error code of
+`ir.KERNEL_ERRORS` (a C++ kernel returns it; a Triton kernel stores it in the
+`kiln_error` flag tensor), and the wrapper raises it right after the launch.
 """
 from __future__ import annotations
 

@@ -53,8 +53,9 @@ ERROR_FLAG = "kiln_error"
 
 
 def _raise_kernel_error(code: int):
-    """Raise what eager raises on the invalid value a kernel found (`ir.KERNEL_ERRORS`)."""
-    exception, message = ir.KERNEL_ERRORS[int(code)]
+    """Raise what eager raises on the invalid value a kernel found (`code`: bits of `ir.KERNEL_ERRORS`)."""
+    code = int(code)
+    exception, message = ir.KERNEL_ERRORS[code & -code]
     raise exception(message)
 
 

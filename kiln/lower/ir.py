@@ -97,8 +97,9 @@ isnan isinf where cast check_index
 """.split())
 
 # Invalid values a kernel finds where eager raises: error code -> (exception type, message). A kernel
-# reports the code (C++: its return value; Triton: a flag tensor) and the wrapper raises the exception.
-ZERO_DIVISION, INDEX_OUT_OF_RANGE, GATHER_OUT_OF_BOUNDS, INDEX_OUT_OF_BOUNDS = 1, 2, 3, 4
+# reports the codes (C++: its return value, the codes ORed; Triton: a flag tensor) and the wrapper raises
+# the exception of the lowest. Each code is one bit.
+ZERO_DIVISION, INDEX_OUT_OF_RANGE, GATHER_OUT_OF_BOUNDS, INDEX_OUT_OF_BOUNDS = 1, 2, 4, 8
 KERNEL_ERRORS = {
     ZERO_DIVISION: (RuntimeError, "ZeroDivisionError"),  # eager's integer `//` and `%` by zero
     INDEX_OUT_OF_RANGE: (IndexError, "index out of range in self"),  # embedding, index_select

@@ -176,6 +176,19 @@ def test_errors_from_parallel_kernels():
         compiled(table, ids)
 
 
+@pytest.mark.parametrize("row, column", [(0, 0), (37, 133), (63, 255)])
+def test_one_bad_index_in_a_vectorized_loop(row, column):
+    """The index varies along the innermost (SIMD) loop: the lane that holds the bad one still reports it."""
+    kiln.reset()
+    x = torch.randn(64, 256)
+    index = torch.randint(0, 256, (64, 256))
+    compiled = kiln.compile(lambda x, i: torch.gather(x, 1, i) * 2)
+    torch.testing.assert_close(compiled(x, index), torch.gather(x, 1, index) * 2)
+    index[row, column] = 256
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        compiled(x, index)
+
+
 TRITON_CASES = ["floordiv_by_zero", "remainder_by_zero", "division_valid", "int64_min_by_minus_one", "sign_sgn",
                 "int_pow_overflow", "int_min_abs_neg", "integer_rounding_is_identity", "clamp_nan",
                 "float_floordiv", "float_floordiv_rounding", "maximum_minimum_nan", "gather_out_of_range",

@@ -264,7 +264,7 @@ class CppKernel:
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         self.params = params
         if self.reports_errors:
-            body = ["  int64_t kiln_error = 0;"] + body + ["  return kiln_error;"]
+            body = ["  int64_t kiln_error = 0;"] + [_reducing_errors(line) for line in body] + ["  return kiln_error;"]
         return "\n".join([f'extern "C" {self.return_type} {g.name}({", ".join(params)}) {{'] + body + ["}"])
 
     @property
@@ -507,6 +507,16 @@ class CppKernel:
             self.line(f"{out_t} {var} = {result};")
             dtype = node.layout.dtype if rtype in ("argmax", "argmin") else node.data.body.dtype
             self._store(node, var, dtype)
+
+
+def _reducing_errors(line: str) -> str:
+    """`line` with `kiln_error` made an OR-reduction if it opens an OpenMP parallel region: each thread
+    checks into its own copy, merged at the end (no race). SIMD loops take no clause: an omp simd reduction
+    keeps per-lane copies in memory, which stops the loop's invariant index loads from being hoisted; the
+    vectorizer finds the OR-reduction by itself."""
+    if line.strip().startswith("#pragma omp parallel"):
+        return line + " reduction(|:kiln_error)"
+    return line
 
 
 def generate_kernel(group: KernelGroup, layouts: dict) -> CppKernel:

@@ -138,14 +138,23 @@ template <typename T> static inline T absolute(T a) {
   else return a < 0 ? wrapping_neg(a) : a;
 }
 
-// Invalid values eager rejects: a kernel records an error code (kiln/lower/ir.py KERNEL_ERRORS) in its
-// `kiln_error`, which it returns and the wrapper raises. Threads may report at once: any code is right.
+// Invalid values eager rejects: a kernel ORs the error bit (kiln/lower/ir.py KERNEL_ERRORS) of each value it
+// rejects into its `kiln_error`, which it returns and the wrapper raises. The checks are branch-free and
+// `kiln_error` is an OR-reduction of the kernel's parallel regions (CppKernel adds the clauses): a loop with
+// checks still vectorizes and hoists its invariant index loads (with a reporting branch or an atomic
+// store, an embedding's gather ran several times slower), and threads do not race.
 constexpr int64_t ZERO_DIVISION = 1;
-static inline void report(int64_t& err, int64_t code) { __atomic_store_n(&err, code, __ATOMIC_RELAXED); }
+static inline void report(int64_t& err, bool bad, int64_t code) { err |= bad ? code : int64_t(0); }
 // `i` if 0 <= i < n, else 0 (a valid address) with `code` reported.
 static inline int64_t check_index(int64_t i, int64_t n, int64_t code, int64_t& err) {
-  if (i < 0 || i >= n) { report(err, code); return 0; }
-  return i;
+  bool bad = static_cast<uint64_t>(i) >= static_cast<uint64_t>(n);
+  report(err, bad, code);
+  return bad ? 0 : i;
+}
+// A divisor of 0 is reported and replaced by 1 (the quotient is never used: the wrapper raises).
+template <typename T> static inline T checked_divisor(T b, int64_t& err) {
+  report(err, b == 0, ZERO_DIVISION);
+  return b == 0 ? T(1) : b;
 }
 // b == -1 is answered without dividing: INT_MIN / -1 overflows, which x86 traps (SIGFPE); eager wraps.
 template <typename T> static inline bool minus_one(T b) {
@@ -165,7 +174,7 @@ template <typename T> static inline T floordiv(T a, T b) {
   return floordiv;
 }
 template <typename T> static inline T floordiv(T a, T b, int64_t& err) {
-  if (b == 0) { report(err, ZERO_DIVISION); return 0; }
+  b = checked_divisor(b, err);
   if (minus_one(b)) return wrapping_neg(a);
   T q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
@@ -173,7 +182,7 @@ template <typename T> static inline T floordiv(T a, T b, int64_t& err) {
 }
 template <typename T> static inline T truncdiv(T a, T b) { return std::trunc(a / b); }
 template <typename T> static inline T truncdiv(T a, T b, int64_t& err) {
-  if (b == 0) { report(err, ZERO_DIVISION); return 0; }
+  b = checked_divisor(b, err);
   return minus_one(b) ? wrapping_neg(a) : a / b;
 }
 template <typename T> static inline T pymod(T a, T b) {
@@ -182,7 +191,7 @@ template <typename T> static inline T pymod(T a, T b) {
   return r;
 }
 template <typename T> static inline T pymod(T a, T b, int64_t& err) {
-  if (b == 0) { report(err, ZERO_DIVISION); return 0; }
+  b = checked_divisor(b, err);
   if (minus_one(b)) return 0;
   T r = a % b;
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
@@ -190,7 +199,7 @@ template <typename T> static inline T pymod(T a, T b, int64_t& err) {
 }
 template <typename T> static inline T cfmod(T a, T b) { return std::fmod(a, b); }
 template <typename T> static inline T cfmod(T a, T b, int64_t& err) {
-  if (b == 0) { report(err, ZERO_DIVISION); return 0; }
+  b = checked_divisor(b, err);
   return minus_one(b) ? T(0) : static_cast<T>(a % b);
 }
 // Integer powers wrap on overflow as eager's do (computed unsigned: signed overflow is undefined in C++).

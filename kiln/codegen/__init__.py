@@ -31,7 +31,7 @@ import torch.fx
 from kiln.codegen.target import select_target
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.progress import StageProgress
-from kiln.codegen.wrapper import ParameterDerived, generate_wrapper
+from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
 from kiln.config import config, validate_options
 from kiln.lower import lower_graph
 from kiln.lower.decompositions import decomposes, decomposition_table
@@ -181,7 +181,13 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     namespace.update(target.module.load_kernels(source, kernels))
     times["build"] = time.perf_counter() - t
     progress.advance("")
-    exec(compile(wrapper_src, f"<kiln wrapper {name}>", "exec"), namespace)
+    wrapper_code = compile(wrapper_src, f"<kiln wrapper {name}>", "exec")
+    exec(wrapper_code, namespace)
+    missing = unbound_globals(wrapper_code, namespace)
+    for launcher in (namespace[k] for k in kernels if hasattr(namespace.get(k), "__code__")):  # Triton's
+        missing += unbound_globals(launcher.__code__, launcher.__globals__)
+    if missing:
+        raise NameError(f"the generated wrapper reads names it never binds: {', '.join(missing)}")
     # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds
     artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": graph, "schedule": sched,
                  "memory": plan, target.artefact: source, "wrapper.py": wrapper_src,

@@ -6,10 +6,15 @@ calls the kernels and the extern ATen ops in schedule order, drops each buffer
 after its last use, and returns the graph's outputs. It is plain Python source
 (written to the debug directory with trace.enabled) compiled with `exec`.
 Target independent: a kernel call is `name(*pointers, *sizes)` for whatever
-launcher the target binds to `name`.
+launcher the target binds to `name`. A kernel that checks values (an index, an
+integer divisor) reports what eager would raise as an error code of
+`ir.KERNEL_ERRORS` (a C++ kernel returns it; a Triton kernel stores it in the
+`kiln_error` flag tensor), and the wrapper raises it right after the launch.
 """
 from __future__ import annotations
 
+import builtins
+import dis
 import functools
 import math
 import operator
@@ -40,6 +45,27 @@ def _restride(t: torch.Tensor, size, stride) -> torch.Tensor:
 
 def _view(t: torch.Tensor, size, stride, offset) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+# The argument through which a Triton kernel that checks values reports an error code (an int32 tensor of
+# one element, zero unless a check failed); C++ kernels return the code instead.
+ERROR_FLAG = "kiln_error"
+
+
+def _raise_kernel_error(code: int):
+    """Raise what eager raises on the invalid value a kernel found (`code`: bits of `ir.KERNEL_ERRORS`)."""
+    code = int(code)
+    exception, message = ir.KERNEL_ERRORS[code & -code]
+    raise exception(message)
+
+
+def _check_error_flag(flag: torch.Tensor) -> None:
+    """After a Triton kernel that checks values: raise its error. On the GPU the check is a device-side
+    assert, as eager's own index checks are there (asynchronous: reading the flag would wait for the GPU)."""
+    if flag.is_cuda:
+        torch._assert_async(flag[0] == 0, "kiln: a kernel found an index out of bounds (eager raises here)")
+    elif flag[0]:
+        _raise_kernel_error(flag[0])
 
 
 class ParameterDerived:
@@ -136,7 +162,8 @@ class WrapperCodegen:
         self.graph = sched.graph
         self.layouts = self.graph.buffer_layouts()
         self.namespace: dict = {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
-                                "_restride": _restride, "_view": _view, "device": torch.device}
+                                "_restride": _restride, "_view": _view, "device": torch.device,
+                                "_raise_kernel_error": _raise_kernel_error, "_check_error_flag": _check_error_flag}
         # the device kernel outputs are allocated on, as a torch.device (a string is parsed on every call)
         self.device_name = "".join(c for c in device if c.isalnum())
         self.namespace[self.device_name] = torch.device(device)
@@ -234,7 +261,16 @@ class WrapperCodegen:
         # C++ kernels take raw pointers; Triton launchers take the tensors (`takes_tensors`)
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
-        self.line(f"{group.name}({', '.join(args)})")
+        launch = f"{group.name}({', '.join(args)})"
+        if ERROR_FLAG in kernel.arg_names:
+            self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
+            self.line(launch)
+            self.line(f"_check_error_flag({ERROR_FLAG})")
+        elif getattr(kernel, "reports_errors", False):
+            self.line(f"_error = {launch}")
+            self.line("if _error: _raise_kernel_error(_error)")
+        else:
+            self.line(launch)
 
     def kept_kernel_call(self, group: KernelGroup, inputs: list[str]) -> None:
         """A kernel that reads graph inputs alone (`MemoryPlan.kept`): its allocations and launch become a
@@ -266,6 +302,24 @@ class WrapperCodegen:
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)
+
+
+def unbound_globals(code, namespace: dict) -> list[str]:
+    """The global names that `code` (the wrapper module's or a launcher's) and the functions inside it read
+    but that neither `namespace` nor the builtins define.
+
+    Each is a `NameError` waiting for the first call that reaches it (a size symbol read by a computation
+    hoisted out of `call`, where the symbols are bound): checked once at compile time, where the graph can
+    still fall back to ATen, rather than failing every call."""
+    missing: dict[str, None] = {}
+    for ins in dis.get_instructions(code):
+        name = ins.argval
+        if ins.opname == "LOAD_GLOBAL" and name not in namespace and not hasattr(builtins, name):
+            missing[f"{name} (in {code.co_name})"] = None
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            missing.update(dict.fromkeys(unbound_globals(const, namespace)))
+    return list(missing)
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:

@@ -35,6 +35,10 @@ KEEP = [
     aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default,
     aten.convolution_backward.default, aten.var_mean.correction, aten.var.correction,
     aten.mean.dim, aten.clamp.default, aten.clamp.Tensor,
+    # the decompositions (index_put) wrap negative indices and raise IndexError where eager raises
+    # RuntimeError (index_add) or rejects negative indices (index_add, index_copy); index_fill, which
+    # wraps them, decomposes into index_copy
+    aten.index_add.default, aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
     # fused attention: one kernel (flash / memory-efficient / cuDNN) where the decomposition
     # materializes the score matrix (2x slower on BERT bf16 inference); for the CPU variant
     # the decomposition also returns the attention weights where the op returns logsumexp,

@@ -93,8 +93,25 @@ exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf erfc
 sin cos tan asin acos atan sinh cosh asinh acosh atanh atan2 floor ceil round trunc
 maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor logical_not
 bitwise_and bitwise_or bitwise_xor bitwise_not lshift rshift
-isnan isinf where cast
+isnan isinf where cast check_index
 """.split())
+
+# Invalid values a kernel finds where eager raises: error code -> (exception type, message). A kernel
+# reports the codes (C++: its return value, the codes ORed; Triton: a flag tensor) and the wrapper raises
+# the exception of the lowest. Each code is one bit.
+ZERO_DIVISION, INDEX_OUT_OF_RANGE, GATHER_OUT_OF_BOUNDS, INDEX_OUT_OF_BOUNDS = 1, 2, 4, 8
+KERNEL_ERRORS = {
+    ZERO_DIVISION: (RuntimeError, "ZeroDivisionError"),  # eager's integer `//` and `%` by zero
+    INDEX_OUT_OF_RANGE: (IndexError, "index out of range in self"),  # embedding, index_select
+    GATHER_OUT_OF_BOUNDS: (RuntimeError, "index out of bounds in gather or scatter: an index is not in "
+                                         "[0, size) of the dimension it indexes"),
+    INDEX_OUT_OF_BOUNDS: (IndexError, "index out of bounds: an index is not in [-size, size) of the dimension "
+                                      "it indexes"),  # advanced indexing x[i]
+}
+# `check_index(i, size, code)`: `i` where 0 <= i < size; otherwise the kernel reports `code` and the
+# result is 0 (a valid address when size > 0; lowerings refuse an indexed dim of static size 0).
+# Integer floordiv, truncdiv, mod and fmod report ZERO_DIVISION where the divisor is 0.
+CHECKED_DIVISIONS = frozenset({"floordiv", "truncdiv", "mod", "fmod"})
 
 REDUCTION_TYPES = frozenset(
     "sum prod max min any argmax argmin welford_mean welford_m2".split())

@@ -49,15 +49,26 @@ class MemoryPlan:
 
 def input_only_kernels(sched: Schedule) -> list[str]:
     """Kernels that read nothing but graph inputs and write no graph output: their results change only
-    when those inputs do, so a graph whose inputs include the parameters may keep them across calls."""
+    when those inputs do, so a graph whose inputs include the parameters may keep them across calls.
+
+    A kernel whose loops or layouts use a size symbol is left out: the kept computation runs outside the
+    wrapper's `call`, where the symbols are not bound, and a size that varies between calls is not a
+    parameter's (parameters have static sizes)."""
     inputs = {i.name for i in sched.graph.inputs}
     outputs = deps.output_buffers(sched.graph)
     found = []
     for group in sched.kernels():
         reads = _step_reads(group)
-        if reads and reads <= inputs and not set(_step_writes(group)) & outputs and sched.template_of(group) is None:
+        if reads and reads <= inputs and not set(_step_writes(group)) & outputs and sched.template_of(group) is None \
+                and not _uses_size_symbols(group):
             found.append(group.name)
     return found
+
+
+def _uses_size_symbols(group: KernelGroup) -> bool:
+    """Whether the kernel or the buffers it allocates depend on a symbolic size."""
+    sizes = [s for n in group.nodes for s in n.layout.size]
+    return bool(group.size_symbols()) or any(sympy.sympify(s).free_symbols for s in sizes)
 
 
 def _step_writes(step) -> list[str]:

@@ -27,7 +27,8 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, CppKernel]]:
 
 
 def load_kernels(source: str, kernels: dict[str, CppKernel]) -> dict:
-    """ctypes functions for each kernel, with argument types set (pointers, then int64 sizes)."""
+    """ctypes functions for each kernel, with argument types set (pointers, then int64 sizes); a kernel that
+    checks values returns its error code (0: none)."""
     if not kernels:
         return {}
     lib = cache.load(source)
@@ -35,6 +36,6 @@ def load_kernels(source: str, kernels: dict[str, CppKernel]) -> dict:
     for name, k in kernels.items():
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * len(k.arg_names) + [ctypes.c_int64] * len(k.size_args)
-        fn.restype = None
+        fn.restype = ctypes.c_int64 if k.reports_errors else None
         out[name] = fn
     return out

@@ -56,7 +56,7 @@ OPS = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "floordiv": "kiln::floordiv<{T}>({0}, {1})", "truncdiv": "kiln::truncdiv<{T}>({0}, {1})",
     "mod": "kiln::pymod<{T}>({0}, {1})", "fmod": "kiln::cfmod<{T}>({0}, {1})", "neg": "(-{0})",
-    "abs": "std::abs({0})", "sign": "kiln::sign<{T}>({0})", "pow": "kiln::ipow<{T}>({0}, {1})",
+    "abs": "kiln::absolute<{T}>({0})", "sign": "kiln::sign<{T}>({0})", "pow": "kiln::ipow<{T}>({0}, {1})",
     "exp": "kiln::vexp({0})", "exp2": "std::exp2({0})", "log": "kiln::vlog({0})", "log2": "std::log2({0})",
     "log10": "std::log10({0})", "log1p": "kiln::vlog1p({0})", "expm1": "kiln::vexpm1({0})",
     "sqrt": "std::sqrt({0})", "rsqrt": "({T}(1) / std::sqrt({0}))", "reciprocal": "({T}(1) / {0})",
@@ -73,8 +73,11 @@ OPS = {
     "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "bitwise_not": "(~{0})",
     "lshift": "({0} << {1})", "rshift": "({0} >> {1})", "isnan": "std::isnan({0})",
     "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
+    "check_index": "kiln::check_index({0}, {1}, {2}, kiln_error)",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
+# Integer divisions report a zero divisor through the kernel's `kiln_error` (see the prelude).
+INTEGER_DIVISIONS = {name: OPS[name].replace("({0}, {1})", "({0}, {1}, kiln_error)") for name in ir.CHECKED_DIVISIONS}
 EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
 
 # reduction type -> (accumulator declaration, update, result, merge, simd clause or None)
@@ -133,6 +136,8 @@ class CppKernel:
         self.outputs: dict[str, None] = {}
         self.produced = {n.name for n in group.nodes}
         self.stored = {n.name for n in group.nodes if n.name not in group.local}
+        # whether the kernel checks values (an index, an integer divisor): it then returns an error code
+        self.reports_errors = False
 
     # ------------------------------------------------------------------ emission helpers
     def line(self, s: str) -> None:
@@ -161,13 +166,21 @@ class CppKernel:
         else:
             args = [self.emit(a, scope) for a in e.args]
             t = COMPUTE[e.args[0].dtype] if e.name != "where" else COMPUTE[e.dtype]
-            out = OPS[e.name].format(*args, T=t)
+            out = self._template(e).format(*args, T=t)
             if e.dtype in HALF and e.name not in EXACT_IN_HALF:
                 out = f"{HALF[e.dtype][2]}({out})"
         var = self.new_tmp()
         self.line(f"{'auto' if e.dtype == torch.bool else COMPUTE[e.dtype]} {var} = {out};")
         scope.cache[key] = var
         return var
+
+    def _template(self, e: ir.Op) -> str:
+        """The C++ template of `e`; one that may find an invalid value makes the kernel report errors."""
+        if e.name in ir.CHECKED_DIVISIONS and not e.args[0].dtype.is_floating_point:
+            self.reports_errors = True
+            return INTEGER_DIVISIONS[e.name]
+        self.reports_errors |= e.name == "check_index"
+        return OPS[e.name]
 
     def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:
@@ -250,7 +263,13 @@ class CppKernel:
         params += [f"const int64_t {s}" for s in self.size_args]
         self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         self.params = params
-        return "\n".join([f'extern "C" void {g.name}({", ".join(params)}) {{'] + body + ["}"])
+        if self.reports_errors:
+            body = ["  int64_t kiln_error = 0;"] + [_reducing_errors(line) for line in body] + ["  return kiln_error;"]
+        return "\n".join([f'extern "C" {self.return_type} {g.name}({", ".join(params)}) {{'] + body + ["}"])
+
+    @property
+    def return_type(self) -> str:
+        return "int64_t" if self.reports_errors else "void"
 
     def _row_loops(self, par) -> None:
         """The outer loops, one iteration per output row, and each segment inside them (module docstring)."""
@@ -286,7 +305,8 @@ class CppKernel:
 
     def alias_of(self, target: "CppKernel") -> str:
         """A declaration making this kernel's symbol another name of `target`'s function (same canonical source)."""
-        return f'extern "C" void {self.group.name}({", ".join(target.params)}) __attribute__((alias("{target.group.name}")));'
+        return (f'extern "C" {target.return_type} {self.group.name}({", ".join(target.params)}) '
+                f'__attribute__((alias("{target.group.name}")));')
 
     def _mapped(self, node):
         return ir.subs_expr(node.data.body, self.group.var_map(node))
@@ -487,6 +507,16 @@ class CppKernel:
             self.line(f"{out_t} {var} = {result};")
             dtype = node.layout.dtype if rtype in ("argmax", "argmin") else node.data.body.dtype
             self._store(node, var, dtype)
+
+
+def _reducing_errors(line: str) -> str:
+    """`line` with `kiln_error` made an OR-reduction if it opens an OpenMP parallel region: each thread
+    checks into its own copy, merged at the end (no race). SIMD loops take no clause: an omp simd reduction
+    keeps per-lane copies in memory, which stops the loop's invariant index loads from being hoisted; the
+    vectorizer finds the OR-reduction by itself."""
+    if line.strip().startswith("#pragma omp parallel"):
+        return line + " reduction(|:kiln_error)"
+    return line
 
 
 def generate_kernel(group: KernelGroup, layouts: dict) -> CppKernel:

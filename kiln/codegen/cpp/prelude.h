@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <algorithm>
+#include <type_traits>
 #include <omp.h>
 
 // Vector variants from glibc's libmvec (linked with -lmvec): inside `#pragma omp simd` loops
@@ -111,54 +112,105 @@ static inline uint16_t float_to_fp16(float f) {
 
 static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
 
+// NaN wins; between equal values (0.0 and -0.0) the first, as eager's maximum, clamp and relu.
 template <typename T> static inline T maximum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
-  return a > b ? a : b;
+  return a < b ? b : a;
 }
 template <typename T> static inline T minimum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }
-  return a < b ? a : b;
+  return b < a ? b : a;
 }
-template <typename T> static inline T sign(T a) {
-  if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; }
-  return static_cast<T>((T(0) < a) - (a < T(0)));
-}
-template <typename T> static inline T floordiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
-  else {
-    if (b == 0) return 0;
-    T q = a / b;
-    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
-    return q;
+// sign(NaN) is 0, as eager's.
+template <typename T> static inline T sign(T a) { return static_cast<T>((T(0) < a) - (a < T(0))); }
+
+// -a in two's complement without signed overflow (eager's -INT64_MIN and abs(INT64_MIN) are INT64_MIN).
+template <typename T> static inline T wrapping_neg(T a) {
+  if constexpr (std::is_signed<T>::value && !std::is_floating_point<T>::value) {
+    return static_cast<T>(static_cast<typename std::make_unsigned<T>::type>(0) -
+                          static_cast<typename std::make_unsigned<T>::type>(a));
+  } else {
+    return -a;
   }
 }
-template <typename T> static inline T truncdiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); }
-  else { return b == 0 ? 0 : a / b; }
+template <typename T> static inline T absolute(T a) {
+  if constexpr (std::is_floating_point<T>::value || !std::is_signed<T>::value) return std::abs(a);
+  else return a < 0 ? wrapping_neg(a) : a;
+}
+
+// Invalid values eager rejects: a kernel ORs the error bit (kiln/lower/ir.py KERNEL_ERRORS) of each value it
+// rejects into its `kiln_error`, which it returns and the wrapper raises. The checks are branch-free and
+// `kiln_error` is an OR-reduction of the kernel's parallel regions (CppKernel adds the clauses): a loop with
+// checks still vectorizes and hoists its invariant index loads (with a reporting branch or an atomic
+// store, an embedding's gather ran several times slower), and threads do not race.
+constexpr int64_t ZERO_DIVISION = 1;
+static inline void report(int64_t& err, bool bad, int64_t code) { err |= bad ? code : int64_t(0); }
+// `i` if 0 <= i < n, else 0 (a valid address) with `code` reported.
+static inline int64_t check_index(int64_t i, int64_t n, int64_t code, int64_t& err) {
+  bool bad = static_cast<uint64_t>(i) >= static_cast<uint64_t>(n);
+  report(err, bad, code);
+  return bad ? 0 : i;
+}
+// A divisor of 0 is reported and replaced by 1 (the quotient is never used: the wrapper raises).
+template <typename T> static inline T checked_divisor(T b, int64_t& err) {
+  report(err, b == 0, ZERO_DIVISION);
+  return b == 0 ? T(1) : b;
+}
+// b == -1 is answered without dividing: INT_MIN / -1 overflows, which x86 traps (SIGFPE); eager wraps.
+template <typename T> static inline bool minus_one(T b) {
+  if constexpr (std::is_signed<T>::value) return b == T(-1);
+  else return false;
+}
+
+// Floating floor division as eager's div_floor_floating (floor(a / b) misrounds 1 // 0.1 to 10).
+template <typename T> static inline T floordiv(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = std::fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && (b < 0) != (mod < 0)) div -= T(1);
+  if (div == 0) return std::copysign(T(0), a / b);
+  T floordiv = std::floor(div);
+  if (div - floordiv > T(0.5)) floordiv += T(1);
+  return floordiv;
+}
+template <typename T> static inline T floordiv(T a, T b, int64_t& err) {
+  b = checked_divisor(b, err);
+  if (minus_one(b)) return wrapping_neg(a);
+  T q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+template <typename T> static inline T truncdiv(T a, T b) { return std::trunc(a / b); }
+template <typename T> static inline T truncdiv(T a, T b, int64_t& err) {
+  b = checked_divisor(b, err);
+  return minus_one(b) ? wrapping_neg(a) : a / b;
 }
 template <typename T> static inline T pymod(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) {
-    T r = std::fmod(a, b);
-    if (r != 0 && ((r < 0) != (b < 0))) r += b;
-    return r;
-  } else {
-    if (b == 0) return 0;
-    T r = a % b;
-    if (r != 0 && ((r < 0) != (b < 0))) r += b;
-    return r;
-  }
+  T r = std::fmod(a, b);
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
 }
-template <typename T> static inline T cfmod(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { return std::fmod(a, b); }
-  else { return b == 0 ? 0 : a % b; }
+template <typename T> static inline T pymod(T a, T b, int64_t& err) {
+  b = checked_divisor(b, err);
+  if (minus_one(b)) return 0;
+  T r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
 }
+template <typename T> static inline T cfmod(T a, T b) { return std::fmod(a, b); }
+template <typename T> static inline T cfmod(T a, T b, int64_t& err) {
+  b = checked_divisor(b, err);
+  return minus_one(b) ? T(0) : static_cast<T>(a % b);
+}
+// Integer powers wrap on overflow as eager's do (computed unsigned: signed overflow is undefined in C++).
 template <typename T> static inline T ipow(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::pow(a, b); }
   else {
     if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
-    T r = 1;
-    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
-    return r;
+    using U = typename std::make_unsigned<T>::type;
+    U r = 1, base = static_cast<U>(a);
+    while (b) { if (b & 1) r = static_cast<U>(r * base); base = static_cast<U>(base * base); b >>= 1; }
+    return static_cast<T>(r);
   }
 }
 template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + vexp(-a)); }

@@ -17,7 +17,10 @@ import os
 import sys
 import threading
 
+import torch
+
 from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
+from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
 from kiln.runtime import cache
 from kiln.schedule import deps
@@ -62,6 +65,7 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     template with its default tiles."""
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
+    layouts[ERROR_FLAG] = ir.Layout.contiguous((1,), torch.int32)  # kernels that check values report here
     external = external_reads(sched)
     unaligned = maybe_unaligned(sched)
     tune = sched.options.get("max_autotune", False)

@@ -1,7 +1,8 @@
 """@triton.jit helpers the generated kernels call (imported into every kernel module).
 
 They exist where Triton's own ops differ from eager's semantics: Python-style
-integer floor division and modulo (Triton's `//` and `%` truncate like C),
+floor division and modulo (Triton's `//` and `%` truncate like C; a float floor
+division is eager's div_floor, not floor(a / b)),
 NaN-propagating max/min (eager's `maximum` returns NaN if either side is), and
 the combine functions of argmax/argmin (first index wins ties, NaN is the max)
 and Welford variance (merging per-lane partial means and M2).
@@ -27,6 +28,17 @@ def kiln_minimum(a, b):
 
 
 @triton.jit
+def kiln_pointwise_maximum(a, b):
+    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first."""
+    return tl.where((a != a) | ((b == b) & ~(a < b)), a, b)
+
+
+@triton.jit
+def kiln_pointwise_minimum(a, b):
+    return tl.where((a != a) | ((b == b) & ~(b < a)), a, b)
+
+
+@triton.jit
 def kiln_to_bf16(x):
     return x.to(tl.bfloat16)
 
@@ -38,8 +50,13 @@ def kiln_prod_combine(a, b):
 
 @triton.jit
 def kiln_floordiv(a, b):
-    if a.dtype.is_floating():
-        return libdevice.floor(a / b)
+    if a.dtype.is_floating():  # eager's div_floor_floating: floor(a / b) rounds 1 // 0.1 up to 10
+        mod = libdevice.fmod(a, b)
+        div = (a - mod) / b
+        div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+        floor = libdevice.floor(div)
+        floor = tl.where(div - floor > 0.5, floor + 1.0, floor)
+        return tl.where(b == 0, a / b, tl.where(div == 0, libdevice.copysign(0.0 * a, a / b), floor))
     else:
         q = a // b
         r = a - q * b
@@ -69,6 +86,15 @@ def kiln_pymod(a, b):
 
 
 @triton.jit
+def kiln_neg(x):
+    """-x with eager's signed zero: Triton's negation is 0 - x, which makes -(0.0) 0.0."""
+    if x.dtype.is_floating():
+        return x * -1.0
+    else:
+        return -x
+
+
+@triton.jit
 def kiln_sign(x):
     return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
 
@@ -77,8 +103,16 @@ def kiln_sign(x):
 def kiln_pow(a, b):
     if a.dtype.is_floating():
         return libdevice.pow(a, b.to(a.dtype))
-    else:
-        return libdevice.pow(a.to(tl.float64), b.to(tl.float64)).to(a.dtype)
+    else:  # exactly, wrapping on overflow as eager does (a float64 pow rounds and saturates)
+        result = (b * 0 + 1).to(a.dtype)
+        base = a
+        e = b
+        for _ in tl.static_range(64):
+            result = tl.where((e & 1) != 0, result * base, result)
+            base = base * base
+            e = e >> 1
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)).to(a.dtype)
+        return tl.where(b < 0, negative, result)
 
 
 @triton.jit

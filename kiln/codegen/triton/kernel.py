@@ -32,6 +32,8 @@ from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
 from kiln.codegen.triton import ops
 from kiln.codegen.triton.heuristics import Config, choose, transposed_dim
+from kiln.codegen.triton.libdevice import interpreting
+from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
 from kiln.lower.index import contiguous_strides, linear_index, product
 from kiln.schedule.fusion import KernelGroup
@@ -184,8 +186,10 @@ class TritonKernel:
                 return out
         else:
             args = [self.emit(a, scope) for a in e.args]
-            if all(a in self.literals for a in args):  # e.g. exp(2.0): give Triton a tensor
+            if all(a in self.literals for a in args) or (e.name == "pow" and args[0] in self.literals):
+                # e.g. exp(2.0), 2.0 ** x: give Triton a tensor
                 args[0] = f"tl.full([1], {args[0]}, {ops.COMPUTE[e.args[0].dtype]})"
+            self._checks(e, args)
             t = ops.COMPUTE[e.args[0].dtype] if e.name != "where" else ops.COMPUTE[e.dtype]
             out = ops.OPS[e.name].format(*args, T=t)
             if e.dtype in ops.ROUNDED and e.name not in ops.EXACT_IN_HALF:
@@ -194,6 +198,23 @@ class TritonKernel:
         self.line(f"{var} = {out}")
         scope.cache[key] = var
         return var
+
+    def _checks(self, e: ir.Op, args: list) -> None:
+        """Report what eager rejects among `e`'s operands: an index out of range (`check_index`), and under
+        the interpreter an integer divisor of 0 (eager raises on CPU tensors; on the GPU it does not)."""
+        if e.name == "check_index":
+            self._report(f"({args[0]} < 0) | ({args[0]} >= {args[1]})", args[2], e.args[0])
+        elif e.name in ir.CHECKED_DIVISIONS and not e.args[0].dtype.is_floating_point and interpreting():
+            self._report(f"{args[1]} == 0", ir.ZERO_DIVISION, e.args[1])
+
+    def _report(self, bad: str, code, operand: ir.Expr) -> None:
+        """Store `code` in the error flag where `bad` holds, in the lanes the kernel computes (`operand`'s
+        loop variables say which: masked-off lanes load zeros)."""
+        self.inputs[ERROR_FLAG] = None
+        mask = self.mask_for(_loop_symbols([operand]))
+        flag = self.new_tmp("bad")
+        self.line(f"{flag} = (tl.full([1], 0, tl.int1) | ({bad})){f' & {mask}' if mask else ''}")
+        self.line(f"tl.store({ERROR_FLAG} + {flag}.to(tl.int32) * 0, {code}, {flag})")
 
     def values_vars(self) -> set:
         return {v for _, v in self.values.values()}

@@ -29,7 +29,7 @@ ROUNDED = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
 OPS = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "floordiv": "kiln_floordiv({0}, {1})", "truncdiv": "kiln_truncdiv({0}, {1})",
-    "mod": "kiln_pymod({0}, {1})", "fmod": "kiln_fmod({0}, {1})", "neg": "(-{0})",
+    "mod": "kiln_pymod({0}, {1})", "fmod": "kiln_fmod({0}, {1})", "neg": "kiln_neg({0})",
     "abs": "tl.abs({0})", "sign": "kiln_sign({0})", "pow": "kiln_pow({0}, {1} + tl.zeros_like({0}))",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
     "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "expm1": "libdevice.expm1({0})",
@@ -41,7 +41,7 @@ OPS = {
     "acosh": "libdevice.acosh({0})", "atanh": "libdevice.atanh({0})", "atan2": "libdevice.atan2({0}, {1})",
     "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})", "round": "libdevice.nearbyint({0})",
     "trunc": "libdevice.trunc({0})",
-    "maximum": "kiln_maximum({0}, {1})", "minimum": "kiln_minimum({0}, {1})",
+    "maximum": "kiln_pointwise_maximum({0}, {1})", "minimum": "kiln_pointwise_minimum({0}, {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "(({0} != 0) & ({1} != 0))",
     "logical_or": "(({0} != 0) | ({1} != 0))", "logical_xor": "(({0} != 0) ^ ({1} != 0))",
@@ -49,6 +49,8 @@ OPS = {
     "bitwise_xor": "({0} ^ {1})", "bitwise_not": "kiln_bitwise_not({0})", "lshift": "({0} << {1})",
     "rshift": "({0} >> {1})", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float('inf'))",
     "where": "tl.where({0}, {1}, {2})",
+    # the check itself is emitted before (TritonKernel._checks): an index out of range reads address 0
+    "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 

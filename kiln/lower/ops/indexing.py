@@ -2,9 +2,11 @@
 
 The source tensor is realized (it is addressed in memory) and read through a
 `Load` whose index names symbols `ind<k>`, each bound to an integer expression
-over the index tensors (`Load.indirect`). Indices are wrapped when negative (as
-advanced indexing allows) and clamped into range, so a bad index never reads
-outside the buffer.
+over the index tensors (`Load.indirect`). Each index goes through `check_index`:
+an index eager would reject makes the kernel report the op's error (raised by the
+wrapper, as eager raises it) and reads a valid address instead, so a bad index
+never reads outside the buffer. Negative indices wrap only where eager wraps them
+(advanced indexing); gather, index_select and embedding reject them.
 """
 from __future__ import annotations
 
@@ -20,24 +22,35 @@ from kiln.lower.values import TensorValue, Unsupported, cast, const
 aten = torch.ops.aten
 
 
-def _safe_index(e: ir.Expr, size) -> ir.Expr:
-    """`e` as an int64 index into a dim of `size`: negative values wrap, the result is clamped in range."""
+# How each op reads an index: (the error eager raises for one out of range, whether negatives wrap).
+ADVANCED_INDEXING = (ir.INDEX_OUT_OF_BOUNDS, True)
+INDEX_SELECT = (ir.INDEX_OUT_OF_RANGE, False)
+GATHER = (ir.GATHER_OUT_OF_BOUNDS, False)
+
+
+def _safe_index(e: ir.Expr, size, rule: tuple) -> ir.Expr:
+    """`e` as an int64 index into a dim of `size`, checked as the op (`rule`) checks it."""
+    error, wraps = rule
+    size = sympy.sympify(size)
+    if size == 0:
+        raise Unsupported("an index into an empty dim")  # eager raises for any index; ATen says which
     e = cast(e, torch.int64)
-    n = ir.IndexValue(sympy.sympify(size), torch.int64)
-    wrapped = ir.Op("where", (ir.Op("lt", (e, const(0, torch.int64)), torch.bool),
-                              ir.Op("add", (e, n), torch.int64), e), torch.int64)
-    hi = ir.Op("sub", (n, const(1, torch.int64)), torch.int64)
-    return ir.Op("minimum", (ir.Op("maximum", (wrapped, const(0, torch.int64)), torch.int64), hi), torch.int64)
+    n = ir.IndexValue(size, torch.int64)
+    if wraps:
+        e = ir.Op("where", (ir.Op("lt", (e, const(0, torch.int64)), torch.bool), ir.Op("add", (e, n), torch.int64),
+                            e), torch.int64)
+    return ir.Op("check_index", (e, n, const(error, torch.int64)), torch.int64)
 
 
 def _is_indirect(v) -> bool:
     return isinstance(v, (ir.Load, ir.Op, ir.Const, ir.IndexValue))
 
 
-def gather_load(ctx, x: TensorValue, idx: list) -> ir.Expr:
-    """`x` at `idx`, where each entry is a sympy index or an IR expression (an indirect index)."""
+def gather_load(ctx, x: TensorValue, idx: list, rule: tuple) -> ir.Expr:
+    """`x` at `idx`, where each entry is a sympy index or an IR expression (an indirect index) checked by
+    `rule` (ADVANCED_INDEXING, INDEX_SELECT or GATHER)."""
     if x.buffer_view() is None:
-        inlined = _inline_gather(x, idx)
+        inlined = _inline_gather(x, idx, rule)
         if inlined is not None:
             return inlined
     x = ctx.realize(x)
@@ -46,14 +59,14 @@ def gather_load(ctx, x: TensorValue, idx: list) -> ir.Expr:
     for k, v in enumerate(idx):
         if _is_indirect(v):
             sym = sympy.Symbol(f"ind{len(binds)}", integer=True)
-            binds.append((sym, _safe_index(v, x.size[k])))
+            binds.append((sym, _safe_index(v, x.size[k], rule)))
             parts.append(sym)
         else:
             parts.append(v)
     return ir.Load(buf, linear_index(parts, strides, offset), x.dtype, None, tuple(binds))
 
 
-def _inline_gather(x: TensorValue, idx: list) -> ir.Expr | None:
+def _inline_gather(x: TensorValue, idx: list, rule: tuple) -> ir.Expr | None:
     """`x`'s (unrealized) body evaluated at `idx` without writing `x` to memory, or None.
 
     Cross-entropy gathers one element per row of `log_softmax(logits)`: realizing it writes a
@@ -68,7 +81,7 @@ def _inline_gather(x: TensorValue, idx: list) -> ir.Expr | None:
     for k, v in enumerate(idx):
         if _is_indirect(v):
             sym = sympy.Symbol(next(fresh), integer=True)
-            binds[sym] = _safe_index(v, x.size[k])
+            binds[sym] = _safe_index(v, x.size[k], rule)
             parts.append(sym)
         else:
             parts.append(v)
@@ -102,7 +115,7 @@ def embedding(ctx, meta, weight, indices, padding_idx=-1, scale_grad_by_freq=Fal
     size, dtype = out_info(meta)
     out_vars = index_vars("i", len(size))
     row = indices.at(out_vars[:-1])
-    return TensorValue(size, dtype, gather_load(ctx, weight, [row, out_vars[-1]]))
+    return TensorValue(size, dtype, gather_load(ctx, weight, [row, out_vars[-1]], INDEX_SELECT))
 
 
 @register(aten.index_select.default)
@@ -113,7 +126,7 @@ def index_select(ctx, meta, x, dim, index):
     idx = list(out_vars)
     if x.ndim:
         idx[dim] = index.at([out_vars[dim]] if index.ndim else [])
-    return TensorValue(size, dtype, gather_load(ctx, x, idx))
+    return TensorValue(size, dtype, gather_load(ctx, x, idx, INDEX_SELECT))
 
 
 @register(aten.gather.default)
@@ -125,7 +138,7 @@ def gather(ctx, meta, x, dim, index, sparse_grad=False):
     out_vars = list(index_vars("i", len(size)))
     idx = list(out_vars)
     idx[dim] = index.at(out_vars)
-    return TensorValue(size, dtype, gather_load(ctx, x, idx))
+    return TensorValue(size, dtype, gather_load(ctx, x, idx, GATHER))
 
 
 @register(aten.scatter.value)
@@ -135,8 +148,8 @@ def scatter_value(ctx, meta, x, dim, index, value):
     Cross-entropy's backward scatters -1 into a zero [tokens, vocabulary] tensor; as an
     extern that fills, copies and scatters 1.6 GB in fp32 for GPT-2, as a select it
     fuses into its consumer. Only when `index` has one entry along `dim` and `x`'s extent
-    elsewhere (so no position is written twice); other scatters stay ATen calls. Like
-    Inductor, an out-of-range index writes nothing instead of raising.
+    elsewhere (so no position is written twice); other scatters stay ATen calls. An index
+    out of range raises, as eager's scatter does.
     """
     size, dtype = out_info(meta)
     dim = dim + x.ndim if dim < 0 else dim
@@ -146,7 +159,8 @@ def scatter_value(ctx, meta, x, dim, index, value):
     out_vars = list(index_vars("i", len(size)))
     row = list(out_vars)
     row[dim] = sympy.Integer(0)
-    hit = ir.Op("eq", (cast(index.at(row), torch.int64), ir.IndexValue(out_vars[dim], torch.int64)), torch.bool)
+    position = _safe_index(index.at(row), x.size[dim], GATHER)
+    hit = ir.Op("eq", (position, ir.IndexValue(out_vars[dim], torch.int64)), torch.bool)
     return TensorValue(size, dtype, ir.Op("where", (hit, const(value, dtype), cast(x.at(out_vars), dtype)), dtype))
 
 
@@ -174,4 +188,4 @@ def index_tensor(ctx, meta, x, indices):
         else:
             sub = TensorValue(bsize, t.dtype, broadcast(t, bsize))
             idx.append(sub.at(bvars))
-    return TensorValue(size, dtype, gather_load(ctx, x, idx))
+    return TensorValue(size, dtype, gather_load(ctx, x, idx, ADVANCED_INDEXING))

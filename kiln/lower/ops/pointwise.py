@@ -48,6 +48,8 @@ LOGICAL = {
     "logical_xor": [aten.logical_xor.default], "logical_not": [aten.logical_not.default],
 }
 PREDICATE = {"isnan": [aten.isnan.default], "isinf": [aten.isinf.default]}
+# Rounding ops that return an integer tensor as it is.
+INTEGER_IDENTITY = frozenset({"floor", "ceil", "round", "trunc"})
 
 
 def _arith(name):
@@ -60,6 +62,8 @@ def _arith(name):
             return TensorValue(size, dtype, ir.Op({"bitwise_and": "logical_and", "bitwise_or": "logical_or",
                                                    "bitwise_xor": "logical_xor"}[name], ops, dtype))
         ops = tuple(operand(a, size, dtype) for a in args)
+        if name in INTEGER_IDENTITY and not dtype.is_floating_point:
+            return TensorValue(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
         if kwargs.get("alpha", 1) != 1:
             ops = (ops[0], ir.Op("mul", (ops[1], const(kwargs["alpha"], dtype)), dtype))
         return TensorValue(size, dtype, _simplify_pow(name, ops, dtype))
@@ -73,8 +77,8 @@ def _simplify_pow(name, ops, dtype):
             return ir.Op("mul", (ops[0], ops[0]), dtype)
         if e == 1:
             return ops[0]
-        if e == 0.5 and dtype.is_floating_point:
-            return ir.Op("sqrt", (ops[0],), dtype)
+        if e == 0.5 and dtype in (torch.float32, torch.float64):  # as eager: half types take pow (pow(-0.0, 0.5)
+            return ir.Op("sqrt", (ops[0],), dtype)                  # is 0.0, sqrt(-0.0) is -0.0)
         if e == -1 and dtype.is_floating_point:
             return ir.Op("reciprocal", (ops[0],), dtype)
         if e == 3 and dtype.is_floating_point:
@@ -126,9 +130,10 @@ def div(ctx, meta, a, b, rounding_mode=None):
     if rounding_mode is None:
         return TensorValue(size, dtype, ir.Op("truediv", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
     ops = (operand(a, size, dtype), operand(b, size, dtype))
-    if dtype.is_floating_point:
-        q = ir.Op("truediv", ops, dtype)
-        return TensorValue(size, dtype, ir.Op("floor" if rounding_mode == "floor" else "trunc", (q,), dtype))
+    if dtype.is_floating_point and rounding_mode == "trunc":
+        return TensorValue(size, dtype, ir.Op("trunc", (ir.Op("truediv", ops, dtype),), dtype))
+    # floating floordiv is eager's div_floor (floor(a / b) rounds 1 // 0.1 up to 10); integer floordiv and
+    # truncdiv raise on a zero divisor
     return TensorValue(size, dtype, ir.Op("floordiv" if rounding_mode == "floor" else "truncdiv", ops, dtype))
 
 

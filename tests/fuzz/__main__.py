@@ -31,6 +31,7 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu", help="cpu or cuda: where inputs live (and so which kernels run)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one program may take before it counts as died")
     p.add_argument("--out", help="write the JSON summary here")
+    p.add_argument("--budget", type=float, help="seconds: start no program after this (the summary counts those run)")
     p.add_argument("--replay", type=int, metavar="SEED", help="print one program and its outcome, in this process")
     p.add_argument("--minimize", type=int, metavar="SEED", help="print the smallest program failing like SEED")
     p.add_argument("--isolate", action="store_true", help="minimize in a subprocess (for programs that die)")
@@ -53,6 +54,8 @@ def long_run(args) -> dict:
 
     def run(job):
         backend, seed = job
+        if args.budget and time.time() - started > args.budget:
+            return
         pool = getattr(local, "workers", None)
         if pool is None:
             pool = local.workers = {}
@@ -81,6 +84,7 @@ def summarize(results: list[dict], args, seconds: float) -> dict:
     for backend in backends_of(args.backend):
         mine = [r for r in results if r["backend"] == backend]
         per_backend[backend] = {
+            "programs": len(mine),
             "counts": {s: sum(r["status"] == s for r in mine) for s in ("ok", "wrong", "crash", "died")},
             "kinds": dict(Counter(f"{r['status']}:{r['kind']}" for r in mine if r["status"] != "ok").most_common()),
         }
@@ -88,7 +92,8 @@ def summarize(results: list[dict], args, seconds: float) -> dict:
                  "message": r["message"].split("\n")[0][:300], "program": r.get("program", "")}
                 for r in sorted(results, key=lambda r: (r["backend"], r["seed"])) if r["status"] != "ok"]
     return {"command": "python -m tests.fuzz " + " ".join(sys.argv[1:]), "device": args.device,
-            "seeds": [args.start, args.start + args.programs], "seconds": round(seconds), "backends": per_backend,
+            "seeds": [args.start, args.start + args.programs], "programs_run": len(results),
+            "seconds": round(seconds), "backends": per_backend,
             "failures": failures}
 
 

@@ -4,6 +4,7 @@
     python -m tests.fuzz --programs 300 --backend all --workers 2          # eager, aot_eager and inductor
     python -m tests.fuzz --replay 123 --backend aot_eager                  # print program 123 and its outcome
     python -m tests.fuzz --minimize 123 --backend inductor [--isolate]     # print its smallest failing form
+    python tests/fuzz ...        # the same, where an installed package named `tests` shadows this directory
 
 A long run executes each program in a worker subprocess (pool.py), so a program that kills its process
 counts as "died" and the run goes on. The summary gives counts per backend and outcome, counts per
@@ -18,6 +19,14 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+if not __package__:  # run as `python tests/fuzz`: bind `tests` to this repository's directory, not an installed one
+    import types
+    _root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(_root))
+    sys.modules["tests"] = types.ModuleType("tests")
+    sys.modules["tests"].__path__ = [str(_root / "tests")]
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 

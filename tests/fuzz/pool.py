@@ -1,6 +1,6 @@
 """Programs run in worker subprocesses, so a SIGFPE or SIGSEGV is a counted outcome and not the end of a run.
 
-A worker (`python -m tests.fuzz --worker BACKEND DEVICE`) reads one JSON request a line from stdin,
+A worker (`python tests/fuzz --worker BACKEND DEVICE`) reads one JSON request a line from stdin,
 `{"seed": 12}` or `{"source": "..."}`, runs the program, and answers one line `@@RESULT {json}` on
 stdout. The parent side (`Worker`) restarts a worker that died or went past its timeout and reports
 that program as "died", with the signal and the end of the worker's stderr.
@@ -32,8 +32,9 @@ def serve(backend: str, device: str) -> None:
     torch.set_num_threads(1)
     for line in sys.stdin:
         request = json.loads(line)
-        source = request.get("source") or generate(request["seed"], device)
+        source = request.get("source", "")
         try:
+            source = source or generate(request["seed"], device)
             outcome = run_program(source, backend, device).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness itself failed: report, don't stop the run
             outcome = {"status": "crash", "kind": f"harness:{type(e).__name__}", "message": str(e)[:300]}
@@ -52,7 +53,7 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "OMP_NUM_THREADS": "1"}
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz", "--worker", self.backend, self.device],
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz"), "--worker", self.backend, self.device],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      env=env, cwd=ROOT)
         self.lines: queue.Queue = queue.Queue()

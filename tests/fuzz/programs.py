@@ -53,11 +53,15 @@ class Builder:
         self.body: list[str] = []
         self.tail: list[str] = []         # a last statement eager raises on, if any
         self.counter = 0
-        self.header = self._header()
-        self.tensors += self.inputs
-        self.namespace = runtime.fresh_namespace()
-        exec(compile(self.header, "<fuzz header>", "exec"), self.namespace)
-        self.envs = self._fresh_envs()
+        for _ in range(20):  # an alias like `b = a[::2]` of a 0-d `a` raises: draw the inputs again
+            self.header = self._header()
+            self.namespace = runtime.fresh_namespace()
+            exec(compile(self.header, "<fuzz header>", "exec"), self.namespace)
+            try:
+                self.envs = self._fresh_envs()
+                break
+            except Exception:  # noqa: BLE001
+                continue
 
     # -- inputs ------------------------------------------------------------------------------
     def _shape(self) -> str:
@@ -89,6 +93,7 @@ class Builder:
     def _header(self) -> str:
         rng = self.rng
         self.inputs = list("abcd"[:rng.randint(1, 4)])
+        self.tensors = list(self.inputs)
         lines = [f"# kiln fuzz program, seed {self.seed}", f"CALLS = {self.calls}", f"DYNAMIC = {self.dynamic}",
                  f"NO_GRAD = {self.no_grad}", ""]
         if rng.random() < 0.3:

@@ -16,10 +16,14 @@ import torch
 from tests.fuzz.compare import check_program, run_program
 from tests.fuzz.programs import generate
 
+# chosen among seeds that pass to cover each feature of the generator (grads, graph breaks, state, rank
+# changes, aliasing inputs, edge integers, bf16...) at least three times, the smallest programs first
+COVERING = [0, 2, 26, 31, 37, 42, 43, 55, 65, 75, 84, 85, 93, 95, 100, 134, 143, 149, 182, 183, 195, 203, 206,
+            207, 208, 211, 214, 223, 260, 285, 290, 295]
 SEEDS = {
-    "eager": [],
-    "aot_eager": [],
-    "inductor": [],
+    "eager": COVERING,
+    "aot_eager": COVERING,
+    "inductor": COVERING[::3],  # C++ builds dominate: a third of them keeps the file within its time budget
 }
 
 KNOWN_FAILING = {

@@ -1,0 +1,419 @@
+"""Failures the fuzzer found, minimized (`python -m tests.fuzz --minimize SEED`), one named test per bug class.
+
+Each program is the minimizer's output, pasted as it printed it (the seed it came from is in its first
+line); `check_program` runs it eagerly and compiled and asserts kiln agrees on values, gradients, Python
+state, exceptions, output identity and aliasing, and requires_grad. Each test runs on the backends
+where the failure was seen: "eager" when capture is at fault, "aot_eager" when the AOT autograd stage
+is, "inductor" when code generation is.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.fuzz.compare import check_program
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def backends(*names):
+    return pytest.mark.parametrize("backend", names)
+
+
+# -- issue 21 class 1: a size symbol bound only inside call() -------------------------------------------------
+@backends("eager", "inductor")
+def test_no_grad_matmul_after_a_size_change(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 210, backend eager
+CALLS = 2
+DYNAMIC = None
+NO_GRAD = True
+
+def inputs(call):
+    g = torch.Generator().manual_seed(210 * 10 + call)
+    n, m = ((2, 5, 3)[call], (2, 4, 3)[call])
+    a = randn(g, (n, n), torch.float32)
+    return [a]
+
+def f(a):
+    p0 = len(a)
+    t4 = a.t() @ a
+    t7 = t4 * p0
+    return None
+''', backend)
+
+
+# -- issue 21 class 2: outputs that alias each other or are detached ----------------------------------------------
+@backends("aot_eager", "inductor")
+def test_detached_output_does_not_require_grad(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 74, backend inductor
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(74 * 10 + call)
+    b = randn(g, (1,), torch.float32, grad=True)
+    return [b]
+
+def f(b):
+    t1 = torch.maximum(b, b)
+    return [t1, t1.detach()]
+''', backend)
+
+
+@backends("aot_eager", "inductor")
+def test_detached_contiguous_view_of_an_input(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 71, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(71 * 10 + call)
+    a = randn(g, (1, 4), torch.float64, grad=True)
+    return [a]
+
+def f(a):
+    t0 = a.flatten()
+    t3 = t0.contiguous()
+    return (t3.detach(),)
+''', backend)
+
+
+@backends("inductor")
+def test_sliced_output_and_its_detached_alias(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 122, backend inductor
+CALLS = 1
+DYNAMIC = False
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(122 * 10 + call)
+    n, m = ((3, 6, 4)[call], (2, 4, 3)[call])
+    b = randn(g, (m, n), torch.bfloat16)
+    return [b]
+
+def f(b):
+    t0 = b - 7
+    t2 = t0[..., 1:]
+    return (t2, t2.detach())
+''', backend)
+
+
+@backends("aot_eager", "inductor")
+def test_expanded_view_of_an_offset_input(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 58, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(58 * 10 + call)
+    a = ints(g, (3,), torch.int32, edges=True)
+    c = a[1:]
+    return [c]
+
+def f(c):
+    t0 = c.unsqueeze(0).expand(2, *c.shape)
+    t4 = t0.squeeze()
+    return (t4[1:],)
+''', backend)
+
+
+# -- issue 21 class 4: class attributes read and written -------------------------------------------------------
+@backends("eager")
+def test_class_attribute_increment_runs_every_call(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 137, backend eager
+CALLS = 2
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(137 * 10 + call)
+    n, m = ((3, 5, 4)[call], (3, 3, 1)[call])
+    c = randn(g, (n,), torch.float32)
+    return [c]
+
+def f(c):
+    t0 = torch.sigmoid(c)
+    t3 = c.sum()
+    t5 = torch.where(t0 > t3, t0, t3)
+    Obj.count += 1
+    return ((t5,),)
+''', backend)
+
+
+@backends("eager")
+def test_class_attribute_changed_between_calls(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 200, backend eager
+CALLS = 2
+DYNAMIC = None
+NO_GRAD = False
+
+def before_call(call):
+    Obj.scale = (-1.0, 2.0, 2.0)[call]
+
+def inputs(call):
+    g = torch.Generator().manual_seed(200 * 10 + call)
+    c = randn(g, (4, 1), torch.float32)
+    return [c]
+
+def f(c):
+    t0 = c * Obj.scale
+    return (t0,)
+''', backend)
+
+
+# -- issue 21 class 5: SymInts leaking into user state --------------------------------------------------------
+@backends("eager")
+def test_attribute_set_from_a_size_after_it_changed(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 266, backend eager
+CALLS = 2
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(266 * 10 + call)
+    n, m = ((6, 2, 5)[call], (3, 1, 1)[call])
+    a = randn(g, (n, n, n), torch.float32)
+    return [a]
+
+def f(a):
+    parts = torch.split(a, 1, dim=-1)
+    OBJ.total = getattr(OBJ, 'total', 0) + a.shape[0]
+    return None
+''', backend)
+
+
+# -- issue 21 class 6: values eager rejects ----------------------------------------------------------------------
+@backends("inductor")
+def test_integer_floor_division_by_zero_raises(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 239, backend inductor
+CALLS = 1
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(239 * 10 + call)
+    a = randn(g, (3,), torch.float32)
+    return [a]
+
+def f(a):
+    t0 = torch.nan_to_num(a).clamp(-1000, 1000).to(torch.int64)
+    t3 = t0 // t0
+    return None
+''', backend)
+
+
+# -- issue 21 class 7: data-dependent sizes -----------------------------------------------------------------------
+@backends("eager", "aot_eager")
+def test_length_of_a_masked_tensor(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 235, backend eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = True
+
+def inputs(call):
+    g = torch.Generator().manual_seed(235 * 10 + call)
+    n, m = ((7, 6, 2)[call], (3, 2, 2)[call])
+    a = randn(g, (m,), torch.float32)
+    return [a]
+
+def f(a):
+    t0 = a.abs_()
+    p2 = len(t0[t0 > 0])
+    return (p2,)
+''', backend)
+
+
+@backends("aot_eager")
+def test_nonzero_of_a_dynamic_shape(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 154, backend aot_eager
+CALLS = 1
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(154 * 10 + call)
+    n, m = ((5, 7, 3)[call], (1, 2, 1)[call])
+    d = ints(g, (n, 3), torch.int64, edges=True)
+    return [d]
+
+def f(d):
+    t0 = d - -5
+    t1 = t0 % t0
+    t2 = t1.reshape(t1.shape[0], -1)
+    t3 = t2.nonzero()
+    return None
+''', backend)
+
+
+# -- new: a reduction over dimensions of size 1 returns storage of its input ------------------------------------
+@backends("inductor")
+def test_product_over_a_size_one_dim_is_a_new_tensor(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 262, backend inductor
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(262 * 10 + call)
+    a = randn(g, (1,), torch.float32)
+    return [a]
+
+def f(a):
+    t2 = a.prod(0)
+    return (t2,)
+''', backend)
+
+
+@backends("inductor")
+def test_sum_of_a_one_element_view_is_a_new_tensor(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 3, backend inductor
+CALLS = 1
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(3 * 10 + call)
+    a = randn(g, (1, 1), torch.float32)
+    c = a[::2]
+    return [c]
+
+def f(c):
+    t0 = c.reshape(c.shape[0], -1)
+    t6 = t0.sum()
+    return (t6,)
+''', backend)
+
+
+@backends("inductor")
+def test_max_over_a_size_one_dim_does_not_alias_another_output(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 220, backend inductor
+CALLS = 3
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(220 * 10 + call)
+    a = randn(g, [(1,), (1,), (2, 1)][call], torch.float32)
+    b = a.flip(0) if a.dim() else a
+    return [b]
+
+def f(b):
+    t0 = torch.clamp(b, -0.5, 0.5)
+    t1 = torch.stack([t0, t0 + 1])
+    t2 = t1 + 1
+    t3 = t2[1:, 1:]
+    t4 = t3.amax(0)
+    return [t4, t3]
+''', backend)
+
+
+# -- new: ops that return their input itself in eager ----------------------------------------------------------
+@backends("aot_eager", "inductor")
+def test_long_of_a_long_tensor_is_the_tensor_itself(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 23, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = True
+
+def inputs(call):
+    g = torch.Generator().manual_seed(23 * 10 + call)
+    n, m = ((2, 7, 4)[call], (1, 1, 4)[call])
+    c = ints(g, (4, n), torch.int64, edges=True)
+    return [c]
+
+def f(c):
+    t2 = c.view(c.shape)
+    t4 = t2.long()
+    return [t4, t2]
+''', backend)
+
+
+# -- new: in-place ops that change metadata (t_, unsqueeze_) --------------------------------------------------
+@backends("aot_eager", "inductor")
+def test_in_place_transpose_of_an_input(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 108, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(108 * 10 + call)
+    n, m = ((7, 2, 5)[call], (4, 1, 3)[call])
+    b = ints(g, (n, 3), torch.int64, edges=True)
+    return [b]
+
+def f(b):
+    t4 = b.t_() if b.dim() == 2 else b.unsqueeze_(0)
+    return None
+''', backend)
+
+
+# -- new: in-place ops eager rejects (result dtype) ---------------------------------------------------------------
+@backends("aot_eager", "inductor")
+def test_in_place_multiply_of_a_bool_view_raises(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 77, backend aot_eager
+CALLS = 1
+DYNAMIC = False
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(77 * 10 + call)
+    n, m = ((4, 3, 6)[call], (3, 2, 4)[call])
+    a = bools(g, (3, n))
+    b = randn(g, (1,), torch.float32)
+    return [a, b]
+
+def f(a, b):
+    t2 = a.any(0)
+    t3 = t2 < b
+    t5 = t3[..., 1:].mul_(2)
+    return None
+''', backend)
+
+
+# -- new: an in-place op on a value autograd saved (eager raises only in backward) ------------------------------
+@backends("aot_eager")
+def test_in_place_on_a_value_saved_for_backward(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 18, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(18 * 10 + call)
+    n, m = ((2, 5, 4)[call], (3, 3, 1)[call])
+    d = randn(g, (m, n), torch.float32, grad=True)
+    return [d]
+
+def f(d):
+    t3 = d.reciprocal()
+    t4 = t3.abs_()
+    return (t4,)
+''', backend)

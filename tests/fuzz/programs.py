@@ -49,7 +49,7 @@ class Builder:
         self.no_grad = rng.random() < 0.15
         self.dynamic = rng.choice([None, None, None, True, False])
         self.tensors: list[str] = []      # tensor variables, oldest first
-        self.pythons: list[str] = []      # live Python numbers
+        self.pythons: list[str] = []      # Python values (.item(), .tolist(), sizes)
         self.body: list[str] = []
         self.tail: list[str] = []         # a last statement eager raises on, if any
         self.counter = 0
@@ -62,6 +62,8 @@ class Builder:
                 break
             except Exception:  # noqa: BLE001
                 continue
+        else:
+            raise RuntimeError(f"fuzz seed {seed}: no valid inputs in 20 draws")
 
     # -- inputs ------------------------------------------------------------------------------
     def _shape(self) -> str:

@@ -435,3 +435,58 @@ def inputs(call):
 def f(a, b):
     return a * 3, b * 2
 ''', backend)
+
+
+# -- issue 21 class 6: a bool tensor minus a number (eager rejects it; seed 169, minimized by hand) --------------
+@backends("inductor")
+def test_subtraction_from_a_bool_tensor_raises(backend):
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1)
+    return [bools(g, (4, 3))]
+
+def f(a):
+    return a - 1
+''', backend)
+
+
+# -- new: a write through an expanded view (overlapping memory, eager rejects it; seed 217, by hand) -----------
+@backends("aot_eager", "inductor")
+def test_write_into_an_expanded_view_raises(backend):
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1)
+    return [randn(g, (4,))]
+
+def f(d):
+    t0 = d.unsqueeze(-1).expand(*d.shape, 3)
+    t0[:-1] = 0
+    return d
+''', backend)
+
+
+# -- new: the clone of a view of an input is returned as a view of the input (seeds 28, 10; by hand) ------------
+@backends("inductor")
+def test_clone_of_an_input_view_is_a_new_tensor(backend):
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1)
+    return [ints(g, (4,), torch.int32)]
+
+def f(b):
+    t0 = b.unflatten(0, (b.shape[0], 1))
+    t3 = t0.clone()
+    return t3.transpose(0, -1)
+''', backend)

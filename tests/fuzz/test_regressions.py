@@ -490,3 +490,74 @@ def f(b):
     t3 = t0.clone()
     return t3.transpose(0, -1)
 ''', backend)
+
+
+# -- issue 21 class 2: a view of an input that has a storage offset ------------------------------------------------
+@backends("aot_eager", "inductor")
+def test_movedim_of_an_offset_input_view(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 317, backend aot_eager
+CALLS = 1
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(317 * 10 + call)
+    a = randn(g, (3,), torch.float32)
+    c = a[1:]
+    return [c]
+
+def f(c):
+    t1 = c.movedim(0, -1)
+    return (t1,)
+''', backend)
+
+
+# -- issue 21 class 3: after a graph break, an input and a view of it are two inputs of the next graph --------------
+@backends("inductor")
+def test_view_of_an_input_sees_its_mutation_after_a_graph_break(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 257, backend inductor
+CALLS = 1
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(257 * 10 + call)
+    n, m = ((5, 2, 4)[call], (3, 2, 2)[call])
+    a = randn(g, (m, 3), torch.float32)
+    return [a]
+
+def f(a):
+    t0 = a.view(-1)
+    t2 = t0.transpose(0, -1)
+    t4 = t2.float() * float(t2.float().mean())
+    a.sin_()
+    t6 = t2.lerp(t2.to(t2.dtype), 0.3)
+    return (t6,)
+''', backend)
+
+
+# -- new: Python side effects made before an op that raises are lost ------------------------------------------------
+@backends("eager")
+def test_append_before_a_division_by_zero_is_kept(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 395, backend eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(395 * 10 + call)
+    n, m = ((4, 2, 3)[call], (2, 4, 2)[call])
+    a = ints(g, (3,), torch.int32, edges=True)
+    return [a]
+
+def f(a):
+    t0 = a.cumsum(-1)
+    LOG.append(t0.dim())
+    t2 = torch.stack([t0, t0 + 1])
+    t3 = t2 * 2
+    t4 = t0 % t3
+    return None
+''', backend)

@@ -134,6 +134,8 @@ def minimize_seed(args) -> None:
             def run(text):
                 return run_program(text, backend, args.device)
         small, outcome = minimize(source, run, note=f"seed {args.minimize}, backend {backend}")
+        if args.isolate:
+            worker.close()
         print(small)
         print(f"# {backend}: {outcome.first_line()}\n")
 

@@ -188,7 +188,34 @@ def error_kind(e: BaseException) -> str:
     return f"{type(e).__name__}({type(cause).__name__})" if cause is not None else type(e).__name__
 
 
+def compare_outputs(e_res, k_res, e_args, k_args) -> None:
+    """Values, then which outputs are inputs or each other, then which share storage."""
+    same_value(e_res, k_res, "out")
+    e_out, k_out = leaves(e_res), leaves(k_res)
+    e_ids, k_ids = identities(e_out, e_args), identities(k_out, k_args)
+    if e_ids != k_ids:
+        raise wrong("identity", f"output identity {k_ids} != eager {e_ids}")
+    e_shared, k_shared = sharing(e_out, e_args), sharing(k_out, k_args)
+    if e_shared != k_shared:
+        raise wrong("aliasing", f"shared storage {sorted(k_shared)} != eager {sorted(e_shared)}")
+
+
+def compare_gradients(e_res, k_res, e_args, k_args, call: int) -> None:
+    e_grads, e_bwd = gradients(e_res, e_args, call)
+    k_grads, k_bwd = gradients(k_res, k_args, call)
+    if (e_bwd is None) != (k_bwd is None):
+        raise wrong("backward_raise", f"backward: kiln {first_line(k_bwd) if k_bwd else 'ran'}, "
+                                      f"eager {first_line(e_bwd) if e_bwd else 'ran'}")
+    for i, (e, k) in enumerate(zip(e_grads, k_grads)):
+        if (e is None) != (k is None):
+            raise wrong("grad_none", f"input {i}: .grad is {'None' if k is None else 'a tensor'}, eager "
+                                     f"{'None' if e is None else 'a tensor'}")
+        if e is not None:
+            same_tensor(e, k, f"input {i} .grad", "grad")
+
+
 def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled) -> None:
+    """One call of the program, eager and compiled: raises Mismatch at the first difference."""
     e_args, e_res, e_err = call_once(eager_ns, eager_ns["f"], call)
     k_args, k_res, k_err = call_once(kiln_ns, compiled, call)
     if e_err is not None and k_err is None:
@@ -197,26 +224,11 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled) -> None:
         said = f" (eager raised {first_line(e_err)})" if e_err is not None else ""
         raise Mismatch("crash", f"raise:{error_kind(k_err)}", f"kiln raised {first_line(k_err)}{said}")
     if e_err is None:
-        same_value(e_res, k_res, "out")
-        e_out, k_out = leaves(e_res), leaves(k_res)
-        if identities(e_out, e_args) != identities(k_out, k_args):
-            raise wrong("identity", f"output identity {identities(k_out, k_args)} != eager {identities(e_out, e_args)}")
-        if sharing(e_out, e_args) != sharing(k_out, k_args):
-            raise wrong("aliasing", f"shared storage {sorted(sharing(k_out, k_args))} != eager {sorted(sharing(e_out, e_args))}")
+        compare_outputs(e_res, k_res, e_args, k_args)
     same_value(e_args, k_args, "input after the call", "input_mutation")
     same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state", "state")
     if e_err is None and not eager_ns.get("NO_GRAD"):
-        e_grads, e_bwd = gradients(e_res, e_args, call)
-        k_grads, k_bwd = gradients(k_res, k_args, call)
-        if (e_bwd is None) != (k_bwd is None):
-            raise wrong("backward_raise", f"backward: kiln {first_line(k_bwd) if k_bwd else 'ran'}, "
-                                          f"eager {first_line(e_bwd) if e_bwd else 'ran'}")
-        for i, (e, k) in enumerate(zip(e_grads, k_grads)):
-            if (e is None) != (k is None):
-                raise wrong("grad_none", f"input {i}: .grad is {'None' if k is None else 'a tensor'}, eager "
-                                         f"{'None' if e is None else 'a tensor'}")
-            if e is not None:
-                same_tensor(e, k, f"input {i} .grad", "grad")
+        compare_gradients(e_res, k_res, e_args, k_args, call)
 
 
 # -- the whole program ---------------------------------------------------------------------------------

@@ -53,9 +53,9 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "OMP_NUM_THREADS": "1"}
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz"), "--worker", self.backend, self.device],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-                                     env=env, cwd=ROOT)
+        command = [sys.executable, str(ROOT / "tests" / "fuzz"), "--worker", self.backend, self.device]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, env=env, cwd=ROOT)
         self.lines: queue.Queue = queue.Queue()
         self.served = 0
         threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True).start()

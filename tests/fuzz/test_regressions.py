@@ -561,3 +561,53 @@ def f(a):
     t4 = t0 % t3
     return None
 ''', backend)
+
+
+# -- issue 21 class 10: an input used only by a value that is not returned, before a graph break ---------------
+@backends("aot_eager", "inductor")
+def test_input_used_only_before_a_graph_break_keeps_grad_none(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 383, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(383 * 10 + call)
+    n, m = ((6, 5, 3)[call], (3, 1, 2)[call])
+    b = randn(g, (3, 2), torch.float64, grad=True)
+    c = randn(g, (1,), torch.float32, grad=True)
+    return [b, c]
+
+def f(b, c):
+    t1 = b.transpose(0, -1)
+    t3 = torch.softmax(t1, -1)
+    t4 = torch.log(t3.abs() + 1)
+    t5 = c.prod(-1)
+    print(tuple(t4.shape), t4.dtype, file=BUF)
+    return [t4]
+''', backend)
+
+
+# -- new: bool + bool in generated code is not a bool (True + True gives 2) ------------------------------------------
+@backends("inductor")
+def test_sum_of_bool_slices_stays_bool(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 313, backend inductor
+CALLS = 2
+DYNAMIC = None
+NO_GRAD = True
+
+def inputs(call):
+    g = torch.Generator().manual_seed(313 * 10 + call)
+    n, m = ((3, 5, 6)[call], (2, 3, 3)[call])
+    a = bools(g, (n,))
+    return [a]
+
+def f(a):
+    parts = torch.split(a, 1, dim=0)
+    t0 = sum(parts[1:], parts[0])
+    t1 = a / t0
+    t3 = t1.exp()
+    return (t3,)
+''', backend)

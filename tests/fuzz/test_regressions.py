@@ -611,3 +611,44 @@ def f(a):
     t3 = t1.exp()
     return (t3,)
 ''', backend)
+
+
+# -- issue 21 class 2: a view mutated in place, returned with its base: the base's gradient is lost ------------------
+@backends("aot_eager", "inductor")
+def test_gradient_through_a_mutated_view_returned_with_its_base(backend):
+    # seed 362 (bf16), minimized by hand; float32 fails the same way
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1)
+    return [randn(g, (6,), torch.float32, grad=True)]
+
+def f(d):
+    t1 = d - 3
+    t2 = t1[::3].mul_(2)
+    return t2, t1
+''', backend)
+
+
+# -- issue 21 class 3: `a.float()` is `a`; after a graph break both are inputs of the next graph ---------------------
+@backends("aot_eager", "inductor")
+def test_in_place_on_a_self_returning_conversion_after_a_graph_break(backend):
+    # seed 409, minimized by hand
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1)
+    return [randn(g, (3,), torch.float32)]
+
+def f(a):
+    t0 = a.float()
+    print(a.shape, file=BUF)
+    t0.sin_()
+    return a * 2
+''', backend)

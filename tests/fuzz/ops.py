@@ -71,8 +71,8 @@ class Op:
     code: str
     where: Callable = is_any               # over the operands (a) or (a, b)
     operands: int = 1
-    makes: str = "tensor"                  # "tensor": binds {out}; "python": binds {p}; "none": binds nothing
-    weight: float = 1.0
+    makes: str = "tensor"                  # "tensor": binds {out}; "python": binds {p}; "none": binds nothing;
+                                           # "block": several lines that bind {out} themselves
     needs_python: bool = False             # uses a live Python number {x}
 
 

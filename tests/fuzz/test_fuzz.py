@@ -96,7 +96,7 @@ KNOWN_FAILING = {
         266: "crash:compile(DynamicOutputShapeException)", 274: "crash:compile(DynamicOutputShapeException)",
         275: "wrong:no_raise", 281: "crash:compile(DynamicOutputShapeException)", 286: "wrong:aliasing",
         288: "wrong:state", 300: "wrong:aliasing", 302: "wrong:requires_grad", 306: "wrong:state",
-        313: "wrong:values", 316: "crash:compile(RuntimeError)", 317: "wrong:values",
+        316: "crash:compile(RuntimeError)", 317: "wrong:values",
         321: "crash:compile(PendingUnbackedSymbolNotFound)", 326: "wrong:requires_grad", 329: "crash:NameError",
         332: "crash:compile(DynamicOutputShapeException)", 333: "wrong:values",
         339: "crash:compile(DynamicOutputShapeException)", 360: "crash:RuntimeError", 362: "wrong:grad",

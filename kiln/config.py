@@ -65,7 +65,8 @@ OPTIONS: dict[str, Option] = {
                               "kernel of their own"),
     "shape_padding": Option(bool, True, "CUDA: pad the inner dims of matmul operands to a multiple of 8 (fp16/bf16) "
                             "or 4 (fp32 with TF32) for tensor cores, slicing the result back (on by default, as in "
-                            "torch: GPT-2's vocabulary of 50257 made its LM-head matmuls run 2x slower unpadded)"),
+                            "torch: a matmul over an odd dimension, such as a vocabulary size, runs much slower "
+                            "unpadded)"),
 }
 
 MODES: dict[str, dict[str, Any]] = {

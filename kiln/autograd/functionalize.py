@@ -13,8 +13,8 @@ batch-norm family writes its running statistics in place) are decomposed first,
 during tracing (`decompositions.FUNCTIONALIZATION`). `verify_functional` checks
 the result: no op of the final graph may have a mutable schema.
 
-The re-trace runs every op of the graph on fake tensors once more (a third of the
-autograd stage's time on DenseNet-121). When the graph's only in-place ops are
+The re-trace runs every op of the graph on fake tensors once more (a large part of the
+autograd stage's time on deep CNNs). When the graph's only in-place ops are
 pointwise writes to graph inputs, each the last use of that input (batch norm's
 running statistics, `num_batches_tracked += 1`), or it has none (most transformers),
 functionalization amounts to a rewrite, done without re-tracing

@@ -19,7 +19,7 @@ reads recomputed from another recomputed value the backward reads (`_chained`):
 the backward consumes a residual stream x1 = x0 + a0, x2 = x1 + b1, ... from its
 end, so recomputing it from x0 and the branch outputs would compute every link
 before the backward's first step and hold them all, as much memory as saving
-them, plus the work (a 60-output kernel of 3.8 ms in ViT-B/16's backward).
+them, plus the work (one wide kernel with an output per link in a transformer's backward).
 A cut separates source and
 sink; its capacity is the bytes saved (inputs that require grad, the parameters,
 count nothing: they are held anyway). The "naive" partition (save every forward

@@ -53,8 +53,8 @@ class MutationWriter:
     One `_foreach_copy_` per dtype and device of the targets (grouped once, from the traced
     specs), unless two targets share storage: the fused copy runs them in parallel, so those are
     copied one by one, in order. ATen's fused copy is one multi-tensor kernel only when its lists
-    hold one dtype; a mixed list (DenseNet-121's float statistics and int64 counters) is a copy per
-    tensor, 363 memcpy launches per training step."""
+    hold one dtype; a mixed list (batch norms' float statistics and int64 counters) is a copy per
+    tensor, one memcpy launch each per training step."""
 
     def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec]):
         self.mutations = mutations
@@ -156,7 +156,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])
             # Autograd would fill a zero gradient for every output the loss does not reach, the
-            # non-differentiable ones included (DenseNet-121: 363 batch-norm statistics, 363 fills
+            # non-differentiable ones included (every batch norm's running statistics: one fill each
             # per step); the backward makes zeros only for the differentiable outputs it reads.
             ctx.set_materialize_grads(False)
             if symbolic_tangents:

@@ -2,10 +2,11 @@
 
 A tensor guard in Python reads six properties through torch's Python bindings, each
 read building a Python object (`t.shape` a torch.Size, `t.device` a torch.device):
-about 0.6 us a tensor on a fast host. A ResNet-50 or BERT guard checks 200 to 320 tensors
-(parameters and buffers included: `p.data = ...` changes a parameter's shape or device in
-place), so tensor checks were half of a guard's time, 0.2 to 0.4 ms per call, more than a
-CUDA-graph replay of the whole model. Here the same comparisons read the C++ tensor directly.
+per tensor. A model's guard checks hundreds of tensors (parameters and buffers included:
+`p.data = ...` changes a parameter's shape or device in place), so tensor checks were half of
+a guard's time, more than a CUDA-graph replay of the whole model
+(benchmarks/guard_overhead.py measures it). Here the same comparisons read the C++ tensor
+directly.
 
 The extension is built once per machine and torch version, with the system C++ compiler
 against the headers of the installed torch, and kept in kiln's cache directory. The build

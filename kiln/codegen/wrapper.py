@@ -120,8 +120,8 @@ def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: t
     """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload.
 
     The bindings (`torch.*`, `torch._C._nn.*`) parse their arguments in C++ and call the
-    unboxed kernel; an `OpOverload` call goes through Python and the boxed dispatcher, about
-    2 us more per call, which on small graphs is most of an extern's time. The binding picks
+    unboxed kernel; an `OpOverload` call goes through Python and the boxed dispatcher, which on
+    small graphs is most of an extern's time (benchmarks/call_overhead.py). The binding picks
     an overload by its arguments, so it is used only when no other overload of the op
     (other than `out=` variants) could accept this call's arguments. Factory ops are left
     alone: a binding with no `device=` argument obeys `torch.set_default_device`, ATen does not.

@@ -40,7 +40,7 @@ KEEP = [
     # wraps them, decomposes into index_copy
     aten.index_add.default, aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
     # fused attention: one kernel (flash / memory-efficient / cuDNN) where the decomposition
-    # materializes the score matrix (2x slower on BERT bf16 inference); for the CPU variant
+    # materializes the score matrix (benchmarks/results/models_bench: BERT inference); for the CPU variant
     # the decomposition also returns the attention weights where the op returns logsumexp,
     # which the backward (flash attention backward) then misreads
     aten._scaled_dot_product_flash_attention_for_cpu.default,

@@ -28,7 +28,7 @@ log = logging.getLogger("kiln.lower")
 MAX_INLINE_SIZE = 120
 # A body this small is recomputed by each of its users rather than realized when that reads no more
 # memory than the buffer would (relu's backward `where(x <= 0, 0, grad)`, read by batch norm's backward
-# reduction and pointwise: DenseNet-121's backward had 118 kernels computing only that).
+# reduction and pointwise: realized, a deep CNN's backward gets one kernel per such mask).
 RECOMPUTE_SIZE = 8
 # A body that reads no tensor at full size (every load misses one of its dims, like cross-entropy's
 # one-hot gradient `where(target[i] == j, -1, 0) * scale`) is recomputed up to this size: realizing it
@@ -45,8 +45,8 @@ ANY_ORDER_EXTERNS = MATMUL_OPS | {aten.baddbmm.default}
 # A buffer whose rows are at least this long, at an unaligned length, is stored with rows padded to
 # PAD_ROW_BYTES (zeros in the padding) when a matmul reads it on the GPU (`pad_matmul_operands`): cuBLAS
 # runs its fast kernels only on aligned leading dimensions, and a K operand must also be a multiple of 8
-# long. GPT-2's logits gradient [8192, 50257]: dW = dL^T @ X 4.3 -> 1.3 ms, and dX = dL @ W reads the
-# padded rows instead of an F.pad copy (benchmarks/padded_strides.py, H100).
+# long. A language model's logits gradient at an odd vocabulary size is the case: both of its matmuls
+# read the padded rows instead of an F.pad copy (benchmarks/padded_strides.py measures it).
 PAD_MIN_COLUMNS = 1024
 PAD_ROW_BYTES = 128
 # FX ops whose result is a view: a value reaches an extern or the output through them unchanged.
@@ -235,8 +235,8 @@ class GraphLowering:
                 return self.realize_zero_padded(out)
             return self.realize(out, stride=conv_stride)
         if users > 1 and out.buffer_view() is None and _realizing_uses(node) > 1:
-            # each extern or output use would store its own copy (GPT-2's bf16 weight cast, read by the LM
-            # head's matmul and saved for the backward): store it once, with eager's strides
+            # each extern or output use would store its own copy (a bf16 weight cast read by a matmul and
+            # saved for the backward): store it once, with eager's strides
             meta = node.meta.get("val")
             eager = _layout(meta).stride if isinstance(meta, torch.Tensor) else None
             return self.realize(out, stride=conv_stride or eager)

@@ -239,7 +239,7 @@ class Recording:
     def copies_for(self, args: list):
         """(destinations, sources) to copy before a replay serving `args`, or None if `args` do not fit."""
         if self.static_at and list(map(_data_ptr, map(args.__getitem__, self.static_at))) != self.static_addresses:
-            return None  # one loop in C: ResNet-50 reads 320 parameters in place
+            return None  # one loop in C: a large model reads hundreds of parameters in place
         dst, src = [], []
         for i, buf, address, shape, dtype in self.copied:
             a = args[i]

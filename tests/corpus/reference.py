@@ -255,7 +255,9 @@ def _run(make_target, calls, backend, state, modules, atol, rtol, compile_kwargs
     torch._dynamo.reset()
     # Where torch.compile gives up on a frame or a continuation and runs it eagerly (a break inside a loop, code
     # that raises), its count is no bound on kiln's, which compiles that part; the reason is in the case.
-    if torch_gives_up is None:
+    # A torch.compile that captured no graph at all ran the whole function eagerly (older torch releases give up
+    # on some cases newer ones capture, e.g. namedtuple._replace in 2.11): there too its count is no bound.
+    if torch_gives_up is None and counts.torch > 0:
         assert counts.kiln <= counts.torch, f"kiln captured {counts.kiln} graphs, torch.compile {counts.torch}"
     return counts
 

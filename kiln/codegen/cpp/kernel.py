@@ -24,7 +24,7 @@ gradient over [batch, tokens, features], a position embedding's over the batch)
 runs in tiles of COLUMN_LANES columns instead: rows outer, the tile's columns
 inner and vectorized, one accumulator per column (`_column_tiles`). Row by row,
 a strided inner loop reads one element per cache line and does not vectorize
-(a GELU backward fused with its bias gradient: 5 ms in place of eager's 1 ms).
+(benchmarks/cpu_column_reductions.py measures both).
 """
 from __future__ import annotations
 
@@ -298,7 +298,7 @@ class CppKernel:
 
     def canonical_source(self) -> str:
         """The source with the function and its parameters renamed by position: kernels equal in it compute
-        the same function of their arguments (DenseNet-121's backward graph: 356 distinct of 517)."""
+        the same function of their arguments (a deep CNN's backward repeats most of its kernels)."""
         names = [self.group.name] + self.arg_names + [str(s) for s in self.size_args]
         rename = {n: f"_{k}" for k, n in enumerate(names)}
         return _NAME.sub(lambda m: rename.get(m.group(0), m.group(0)), self.source)

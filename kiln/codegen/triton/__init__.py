@@ -173,8 +173,8 @@ def load_module(source: str):
 def precompile_all(module, kernels: list) -> None:
     """Compile every kernel now, where a compile error can still make the graph fall back to ATen.
 
-    Triton compiles one kernel in about 0.2 s, mostly outside the GIL (LLVM, ptxas), and
-    a big graph has hundreds (DenseNet-121 training: 729): a thread pool compiles them
+    Triton compiles a kernel mostly outside the GIL (LLVM, ptxas), and a big training
+    graph has hundreds (benchmarks/compile_time.py): a thread pool compiles them
     side by side. The first error is raised once all are done.
     """
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build

@@ -30,10 +30,10 @@ POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
 # A row reduction over long rows (BatchNorm's statistics: N*H*W values per channel) splits until it has
-# this many programs, about eight per SM of an H100: each program keeps one RBLOCK of loads in flight,
-# and 128 to 512 channels at one program each left the GPU's memory bandwidth mostly idle. Rows shorter
+# this many programs, several per SM: each program keeps one RBLOCK of loads in flight, and a few
+# hundred channels at one program each left the GPU's memory bandwidth mostly idle. Rows shorter
 # than ROW_SPLIT_MIN_RNUMEL do not: the second launch and the workspace cost more than they save
-# (benchmarks/batchnorm_kernels.py, H100: 64x128x28x28 fp32 129 -> 109 us split, 64x128x14x14 42 -> 72 us).
+# (benchmarks/batchnorm_kernels.py times both on BatchNorm's shapes).
 ROW_SPLIT_PROGRAMS = 1024
 ROW_SPLIT_MIN_RNUMEL = 32768
 MAX_RSPLIT = 256
@@ -137,7 +137,7 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
         xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128 if not contiguous else 64))
         warps = max(1, min(8, xblock * rblock // 512))
         return Config("persistent", xblock, rblock, warps, index_dtype)
-    # enough programs to fill the GPU (about two per SM of an H100/H200) before widening blocks
+    # enough programs to fill the GPU (a couple per SM) before widening blocks
     per_program = 1 if xnumel is None else max(1, _pow2_floor(xnumel // MIN_PROGRAMS))
     if contiguous:
         xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8, per_program)

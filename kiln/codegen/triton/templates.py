@@ -87,11 +87,10 @@ def matmul_configs(M: int, N: int, K: int, limit: int) -> list[MatmulConfig]:
 
 
 # A matmul is "small" (host-bound) under both bounds: its multiply-adds, and K, which a template program
-# walks serially (no split-K). Measured on an H100 host (benchmarks/wrapper_lines.py --isolated): torch.mm
-# or addmm costs the host 14-26 us a call, a template launch 8-10 us, and the epilogue it takes saves a
-# launch and an allocation more; an MLP of six Linear(256, 256) at batch 1 went from 0.26 to 0.185 ms per
-# call with these templates (benchmarks/step_parts.py). A 64 x 128 matmul over K = 3136 (a small CNN's
-# classifier) is not small: two programs walking 3136 would take 50 us of GPU time.
+# walks serially (no split-K). On the host, torch.mm or addmm costs more per call than a template launch,
+# and the epilogue a template takes saves a launch and an allocation more (benchmarks/wrapper_lines.py
+# --isolated and benchmarks/step_parts.py measure both). A narrow matmul over a long K (a small CNN's
+# classifier) is not small: the few programs walking K serially would cost more GPU time than they save.
 SMALL_MATMUL_MACS = 1 << 25
 SMALL_MATMUL_MAX_K = 1024
 
@@ -152,15 +151,15 @@ def needs_padding(k: int, n: int, multiple: int) -> bool:
     return multiple > 0 and (k % multiple != 0 or n % multiple != 0)
 
 
-# Flops per element moved above which a matmul is limited by tensor-core throughput, not memory (an
-# H100 does about 300 bf16 flops per byte of HBM traffic): below it, padding's copies cost more than
-# the aligned kernel saves.
+# Flops per element moved above which a matmul is limited by tensor-core throughput, not memory (a
+# Hopper GPU's bf16 flops per byte of memory traffic sit well above it): below it, padding's copies cost
+# more than the aligned kernel saves (benchmarks/padded_strides.py).
 PAD_MIN_INTENSITY = 128
 
 
 def worth_padding(m: int, n: int, k: int) -> bool:
     """Whether an M x N x K matmul is compute-bound enough for shape padding to pay for its copies
-    (GPT-2's 8192 x 50257 x 768 LM head is; a small CNN's 64 x 128 x 3136 classifier is not)."""
+    (a language model's LM head is; a small CNN's narrow classifier over a long K is not)."""
     return m * n * k >= PAD_MIN_INTENSITY * (m * k + k * n + m * n)
 
 

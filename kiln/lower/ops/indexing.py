@@ -70,7 +70,7 @@ def _inline_gather(x: TensorValue, idx: list, rule: tuple) -> ir.Expr | None:
     """`x`'s (unrealized) body evaluated at `idx` without writing `x` to memory, or None.
 
     Cross-entropy gathers one element per row of `log_softmax(logits)`: realizing it writes a
-    [tokens, vocabulary] fp32 tensor (1.6 GB for GPT-2) to read 8192 values back. Evaluating
+    [tokens, vocabulary] fp32 tensor (gigabytes for a language model) to read one value a row back. Evaluating
     the body at the gathered positions reads a few elements instead. This works when the
     indirect positions only reach the indices of the body's loads, where `Load.indirect` can
     bind them; a mask or an index value over them (padding, iota) falls back to realizing.
@@ -146,7 +146,7 @@ def scatter_value(ctx, meta, x, dim, index, value):
     """`x` with `value` written at one position per row along `dim`: a pointwise select.
 
     Cross-entropy's backward scatters -1 into a zero [tokens, vocabulary] tensor; as an
-    extern that fills, copies and scatters 1.6 GB in fp32 for GPT-2, as a select it
+    extern that fills, copies and scatters the whole tensor in fp32, as a select it
     fuses into its consumer. Only when `index` has one entry along `dim` and `x`'s extent
     elsewhere (so no position is written twice); other scatters stay ATen calls. An index
     out of range raises, as eager's scatter does.

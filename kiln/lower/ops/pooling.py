@@ -15,9 +15,10 @@ more than MAX_TAPS elements and dilated backwards raise Unsupported: ATen runs t
 Average pooling is the same window summed in row-major order (in float32 for 16-bit inputs, as
 ATen's CUDA kernels accumulate) and divided by eager's divisor: the taps inside the padded input
 (count_include_pad), or inside the input, or `divisor_override`. Its backward divides each window's
-gradient by that window's divisor and sums the windows in order. DenseNet's transitions pool 2x2 with
-stride 2: each input element is in one window, so the backward is a pure gather that fuses into the
-batch norm's backward (ATen's bf16 kernel took 0.27 ms per call on an H100).
+gradient by that window's divisor and sums the windows in order. Where windows do not overlap (a 2x2
+pool with stride 2, as in DenseNet's transitions) each input element is in one window, so the backward
+is a pure gather that fuses into the batch norm's backward instead of an ATen kernel of its own
+(benchmarks/gpu_profile.py shows the kernels).
 """
 from __future__ import annotations
 

@@ -239,18 +239,22 @@ def _library_path() -> Path:
 def _build(path: Path) -> Path:
     """Compile the extension to `path` (written to a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    src = path.with_name("kiln_tensor_checks.cpp")
-    src.write_text(SOURCE)
+    # the source under a name of this process's own: a second process building at the same time would
+    # otherwise rewrite it under this one's compiler
+    fd, src = tempfile.mkstemp(suffix=".cpp", prefix="kiln_tensor_checks", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(SOURCE)
     fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler(), str(src), "-o", tmp, *_flags()], capture_output=True, text=True)
+        proc = subprocess.run([compiler(), src, "-o", tmp, *_flags()], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-2000:] or f"{compiler()} exited with {proc.returncode}")
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, src):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return path
 
 

@@ -59,8 +59,10 @@ def build(source: str) -> Path:
         stats["disk_hits"] += 1
         return lib
     lib.parent.mkdir(parents=True, exist_ok=True)
-    src = lib.with_suffix(".cpp")
-    src.write_text(source)
+    # Each process compiles its own copy of the source: another process building the same key at the same
+    # time would otherwise rewrite the file under this one's compiler. The source is published beside the
+    # library (for reading, never compiled from there) with the same atomic rename.
+    src = _write_private(lib.parent, ".cpp", source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     stats["compiles"] += 1
@@ -72,9 +74,19 @@ def build(source: str) -> Path:
             _build_units(units, lib, tmp)
     except BaseException:
         os.unlink(tmp)
+        os.unlink(src)
         raise
     os.replace(tmp, lib)
+    os.replace(src, lib.with_suffix(".cpp"))
     return lib
+
+
+def _write_private(folder: Path, suffix: str, text: str) -> Path:
+    """`text` in a new file of this process's own in `folder` (a unique name, created exclusively)."""
+    fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return Path(path)
 
 
 def build_jobs() -> int:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
@@ -40,3 +41,30 @@ def test_second_process_does_not_compile(tmp_path):
     assert second == "compiles 0 disk_hits 1", second
     assert not (tmp_path / "called").exists()
     assert list((tmp_path / "cache" / "cpp").rglob("*.so"))
+
+
+RACE_SCRIPT = textwrap.dedent("""
+    import ctypes, sys, time
+    from kiln.runtime import cache
+    start = float(sys.argv[1])
+    while time.time() < start:  # every process reaches the build at the same instant
+        pass
+    lib = cache.build('extern "C" int kiln_race_answer(void) {{ return {value}; }}')
+    print(ctypes.CDLL(str(lib)).kiln_race_answer())
+""")
+
+
+def test_processes_building_one_key_at_once_all_load_it(tmp_path):
+    """Same-instant builds of one source: each compiles its own copy of the source, the renames publish one
+    library, and every process loads a complete one (none compiles a file another is rewriting)."""
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_CXX="g++")
+    script = RACE_SCRIPT.format(value=4242)
+    start = time.time() + 3
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(start)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+        assert out.strip() == "4242"
+    folder = next((tmp_path / "cache" / "cpp").iterdir())
+    assert sorted(f.suffix for f in folder.iterdir()) == [".cpp", ".so"], "temporary files were left behind"

@@ -38,6 +38,14 @@ _INPLACE_TO_PLAIN = {
     operator.irshift: operator.rshift,
 }
 
+# Set operators as the set methods they are; the shadow set in `SetValue` runs them.
+_SET_DUNDERS = {
+    operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
+    operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__", operator.ixor: "__ixor__",
+    operator.eq: "__eq__", operator.ne: "__ne__", operator.le: "__le__", operator.lt: "__lt__",
+    operator.ge: "__ge__", operator.gt: "__gt__",
+}
+
 
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
@@ -63,8 +71,8 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         except Exception as e:
             raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
-    if in_place and isinstance(args[0], SetValue) and all(a.is_constant() for a in args):
-        return args[0].replace_items(from_constant(plain(*(a.as_constant() for a in args))).items)
+    if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
+        return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
     if isinstance(args[0], DictValue) and len(args) == 2:
         return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None

@@ -23,6 +23,8 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.iterators import (EnumerateValue, FilterValue, MapValue, ZipValue, iterator_of,
+                                           stop_iteration)
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.operators import apply_operator
 
@@ -219,16 +221,12 @@ def _range(state, *args):
 
 @handles(builtins.enumerate)
 def _enumerate(state, iterable, start=None):
-    first = start.as_constant() if start is not None else 0
-    return IteratorValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.unpack(state))])
+    return EnumerateValue(state, iterator_of(state, iterable), start.as_constant() if start is not None else 0)
 
 
 @handles(builtins.zip)
 def _zip(state, *iterables, strict=None):
-    columns = [it.unpack(state) for it in iterables]
-    if strict is not None and strict.as_constant() and len({len(c) for c in columns}) > 1:
-        raise GraphBreak("exception", "zip() arguments have different lengths")
-    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
+    return ZipValue(state, [iterator_of(state, it) for it in iterables], bool(strict and strict.as_constant()))
 
 
 @handles(builtins.reversed)
@@ -238,23 +236,19 @@ def _reversed(state, seq):
 
 @handles(builtins.iter)
 def _iter(state, obj):
-    return IteratorValue(obj.unpack(state))
+    return iterator_of(state, obj)
 
 
 @handles(builtins.next)
 def _next(state, it, *default):
-    from kiln.capture.values.functions import GeneratorValue
-
     it = it.realize()
-    if isinstance(it, GeneratorValue):
-        it = it.iterate()
     if not isinstance(it, IteratorValue):
         raise GraphBreak("unsupported_object", f"next() on {it}")
     value = it.next()
     if value is None:
         if default:
             return default[0]
-        raise GraphBreak("exception", "StopIteration")
+        raise stop_iteration(it)
     return value
 
 
@@ -289,18 +283,12 @@ def _reduce(state, fn, iterable, *initial):
 
 @handles(builtins.map)
 def _map(state, fn, *iterables):
-    columns = [it.unpack(state) for it in iterables]
-    return IteratorValue([fn.call(state, list(row), {}) for row in zip(*columns)])
+    return MapValue(state, fn, [iterator_of(state, it) for it in iterables])
 
 
 @handles(builtins.filter)
 def _filter(state, fn, iterable):
-    keep = []
-    for item in iterable.unpack(state):
-        test = item if fn.realize().is_constant() and fn.as_constant() is None else fn.call(state, [item], {})
-        if test.truth(state):
-            keep.append(item)
-    return IteratorValue(keep)
+    return FilterValue(state, fn, iterator_of(state, iterable))
 
 
 @handles(builtins.list)

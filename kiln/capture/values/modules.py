@@ -232,7 +232,7 @@ class ModuleSliceValue(Value):
         return value
 
     def reconstruct(self, writer) -> str:
-        return f"{self.parent.reconstruct(writer)}[{writer.constant(self.index)}]"
+        return f"{writer.value(self.parent)}[{writer.constant(self.index)}]"
 
     def __repr__(self) -> str:
         return f"ModuleSlice({self.parent!r}[{self.index}])"

@@ -153,7 +153,7 @@ class TensorMethodValue(Value):
         return self.tensor.call_method(state, self.name, args, kwargs)
 
     def reconstruct(self, writer) -> str:
-        return f"{self.tensor.reconstruct(writer)}.{self.name}"
+        return f"{writer.value(self.tensor)}.{self.name}"
 
     def __repr__(self) -> str:
         return f"TensorMethod({self.name})"

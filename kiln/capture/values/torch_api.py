@@ -215,7 +215,7 @@ class GradModeFunction(CallableValue):
 
     def reconstruct(self, writer) -> str:
         decorator = torch.enable_grad if self.enabled else torch.no_grad
-        return f"{writer.constant(decorator)}()({self.fn.reconstruct(writer)})"
+        return f"{writer.constant(decorator)}()({writer.value(self.fn)})"
 
 
 class AutocastContext(Value):

@@ -1,0 +1,220 @@
+"""Lazy iterators during capture: generators, zip, enumerate, map and filter, one item per next().
+
+Python computes these one item at a time, interleaved with the code consuming them: a generator's body runs up
+to its next `yield` only when asked, `map`'s function is called per item, `zip(it, it)` pairs consecutive items.
+Computing them all up front reorders side effects (a generator's appends before the loop body's), runs code
+eager never runs (the rest of a partially consumed generator) and gets shared iterators wrong. So each of these
+trackers computes its next item on demand, from iterators it holds, exactly where eager does.
+
+At a graph break, an iterator the continuation still needs is rebuilt from the rest of its inputs
+(`zip(iter([...]), ...)`), so the continuation resumes at the exact position. A generator suspended inside its
+body cannot be rebuilt: the frame then runs natively.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import IteratorValue, TupleValue
+
+
+def iterator_of(state, value: Value) -> IteratorValue:
+    """`iter(value)`: an iterator is its own iterator (shares its position); anything else is unpacked."""
+    value = value.realize()
+    if isinstance(value, IteratorValue):
+        return value
+    return IteratorValue(value.unpack(state))
+
+
+class LazyIteratorValue(IteratorValue):
+    """An iterator computing each item on next(): `step` gives the next one, None once exhausted."""
+
+    def __init__(self, state):
+        super().__init__([])
+        self.state, self.exhausted = state, False
+
+    def step(self) -> Value | None:
+        raise NotImplementedError
+
+    def next(self) -> Value | None:
+        if self.exhausted:
+            return None
+        value = self.step()
+        self.exhausted = value is None
+        return value
+
+    def unpack(self, state) -> list[Value]:
+        items = []
+        while (value := self.next()) is not None:
+            items.append(value)
+        return items
+
+    def reconstruct(self, writer) -> str:
+        if self.exhausted:
+            return "iter(())"
+        return self.rebuild(writer)
+
+    def rebuild(self, writer) -> str:
+        raise NotImplementedError
+
+
+class ZipValue(LazyIteratorValue):
+    def __init__(self, state, iterators: list[IteratorValue], strict: bool):
+        super().__init__(state)
+        self.iterators, self.strict = iterators, strict
+
+    def python_type(self) -> type:
+        return zip
+
+    def step(self) -> Value | None:
+        from kiln.capture.values.exceptions import raise_python
+
+        row = []
+        for i, it in enumerate(self.iterators):
+            value = it.next()
+            if value is None:
+                if self.strict and (i > 0 or any(other.next() is not None for other in self.iterators[1:])):
+                    raise raise_python(ValueError, "zip() arguments have different lengths")
+                return None
+            row.append(value)
+        return TupleValue(row) if row else None
+
+    def rebuild(self, writer) -> str:
+        inner = "".join(writer.value(it) + ", " for it in self.iterators)
+        return f"zip({inner}strict={self.strict})"
+
+
+class EnumerateValue(LazyIteratorValue):
+    def __init__(self, state, iterator: IteratorValue, start: Any):
+        super().__init__(state)
+        self.iterator, self.count = iterator, start
+
+    def python_type(self) -> type:
+        return enumerate
+
+    def step(self) -> Value | None:
+        value = self.iterator.next()
+        if value is None:
+            return None
+        self.count += 1
+        return TupleValue([ConstantValue(self.count - 1), value])
+
+    def rebuild(self, writer) -> str:
+        return f"enumerate({writer.value(self.iterator)}, {self.count!r})"
+
+
+class MapValue(LazyIteratorValue):
+    def __init__(self, state, fn: Value, iterators: list[IteratorValue]):
+        super().__init__(state)
+        self.fn, self.iterators = fn, iterators
+
+    def python_type(self) -> type:
+        return map
+
+    def step(self) -> Value | None:
+        row = []
+        for it in self.iterators:
+            value = it.next()
+            if value is None:
+                return None
+            row.append(value)
+        return self.fn.call(self.state, row, {})
+
+    def rebuild(self, writer) -> str:
+        inner = ", ".join(writer.value(it) for it in self.iterators)
+        return f"map({writer.value(self.fn)}, {inner})"
+
+
+class FilterValue(LazyIteratorValue):
+    def __init__(self, state, fn: Value, iterator: IteratorValue):
+        super().__init__(state)
+        self.fn, self.iterator = fn, iterator
+
+    def python_type(self) -> type:
+        return filter
+
+    def step(self) -> Value | None:
+        keeps_truthy = self.fn.realize().is_constant() and self.fn.as_constant() is None
+        while (item := self.iterator.next()) is not None:
+            test = item if keeps_truthy else self.fn.call(self.state, [item], {})
+            if test.truth(self.state):
+                return item
+        return None
+
+    def rebuild(self, writer) -> str:
+        return f"filter({writer.value(self.fn)}, {writer.value(self.iterator)})"
+
+
+def stop_iteration(iterator: IteratorValue) -> Exception:
+    """The StopIteration an exhausted iterator raises; a generator's carries what it returned."""
+    from kiln.capture.values.exceptions import raise_python
+
+    returned = getattr(iterator, "return_value", None)
+    if returned is None or not returned.realize().is_constant() or returned.as_constant() is None:
+        return raise_python(StopIteration)
+    return raise_python(StopIteration, returned.as_constant())
+
+
+class GeneratorValue(LazyIteratorValue):
+    """A generator made by an inlined generator function (a genexpr too): its frame runs to the next `yield`
+    on each next(), suspended in between with its stack and locals, as CPython's does."""
+
+    def __init__(self, state, frame, fn: Value, args: list[Value], kwargs: dict[str, Value]):
+        super().__init__(state)
+        self.frame, self.fn, self.args, self.kwargs = frame, fn, args, kwargs
+        self.started = False
+        self.return_value: Value | None = None  # what its `return` gave, once it ran to the end
+        frame.is_generator = True
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def step(self) -> Value | None:
+        return self.send(ConstantValue(None))
+
+    def send(self, value: Value) -> Value | None:
+        """Resume the frame with `value` as the result of its `yield`; the next yielded value, None at its end."""
+        from kiln.capture.values.exceptions import raise_python
+
+        if not self.started and not (value.realize().is_constant() and value.as_constant() is None):
+            raise raise_python(TypeError, "can't send non-None value to a just-started generator")
+        if self.started:
+            self.frame.push(value)
+        self.started = True
+        try:
+            result = self.frame.run()
+        except Exception:
+            self.exhausted = True
+            raise
+        if self.frame.suspended:
+            self.frame.suspended = False
+            return result
+        self.exhausted, self.return_value = True, result
+        return None
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.functions import BoundMethodValue
+
+        if name in ("send", "__next__"):
+            return BoundMethodValue(self, name)
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a generator")
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        from kiln.capture.values.exceptions import raise_python
+
+        value = self.next() if name == "__next__" else self.send(args[0]) if not self.exhausted else None
+        if value is None:
+            raise stop_iteration(self)
+        return value
+
+    def rebuild(self, writer) -> str:
+        if self.started:
+            raise Unresumable("unsupported_object", "a generator suspended inside its body at a graph break")
+        args = [writer.value(a) for a in self.args] + [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
+        return f"{writer.value(self.fn)}({', '.join(args)})"
+
+    def __repr__(self) -> str:
+        return f"Generator({self.frame.code.co_name})"

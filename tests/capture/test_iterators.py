@@ -1,6 +1,8 @@
 """Iterators are lazy, as in Python: a generator runs to its next `yield` per next(), `map` calls its
 function per item, `zip(it, it)` pairs consecutive items; and a graph break inside a loop resumes the
 loop's iterator at its exact position. Each case compares outputs and the order of side effects with eager."""
+import itertools
+
 import pytest
 import torch
 
@@ -101,6 +103,34 @@ def generator_left_unfinished(x):
         return v * 3
 
 
+def endless(x):
+    i = 0
+    while True:
+        TRACE.append(i)
+        yield x * i
+        i += 1
+
+
+def islice_of_an_endless_generator(x):
+    it = itertools.islice(endless(x), 1, 6, 2)
+    first = next(it)
+    TRACE.append("between")
+    return first, list(it)
+
+
+def any_and_all_stop_early(x):
+    found = any(TRACE.append(i) or i > 1 for i in range(5))
+    every = all(TRACE.append(-i) or i < 1 for i in range(5))
+    return x * found, every
+
+
+def chain_is_lazy(x):
+    c = itertools.chain([x], scaled([x, x], 2.0), scaled([x], 3.0))
+    first = next(c)
+    TRACE.append("between")
+    return first, list(c)
+
+
 def iter_of_iterator_shares_position(x):
     it = iter([x, x * 2, x * 3])
     same = iter(it)
@@ -111,7 +141,7 @@ def iter_of_iterator_shares_position(x):
 CASES = [loop_over_generator, partially_consumed, generator_send, return_value_through_stop_iteration,
          yield_from_return_value, zip_of_one_iterator_twice, map_calls_per_item,
          filter_and_enumerate_of_generators, zip_of_generators_interleaves, generator_left_unfinished,
-         iter_of_iterator_shares_position]
+         islice_of_an_endless_generator, any_and_all_stop_early, chain_is_lazy, iter_of_iterator_shares_position]
 
 
 def _run(fn, x):
@@ -167,6 +197,13 @@ def break_in_loop_over_dict_items(x):
     return out
 
 
+def break_in_loop_over_islice_and_chain(x):
+    out = []
+    for v in itertools.islice(itertools.chain([x], [x + 1, x + 2, x + 3]), 1, None, 2):
+        out.append(v.sum().item())
+    return out
+
+
 def break_in_loop_over_range_and_list_iterator(x):
     out = []
     it = iter([x, x + 1, x + 2])
@@ -177,7 +214,7 @@ def break_in_loop_over_range_and_list_iterator(x):
 
 BREAK_CASES = [break_in_loop_over_generator, break_in_loop_over_zip, break_in_loop_over_enumerate,
                break_in_loop_over_map, break_in_loop_over_filter, break_in_loop_over_dict_items,
-               break_in_loop_over_range_and_list_iterator]
+               break_in_loop_over_islice_and_chain, break_in_loop_over_range_and_list_iterator]
 
 
 @pytest.mark.parametrize("fn", BREAK_CASES, ids=lambda f: f.__name__)

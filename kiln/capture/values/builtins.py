@@ -23,8 +23,8 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
-from kiln.capture.values.iterators import (EnumerateValue, FilterValue, MapValue, ZipValue, iterator_of,
-                                           stop_iteration)
+from kiln.capture.values.iterators import (ChainValue, EnumerateValue, FilterValue, IsliceValue, MapValue, ZipValue,
+                                           iterator_of, stop_iteration)
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.operators import apply_operator
 
@@ -254,7 +254,7 @@ def _next(state, it, *default):
 
 @handles(itertools.chain)
 def _chain(state, *iterables):
-    return IteratorValue([item for it in iterables for item in it.unpack(state)])
+    return ChainValue(state, list(iterables))
 
 
 @handles(itertools.product)
@@ -265,8 +265,12 @@ def _product(state, *iterables, repeat=None):
 
 @handles(itertools.islice)
 def _islice(state, iterable, *bounds):
-    items = iterable.unpack(state)
-    return IteratorValue(list(itertools.islice(items, *(b.as_constant() for b in bounds))))
+    from kiln.capture.values.exceptions import raise_python
+
+    values = [b.as_constant() for b in bounds]
+    if any(v is not None and (not isinstance(v, int) or v < 0) for v in values) or (len(values) == 3 and values[2] == 0):
+        raise raise_python(ValueError, "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
+    return IsliceValue(state, iterator_of(state, iterable), slice(*values))
 
 
 @handles(functools.reduce)
@@ -373,11 +377,18 @@ def _sorted(state, iterable, key=None, reverse=None):
 
 
 def _all(state, iterable):
-    return ConstantValue(all(v.truth(state) for v in iterable.unpack(state)))
+    return ConstantValue(all(v.truth(state) for v in _each(state, iterable)))
 
 
 def _any(state, iterable):
-    return ConstantValue(any(v.truth(state) for v in iterable.unpack(state)))
+    return ConstantValue(any(v.truth(state) for v in _each(state, iterable)))
+
+
+def _each(state, iterable):
+    """The items of `iterable` one at a time, so a consumer that stops early (any, all) takes no more."""
+    iterator = iterator_of(state, iterable)
+    while (value := iterator.next()) is not None:
+        yield value
 
 
 HANDLERS[builtins.all], HANDLERS[builtins.any] = _all, _any

@@ -12,6 +12,7 @@ body cannot be rebuilt: the frame then runs natively.
 """
 from __future__ import annotations
 
+import itertools
 import types
 from typing import Any
 
@@ -156,6 +157,62 @@ def stop_iteration(iterator: IteratorValue) -> Exception:
     if returned is None or not returned.realize().is_constant() or returned.as_constant() is None:
         return raise_python(StopIteration)
     return raise_python(StopIteration, returned.as_constant())
+
+
+class ChainValue(LazyIteratorValue):
+    """`itertools.chain(*iterables)`: each iterable is made an iterator only when the previous one ends."""
+
+    def __init__(self, state, iterables: list[Value]):
+        super().__init__(state)
+        self.iterables, self.current = list(iterables), None
+
+    def python_type(self) -> type:
+        return itertools.chain
+
+    def step(self) -> Value | None:
+        while True:
+            if self.current is None:
+                if not self.iterables:
+                    return None
+                self.current = iterator_of(self.state, self.iterables.pop(0))
+            value = self.current.next()
+            if value is not None:
+                return value
+            self.current = None
+
+    def rebuild(self, writer) -> str:
+        parts = ([self.current] if self.current is not None else []) + self.iterables
+        return f"{writer.constant(itertools.chain)}({', '.join(writer.value(p) for p in parts)})"
+
+
+class IsliceValue(LazyIteratorValue):
+    """`itertools.islice(it, start, stop, step)`: takes from `it` only the items it needs, as eager does
+    (an endless generator under islice must not be drained)."""
+
+    def __init__(self, state, iterator: IteratorValue, bounds: slice):
+        super().__init__(state)
+        self.iterator = iterator
+        self.next_index = bounds.start or 0  # index (in the underlying iterator) of the next item to give
+        self.stop, self.stride, self.consumed = bounds.stop, bounds.step or 1, 0
+
+    def python_type(self) -> type:
+        return itertools.islice
+
+    def step(self) -> Value | None:
+        if self.stop is not None and self.next_index >= self.stop:
+            return None
+        while self.consumed <= self.next_index:
+            value = self.iterator.next()
+            if value is None:
+                return None
+            self.consumed += 1
+        self.next_index += self.stride
+        return value
+
+    def rebuild(self, writer) -> str:
+        skip = self.next_index - self.consumed
+        stop = None if self.stop is None else max(self.stop - self.consumed, skip)
+        return f"{writer.constant(itertools.islice)}({writer.value(self.iterator)}, {skip}, {stop}, {self.stride})"
 
 
 class GeneratorValue(LazyIteratorValue):

@@ -18,8 +18,10 @@ from kiln.capture.values.constant import ConstantValue
 
 
 def _key(state, key: Value) -> Any:
+    from kiln.capture.values.symbolic import SymValue
+
     k = key.realize()
-    if k.is_constant():
+    if k.is_constant() or isinstance(k, SymValue):  # a dynamic size as a key is specialized (guarded), as torch does
         return k.as_constant()
     obj = getattr(k, "obj", None)  # modules, functions and classes hash by identity
     if obj is not None:

@@ -131,6 +131,20 @@ def chain_is_lazy(x):
     return first, list(c)
 
 
+def itertools_endless_and_lazy(x):
+    counted = [x + n for n in itertools.islice(itertools.count(5, 2), 3)]
+    repeated = list(itertools.repeat(x, 2))
+    taken = list(itertools.takewhile(lambda v: TRACE.append(v) or v < 3, [1, 2, 3, 1]))
+    dropped = list(itertools.dropwhile(lambda v: TRACE.append(-v) or v < 3, [1, 3, 1]))
+    pairs = [b - a for a, b in itertools.pairwise(scaled([x, x + 1, x + 3], 1.0))]
+    return counted, repeated, taken, dropped, pairs
+
+
+def itertools_combinatorics(x):
+    return ([a * b for a, b in itertools.combinations([x, x + 1, x + 2], 2)],
+            [(i, j) for i, j in itertools.permutations(range(3), 2)])
+
+
 def iter_of_iterator_shares_position(x):
     it = iter([x, x * 2, x * 3])
     same = iter(it)
@@ -141,7 +155,8 @@ def iter_of_iterator_shares_position(x):
 CASES = [loop_over_generator, partially_consumed, generator_send, return_value_through_stop_iteration,
          yield_from_return_value, zip_of_one_iterator_twice, map_calls_per_item,
          filter_and_enumerate_of_generators, zip_of_generators_interleaves, generator_left_unfinished,
-         islice_of_an_endless_generator, any_and_all_stop_early, chain_is_lazy, iter_of_iterator_shares_position]
+         islice_of_an_endless_generator, any_and_all_stop_early, chain_is_lazy, itertools_endless_and_lazy,
+         itertools_combinatorics, iter_of_iterator_shares_position]
 
 
 def _run(fn, x):
@@ -204,6 +219,22 @@ def break_in_loop_over_islice_and_chain(x):
     return out
 
 
+def break_in_loop_over_pairwise_and_takewhile(x):
+    out = []
+    for a, b in itertools.pairwise(itertools.takewhile(lambda v: v.sum() < 100, [x, x + 1, x + 2, x + 3])):
+        out.append((b - a).sum().item())
+    return out
+
+
+def break_in_loop_over_count(x):
+    out = []
+    for n in itertools.count(1):
+        out.append(n * x.sum().item())
+        if n == 3:
+            break
+    return out
+
+
 def break_in_loop_over_range_and_list_iterator(x):
     out = []
     it = iter([x, x + 1, x + 2])
@@ -214,7 +245,8 @@ def break_in_loop_over_range_and_list_iterator(x):
 
 BREAK_CASES = [break_in_loop_over_generator, break_in_loop_over_zip, break_in_loop_over_enumerate,
                break_in_loop_over_map, break_in_loop_over_filter, break_in_loop_over_dict_items,
-               break_in_loop_over_islice_and_chain, break_in_loop_over_range_and_list_iterator]
+               break_in_loop_over_islice_and_chain, break_in_loop_over_pairwise_and_takewhile, break_in_loop_over_count,
+               break_in_loop_over_range_and_list_iterator]
 
 
 @pytest.mark.parametrize("fn", BREAK_CASES, ids=lambda f: f.__name__)

@@ -23,8 +23,9 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
-from kiln.capture.values.iterators import (ChainValue, EnumerateValue, FilterValue, IsliceValue, MapValue, ZipValue,
-                                           iterator_of, stop_iteration)
+from kiln.capture.values.iterators import (ChainValue, CountValue, EnumerateValue, FilterValue, IsliceValue, MapValue,
+                                           PairwiseValue, RepeatValue, WhileValue, ZipValue, iterator_of,
+                                           stop_iteration)
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.operators import apply_operator
 
@@ -261,6 +262,46 @@ def _chain(state, *iterables):
 def _product(state, *iterables, repeat=None):
     columns = [it.unpack(state) for it in iterables] * (repeat.as_constant() if repeat is not None else 1)
     return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
+
+
+@handles(itertools.combinations)
+def _combinations(state, iterable, r):
+    """Consumes its input up front, as eager does; the combinations are of positions in it."""
+    pool = iterator_of(state, iterable).unpack(state)
+    picks = itertools.combinations(range(len(pool)), r.as_constant())
+    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+
+
+@handles(itertools.permutations)
+def _permutations(state, iterable, r=None):
+    pool = iterator_of(state, iterable).unpack(state)
+    picks = itertools.permutations(range(len(pool)), r.as_constant() if r is not None else None)
+    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+
+
+@handles(itertools.count)
+def _count(state, start=None, step=None):
+    return CountValue(state, start.as_constant() if start is not None else 0, step.as_constant() if step is not None else 1)
+
+
+@handles(itertools.repeat)
+def _repeat(state, item, times=None):
+    return RepeatValue(state, item, max(times.as_constant(), 0) if times is not None else None)
+
+
+@handles(itertools.takewhile)
+def _takewhile(state, predicate, iterable):
+    return WhileValue(state, predicate, iterator_of(state, iterable), taking=True)
+
+
+@handles(itertools.dropwhile)
+def _dropwhile(state, predicate, iterable):
+    return WhileValue(state, predicate, iterator_of(state, iterable), taking=False)
+
+
+@handles(itertools.pairwise)
+def _pairwise(state, iterable):
+    return PairwiseValue(state, iterator_of(state, iterable))
 
 
 @handles(itertools.islice)

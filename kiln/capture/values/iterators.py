@@ -215,6 +215,102 @@ class IsliceValue(LazyIteratorValue):
         return f"{writer.constant(itertools.islice)}({writer.value(self.iterator)}, {skip}, {stop}, {self.stride})"
 
 
+class CountValue(LazyIteratorValue):
+    """`itertools.count(start, step)`: endless, so it can only be lazy."""
+
+    def __init__(self, state, start, step):
+        super().__init__(state)
+        self.value, self.stride = start, step
+
+    def python_type(self) -> type:
+        return itertools.count
+
+    def step(self) -> Value | None:
+        self.value += self.stride
+        return ConstantValue(self.value - self.stride)
+
+    def rebuild(self, writer) -> str:
+        return f"{writer.constant(itertools.count)}({self.value!r}, {self.stride!r})"
+
+
+class RepeatValue(LazyIteratorValue):
+    """`itertools.repeat(obj, times)`: the same object, `times` times (None: endlessly)."""
+
+    def __init__(self, state, item: Value, times: int | None):
+        super().__init__(state)
+        self.item, self.times = item, times
+
+    def python_type(self) -> type:
+        return itertools.repeat
+
+    def step(self) -> Value | None:
+        if self.times is not None:
+            if self.times <= 0:
+                return None
+            self.times -= 1
+        return self.item
+
+    def rebuild(self, writer) -> str:
+        times = "" if self.times is None else f", {self.times}"
+        return f"{writer.constant(itertools.repeat)}({writer.value(self.item)}{times})"
+
+
+class WhileValue(LazyIteratorValue):
+    """`itertools.takewhile(pred, it)` (`taking`) or `dropwhile(pred, it)`: `pred` runs per item, as in eager."""
+
+    def __init__(self, state, predicate: Value, iterator: IteratorValue, taking: bool):
+        super().__init__(state)
+        self.predicate, self.iterator, self.taking, self.switched = predicate, iterator, taking, False
+
+    def python_type(self) -> type:
+        return itertools.takewhile if self.taking else itertools.dropwhile
+
+    def step(self) -> Value | None:
+        while (item := self.iterator.next()) is not None:
+            if self.switched:  # dropwhile past its prefix: every item
+                return item
+            keep = self.predicate.call(self.state, [item], {}).truth(self.state)
+            if self.taking:
+                return item if keep else None
+            if not keep:
+                self.switched = True
+                return item
+        return None
+
+    def rebuild(self, writer) -> str:
+        if self.switched:
+            return writer.value(self.iterator)
+        return f"{writer.constant(self.python_type())}({writer.value(self.predicate)}, {writer.value(self.iterator)})"
+
+
+class PairwiseValue(LazyIteratorValue):
+    """`itertools.pairwise(it)`: overlapping pairs, holding the last item between calls."""
+
+    def __init__(self, state, iterator: IteratorValue):
+        super().__init__(state)
+        self.iterator, self.previous = iterator, None
+
+    def python_type(self) -> type:
+        return itertools.pairwise
+
+    def step(self) -> Value | None:
+        if self.previous is None:
+            self.previous = self.iterator.next()
+            if self.previous is None:
+                return None
+        current = self.iterator.next()
+        if current is None:
+            return None
+        pair, self.previous = TupleValue([self.previous, current]), current
+        return pair
+
+    def rebuild(self, writer) -> str:
+        inner = writer.value(self.iterator)
+        if self.previous is not None:  # the held item comes first again
+            inner = f"{writer.constant(itertools.chain)}(({writer.value(self.previous)},), {inner})"
+        return f"{writer.constant(itertools.pairwise)}({inner})"
+
+
 class GeneratorValue(LazyIteratorValue):
     """A generator made by an inlined generator function (a genexpr too): its frame runs to the next `yield`
     on each next(), suspended in between with its stack and locals, as CPython's does."""

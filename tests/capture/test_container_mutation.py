@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import kiln
-from .helpers import assert_same
+from kiln.api import context_of
+from .helpers import assert_same, graph_count
 
 
 def _cases():
@@ -57,6 +58,17 @@ def _cases():
         ("deque.extend", lambda: collections.deque([1]), lambda q: q.extend([2, 3])),
         ("deque.rotate", lambda: collections.deque([1, 2, 3]), lambda q: q.rotate(1)),
         ("deque.clear", lambda: collections.deque([1, 2]), lambda q: q.clear()),
+        ("deque.extendleft", lambda: collections.deque([1]), lambda q: q.extendleft([2, 3])),
+        ("deque.rotate_left", lambda: collections.deque([1, 2, 3]), lambda q: q.rotate(-2)),
+        ("deque.maxlen_trims", lambda: collections.deque([1, 2, 3], 3), lambda q: q.append(4)),
+        ("deque.maxlen_trims_left", lambda: collections.deque([1, 2, 3], 3), lambda q: q.appendleft(0)),
+        ("deque.insert", lambda: collections.deque([1, 2]), lambda q: q.insert(1, 9)),
+        ("deque.remove", lambda: collections.deque([1, 2, 1, 3]), lambda q: q.remove(1)),
+        ("deque.remove_last", lambda: collections.deque([1, 2, 3]), lambda q: q.remove(3)),
+        ("deque.reverse", lambda: collections.deque([1, 2, 3]), lambda q: q.reverse()),
+        ("deque.setitem", lambda: collections.deque([1, 2, 3]), lambda q: q.__setitem__(-1, 7)),
+        ("deque.delitem", lambda: collections.deque([1, 2, 3]), lambda q: q.__delitem__(0)),
+        ("deque.count_index", lambda: collections.deque([1, 2, 1]), lambda q: (q.count(1), q.index(2), q[-1])),
     ]
 
 
@@ -114,3 +126,21 @@ def test_set_iteration_order_is_pythons():
 
     x = torch.ones(2)
     assert_same(fn(x), kiln.compile(fn)(x))
+
+
+def test_deque_of_tensors_in_one_graph():
+    def fn(a, b):
+        q = collections.deque([a, b], maxlen=3)
+        q.append(a + 1)
+        q.appendleft(b + 1)  # full: drops a + 1 from the right
+        q.rotate(1)
+        try:
+            collections.deque().pop()
+        except IndexError:
+            q.append(a * 3)
+        return list(q), q.popleft(), len(q), q.maxlen
+
+    a, b = torch.randn(2), torch.randn(2)
+    compiled = kiln.compile(fn, backend="eager")
+    assert_same(fn(a, b), compiled(a, b))
+    assert graph_count(context_of(compiled)) == 1

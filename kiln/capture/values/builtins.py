@@ -366,6 +366,14 @@ def _dict(state, pairs=None, **kwargs):
     return DictValue(items)
 
 
+@handles(collections.deque)
+def _deque(state, iterable=None, maxlen=None):
+    from kiln.capture.values.deques import DequeValue
+
+    items = iterator_of(state, iterable).unpack(state) if iterable is not None else []
+    return DequeValue(items, maxlen.as_constant() if maxlen is not None else None)
+
+
 @handles(collections.OrderedDict)
 def _ordered_dict(state, pairs=None, **kwargs):
     value = _dict(state, pairs, **kwargs)

@@ -145,6 +145,12 @@ def itertools_combinatorics(x):
             [(i, j) for i, j in itertools.permutations(range(3), 2)])
 
 
+def membership_stops_consuming_at_the_match(x):
+    g = scaled([1, 2, 3, 4], 1)
+    found = 2 in g
+    return x * found, list(g)
+
+
 def iter_of_iterator_shares_position(x):
     it = iter([x, x * 2, x * 3])
     same = iter(it)
@@ -156,7 +162,7 @@ CASES = [loop_over_generator, partially_consumed, generator_send, return_value_t
          yield_from_return_value, zip_of_one_iterator_twice, map_calls_per_item,
          filter_and_enumerate_of_generators, zip_of_generators_interleaves, generator_left_unfinished,
          islice_of_an_endless_generator, any_and_all_stop_early, chain_is_lazy, itertools_endless_and_lazy,
-         itertools_combinatorics, iter_of_iterator_shares_position]
+         itertools_combinatorics, membership_stops_consuming_at_the_match, iter_of_iterator_shares_position]
 
 
 def _run(fn, x):

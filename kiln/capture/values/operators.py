@@ -207,14 +207,25 @@ def contains(state, container: Value, item: Value) -> bool:
         return item.as_constant() in container.as_constant()
     return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
-               for x in container.unpack(state))
+               for x in _items_of(state, container))
+
+
+def _items_of(state, container: Value):
+    """The items `in` compares, one at a time: `x in iterator` stops consuming it at the first match."""
+    from kiln.capture.values.containers import IteratorValue
+
+    if not isinstance(container, IteratorValue):
+        yield from container.unpack(state)
+        return
+    while (value := container.next()) is not None:
+        yield value
 
 
 def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
     """`t in [a, t]`: Python tries identity first, so it is known until an element needs `==`."""
     from kiln.capture.values.tensor import TensorValue
 
-    for x in container.unpack(state):
+    for x in _items_of(state, container):
         if identical(state, item, x):
             return True
         if isinstance(x.realize(), TensorValue) or not x.realize().is_constant() or x.as_constant() is not None:

@@ -144,3 +144,13 @@ def test_deque_of_tensors_in_one_graph():
     compiled = kiln.compile(fn, backend="eager")
     assert_same(fn(a, b), compiled(a, b))
     assert graph_count(context_of(compiled)) == 1
+
+
+def test_set_of_input_tensors_iterates_in_eagers_order():
+    def fn(*xs):
+        s = set(xs)
+        s.discard(xs[0])
+        return [v * 1 for v in s]
+
+    xs = [torch.full((2,), float(i)) for i in range(8)]
+    assert_same(fn(*xs), kiln.compile(fn, backend="eager")(*xs))

@@ -289,8 +289,25 @@ def _set_key(value: Value) -> Any:
 
     v = value.realize()
     if isinstance(v, TensorValue):
-        return ("___tensor", id(v.real) if v.real is not None else v.node)
+        return _TensorKey(v.real if v.real is not None else v.node)
     return _key(None, v)
+
+
+class _TensorKey:
+    """A tensor item's key in a set's shadow: equal by identity and hashed as Python hashes the tensor
+    (`id`), so a set of input tensors iterates in eager's order (a tensor made by the graph has no
+    object yet: its graph node stands in)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return hash(self.obj)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _TensorKey) and other.obj is self.obj
 
 
 def _key_value(k: Any) -> Value:

@@ -17,6 +17,16 @@ def tagged(name):
     LOG.append("exit " + name)
 
 
+@torch.no_grad()
+def scaled_without_grad(v):
+    return v * 4
+
+
+@torch.enable_grad()
+def doubled_with_grad(v):
+    return v * 2
+
+
 def _x():
     return torch.randn(3, requires_grad=True)
 
@@ -85,6 +95,12 @@ def user_context_manager_decorator(x):
     return helper(x), x * 2
 
 
+def functions_decorated_at_definition(x):
+    with torch.no_grad():
+        y = doubled_with_grad(x)
+    return scaled_without_grad(x) + x, y
+
+
 def context_made_before_a_break(x):
     ctx = torch.no_grad()
     kiln.graph_break()
@@ -129,3 +145,7 @@ def test_user_context_manager_as_decorator_runs_in_order():
 
 def test_context_made_before_a_graph_break():
     check(context_made_before_a_break, _x())
+
+
+def test_functions_decorated_at_definition():
+    check(functions_decorated_at_definition, _x())

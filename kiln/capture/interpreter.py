@@ -59,7 +59,8 @@ class Frame:
         self.self_value = self_value
         self.current: bytecode.Instruction | None = None
         self.handled: list[Value] = []  # exceptions being handled (`except` blocks entered), innermost last
-        self.yields: list[Value] | None = None  # set when the frame runs a generator to completion
+        self.is_generator = False  # a generator's frame: `yield` suspends it (see values.iterators)
+        self.suspended = False  # it stopped at a `yield` rather than returning
 
     # --- the stack ----------------------------------------------------------------------------
     def push(self, value: Value) -> None:
@@ -176,10 +177,10 @@ def inline_call(state, fn: FunctionValue, args: list[Value], kwargs: dict[str, V
     locals_ = bind_arguments(fn, args, kwargs)
     cells = {name: cell for name, cell in zip(code.co_freevars, fn.closure)}
     frame = Frame(state, code, fn.globals, locals_, cells, is_root=False)
-    if code.co_flags & 0x20:  # a generator (a genexpr): run to completion when first iterated
-        from kiln.capture.values.functions import GeneratorValue
+    if code.co_flags & 0x20:  # a generator (a genexpr too): its frame runs on each next()
+        from kiln.capture.values.iterators import GeneratorValue
 
-        return GeneratorValue(frame, fn.name)
+        return GeneratorValue(state, frame, fn, args, kwargs)
     return frame.run()
 
 

@@ -167,3 +167,22 @@ def test_recompile_reason_names_the_one_relation_that_failed(caplog):
     (reason,) = [r.message for r in caplog.records if "recompiling" in r.message]
     assert "shape relations guard failed" in reason and "L['y'].size()[0] == L['x'].size()[0]" in reason
     assert "storage_offset" not in reason  # only the failed relation, not all of them
+
+
+def size_keyed_containers(x):
+    d = {x.shape[0]: "rows", 4: "cols"}
+    s = {x.shape[0], 4}
+    return x * len(d) + len(s), x.shape[0] in d
+
+
+def test_dynamic_size_as_a_dict_or_set_key_is_specialized_without_a_break():
+    """A key must be a concrete value: the size is specialized and guarded (one graph per size, as
+    torch.compile), never a break; size 4 collides with the literal key 4 as it does eagerly."""
+    c = kiln.compile(size_keyed_containers, backend="eager")
+    for n in (2, 3, 4, 5):
+        x = torch.randn(n, 4)
+        expected, actual = size_keyed_containers(x), c(x)
+        torch.testing.assert_close(actual[0], expected[0])
+        assert actual[1] == expected[1]
+    records = context_of(c).records
+    assert len(records) == 4 and all(r.graph_break is None for r in records)

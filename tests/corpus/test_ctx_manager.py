@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from .reference import Table, bug, check, globals_state, t
+from .reference import Table, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -80,7 +80,7 @@ def set_grad_enabled_as_call(x):
     return y, x * 3
 
 
-@cases((G,), marks=bug("@torch.no_grad() on a nested function raises TypeError from set_grad_enabled(None)"))
+@cases((G,))
 def no_grad_decorator_on_inner(x):
     @torch.no_grad()
     def helper(v):

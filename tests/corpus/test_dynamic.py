@@ -67,7 +67,7 @@ def branch_on_size(x):
     return x * 2 if x.shape[0] > 2 else x - 2
 
 
-@cases(*sizes(2, 3, 5), marks=bug("class 5: len(x) of a dynamic-size tensor returns a torch.SymInt to the caller"))
+@cases(*sizes(2, 3, 5), marks=gap("kiln captures a graph (for the size outputs) where torch.compile captures none"))
 def shape_returned(x):
     return x.shape, x.size(0), x.numel(), len(x)
 

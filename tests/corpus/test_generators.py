@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, globals_state, t
+from .reference import Table, check, gap, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -97,8 +97,7 @@ def generator_return_value(x):
     return first
 
 
-@cases((A,), state=globals_state(globals(), TRACE=[]),
-       marks=bug("a generator is run to the end before the loop body: side effects out of order"))
+@cases((A,), state=globals_state(globals(), TRACE=[]))
 def generator_side_effects_in_order(x):
     out = []
     for v in noisy(x):
@@ -107,14 +106,13 @@ def generator_side_effects_in_order(x):
     return out
 
 
-@cases((A,), state=globals_state(globals(), TRACE=[]),
-       marks=bug("next() on a generator runs the whole generator: later side effects happen"))
+@cases((A,), state=globals_state(globals(), TRACE=[]))
 def generator_partially_consumed(x):
     g = noisy(x)
     return next(g)
 
 
-@cases((A,), marks=gap("generator.send() is modelled as sending None; the capture fails and the frame runs eagerly"))
+@cases((A,))
 def generator_send(x):
     g = accumulator()
     next(g)
@@ -183,7 +181,7 @@ def nested_generators(x):
     return x * sum(outer())
 
 
-@cases((A,), marks=bug("graph break in the body of a loop over a generator drops items"))
+@cases((A,))
 def generator_with_break_in_body(x):
     out = []
     for v in scaled([x, x + 1], 2.0):
@@ -218,12 +216,12 @@ def zip_strict_lengths(x):
     return [a * b for a, b in zip([1, 2, 3], [4, 5, 6], strict=True)] and x * 2
 
 
-@cases((A,), marks=gap("itertools.pairwise breaks the graph"))
+@cases((A,))
 def itertools_pairwise(x):
     return [x * (b - a) for a, b in itertools.pairwise([1, 3, 6])]
 
 
-@cases((A,), marks=gap("itertools.takewhile/repeat break the graph"))
+@cases((A,))
 def itertools_repeat_takewhile(x):
     vals = list(itertools.takewhile(lambda v: v < 3, [1, 2, 3, 1]))
     return [x * r for r in itertools.repeat(2, 2)], len(vals)

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .reference import Table, bug, call, check_module, t
+from .reference import Table, call, check_module, t
 
 torch.manual_seed(0)
 X = t(2, 4)
@@ -481,7 +481,7 @@ register(GRUCellLoop, (X3,))
 register(LSTMModule, (X3,))
 register(GroupAndInstanceNorm, (t(2, 4, 3),))
 register(BatchNormTwoSteps, (X,), (X,))
-register(SequentialIndexAndSlice, marks=bug("slicing an nn.Sequential gives a tuple: TypeError when it is called"))
+register(SequentialIndexAndSlice)
 
 
 @pytest.mark.parametrize("make, calls, options", modules.params)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .reference import Table, bug, check, gap, t
+from .reference import Table, check, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -168,7 +168,7 @@ def index_add_and_scatter_reduce(src, idx):
     return torch.zeros(3).index_add(0, idx, src), torch.zeros(3).scatter_reduce(0, idx, src, "amax", include_self=False)
 
 
-@cases((A,), marks=gap("class 7: sum/numel of a masked tensor fails capture (KeyError u1), the frame runs eagerly"))
+@cases((A,))
 def masked_select_data_dependent(a):
     return a[a > 0].sum(), a.masked_select(a < 0).numel()
 
@@ -178,9 +178,7 @@ def nonzero_data_dependent(a):
     return (a > 0).nonzero()
 
 
-@cases((A,),
-       marks=bug("class 7: len() of a boolean-masked tensor puts an unbacked size symbol into the FX code: "
-                 "NameError u0"))
+@cases((A,))
 def len_of_masked_tensor(a):
     return len(a[a > 0]) * a
 
@@ -303,13 +301,10 @@ def test_repro_case_matches_eager(fn, calls, options):
     check(fn, *calls, **options)
 
 
-DATA_DEPENDENT_IN_AUTOGRAD = bug("class 7: a data-dependent output size makes the autograd stage raise "
-                                 "DynamicOutputShapeException")
 THROUGH_AUTOGRAD_STAGE = {
     "scaled_dot_product_scores": (), "causal_mask_with_finfo_min": (), "rotary_embedding": (),
     "cross_entropy_loss": (), "adam_style_update_in_place": (),
-    "masked_select_data_dependent": gap("class 7: capture fails (KeyError u1), runs eagerly"),
-    "nonzero_data_dependent": DATA_DEPENDENT_IN_AUTOGRAD, "unique_and_bincount": DATA_DEPENDENT_IN_AUTOGRAD,
+    "masked_select_data_dependent": (), "nonzero_data_dependent": (), "unique_and_bincount": (),
     "seeded_random_ops": (), "special_float_values": (), "integer_division_signs": (), "complex_numbers": (),
     "sort_and_cumsum_top_p": (), "pad_and_unfold": (),
 }

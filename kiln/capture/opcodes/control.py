@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.interpreter import Return, opcode
 from kiln.capture.values.containers import IteratorValue
 
 
@@ -60,14 +60,9 @@ def jump_if_true_or_pop(frame, ins):
 
 @opcode("GET_ITER", "GET_YIELD_FROM_ITER")
 def get_iter(frame, ins):
-    from kiln.capture.values.functions import GeneratorValue
+    from kiln.capture.values.iterators import iterator_of
 
-    value = frame.peek().realize()
-    if isinstance(value, GeneratorValue):
-        value = value.iterate()  # iter(g) is g: share its position
-    iterator = value if isinstance(value, IteratorValue) else IteratorValue(value.unpack(frame.state))
-    frame.pop()
-    frame.push(iterator)
+    frame.push(iterator_of(frame.state, frame.pop()))  # iter(it) is it: they share its position
 
 
 @opcode("FOR_ITER")
@@ -87,7 +82,7 @@ def for_iter(frame, ins):
 
 @opcode("RETURN_GENERATOR")
 def return_generator(frame, ins):
-    """The generator object, pushed for the POP_TOP that follows; kiln's generators are unrolled."""
+    """A placeholder for the generator object, for the POP_TOP that follows (the tracker is made by the call)."""
     from kiln.capture.values.constant import ConstantValue
 
     frame.push(ConstantValue(None))
@@ -95,25 +90,24 @@ def return_generator(frame, ins):
 
 @opcode("YIELD_VALUE")
 def yield_value(frame, ins):
-    from kiln.capture.values.constant import ConstantValue
-
-    if frame.yields is None:
-        raise GraphBreak("unsupported_opcode", "yield outside a generator kiln unrolls")
-    frame.yields.append(frame.pop())
-    frame.push(ConstantValue(None))  # the value sent in: next() sends None
+    if not frame.is_generator:
+        raise GraphBreak("unsupported_opcode", "yield outside a generator kiln models")
+    frame.suspended = True  # resumed by the generator's next() or send(), which pushes the value sent in
+    raise Return(frame.pop())
 
 
 def _send(frame, ins) -> bool:
-    """`yield from` in an unrolled generator: one step of the inner iterator; False once it is done."""
+    """`yield from`: one step of the inner iterator; False once it is done."""
     from kiln.capture.values.constant import ConstantValue
 
-    frame.pop()  # the value sent in: unrolled generators are only ever sent None
+    frame.pop()  # the value sent in: passed on as next(), so only None is forwarded exactly
     iterator = frame.peek().realize()
     if not isinstance(iterator, IteratorValue):
         raise GraphBreak("unsupported_object", f"yield from {iterator}")
     value = iterator.next()
     if value is None:
-        frame.push(ConstantValue(None))  # the inner generator's return value, not modelled
+        returned = getattr(iterator, "return_value", None)  # what an inner generator returned
+        frame.push(returned if returned is not None else ConstantValue(None))
         frame.jump(ins.target)
         return False
     frame.push(value)

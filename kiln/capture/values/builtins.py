@@ -23,6 +23,9 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.iterators import (ChainValue, CountValue, EnumerateValue, FilterValue, IsliceValue, MapValue,
+                                           PairwiseValue, RepeatValue, WhileValue, ZipValue, iterator_of,
+                                           stop_iteration)
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.operators import apply_operator
 
@@ -219,16 +222,12 @@ def _range(state, *args):
 
 @handles(builtins.enumerate)
 def _enumerate(state, iterable, start=None):
-    first = start.as_constant() if start is not None else 0
-    return IteratorValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.unpack(state))])
+    return EnumerateValue(state, iterator_of(state, iterable), start.as_constant() if start is not None else 0)
 
 
 @handles(builtins.zip)
 def _zip(state, *iterables, strict=None):
-    columns = [it.unpack(state) for it in iterables]
-    if strict is not None and strict.as_constant() and len({len(c) for c in columns}) > 1:
-        raise GraphBreak("exception", "zip() arguments have different lengths")
-    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
+    return ZipValue(state, [iterator_of(state, it) for it in iterables], bool(strict and strict.as_constant()))
 
 
 @handles(builtins.reversed)
@@ -238,29 +237,25 @@ def _reversed(state, seq):
 
 @handles(builtins.iter)
 def _iter(state, obj):
-    return IteratorValue(obj.unpack(state))
+    return iterator_of(state, obj)
 
 
 @handles(builtins.next)
 def _next(state, it, *default):
-    from kiln.capture.values.functions import GeneratorValue
-
     it = it.realize()
-    if isinstance(it, GeneratorValue):
-        it = it.iterate()
     if not isinstance(it, IteratorValue):
         raise GraphBreak("unsupported_object", f"next() on {it}")
     value = it.next()
     if value is None:
         if default:
             return default[0]
-        raise GraphBreak("exception", "StopIteration")
+        raise stop_iteration(it)
     return value
 
 
 @handles(itertools.chain)
 def _chain(state, *iterables):
-    return IteratorValue([item for it in iterables for item in it.unpack(state)])
+    return ChainValue(state, list(iterables))
 
 
 @handles(itertools.product)
@@ -269,10 +264,54 @@ def _product(state, *iterables, repeat=None):
     return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
 
 
+@handles(itertools.combinations)
+def _combinations(state, iterable, r):
+    """Consumes its input up front, as eager does; the combinations are of positions in it."""
+    pool = iterator_of(state, iterable).unpack(state)
+    picks = itertools.combinations(range(len(pool)), r.as_constant())
+    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+
+
+@handles(itertools.permutations)
+def _permutations(state, iterable, r=None):
+    pool = iterator_of(state, iterable).unpack(state)
+    picks = itertools.permutations(range(len(pool)), r.as_constant() if r is not None else None)
+    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+
+
+@handles(itertools.count)
+def _count(state, start=None, step=None):
+    return CountValue(state, start.as_constant() if start is not None else 0, step.as_constant() if step is not None else 1)
+
+
+@handles(itertools.repeat)
+def _repeat(state, item, times=None):
+    return RepeatValue(state, item, max(times.as_constant(), 0) if times is not None else None)
+
+
+@handles(itertools.takewhile)
+def _takewhile(state, predicate, iterable):
+    return WhileValue(state, predicate, iterator_of(state, iterable), taking=True)
+
+
+@handles(itertools.dropwhile)
+def _dropwhile(state, predicate, iterable):
+    return WhileValue(state, predicate, iterator_of(state, iterable), taking=False)
+
+
+@handles(itertools.pairwise)
+def _pairwise(state, iterable):
+    return PairwiseValue(state, iterator_of(state, iterable))
+
+
 @handles(itertools.islice)
 def _islice(state, iterable, *bounds):
-    items = iterable.unpack(state)
-    return IteratorValue(list(itertools.islice(items, *(b.as_constant() for b in bounds))))
+    from kiln.capture.values.exceptions import raise_python
+
+    values = [b.as_constant() for b in bounds]
+    if any(v is not None and (not isinstance(v, int) or v < 0) for v in values) or (len(values) == 3 and values[2] == 0):
+        raise raise_python(ValueError, "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
+    return IsliceValue(state, iterator_of(state, iterable), slice(*values))
 
 
 @handles(functools.reduce)
@@ -289,18 +328,12 @@ def _reduce(state, fn, iterable, *initial):
 
 @handles(builtins.map)
 def _map(state, fn, *iterables):
-    columns = [it.unpack(state) for it in iterables]
-    return IteratorValue([fn.call(state, list(row), {}) for row in zip(*columns)])
+    return MapValue(state, fn, [iterator_of(state, it) for it in iterables])
 
 
 @handles(builtins.filter)
 def _filter(state, fn, iterable):
-    keep = []
-    for item in iterable.unpack(state):
-        test = item if fn.realize().is_constant() and fn.as_constant() is None else fn.call(state, [item], {})
-        if test.truth(state):
-            keep.append(item)
-    return IteratorValue(keep)
+    return FilterValue(state, fn, iterator_of(state, iterable))
 
 
 @handles(builtins.list)
@@ -331,6 +364,14 @@ def _dict(state, pairs=None, **kwargs):
     items = dict(update_pairs(state, pairs)) if pairs is not None else {}
     items.update(kwargs)
     return DictValue(items)
+
+
+@handles(collections.deque)
+def _deque(state, iterable=None, maxlen=None):
+    from kiln.capture.values.deques import DequeValue
+
+    items = iterator_of(state, iterable).unpack(state) if iterable is not None else []
+    return DequeValue(items, maxlen.as_constant() if maxlen is not None else None)
 
 
 @handles(collections.OrderedDict)
@@ -385,11 +426,18 @@ def _sorted(state, iterable, key=None, reverse=None):
 
 
 def _all(state, iterable):
-    return ConstantValue(all(v.truth(state) for v in iterable.unpack(state)))
+    return ConstantValue(all(v.truth(state) for v in _each(state, iterable)))
 
 
 def _any(state, iterable):
-    return ConstantValue(any(v.truth(state) for v in iterable.unpack(state)))
+    return ConstantValue(any(v.truth(state) for v in _each(state, iterable)))
+
+
+def _each(state, iterable):
+    """The items of `iterable` one at a time, so a consumer that stops early (any, all) takes no more."""
+    iterator = iterator_of(state, iterable)
+    while (value := iterator.next()) is not None:
+        yield value
 
 
 HANDLERS[builtins.all], HANDLERS[builtins.any] = _all, _any

@@ -18,8 +18,10 @@ from kiln.capture.values.constant import ConstantValue
 
 
 def _key(state, key: Value) -> Any:
+    from kiln.capture.values.symbolic import SymValue
+
     k = key.realize()
-    if k.is_constant():
+    if k.is_constant() or isinstance(k, SymValue):  # a dynamic size as a key is specialized (guarded), as torch does
         return k.as_constant()
     obj = getattr(k, "obj", None)  # modules, functions and classes hash by identity
     if obj is not None:
@@ -257,7 +259,7 @@ def from_constant(value: Any) -> Value:
     if type(value) is list:
         return ListValue([from_constant(v) for v in value])
     if type(value) is set:
-        return SetValue([from_constant(v) for v in value])
+        return SetValue.of_keys(value, {})  # the real set itself: its iteration order is Python's
     if type(value) is dict:
         from kiln.capture.values.dicts import DictValue
 
@@ -287,8 +289,25 @@ def _set_key(value: Value) -> Any:
 
     v = value.realize()
     if isinstance(v, TensorValue):
-        return ("___tensor", id(v.real) if v.real is not None else v.node)
+        return _TensorKey(v.real if v.real is not None else v.node)
     return _key(None, v)
+
+
+class _TensorKey:
+    """A tensor item's key in a set's shadow: equal by identity and hashed as Python hashes the tensor
+    (`id`), so a set of input tensors iterates in eager's order (a tensor made by the graph has no
+    object yet: its graph node stands in)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return hash(self.obj)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _TensorKey) and other.obj is self.obj
 
 
 def _key_value(k: Any) -> Value:
@@ -298,57 +317,113 @@ def _key_value(k: Any) -> Value:
 
 
 class SetValue(Value):
-    """A set of constants or of objects hashed by identity (modules: `memo` sets in nn.Module's generators)."""
+    """A set of constants or of objects hashed by identity (modules: `memo` sets in nn.Module's generators).
+
+    Every operation runs on a real shadow set of the items' keys (`_set_key`), in the order the traced code
+    runs it, so membership, mutation (`discard`, `pop`, `-=`...) and iteration order are Python's own;
+    `_items` maps each non-constant key back to its tracker.
+    """
 
     def __init__(self, items: list[Value]):
-        self.items = []
-        seen = set()
-        for i in items:
-            c = _set_key(i)
-            if c not in seen:
-                seen.add(c)
-                self.items.append(i)
+        self.keys: set = set()
+        self._items: dict = {}
+        for item in items:
+            self._add(item)
+
+    @classmethod
+    def of_keys(cls, keys: set, pool: dict) -> SetValue:
+        """A set holding `keys` (a real set, so its order is Python's), trackers looked up in `pool`."""
+        value = cls([])
+        value.keys = keys
+        value._items = {k: pool[k] for k in keys if k in pool}
+        return value
+
+    def _add(self, item: Value) -> None:
+        key = _set_key(item)
+        if key not in self.keys:
+            self.keys.add(key)
+            if not item.realize().is_constant():
+                self._items[key] = item
+
+    def _item(self, key: Any) -> Value:
+        return self._items[key] if key in self._items else ConstantValue(key)
 
     def python_type(self):
         return set
 
     def is_constant(self):
-        return all(i.realize().is_constant() for i in self.items)
+        return not self._items
 
     def as_constant(self):
-        return {_set_key(i) for i in self.items}
+        return set(self.keys)
 
     def unpack(self, state):
-        return list(self.items)
+        return [self._item(k) for k in self.keys]
 
     def length(self, state) -> int:
-        return len(self.items)
+        return len(self.keys)
 
     def truth(self, state) -> bool:
-        return bool(self.items)
+        return bool(self.keys)
 
     def getattr(self, state, name):
         return method_of(self, set, name)
 
-    def replace_items(self, items: list[Value]) -> SetValue:
-        """`s |= t` and the like: this set (every alias of it) now holds `items`."""
-        self.items = list(items)
-        return self
-
     def call_method(self, state, name, args, kwargs):
-        if name == "add":
-            if _set_key(args[0]) not in self.as_constant():
-                self.items.append(args[0])
-            return ConstantValue(None)
-        if name == "__contains__":
-            return ConstantValue(_set_key(args[0]) in self.as_constant())
-        if not self.is_constant():
-            raise GraphBreak("unsupported_call", f"set.{name} on a set of objects")
-        result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
+        """Any set method: run on the shadow keys; a set result (union, copy...) becomes a new tracker."""
+        from kiln.capture.values.exceptions import raise_python
+
+        if kwargs:
+            raise GraphBreak("unsupported_call", f"set.{name} with keyword arguments")
+        pool = dict(self._items)
+        real_args = [_set_item(a, pool) if name in _ELEMENT_METHODS else _set_argument(state, a, pool) for a in args]
+        try:
+            result = getattr(self.keys, name)(*real_args)
+        except (KeyError, TypeError, ValueError) as e:
+            raise raise_python(type(e), *e.args) from e
+        self._items = {k: v for k, v in pool.items() if k in self.keys}
+        if result is NotImplemented:  # `s | [1]`: set operators take sets only
+            raise raise_python(TypeError, f"unsupported operand type(s) for set.{name}")
+        if result is self.keys:  # `s |= t` returns s itself
+            return self
+        if isinstance(result, set):
+            return SetValue.of_keys(result, pool)
+        if name == "pop":
+            return pool[result] if result in pool else ConstantValue(result)
         return ConstantValue(result)
 
     def reconstruct(self, writer):
-        return "{" + ", ".join(writer.value(i) for i in self.items) + "}" if self.items else "set()"
+        items = self.unpack(None)
+        return "{" + ", ".join(writer.value(i) for i in items) + "}" if items else "set()"
+
+
+_ELEMENT_METHODS = frozenset({"add", "discard", "remove", "__contains__"})  # the others take iterables
+
+
+def _set_item(item: Value, pool: dict) -> Any:
+    """One element's key; a non-constant element's tracker goes into `pool`."""
+    key = _set_key(item)
+    if not item.realize().is_constant():
+        pool[key] = item
+    return key
+
+
+def _set_argument(state, arg: Value, pool: dict) -> Any:
+    """An iterable argument (`s.update(xs)`, `s - t`) as real keys: a set's shadow, another container's keys.
+
+    The trackers behind non-constant keys go into `pool`, so a result can map its keys back to them.
+    """
+    from kiln.capture.values.dicts import DictValue, DictViewValue
+
+    arg = arg.realize()
+    if isinstance(arg, SetValue):
+        pool.update(arg._items)
+        return arg.keys
+    if isinstance(arg, (SequenceValue, IteratorValue, DictValue, DictViewValue)):
+        return [_set_item(i, pool) for i in arg.unpack(state)]
+    if arg.is_constant():
+        return arg.as_constant()
+    raise GraphBreak("unsupported_call", f"a set method on {arg}")
 
 
 class SliceValue(Value):

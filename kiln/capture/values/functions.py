@@ -151,7 +151,7 @@ class MethodValue(CallableValue):
     def reconstruct(self, writer) -> str:
         if self.source is not None:
             return writer.source_expr(self.source)
-        return f"{writer.constant(types.MethodType)}({self.fn.reconstruct(writer)}, {self.self_value.reconstruct(writer)})"
+        return f"{writer.constant(types.MethodType)}({writer.value(self.fn)}, {writer.value(self.self_value)})"
 
 
 class BoundMethodValue(CallableValue):
@@ -167,7 +167,7 @@ class BoundMethodValue(CallableValue):
         return self.self_value.call_method(state, self.name, args, kwargs)
 
     def reconstruct(self, writer) -> str:
-        return f"{self.self_value.reconstruct(writer)}.{self.name}"
+        return f"{writer.value(self.self_value)}.{self.name}"  # the receiver itself, not a copy of it
 
 
 class BuiltinValue(CallableValue):
@@ -195,41 +195,3 @@ class BuiltinValue(CallableValue):
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__qualname__', self.fn)})"
-
-
-class GeneratorValue(Value):
-    """A generator made by an inlined generator function (most often a genexpr).
-
-    It is unrolled: the first iteration (or next()) runs its frame to the end,
-    collecting what it yields, as torch.compile does. That reorders the generator's
-    own side effects before the consumer's, which is exact for the pure generators
-    models use (`sum(f(x) for f in fs)`, `tuple(t.shape[i] for i in dims)`).
-    """
-
-    def __init__(self, frame, name: str):
-        self.frame, self.name = frame, name
-        self.iterator = None  # an IteratorValue over the yielded values, once run
-
-    def python_type(self) -> type:
-        return types.GeneratorType
-
-    def iterate(self):
-        if self.iterator is None:
-            from kiln.capture.values.containers import IteratorValue
-
-            self.frame.yields = []
-            self.frame.run()
-            self.iterator = IteratorValue(self.frame.yields)
-        return self.iterator
-
-    def next(self) -> Value | None:
-        return self.iterate().next()
-
-    def unpack(self, state) -> list[Value]:
-        return self.iterate().unpack(state)
-
-    def reconstruct(self, writer) -> str:
-        return self.iterate().reconstruct(writer)
-
-    def __repr__(self) -> str:
-        return f"Generator({self.name})"

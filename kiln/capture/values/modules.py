@@ -163,16 +163,79 @@ class ModuleValue(Value):
         if isinstance(m, (nn.ModuleDict, nn.ParameterDict)):
             return self.getattr(state, k)
         self._guard_length(state)
-        keys = self._keys()
-        if isinstance(k, slice):
-            return TupleValue([self.getattr(state, name) for name in keys[k]])
-        return self.getattr(state, keys[k])
+        return _item_of(state, self, self._keys(), k)
 
     def reconstruct(self, writer) -> str:
         return writer.source_expr(self.source)
 
     def __repr__(self) -> str:
         return f"Module({type(self.module).__name__} at {self.source})"
+
+
+def _item_of(state, container: Value, keys: list[str], index) -> Value:
+    """`container[index]` of a ModuleList, Sequential or ParameterList: one member, or a slice of them
+    (a new container of the same kind in eager, callable when it is a Sequential)."""
+    from kiln.capture.values.exceptions import raise_python
+
+    if isinstance(index, slice):
+        return ModuleSliceValue(container, keys[index], index)
+    if not isinstance(index, int):
+        raise raise_python(TypeError, f"{container.python_type().__name__} indices must be integers or slices")
+    if not -len(keys) <= index < len(keys):
+        raise raise_python(IndexError, f"index {index} is out of range")
+    return container.getattr(state, keys[index])
+
+
+class ModuleSliceValue(Value):
+    """`seq[1:]` of a ModuleList, Sequential or ParameterList: the members named `keys`, in order.
+
+    Eager builds a new container of the parent's class holding the same members; this value stands for it:
+    it iterates, indexes, slices and (a Sequential) calls as that container would. Rebuilt natively as the
+    same slice of the parent.
+    """
+
+    def __init__(self, parent: Value, keys: list[str], index: slice):
+        self.parent, self.keys, self.index = parent, keys, index
+        self.source = None
+
+    def python_type(self) -> type:
+        return self.parent.python_type()
+
+    def unpack(self, state) -> list[Value]:
+        return [self.parent.getattr(state, k) for k in self.keys]
+
+    def length(self, state) -> int:
+        return len(self.keys)
+
+    def truth(self, state) -> bool:
+        return bool(self.keys)
+
+    def getitem(self, state, key: Value) -> Value:
+        index = key.as_constant()
+        if isinstance(index, slice):
+            return ModuleSliceValue(self, self.keys[index], index)
+        return _item_of(state, self, self.keys, index)
+
+    def getattr(self, state, name: str) -> Value:
+        return self.parent.getattr(state, name)  # members by name; the slice shares them with its parent
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """A Sequential slice chains its members (nn.Sequential.forward); other containers are not callable."""
+        cls = self.python_type()
+        if not issubclass(cls, nn.Sequential) or cls.forward is not nn.Sequential.forward:
+            raise GraphBreak("unsupported_call", f"calling a slice of {cls.__name__}")
+        if len(args) != 1 or kwargs:
+            raise GraphBreak("unsupported_call", "a Sequential called with other than one argument")
+        value = args[0]
+        for member in self.unpack(state):
+            value = member.call(state, [value], {})
+        return value
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.parent)}[{writer.constant(self.index)}]"
+
+    def __repr__(self) -> str:
+        return f"ModuleSlice({self.parent!r}[{self.index}])"
 
 
 def _is_none(value: Value) -> bool:

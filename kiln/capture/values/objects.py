@@ -636,8 +636,8 @@ class PartialValue(Value):
     def reconstruct(self, writer) -> str:
         import functools
 
-        parts = [self.fn.reconstruct(writer)] + [a.reconstruct(writer) for a in self.args]
-        parts += [f"{k}={v.reconstruct(writer)}" for k, v in self.kwargs.items()]
+        parts = [writer.value(self.fn)] + [writer.value(a) for a in self.args]  # the objects, not copies
+        parts += [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
         return f"{writer.constant(functools.partial)}({', '.join(parts)})"
 
 

@@ -38,6 +38,14 @@ _INPLACE_TO_PLAIN = {
     operator.irshift: operator.rshift,
 }
 
+# Set operators as the set methods they are; the shadow set in `SetValue` runs them.
+_SET_DUNDERS = {
+    operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
+    operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__", operator.ixor: "__ixor__",
+    operator.eq: "__eq__", operator.ne: "__ne__", operator.le: "__le__", operator.lt: "__lt__",
+    operator.ge: "__ge__", operator.gt: "__gt__",
+}
+
 
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
@@ -63,8 +71,8 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         except Exception as e:
             raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
-    if in_place and isinstance(args[0], SetValue) and all(a.is_constant() for a in args):
-        return args[0].replace_items(from_constant(plain(*(a.as_constant() for a in args))).items)
+    if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
+        return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
     if isinstance(args[0], DictValue) and len(args) == 2:
         return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
@@ -199,14 +207,25 @@ def contains(state, container: Value, item: Value) -> bool:
         return item.as_constant() in container.as_constant()
     return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
-               for x in container.unpack(state))
+               for x in _items_of(state, container))
+
+
+def _items_of(state, container: Value):
+    """The items `in` compares, one at a time: `x in iterator` stops consuming it at the first match."""
+    from kiln.capture.values.containers import IteratorValue
+
+    if not isinstance(container, IteratorValue):
+        yield from container.unpack(state)
+        return
+    while (value := container.next()) is not None:
+        yield value
 
 
 def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
     """`t in [a, t]`: Python tries identity first, so it is known until an element needs `==`."""
     from kiln.capture.values.tensor import TensorValue
 
-    for x in container.unpack(state):
+    for x in _items_of(state, container):
         if identical(state, item, x):
             return True
         if isinstance(x.realize(), TensorValue) or not x.realize().is_constant() or x.as_constant() is not None:

@@ -94,7 +94,8 @@ class TensorValue(Value):
 
     def size_value(self, state) -> Value:
         """`t.shape`: a constant torch.Size, or a SizeValue whose dynamic entries are symbolic."""
-        shape = self.fake.shape
+        # a size already specialized (its expression a number) is a plain int: a SymInt does not hash (dict keys)
+        shape = [n if _has_symbols(n) else int(n) for n in self.fake.shape]
         if not _has_symbols(shape):
             return ConstantValue(torch.Size(shape))
         from kiln.capture.values.containers import SizeValue
@@ -153,7 +154,7 @@ class TensorMethodValue(Value):
         return self.tensor.call_method(state, self.name, args, kwargs)
 
     def reconstruct(self, writer) -> str:
-        return f"{self.tensor.reconstruct(writer)}.{self.name}"
+        return f"{writer.value(self.tensor)}.{self.name}"
 
     def __repr__(self) -> str:
         return f"TensorMethod({self.name})"

@@ -8,6 +8,7 @@ put their switches in the graph.
 """
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import torch
@@ -173,11 +174,48 @@ class GradModeContext(Value):
     def exit(self, state) -> None:
         state.set_grad_enabled(self.prev)
 
+    def entered(self) -> bool:
+        return self.prev is not None
+
+    def call(self, state, args, kwargs) -> Value:
+        """`torch.no_grad()(fn)`, the decorator form: a function that runs `fn` in this grad mode."""
+        if len(args) != 1 or kwargs:
+            raise GraphBreak("unsupported_call", f"calling {self} with {len(args)} arguments")
+        return GradModeFunction(self.enabled, args[0])
+
     def reconstruct(self, writer) -> str:
+        if not self.entered():  # made but not yet entered (`ctx = torch.no_grad()` before a break): a new one
+            return f"{writer.constant(self.python_type())}()"
         return writer.grad_mode_exit(self.prev)
 
     def __repr__(self) -> str:
         return f"GradMode(enabled={self.enabled})"
+
+
+class GradModeFunction(CallableValue):
+    """A function decorated with `@torch.no_grad()` / `@torch.enable_grad()`: its body inlined in that mode.
+
+    The mode is restored however the body ends (a return, a traced exception, a graph break inside it,
+    after which the call runs natively from the outer mode).
+    """
+
+    def __init__(self, enabled: bool, fn: Value):
+        self.enabled, self.fn = enabled, fn
+
+    def python_type(self) -> type:
+        return types.FunctionType  # torch's decorator returns a functools.wraps'd function
+
+    def call(self, state, args, kwargs) -> Value:
+        mode = GradModeContext(self.enabled)
+        mode.enter(state)
+        try:
+            return self.fn.call(state, args, kwargs)
+        finally:
+            mode.exit(state)
+
+    def reconstruct(self, writer) -> str:
+        decorator = torch.enable_grad if self.enabled else torch.no_grad
+        return f"{writer.constant(decorator)}()({writer.value(self.fn)})"
 
 
 class AutocastContext(Value):

@@ -1,0 +1,373 @@
+"""Lazy iterators during capture: generators, zip, enumerate, map and filter, one item per next().
+
+Python computes these one item at a time, interleaved with the code consuming them: a generator's body runs up
+to its next `yield` only when asked, `map`'s function is called per item, `zip(it, it)` pairs consecutive items.
+Computing them all up front reorders side effects (a generator's appends before the loop body's), runs code
+eager never runs (the rest of a partially consumed generator) and gets shared iterators wrong. So each of these
+trackers computes its next item on demand, from iterators it holds, exactly where eager does.
+
+At a graph break, an iterator the continuation still needs is rebuilt from the rest of its inputs
+(`zip(iter([...]), ...)`), so the continuation resumes at the exact position. A generator suspended inside its
+body cannot be rebuilt: the frame then runs natively.
+"""
+from __future__ import annotations
+
+import itertools
+import types
+from typing import Any
+
+from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import IteratorValue, TupleValue
+
+
+def iterator_of(state, value: Value) -> IteratorValue:
+    """`iter(value)`: an iterator is its own iterator (shares its position); anything else is unpacked."""
+    value = value.realize()
+    if isinstance(value, IteratorValue):
+        return value
+    return IteratorValue(value.unpack(state))
+
+
+class LazyIteratorValue(IteratorValue):
+    """An iterator computing each item on next(): `step` gives the next one, None once exhausted."""
+
+    def __init__(self, state):
+        super().__init__([])
+        self.state, self.exhausted = state, False
+
+    def step(self) -> Value | None:
+        raise NotImplementedError
+
+    def next(self) -> Value | None:
+        if self.exhausted:
+            return None
+        value = self.step()
+        self.exhausted = value is None
+        return value
+
+    def unpack(self, state) -> list[Value]:
+        items = []
+        while (value := self.next()) is not None:
+            items.append(value)
+        return items
+
+    def reconstruct(self, writer) -> str:
+        if self.exhausted:
+            return "iter(())"
+        return self.rebuild(writer)
+
+    def rebuild(self, writer) -> str:
+        raise NotImplementedError
+
+
+class ZipValue(LazyIteratorValue):
+    def __init__(self, state, iterators: list[IteratorValue], strict: bool):
+        super().__init__(state)
+        self.iterators, self.strict = iterators, strict
+
+    def python_type(self) -> type:
+        return zip
+
+    def step(self) -> Value | None:
+        from kiln.capture.values.exceptions import raise_python
+
+        row = []
+        for i, it in enumerate(self.iterators):
+            value = it.next()
+            if value is None:
+                if self.strict and (i > 0 or any(other.next() is not None for other in self.iterators[1:])):
+                    raise raise_python(ValueError, "zip() arguments have different lengths")
+                return None
+            row.append(value)
+        return TupleValue(row) if row else None
+
+    def rebuild(self, writer) -> str:
+        inner = "".join(writer.value(it) + ", " for it in self.iterators)
+        return f"zip({inner}strict={self.strict})"
+
+
+class EnumerateValue(LazyIteratorValue):
+    def __init__(self, state, iterator: IteratorValue, start: Any):
+        super().__init__(state)
+        self.iterator, self.count = iterator, start
+
+    def python_type(self) -> type:
+        return enumerate
+
+    def step(self) -> Value | None:
+        value = self.iterator.next()
+        if value is None:
+            return None
+        self.count += 1
+        return TupleValue([ConstantValue(self.count - 1), value])
+
+    def rebuild(self, writer) -> str:
+        return f"enumerate({writer.value(self.iterator)}, {self.count!r})"
+
+
+class MapValue(LazyIteratorValue):
+    def __init__(self, state, fn: Value, iterators: list[IteratorValue]):
+        super().__init__(state)
+        self.fn, self.iterators = fn, iterators
+
+    def python_type(self) -> type:
+        return map
+
+    def step(self) -> Value | None:
+        row = []
+        for it in self.iterators:
+            value = it.next()
+            if value is None:
+                return None
+            row.append(value)
+        return self.fn.call(self.state, row, {})
+
+    def rebuild(self, writer) -> str:
+        inner = ", ".join(writer.value(it) for it in self.iterators)
+        return f"map({writer.value(self.fn)}, {inner})"
+
+
+class FilterValue(LazyIteratorValue):
+    def __init__(self, state, fn: Value, iterator: IteratorValue):
+        super().__init__(state)
+        self.fn, self.iterator = fn, iterator
+
+    def python_type(self) -> type:
+        return filter
+
+    def step(self) -> Value | None:
+        keeps_truthy = self.fn.realize().is_constant() and self.fn.as_constant() is None
+        while (item := self.iterator.next()) is not None:
+            test = item if keeps_truthy else self.fn.call(self.state, [item], {})
+            if test.truth(self.state):
+                return item
+        return None
+
+    def rebuild(self, writer) -> str:
+        return f"filter({writer.value(self.fn)}, {writer.value(self.iterator)})"
+
+
+def stop_iteration(iterator: IteratorValue) -> Exception:
+    """The StopIteration an exhausted iterator raises; a generator's carries what it returned."""
+    from kiln.capture.values.exceptions import raise_python
+
+    returned = getattr(iterator, "return_value", None)
+    if returned is None or not returned.realize().is_constant() or returned.as_constant() is None:
+        return raise_python(StopIteration)
+    return raise_python(StopIteration, returned.as_constant())
+
+
+class ChainValue(LazyIteratorValue):
+    """`itertools.chain(*iterables)`: each iterable is made an iterator only when the previous one ends."""
+
+    def __init__(self, state, iterables: list[Value]):
+        super().__init__(state)
+        self.iterables, self.current = list(iterables), None
+
+    def python_type(self) -> type:
+        return itertools.chain
+
+    def step(self) -> Value | None:
+        while True:
+            if self.current is None:
+                if not self.iterables:
+                    return None
+                self.current = iterator_of(self.state, self.iterables.pop(0))
+            value = self.current.next()
+            if value is not None:
+                return value
+            self.current = None
+
+    def rebuild(self, writer) -> str:
+        parts = ([self.current] if self.current is not None else []) + self.iterables
+        return f"{writer.constant(itertools.chain)}({', '.join(writer.value(p) for p in parts)})"
+
+
+class IsliceValue(LazyIteratorValue):
+    """`itertools.islice(it, start, stop, step)`: takes from `it` only the items it needs, as eager does
+    (an endless generator under islice must not be drained)."""
+
+    def __init__(self, state, iterator: IteratorValue, bounds: slice):
+        super().__init__(state)
+        self.iterator = iterator
+        self.next_index = bounds.start or 0  # index (in the underlying iterator) of the next item to give
+        self.stop, self.stride, self.consumed = bounds.stop, bounds.step or 1, 0
+
+    def python_type(self) -> type:
+        return itertools.islice
+
+    def step(self) -> Value | None:
+        if self.stop is not None and self.next_index >= self.stop:
+            return None
+        while self.consumed <= self.next_index:
+            value = self.iterator.next()
+            if value is None:
+                return None
+            self.consumed += 1
+        self.next_index += self.stride
+        return value
+
+    def rebuild(self, writer) -> str:
+        skip = self.next_index - self.consumed
+        stop = None if self.stop is None else max(self.stop - self.consumed, skip)
+        return f"{writer.constant(itertools.islice)}({writer.value(self.iterator)}, {skip}, {stop}, {self.stride})"
+
+
+class CountValue(LazyIteratorValue):
+    """`itertools.count(start, step)`: endless, so it can only be lazy."""
+
+    def __init__(self, state, start, step):
+        super().__init__(state)
+        self.value, self.stride = start, step
+
+    def python_type(self) -> type:
+        return itertools.count
+
+    def step(self) -> Value | None:
+        self.value += self.stride
+        return ConstantValue(self.value - self.stride)
+
+    def rebuild(self, writer) -> str:
+        return f"{writer.constant(itertools.count)}({self.value!r}, {self.stride!r})"
+
+
+class RepeatValue(LazyIteratorValue):
+    """`itertools.repeat(obj, times)`: the same object, `times` times (None: endlessly)."""
+
+    def __init__(self, state, item: Value, times: int | None):
+        super().__init__(state)
+        self.item, self.times = item, times
+
+    def python_type(self) -> type:
+        return itertools.repeat
+
+    def step(self) -> Value | None:
+        if self.times is not None:
+            if self.times <= 0:
+                return None
+            self.times -= 1
+        return self.item
+
+    def rebuild(self, writer) -> str:
+        times = "" if self.times is None else f", {self.times}"
+        return f"{writer.constant(itertools.repeat)}({writer.value(self.item)}{times})"
+
+
+class WhileValue(LazyIteratorValue):
+    """`itertools.takewhile(pred, it)` (`taking`) or `dropwhile(pred, it)`: `pred` runs per item, as in eager."""
+
+    def __init__(self, state, predicate: Value, iterator: IteratorValue, taking: bool):
+        super().__init__(state)
+        self.predicate, self.iterator, self.taking, self.switched = predicate, iterator, taking, False
+
+    def python_type(self) -> type:
+        return itertools.takewhile if self.taking else itertools.dropwhile
+
+    def step(self) -> Value | None:
+        while (item := self.iterator.next()) is not None:
+            if self.switched:  # dropwhile past its prefix: every item
+                return item
+            keep = self.predicate.call(self.state, [item], {}).truth(self.state)
+            if self.taking:
+                return item if keep else None
+            if not keep:
+                self.switched = True
+                return item
+        return None
+
+    def rebuild(self, writer) -> str:
+        if self.switched:
+            return writer.value(self.iterator)
+        return f"{writer.constant(self.python_type())}({writer.value(self.predicate)}, {writer.value(self.iterator)})"
+
+
+class PairwiseValue(LazyIteratorValue):
+    """`itertools.pairwise(it)`: overlapping pairs, holding the last item between calls."""
+
+    def __init__(self, state, iterator: IteratorValue):
+        super().__init__(state)
+        self.iterator, self.previous = iterator, None
+
+    def python_type(self) -> type:
+        return itertools.pairwise
+
+    def step(self) -> Value | None:
+        if self.previous is None:
+            self.previous = self.iterator.next()
+            if self.previous is None:
+                return None
+        current = self.iterator.next()
+        if current is None:
+            return None
+        pair, self.previous = TupleValue([self.previous, current]), current
+        return pair
+
+    def rebuild(self, writer) -> str:
+        inner = writer.value(self.iterator)
+        if self.previous is not None:  # the held item comes first again
+            inner = f"{writer.constant(itertools.chain)}(({writer.value(self.previous)},), {inner})"
+        return f"{writer.constant(itertools.pairwise)}({inner})"
+
+
+class GeneratorValue(LazyIteratorValue):
+    """A generator made by an inlined generator function (a genexpr too): its frame runs to the next `yield`
+    on each next(), suspended in between with its stack and locals, as CPython's does."""
+
+    def __init__(self, state, frame, fn: Value, args: list[Value], kwargs: dict[str, Value]):
+        super().__init__(state)
+        self.frame, self.fn, self.args, self.kwargs = frame, fn, args, kwargs
+        self.started = False
+        self.return_value: Value | None = None  # what its `return` gave, once it ran to the end
+        frame.is_generator = True
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def step(self) -> Value | None:
+        return self.send(ConstantValue(None))
+
+    def send(self, value: Value) -> Value | None:
+        """Resume the frame with `value` as the result of its `yield`; the next yielded value, None at its end."""
+        from kiln.capture.values.exceptions import raise_python
+
+        if not self.started and not (value.realize().is_constant() and value.as_constant() is None):
+            raise raise_python(TypeError, "can't send non-None value to a just-started generator")
+        if self.started:
+            self.frame.push(value)
+        self.started = True
+        try:
+            result = self.frame.run()
+        except Exception:
+            self.exhausted = True
+            raise
+        if self.frame.suspended:
+            self.frame.suspended = False
+            return result
+        self.exhausted, self.return_value = True, result
+        return None
+
+    def getattr(self, state, name: str) -> Value:
+        from kiln.capture.values.functions import BoundMethodValue
+
+        if name in ("send", "__next__"):
+            return BoundMethodValue(self, name)
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of a generator")
+
+    def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
+        from kiln.capture.values.exceptions import raise_python
+
+        value = self.next() if name == "__next__" else self.send(args[0]) if not self.exhausted else None
+        if value is None:
+            raise stop_iteration(self)
+        return value
+
+    def rebuild(self, writer) -> str:
+        if self.started:
+            raise Unresumable("unsupported_object", "a generator suspended inside its body at a graph break")
+        args = [writer.value(a) for a in self.args] + [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
+        return f"{writer.value(self.fn)}({', '.join(args)})"
+
+    def __repr__(self) -> str:
+        return f"Generator({self.frame.code.co_name})"

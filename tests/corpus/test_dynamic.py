@@ -67,7 +67,7 @@ def branch_on_size(x):
     return x * 2 if x.shape[0] > 2 else x - 2
 
 
-@cases(*sizes(2, 3, 5), marks=gap("kiln captures a graph (for the size outputs) where torch.compile captures none"))
+@cases(*sizes(2, 3, 5))
 def shape_returned(x):
     return x.shape, x.size(0), x.numel(), len(x)
 
@@ -220,8 +220,7 @@ def _inference_relu_matmul(x):
 
 
 @pytest.mark.parametrize("fn", [
-    pytest.param(_inference_relu_matmul, id="no_grad_matmul",
-                 marks=bug("class 1: NameError for a size symbol in an inference graph on the second size")),
+    pytest.param(_inference_relu_matmul, id="no_grad_matmul"),
 ])
 def test_dynamic_sizes_on_default_backend(fn):
     check(fn, *sizes(4, 6, 8), backend="inductor")

@@ -65,7 +65,7 @@ class DequeValue(Value):
             real_args = [args[0]]
         else:
             real_args = [a.as_constant() for a in args]  # rotate(n), insert(i, x) below, pop(), clear()...
-            if name == "insert":
+            if name in ("insert", "__setitem__"):  # (position, item): the item stays a tracker
                 real_args = [args[0].as_constant(), args[1]]
         result = self._run(lambda: getattr(self.items, name)(*real_args))
         return result if isinstance(result, Value) else ConstantValue(result)

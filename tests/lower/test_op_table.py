@@ -100,6 +100,17 @@ def test_pointwise(dtype, shape):
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
 
 
+def test_bool_add_and_mul_are_logic_inside_a_fused_consumer():
+    """True + True is True in eager: a float consumer fused after it must see 1, not 2."""
+    a = torch.tensor([True, True, False, False])
+    b = torch.tensor([True, False, True, False])
+
+    def fn(a, b):
+        return (a + b) / 1.0, (a * b) * 3.0, (a + b) + (a * b)
+
+    check(fn, a, b)
+
+
 REDUCTIONS = {
     "sum_last": lambda a: a.sum(-1), "sum_first_keep": lambda a: a.sum(0, keepdim=True),
     "sum_all": lambda a: a.sum(), "mean": lambda a: a.mean(-1), "amax": lambda a: a.amax(-1),

@@ -48,6 +48,10 @@ LOGICAL = {
     "logical_xor": [aten.logical_xor.default], "logical_not": [aten.logical_not.default],
 }
 PREDICATE = {"isnan": [aten.isnan.default], "isinf": [aten.isinf.default]}
+# on bool tensors eager computes these as logic (True + True is True): C++ and Triton would add them as integers,
+# and a fused consumer would see 2 before the result is stored as bool
+BOOL_AS_LOGICAL = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor",
+                   "add": "logical_or", "mul": "logical_and"}
 
 
 def _arith(name):
@@ -55,10 +59,9 @@ def _arith(name):
         size, dtype = out_info(meta)
         if name == "bitwise_not" and dtype == torch.bool:
             return TensorValue(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
-        if name in ("bitwise_and", "bitwise_or", "bitwise_xor") and dtype == torch.bool:
+        if name in BOOL_AS_LOGICAL and dtype == torch.bool:
             ops = tuple(operand(a, size, dtype) for a in args)
-            return TensorValue(size, dtype, ir.Op({"bitwise_and": "logical_and", "bitwise_or": "logical_or",
-                                                   "bitwise_xor": "logical_xor"}[name], ops, dtype))
+            return TensorValue(size, dtype, ir.Op(BOOL_AS_LOGICAL[name], ops, dtype))
         ops = tuple(operand(a, size, dtype) for a in args)
         if kwargs.get("alpha", 1) != 1:
             ops = (ops[0], ir.Op("mul", (ops[1], const(kwargs["alpha"], dtype)), dtype))

@@ -1,0 +1,287 @@
+"""The differential comparison: run a program eagerly and through kiln.compile, and classify the difference.
+
+`run_program(source, backend)` executes the program's source twice (two namespaces, so Python state is
+not shared), calls the eager `f` and the compiled `f` with equal inputs for each of its CALLS calls, and
+compares, call by call: the exception raised (same type), the outputs (structure, dtype, shape,
+requires_grad, values within a tolerance, NaN equal to NaN), which outputs *are* inputs or each other,
+which outputs share storage with each other or with inputs, the inputs after the call (in-place ops),
+the Python state the program writes, and the gradients of the inputs after a backward over the outputs
+(an input the loss does not reach must keep `.grad is None`).
+
+Outcomes: "ok"; "wrong" (a value, state, identity or gradient differs, or eager raised and kiln did
+not); "crash" (kiln raised what eager did not, or capture failed and kiln fell back to eager); "died"
+(the process running it ended: only seen by the subprocess runner in __main__.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+import kiln
+from tests.fuzz import runtime
+
+# values within atol * max(1, |largest expected value|) + rtol * |expected| compare equal
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-7, 1e-7), torch.bfloat16: (5e-2, 5e-2),
+             torch.float16: (1e-2, 1e-2)}
+PY_FLOAT_TOLERANCE = 1e-4
+
+
+@dataclass
+class Outcome:
+    status: str                 # ok | wrong | crash | died
+    kind: str = ""              # what differed, for grouping failures: values, grad, state, raise:NameError...
+    message: str = ""           # one line saying where and how
+
+    def first_line(self) -> str:
+        return f"{self.status} [{self.kind}] {self.message}".split("\n")[0][:300]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Mismatch(Exception):
+    def __init__(self, status: str, kind: str, message: str):
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+def wrong(kind: str, message: str) -> Mismatch:
+    return Mismatch("wrong", kind, message)
+
+
+# -- value comparison ------------------------------------------------------------------------------
+def same_tensor(expected: torch.Tensor, actual, path: str, kind: str) -> None:
+    if not isinstance(actual, torch.Tensor):
+        raise wrong(kind, f"{path}: expected a tensor, got {type(actual).__name__}")
+    for what in ("dtype", "shape", "requires_grad"):
+        if getattr(expected, what) != getattr(actual, what):
+            raise wrong(kind if what != "requires_grad" else "requires_grad",
+                        f"{path}: {what} {getattr(actual, what)} != eager {getattr(expected, what)}")
+    if expected.device.type != actual.device.type:
+        raise wrong(kind, f"{path}: device {actual.device} != eager {expected.device}")
+    e, a = expected.detach().cpu(), actual.detach().cpu()
+    if not e.dtype.is_floating_point:
+        if not torch.equal(e, a):
+            bad = (e != a).nonzero()[0].tolist()
+            raise wrong(kind, f"{path}: values differ at {bad}: {a[tuple(bad)].item()} != eager {e[tuple(bad)].item()}")
+        return
+    e64, a64 = e.double(), a.double()
+    atol, rtol = TOLERANCE[e.dtype]
+    finite = torch.isfinite(e64)
+    scale = max(1.0, e64[finite].abs().max().item()) if finite.any() else 1.0
+    close = (e64 - a64).abs() <= atol * scale + rtol * e64.abs()
+    close |= (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
+    if not close.all():
+        bad = (~close).nonzero()[0].tolist()
+        raise wrong(kind, f"{path}: values differ at {bad}: {a64[tuple(bad)].item()} != eager {e64[tuple(bad)].item()}")
+
+
+def same_value(expected, actual, path: str, kind: str = "values") -> None:
+    """Structural equality: containers item by item, tensors by same_tensor, floats within a tolerance."""
+    if isinstance(expected, torch.Tensor):
+        return same_tensor(expected, actual, path, kind)
+    if type(expected) is not type(actual):
+        raise wrong(kind, f"{path}: type {type(actual).__name__} != eager {type(expected).__name__} ({actual!r:.80})")
+    if isinstance(expected, (list, tuple)):
+        if len(expected) != len(actual):
+            raise wrong(kind, f"{path}: length {len(actual)} != eager {len(expected)}")
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            same_value(e, a, f"{path}[{i}]", kind)
+    elif isinstance(expected, dict):
+        if list(expected) != list(actual):
+            raise wrong(kind, f"{path}: keys {list(actual)} != eager {list(expected)}")
+        for k in expected:
+            same_value(expected[k], actual[k], f"{path}[{k!r}]", kind)
+    elif isinstance(expected, float):
+        if not (math.isclose(expected, actual, rel_tol=PY_FLOAT_TOLERANCE, abs_tol=PY_FLOAT_TOLERANCE)
+                or (math.isnan(expected) and math.isnan(actual))):
+            raise wrong(kind, f"{path}: {actual!r} != eager {expected!r}")
+    elif expected != actual:
+        raise wrong(kind, f"{path}: {actual!r:.100} != eager {expected!r:.100}")
+
+
+# -- identity and aliasing ---------------------------------------------------------------------------
+def leaves(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in leaves(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in leaves(v)]
+    return []
+
+
+def identities(outputs: list[torch.Tensor], args: list) -> list:
+    """For each output tensor: which input it is, or which earlier output it is, or None."""
+    found = []
+    for j, out in enumerate(outputs):
+        same_input = [i for i, a in enumerate(args) if a is out]
+        same_output = [k for k in range(j) if outputs[k] is out]
+        found.append(("input", same_input[0]) if same_input else ("output", same_output[0]) if same_output else None)
+    return found
+
+
+def storage_of(t: torch.Tensor):
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+def sharing(outputs: list[torch.Tensor], args: list) -> set:
+    """Pairs (output j, output k or input i) whose storages are one: views of each other, in eager and kiln alike."""
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    pairs = set()
+    for j, out in enumerate(outputs):
+        s = storage_of(out)
+        if s is None:
+            continue
+        pairs |= {("output", j, "output", k) for k in range(j) if storage_of(outputs[k]) == s}
+        pairs |= {("output", j, "input", i) for i, a in enumerate(inputs) if storage_of(a) == s}
+    return pairs
+
+
+# -- one call ------------------------------------------------------------------------------------------
+def call_once(ns: dict, fn, call: int):
+    """(args, result, exception) of one call, made the way the program's header asks."""
+    if "before_call" in ns:
+        ns["before_call"](call)
+    args = ns["inputs"](call)
+    mode = torch.no_grad() if ns.get("NO_GRAD") else contextlib.nullcontext()
+    with mode:
+        try:
+            return args, fn(*args), None
+        except Exception as e:  # noqa: BLE001 - the exception is what is compared
+            return args, None, e
+
+
+def gradients(result, args, call: int) -> tuple[list, Exception | None]:
+    """Backward over a weighted sum of the float outputs that require grad; the .grad of each leaf input.
+
+    On odd calls the loss leaves the last such output out: inputs that reach only it must keep `.grad is None`.
+    """
+    outs = [o for o in leaves(result) if o.requires_grad and o.dtype.is_floating_point]
+    if call % 2 and len(outs) > 1:
+        outs = outs[:-1]
+    if not outs:
+        return [], None
+    error = None
+    try:
+        loss = sum((o.float() * torch.arange(o.numel(), device=o.device).reshape(o.shape).cos()).sum() for o in outs)
+        loss.backward()
+    except Exception as e:  # noqa: BLE001
+        error = e
+    return [a.grad if isinstance(a, torch.Tensor) and a.is_leaf else None for a in args], error
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().split("\n")[0]
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+def error_kind(e: BaseException) -> str:
+    """The exception's type, and for a wrapper (BackendCompilerFailed) the type of what it wraps."""
+    cause = e.__cause__
+    return f"{type(e).__name__}({type(cause).__name__})" if cause is not None else type(e).__name__
+
+
+def compare_outputs(e_res, k_res, e_args, k_args) -> None:
+    """Values, then which outputs are inputs or each other, then which share storage."""
+    same_value(e_res, k_res, "out")
+    e_out, k_out = leaves(e_res), leaves(k_res)
+    e_ids, k_ids = identities(e_out, e_args), identities(k_out, k_args)
+    if e_ids != k_ids:
+        raise wrong("identity", f"output identity {k_ids} != eager {e_ids}")
+    e_shared, k_shared = sharing(e_out, e_args), sharing(k_out, k_args)
+    if e_shared != k_shared:
+        raise wrong("aliasing", f"shared storage {sorted(k_shared)} != eager {sorted(e_shared)}")
+
+
+def compare_gradients(e_res, k_res, e_args, k_args, call: int) -> None:
+    e_grads, e_bwd = gradients(e_res, e_args, call)
+    k_grads, k_bwd = gradients(k_res, k_args, call)
+    if (e_bwd is None) != (k_bwd is None):
+        raise wrong("backward_raise", f"backward: kiln {first_line(k_bwd) if k_bwd else 'ran'}, "
+                                      f"eager {first_line(e_bwd) if e_bwd else 'ran'}")
+    for i, (e, k) in enumerate(zip(e_grads, k_grads)):
+        if (e is None) != (k is None):
+            raise wrong("grad_none", f"input {i}: .grad is {'None' if k is None else 'a tensor'}, eager "
+                                     f"{'None' if e is None else 'a tensor'}")
+        if e is not None:
+            same_tensor(e, k, f"input {i} .grad", "grad")
+
+
+def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled) -> None:
+    """One call of the program, eager and compiled: raises Mismatch at the first difference."""
+    e_args, e_res, e_err = call_once(eager_ns, eager_ns["f"], call)
+    k_args, k_res, k_err = call_once(kiln_ns, compiled, call)
+    if e_err is not None and k_err is None:
+        raise wrong("no_raise", f"eager raised {first_line(e_err)}; kiln returned")
+    if k_err is not None and (e_err is None or type(e_err) is not type(k_err)):
+        said = f" (eager raised {first_line(e_err)})" if e_err is not None else ""
+        raise Mismatch("crash", f"raise:{error_kind(k_err)}", f"kiln raised {first_line(k_err)}{said}")
+    if e_err is None:
+        compare_outputs(e_res, k_res, e_args, k_args)
+    same_value(e_args, k_args, "input after the call", "input_mutation")
+    same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state", "state")
+    if e_err is None and not eager_ns.get("NO_GRAD"):
+        compare_gradients(e_res, k_res, e_args, k_args, call)
+
+
+# -- the whole program ---------------------------------------------------------------------------------
+class _FailureLog(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "failed" in message:
+            self.messages.append(message)
+
+
+@contextlib.contextmanager
+def capture_failures():
+    """Collect kiln's 'capturing ... failed' warnings and log records: a fallback to eager is a crash."""
+    handler = _FailureLog()
+    logger = logging.getLogger("kiln")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield handler.messages
+            handler.messages += [str(w.message) for w in caught if "kiln: capturing" in str(w.message)]
+    finally:
+        logger.removeHandler(handler)
+
+
+def load(source: str) -> dict:
+    ns = runtime.fresh_namespace()
+    exec(compile(source, "<fuzz program>", "exec"), ns)
+    return ns
+
+
+def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> Outcome:
+    """Run `source` eagerly and compiled with `backend`; the first difference found, or ok."""
+    runtime.DEVICE = device
+    kiln.reset()
+    eager_ns, kiln_ns = load(source), load(source)
+    compiled = kiln.compile(kiln_ns["f"], backend=backend, dynamic=kiln_ns.get("DYNAMIC"))
+    with capture_failures() as failures:
+        for call in range(eager_ns["CALLS"]):
+            try:
+                compare_call(call, eager_ns, kiln_ns, compiled)
+            except Mismatch as m:
+                return Outcome(m.status, m.kind, f"call {call}: {m.message}")
+    if failures:
+        return Outcome("crash", "capture_failed", failures[0].split("\n")[0])
+    return Outcome("ok")
+
+
+def check_program(source: str, backend: str = "inductor", device: str = "cpu") -> None:
+    """Assert that kiln agrees with eager on `source`; the failure message shows the program to replay."""
+    outcome = run_program(source, backend, device)
+    assert outcome.status == "ok", f"{outcome.first_line()}\nbackend={backend}\n{source}"

@@ -36,12 +36,13 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
-from kiln.autograd.runtime import InferenceRunner, TrainingRunner
+from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -283,7 +284,9 @@ class AOTCompiled:
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward)
-        backward = self._compile(key, "backward", split.backward)
+        backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
+                                    boxed(self._compile(key, "backward", split.backward)),
+                                    lambda graph: boxed(self._compile(key, "backward", graph)))
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)

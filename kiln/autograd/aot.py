@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
+from kiln.autograd.eager_errors import eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
@@ -230,6 +231,15 @@ class AOTCompiled:
                           type(error).__name__, error)
         return self.program.run
 
+    def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
+        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
+        a graph runs the captured graph op by op, which raises what eager raises; logged as a slow path."""
+        reason = eager_error(traced)
+        if reason is not None:
+            log_hints.warning("%s: the graph has %s; it runs eagerly, op by op, to raise as eager does",
+                              self.name, reason)
+        return reason is not None
+
     def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
         """Run one named pass, timing it and keeping (and logging) the graph it produced."""
         start = time.perf_counter()
@@ -253,6 +263,8 @@ class AOTCompiled:
         traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                             tracing_table(self.decompositions, training=False), program.fake_mode(),
                             graph_of=lambda gm: gm)
+        if self._raises_in_eager(traced):
+            return self.program.run
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), graph_of=lambda result: result[0])
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
@@ -263,11 +275,14 @@ class AOTCompiled:
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
-            return self.runner((None, key[1])).with_signature(signature)
+            inference = self.runner((None, key[1]))
+            return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
         joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
                            program.input_specs, requires_grad, signature,
                            tracing_table(self.decompositions, training=True), program.fake_mode(),
                            graph_of=lambda j: j.gm)
+        if self._raises_in_eager(joint.gm):
+            return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),
                                       graph_of=lambda result: result[0])

@@ -77,7 +77,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     it, by running its op on the fake values of its arguments.
     """
     nodes = list(gm.graph.nodes)
-    writes = {n: _out_of_place(n.target) for n in nodes if n.op == "call_function"
+    writes = {n: out_of_place(n.target) for n in nodes if n.op == "call_function"
               and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable}
     if not all(writes.values()):
         return None
@@ -95,7 +95,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
         if node in writes:
             args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
             new = new_values[node.args[0]] = graph.call_function(writes[node], args, kwargs)
-            new.meta["val"] = _fake_run(writes[node], node)
+            new.meta["val"] = fake_run(writes[node], node)
             continue
         if node.op == "output":
             for placeholder in gm.graph.find_nodes(op="placeholder"):
@@ -105,7 +105,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     return graph
 
 
-def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """`aten.add.Tensor` for `aten.add_.Tensor` (and `copy` for `copy_`): the op functionalization
     runs instead of an in-place pointwise op; None for any other mutating op."""
     if op is aten.copy_.default:
@@ -147,7 +147,7 @@ def _arg_values(node: torch.fx.Node) -> tuple:
     return torch.fx.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
 
 
-def _fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
+def fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
     """`op` run on the fake values of `node`'s arguments, in their fake mode, as the re-trace runs it."""
     args, kwargs = _arg_values(node)
     with _fake_mode(node), torch.no_grad(), torch._C._DisableAutocast():

@@ -721,3 +721,43 @@ def f(b):
     t2 = b * t0
     return t2, b
 ''', backend)
+
+
+# -- new: checks of eager's kernels that functionalization or dead-code elimination lost -----------------------------
+@backends("aot_eager", "inductor")
+def test_unused_bool_subtraction_raises(backend):
+    # seed 169, minimized by hand
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(169 * 10 + call)
+    return [randn(g, (4, 4), torch.float32)]
+
+def f(a):
+    t1 = (a.t() @ a) == a
+    t6 = t1 - 1
+    return t1 ^ t1
+''', backend)
+
+
+@backends("aot_eager", "inductor")
+def test_unused_integer_division_by_zero_raises(backend):
+    # seed 239, minimized by hand
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(239 * 10 + call)
+    return [randn(g, (3, 2), torch.float32)]
+
+def f(a):
+    t0 = torch.nan_to_num(a).clamp(-1000, 1000).to(torch.int64)
+    t3 = t0 // t0
+    return a,
+''', backend)
+

@@ -55,6 +55,9 @@ Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
 
+SAVED_VALUE_OVERWRITTEN = "modified by an inplace operation"
+"""Autograd's error for a saved value written in place after it was saved (raised in the backward)."""
+
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
                 decompositions: dict | None = None, name: str = "graph") -> Callable:
@@ -277,10 +280,20 @@ class AOTCompiled:
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
-        joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
-                           program.input_specs, requires_grad, signature,
-                           tracing_table(self.decompositions, training=True), program.fake_mode(),
-                           graph_of=lambda j: j.gm)
+        try:
+            joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
+                               program.input_specs, requires_grad, signature,
+                               tracing_table(self.decompositions, training=True), program.fake_mode(),
+                               graph_of=lambda j: j.gm)
+        except RuntimeError as e:
+            if SAVED_VALUE_OVERWRITTEN not in str(e):
+                raise
+            # A value autograd saved is written in place later: eager's forward runs, and its backward
+            # raises this error. The graph runs eagerly, op by op, so that both happen as in eager.
+            log_hints.warning("%s: the training graph writes a value saved for its backward (%s); it runs "
+                              "eagerly, op by op, so that the backward raises as eager's does", self.name,
+                              str(e).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
+            return self.program.run
         if self._raises_in_eager(joint.gm):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,

@@ -51,15 +51,15 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
     graph = torch.fx.Graph()
     copies: dict = {}
     graph.output(graph.graph_copy(backward.graph, copies))
+    unchanged_users = {copies[n] for n in only_absent}
     for old in frontier:
         node = copies[old]
         with graph.inserting_after(node):
             zeros = graph.call_function(aten.zeros_like.default, (node,))
         zeros.meta["val"] = torch.zeros_like(node.meta["val"])
-        # Users that also depend on a present tangent (or are outputs) read the zeros; the value itself
-        # then only feeds its shape, and dead-code elimination drops what only fed it.
-        keep = {copies[n] for n in only_absent} | {zeros}
-        node.replace_all_uses_with(zeros, delete_user_cb=lambda user: user not in keep)
+        # Users that also depend on a present tangent (and outputs) read the zeros. The value is still
+        # computed (zeros_like reads its shape), but no present gradient reads its data any more.
+        node.replace_all_uses_with(zeros, delete_user_cb=lambda user: user not in unchanged_users and user is not zeros)
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(backward, graph)
 

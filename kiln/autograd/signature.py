@@ -133,8 +133,9 @@ class OutputSignature:
     requires_grad: list[bool]
     mutated_grad_inputs: list[tuple[int, int]]
     """(input, graph output): inputs updated in place that require grad, before the call or (written with a
-    value that does) after it. Their new value is a differentiable graph output, copied into the
-    input under autograd after the call, so that the input's history continues through the compiled graph as in eager."""
+    value that does) after it. Their new value is a differentiable graph output, copied into the input
+    under autograd after the call, so that the input's history continues through the compiled graph as
+    in eager."""
     graph_sources: list[tuple[int, bool]]
     """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
     reaches: list[frozenset[int]] | None = None

@@ -36,12 +36,14 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
+from kiln.autograd.eager_errors import eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
-from kiln.autograd.runtime import InferenceRunner, TrainingRunner
+from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -52,6 +54,9 @@ Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
+
+SAVED_VALUE_OVERWRITTEN = "modified by an inplace operation"
+"""Autograd's error for a saved value written in place after it was saved (raised in the backward)."""
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
@@ -229,6 +234,15 @@ class AOTCompiled:
                           type(error).__name__, error)
         return self.program.run
 
+    def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
+        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
+        a graph runs the captured graph op by op, which raises what eager raises; logged as a slow path."""
+        reason = eager_error(traced)
+        if reason is not None:
+            log_hints.warning("%s: the graph has %s; it runs eagerly, op by op, to raise as eager does",
+                              self.name, reason)
+        return reason is not None
+
     def _pass(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable | None = None):
         """Run one named pass, timing it and keeping (and logging) the graph it produced."""
         start = time.perf_counter()
@@ -252,6 +266,8 @@ class AOTCompiled:
         traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                             tracing_table(self.decompositions, training=False), program.fake_mode(),
                             graph_of=lambda gm: gm)
+        if self._raises_in_eager(traced):
+            return self.program.run
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), graph_of=lambda result: result[0])
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
@@ -262,11 +278,24 @@ class AOTCompiled:
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
-            return self.runner((None, key[1])).with_signature(signature)
-        joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
-                           program.input_specs, requires_grad, signature,
-                           tracing_table(self.decompositions, training=True), program.fake_mode(),
-                           graph_of=lambda j: j.gm)
+            inference = self.runner((None, key[1]))
+            return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
+        try:
+            joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
+                               program.input_specs, requires_grad, signature,
+                               tracing_table(self.decompositions, training=True), program.fake_mode(),
+                               graph_of=lambda j: j.gm)
+        except RuntimeError as e:
+            if SAVED_VALUE_OVERWRITTEN not in str(e):
+                raise
+            # A value autograd saved is written in place later: eager's forward runs, and its backward
+            # raises this error. The graph runs eagerly, op by op, so that both happen as in eager.
+            log_hints.warning("%s: the training graph writes a value saved for its backward (%s); it runs "
+                              "eagerly, op by op, so that the backward raises as eager's does", self.name,
+                              str(e).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
+            return self.program.run
+        if self._raises_in_eager(joint.gm):
+            return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),
                                       graph_of=lambda result: result[0])
@@ -283,7 +312,9 @@ class AOTCompiled:
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward)
-        backward = self._compile(key, "backward", split.backward)
+        backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
+                                    boxed(self._compile(key, "backward", split.backward)),
+                                    lambda graph: boxed(self._compile(key, "backward", graph)))
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)

@@ -77,7 +77,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     it, by running its op on the fake values of its arguments.
     """
     nodes = list(gm.graph.nodes)
-    writes = {n: _out_of_place(n.target) for n in nodes if n.op == "call_function"
+    writes = {n: out_of_place(n.target) for n in nodes if n.op == "call_function"
               and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable}
     if not all(writes.values()):
         return None
@@ -95,7 +95,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
         if node in writes:
             args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
             new = new_values[node.args[0]] = graph.call_function(writes[node], args, kwargs)
-            new.meta["val"] = _fake_run(writes[node], node)
+            new.meta["val"] = fake_run(writes[node], node)
             continue
         if node.op == "output":
             for placeholder in gm.graph.find_nodes(op="placeholder"):
@@ -105,7 +105,7 @@ def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     return graph
 
 
-def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """`aten.add.Tensor` for `aten.add_.Tensor` (and `copy` for `copy_`): the op functionalization
     runs instead of an in-place pointwise op; None for any other mutating op."""
     if op is aten.copy_.default:
@@ -147,7 +147,7 @@ def _arg_values(node: torch.fx.Node) -> tuple:
     return torch.fx.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
 
 
-def _fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
+def fake_run(op: torch._ops.OpOverload, node: torch.fx.Node):
     """`op` run on the fake values of `node`'s arguments, in their fake mode, as the re-trace runs it."""
     args, kwargs = _arg_values(node)
     with _fake_mode(node), torch.no_grad(), torch._C._DisableAutocast():
@@ -160,6 +160,7 @@ def _lift_input_mutations(graph: torch.fx.Graph) -> list[InputMutation]:
     output = graph.find_nodes(op="output")[0]
     outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     mutations = []
+    _drop_input_restrides(graph, placeholders)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
             if node.users:
@@ -169,6 +170,35 @@ def _lift_input_mutations(graph: torch.fx.Graph) -> list[InputMutation]:
             graph.erase_node(node)
     output.args = (outs,)
     return mutations
+
+
+_RESTRIDES = (aten.as_strided_.default, aten.resize_.default)
+"""What functionalization replays for an input whose geometry changed: `as_strided_`, or for a change of
+size `resize_` (then `copy_` of the viewed value)."""
+
+
+def _drop_input_restrides(graph: torch.fx.Graph, placeholders: dict) -> None:
+    """Take out the `as_strided_(input, ...)` that functionalization replays for an input an in-place view
+    op (`t_`, `unsqueeze_`) changed: the runtime gives the input its new geometry after the call
+    (`OutputSignature.restrided_inputs`), and the `copy_` into the restrided input that follows becomes an
+    ordinary input mutation, its value copied once the input has that geometry, unless it is a view of the
+    input itself (a change of geometry alone: nothing to copy)."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _RESTRIDES and node.args[0] in placeholders:
+            for copy in [u for u in node.users if u.target is aten.copy_.default and not u.users]:
+                if _view_of(copy.args[1], node.args[0]):  # the input's own data: its geometry alone changed
+                    graph.erase_node(copy)
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+
+
+def _view_of(node, placeholder: torch.fx.Node) -> bool:
+    """Is `node` a chain of view ops of `placeholder` (whose data the functional graph never changes)?"""
+    while isinstance(node, torch.fx.Node) and node is not placeholder:
+        if node.op != "call_function" or not getattr(node.target, "is_view", False):
+            return False
+        node = node.args[0]
+    return node is placeholder
 
 
 def _remove_identities(graph: torch.fx.Graph) -> None:

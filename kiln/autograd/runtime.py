@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
@@ -45,6 +46,14 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
         return call(args)
 
     return run
+
+
+def restride_inputs(signature: OutputSignature, flat: list) -> None:
+    """Give the inputs an in-place view op changed (`t_`) their new geometry, before their data is written."""
+    if signature.restrided_inputs:
+        with torch.no_grad():
+            for i, (shape, stride, offset) in signature.restrided_inputs:
+                flat[i].as_strided_(shape, stride, offset)
 
 
 class MutationWriter:
@@ -105,6 +114,7 @@ class InferenceRunner:
         if self.plain is not None:  # the graph's outputs are the result as they are
             return outs[0] if self.plain == "single" else tuple(outs)
         outs = list(outs)
+        restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         return self.program.assemble(self.signature, flat, outs)
 
@@ -112,8 +122,9 @@ class InferenceRunner:
 class TrainingRunner:
     """The forward and backward graphs behind one `torch.autograd.Function`."""
 
-    def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable, backward: Callable,
-                 mutations: list[InputMutation], saved_is_size: list[bool], grad_mask: list[bool]):
+    def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
+                 backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
+                 grad_mask: list[bool]):
         self.program, self.signature = program, signature
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
@@ -121,13 +132,14 @@ class TrainingRunner:
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.call(*flat))
+        restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
             flat[i].copy_(outs[j])
         return self.program.assemble(self.signature, flat, outs)
 
 
-def _make_function(forward: Callable, backward: Callable, num_outputs: int, saved_is_size: list[bool],
+def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
@@ -140,7 +152,7 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
     tangents = [(i, spec, spec.symbolic) for i, spec in zip(differentiable, signature.tangent_specs())]
     symbolic_tangents = any(symbolic for _, _, symbolic in tangents)
     reached_by = _reached_by(signature, grad_mask)
-    forward, backward = boxed(forward), boxed(backward)
+    forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
 
     class CompiledFunction(torch.autograd.Function):
@@ -174,6 +186,8 @@ def _make_function(forward: Callable, backward: Callable, num_outputs: int, save
             ctx.maybe_clear_saved_tensors()
             args += [_as_traced(grad_outputs[i], spec, symbolic) if grad_outputs[i] is not None
                      else _zero_gradient(ctx, k, spec, symbolic) for k, (i, spec, symbolic) in enumerate(tangents)]
+            absent = frozenset(k for k, (i, _, _) in enumerate(tangents) if grad_outputs[i] is None)
+            backward = backward_for(absent)  # eager runs no backward formula of an output the loss skips
             # Grad mode is on in a backward exactly when it runs with create_graph=True.
             differentiating_twice = torch.is_grad_enabled()
             with torch.no_grad():

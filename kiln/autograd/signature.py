@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import sympy
@@ -132,9 +132,10 @@ class OutputSignature:
     graph_outputs: list[TensorSpec]
     requires_grad: list[bool]
     mutated_grad_inputs: list[tuple[int, int]]
-    """(input, graph output): inputs that require grad and are updated in place. Their new
-    value is a differentiable graph output, copied into the input under autograd after the
-    call, so that the input's history continues through the compiled graph as in eager."""
+    """(input, graph output): inputs updated in place that require grad, before the call or (written with a
+    value that does) after it. Their new value is a differentiable graph output, copied into the input
+    under autograd after the call, so that the input's history continues through the compiled graph as
+    in eager."""
     graph_sources: list[tuple[int, bool]]
     """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
     reaches: list[frozenset[int]] | None = None
@@ -143,12 +144,18 @@ class OutputSignature:
     A backward that gets no gradient for some outputs gives None, as eager does, to the inputs
     that only those outputs reach, not a zero tensor."""
 
+    restrided_inputs: list[tuple[int, tuple]] = field(default_factory=list)
+    """(input, (shape, stride, storage offset)): inputs whose geometry an in-place view op changed (`t_`,
+    `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
+    input its new geometry after the call, as AOTAutograd does."""
+
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
     def plain_outputs(self) -> str | None:
         """"single" or "tuple" when the output is the graph's one output or all of them in order, else None."""
-        if list(self.leaves) != [GraphOutput(i) for i in range(len(self.leaves))] or self.mutated_grad_inputs:
+        if list(self.leaves) != [GraphOutput(i) for i in range(len(self.leaves))] or self.mutated_grad_inputs \
+                or self.restrided_inputs:
             return None
         if len(self.leaves) != len(self.graph_outputs):
             return None
@@ -270,6 +277,8 @@ class FlatProgram:
         as_grad = rg if requires_grad is not None else [s.dtype.is_floating_point for s in self.input_specs]
         fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
+        geometries = [_geometry_of(f) for f in fakes]
+        storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         with torch.set_grad_enabled(requires_grad is not None):
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
@@ -279,14 +288,31 @@ class FlatProgram:
         kinds = outputs.classify(leaves)
         mutated = []
         for i, fake in enumerate(fakes):
-            if rg[i] and fake._version != versions[i]:
+            # An input written in place with a value that requires grad requires grad after the call
+            # (`b[...] = d`), as eager's does, whether or not it did before.
+            if (rg[i] and fake._version != versions[i]) or (requires_grad is not None and not rg[i]
+                                                            and fake.requires_grad):
                 mutated.append((i, len(outputs.specs)))
                 outputs.specs.append(self.input_specs[i])
                 outputs.needs_grad.append(True)
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
-        return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches)
+        if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
+            raise NotImplementedError("kiln: resize_ that grows an input's storage")
+        restrided = self._restrided(fakes, geometries, rg)
+        return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
+                               restrided)
+
+    def _restrided(self, fakes: list, before: list[tuple], requires_grad: tuple[bool, ...]) -> list[tuple[int, tuple]]:
+        """The inputs whose geometry the run changed in place, with their new geometry."""
+        restrided = [(i, _geometry_of(f)) for i, (f, g) in enumerate(zip(fakes, before)) if _geometry_of(f) != g]
+        if restrided and self.size_sources():  # other outputs' sizes are read off the inputs' sizes
+            raise NeedsStaticShapes("an input whose sizes an in-place view op (t_, unsqueeze_) changes")
+        if any(requires_grad[i] for i, _ in restrided):  # eager raises for a leaf; a non-leaf gets a view's history
+            raise NotImplementedError("kiln: an in-place view op (t_, unsqueeze_, as_strided_) on an input that "
+                                      "requires grad")
+        return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]))) for i, g in restrided]
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
@@ -448,6 +474,11 @@ def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
     namespace: dict = {}
     exec("\n".join(lines), {"max": max, "min": min}, namespace)
     return namespace["sizes"]
+
+
+def _geometry_of(t: torch.Tensor) -> tuple:
+    """(shape, stride, storage offset), symbolic sizes as expressions (comparing them adds no guard)."""
+    return (tuple(_expr(v) for v in t.shape), tuple(_expr(v) for v in t.stride()), _expr(t.storage_offset()))
 
 
 def _expr(v):

@@ -115,8 +115,9 @@ def test_verify_functional_rejects_mutable_ops():
         verify_functional(graph)
 
 
-def test_input_saved_for_backward_then_mutated_is_refused_as_in_eager():
-    """`x * w` saves x, then `x.add_(1)` modifies it: eager's backward raises; kiln's trace does."""
+def test_input_saved_for_backward_then_mutated_raises_in_backward_as_in_eager():
+    """`x * w` saves x, then `x.add_(1)` modifies it: eager's forward runs and its backward raises; so do
+    kiln's (the graph runs eagerly: the compile does not fail)."""
 
     def f(x, w):
         y = x * w
@@ -126,8 +127,14 @@ def test_input_saved_for_backward_then_mutated_is_refused_as_in_eager():
     x, w = torch.randn(3), torch.randn(3, requires_grad=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         f(x.clone(), w).sum().backward()
+    compiled = aot_eager(torch.fx.symbolic_trace(f), [x.clone(), w])
+    kiln_x, eager_x = x.clone(), x.clone()
+    out = compiled(kiln_x, w)
+    with torch.no_grad():
+        torch.testing.assert_close(out, f(eager_x, w))
+    torch.testing.assert_close(kiln_x, eager_x)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        aot_eager(torch.fx.symbolic_trace(f), [x.clone(), w])
+        out.sum().backward()
 
 
 def _retraced(gm, input_specs, monkeypatch):

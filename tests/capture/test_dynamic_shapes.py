@@ -186,3 +186,28 @@ def test_dynamic_size_as_a_dict_or_set_key_is_specialized_without_a_break():
         assert actual[1] == expected[1]
     records = context_of(c).records
     assert len(records) == 4 and all(r.graph_break is None for r in records)
+
+
+class _State:
+    pass
+
+
+@pytest.mark.parametrize("store", ["shape", "size", "sum_of_sizes", "size_tuple"])
+def test_size_specialized_by_an_op_flows_into_python_state_as_an_int(store):
+    """`torch.split(x, 1)` makes the size a constant (its number of outputs); a size read after that is a
+    SymInt whose expression is a number: what reaches Python state must still be eager's plain int."""
+    def f(x, state):
+        parts = torch.split(x, 1, dim=-1)
+        value = {"shape": lambda: x.shape[0], "size": lambda: x.size(1),
+                 "sum_of_sizes": lambda: getattr(state, "total", 0) + x.shape[0] + x.shape[2],
+                 "size_tuple": lambda: tuple(x.shape)}[store]()
+        state.total = value
+        return parts[0] * 2
+
+    c = kiln.compile(f, backend="eager", dynamic=None)
+    for n in (6, 2, 5):
+        eager_state, kiln_state, x = _State(), _State(), torch.randn(n, n, n)
+        torch.testing.assert_close(c(x, kiln_state), f(x, eager_state))
+        assert type(kiln_state.total) is type(eager_state.total) and kiln_state.total == eager_state.total
+        if store == "size_tuple":
+            assert all(type(v) is int for v in kiln_state.total)

@@ -69,7 +69,7 @@ def mutate_input_twice(a):
     return a.sum()
 
 
-@cases((M,), marks=METADATA_MUTATION)
+@cases((M,))
 def metadata_mutation_transpose_(m):
     m.t_()
     return m + 1

@@ -652,3 +652,112 @@ def f(a):
     t0.sin_()
     return a * 2
 ''', backend)
+
+
+# -- new: an output the loss skips gets a zero tangent; its backward (sqrt at 0) made 0 * inf = NaN --------------
+@backends("aot_eager", "inductor")
+def test_unreached_output_backward_makes_no_nan(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 7, backend aot_eager
+CALLS = 2
+DYNAMIC = False
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(7 * 10 + call)
+    n, m = ((3, 5, 2)[call], (2, 2, 4)[call])
+    b = randn(g, (n, n), torch.float32, grad=True)
+    return [b]
+
+def f(b):
+    t0 = b.floor()
+    t1 = t0.sin()
+    t2 = t1 / b
+    t4 = t2 - t0
+    t5 = torch.sqrt(t4)
+    return (t4, t5)
+''', backend)
+
+
+# -- new: an input written with a value that requires grad must require grad after the call ------------------------
+@backends("aot_eager", "inductor")
+def test_input_written_with_a_value_that_requires_grad(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 156, backend aot_eager
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(156 * 10 + call)
+    n, m = ((5, 3, 4)[call], (3, 3, 3)[call])
+    b = randn(g, [(3,), (3,), (2, 3)][call], torch.float32)
+    d = randn(g, (), torch.float32, grad=True)
+    return [b, d]
+
+def f(b, d):
+    b[...] = d
+    return None
+''', backend)
+
+
+# -- new: an in-place view op (t_, unsqueeze_) on an input crashed: as_strided_ left after functionalization -----
+@backends("aot_eager", "inductor")
+def test_in_place_view_op_on_an_input(backend):
+    # seed 144, minimized by hand
+    check_program('''
+CALLS = 3
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(144 * 10 + call)
+    n = (2, 5, 7)[call]
+    b = ints(g, [(n,), (n,), (2, n)][call], torch.int64, edges=True)
+    return [b]
+
+def f(b):
+    t0 = b.t_() if b.dim() == 2 else b.unsqueeze_(0)
+    t2 = b * t0
+    return t2, b
+''', backend)
+
+
+# -- new: checks of eager's kernels that functionalization or dead-code elimination lost -----------------------------
+@backends("aot_eager", "inductor")
+def test_unused_bool_subtraction_raises(backend):
+    # seed 169, minimized by hand
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(169 * 10 + call)
+    return [randn(g, (4, 4), torch.float32)]
+
+def f(a):
+    t1 = (a.t() @ a) == a
+    t6 = t1 - 1
+    return t1 ^ t1
+''', backend)
+
+
+@backends("aot_eager", "inductor")
+def test_unused_integer_division_by_zero_raises(backend):
+    # seed 239, minimized by hand
+    check_program('''
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(239 * 10 + call)
+    return [randn(g, (3, 2), torch.float32)]
+
+def f(a):
+    t0 = torch.nan_to_num(a).clamp(-1000, 1000).to(torch.int64)
+    t3 = t0 // t0
+    return a,
+''', backend)
+

@@ -18,6 +18,16 @@ CONSTANT_TYPES = LITERAL_TYPES + (torch.dtype, torch.device, torch.layout, torch
                                   torch.Size, frozenset, type)
 
 
+def _plain(value: Any) -> Any:
+    """A size that a guard made constant (a SymInt whose expression is now a number, or a torch.Size of
+    them) as the plain int eager has: a constant flows into Python state, where eager never has a SymInt."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](value)
+    if type(value) is torch.Size and any(isinstance(n, torch.SymInt) for n in value):
+        return torch.Size(int(n) for n in value)
+    return value
+
+
 def is_literal(obj: Any) -> bool:
     """True for values whose repr() rebuilds them (nested in tuples too)."""
     if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
@@ -29,7 +39,7 @@ def is_literal(obj: Any) -> bool:
 
 class ConstantValue(Value):
     def __init__(self, value: Any, source=None):
-        self.value, self.source = value, source
+        self.value, self.source = _plain(value), source
 
     def python_type(self) -> type:
         return type(self.value)

@@ -1,0 +1,114 @@
+"""Errors eager raises that the compiled graphs would lose, found in the traced ATen graph.
+
+Eager's kernels check things that tracing does not (fake tensors run no such check):
+an in-place op whose result dtype cannot be cast into the written tensor (`bool_t.mul_(2)`),
+a write into a tensor with internal overlap (an expanded tensor), subtraction or negation of
+a bool tensor. Functionalization then replaces the in-place op by its out-of-place variant and
+a cast-free copy, and dead-code elimination drops an unused op, taking its check with it; an
+unused integer division by zero loses eager's ZeroDivisionError the same way.
+
+`eager_error` finds such ops; a graph with one runs eagerly, op by op, so that it raises
+exactly what eager raises (statically doomed ops raise on every call; a dead integer
+division only when its divisor holds a zero). Live integer divisions need nothing: the
+compiled graph runs them, and raises as eager does.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from kiln.autograd.functionalize import fake_run, out_of_place
+
+aten = torch.ops.aten
+
+_SUBTRACTIONS = frozenset((aten.sub.Tensor, aten.sub.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.rsub.Tensor,
+                           aten.rsub.Scalar, aten.neg.default, aten.neg_.default))
+
+_INTEGER_DIVISIONS = frozenset((aten.div.Tensor_mode, aten.div.Scalar_mode, aten.div_.Tensor_mode,
+                                aten.div_.Scalar_mode, aten.floor_divide.default, aten.floor_divide.Scalar,
+                                aten.floor_divide_.Tensor, aten.floor_divide_.Scalar, aten.remainder.Tensor,
+                                aten.remainder.Scalar, aten.remainder_.Tensor, aten.remainder_.Scalar,
+                                aten.fmod.Tensor, aten.fmod.Scalar, aten.fmod_.Tensor, aten.fmod_.Scalar))
+
+
+def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
+    return [a.meta["val"] for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+def _bool_subtraction(node: torch.fx.Node) -> str | None:
+    if node.target in _SUBTRACTIONS and any(t.dtype == torch.bool for t in _tensor_args(node)):
+        return "subtraction or negation of a bool tensor"
+    return None
+
+
+def _in_place_cast(node: torch.fx.Node) -> str | None:
+    """An in-place op whose out-of-place result dtype cannot be cast to the written tensor's."""
+    functional = out_of_place(node.target) if _writes(node) else None
+    written = node.args[0].meta.get("val") if functional is not None and node.args else None
+    if not isinstance(written, torch.Tensor) or node.target is aten.copy_.default:
+        return None
+    try:
+        result = fake_run(functional, node)
+    except Exception:  # noqa: BLE001 - not decidable here: the compiled graph decides
+        return None
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, written.dtype):
+        return f"in-place result type {result.dtype} cannot be cast to {written.dtype}"
+    return None
+
+
+def _internal_overlap(node: torch.fx.Node) -> str | None:
+    """A write into a tensor some of whose elements share memory (an expanded tensor)."""
+    written = node.args[0].meta.get("val") if _writes(node) and node.args else None
+    if isinstance(written, torch.Tensor) and torch._debug_has_internal_overlap(written) == 1:
+        return "an in-place write into a tensor with internal overlap"
+    return None
+
+
+STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _in_place_cast,
+                                                                  _internal_overlap)
+"""Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
+
+
+def eager_error(gm: torch.fx.GraphModule) -> str | None:
+    """Why `gm` must run eagerly to raise as eager does, or None."""
+    live = _live_nodes(gm.graph)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for check in STATIC_CHECKS:
+            reason = check(node)
+            if reason is not None:
+                return f"{reason} ({node.target})"
+        if node.target in _INTEGER_DIVISIONS and node not in live and not _floating(node):
+            return f"an unused integer division, whose division by zero eager raises ({node.target})"
+    return None
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+
+
+def _floating(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.is_complex())
+
+
+def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes the outputs or a write into an input read, directly or not: what dead-code elimination keeps."""
+    roots = [n for n in graph.nodes if n.op == "output" or (_writes(n) and n.args and _of_input(n.args[0]))]
+    live, stack = set(), roots
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
+def _of_input(node) -> bool:
+    """Is `node` a graph input, or a view or in-place result of one?"""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args and (
+            getattr(node.target, "is_view", False) or _writes(node)):
+        node = node.args[0]
+    return isinstance(node, torch.fx.Node) and node.op == "placeholder"

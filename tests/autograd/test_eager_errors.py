@@ -1,0 +1,122 @@
+"""Errors of eager's kernels that tracing, functionalization or dead-code elimination would lose.
+
+Fake tensors check none of these; functionalization turns an in-place op into its out-of-place variant and
+a cast-free copy; an unused op would be dropped with its check. kiln must raise what eager raises (same
+exception type and message) and, where eager does not raise, return what eager returns.
+"""
+import pytest
+import torch
+
+import kiln
+
+
+def in_place_result_cannot_be_cast(a, b):
+    mask = a > 0
+    mask[1:].mul_(2)  # bool * int is int64: eager cannot write it into the bool tensor
+    return a + 1
+
+
+def in_place_float_into_int(a, b):
+    b.add_(0.5)
+    return b
+
+
+def write_into_an_expanded_tensor(a, b):
+    e = a.unsqueeze(-1).expand(*a.shape, 3)
+    e[:-1] = 0
+    return a
+
+
+def add_into_an_expanded_tensor(a, b):
+    e = a[:1].expand(3, 4)
+    e.add_(1)
+    return e
+
+
+def unused_bool_subtraction(a, b):
+    m = a > 0
+    m - 1
+    return a * 2
+
+
+def unused_bool_negation(a, b):
+    m = a > 0
+    -m
+    return a * 2
+
+
+def unused_floor_division(a, b):
+    b // (b * 0)
+    return a * 2
+
+
+def unused_remainder(a, b):
+    b % (b - b)
+    return a.sum()
+
+
+def unused_rounding_division(a, b):
+    torch.div(b, b * 0, rounding_mode="trunc")
+    return a + 1
+
+
+def used_integer_division_by_zero(a, b):
+    return b // (b * 0)
+
+
+RAISING = [in_place_result_cannot_be_cast, in_place_float_into_int, write_into_an_expanded_tensor,
+           add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation, unused_floor_division,
+           unused_remainder, unused_rounding_division]
+
+
+def unused_division_without_zero(a, b):
+    b // (b * 0 + 2)
+    b % 3
+    return a * 2
+
+
+def in_place_that_casts(a, b):
+    c = a.clone()
+    c.mul_(b)  # float * int64 is float: fine in place
+    b.mul_(2)
+    return c
+
+
+def write_into_a_plain_view(a, b):
+    e = a.unsqueeze(-1)
+    e[:-1] = 0
+    return a
+
+
+RETURNING = [unused_division_without_zero, in_place_that_casts, write_into_a_plain_view]
+
+
+def make():
+    return torch.linspace(-1.0, 1.0, 12).reshape(3, 4), torch.arange(-6, 6).reshape(3, 4)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", RAISING, ids=lambda f: f.__name__)
+def test_raises_what_eager_raises(program, backend):
+    check_raises(program, backend)
+
+
+def test_used_integer_division_by_zero_raises():
+    """The graph keeps the division as the ATen op, which raises (a code generator must check it itself)."""
+    check_raises(used_integer_division_by_zero, "aot_eager")
+
+
+def check_raises(program, backend: str) -> None:
+    with pytest.raises(Exception) as eager:
+        program(*make())
+    with pytest.raises(type(eager.value)) as compiled:
+        kiln.compile(program, backend=backend)(*make())
+    assert str(eager.value).split("\n")[0] in str(compiled.value)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", RETURNING, ids=lambda f: f.__name__)
+def test_returns_what_eager_returns(program, backend):
+    eager_args, kiln_args = make(), make()
+    torch.testing.assert_close(kiln.compile(program, backend=backend)(*kiln_args), program(*eager_args))
+    torch.testing.assert_close(kiln_args, eager_args)

@@ -539,6 +539,8 @@ def f(a):
 
 
 # -- new: Python side effects made before an op that raises are lost ------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="side effects are replayed after the graph, which raised first "
+                   "(torch.compile replays them the same way)")
 @backends("eager")
 def test_append_before_a_division_by_zero_is_kept(backend):
     check_program('''

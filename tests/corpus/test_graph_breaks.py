@@ -2,6 +2,7 @@
 flow, calls into code that cannot be traced) in a different position (nested calls, inside try, with, loops,
 comprehensions, closures), and kiln must resume with the same values and no more graphs than torch.compile."""
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -116,7 +117,9 @@ def numpy_call_breaks(a):
     return a * _opaque(a)
 
 
-@cases((A,), marks=gap("random.seed() cannot be captured (super() object), that frame runs eagerly"))
+# captured under Python 3.12 (seen on the GPU machine); under 3.11 the frame runs eagerly
+@cases((A,), marks=gap("random.seed() cannot be captured (super() object), that frame runs eagerly")
+       if sys.version_info < (3, 12) else ())
 def python_random_breaks(a):
     random.seed(3)
     return a * random.random()

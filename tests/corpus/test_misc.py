@@ -308,7 +308,9 @@ def _set_factor(v):
     return setup
 
 
-@cases(after(_set_factor(3.0), A), after(_set_factor(5.0), A))
+# torch.compile before 2.13 keeps one graph and the old factor (no guard on the class attribute); kiln recompiles
+@cases(after(_set_factor(3.0), A), after(_set_factor(5.0), A),
+       torch_gives_up=None if torch.__version__ >= (2, 13) else "torch < 2.13 does not guard a class attribute")
 def class_attribute_guard(a):
     return a * Scaler.factor
 

@@ -35,7 +35,7 @@ class GraphBuilder:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
-        self._input_nodes: dict[Source, fx.Node] = {}
+        self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
         self._names: set[str] = set()
         self.op_count = 0
         self.enables_grad = False  # a grad-mode change inside the graph turns it on
@@ -48,17 +48,27 @@ class GraphBuilder:
         sizing); sizes 0 and 1 stay static, as torch does.
         """
         if source in self._input_nodes:
-            node = self._input_nodes[source]
-            return node, node.meta["example_value"]
+            return self._input_nodes[source]
         name = self._unique(_identifier(source.name()))
         node = self._insert_placeholder(name)
         fake = self._fake(real, source, dynamic_dims)
-        node.meta["example_value"] = fake
-        node.meta["val"] = fake
+        node.meta["example_value"] = node.meta["val"] = self._as_passed(fake)
         node.meta["source"] = source.expr()
-        self._input_nodes[source] = node
+        self._input_nodes[source] = node, fake
         self.inputs.append((source, real))
         return node, fake
+
+    def _as_passed(self, fake: torch.Tensor) -> torch.Tensor:
+        """A fake that keeps the input's metadata as it was passed, for the placeholder's meta.
+
+        The trace runs on `fake` itself, and an in-place view op (t_, unsqueeze_, transpose_,
+        as_strided_, resize_) changes its sizes and strides. The shape guards and the AOT stage
+        read the placeholders' meta as the input at call time: they get this detached alias (same
+        storage, own metadata) instead, which no traced op touches.
+        """
+        with self.fake_mode:
+            passed = fake.detach()
+        return passed.requires_grad_(fake.requires_grad)
 
     def _fake(self, real: torch.Tensor, source: Source, dynamic_dims: frozenset) -> torch.Tensor:
         if not dynamic_dims:

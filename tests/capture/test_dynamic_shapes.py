@@ -211,3 +211,35 @@ def test_size_specialized_by_an_op_flows_into_python_state_as_an_int(store):
         assert type(kiln_state.total) is type(eager_state.total) and kiln_state.total == eager_state.total
         if store == "size_tuple":
             assert all(type(v) is int for v in kiln_state.total)
+
+
+def _size_then_in_place_view(op):
+    """Reads a symbolic size as a Python int, then changes the input's metadata in place with `op`."""
+    def fn(x):
+        n = int(x.numel())
+        op(x)
+        return n, x * 2
+    return fn
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("op", [
+    torch.Tensor.t_,
+    lambda x: x.unsqueeze_(0),
+    lambda x: x.transpose_(0, 1),
+    lambda x: x.as_strided_((x.shape[1], x.shape[0]), (1, x.shape[1])),
+], ids=["t_", "unsqueeze_", "transpose_", "as_strided_"])
+def test_shape_guards_describe_an_input_as_passed_not_after_an_in_place_view_op(backend, op):
+    # The guards on a symbolic size were read from the input's fake after the op had changed its
+    # sizes: the relation `x.size(1) == 4` that int(x.numel()) specialized was lost, and a later
+    # call with another width reused the first width's constant.
+    fn = _size_then_in_place_view(op)
+    c = kiln.compile(fn, backend=backend)
+    for n, m in [(2, 3), (2, 4), (2, 3), (2, 5)]:
+        x = torch.randn(n, m)
+        ref_x, kiln_x = x.clone(), x.clone()
+        ref_n, ref_out = fn(ref_x)
+        kiln_n, kiln_out = c(kiln_x)
+        assert kiln_n == ref_n
+        torch.testing.assert_close(kiln_out, ref_out)
+        assert kiln_x.shape == ref_x.shape and kiln_x.stride() == ref_x.stride()

@@ -725,6 +725,31 @@ def f(b):
 ''', backend)
 
 
+
+# -- new: shape guards read an input's metadata after an in-place view op (t_) changed it -------------------------
+@backends("eager", "aot_eager")
+def test_size_read_before_an_in_place_view_op_on_an_input(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 1381, backend eager
+CALLS = 3
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1381 * 10 + call)
+    n, m = ((7, 2, 5)[call], (3, 4, 3)[call])
+    a = randn(g, (n, m), torch.float32)
+    b = a.detach()[:2]
+    c = randn(g, (n, n), torch.float32, grad=True)
+    return [b, c]
+
+def f(b, c):
+    p0 = int(b.numel())
+    t2 = b.t_() if b.dim() == 2 else b.unsqueeze_(0)
+    t3 = c.t() @ c
+    return [p0]
+''', backend)
+
 # -- new: checks of eager's kernels that functionalization or dead-code elimination lost -----------------------------
 @backends("aot_eager", "inductor")
 def test_unused_bool_subtraction_raises(backend):

@@ -29,7 +29,9 @@ from kiln.config import cache_dir, compiler
 
 log = logging.getLogger("kiln.runtime.cache")
 
-CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
+# -fwrapv: eager's integer arithmetic wraps on overflow; without it signed overflow is undefined in C++ and
+# the optimizer folds e.g. `-a > -b` into `b > a`, which differs from eager when a negation wraps.
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv"]
 LIBS = ["-lmvec", "-lm"]  # glibc's vector math (the kernels' exp/erf/tanh... in simd loops)
 
 # Between two independently compilable parts of a source (see the module docstring).

@@ -68,6 +68,16 @@ CASES = {
                                (ints(I32_MIN, 5, dtype=torch.int32), ints(-1, -1, dtype=torch.int32))),
     "int_min_abs_neg": (lambda a: (a.abs(), -a, a.abs() + 1), (ints(I64_MIN, -5, 5),)),
     "int_pow_overflow": (lambda a, b: a ** b, (ints(3, -3, 2, 2, 1, -1, 0), ints(41, 41, 63, -1, -1, -3, 5))),
+    # integer overflow that a C++ compiler may assume away (signed overflow is undefined there, wraps in eager):
+    # comparisons and divisions of wrapped values must see the wrapped value, not the algebraic one
+    "wrapped_negations_compared": (lambda a, b: (torch.where(-a > -b, a, b), -a < -b),
+                                   (ints(-2, 3, I64_MIN, 0), ints(I64_MIN, I64_MIN, -2, I64_MIN))),
+    "wrapped_sum_compared": (lambda a: (a + 1 > a, a - 1 < a, a + 5 > a + 2), (ints(2 ** 63 - 1, I64_MIN, 3),)),
+    "wrapped_int32_sum_compared": (lambda a: (a + 1 > a, a * 2 // 2 == a),
+                                   (ints(2 ** 31 - 1, I32_MIN, 3, dtype=torch.int32),)),
+    "wrapped_product_divided": (lambda a: (a * 2 // 2, a * 4 // a, (a * 2) % 2 ** 62), (ints(2 ** 62, 2 ** 63 - 1, 3),)),
+    "wrapped_abs_sign": (lambda a: (a.abs() >= 0, (a.abs() + 1) > 0, torch.maximum(a.abs(), a)),
+                         (ints(I64_MIN, -3, 4),)),
     # NaN, infinities and signed zeros
     "sign_sgn": (lambda x: (torch.sign(x), torch.sgn(x)), (FLOAT_EDGES,)),
     "signbit_copysign": (lambda x, y: (torch.signbit(x), torch.copysign(x, y), torch.copysign(y, x)),

@@ -788,3 +788,56 @@ def f(a):
     return a,
 ''', backend)
 
+
+
+# -- new: signed overflow in generated C++ (undefined there, wraps in eager): -a > -b was folded into b > a --------
+@backends("inductor")
+def test_wrapped_negation_compared(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 1868, backend inductor
+CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(1868 * 10 + call)
+    n, m = ((5, 7, 3)[call], (1, 4, 2)[call])
+    a = ints(g, (n, 4), torch.int64, edges=True)
+    b = a.detach()[:2]
+    return [a, b]
+
+def f(a, b):
+    t0 = b.clone()
+    t1 = t0.unflatten(0, (t0.shape[0], 1))
+    t0.neg_()
+    t3 = torch.where(t0 > t1, t0, t1)
+    t4 = t3.squeeze()
+    p6 = int(t4.numel())
+    t8 = t4.abs()
+    return ((t8, a, p6),)
+''', backend)
+
+
+# -- new: a float32 variance whose squared deviations overflow float32 (eager's CPU var accumulates in double) ----
+@backends("inductor")
+def test_std_of_huge_values_accumulates_in_double(backend):
+    check_program('''
+# kiln fuzz program, minimized from seed 787, backend inductor
+CALLS = 3
+DYNAMIC = True
+NO_GRAD = False
+
+def inputs(call):
+    g = torch.Generator().manual_seed(787 * 10 + call)
+    n, m = ((5, 7, 3)[call], (4, 2, 4)[call])
+    a = randn(g, (), torch.float32, grad=True)
+    b = ints(g, (3, 3, 1), torch.int64, edges=True)
+    return [a, b]
+
+def f(a, b):
+    t1 = a + b
+    t1.add_(b)
+    t3 = t1.reshape(-1)
+    t4 = t3.std()
+    return [t4[...]]
+''', backend)

@@ -138,8 +138,18 @@ def any_(ctx, meta, x, dim=None, keepdim=False):
     return reduce(ctx, x, dim, keepdim, "any", out, body_dtype=torch.bool)
 
 
-def _welford(ctx, x, dims, keepdim, correction):
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+def _variance_acc(x: TensorValue, device: torch.device) -> torch.dtype:
+    """The dtype aten.var accumulates in: eager's CPU kernel (std_var_kernel) accumulates in double for every
+    float dtype, so float32 values whose squared deviations overflow float32 still give a finite variance;
+    CUDA's accumulates float32 in float32."""
+    return torch.float64 if x.dtype == torch.float64 or device.type == "cpu" else torch.float32
+
+
+def _float_acc(x: TensorValue) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _welford(ctx, x, dims, keepdim, correction, acc):
     if not x.dtype.is_floating_point:
         raise Unsupported("variance of an integer tensor")
     mean_ = reduce(ctx, x, dims, keepdim, "welford_mean", acc)
@@ -160,14 +170,16 @@ def _correction(correction, unbiased=None):
 @register(aten.var_mean.correction)
 def var_mean(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     _, out = out_info(meta[0])
-    mean_, var = _welford(ctx, x, dims, keepdim, _correction(correction))
+    # var_mean is also what the layer, group and batch norm decompositions compute their statistics with, and
+    # eager's norm kernels accumulate float32 in float32 (an overflowing variance makes their output 0)
+    mean_, var = _welford(ctx, x, dims, keepdim, _correction(correction), _float_acc(x))
     return (TensorValue(var.size, out, cast(var.body, out)), TensorValue(mean_.size, out, cast(mean_.body, out)))
 
 
 @register(aten.var.correction)
 def var(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     _, out = out_info(meta)
-    _, v = _welford(ctx, x, dims, keepdim, _correction(correction))
+    _, v = _welford(ctx, x, dims, keepdim, _correction(correction), _variance_acc(x, meta.device))
     return TensorValue(v.size, out, cast(v.body, out))
 
 

@@ -137,10 +137,10 @@ def _compare_op(ins, stack, kw, resume, temp):
     return [f"{r} = {stack[-2]} {ins.argval} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
 
 
-@renders("CONTAINS_OP")
-def _contains_op(ins, stack, kw, resume, temp):
+@renders("CONTAINS_OP", "IS_OP")
+def _membership_or_identity(ins, stack, kw, resume, temp):
     r = temp()
-    op = "not in" if ins.arg else "in"
+    op = {"CONTAINS_OP": ("in", "not in"), "IS_OP": ("is", "is not")}[ins.opname][bool(ins.arg)]
     return [f"{r} = {stack[-2]} {op} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
 
 
@@ -263,13 +263,6 @@ def _build_string(ins, stack, kw, resume, temp):
     r = temp()
     parts = stack[len(stack) - ins.arg:]
     return [f"{r} = ''.join([{', '.join(parts)}])", resume(ins.index + 1, stack[:len(stack) - ins.arg] + [r])]
-
-
-@renders("IS_OP")
-def _is_op(ins, stack, kw, resume, temp):
-    r = temp()
-    op = "is not" if ins.arg else "is"
-    return [f"{r} = {stack[-2]} {op} {stack[-1]}", resume(ins.index + 1, stack[:-2] + [r])]
 
 
 @renders("BUILD_MAP")

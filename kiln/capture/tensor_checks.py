@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from kiln.config import cache_dir, compiler
+from kiln.runtime.cache import write_private
 
 log = logging.getLogger("kiln.guards")
 
@@ -241,9 +242,7 @@ def _build(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # the source under a name of this process's own: a second process building at the same time would
     # otherwise rewrite it under this one's compiler
-    fd, src = tempfile.mkstemp(suffix=".cpp", prefix="kiln_tensor_checks", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(SOURCE)
+    src = str(write_private(path.parent, ".cpp", SOURCE))
     fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:

@@ -64,7 +64,7 @@ def build(source: str) -> Path:
     # Each process compiles its own copy of the source: another process building the same key at the same
     # time would otherwise rewrite the file under this one's compiler. The source is published beside the
     # library (for reading, never compiled from there) with the same atomic rename.
-    src = _write_private(lib.parent, ".cpp", source)
+    src = write_private(lib.parent, ".cpp", source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     stats["compiles"] += 1
@@ -83,7 +83,7 @@ def build(source: str) -> Path:
     return lib
 
 
-def _write_private(folder: Path, suffix: str, text: str) -> Path:
+def write_private(folder: Path, suffix: str, text: str) -> Path:
     """`text` in a new file of this process's own in `folder` (a unique name, created exclusively)."""
     fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
     with os.fdopen(fd, "w") as f:

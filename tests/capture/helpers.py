@@ -71,19 +71,20 @@ def assert_same(expected, actual, atol=1e-5, rtol=1e-4, path="out"):
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
-def _tensors(value):
+def tensors_in(value):
+    """The tensors inside `value` (nested lists, tuples and dicts), in order."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors(v)
+            yield from tensors_in(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 def _loss(out):
-    parts = [t.sum() for t in _tensors(out) if t.requires_grad and t.dtype.is_floating_point]
+    parts = [t.sum() for t in tensors_in(out) if t.requires_grad and t.dtype.is_floating_point]
     return sum(parts) if parts else None
 
 
@@ -99,7 +100,7 @@ def _run_and_compare(eager_fn, compiled_fn, args, kwargs, atol, module_pair=None
     if e_loss is not None:
         e_loss.backward()
         c_loss.backward()
-        for i, (e, c) in enumerate(zip(_tensors(e_args), _tensors(c_args))):
+        for i, (e, c) in enumerate(zip(tensors_in(e_args), tensors_in(c_args))):
             if e.requires_grad:
                 assert_same(e.grad, c.grad, atol, path=f"grad of input {i}")
         if module_pair is not None:

@@ -25,7 +25,7 @@ import kiln
 from kiln.api import context_of
 
 # pytest puts tests/ on sys.path (tests/ has no __init__.py), so the capture helpers import as `capture`.
-from capture.helpers import assert_same, graph_count
+from capture.helpers import tensors_in, assert_same, graph_count
 
 
 def bug(reason: str):
@@ -104,17 +104,6 @@ def _as_call(c) -> Call:
     return c if isinstance(c, Call) else Call(tuple(c))
 
 
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
-
-
 def _invoke(target, c: Call, observe: Callable[[], Any]) -> Outcome:
     # deepcopy keeps aliasing among the arguments (f(x, x) stays f(x, x)) and copies user objects too
     args, kwargs = copy.deepcopy(c.args), copy.deepcopy(c.kwargs)
@@ -147,9 +136,9 @@ def comparable(value):
 
 def _identity(out, args) -> list:
     """For each output tensor: the index of the input it *is*, else of the input whose storage it shares."""
-    inputs = list(_tensors(args))
+    inputs = list(tensors_in(args))
     links = []
-    for t in _tensors(out):
+    for t in tensors_in(out):
         same = [i for i, a in enumerate(inputs) if a is t]
         shared = [i for i, a in enumerate(inputs) if _shares_storage(a, t)]
         links.append((same[0] if same else None, shared[0] if shared else None))
@@ -164,12 +153,12 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _output_aliasing(out) -> list:
     """Which pairs of output tensors share storage (a view returned next to its base, say)."""
-    outs = list(_tensors(out))
+    outs = list(tensors_in(out))
     return [(i, j) for i in range(len(outs)) for j in range(i + 1, len(outs)) if _shares_storage(outs[i], outs[j])]
 
 
 def _loss(out):
-    parts = [t.sum() for t in _tensors(out) if t.requires_grad and t.dtype.is_floating_point]
+    parts = [t.sum() for t in tensors_in(out) if t.requires_grad and t.dtype.is_floating_point]
     return sum(parts) if parts else None
 
 
@@ -199,7 +188,7 @@ def _compare_grads(expected: Outcome, actual: Outcome, atol: float, rtol: float,
         return
     e_loss.backward()
     c_loss.backward()
-    for i, (e, c) in enumerate(zip(_tensors(expected.args), _tensors(actual.args))):
+    for i, (e, c) in enumerate(zip(tensors_in(expected.args), tensors_in(actual.args))):
         if e.is_leaf and e.requires_grad:
             assert_same(e.grad, c.grad, atol, rtol, path=f"grad of input {i}")
     if modules is not None:

@@ -1,0 +1,221 @@
+"""The model zoo: eager, torch.compile and kiln on the workloads of `workloads.py`, on one GPU.
+
+    python benchmarks/zoo --list
+    python benchmarks/zoo [--workloads a,b | --shard 0/4] [--compilers eager,torch,kiln] [--out run.json]
+    python benchmarks/zoo --table run.json [run2.json ...]      # the README table of one or more runs
+
+Each (workload, compiler) pair runs in its own subprocess with empty compile caches, so compile times are cold
+and a crash or hang costs one pair. kiln runs with `KILN_STRICT=1`: a fallback fails the workload instead of
+hiding in its step time. Per pair the run records:
+- `status`: ok, wrong (compiled result off eager's beyond the tolerance), failed (raised, timed out), skipped
+  (the model's library is missing);
+- `ms`: the median of CUDA-event-timed steps after warm-up;
+- `compile_s`: wall time of the compiler call plus the first step (for training the whole first step);
+- `peak_mb`: peak allocated GPU memory from before the compiler call to the end of the timed steps;
+- `error`: the relative error against an eager copy with the same weights on the same inputs (the loss of the first
+  step for training; the output for inference). Dropout is off, so the two compare exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+import torch  # noqa: E402
+
+from common import cuda_time, result_path, write_json  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # fp32 matmuls run in TF32, as in the shared harness
+COMPILERS = ("eager", "torch", "kiln")
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Turn every dropout off (modules and the float `*dropout*` attributes attention layers read), so that a
+    compiled step and an eager step draw no random numbers and their losses compare exactly."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
+def compiled(model, compiler: str):
+    if compiler == "eager":
+        return model
+    if compiler == "torch":
+        return torch.compile(model)
+    import kiln
+    return kiln.compile(model)
+
+
+def make_step(workload, fn, model):
+    """One step of the workload through `fn`: forward (and for training backward and AdamW) -> a result tensor."""
+    if workload.task == "infer":
+        def infer(inputs):
+            with torch.no_grad():
+                out = fn(*inputs)
+            return out
+        return infer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train(inputs):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(*inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+    return train
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float(), want.float()
+    if got.shape != want.shape or not torch.isfinite(got).all():
+        return math.inf
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+
+
+def run_job(name: str, compiler: str) -> dict:
+    """Build, check and time one workload under one compiler (in this process)."""
+    workload = WORKLOADS[name]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    train = workload.task == "train"
+    model, make_inputs = workload.build(workload.batch, device, train)
+    without_dropout(model)
+    model.train(train)
+    if not train:
+        model.to(workload.dtype)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    inputs = [make_inputs(gen) for _ in range(3)]
+    if not train:
+        inputs = [tuple(x.to(workload.dtype) if x.is_floating_point() else x for x in ins) for ins in inputs]
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    step = make_step(workload, compiled(model, compiler), model)
+    got = step(inputs[0])
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    want = make_step(workload, reference, reference)(inputs[0])
+    error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
+
+    calls = iter(range(10**9))
+    ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
+    status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
+    return {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
+            "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
+
+
+def spawn_job(name: str, compiler: str, timeout: float) -> dict:
+    """Run one job in a fresh process with empty caches; a crash or timeout becomes a failed record."""
+    with tempfile.TemporaryDirectory(prefix="zoo-") as caches:
+        env = dict(os.environ, KILN_STRICT="1", KILN_CACHE_DIR=f"{caches}/kiln",
+                   TORCHINDUCTOR_CACHE_DIR=f"{caches}/inductor", TRITON_CACHE_DIR=f"{caches}/triton")
+        command = [sys.executable, HERE, "--_job", name, "--compilers", compiler]
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"workload": name, "compiler": compiler, "status": "failed", "reason": f"timeout {timeout:.0f} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"workload": name, "compiler": compiler, "status": "failed", "reason": " | ".join(tail)[-600:]}
+
+
+def job_main(name: str, compiler: str) -> None:
+    """The subprocess side: print one JSON record (library missing -> skipped; a raise -> failed)."""
+    try:
+        record = run_job(name, compiler)
+    except ImportError as e:
+        record = {"workload": name, "compiler": compiler, "status": "skipped", "reason": str(e)}
+    except Exception as e:  # the record says what failed; the parent keeps going
+        record = {"workload": name, "compiler": compiler, "status": "failed",
+                  "reason": f"{type(e).__name__}: {e}"[:600]}
+    print(json.dumps(record), flush=True)
+
+
+def table(records: list[dict]) -> str:
+    """The README table: one row per workload, eager's ms and each compiler's speedup, compile time and memory."""
+    by = {(r["workload"], r["compiler"]): r for r in records}
+    names = list(dict.fromkeys(r["workload"] for r in records))
+    lines = ["| workload | eager ms | torch.compile | kiln | torch compile s | kiln compile s | kiln peak vs eager |"
+             " kiln status |", "|---|---|---|---|---|---|---|---|"]
+    ratios = {"torch": [], "kiln": []}
+    for name in names:
+        eager = by.get((name, "eager"), {})
+        cells = [name, f"{eager['ms']:.2f}" if eager.get("status") == "ok" else eager.get("status", "-")]
+        for compiler in ("torch", "kiln"):
+            r = by.get((name, compiler), {})
+            if r.get("status") == "ok" and eager.get("status") == "ok":
+                ratio = eager["ms"] / r["ms"]
+                ratios[compiler].append(ratio)
+                cells.append(f"{ratio:.2f}x")
+            else:
+                cells.append(r.get("status", "-"))
+        for compiler in ("torch", "kiln"):
+            r = by.get((name, compiler), {})
+            cells.append(f"{r['compile_s']:.1f}" if "compile_s" in r else "-")
+        kiln = by.get((name, "kiln"), {})
+        cells.append(f"{kiln['peak_mb'] / eager['peak_mb']:.2f}" if "peak_mb" in kiln and "peak_mb" in eager else "-")
+        cells.append(kiln.get("status", "-") + (f" ({kiln['reason'][:80]})" if "reason" in kiln else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    for compiler, values in ratios.items():
+        if values:
+            gm = math.exp(sum(map(math.log, values)) / len(values))
+            lines.append(f"\n{compiler}: geometric mean {gm:.3f}x over eager on {len(values)} workloads")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the workloads and exit")
+    parser.add_argument("--workloads", help="comma-separated workload names (default: all)")
+    parser.add_argument("--shard", help="i/n: run every n-th workload starting at i")
+    parser.add_argument("--compilers", default=",".join(COMPILERS))
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per (workload, compiler) job")
+    parser.add_argument("--out", help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
+    parser.add_argument("--table", nargs="+", metavar="RUN", help="print the table of these runs' JSON and exit")
+    parser.add_argument("--_job", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._job:
+        return job_main(args._job, args.compilers)
+    if args.table:
+        return print(table([r for path in args.table for r in json.load(open(path))["records"]]))
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    if args.shard:
+        index, count = map(int, args.shard.split("/"))
+        names = names[index::count]
+    if args.list:
+        return print("\n".join(names))
+    gpu = torch.cuda.get_device_name().split()[1].lower() if torch.cuda.is_available() else "cpu"
+    out = args.out or result_path("zoo", gpu)
+    records = []
+    for name in names:
+        for compiler in args.compilers.split(","):
+            records.append(spawn_job(name, compiler, args.timeout))
+            print(json.dumps(records[-1]), flush=True)
+            write_json(out, {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
+                             "torch": torch.__version__, "records": records})
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@ import json
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.codegen import compile_aten_graph
+from kiln.pipeline import compile_aten_graph
 from kiln.codegen.triton import heuristics
 from kiln.lower.decompositions import decomposition_table
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen import GRAPH_LISTENERS
+from kiln.pipeline import GRAPH_LISTENERS
 from kiln.codegen.wrapper import ParameterDerived
 
 

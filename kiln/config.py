@@ -127,14 +127,23 @@ def _as_dict(self) -> dict[str, Any]:
     return {f.metadata["option"]: getattr(self, f.name) for f in fields(self)}
 
 
-def _options_doc() -> str:
-    lines = [("The options of one compile, resolved from `mode` and `options=` (frozen: a stage reads them and "
-              "never changes them)."), "",
-             "Built from OPTIONS; each field is an option, by the option's name with dots as underscores:", ""]
-    for name, opt in OPTIONS.items():
-        lines.append(f"{field_name(name)} ({name!r}): {opt.type_name} = {opt.default!r}")
+def describe_options(names: list[str] | None = None, fields: bool = False) -> str:
+    """Each option's name, type, default and description, for `list_options()` and the docstrings; with
+    `fields`, also the CompileOptions field that holds it."""
+    lines = []
+    for name in OPTIONS if names is None else names:
+        opt = OPTIONS[name]
+        held = f" (field {field_name(name)})" if fields else ""
+        lines.append(f"{name}: {opt.type_name} = {opt.default!r}{held}")
         lines += textwrap.wrap(opt.doc, 100, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
+
+
+_OPTIONS_DOC = """The options of one compile, resolved from `mode` and `options=`, built from the OPTIONS table. Frozen:
+a stage reads the fields it needs and never changes them. Each option is a field, named as the option with
+dots as underscores:
+
+"""
 
 
 CompileOptions = make_dataclass(
@@ -142,7 +151,7 @@ CompileOptions = make_dataclass(
     [(field_name(name), opt.type, field(default=opt.default, metadata={"option": name, "doc": opt.doc}))
      for name, opt in OPTIONS.items()],
     frozen=True,
-    namespace={"__post_init__": _check_fields, "as_dict": _as_dict, "__doc__": _options_doc()},
+    namespace={"__post_init__": _check_fields, "as_dict": _as_dict, "__doc__": _OPTIONS_DOC + describe_options(fields=True)},
 )
 CompileOptions.__module__ = __name__  # make_dataclass names its caller's module only from Python 3.12
 
@@ -174,12 +183,7 @@ class OptionList(list):
     type, default and description."""
 
     def __repr__(self) -> str:
-        lines = []
-        for name in self:
-            opt = OPTIONS[name]
-            lines.append(f"{name}: {opt.type_name} = {opt.default!r}")
-            lines += textwrap.wrap(opt.doc, 100, initial_indent="    ", subsequent_indent="    ")
-        return "\n".join(lines)
+        return describe_options(list(self))
 
     __str__ = __repr__
 

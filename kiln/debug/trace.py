@@ -37,8 +37,8 @@ from pathlib import Path
 
 from kiln.capture.entry import CaptureRecord, CompileContext
 from kiln.config import CompileOptions, debug_dir
-from kiln.pipeline import CompiledGraph
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
+from kiln.pipeline import CompiledGraph
 
 FILES = {
     "summary.txt": "function, ops, graph break, recompile reason, compile time by stage",

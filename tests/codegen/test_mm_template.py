@@ -23,13 +23,13 @@ skip_module_unless_kernels_run()
 from lower.helpers import assert_same, trace  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln.pipeline import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
 from kiln.codegen.describe import name_kernels  # noqa: E402
 from kiln.codegen.triton import templates  # noqa: E402
 from kiln.codegen.wrapper import generate_wrapper  # noqa: E402
 from kiln.config import validate_options  # noqa: E402
 from kiln.lower import ir, lower_graph  # noqa: E402
+from kiln.pipeline import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.schedule.fusion import schedule  # noqa: E402
 from kiln.schedule.memory import plan_memory  # noqa: E402
 

@@ -151,7 +151,8 @@ CompileOptions = make_dataclass(
     [(field_name(name), opt.type, field(default=opt.default, metadata={"option": name, "doc": opt.doc}))
      for name, opt in OPTIONS.items()],
     frozen=True,
-    namespace={"__post_init__": _check_fields, "as_dict": _as_dict, "__doc__": _OPTIONS_DOC + describe_options(fields=True)},
+    namespace={"__post_init__": _check_fields, "as_dict": _as_dict,
+               "__doc__": _OPTIONS_DOC + describe_options(fields=True)},
 )
 CompileOptions.__module__ = __name__  # make_dataclass names its caller's module only from Python 3.12
 

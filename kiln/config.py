@@ -127,13 +127,13 @@ def _as_dict(self) -> dict[str, Any]:
     return {f.metadata["option"]: getattr(self, f.name) for f in fields(self)}
 
 
-def describe_options(names: list[str] | None = None, fields: bool = False) -> str:
+def describe_options(names: list[str] | None = None, with_fields: bool = False) -> str:
     """Each option's name, type, default and description, for `list_options()` and the docstrings; with
-    `fields`, also the CompileOptions field that holds it."""
+    `with_fields`, also the CompileOptions field that holds it."""
     lines = []
     for name in OPTIONS if names is None else names:
         opt = OPTIONS[name]
-        held = f" (field {field_name(name)})" if fields else ""
+        held = f" (field {field_name(name)})" if with_fields else ""
         lines.append(f"{name}: {opt.type_name} = {opt.default!r}{held}")
         lines += textwrap.wrap(opt.doc, 100, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
@@ -152,7 +152,7 @@ CompileOptions = make_dataclass(
      for name, opt in OPTIONS.items()],
     frozen=True,
     namespace={"__post_init__": _check_fields, "as_dict": _as_dict,
-               "__doc__": _OPTIONS_DOC + describe_options(fields=True)},
+               "__doc__": _OPTIONS_DOC + describe_options(with_fields=True)},
 )
 CompileOptions.__module__ = __name__  # make_dataclass names its caller's module only from Python 3.12
 

@@ -17,9 +17,9 @@ import json
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.codegen import compile_aten_graph
 from kiln.codegen.triton import heuristics
 from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
 
 aten = torch.ops.aten
 EPS = 1e-5

@@ -13,9 +13,10 @@ with `kiln.compile(model)`'s default backend and reports seconds per stage:
     aot         kiln.autograd: analyze, trace joint, functionalize, partition (AOTCompiled.traces)
     decompose   re-tracing the ATen graphs through kiln's decompositions, when needed
     lower       ATen graph -> loop-level IR (+ verify)
-    schedule    fusion, kernel names, memory plan
-    codegen     kernel source + wrapper source
-    build       the C++ compiler (cpp), or writing and importing the kernel module (triton)
+    schedule    fusion, kernel names
+    plan memory buffer lifetimes and reuse
+    generate    kernel source + wrapper source
+    build       the C++ compiler (cpp), or writing and importing the kernel module (triton); the wrapper loaded
     triton_build  (--triton-build, triton only) every generated Triton kernel compiled to a CUBIN for
                 sm_90 through Triton's own compiler, without a GPU: what `build` costs on the GPU
                 (kiln's Triton target compiles its kernels one after another; --triton-pool tries
@@ -188,6 +189,7 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     import torch
 
     import kiln
+    from kiln.pipeline import STAGES
 
     model, inputs = build_model(model_name)
     compiled: list = []
@@ -226,8 +228,7 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)
-    stages = {"capture": 0.0, "aot": 0.0, "decompose": 0.0, "lower": 0.0, "schedule": 0.0, "codegen": 0.0,
-              "build": 0.0}
+    stages = {"capture": 0.0, "aot": 0.0, **dict.fromkeys(STAGES, 0.0)}
     aot_passes: dict = {}
     graphs = []
     for c in compiled:
@@ -274,7 +275,8 @@ def _triton_build_all(compiled) -> dict:
             src, sched = g.artefacts.get("kernels.py"), g.artefacts.get("schedule")
             if not isinstance(src, str) or sched is None:
                 continue
-            _, kernels = triton_target.generate_module(sched)  # again, for each kernel's argument types
+            # again, for each kernel's argument types (this script compiles in the default mode: no autotuning)
+            _, kernels = triton_target.generate_module(sched, max_autotune=False)
             sigs.append({"path": str(_module_path(triton_target, src)), "kernels": {
                 f"_launch_{k.jit_name}": ([str(d) for d in k.example_args()[0]], list(k.example_args()[1]))
                 for k in kernels.values()}})

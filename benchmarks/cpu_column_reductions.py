@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from kiln.codegen import compile_aten_graph
 from kiln.codegen.cpp import kernel as cpp_kernel
 from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
 
 aten = torch.ops.aten
 

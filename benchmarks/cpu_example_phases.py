@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.codegen import GRAPH_LISTENERS
 from kiln.examples.vit_train import TinyViT
+from kiln.pipeline import GRAPH_LISTENERS
 
 
 def main() -> None:

@@ -59,12 +59,12 @@ class KilnParts:
 
     def listen(self) -> None:
         """Collect every graph kiln compiles from now on, until `stop_listening`."""
-        from kiln.codegen import GRAPH_LISTENERS
+        from kiln.pipeline import GRAPH_LISTENERS
 
         GRAPH_LISTENERS.append(self._collect)
 
     def stop_listening(self) -> None:
-        from kiln.codegen import GRAPH_LISTENERS
+        from kiln.pipeline import GRAPH_LISTENERS
 
         GRAPH_LISTENERS.remove(self._collect)
 

@@ -113,7 +113,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=50, help="with --isolated: runs of each line")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    from kiln.codegen import GRAPH_LISTENERS
+    from kiln.pipeline import GRAPH_LISTENERS
 
     graphs = []
     GRAPH_LISTENERS.append(lambda graph, options: graphs.append(graph))

@@ -1,7 +1,7 @@
 """kiln: a just-in-time compiler for unmodified PyTorch programs."""
 from kiln.api import compile, disable, graph_break, mark_dynamic, mark_static, maybe_mark_dynamic, reset
 from kiln.backends import list_backends, register_backend
-from kiln.codegen import inductor
+from kiln.pipeline import inductor
 from kiln.capture.entry import BackendCompilerFailed, FullGraphError
 from kiln.config import config, list_mode_options, list_options
 from kiln.debug.explain import explain

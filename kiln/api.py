@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import textwrap
 import types
 import weakref
 from typing import Any, Callable
@@ -11,6 +12,7 @@ from torch import nn
 
 from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext
+from kiln.config import describe_options
 
 _contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
 
@@ -20,7 +22,57 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
             disable: bool = False):
     """Compile `model` (a function, bound method or nn.Module) just in time; a drop-in for torch.compile.
 
-    Usable as `kiln.compile(fn)`, `@kiln.compile` and `@kiln.compile(backend="eager")`.
+    Usable as `kiln.compile(fn)`, `@kiln.compile` and `@kiln.compile(backend="eager")`. Nothing is compiled
+    here: each frame is captured on its first call, and again when a guard of every compiled entry fails.
+
+    Args:
+        model (Callable or nn.Module): the function, bound method or module to compile. A module is
+            wrapped in an OptimizedModule that shares its parameters, buffers and state.
+        fullgraph (bool): if False (default), kiln ends the graph at what it cannot capture (a graph
+            break), runs that instruction in Python and captures the rest of the function as another
+            graph. If True, the first graph break raises FullGraphError naming the reason and the line.
+        dynamic (bool or None): sizes as symbols. True: every size is symbolic from the first compile.
+            False: every size is specialized, and a new size recompiles. None (default): specialize at
+            first, and when a size change causes a recompile, compile that dimension as a symbol. Sizes 0
+            and 1 are always specialized; `kiln.mark_dynamic` and `kiln.mark_static` choose per dimension.
+        backend (str or Callable): what a captured graph is handed to.
+            - "inductor" (default): kiln's code generator (kiln/pipeline.py): the graph's forward and
+              backward are traced to ATen, fused into C++/OpenMP kernels for CPU tensors and Triton
+              kernels for CUDA tensors, and run by a generated wrapper.
+            - "eager": the captured graph runs as it is (tells a capture bug from a code-generation bug).
+            - "aot_eager": kiln's autograd stage only; the ATen graphs run op by op.
+            - "cudagraphs": the ATen graphs run op by op, recorded into CUDA graphs and replayed.
+            - a callable `backend(gm, example_inputs) -> callable`, torch.compile's contract: any
+              torch.compile backend works. `kiln.register_backend` adds a name; `kiln.list_backends()`
+              lists them.
+        mode (str or None): a preset of options for the inductor backend (`kiln.list_mode_options()`).
+            - "default" (or None): fused kernels, block sizes chosen by a heuristic; on CUDA, small matmuls
+              become Triton templates with their epilogues fused.
+            - "reduce-overhead": also records each compiled graph into CUDA graphs and replays it, which
+              removes most launch overhead; outputs are valid until the next call, and CPU graphs run
+              without CUDA graphs (one perf_hints line says why).
+            - "max-autotune": also benchmarks the block sizes of each Triton kernel, and Triton matmul
+              templates against ATen, on the first call's inputs (the choice cached on disk); with CUDA
+              graphs. The C++ target has nothing to tune.
+            - "max-autotune-no-cudagraphs": "max-autotune" without CUDA graphs.
+        options (dict or None): options for the inductor backend, by name; they override what `mode`
+            sets. Every option is listed below and by `kiln.list_options()`.
+        disable (bool): if True, return `model` unchanged (compile nothing; for switching kiln off).
+
+    Returns:
+        An OptimizedModule for a module; otherwise a callable with `model`'s signature.
+
+    Raises:
+        TypeError or ValueError, at this call, for an argument of the wrong type, an unknown backend, mode
+        or option (naming it, with the accepted ones), a value an option does not accept, or `mode` or
+        `options` given to a backend that takes none.
+
+    Example::
+
+        model = kiln.compile(torch.nn.Linear(8, 8), mode="max-autotune")
+        y = model(torch.randn(4, 8))
+
+    Options (`options={name: value}`):
     """
     if model is None:
         return lambda m: compile(m, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
@@ -39,6 +91,10 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     if isinstance(model, nn.Module):
         return OptimizedModule(model, ctx)
     return _compile_callable(model, ctx)
+
+
+# the options, from the option table, in the docstring's indent
+compile.__doc__ = compile.__doc__.rstrip() + "\n" + textwrap.indent(describe_options(), " " * 8) + "\n"
 
 
 def _check_flag(name: str, value: Any) -> None:

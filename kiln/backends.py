@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.config import validate_options
+from kiln.config import CompileOptions, validate_options
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -70,14 +70,14 @@ def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Bac
 class _BoundBackend:
     """A backend with its resolved options bound; prints as `inductor(options)`."""
 
-    def __init__(self, fn: Callable, options: dict, name: str):
+    def __init__(self, fn: Callable, options: CompileOptions, name: str):
         self.fn, self.options, self.name = fn, options, name
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         return self.fn(gm, example_inputs, options=self.options)
 
     def __repr__(self) -> str:
-        return f"{self.name}({self.options})"
+        return f"{self.name}({self.options.as_dict()})"
 
 
 @register_backend
@@ -86,8 +86,8 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     return gm.forward
 
 
-# kiln's code generator (kiln/codegen): ATen graphs -> fused C++/OpenMP kernels on CPU.
-from kiln.codegen import inductor  # noqa: E402  (registered after the registry exists)
+# kiln's code generator (kiln/pipeline.py): ATen graphs -> fused kernels (C++/OpenMP on CPU, Triton on CUDA).
+from kiln.pipeline import inductor  # noqa: E402  (registered after the registry exists)
 
 register_backend(name="inductor", takes_options=True)(inductor)
 

@@ -1,17 +1,21 @@
 """Which code generator compiles a graph: C++/OpenMP for CPU tensors, Triton for CUDA tensors.
 
 Like torch's `cpu_backend` / `cuda_backend`: CUDA graphs always get Triton;
-CPU graphs get C++ unless the `cpu_backend` option (or `KILN_CPU_BACKEND`) says
-"triton", which runs Triton kernels on CPU tensors through Triton's interpreter
-(`TRITON_INTERPRET=1`) — how the Triton target is tested without a GPU.
-A target is a module with `generate_module(sched)`, `load_kernels(source,
-kernels)` and `ARTEFACT` (the file name its kernel source is kept under).
+CPU graphs get C++ unless the `cpu_backend` option (else `KILN_CPU_BACKEND`)
+says "triton", which runs Triton kernels on CPU tensors through Triton's
+interpreter (`TRITON_INTERPRET=1`) — how the Triton target is tested without a
+GPU. A target is a module with `generate_module(sched)`, `load_kernels(source,
+kernels)` and, if it rewrites the lowered graph before scheduling (Triton's
+matmul templates and shape padding), `prepare(graph, device, ...)`.
+`select_target` binds the options a target reads into its `Target`, so the
+pipeline hands each target function only the graph, schedule or source.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Callable
 
 import torch
 
@@ -20,8 +24,10 @@ import torch
 class Target:
     name: str          # "cpp" | "triton"
     device: str        # where the wrapper allocates kernel outputs
-    module: ModuleType
-    artefact: str      # "kernels.cpp" | "kernels.py"
+    artefact: str      # "kernels.cpp" | "kernels.py": the file name its kernel source is kept under
+    prepare: Callable  # (LoweredGraph) -> template specs; rewrites the graph's externs before scheduling
+    generate: Callable  # (Schedule) -> (source, kernel name -> kernel)
+    load: Callable     # (source, kernels) -> kernel name -> launcher
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs) -> torch.device:
@@ -37,9 +43,17 @@ def graph_device(gm: torch.fx.GraphModule, example_inputs) -> torch.device:
     return torch.device("cpu")
 
 
-def select_target(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Target:
+def _no_templates(graph) -> dict:
+    """The C++ target rewrites nothing before scheduling and has no templates."""
+    return {}
+
+
+def select_target(gm: torch.fx.GraphModule, example_inputs, cpu_backend: str | None = None,
+                  max_autotune: bool = False, shape_padding: bool = False) -> Target:
+    """The target for `gm`'s device, with the options it reads bound (`max_autotune` and `shape_padding` are
+    read by Triton only)."""
     device = graph_device(gm, example_inputs)
-    cpu_backend = options.get("cpu_backend") or os.environ.get("KILN_CPU_BACKEND") or "cpp"
+    cpu_backend = cpu_backend or os.environ.get("KILN_CPU_BACKEND") or "cpp"
     if device.type == "cuda" or cpu_backend == "triton":
         from kiln.codegen import triton as triton_target
 
@@ -47,7 +61,10 @@ def select_target(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Ta
             raise RuntimeError("cpu_backend='triton' runs Triton kernels on CPU tensors: set TRITON_INTERPRET=1")
         dev = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}" \
             if device.type == "cuda" else "cpu"
-        return Target("triton", dev, triton_target, "kernels.py")
+        prepare = functools.partial(triton_target.prepare, device=dev, max_autotune=max_autotune,
+                                    shape_padding=shape_padding)
+        generate = functools.partial(triton_target.generate_module, max_autotune=max_autotune)
+        return Target("triton", dev, "kernels.py", prepare, generate, triton_target.load_kernels)
     from kiln.codegen import cpp
 
-    return Target("cpp", "cpu", cpp, "kernels.cpp")
+    return Target("cpp", "cpu", "kernels.cpp", _no_templates, cpp.generate_module, cpp.load_kernels)

@@ -3,22 +3,22 @@
 Debug may import any stage; no stage imports debug. The stages expose listener
 lists and wrapper tables instead, which `install()` fills when kiln is imported:
 the debug directory writer (kiln.capture.entry.RECORD_LISTENERS,
-kiln.codegen.GRAPH_LISTENERS) and the `check_accuracy` option
-(kiln.codegen.BACKEND_WRAPPERS).
+kiln.pipeline.GRAPH_LISTENERS) and the `check_accuracy` option
+(kiln.pipeline.BACKEND_WRAPPERS).
 """
 from __future__ import annotations
 
 
 def install() -> None:
-    from kiln import codegen
+    from kiln import pipeline
     from kiln.capture import entry
     from kiln.debug import accuracy, trace
 
     if trace.on_record not in entry.RECORD_LISTENERS:
         entry.RECORD_LISTENERS.append(trace.on_record)
-    if trace.on_graph not in codegen.GRAPH_LISTENERS:
-        codegen.GRAPH_LISTENERS.append(trace.on_graph)
-    codegen.BACKEND_WRAPPERS["check_accuracy"] = accuracy.check_accuracy
+    if trace.on_graph not in pipeline.GRAPH_LISTENERS:
+        pipeline.GRAPH_LISTENERS.append(trace.on_graph)
+    pipeline.BACKEND_WRAPPERS["check_accuracy"] = accuracy.check_accuracy
 
 
 def check_accuracy(backend, rtol: float = 1e-3, atol: float = 1e-3):

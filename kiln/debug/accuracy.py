@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
-from kiln.codegen import debug_dir
+from kiln.config import debug_dir
 
 log = logging.getLogger("kiln.accuracy")
 

@@ -6,10 +6,10 @@ same data as a page. Compile time is split by stage:
 
     capture     the bytecode interpreter, guards and output program (CaptureRecord)
     autograd    kiln.autograd's passes: analyze, trace, functionalize, partition (AOTCompiled.traces)
-    lowering    decompositions and the loop-level IR  (CompiledGraph.artefacts["times"])
+    lowering    decompositions and the loop-level IR  (CompiledGraph.artefacts["times"], by kiln.pipeline.STAGES)
     scheduling  fusion and the memory plan
-    codegen     kernel and wrapper source
-    build       the C++ compiler (or the build cache)
+    codegen     kernel and wrapper source (the pipeline's generate stage)
+    build       the C++ compiler (or the build cache), the wrapper loaded
     backend     time in a backend that is not kiln's inductor (eager, aot_eager, a user's)
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 from kiln.capture.entry import CaptureRecord, CompileContext
 
 STAGES = ("capture", "autograd", "lowering", "scheduling", "codegen", "build", "backend")
+# kiln.pipeline.STAGES -> the report's stage
 _CODEGEN_STAGES = {"decompose": "lowering", "lower": "lowering", "schedule": "scheduling",
-                   "codegen": "codegen", "build": "build"}
+                   "plan memory": "scheduling", "generate": "codegen", "build": "build"}
 MAX_GRAPH_LINES = 40  # graph code shown per graph in the text report
 MAX_LINE = 150
 MAX_KERNEL_NAMES = 6

@@ -21,7 +21,7 @@ the directory is `kiln.config.debug_dir`, else `$KILN_DEBUG_DIR`, else `./kiln_d
           memory.txt              the memory plan
           kernels.cpp             generated kernels (kernels.py for Triton)
           wrapper.py              the host program
-          times.json              decompose, lower, schedule, codegen, build (seconds)
+          times.json              decompose, lower, schedule, plan memory, generate, build (seconds)
           fused_graph.svg         with options={"trace.graph_diagram": True}
       aten<K>/                    ATen graphs from elsewhere (torch.compile(backend=kiln.inductor))
 
@@ -36,8 +36,9 @@ import re
 from pathlib import Path
 
 from kiln.capture.entry import CaptureRecord, CompileContext
-from kiln.codegen import CompiledGraph, debug_dir
+from kiln.config import CompileOptions, debug_dir
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
+from kiln.pipeline import CompiledGraph
 
 FILES = {
     "summary.txt": "function, ops, graph break, recompile reason, compile time by stage",
@@ -59,18 +60,24 @@ FILES = {
 }
 
 
-def enabled(options: dict | None) -> bool:
-    return bool(os.environ.get("KILN_DEBUG_DIR")) or bool((options or {}).get("trace.enabled"))
+def enabled(options: CompileOptions | None) -> bool:
+    return bool(os.environ.get("KILN_DEBUG_DIR")) or (options is not None and options.trace_enabled)
 
 
-def _options_of(ctx: CompileContext) -> dict:
-    return dict(getattr(ctx.backend, "options", None) or {})
+def _diagram(options: CompileOptions | None) -> bool:
+    return options is not None and options.trace_graph_diagram
 
 
-def on_graph(compiled: CompiledGraph, options: dict) -> None:
+def _options_of(ctx: CompileContext) -> CompileOptions | None:
+    """The options kiln's inductor was bound with (None for a backend that takes none)."""
+    options = getattr(ctx.backend, "options", None)
+    return options if isinstance(options, CompileOptions) else None
+
+
+def on_graph(compiled: CompiledGraph, options: CompileOptions) -> None:
     """Code generator listener: write one ATen graph's artefacts."""
     if enabled(options):
-        write_aten_graph(debug_dir(), compiled, diagram=bool(options.get("trace.graph_diagram")))
+        write_aten_graph(debug_dir(), compiled, diagram=_diagram(options))
         write_index(debug_dir())
 
 
@@ -78,7 +85,7 @@ def on_record(ctx: CompileContext, record: CaptureRecord) -> None:
     """Capture listener: write one captured graph's artefacts."""
     options = _options_of(ctx)
     if enabled(options):
-        write_record(debug_dir(), record, diagram=bool(options.get("trace.graph_diagram")))
+        write_record(debug_dir(), record, diagram=_diagram(options))
         write_index(debug_dir())
 
 
@@ -170,7 +177,7 @@ def flush(contexts: list[CompileContext]) -> None:
         options = _options_of(ctx)
         if enabled(options):
             for record in ctx.records:
-                write_record(debug_dir(), record, diagram=bool(options.get("trace.graph_diagram")))
+                write_record(debug_dir(), record, diagram=_diagram(options))
                 written = True
     if written:
         write_index(debug_dir())

@@ -26,7 +26,7 @@ decision if there is one, else the first candidate (the heuristic default);
 kiln's CUDA graphs run the graph once before recording, so the decision exists.
 
 A progress bar (kernel, candidate k/n) shows on a terminal while benchmarking
-runs past `kiln.config.progress_delay`, in the style of kiln/codegen/progress.py.
+runs past `kiln.config.progress_delay`, in the style of kiln/progress.py.
 """
 from __future__ import annotations
 

@@ -162,7 +162,6 @@ class Schedule:
     graph: ir.LoweredGraph
     steps: list
     templates: dict = field(default_factory=dict)  # node name -> spec of the template computing it (matmuls)
-    options: dict = field(default_factory=dict)    # the compile options the schedule was made under
 
     def template_of(self, group: "KernelGroup"):
         """The template spec of a group that starts with a template node, else None."""
@@ -313,14 +312,12 @@ def merged_runs(sizes: tuple, outer: tuple, inner: tuple):
     return None
 
 
-def schedule(graph: ir.LoweredGraph, templates: dict | None = None, options: dict | None = None) -> Schedule:
+def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_fusion: bool) -> Schedule:
     """Order the graph's nodes into kernels and extern calls, then mark register-only buffers.
 
-    `templates`: node name -> template spec (see the module docstring); `options`: the compile options
-    (`epilogue_fusion` is read here; the code generators read the others from `Schedule.options`)."""
+    `templates`: node name -> template spec (see the module docstring); `epilogue_fusion` (the option):
+    whether pointwise nodes after a template join its kernel."""
     templates = templates or {}
-    options = options or {}
-    epilogues = options.get("epilogue_fusion", True)
     template_groups: set[int] = set()
     steps: list = []
     where: dict[str, int] = {}
@@ -336,7 +333,8 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, options: dic
         candidates = [k for k in range(len(steps) - 1, max(earliest, 0) - 1, -1) if isinstance(steps[k], KernelGroup)]
         if node.name in templates:
             candidates = []
-        candidates = [k for k in candidates if k not in template_groups or (epilogues and _epilogue_ok(steps[k], node))]
+        candidates = [k for k in candidates
+                      if k not in template_groups or (epilogue_fusion and _epilogue_ok(steps[k], node))]
         # vertical fusion (into a producer's kernel) first, then horizontal
         candidates.sort(key=lambda k: k not in producers)
         placed = next((k for k in candidates if _try_add(steps[k], node)), None)
@@ -348,7 +346,7 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, options: dic
             if node.name in templates:
                 template_groups.add(placed)
         where[node.name] = placed
-    sched = Schedule(graph, steps, dict(templates), dict(options))
+    sched = Schedule(graph, steps, dict(templates))
     _mark_local(sched)
     return sched
 

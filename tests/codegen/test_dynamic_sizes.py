@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen import GRAPH_LISTENERS
+from kiln.pipeline import GRAPH_LISTENERS
 from kiln.codegen.wrapper import unbound_globals
-from kiln.config import validate_options
 
 
 @pytest.fixture
@@ -110,8 +109,7 @@ def test_parameter_kernels_are_kept_with_a_symbolic_batch(graphs):
 def test_triton_relu_matmul_over_batch_sizes(graphs, dynamic):
     skip_unless_kernels_run()
     kiln.reset()
-    options = {**validate_options(None, None), "cpu_backend": "triton"}
-    compiled = kiln.compile(relu_matmul, dynamic=dynamic, backend=lambda gm, inputs: kiln.inductor(gm, inputs, options))
+    compiled = kiln.compile(relu_matmul, dynamic=dynamic, options={"cpu_backend": "triton"})
     y = torch.randn(8, 8, device=DEVICE)
     with torch.no_grad():
         for batch in (4, 6, 9):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.codegen import compile_aten_graph
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import trace
 
 I64_MIN, I32_MIN = -2 ** 63, -2 ** 31

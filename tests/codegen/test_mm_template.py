@@ -9,6 +9,7 @@ with ATen forced to win, so both paths of the choice are exercised.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
@@ -22,18 +23,18 @@ skip_module_unless_kernels_run()
 from lower.helpers import assert_same, trace  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln.codegen import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
 from kiln.codegen.describe import name_kernels  # noqa: E402
 from kiln.codegen.triton import templates  # noqa: E402
 from kiln.codegen.wrapper import generate_wrapper  # noqa: E402
 from kiln.config import validate_options  # noqa: E402
 from kiln.lower import ir, lower_graph  # noqa: E402
+from kiln.pipeline import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.schedule.fusion import schedule  # noqa: E402
 from kiln.schedule.memory import plan_memory  # noqa: E402
 
-MAX = {**validate_options("max-autotune-no-cudagraphs", None), "cpu_backend": "triton"}
-DEFAULT = {**validate_options(None, None), "cpu_backend": "triton"}
+MAX = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
+DEFAULT = validate_options(None, {"cpu_backend": "triton"})
 
 
 @pytest.fixture(autouse=True)
@@ -60,15 +61,20 @@ def randn(*size, dtype=torch.float32):
     return torch.randn(*size, dtype=dtype).to(DEVICE)
 
 
+def prepare(graph, options, device):
+    """The Triton target's rewrite before scheduling, given the option fields it reads."""
+    return templates.prepare(graph, device, max_autotune=options.max_autotune, shape_padding=options.shape_padding)
+
+
 def build(fn, inputs, options, timer=None, device=DEVICE):
-    """The stages of kiln.codegen._compile, with `timer` given to the autotuned kernels:
+    """The stages of kiln.pipeline, with `timer` given to the autotuned kernels:
     (call, schedule, namespace, kernel source)."""
     gm = trace(fn, *inputs)
     graph = lower_graph(gm, inputs)
-    sched = schedule(graph, triton_target.prepare(graph, options, device), options)
+    sched = schedule(graph, prepare(graph, options, device), epilogue_fusion=options.epilogue_fusion)
     name_kernels(sched)
     plan = plan_memory(sched)
-    source, kernels = triton_target.generate_module(sched)
+    source, kernels = triton_target.generate_module(sched, max_autotune=options.max_autotune)
     wrapper, namespace = generate_wrapper(sched, plan, kernels, device=device)
     namespace.update(triton_target.load_kernels(source, kernels, timer=timer))
     exec(compile(wrapper, "<test wrapper>", "exec"), namespace)
@@ -132,7 +138,7 @@ def test_half_precision_addmm(dtype):
 def test_epilogue_fusion_off_keeps_the_epilogue_apart():
     x, w, b = randn(5, 24), randn(10, 24), randn(10)
     fn = lambda x, w, b: F.relu(F.linear(x, w, b))  # noqa: E731
-    sched, _ = check_both_ways(fn, x, w, b, epilogue_nodes=[0], options={**MAX, "epilogue_fusion": False})
+    sched, _ = check_both_ways(fn, x, w, b, epilogue_nodes=[0], options=dataclasses.replace(MAX, epilogue_fusion=False))
     assert len(sched.kernels()) == 2
 
 
@@ -141,7 +147,7 @@ def test_compile_aten_graph_under_each_mode():
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b)).softmax(-1)  # noqa: E731
     ref = fn(x, w, b)
     for mode in ("default", "max-autotune-no-cudagraphs", "max-autotune"):
-        options = {**validate_options(mode, None), "cpu_backend": "triton"}
+        options = validate_options(mode, {"cpu_backend": "triton"})
         compiled = compile_aten_graph(trace(fn, x, w, b), [x, w, b], options)
         assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
         assert_same(compiled(x, w, b), ref)
@@ -154,7 +160,7 @@ def test_compile_aten_graph_under_each_mode():
 def _template_specs(m: int, k: int, n: int, options) -> dict:
     x, w = torch.empty(m, k), torch.empty(k, n)
     graph = lower_graph(trace(lambda x, w: x @ w, x, w, mode="fake"), [x, w])
-    return templates.prepare(graph, options, "cuda")
+    return prepare(graph, options, "cuda")
 
 
 def test_default_mode_makes_templates_of_small_matmuls_only():
@@ -182,7 +188,7 @@ def test_symbolic_sizes_keep_the_extern():
     x, w = torch.randn(5, 16), torch.randn(16, 8)
     gm = trace(lambda x, w: (x @ w).relu(), x, w, mode="symbolic")
     graph = lower_graph(gm, [x, w])
-    assert templates.prepare(graph, MAX, "cpu") == {}
+    assert prepare(graph, MAX, "cpu") == {}
 
 
 # ----------------------------------------------------------------------------- shape padding
@@ -214,7 +220,7 @@ def _padded_ops(m: int, k: int, n: int) -> list:
     """The PaddedMatmul ops the shape-padding pass puts in an fp16 m x k @ k x n graph told it runs on CUDA."""
     x, w = torch.randn(m, k, dtype=torch.float16), torch.randn(k, n, dtype=torch.float16)
     graph = lower_graph(trace(lambda x, w: x @ w, x, w), [x, w])
-    assert templates.prepare(graph, {**DEFAULT, "shape_padding": True}, "cuda") == {}
+    assert prepare(graph, DEFAULT, "cuda") == {}
     return [n.op for n in graph.nodes if isinstance(getattr(n, "op", None), templates.PaddedMatmul)]
 
 
@@ -257,7 +263,7 @@ def test_matmul_operand_with_long_unaligned_rows_is_stored_with_zero_padded_rows
     padded = next(n for n in graph.nodes if n.name == buf)
     scale_loads = [ld for ld in ir.loads(padded.data.body) if ld.buf == "arg3"]
     assert scale_loads and all(ld.mask is None for ld in scale_loads)  # a scalar load takes no block mask
-    templates.prepare(graph, {**DEFAULT, "shape_padding": True}, "cuda")
+    prepare(graph, DEFAULT, "cuda")
     externs = [n for n in graph.nodes if getattr(n, "op", None) is not None and n.name != buf]
     dx, dw = externs
     assert isinstance(dx.op, templates.PaddedMatmul) and dx.args[0].layout.size[-1] == 1152

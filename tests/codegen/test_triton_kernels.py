@@ -24,7 +24,7 @@ skip_module_unless_kernels_run()
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402
 
-from kiln.codegen import compile_aten_graph  # noqa: E402
+from kiln.pipeline import compile_aten_graph  # noqa: E402
 
 TRITON = {"cpu_backend": "triton"}
 LOOPED = PERSISTENT_MAX_RBLOCK + 37  # a row too long for one block: the reduction loops
@@ -283,8 +283,8 @@ def test_cpu_graphs_use_cpp_unless_forced():
     from kiln.codegen.target import select_target
 
     gm = trace(lambda x: x + 1, torch.randn(3))
-    assert select_target(gm, [torch.randn(3)], {}).name == "cpp"
-    assert select_target(gm, [torch.randn(3)], TRITON).name == "triton"
+    assert select_target(gm, [torch.randn(3)]).name == "cpp"
+    assert select_target(gm, [torch.randn(3)], cpu_backend="triton").name == "triton"
 
 
 # ----------------------------------------------------------------------------- launching

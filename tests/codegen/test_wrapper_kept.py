@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen import GRAPH_LISTENERS
 from kiln.codegen.wrapper import ParameterDerived
+from kiln.pipeline import GRAPH_LISTENERS
 
 
 class ScaledLinear(nn.Module):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.codegen import compile_aten_graph
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_dot, to_svg
+from kiln.pipeline import compile_aten_graph
 
 
 def _softmax_graph():

@@ -50,11 +50,11 @@ def test_progress_bar_on_a_terminal():
     out = _run(tty=True)
     assert "done" in out
     assert "kiln graph" in out and "/inference" in out  # the bar names the graph being compiled
-    assert "/5" in out  # five stages: decompose, lower, schedule, codegen, build
+    assert "/6" in out  # six stages: decompose, lower, schedule, plan memory, generate, build
     assert "[autograd]" in out and "/inference [decompose]" in out  # the captured graph's bar, then its ATen graph's
 
 
 def test_no_progress_bar_when_not_a_terminal():
     out = _run(tty=False)
     assert "done" in out
-    assert "kiln graph" not in out and "/5" not in out and "\r" not in out
+    assert "kiln graph" not in out and "/6" not in out and "\r" not in out

@@ -5,8 +5,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten
 
-from kiln.codegen import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
 
 
 def trace(fn, *inputs, mode="real"):

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen import compile_aten_graph
 from kiln.config import validate_options
 from kiln.lower import ir, lower_graph
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import assert_same, trace
 
 

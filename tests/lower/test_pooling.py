@@ -15,8 +15,8 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
-from kiln import codegen
-from kiln.codegen import compile_aten_graph
+from kiln import pipeline
+from kiln.pipeline import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
 from lower.helpers import assert_same, check, check_triton, count_externs
 
@@ -178,12 +178,12 @@ def test_cnn_trains_through_kiln_compile():
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.randn(2, 3, 27, 27)
     graphs = []
-    codegen.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
+    pipeline.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
     try:
         loss = kiln.compile(model)(x).square().sum()
         loss.backward()
     finally:
-        codegen.GRAPH_LISTENERS.pop()
+        pipeline.GRAPH_LISTENERS.pop()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     ref = model(x).square().sum()

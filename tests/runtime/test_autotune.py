@@ -147,8 +147,8 @@ def test_options_and_modes_are_listed_and_validated():
     assert OPTIONS["shape_padding"].default is True  # as in torch
     assert kiln.list_mode_options("max-autotune")["triton.cudagraphs"] is True
     resolved = validate_options("max-autotune-no-cudagraphs", {"epilogue_fusion": False})
-    assert resolved["max_autotune"] and not resolved["epilogue_fusion"] and not resolved["triton.cudagraphs"]
-    assert validate_options(None, None)["max_autotune"] is False
+    assert resolved.max_autotune and not resolved.epilogue_fusion and not resolved.triton_cudagraphs
+    assert validate_options(None, None).max_autotune is False
     with pytest.raises(ValueError, match="unknown option 'max_autotun'.*max_autotune"):
         validate_options(None, {"max_autotun": True})
     with pytest.raises(ValueError, match="known modes: .*max-autotune-no-cudagraphs"):
@@ -195,12 +195,12 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     """The cache files are written by the first compile; a new process (no kernel module loaded yet)
     compiling the same graph benchmarks nothing."""
     skip_unless_kernels_run()
-    from kiln.codegen import compile_aten_graph
+    from kiln.pipeline import compile_aten_graph
     from kiln.codegen import triton as triton_target
     from lower.helpers import trace
 
     args = inputs()
-    options = {**validate_options("max-autotune-no-cudagraphs", None), "cpu_backend": "triton"}
+    options = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
     gm = trace(workload, *args)
     triton_target._loaded.clear()
     before = dict(autotune.stats)
@@ -239,7 +239,7 @@ def test_injected_timer_picks_the_fastest_generated_config():
         run()
         return 100.0 - next(timed)
 
-    options = {**validate_options("max-autotune-no-cudagraphs", None), "cpu_backend": "triton"}
+    options = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
     from kiln.codegen import triton as triton_target
 
     triton_target._loaded.clear()

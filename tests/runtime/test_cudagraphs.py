@@ -294,9 +294,9 @@ def test_graphs_that_mutate_or_synchronize_are_not_recorded():
 
 
 def test_options_and_modes():
-    assert validate_options("reduce-overhead", None)["triton.cudagraphs"] is True
-    assert validate_options(None, None)["triton.cudagraphs"] is False
-    assert validate_options("reduce-overhead", {"triton.cudagraphs": False})["triton.cudagraphs"] is False
+    assert validate_options("reduce-overhead", None).triton_cudagraphs is True
+    assert validate_options(None, None).triton_cudagraphs is False
+    assert validate_options("reduce-overhead", {"triton.cudagraphs": False}).triton_cudagraphs is False
     assert list_mode_options("reduce-overhead") == {"triton.cudagraphs": True}
     assert "reduce-overhead" in list_mode_options()
     assert "triton.cudagraphs" in list_options()

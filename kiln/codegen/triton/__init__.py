@@ -49,18 +49,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def prepare(graph, options: dict, device: str) -> dict:
+def prepare(graph, device: str, *, max_autotune: bool, shape_padding: bool) -> dict:
     """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
     returns the template specs."""
     from kiln.codegen.triton.templates import prepare as prepare_matmuls
 
-    return prepare_matmuls(graph, options, device)
+    return prepare_matmuls(graph, device, max_autotune=max_autotune, shape_padding=shape_padding)
 
 
-def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
+def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[str, TritonKernel]]:
     """(Python source of every kernel of `sched` and its launcher, kernel name -> TritonKernel).
 
-    Under `max_autotune` (read from `sched.options`) each group is several candidates behind an
+    Under `max_autotune` each group is several candidates behind an
     `Autotuned` (kiln/codegen/triton/tuning.py); otherwise a template group (a small matmul) is the
     template with its default tiles."""
     _constants_on_device(sched)
@@ -68,13 +68,12 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     layouts[ERROR_FLAG] = ir.Layout.contiguous((1,), torch.int32)  # kernels that check values report here
     external = external_reads(sched)
     unaligned = maybe_unaligned(sched)
-    tune = sched.options.get("max_autotune", False)
     kernels = {}
     for g in sched.kernels():
         spec = sched.template_of(g)
-        if spec is not None and not tune:
+        if spec is not None and not max_autotune:
             kernels[g.name] = default_template(g, layouts, external, spec)
-        elif tune:
+        elif max_autotune:
             from kiln.codegen.triton import tuning
 
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \

@@ -102,7 +102,7 @@ class Launcher:
         The fast path hands the C launcher each tensor's address as an int: given a tensor, Triton's
         launcher calls its `data_ptr` method and asks the driver whether the pointer is a device pointer,
         about 0.35 us per tensor (BatchNorm kernels take a dozen). Every tensor is on the GPU: a graph with
-        inputs on two devices never reaches a code generator (`_compile_stages` refuses it; it runs through
+        inputs on two devices never reaches a code generator (kiln.pipeline.decompose refuses it; it runs through
         ATen), and the wrapper allocates every other buffer on the graph's device."""
         fast, n = self.fast, self.num_tensors
         if fast is not None and args[n:] == self.fast_ints and _no_hooks():

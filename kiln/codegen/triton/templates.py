@@ -1,6 +1,6 @@
 """Matmul templates and shape padding: what the Triton target does with aten mm/addmm/bmm.
 
-`prepare(graph, options)` runs on the lowered graph before scheduling:
+`prepare(graph, device, max_autotune=, shape_padding=)` runs on the lowered graph before scheduling:
 
 - with `max_autotune`, each extern `mm`, `addmm` (beta = alpha = 1) or `bmm` over float32 /
   bfloat16 / float16 tensors of static sizes becomes a *template node*; without it, only the
@@ -294,18 +294,17 @@ def _whole_rows(a: ir.TensorRef, graph: ir.LoweredGraph) -> ir.TensorRef:
     return ir.TensorRef(a.buf, wide, view=True)
 
 
-def prepare(graph: ir.LoweredGraph, options: dict, device: str) -> dict:
+def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_padding: bool) -> dict:
     """Rewrite `graph`'s extern matmuls for max-autotune templates and shape padding (see the module
     docstring); returns the template nodes' specs (node name -> MatmulSpec) for the scheduler."""
-    autotune, padding = options.get("max_autotune", False), options.get("shape_padding", False)
     device_type = torch.device(device).type
     templates: dict = {}
     nodes = []
     for n in graph.nodes:
         if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout):
             dtype = n.layout.dtype
-            multiple = padding_multiple(dtype, device_type) if padding else 0
-            made = _template_node(n, multiple, autotune)
+            multiple = padding_multiple(dtype, device_type) if shape_padding else 0
+            made = _template_node(n, multiple, max_autotune)
             if made is not None:
                 nodes += made[0]
                 templates.update(made[1])

@@ -1,0 +1,344 @@
+"""kiln's inductor, the default backend: a captured graph -> ATen graphs -> kernels + wrapper -> a callable.
+
+    inductor(gm, example_inputs, options)           the backend (`kiln.inductor`, torch.compile's contract):
+        kiln.autograd.aot_compile(gm, ..., compiler=compile_aten_graph)   one call per ATen graph
+    compile_aten_graph(gm, example_inputs, options) one ATen graph through the stages below
+
+The stages of one ATen graph, in the order `_compile_stages` runs them, one line each:
+
+    decompose    ATen graph -> core ATen, every node with meta["val"]     kiln/lower/decompositions.py
+    lower        -> loop-level IR (LoweredGraph), checked by the verifier  kiln/lower/, kiln/lower/verify.py
+    schedule     -> Schedule: kernel groups and extern calls in order      kiln/schedule/fusion.py
+    plan memory  -> MemoryPlan: when each buffer dies, whose storage a new one reuses   kiln/schedule/memory.py
+    generate     -> kernel source (the target's printer) and the wrapper   kiln/codegen/
+    build        -> kernels compiled and loaded, the wrapper exec'd        the target, kiln/runtime/cache.py
+
+Every stage runs through `Stages`, the one place that times it, moves the progress bar and logs it.
+Each stage is handed only the option fields it reads; `select_target` binds the ones the target reads.
+
+Correctness first: a graph kiln cannot lower or compile runs through ATen as it is (logged, never a
+crash); an op with no lowering runs as an extern ATen call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Callable
+
+import torch
+import torch.fx
+
+from kiln.codegen.describe import fused_graph, name_kernels
+from kiln.codegen.target import Target, select_target
+from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
+from kiln.config import CompileOptions, as_options, field_name
+from kiln.lower import ir, lower_graph
+from kiln.lower.decompositions import decomposes, decomposition_table
+from kiln.lower.verify import verify
+from kiln.progress import StageProgress
+from kiln.schedule.fusion import Schedule, schedule
+from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
+
+log = logging.getLogger("kiln.pipeline")
+
+STAGES = ("decompose", "lower", "schedule", "plan memory", "generate", "build")
+
+_graph_ids = itertools.count()
+_profiler = torch.autograd.profiler
+_names_used: dict[str, int] = {}
+
+# Observers installed by kiln.debug (nothing here imports it), called with each CompiledGraph and
+# the CompileOptions it was compiled with: the debug directory writer, diagrams.
+GRAPH_LISTENERS: list[Callable[[CompiledGraph, CompileOptions], None]] = []
+# Backend wrappers installed by kiln.debug, by the option that turns them on: wrapper(backend) -> backend.
+BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
+                    run: Stages) -> CompiledGraph:
+    gm = run("decompose", decompose, gm, example_inputs)
+    target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
+    graph = run("lower", lower, gm, example_inputs, target, options.shape_padding)
+    sched = run("schedule", schedule_kernels, graph, target, options.epilogue_fusion)
+    plan = run("plan memory", plan_buffers, sched, _is_inference(gm))
+    code = run("generate", generate, sched, plan, target)
+    namespace = run("build", build, code, target, name)
+    return _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
+
+
+class Stages:
+    """Runs the named stages of one compile: the one place that times each stage, moves the progress bar on
+    a terminal, and logs the stage's time (`kiln.pipeline`, DEBUG). `times` (stage -> seconds) is kept in the
+    compiled graph's artefacts, which the report and the debug directory show."""
+
+    def __init__(self, name: str, stages: tuple[str, ...] = STAGES):
+        self.name, self.stages, self.times = name, stages, {}
+        self.progress = StageProgress(name, list(stages))
+
+    def __call__(self, stage: str, fn: Callable, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.times[stage] = time.perf_counter() - start
+            log.debug("%s: %s %.1f ms", self.name, stage, self.times[stage] * 1000)
+            later = self.stages[self.stages.index(stage) + 1:]
+            self.progress.advance(later[0] if later else "")
+
+    def summary(self) -> str:
+        return ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in self.times.items())
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.close()
+
+
+# ----------------------------------------------------------------------------- the stages
+
+
+def decompose(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
+    kiln decomposes (or nodes without `meta['val']`)."""
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
+        raise NotImplementedError(f"inputs on {', '.join(sorted(devices))}: no code generator for this mix")
+    if _has_mutation(gm):
+        raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
+    return _retrace(gm, example_inputs) if _needs_retrace(gm) else gm
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool) -> ir.LoweredGraph:
+    """The loop-level IR of `gm`, verified. On the GPU, matmul operands may be stored padded (`shape_padding`),
+    and convolutions run channels-last only where no activation leaves the graph for a backward that expects
+    eager's layout (an inference graph)."""
+    on_gpu = target.device.startswith("cuda")
+    graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and shape_padding,
+                        channels_last_convs=on_gpu and _is_inference(gm))
+    verify(graph)
+    return graph
+
+
+def schedule_kernels(graph: ir.LoweredGraph, target: Target, epilogue_fusion: bool) -> Schedule:
+    """Kernel groups and extern calls in order, each kernel named after what it fuses; the target first rewrites
+    what it makes templates of (Triton's matmuls)."""
+    sched = schedule(graph, target.prepare(graph), epilogue_fusion=epilogue_fusion)
+    name_kernels(sched)
+    return sched
+
+
+def plan_buffers(sched: Schedule, inference: bool) -> MemoryPlan:
+    """When each buffer dies and whose storage it reuses. An inference graph's parameters rarely change between
+    calls: kernels reading them alone run once per version of them."""
+    return plan_memory(sched, input_only_kernels(sched) if inference else [])
+
+
+@dataclasses.dataclass
+class GeneratedCode:
+    """What the generate stage prints: the kernels' source, the kernels, and the wrapper with its namespace."""
+
+    source: str
+    kernels: dict
+    wrapper: str
+    namespace: dict
+
+
+def generate(sched: Schedule, plan: MemoryPlan, target: Target) -> GeneratedCode:
+    """Kernel source from the target's printer, and the wrapper (the host program)."""
+    source, kernels = target.generate(sched)
+    wrapper, namespace = generate_wrapper(sched, plan, kernels, device=target.device)
+    return GeneratedCode(source, kernels, wrapper, namespace)
+
+
+def build(code: GeneratedCode, target: Target, name: str) -> dict:
+    """Compile and load the kernels, run the wrapper module; its namespace, `call` included. A name the wrapper or
+    a launcher reads but nothing binds fails here, not on a later call."""
+    namespace = code.namespace
+    namespace.update(target.load(code.source, code.kernels))
+    wrapper_code = compile(code.wrapper, f"<kiln wrapper {name}>", "exec")
+    exec(wrapper_code, namespace)
+    missing = unbound_globals(wrapper_code, namespace)
+    for launcher in (namespace[k] for k in code.kernels if hasattr(namespace.get(k), "__code__")):  # Triton's
+        missing += unbound_globals(launcher.__code__, launcher.__globals__)
+    if missing:
+        raise NameError(f"the generated wrapper reads names it never binds: {', '.join(missing)}")
+    return namespace
+
+
+# ----------------------------------------------------------------------------- the compiled graph
+
+
+class CompiledGraph:
+    """A compiled ATen graph: call it with the graph's positional inputs."""
+
+    def __init__(self, call: Callable, artefacts: dict, profiled: Callable[[], Callable] | None = None,
+                 kept: list[ParameterDerived] = ()):
+        self.call = call
+        self.artefacts = artefacts  # stage name -> printable text (IR, schedule, C++, wrapper)
+        self._profiled, self._profiled_call = profiled, None  # builds `call` with each kernel a profiler range
+        self.kept = list(kept)  # results kept across calls, computed from parameters
+
+    def refresh(self, args: list) -> None:
+        """Recompute what `kept` holds if a parameter among `args` changed: a CUDA graph replay reads it
+        without running the wrapper."""
+        for derived in self.kept:
+            derived.refresh(args)
+
+    def __call__(self, *args):
+        if self._profiled is not None and _profiler._is_profiler_enabled:  # a module global: cheap per call
+            if self._profiled_call is None:
+                self._profiled_call = self._profiled()
+            with torch.profiler.record_function(f"kiln: {self.artefacts.get('name', 'graph')}"):
+                return self._profiled_call(*args)
+        return self.call(*args)
+
+    @property
+    def num_kernels(self) -> int:
+        return self.artefacts.get("num_kernels", 0)
+
+
+def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict, target: Target, name: str,
+                    times: dict) -> CompiledGraph:
+    # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds
+    artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": graph, "schedule": sched,
+                 "memory": plan, target.artefact: code.source, "wrapper.py": code.wrapper,
+                 "num_kernels": len(code.kernels), "kernel_names": list(code.kernels), "times": times, "name": name,
+                 "fused_graph": fused_graph(sched)}
+    kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
+    return CompiledGraph(namespace["call"], artefacts,
+                         lambda: _profiled_call(code.wrapper, namespace, code.kernels, name), kept)
+
+
+def _profiled_call(wrapper_src: str, namespace: dict, kernels: dict, name: str) -> Callable:
+    """The wrapper again, each kernel call a `torch.profiler` range named after the kernel."""
+
+    def ranged(kernel: str, fn: Callable) -> Callable:
+        def run(*args):
+            with torch.profiler.record_function(kernel):
+                return fn(*args)
+        return run
+
+    ns = dict(namespace)
+    ns.update({k: ranged(k, namespace[k]) for k in kernels if k in namespace})
+    exec(compile(wrapper_src, f"<kiln wrapper {name} (profiled)>", "exec"), ns)
+    return ns["call"]
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
+                       options: CompileOptions | dict | None = None) -> Callable:
+    """The inner compiler: an ATen-level FX graph -> a callable over real tensors (positional)."""
+    options = as_options(options)
+    name = _graph_name(gm)
+    try:
+        with Stages(name) as run:
+            compiled = _compile_stages(gm, example_inputs, options, name, run)
+        log.info("%s: %d kernels, %d externs, %s", name, compiled.num_kernels,
+                 len(compiled.artefacts["schedule"].steps) - compiled.num_kernels, run.summary())
+    except Exception as e:  # correctness first: never fail the user's program
+        log.warning("kiln: %s could not be compiled (%s: %s); running it through ATen", name, type(e).__name__, e)
+        log.debug("compile failure", exc_info=True)
+        compiled = CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
+                                                           "aten_graph": gm.print_readable(print_output=False)})
+    for listener in GRAPH_LISTENERS:
+        listener(compiled, options)
+    return compiled
+
+
+def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions | dict | None = None) -> Callable:
+    """kiln's code generator as a torch.compile-style backend (`torch.compile(m, backend=kiln.inductor)`).
+
+    `options`: a CompileOptions, an `options=` dict as kiln.compile takes it, or None (every default)."""
+    from kiln.autograd import aot_compile
+
+    options = as_options(options)
+    wrapping = next((option for option in BACKEND_WRAPPERS if getattr(options, field_name(option))), None)
+    if wrapping is not None:  # e.g. check_accuracy: the wrapper calls this backend again, with the option off
+        unwrapped = dataclasses.replace(options, **{field_name(wrapping): False})
+        return BACKEND_WRAPPERS[wrapping](lambda g, inputs: inductor(g, inputs, unwrapped))(gm, example_inputs)
+    graphs: list[CompiledGraph] = []
+    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
+    name = f"graph{graph_id}" if graph_id is not None else "inductor"
+    progress = StageProgress(name, None, first="autograd")
+    pool = None  # mode="reduce-overhead": each ATen graph recorded into CUDA graphs, one memory pool for them all
+    if options.triton_cudagraphs:
+        from kiln.runtime.cudagraphs import CUDAGraphPool
+
+        pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
+
+    def compiler(aten_gm, inputs):
+        progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
+        graphs.append(compile_aten_graph(aten_gm, inputs, options))
+        return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
+
+    compiler.fuses = fuses
+    try:
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
+    finally:
+        progress.close()
+    compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
+    compiled.cudagraph_pool = pool
+    return compiled
+
+
+def fuses(target) -> bool:
+    """Does the code generator fuse `target` into kernels (it has a lowering), rather than call ATen?"""
+    from kiln.lower.ops import LOWERINGS
+
+    return target in LOWERINGS
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _graph_name(gm: torch.fx.GraphModule) -> str:
+    """`graph3/forward` for the forward graph of kiln's captured graph 3; `aten0` for a graph from elsewhere."""
+    aot = gm.meta.get("kiln.aot", {})
+    owner = aot.get("name", "")
+    name = f"{owner}/{aot.get('kind', 'graph')}" if owner.startswith("graph") else f"aten{next(_graph_ids)}"
+    _names_used[name] = _names_used.get(name, 0) + 1
+    return name if _names_used[name] == 1 else f"{name}_{_names_used[name]}"
+
+
+def _is_inference(gm: torch.fx.GraphModule) -> bool:
+    return gm.meta.get("kiln.aot", {}).get("kind") == "inference"
+
+
+def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
+            continue
+        if "val" not in n.meta or decomposes(n):
+            return True
+    return False
+
+
+def _has_mutation(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _retrace(gm, example_inputs):
+    """Re-trace `gm` through kiln's decompositions so every node is core ATen with `meta['val']`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fake = [t for t in example_inputs if isinstance(t, torch._subclasses.FakeTensor)]
+    if fake:
+        with fake[0].fake_mode:
+            return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="real")(*example_inputs)
+    return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+
+
+__all__ = ["compile_aten_graph", "inductor", "CompiledGraph", "CompileOptions", "GRAPH_LISTENERS",
+           "BACKEND_WRAPPERS", "STAGES", "Stages"]

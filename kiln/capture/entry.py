@@ -529,11 +529,15 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     return fn(*args, **kwargs)
 
 
+# Functions whose call suspends (generators, coroutines, async generators) run natively; only plain ones compile.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 def _compilable(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType) or getattr(fn, "__kiln_disabled__", False):
         return False
     module = fn.__module__ or ""
-    return not (fn.__code__.co_flags & 0x3A0) and not module.startswith(("kiln", "torch."))
+    return not (fn.__code__.co_flags & _SUSPENDABLE) and not module.startswith(("kiln", "torch."))
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:

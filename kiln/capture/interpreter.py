@@ -9,6 +9,7 @@ its stack intact, so the output program can run that instruction natively.
 """
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Callable
 
@@ -172,12 +173,12 @@ def inline_call(state, fn: FunctionValue, args: list[Value], kwargs: dict[str, V
     if len(state.frames) > MAX_INLINE_DEPTH:
         raise GraphBreak("recursion", f"inlining {fn.name}")
     code = fn.code
-    if code.co_flags & (0x80 | 0x100 | 0x200):  # coroutine, async generator
+    if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise GraphBreak("unsupported_call", f"{fn.name} is a coroutine")
     locals_ = bind_arguments(fn, args, kwargs)
     cells = {name: cell for name, cell in zip(code.co_freevars, fn.closure)}
     frame = Frame(state, code, fn.globals, locals_, cells, is_root=False)
-    if code.co_flags & 0x20:  # a generator (a genexpr too): its frame runs on each next()
+    if code.co_flags & inspect.CO_GENERATOR:  # a generator (a genexpr too): its frame runs on each next()
         from kiln.capture.values.iterators import GeneratorValue
 
         return GeneratorValue(state, frame, fn, args, kwargs)

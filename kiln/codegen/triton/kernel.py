@@ -31,7 +31,7 @@ import torch
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.heuristics import Config, choose, transposed_dim
+from kiln.codegen.triton.heuristics import LaunchConfig, choose, transposed_dim
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
@@ -97,7 +97,7 @@ def describe(group: KernelGroup) -> str:
 class TritonKernel:
     takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
 
-    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None, external=None,
+    def __init__(self, group: KernelGroup, layouts: dict, config: LaunchConfig | None = None, external=None,
                  unaligned=None):
         self.group = group
         # buffers that may not be 16-byte aligned (graph inputs, views made by externs): the launcher checks
@@ -549,7 +549,7 @@ def _result_dtype(node) -> torch.dtype:
     return node.layout.dtype if node.data.reduction_type in ("argmax", "argmin") else node.data.body.dtype
 
 
-def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: Config | None = None,
+def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: LaunchConfig | None = None,
                     unaligned=None) -> TritonKernel:
     """`external`: buffers read outside their own kernel (or returned); others may stay in registers.
     `config`: the block sizes to use (default: the heuristic's choice). `unaligned`: the buffers whose

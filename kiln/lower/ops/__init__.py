@@ -2,7 +2,7 @@
 
 A rule is `rule(ctx: GraphLowering, meta, *args, **kwargs) -> value` where
 `meta` is the node's fake result (sizes, dtype, strides as eager produces them)
-and tensor arguments arrive as `TensorValue`s. Rules live in submodules by op
+and tensor arguments arrive as `IndexFunction`s. Rules live in submodules by op
 family and register themselves with `@register(op, ...)`.
 """
 from __future__ import annotations

@@ -20,6 +20,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower import ir
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
+from kiln.lower.layout import dense_strides, load_order_strides, padded
+from kiln.lower.ops import LOWERINGS
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
@@ -107,8 +109,6 @@ class GraphLowering:
     def realize_zero_padded(self, v: IndexFunction) -> IndexFunction:
         """`v` in a new buffer whose rows are padded with zeros to a multiple of PAD_ROW_BYTES: a matmul
         reads it with an aligned leading dimension, or, as its K operand, whole padded rows."""
-        from kiln.lower.ops.views import padded
-
         n, itemsize = int(v.size[-1]), v.dtype.itemsize
         wide = -(-n * itemsize // PAD_ROW_BYTES) * PAD_ROW_BYTES // itemsize
         storage = ir.Layout.contiguous(tuple(v.size[:-1]) + (sympy.Integer(wide),), v.dtype)
@@ -198,8 +198,6 @@ class GraphLowering:
         return expr
 
     def _call(self, node: torch.fx.Node, env):
-        from kiln.lower.ops import LOWERINGS
-
         args = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args)
         kwargs = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.kwargs)
         meta = node.meta.get("val")
@@ -253,8 +251,6 @@ class GraphLowering:
         arguments, once per use), and the users' loads (users x loads) no more than realizing costs
         (loads, one store, one load per user), unless every load is a broadcast (a full-size buffer
         always costs more than re-reading values each row or column shares)."""
-        from kiln.lower.ops import LOWERINGS
-
         body = out.body
         size = ir.expr_size(body)
         broadcast_only = size <= BROADCAST_RECOMPUTE_SIZE and _reads_no_full_tensor(out)
@@ -396,8 +392,6 @@ def _feeds_conv2d(node: torch.fx.Node) -> bool:
 def _realizing_uses(node: torch.fx.Node) -> int:
     """How many uses of `node` (looking through views) store it in a buffer of their own: externs and the
     graph's output."""
-    from kiln.lower.ops import LOWERINGS
-
     count = 0
     for user in node.users:
         if user.op == "call_function" and user.target in VIEW_OPS:
@@ -434,36 +428,6 @@ def merged_copy_dims(sizes: list, body) -> tuple[list, Any]:
     return sizes, ir.Load(body.buf, index, body.dtype)
 
 
-def load_order_strides(v: IndexFunction):
-    """Strides storing `v` in the order its first full-size load reads memory (its dims sorted by their
-    stride in that load), or None (contiguous) when no load is a permutation of `v`'s dims."""
-    variables = index_vars("i", v.ndim)
-    for ld in ir.loads(v.body):
-        aff = affine_strides(ld.index, variables) if ld.mask is None and not ld.indirect else None
-        if aff is None:
-            continue
-        strides = aff[1]
-        if not all(sympy.sympify(s).is_Integer for s in strides):
-            return None
-        dims = [d for d in range(v.ndim) if v.size[d] != 1]
-        if any(int(strides[d]) <= 0 for d in dims) or len({int(strides[d]) for d in dims}) != len(dims):
-            continue  # a broadcast or repeated stride: not a permutation
-        order = sorted(dims, key=lambda d: -int(strides[d]))
-        return None if order == dims else _dense_strides(v.size, order)
-    return None
-
-
-def _dense_strides(size, order) -> list:
-    """Strides of a dense tensor of `size` whose dims in `order` (outermost first) are laid out one after
-    the other; dims not in `order` (size 1) get stride 1."""
-    out = [sympy.Integer(1)] * len(size)
-    step = sympy.Integer(1)
-    for d in reversed(order):
-        out[d] = step
-        step = step * size[d]
-    return out
-
-
 def _memory_order(layout: ir.Layout):
     """The dims of `layout` outermost-first in memory when it is a dense layout in another order than the
     logical one (size-1 dims placed where they stand), else None."""
@@ -471,7 +435,7 @@ def _memory_order(layout: ir.Layout):
         return None
     dims = [d for d, n in enumerate(layout.size) if n != 1]
     order = sorted(dims, key=lambda d: -int(layout.stride[d]))
-    dense = _dense_strides(layout.size, order)
+    dense = dense_strides(layout.size, order)
     if order == dims or any(sympy.sympify(layout.stride[d]) != dense[d] for d in order):
         return None  # the logical order, or not dense (padded or overlapping)
     units = [d for d in range(len(layout.size)) if d not in dims]

@@ -7,20 +7,7 @@ family and register themselves with `@register(op, ...)`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: F401  (fill the table)
+from kiln.lower.ops.registry import LOWERINGS, register
 
-LOWERINGS: dict = {}
-
-
-def register(*ops) -> Callable:
-    """Register `fn` as the rule of each OpOverload in `ops`."""
-
-    def deco(fn: Callable) -> Callable:
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-
-    return deco
-
-
-from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: E402,F401  (fill the table)
+__all__ = ["LOWERINGS", "register"]

@@ -6,8 +6,8 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, sympify
-from kiln.lower.ops import register
 from kiln.lower.ops.common import operand, out_info
+from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast
 
 aten = torch.ops.aten

@@ -15,8 +15,8 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, linear_index
-from kiln.lower.ops import register
 from kiln.lower.ops.common import broadcast, out_info
+from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten

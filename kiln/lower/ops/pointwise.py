@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from kiln.lower import ir
-from kiln.lower.ops import register
 from kiln.lower.ops.common import SUPPORTED_DTYPES, operand, out_info, promote
+from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten

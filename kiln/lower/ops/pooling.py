@@ -30,10 +30,10 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.graph import load_order_strides
 from kiln.lower.index import FloorDiv, Mod, index_vars, sympify
-from kiln.lower.ops import register
+from kiln.lower.layout import load_order_strides
 from kiln.lower.ops.common import out_info
+from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten

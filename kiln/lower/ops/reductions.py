@@ -11,8 +11,9 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, product
-from kiln.lower.ops import register
 from kiln.lower.ops.common import SUPPORTED_DTYPES, out_info
+from kiln.lower.ops.registry import register
+from kiln.lower.ops.views import reshape_value
 from kiln.lower.values import IndexFunction, Unsupported, cast, const, from_buffer
 
 aten = torch.ops.aten
@@ -109,7 +110,6 @@ def _arg(rtype):
     def rule(ctx, meta, x, dim=None, keepdim=False):
         _, out = out_info(meta)
         if dim is None:
-            from kiln.lower.ops.views import reshape_value
             x = reshape_value(x, (product(x.size),))
             dim = 0
         return reduce(ctx, x, [dim], keepdim, rtype, out, body_dtype=x.dtype)

@@ -10,11 +10,12 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, sympify,
+from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, proper_factor, sympify,
                               view_strides)
-from kiln.lower.ops import register
+from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
-from kiln.lower.values import IndexFunction, Unsupported, cast
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, cast
 
 aten = torch.ops.aten
 
@@ -63,7 +64,7 @@ def _reshape_index(old_size, new_size) -> list:
         po, pn = old_size[og[0]], new_size[ng[0]]
         oi, ni = oi + 1, ni + 1
         while po != pn:
-            if _smaller(pn, po):
+            if proper_factor(pn, po):
                 ng.append(new_nz[ni])
                 pn, ni = pn * new_size[new_nz[ni]], ni + 1
             else:
@@ -75,11 +76,6 @@ def _reshape_index(old_size, new_size) -> list:
             q = FloorDiv(flat, st)
             idx[k] = q if j == 0 else Mod(q, old_size[k])
     return idx
-
-
-def _smaller(a, b) -> bool:
-    from kiln.lower.index import _lt
-    return _lt(a, b)
 
 
 @register(aten.permute.default)
@@ -205,29 +201,3 @@ def cat(ctx, meta, tensors, dim=0):
 def constant_pad_nd(ctx, meta, x, pad, value=0):
     size, dtype = out_info(meta)
     return padded(x, pad, size, dtype, value)
-
-
-def padded(x: IndexFunction, pad, size, dtype, value=0) -> IndexFunction:
-    """`x` of `size` padded by `pad` (F.pad's order: last dim first, before/after pairs) with `value`;
-    only in-range positions load from `x`."""
-    out_vars = index_vars("i", x.ndim)
-    idx, conds = list(out_vars), []
-    for k in range(len(pad) // 2):
-        d = x.ndim - 1 - k
-        before = sympify(pad[2 * k])
-        idx[d] = out_vars[d] - before
-        if before > 0 if before.is_Integer else True:
-            conds.append(sympy.Ge(idx[d], 0))
-        after = sympify(pad[2 * k + 1])
-        if after > 0 if after.is_Integer else True:
-            conds.append(sympy.Lt(idx[d], x.size[d]))
-    body = x.at(idx)
-    if not conds:
-        return IndexFunction(size, dtype, body)
-    cond = sympy.And(*conds)
-    if isinstance(value, float) and not dtype.is_floating_point:
-        if not value.is_integer():
-            raise Unsupported("fractional pad value for an integer tensor")
-        value = int(value)
-    return IndexFunction(size, dtype, ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond),
-                                                    ir.Const(value if dtype != torch.bool else bool(value), dtype)), dtype))

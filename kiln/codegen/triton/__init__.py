@@ -19,7 +19,8 @@ import threading
 
 import torch
 
-from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
+from kiln.codegen.triton.generate import generate_kernel
+from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
 from kiln.runtime import cache

@@ -26,9 +26,9 @@ import torch
 
 from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
-from kiln.capture.builder import guard_input_aliasing
+from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
-from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
+from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
@@ -37,8 +37,6 @@ from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
-
-load_opcode_modules()
 
 log_breaks = logging.getLogger("kiln.graph_breaks")
 log_recompiles = logging.getLogger("kiln.recompiles")
@@ -394,8 +392,6 @@ def _unresumable(e: GraphBreak, why: str) -> Unresumable:
 
 
 def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Frame:
-    from kiln.capture.builder import wrap_lazy
-
     code = spec.code
     names = spec.local_names if spec.local_names is not None else tuple(L)
     locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}

@@ -19,6 +19,7 @@ import torch
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.torch_api import GradModeRestore
 
 
 class ProgramWriter:
@@ -73,8 +74,6 @@ class ProgramWriter:
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
-        from kiln.capture.values.torch_api import GradModeRestore
-
         return f"{self.constant(GradModeRestore)}({prev!r})"
 
     def value(self, v: Value) -> str:

@@ -6,7 +6,7 @@ to the handler these opcodes then run.
 from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.exceptions import ExceptionValue, TracedException, as_exception
 

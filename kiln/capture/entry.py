@@ -310,7 +310,8 @@ class CompiledFunction:
         self.fn, self.ctx = fn, ctx
         self.frame = ctx.frame(FrameSpec(fn.__code__))
         code = fn.__code__
-        self._simple = not (code.co_flags & 0x0C) and code.co_kwonlyargcount == 0
+        star_args = code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        self._simple = not star_args and code.co_kwonlyargcount == 0
         self._names = code.co_varnames[:code.co_argcount]
         # a call with exactly this many positional arguments (and no keywords) binds by zip
         self._num_positional = len(self._names) if self._simple else -1

@@ -170,7 +170,8 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
     names = code.co_varnames
     positional = names[:npos]
     kwonly = names[npos:npos + nkwonly]
-    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
     bound: dict[str, Value] = {}
     for name, value in zip(positional, args):
         bound[name] = value

@@ -15,6 +15,7 @@ import itertools
 from typing import Any
 
 import torch
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
@@ -62,8 +63,6 @@ class ProgramWriter:
 
     def symbolic(self, sym) -> str:
         """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`."""
-        from torch.utils._sympy.printers import PythonPrinter
-
         expr = sym.node.expr
         for symbol in sorted(expr.free_symbols, key=str):
             source, dim = self.state.graph.symbol_sources[symbol]

@@ -15,6 +15,9 @@ from types import ModuleType
 
 import torch
 
+from kiln.codegen import cpp
+from kiln.codegen import triton as triton_target
+
 
 @dataclass(frozen=True)
 class Target:
@@ -41,13 +44,9 @@ def select_target(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Ta
     device = graph_device(gm, example_inputs)
     cpu_backend = options.get("cpu_backend") or os.environ.get("KILN_CPU_BACKEND") or "cpp"
     if device.type == "cuda" or cpu_backend == "triton":
-        from kiln.codegen import triton as triton_target
-
         if device.type != "cuda" and not triton_target.interpreting():
             raise RuntimeError("cpu_backend='triton' runs Triton kernels on CPU tensors: set TRITON_INTERPRET=1")
         dev = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}" \
             if device.type == "cuda" else "cpu"
         return Target("triton", dev, triton_target, "kernels.py")
-    from kiln.codegen import cpp
-
     return Target("cpp", "cpu", cpp, "kernels.cpp")

@@ -14,6 +14,7 @@ from typing import Any
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import function_value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import TupleValue, _key, _key_value, method_of, python_override
 from kiln.capture.values.exceptions import raise_python
@@ -60,8 +61,6 @@ class DictValue(Value):
         """`d[k]` of an absent key: a subclass's `__missing__`, a defaultdict's factory (its result stored), or KeyError."""
         override = python_override(self.cls, dict, "__missing__")
         if override is not None:
-            from kiln.capture.values.classes import function_value
-
             return function_value(state, override).call(state, [self, key], {})
         if self.default_factory is not None and not _is_none(self.default_factory):
             value = self.default_factory.call(state, [], {})
@@ -98,7 +97,6 @@ class DictValue(Value):
             return self.default_factory or ConstantValue(None)
         override = python_override(self.cls, dict, name)
         if override is not None:  # a dict subclass's own Python method runs, inlined
-            from kiln.capture.values.classes import function_value
 
             return MethodValue(self, function_value(state, override))
         if not callable(getattr(self.cls, name, None)):

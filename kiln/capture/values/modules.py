@@ -17,6 +17,7 @@ from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import class_attribute, guard_not_shadowed
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import TupleValue
 from kiln.capture.values.dicts import DictValue
@@ -41,8 +42,6 @@ class ModuleValue(Value):
 
     # --- attributes -------------------------------------------------------------------------
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.objects import class_attribute, guard_not_shadowed
-
         pending = state.side_effects.pending_attr(self.module, name)
         if pending is not None and is_deleted(pending):
             raise GraphBreak("unsupported_object", f"{type(self.module).__name__}.{name} read after `del`")

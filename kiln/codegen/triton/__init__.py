@@ -19,6 +19,7 @@ import threading
 
 import torch
 
+from kiln.codegen.triton import templates, tuning
 from kiln.codegen.triton.generate import generate_kernel
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.wrapper import ERROR_FLAG
@@ -53,9 +54,7 @@ def interpreting() -> bool:
 def prepare(graph, options: dict, device: str) -> dict:
     """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
     returns the template specs."""
-    from kiln.codegen.triton.templates import prepare as prepare_matmuls
-
-    return prepare_matmuls(graph, options, device)
+    return templates.prepare(graph, options, device)
 
 
 def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
@@ -76,26 +75,21 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
         if spec is not None and not tune:
             kernels[g.name] = default_template(g, layouts, external, spec)
         elif tune:
-            from kiln.codegen.triton import tuning
-
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
                 else tuning.tuned_kernel(g, layouts, external)
         else:
             kernels[g.name] = generate_kernel(g, layouts, external, unaligned=unaligned)
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
-        from kiln.codegen.triton.tuning import HEADER as TUNING_HEADER
-
-        header += TUNING_HEADER
+        header += tuning.HEADER
     source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
 
 
 def default_template(group, layouts: dict, external, spec) -> TritonKernel:
     """A small matmul's template kernel with the tiles `templates.default_config` picks (no benchmark)."""
-    from kiln.codegen.triton.templates import MatmulTemplateKernel, default_config
-
-    kernel = MatmulTemplateKernel(group, layouts, spec, default_config(spec.M, spec.N, spec.K), external)
+    config = templates.default_config(spec.M, spec.N, spec.K)
+    kernel = templates.MatmulTemplateKernel(group, layouts, spec, config, external)
     kernel.source = kernel.generate()
     return kernel
 

@@ -55,10 +55,6 @@ FUNCTION_LEVEL = {
         _CYCLE + "a constant's method is a BuiltinValue; functions answer `__name__` with constants",
     ("kiln.capture.values.exceptions", "kiln.capture.values.containers"):
         _CYCLE + "an exception's `.args` is a tuple; containers raise IndexError and ValueError",
-    ("kiln.capture.values.classes", "kiln.capture.values.objects"):
-        _CYCLE + "a classmethod binds to its ClassValue; ClassValue looks attributes up through classes.py",
-    ("kiln.capture.values.modules", "kiln.capture.values.objects"):
-        _CYCLE + "`module.__class__` is a ClassValue; objects.py builds module trackers (stateless modules)",
     ("kiln.capture.values.containers", "kiln.capture.values.tensor"):
         _CYCLE + "indexing or hashing by a tensor; a tensor's size is a SizeValue, a tuple",
     ("kiln.capture.values.containers", "kiln.capture.values.dicts"):

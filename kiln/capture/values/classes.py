@@ -105,8 +105,6 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
 
     `source` is the attribute read through the instance (`L['obj'].name`), when the instance has one.
     """
-    from kiln.capture.values.objects import ClassValue
-
     pending = pending_class_attr(state, cls, name)
     if pending is not None:
         pending = pending.realize()
@@ -128,7 +126,7 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
         return state.wrap_unsourced(attr.__func__)
     if isinstance(attr, classmethod):
         guard_class_entry(state, cls, name, attr)
-        return MethodValue(ClassValue(cls), function_value(state, attr.__func__))
+        return MethodValue(state.wrap_unsourced(cls), function_value(state, attr.__func__))  # a ClassValue
     if source is not None:  # guarded by value through the instance: a change on the class is seen too
         return state.wrap(getattr(self_value.obj, name), source)
     if hasattr(type(attr), "__get__"):  # a descriptor kiln does not run (cached_property, a C getset)

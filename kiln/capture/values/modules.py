@@ -56,9 +56,7 @@ class ModuleValue(Value):
             value = d[name]
             return state.wrap(value, source)  # guarded by value, torch.nn's own modules too (dropout.p, eps)
         if name == "__class__":
-            from kiln.capture.values.objects import ClassValue
-
-            return ClassValue(type(m))
+            return state.wrap_unsourced(type(m))  # a ClassValue
         guard_not_shadowed(state, self, name)
         return class_attribute(state, self, type(m), name, source)
 

@@ -67,4 +67,5 @@ def padded(x: IndexFunction, pad, size, dtype, value=0) -> IndexFunction:
             raise Unsupported("fractional pad value for an integer tensor")
         value = int(value)
     fill = ir.Const(value if dtype != torch.bool else bool(value), dtype)
-    return IndexFunction(size, dtype, ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond), fill), dtype))
+    where = ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond), fill), dtype)
+    return IndexFunction(size, dtype, where)

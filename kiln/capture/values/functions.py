@@ -77,7 +77,8 @@ class FunctionValue(CallableValue):
     @classmethod
     def of(cls, state, fn: types.FunctionType, source) -> FunctionValue:
         defaults = tuple(
-            state.wrap_lazy(d, ItemSource(AttrSource(source, "__defaults__"), i)) for i, d in enumerate(fn.__defaults__ or ())
+            state.wrap_lazy(d, ItemSource(AttrSource(source, "__defaults__"), i))
+            for i, d in enumerate(fn.__defaults__ or ())
         )
         kwdefaults = {
             k: state.wrap_lazy(d, ItemSource(AttrSource(source, "__kwdefaults__"), k))

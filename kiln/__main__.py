@@ -17,7 +17,9 @@ import torch
 import kiln
 from kiln.api import _contexts
 from kiln.capture import entry
+from kiln.examples import vit_train
 from kiln.debug import trace
+from kiln.debug.html import write_html_report
 from kiln.debug.report import text_report
 
 
@@ -44,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     summary, code = None, 0
     try:
         if options.script is None:
-            from kiln.examples import vit_train
-
             summary = vit_train.main()
         else:
             sys.argv = [options.script, *options.args]
@@ -61,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         trace.flush(contexts)
         print(text_report(contexts, summary=summary))
         if options.report:
-            from kiln.debug.html import write_html_report
-
             path = write_html_report(options.report, contexts, title=f"kiln report: {options.script or 'bundled ViT example'}",
                                      summary=summary)
             print(f"\nHTML report: {path}")

@@ -98,7 +98,29 @@ from kiln.autograd import aot_eager  # noqa: E402  (registered after the registr
 register_backend(name="aot_eager")(aot_eager)
 
 
-# CUDA graphs over the same ATen graphs run op by op (kiln/runtime/cudagraphs.py).
-from kiln.runtime.cudagraphs import cudagraphs  # noqa: E402  (registered after the registry exists)
+# CUDA graphs over the same ATen graphs run op by op (kiln/runtime/cudagraphs.py). Defined here, where
+# the stages meet, so that the runtime does not import the autograd stage above it.
+from kiln.autograd import aot_compile  # noqa: E402  (registered after the registry exists)
+from kiln.autograd.aot import run_graph  # noqa: E402
+from kiln.runtime.cudagraphs import CUDAGraphPool  # noqa: E402
 
-register_backend(name="cudagraphs")(cudagraphs)
+
+@register_backend(name="cudagraphs")
+def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """The `"cudagraphs"` backend: kiln's ATen graphs, run op by op, recorded into CUDA graphs.
+
+    Like `aot_eager` (kiln/autograd) with each inference, forward and backward graph
+    recorded by kiln/runtime/cudagraphs.py: the launch overhead goes, the kernels are ATen's.
+    """
+    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
+    name = f"graph{graph_id}" if graph_id is not None else "cudagraphs"
+    pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
+    if pool is None:
+        return aot_compile(gm, example_inputs, run_graph, name=name)
+
+    def compiler(aten_gm, inputs):
+        return pool.wrap(run_graph(aten_gm, inputs), aten_gm, inputs)
+
+    compiled = aot_compile(gm, example_inputs, compiler, name=name)
+    compiled.cudagraph_pool = pool
+    return compiled

@@ -29,15 +29,19 @@ from typing import Callable
 
 import torch
 import torch.fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln.autograd import aot_compile
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
 from kiln.config import CompileOptions, as_options, field_name
 from kiln.lower import ir, lower_graph
 from kiln.lower.decompositions import decomposes, decomposition_table
+from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
+from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
 
@@ -257,8 +261,6 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     """kiln's code generator as a torch.compile-style backend (`torch.compile(m, backend=kiln.inductor)`).
 
     `options`: a CompileOptions, an `options=` dict as kiln.compile takes it, or None (every default)."""
-    from kiln.autograd import aot_compile
-
     options = as_options(options)
     wrapping = next((option for option in BACKEND_WRAPPERS if getattr(options, field_name(option))), None)
     if wrapping is not None:  # e.g. check_accuracy: the wrapper calls this backend again, with the option off
@@ -270,8 +272,6 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     progress = StageProgress(name, None, first="autograd")
     pool = None  # mode="reduce-overhead": each ATen graph recorded into CUDA graphs, one memory pool for them all
     if options.triton_cudagraphs:
-        from kiln.runtime.cudagraphs import CUDAGraphPool
-
         pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
 
     def compiler(aten_gm, inputs):
@@ -291,8 +291,6 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
 
 def fuses(target) -> bool:
     """Does the code generator fuse `target` into kernels (it has a lowering), rather than call ATen?"""
-    from kiln.lower.ops import LOWERINGS
-
     return target in LOWERINGS
 
 
@@ -331,8 +329,6 @@ def _has_mutation(gm: torch.fx.GraphModule) -> bool:
 
 def _retrace(gm, example_inputs):
     """Re-trace `gm` through kiln's decompositions so every node is core ATen with `meta['val']`."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     fake = [t for t in example_inputs if isinstance(t, torch._subclasses.FakeTensor)]
     if fake:
         with fake[0].fake_mode:

@@ -1,4 +1,4 @@
-"""Which ATen ops the autograd stage decomposes while tracing, in one place.
+"""The autograd stage's adjustments to its caller's decomposition table while tracing.
 
 Tracing applies `tracing_table(decompositions)`: the ops functionalization needs
 decomposed (always), plus the table the caller passes to `aot_compile` (the code

@@ -8,6 +8,7 @@ a graph; `Unresumable` where it cannot even continue after running it natively
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 
 
@@ -58,8 +59,6 @@ class UserLocation:
     function: str
 
     def line_text(self) -> str:
-        import linecache
-
         return linecache.getline(self.filename, self.lineno).strip()
 
     def __str__(self) -> str:

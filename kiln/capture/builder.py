@@ -29,7 +29,7 @@ from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
-from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PythonModuleValue
+from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PartialValue, PythonModuleValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, TorchFunctionValue
 
@@ -51,7 +51,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, (list, dict)) and id(obj) in state.mutable_values:
         return _alias(state, obj, source, expr)
     if isinstance(obj, nn.Module):
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return ModuleValue(obj, source)
     if isinstance(obj, (bool, type(None))):
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
@@ -65,7 +65,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
         return ConstantValue(obj, source)
     if isinstance(obj, (enum.Enum, types.CodeType)):  # immutable: identity pins every attribute
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return ConstantValue(obj, source)
     if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(type(obj), "_fields")):
         _type(state, obj, source, expr)
@@ -87,7 +87,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
                 value.default_factory = wrap_lazy(state, obj.default_factory, AttrSource(source, "default_factory"))
             return _remember(state, obj, source, value)
     if _is_typing_object(obj):  # Union[...], Literal[...], int | None: immutable annotations
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return ConstantValue(obj, source)
     if isinstance(obj, types.FunctionType):
         _function_guard(state, obj, source, expr)
@@ -96,16 +96,16 @@ def wrap(state, obj: Any, source: Source) -> Value:
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
     if isinstance(obj, type):
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return ClassValue(obj, source)
     if isinstance(obj, types.ModuleType):
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return PythonModuleValue(obj)
     if _is_torch_callable(obj):
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return TorchFunctionValue(obj, source)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType)):
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return BuiltinValue(obj, source)
     if type(obj).__module__.startswith("numpy") or isinstance(obj, (types.GeneratorType,)):
         _type(state, obj, source, expr)
@@ -113,7 +113,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if obj is os.environ:
         return EnvironValue(source)
     if type(obj) is functools.partial:  # immutable: its identity pins func, args and keywords
-        _identity(state, obj, source, expr)
+        guard_identity(state, obj, source, expr)
         return _partial(state, obj, source)
     if is_logger(obj):
         _type(state, obj, source, expr)
@@ -126,8 +126,6 @@ def wrap(state, obj: Any, source: Source) -> Value:
 
 
 def _partial(state, obj: functools.partial, source: Source) -> Value:
-    from kiln.capture.values.objects import PartialValue
-
     args = [wrap_lazy(state, a, ItemSource(AttrSource(source, "args"), i)) for i, a in enumerate(obj.args)]
     keywords = {k: wrap_lazy(state, v, ItemSource(AttrSource(source, "keywords"), k)) for k, v in obj.keywords.items()}
     value = PartialValue(wrap_lazy(state, obj.func, AttrSource(source, "func")), args, keywords)
@@ -294,7 +292,7 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
     Its defaults and closure cells are read through their sources, guarded when used.
     """
     if "<locals>" not in fn.__qualname__ or getattr(fn, "__kiln_disabled__", False) or getattr(fn, "__wrapped__", None):
-        _identity(state, fn, source, expr)
+        guard_identity(state, fn, source, expr)
         return
     code = state.guards.constant(fn.__code__, "code")
     glob = state.guards.constant(fn.__globals__, "globals")
@@ -304,7 +302,8 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
     state.guards.namespace["___function_type"] = types.FunctionType
 
 
-def _identity(state, obj: Any, source: Source, expr: str) -> None:
+def guard_identity(state, obj: Any, source: Source, expr: str) -> None:
+    """Capture relied on the object at `source` (read as `expr`) being `obj` itself."""
     name = state.guards.constant(obj, "obj")
     label = getattr(obj, "__qualname__", None) or type(obj).__name__
     state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {name}", f"the same object ({label})",

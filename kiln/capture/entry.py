@@ -26,9 +26,9 @@ import torch
 
 from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
-from kiln.capture.builder import guard_input_aliasing
+from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
-from kiln.capture.interpreter import Frame, StopAtBreak, load_opcode_modules
+from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
@@ -37,8 +37,6 @@ from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
-
-load_opcode_modules()
 
 log_breaks = logging.getLogger("kiln.graph_breaks")
 log_recompiles = logging.getLogger("kiln.recompiles")
@@ -312,7 +310,8 @@ class CompiledFunction:
         self.fn, self.ctx = fn, ctx
         self.frame = ctx.frame(FrameSpec(fn.__code__))
         code = fn.__code__
-        self._simple = not (code.co_flags & 0x0C) and code.co_kwonlyargcount == 0
+        star_args = code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        self._simple = not star_args and code.co_kwonlyargcount == 0
         self._names = code.co_varnames[:code.co_argcount]
         # a call with exactly this many positional arguments (and no keywords) binds by zip
         self._num_positional = len(self._names) if self._simple else -1
@@ -394,8 +393,6 @@ def _unresumable(e: GraphBreak, why: str) -> Unresumable:
 
 
 def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Frame:
-    from kiln.capture.builder import wrap_lazy
-
     code = spec.code
     names = spec.local_names if spec.local_names is not None else tuple(L)
     locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}
@@ -529,11 +526,15 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     return fn(*args, **kwargs)
 
 
+# Functions whose call suspends (generators, coroutines, async generators) run natively; only plain ones compile.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 def _compilable(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType) or getattr(fn, "__kiln_disabled__", False):
         return False
     module = fn.__module__ or ""
-    return not (fn.__code__.co_flags & 0x3A0) and not module.startswith(("kiln", "torch."))
+    return not (fn.__code__.co_flags & _SUSPENDABLE) and not module.startswith(("kiln", "torch."))
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:

@@ -9,40 +9,28 @@ its stack intact, so the output program can run that instruction natively.
 """
 from __future__ import annotations
 
+import builtins
+import inspect
 import types
-from typing import Callable
 
 from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak, UserLocation
+from kiln.capture.builder import wrap
+from kiln.capture.opcodes import OPCODES, Return
 from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import TupleValue
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import TracedException
 from kiln.capture.values.functions import CellValue, FunctionValue
-
-OPCODES: dict[str, Callable[["Frame", bytecode.Instruction], None]] = {}
+from kiln.capture.values.iterators import GeneratorValue
+from kiln.capture.values.objects import object_value
 
 MAX_INLINE_DEPTH = 64
 
 
-def opcode(*names: str, since: tuple[int, int] = (3, 0), until: tuple[int, int] = (9, 9)):
-    """Register a handler for the given (normalized) opnames on the Python versions in [since, until]."""
-    import sys
-
-    def register(handler):
-        if since <= sys.version_info[:2] <= until:
-            for name in names:
-                OPCODES[name] = handler
-        return handler
-
-    return register
-
-
 class StopAtBreak(Exception):
     """The root frame reached the instruction chosen as this capture's graph break."""
-
-
-class Return(Exception):
-    def __init__(self, value: Value):
-        self.value = value
 
 
 class Frame:
@@ -113,8 +101,6 @@ class Frame:
     def unwind(self, exc: TracedException) -> bool:
         """Jump to the handler of the innermost `try` around the current instruction, as CPython does:
         the exception-table entry covering it gives the stack depth and the target. False when none does."""
-        from kiln.capture.values.constant import ConstantValue
-
         index = self.current.index
         for entry in bytecode.exception_ranges(self.code):
             if entry.start <= index < entry.end:
@@ -142,9 +128,6 @@ class Frame:
         return cls, self.locals[self.code.co_varnames[0]]
 
     def global_value(self, name: str) -> Value:
-        from kiln.capture.builder import wrap
-        from kiln.capture.values.objects import object_value
-
         pending = self.state.pending_globals.get((id(self.globals), name))
         if pending is not None:
             return pending
@@ -152,8 +135,6 @@ class Frame:
             return object_value(self.globals[name], self.state)  # torch's own module globals are not guarded
         if name in self.globals:
             return wrap(self.state, self.globals[name], self.state.global_source(self.globals, name))
-        import builtins
-
         if hasattr(builtins, name):
             return object_value(getattr(builtins, name), self.state)
         raise GraphBreak("exception", f"NameError: name {name!r} is not defined")
@@ -172,14 +153,12 @@ def inline_call(state, fn: FunctionValue, args: list[Value], kwargs: dict[str, V
     if len(state.frames) > MAX_INLINE_DEPTH:
         raise GraphBreak("recursion", f"inlining {fn.name}")
     code = fn.code
-    if code.co_flags & (0x80 | 0x100 | 0x200):  # coroutine, async generator
+    if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise GraphBreak("unsupported_call", f"{fn.name} is a coroutine")
     locals_ = bind_arguments(fn, args, kwargs)
     cells = {name: cell for name, cell in zip(code.co_freevars, fn.closure)}
     frame = Frame(state, code, fn.globals, locals_, cells, is_root=False)
-    if code.co_flags & 0x20:  # a generator (a genexpr too): its frame runs on each next()
-        from kiln.capture.values.iterators import GeneratorValue
-
+    if code.co_flags & inspect.CO_GENERATOR:  # a generator (a genexpr too): its frame runs on each next()
         return GeneratorValue(state, frame, fn, args, kwargs)
     return frame.run()
 
@@ -191,7 +170,8 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
     names = code.co_varnames
     positional = names[:npos]
     kwonly = names[npos:npos + nkwonly]
-    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
     bound: dict[str, Value] = {}
     for name, value in zip(positional, args):
         bound[name] = value
@@ -221,9 +201,6 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
             if name not in fn.kwdefaults:
                 raise GraphBreak("exception", f"TypeError: {fn.name}() missing keyword argument {name!r}")
             bound[name] = fn.kwdefaults[name]
-    from kiln.capture.values.containers import TupleValue
-    from kiln.capture.values.dicts import DictValue
-
     index = npos + nkwonly
     if has_varargs:
         bound[names[index]] = TupleValue(list(extra))
@@ -231,9 +208,3 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
     if has_varkw:
         bound[names[index]] = DictValue(varkw)
     return bound
-
-
-def load_opcode_modules() -> None:
-    from kiln.capture.opcodes import calls, containers, control, exceptions, names, operators, stack  # noqa: F401
-
-

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from kiln.capture.breaks import Unresumable
-from kiln.capture.bytecode import Instruction
+from kiln.capture.bytecode import Instruction, instructions
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS
 
 Stack = list  # list[str | None]
@@ -337,6 +337,4 @@ def resumable_anywhere(code) -> bool:
     """True when every instruction of `code` either never breaks or can run natively in a
     continuation; otherwise a break in this function runs the whole frame natively, since a
     continuation stopping at such an instruction could not go on (and has no frame to fall back to)."""
-    from kiln.capture.bytecode import instructions
-
     return all(ins.opname in RENDERERS or ins.opname in NEVER_BREAKS for ins in instructions(code))

@@ -15,10 +15,12 @@ import itertools
 from typing import Any
 
 import torch
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.torch_api import GradModeRestore
 
 
 class ProgramWriter:
@@ -61,8 +63,6 @@ class ProgramWriter:
 
     def symbolic(self, sym) -> str:
         """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`."""
-        from torch.utils._sympy.printers import PythonPrinter
-
         expr = sym.node.expr
         for symbol in sorted(expr.free_symbols, key=str):
             source, dim = self.state.graph.symbol_sources[symbol]
@@ -73,8 +73,6 @@ class ProgramWriter:
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
-        from kiln.capture.values.torch_api import GradModeRestore
-
         return f"{self.constant(GradModeRestore)}({prev!r})"
 
     def value(self, v: Value) -> str:

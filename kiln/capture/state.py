@@ -5,17 +5,30 @@ the guards installed so far, the side-effect log, the grad-mode and autocast
 state as the traced code sees it, and the objects the output program and the
 guards will need in their namespace. It is passed explicitly to everything
 that needs it — there is no "current capture" global.
+
+It is also the seam between the value trackers and the layers above them: a
+tracker that meets a real object wraps it with `state.wrap` (builder.py), calls
+a function kiln models with `state.call_builtin` (values/builtins.py) and
+inlines a Python function with `state.inline` (interpreter.py), so the tracker
+modules import none of those, and the imports at the top of each module say
+what it depends on.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.amp.autocast_mode as amp
 
+from kiln.capture import builder
 from kiln.capture.graph import GraphBuilder
-from kiln.capture.guards import Guard, GuardKind, GuardSet
+from kiln.capture.guards import HELPERS, Guard, GuardKind, GuardSet
+from kiln.capture.interpreter import inline_call
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import ConstantSource, GlobalSource, ItemSource, Source
+from kiln.capture.values.base import Value
+from kiln.capture.values.builtins import HANDLERS, call_builtin
+from kiln.capture.values.objects import object_value
 
 
 class CaptureState:
@@ -71,10 +84,36 @@ class CaptureState:
         module = globals_.get("__name__", "module")
         return ItemSource(self.constant_source(globals_, f"globals_{module}"), name)
 
-    # --- inlining -------------------------------------------------------------------------
-    def inline(self, fn, args: list, kwargs: dict):
-        from kiln.capture.interpreter import inline_call
+    # --- the seams: what trackers reach above them through ----------------------------------
+    def wrap(self, obj: Any, source: Source) -> Value:
+        """The tracker of a real object at `source`, with the guards it needs (builder.wrap)."""
+        return builder.wrap(self, obj, source)
 
+    def wrap_lazy(self, obj: Any, source: Source) -> Value:
+        """The tracker of a real object at `source`, guarded only once it is used (builder.wrap_lazy)."""
+        return builder.wrap_lazy(self, obj, source)
+
+    def wrap_unsourced(self, obj: Any) -> Value:
+        """The tracker of an object reached without a source (a class attribute, a builtin): no guards."""
+        return object_value(obj, self)
+
+    def guard_identity(self, obj: Any, source: Source) -> None:
+        """Capture relied on the object at `source` being `obj` itself."""
+        builder.guard_identity(self, obj, source, self.source_expr(source))
+
+    def guard_hasattr(self, source: Source | None, name: str, present: bool) -> None:
+        """Capture relied on `hasattr(obj, name)` being `present` (builder.guard_hasattr)."""
+        builder.guard_hasattr(self, source, name, present)
+
+    def models(self, fn: Any) -> bool:
+        """Whether kiln models calls of `fn` (values/builtins.py) rather than inlining or breaking."""
+        return fn in HANDLERS
+
+    def call_builtin(self, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """A call of a function kiln models without running it (values/builtins.py), else a break."""
+        return call_builtin(self, fn, args, kwargs)
+
+    def inline(self, fn, args: list, kwargs: dict):
         return inline_call(self, fn, args, kwargs)
 
     def current_frame(self):
@@ -88,16 +127,12 @@ class CaptureState:
             self.grad_enabled = enabled
 
     def enter_autocast(self, ctx) -> None:
-        import torch.amp.autocast_mode as amp
-
         ctx.node = self.graph.graph.call_function(amp._enter_autocast, ctx.args)
         ctx.real = torch.autocast(ctx.args[0], dtype=ctx.args[1], enabled=ctx.args[2], cache_enabled=ctx.args[3])
         ctx.real.__enter__()
         self.autocast_stack.append(ctx)
 
     def exit_autocast(self, ctx) -> None:
-        import torch.amp.autocast_mode as amp
-
         self.graph.graph.call_function(amp._exit_autocast, (ctx.node,))
         ctx.real.__exit__(None, None, None)
         self.autocast_stack.remove(ctx)
@@ -110,8 +145,6 @@ class CaptureState:
 
 
 def _autocast_state() -> tuple:
-    from kiln.capture.guards import HELPERS
-
     return HELPERS["___autocast_state"]()
 
 

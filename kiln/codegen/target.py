@@ -19,6 +19,9 @@ from typing import Callable
 
 import torch
 
+from kiln.codegen import cpp
+from kiln.codegen import triton as triton_target
+
 
 @dataclass(frozen=True)
 class Target:
@@ -55,8 +58,6 @@ def select_target(gm: torch.fx.GraphModule, example_inputs, cpu_backend: str | N
     device = graph_device(gm, example_inputs)
     cpu_backend = cpu_backend or os.environ.get("KILN_CPU_BACKEND") or "cpp"
     if device.type == "cuda" or cpu_backend == "triton":
-        from kiln.codegen import triton as triton_target
-
         if device.type != "cuda" and not triton_target.interpreting():
             raise RuntimeError("cpu_backend='triton' runs Triton kernels on CPU tensors: set TRITON_INTERPRET=1")
         dev = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}" \
@@ -65,6 +66,4 @@ def select_target(gm: torch.fx.GraphModule, example_inputs, cpu_backend: str | N
                                     shape_padding=shape_padding)
         generate = functools.partial(triton_target.generate_module, max_autotune=max_autotune)
         return Target("triton", dev, "kernels.py", prepare, generate, triton_target.load_kernels)
-    from kiln.codegen import cpp
-
     return Target("cpp", "cpu", "kernels.cpp", _no_templates, cpp.generate_module, cpp.load_kernels)

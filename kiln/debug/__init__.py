@@ -8,12 +8,12 @@ kiln.pipeline.GRAPH_LISTENERS) and the `check_accuracy` option
 """
 from __future__ import annotations
 
+from kiln import pipeline
+from kiln.capture import entry
+from kiln.debug import accuracy, trace
+
 
 def install() -> None:
-    from kiln import pipeline
-    from kiln.capture import entry
-    from kiln.debug import accuracy, trace
-
     if trace.on_record not in entry.RECORD_LISTENERS:
         entry.RECORD_LISTENERS.append(trace.on_record)
     if trace.on_graph not in pipeline.GRAPH_LISTENERS:
@@ -23,16 +23,12 @@ def install() -> None:
 
 def check_accuracy(backend, rtol: float = 1e-3, atol: float = 1e-3):
     """`backend` with every compiled graph checked against eager (see kiln/debug/accuracy.py)."""
-    from kiln.debug.accuracy import check_accuracy as wrap
-
-    return wrap(backend, rtol, atol)
+    return accuracy.check_accuracy(backend, rtol, atol)
 
 
 def write_repro(gm, args, path, note: str = ""):
     """Save `gm` with its inputs' shapes as a standalone script (see kiln/debug/accuracy.py)."""
-    from kiln.debug.accuracy import write_repro as write
-
-    return write(gm, args, path, note)
+    return accuracy.write_repro(gm, args, path, note)
 
 
 install()

@@ -16,7 +16,9 @@ from kiln.api import context_of
 
 
 @dataclass
-class BreakReason:
+class RecordedBreak:
+    """One graph break that happened: the id of its `BreakReason` (capture/breaks.py), what broke and where."""
+
     reason: str
     detail: str
     location: str
@@ -32,7 +34,7 @@ class ExplainOutput:
     graphs: list[torch.fx.GraphModule] = field(default_factory=list)
     graph_count: int = 0
     graph_break_count: int = 0
-    break_reasons: list[BreakReason] = field(default_factory=list)
+    break_reasons: list[RecordedBreak] = field(default_factory=list)
     ops_per_graph: list[list[str]] = field(default_factory=list)
     guards: list[str] = field(default_factory=list)
     compile_times: list[float] = field(default_factory=list)
@@ -82,7 +84,7 @@ def explain(fn: Callable, *extra_args, **extra_kwargs) -> Callable[..., ExplainO
             b = record.graph_break
             if b is not None:
                 loc = b.location
-                report.break_reasons.append(BreakReason(b.reason.id, b.detail, str(loc) if loc else "?",
+                report.break_reasons.append(RecordedBreak(b.reason.id, b.detail, str(loc) if loc else "?",
                                                         loc.line_text() if loc else "", b.reason.hint))
         report.graph_count = len(report.graphs)
         report.graph_break_count = len(report.break_reasons)

@@ -38,6 +38,7 @@ from pathlib import Path
 from kiln.capture.entry import CaptureRecord, CompileContext
 from kiln.config import CompileOptions, debug_dir
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
+from kiln.debug.report import format_stages, graph_info
 from kiln.pipeline import CompiledGraph
 
 FILES = {
@@ -110,8 +111,6 @@ def write_aten_graph(root: Path, compiled: CompiledGraph, diagram: bool = False)
 
 
 def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> Path:
-    from kiln.debug.report import format_stages, graph_info
-
     out = root / f"graph{record.id}"
     out.mkdir(parents=True, exist_ok=True)
     info = graph_info(record)

@@ -1,4 +1,9 @@
-"""The one table of what kiln decomposes before lowering.
+"""The code generator's decomposition table: what kiln's inductor decomposes before lowering.
+
+The default backend passes `decomposition_table()` to `aot_compile`; the autograd stage
+adjusts it while tracing (autograd/decompositions.py: the ops functionalization needs,
+and the ops unsafe to decompose in training), so this module owns only the code
+generator's choice.
 
 PyTorch's core-ATen decompositions, plus the composite ops that the core set
 keeps but that kiln would rather see as pointwise ops and reductions (so they

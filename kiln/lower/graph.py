@@ -20,7 +20,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower import ir
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
-from kiln.lower.values import TensorValue, Unsupported, from_buffer
+from kiln.lower.layout import dense_strides, load_order_strides, padded
+from kiln.lower.ops import LOWERINGS
+from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
 
@@ -83,7 +85,7 @@ class GraphLowering:
         elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
             self.layouts[node.name] = node.layout
 
-    def realize(self, v: TensorValue, stride=None) -> TensorValue:
+    def realize(self, v: IndexFunction, stride=None) -> IndexFunction:
         """`v` backed by memory: a view of an existing buffer if it is one, else a new buffer.
 
         Strides that are a permutation of a dense layout (a transposed or channels-last result) store a
@@ -104,11 +106,9 @@ class GraphLowering:
         self.add_buffer(ir.ComputedBuffer(name, storage, ir.Pointwise(storage.size, body)))
         return from_buffer(name, layout)
 
-    def realize_zero_padded(self, v: TensorValue) -> TensorValue:
+    def realize_zero_padded(self, v: IndexFunction) -> IndexFunction:
         """`v` in a new buffer whose rows are padded with zeros to a multiple of PAD_ROW_BYTES: a matmul
         reads it with an aligned leading dimension, or, as its K operand, whole padded rows."""
-        from kiln.lower.ops.views import padded
-
         n, itemsize = int(v.size[-1]), v.dtype.itemsize
         wide = -(-n * itemsize // PAD_ROW_BYTES) * PAD_ROW_BYTES // itemsize
         storage = ir.Layout.contiguous(tuple(v.size[:-1]) + (sympy.Integer(wide),), v.dtype)
@@ -118,13 +118,13 @@ class GraphLowering:
         self.zero_padded[name] = n
         return from_buffer(name, ir.Layout(tuple(v.size), storage.stride, v.dtype))
 
-    def _pads(self, v: TensorValue) -> bool:
+    def _pads(self, v: IndexFunction) -> bool:
         """Whether `v`, read by a matmul, is worth storing with zero-padded rows (see PAD_ROW_BYTES)."""
         last = sympy.sympify(v.size[-1]) if v.ndim >= 2 else None
         return (self.pad_matmul_operands and last is not None and last.is_Integer and v.dtype.is_floating_point
                 and int(last) >= PAD_MIN_COLUMNS and int(last) * v.dtype.itemsize % PAD_ROW_BYTES != 0)
 
-    def ref(self, v: TensorValue, any_order: bool = False) -> ir.TensorRef:
+    def ref(self, v: IndexFunction, any_order: bool = False) -> ir.TensorRef:
         """An extern argument for `v`: the buffer itself, or an as_strided view of one. With `any_order`
         (a matmul) a computed `v` is stored in the order of its loads, or with zero-padded rows."""
         if any_order and v.buffer_view() is None:
@@ -198,8 +198,6 @@ class GraphLowering:
         return expr
 
     def _call(self, node: torch.fx.Node, env):
-        from kiln.lower.ops import LOWERINGS
-
         args = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args)
         kwargs = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.kwargs)
         meta = node.meta.get("val")
@@ -225,7 +223,7 @@ class GraphLowering:
         return expr
 
     def _maybe_realize(self, node, out):
-        if not isinstance(out, TensorValue):
+        if not isinstance(out, IndexFunction):
             return out
         users = len(node.users)
         conv_stride = self.conv_input_stride(node, out)
@@ -242,19 +240,17 @@ class GraphLowering:
             return self.realize(out, stride=conv_stride or eager)
         return out
 
-    def conv_input_stride(self, node: torch.fx.Node, out: TensorValue) -> tuple | None:
+    def conv_input_stride(self, node: torch.fx.Node, out: IndexFunction) -> tuple | None:
         """Channels-last strides for `node`'s value `out` when convolutions read it and run channels-last:
         a value convolutions read is stored in the layout they run in (a residual stream read by the next
         block's convolution and by its residual add), not stored by rows and then copied per convolution."""
         return channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
 
-    def _recomputable(self, node, out: TensorValue) -> bool:
+    def _recomputable(self, node, out: IndexFunction) -> bool:
         """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its
         arguments, once per use), and the users' loads (users x loads) no more than realizing costs
         (loads, one store, one load per user), unless every load is a broadcast (a full-size buffer
         always costs more than re-reading values each row or column shares)."""
-        from kiln.lower.ops import LOWERINGS
-
         body = out.body
         size = ir.expr_size(body)
         broadcast_only = size <= BROADCAST_RECOMPUTE_SIZE and _reads_no_full_tensor(out)
@@ -275,7 +271,7 @@ class GraphLowering:
             layout = ir.Layout(tuple(sympify(s) for s in meta.shape), channels_last_strides(meta.shape), meta.dtype)
 
         def convert(a):
-            if isinstance(a, TensorValue):
+            if isinstance(a, IndexFunction):
                 return self.ref(a, any_order)
             if isinstance(a, sympy.Basic):
                 return ir.SymRef(a)
@@ -308,7 +304,7 @@ class GraphLowering:
             return type(meta)(outs) if isinstance(meta, tuple) else outs
         raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
 
-    def _channels_last(self, v: TensorValue) -> TensorValue:
+    def _channels_last(self, v: IndexFunction) -> IndexFunction:
         """`v` (4-d) with channels-last strides: as it is if it has them, else stored so (a computed value
         written in that order, a weight copied)."""
         stride = channels_last_strides(v.size)
@@ -323,7 +319,7 @@ class GraphLowering:
         `owners`: buffer -> the node whose storage it holds, so that an output with storage of its own
         in the traced graph (`x.clone()`, lowered as `x`) is not returned as an input's or another
         output's buffer: eager's are distinct tensors, and a write to one would show in the other."""
-        if isinstance(v, TensorValue):
+        if isinstance(v, IndexFunction):
             view = v.buffer_view()
             if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
                 v = self.realize(v, stride=_layout(meta).stride)
@@ -366,8 +362,8 @@ def channels_last_strides(size) -> tuple:
 def _is_conv2d(args, meta) -> bool:
     """A plain 2-d convolution (not transposed) of 4-d static-size tensors."""
     x, weight, transposed = args[0], args[1], args[6]
-    return (isinstance(meta, torch.Tensor) and meta.dim() == 4 and isinstance(x, TensorValue)
-            and isinstance(weight, TensorValue) and weight.ndim == 4 and not transposed
+    return (isinstance(meta, torch.Tensor) and meta.dim() == 4 and isinstance(x, IndexFunction)
+            and isinstance(weight, IndexFunction) and weight.ndim == 4 and not transposed
             and all(sympify(s).is_Integer for s in tuple(meta.shape) + tuple(x.size)))
 
 
@@ -396,8 +392,6 @@ def _feeds_conv2d(node: torch.fx.Node) -> bool:
 def _realizing_uses(node: torch.fx.Node) -> int:
     """How many uses of `node` (looking through views) store it in a buffer of their own: externs and the
     graph's output."""
-    from kiln.lower.ops import LOWERINGS
-
     count = 0
     for user in node.users:
         if user.op == "call_function" and user.target in VIEW_OPS:
@@ -434,36 +428,6 @@ def merged_copy_dims(sizes: list, body) -> tuple[list, Any]:
     return sizes, ir.Load(body.buf, index, body.dtype)
 
 
-def load_order_strides(v: TensorValue):
-    """Strides storing `v` in the order its first full-size load reads memory (its dims sorted by their
-    stride in that load), or None (contiguous) when no load is a permutation of `v`'s dims."""
-    variables = index_vars("i", v.ndim)
-    for ld in ir.loads(v.body):
-        aff = affine_strides(ld.index, variables) if ld.mask is None and not ld.indirect else None
-        if aff is None:
-            continue
-        strides = aff[1]
-        if not all(sympy.sympify(s).is_Integer for s in strides):
-            return None
-        dims = [d for d in range(v.ndim) if v.size[d] != 1]
-        if any(int(strides[d]) <= 0 for d in dims) or len({int(strides[d]) for d in dims}) != len(dims):
-            continue  # a broadcast or repeated stride: not a permutation
-        order = sorted(dims, key=lambda d: -int(strides[d]))
-        return None if order == dims else _dense_strides(v.size, order)
-    return None
-
-
-def _dense_strides(size, order) -> list:
-    """Strides of a dense tensor of `size` whose dims in `order` (outermost first) are laid out one after
-    the other; dims not in `order` (size 1) get stride 1."""
-    out = [sympy.Integer(1)] * len(size)
-    step = sympy.Integer(1)
-    for d in reversed(order):
-        out[d] = step
-        step = step * size[d]
-    return out
-
-
 def _memory_order(layout: ir.Layout):
     """The dims of `layout` outermost-first in memory when it is a dense layout in another order than the
     logical one (size-1 dims placed where they stand), else None."""
@@ -471,14 +435,14 @@ def _memory_order(layout: ir.Layout):
         return None
     dims = [d for d, n in enumerate(layout.size) if n != 1]
     order = sorted(dims, key=lambda d: -int(layout.stride[d]))
-    dense = _dense_strides(layout.size, order)
+    dense = dense_strides(layout.size, order)
     if order == dims or any(sympy.sympify(layout.stride[d]) != dense[d] for d in order):
         return None  # the logical order, or not dense (padded or overlapping)
     units = [d for d in range(len(layout.size)) if d not in dims]
     return units + order  # size-1 dims first: they do not move any address
 
 
-def _reads_no_full_tensor(v: TensorValue) -> bool:
+def _reads_no_full_tensor(v: IndexFunction) -> bool:
     """Whether each load of `v` is indexed by fewer than all of `v`'s non-trivial dims (a broadcast)."""
     dims = {var for var, n in zip(index_vars("i", v.ndim), v.size) if n != 1}
     return all(not dims <= sympy.sympify(ld.index).free_symbols for ld in ir.loads(v.body))

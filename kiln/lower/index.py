@@ -211,7 +211,7 @@ def view_strides(old_size, old_stride, new_size):
         oi += 1
         ni += 1
         while po != pn:
-            if _lt(pn, po):
+            if proper_factor(pn, po):
                 if ni >= len(new_size):
                     return None
                 pn = pn * new_size[ni]
@@ -238,7 +238,7 @@ def view_strides(old_size, old_stride, new_size):
     return tuple(sympy.expand(s) for s in new_stride)
 
 
-def _lt(a, b) -> bool:
+def proper_factor(a, b) -> bool:
     """a < b for products of sizes: true when b / a is a whole expression other than 1."""
     if a.is_Integer and b.is_Integer and int(a) > 0:  # static sizes: no sympy.cancel
         return int(b) % int(a) == 0 and int(b) > int(a)

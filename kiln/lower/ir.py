@@ -22,6 +22,7 @@ from typing import Any, Union
 
 import sympy
 import torch
+from torch.utils._pytree import tree_flatten
 
 from kiln.lower.index import contiguous_strides
 
@@ -217,6 +218,14 @@ class MultiOutput:
 
 
 Node = Union[ComputedBuffer, Extern, MultiOutput]
+
+
+def extern_reads(node: Extern | MultiOutput) -> set[str]:
+    """Names of the buffers an extern (or one item of its tuple result) reads."""
+    if isinstance(node, MultiOutput):
+        return {node.source}
+    flat, _ = tree_flatten((node.args, node.kwargs))
+    return {a.buf for a in flat if isinstance(a, TensorRef)}
 
 
 @dataclass

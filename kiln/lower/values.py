@@ -1,6 +1,6 @@
 """What an FX value is during lowering: a tensor as an index function.
 
-A `TensorValue` is a size, a dtype and a body: an IR expression over the index
+A `IndexFunction` is a size, a dtype and a body: an IR expression over the index
 symbols i0..i{n-1} giving its element at that index. Pointwise ops build new
 bodies, views rewrite the index symbols, and a realized buffer is just a body
 that loads from it. Nothing here is a closure, so every value is printable.
@@ -21,7 +21,7 @@ class Unsupported(Exception):
 
 
 @dataclass(frozen=True)
-class TensorValue:
+class IndexFunction:
     size: tuple
     dtype: torch.dtype
     body: ir.Expr
@@ -53,9 +53,10 @@ class TensorValue:
         return not isinstance(self.body, ir.Op) or (self.body.name == "cast" and not isinstance(self.body.args[0], ir.Op))
 
 
-def from_buffer(name: str, layout: ir.Layout) -> TensorValue:
+def from_buffer(name: str, layout: ir.Layout) -> IndexFunction:
     idx = index_vars("i", len(layout.size))
-    return TensorValue(tuple(layout.size), layout.dtype, ir.Load(name, linear_index(idx, layout.stride, layout.offset), layout.dtype))
+    load = ir.Load(name, linear_index(idx, layout.stride, layout.offset), layout.dtype)
+    return IndexFunction(tuple(layout.size), layout.dtype, load)
 
 
 def _simplify_loads(e: ir.Expr) -> ir.Expr:

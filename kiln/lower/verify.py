@@ -23,8 +23,7 @@ def verify(graph: ir.LoweredGraph) -> None:
             if node.source not in defined:
                 raise IRError(f"{node.name} reads {node.source} before it is defined")
         else:
-            from kiln.schedule.deps import extern_reads
-            missing = extern_reads(node) - defined
+            missing = ir.extern_reads(node) - defined
             if missing:
                 raise IRError(f"extern {node.name} reads undefined {sorted(missing)}")
         defined.add(node.name)

@@ -402,27 +402,4 @@ def _check_not_stale(args: list) -> None:
             raise CUDAGraphError(message)
 
 
-def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """The `"cudagraphs"` backend: kiln's ATen graphs, run op by op, recorded into CUDA graphs.
-
-    Like `aot_eager` (kiln/autograd) with each inference, forward and backward graph
-    recorded by this module's runtime: the launch overhead goes, the kernels are ATen's.
-    """
-    from kiln.autograd import aot_compile
-    from kiln.autograd.aot import run_graph
-
-    graph_id = gm.meta.get("kiln.graph_id") if isinstance(getattr(gm, "meta", None), dict) else None
-    name = f"graph{graph_id}" if graph_id is not None else "cudagraphs"
-    pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
-    if pool is None:
-        return aot_compile(gm, example_inputs, run_graph, name=name)
-
-    def compiler(aten_gm, inputs):
-        return pool.wrap(run_graph(aten_gm, inputs), aten_gm, inputs)
-
-    compiled = aot_compile(gm, example_inputs, compiler, name=name)
-    compiled.cudagraph_pool = pool
-    return compiled
-
-
-__all__ = ["CUDAGraphPool", "CUDAGraphed", "cudagraph_mark_step_begin", "cudagraphs", "CUDAGraphError"]
+__all__ = ["CUDAGraphPool", "CUDAGraphed", "cudagraph_mark_step_begin", "CUDAGraphError"]

@@ -3,16 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from torch.utils._pytree import tree_flatten
-
 from kiln.lower import ir
-
-
-def extern_reads(node: ir.Node) -> set[str]:
-    if isinstance(node, ir.MultiOutput):
-        return {node.source}
-    flat, _ = tree_flatten((node.args, node.kwargs))
-    return {a.buf for a in flat if isinstance(a, ir.TensorRef)}
 
 
 def body_loads(node: ir.ComputedBuffer) -> list[ir.Load]:
@@ -23,7 +14,7 @@ def reads(node: ir.Node) -> set[str]:
     """Names of the buffers `node` reads."""
     if isinstance(node, ir.ComputedBuffer):
         return {ld.buf for ld in body_loads(node)}
-    return extern_reads(node)
+    return ir.extern_reads(node)
 
 
 def readers(graph: ir.LoweredGraph) -> dict[str, list[ir.Node]]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import sympy
 
@@ -203,11 +204,11 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
     fit = _loop_fit(group, node)
     if fit is None:
         return False
-    outer, inner, in_inner, resplit, orders = fit
-    trial = KernelGroup(group.name, outer, inner, group.segments, orders=orders)  # the group's loops as they would be
+    # the group's loops as they would be
+    trial = KernelGroup(group.name, fit.outer, fit.inner, group.segments, orders=fit.orders)
     # every in-kernel producer must be read exactly at the point it writes
     last = group.segments[-1] if group.segments else None
-    same_segment_ok = last is not None and (resplit or last.inner) == in_inner
+    same_segment_ok = last is not None and (fit.resplit or last.inner) == fit.in_inner
     vm = trial.var_map(node)
     for ld in deps.body_loads(node):
         found = trial.segment_of(ld.buf)
@@ -218,37 +219,45 @@ def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
             return False
         if k == len(group.segments) - 1 and producer.is_reduction():
             same_segment_ok = False
-    group.outer, group.inner, group.orders = outer, inner, orders
-    if resplit:
+    group.outer, group.inner, group.orders = fit.outer, fit.inner, fit.orders
+    if fit.resplit:
         for s in group.segments:
             s.inner = True
     if same_segment_ok:
         last.nodes.append(node)
     else:
-        group.segments.append(Segment(in_inner, [node]))
+        group.segments.append(Segment(fit.in_inner, [node]))
     return True
 
 
-def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer):
-    """How `group`'s loops take `node`: (outer, inner, whether `node` goes in an inner segment,
-    whether the group is re-split into outer/inner around a first reduction, the group's `orders`
-    after), or None."""
+class LoopFit(NamedTuple):
+    """How a group's loops take one more node (see `_loop_fit`)."""
+
+    outer: tuple  # the group's outer loops after
+    inner: tuple  # its inner (reduction) loops after
+    in_inner: bool  # whether the node goes in an inner segment
+    resplit: bool  # whether the group is re-split into outer/inner around a first reduction
+    orders: dict  # the group's `orders` after
+
+
+def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer) -> LoopFit | None:
+    """How `group`'s loops take `node`, or None when they cannot."""
     o, i = _shape(node)
     orders = group.orders
     if node.is_reduction():
         if group.has_reduction() or group.inner:
-            return (o, i, True, False, orders) if (o, i) == (group.outer, group.inner) else None
+            return LoopFit(o, i, True, False, orders) if (o, i) == (group.outer, group.inner) else None
         if o == group.outer:
-            return o, i, True, False, orders
+            return LoopFit(o, i, True, False, orders)
         reordered = _reordered(group, node, o, i)
-        return None if reordered is None else (o, i, True, True, reordered)
+        return None if reordered is None else LoopFit(o, i, True, True, reordered)
     if o == group.outer:
-        return group.outer, group.inner, False, False, orders
+        return LoopFit(group.outer, group.inner, False, False, orders)
     if group.inner and o == group.outer + group.inner:
-        return group.outer, group.inner, True, False, orders
+        return LoopFit(group.outer, group.inner, True, False, orders)
     runs = merged_runs(o, group.outer, group.inner)
     if runs is not None:
-        return group.outer, group.inner, runs[-1][-1] >= len(group.outer), False, orders
+        return LoopFit(group.outer, group.inner, runs[-1][-1] >= len(group.outer), False, orders)
     return None
 
 

@@ -81,7 +81,7 @@ def _step_reads(step) -> set[str]:
     if isinstance(step, KernelGroup):
         produced = {n.name for n in step.nodes}
         return {b for n in step.nodes for b in deps.reads(n)} - produced
-    return deps.extern_reads(step.node)
+    return ir.extern_reads(step.node)
 
 
 def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
@@ -94,7 +94,7 @@ def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
             pinned |= set(_step_writes(group))
     for step in sched.steps:
         if isinstance(step, ExternStep) and isinstance(step.node, ir.Extern) and step.node.aliases_inputs:
-            pinned |= deps.extern_reads(step.node) | {step.node.name}
+            pinned |= ir.extern_reads(step.node) | {step.node.name}
     last_use: dict[str, int] = {}
     written_at: dict[str, int] = {}
     for k, step in enumerate(sched.steps):

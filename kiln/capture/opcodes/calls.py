@@ -1,11 +1,15 @@
 """Calls, function creation and `with` blocks."""
 from __future__ import annotations
 
+import types
+
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.operators import unary
+from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.base import NULL
 from kiln.capture.values.containers import TupleValue
 from kiln.capture.values.functions import FunctionValue
+from kiln.capture.values.torch_api import AutocastContext, ExitValue, GradModeContext
 
 
 @opcode("KW_NAMES")
@@ -66,8 +70,6 @@ def call_intrinsic_1(frame, ins):
     if ins.argrepr == "INTRINSIC_LIST_TO_TUPLE":
         frame.push(TupleValue(value.unpack(frame.state)))
     elif ins.argrepr == "INTRINSIC_UNARY_POSITIVE":
-        from kiln.capture.opcodes.operators import unary
-
         frame.push(unary(frame, "pos", value))
     else:
         raise GraphBreak("unsupported_opcode", f"CALL_INTRINSIC_1 {ins.argrepr}")
@@ -75,8 +77,6 @@ def call_intrinsic_1(frame, ins):
 
 @opcode("BEFORE_WITH")
 def before_with(frame, ins):
-    from kiln.capture.values.torch_api import AutocastContext, ExitValue, GradModeContext
-
     ctx = frame.pop().realize()
     if isinstance(ctx, (GradModeContext, AutocastContext)):
         frame.push(ExitValue(ctx))
@@ -93,8 +93,6 @@ def before_with(frame, ins):
 
 def _has_python_protocol(ctx) -> bool:
     """True when both __enter__ and __exit__ are Python functions on the object's class."""
-    import types
-
     try:
         cls = ctx.python_type()
     except GraphBreak:

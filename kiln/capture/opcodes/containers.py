@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, _key, _key_value
 from kiln.capture.values.dicts import DictValue
 

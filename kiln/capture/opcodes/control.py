@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import Return, opcode
+from kiln.capture.opcodes.registry import Return, opcode
+from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue
+from kiln.capture.values.iterators import iterator_of
 
 
 @opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_ABSOLUTE", "JUMP")
@@ -60,8 +62,6 @@ def jump_if_true_or_pop(frame, ins):
 
 @opcode("GET_ITER", "GET_YIELD_FROM_ITER")
 def get_iter(frame, ins):
-    from kiln.capture.values.iterators import iterator_of
-
     frame.push(iterator_of(frame.state, frame.pop()))  # iter(it) is it: they share its position
 
 
@@ -83,8 +83,6 @@ def for_iter(frame, ins):
 @opcode("RETURN_GENERATOR")
 def return_generator(frame, ins):
     """A placeholder for the generator object, for the POP_TOP that follows (the tracker is made by the call)."""
-    from kiln.capture.values.constant import ConstantValue
-
     frame.push(ConstantValue(None))
 
 
@@ -98,8 +96,6 @@ def yield_value(frame, ins):
 
 def _send(frame, ins) -> bool:
     """`yield from`: one step of the inner iterator; False once it is done."""
-    from kiln.capture.values.constant import ConstantValue
-
     frame.pop()  # the value sent in: passed on as next(), so only None is forwarded exactly
     iterator = frame.peek().realize()
     if not isinstance(iterator, IteratorValue):

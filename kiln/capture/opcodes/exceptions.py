@@ -6,9 +6,11 @@ to the handler these opcodes then run.
 from __future__ import annotations
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.registry import opcode
+from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.exceptions import ExceptionValue, TracedException, as_exception
+from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class
+from kiln.capture.values.objects import ClassValue
 
 
 @opcode("RAISE_VARARGS")
@@ -50,3 +52,13 @@ def check_exc_match(frame, ins):
     match = frame.pop().as_constant()
     exc = frame.peek()
     frame.push(ConstantValue(issubclass(exc.python_type(), match)))
+
+
+def as_exception(value: Value) -> ExceptionValue:
+    """What `raise value` raises: a class is instantiated without arguments."""
+    value = value.realize()
+    if isinstance(value, ExceptionValue):
+        return value
+    if isinstance(value, ClassValue) and is_exception_class(value.cls):
+        return ExceptionValue(value.cls, [])
+    raise GraphBreak("exception", f"the traced code raises {value}")

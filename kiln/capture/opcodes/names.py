@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.base import NULL
-from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.objects import ClassValue, PythonModuleValue
+from kiln.capture.values.functions import CellValue
+from kiln.capture.values.objects import ClassValue, PythonModuleValue, SuperValue, store_global as store
 
 
 @opcode("LOAD_FAST")
@@ -45,8 +45,6 @@ def load_global(frame, ins):
 
 @opcode("STORE_GLOBAL")
 def store_global(frame, ins):
-    from kiln.capture.values.objects import store_global as store
-
     store(frame.state, frame.globals, ins.argval, frame.pop())
 
 
@@ -60,8 +58,6 @@ def load_deref(frame, ins):
 
 @opcode("STORE_DEREF")
 def store_deref(frame, ins):
-    from kiln.capture.values.functions import CellValue
-
     value = frame.pop()
     if ins.argval not in frame.cells:
         frame.cells[ins.argval] = CellValue(contents=value)
@@ -85,8 +81,6 @@ def load_attr(frame, ins):
 
 @opcode("LOAD_SUPER_ATTR", since=(3, 12))
 def load_super_attr(frame, ins):
-    from kiln.capture.values.objects import SuperValue
-
     self_value = frame.pop()
     cls = frame.pop()
     frame.pop()  # the global `super`

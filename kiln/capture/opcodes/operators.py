@@ -4,7 +4,7 @@ from __future__ import annotations
 import operator
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.interpreter import opcode
+from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import SliceValue
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS, apply_operator, contains, identical

@@ -1,7 +1,7 @@
 """Stack shuffling, constants, returns and no-ops."""
 from __future__ import annotations
 
-from kiln.capture.interpreter import Return, opcode
+from kiln.capture.opcodes.registry import Return, opcode
 from kiln.capture.values.base import NULL
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.functions import CellValue

@@ -118,9 +118,7 @@ class LazyValue(Value):
 
     def realize(self) -> Value:
         if self._realized is None:
-            from kiln.capture.builder import wrap
-
-            self._realized = wrap(self._state, self._obj, self.source)
+            self._realized = self._state.wrap(self._obj, self.source)
         return self._realized
 
     def __getattr__(self, name: str):  # noqa: D401 - delegation

@@ -20,14 +20,21 @@ from typing import Any, Callable
 import torch
 
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.side_effects import is_deleted
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
+from kiln.capture.values.deferred import deferred_warn
+from kiln.capture.values.deques import DequeValue
 from kiln.capture.values.iterators import (ChainValue, CountValue, EnumerateValue, FilterValue, IsliceValue, MapValue,
                                            PairwiseValue, RepeatValue, WhileValue, ZipValue, iterator_of,
                                            stop_iteration)
-from kiln.capture.values.dicts import DictValue
+from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
+from kiln.capture.values.exceptions import TracedException, raise_python
+from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
+from kiln.capture.values.tensor import TensorValue
 
 HANDLERS: dict[Any, Callable] = {}
 
@@ -57,8 +64,6 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
 
 
 def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    from kiln.capture.values.tensor import TensorValue
-
     if any(isinstance(a.realize(), TensorValue) for a in args):
         raise GraphBreak("tensor_to_python", f"{getattr(fn, '__name__', fn)}() on a tensor")
     try:
@@ -87,8 +92,6 @@ def _print(state, *args, **kwargs):
 
 @handles(warnings.warn)
 def _warn(state, *args, **kwargs):
-    from kiln.capture.values.deferred import deferred_warn
-
     return deferred_warn(state, *args, **kwargs)
 
 
@@ -106,8 +109,6 @@ def _signature(state, fn, **options):
 
 
 def _real_callable(value: Value) -> Any:
-    from kiln.capture.values.functions import FunctionValue, MethodValue
-
     if isinstance(value, MethodValue):
         func = _real_callable(value.fn.realize())
         return None if func is None else types.MethodType(func, _SignatureSelf())
@@ -122,8 +123,6 @@ class _SignatureSelf:
 
 @handles(builtins.len)
 def _len(state, obj):
-    from kiln.capture.values.tensor import TensorValue
-
     obj = obj.realize()
     if isinstance(obj, TensorValue):  # a dynamic first dimension stays symbolic
         return obj.len_value(state)
@@ -143,8 +142,6 @@ def _issubclass(state, cls, classes):
 
 @handles(builtins.type)
 def _type(state, obj):
-    from kiln.capture.values.objects import ClassValue
-
     return ClassValue(obj.realize().python_type())
 
 
@@ -168,16 +165,11 @@ def _getattr(state, obj, name, *default):
 
 def _is_attribute_error(e: GraphBreak) -> bool:
     """getattr(o, n, default) and hasattr swallow AttributeError only: a KeyError from a property propagates."""
-    from kiln.capture.values.exceptions import TracedException
-
     return isinstance(e, TracedException) and issubclass(e.value.cls, AttributeError)
 
 
 @handles(builtins.hasattr)
 def _hasattr(state, obj, name):
-    from kiln.capture.builder import guard_hasattr
-    from kiln.capture.side_effects import is_deleted
-
     value, key = obj.realize(), name.as_constant()
     real = getattr(value, "obj", None)
     if real is not None:
@@ -185,7 +177,7 @@ def _hasattr(state, obj, name):
         if pending is not None:
             return ConstantValue(not is_deleted(pending))
         present = hasattr(real, key)
-        guard_hasattr(state, value.source, key, present)
+        state.guard_hasattr(value.source, key, present)
         return ConstantValue(present)
     try:
         obj.getattr(state, name.as_constant())
@@ -306,8 +298,6 @@ def _pairwise(state, iterable):
 
 @handles(itertools.islice)
 def _islice(state, iterable, *bounds):
-    from kiln.capture.values.exceptions import raise_python
-
     values = [b.as_constant() for b in bounds]
     if any(v is not None and (not isinstance(v, int) or v < 0) for v in values) or (len(values) == 3 and values[2] == 0):
         raise raise_python(ValueError, "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
@@ -359,8 +349,6 @@ def _frozenset(state, iterable=None):
 
 @handles(builtins.dict)
 def _dict(state, pairs=None, **kwargs):
-    from kiln.capture.values.dicts import update_pairs
-
     items = dict(update_pairs(state, pairs)) if pairs is not None else {}
     items.update(kwargs)
     return DictValue(items)
@@ -368,8 +356,6 @@ def _dict(state, pairs=None, **kwargs):
 
 @handles(collections.deque)
 def _deque(state, iterable=None, maxlen=None):
-    from kiln.capture.values.deques import DequeValue
-
     items = iterator_of(state, iterable).unpack(state) if iterable is not None else []
     return DequeValue(items, maxlen.as_constant() if maxlen is not None else None)
 
@@ -383,8 +369,6 @@ def _ordered_dict(state, pairs=None, **kwargs):
 
 @handles(collections.defaultdict)
 def _defaultdict(state, default_factory=None, pairs=None, **kwargs):
-    from kiln.capture.values.exceptions import raise_python
-
     value = _dict(state, pairs, **kwargs)
     factory = default_factory.realize() if default_factory is not None else None
     if factory is not None and not (factory.is_constant() and factory.as_constant() is None):
@@ -396,8 +380,6 @@ def _defaultdict(state, default_factory=None, pairs=None, **kwargs):
 
 def _fromkeys(cls: type):
     def handler(state, keys, value=None):
-        from kiln.capture.values.dicts import fromkeys
-
         return fromkeys(state, cls, keys, value)
 
     return handler
@@ -409,8 +391,6 @@ for _dict_cls in (dict, collections.OrderedDict, collections.defaultdict):
 
 @handles(builtins.slice)
 def _slice(state, *args):
-    from kiln.capture.values.containers import SliceValue
-
     parts = list(args) if len(args) > 1 else [ConstantValue(None), args[0]]
     while len(parts) < 3:
         parts.append(ConstantValue(None))
@@ -456,7 +436,6 @@ def _extreme(pick: Callable):
         items = args[0].unpack(state) if len(args) == 1 else list(args)
         if key is not None:
             raise GraphBreak("unsupported_call", f"{pick.__name__}() with a key function")
-        from kiln.capture.values.tensor import TensorValue
 
         if any(isinstance(i.realize(), TensorValue) for i in items):
             raise GraphBreak("data_dependent_branch", f"{pick.__name__}() compares tensors in Python")
@@ -479,7 +458,6 @@ def _scalar_cast(cls):
     def handler(state, x=None, *rest):
         if x is None:
             return ConstantValue(cls())
-        from kiln.capture.values.tensor import TensorValue
 
         if isinstance(x.realize(), TensorValue):
             reason = "data_dependent_branch" if cls is bool else "tensor_to_python"
@@ -502,16 +480,13 @@ def _id(state, obj):
     if real is None:
         raise GraphBreak("unsupported_call", "id() of a value made during capture")
     if value.source is not None:  # the folded id holds only for this very object: guard its identity
-        from kiln.capture.builder import _identity
 
-        _identity(state, real, value.source, state.source_expr(value.source))
+        state.guard_identity(real, value.source)
     return ConstantValue(id(real))
 
 
 @handles(functools.partial)
 def _partial(state, fn, *args, **kwargs):
-    from kiln.capture.values.objects import PartialValue
-
     return PartialValue(fn, list(args), kwargs)
 
 
@@ -522,15 +497,10 @@ def _wraps(state, wrapped, *args, **kwargs):
     Inlining `update_wrapper` would read and write function attributes (`__dict__`,
     `__wrapped__`) that a symbolic function does not have.
     """
-    from kiln.capture.values.functions import BuiltinValue
-    from kiln.capture.values.objects import PartialValue
-
     return PartialValue(BuiltinValue(_rename_function), [wrapped], {})
 
 
 def _rename_function(state, wrapped, wrapper):
-    from kiln.capture.values.functions import FunctionValue
-
     wrapper = wrapper.realize()
     if not isinstance(wrapper, FunctionValue) or wrapper.real is not None:
         raise GraphBreak("unsupported_call", "functools.wraps applied to an existing function")
@@ -543,8 +513,6 @@ HANDLERS[_rename_function] = _rename_function
 
 @handles(builtins.super)
 def _super(state, *args):
-    from kiln.capture.values.objects import SuperValue
-
     if args:
         return SuperValue(args[0].as_constant(), args[1])
     cls, self_value = state.current_frame().zero_arg_super()

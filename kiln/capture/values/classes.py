@@ -15,6 +15,7 @@ from typing import Any
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
+from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.exceptions import raise_python
@@ -50,8 +51,6 @@ _MISSING = object()
 
 def pending_class_attr(state, cls: type, name: str) -> Value | None:
     """A value traced code stored on `cls` or a base earlier in this capture, if the lookup reaches it."""
-    from kiln.capture.side_effects import is_deleted
-
     for klass in cls.__mro__:
         pending = state.side_effects.pending_attr(klass, name)
         if pending is not None and is_deleted(pending):
@@ -67,7 +66,6 @@ def guard_class_entry(state, cls: type, name: str, entry: Any, source: Source | 
     """Guard that `cls.name` still finds `entry` (a function, property, static or class method, descriptor)."""
     if not is_mutable_class(cls):
         return
-    from kiln.capture.builder import _identity
 
     attr = AttrSource(class_source(state, cls, source), name)
     if isinstance(entry, classmethod):  # each read binds anew: compare the function underneath
@@ -77,7 +75,7 @@ def guard_class_entry(state, cls: type, name: str, entry: Any, source: Source | 
     elif not isinstance(entry, (types.FunctionType, property)) and hasattr(type(entry), "__get__"):
         _guard_raw_entry(state, cls, name, entry, source)  # a descriptor's __get__ may make a new object per read
         return
-    _identity(state, entry, attr, state.source_expr(attr))
+    state.guard_identity(entry, attr)
 
 
 def _guard_raw_entry(state, cls: type, name: str, entry: Any, source: Source | None) -> None:
@@ -92,19 +90,14 @@ def _guard_raw_entry(state, cls: type, name: str, entry: Any, source: Source | N
 def guard_class_lacks(state, cls: type, name: str, source: Source | None = None) -> None:
     """Capture relied on `cls` (and its bases) having no attribute `name`."""
     if is_mutable_class(cls):
-        from kiln.capture.builder import guard_hasattr
-
-        guard_hasattr(state, class_source(state, cls, source), name, False)
+        state.guard_hasattr(class_source(state, cls, source), name, False)
 
 
 def class_data(state, cls: type, name: str, source: Source | None = None) -> Value:
     """`cls.name` for a plain value (a number, a list, a tensor, a nested class): wrapped, so guarded by value."""
-    from kiln.capture.builder import wrap
-    from kiln.capture.values.objects import object_value
-
     if not is_mutable_class(cls):
-        return object_value(getattr(cls, name), state)
-    return wrap(state, getattr(cls, name), AttrSource(class_source(state, cls, source), name))
+        return state.wrap_unsourced(getattr(cls, name))
+    return state.wrap(getattr(cls, name), AttrSource(class_source(state, cls, source), name))
 
 
 def class_attribute(state, self_value: Value, cls: type, name: str, source) -> Value:
@@ -112,9 +105,6 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
 
     `source` is the attribute read through the instance (`L['obj'].name`), when the instance has one.
     """
-    from kiln.capture.builder import wrap
-    from kiln.capture.values.objects import ClassValue, object_value
-
     pending = pending_class_attr(state, cls, name)
     if pending is not None:
         pending = pending.realize()
@@ -133,12 +123,12 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
         return function_value(state, attr.fget).call(state, [self_value], {})
     if isinstance(attr, staticmethod):
         guard_class_entry(state, cls, name, attr)
-        return object_value(attr.__func__, state)
+        return state.wrap_unsourced(attr.__func__)
     if isinstance(attr, classmethod):
         guard_class_entry(state, cls, name, attr)
-        return MethodValue(ClassValue(cls), function_value(state, attr.__func__))
+        return MethodValue(state.wrap_unsourced(cls), function_value(state, attr.__func__))  # a ClassValue
     if source is not None:  # guarded by value through the instance: a change on the class is seen too
-        return wrap(state, getattr(self_value.obj, name), source)
+        return state.wrap(getattr(self_value.obj, name), source)
     if hasattr(type(attr), "__get__"):  # a descriptor kiln does not run (cached_property, a C getset)
         raise GraphBreak("unsupported_object", f"{cls.__name__}.{name} (a {type(attr).__name__})")
     return class_data(state, cls, name)

@@ -8,6 +8,7 @@ mutating one is a side effect replayed after the graph.
 from __future__ import annotations
 
 import operator
+import types
 from typing import Any
 
 import torch
@@ -15,11 +16,12 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.functions import BoundMethodValue
+from kiln.capture.values.symbolic import SymValue
 
 
 def _key(state, key: Value) -> Any:
-    from kiln.capture.values.symbolic import SymValue
-
     k = key.realize()
     if k.is_constant() or isinstance(k, SymValue):  # a dynamic size as a key is specialized (guarded), as torch does
         return k.as_constant()
@@ -59,8 +61,6 @@ class SequenceValue(Value):
         try:
             return self.items[index]
         except IndexError as e:
-            from kiln.capture.values.exceptions import raise_python
-
             raise raise_python(IndexError, f"index {index} out of range") from e
 
     def rebuild(self, items: list[Value]) -> Value:
@@ -98,8 +98,6 @@ class TupleValue(SequenceValue):
         if name in fields:
             return self.items[list(fields).index(name)]
         if name in ("index", "count", "_asdict", "_replace"):
-            from kiln.capture.values.functions import BoundMethodValue
-
             return BoundMethodValue(self, name)
         return method_of(self, self.cls, name)
 
@@ -144,8 +142,6 @@ class SizeValue(TupleValue):
 
     def getattr(self, state, name: str) -> Value:
         if name == "numel":
-            from kiln.capture.values.functions import BoundMethodValue
-
             return BoundMethodValue(self, name)
         return super().getattr(state, name)
 
@@ -243,9 +239,6 @@ class ListValue(SequenceValue):
 def method_of(value: Value, cls: type, name: str) -> Value:
     """`value.name` of a container: its method (which the tracker's `call_method` runs), or the
     AttributeError Python raises (`hasattr([], "shape")` is False, `getattr(xs, "n", 0)` is 0)."""
-    from kiln.capture.values.exceptions import raise_python
-    from kiln.capture.values.functions import BoundMethodValue
-
     if callable(getattr(cls, name, None)):
         return BoundMethodValue(value, name)
     if hasattr(cls, name):
@@ -269,8 +262,6 @@ def from_constant(value: Any) -> Value:
 
 def python_override(cls: type, base: type, name: str):
     """The Python function `cls` (a subclass of the builtin `base`) defines for `name`, if any."""
-    import types
-
     for klass in cls.__mro__:
         if klass is base:
             return None
@@ -371,8 +362,6 @@ class SetValue(Value):
 
     def call_method(self, state, name, args, kwargs):
         """Any set method: run on the shadow keys; a set result (union, copy...) becomes a new tracker."""
-        from kiln.capture.values.exceptions import raise_python
-
         if kwargs:
             raise GraphBreak("unsupported_call", f"set.{name} with keyword arguments")
         pool = dict(self._items)

@@ -10,12 +10,14 @@ values; formatting a tensor's data into a message is a graph break.
 from __future__ import annotations
 
 import logging
+import warnings
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.objects import ObjectValue
+from kiln.capture.values.tensor import TensorValue
 
 # Logger methods that only emit records (transformers adds warning_once, info_once, warning_advice).
 LOGGER_EMITTERS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "fatal", "exception", "log",
@@ -32,8 +34,6 @@ class DeferredCallValue(Value):
         return type(self.fn)
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from kiln.capture.values.tensor import TensorValue
-
         for v in [*args, *kwargs.values()]:
             if isinstance(v.realize(), TensorValue):
                 raise GraphBreak("tensor_to_python", "a tensor formatted into a log message or warning")
@@ -55,8 +55,6 @@ class LoggerValue(ObjectValue):
 
 def deferred_warn(state, *args: Value, **kwargs: Value) -> Value:
     """`warnings.warn(...)`: the warning is issued after the graph (its stack points at the output program)."""
-    import warnings
-
     return DeferredCallValue(warnings.warn, state.constant_source(warnings.warn, "warnings_warn")).call(
         state, list(args), kwargs)
 

@@ -13,6 +13,9 @@ import collections
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import method_of
+from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.iterators import iterator_of
 
 _TAKE_ITERABLES = frozenset({"extend", "extendleft"})
 _COMPARE_ITEMS = frozenset({"count", "index", "remove"})
@@ -35,8 +38,6 @@ class DequeValue(Value):
         return bool(self.items)
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.containers import method_of
-
         if name == "maxlen":
             return ConstantValue(self.items.maxlen)
         return method_of(self, collections.deque, name)
@@ -51,8 +52,6 @@ class DequeValue(Value):
         self._run(lambda: self.items.__delitem__(key.as_constant()))
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
-        from kiln.capture.values.iterators import iterator_of
-
         if kwargs:
             raise GraphBreak("unsupported_call", f"deque.{name} with keyword arguments")
         if name == "copy":
@@ -83,8 +82,6 @@ class DequeValue(Value):
 
     def _run(self, operation):
         """Run `operation` on the real deque; the exception Python raises becomes the traced code's."""
-        from kiln.capture.values.exceptions import raise_python
-
         try:
             return operation()
         except (IndexError, TypeError, ValueError) as e:

@@ -9,13 +9,17 @@ A dict from the user's world records each mutation as a side effect, replayed af
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Any
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import function_value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import TupleValue, _key, _key_value, python_override
+from kiln.capture.values.containers import TupleValue, _key, _key_value, method_of, python_override
 from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.functions import BoundMethodValue, MethodValue
+from kiln.capture.values.operators import apply_operator, identical
 
 
 class DictValue(Value):
@@ -57,8 +61,6 @@ class DictValue(Value):
         """`d[k]` of an absent key: a subclass's `__missing__`, a defaultdict's factory (its result stored), or KeyError."""
         override = python_override(self.cls, dict, "__missing__")
         if override is not None:
-            from kiln.capture.values.classes import function_value
-
             return function_value(state, override).call(state, [self, key], {})
         if self.default_factory is not None and not _is_none(self.default_factory):
             value = self.default_factory.call(state, [], {})
@@ -91,13 +93,10 @@ class DictValue(Value):
 
     # --- methods -----------------------------------------------------------------------------------
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.functions import BoundMethodValue, MethodValue
-
         if name == "default_factory" and issubclass(self.cls, collections.defaultdict):
             return self.default_factory or ConstantValue(None)
         override = python_override(self.cls, dict, name)
         if override is not None:  # a dict subclass's own Python method runs, inlined
-            from kiln.capture.values.classes import function_value
 
             return MethodValue(self, function_value(state, override))
         if not callable(getattr(self.cls, name, None)):
@@ -189,8 +188,6 @@ class DictViewValue(Value):
         return getattr(dict(self.dict.as_constant()), self.kind)()
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.containers import method_of
-
         return method_of(self, self.python_type(), name)
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -272,8 +269,6 @@ def _move_to_end(d, state, key, last=None):
     d.items.clear()
     d.items.update(reordered)
     if d.source is not None:
-        from kiln.capture.values.functions import BoundMethodValue
-
         state.side_effects.deferred_call(BoundMethodValue(d, "move_to_end"), [key, ConstantValue(at_end)], {})
     return ConstantValue(None)
 
@@ -324,9 +319,6 @@ def merged(state, left: DictValue, right: Value) -> Value:
 def equal(state, a: DictValue, b: DictValue) -> bool:
     """`a == b` for dicts: same keys (in the same order when both are OrderedDicts) and values that are
     the same object or compare equal, as CPython compares them."""
-    from kiln.capture.values.operators import apply_operator, identical
-    import operator
-
     pa, pb = dict(a.pairs(state)), dict(b.pairs(state))
     ordered = issubclass(a.cls, collections.OrderedDict) and issubclass(b.cls, collections.OrderedDict)
     if (list(pa) != list(pb)) if ordered else (pa.keys() != pb.keys()):

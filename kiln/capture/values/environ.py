@@ -15,6 +15,7 @@ from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.sources import Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.functions import BoundMethodValue
 
 ENVIRON_NAME = "___os_environ"
 
@@ -53,8 +54,6 @@ class EnvironValue(Value):
 
     def getattr(self, state, name: str) -> Value:
         if name in ("get", "__contains__", "__getitem__"):
-            from kiln.capture.values.functions import BoundMethodValue
-
             return BoundMethodValue(self, name)
         raise GraphBreak("unsupported_object", f"os.environ.{name}")
 

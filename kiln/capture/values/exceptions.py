@@ -67,15 +67,3 @@ def is_exception_class(cls: Any) -> bool:
     """Exception classes capture can make without running code: builtin ones and subclasses keeping their __init__."""
     return isinstance(cls, type) and issubclass(cls, BaseException) and all(
         "__init__" not in k.__dict__ and "__new__" not in k.__dict__ for k in cls.__mro__ if k.__module__ != "builtins")
-
-
-def as_exception(value: Value) -> ExceptionValue:
-    """What `raise value` raises: a class is instantiated without arguments."""
-    from kiln.capture.values.objects import ClassValue
-
-    value = value.realize()
-    if isinstance(value, ExceptionValue):
-        return value
-    if isinstance(value, ClassValue) and is_exception_class(value.cls):
-        return ExceptionValue(value.cls, [])
-    raise GraphBreak("exception", f"the traced code raises {value}")

@@ -42,9 +42,8 @@ class CellValue(Value):
             contents = self.real.cell_contents
         except ValueError:  # an empty cell: the frame runs natively and raises Python's NameError
             raise GraphBreak("exception", "free variable referenced before assignment") from None
-        from kiln.capture.builder import wrap_lazy
 
-        return wrap_lazy(state, contents, AttrSource(self.source, "cell_contents"))
+        return state.wrap_lazy(contents, AttrSource(self.source, "cell_contents"))
 
     def store(self, state, value: Value) -> None:
         if self.real is None:
@@ -77,13 +76,12 @@ class FunctionValue(CallableValue):
 
     @classmethod
     def of(cls, state, fn: types.FunctionType, source) -> FunctionValue:
-        from kiln.capture.builder import wrap_lazy
-
         defaults = tuple(
-            wrap_lazy(state, d, ItemSource(AttrSource(source, "__defaults__"), i)) for i, d in enumerate(fn.__defaults__ or ())
+            state.wrap_lazy(d, ItemSource(AttrSource(source, "__defaults__"), i))
+            for i, d in enumerate(fn.__defaults__ or ())
         )
         kwdefaults = {
-            k: wrap_lazy(state, d, ItemSource(AttrSource(source, "__kwdefaults__"), k))
+            k: state.wrap_lazy(d, ItemSource(AttrSource(source, "__kwdefaults__"), k))
             for k, d in (fn.__kwdefaults__ or {}).items()
         }
         closure = tuple(
@@ -100,19 +98,16 @@ class FunctionValue(CallableValue):
             raise GraphBreak("explicit", "kiln.graph_break()")
         if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
             raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
-        from kiln.capture.values.builtins import HANDLERS, call_builtin
 
-        if self.real is not None and self.real in HANDLERS:  # Python functions kiln models, not inlines
-            return call_builtin(state, self.real, args, kwargs)
+        if self.real is not None and state.models(self.real):  # Python functions kiln models, not inlines
+            return state.call_builtin(self.real, args, kwargs)
         return state.inline(self, args, kwargs)
 
     def getattr(self, state, name: str) -> Value:
         if name == "__name__":
             return ConstantValue(self.name)
         if self.real is not None and self.source is not None:
-            from kiln.capture.builder import wrap
-
-            return wrap(state, getattr(self.real, name), AttrSource(self.source, name))
+            return state.wrap(getattr(self.real, name), AttrSource(self.source, name))
         raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
 
     def reconstruct(self, writer) -> str:
@@ -181,9 +176,7 @@ class BuiltinValue(CallableValue):
         return type(self.fn)
 
     def call(self, state, args, kwargs) -> Value:
-        from kiln.capture.values.builtins import call_builtin
-
-        return call_builtin(state, self.fn, args, kwargs)
+        return state.call_builtin(self.fn, args, kwargs)
 
     def getattr(self, state, name):
         return ConstantValue(getattr(self.fn, name))

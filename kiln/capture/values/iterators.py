@@ -20,6 +20,8 @@ from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, TupleValue
+from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.functions import BoundMethodValue
 
 
 def iterator_of(state, value: Value) -> IteratorValue:
@@ -71,8 +73,6 @@ class ZipValue(LazyIteratorValue):
         return zip
 
     def step(self) -> Value | None:
-        from kiln.capture.values.exceptions import raise_python
-
         row = []
         for i, it in enumerate(self.iterators):
             value = it.next()
@@ -151,8 +151,6 @@ class FilterValue(LazyIteratorValue):
 
 def stop_iteration(iterator: IteratorValue) -> Exception:
     """The StopIteration an exhausted iterator raises; a generator's carries what it returned."""
-    from kiln.capture.values.exceptions import raise_python
-
     returned = getattr(iterator, "return_value", None)
     if returned is None or not returned.realize().is_constant() or returned.as_constant() is None:
         return raise_python(StopIteration)
@@ -330,8 +328,6 @@ class GeneratorValue(LazyIteratorValue):
 
     def send(self, value: Value) -> Value | None:
         """Resume the frame with `value` as the result of its `yield`; the next yielded value, None at its end."""
-        from kiln.capture.values.exceptions import raise_python
-
         if not self.started and not (value.realize().is_constant() and value.as_constant() is None):
             raise raise_python(TypeError, "can't send non-None value to a just-started generator")
         if self.started:
@@ -349,15 +345,11 @@ class GeneratorValue(LazyIteratorValue):
         return None
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.values.functions import BoundMethodValue
-
         if name in ("send", "__next__"):
             return BoundMethodValue(self, name)
         raise GraphBreak("unsupported_object", f"attribute {name!r} of a generator")
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
-        from kiln.capture.values.exceptions import raise_python
-
         value = self.next() if name == "__next__" else self.send(args[0]) if not self.exhausted else None
         if value is None:
             raise stop_iteration(self)

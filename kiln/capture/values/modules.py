@@ -9,16 +9,19 @@ recompile (torch.compile does), not keep the old probability.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.nn.modules import module as _module_module
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
+from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import class_attribute, guard_not_shadowed
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import TupleValue
+from kiln.capture.values.dicts import DictValue
+from kiln.capture.values.exceptions import raise_python
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
@@ -39,11 +42,6 @@ class ModuleValue(Value):
 
     # --- attributes -------------------------------------------------------------------------
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.builder import wrap
-        from kiln.capture.values.objects import class_attribute, guard_not_shadowed
-
-        from kiln.capture.side_effects import is_deleted
-
         pending = state.side_effects.pending_attr(self.module, name)
         if pending is not None and is_deleted(pending):
             raise GraphBreak("unsupported_object", f"{type(self.module).__name__}.{name} read after `del`")
@@ -53,14 +51,12 @@ class ModuleValue(Value):
         d = m.__dict__
         for table in ("_parameters", "_buffers", "_modules"):
             if name in d.get(table, {}) and name not in d:
-                return wrap(state, d[table][name], AttrSource(self.source, name, table))
+                return state.wrap(d[table][name], AttrSource(self.source, name, table))
         if name in d:
             value = d[name]
-            return wrap(state, value, source)  # guarded by value, torch.nn's own modules too (dropout.p, eps)
+            return state.wrap(value, source)  # guarded by value, torch.nn's own modules too (dropout.p, eps)
         if name == "__class__":
-            from kiln.capture.values.objects import ClassValue
-
-            return ClassValue(type(m))
+            return state.wrap_unsourced(type(m))  # a ClassValue
         guard_not_shadowed(state, self, name)
         return class_attribute(state, self, type(m), name, source)
 
@@ -95,8 +91,6 @@ class ModuleValue(Value):
     def _call_with_forward_hooks(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """`Module.__call__` with forward (pre-)hooks, as torch runs them: each hook is inlined like any
         function. The hook dicts are read through their sources, so adding or removing a hook recompiles."""
-        from kiln.capture.values.dicts import DictValue
-
         def hooks(name: str) -> list[tuple[Value, bool]]:
             table = self.getattr(state, name).realize()
             with_kwargs = self.getattr(state, name + "_with_kwargs").realize()
@@ -175,8 +169,6 @@ class ModuleValue(Value):
 def _item_of(state, container: Value, keys: list[str], index) -> Value:
     """`container[index]` of a ModuleList, Sequential or ParameterList: one member, or a slice of them
     (a new container of the same kind in eager, callable when it is a Sequential)."""
-    from kiln.capture.values.exceptions import raise_python
-
     if isinstance(index, slice):
         return ModuleSliceValue(container, keys[index], index)
     if not isinstance(index, int):

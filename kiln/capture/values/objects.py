@@ -9,15 +9,18 @@ unknown C object): every operation on it is a graph break.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
+import functools
 import types
 from typing import Any
 
 import torch
 
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.sources import AttrSource
+from kiln.capture.side_effects import is_deleted
+from kiln.capture.sources import AttrSource, ConstantSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import (class_attribute, class_data, function_value, guard_class_entry,
                                          guard_class_lacks, guard_not_shadowed, is_mutable_class,
@@ -25,15 +28,14 @@ from kiln.capture.values.classes import (class_attribute, class_data, function_v
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.dicts import DictValue
-from kiln.capture.values.exceptions import raise_python
-from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.exceptions import ExceptionValue, is_exception_class, raise_python
+from kiln.capture.values.functions import BoundMethodValue, BuiltinValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
+from kiln.capture.values.torch_api import wrap_torch_attr
 
 
 def object_value(obj: Any, state=None) -> Value:
     """A tracker for an object reached without a source (a class attribute, a closure default)."""
-    from kiln.capture.values.torch_api import wrap_torch_attr
-
     if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
         return BuiltinValue(obj)  # numpy's Python functions are not traced: calling one is a numpy break
     if isinstance(obj, types.FunctionType) and state is not None:
@@ -104,7 +106,6 @@ class ClassValue(Value):
             return _namedtuple(cls, args, kwargs)
         if issubclass(cls, torch.nn.Module):
             return stateless_module(state, cls, args, kwargs)
-        from kiln.capture.values.exceptions import ExceptionValue, is_exception_class
 
         if is_exception_class(cls) and not kwargs:
             return ExceptionValue(cls, args)
@@ -117,10 +118,9 @@ class ClassValue(Value):
             return obj
         if cls.__new__ is object.__new__ and init is object.__init__ and not args and not kwargs:
             return NewObjectValue(cls)
-        from kiln.capture.values.builtins import HANDLERS, call_builtin
 
-        if cls in HANDLERS:
-            return call_builtin(state, cls, args, kwargs)
+        if state.models(cls):
+            return state.call_builtin(cls, args, kwargs)
         raise GraphBreak("unsupported_call", f"constructing {cls.__qualname__}")
 
     def reconstruct(self, writer) -> str:
@@ -209,9 +209,6 @@ class PythonModuleValue(Value):
         return self.module
 
     def getattr(self, state, name: str) -> Value:
-        from kiln.capture.builder import guard_hasattr, wrap
-        from kiln.capture.values.torch_api import wrap_torch_attr
-
         pending = state.pending_globals.get((id(vars(self.module)), name))  # `mod.x = ...` or `global x` earlier
         if pending is not None:
             return pending
@@ -221,13 +218,13 @@ class PythonModuleValue(Value):
             attr = getattr(self.module, name)
         except AttributeError as e:
             if not fixed:  # `getattr(mod, "flag", False)` relied on its absence
-                guard_hasattr(state, self._source(state), name, False)
+                state.guard_hasattr(self._source(state), name, False)
             raise raise_python(AttributeError, f"module {self.module.__name__!r} has no attribute {name!r}") from e
         if modname == "torch" or modname.startswith("torch."):
             return wrap_torch_attr(attr)
         if fixed:
             return object_value(attr, state)
-        return wrap(state, attr, AttrSource(self._source(state), name))
+        return state.wrap(attr, AttrSource(self._source(state), name))
 
     def _source(self, state):
         return state.constant_source(self.module, self.module.__name__.replace(".", "_"))
@@ -247,8 +244,6 @@ class PythonModuleValue(Value):
 
 def store_global(state, globals_: dict, name: str, value: Value) -> None:
     """A module global written by traced code: replayed after the graph, seen by later reads in this capture."""
-    from kiln.capture.sources import ConstantSource
-
     source = ConstantSource("G") if globals_ is state.G else state.global_source(globals_, name).base
     state.side_effects.store_item(DictValue({}, source=source), ConstantValue(name), value)
     state.pending_globals[(id(globals_), name)] = value
@@ -271,9 +266,6 @@ class ObjectValue(Value):
 
     def generic_getattr(self, state, name: str) -> Value:
         """`object.__getattribute__`: data descriptors, the instance dict, the class, then `__getattr__`."""
-        from kiln.capture.builder import wrap
-        from kiln.capture.side_effects import is_deleted
-
         pending = state.side_effects.pending_attr(self.obj, name)
         if pending is not None:
             if is_deleted(pending):
@@ -284,10 +276,10 @@ class ObjectValue(Value):
         if name == "__class__":
             return ClassValue(cls)
         if name == "__dict__":
-            base = wrap(state, self.obj.__dict__, source)
+            base = state.wrap(self.obj.__dict__, source)
             return InstanceDictValue(self, base) if isinstance(base, DictValue) else base
         if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
-            return wrap(state, self.obj.__dict__[name], source)
+            return state.wrap(self.obj.__dict__[name], source)
         guard_not_shadowed(state, self, name)
         try:
             return class_attribute(state, self, cls, name, source)
@@ -295,9 +287,7 @@ class ObjectValue(Value):
             fallback = python_override(cls, object, "__getattr__")
             if e.reason.id != "exception" or fallback is None or any(name in k.__dict__ for k in cls.__mro__):
                 if e.reason.id == "exception":
-                    from kiln.capture.builder import guard_hasattr
-
-                    guard_hasattr(state, self.source, name, False)  # the code may catch the AttributeError
+                    state.guard_hasattr(self.source, name, False)  # the code may catch the AttributeError
                 raise
             return function_value(state, fallback).call(state, [self, ConstantValue(name)], {})
 
@@ -319,8 +309,6 @@ class ObjectValue(Value):
 
     def delattr(self, state, name: str) -> None:
         """`del obj.name` of an instance attribute: replayed after the graph; later reads see it gone."""
-        from kiln.capture.side_effects import is_deleted
-
         cls = type(self.obj)
         if python_override(cls, object, "__delattr__") is not None or _is_data_descriptor(_class_lookup(cls, name)):
             raise GraphBreak("unsupported_object", f"del {cls.__name__}.{name} (a __delattr__ or descriptor)")
@@ -379,8 +367,6 @@ class InstanceDictValue(DictValue):
         self.owner, self.items = owner, base.items
 
     def _sync(self, state) -> None:
-        from kiln.capture.side_effects import is_deleted
-
         for name, value in state.side_effects.instance_attrs(self.owner.obj):
             if is_deleted(value):
                 self.items.pop(name, None)
@@ -414,8 +400,6 @@ def iterate_instance(state, value: Value, cls: type) -> list[Value]:
     with a `__len__` yields `self[0] .. self[len - 1]`: the same items, without
     tracing the IndexError that ends the protocol's loop.
     """
-    import collections.abc
-
     iter_fn = getattr(cls, "__iter__", None)
     if isinstance(iter_fn, types.FunctionType) and iter_fn is not collections.abc.Sequence.__iter__:
         return function_value(state, iter_fn).call(state, [value], {}).unpack(state)
@@ -556,8 +540,6 @@ class RecordedObjectValue(Value):
         if name in self.fields:
             return self.fields[name]
         if name in ("to_tuple", "keys", "values", "items", "get"):
-            from kiln.capture.values.functions import BoundMethodValue
-
             return BoundMethodValue(self, name)
         if hasattr(self.cls, name):
             raise GraphBreak("unsupported_object", f"attribute {name!r} of {self.cls.__name__}")
@@ -626,16 +608,12 @@ class PartialValue(Value):
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def python_type(self) -> type:
-        import functools
-
         return functools.partial
 
     def call(self, state, args, kwargs) -> Value:
         return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})
 
     def reconstruct(self, writer) -> str:
-        import functools
-
         parts = [writer.value(self.fn)] + [writer.value(a) for a in self.args]  # the objects, not copies
         parts += [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
         return f"{writer.constant(functools.partial)}({', '.join(parts)})"
@@ -658,7 +636,6 @@ class SuperValue(Value):
                     return BuiltinValue(_noop)
                 if klass in (dict, list, tuple, set, object) and hasattr(self.self_value.realize(), "call_method"):
                     # super().get(...) in a dict subclass: the builtin behaviour the container tracker models
-                    from kiln.capture.values.functions import BoundMethodValue
 
                     return BoundMethodValue(self.self_value.realize(), name)
                 break

@@ -11,8 +11,12 @@ import operator
 from typing import Callable
 
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import IteratorValue, ListValue, SequenceValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.symbolic import SymValue
+from kiln.capture.values.tensor import TensorValue, trace_op
 
 BINARY_OPS: dict[str, Callable] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -49,10 +53,7 @@ _SET_DUNDERS = {
 
 def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     """`fn(*args)` for an `operator` function: graph node, folded constant, or Python semantics."""
-    from kiln.capture.values.containers import ListValue, SequenceValue, SetValue, TupleValue, from_constant
     from kiln.capture.values.dicts import DictValue
-    from kiln.capture.values.symbolic import SymValue
-    from kiln.capture.values.tensor import TensorValue, trace_op
 
     args = [a.realize() for a in args]
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
@@ -114,8 +115,6 @@ def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:
 
 def _as_sequence(value: Value) -> Value:
     """A constant tuple or list as a sequence tracker, so `(x, 1) + (2,)` mixes the two kinds."""
-    from kiln.capture.values.containers import ListValue, TupleValue
-
     if isinstance(value, ConstantValue) and type(value.as_constant()) in (tuple, list):
         items = [ConstantValue(v) for v in value.as_constant()]
         return ListValue(items) if isinstance(value.as_constant(), list) else TupleValue(items)
@@ -145,8 +144,6 @@ def identical(state, a: Value, b: Value) -> bool:
     Two objects of the user's world (inputs, attributes) compared by identity: the answer is guarded,
     both ways (`f(x, x)` after `f(x, y)` compiled `a is b` as False).
     """
-    from kiln.capture.values.tensor import TensorValue
-
     a, b = a.realize(), b.realize()
     if a is b:
         return True
@@ -169,8 +166,6 @@ def identical(state, a: Value, b: Value) -> bool:
 
 def _guard_identity(state, a: Value, b: Value, same: bool) -> bool:
     """The identity of two objects found by source holds only while they are (or are not) one object."""
-    from kiln.capture.guards import Guard, GuardKind
-
     if a.source is not None and b.source is not None and a.source != b.source:
         ea, eb = state.source_expr(a.source), state.source_expr(b.source)
         check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
@@ -191,9 +186,7 @@ def _object_of(v: Value):
 
 def contains(state, container: Value, item: Value) -> bool:
     container = container.realize()
-    from kiln.capture.values.containers import SetValue
     from kiln.capture.values.dicts import DictValue, DictViewValue
-    from kiln.capture.values.tensor import TensorValue
 
     if isinstance(container, TensorValue):
         raise GraphBreak("data_dependent_branch", "`in` on a tensor")
@@ -212,8 +205,6 @@ def contains(state, container: Value, item: Value) -> bool:
 
 def _items_of(state, container: Value):
     """The items `in` compares, one at a time: `x in iterator` stops consuming it at the first match."""
-    from kiln.capture.values.containers import IteratorValue
-
     if not isinstance(container, IteratorValue):
         yield from container.unpack(state)
         return
@@ -223,8 +214,6 @@ def _items_of(state, container: Value):
 
 def _tensor_in_sequence(state, container: Value, item: Value) -> bool:
     """`t in [a, t]`: Python tries identity first, so it is known until an element needs `==`."""
-    from kiln.capture.values.tensor import TensorValue
-
     for x in _items_of(state, container):
         if identical(state, item, x):
             return True

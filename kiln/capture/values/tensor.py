@@ -15,8 +15,11 @@ import torch
 import torch.fx as fx
 
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.containers import ListValue, SizeValue, SliceValue, TupleValue
+from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.symbolic import SYM_TYPES, SymValue, is_symbolic
 
 # Tensor methods that read data into Python: the graph ends there.
@@ -65,15 +68,12 @@ class TensorValue(Value):
         if name == "grad":
             if self.source is None:
                 raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")
-            from kiln.capture.builder import wrap
-            from kiln.capture.sources import AttrSource
 
-            return wrap(state, getattr(state.real_value(self.source), "grad"), AttrSource(self.source, "grad"))
+            return state.wrap(getattr(state.real_value(self.source), "grad"), AttrSource(self.source, "grad"))
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return TensorMethodValue(self, name)
         if not hasattr(torch.Tensor, name) and (self.source is None or not hasattr(state.real_value(self.source), name)):
             # hasattr(t, "jax") and getattr(t, name, default) rely on the AttributeError
-            from kiln.capture.values.exceptions import raise_python
 
             raise raise_python(AttributeError, f"'Tensor' object has no attribute {name!r}")
         raise GraphBreak("unsupported_object", f"tensor attribute {name!r}")
@@ -98,7 +98,6 @@ class TensorValue(Value):
         shape = [n if _has_symbols(n) else int(n) for n in self.fake.shape]
         if not _has_symbols(shape):
             return ConstantValue(torch.Size(shape))
-        from kiln.capture.values.containers import SizeValue
 
         return SizeValue([trace_op(state, "call_method", "size", [self, ConstantValue(d)], {}) if _has_symbols(n)
                           else ConstantValue(n) for d, n in enumerate(shape)])
@@ -198,7 +197,6 @@ def _lower_all(state, values: list[Value]) -> tuple[list, list]:
 
 def _lower(state, value: Value) -> tuple[Any, Any]:
     """A tracker as (graph argument, fake argument)."""
-    from kiln.capture.values.containers import ListValue, SliceValue, TupleValue
     from kiln.capture.values.dicts import DictValue
 
     value = value.realize()
@@ -230,8 +228,6 @@ def _has_symbols(value: Any) -> bool:
 
 def wrap_result(state, node: fx.Node, fake: Any) -> Value:
     """Trackers for an op's result: tensors, symbolic sizes, tuples of those (structseqs too), or constants."""
-    from kiln.capture.values.containers import ListValue, TupleValue
-
     if isinstance(fake, torch.Tensor):
         return TensorValue(node, fake)
     if isinstance(fake, SYM_TYPES):

@@ -19,7 +19,9 @@ import threading
 
 import torch
 
-from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
+from kiln.codegen.triton import templates, tuning
+from kiln.codegen.triton.generate import generate_kernel
+from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
 from kiln.runtime import cache
@@ -52,9 +54,7 @@ def interpreting() -> bool:
 def prepare(graph, device: str, *, max_autotune: bool, shape_padding: bool) -> dict:
     """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
     returns the template specs."""
-    from kiln.codegen.triton.templates import prepare as prepare_matmuls
-
-    return prepare_matmuls(graph, device, max_autotune=max_autotune, shape_padding=shape_padding)
+    return templates.prepare(graph, device, max_autotune=max_autotune, shape_padding=shape_padding)
 
 
 def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[str, TritonKernel]]:
@@ -74,26 +74,21 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
         if spec is not None and not max_autotune:
             kernels[g.name] = default_template(g, layouts, external, spec)
         elif max_autotune:
-            from kiln.codegen.triton import tuning
-
             kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
                 else tuning.tuned_kernel(g, layouts, external)
         else:
             kernels[g.name] = generate_kernel(g, layouts, external, unaligned=unaligned)
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
-        from kiln.codegen.triton.tuning import HEADER as TUNING_HEADER
-
-        header += TUNING_HEADER
+        header += tuning.HEADER
     source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
 
 
 def default_template(group, layouts: dict, external, spec) -> TritonKernel:
     """A small matmul's template kernel with the tiles `templates.default_config` picks (no benchmark)."""
-    from kiln.codegen.triton.templates import MatmulTemplateKernel, default_config
-
-    kernel = MatmulTemplateKernel(group, layouts, spec, default_config(spec.M, spec.N, spec.K), external)
+    config = templates.default_config(spec.M, spec.N, spec.K)
+    kernel = templates.MatmulTemplateKernel(group, layouts, spec, config, external)
     kernel.source = kernel.generate()
     return kernel
 

@@ -42,7 +42,9 @@ MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 
 
 
 @dataclass(frozen=True)
-class Config:
+class LaunchConfig:
+    """How one Triton kernel is launched: its shape of program (`kind`), block sizes and warps."""
+
     kind: str             # "pointwise" | "tiled" | "persistent" | "looped" | "split"
     XBLOCK: int
     RBLOCK: int = 1
@@ -119,16 +121,16 @@ def transposed_dim(group: KernelGroup):
     return None
 
 
-def choose(group: KernelGroup, layouts: dict) -> Config:
+def choose(group: KernelGroup, layouts: dict) -> LaunchConfig:
     index_dtype = _index_dtype(group, layouts)
     xnumel = _static(product(group.outer))
     if not group.inner:
         t = transposed_dim(group)
         if t is not None:  # rows cover a short transposed dim whole, and the tile stays BLOCK_ELEMENTS
             rows = min(64, next_pow2(_static(group.outer[t])))
-            return Config("tiled", BLOCK_ELEMENTS // rows if rows < 64 else 64, rows, 4, index_dtype)
+            return LaunchConfig("tiled", BLOCK_ELEMENTS // rows if rows < 64 else 64, rows, 4, index_dtype)
         xblock = POINTWISE_XBLOCK if xnumel is None else min(POINTWISE_XBLOCK, next_pow2(xnumel))
-        return Config("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
+        return LaunchConfig("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
     rnumel = _static(product(group.inner))
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
     contiguous = reduction_is_contiguous(group)
@@ -136,7 +138,7 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
         rblock = next_pow2(rnumel)
         xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128 if not contiguous else 64))
         warps = max(1, min(8, xblock * rblock // 512))
-        return Config("persistent", xblock, rblock, warps, index_dtype)
+        return LaunchConfig("persistent", xblock, rblock, warps, index_dtype)
     # enough programs to fill the GPU (a couple per SM) before widening blocks
     per_program = 1 if xnumel is None else max(1, _pow2_floor(xnumel // MIN_PROGRAMS))
     if contiguous:
@@ -157,15 +159,15 @@ def choose(group: KernelGroup, layouts: dict) -> Config:
         if rsplit >= 2:
             rchunk = -(-(-(-rnumel // rsplit)) // rblock) * rblock
             combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))
-            return Config("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
-    return Config("looped", xblock, rblock, warps, index_dtype)
+            return LaunchConfig("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
+    return LaunchConfig("looped", xblock, rblock, warps, index_dtype)
 
 
 def _warps(elements: int, per_warp: int) -> int:
     return max(1, min(8, elements // per_warp))
 
 
-def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config]:
+def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[LaunchConfig]:
     """Configurations max-autotune benchmarks for `group`: the heuristic's choice first, then variants around
     it (block sizes, num_warps; a looped form of a persistent or split reduction), at most `limit`."""
     base = choose(group, layouts)
@@ -173,27 +175,28 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config
     xnumel = _static(product(group.outer))
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
     idx = base.index_dtype
-    more: list[Config] = []
+    more: list[LaunchConfig] = []
     if base.kind == "tiled":
         shapes = ((32, 64, 4), (64, 32, 4), (128, 32, 8), (64, 64, 8)) if base.RBLOCK == 64 else \
             ((base.XBLOCK // 2, base.RBLOCK, 4), (base.XBLOCK * 2, base.RBLOCK, 8))  # rows: the whole short dim
-        more += [Config("tiled", x, r, w, idx) for x, r, w in shapes]
-        more.append(Config("pointwise", 1024, 1, 4, idx))
+        more += [LaunchConfig("tiled", x, r, w, idx) for x, r, w in shapes]
+        more.append(LaunchConfig("pointwise", 1024, 1, 4, idx))
     elif base.kind == "pointwise":
         for x in (1024, 512, 2048, 256, 128):
             if x <= max(xcap, 128):
-                more += [Config("pointwise", x, 1, _warps(x, 256), idx), Config("pointwise", x, 1, _warps(x, 128), idx)]
+                more += [LaunchConfig("pointwise", x, 1, _warps(x, 256), idx),
+                         LaunchConfig("pointwise", x, 1, _warps(x, 128), idx)]
     else:
         rnumel = _static(product(group.inner))
         rcap = 1 << 30 if rnumel is None else next_pow2(rnumel)
         if base.kind == "persistent":
             for x in (1, 2, 4, 8, 16, 32, 64, 128):
                 if x <= xcap and x * base.RBLOCK <= 2 * BLOCK_ELEMENTS and x != base.XBLOCK:
-                    more.append(Config("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
+                    more.append(LaunchConfig("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
         small = [(1, max(16, rcap // 2)), (2, max(16, rcap // 4))] if rcap <= 2 * PERSISTENT_MAX_RBLOCK else []
         for x, r in small + [(1, 2048), (1, 1024), (4, 512), (8, 512), (16, 256), (32, 128), (64, 64), (2, 1024)]:
             if x <= xcap and r <= max(rcap, 64) and (x, r) != (base.XBLOCK, base.RBLOCK):
-                more.append(Config("looped", x, r, _warps(x * r, 256), idx))
+                more.append(LaunchConfig("looped", x, r, _warps(x * r, 256), idx))
     seen = {base}
     for c in more:
         if c not in seen and len(out) < limit:
@@ -202,7 +205,7 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Config
     return out
 
 
-def label(cfg: Config) -> str:
+def label(cfg: LaunchConfig) -> str:
     """A candidate's name in logs and in the autotune cache."""
     parts = [cfg.kind, f"XBLOCK={cfg.XBLOCK}"]
     if cfg.kind != "pointwise":

@@ -31,7 +31,7 @@ import torch
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.heuristics import Config, choose, transposed_dim
+from kiln.codegen.triton.heuristics import LaunchConfig, choose, transposed_dim
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
@@ -54,7 +54,7 @@ class TritonPrinter(_Printer):
 texpr = TritonPrinter()
 
 
-def _decompose(flat: str, sizes, variables) -> list[str]:
+def decompose_index(flat: str, sizes, variables) -> list[str]:
     """`x0 = ...` lines splitting a flat block index into one variable per dim (row-major)."""
     lines, stride = [], sympy.Integer(1)
     n = len(sizes)
@@ -97,7 +97,7 @@ def describe(group: KernelGroup) -> str:
 class TritonKernel:
     takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
 
-    def __init__(self, group: KernelGroup, layouts: dict, config: Config | None = None, external=None,
+    def __init__(self, group: KernelGroup, layouts: dict, config: LaunchConfig | None = None, external=None,
                  unaligned=None):
         self.group = group
         # buffers that may not be 16-byte aligned (graph inputs, views made by externs): the launcher checks
@@ -297,7 +297,7 @@ class TritonKernel:
         if tiled:
             self._tile_rows()
         else:
-            for s in _decompose("xindex", g.outer, list(g.outer_vars())):
+            for s in decompose_index("xindex", g.outer, list(g.outer_vars())):
                 self.line(s)
         outer_scope = Scope()
         persistent_scope = None
@@ -340,7 +340,7 @@ class TritonKernel:
         g, t = self.group, self.tile_dim
         variables = list(g.outer_vars())
         others = [k for k in range(len(g.outer)) if k != t]
-        for s in _decompose("xindex", [g.outer[k] for k in others], [variables[k] for k in others]):
+        for s in decompose_index("xindex", [g.outer[k] for k in others], [variables[k] for k in others]):
             self.line(s)
         pid = "tl.program_id(1)" if self.config.index_dtype == "tl.int32" else "tl.program_id(1).to(tl.int64)"
         self.line(f"rindex = {pid} * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
@@ -354,7 +354,7 @@ class TritonKernel:
         g = self.group
         self.line(f"rindex = {start}")
         self.line("rmask = rindex < rnumel")
-        for s in _decompose("rindex", g.inner, list(g.inner_vars())):
+        for s in decompose_index("rindex", g.inner, list(g.inner_vars())):
             self.line(s)
         self.line("mask = xmask & rmask")
 
@@ -535,38 +535,19 @@ class TritonKernel:
         """Store each reduction's result (and keep it in registers for the segments after)."""
         for key, nodes in keys.items():
             for node in nodes:
-                self._store(node, _result(results[key], node.data.reduction_type), _result_dtype(node))
+                result = reduction_result(results[key], node.data.reduction_type)
+                self._store(node, result, reduction_result_dtype(node))
 
 
 _PART = {"welford_mean": "mean", "welford_m2": "m2", "argmax": "index", "argmin": "index"}
 
 
-def _result(parts: dict, rtype: str) -> str:
+def reduction_result(parts: dict, rtype: str) -> str:
     return parts[_PART.get(rtype, "value")]
 
 
-def _result_dtype(node) -> torch.dtype:
+def reduction_result_dtype(node) -> torch.dtype:
     return node.layout.dtype if node.data.reduction_type in ("argmax", "argmin") else node.data.body.dtype
 
 
-def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: Config | None = None,
-                    unaligned=None) -> TritonKernel:
-    """`external`: buffers read outside their own kernel (or returned); others may stay in registers.
-    `config`: the block sizes to use (default: the heuristic's choice). `unaligned`: the buffers whose
-    alignment the launcher must check (default: all)."""
-    from dataclasses import replace
-
-    from kiln.codegen.triton.split import SplitReductionKernel, splittable
-
-    config = config or choose(group, layouts)
-    if config.kind == "split" and splittable(group):
-        k = SplitReductionKernel(group, layouts, config, external=external, unaligned=unaligned)
-    else:
-        if config.kind == "split":
-            config = replace(config, kind="looped")
-        k = TritonKernel(group, layouts, config, external=external, unaligned=unaligned)
-    k.source = k.generate()
-    return k
-
-
-__all__ = ["TritonKernel", "generate_kernel", "texpr"]
+__all__ = ["TritonKernel", "texpr"]

@@ -16,9 +16,11 @@ def interpreting() -> bool:
 
 
 if interpreting():
+    import math
     import types
 
     import numpy as np
+    import torch
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -45,11 +47,9 @@ if interpreting():
     }
 
     def _erf(x):
-        import math
         return np.vectorize(math.erf, otypes=[x.dtype])(x)
 
     def _erfc(x):
-        import math
         return np.vectorize(math.erfc, otypes=[x.dtype])(x)
 
     _TABLE["erf"], _TABLE["erfc"] = _erf, _erfc
@@ -64,8 +64,6 @@ if interpreting():
 
     def interpreter_to_bf16(x):
         """float -> bfloat16 rounded to nearest even (the interpreter's cast drops the low bits instead)."""
-        import torch
-
         data = np.ascontiguousarray(x.handle.data, dtype=np.float32)
         bits = torch.from_numpy(data).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
         ty = tl.block_type(tl.bfloat16, list(bits.shape)) if isinstance(x.type, tl.block_type) else tl.bfloat16

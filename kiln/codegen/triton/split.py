@@ -24,7 +24,7 @@ import torch
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import pyexpr
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.kernel import TritonKernel, _decompose, _result, _result_dtype
+from kiln.codegen.triton.kernel import TritonKernel, decompose_index, reduction_result, reduction_result_dtype
 from kiln.lower.index import product
 
 # workspace parts of each reduction family: (part, dtype of the partial: None = the body's compute type)
@@ -93,7 +93,7 @@ class SplitReductionKernel(TritonKernel):
         pid = "tl.program_id(0)" if cfg.index_dtype == "tl.int32" else "tl.program_id(0).to(tl.int64)"
         self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.line("xmask = xindex < xnumel")
-        for s in _decompose("xindex", g.outer, list(g.outer_vars())):
+        for s in decompose_index("xindex", g.outer, list(g.outer_vars())):
             self.line(s)
 
     def _loop_range(self) -> str:
@@ -141,7 +141,7 @@ class SplitReductionKernel(TritonKernel):
             for var in parts.values():
                 self.line(f"{var} = {var}[:, None]")
             for node in nodes:
-                self._store(node, _result(parts, node.data.reduction_type), _result_dtype(node))
+                self._store(node, reduction_result(parts, node.data.reduction_type), reduction_result_dtype(node))
 
     def _launcher(self) -> str:
         g, cfg = self.group, self.config

@@ -37,7 +37,7 @@ import torch
 
 from kiln.codegen.cse import Scope
 from kiln.codegen.triton import ops
-from kiln.codegen.triton.heuristics import Config, _index_dtype, next_pow2
+from kiln.codegen.triton.heuristics import LaunchConfig, _index_dtype, next_pow2
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.lower import ir
@@ -329,7 +329,8 @@ class MatmulTemplateKernel(TritonKernel):
     """The tiled matmul of a template group, with its epilogue segments fused (one config's launcher)."""
 
     def __init__(self, group: KernelGroup, layouts: dict, spec: MatmulSpec, mcfg: MatmulConfig, external=None):
-        super().__init__(group, layouts, Config("template", 1, index_dtype=_index_dtype(group, layouts)), external)
+        config = LaunchConfig("template", 1, index_dtype=_index_dtype(group, layouts))
+        super().__init__(group, layouts, config, external)
         self.spec, self.mcfg = spec, mcfg
         self.jit_name = f"triton_{group.name}_mm"
         dims = (spec.batch, spec.M, spec.N) if spec.op == "bmm" else (spec.M, spec.N)

@@ -2,25 +2,12 @@
 
 A rule is `rule(ctx: GraphLowering, meta, *args, **kwargs) -> value` where
 `meta` is the node's fake result (sizes, dtype, strides as eager produces them)
-and tensor arguments arrive as `TensorValue`s. Rules live in submodules by op
+and tensor arguments arrive as `IndexFunction`s. Rules live in submodules by op
 family and register themselves with `@register(op, ...)`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: F401  (fill the table)
+from kiln.lower.ops.registry import LOWERINGS, register
 
-LOWERINGS: dict = {}
-
-
-def register(*ops) -> Callable:
-    """Register `fn` as the rule of each OpOverload in `ops`."""
-
-    def deco(fn: Callable) -> Callable:
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-
-    return deco
-
-
-from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: E402,F401  (fill the table)
+__all__ = ["LOWERINGS", "register"]

@@ -6,7 +6,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, sympify
-from kiln.lower.values import TensorValue, Unsupported, cast, const
+from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -23,7 +23,7 @@ def out_info(meta) -> tuple[tuple, torch.dtype]:
     return tuple(sympify(s) for s in meta.shape), meta.dtype
 
 
-def broadcast(v: TensorValue, size) -> ir.Expr:
+def broadcast(v: IndexFunction, size) -> ir.Expr:
     """`v`'s element at the output index of a tensor of `size` (numpy broadcasting)."""
     n, r = len(size), v.ndim
     if r > n:
@@ -38,7 +38,7 @@ def broadcast(v: TensorValue, size) -> ir.Expr:
 
 def operand(a, size, dtype) -> ir.Expr:
     """A tensor, Python scalar or size expression as an element expression of `dtype`."""
-    if isinstance(a, TensorValue):
+    if isinstance(a, IndexFunction):
         if a.dtype not in SUPPORTED_DTYPES:
             raise Unsupported(f"dtype {a.dtype}")
         return cast(broadcast(a, size), dtype)
@@ -52,7 +52,7 @@ def operand(a, size, dtype) -> ir.Expr:
 
 
 def _meta_like(a):
-    if isinstance(a, TensorValue):
+    if isinstance(a, IndexFunction):
         return torch.empty((1,) * a.ndim, dtype=a.dtype, device="meta")
     if isinstance(a, sympy.Basic):
         return 1

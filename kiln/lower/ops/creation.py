@@ -6,9 +6,9 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, sympify
-from kiln.lower.ops import register
 from kiln.lower.ops.common import operand, out_info
-from kiln.lower.values import TensorValue, Unsupported, cast
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, Unsupported, cast
 
 aten = torch.ops.aten
 
@@ -19,7 +19,7 @@ def full(ctx, meta, *args, **kwargs):
     value = args[1] if len(args) > 1 else (args[0] if not isinstance(args[0], (list, tuple)) else kwargs["fill_value"])
     if isinstance(value, float) and not (dtype.is_floating_point or dtype == torch.bool):
         value = int(value)
-    return TensorValue(size, dtype, operand(value, size, dtype))
+    return IndexFunction(size, dtype, operand(value, size, dtype))
 
 
 @register(aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
@@ -27,7 +27,7 @@ def full(ctx, meta, *args, **kwargs):
 def empty(ctx, meta, *args, **kwargs):
     """Uninitialized memory: any value is allowed, zero is cheapest to fuse."""
     size, dtype = out_info(meta)
-    return TensorValue(size, dtype, operand(0, size, dtype))
+    return IndexFunction(size, dtype, operand(0, size, dtype))
 
 
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start)
@@ -40,17 +40,17 @@ def arange(ctx, meta, *args, **kwargs):
         start, step = nums[0], (nums[2] if len(nums) > 2 else kwargs.get("step", 1))
     i = index_vars("i", 1)[0]
     if all(isinstance(v, int) or isinstance(v, sympy.Basic) for v in (start, step)):
-        return TensorValue(size, dtype, cast(ir.IndexValue(sympify(start) + sympify(step) * i, torch.int64), dtype))
+        return IndexFunction(size, dtype, cast(ir.IndexValue(sympify(start) + sympify(step) * i, torch.int64), dtype))
     if not dtype.is_floating_point:
         raise Unsupported("float arange into an integer tensor")
     body = ir.Op("add", (ir.Const(float(start), torch.float64),
                          ir.Op("mul", (cast(ir.IndexValue(i, torch.int64), torch.float64),
                                        ir.Const(float(step), torch.float64)), torch.float64)), torch.float64)
-    return TensorValue(size, dtype, cast(body, dtype))
+    return IndexFunction(size, dtype, cast(body, dtype))
 
 
 @register(torch.ops.prims.iota.default)
 def iota(ctx, meta, length, *, start, step, **kwargs):
     size, dtype = out_info(meta)
     i = index_vars("i", 1)[0]
-    return TensorValue(size, dtype, cast(ir.IndexValue(sympify(start) + sympify(step) * i, torch.int64), dtype))
+    return IndexFunction(size, dtype, cast(ir.IndexValue(sympify(start) + sympify(step) * i, torch.int64), dtype))

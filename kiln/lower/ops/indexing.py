@@ -15,9 +15,9 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, linear_index
-from kiln.lower.ops import register
 from kiln.lower.ops.common import broadcast, out_info
-from kiln.lower.values import TensorValue, Unsupported, cast, const
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten
 
@@ -46,7 +46,7 @@ def _is_indirect(v) -> bool:
     return isinstance(v, (ir.Load, ir.Op, ir.Const, ir.IndexValue))
 
 
-def gather_load(ctx, x: TensorValue, idx: list, rule: tuple) -> ir.Expr:
+def gather_load(ctx, x: IndexFunction, idx: list, rule: tuple) -> ir.Expr:
     """`x` at `idx`, where each entry is a sympy index or an IR expression (an indirect index) checked by
     `rule` (ADVANCED_INDEXING, INDEX_SELECT or GATHER)."""
     if x.buffer_view() is None:
@@ -66,7 +66,7 @@ def gather_load(ctx, x: TensorValue, idx: list, rule: tuple) -> ir.Expr:
     return ir.Load(buf, linear_index(parts, strides, offset), x.dtype, None, tuple(binds))
 
 
-def _inline_gather(x: TensorValue, idx: list, rule: tuple) -> ir.Expr | None:
+def _inline_gather(x: IndexFunction, idx: list, rule: tuple) -> ir.Expr | None:
     """`x`'s (unrealized) body evaluated at `idx` without writing `x` to memory, or None.
 
     Cross-entropy gathers one element per row of `log_softmax(logits)`: realizing it writes a
@@ -115,7 +115,7 @@ def embedding(ctx, meta, weight, indices, padding_idx=-1, scale_grad_by_freq=Fal
     size, dtype = out_info(meta)
     out_vars = index_vars("i", len(size))
     row = indices.at(out_vars[:-1])
-    return TensorValue(size, dtype, gather_load(ctx, weight, [row, out_vars[-1]], INDEX_SELECT))
+    return IndexFunction(size, dtype, gather_load(ctx, weight, [row, out_vars[-1]], INDEX_SELECT))
 
 
 @register(aten.index_select.default)
@@ -126,7 +126,7 @@ def index_select(ctx, meta, x, dim, index):
     idx = list(out_vars)
     if x.ndim:
         idx[dim] = index.at([out_vars[dim]] if index.ndim else [])
-    return TensorValue(size, dtype, gather_load(ctx, x, idx, INDEX_SELECT))
+    return IndexFunction(size, dtype, gather_load(ctx, x, idx, INDEX_SELECT))
 
 
 @register(aten.gather.default)
@@ -138,7 +138,7 @@ def gather(ctx, meta, x, dim, index, sparse_grad=False):
     out_vars = list(index_vars("i", len(size)))
     idx = list(out_vars)
     idx[dim] = index.at(out_vars)
-    return TensorValue(size, dtype, gather_load(ctx, x, idx, GATHER))
+    return IndexFunction(size, dtype, gather_load(ctx, x, idx, GATHER))
 
 
 @register(aten.scatter.value)
@@ -161,7 +161,7 @@ def scatter_value(ctx, meta, x, dim, index, value):
     row[dim] = sympy.Integer(0)
     position = _safe_index(index.at(row), x.size[dim], GATHER)
     hit = ir.Op("eq", (position, ir.IndexValue(out_vars[dim], torch.int64)), torch.bool)
-    return TensorValue(size, dtype, ir.Op("where", (hit, const(value, dtype), cast(x.at(out_vars), dtype)), dtype))
+    return IndexFunction(size, dtype, ir.Op("where", (hit, const(value, dtype), cast(x.at(out_vars), dtype)), dtype))
 
 
 @register(aten.index.Tensor)
@@ -186,6 +186,6 @@ def index_tensor(ctx, meta, x, indices):
         if t is None:
             idx.append(next(rest))
         else:
-            sub = TensorValue(bsize, t.dtype, broadcast(t, bsize))
+            sub = IndexFunction(bsize, t.dtype, broadcast(t, bsize))
             idx.append(sub.at(bvars))
-    return TensorValue(size, dtype, gather_load(ctx, x, idx, ADVANCED_INDEXING))
+    return IndexFunction(size, dtype, gather_load(ctx, x, idx, ADVANCED_INDEXING))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from kiln.lower import ir
-from kiln.lower.ops import register
 from kiln.lower.ops.common import SUPPORTED_DTYPES, operand, out_info, promote
-from kiln.lower.values import TensorValue, Unsupported, cast, const
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten
 
@@ -60,16 +60,16 @@ def _arith(name):
     def rule(ctx, meta, *args, **kwargs):
         size, dtype = out_info(meta)
         if name == "bitwise_not" and dtype == torch.bool:
-            return TensorValue(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
+            return IndexFunction(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
         if name in BOOL_AS_LOGICAL and dtype == torch.bool:
             ops = tuple(operand(a, size, dtype) for a in args)
-            return TensorValue(size, dtype, ir.Op(BOOL_AS_LOGICAL[name], ops, dtype))
+            return IndexFunction(size, dtype, ir.Op(BOOL_AS_LOGICAL[name], ops, dtype))
         ops = tuple(operand(a, size, dtype) for a in args)
         if name in INTEGER_IDENTITY and not dtype.is_floating_point:
-            return TensorValue(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
+            return IndexFunction(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
         if kwargs.get("alpha", 1) != 1:
             ops = (ops[0], ir.Op("mul", (ops[1], const(kwargs["alpha"], dtype)), dtype))
-        return TensorValue(size, dtype, _simplify_pow(name, ops, dtype))
+        return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype))
     return rule
 
 
@@ -101,7 +101,7 @@ def _compare(name):
     def rule(ctx, meta, a, b):
         size, dtype = out_info(meta)
         compute = promote(a, b)
-        return TensorValue(size, dtype, ir.Op(name, (operand(a, size, compute), operand(b, size, compute)), dtype))
+        return IndexFunction(size, dtype, ir.Op(name, (operand(a, size, compute), operand(b, size, compute)), dtype))
     return rule
 
 
@@ -109,7 +109,7 @@ def _logical(name):
     def rule(ctx, meta, *args):
         size, dtype = out_info(meta)
         body = ir.Op(name, tuple(operand(a, size, torch.bool) for a in args), torch.bool)
-        return TensorValue(size, dtype, cast(body, dtype))
+        return IndexFunction(size, dtype, cast(body, dtype))
     return rule
 
 
@@ -117,8 +117,8 @@ def _predicate(name):
     def rule(ctx, meta, a):
         size, dtype = out_info(meta)
         if not a.dtype.is_floating_point:
-            return TensorValue(size, dtype, const(False, dtype))
-        return TensorValue(size, dtype, ir.Op(name, (operand(a, size, a.dtype),), dtype))
+            return IndexFunction(size, dtype, const(False, dtype))
+        return IndexFunction(size, dtype, ir.Op(name, (operand(a, size, a.dtype),), dtype))
     return rule
 
 
@@ -131,19 +131,19 @@ for _table, _factory in ((ARITH, _arith), (COMPARE, _compare), (LOGICAL, _logica
 def div(ctx, meta, a, b, rounding_mode=None):
     size, dtype = out_info(meta)
     if rounding_mode is None:
-        return TensorValue(size, dtype, ir.Op("truediv", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
+        return IndexFunction(size, dtype, ir.Op("truediv", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
     ops = (operand(a, size, dtype), operand(b, size, dtype))
     if dtype.is_floating_point and rounding_mode == "trunc":
-        return TensorValue(size, dtype, ir.Op("trunc", (ir.Op("truediv", ops, dtype),), dtype))
+        return IndexFunction(size, dtype, ir.Op("trunc", (ir.Op("truediv", ops, dtype),), dtype))
     # floating floordiv is eager's div_floor (floor(a / b) rounds 1 // 0.1 up to 10); integer floordiv and
     # truncdiv raise on a zero divisor
-    return TensorValue(size, dtype, ir.Op("floordiv" if rounding_mode == "floor" else "truncdiv", ops, dtype))
+    return IndexFunction(size, dtype, ir.Op("floordiv" if rounding_mode == "floor" else "truncdiv", ops, dtype))
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(ctx, meta, cond, a, b):
     size, dtype = out_info(meta)
-    return TensorValue(size, dtype, ir.Op("where", (operand(cond, size, torch.bool), operand(a, size, dtype),
+    return IndexFunction(size, dtype, ir.Op("where", (operand(cond, size, torch.bool), operand(a, size, dtype),
                                                     operand(b, size, dtype)), dtype))
 
 
@@ -155,7 +155,7 @@ def clamp(ctx, meta, x, lo=None, hi=None):
         body = ir.Op("maximum", (body, operand(lo, size, dtype)), dtype)
     if hi is not None:
         body = ir.Op("minimum", (body, operand(hi, size, dtype)), dtype)
-    return TensorValue(size, dtype, body)
+    return IndexFunction(size, dtype, body)
 
 
 @register(aten.clamp_max.default, aten.clamp_max.Tensor)
@@ -168,7 +168,7 @@ def relu(ctx, meta, x):
     size, dtype = out_info(meta)
     if dtype == torch.bool:
         raise Unsupported("relu of bool")
-    return TensorValue(size, dtype, ir.Op("maximum", (operand(x, size, dtype), const(0, dtype)), dtype))
+    return IndexFunction(size, dtype, ir.Op("maximum", (operand(x, size, dtype), const(0, dtype)), dtype))
 
 
 @register(aten._to_copy.default)
@@ -177,7 +177,7 @@ def to_copy(ctx, meta, x, dtype=None, layout=None, device=None, pin_memory=None,
     size, out_dtype = out_info(meta)
     if device is not None and torch.device(device).type != meta.device.type or x.dtype not in SUPPORTED_DTYPES:
         raise Unsupported("device or dtype change")
-    return TensorValue(size, out_dtype, cast(x.body, out_dtype))
+    return IndexFunction(size, out_dtype, cast(x.body, out_dtype))
 
 
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default,
@@ -191,10 +191,10 @@ def identity(ctx, meta, x, memory_format=None):
 @register(aten.copy.default)
 def copy(ctx, meta, dst, src, non_blocking=False):
     size, dtype = out_info(meta)
-    return TensorValue(size, dtype, operand(src, size, dtype))
+    return IndexFunction(size, dtype, operand(src, size, dtype))
 
 
 @register(aten.fill.Scalar)
 def fill(ctx, meta, x, value):
     size, dtype = out_info(meta)
-    return TensorValue(size, dtype, operand(value, size, dtype))
+    return IndexFunction(size, dtype, operand(value, size, dtype))

@@ -30,11 +30,11 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.graph import load_order_strides
 from kiln.lower.index import FloorDiv, Mod, index_vars, sympify
-from kiln.lower.ops import register
+from kiln.lower.layout import load_order_strides
 from kiln.lower.ops.common import out_info
-from kiln.lower.values import TensorValue, Unsupported, cast, const
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten
 
@@ -91,7 +91,7 @@ def _pair(v, what: str) -> tuple:
     return tuple(_static(a, what) for a in v * (3 - len(v)))
 
 
-def _axes(x: TensorValue, out_size, kernel_size, stride, padding, dilation) -> tuple:
+def _axes(x: IndexFunction, out_size, kernel_size, stride, padding, dilation) -> tuple:
     """The two Axis of a pooling of `x` into `out_size`, with ATen's argument defaults (stride = kernel)."""
     if x.ndim not in (3, 4):
         raise Unsupported(f"2-d pooling of a {x.ndim}-d tensor")
@@ -148,7 +148,7 @@ def _and(a: ir.Expr, b: ir.Expr) -> ir.Expr:
     return ir.Op("logical_and", (a, b), torch.bool)
 
 
-def _pool_input(ctx, x: TensorValue) -> TensorValue:
+def _pool_input(ctx, x: IndexFunction) -> IndexFunction:
     """`x` as read at every tap: inlined when its body is small (relu fuses), else stored once, in the
     order its own loads read (a channels-last convolution's batch norm + relu is stored channels-last,
     not transposed on the way to a pool that writes channels-last again)."""
@@ -157,7 +157,7 @@ def _pool_input(ctx, x: TensorValue) -> TensorValue:
     return x
 
 
-def max_pool_bodies(x: TensorValue, axes: tuple, out_vars) -> tuple:
+def max_pool_bodies(x: IndexFunction, axes: tuple, out_vars) -> tuple:
     """(values, indices) bodies at output index `out_vars`: eager's running max over the window.
 
     Each step reads the running value once (a NaN-propagating `maximum` keeping the earlier of equal
@@ -213,7 +213,7 @@ def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dil
     used = _used_results(ctx, meta)
     outs = []
     for k, (body, m) in enumerate(zip(bodies, meta)):
-        v = TensorValue(size, m.dtype, body)
+        v = IndexFunction(size, m.dtype, body)
         if k in used:  # pooled values that convolutions read (ResNet's stem) are stored in their layout
             stride = ctx.conv_input_stride(used[k], v) if used[k] is not None else None
             v = ctx.realize(v, stride=stride or _out_strides(m))
@@ -243,7 +243,7 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _read_often(ctx, v: TensorValue, reads: int) -> TensorValue:
+def _read_often(ctx, v: IndexFunction, reads: int) -> IndexFunction:
     """`v` read `reads` times per element: stored once unless it is cheap to recompute."""
     return ctx.realize(v) if reads > 1 and not v.is_trivial() else v
 
@@ -276,7 +276,7 @@ def max_pool2d_with_indices_backward(ctx, meta, grad, x, kernel_size, stride, pa
         g = cast(ir.add_mask(grad.at(lead + [oh, ow]), inside), acc)
         term = ir.Op("where", (hit, g, const(0, acc)), acc)
         total = term if total is None else ir.Op("add", (total, term), acc)
-    return TensorValue(size, dtype, cast(total, dtype))
+    return IndexFunction(size, dtype, cast(total, dtype))
 
 
 def _count(conds: list) -> ir.Expr:
@@ -338,7 +338,7 @@ def avg_pool2d(ctx, meta, x, kernel_size, stride=(), padding=0, ceil_mode=False,
         v = cast(ir.add_mask(x.at(lead + [row.position, col.position]), sympy.And(row.inside, col.inside)), acc)
         total = v if total is None else ir.Op("add", (total, v), acc)
     divisor = cast(_divisor(axes, (oh, ow), count_include_pad, divisor_override), acc)
-    return TensorValue(size, dtype, cast(ir.Op("truediv", (total, divisor), acc), dtype))
+    return IndexFunction(size, dtype, cast(ir.Op("truediv", (total, divisor), acc), dtype))
 
 
 @register(aten.avg_pool2d_backward.default)
@@ -365,4 +365,4 @@ def avg_pool2d_backward(ctx, meta, grad, x, kernel_size, stride, padding, ceil_m
         if inside != sympy.true:
             term = ir.Op("where", (_cond(inside), term, const(0, acc)), acc)
         total = term if total is None else ir.Op("add", (total, term), acc)
-    return TensorValue(size, dtype, cast(total, dtype))
+    return IndexFunction(size, dtype, cast(total, dtype))

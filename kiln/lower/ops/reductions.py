@@ -11,9 +11,10 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, product
-from kiln.lower.ops import register
 from kiln.lower.ops.common import SUPPORTED_DTYPES, out_info
-from kiln.lower.values import TensorValue, Unsupported, cast, const, from_buffer
+from kiln.lower.ops.registry import register
+from kiln.lower.ops.views import reshape_value
+from kiln.lower.values import IndexFunction, Unsupported, cast, const, from_buffer
 
 aten = torch.ops.aten
 
@@ -26,7 +27,8 @@ def _dims(dims, n):
     return sorted({d + n if d < 0 else d for d in dims} if n else set())
 
 
-def reduce(ctx, x: TensorValue, dims, keepdim: bool, rtype: str, dtype: torch.dtype, body_dtype=None) -> TensorValue:
+def reduce(ctx, x: IndexFunction, dims, keepdim: bool, rtype: str, dtype: torch.dtype,
+           body_dtype=None) -> IndexFunction:
     """Realize `rtype` of `x` over `dims` as a Reduction buffer of `dtype`; returns a load of it."""
     if x.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"dtype {x.dtype}")
@@ -48,7 +50,7 @@ def reduce(ctx, x: TensorValue, dims, keepdim: bool, rtype: str, dtype: torch.dt
             idx.append(out_vars[k] if keepdim else out_vars[kept.index(k)])
     body = cast(x.at(idx), body_dtype or dtype)
     if not red:
-        return TensorValue(out_size, dtype, cast(_trivial(rtype, body), dtype))
+        return IndexFunction(out_size, dtype, cast(_trivial(rtype, body), dtype))
     name = ctx.new_name()
     layout = ir.Layout.contiguous(out_size, dtype)
     ctx.add_buffer(ir.ComputedBuffer(name, layout, ir.Reduction(
@@ -89,7 +91,7 @@ def mean(ctx, meta, x, dims=None, keepdim=False, dtype=None):
     acc = torch.float64 if out == torch.float64 else torch.float32
     s = reduce(ctx, x, dims, keepdim, "sum", acc)
     q = ir.Op("truediv", (s.body, cast(ir.IndexValue(_numel(x, dims), torch.int64), acc)), acc)
-    return TensorValue(size, out, cast(q, out))
+    return IndexFunction(size, out, cast(q, out))
 
 
 @register(aten.amax.default)
@@ -108,7 +110,6 @@ def _arg(rtype):
     def rule(ctx, meta, x, dim=None, keepdim=False):
         _, out = out_info(meta)
         if dim is None:
-            from kiln.lower.ops.views import reshape_value
             x = reshape_value(x, (product(x.size),))
             dim = 0
         return reduce(ctx, x, [dim], keepdim, rtype, out, body_dtype=x.dtype)
@@ -138,14 +139,14 @@ def any_(ctx, meta, x, dim=None, keepdim=False):
     return reduce(ctx, x, dim, keepdim, "any", out, body_dtype=torch.bool)
 
 
-def _variance_acc(x: TensorValue, device: torch.device) -> torch.dtype:
+def _variance_acc(x: IndexFunction, device: torch.device) -> torch.dtype:
     """The dtype aten.var accumulates in: eager's CPU kernel (std_var_kernel) accumulates in double for every
     float dtype, so float32 values whose squared deviations overflow float32 still give a finite variance;
     CUDA's accumulates float32 in float32."""
     return torch.float64 if x.dtype == torch.float64 or device.type == "cpu" else torch.float32
 
 
-def _float_acc(x: TensorValue) -> torch.dtype:
+def _float_acc(x: IndexFunction) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
@@ -158,7 +159,7 @@ def _welford(ctx, x, dims, keepdim, correction, acc):
     denom = ir.Op("maximum", (ir.Op("sub", (cast(ir.IndexValue(n, torch.int64), acc), const(correction, acc)), acc),
                               const(0, acc)), acc)
     var = ir.Op("truediv", (m2.body, denom), acc)
-    return mean_, TensorValue(m2.size, acc, var)
+    return mean_, IndexFunction(m2.size, acc, var)
 
 
 def _correction(correction, unbiased=None):
@@ -173,14 +174,14 @@ def var_mean(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     # var_mean is also what the layer, group and batch norm decompositions compute their statistics with, and
     # eager's norm kernels accumulate float32 in float32 (an overflowing variance makes their output 0)
     mean_, var = _welford(ctx, x, dims, keepdim, _correction(correction), _float_acc(x))
-    return (TensorValue(var.size, out, cast(var.body, out)), TensorValue(mean_.size, out, cast(mean_.body, out)))
+    return (IndexFunction(var.size, out, cast(var.body, out)), IndexFunction(mean_.size, out, cast(mean_.body, out)))
 
 
 @register(aten.var.correction)
 def var(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     _, out = out_info(meta)
     _, v = _welford(ctx, x, dims, keepdim, _correction(correction), _variance_acc(x, meta.device))
-    return TensorValue(v.size, out, cast(v.body, out))
+    return IndexFunction(v.size, out, cast(v.body, out))
 
 
 @register(aten.linalg_vector_norm.default)
@@ -189,11 +190,11 @@ def vector_norm(ctx, meta, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not out.is_floating_point or ord not in (1, 2, float("inf")):
         raise Unsupported(f"norm of order {ord}")
     acc = torch.float64 if out == torch.float64 else torch.float32
-    xa = TensorValue(x.size, acc, cast(x.body, acc))
-    mag = TensorValue(x.size, acc, ir.Op("abs", (xa.body,), acc))
+    xa = IndexFunction(x.size, acc, cast(x.body, acc))
+    mag = IndexFunction(x.size, acc, ir.Op("abs", (xa.body,), acc))
     if ord == 2:
-        sq = TensorValue(x.size, acc, ir.Op("mul", (xa.body, xa.body), acc))
+        sq = IndexFunction(x.size, acc, ir.Op("mul", (xa.body, xa.body), acc))
         r = reduce(ctx, sq, dim, keepdim, "sum", acc)
-        return TensorValue(size, out, cast(ir.Op("sqrt", (r.body,), acc), out))
+        return IndexFunction(size, out, cast(ir.Op("sqrt", (r.body,), acc), out))
     r = reduce(ctx, mag, dim, keepdim, "sum" if ord == 1 else "max", acc)
-    return TensorValue(size, out, cast(r.body, out))
+    return IndexFunction(size, out, cast(r.body, out))

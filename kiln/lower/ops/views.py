@@ -1,6 +1,6 @@
 """View and layout lowerings: index rewrites, no data movement.
 
-Each rule returns a TensorValue whose body is the input's body at a rewritten
+Each rule returns a IndexFunction whose body is the input's body at a rewritten
 index. `cat` and `constant_pad_nd` build masked selections: a load only happens
 where its source covers the index (`ir.add_mask`).
 """
@@ -10,11 +10,12 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, sympify,
+from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, proper_factor, sympify,
                               view_strides)
-from kiln.lower.ops import register
+from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
-from kiln.lower.values import TensorValue, Unsupported, cast
+from kiln.lower.ops.registry import register
+from kiln.lower.values import IndexFunction, cast
 
 aten = torch.ops.aten
 
@@ -29,23 +30,23 @@ def reshape(ctx, meta, x, size):
     return reshape_value(x, new_size)
 
 
-def reshape_value(x: TensorValue, new_size) -> TensorValue:
+def reshape_value(x: IndexFunction, new_size) -> IndexFunction:
     new_vars = index_vars("i", len(new_size))
     bv = x.buffer_view()
     if bv is not None:
         buf, offset, strides = bv
         st = view_strides(x.size, strides, new_size)
         if st is not None:
-            return TensorValue(tuple(new_size), x.dtype, ir.Load(buf, linear_index(new_vars, st, offset), x.dtype))
+            return IndexFunction(tuple(new_size), x.dtype, ir.Load(buf, linear_index(new_vars, st, offset), x.dtype))
     if any(s == 0 for s in new_size):
-        return TensorValue(tuple(new_size), x.dtype, x.at([sympy.Integer(0)] * x.ndim))
+        return IndexFunction(tuple(new_size), x.dtype, x.at([sympy.Integer(0)] * x.ndim))
     try:
         idx = _reshape_index(x.size, new_size)
     except IndexError:  # sizes whose products kiln cannot compare symbolically: go through the flat index
         flat = linear_index(new_vars, contiguous_strides(new_size))
         idx = [FloorDiv(flat, cs) if k == 0 else Mod(FloorDiv(flat, cs), s)
                for k, (s, cs) in enumerate(zip(x.size, contiguous_strides(x.size)))]
-    return TensorValue(tuple(new_size), x.dtype, x.at(idx))
+    return IndexFunction(tuple(new_size), x.dtype, x.at(idx))
 
 
 def _reshape_index(old_size, new_size) -> list:
@@ -63,7 +64,7 @@ def _reshape_index(old_size, new_size) -> list:
         po, pn = old_size[og[0]], new_size[ng[0]]
         oi, ni = oi + 1, ni + 1
         while po != pn:
-            if _smaller(pn, po):
+            if proper_factor(pn, po):
                 ng.append(new_nz[ni])
                 pn, ni = pn * new_size[new_nz[ni]], ni + 1
             else:
@@ -77,11 +78,6 @@ def _reshape_index(old_size, new_size) -> list:
     return idx
 
 
-def _smaller(a, b) -> bool:
-    from kiln.lower.index import _lt
-    return _lt(a, b)
-
-
 @register(aten.permute.default)
 def permute(ctx, meta, x, dims):
     n = x.ndim
@@ -90,7 +86,7 @@ def permute(ctx, meta, x, dims):
     idx = [None] * n
     for k, d in enumerate(dims):
         idx[d] = out_vars[k]
-    return TensorValue(tuple(x.size[d] for d in dims), x.dtype, x.at(idx))
+    return IndexFunction(tuple(x.size[d] for d in dims), x.dtype, x.at(idx))
 
 
 @register(aten.expand.default)
@@ -100,7 +96,7 @@ def expand(ctx, meta, x, size, implicit=False):
     out_vars = index_vars("i", n)
     idx = [sympy.Integer(0) if (x.size[k] == 1 and new_size[n - r + k] != 1) else out_vars[n - r + k]
            for k in range(r)]
-    return TensorValue(new_size, x.dtype, x.at(idx))
+    return IndexFunction(new_size, x.dtype, x.at(idx))
 
 
 @register(aten.unsqueeze.default)
@@ -108,7 +104,7 @@ def unsqueeze(ctx, meta, x, dim):
     dim = _dim(dim, x.ndim + 1)
     out_vars = index_vars("i", x.ndim + 1)
     idx = [v for k, v in enumerate(out_vars) if k != dim]
-    return TensorValue(x.size[:dim] + (sympy.Integer(1),) + x.size[dim:], x.dtype, x.at(idx))
+    return IndexFunction(x.size[:dim] + (sympy.Integer(1),) + x.size[dim:], x.dtype, x.at(idx))
 
 
 @register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -121,7 +117,7 @@ def squeeze(ctx, meta, x, dims=None):
     dims = {_dim(d, max(x.ndim, 1)) for d in dims if x.ndim and x.size[_dim(d, x.ndim)] == 1}
     out_vars = iter(index_vars("i", x.ndim - len(dims)))
     idx = [sympy.Integer(0) if k in dims else next(out_vars) for k in range(x.ndim)]
-    return TensorValue(tuple(s for k, s in enumerate(x.size) if k not in dims), x.dtype, x.at(idx))
+    return IndexFunction(tuple(s for k, s in enumerate(x.size) if k not in dims), x.dtype, x.at(idx))
 
 
 def _norm_start(start, size):
@@ -142,7 +138,7 @@ def slice_(ctx, meta, x, dim=0, start=None, end=None, step=1):
     out_vars = index_vars("i", x.ndim)
     idx = list(out_vars)
     idx[dim] = out_vars[dim] * step + start
-    return TensorValue(new_size, x.dtype, x.at(idx))
+    return IndexFunction(new_size, x.dtype, x.at(idx))
 
 
 @register(aten.select.int)
@@ -153,7 +149,7 @@ def select(ctx, meta, x, dim, index):
         index = index + x.size[dim]
     out_vars = index_vars("i", x.ndim - 1)
     idx = list(out_vars[:dim]) + [index] + list(out_vars[dim:])
-    return TensorValue(x.size[:dim] + x.size[dim + 1:], x.dtype, x.at(idx))
+    return IndexFunction(x.size[:dim] + x.size[dim + 1:], x.dtype, x.at(idx))
 
 
 @register(aten.split_with_sizes.default, aten.split.Tensor)
@@ -165,7 +161,7 @@ def split(ctx, meta, x, sizes, dim=0):
         out_vars = index_vars("i", x.ndim)
         idx = list(out_vars)
         idx[dim] = out_vars[dim] + start
-        outs.append(TensorValue(size, x.dtype, x.at(idx)))
+        outs.append(IndexFunction(size, x.dtype, x.at(idx)))
         start = start + size[dim]
     return outs
 
@@ -198,36 +194,10 @@ def cat(ctx, meta, tensors, dim=0):
         cond = sympy.Lt(v, start + t.size[dim])
         lo = sympy.Ge(v, start) if start != 0 else sympy.true
         body = ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(piece, sympy.And(lo, cond)), body), dtype)
-    return TensorValue(size, dtype, body)
+    return IndexFunction(size, dtype, body)
 
 
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(ctx, meta, x, pad, value=0):
     size, dtype = out_info(meta)
     return padded(x, pad, size, dtype, value)
-
-
-def padded(x: TensorValue, pad, size, dtype, value=0) -> TensorValue:
-    """`x` of `size` padded by `pad` (F.pad's order: last dim first, before/after pairs) with `value`;
-    only in-range positions load from `x`."""
-    out_vars = index_vars("i", x.ndim)
-    idx, conds = list(out_vars), []
-    for k in range(len(pad) // 2):
-        d = x.ndim - 1 - k
-        before = sympify(pad[2 * k])
-        idx[d] = out_vars[d] - before
-        if before > 0 if before.is_Integer else True:
-            conds.append(sympy.Ge(idx[d], 0))
-        after = sympify(pad[2 * k + 1])
-        if after > 0 if after.is_Integer else True:
-            conds.append(sympy.Lt(idx[d], x.size[d]))
-    body = x.at(idx)
-    if not conds:
-        return TensorValue(size, dtype, body)
-    cond = sympy.And(*conds)
-    if isinstance(value, float) and not dtype.is_floating_point:
-        if not value.is_integer():
-            raise Unsupported("fractional pad value for an integer tensor")
-        value = int(value)
-    return TensorValue(size, dtype, ir.Op("where", (ir.IndexValue(cond, torch.bool), ir.add_mask(body, cond),
-                                                    ir.Const(value if dtype != torch.bool else bool(value), dtype)), dtype))

@@ -10,4 +10,5 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && { ! command -v dot >/d
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } \
     || echo "scripts/test.sh: could not install graphviz/chromium; the tests that need them skip"
 fi
-python3 -m pytest tests -p no:cacheprovider "$@"
+# Two workers: CI has two cores, and the suite is mostly single-threaded compiles.
+python3 -m pytest tests -p no:cacheprovider -n 2 "$@"

@@ -185,7 +185,7 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
     from kiln.capture import rerun
 
     graph = writer.state.graph
-    lines, args = [], [repr(writer.state.entry_grad_enabled)]
+    lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
     if rerunnable and not graph.uses_private_generator:
         if graph.uses_rng:
             lines.append(f"___rng = {writer.constant(rerun.rng_state)}()")

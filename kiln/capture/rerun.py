@@ -13,12 +13,14 @@ left nothing visible behind:
 - random numbers drawn by the graph are drawn again: the default generators' state from before the
   graph is restored first (a graph drawing from a user's own `generator=` is not re-run);
 - grad mode is back to what the frame was entered with (a graph that raised inside a `no_grad`
-  block has not turned it back on).
+  block has not turned it back on), and autocast is as it was (else the frame is not re-run).
 When the call cannot be re-run the graph's own exception is raised, and side effects before it are lost.
 """
 from __future__ import annotations
 
 import torch
+
+from kiln.capture.guards import HELPERS
 
 
 class GraphRaised(Exception):
@@ -54,13 +56,15 @@ def input_versions(*tensors: torch.Tensor) -> tuple | None:
         return None
 
 
-def graph_raised(error: Exception, entry_grad_enabled: bool, rng=None, written: tuple = (),
+def graph_raised(error: Exception, entry_grad_enabled: bool, entry_autocast: tuple, rng=None, written: tuple = (),
                  versions: tuple | None = None):
     """Called by the program when its graph raised: restore grad mode, then raise `GraphRaised`.
 
     `written` are the inputs the graph writes and `versions` their version counters before it ran
     (None: the frame is not to be re-run: a continuation, or a graph drawing from a user's generator).
+    A graph run op by op that raised inside an autocast block has left it on; a re-run would start
+    inside it, so the frame is not re-run then.
     """
     torch._C._set_grad_enabled(entry_grad_enabled)
     untouched = versions is not None and input_versions(*written) == versions
-    raise GraphRaised(error, untouched, rng)
+    raise GraphRaised(error, untouched and HELPERS["___autocast_state"]() == entry_autocast, rng)

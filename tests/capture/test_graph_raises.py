@@ -195,3 +195,17 @@ def test_a_graph_raising_where_eager_does_not_returns_eagers_result_and_warns():
         out = kiln.compile(f, backend=broken_backend)(torch.ones(2))
     assert torch.equal(out, torch.full((2,), 2.0)) and log == [1]
     assert any("backend bug" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_raise_inside_an_autocast_block_keeps_the_effects_before_it(backend):
+    """kiln's backends trace autocast into casts: nothing of it is left on when the graph raises."""
+    source = """
+def f(x):
+    LOG.append(1)
+    with torch.autocast("cpu"):
+        y = x // (x * 0)
+    return y
+"""
+    _check_like_eager(source, backend, torch.arange(1, 4))
+    assert not torch.is_autocast_enabled("cpu")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kiln.capture import rerun
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
@@ -182,8 +183,6 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
     it restores grad mode and tells the frame whether re-running it eagerly reproduces eager. For that
     it reads, before the call, the version counters of the inputs the graph writes, and (when the
     graph draws random numbers) the generators' state."""
-    from kiln.capture import rerun
-
     graph = writer.state.graph
     lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
     if rerunnable and not graph.uses_private_generator:

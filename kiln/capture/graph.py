@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -81,9 +82,9 @@ class GraphBuilder:
         return fake
 
     @property
-    def uses_rng(self) -> bool:
-        """Whether an op of the graph draws random numbers (dropout, randn, bernoulli_, ...)."""
-        return self.fake_mode.uses_rng
+    def rng_devices(self) -> frozenset:
+        """The devices ('cpu', or a CUDA device's index) whose generator an op of the graph draws from."""
+        return frozenset(self.fake_mode.rng_devices)
 
     @property
     def uses_private_generator(self) -> bool:
@@ -174,15 +175,29 @@ class RngWatchingFakeMode(FakeTensorMode):
     generator `nondeterministic_seeded`; composite ops (dropout) reach this mode as their parts.
     """
 
-    uses_rng = False
     uses_private_generator = False
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng_devices: set = set()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags:
-            self.uses_rng = True
             if kwargs and kwargs.get("generator") is not None:
                 self.uses_private_generator = True
-        return super().__torch_dispatch__(func, types, args, kwargs)
+            # a random op draws from the generator of the device its result is on
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.rng_devices.add(_generator_of(t.device))
+        return out
+
+
+def _generator_of(device: torch.device):
+    """'cpu', or the index of the CUDA device (whose default generator a random op on it draws from)."""
+    if device.type != "cuda":
+        return "cpu"
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _written(fake: torch.Tensor) -> bool:

@@ -186,12 +186,13 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
     graph = writer.state.graph
     lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
     if rerunnable and not graph.uses_private_generator:
-        if graph.uses_rng:
-            lines.append(f"___rng = {writer.constant(rerun.rng_state)}()")
+        if graph.rng_devices:
+            cuda = tuple(sorted(d for d in graph.rng_devices if d != "cpu"))
+            lines.append(f"___rng = {writer.constant(rerun.rng_state)}({cuda!r})")
         written = [expr for expr, writes in zip(inputs, graph.written_inputs()) if writes]
         if written:
             lines.append(f"___versions = {writer.constant(rerun.input_versions)}({', '.join(written)})")
-        args += ["___rng" if graph.uses_rng else "None", f"({''.join(w + ', ' for w in written)})",
+        args += ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
                  "___versions" if written else "()"]
     return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
                     f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]

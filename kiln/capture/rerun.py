@@ -35,17 +35,16 @@ class GraphRaised(Exception):
         self.error, self.rerunnable, self.rng = error, rerunnable, rng
 
 
-def rng_state():
-    """The default generators' state (CPU, and each CUDA device once CUDA is initialised)."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
+def rng_state(cuda_devices: tuple[int, ...]):
+    """The state of the CPU's default generator and of those of `cuda_devices` (the ones a graph draws from)."""
+    return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
 
 
 def restore_rng_state(state) -> None:
     cpu, cuda = state
     torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
+    for device, device_state in cuda:
+        torch.cuda.set_rng_state(device_state, device)
 
 
 def input_versions(*tensors: torch.Tensor) -> tuple | None:

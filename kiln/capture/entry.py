@@ -177,8 +177,10 @@ class CompiledFrame:
             if instrumentation.timing or _profiler._is_profiler_enabled:
                 return self._run_observed(entry, L, G, C)
             return entry.program(L, G, C)
-        except GraphRaised as raised:
-            return self._after_graph_raised(raised, eager)
+        except GraphRaised as e:
+            raised = e
+        # outside the handler: what the re-run raises is the user's exception, not one raised "during" kiln's
+        return self._after_graph_raised(raised, eager)
 
     def _after_graph_raised(self, raised: GraphRaised, eager: Callable | None) -> Any:
         """The graph raised before any side effect of this frame was replayed: run the frame eagerly
@@ -186,15 +188,24 @@ class CompiledFrame:
         `kiln.capture.rerun`); or, when that would not be exact, raise the graph's exception."""
         error = raised.error
         if eager is None or not raised.rerunnable:
-            raise error from error.__cause__
+            raise error
         if raised.rng is not None:
             restore_rng_state(raised.rng)
-        result = eager()
-        if not self._warned_rerun:  # the graph raised where eager does not: a kiln bug, made visible
+        try:
+            result = eager()
+        except Exception as eager_error:
+            if type(eager_error) is not type(error):
+                self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
+            raise
+        self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
+        return result
+
+    def _warn_rerun(self, error: Exception, outcome: str) -> None:
+        """The graph raised what eager does not (a bug of kiln's or of the backend): made visible, once."""
+        if not self._warned_rerun:
             self._warned_rerun = True
             warnings.warn(f"kiln: the compiled graph of {self.spec.describe()} raised {type(error).__name__}: "
-                          f"{error}, but the frame runs eagerly without error; its eager result is returned")
-        return result
+                          f"{error}; {outcome}")
 
     def _miss(self, L, G, C, eager: Callable | None) -> CacheEntry | None:
         """No entry's guards pass: the entry to run, compiled now, or None when the frame runs eagerly.

@@ -209,3 +209,23 @@ def f(x):
 """
     _check_like_eager(source, backend, torch.arange(1, 4))
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_graph_raising_other_than_eager_raises_eagers_error_and_warns():
+    """The graph's ValueError is a backend bug; the frame re-run eagerly raises the user's KeyError, alone
+    (not "during handling of" kiln's exception)."""
+    def raises(gm, example_inputs):
+        def run(*args):
+            raise ValueError("backend bug")
+        return run
+
+    def f(x):
+        y = x * 2
+        return {"y": y}["missing"]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError) as info:
+            kiln.compile(f, backend=raises)(torch.ones(2))
+    assert info.value.__context__ is None
+    assert any("running it eagerly raised KeyError" in str(w.message) for w in caught)

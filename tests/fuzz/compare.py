@@ -282,6 +282,10 @@ class _FailureLog(logging.Handler):
             self.messages.append(message)
 
 
+# kiln's warnings that it ran a frame eagerly: capture failed, or the compiled graph raised where eager does not
+FALLBACK_WARNINGS = ("kiln: capturing", "kiln: the compiled graph of")
+
+
 @contextlib.contextmanager
 def capture_failures():
     """Collect kiln's 'capturing ... failed' warnings and log records: a fallback to eager is a crash."""
@@ -292,7 +296,7 @@ def capture_failures():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield handler.messages
-            handler.messages += [str(w.message) for w in caught if "kiln: capturing" in str(w.message)]
+            handler.messages += [str(w.message) for w in caught if str(w.message).startswith(FALLBACK_WARNINGS)]
     finally:
         logger.removeHandler(handler)
 
@@ -318,7 +322,8 @@ def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> 
                 return Outcome(m.status, m.kind, f"call {call}: {m.message}")
             ill_conditioned = ill_conditioned or (why and f"call {call}: {why}")
     if failures:
-        return Outcome("crash", "capture_failed", failures[0].split("\n")[0])
+        kind = "graph_raised" if failures[0].startswith(FALLBACK_WARNINGS[1]) else "capture_failed"
+        return Outcome("crash", kind, failures[0].split("\n")[0])
     if ill_conditioned:
         return Outcome("ill-conditioned", "values", ill_conditioned)
     return Outcome("ok")

@@ -221,7 +221,8 @@ def guard_input_aliasing(state) -> None:
     out: the guard reads every tensor it covers on each call, and parameters only alias when tied
     (the same object, which an identity guard already covers).
     """
-    inputs = [(source, real, written) for (source, real), written in zip(state.graph.inputs, state.graph.written_inputs())]
+    written = state.graph.written_inputs()
+    inputs = [(source, real, writes) for (source, real), writes in zip(state.graph.inputs, written)]
     if not any(written for _, _, written in inputs):
         return
     covered = [(source, real) for source, real, written in inputs if written or not _is_state(source, real)]

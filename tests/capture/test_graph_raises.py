@@ -28,7 +28,8 @@ RAISING_OPS = {
 # from its start: effects replayed after the break and before the raise are lost there (the frame's
 # effects before the break, and what the break ran natively, are kept).
 
-# every kind of side effect before the raising op (a print is a graph break: below), and some after it (which eager never reaches)
+# every kind of side effect before the raising op (a print is a graph break: below), and some after it
+# (which eager never reaches)
 PROGRAM = """
 def f(x):
     t = x.cumsum(0)

@@ -26,7 +26,8 @@ SEEDS = {
 }
 
 # seeds 0-499 (and later ones, appended) that failed before issue 21's fixes (values, state, identity, raises,
-# crashes) and pass now: regression seeds. CI runs every one under the capture-only and AOT backends, and every third under inductor (C++ builds).
+# crashes) and pass now: regression seeds. CI runs every one under the capture-only and AOT backends, and every
+# third under inductor (C++ builds).
 ONCE_FAILING = {
     "eager": [
         109, 127, 137, 145, 146, 172, 200, 210, 235, 236, 266, 288, 300, 306, 333, 363, 418, 434, 460, 463,

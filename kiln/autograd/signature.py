@@ -149,13 +149,18 @@ class OutputSignature:
     `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
     input its new geometry after the call, as AOTAutograd does."""
 
+    multi_output_views: tuple[int, ...] = ()
+    """Leaves that eager returns as outputs of a view op with several outputs (`unbind`, `split`, `chunk`)
+    under autograd, which eager does not let be modified in place. A rebuilt or computed tensor would
+    let it: they are marked so again (`_as_multi_output_view`)."""
+
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
     def plain_outputs(self) -> str | None:
         """"single" or "tuple" when the output is the graph's one output or all of them in order, else None."""
         if list(self.leaves) != [GraphOutput(i) for i in range(len(self.leaves))] or self.mutated_grad_inputs \
-                or self.restrided_inputs:
+                or self.restrided_inputs or self.multi_output_views:
             return None
         if len(self.leaves) != len(self.graph_outputs):
             return None
@@ -302,7 +307,7 @@ class FlatProgram:
             raise NotImplementedError("kiln: resize_ that grows an input's storage")
         restrided = self._restrided(fakes, geometries, rg)
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
-                               restrided)
+                               restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)))
 
     def _restrided(self, fakes: list, before: list[tuple], requires_grad: tuple[bool, ...]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
@@ -326,7 +331,28 @@ class FlatProgram:
                 leaves.append(_rebuild(graph_outs[leaf.output_index], leaf, flat))
             else:
                 leaves.append(leaf.value if leaf.sizes is None else leaf.sizes(flat)[0])
+        for k in signature.multi_output_views:
+            leaves[k] = _as_multi_output_view(leaves[k])
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+_MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+
+
+def _is_multi_output_view(t) -> bool:
+    """Is `t` (a fake of the analysis run) a view made by an op with several outputs, under autograd?"""
+    return (isinstance(t, torch.Tensor) and t.requires_grad and t._is_view()
+            and torch._C._autograd._get_creation_meta(t) == _MULTI_OUTPUT_NODE)
+
+
+def _as_multi_output_view(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a view that autograd treats as an output of `unbind`/`split`: an in-place op on it raises
+    eager's error. A tensor the graph computed (the view's base stayed inside it) becomes a view of itself."""
+    if not t.requires_grad:  # rebuilt under no_grad, or detached: eager's would not be marked either
+        return t
+    view = t if t._is_view() else t.view_as(t)
+    torch._C._autograd._set_creation_meta(view, _MULTI_OUTPUT_NODE)
+    return view
 
 
 def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) -> torch.Tensor:

@@ -213,13 +213,14 @@ def guard_input_aliasing(state) -> None:
 
     A write through one input is read through every other on its storage (`f(x, x)`,
     `f(x, x[:3])`, a buffer passed in as an input too): the backend compiles for the aliasing of
-    the inputs it was given, and a call with other aliasing must recompile. Capture's fake inputs
-    start at version 0, so a write shows as a later version. Graphs that only read their inputs
+    the inputs it was given, and a call with other aliasing must recompile (which inputs are written:
+    `GraphBuilder.written_inputs`). Graphs that only read their inputs
     compute the same whatever aliases, and get no guard. Module state that is not written is left
     out: the guard reads every tensor it covers on each call, and parameters only alias when tied
     (the same object, which an identity guard already covers).
     """
-    inputs = [(source, real, _written(state.graph.input(source, real)[1])) for source, real in state.graph.inputs]
+    written = state.graph.written_inputs()
+    inputs = [(source, real, writes) for (source, real), writes in zip(state.graph.inputs, written)]
     if not any(written for _, _, written in inputs):
         return
     covered = [(source, real) for source, real, written in inputs if written or not _is_state(source, real)]
@@ -239,13 +240,6 @@ def guard_input_aliasing(state) -> None:
 def _is_state(source: Source, t: torch.Tensor) -> bool:
     """A module's parameter or buffer (as `dynamic_dims` tells them)."""
     return isinstance(t, nn.Parameter) or getattr(source, "module_dict", None) in ("_parameters", "_buffers")
-
-
-def _written(fake: torch.Tensor) -> bool:
-    try:
-        return fake._version > 0
-    except RuntimeError:  # an inference tensor keeps no version: assume it may have been written
-        return True
 
 
 def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:

@@ -31,6 +31,7 @@ from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
+from kiln.capture.rerun import GraphRaised, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
@@ -155,6 +156,7 @@ class CompiledFrame:
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
         self._warned_limit = False
+        self._warned_rerun = False
         self.failures = 0  # captures that raised (see `_capture_failed`)
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
@@ -169,9 +171,39 @@ class CompiledFrame:
                 return eager()
         if entry.program is None:  # an eager entry (see `_add_eager_entry`)
             return eager()
-        if instrumentation.timing or _profiler._is_profiler_enabled:
-            return self._run_observed(entry, L, G, C)
-        return entry.program(L, G, C)
+        try:
+            if instrumentation.timing or _profiler._is_profiler_enabled:
+                return self._run_observed(entry, L, G, C)
+            return entry.program(L, G, C)
+        except GraphRaised as e:
+            raised = e
+        # outside the handler: what the re-run raises is the user's exception, not one raised "during" kiln's
+        return self._after_graph_raised(raised, eager)
+
+    def _after_graph_raised(self, raised: GraphRaised, eager: Callable | None) -> Any:
+        """The graph raised before any side effect of this frame was replayed: run the frame eagerly
+        from its start, which applies eager's side effects and raises eager's exception (see
+        `kiln.capture.rerun`); or, when that would not be exact, raise the graph's exception."""
+        error = raised.error
+        if eager is None or not raised.rerunnable:
+            raise error
+        if raised.rng is not None:
+            restore_rng_state(raised.rng)
+        try:
+            result = eager()
+        except Exception as eager_error:
+            if type(eager_error) is not type(error):
+                self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
+            raise
+        self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
+        return result
+
+    def _warn_rerun(self, error: Exception, outcome: str) -> None:
+        """The graph raised what eager does not (a bug of kiln's or of the backend): made visible, once."""
+        if not self._warned_rerun:
+            self._warned_rerun = True
+            warnings.warn(f"kiln: the compiled graph of {self.spec.describe()} raised {type(error).__name__}: "
+                          f"{error}; {outcome}")
 
     def _miss(self, L, G, C, eager: Callable | None) -> CacheEntry | None:
         """No entry's guards pass: the entry to run, compiled now, or None when the frame runs eagerly.
@@ -434,7 +466,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     ctx.graph_counter += 1
     compiled, backend_seconds, graph_id = None, 0.0, next(_record_ids)
     graph_name = f"___graph_{ctx.graph_counter}"
-    source, writer = write_program(state, graph_fn_name=graph_name, finish=tail)
+    source, writer = write_program(state, graph_fn_name=graph_name, finish=tail,
+                                   rerunnable=spec.start == 0 and spec.local_names is None)
     gm = None
     if state.graph.op_count or writer.outputs:
         if state.grad_enabled != state.entry_grad_enabled:

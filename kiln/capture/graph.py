@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -32,7 +33,7 @@ class GraphBuilder:
         # by default (capture_dynamic_output_shape_ops / capture_scalar_outputs off). An unbacked size
         # printed into generated code would name a symbol nothing binds.
         self.shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
+        self.fake_mode = RngWatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
@@ -79,6 +80,22 @@ class GraphBuilder:
             if isinstance(size, torch.SymInt) and size.node.expr.is_symbol:
                 self.symbol_sources.setdefault(size.node.expr, (source, d))
         return fake
+
+    @property
+    def rng_devices(self) -> frozenset:
+        """The devices ('cpu', or a CUDA device's index) whose generator an op of the graph draws from."""
+        return frozenset(self.fake_mode.rng_devices)
+
+    @property
+    def uses_private_generator(self) -> bool:
+        """Whether a random op draws from a `generator=` of the user's rather than the default one."""
+        return self.fake_mode.uses_private_generator
+
+    def written_inputs(self) -> list[bool]:
+        """Per input (placeholder order), whether the graph writes it. Capture's fake inputs start at
+        version 0, so a write shows as a later version; an inference tensor keeps no version: it may
+        have been written."""
+        return [_written(self._input_nodes[source][1]) for source, _ in self.inputs]
 
     def is_dynamic(self) -> bool:
         return bool(self.symbol_sources)
@@ -147,6 +164,47 @@ class GraphBuilder:
         self.graph.output(tuple(nodes))
         gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name="CapturedGraph")
         return gm
+
+
+class RngWatchingFakeMode(FakeTensorMode):
+    """The fake mode capture runs ops in, noting whether any ATen op it sees draws random numbers.
+
+    The output program needs to know: a graph that raised may be re-run eagerly from the frame's start
+    (see `output.write_program`), and the re-run must draw the same random numbers as eager, so the
+    generator's state is saved before such a graph runs. ATen tags every op that consumes the
+    generator `nondeterministic_seeded`; composite ops (dropout) reach this mode as their parts.
+    """
+
+    uses_private_generator = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng_devices: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            if kwargs and kwargs.get("generator") is not None:
+                self.uses_private_generator = True
+            # a random op draws from the generator of the device its result is on
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.rng_devices.add(_generator_of(t.device))
+        return out
+
+
+def _generator_of(device: torch.device):
+    """'cpu', or the index of the CUDA device (whose default generator a random op on it draws from)."""
+    if device.type != "cuda":
+        return "cpu"
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _written(fake: torch.Tensor) -> bool:
+    try:
+        return fake._version > 0
+    except RuntimeError:
+        return True
 
 
 def _name(target: Any) -> str:

@@ -7,6 +7,8 @@ For each capture kiln writes one function, `def program(L, G, C)`, that
 4. then either returns, or runs the breaking instruction natively and calls
    the continuation (the rest of the function, compiled lazily) with the live
    stack and locals.
+When the graph raises, no side effect has been replayed yet, and the frame may be re-run
+eagerly (kiln.capture.rerun).
 It is readable Python: `print(entry.program_source)` or the `bytecode` log.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils._sympy.printers import PythonPrinter
 
+from kiln.capture import rerun
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
@@ -141,12 +144,15 @@ def _is_simple(expr: str) -> bool:
     return expr.startswith("L[") and "(" not in expr or expr.startswith("___out[") or expr in ("None", "True", "False")
 
 
-def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWriter]:
+def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tuple[str, ProgramWriter]:
     """The program's source. `finish(writer)` rebuilds the values it needs and returns the tail lines.
 
     Values are rebuilt (into temporaries) before any side effect is replayed, so a value read
     before a mutation keeps its old identity; rebuilding also decides which graph nodes become
     graph outputs, so the graph call is written last, on top.
+
+    `rerunnable`: the frame can be run again eagerly from its start (a function's entry, not a
+    continuation), which it is when its graph raises (see `kiln.capture.rerun`).
     """
     writer = ProgramWriter(state)
     tail = finish(writer)
@@ -161,10 +167,30 @@ def write_program(state, *, graph_fn_name: str, finish) -> tuple[str, ProgramWri
         # starts by turning it off: a backend decides from the mode it is called in whether to record
         # gradients at all (kiln's AOT autograd does), so its grad-enabled part must be seen.
         call = ["torch._C._set_grad_enabled(True)"] if enters_grad else []
-        head += fetches + call + [f"___out = {graph_fn_name}({', '.join(inputs)})"]
+        head += fetches + call + _graph_call(writer, f"{graph_fn_name}({', '.join(inputs)})", inputs, rerunnable)
     if state.grad_enabled != state.entry_grad_enabled or enters_grad:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch
     lines = head + writer.lines + effects + tail
     source = "def program(L, G, C):\n" + "\n".join("    " + line for line in lines)
     return source, writer
+
+
+def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable: bool) -> list[str]:
+    """`___out = graph(...)`, and what the program does when the graph raises (`kiln.capture.rerun`):
+    it restores grad mode and tells the frame whether re-running it eagerly reproduces eager. For that
+    it reads, before the call, the version counters of the inputs the graph writes, and (when the
+    graph draws random numbers) the generators' state."""
+    graph = writer.state.graph
+    lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
+    if rerunnable and not graph.uses_private_generator:
+        if graph.rng_devices:
+            cuda = tuple(sorted(d for d in graph.rng_devices if d != "cpu"))
+            lines.append(f"___rng = {writer.constant(rerun.rng_state)}({cuda!r})")
+        written = [expr for expr, writes in zip(inputs, graph.written_inputs()) if writes]
+        if written:
+            lines.append(f"___versions = {writer.constant(rerun.input_versions)}({', '.join(written)})")
+        args += ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
+                 "___versions" if written else "()"]
+    return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
+                    f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]

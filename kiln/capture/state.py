@@ -54,8 +54,9 @@ class CaptureState:
         inference = torch.is_inference_mode_enabled()  # folded by torch.is_inference_mode_enabled()
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"torch.is_inference_mode_enabled() is {inference}",
                               f"inference mode {inference}", "torch.is_inference_mode_enabled()"))
-        self.guards.add(Guard(GuardKind.AUTOCAST, None, f"___autocast_state() == {_autocast_state()!r}",
-                              repr(_autocast_state()), "___autocast_state()"))
+        self.entry_autocast = _autocast_state()
+        self.guards.add(Guard(GuardKind.AUTOCAST, None, f"___autocast_state() == {self.entry_autocast!r}",
+                              repr(self.entry_autocast), "___autocast_state()"))
         # torch.backends.cuda.matmul.allow_tf32: cuBLAS reads it per call, a compiled Triton matmul when built
         tf32 = torch._C._get_cublas_allow_tf32()
         self.guards.add(Guard(GuardKind.MATMUL_PRECISION, None, f"___tf32_matmuls() is {tf32}",

@@ -94,7 +94,8 @@ def summarize(results: list[dict], args, seconds: float) -> dict:
         mine = [r for r in results if r["backend"] == backend]
         per_backend[backend] = {
             "programs": len(mine),
-            "counts": {s: sum(r["status"] == s for r in mine) for s in ("ok", "wrong", "crash", "died")},
+            "counts": {s: sum(r["status"] == s for r in mine)
+                       for s in ("ok", "ill-conditioned", "wrong", "crash", "died")},
             "kinds": dict(Counter(f"{r['status']}:{r['kind']}" for r in mine if r["status"] != "ok").most_common()),
         }
     failures = [{"seed": r["seed"], "backend": r["backend"], "status": r["status"], "kind": r["kind"],

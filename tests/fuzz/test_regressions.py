@@ -538,10 +538,8 @@ def f(a):
 ''', backend)
 
 
-# -- new: Python side effects made before an op that raises are lost ------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="side effects are replayed after the graph, which raised first "
-                   "(torch.compile replays them the same way)")
-@backends("eager")
+# -- Python side effects made before an op that raises are kept (the frame re-runs eagerly: kiln.capture.rerun) -------
+@backends("eager", "aot_eager", "inductor")
 def test_append_before_a_division_by_zero_is_kept(backend):
     check_program('''
 # kiln fuzz program, minimized from seed 395, backend eager

@@ -1,0 +1,232 @@
+"""A compiled graph that raises at run time leaves Python state as eager leaves it, and raises eager's error.
+
+kiln replays a frame's side effects after its graph runs; when the graph raises, the frame runs again
+eagerly from its start (kiln.capture.rerun), so the effects written before the raising op happen, those
+after it do not, and the exception is eager's. Each case runs eagerly and compiled on fresh copies of the
+same module-level state (a list, a dict, an object, a global, a print buffer) and compares them.
+"""
+import io
+import types
+import warnings
+
+import pytest
+import torch
+
+import kiln
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+# ops that raise at run time on valid shapes: what eager checks in its kernels
+RAISING_OPS = {
+    "floor_divide by zero": "t // (t * 0)",
+    "remainder by zero": "t % (t - t)",
+    "index_select out of range": "t.index_select(0, t * 0 + 7)",
+    "gather out of range": "t.gather(0, t * 0 + 9)",
+    "advanced index out of range": "t[t * 0 - 8]",
+}
+# The graph of a continuation (the rest of a function after a graph break) that raises cannot be re-run
+# from its start: effects replayed after the break and before the raise are lost there (the frame's
+# effects before the break, and what the break ran natively, are kept).
+
+# every kind of side effect before the raising op (a print is a graph break: below), and some after it
+# (which eager never reaches)
+PROGRAM = """
+def f(x):
+    t = x.cumsum(0)
+    LOG.append(int(t.shape[0]))
+    TABLE['n'] = t.dim()
+    OBJ.seen = True
+    global COUNT
+    COUNT = COUNT + 1
+    bad = {op}
+    LOG.append('after')
+    OBJ.after = True
+    return bad.sum() + t
+"""
+
+
+def _namespace() -> dict:
+    """Fresh module state for one run of a program (its globals)."""
+    return {"torch": torch, "LOG": [], "TABLE": {}, "OBJ": types.SimpleNamespace(), "COUNT": 0, "BUF": io.StringIO()}
+
+
+def _run(source: str, compile_with: str | None, *args):
+    """Define `f` from `source` in fresh globals, call it (compiled when `compile_with` names a backend)."""
+    namespace = _namespace()
+    exec(source, namespace)
+    fn = namespace["f"] if compile_with is None else kiln.compile(namespace["f"], backend=compile_with)
+    try:
+        result, error = fn(*args), None
+    except Exception as e:
+        result, error = None, e
+    return namespace, result, error
+
+
+def _state(namespace: dict) -> dict:
+    return {"LOG": namespace["LOG"], "TABLE": namespace["TABLE"], "OBJ": vars(namespace["OBJ"]),
+            "COUNT": namespace["COUNT"], "BUF": namespace["BUF"].getvalue()}
+
+
+def _check_like_eager(source: str, backend: str, *args):
+    """`f` compiled raises what eager raises and leaves the same state; returns both namespaces."""
+    eager_ns, _, eager_error = _run(source, None, *(a.clone() for a in args))
+    kiln_ns, _, kiln_error = _run(source, backend, *(a.clone() for a in args))
+    assert eager_error is not None, "the case must raise in eager"
+    assert type(kiln_error) is type(eager_error), f"kiln raised {kiln_error!r}, eager {eager_error!r}"
+    assert str(kiln_error) == str(eager_error)
+    assert _state(kiln_ns) == _state(eager_ns)
+    return eager_ns, kiln_ns
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(RAISING_OPS))
+def test_side_effects_before_a_raising_op_are_kept(op, backend):
+    eager_ns, _ = _check_like_eager(PROGRAM.format(op=RAISING_OPS[op]), backend, torch.arange(1, 5))
+    assert eager_ns["LOG"] == [4] and eager_ns["COUNT"] == 1  # the case is what it claims
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_print_before_a_raising_op_is_kept(backend):
+    """`print` breaks the graph and runs natively, before the graph that raises (a continuation's)."""
+    source = """
+def f(x):
+    LOG.append(1)
+    print('before', x.shape[0], file=BUF)
+    return x % (x * 0)
+"""
+    eager_ns, _, eager_error = _run(source, None, torch.arange(1, 4))
+    kiln_ns, _, kiln_error = _run(source, backend, torch.arange(1, 4))
+    assert type(kiln_error) is type(eager_error) and str(eager_error) in str(kiln_error)
+    assert _state(kiln_ns) == _state(eager_ns) and eager_ns["BUF"].getvalue() == "before 3\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_numbers_are_drawn_once(backend):
+    """The re-run draws the graph's random numbers again from the generator's state before the graph."""
+    source = """
+def f(x):
+    noise = torch.rand(3)
+    LOG.append(noise)
+    return x // (x * 0) + noise
+"""
+    torch.manual_seed(0)
+    eager_ns, _, eager_error = _run(source, None, torch.arange(1, 4))
+    eager_next = torch.rand(2)
+    torch.manual_seed(0)
+    kiln_ns, _, kiln_error = _run(source, backend, torch.arange(1, 4))
+    assert type(kiln_error) is type(eager_error) is RuntimeError
+    assert len(kiln_ns["LOG"]) == 1 and torch.equal(kiln_ns["LOG"][0], eager_ns["LOG"][0])
+    assert torch.equal(torch.rand(2), eager_next)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_input_written_before_the_raise_is_written_once(backend):
+    """kiln's own backends write mutated inputs back after the graph: nothing was written, the re-run is exact."""
+    source = """
+def f(x, y):
+    x.mul_(2)
+    LOG.append(1)
+    return (x + y) // (y * 0)
+"""
+    x, y = torch.arange(1, 4), torch.arange(1, 4)
+    eager_ns, _, _ = _run(source, None, x, y)
+    cx = torch.arange(1, 4)
+    kiln_ns, _, error = _run(source, backend, cx, y)
+    assert isinstance(error, RuntimeError) and kiln_ns["LOG"] == eager_ns["LOG"] == [1]
+    assert torch.equal(cx, x)
+
+
+def test_input_written_in_place_before_the_raise_is_not_written_twice():
+    """The capture-only backend runs the graph op by op: the input was written before the raise, so a
+    re-run would write it twice. kiln raises the graph's error instead (the appends before it are lost)."""
+    source = """
+def f(x):
+    x.add_(1)
+    LOG.append(1)
+    return x // (x * 0)
+"""
+    x = torch.arange(1, 4)
+    _, _, error = _run(source, "eager", x)
+    assert isinstance(error, RuntimeError) and "ZeroDivisionError" in str(error)
+    assert torch.equal(x, torch.arange(2, 5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_mode_is_restored_after_a_raise_inside_no_grad(backend):
+    source = """
+def f(x):
+    LOG.append(torch.is_grad_enabled())
+    with torch.no_grad():
+        y = x // (x * 0)
+    return y
+"""
+    _check_like_eager(source, backend, torch.arange(1, 4))
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_raise_in_an_inlined_call_keeps_the_callers_effects(backend):
+    source = """
+def helper(t):
+    OBJ.inner = t.shape[0]
+    return t.index_select(0, t * 0 + 5)
+
+def f(x):
+    LOG.append('outer')
+    return helper(x) + 1
+"""
+    _check_like_eager(source, backend, torch.arange(3))
+
+
+def test_a_graph_raising_where_eager_does_not_returns_eagers_result_and_warns():
+    """A backend bug that raises is not the user's error: the frame's eager result comes back, with a warning."""
+    def broken_backend(gm, example_inputs):
+        def run(*args):
+            raise RuntimeError("backend bug")
+        return run
+
+    log = []
+
+    def f(x):
+        log.append(1)
+        return x * 2
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = kiln.compile(f, backend=broken_backend)(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0)) and log == [1]
+    assert any("backend bug" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_raise_inside_an_autocast_block_keeps_the_effects_before_it(backend):
+    """kiln's backends trace autocast into casts: nothing of it is left on when the graph raises."""
+    source = """
+def f(x):
+    LOG.append(1)
+    with torch.autocast("cpu"):
+        y = x // (x * 0)
+    return y
+"""
+    _check_like_eager(source, backend, torch.arange(1, 4))
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_graph_raising_other_than_eager_raises_eagers_error_and_warns():
+    """The graph's ValueError is a backend bug; the frame re-run eagerly raises the user's KeyError, alone
+    (not "during handling of" kiln's exception)."""
+    def raises(gm, example_inputs):
+        def run(*args):
+            raise ValueError("backend bug")
+        return run
+
+    def f(x):
+        y = x * 2
+        return {"y": y}["missing"]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError) as info:
+            kiln.compile(f, backend=raises)(torch.ones(2))
+    assert info.value.__context__ is None
+    assert any("running it eagerly raised KeyError" in str(w.message) for w in caught)

@@ -1,0 +1,84 @@
+"""The comparator tells a kiln bug from a value eager's own kernels disagree on (conditioning.py).
+
+`gelu(inf)` is nan on eager's vectorized CPU path (contiguous input) and inf on its scalar path. A backend
+that runs the graph eagerly on relaid inputs takes the other path: its answer is eager's too, so the
+program is "ill-conditioned", not "wrong". A backend that returns what no eager run gives stays "wrong".
+"""
+import pytest
+import torch
+
+from tests.fuzz.compare import check_program, run_program
+from tests.fuzz.programs import generate
+
+GELU_OF_INF = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+               "def inputs(call):\n    return [torch.full((4, 2), float('inf'))]\n"
+               "def f(a):\n    return torch.nn.functional.gelu(a) + 1\n")
+
+
+def _relaid(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_strided(t.shape, tuple(reversed(torch.empty(tuple(reversed(t.shape))).stride())), dtype=t.dtype)
+    return out.copy_(t)
+
+
+def _runs_on_relaid_inputs(gm, example_inputs):
+    """A backend as correct as eager, which picks other kernels: the graph on column-major copies."""
+    return lambda *args: gm(*[_relaid(a) for a in args])
+
+
+def _replaces_infinities(gm, example_inputs):
+    """A wrong backend: where eager's answer is unstable (nan or inf), it answers 0, which no eager run gives."""
+    return lambda *args: [torch.nan_to_num(o, nan=0.0, posinf=0.0) for o in gm(*args)]
+
+
+@pytest.fixture
+def eager_gelu_of_inf_depends_on_layout():
+    x = torch.full((4, 2), float("inf"))
+    contiguous, relaid = torch.nn.functional.gelu(x), torch.nn.functional.gelu(_relaid(x))
+    if torch.equal(contiguous.isnan(), relaid.isnan()):
+        pytest.skip("eager's gelu(inf) is the same on both layouts with this build of torch")
+
+
+def test_a_value_eager_gives_on_another_layout_is_ill_conditioned(eager_gelu_of_inf_depends_on_layout):
+    outcome = run_program(GELU_OF_INF, _runs_on_relaid_inputs)
+    assert outcome.status == "ill-conditioned", outcome.first_line()
+    assert "eager itself inf with column-major inputs" in outcome.message
+
+
+def test_a_value_no_eager_run_gives_is_wrong_even_where_eager_is_unstable(eager_gelu_of_inf_depends_on_layout):
+    assert run_program(GELU_OF_INF, _replaces_infinities).status == "wrong"
+
+
+def test_a_wrong_value_where_eager_is_stable_is_wrong():
+    """Eager agrees with itself on every layout and in float64: kiln differing is wrong."""
+    source = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = False\n"
+              "def inputs(call):\n    return [torch.arange(6.0).reshape(2, 3)]\n"
+              "def f(a):\n    return (a * 2).sum(1)\n")
+
+    def off_in_one_place(gm, example_inputs):
+        def run(*args):
+            out = gm(*args)[0].clone()
+            out[1] += 1
+            return (out,)
+        return run
+
+    outcome = run_program(source, off_in_one_place)
+    assert outcome.status == "wrong" and "values differ at [1]" in outcome.message
+
+
+def test_a_finite_value_where_eager_gives_an_infinity_is_wrong():
+    """A relative tolerance does not stretch to infinity: only inf equals inf."""
+    source = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+              "def inputs(call):\n    return [torch.tensor([1.0, 1000.0])]\n"
+              "def f(a):\n    return a.exp()\n")
+
+    def saturates(gm, example_inputs):
+        return lambda *args: [o.clamp(max=3e38) for o in gm(*args)]
+
+    outcome = run_program(source, saturates)
+    assert outcome.status == "wrong" and "values differ at [1]" in outcome.message
+
+
+@pytest.mark.parametrize("seed", [792, 1577])
+def test_seeds_where_eager_disagrees_with_itself_pass(seed):
+    """792: argmax over sums tied but for an ulp; 1577: gelu(inf). Both were reported wrong."""
+    check_program(generate(seed), "inductor")

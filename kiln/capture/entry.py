@@ -18,7 +18,6 @@ import re
 import threading
 import time
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +34,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln import fallbacks
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -253,10 +253,8 @@ class CompiledFrame:
         later calls try again, until `cache_size_limit` failures make the frame run eagerly for good.
         """
         self.failures += 1
-        if self.failures == 1:
-            warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); "
-                          "running it eagerly")
         log.debug("capture failure", exc_info=True)
+        fallbacks.record("frame", self.spec.describe(), e, stage="capture")
         if isinstance(getattr(e, "guards", None), GuardSet):
             self._add_eager_entry(e.guards, reason)
         elif self.failures >= config.cache_size_limit:
@@ -265,29 +263,28 @@ class CompiledFrame:
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
             self._warned_limit = True
-            warnings.warn(f"kiln: {self.spec.describe()} hit config.cache_size_limit "
-                          f"({config.cache_size_limit}); it runs eagerly from now on. Last recompile: {reason}")
+            fallbacks.record("frame_limit", self.spec.describe(), f"hit config.cache_size_limit "
+                             f"({config.cache_size_limit}); last recompile: {reason}", stage="guards")
 
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
         try:
             result = capture(self.spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
-        except (FullGraphError, BackendCompilerFailed):
+        except (FullGraphError, BackendCompilerFailed, fallbacks.KilnStrictError):
             raise
         except Unresumable as e:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
-            log_breaks.warning("kiln: %s runs eagerly: %s", self.spec.describe(), e)
             self._add_eager_entry(e.guards, reason)
+            fallbacks.record("frame", self.spec.describe(), e.message(), stage="capture")
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
                 if opaque:
                     raise
                 # a continuation has no frame to run eagerly: step through it natively instead
-                log.warning("kiln: capturing %s failed (%s: %s); stepping through it natively",
-                            self.spec.describe(), type(e).__name__, e)
                 log.debug("capture failure", exc_info=True)
+                fallbacks.record("frame", self.spec.describe(), e, stage="capture (stepped through natively)")
                 return self._capture(L, G, C, eager, True, reason)
             self._capture_failed(e, reason)
             return None
@@ -371,6 +368,7 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                                                    "natively"), state)
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
+            fallbacks.record_break(e.reason.id, spec.describe(), e.message())
 
 
 def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:
@@ -452,6 +450,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         backend_start = time.perf_counter()
         try:
             compiled = ctx.backend(gm, example_inputs)
+        except fallbacks.KilnStrictError:
+            raise
         except Exception as e:
             raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
                                         f"of {spec.describe()}: {type(e).__name__}: {e}") from e

@@ -13,8 +13,10 @@ The stages, each usable alone (a target needs only the last two):
   target.generate_module(schedule) / target.load_kernels(...)     (codegen/cpp, codegen/triton)
   kiln.codegen.wrapper.generate_wrapper(schedule, plan, kernels)  the host program
 
-Correctness first: a graph kiln cannot lower or compile runs through ATen as it
-is (logged, never a crash); an op with no lowering runs as an extern ATen call.
+Correctness first: a kernel kiln cannot generate or build runs its ops through ATen
+(the rest of the graph keeps its kernels); a graph kiln cannot lower runs through
+ATen as it is; both are fallbacks (kiln/fallbacks.py: counted, warned once, an
+error under KILN_STRICT=1). An op with no lowering runs as an extern ATen call.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Callable
 import torch
 import torch.fx
 
+from kiln import fallbacks
 from kiln.codegen.target import select_target
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.progress import StageProgress
@@ -115,9 +118,11 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, options: 
     name = _graph_name(gm)
     try:
         compiled = _compile(gm, example_inputs, options, name)
-    except Exception as e:  # correctness first: never fail the user's program
-        log.warning("kiln: %s could not be compiled (%s: %s); running it through ATen", name, type(e).__name__, e)
+    except fallbacks.KilnStrictError:
+        raise
+    except Exception as e:  # correctness first: never fail the user's program (unless KILN_STRICT=1)
         log.debug("compile failure", exc_info=True)
+        fallbacks.record("graph", name, e, stage="compile")
         compiled = CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
                                                            "aten_graph": gm.print_readable(print_output=False)})
     for listener in GRAPH_LISTENERS:
@@ -153,6 +158,12 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     if _needs_retrace(gm):
         gm = _retrace(gm, example_inputs)
     times["decompose"] = time.perf_counter() - t0
+    return fallbacks.with_kernel_fallbacks(
+        name, lambda through_aten: _generate(gm, example_inputs, options, name, progress, times, through_aten))
+
+
+def _generate(gm, example_inputs, options, name, progress, times, through_aten: frozenset) -> CompiledGraph:
+    """Lower, schedule, generate and build `gm`, with the FX nodes in `through_aten` run as externs."""
     progress.advance("lower")
     t = time.perf_counter()
     target = select_target(gm, example_inputs, options)
@@ -160,7 +171,7 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     # channels-last only where no activation leaves the graph for a backward that expects eager's layout
     inference = gm.meta.get("kiln.aot", {}).get("kind") == "inference"
     graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and bool(options.get("shape_padding", False)),
-                        channels_last_convs=on_gpu and inference)
+                        channels_last_convs=on_gpu and inference, through_aten=through_aten)
     verify(graph)
     times["lower"] = time.perf_counter() - t
     progress.advance("schedule")
@@ -173,13 +184,14 @@ def _compile_stages(gm, example_inputs, options, name, progress) -> CompiledGrap
     times["schedule"] = time.perf_counter() - t
     progress.advance("codegen")
     t = time.perf_counter()
-    source, kernels = target.module.generate_module(sched)
-    wrapper_src, namespace = generate_wrapper(sched, plan, kernels, device=target.device)
-    times["codegen"] = time.perf_counter() - t
-    progress.advance("build")
-    t = time.perf_counter()
-    namespace.update(target.module.load_kernels(source, kernels))
-    times["build"] = time.perf_counter() - t
+    with fallbacks.kernel_origins(sched, graph):
+        source, kernels = target.module.generate_module(sched)
+        wrapper_src, namespace = generate_wrapper(sched, plan, kernels, device=target.device)
+        times["codegen"] = time.perf_counter() - t
+        progress.advance("build")
+        t = time.perf_counter()
+        namespace.update(target.module.load_kernels(source, kernels))
+        times["build"] = time.perf_counter() - t
     progress.advance("")
     wrapper_code = compile(wrapper_src, f"<kiln wrapper {name}>", "exec")
     exec(wrapper_code, namespace)

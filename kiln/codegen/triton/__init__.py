@@ -21,6 +21,7 @@ import torch
 
 from kiln.codegen.triton.kernel import TritonKernel, generate_kernel
 from kiln.codegen.wrapper import ERROR_FLAG
+from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
 from kiln.runtime import cache
 from kiln.schedule import deps
@@ -71,16 +72,10 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
     tune = sched.options.get("max_autotune", False)
     kernels = {}
     for g in sched.kernels():
-        spec = sched.template_of(g)
-        if spec is not None and not tune:
-            kernels[g.name] = default_template(g, layouts, external, spec)
-        elif tune:
-            from kiln.codegen.triton import tuning
-
-            kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
-                else tuning.tuned_kernel(g, layouts, external)
-        else:
-            kernels[g.name] = generate_kernel(g, layouts, external, unaligned=unaligned)
+        try:
+            kernels[g.name] = _generate(g, sched, layouts, external, unaligned, tune)
+        except Exception as e:  # this kernel's ops run through ATen (kiln.fallbacks)
+            raise KernelBuildFailed(g.name, "codegen", e) from e
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
         from kiln.codegen.triton.tuning import HEADER as TUNING_HEADER
@@ -88,6 +83,18 @@ def generate_module(sched: Schedule) -> tuple[str, dict[str, TritonKernel]]:
         header += TUNING_HEADER
     source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
+
+
+def _generate(g, sched: Schedule, layouts: dict, external: set, unaligned: set, tune: bool) -> TritonKernel:
+    spec = sched.template_of(g)
+    if spec is not None and not tune:
+        return default_template(g, layouts, external, spec)
+    if tune:
+        from kiln.codegen.triton import tuning
+
+        return tuning.tuned_template(g, layouts, external, spec) if spec is not None \
+            else tuning.tuned_kernel(g, layouts, external)
+    return generate_kernel(g, layouts, external, unaligned=unaligned)
 
 
 def default_template(group, layouts: dict, external, spec) -> TritonKernel:
@@ -170,8 +177,9 @@ def load_module(source: str):
         return module
 
 
-def precompile_all(module, kernels: list) -> None:
-    """Compile every kernel now, where a compile error can still make the graph fall back to ATen.
+def precompile_all(module, kernels: dict) -> None:
+    """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
+    back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
     Triton compiles a kernel mostly outside the GIL (LLVM, ptxas), and a big training
     graph has hundreds (benchmarks/compile_time.py): a thread pool compiles them
@@ -179,12 +187,19 @@ def precompile_all(module, kernels: list) -> None:
     """
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers <= 1 or interpreting():
-        for k in kernels:
-            k.precompile(module)
+        for name, k in kernels.items():
+            _precompile(name, k, module)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
-        for future in [pool.submit(k.precompile, module) for k in kernels]:
+        for future in [pool.submit(_precompile, name, k, module) for name, k in kernels.items()]:
             future.result()
+
+
+def _precompile(name: str, kernel, module) -> None:
+    try:
+        kernel.precompile(module)
+    except Exception as e:
+        raise KernelBuildFailed(name, "build", e) from e
 
 
 def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> dict:
@@ -195,7 +210,7 @@ def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> d
     if not kernels:
         return {}
     module = load_module(source)
-    precompile_all(module, list(kernels.values()))
+    precompile_all(module, kernels)
     launchers = {name: getattr(module, name) for name in kernels}
     if timer is not None:
         for fn in launchers.values():

@@ -3,14 +3,14 @@
 Debug may import any stage; no stage imports debug. The stages expose listener
 lists and wrapper tables instead, which `install()` fills when kiln is imported:
 the debug directory writer (kiln.capture.entry.RECORD_LISTENERS,
-kiln.codegen.GRAPH_LISTENERS) and the `check_accuracy` option
+kiln.codegen.GRAPH_LISTENERS, kiln.fallbacks.LISTENERS) and the `check_accuracy` option
 (kiln.codegen.BACKEND_WRAPPERS).
 """
 from __future__ import annotations
 
 
 def install() -> None:
-    from kiln import codegen
+    from kiln import codegen, fallbacks
     from kiln.capture import entry
     from kiln.debug import accuracy, trace
 
@@ -18,6 +18,8 @@ def install() -> None:
         entry.RECORD_LISTENERS.append(trace.on_record)
     if trace.on_graph not in codegen.GRAPH_LISTENERS:
         codegen.GRAPH_LISTENERS.append(trace.on_graph)
+    if trace.on_fallback not in fallbacks.LISTENERS:
+        fallbacks.LISTENERS.append(trace.on_fallback)
     codegen.BACKEND_WRAPPERS["check_accuracy"] = accuracy.check_accuracy
 
 

@@ -11,18 +11,20 @@ for. Every site that takes one calls `record(...)`, which
 
 The kinds (`KINDS`):
 
-| kind        | what ran instead                                  | site                                   |
-|-------------|---------------------------------------------------|----------------------------------------|
-| kernel      | one kernel's ops, as ATen externs                 | a kernel that failed to generate/build |
-| graph       | the whole ATen graph, through ATen                | lowering (or anything before kernels)  |
-| frame       | the whole Python frame, eagerly                   | a failed capture, an unresumable break |
-| frame_limit | the frame eagerly from then on                    | `config.cache_size_limit` reached      |
-| graph_break | the breaking instruction natively, then resumed   | a break kiln should have captured      |
+| kind        | what runs instead                         | where (stage)                                        |
+|-------------|-------------------------------------------|------------------------------------------------------|
+| kernel      | that kernel's ops, as ATen externs        | a kernel failed to generate (codegen) or build       |
+| graph       | the whole ATen graph, through ATen        | lowering or anything else before kernels (compile)   |
+| frame       | the whole Python frame, eagerly           | a failed capture (capture); an unresumable break     |
+|             |                                           | (resume)                                             |
+| frame_limit | the frame, eagerly from then on           | `config.cache_size_limit` reached (guards)           |
+| graph_break | the breaking instruction, natively        | a break torch.compile would not take (capture)       |
 
 Not fallbacks: ops that are externs by design (matmul, convolution, attention, and any op without a
 lowering rule or whose rule declines its arguments: the lowering's declared coverage, measured by the
-OpInfo table rather than here), a max-autotune candidate that does not compile (others remain), and the
-graph breaks torch.compile also takes (below).
+OpInfo table rather than here), a max-autotune candidate that does not compile (others remain), a
+reduce-overhead graph whose CUDA-graph recording fails (its generated code still runs, without the
+replay; torch.compile skips CUDA graphs there too), and the graph breaks torch.compile also takes (below).
 
 Which graph breaks are fallbacks. torch's analogue of a strict run is `fullgraph=True`, which fails on
 every break; kiln's strict run is about kiln's shortfalls, so a break counts when torch.compile (default
@@ -30,6 +32,8 @@ settings) would have captured the construct and kiln did not. `BREAKS_BY_DESIGN`
 kiln's break catalogue (kiln/capture/breaks.py) where torch.compile breaks too, each with why; every other
 reason (numpy, an unmodelled call, object, opcode or context manager, hooks, deep inlining) is a
 shortfall. Breaks by design are still counted (`by_design_breaks`) for the report, without a warning.
+A break kiln cannot resume after (inside a `try` or an unmodelled `with`) is a "frame" fallback whatever
+its reason: the whole frame runs eagerly, not just the breaking instruction.
 """
 from __future__ import annotations
 

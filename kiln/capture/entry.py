@@ -276,7 +276,7 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
-            fallbacks.record("frame", self.spec.describe(), e.message(), stage="capture")
+            fallbacks.record("frame", self.spec.describe(), e.message(), stage="resume")
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:

@@ -15,9 +15,7 @@ not); "crash" (kiln raised what eager did not, or capture failed and kiln fell b
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -232,30 +230,17 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled) -> None:
 
 
 # -- the whole program ---------------------------------------------------------------------------------
-class _FailureLog(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if "failed" in message:
-            self.messages.append(message)
-
-
 @contextlib.contextmanager
 def capture_failures():
-    """Collect kiln's 'capturing ... failed' warnings and log records: a fallback to eager is a crash."""
-    handler = _FailureLog()
-    logger = logging.getLogger("kiln")
-    logger.addHandler(handler)
+    """Collect the frames kiln failed to capture (kiln.fallbacks kind "frame", not an unresumable break): a
+    fallback to eager is a crash. Under KILN_STRICT=1 the call itself raises instead."""
+    failures: list[str] = []
+    before = len(kiln.fallbacks.records())
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield handler.messages
-            handler.messages += [str(w.message) for w in caught if "kiln: capturing" in str(w.message)]
+        yield failures
     finally:
-        logger.removeHandler(handler)
+        failures += [f.describe() for f in kiln.fallbacks.records()[before:]
+                     if f.kind == "frame" and f.stage != "resume"]
 
 
 def load(source: str) -> dict:

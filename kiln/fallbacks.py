@@ -27,13 +27,27 @@ reduce-overhead graph whose CUDA-graph recording fails (its generated code still
 replay; torch.compile skips CUDA graphs there too), and the graph breaks torch.compile also takes (below).
 
 Which graph breaks are fallbacks. torch's analogue of a strict run is `fullgraph=True`, which fails on
-every break; kiln's strict run is about kiln's shortfalls, so a break counts when torch.compile (default
-settings) would have captured the construct and kiln did not. `BREAKS_BY_DESIGN` lists the reasons of
-kiln's break catalogue (kiln/capture/breaks.py) where torch.compile breaks too, each with why; every other
-reason (numpy, an unmodelled call, object, opcode or context manager, hooks, deep inlining) is a
-shortfall. Breaks by design are still counted (`by_design_breaks`) for the report, without a warning.
+every break; kiln's strict run is about kiln's shortfalls: a break counts when torch.compile (default
+settings) captures the construct and kiln does not. `BREAKS` classifies each reason of kiln's break
+catalogue (kiln/capture/breaks.py):
+
+| class       | reasons                                                      | under strict          |
+|-------------|--------------------------------------------------------------|-----------------------|
+| by design   | print, tensor_to_python, data_dependent_branch,              | counted, no error     |
+|             | dynamic_output_shape, autograd_backward, explicit, disabled, |                       |
+|             | exception: torch.compile breaks there too                    |                       |
+| either      | unsupported_call, unsupported_object, unsupported_opcode,    | counted, no error     |
+|             | recursion: the reason holds constructs torch also breaks on  |                       |
+|             | (an unknown C function, a class statement) beside ones it    |                       |
+|             | traces; kiln cannot tell which, so the corpus (tests/corpus) |                       |
+|             | compares graph counts with torch.compile's case by case      |                       |
+| shortfall   | numpy, hooks, unknown_context: torch.compile traces numpy,   | a fallback: an error  |
+|             | module hooks and user context managers                       |                       |
+
 A break kiln cannot resume after (inside a `try` or an unmodelled `with`) is a "frame" fallback whatever
-its reason: the whole frame runs eagerly, not just the breaking instruction.
+its reason, the whole frame running eagerly rather than just the breaking instruction, except where the
+user's code raises there (reason `exception`): running the frame to raise as eager does loses nothing.
+Breaks that are not fallbacks are still counted by reason (`breaks`) for the report.
 """
 from __future__ import annotations
 
@@ -56,19 +70,25 @@ KINDS: dict[str, str] = {
     "graph_break": "a graph break torch.compile would not take",
 }
 
-# Break reasons (kiln/capture/breaks.py CATALOGUE ids) where torch.compile, at default settings, breaks
-# too: these end a graph by design and are not fallbacks. Each value says why.
-BREAKS_BY_DESIGN: dict[str, str] = {
-    "print": "a side effect on the terminal; torch.compile breaks on print too",
-    "tensor_to_python": ".item()/.tolist() read a value: torch breaks unless capture_scalar_outputs is set",
-    "data_dependent_branch": "Python control flow on a tensor's value cannot be in a graph (torch breaks too)",
-    "dynamic_output_shape": "nonzero/unique/masked_select: torch breaks unless capture_dynamic_output_shape_ops",
-    "autograd_backward": ".backward() inside the region: torch breaks too (without compiled autograd)",
-    "explicit": "the user asked for the break (kiln.graph_break, torch._dynamo.graph_break)",
-    "disabled": "the user asked for the function to run eagerly (kiln.disable)",
-    "exception": "the user's code raises; the exception is the program's behaviour, not a capture gap",
+# Each reason of kiln/capture/breaks.py's CATALOGUE: is a break for it a fallback (torch.compile would
+# have captured the construct), and why. See the module docstring for the classes.
+BREAKS: dict[str, tuple[bool, str]] = {
+    "print": (False, "by design: a side effect on the terminal; torch.compile breaks on print too"),
+    "tensor_to_python": (False, "by design: .item()/.tolist(); torch breaks unless capture_scalar_outputs"),
+    "data_dependent_branch": (False, "by design: Python control flow on a tensor's value; torch breaks too"),
+    "dynamic_output_shape": (False, "by design: nonzero/unique; torch breaks unless capture_dynamic_output_shape_ops"),
+    "autograd_backward": (False, "by design: .backward() inside the region; torch breaks too"),
+    "explicit": (False, "by design: the user asked for the break"),
+    "disabled": (False, "by design: the user asked for the function to run eagerly"),
+    "exception": (False, "by design: the user's code raises; that is the program's behaviour"),
+    "unsupported_call": (False, "either: unknown C functions break torch too; torch models more builtins"),
+    "unsupported_object": (False, "either: opaque objects break torch too; torch models more types"),
+    "unsupported_opcode": (False, "either: a class statement breaks torch too; other opcodes it interprets"),
+    "recursion": (False, "either: torch inlines deeper, and gives up somewhere too"),
+    "numpy": (True, "shortfall: torch.compile traces numpy calls as torch ops"),
+    "hooks": (True, "shortfall: torch.compile inlines module hooks"),
+    "unknown_context": (True, "shortfall: torch.compile traces user context managers' __enter__/__exit__"),
 }
-
 
 class KilnStrictError(RuntimeError):
     """KILN_STRICT=1 and kiln fell back: the message names the graph, the kernel and the cause."""
@@ -102,7 +122,7 @@ LISTENERS: list[Callable[[Fallback], None]] = []
 _lock = threading.Lock()
 _records: list[Fallback] = []
 _warned: set[str] = set()
-by_design_breaks: Counter = Counter()  # break reason id -> breaks by design seen
+breaks: Counter = Counter()  # break reason id -> breaks that are not fallbacks
 
 
 def strict() -> bool:
@@ -130,12 +150,22 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
 
 
 def record_break(reason_id: str, frame: str, message: str) -> None:
-    """A graph break: a fallback unless its reason is in BREAKS_BY_DESIGN."""
-    if reason_id in BREAKS_BY_DESIGN:
-        with _lock:
-            by_design_breaks[reason_id] += 1
+    """A graph break: a fallback where `BREAKS` says torch.compile captures its construct."""
+    if BREAKS.get(reason_id, (True, ""))[0]:
+        record("graph_break", frame, message, stage="capture")
         return
-    record("graph_break", frame, message, stage="capture")
+    with _lock:
+        breaks[reason_id] += 1
+
+
+def record_unresumable(reason_id: str, frame: str, message: str) -> None:
+    """A break kiln cannot resume after: the frame runs eagerly, a fallback unless the user's code raised
+    there (the frame then runs to raise what eager raises: no compiled code is lost to kiln)."""
+    if reason_id == "exception":
+        with _lock:
+            breaks[reason_id] += 1
+        return
+    record("frame", frame, message, stage="resume")
 
 
 class KernelBuildFailed(Exception):
@@ -202,13 +232,12 @@ def counts() -> dict[str, int]:
 def summary() -> str:
     """One line per kind with its count, then one line per fallback (for reports and the debug directory)."""
     recorded = records()
-    if not recorded and not by_design_breaks:
+    if not recorded and not breaks:
         return "fallbacks: none"
     lines = [f"fallbacks: {len(recorded)}" + "".join(f"  {k} {n}" for k, n in counts().items())]
     lines += [f"  - {f.describe()}" for f in recorded]
-    if by_design_breaks:
-        lines.append("graph breaks by design (not fallbacks): "
-                     + ", ".join(f"{k} {n}" for k, n in sorted(by_design_breaks.items())))
+    if breaks:
+        lines.append("graph breaks that are not fallbacks: " + ", ".join(f"{k} {n}" for k, n in sorted(breaks.items())))
     return "\n".join(lines)
 
 
@@ -217,8 +246,8 @@ def reset() -> None:
     with _lock:
         _records.clear()
         _warned.clear()
-        by_design_breaks.clear()
+        breaks.clear()
 
 
-__all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "KilnStrictError", "KilnFallbackWarning", "KINDS", "BREAKS_BY_DESIGN", "record",
-           "record_break", "counts", "records", "summary", "strict", "reset"]
+__all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "KilnStrictError", "KilnFallbackWarning", "KINDS", "BREAKS", "record",
+           "record_break", "record_unresumable", "counts", "records", "summary", "strict", "reset"]

@@ -276,7 +276,7 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
-            fallbacks.record("frame", self.spec.describe(), e.message(), stage="resume")
+            fallbacks.record_unresumable(e.reason.id, self.spec.describe(), e.message())
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
@@ -284,7 +284,8 @@ class CompiledFrame:
                     raise
                 # a continuation has no frame to run eagerly: step through it natively instead
                 log.debug("capture failure", exc_info=True)
-                fallbacks.record("frame", self.spec.describe(), e, stage="capture (stepped through natively)")
+                fallbacks.record("frame", self.spec.describe(), f"{fallbacks.describe_exception(e)}; a continuation, "
+                                 "stepped through natively", stage="capture")
                 return self._capture(L, G, C, eager, True, reason)
             self._capture_failed(e, reason)
             return None

@@ -86,7 +86,7 @@ def on_fallback(fallback: fallbacks.Fallback) -> None:
 
 
 def write_fallbacks(root: Path) -> None:
-    if fallbacks.records() or fallbacks.by_design_breaks:
+    if fallbacks.records() or fallbacks.breaks:
         root.mkdir(parents=True, exist_ok=True)
         (root / "fallbacks.txt").write_text(fallbacks.summary() + "\n")
 

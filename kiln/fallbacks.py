@@ -44,9 +44,10 @@ catalogue (kiln/capture/breaks.py):
 | shortfall   | numpy, hooks, unknown_context: torch.compile traces numpy,   | a fallback: an error  |
 |             | module hooks and user context managers                       |                       |
 
-A break kiln cannot resume after (inside a `try` or an unmodelled `with`) is a "frame" fallback whatever
-its reason, the whole frame running eagerly rather than just the breaking instruction, except where the
-user's code raises there (reason `exception`): running the frame to raise as eager does loses nothing.
+A break kiln cannot resume after (inside a `try` or an unmodelled `with`) runs the frame eagerly; it is a
+"frame" fallback (stage resume) where its reason is a shortfall, and counted like its reason otherwise:
+the corpus shows torch.compile running those frames (a print inside `try`, a class statement) without
+more graphs than kiln.
 Breaks that are not fallbacks are still counted by reason (`breaks`) for the report.
 """
 from __future__ import annotations
@@ -149,23 +150,14 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     return fallback
 
 
-def record_break(reason_id: str, frame: str, message: str) -> None:
-    """A graph break: a fallback where `BREAKS` says torch.compile captures its construct."""
+def record_break(reason_id: str, frame: str, message: str, resumable: bool = True) -> None:
+    """A graph break (or, not `resumable`, a frame run eagerly because of it): a fallback where `BREAKS`
+    says torch.compile captures its construct; otherwise counted by reason."""
     if BREAKS.get(reason_id, (True, ""))[0]:
-        record("graph_break", frame, message, stage="capture")
+        record("graph_break" if resumable else "frame", frame, message, stage="capture" if resumable else "resume")
         return
     with _lock:
         breaks[reason_id] += 1
-
-
-def record_unresumable(reason_id: str, frame: str, message: str) -> None:
-    """A break kiln cannot resume after: the frame runs eagerly, a fallback unless the user's code raised
-    there (the frame then runs to raise what eager raises: no compiled code is lost to kiln)."""
-    if reason_id == "exception":
-        with _lock:
-            breaks[reason_id] += 1
-        return
-    record("frame", frame, message, stage="resume")
 
 
 class KernelBuildFailed(Exception):
@@ -250,4 +242,4 @@ def reset() -> None:
 
 
 __all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "KilnStrictError", "KilnFallbackWarning", "KINDS", "BREAKS", "record",
-           "record_break", "record_unresumable", "counts", "records", "summary", "strict", "reset"]
+           "record_break", "counts", "records", "summary", "strict", "reset"]

@@ -19,19 +19,20 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def kiln_strict(request, monkeypatch):
     """Tests run strict (KILN_STRICT=1: a kiln fallback is an error, kiln/fallbacks.py) unless the environment
-    says otherwise or the test is marked `allows_fallback` (it exercises a fallback on purpose)."""
+    says otherwise or the test is marked `allows_fallback` (it exercises a fallback on purpose). Each test
+    starts with no fallback recorded or warned about."""
+    from kiln import fallbacks
+
     if request.node.get_closest_marker("allows_fallback") is not None:
         monkeypatch.setenv("KILN_STRICT", "0")
     else:
         monkeypatch.setenv("KILN_STRICT", os.environ.get("KILN_STRICT", "1"))
+    fallbacks.reset()
 
 
 @pytest.fixture
 def fallback_log():
-    """kiln.fallbacks with no fallback recorded or warned about yet: assert on its counts() after the test's
-    fallback."""
+    """kiln.fallbacks, to assert on its counts() after the test's fallback."""
     from kiln import fallbacks
 
-    fallbacks.reset()
-    yield fallbacks
-    fallbacks.reset()
+    return fallbacks

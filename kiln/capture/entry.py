@@ -276,7 +276,7 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
-            fallbacks.record_unresumable(e.reason.id, self.spec.describe(), e.message())
+            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False)
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:

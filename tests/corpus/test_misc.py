@@ -449,7 +449,7 @@ def break_in_nested_call(a):
     return inner(a) - 1
 
 
-@cases((A,))
+@cases((A,), marks=pytest.mark.allows_fallback("graph_break: numpy (torch.compile traces it, kiln breaks)"))
 def numpy_roundtrip(a):
     return torch.from_numpy(a.numpy() * 2)
 

@@ -91,6 +91,7 @@ BREAKS: dict[str, tuple[bool, str]] = {
     "unknown_context": (True, "shortfall: torch.compile traces user context managers' __enter__/__exit__"),
 }
 
+
 class KilnStrictError(RuntimeError):
     """KILN_STRICT=1 and kiln fell back: the message names the graph, the kernel and the cause."""
 
@@ -204,11 +205,13 @@ def with_kernel_fallbacks(graph: str, attempt: Callable[[frozenset], object]):
 
 
 def describe_exception(e: BaseException) -> str:
-    """`Type: first line of the message` (a compiler's error output can be pages long)."""
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else ""
-    more = " ..." if len(text.splitlines()) > 1 else ""
-    return f"{type(e).__name__}: {first}{more}"
+    """`Type: first line of the message`, and its first line naming an error when that is another (a
+    compiler's output can be pages long, its first line the command)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    error = next((line for line in lines[1:] if "error" in line.lower()), None)
+    return f"{type(e).__name__}: {lines[0]}" + (f" ... {error}" if error else " ..." if len(lines) > 1 else "")
 
 
 def records() -> list[Fallback]:
@@ -241,5 +244,6 @@ def reset() -> None:
         breaks.clear()
 
 
-__all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "KilnStrictError", "KilnFallbackWarning", "KINDS", "BREAKS", "record",
-           "record_break", "counts", "records", "summary", "strict", "reset"]
+__all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "kernel_origins", "KilnStrictError",
+           "KilnFallbackWarning", "KINDS", "BREAKS", "record", "record_break", "counts", "records", "summary", "strict",
+           "reset"]

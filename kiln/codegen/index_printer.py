@@ -52,7 +52,8 @@ class _Printer:
         if isinstance(e, sympy.core.relational.Relational):
             return f"({self.p(e.lhs)} {e.rel_op} {self.p(e.rhs)})"
         if isinstance(e, (sympy.Max, sympy.Min, torch_sympy.Max, torch_sympy.Min)):
-            return self.minmax("max" if isinstance(e, (sympy.Max, torch_sympy.Max)) else "min", [self.p(a) for a in e.args])
+            name = "max" if isinstance(e, (sympy.Max, torch_sympy.Max)) else "min"
+            return self.minmax(name, [self.p(a) for a in e.args])
         if type(e) is torch_sympy.PowByNatural and e.args[1].is_Integer and int(e.args[1]) > 0:
             return "(" + "*".join([self.p(e.args[0])] * int(e.args[1])) + ")"
         raise NotImplementedError(f"cannot print index expression {e!r} ({type(e).__name__})")

@@ -202,8 +202,9 @@ MASKED_WRITE_FALLS_BACK = pytest.mark.allows_fallback("graph: a masked write's b
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-@pytest.mark.parametrize("fn", [pytest.param(f, id=f.__name__, marks=MASKED_WRITE_FALLS_BACK if f is index_put_masked_values
-                                             else ()) for f in CASES])
+@pytest.mark.parametrize("fn", [pytest.param(f, id=f.__name__,
+                                             marks=MASKED_WRITE_FALLS_BACK if f is index_put_masked_values else ())
+                                for f in CASES])
 def test_data_dependent_op_breaks_cleanly(fn, backend, requires_grad):
     compiled = kiln.compile(fn, backend=backend)
     run_and_compare(fn, compiled, INPUTS[0].clone(), requires_grad)

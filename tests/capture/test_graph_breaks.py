@@ -190,8 +190,8 @@ BREAKS = [
 
 def break_cases() -> list:
     """BREAKS as parameters; a numpy break is a fallback (torch.compile traces numpy), exercised on purpose."""
-    return [pytest.param(*b, id=b[0].__name__, marks=[pytest.mark.allows_fallback("graph_break: numpy")] if b[3] == "numpy"
-                         else []) for b in BREAKS]
+    numpy = pytest.mark.allows_fallback("graph_break: numpy")
+    return [pytest.param(*b, id=b[0].__name__, marks=[numpy] if b[3] == "numpy" else []) for b in BREAKS]
 
 
 @pytest.mark.parametrize("fn,args,graphs,reason", break_cases())

@@ -32,6 +32,12 @@ def bug(reason: str):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
+def falls_back(what: str):
+    """Mark a case where kiln falls back (kiln/fallbacks.py: `what` names the kind and cause) on purpose: it
+    runs with KILN_STRICT=0."""
+    return pytest.mark.allows_fallback(what)
+
+
 def gap(what: str):
     """Mark a case where kiln captures more graphs than torch.compile (a capture gap, values are right)."""
     return pytest.mark.xfail(strict=True, reason=f"capture gap: {what}")

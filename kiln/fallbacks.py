@@ -132,15 +132,17 @@ def strict() -> bool:
     return os.environ.get("KILN_STRICT", "0") not in ("", "0")
 
 
-def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", stage: str = "") -> Fallback:
-    """Count a fallback, warn once for its graph, and raise `KilnStrictError` under KILN_STRICT=1."""
+def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", stage: str = "",
+           warn_key: str = "") -> Fallback:
+    """Count a fallback, warn once for its graph (or `warn_key`: a function, for all its continuations), and
+    raise `KilnStrictError` under KILN_STRICT=1."""
     if isinstance(cause, BaseException):
         cause = describe_exception(cause)
     fallback = Fallback(kind, graph, cause, kernel, stage)
     with _lock:
         _records.append(fallback)
-        first = graph not in _warned
-        _warned.add(graph)
+        first = (warn_key or graph) not in _warned
+        _warned.add(warn_key or graph)
     log.debug("%s", fallback.describe())
     for listener in LISTENERS:
         listener(fallback)
@@ -151,11 +153,12 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     return fallback
 
 
-def record_break(reason_id: str, frame: str, message: str, resumable: bool = True) -> None:
+def record_break(reason_id: str, frame: str, message: str, resumable: bool = True, warn_key: str = "") -> None:
     """A graph break (or, not `resumable`, a frame run eagerly because of it): a fallback where `BREAKS`
     says torch.compile captures its construct; otherwise counted by reason."""
     if BREAKS.get(reason_id, (True, ""))[0]:
-        record("graph_break" if resumable else "frame", frame, message, stage="capture" if resumable else "resume")
+        record("graph_break" if resumable else "frame", frame, message, stage="capture" if resumable else "resume",
+               warn_key=warn_key)
         return
     with _lock:
         breaks[reason_id] += 1
@@ -230,7 +233,8 @@ def summary() -> str:
     if not recorded and not breaks:
         return "fallbacks: none"
     lines = [f"fallbacks: {len(recorded)}" + "".join(f"  {k} {n}" for k, n in counts().items())]
-    lines += [f"  - {f.describe()}" for f in recorded]
+    for text, n in Counter(f.describe() for f in recorded).items():  # the same fallback again (each call) once
+        lines.append(f"  - {text}" + (f"  (x{n})" if n > 1 else ""))
     if breaks:
         lines.append("graph breaks that are not fallbacks: " + ", ".join(f"{k} {n}" for k, n in sorted(breaks.items())))
     return "\n".join(lines)

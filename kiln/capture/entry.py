@@ -81,8 +81,12 @@ class FrameSpec:
     local_names: tuple[str, ...] | None = None  # None: a function entry, locals are its arguments
     cell_names: tuple[str, ...] = ()
 
+    def function(self) -> str:
+        """The function this frame belongs to, continuations included: `name (file:line)`."""
+        return f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+
     def describe(self) -> str:
-        where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        where = self.function()
         if self.start == 0 and self.local_names is None:
             return where
         line = bytecode.instructions(self.code)[self.start].lineno
@@ -276,7 +280,8 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
-            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False)
+            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False,
+                                   warn_key=self.spec.function())
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
@@ -285,7 +290,7 @@ class CompiledFrame:
                 # a continuation has no frame to run eagerly: step through it natively instead
                 log.debug("capture failure", exc_info=True)
                 fallbacks.record("frame", self.spec.describe(), f"{fallbacks.describe_exception(e)}; a continuation, "
-                                 "stepped through natively", stage="capture")
+                                 "stepped through natively", stage="capture", warn_key=self.spec.function())
                 return self._capture(L, G, C, eager, True, reason)
             self._capture_failed(e, reason)
             return None
@@ -369,7 +374,7 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                                                    "natively"), state)
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
-            fallbacks.record_break(e.reason.id, spec.describe(), e.message())
+            fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
 
 
 def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:

@@ -21,6 +21,8 @@ from kiln.codegen.triton import heuristics
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 aten = torch.ops.aten
 EPS = 1e-5
 # (channels, height = width) of DenseNet-121's batch norms: stem, each block's bottleneck (128) and its widest input

@@ -34,6 +34,8 @@ import torch.nn as nn
 
 import kiln
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 def make_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 4))

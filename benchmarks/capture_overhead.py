@@ -21,6 +21,8 @@ import torch.nn as nn
 
 import kiln
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 def two_tensor_fn(x, y):
     return (x + y).relu() * 2

@@ -2,17 +2,24 @@
 models, timing GPU work with CUDA events, and writing a run's JSON.
 
 The scripts are run as `python benchmarks/<script>.py` from the repository root, so this directory is first on
-`sys.path` and they import these helpers as `from common import ...`. The model harness, `models_bench.py`, is not
+`sys.path` and they import these helpers as `from common import ...`. Importing this module makes the run strict
+(below): every script that runs kiln imports it. The model harness, `models_bench.py`, is not
 part of this repository (it lives in the shared bench beside it); scripts that use it take its path as `--bench`.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
 import sys
 
 import torch
+
+# A benchmark measures kiln's generated code: a fallback (a kernel, graph or frame run through ATen or eagerly,
+# kiln/fallbacks.py) must fail the run, not pass as a slower number. KILN_STRICT=0 measures anyway. Set before
+# kiln runs anything; subprocesses (cpu_models.py's jobs) inherit it.
+os.environ.setdefault("KILN_STRICT", "1")
 
 # Compiler names the scripts accept beside the harness's own: kiln with options, as (harness compiler, options).
 KILN_VARIANTS = {"kiln-ro": ("kiln", {"mode": "reduce-overhead"}),
@@ -81,7 +88,6 @@ def result_path(benchmark: str, machine: str) -> str:
     """Where a run is kept: `benchmarks/results/<benchmark>/<date>_<machine>_<commit>.json`, the commit being the
     checkout measured (`git rev-parse --short HEAD`), so that a file says what produced it."""
     import datetime
-    import os
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))

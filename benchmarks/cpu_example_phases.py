@@ -20,6 +20,8 @@ import kiln
 from kiln.examples.vit_train import TinyViT
 from kiln.pipeline import GRAPH_LISTENERS
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 import kiln  # noqa: E402
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 class MLP(nn.Module):
     def __init__(self, d=512, h=1024, layers=4):

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 def build(layers: int, device: str):
     from transformers import BertConfig, BertModel

@@ -20,6 +20,8 @@ from transformers import BertConfig, BertModel
 import kiln
 from kiln.api import context_of
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+
 
 def compiled_bert():
     """A compiled BertModel, its cache entry, and the (L, G, C) of its first call's guard check."""

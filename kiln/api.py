@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from kiln import fallbacks
 from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext
 from kiln.config import describe_options
@@ -196,7 +197,7 @@ graph_break.__kiln_graph_break__ = True
 
 
 def reset() -> None:
-    """Forget every compiled frame of every kiln.compile call (torch._dynamo.reset)."""
+    """Forget every compiled frame of every kiln.compile call (torch._dynamo.reset), and the fallback counts."""
     for ctx in list(_contexts):
         for frame in ctx.frames.values():  # compiled wrappers hold their frame: empty it, not only the dict
             frame.entries.clear()
@@ -204,6 +205,7 @@ def reset() -> None:
         ctx.frames.clear()
         ctx.functions.clear()
         ctx.records.clear()
+    fallbacks.reset()
 
 
 def context_of(compiled: Any) -> CompileContext:

@@ -4,7 +4,7 @@
         kiln.autograd.aot_compile(gm, ..., compiler=compile_aten_graph)   one call per ATen graph
     compile_aten_graph(gm, example_inputs, options) one ATen graph through the stages below
 
-The stages of one ATen graph, in the order `_compile_stages` runs them, one line each:
+The stages of one ATen graph, in the order `_compile_stages` and `_kernel_stages` run them, one line each:
 
     decompose    ATen graph -> core ATen, every node with meta["val"]     kiln/lower/decompositions.py
     lower        -> loop-level IR (LoweredGraph), checked by the verifier  kiln/lower/, kiln/lower/verify.py
@@ -16,8 +16,9 @@ The stages of one ATen graph, in the order `_compile_stages` runs them, one line
 Every stage runs through `Stages`, the one place that times it, moves the progress bar and logs it.
 Each stage is handed only the option fields it reads; `select_target` binds the ones the target reads.
 
-Correctness first: a graph kiln cannot lower or compile runs through ATen as it is (logged, never a
-crash); an op with no lowering runs as an extern ATen call.
+Correctness first: a kernel kiln cannot generate or build runs its ops through ATen (the rest of the graph
+keeps its kernels); a graph kiln cannot lower runs through ATen as it is; both are fallbacks (kiln/fallbacks.py:
+counted, warned once, an error under KILN_STRICT=1). An op with no lowering runs as an extern ATen call.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln import fallbacks
 from kiln.autograd import aot_compile
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
@@ -67,11 +69,20 @@ def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Com
                     run: Stages) -> CompiledGraph:
     gm = run("decompose", decompose, gm, example_inputs)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
-    graph = run("lower", lower, gm, example_inputs, target, options.shape_padding)
+    return fallbacks.with_kernel_fallbacks(
+        name, lambda through_aten: _kernel_stages(gm, example_inputs, options, name, run, target, through_aten))
+
+
+def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str, run: Stages,
+                   target: Target, through_aten: frozenset) -> CompiledGraph:
+    """The stages after decompose, with the FX nodes in `through_aten` run as ATen externs: those of kernels that
+    failed to generate or build in an earlier attempt (kiln/fallbacks.py)."""
+    graph = run("lower", lower, gm, example_inputs, target, options.shape_padding, through_aten)
     sched = run("schedule", schedule_kernels, graph, target, options.epilogue_fusion)
     plan = run("plan memory", plan_buffers, sched, _is_inference(gm))
-    code = run("generate", generate, sched, plan, target)
-    namespace = run("build", build, code, target, name)
+    with fallbacks.kernel_origins(sched, graph):  # a kernel that fails names the FX nodes it computes
+        code = run("generate", generate, sched, plan, target)
+        namespace = run("build", build, code, target, name)
     return _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
 
 
@@ -118,13 +129,14 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphM
     return _retrace(gm, example_inputs) if _needs_retrace(gm) else gm
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool) -> ir.LoweredGraph:
-    """The loop-level IR of `gm`, verified. On the GPU, matmul operands may be stored padded (`shape_padding`),
-    and convolutions run channels-last only where no activation leaves the graph for a backward that expects
-    eager's layout (an inference graph)."""
+def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool,
+          through_aten: frozenset = frozenset()) -> ir.LoweredGraph:
+    """The loop-level IR of `gm`, verified, with the nodes in `through_aten` left as ATen externs. On the GPU,
+    matmul operands may be stored padded (`shape_padding`), and convolutions run channels-last only where no
+    activation leaves the graph for a backward that expects eager's layout (an inference graph)."""
     on_gpu = target.device.startswith("cuda")
     graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and shape_padding,
-                        channels_last_convs=on_gpu and _is_inference(gm))
+                        channels_last_convs=on_gpu and _is_inference(gm), through_aten=through_aten)
     verify(graph)
     return graph
 
@@ -247,9 +259,11 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
             compiled = _compile_stages(gm, example_inputs, options, name, run)
         log.info("%s: %d kernels, %d externs, %s", name, compiled.num_kernels,
                  len(compiled.artefacts["schedule"].steps) - compiled.num_kernels, run.summary())
-    except Exception as e:  # correctness first: never fail the user's program
-        log.warning("kiln: %s could not be compiled (%s: %s); running it through ATen", name, type(e).__name__, e)
+    except fallbacks.KilnStrictError:
+        raise
+    except Exception as e:  # correctness first: never fail the user's program (unless KILN_STRICT=1)
         log.debug("compile failure", exc_info=True)
+        fallbacks.record("graph", name, e, stage="compile")
         compiled = CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
                                                            "aten_graph": gm.print_readable(print_output=False)})
     for listener in GRAPH_LISTENERS:

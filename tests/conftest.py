@@ -5,3 +5,34 @@ import. Test modules that use torch.compile as the reference import triton throu
 decision in `triton_device` must be made here, ahead of every module, not in the Triton tests.
 """
 import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allows_fallback(why): the test makes kiln fall back on purpose (runs with "
+                                       "KILN_STRICT=0); `why` names the fallback")
+
+
+@pytest.fixture(autouse=True)
+def kiln_strict(request, monkeypatch):
+    """Tests run strict (KILN_STRICT=1: a kiln fallback is an error, kiln/fallbacks.py) unless the environment
+    says otherwise or the test is marked `allows_fallback` (it exercises a fallback on purpose). Each test
+    starts with no fallback recorded or warned about."""
+    from kiln import fallbacks
+
+    if request.node.get_closest_marker("allows_fallback") is not None:
+        monkeypatch.setenv("KILN_STRICT", "0")
+    else:
+        monkeypatch.setenv("KILN_STRICT", os.environ.get("KILN_STRICT", "1"))
+    fallbacks.reset()
+
+
+@pytest.fixture
+def fallback_log():
+    """kiln.fallbacks, to assert on its counts() after the test's fallback."""
+    from kiln import fallbacks
+
+    return fallbacks

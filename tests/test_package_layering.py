@@ -28,6 +28,7 @@ LAYERS = {
     "kiln.autograd": 2,
     "kiln.lower": 2,
     "kiln.schedule": 3,
+    "kiln.fallbacks": 1,  # fallback accounting every stage reports to
     "kiln.progress": 1,  # the compile progress bar the pipeline drives
     "kiln.codegen": 4,
     "kiln.pipeline": 5,  # the default backend: autograd, then lower, schedule and the printers, stage by stage

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+from kiln import fallbacks
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
@@ -228,10 +229,10 @@ class AOTCompiled:
     def _data_dependent_fallback(self, key: tuple, error: Exception) -> Callable:
         """A variant whose ATen graphs would need a data-dependent size (capture keeps `y[mask] = v` in the
         graph, as torch.compile does, but its backward indexes by the mask): the captured graph runs op
-        by op, with eager's autograd. Correct, not compiled; logged as a slow path."""
-        log_hints.warning("%s: the %s graph needs a size or value that depends on tensor data (%s: %s); it runs "
-                          "eagerly, op by op", self.name, "training" if key[0] else "inference",
-                          type(error).__name__, error)
+        by op, with eager's autograd. Correct, not compiled: a fallback (kiln.fallbacks)."""
+        fallbacks.record("graph", f"{self.name}/{'training' if key[0] else 'inference'}",
+                         f"needs a size or value that depends on tensor data ({type(error).__name__}: {error}); "
+                         "the captured graph runs op by op", stage="autograd")
         return self.program.run
 
     def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:

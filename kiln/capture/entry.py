@@ -18,7 +18,6 @@ import re
 import threading
 import time
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,6 +35,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln import fallbacks
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -80,8 +80,12 @@ class FrameSpec:
     local_names: tuple[str, ...] | None = None  # None: a function entry, locals are its arguments
     cell_names: tuple[str, ...] = ()
 
+    def function(self) -> str:
+        """The function this frame belongs to, continuations included: `name (file:line)`."""
+        return f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+
     def describe(self) -> str:
-        where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        where = self.function()
         if self.start == 0 and self.local_names is None:
             return where
         line = bytecode.instructions(self.code)[self.start].lineno
@@ -156,7 +160,6 @@ class CompiledFrame:
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
         self._warned_limit = False
-        self._warned_rerun = False
         self.failures = 0  # captures that raised (see `_capture_failed`)
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
@@ -199,11 +202,9 @@ class CompiledFrame:
         return result
 
     def _warn_rerun(self, error: Exception, outcome: str) -> None:
-        """The graph raised what eager does not (a bug of kiln's or of the backend): made visible, once."""
-        if not self._warned_rerun:
-            self._warned_rerun = True
-            warnings.warn(f"kiln: the compiled graph of {self.spec.describe()} raised {type(error).__name__}: "
-                          f"{error}; {outcome}")
+        """The graph raised what eager does not (a bug of kiln's or of the backend): a fallback, said once."""
+        fallbacks.record("frame", self.spec.describe(), f"the compiled graph raised {type(error).__name__}: "
+                         f"{error}; {outcome}", stage="rerun")
 
     def _miss(self, L, G, C, eager: Callable | None) -> CacheEntry | None:
         """No entry's guards pass: the entry to run, compiled now, or None when the frame runs eagerly.
@@ -283,10 +284,8 @@ class CompiledFrame:
         later calls try again, until `cache_size_limit` failures make the frame run eagerly for good.
         """
         self.failures += 1
-        if self.failures == 1:
-            warnings.warn(f"kiln: capturing {self.spec.describe()} failed ({type(e).__name__}: {e}); "
-                          "running it eagerly")
         log.debug("capture failure", exc_info=True)
+        fallbacks.record("frame", self.spec.describe(), e, stage="capture")
         if isinstance(getattr(e, "guards", None), GuardSet):
             self._add_eager_entry(e.guards, reason)
         elif self.failures >= config.cache_size_limit:
@@ -295,29 +294,30 @@ class CompiledFrame:
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
             self._warned_limit = True
-            warnings.warn(f"kiln: {self.spec.describe()} hit config.cache_size_limit "
-                          f"({config.cache_size_limit}); it runs eagerly from now on. Last recompile: {reason}")
+            fallbacks.record("frame_limit", self.spec.describe(), f"hit config.cache_size_limit "
+                             f"({config.cache_size_limit}); last recompile: {reason}", stage="guards")
 
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
         try:
             result = capture(self.spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
-        except (FullGraphError, BackendCompilerFailed):
+        except (FullGraphError, BackendCompilerFailed, fallbacks.KilnStrictError):
             raise
         except Unresumable as e:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
-            log_breaks.warning("kiln: %s runs eagerly: %s", self.spec.describe(), e)
             self._add_eager_entry(e.guards, reason)
+            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False,
+                                   warn_key=self.spec.function())
             return None
         except Exception as e:  # a failed capture never breaks the user's program
             if eager is None:
                 if opaque:
                     raise
                 # a continuation has no frame to run eagerly: step through it natively instead
-                log.warning("kiln: capturing %s failed (%s: %s); stepping through it natively",
-                            self.spec.describe(), type(e).__name__, e)
                 log.debug("capture failure", exc_info=True)
+                fallbacks.record("frame", self.spec.describe(), f"{fallbacks.describe_exception(e)}; a continuation, "
+                                 "stepped through natively", stage="capture", warn_key=self.spec.function())
                 return self._capture(L, G, C, eager, True, reason)
             self._capture_failed(e, reason)
             return None
@@ -402,6 +402,7 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                                                    "natively"), state)
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
+            fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
 
 
 def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:
@@ -482,6 +483,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         backend_start = time.perf_counter()
         try:
             compiled = ctx.backend(gm, example_inputs)
+        except fallbacks.KilnStrictError:
+            raise
         except Exception as e:
             raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
                                         f"of {spec.describe()}: {type(e).__name__}: {e}") from e

@@ -6,8 +6,12 @@ Triton kernels (which use the Python form).
 from __future__ import annotations
 
 import sympy
+from torch.utils._sympy import functions as torch_sympy
 
 from kiln.lower.index import FloorDiv, Mod
+
+# Sizes from FX metadata (symbolic shapes) carry torch's own sympy functions (FloorDiv, Mod, Max, Min,
+# PowByNatural): on sizes, non-negative integers, they mean what kiln's and sympy's do and print the same.
 
 
 class _Printer:
@@ -29,9 +33,9 @@ class _Printer:
             return self.integer(int(e))
         if e.is_Symbol:
             return e.name
-        if isinstance(e, FloorDiv):
+        if isinstance(e, FloorDiv) or type(e) is torch_sympy.FloorDiv:
             return self.floordiv.format(self.p(e.args[0]), self.p(e.args[1]))
-        if isinstance(e, Mod):
+        if isinstance(e, Mod) or type(e) is torch_sympy.Mod:
             return self.mod.format(self.p(e.args[0]), self.p(e.args[1]))
         if isinstance(e, sympy.Add):
             return "(" + " + ".join(self.p(a) for a in e.args) + ")"
@@ -47,8 +51,11 @@ class _Printer:
             return "(" + self.lnot + self.p(e.args[0]) + ")"
         if isinstance(e, sympy.core.relational.Relational):
             return f"({self.p(e.lhs)} {e.rel_op} {self.p(e.rhs)})"
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            return self.minmax("max" if isinstance(e, sympy.Max) else "min", [self.p(a) for a in e.args])
+        if isinstance(e, (sympy.Max, sympy.Min, torch_sympy.Max, torch_sympy.Min)):
+            name = "max" if isinstance(e, (sympy.Max, torch_sympy.Max)) else "min"
+            return self.minmax(name, [self.p(a) for a in e.args])
+        if type(e) is torch_sympy.PowByNatural and e.args[1].is_Integer and int(e.args[1]) > 0:
+            return "(" + "*".join([self.p(e.args[0])] * int(e.args[1])) + ")"
         raise NotImplementedError(f"cannot print index expression {e!r} ({type(e).__name__})")
 
     def integer(self, v: int) -> str:

@@ -3,12 +3,12 @@
 Debug may import any stage; no stage imports debug. The stages expose listener
 lists and wrapper tables instead, which `install()` fills when kiln is imported:
 the debug directory writer (kiln.capture.entry.RECORD_LISTENERS,
-kiln.pipeline.GRAPH_LISTENERS) and the `check_accuracy` option
+kiln.pipeline.GRAPH_LISTENERS, kiln.fallbacks.LISTENERS) and the `check_accuracy` option
 (kiln.pipeline.BACKEND_WRAPPERS).
 """
 from __future__ import annotations
 
-from kiln import pipeline
+from kiln import fallbacks, pipeline
 from kiln.capture import entry
 from kiln.debug import accuracy, trace
 
@@ -18,6 +18,8 @@ def install() -> None:
         entry.RECORD_LISTENERS.append(trace.on_record)
     if trace.on_graph not in pipeline.GRAPH_LISTENERS:
         pipeline.GRAPH_LISTENERS.append(trace.on_graph)
+    if trace.on_fallback not in fallbacks.LISTENERS:
+        fallbacks.LISTENERS.append(trace.on_fallback)
     pipeline.BACKEND_WRAPPERS["check_accuracy"] = accuracy.check_accuracy
 
 

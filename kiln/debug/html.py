@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from kiln import fallbacks
 from kiln.capture.entry import CompileContext
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
 from kiln.debug.report import STAGES, GraphInfo, Region, break_location, collect
@@ -118,6 +119,8 @@ def html_report(contexts: list[CompileContext], title: str = "kiln report", summ
     body = [f"<h1>{_e(title)}</h1>"]
     if summary:
         body.append(f"<p>{_e(summary)}</p>")
+    body.append(f"<pre class='warn'>{_e(fallbacks.summary())}</pre>" if fallbacks.records()
+                else f"<p>{_e(fallbacks.summary())}</p>")
     body.append(_table(["compiled region", "backend", "graphs", "ops", "graph breaks", "recompiles", "kernels",
                         "compile time", "time in compiled code"], rows, {2, 3, 4, 5, 6, 7, 8})
                 if regions else "<p class='warn'>no kiln.compile / torch.compile call ran</p>")

@@ -1,4 +1,5 @@
-"""The end-of-run report of `python -m kiln run`: per compiled region, graphs, breaks, recompiles, timings.
+"""The end-of-run report of `python -m kiln run`: fallbacks, then per compiled region, graphs, breaks,
+recompiles, timings.
 
 `collect(contexts)` turns the compile contexts into plain data (`Region`,
 `GraphInfo`); `text_report` prints it, `kiln.debug.html.html_report` renders the
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln import fallbacks
 from kiln.capture.entry import CaptureRecord, CompileContext
 
 STAGES = ("capture", "autograd", "lowering", "scheduling", "codegen", "build", "backend")
@@ -137,6 +139,7 @@ def text_report(contexts: list[CompileContext], summary: str | None = None) -> s
     lines = ["", "=" * 78, "kiln report", "=" * 78]
     if summary:
         lines.append(summary)
+    lines.append(fallbacks.summary())
     if not regions:
         lines.append("no kiln.compile / torch.compile call ran")
     for region in regions:

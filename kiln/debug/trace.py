@@ -5,6 +5,7 @@ the directory is `kiln.config.debug_dir`, else `$KILN_DEBUG_DIR`, else `./kiln_d
 
     <debug dir>/
       index.md                    every graph directory and file, with what it holds
+      fallbacks.txt               fallbacks by kind, then each (kiln/fallbacks.py), once there is one
       graph<N>/                   kiln's captured graph N (N as in the report and the profiler range)
         summary.txt               function, ops, graph break, recompile reason, compile time by stage
         captured_graph.py         the FX graph, as readable Python
@@ -35,6 +36,7 @@ import os
 import re
 from pathlib import Path
 
+from kiln import fallbacks
 from kiln.capture.entry import CaptureRecord, CompileContext
 from kiln.config import CompileOptions, debug_dir
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
@@ -58,6 +60,7 @@ FILES = {
     "times.json": "code generator time by stage",
     "fused_graph.svg": "diagram of the fused graph (kernels as clusters)",
     "fallback.txt": "why the graph runs through ATen",
+    "fallbacks.txt": "fallbacks by kind, then each",
 }
 
 
@@ -79,7 +82,21 @@ def on_graph(compiled: CompiledGraph, options: CompileOptions) -> None:
     """Code generator listener: write one ATen graph's artefacts."""
     if enabled(options):
         write_aten_graph(debug_dir(), compiled, diagram=_diagram(options))
+        write_fallbacks(debug_dir())
         write_index(debug_dir())
+
+
+def on_fallback(fallback: fallbacks.Fallback) -> None:
+    """kiln.fallbacks listener: keep `fallbacks.txt` current (where KILN_DEBUG_DIR turns the directory on; a
+    graph's own `trace.enabled` writes it with the graph)."""
+    if enabled(None):
+        write_fallbacks(debug_dir())
+
+
+def write_fallbacks(root: Path) -> None:
+    if fallbacks.records() or fallbacks.breaks:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "fallbacks.txt").write_text(fallbacks.summary() + "\n")
 
 
 def on_record(ctx: CompileContext, record: CaptureRecord) -> None:
@@ -159,6 +176,8 @@ def write_index(root: Path) -> None:
         m = re.match(r"([a-z]+)(\d+)$", p.name)
         return (m.group(1), int(m.group(2))) if m else (p.name, 0)
 
+    if (root / "fallbacks.txt").exists():
+        lines += [f"[fallbacks.txt](fallbacks.txt) — {FILES['fallbacks.txt']}", ""]
     for d in sorted((p for p in root.iterdir() if p.is_dir()), key=key):
         head = (d / "summary.txt").read_text().splitlines()[0] if (d / "summary.txt").exists() else d.name
         lines.append(f"## {d.name}: {head}")
@@ -178,5 +197,7 @@ def flush(contexts: list[CompileContext]) -> None:
             for record in ctx.records:
                 write_record(debug_dir(), record, diagram=_diagram(options))
                 written = True
+    if written or enabled(None):
+        write_fallbacks(debug_dir())
     if written:
         write_index(debug_dir())

@@ -61,8 +61,14 @@ VIEW_OPS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape
 class GraphLowering:
     """The lowering context, passed explicitly to every lowering rule."""
 
-    def __init__(self, gm: torch.fx.GraphModule, pad_matmul_operands: bool = False, channels_last_convs: bool = False):
+    def __init__(self, gm: torch.fx.GraphModule, pad_matmul_operands: bool = False, channels_last_convs: bool = False,
+                 through_aten: frozenset = frozenset()):
         self.gm = gm
+        self.through_aten = through_aten  # FX node names run as externs, lowering or not (a kernel fell back)
+        self.origins: dict[str, frozenset] = {}  # buffer -> the FX nodes whose values it computes
+        self._current: torch.fx.Node | None = None  # the FX node being lowered
+        self._extern_args = False  # realizing the arguments of an extern call of `_current`
+        self._env: dict = {}
         self.pad_matmul_operands = pad_matmul_operands
         self.channels_last_convs = channels_last_convs
         self.zero_padded: dict[str, int] = {}  # buffer -> its logical last size (the rest of each row is 0)
@@ -80,6 +86,8 @@ class GraphLowering:
 
     def add_buffer(self, node: ir.Node) -> None:
         self.nodes.append(node)
+        if self._current is not None:
+            self.origins[node.name] = self._origins(node)
         if isinstance(node, (ir.ComputedBuffer, ir.MultiOutput)):
             self.layouts[node.name] = node.layout
         elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
@@ -139,7 +147,7 @@ class GraphLowering:
 
     # -- the walk
     def run(self, example_inputs) -> ir.LoweredGraph:
-        env: dict[torch.fx.Node, Any] = {}
+        env: dict[torch.fx.Node, Any] = self._env
         outputs = None
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         for node, example in zip(placeholders, example_inputs):
@@ -151,6 +159,7 @@ class GraphLowering:
             if node.op == "get_attr":
                 env[node] = self._constant(node)
                 continue
+            self._current = node
             if node.op == "output":
                 owners = _input_owners(placeholders, example_inputs, self.inputs)
                 results = tree_flatten(node.args[0])[0]
@@ -160,7 +169,36 @@ class GraphLowering:
                     results)]
                 continue
             env[node] = self._call(node, env)
-        return ir.LoweredGraph(self.inputs, self.nodes, outputs, self.size_vars, self.constants, self.zero_padded)
+        return ir.LoweredGraph(self.inputs, self.nodes, outputs, self.size_vars, self.constants, self.zero_padded,
+                               self.origins, self.through_aten)
+
+    def _origins(self, node: ir.Node) -> frozenset:
+        """The FX nodes whose computation `node` (a buffer added while lowering `self._current`) holds:
+        running them as externs takes its body out of the kernels. An extern call holds its own op; an
+        argument realized for it, what is inlined into that argument; any other buffer, the current op
+        and what is inlined into it."""
+        current = self._current
+        if isinstance(node, (ir.Extern, ir.MultiOutput)):
+            return frozenset({current.name} if current.op == "call_function" else ())
+        contributors = self._contributors(current)
+        return contributors - {current.name} if self._extern_args else contributors
+
+    def _contributors(self, node: torch.fx.Node) -> frozenset:
+        """`node` and, through its inputs that are still unrealized (index functions inlined into it),
+        the FX nodes those compute."""
+        out, stack, seen = set(), [node], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op == "call_function":
+                out.add(n.name)
+            for a in n.all_input_nodes:
+                v = self._env.get(a)
+                if isinstance(v, IndexFunction) and v.buffer_view() is None:
+                    stack.append(a)
+        return frozenset(out)
 
     def _constant(self, node):
         """A tensor attribute of the graph module: an input the wrapper binds once, at load time."""
@@ -207,7 +245,7 @@ class GraphLowering:
             return self._sym(meta)
         if isinstance(meta, torch.SymInt):
             return self._sym(meta)
-        rule = LOWERINGS.get(node.target)
+        rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
         if rule is not None:
             try:
                 out = rule(self, meta, *args, **kwargs)
@@ -277,8 +315,12 @@ class GraphLowering:
                 return ir.SymRef(a)
             return a
 
-        c_args = tree_map(convert, args)
-        c_kwargs = tree_map(convert, kwargs)
+        self._extern_args = True
+        try:
+            c_args = tree_map(convert, args)
+            c_kwargs = tree_map(convert, kwargs)
+        finally:
+            self._extern_args = False
         schema = getattr(op, "_schema", None)
         aliases = bool(schema and any(r.alias_info is not None for r in schema.returns))
         name = self.new_name()
@@ -454,11 +496,12 @@ def _layout(t: torch.Tensor) -> ir.Layout:
 
 
 def lower_graph(gm: torch.fx.GraphModule, example_inputs, pad_matmul_operands: bool = False,
-                channels_last_convs: bool = False) -> ir.LoweredGraph:
+                channels_last_convs: bool = False, through_aten: frozenset = frozenset()) -> ir.LoweredGraph:
     """Lower `gm` (ATen-level, with `meta["val"]` on its nodes) to the loop-level IR.
 
     GPU choices: `pad_matmul_operands` (shape padding) stores computed matmul operands with long unaligned
     rows with zero-padded rows; `channels_last_convs` runs 2-d convolutions on channels-last tensors
     (cuDNN's native layout: NCHW convolutions transpose their input and output inside cuDNN), and the
-    kernels between them read and write that layout."""
-    return GraphLowering(gm, pad_matmul_operands, channels_last_convs).run(example_inputs)
+    kernels between them read and write that layout. `through_aten` names FX nodes to run as ATen
+    externs whatever their lowering (kiln.fallbacks: the ops of a kernel that failed to build)."""
+    return GraphLowering(gm, pad_matmul_operands, channels_last_convs, through_aten).run(example_inputs)

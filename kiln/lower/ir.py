@@ -238,6 +238,8 @@ class LoweredGraph:
     size_vars: dict = field(default_factory=dict)  # sympy.Symbol -> how the wrapper binds it
     constants: dict = field(default_factory=dict)  # name -> tensor (graph attributes)
     zero_padded: dict = field(default_factory=dict)  # buffer -> logical last size (rows padded with zeros past it)
+    origins: dict = field(default_factory=dict)  # buffer -> FX node names it computes (a kernel's fallback)
+    through_aten: frozenset = frozenset()  # FX node names lowered as ATen externs because a kernel fell back
 
     def buffer_layouts(self) -> dict:
         out = {b.name: b.layout for b in self.inputs if isinstance(b, InputBuffer)}

@@ -136,11 +136,28 @@ def _build_units(units: list[str], lib: Path, out: str) -> None:
         _run([compiler(), *CXX_FLAGS, *[str(p.with_suffix(".o")) for p in paths], "-o", out, *LIBS])
 
 
+class BuildError(RuntimeError):
+    """The C++ compiler rejected a source."""
+
+
 def _run(cmd: list[str]) -> None:
     log.debug("compiling %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"kiln: C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        raise BuildError(f"kiln: C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+
+
+def compiles(source: str) -> bool:
+    """Whether the compiler accepts `source` (parsed and checked only, no code generated): how a failed
+    build finds the kernel that broke it."""
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "check.cpp"
+        path.write_text(source)
+        try:
+            _run([compiler(), *[f for f in CXX_FLAGS if f != "-shared"], "-fsyntax-only", str(path)])
+        except BuildError:
+            return False
+    return True
 
 
 def load(source: str) -> ctypes.CDLL:

@@ -12,6 +12,7 @@ from kiln.api import context_of
 from .helpers import break_reasons, check, t
 
 
+@pytest.mark.allows_fallback('frame: capture is broken on purpose')
 def test_internal_capture_failure_warns_once_and_runs_eagerly(monkeypatch):
     import kiln.capture.entry as entry
 
@@ -116,6 +117,7 @@ def test_module_parameters_and_buffers_iteration():
     check_module(M, t(2, 3, grad=True), graphs=1, fullgraph=True)
 
 
+@pytest.mark.allows_fallback("frame: kiln runs a generator function's frame natively (unresumable yield)")
 def test_compiling_a_generator_function_yields_like_eager():
     def gen(x):
         for i in range(3):
@@ -168,6 +170,7 @@ def test_inplace_input_then_print_sees_new_value(capsys):
     assert capsys.readouterr().out == "3.0\n"
 
 
+@pytest.mark.allows_fallback("frame: a continuation's capture is broken on purpose")
 def test_continuation_capture_failure_steps_natively(monkeypatch, capsys):
     """An internal failure while capturing a continuation must not break the program."""
     import kiln.capture.entry as entry

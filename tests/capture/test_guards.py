@@ -304,6 +304,7 @@ def test_swapped_function_global_recompiles():
     assert len(context_of(c).records) == 2
 
 
+@pytest.mark.allows_fallback('frame_limit: the test reaches config.cache_size_limit')
 def test_cache_size_limit_then_eager_with_one_warning(monkeypatch):
     monkeypatch.setattr(kiln.config, "cache_size_limit", 3)
 

@@ -246,6 +246,8 @@ def test_torch_nn_module_config_change_is_seen():
     torch.testing.assert_close(out, m(x))
 
 
+@pytest.mark.allows_fallback(
+    'graph_break: hooks registered after compile break the graph (torch.compile inlines hooks)')
 def test_backward_hook_added_after_compile_fires():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
@@ -258,6 +260,8 @@ def test_backward_hook_added_after_compile_fires():
     assert fired == [1]
 
 
+@pytest.mark.allows_fallback(
+    'graph_break: hooks registered after compile break the graph (torch.compile inlines hooks)')
 def test_global_forward_hook_registered_after_compile_runs():
     from torch.nn.modules.module import register_module_forward_hook
 

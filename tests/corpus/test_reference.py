@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import kiln
+
 from .reference import check, t
 
 
@@ -29,7 +31,7 @@ def _raises(gm, example_inputs):
                                               (_mutates_first_input, "args after the call"),
                                               (_raises, "backend failed at run time")])
 def test_harness_catches_a_wrong_backend(backend, message):
-    with pytest.raises((AssertionError, ValueError), match=message):
+    with pytest.raises((AssertionError, ValueError, kiln.KilnStrictError), match=message):
         check(lambda x: (x * 0).sum(), (t(4),), backend=backend)
 
 

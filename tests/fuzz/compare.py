@@ -17,9 +17,7 @@ to eager); "died" (the process running it ended: only seen by the subprocess run
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -271,34 +269,16 @@ def eager_reruns(source: str, call: int) -> dict:
 
 
 # -- the whole program ---------------------------------------------------------------------------------
-class _FailureLog(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if "failed" in message:
-            self.messages.append(message)
-
-
-# kiln's warnings that it ran a frame eagerly: capture failed, or the compiled graph raised where eager does not
-FALLBACK_WARNINGS = ("kiln: capturing", "kiln: the compiled graph of")
-
-
 @contextlib.contextmanager
 def capture_failures():
-    """Collect kiln's 'capturing ... failed' warnings and log records: a fallback to eager is a crash."""
-    handler = _FailureLog()
-    logger = logging.getLogger("kiln")
-    logger.addHandler(handler)
+    """Collect the frames kiln ran eagerly (kiln.fallbacks kind "frame": capture failed, or the compiled graph
+    raised where eager does not; not an unresumable break): a fallback to eager is a crash. Under KILN_STRICT=1 the call itself raises instead."""
+    failures: list[str] = []
+    before = len(kiln.fallbacks.records())
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield handler.messages
-            handler.messages += [str(w.message) for w in caught if str(w.message).startswith(FALLBACK_WARNINGS)]
+        yield failures
     finally:
-        logger.removeHandler(handler)
+        failures += [f for f in kiln.fallbacks.records()[before:] if f.kind == "frame" and f.stage != "resume"]
 
 
 def load(source: str) -> dict:
@@ -322,8 +302,8 @@ def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> 
                 return Outcome(m.status, m.kind, f"call {call}: {m.message}")
             ill_conditioned = ill_conditioned or (why and f"call {call}: {why}")
     if failures:
-        kind = "graph_raised" if failures[0].startswith(FALLBACK_WARNINGS[1]) else "capture_failed"
-        return Outcome("crash", kind, failures[0].split("\n")[0])
+        kind = "graph_raised" if failures[0].stage == "rerun" else "capture_failed"
+        return Outcome("crash", kind, failures[0].describe().split("\n")[0])
     if ill_conditioned:
         return Outcome("ill-conditioned", "values", ill_conditioned)
     return Outcome("ok")

@@ -76,7 +76,15 @@ def test_seed(backend, seed):
     check_program(generate(seed), backend)
 
 
-@pytest.mark.parametrize("backend,seed", REGRESSION_SEEDS)
+# regression seeds whose programs make kiln fall back (they run with KILN_STRICT=0), with the fallback
+FALLING_BACK = {
+    ("inductor", 362): "graph: std's backward under dynamic sizes divides by a SymFloat kiln cannot lower",
+}
+
+
+@pytest.mark.parametrize("backend,seed", [
+    pytest.param(b, s, marks=[pytest.mark.allows_fallback(FALLING_BACK[b, s])] if (b, s) in FALLING_BACK else [])
+    for b, s in REGRESSION_SEEDS])
 def test_once_failing_seed(backend, seed):
     check_program(generate(seed), backend)
 

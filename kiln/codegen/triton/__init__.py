@@ -23,6 +23,7 @@ from kiln.codegen.triton import templates, tuning
 from kiln.codegen.triton.generate import generate_kernel
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.wrapper import ERROR_FLAG
+from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
 from kiln.runtime import cache
 from kiln.schedule import deps
@@ -70,19 +71,25 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
     unaligned = maybe_unaligned(sched)
     kernels = {}
     for g in sched.kernels():
-        spec = sched.template_of(g)
-        if spec is not None and not max_autotune:
-            kernels[g.name] = default_template(g, layouts, external, spec)
-        elif max_autotune:
-            kernels[g.name] = tuning.tuned_template(g, layouts, external, spec) if spec is not None \
-                else tuning.tuned_kernel(g, layouts, external)
-        else:
-            kernels[g.name] = generate_kernel(g, layouts, external, unaligned=unaligned)
+        try:
+            kernels[g.name] = _generate(g, sched, layouts, external, unaligned, max_autotune)
+        except Exception as e:  # this kernel's ops run through ATen (kiln.fallbacks)
+            raise KernelBuildFailed(g.name, "codegen", e) from e
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
         header += tuning.HEADER
     source = "\n\n".join([header] + [k.source for k in kernels.values()])
     return source, kernels
+
+
+def _generate(g, sched: Schedule, layouts: dict, external: set, unaligned: set, max_autotune: bool) -> TritonKernel:
+    spec = sched.template_of(g)
+    if spec is not None and not max_autotune:
+        return default_template(g, layouts, external, spec)
+    if max_autotune:
+        return tuning.tuned_template(g, layouts, external, spec) if spec is not None \
+            else tuning.tuned_kernel(g, layouts, external)
+    return generate_kernel(g, layouts, external, unaligned=unaligned)
 
 
 def default_template(group, layouts: dict, external, spec) -> TritonKernel:
@@ -164,8 +171,9 @@ def load_module(source: str):
         return module
 
 
-def precompile_all(module, kernels: list) -> None:
-    """Compile every kernel now, where a compile error can still make the graph fall back to ATen.
+def precompile_all(module, kernels: dict) -> None:
+    """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
+    back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
     Triton compiles a kernel mostly outside the GIL (LLVM, ptxas), and a big training
     graph has hundreds (benchmarks/compile_time.py): a thread pool compiles them
@@ -173,12 +181,19 @@ def precompile_all(module, kernels: list) -> None:
     """
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers <= 1 or interpreting():
-        for k in kernels:
-            k.precompile(module)
+        for name, k in kernels.items():
+            _precompile(name, k, module)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
-        for future in [pool.submit(k.precompile, module) for k in kernels]:
+        for future in [pool.submit(_precompile, name, k, module) for name, k in kernels.items()]:
             future.result()
+
+
+def _precompile(name: str, kernel, module) -> None:
+    try:
+        kernel.precompile(module)
+    except Exception as e:
+        raise KernelBuildFailed(name, "build", e) from e
 
 
 def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> dict:
@@ -189,7 +204,7 @@ def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> d
     if not kernels:
         return {}
     module = load_module(source)
-    precompile_all(module, list(kernels.values()))
+    precompile_all(module, kernels)
     launchers = {name: getattr(module, name) for name in kernels}
     if timer is not None:
         for fn in launchers.values():

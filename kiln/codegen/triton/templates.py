@@ -301,7 +301,9 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
     templates: dict = {}
     nodes = []
     for n in graph.nodes:
-        if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout):
+        # a matmul whose template kernel failed to build stays the ATen call (kiln.fallbacks)
+        if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout) \
+                and not graph.origins.get(n.name, frozenset()) & graph.through_aten:
             dtype = n.layout.dtype
             multiple = padding_multiple(dtype, device_type) if shape_padding else 0
             made = _template_node(n, multiple, max_autotune)

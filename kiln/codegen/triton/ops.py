@@ -54,9 +54,6 @@ OPS = {
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 
-# Ops whose result in a half type is exact (no rounding needed after computing in float32).
-EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
-
 
 def to_half(code: str, dtype: torch.dtype) -> str:
     """Round a float value to a half type, nearest-even (`kiln_to_bf16`: the interpreter's own bf16 cast truncates)."""

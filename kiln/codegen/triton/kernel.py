@@ -74,6 +74,11 @@ def _decompose(flat: str, sizes, variables) -> list[str]:
     return lines
 
 
+def _literal_value(code: str):
+    """The Python value of a literal `ops.literal` printed (`0.5`, `-3`, `True`, `float('nan')`)."""
+    return eval(code, {"float": float})
+
+
 def _loop_symbols(exprs) -> set:
     """Every symbol the indices, masks and index values inside `exprs` use (which loop variables a gather needs)."""
     return set().union(*(ir.index_symbols(root) for root in exprs))
@@ -144,11 +149,29 @@ class TritonKernel(KernelPrinter):
         return f"{var} = {code}"
 
     def template(self, e: ir.Op, args: list) -> str:
-        if all(a in self.literals for a in args) or (e.name == "pow" and args[0] in self.literals):
-            # e.g. exp(2.0), 2.0 ** x: give Triton a tensor
-            args[0] = f"tl.full([1], {args[0]}, {ops.COMPUTE[e.args[0].dtype]})"
+        """Triton's op table entry; literal operands made blocks where Triton would take them as scalars of the
+        wrong type or has no scalar form (see `_literal_operands`)."""
+        for k in self._literal_operands(e, args):
+            args[k] = self._block(args[k], e.args[k].dtype)
         self._checks(e, args)
         return ops.OPS[e.name]
+
+    def _block(self, code: str, dtype: torch.dtype) -> str:
+        """`code` as a block of `dtype`'s compute type if it is a literal (Triton takes a literal as a scalar, and
+        a Python int as int32 where it fits), else `code`."""
+        return f"tl.full([1], {code}, {ops.COMPUTE[dtype]})" if code in self.literals else code
+
+    def _literal_operands(self, e: ir.Op, args: list) -> list[int]:
+        """The operands of `e` to make blocks: the first of an op over literals only (exp(2.0): a scalar has
+        no exp), a literal first operand of an op Triton calls as a function (helpers read its dtype: 2.0 ** x,
+        7 // x), and both values of a where between literals (Triton would pick int32 or float32 for them,
+        not the where's dtype)."""
+        literal = [a in self.literals for a in args]
+        if e.name == "where":
+            return [1, 2] if literal[1] and literal[2] else []
+        if all(literal) or (literal[0] and e.name not in ops.INFIX):
+            return [0]
+        return []
 
     def _checks(self, e: ir.Op, args: list) -> None:
         """Report what eager rejects among `e`'s operands: an index out of range (`check_index`), and under
@@ -170,9 +193,8 @@ class TritonKernel(KernelPrinter):
     def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:
             return x
-        if x in self.literals:
-            value = eval(x)  # a literal this module printed
-            return self.lit(ops.literal(value, dst))
+        if x in self.literals:  # folded here, to the value eager's conversion gives
+            return self.lit(ops.literal(ir.converted(_literal_value(x), src, dst), dst))
         if dst == torch.bool:
             return f"({x} != 0)"
         if dst in ops.ROUNDED:
@@ -201,9 +223,14 @@ class TritonKernel(KernelPrinter):
             self.line(f"# {node.name} stays in registers (read only inside this kernel)")
             return
         lay = node.layout
-        v = self.cast(var, dtype, lay.dtype)
-        if lay.dtype in ops.ROUNDED:
-            v = ops.to_half(v, lay.dtype)
+        if var in self.literals:  # a constant: Triton stores blocks, not scalars
+            v = self._block(ops.literal(ir.converted(_literal_value(var), dtype, lay.dtype), lay.dtype), lay.dtype)
+            if lay.dtype in ops.ROUNDED:  # exact: the value is one of the half type's
+                v = f"{v}.to({ops.STORAGE[lay.dtype]})"
+        else:
+            v = self.cast(var, dtype, lay.dtype)
+            if lay.dtype in ops.ROUNDED:
+                v = ops.to_half(v, lay.dtype)
         syms = index.free_symbols
         ptr = texpr(index)
         # the pointer block must have the shape of the value's loop nest (a full reduction stores at offset 0;
@@ -214,8 +241,6 @@ class TritonKernel(KernelPrinter):
         if inner and not syms & self.yvars:
             ptr = f"{ptr} + 0 * rindex"
         mask = "mask" if inner else "xmask"
-        if v in self.literals:
-            v = f"tl.full([1], {v}, {ops.STORAGE[lay.dtype]})"
         self.line(f"tl.store({node.name} + ({ptr}), {v}, {mask})")
 
     # ------------------------------------------------------------------ the kernel
@@ -357,6 +382,7 @@ class TritonKernel(KernelPrinter):
             if not node.is_reduction():
                 self._store(node, var, body.dtype)
                 continue
+            var = self._block(var, body.dtype)  # a reduced constant: its lanes in its dtype, not int32/float32
             rtype = node.data.reduction_type
             family = node.data.family
             key = (family, body)
@@ -416,6 +442,7 @@ class TritonKernel(KernelPrinter):
             if not node.is_reduction():
                 self._store(node, var, body.dtype)
                 continue
+            var = self._block(var, body.dtype)  # a reduced constant: its lanes in its dtype, not int32/float32
             family = node.data.family
             acc = accs[(family, body)]
             if acc in updated:

@@ -423,9 +423,9 @@ class TritonKernel(KernelPrinter):
             t = ops.COMPUTE[dtype]
             acc = self.new_tmp("acc")
             accs[key] = acc
-            if family == "welford":
+            if family == "welford":  # in the body's compute type: a float64 variance accumulates in float64
                 for part in ("mean", "m2", "weight"):
-                    self.line(f"{acc}_{part} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+                    self.line(f"{acc}_{part} = tl.zeros([XBLOCK, RBLOCK], {t})")
             else:
                 self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ops.identity(family, dtype)}, {t})")
                 if family in ("argmax", "argmin"):

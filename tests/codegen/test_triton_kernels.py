@@ -26,7 +26,7 @@ skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402
-from support.triton_sm90 import compile_for_sm90, recording_builds  # noqa: E402
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
 
 from kiln.codegen import compile_aten_graph  # noqa: E402
 
@@ -43,8 +43,7 @@ def compile_triton(fn, *inputs, mode="real", options=None):
     gm = trace(fn, *inputs, mode=mode)
     with recording_builds() as builds:
         compiled = compile_aten_graph(gm, list(inputs), dict(TRITON, **(options or {})))
-    failures = compile_for_sm90(builds)
-    assert not failures, "\n\n".join(f"{name}: {error}" for name, error in failures.items())
+    assert_compiles_for_sm90(builds)
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
     assert "kernels.py" in compiled.artefacts
     return compiled

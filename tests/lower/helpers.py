@@ -7,7 +7,7 @@ from torch.utils._pytree import tree_flatten
 
 from kiln.codegen import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
-from support.triton_sm90 import compile_for_sm90, recording_builds
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
 
 
 def trace(fn, *inputs, mode="real"):
@@ -62,8 +62,7 @@ def check_triton(fn, *inputs, device: str = "cpu"):
     with recording_builds() as builds:
         compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
-    failures = compile_for_sm90(builds)
-    assert not failures, "\n\n".join(f"{name}: {error}" for name, error in failures.items())
+    assert_compiles_for_sm90(builds)
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
     with torch.no_grad():
         assert_same(compiled(*inputs), fn(*inputs))

@@ -17,7 +17,7 @@ on a GPU, behind a driver that only names the target.
 
     with recording_builds() as builds:
         compiled = compile_aten_graph(gm, inputs, {"cpu_backend": "triton"})
-    assert compile_for_sm90(builds) == {}    # {kernel name: compile error} for those that fail
+    assert_compiles_for_sm90(builds)    # or compile_for_sm90(builds): {kernel name: compile error}
 """
 from __future__ import annotations
 
@@ -79,6 +79,12 @@ def compile_for_sm90(builds: list[dict]) -> dict[str, str]:
     if not reply:
         raise RuntimeError(f"the sm_90 compiler process exited ({child.wait()})")
     return json.loads(reply)
+
+
+def assert_compiles_for_sm90(builds: list[dict]) -> None:
+    """Fail the calling test with each kernel's compile error if any of `builds` does not compile for sm_90."""
+    failures = compile_for_sm90(builds)
+    assert not failures, "\n\n".join(f"{name}: {error}" for name, error in failures.items())
 
 
 # ----------------------------------------------------------------------------- the child process

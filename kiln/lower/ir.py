@@ -58,6 +58,14 @@ class Const:
     dtype: torch.dtype
 
 
+def converted(value, src: torch.dtype, dst: torch.dtype) -> bool | int | float:
+    """`value`, a constant of `src`, converted to `dst` as eager converts a tensor of `src`: first held in `src`
+    (0.1 as float32 is 0.100000001490116), then rounded to nearest-even in a half type, wrapped into a narrow
+    integer type. Returns the Python scalar holding exactly the `dst` value."""
+    exact = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None)
+    return exact.to(src).to(dst).item()
+
+
 @dataclass(frozen=True)
 class IndexValue:
     """An index expression used as data (arange, masks): a sympy expression, integer or boolean."""

@@ -71,8 +71,8 @@ def _simplify_loads(e: ir.Expr) -> ir.Expr:
 def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
     if e.dtype == dtype:
         return e
-    if isinstance(e, ir.Const):
-        return ir.Const(_py_value(e.value, dtype), dtype)
+    if isinstance(e, ir.Const):  # folded to the value eager's conversion gives
+        return ir.Const(ir.converted(e.value, e.dtype, dtype), dtype)
     return ir.Op("cast", (e,), dtype)
 
 

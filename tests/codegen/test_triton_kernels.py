@@ -6,6 +6,9 @@ module, on machines without a GPU only (on a GPU machine it would make every CUD
 collected alongside interpret its kernels). The interpreter is slow: shapes are small, but big enough for tails (sizes
 that are not a power of two) and for looped reductions (rows past the persistent limit).
 
+Every kernel is also compiled for an H100 (sm_90, tests/support/triton_sm90.py) without running it: the
+interpreter accepts code that Triton's compiler rejects.
+
 On a GPU the same tests run the kernels for real:
     KILN_TRITON_TEST_DEVICE=cuda python -m pytest tests/codegen/test_triton_kernels.py
 """
@@ -23,6 +26,7 @@ skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
 
 from kiln.pipeline import compile_aten_graph  # noqa: E402
 
@@ -37,7 +41,9 @@ def on_device(inputs):
 def compile_triton(fn, *inputs, mode="real", options=None):
     inputs = on_device(inputs)
     gm = trace(fn, *inputs, mode=mode)
-    compiled = compile_aten_graph(gm, list(inputs), dict(TRITON, **(options or {})))
+    with recording_builds() as builds:
+        compiled = compile_aten_graph(gm, list(inputs), dict(TRITON, **(options or {})))
+    assert_compiles_for_sm90(builds)
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
     assert "kernels.py" in compiled.artefacts
     return compiled
@@ -341,6 +347,15 @@ def test_split_reduction_of_few_long_rows(op):
           "mean": lambda x: x.mean(-1), "var": lambda x: x.var(-1)}[op]
     c = check(fn, x)
     assert "split reduction" in source(c) and "_partial" in source(c), source(c)
+
+
+@pytest.mark.parametrize("cols", [19, LOOPED, 9000], ids=["persistent", "looped", "split"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_variance_accumulates_in_its_dtype(dtype, cols):
+    """Welford's running mean, M2 and count are in the body's compute type: a float64 variance's float32
+    accumulators lose its precision, and Triton's compiler rejects a loop that widens them to float64."""
+    x = torch.randn(3, cols).to(dtype) * 100 + 1e4
+    check(lambda x: torch.var_mean(x, -1), x)
 
 
 def test_split_full_and_column_and_batchnorm_style_reductions():

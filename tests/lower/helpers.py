@@ -5,6 +5,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten
 
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
+
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
 
@@ -56,10 +58,12 @@ def count_externs(compiled) -> int:
 
 def check_triton(fn, *inputs, device: str = "cpu"):
     """`fn` compiled for the Triton target on `device` (the interpreter on CPU), compared with eager, with
-    no ATen externs left."""
+    no ATen externs left, and its kernels compiled for sm_90 (tests/support/triton_sm90.py)."""
     inputs = [x.to(device) for x in inputs]
-    compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
+    with recording_builds() as builds:
+        compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    assert_compiles_for_sm90(builds)
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
     with torch.no_grad():
         assert_same(compiled(*inputs), fn(*inputs))

@@ -1,4 +1,4 @@
-"""One C++/OpenMP function per KernelGroup.
+"""One C++/OpenMP function per KernelGroup (the walk over the IR is kiln/codegen/kernel.py's).
 
 Layout of a generated kernel:
 
@@ -37,6 +37,7 @@ import torch
 
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import cexpr as _cexpr
+from kiln.codegen.kernel import KernelPrinter, expand
 from kiln.lower import ir
 from kiln.lower.index import contiguous_strides, linear_index, product
 from kiln.schedule.fusion import KernelGroup
@@ -78,7 +79,6 @@ OPS = {
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 # Integer divisions report a zero divisor through the kernel's `kiln_error` (see the prelude).
 INTEGER_DIVISIONS = {name: OPS[name].replace("({0}, {1})", "({0}, {1}, kiln_error)") for name in ir.CHECKED_DIVISIONS}
-EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
 
 # reduction type -> (accumulator declaration, update, result, merge, simd clause or None)
 REDUCTIONS = {
@@ -105,9 +105,8 @@ COLUMN_LANES = 16
 # A column tile's accumulators start here (reductions with a plain per-lane accumulator).
 LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln::highest<{T}>()", "any": "false"}
 
-# Index expressions repeat across kernels (equal shapes, equal views): print and expand each once.
+# Index expressions repeat across kernels (equal shapes, equal views): print each once.
 cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
-_expand = functools.lru_cache(maxsize=65536)(sympy.expand)
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -124,57 +123,30 @@ def const_literal(value, dtype) -> str:
     return f"static_cast<{t}>({int(value)}L)"
 
 
-class CppKernel:
+class CppKernel(KernelPrinter):
+    INDENT = "  "
+    COMPUTE = COMPUTE
+
     def __init__(self, group: KernelGroup, layouts: dict):
-        self.group = group
-        self.layouts = layouts
-        self.lines: list[str] = []
-        self.indent = 1
-        self.tmp = 0
-        self.values: dict[str, tuple] = {}   # buffer -> (store index, C++ variable) still in scope
-        self.inputs: dict[str, None] = {}
-        self.outputs: dict[str, None] = {}
-        self.produced = {n.name for n in group.nodes}
-        self.stored = {n.name for n in group.nodes if n.name not in group.local}
+        super().__init__(group, layouts)
         # whether the kernel checks values (an index, an integer divisor): it then returns an error code
         self.reports_errors = False
 
-    # ------------------------------------------------------------------ emission helpers
-    def line(self, s: str) -> None:
-        self.lines.append("  " * self.indent + s)
+    # ------------------------------------------------------------------ the target's pieces of the walk
+    def literal(self, value, dtype) -> str:
+        return const_literal(value, dtype)
 
-    def new_tmp(self, prefix="tmp") -> str:
-        self.tmp += 1
-        return f"{prefix}{self.tmp - 1}"
+    def index_value(self, e: ir.IndexValue) -> str:
+        code = cexpr(e.expr)
+        return code if e.dtype == torch.bool else f"static_cast<{COMPUTE[e.dtype]}>({code})"
 
-    def emit(self, e: ir.Expr, scope: Scope) -> str:
-        key, hit = scope.lookup(e)
-        if hit is not None:
-            return hit
-        if isinstance(e, ir.Const):
-            return const_literal(e.value, e.dtype)
-        if isinstance(e, ir.IndexValue):
-            code = cexpr(e.expr)
-            out = code if e.dtype == torch.bool else f"static_cast<{COMPUTE[e.dtype]}>({code})"
-        elif isinstance(e, ir.Load):
-            out, in_register = self._load(e, scope)
-            if in_register:
-                scope.cache[key] = out
-                return out
-        elif e.name == "cast":
-            out = self._cast(self.emit(e.args[0], scope), e.args[0].dtype, e.dtype)
-        else:
-            args = [self.emit(a, scope) for a in e.args]
-            t = COMPUTE[e.args[0].dtype] if e.name != "where" else COMPUTE[e.dtype]
-            out = self._template(e).format(*args, T=t)
-            if e.dtype in HALF and e.name not in EXACT_IN_HALF:
-                out = f"{HALF[e.dtype][2]}({out})"
-        var = self.new_tmp()
-        self.line(f"{'auto' if e.dtype == torch.bool else COMPUTE[e.dtype]} {var} = {out};")
-        scope.cache[key] = var
-        return var
+    def round_half(self, code: str, dtype: torch.dtype) -> str:
+        return f"{HALF[dtype][2]}({code})"
 
-    def _template(self, e: ir.Op) -> str:
+    def declare(self, var: str, code: str, dtype: torch.dtype) -> str:
+        return f"{'auto' if dtype == torch.bool else COMPUTE[dtype]} {var} = {code};"
+
+    def template(self, e: ir.Op, args: list) -> str:
         """The C++ template of `e`; one that may find an invalid value makes the kernel report errors."""
         if e.name in ir.CHECKED_DIVISIONS and not e.args[0].dtype.is_floating_point:
             self.reports_errors = True
@@ -182,7 +154,7 @@ class CppKernel:
         self.reports_errors |= e.name == "check_index"
         return OPS[e.name]
 
-    def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:
             return x
         if dst == torch.bool:
@@ -191,34 +163,19 @@ class CppKernel:
             return f"{HALF[dst][2]}(static_cast<float>({x}))"
         return f"static_cast<{COMPUTE[dst]}>({x})"
 
-    def _load(self, e: ir.Load, scope) -> tuple[str, bool]:
-        """(C++ for the loaded value, whether it is a variable already holding it)."""
-        index = _expand(e.index)
-        if e.indirect:  # gather: compute the index values first, then address with them
-            index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
-        known = self.values.get(e.buf)
-        if known is not None and known[0] == index:
-            return known[1], True
-        if e.buf in self.group.local:
-            raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
-        if e.buf not in self.produced:
-            self.inputs[e.buf] = None
+    def load_code(self, e: ir.Load, index) -> str:
         code = f"{e.buf}[{cexpr(index)}]"
         if e.dtype in HALF:
             code = f"{HALF[e.dtype][0]}({code})"
         if e.mask is not None:
             code = f"({cexpr(e.mask)} ? {code} : {COMPUTE[e.dtype]}(0))"
-        return code, False
+        return code
 
-    def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
-        index = self.group.store_index(node)
-        self.values[node.name] = (index, var)
-        if node.name in self.stored:
-            self.outputs[node.name] = None
-            v = self._cast(var, dtype, node.layout.dtype)
-            if node.layout.dtype in HALF:
-                v = f"{HALF[node.layout.dtype][1]}({v})"
-            self.line(f"{node.name}[{cexpr(index)}] = {v};")
+    def store_code(self, node: ir.ComputedBuffer, index, var: str, dtype: torch.dtype) -> None:
+        v = self.cast(var, dtype, node.layout.dtype)
+        if node.layout.dtype in HALF:
+            v = f"{HALF[node.layout.dtype][1]}({v})"
+        self.line(f"{node.name}[{cexpr(index)}] = {v};")
 
     # ------------------------------------------------------------------ loops
     def _open_loops(self, sizes, variables, pragma_outer=None, pragma_inner=None) -> int:
@@ -257,11 +214,10 @@ class CppKernel:
         else:
             self._row_loops(par)
         body = self.lines[body_start:]
+        self._arguments()
         params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
         params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
-        self.size_args = sorted(self.group.size_symbols(), key=str)
         params += [f"const int64_t {s}" for s in self.size_args]
-        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
         self.params = params
         if self.reports_errors:
             body = ["  int64_t kiln_error = 0;"] + [_reducing_errors(line) for line in body] + ["  return kiln_error;"]
@@ -303,18 +259,10 @@ class CppKernel:
         rename = {n: f"_{k}" for k, n in enumerate(names)}
         return _NAME.sub(lambda m: rename.get(m.group(0), m.group(0)), self.source)
 
-    def alias_of(self, target: "CppKernel") -> str:
+    def alias_of(self, target: CppKernel) -> str:
         """A declaration making this kernel's symbol another name of `target`'s function (same canonical source)."""
         return (f'extern "C" {target.return_type} {self.group.name}({", ".join(target.params)}) '
                 f'__attribute__((alias("{target.group.name}")));')
-
-    def _mapped(self, node):
-        return ir.subs_expr(node.data.body, self.group.var_map(node))
-
-    def _outer_segment(self, seg, scope: Scope) -> None:
-        for node in seg.nodes:
-            var = self.emit(self._mapped(node), scope)
-            self._store(node, var, node.data.body.dtype)
 
     def _inner_segment(self, seg, outer_scope: Scope, parallel: bool, par) -> None:
         g = self.group
@@ -380,9 +328,9 @@ class CppKernel:
                     return False
                 if not isinstance(e, ir.Load):
                     continue
-                index = _expand(e.index)
+                index = expand(e.index)
                 step_x, step_y = index.coeff(x), index.coeff(y)
-                if x in _expand(index - step_x * x).free_symbols or e.mask is not None or e.indirect:
+                if x in expand(index - step_x * x).free_symbols or e.mask is not None or e.indirect:
                     return False
                 along_rows += step_y == 1
                 along_columns += step_x == 1 and step_y != 0
@@ -461,8 +409,7 @@ class CppKernel:
                     updated.add(acc)
             else:
                 self._store(node, var, body.dtype)
-        # inner values do not outlive the loop
-        self.values = {k: v for k, v in self.values.items() if k in saved and saved[k] == v}
+        self._forget_values_since(saved)  # inner values do not outlive the loop
 
     def _parallel_reduction(self, seg, accs, decls, par) -> None:
         """Inner loops split over threads; each thread's partial merged in thread order."""

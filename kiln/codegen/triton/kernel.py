@@ -1,9 +1,9 @@
-"""One @triton.jit kernel (and its Python launcher) per KernelGroup.
+"""One @triton.jit kernel (and its Python launcher) per KernelGroup (the IR walk: kiln/codegen/kernel.py).
 
 Layout of a generated reduction kernel (softmax over rows of 64, persistent):
 
     @triton.jit
-    def kernel0_amax_sub_exp_sum_div(arg0, buf3, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    def triton_fused_amax_exp_sum_0(arg0, buf3, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
         xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]   # rows: the outer loops
         xmask = xindex < xnumel
         x0 = xindex
@@ -30,12 +30,13 @@ import torch
 
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import _Printer, pyexpr
+from kiln.codegen.kernel import KernelPrinter
 from kiln.codegen.triton import ops
 from kiln.codegen.triton.heuristics import LaunchConfig, choose, transposed_dim
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.lower import ir
-from kiln.lower.index import contiguous_strides, linear_index, product
+from kiln.lower.index import product
 from kiln.schedule.fusion import KernelGroup
 
 
@@ -73,48 +74,28 @@ def decompose_index(flat: str, sizes, variables) -> list[str]:
     return lines
 
 
+def _literal_value(code: str):
+    """The Python value of a literal `ops.literal` printed (`0.5`, `-3`, `True`, `float('nan')`)."""
+    return eval(code, {"float": float})
+
+
 def _loop_symbols(exprs) -> set:
     """Every symbol the indices, masks and index values inside `exprs` use (which loop variables a gather needs)."""
     return set().union(*(ir.index_symbols(root) for root in exprs))
 
 
-def describe(group: KernelGroup) -> str:
-    """A name fragment saying what a kernel fuses: its reductions and top-level ops, in order."""
-    words = []
-    for n in group.nodes:
-        d = n.data
-        if isinstance(d, ir.Reduction):
-            w = {"welford_mean": "var_mean", "welford_m2": "var_mean"}.get(d.reduction_type, d.reduction_type)
-        elif isinstance(d.body, ir.Op):
-            w = d.body.name if d.body.name != "cast" else "to"
-        else:
-            w = "copy" if isinstance(d.body, ir.Load) else "fill"
-        if w not in words:
-            words.append(w)
-    return "_".join(words[:5])
-
-
-class TritonKernel:
+class TritonKernel(KernelPrinter):
     takes_tensors = True  # the wrapper passes tensors (Triton reads data_ptr and dtype), not raw pointers
+    COMPUTE = ops.COMPUTE
 
     def __init__(self, group: KernelGroup, layouts: dict, config: LaunchConfig | None = None, external=None,
                  unaligned=None):
-        self.group = group
+        super().__init__(group, layouts)
         # buffers that may not be 16-byte aligned (graph inputs, views made by externs): the launcher checks
         # only these (None: all), as fresh allocations always are
         self.unaligned = unaligned
-        self.layouts = layouts
         self.config = config or choose(group, layouts)
         self.tile_dim = transposed_dim(group) if self.config.kind == "tiled" else None  # the tiles' row dim
-        self.lines: list[str] = []
-        self.indent = 1
-        self.tmp = 0
-        self.literals: set[str] = set()
-        self.values: dict[str, tuple] = {}   # buffer -> (store index, variable) still in registers
-        self.inputs: dict[str, None] = {}
-        self.outputs: dict[str, None] = {}
-        self.produced = {n.name for n in group.nodes}
-        self.stored = {n.name for n in group.nodes if n.name not in group.local}
         # persistent kernels keep every row in registers: a buffer no other step reads needs no store
         # (it is still an argument: the wrapper allocates and frees what the schedule stores)
         self.skip_store = set()
@@ -124,25 +105,12 @@ class TritonKernel:
         self.xvars = set(group.outer_vars())
         self.yvars = set(group.inner_vars())
         # the launcher takes the group's name (what the wrapper calls); the kernel is named after it
-        plain = group.name.startswith("kernel") and group.name[6:].isdigit()
-        self.jit_name = f"triton_{group.name}" + (f"_{describe(group)}" if plain and describe(group) else "")
+        self.jit_name = f"triton_{group.name}"
         # max-autotune emits one launcher per candidate config: `entry` is the launcher's name, `launch_suffix`
         # tells its Launcher objects apart, `signature` (when set) is the argument order the entry takes
         self.entry = group.name
         self.launch_suffix = ""
         self.signature: list | None = None
-
-    # ------------------------------------------------------------------ emission helpers
-    def line(self, s: str) -> None:
-        self.lines.append("    " * self.indent + s)
-
-    def new_tmp(self, prefix="tmp") -> str:
-        self.tmp += 1
-        return f"{prefix}{self.tmp - 1}"
-
-    def lit(self, code: str) -> str:
-        self.literals.add(code)
-        return code
 
     def mask_for(self, syms) -> str | None:
         """The block mask matching the loop variables an index uses."""
@@ -156,48 +124,54 @@ class TritonKernel:
             return "xmask"
         return None
 
-    def emit(self, e: ir.Expr, scope: Scope) -> str:
-        key, hit = scope.lookup(e)
-        if hit is not None:
-            return hit
-        if isinstance(e, ir.Const):
-            return self.lit(ops.literal(e.value, e.dtype))
-        if isinstance(e, ir.IndexValue):
-            expr = sympy.sympify(e.expr)
-            if not expr.free_symbols:
-                v = bool(expr) if e.dtype == torch.bool else expr
-                return self.lit(ops.literal(v, e.dtype))
-            code = texpr(expr)
-            if e.dtype != torch.bool:
-                if not (expr.free_symbols & (self.xvars | self.yvars)):
-                    code = f"({code} + tl.zeros([1], tl.int64))"  # sizes only: make it a tensor
-                code = f"({code}).to({ops.COMPUTE[e.dtype]})"
-                if e.dtype in ops.ROUNDED:
-                    code = f"{ops.to_half(code, e.dtype)}.to(tl.float32)"
-            out = code
-        elif isinstance(e, ir.Load):
-            out = self._load(e, scope)
-            if out in self.values_vars():
-                scope.cache[key] = out
-                return out
-        elif e.name == "cast":
-            out = self._cast(self.emit(e.args[0], scope), e.args[0].dtype, e.dtype)
-            if out in self.literals:
-                return out
-        else:
-            args = [self.emit(a, scope) for a in e.args]
-            if all(a in self.literals for a in args) or (e.name == "pow" and args[0] in self.literals):
-                # e.g. exp(2.0), 2.0 ** x: give Triton a tensor
-                args[0] = f"tl.full([1], {args[0]}, {ops.COMPUTE[e.args[0].dtype]})"
-            self._checks(e, args)
-            t = ops.COMPUTE[e.args[0].dtype] if e.name != "where" else ops.COMPUTE[e.dtype]
-            out = ops.OPS[e.name].format(*args, T=t)
-            if e.dtype in ops.ROUNDED and e.name not in ops.EXACT_IN_HALF:
-                out = f"{ops.to_half(out, e.dtype)}.to(tl.float32)"
-        var = self.new_tmp()
-        self.line(f"{var} = {out}")
-        scope.cache[key] = var
-        return var
+    # ------------------------------------------------------------------ the target's pieces of the walk
+    def literal(self, value, dtype) -> str:
+        return ops.literal(value, dtype)
+
+    def index_value(self, e: ir.IndexValue) -> str:
+        expr = sympy.sympify(e.expr)
+        if not expr.free_symbols:
+            v = bool(expr) if e.dtype == torch.bool else expr
+            return self.lit(ops.literal(v, e.dtype))
+        code = texpr(expr)
+        if e.dtype != torch.bool:
+            if not (expr.free_symbols & (self.xvars | self.yvars)):
+                code = f"({code} + tl.zeros([1], tl.int64))"  # sizes only: make it a tensor
+            code = f"({code}).to({ops.COMPUTE[e.dtype]})"
+            if e.dtype in ops.ROUNDED:
+                code = self.round_half(code, e.dtype)
+        return code
+
+    def round_half(self, code: str, dtype: torch.dtype) -> str:
+        return f"{ops.to_half(code, dtype)}.to(tl.float32)"
+
+    def declare(self, var: str, code: str, dtype: torch.dtype) -> str:
+        return f"{var} = {code}"
+
+    def template(self, e: ir.Op, args: list) -> str:
+        """Triton's op table entry; literal operands made blocks where Triton would take them as scalars of the
+        wrong type or has no scalar form (see `_literal_operands`)."""
+        for k in self._literal_operands(e, args):
+            args[k] = self._block(args[k], e.args[k].dtype)
+        self._checks(e, args)
+        return ops.OPS[e.name]
+
+    def _block(self, code: str, dtype: torch.dtype) -> str:
+        """`code` as a block of `dtype`'s compute type if it is a literal (Triton takes a literal as a scalar, and
+        a Python int as int32 where it fits), else `code`."""
+        return f"tl.full([1], {code}, {ops.COMPUTE[dtype]})" if code in self.literals else code
+
+    def _literal_operands(self, e: ir.Op, args: list) -> list[int]:
+        """The operands of `e` to make blocks: the first of an op over literals only (exp(2.0): a scalar has
+        no exp), a literal first operand of an op Triton calls as a function (helpers read its dtype: 2.0 ** x,
+        7 // x), and both values of a where between literals (Triton would pick int32 or float32 for them,
+        not the where's dtype)."""
+        literal = [a in self.literals for a in args]
+        if e.name == "where":
+            return [1, 2] if literal[1] and literal[2] else []
+        if all(literal) or (literal[0] and e.name not in ops.INFIX):
+            return [0]
+        return []
 
     def _checks(self, e: ir.Op, args: list) -> None:
         """Report what eager rejects among `e`'s operands: an index out of range (`check_index`), and under
@@ -216,38 +190,25 @@ class TritonKernel:
         self.line(f"{flag} = (tl.full([1], 0, tl.int1) | ({bad})){f' & {mask}' if mask else ''}")
         self.line(f"tl.store({ERROR_FLAG} + {flag}.to(tl.int32) * 0, {code}, {flag})")
 
-    def values_vars(self) -> set:
-        return {v for _, v in self.values.values()}
-
-    def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:
             return x
-        if x in self.literals:
-            value = eval(x)  # a literal this module printed
-            return self.lit(ops.literal(value, dst))
+        if x in self.literals:  # folded here, to the value eager's conversion gives
+            return self.lit(ops.literal(ir.converted(_literal_value(x), src, dst), dst))
         if dst == torch.bool:
             return f"({x} != 0)"
         if dst in ops.ROUNDED:
             src_float = src.is_floating_point and src not in ops.ROUNDED or src == torch.float32
             x = x if src_float or src in ops.ROUNDED else f"{x}.to(tl.float32)"
-            return f"{ops.to_half(x, dst)}.to(tl.float32)"
+            return self.round_half(x, dst)
         if src in ops.ROUNDED and ops.COMPUTE[dst] == "tl.float32":
             return x
         return f"{x}.to({ops.COMPUTE[dst]})"
 
-    def _load(self, e: ir.Load, scope: Scope) -> str:
-        index = sympy.expand(e.index)
+    def load_code(self, e: ir.Load, index) -> str:
         syms = index.free_symbols | (e.mask.free_symbols if e.mask is not None else set())
-        if e.indirect:  # gather: compute the index values first, then address with them
+        if e.indirect:  # the gathered index values' own loop variables decide the mask too
             syms |= _loop_symbols([x for _, x in e.indirect])
-            index = index.xreplace({s: sympy.Symbol(self.emit(x, scope), integer=True) for s, x in e.indirect})
-        known = self.values.get(e.buf)
-        if known is not None and known[0] == index:
-            return known[1]
-        if e.buf in self.group.local:
-            raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
-        if e.buf not in self.produced:
-            self.inputs[e.buf] = None
         masks = [m for m in [self.mask_for(syms)] if m]
         if e.mask is not None:
             masks.append(texpr(e.mask))
@@ -257,19 +218,19 @@ class TritonKernel:
             code += ".to(tl.float32)"
         return code
 
-    def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
-        index = self.group.store_index(node)
-        self.values[node.name] = (index, var)
-        if node.name not in self.stored:
-            return
-        self.outputs[node.name] = None
+    def store_code(self, node: ir.ComputedBuffer, index, var: str, dtype: torch.dtype) -> None:
         if node.name in self.skip_store:
             self.line(f"# {node.name} stays in registers (read only inside this kernel)")
             return
         lay = node.layout
-        v = self._cast(var, dtype, lay.dtype)
-        if lay.dtype in ops.ROUNDED:
-            v = ops.to_half(v, lay.dtype)
+        if var in self.literals:  # a constant: Triton stores blocks, not scalars
+            v = self._block(ops.literal(ir.converted(_literal_value(var), dtype, lay.dtype), lay.dtype), lay.dtype)
+            if lay.dtype in ops.ROUNDED:  # exact: the value is one of the half type's
+                v = f"{v}.to({ops.STORAGE[lay.dtype]})"
+        else:
+            v = self.cast(var, dtype, lay.dtype)
+            if lay.dtype in ops.ROUNDED:
+                v = ops.to_half(v, lay.dtype)
         syms = index.free_symbols
         ptr = texpr(index)
         # the pointer block must have the shape of the value's loop nest (a full reduction stores at offset 0;
@@ -280,8 +241,6 @@ class TritonKernel:
         if inner and not syms & self.yvars:
             ptr = f"{ptr} + 0 * rindex"
         mask = "mask" if inner else "xmask"
-        if v in self.literals:
-            v = f"tl.full([1], {v}, {ops.STORAGE[lay.dtype]})"
         self.line(f"tl.store({node.name} + ({ptr}), {v}, {mask})")
 
     # ------------------------------------------------------------------ the kernel
@@ -313,8 +272,7 @@ class TritonKernel:
             else:
                 self._looped_segment(seg, outer_scope)
         body = self.lines
-        self.size_args = sorted(self.group.size_symbols(), key=str)
-        self.arg_names = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
+        self._arguments()
         params = self.arg_names + [str(s) for s in self.size_args] + ["xnumel"]
         if reduction or tiled:
             params.append("rnumel")
@@ -360,7 +318,6 @@ class TritonKernel:
 
     def example_args(self) -> tuple[list, list]:
         """(dtype of each tensor argument, a value for each integer argument) for `Launcher.precompile`."""
-        g = self.group
         dtypes = [self.layouts[b].dtype for b in self.arg_names]
         numels = list(self._numels())
         ints = [int(v) if sympy.sympify(v).is_Integer else 2 for v in list(self.size_args) + numels]
@@ -379,7 +336,7 @@ class TritonKernel:
         return (product(g.outer), product(g.inner)) if g.inner else (product(g.outer),)
 
     def _launcher(self) -> str:
-        g, cfg = self.group, self.config
+        cfg = self.config
         sizes = [str(s) for s in self.size_args]
         numels = self._numels()
         lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
@@ -402,16 +359,10 @@ class TritonKernel:
                     f"num_warps={cfg.num_warps}, {check}{kw})")
         return launcher + "\n\n\n" + "\n".join(lines) + "\n"
 
-
-    def _mapped(self, node):
-        return ir.subs_expr(node.data.body, self.group.var_map(node))
-
     # ------------------------------------------------------------------ segments
     def _outer_segment(self, seg, scope: Scope) -> None:
-        self._in_inner = False
-        for node in seg.nodes:
-            var = self.emit(self._mapped(node), scope)
-            self._store(node, var, node.data.body.dtype)
+        self._in_inner = False  # after a persistent segment: values over rows only again
+        super()._outer_segment(seg, scope)
 
     def _reduction_keys(self, seg):
         """Reductions of a segment grouped by (family, body): welford mean and m2 of one input share work."""
@@ -431,6 +382,7 @@ class TritonKernel:
             if not node.is_reduction():
                 self._store(node, var, body.dtype)
                 continue
+            var = self._block(var, body.dtype)  # a reduced constant: its lanes in its dtype, not int32/float32
             rtype = node.data.reduction_type
             family = node.data.family
             key = (family, body)
@@ -471,9 +423,9 @@ class TritonKernel:
             t = ops.COMPUTE[dtype]
             acc = self.new_tmp("acc")
             accs[key] = acc
-            if family == "welford":
+            if family == "welford":  # in the body's compute type: a float64 variance accumulates in float64
                 for part in ("mean", "m2", "weight"):
-                    self.line(f"{acc}_{part} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+                    self.line(f"{acc}_{part} = tl.zeros([XBLOCK, RBLOCK], {t})")
             else:
                 self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ops.identity(family, dtype)}, {t})")
                 if family in ("argmax", "argmin"):
@@ -490,6 +442,7 @@ class TritonKernel:
             if not node.is_reduction():
                 self._store(node, var, body.dtype)
                 continue
+            var = self._block(var, body.dtype)  # a reduced constant: its lanes in its dtype, not int32/float32
             family = node.data.family
             acc = accs[(family, body)]
             if acc in updated:
@@ -506,8 +459,7 @@ class TritonKernel:
             else:
                 self.line(f"{acc} = tl.where(mask, {ops.ACCUMULATE[family].format(a=acc, v=var)}, {acc})")
         self.indent -= 1
-        # values computed inside the loop do not outlive it
-        self.values = {k: v for k, v in self.values.items() if k in saved and saved[k] == v}
+        self._forget_values_since(saved)  # values computed inside the loop do not outlive it
         self._finish_looped(keys, {key: self._lane_combine(key[0], acc) for key, acc in accs.items()})
         self._in_inner = False
 
@@ -527,7 +479,7 @@ class TritonKernel:
         else:
             self.line(f"{out} = {ops.REDUCE_BLOCK[family].format(v=acc)}")
             parts = {"value": out}
-        for name, var in parts.items():
+        for var in parts.values():
             self.line(f"{var} = {var}[:, None]")
         return parts
 

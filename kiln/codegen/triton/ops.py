@@ -53,9 +53,8 @@ OPS = {
     "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
-
-# Ops whose result in a half type is exact (no rounding needed after computing in float32).
-EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
+# Ops printed as Python operators, which take a Python scalar operand; the others are calls (helpers, libdevice).
+INFIX = {name for name, template in OPS.items() if template.startswith("(")}
 
 
 def to_half(code: str, dtype: torch.dtype) -> str:

@@ -28,7 +28,7 @@ from kiln.codegen.triton.kernel import TritonKernel, decompose_index, reduction_
 from kiln.lower.index import product
 
 # workspace parts of each reduction family: (part, dtype of the partial: None = the body's compute type)
-PARTS = {"welford": (("mean", torch.float32), ("m2", torch.float32), ("weight", torch.float32)),
+PARTS = {"welford": (("mean", None), ("m2", None), ("weight", None)),
          "argmax": (("value", None), ("index", torch.int64)),
          "argmin": (("value", None), ("index", torch.int64))}
 DEFAULT_PARTS = (("value", None),)

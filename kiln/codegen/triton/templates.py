@@ -409,8 +409,7 @@ class MatmulTemplateKernel(TritonKernel):
             self.line(f"# segment {k} (epilogue): {', '.join(n.name for n in seg.nodes)}")
             self._outer_segment(seg, scope)
         body = self.lines
-        self.size_args = sorted(g.size_symbols(), key=str)
-        self.arg_names = [x for x in self.inputs if x not in self.outputs] + list(self.outputs)
+        self._arguments()
         params = self.arg_names + [str(s) for s in self.size_args] + [
             f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K")]
         doc = (f"matmul template {spec.op} [{spec.batch} x] {spec.M} x {spec.N} x {spec.K} "

@@ -19,7 +19,12 @@ def full(ctx, meta, *args, **kwargs):
     value = args[1] if len(args) > 1 else (args[0] if not isinstance(args[0], (list, tuple)) else kwargs["fill_value"])
     if isinstance(value, float) and not (dtype.is_floating_point or dtype == torch.bool):
         value = int(value)
+    if isinstance(value, (bool, int, float)):  # the value the tensor holds: 0.1 filled in bf16 is 0.10009765625
+        value = ir.converted(value, _PYTHON_SCALAR_DTYPE[type(value)], dtype)
     return IndexFunction(size, dtype, operand(value, size, dtype))
+
+
+_PYTHON_SCALAR_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64}
 
 
 @register(aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,

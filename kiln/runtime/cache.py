@@ -31,7 +31,10 @@ log = logging.getLogger("kiln.runtime.cache")
 
 # -fwrapv: eager's integer arithmetic wraps on overflow; without it signed overflow is undefined in C++ and
 # the optimizer folds e.g. `-a > -b` into `b > a`, which differs from eager when a negation wraps.
-CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv"]
+# -ffp-contract=off: eager rounds each op; gcc would fuse `a*3 - b*3` into one fma, rounding once, so a value
+# eager computes as exactly 0 comes out as a rounding error.
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv",
+             "-ffp-contract=off"]
 LIBS = ["-lmvec", "-lm"]  # glibc's vector math (the kernels' exp/erf/tanh... in simd loops)
 
 # Between two independently compilable parts of a source (see the module docstring).

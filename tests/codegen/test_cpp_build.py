@@ -33,3 +33,11 @@ def test_parallel_units_build_one_library(tmp_path, monkeypatch):
     assert cache.split_units("pre" + cache.UNIT_MARK + "a" + cache.UNIT_MARK + "b", 1) == \
         ["pre" + cache.UNIT_MARK + "a" + cache.UNIT_MARK + "b"]
     assert cache.split_units("pre" + cache.UNIT_MARK + "a" + cache.UNIT_MARK + "b", 2) == ["prea", "preb"]
+
+
+def test_each_op_rounds_as_in_eager_with_no_fused_multiply_add():
+    """`a*3 - b*3` with a == b is exactly 0 in eager, which rounds each product; a fused multiply-add would
+    round once and leave the first product's rounding error."""
+    a = torch.randn(1000)
+    compiled = check(lambda a, b: a * 3 - b * 3, a, a.clone())
+    assert compiled(a, a.clone())[0].abs().max().item() == 0.0

@@ -64,3 +64,51 @@ def test_in_place_view_op_on_an_input(program, backend):
             torch.testing.assert_close(k, e)
         if isinstance(expected, list):
             assert actual[0] is kiln_args[1]
+
+
+# -- on inputs that share storage: the graph writes through one base per storage (aliased_inputs.py), and the
+# in-place view op must still change the inputs themselves; one tensor passed twice changes through both names.
+
+def transpose_then_read_the_other(a, b):
+    a.t_()
+    return b + 1, a * 2
+
+
+def unsqueeze_then_write_the_other(a, b):
+    a.unsqueeze_(0)
+    a.add_(1)
+    return b * 1
+
+
+def transpose_the_returned_one(a, b):
+    b.transpose_(0, 1)
+    return b, a.sum(0)
+
+
+def as_strided_then_read(a, b):
+    b.as_strided_((2,), (2,))
+    return a + b.sum()
+
+
+SHARED = {
+    "same": lambda x: (x, x),
+    "stepped": lambda x: (x, x[::2]),
+    "transposed": lambda x: (x, x.t()),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("sharing", list(SHARED))
+@pytest.mark.parametrize("program", [transpose_then_read_the_other, unsqueeze_then_write_the_other,
+                                     transpose_the_returned_one, as_strided_then_read], ids=lambda f: f.__name__)
+def test_in_place_view_op_on_inputs_sharing_storage(program, sharing, backend):
+    compiled = kiln.compile(program, backend=backend)
+    for call in range(2):
+        eager_args, kiln_args = (SHARED[sharing](torch.arange(12.0).reshape(4, 3) + call) for _ in range(2))
+        expected, actual = program(*eager_args), compiled(*kiln_args)
+        torch.testing.assert_close(actual, expected)
+        for e, k in zip(eager_args, kiln_args):
+            assert (k.shape, k.stride(), k.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+            torch.testing.assert_close(k, e)
+        if program is transpose_the_returned_one:
+            assert actual[0] is kiln_args[1]

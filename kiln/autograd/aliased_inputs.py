@@ -134,7 +134,7 @@ class SyntheticBases:
         if self.restrided:  # in the graph, the view of the base took the new geometry, not the input
             with torch.no_grad():
                 for i, (shape, stride, offset) in self.restrided:
-                    args[i].as_strided_(shape, stride, offset)
+                    args[i].as_strided_(shape, stride, args[i].storage_offset() + offset)
         if self.returned_inputs:  # `return a`: eager returns the input itself, not a view of the base
             out = list(out)
             for position, i in self.returned_inputs:
@@ -145,10 +145,12 @@ class SyntheticBases:
 
 def _restrided(gm: fx.GraphModule, example_inputs: list, members: set[int]) -> list[tuple[int, tuple]]:
     """(input, new geometry) for the aliased inputs whose geometry an in-place view op of the graph
-    (`t_`, `unsqueeze_`, `as_strided_`) changes: eager's input has it after the call."""
+    (`t_`, `unsqueeze_`, `as_strided_`) changes: eager's input has it after the call. The storage
+    offset is relative to the input's, as the runtime applies it."""
     changes = _fake_run(gm, example_inputs, members) or {}
-    return [(i, geometry) for i, (_, geometry) in sorted(changes.items())
-            if geometry != _geometry(example_inputs[i])]
+    before = {i: _geometry(example_inputs[i]) for i in changes}
+    return [(i, (shape, stride, offset - before[i][2])) for i, (_, (shape, stride, offset)) in sorted(changes.items())
+            if (shape, stride, offset) != before[i]]
 
 
 def _returned_placeholders(gm: fx.GraphModule, members: set[int]) -> list[tuple[int, int]]:

@@ -58,8 +58,6 @@ KNOWN_FAILING = {
     ("eager", 411): "python state lost: a dict entry appended to before bool - bool raises",
     ("aot_eager", 395): "python state lost: a list append before an op that raises at run time",
     ("aot_eager", 411): "python state lost: a dict entry appended to before bool - bool raises",
-    ("aot_eager", 2649): "capture fails on call 1 (sources must not be empty for a symbol): an input that is a view "
-                         "(`c[1:]`, `c` not an input) is unsqueeze_'d, then its size changes",
     ("inductor", 217): "a write into an expanded view: the compile fails where eager raises on the write",
     ("inductor", 395): "python state lost: a list append before an op that raises at run time",
     ("inductor", 411): "python state lost: a dict entry appended to before bool - bool raises",

@@ -36,7 +36,8 @@ class GraphBuilder:
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
-        self._input_of_tensor: dict[int, tuple[fx.Node, torch.Tensor]] = {}  # id(real) -> the same (`inputs` keeps it alive)
+        # id(real) -> its placeholder and fake (`inputs` keeps each real tensor alive, so ids stay unique)
+        self._input_of_tensor: dict[int, tuple[fx.Node, torch.Tensor]] = {}
         self._names: set[str] = set()
         self.op_count = 0
         self.enables_grad = False  # a grad-mode change inside the graph turns it on

@@ -58,6 +58,13 @@ def _storage_groups(inputs: list) -> list[list[int]]:
 
 def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
     """Does one run of `gm` on fake copies of `inputs` (their storage sharing kept) write any of `positions`?"""
+    changes = _fake_run(gm, inputs, positions)
+    return changes is None or any(written for written, _ in changes.values())
+
+
+def _fake_run(gm: fx.GraphModule, inputs: list, positions: set[int]) -> dict[int, tuple[bool, tuple]] | None:
+    """Per input of `positions`: (written in place, geometry after) in one run of `gm` on fake copies of
+    `inputs` (their storage sharing kept); None if the plain fake run cannot do some op."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
     versions = {i: fakes[i]._version for i in positions}
@@ -65,8 +72,12 @@ def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
         with mode, torch.no_grad():
             gm(*fakes)
     except Exception:  # an op the plain fake run cannot do: assume a write, which is compiled soundly either way
-        return True
-    return any(fakes[i]._version != v for i, v in versions.items())
+        return None
+    return {i: (fakes[i]._version != v, _geometry(fakes[i])) for i, v in versions.items()}
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
 def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup:
@@ -110,6 +121,7 @@ class SyntheticBases:
         member_of = {i: (g, k) for g in groups for k, i in enumerate(g.members)}
         self.kept = [i for i in range(len(example_inputs)) if i not in member_of]
         self.returned_inputs = _returned_placeholders(gm, set(member_of))
+        self.restrided = _restrided(gm, example_inputs, set(member_of))
         self.compiled = compile(_rewrite(gm, groups, example_inputs), self.inputs(example_inputs))
 
     def inputs(self, args) -> list:
@@ -119,12 +131,26 @@ class SyntheticBases:
 
     def __call__(self, *args):
         out = self.compiled(*self.inputs(args))
+        if self.restrided:  # in the graph, the view of the base took the new geometry, not the input
+            with torch.no_grad():
+                for i, (shape, stride, offset) in self.restrided:
+                    args[i].as_strided_(shape, stride, args[i].storage_offset() + offset)
         if self.returned_inputs:  # `return a`: eager returns the input itself, not a view of the base
             out = list(out)
             for position, i in self.returned_inputs:
                 out[position] = args[i]
             out = tuple(out)
         return out
+
+
+def _restrided(gm: fx.GraphModule, example_inputs: list, members: set[int]) -> list[tuple[int, tuple]]:
+    """(input, new geometry) for the aliased inputs whose geometry an in-place view op of the graph
+    (`t_`, `unsqueeze_`, `as_strided_`) changes: eager's input has it after the call. The storage
+    offset is relative to the input's, as the runtime applies it."""
+    changes = _fake_run(gm, example_inputs, members) or {}
+    before = {i: _geometry(example_inputs[i]) for i in changes}
+    return [(i, (shape, stride, offset - before[i][2])) for i, (_, (shape, stride, offset)) in sorted(changes.items())
+            if (shape, stride, offset) != before[i]]
 
 
 def _returned_placeholders(gm: fx.GraphModule, members: set[int]) -> list[tuple[int, int]]:

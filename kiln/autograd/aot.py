@@ -270,7 +270,8 @@ class AOTCompiled:
         if self._raises_in_eager(traced):
             return self.program.run
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
-                                      program.fake_mode(), graph_of=lambda result: result[0])
+                                      program.fake_mode(), len(signature.graph_outputs),
+                                      graph_of=lambda result: result[0])
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
 
     def _build_training(self, key: tuple) -> Callable:
@@ -299,7 +300,7 @@ class AOTCompiled:
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),
-                                      graph_of=lambda result: result[0])
+                                      joint.num_outputs, graph_of=lambda result: result[0])
         _check_no_mutation_of_grad_inputs(mutations, requires_grad)
         num_outputs, num_grads = joint.num_outputs, sum(joint.grad_mask)
         layout = JointLayout(

@@ -23,6 +23,8 @@ written input gets `copy_(input, new value)` at the end, as the re-trace records
 """
 from __future__ import annotations
 
+import operator
+
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -45,12 +47,15 @@ class InputMutation:
 
 
 def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
-                  mode: FakeTensorMode | None = None) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
+                  mode: FakeTensorMode | None = None,
+                  fresh_outputs: int = 0) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
     """A functional copy of `gm`; input mutations are appended to its outputs.
 
     Rewritten without tracing where `_rewrite_input_writes` applies; otherwise re-traced in
     `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one owning its
-    symbols)."""
+    symbols). The first `fresh_outputs` outputs are tensors that eager creates (each on a storage
+    of its own): they stay so, though dropping identities may have left them an input or each other
+    (`_own_storages`)."""
     root, graph = gm, _rewrite_input_writes(gm)
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
@@ -60,6 +65,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
         graph = root.graph
     mutations = _lift_input_mutations(graph)
     _remove_identities(graph)
+    _own_storages(graph, fresh_outputs)
     graph.eliminate_dead_code()
     fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
     verify_functional(fgm)
@@ -218,6 +224,55 @@ def _remove_identities(graph: torch.fx.Graph) -> None:
             if (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.shape == src.shape
                     and dst.dtype == src.dtype and dst.device == src.device and dst.stride() == src.stride()):
                 node.replace_all_uses_with(node.args[1])
+
+
+def _own_storages(graph: torch.fx.Graph, count: int) -> None:
+    """Give each of the first `count` outputs that is an input (or a constant of the graph), or another
+    of them, or a view of either, a storage of its own.
+
+    Eager returns each of these outputs as a new tensor, but in the functional graph a write can
+    become the value it wrote: `t = a + 1; t[...] = a; return t` returns `a`'s value, and once
+    `copy(t, a)` is dropped as an identity, the graph returns the input `a` itself (and
+    `t.copy_(u); return u, t` returns one tensor twice). Without a copy the caller would get its
+    own input back, or two outputs where writing one changes the other.
+    """
+    output = graph.find_nodes(op="output")[0]
+    outs = list(output.args[0])
+    claimed: set[torch.fx.Node] = set()  # the nodes whose storage an earlier output already holds
+    for k in range(count):
+        if not isinstance(outs[k], torch.fx.Node):
+            continue
+        chain = _view_chain(outs[k])
+        if chain[0].op in ("placeholder", "get_attr") or chain[0] in claimed:
+            with graph.inserting_before(output):
+                outs[k] = _replay_on_copy(graph, chain)
+            chain = _view_chain(outs[k])
+        claimed.add(chain[0])
+    output.args = (outs,)
+
+
+def _view_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """[root, ..., node]: the views (and items of `split`'s list) from the node whose storage `node` is on."""
+    chain = [node]
+    while node.op == "call_function":
+        op = node.args[0].target if node.target is operator.getitem else node.target
+        if not getattr(op, "is_view", False):
+            break
+        node = node.args[0]
+        chain.append(node)
+    return chain[::-1]
+
+
+def _replay_on_copy(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> torch.fx.Node:
+    """The views of `chain` taken again from a clone of its root: the same geometry (strides, not
+    only values, as eager's output has them), on a storage of its own."""
+    new = graph.call_function(aten.clone.default, (chain[0],))
+    new.meta["val"] = fake_run(aten.clone.default, new)
+    for old in chain[1:]:
+        base = old.args[0]
+        new = graph.node_copy(old, lambda n, base=base, copy=new: copy if n is base else n)
+        new.meta["val"] = fake_run(new.target, new)
+    return new
 
 
 def verify_functional(gm: torch.fx.GraphModule) -> None:

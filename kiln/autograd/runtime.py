@@ -53,7 +53,7 @@ def restride_inputs(signature: OutputSignature, flat: list) -> None:
     if signature.restrided_inputs:
         with torch.no_grad():
             for i, (shape, stride, offset) in signature.restrided_inputs:
-                flat[i].as_strided_(shape, stride, offset)
+                flat[i].as_strided_(shape, stride, flat[i].storage_offset() + offset)
 
 
 class MutationWriter:

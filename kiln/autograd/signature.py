@@ -145,9 +145,9 @@ class OutputSignature:
     that only those outputs reach, not a zero tensor."""
 
     restrided_inputs: list[tuple[int, tuple]] = field(default_factory=list)
-    """(input, (shape, stride, storage offset)): inputs whose geometry an in-place view op changed (`t_`,
-    `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
-    input its new geometry after the call, as AOTAutograd does."""
+    """(input, (shape, stride, storage offset relative to the input's)): inputs whose geometry an
+    in-place view op changed (`t_`, `unsqueeze_`, `as_strided_`). Functionalization keeps the data in
+    the graph; the runtime gives the input its new geometry after the call, as AOTAutograd does."""
 
     multi_output_views: tuple[int, ...] = ()
     """Leaves that eager returns as outputs of a view op with several outputs (`unbind`, `split`, `chunk`)
@@ -178,6 +178,10 @@ class OutputSignature:
         """
         specs = [self.graph_outputs[i] for i in self.differentiable()]
         return [s.contiguous() if s.symbolic else s for s in specs]
+
+
+REFUSE_GRAD = {"resize_", "resize_as_", "set_", torch.Tensor.resize_, torch.Tensor.resize_as_, torch.Tensor.set_}
+"""In-place ops (method names and functions, as a captured graph calls them) that raise on a tensor requiring grad."""
 
 
 class FlatProgram:
@@ -272,14 +276,22 @@ class FlatProgram:
 
     def analyze(self, requires_grad: tuple[bool, ...] | None) -> OutputSignature:
         """Run `gm` once on fake inputs to classify its outputs (grad mode on iff requires_grad)."""
-        mode = self.fake_mode()
-        rg = requires_grad or (False,) * self.num_inputs
         # Inputs that require grad are run as copies (non-leaves, with the input's strides, which
         # may be written in place), as the graph function runs them when they are mutated; a
         # copy's version counter then tells whether it was. Without grad mode, floating inputs
         # are run so too: an alias then tells eager's `x.detach()` (no grad) from `x[0]`
         # (requires grad, as a view taken under no_grad of an input that requires grad does).
-        as_grad = rg if requires_grad is not None else [s.dtype.is_floating_point for s in self.input_specs]
+        if requires_grad is not None:
+            return self._analyze(requires_grad, requires_grad)
+        if any(n.target in REFUSE_GRAD for n in self.gm.graph.nodes if n.op in ("call_method", "call_function")):
+            # inputs that do not require grad at the call run as they are (those that do raise in eager too)
+            return self._analyze(None, (False,) * self.num_inputs)
+        return self._analyze(None, [s.dtype.is_floating_point for s in self.input_specs])
+
+    def _analyze(self, requires_grad: tuple[bool, ...] | None, as_grad) -> OutputSignature:
+        """`analyze`, running as non-leaves requiring grad the inputs that `as_grad` says."""
+        mode = self.fake_mode()
+        rg = requires_grad or (False,) * self.num_inputs
         fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
         versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
         geometries = [_geometry_of(f) for f in fakes]
@@ -317,7 +329,9 @@ class FlatProgram:
         if any(requires_grad[i] for i, _ in restrided):  # eager raises for a leaf; a non-leaf gets a view's history
             raise NotImplementedError("kiln: an in-place view op (t_, unsqueeze_, as_strided_) on an input that "
                                       "requires grad")
-        return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]))) for i, g in restrided]
+        # the offset relative to the input's own, which the tensor guards do not pin (`buf[1:]` passes as `buf[:3]`)
+        return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]) - int(before[i][2])))
+                for i, g in restrided]
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""

@@ -34,6 +34,9 @@ CATALOGUE: dict[str, BreakReason] = {
                     "replace it with torch operations, or wrap it with kiln.disable if it must run eagerly"),
         BreakReason("autograd_backward", "Tensor.backward() runs the autograd engine, which kiln does not capture yet",
                     "call backward outside the compiled function; the compiled forward still gets a compiled backward"),
+        BreakReason("autograd_flags", "an in-place change of a tensor's autograd flags (requires_grad_, detach_), "
+                    "which no compiled graph can make", "set requires_grad before the compiled call, or use "
+                    "t.detach() (a new tensor) instead of t.detach_()"),
         BreakReason("explicit", "kiln.graph_break() was called", "remove the kiln.graph_break() call"),
         BreakReason("disabled", "the function is marked kiln.disable, so it runs eagerly",
                     "remove kiln.disable if the function should be compiled"),

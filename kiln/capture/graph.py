@@ -37,25 +37,32 @@ class GraphBuilder:
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
+        # id(real) -> its placeholder and fake (`inputs` keeps each real tensor alive, so ids stay unique)
+        self._input_of_tensor: dict[int, tuple[fx.Node, torch.Tensor]] = {}
         self._names: set[str] = set()
         self.op_count = 0
         self.enables_grad = False  # a grad-mode change inside the graph turns it on
 
     # --- inputs -----------------------------------------------------------------------------
     def input(self, source: Source, real: torch.Tensor, dynamic_dims: frozenset = frozenset()):
-        """The placeholder for the tensor at `source` (one per source), and its fake value.
+        """The placeholder for the tensor at `source` (one per tensor: the capture guards that a second
+        source of it is the same object), and its fake value.
 
         Dimensions in `dynamic_dims` get symbolic sizes (equal sizes share a symbol: duck
         sizing); sizes 0 and 1 stay static, as torch does.
         """
         if source in self._input_nodes:
             return self._input_nodes[source]
+        if id(real) in self._input_of_tensor:  # one tensor reached through two sources: one placeholder, as a
+            # write or an in-place view op (`a.t_()` in `f(x, x)`) through either source shows through both
+            self._input_nodes[source] = self._input_of_tensor[id(real)]
+            return self._input_nodes[source]
         name = self._unique(_identifier(source.name()))
         node = self._insert_placeholder(name)
         fake = self._fake(real, source, dynamic_dims)
         node.meta["example_value"] = node.meta["val"] = self._as_passed(fake)
         node.meta["source"] = source.expr()
-        self._input_nodes[source] = node, fake
+        self._input_nodes[source] = self._input_of_tensor[id(real)] = node, fake
         self.inputs.append((source, real))
         return node, fake
 

@@ -64,3 +64,96 @@ def test_in_place_view_op_on_an_input(program, backend):
             torch.testing.assert_close(k, e)
         if isinstance(expected, list):
             assert actual[0] is kiln_args[1]
+
+
+# -- on inputs that share storage: the graph writes through one base per storage (aliased_inputs.py), and the
+# in-place view op must still change the inputs themselves; one tensor passed twice changes through both names.
+
+def transpose_then_read_the_other(a, b):
+    a.t_()
+    return b + 1, a * 2
+
+
+def unsqueeze_then_write_the_other(a, b):
+    a.unsqueeze_(0)
+    a.add_(1)
+    return b * 1
+
+
+def transpose_the_returned_one(a, b):
+    b.transpose_(0, 1)
+    return b, a.sum(0)
+
+
+def as_strided_then_read(a, b):
+    b.as_strided_((2,), (2,))
+    return a + b.sum()
+
+
+SHARED = {
+    "same": lambda x: (x, x),
+    "stepped": lambda x: (x, x[::2]),
+    "transposed": lambda x: (x, x.t()),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("sharing", list(SHARED))
+@pytest.mark.parametrize("program", [transpose_then_read_the_other, unsqueeze_then_write_the_other,
+                                     transpose_the_returned_one, as_strided_then_read], ids=lambda f: f.__name__)
+def test_in_place_view_op_on_inputs_sharing_storage(program, sharing, backend):
+    compiled = kiln.compile(program, backend=backend)
+    for call in range(2):
+        eager_args, kiln_args = (SHARED[sharing](torch.arange(12.0).reshape(4, 3) + call) for _ in range(2))
+        expected, actual = program(*eager_args), compiled(*kiln_args)
+        torch.testing.assert_close(actual, expected)
+        for e, k in zip(eager_args, kiln_args):
+            assert (k.shape, k.stride(), k.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+            torch.testing.assert_close(k, e)
+        if program is transpose_the_returned_one:
+            assert actual[0] is kiln_args[1]
+
+
+def unsqueeze_then_branch(a, b):
+    t = b.unsqueeze_(0)
+    if t.sum() > 0:  # a graph break: the next graph reads the input with its new geometry
+        return t + 1
+    return t - 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [transpose_in_place, unsqueeze_then_write, as_strided_in_place,
+                                     unsqueeze_then_branch], ids=lambda f: f.__name__)
+def test_in_place_view_op_on_an_input_at_a_storage_offset(program, backend):
+    """`buf[1:]`: the input keeps its storage offset (the tensor guards do not pin it: `buf[2:]` passes too)."""
+    compiled = kiln.compile(program, backend=backend, dynamic=False)
+    for call in range(3):
+        eager_args, kiln_args = [(torch.ones(2, 2), torch.arange(12.0)[call:call + 6].view(2, 3)) for _ in range(2)]
+        expected, actual = program(*eager_args), compiled(*kiln_args)
+        torch.testing.assert_close(actual, expected)
+        for e, k in zip(eager_args, kiln_args):
+            assert (k.shape, k.stride(), k.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+            torch.testing.assert_close(k, e)
+
+
+def resize_same(a, b):
+    return b.resize_(b.shape) * 2, b
+
+
+def resize_smaller(a, b):
+    b.resize_(2, 2)
+    return b + a
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [resize_same, resize_smaller], ids=lambda f: f.__name__)
+def test_resize_of_an_input_that_does_not_grow_it(program, backend):
+    """`resize_` refuses tensors that require grad: the AOT stage's fake run must not make the inputs so."""
+    compiled = kiln.compile(program, backend=backend)
+    for call in range(2):
+        eager_args, kiln_args = make(), make()
+        expected, actual = program(*eager_args), compiled(*kiln_args)
+        torch.testing.assert_close(actual, expected)
+        for e, k in zip(eager_args, kiln_args):
+            assert (k.shape, k.stride()) == (e.shape, e.stride())
+            torch.testing.assert_close(k, e)

@@ -209,3 +209,89 @@ def test_views_of_an_input_written_in_place_keep_its_history(backend):
         results.append((view.detach(), x.detach(), w.grad))
     for e, a in zip(*results):
         torch.testing.assert_close(a, e)
+
+
+# -- outputs eager creates that the functional graph would make an input or another output ---------------------
+# Functionalization turns a write into the value written, and drops `copy(t, a)` as an identity: without care
+# the graph then returns the input `a` itself, or one tensor for two outputs, where eager returns new tensors.
+
+def written_with_the_input(x):
+    t = x + 0.5
+    t[...] = x
+    return t
+
+
+def written_with_the_input_then_viewed(x):
+    t = x + 0.5
+    t[...] = x
+    return t[::2], x * 2
+
+
+def written_with_the_input_then_split(x):
+    t = x * 3
+    t.copy_(x)
+    return t.split(3)[1]
+
+
+def written_with_another_output(x):
+    t = x * 2
+    u = x.sin()
+    t.copy_(u)
+    return u, t
+
+
+def written_with_another_output_viewed(x):
+    t = x.cos()
+    u = x * 4
+    t.copy_(u)
+    return u[1:], t
+
+
+def input_written_after_the_copy(x):
+    t = x * 1
+    t.copy_(x)
+    x.add_(1)
+    return t, x
+
+
+def written_with_another_input(x, y):
+    t = x - y
+    t[...] = y
+    return t, y
+
+
+FRESH_OUTPUT_PROGRAMS = [written_with_the_input, written_with_the_input_then_viewed,
+                         written_with_the_input_then_split, written_with_another_output,
+                         written_with_another_output_viewed]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("program", FRESH_OUTPUT_PROGRAMS, ids=lambda f: f.__name__)
+def test_an_output_written_with_an_input_or_output_is_a_new_tensor(program, requires_grad):
+    check(program, _vector(requires_grad, 6), "aot_eager", calls=2)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("program", [written_with_the_input_then_viewed, written_with_another_output_viewed],
+                         ids=lambda f: f.__name__)
+def test_an_output_written_with_an_input_or_output_is_a_new_tensor_inductor(program, requires_grad):
+    check(program, _vector(requires_grad, 6), "inductor", calls=2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_output_copied_from_an_input_written_later_keeps_the_old_values(backend):
+    """The copy is taken before the input's write: returning the input would show the write."""
+    check(input_written_after_the_copy, _vector(False, 6), backend, calls=2)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_output_written_with_another_input(backend, requires_grad):
+    def make(call):
+        return (torch.linspace(-1.0, 2.0, 6).requires_grad_(requires_grad), torch.linspace(3.0, 1.0, 6))
+    check(written_with_another_input, make, backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_output_written_with_an_input_under_no_grad_call(backend):
+    check(written_with_the_input_then_viewed, _vector(True, 6), backend, calls=2, grad_mode=False)

@@ -41,3 +41,26 @@ def test_a_graph_that_only_reads_its_inputs_is_not_guarded_on_aliasing():
     for args in ((x, y), (x, x), (x, x[::1]), (x, x.detach())):
         torch.testing.assert_close(compiled(*args), only_read(*args))
     assert graph_count(context_of(compiled)) == 1
+
+
+def transpose_then_read(a, b):
+    a.t_()
+    return b + 1
+
+
+def test_one_tensor_passed_twice_is_one_graph_input():
+    """`f(x, x)`: an in-place view op through `a` shows through `b`, as in eager; a call with two tensors
+    fails the identity guard and recompiles."""
+    compiled = kiln.compile(transpose_then_read, backend="eager")
+    for same in (True, False, True):
+        results = []
+        for fn in (transpose_then_read, compiled):
+            x, y = torch.arange(6.0).reshape(2, 3), torch.ones(2, 3)
+            out = fn(x, x if same else y)
+            results.append((out, x.shape, x.stride()))
+        torch.testing.assert_close(results[1][0], results[0][0])
+        assert results[1][1:] == results[0][1:]
+    ctx = context_of(compiled)
+    assert graph_count(ctx) == 2
+    first = next(r.graph for r in ctx.records if r.graph is not None)
+    assert len(first.graph.find_nodes(op="placeholder")) == 1

@@ -25,9 +25,9 @@ SEEDS = {
     "inductor": COVERING[::3],  # C++ builds dominate: a third of them keeps the file within its time budget
 }
 
-# seeds 0-499 (and later ones, appended) that failed before issue 21's fixes (values, state, identity, raises,
-# crashes) and pass now: regression seeds. CI runs every one under the capture-only and AOT backends, and every
-# third under inductor (C++ builds).
+# seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression
+# seeds (0-499, then those of the 2000-seed runs). CI runs every one under the capture-only and AOT backends, and
+# every third under inductor (C++ builds).
 ONCE_FAILING = {
     "eager": [
         109, 127, 137, 145, 146, 172, 200, 210, 235, 236, 266, 288, 300, 306, 333, 363, 418, 434, 460, 463,
@@ -38,14 +38,16 @@ ONCE_FAILING = {
         153, 154, 155, 156, 167, 169, 172, 178, 191, 193, 197, 200, 201, 210, 213, 217, 218, 222, 235, 236,
         239, 246, 250, 257, 266, 274, 275, 281, 288, 300, 302, 306, 310, 316, 317, 321, 326, 332, 333, 339,
         362, 363, 367, 373, 374, 379, 383, 405, 409, 413, 416, 418, 430, 434, 437, 443, 458, 460, 463, 466,
-        474, 475, 484, 493, 495, 395, 411, 1421,
+        474, 475, 484, 493, 495,
+        395, 411, 1421, 731, 822, 929, 1304, 1320,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
         127, 130, 137, 140, 144, 145, 146, 153, 154, 155, 156, 167, 169, 172, 191, 193, 197, 200, 201, 210,
         213, 218, 220, 222, 228, 235, 236, 239, 246, 250, 257, 262, 266, 274, 275, 281, 286, 288, 300, 302,
         306, 316, 317, 321, 326, 329, 332, 333, 339, 360, 362, 363, 367, 373, 374, 379, 383, 385, 405, 409,
-        413, 416, 418, 427, 430, 434, 437, 443, 457, 458, 460, 463, 466, 474, 475, 484, 493, 495, 395, 411, 1421,
+        413, 416, 418, 427, 430, 434, 437, 443, 457, 458, 460, 463, 466, 474, 475, 484, 493, 495,
+        395, 411, 1421, 731, 1304, 1320,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]

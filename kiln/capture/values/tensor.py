@@ -37,6 +37,9 @@ DATA_READS = {
     "untyped_storage": "unsupported_call",
 }
 
+# In-place changes of a tensor's autograd flags: no ATen op, so no compiled graph can make them.
+AUTOGRAD_FLAG_METHODS = {"requires_grad_", "detach_"}
+
 # Metadata methods answered from the fake tensor.
 METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous", "element_size",
                     "is_floating_point", "is_complex", "get_device", "storage_offset", "type", "__len__"}
@@ -83,6 +86,8 @@ class TensorValue(Value):
             raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
         if name == "size" and not args and not kwargs:
             return self.size_value(state)
+        if name in AUTOGRAD_FLAG_METHODS:
+            return self.set_autograd_flags(name, args, kwargs)
         if name in METADATA_METHODS and not (name == "type" and (args or kwargs)):  # t.type(dtype) converts
             const_args = [a.as_constant() for a in args]
             const_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
@@ -91,6 +96,22 @@ class TensorValue(Value):
                 return trace_op(state, "call_method", name, [self, *args], kwargs)
             return ConstantValue(result)
         return trace_op(state, "call_method", name, [self, *args], kwargs)
+
+    def set_autograd_flags(self, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """`t.requires_grad_(flag)` or `t.detach_()`: the tensor itself where its flags stay as they are, as
+        eager returns it; a graph break where they change (or eager raises: `detach_` of a view).
+
+        A graph's autograd node cannot give an input, or a tensor it returns, other flags than the
+        compiled graph's own: kiln would return the input still requiring grad after `x.detach_()`.
+        torch.compile breaks the graph on such a `requires_grad_` as well."""
+        if name == "requires_grad_":
+            flag = (args or [kwargs.get("requires_grad", ConstantValue(True))])[0]
+            unchanged = flag.is_constant() and bool(flag.as_constant()) == self.fake.requires_grad
+        else:
+            unchanged = not self.fake.requires_grad and not self.fake._is_view()
+        if unchanged:
+            return self
+        raise GraphBreak("autograd_flags", f"Tensor.{name}() changes a tensor's requires_grad")
 
     def size_value(self, state) -> Value:
         """`t.shape`: a constant torch.Size, or a SizeValue whose dynamic entries are symbolic."""

@@ -5,8 +5,8 @@
     python benchmarks/zoo --table run.json [run2.json ...]      # the README table of one or more runs
 
 Each (workload, compiler) pair runs in its own subprocess with empty compile caches, so compile times are cold
-and a crash or hang costs one pair. kiln runs with `KILN_STRICT=1` (set by benchmarks/common.py; `KILN_STRICT=0` measures anyway): a fallback
-fails the workload instead of hiding in its step time. Per pair the run records:
+and a crash or hang costs one pair. kiln runs with `KILN_STRICT=1` (set by benchmarks/common.py; `KILN_STRICT=0`
+measures anyway): a fallback fails the workload instead of hiding in its step time. Per pair the run records:
 - `status`: ok, wrong (compiled result off eager's beyond the tolerance), failed (raised, timed out), skipped
   (the model's library is missing);
 - `ms`: the median of CUDA-event-timed steps after warm-up;

@@ -17,11 +17,10 @@ import json
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 from kiln.codegen.triton import heuristics
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 aten = torch.ops.aten
 EPS = 1e-5

@@ -19,9 +19,8 @@ import time
 import torch
 import torch.nn as nn
 
-import kiln
-
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 
 
 def two_tensor_fn(x, y):

@@ -58,8 +58,8 @@ TARGETS = ["cpp", "triton"]
 
 def build_model(name: str):
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     class DenseLayer(nn.Module):
         def __init__(self, cin, growth, bn_size):
@@ -423,7 +423,7 @@ def main(argv=None) -> int:
                   f" | backend {res['backend_s']:.2f} s, {res['kernels']} kernels" if stages else res.get("error", "")),
                   flush=True)
     out = Path(args.out or result_path("compile_time", "cpu"))
-    doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
+    doc = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "label": args.label,
            "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
            "argv": sys.argv[1:], "results": results}
     if out.exists() and args.label:  # keep earlier labelled runs (before/after) side by side

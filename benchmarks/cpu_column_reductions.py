@@ -13,11 +13,10 @@ import time
 
 import torch
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 from kiln.codegen.cpp import kernel as cpp_kernel
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 aten = torch.ops.aten
 

@@ -20,9 +20,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-import kiln
-
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 
 DEV = "cuda"
 T, D, FF, V = 8192, 768, 3072, 50257   # tokens (8 x 1024), width, MLP width, vocabulary

@@ -202,7 +202,7 @@ def main() -> int:
     parser.add_argument("--models", default=None, help="comma list of model names (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    date = datetime.datetime.now(datetime.timezone.utc)
+    date = datetime.datetime.now(datetime.UTC)
     out = args.out or result_path("partition_memory", "cpu")
     results = []
     for name, make_model, x, loss_fn, info in workloads(args.batch_scale):

@@ -17,10 +17,10 @@ import torch
 import kiln
 from kiln.api import _contexts
 from kiln.capture import entry
-from kiln.examples import vit_train
 from kiln.debug import trace
 from kiln.debug.html import write_html_report
 from kiln.debug.report import text_report
+from kiln.examples import vit_train
 
 
 def _ordered(contexts) -> list:

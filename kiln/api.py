@@ -5,7 +5,8 @@ import functools
 import textwrap
 import types
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext
 from kiln.config import describe_options
 
-_contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_contexts: weakref.WeakSet[CompileContext] = weakref.WeakSet()
 
 
 def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from lower.helpers import trace
 
 import kiln
 from kiln import pipeline
 from kiln.config import CompileOptions, validate_options
 from kiln.pipeline import STAGES, Stages, compile_aten_graph
+from lower.helpers import trace
 
 KILN = Path(kiln.__file__).parent
 

@@ -11,7 +11,7 @@ tuple of positional inputs on the device. Models whose library is missing are re
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -16,7 +16,7 @@ as it is (no second compile).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
-from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
+from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
-from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
@@ -205,7 +205,7 @@ def _guard_tensor_alias(state, t: torch.Tensor, source: Source, expr: str) -> No
     if first != source:
         first_expr = state.source_expr(first)
         state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same tensor as {first_expr}",
-                               f"'a different tensor'"))
+                               "'a different tensor'"))
 
 
 def guard_input_aliasing(state) -> None:

@@ -18,11 +18,13 @@ import re
 import threading
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from kiln import fallbacks
 from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
@@ -35,7 +37,6 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
-from kiln import fallbacks
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -50,7 +51,7 @@ _record_ids = itertools.count(1)
 
 # Observers of the capture stage, installed by kiln.debug (nothing here imports it):
 # each is called as listener(ctx, record) after a capture and its backend compile.
-RECORD_LISTENERS: list[Callable[["CompileContext", "CaptureRecord"], None]] = []
+RECORD_LISTENERS: list[Callable[[CompileContext, CaptureRecord], None]] = []
 
 
 class Instrumentation:
@@ -129,10 +130,10 @@ class CompileContext:
     backend: Callable
     fullgraph: bool = False
     dynamic: bool | None = None  # kiln.compile(dynamic=...): True, False or None (automatic dynamic)
-    frames: dict[FrameSpec, "CompiledFrame"] = field(default_factory=dict)
+    frames: dict[FrameSpec, CompiledFrame] = field(default_factory=dict)
     records: list[CaptureRecord] = field(default_factory=list)
     graph_counter: int = 0
-    functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
+    functions: dict[Any, CompiledFunction] = field(default_factory=dict)
     run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
     _thread: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -147,10 +148,10 @@ class CompileContext:
             stack = self._thread.running = []
         return stack
 
-    def frame(self, spec: FrameSpec) -> "CompiledFrame":
+    def frame(self, spec: FrameSpec) -> CompiledFrame:
         return build_once(self.frames, spec, CompiledFrame, spec, self)
 
-    def function(self, fn: types.FunctionType) -> "CompiledFunction":
+    def function(self, fn: types.FunctionType) -> CompiledFunction:
         return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 

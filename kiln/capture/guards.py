@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from kiln.capture import tensor_checks
 from kiln.capture.sources import AttrSource, Source
-
 
 # where a source expression may start in a guard (L[...], G[...], C[...], getattr(...), a namespace name), and
 # the string literals to skip (a dict-keys guard's expected keys are text, not code)

@@ -9,7 +9,7 @@ that writes the call of the continuation starting at instruction `index`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
 from kiln.capture.bytecode import Instruction, instructions

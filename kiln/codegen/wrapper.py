@@ -115,7 +115,7 @@ def _keeps(sources) -> bool:
     return all(type(s) is torch.nn.Parameter and not s.is_inference() for s in sources)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: tuple) -> str | None:
     """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload.
 

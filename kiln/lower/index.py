@@ -9,7 +9,7 @@ non-negative integers and would not simplify.
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import sympy
 

@@ -54,7 +54,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Const:
-    value: Union[bool, int, float]
+    value: bool | int | float
     dtype: torch.dtype
 
 
@@ -177,7 +177,7 @@ class ComputedBuffer:
 
     name: str
     layout: Layout
-    data: Union[Pointwise, Reduction]
+    data: Pointwise | Reduction
 
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)

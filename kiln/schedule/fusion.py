@@ -164,7 +164,7 @@ class Schedule:
     steps: list
     templates: dict = field(default_factory=dict)  # node name -> spec of the template computing it (matmuls)
 
-    def template_of(self, group: "KernelGroup"):
+    def template_of(self, group: KernelGroup):
         """The template spec of a group that starts with a template node, else None."""
         nodes = group.nodes
         return self.templates.get(nodes[0].name) if nodes else None

@@ -5,7 +5,6 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.api import context_of
 
 from .helpers import check, check_module, t
 

@@ -10,8 +10,6 @@ interpreter.
 """
 from __future__ import annotations
 
-from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +17,7 @@ import torch.nn.functional as F
 import kiln
 from kiln.pipeline import compile_aten_graph
 from lower.helpers import trace
+from triton_device import DEVICE, skip_unless_kernels_run
 
 I64_MIN, I32_MIN = -2 ** 63, -2 ** 31
 NAN, INF = float("nan"), float("inf")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from tests.fuzz.compare import Outcome
 

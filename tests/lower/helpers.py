@@ -5,10 +5,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten
 
-from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
-
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
 
 
 def trace(fn, *inputs, mode="real"):

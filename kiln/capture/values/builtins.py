@@ -15,7 +15,8 @@ import operator
 import types
 import typing
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,12 +27,23 @@ from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
-from kiln.capture.values.iterators import (ChainValue, CountValue, EnumerateValue, FilterValue, IsliceValue, MapValue,
-                                           PairwiseValue, RepeatValue, WhileValue, ZipValue, iterator_of,
-                                           stop_iteration)
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
 from kiln.capture.values.exceptions import TracedException, raise_python
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.iterators import (
+    ChainValue,
+    CountValue,
+    EnumerateValue,
+    FilterValue,
+    IsliceValue,
+    MapValue,
+    PairwiseValue,
+    RepeatValue,
+    WhileValue,
+    ZipValue,
+    iterator_of,
+    stop_iteration,
+)
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.tensor import TensorValue

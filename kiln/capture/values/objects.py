@@ -22,9 +22,16 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
 from kiln.capture.values.base import Value
-from kiln.capture.values.classes import (class_attribute, class_data, function_value, guard_class_entry,
-                                         guard_class_lacks, guard_not_shadowed, is_mutable_class,
-                                         pending_class_attr)
+from kiln.capture.values.classes import (
+    class_attribute,
+    class_data,
+    function_value,
+    guard_class_entry,
+    guard_class_lacks,
+    guard_not_shadowed,
+    is_mutable_class,
+    pending_class_attr,
+)
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.dicts import DictValue

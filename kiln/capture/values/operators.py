@@ -8,7 +8,7 @@ has that method inlined.
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind

@@ -69,7 +69,7 @@ class TensorValue(Value):
             if self.source is None:
                 raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")
 
-            return state.wrap(getattr(state.real_value(self.source), "grad"), AttrSource(self.source, "grad"))
+            return state.wrap(state.real_value(self.source).grad, AttrSource(self.source, "grad"))
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return TensorMethodValue(self, name)
         if not hasattr(torch.Tensor, name) and (self.source is None or not hasattr(state.real_value(self.source), name)):

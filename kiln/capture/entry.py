@@ -382,28 +382,40 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
         state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic)
         frame = _root_frame(state, spec, L, C)
         try:
-            try:
-                value = frame.run()
-                return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
-            except StopAtBreak:
-                return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
-            finally:
-                state.restore_global_state()
+            return _interpret_and_finish(state, spec, ctx, frame, reason)
         except GraphBreak as e:
             if isinstance(e, Unresumable) or break_at is not None:
-                raise _with_guards(e, state)
+                _with_guards(e, state)
+                raise
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with a try block"), state)
+                raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
             if bytecode.has_unresumable_with(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with an autocast or unknown `with` block"), state)
+                why = "in a function with an autocast or unknown `with` block"
+                raise _with_guards(_unresumable(e, why), state) from e
             if not resumable_anywhere(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with an instruction a continuation cannot run "
-                                                   "natively"), state)
+                why = "in a function with an instruction a continuation cannot run natively"
+                raise _with_guards(_unresumable(e, why), state) from e
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
+
+
+def _interpret_and_finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame,
+                          reason: GraphBreak | None):
+    """Interpret the frame to its return, or to the break chosen last round, and write the output program.
+
+    A function of its own (not the capture loop's body) so that the program's tail closes over this round's
+    state and frame only. The global state the interpretation changed is restored before a break propagates.
+    """
+    try:
+        value = frame.run()
+        return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
+    except StopAtBreak:
+        return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
+    finally:
+        state.restore_global_state()
 
 
 def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:

@@ -11,6 +11,7 @@ from kiln.runtime.cudagraphs import cudagraph_mark_step_begin
 
 _configure_logs()
 
-__all__ = ["compile", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "disable", "graph_break", "reset", "list_backends", "register_backend", "config",
-           "list_options", "list_mode_options", "explain", "FullGraphError", "BackendCompilerFailed", "cudagraph_mark_step_begin",
-           "KilnStrictError", "KilnFallbackWarning"]
+__all__ = ["compile", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "disable", "graph_break", "reset",
+           "list_backends", "register_backend", "config", "list_options", "list_mode_options", "explain", "inductor",
+           "FullGraphError", "BackendCompilerFailed", "cudagraph_mark_step_begin", "KilnStrictError",
+           "KilnFallbackWarning"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import sympy
 import torch
@@ -93,7 +93,7 @@ class Op:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-Expr = Union[Load, Const, IndexValue, Op]
+Expr = Load | Const | IndexValue | Op
 
 # Every op name a lowering may emit; each code generator maps all of them.
 OP_NAMES = frozenset("""
@@ -225,7 +225,7 @@ class MultiOutput:
     layout: Layout
 
 
-Node = Union[ComputedBuffer, Extern, MultiOutput]
+Node = ComputedBuffer | Extern | MultiOutput
 
 
 def extern_reads(node: Extern | MultiOutput) -> set[str]:

@@ -12,6 +12,7 @@ timed with CUDA events (triton.testing.do_bench, median).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -50,6 +51,12 @@ def compiled(fn, inputs, split_programs: int):
         heuristics.ROW_SPLIT_PROGRAMS = saved
 
 
+def _training_step(fwd, bwd, x, weight, bias, grad):
+    """One forward and its backward, the step the benchmark times for each variant."""
+    y, mean, invstd = fwd(x, weight, bias)
+    return (y, *bwd(grad, y, x, weight, mean, invstd))
+
+
 def main() -> None:
     import triton.testing
 
@@ -76,9 +83,7 @@ def main() -> None:
         # |got - eager| / |eager|: a bf16 sum over 800K values differs from eager's by an ulp of its largest
         tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
         for name, (fwd, bwd) in steps.items():
-            def step():
-                y, mean, invstd = fwd(x, weight, bias)
-                return (y, *bwd(grad, y, x, weight, mean, invstd))
+            step = functools.partial(_training_step, fwd, bwd, x, weight, bias, grad)
             # each half checked on eager's inputs: a ReLU output rounded to either side of 0 would flip one
             # element of the backward's mask
             got = (*fwd(x, weight, bias), *bwd(grad, y, x, weight, mean, invstd))

@@ -232,7 +232,7 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     aot_passes: dict = {}
     graphs = []
     for c in compiled:
-        for key, passes in c.traces.items():
+        for passes in c.traces.values():
             for t in passes:
                 if not t.name.startswith("compile"):
                     stages["aot"] += t.seconds

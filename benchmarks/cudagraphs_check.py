@@ -30,7 +30,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import common  # noqa: E402,F401  (benchmarks run strict: KILN_STRICT=1)
 import kiln  # noqa: E402
 
 

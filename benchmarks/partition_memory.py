@@ -164,10 +164,10 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
         fn(x)  # warm up: lazy allocations out of the measured step
         holder = {}
 
-        def forward():
+        def forward(fn=fn, holder=holder):  # the loop's model and holder, bound now
             holder["loss"] = loss_fn(fn(x))
 
-        def step():
+        def step(forward=forward, holder=holder):
             forward()
             holder.pop("loss").backward()
 

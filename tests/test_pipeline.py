@@ -88,7 +88,9 @@ def test_cpu_backend_option_picks_the_triton_printer_through_kiln_compile():
     graphs = []
     pipeline.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
     try:
-        fn = lambda x: (x * 2).relu()
+        def fn(x):
+            return (x * 2).relu()
+
         x = torch.randn(5)
         torch.testing.assert_close(kiln.compile(fn, options={"cpu_backend": "triton"})(x), fn(x))
     finally:

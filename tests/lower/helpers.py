@@ -40,7 +40,7 @@ def assert_same(got, ref, dtype=None):
             tol = dict(atol=4e-3, rtol=4e-3)
         elif r.dtype == torch.float32:
             tol = dict(atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(g, r, equal_nan=True, **tol, msg=lambda m: f"output {k}: {m}")
+        torch.testing.assert_close(g, r, equal_nan=True, **tol, msg=lambda m, k=k: f"output {k}: {m}")
 
 
 def check(fn, *inputs, **kw):

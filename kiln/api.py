@@ -134,7 +134,8 @@ class OptimizedModule(nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value):
-        if name in ("_orig_mod", "_kiln_context", "_compiled_forward") or "_orig_mod" not in self.__dict__.get("_modules", {}):
+        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward")
+                or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
                 self.__dict__["_kiln_mod"] = value  # the per-call path reads this plain attribute instead

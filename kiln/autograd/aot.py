@@ -191,7 +191,8 @@ class AOTCompiled:
         """(None for inference, else which flat inputs require grad; the autocast state)."""
         autocast = ()
         if torch._C._is_any_autocast_enabled():
-            autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
+            autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
+                             if torch.is_autocast_enabled(d))
         if not torch.is_grad_enabled() or not any(map(_requires_grad, flat)):
             return None, autocast
         return tuple(map(_requires_grad, flat)), autocast

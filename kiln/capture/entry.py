@@ -269,7 +269,8 @@ class CompiledFrame:
             dims = {d for d, (a, b) in enumerate(zip(old_shape, new.shape)) if a != b}
             if dims - self.auto_dynamic.get(source, set()):
                 self.auto_dynamic.setdefault(source, set()).update(dims)
-                changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}" for d in sorted(dims)]
+                changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}"
+                            for d in sorted(dims)]
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
     def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
@@ -348,7 +349,8 @@ class CompiledFunction:
         self._names = code.co_varnames[:code.co_argcount]
         # a call with exactly this many positional arguments (and no keywords) binds by zip
         self._num_positional = len(self._names) if self._simple else -1
-        # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped signature
+        # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped
+        # signature
         self._signature = inspect.signature(fn, follow_wrapped=False) if not self._simple or fn.__defaults__ else None
         self._globals, self._closure = fn.__globals__, fn.__closure__ or ()  # both read-only attributes
         self._run_frame = self.frame.__call__  # a bound method: calls it without the slot lookup per call
@@ -499,7 +501,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         except fallbacks.KilnStrictError:
             raise
         except Exception as e:
-            raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
+            backend = getattr(ctx.backend, "__name__", ctx.backend)
+            raise BackendCompilerFailed(f"backend {backend!r} failed on the graph "
                                         f"of {spec.describe()}: {type(e).__name__}: {e}") from e
         writer.namespace[graph_name] = compiled
         backend_seconds = time.perf_counter() - backend_start
@@ -568,7 +571,8 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return fn(*args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
-    if isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
+    if (isinstance(fn, torch.nn.Module) and not _has_hooks(fn)
+            and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward))):
         return ctx.function(type(fn).forward)(fn, *args, **kwargs)
     if _compilable(fn):
         return ctx.function(fn)(*args, **kwargs)

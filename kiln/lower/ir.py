@@ -304,7 +304,8 @@ def format_node(n: Node) -> str:
         d = n.data
         if isinstance(d, Pointwise):
             idx = ", ".join(f"i{k}" for k in range(len(d.ranges)))
-            return f"{n.name}: {n.layout} = pointwise[{', '.join(map(str, d.ranges))}]: lambda {idx}: {format_expr(d.body)}"
+            ranges = ", ".join(map(str, d.ranges))
+            return f"{n.name}: {n.layout} = pointwise[{ranges}]: lambda {idx}: {format_expr(d.body)}"
         red = ", ".join(f"r{k} < {s}" for k, s in enumerate(d.reduction_ranges))
         return (f"{n.name}: {n.layout} = reduce_{d.reduction_type}[{', '.join(map(str, d.ranges))}]"
                 f" over ({red}): {format_expr(d.body)}")

@@ -230,7 +230,8 @@ class Recording:
         self.order = -1
         self.static_at: list[int] = []          # the inputs read in place (parameters, other graphs' outputs)
         self.static_addresses: list[int] = []   # and their addresses, baked into the recording
-        self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []  # (index, buffer, address, shape, dtype)
+        # (index, buffer, address, shape, dtype) of each copied input
+        self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []
         self.spans: list[tuple[int, torch.Tensor, torch.Size, tuple, torch.dtype, int]] = []  # overlapping inputs
         self.outputs: list[tuple[Any, bool]] = []  # (static output, made stale by replays)
         self.outstanding: tuple | list = ()

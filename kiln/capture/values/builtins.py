@@ -285,7 +285,8 @@ def _permutations(state, iterable, r=None):
 
 @handles(itertools.count)
 def _count(state, start=None, step=None):
-    return CountValue(state, start.as_constant() if start is not None else 0, step.as_constant() if step is not None else 1)
+    return CountValue(state, start.as_constant() if start is not None else 0,
+                      step.as_constant() if step is not None else 1)
 
 
 @handles(itertools.repeat)
@@ -311,7 +312,8 @@ def _pairwise(state, iterable):
 @handles(itertools.islice)
 def _islice(state, iterable, *bounds):
     values = [b.as_constant() for b in bounds]
-    if any(v is not None and (not isinstance(v, int) or v < 0) for v in values) or (len(values) == 3 and values[2] == 0):
+    if (any(v is not None and (not isinstance(v, int) or v < 0) for v in values)
+            or (len(values) == 3 and values[2] == 0)):
         raise raise_python(ValueError, "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
     return IsliceValue(state, iterator_of(state, iterable), slice(*values))
 

@@ -27,7 +27,8 @@ IS_COMPILING: set[Callable] = {torch.compiler.is_compiling}
 
 def _asks_is_compiling(fn: Any) -> bool:
     return fn in IS_COMPILING or (
-        getattr(fn, "__name__", "") == "is_compiling" and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
+        getattr(fn, "__name__", "") == "is_compiling"
+        and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
     )
 
 

@@ -207,7 +207,8 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     cmodel = kiln.compile(model, backend=backend)
 
     def step():
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16" else torch.autocast("cpu", enabled=False)
+        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16"
+               else torch.autocast("cpu", enabled=False))
         with ctx:
             out = cmodel(*inputs)
         out.float().sum().backward()

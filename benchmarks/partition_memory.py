@@ -214,7 +214,8 @@ def main() -> int:
         print(f"{name:13s} saved kiln {r['saved_bytes_kiln'] / mib:8.1f} MiB ({r['saved_tensors_kiln']} tensors) | "
               f"naive {r['saved_bytes_naive'] / mib:8.1f} MiB ({r['saved_tensors_naive']}) | "
               f"eager {r['saved_bytes_eager'] / mib:8.1f} MiB || retained after fw kiln "
-              f"{r['retained_after_forward_kiln'] / mib:7.1f} / eager {r['retained_after_forward_eager'] / mib:7.1f} MiB"
+              f"{r['retained_after_forward_kiln'] / mib:7.1f} / "
+              f"eager {r['retained_after_forward_eager'] / mib:7.1f} MiB"
               f" | peak kiln {r['peak_step_kiln'] / mib:7.1f} / eager {r['peak_step_eager'] / mib:7.1f} MiB",
               flush=True)
     doc = {"date": date.isoformat(timespec="seconds"), "command": " ".join(["python"] + sys.argv),

@@ -5,7 +5,8 @@ once per side, so it must build the same values each time), then compares side b
 
 - each output's value, shape, strides, dtype, `requires_grad`, `is_leaf` and whether it has a `grad_fn`;
 - which outputs and inputs are the same object, and which share storage;
-- after a backward from every output that requires grad (or those `loss_from` names), each input's `.grad` (None where eager's is);
+- after a backward from every output that requires grad (or those `loss_from` names), each input's `.grad`
+  (None where eager's is);
 - after writing into each output in place, every input and output again (a write through one
   alias is seen through the others, as in eager).
 """

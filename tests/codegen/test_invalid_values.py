@@ -74,7 +74,8 @@ CASES = {
     "wrapped_sum_compared": (lambda a: (a + 1 > a, a - 1 < a, a + 5 > a + 2), (ints(2 ** 63 - 1, I64_MIN, 3),)),
     "wrapped_int32_sum_compared": (lambda a: (a + 1 > a, a * 2 // 2 == a),
                                    (ints(2 ** 31 - 1, I32_MIN, 3, dtype=torch.int32),)),
-    "wrapped_product_divided": (lambda a: (a * 2 // 2, a * 4 // a, (a * 2) % 2 ** 62), (ints(2 ** 62, 2 ** 63 - 1, 3),)),
+    "wrapped_product_divided": (lambda a: (a * 2 // 2, a * 4 // a, (a * 2) % 2 ** 62),
+                                (ints(2 ** 62, 2 ** 63 - 1, 3),)),
     "wrapped_abs_sign": (lambda a: (a.abs() >= 0, (a.abs() + 1) > 0, torch.maximum(a.abs(), a)),
                          (ints(I64_MIN, -3, 4),)),
     # NaN, infinities and signed zeros

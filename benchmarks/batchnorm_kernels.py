@@ -12,16 +12,16 @@ timed with CUDA events (triton.testing.do_bench, median).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 from kiln.codegen.triton import heuristics
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 aten = torch.ops.aten
 EPS = 1e-5
@@ -51,6 +51,12 @@ def compiled(fn, inputs, split_programs: int):
         heuristics.ROW_SPLIT_PROGRAMS = saved
 
 
+def _training_step(fwd, bwd, x, weight, bias, grad):
+    """One forward and its backward, the step the benchmark times for each variant."""
+    y, mean, invstd = fwd(x, weight, bias)
+    return (y, *bwd(grad, y, x, weight, mean, invstd))
+
+
 def main() -> None:
     import triton.testing
 
@@ -77,9 +83,7 @@ def main() -> None:
         # |got - eager| / |eager|: a bf16 sum over 800K values differs from eager's by an ulp of its largest
         tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
         for name, (fwd, bwd) in steps.items():
-            def step():
-                y, mean, invstd = fwd(x, weight, bias)
-                return (y, *bwd(grad, y, x, weight, mean, invstd))
+            step = functools.partial(_training_step, fwd, bwd, x, weight, bias, grad)
             # each half checked on eager's inputs: a ReLU output rounded to either side of 0 would flip one
             # element of the backward's mask
             got = (*fwd(x, weight, bias), *bwd(grad, y, x, weight, mean, invstd))

@@ -32,9 +32,8 @@ import time
 import torch
 import torch.nn as nn
 
-import kiln
-
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 
 
 def make_mlp() -> nn.Module:

@@ -19,9 +19,8 @@ import time
 import torch
 import torch.nn as nn
 
-import kiln
-
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 
 
 def two_tensor_fn(x, y):
@@ -84,7 +83,8 @@ def main() -> None:
             row = measure(wname, make, args, compiler)
             row["compiler"] = cname
             rows.append(row)
-    print(f"{'compiler':<14} {'workload':<22} {'capture ms':>11} {'graph us':>10} {'compiled us':>12} {'overhead us':>12}")
+    print(f"{'compiler':<14} {'workload':<22} {'capture ms':>11} {'graph us':>10} {'compiled us':>12} "
+          f"{'overhead us':>12}")
     for r in rows:
         print(f"{r['compiler']:<14} {r['workload']:<22} {r['capture_ms']:>11.1f} {r['graph_us']:>10.1f} "
               f"{r['compiled_us']:>12.1f} {r['overhead_us']:>12.1f}")

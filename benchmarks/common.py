@@ -93,7 +93,7 @@ def result_path(benchmark: str, machine: str) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=here, capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     folder = os.path.join(here, "results", benchmark)
     os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, f"{date}_{machine}_{commit}.json")

@@ -58,8 +58,8 @@ TARGETS = ["cpp", "triton"]
 
 def build_model(name: str):
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     class DenseLayer(nn.Module):
         def __init__(self, cin, growth, bn_size):
@@ -207,7 +207,8 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     cmodel = kiln.compile(model, backend=backend)
 
     def step():
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16" else torch.autocast("cpu", enabled=False)
+        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16"
+               else torch.autocast("cpu", enabled=False))
         with ctx:
             out = cmodel(*inputs)
         out.float().sum().backward()
@@ -232,7 +233,7 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     aot_passes: dict = {}
     graphs = []
     for c in compiled:
-        for key, passes in c.traces.items():
+        for passes in c.traces.values():
             for t in passes:
                 if not t.name.startswith("compile"):
                     stages["aot"] += t.seconds
@@ -423,7 +424,7 @@ def main(argv=None) -> int:
                   f" | backend {res['backend_s']:.2f} s, {res['kernels']} kernels" if stages else res.get("error", "")),
                   flush=True)
     out = Path(args.out or result_path("compile_time", "cpu"))
-    doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
+    doc = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "label": args.label,
            "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
            "argv": sys.argv[1:], "results": results}
     if out.exists() and args.label:  # keep earlier labelled runs (before/after) side by side

@@ -13,11 +13,10 @@ import time
 
 import torch
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 from kiln.codegen.cpp import kernel as cpp_kernel
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 aten = torch.ops.aten
 
@@ -67,7 +66,8 @@ def median_us(fn, inputs) -> float:
 
 
 def main() -> None:
-    print(f"{'case':40s} {'rows':>10s} {'tiles':>10s} {'eager':>10s}   (us per call, {torch.get_num_threads()} threads)")
+    print(f"{'case':40s} {'rows':>10s} {'tiles':>10s} {'eager':>10s}   "
+          f"(us per call, {torch.get_num_threads()} threads)")
     for name, (fn, shape, n) in CASES.items():
         inputs = [torch.randn(*shape) for _ in range(n)]
         versions = {"rows": compiled(fn, inputs, False), "tiles": compiled(fn, inputs, True), "eager": fn}

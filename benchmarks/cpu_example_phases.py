@@ -16,11 +16,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 import kiln
 from kiln.examples.vit_train import TinyViT
 from kiln.pipeline import GRAPH_LISTENERS
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 
 def main() -> None:

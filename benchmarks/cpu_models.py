@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     out = Path(args.out or result_path("cpu_models", "cpu"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "load_average": os.getloadavg(), "threads": args.threads},

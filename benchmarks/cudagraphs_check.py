@@ -30,9 +30,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import common  # noqa: E402,F401  (benchmarks run strict: KILN_STRICT=1)
 import kiln  # noqa: E402
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 
 class MLP(nn.Module):

@@ -76,7 +76,8 @@ def main() -> None:
     print(f"BERT ({options.layers} layers) inference, batch {options.batch}, {len(lengths)} calls over lengths 32..512 "
           f"on {options.device}")
     for name, r in rows.items():
-        print(f"  {name:<14} total {r['total_s']:8.2f} s   graphs {r['graphs']}   max rel err {r.get('max_rel_err', 0):.2e}")
+        print(f"  {name:<14} total {r['total_s']:8.2f} s   graphs {r['graphs']}   "
+              f"max rel err {r.get('max_rel_err', 0):.2e}")
     if options.out:
         with open(options.out, "w") as f:
             json.dump({"date": datetime.date.today().isoformat(), "device": options.device,

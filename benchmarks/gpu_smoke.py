@@ -14,6 +14,7 @@ generator behind torch's capture) and through `kiln.compile(m)` (kiln end to end
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -157,7 +158,8 @@ def function_cases(quick):
 def run_inference(name, fn, inputs, dtype, compilers, rows):
     with torch.no_grad():
         ref = fn(*inputs)
-        row = {"case": name, "eager_ms": cuda_time(lambda: fn(*inputs)), "eager_gpu_ms": kernel_time(lambda: fn(*inputs))}
+        eager = functools.partial(fn, *inputs)
+        row = {"case": name, "eager_ms": cuda_time(eager), "eager_gpu_ms": kernel_time(eager)}
         for cname, make in compilers.items():
             try:
                 compiled = make(fn)
@@ -170,8 +172,8 @@ def run_inference(name, fn, inputs, dtype, compilers, rows):
                 if err > tol(dtype):
                     row[f"{cname}_ms"] = f"WRONG ({err:.2g})"
                     continue
-                row[f"{cname}_ms"] = cuda_time(lambda: compiled(*inputs))
-                row[f"{cname}_gpu_ms"] = kernel_time(lambda: compiled(*inputs))
+                row[f"{cname}_ms"] = cuda_time(functools.partial(compiled, *inputs))
+                row[f"{cname}_gpu_ms"] = kernel_time(functools.partial(compiled, *inputs))
             except Exception as e:  # noqa: BLE001  (a smoke test reports, never aborts)
                 traceback.print_exc()
                 row[f"{cname}_ms"] = f"ERROR {type(e).__name__}: {str(e)[:80]}"
@@ -280,7 +282,7 @@ def main():
         print(f"== {name}", flush=True)
         try:
             x = torch.randn(b, 1024, device=DEV, dtype=dtype)
-            run_training(name, lambda: MLP(1024, 4096).to(DEV, dtype), x, dtype, compilers(), rows)
+            run_training(name, lambda dtype=dtype: MLP(1024, 4096).to(DEV, dtype), x, dtype, compilers(), rows)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             rows.append({"case": name, "eager_ms": "ERROR"})
@@ -297,7 +299,8 @@ def main():
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             rows.append({"case": name, "eager_ms": "ERROR"})
-    print("\n== wall time per call: median of CUDA-event-timed calls (launch overhead included); (Nx) = speedup over eager")
+    print("\n== wall time per call: median of CUDA-event-timed calls (launch overhead included); "
+          "(Nx) = speedup over eager")
     print_table(rows, names, "ms")
     print("\n== GPU kernel time per call (torch.profiler): what the kernels alone take")
     print_table(rows, names, "gpu_ms")

@@ -17,10 +17,9 @@ import time
 import torch
 from transformers import BertConfig, BertModel
 
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 import kiln
 from kiln.api import context_of
-
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
 
 
 def compiled_bert():

@@ -20,9 +20,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-import kiln
-
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 
 DEV = "cuda"
 T, D, FF, V = 8192, 768, 3072, 50257   # tokens (8 x 1024), width, MLP width, vocabulary
@@ -121,8 +120,9 @@ def main() -> None:
             row[f"{label}_ms"] = round(ms, 4)
             row[f"{label}_GBps"] = round(nbytes / ms / 1e6, 1)
         rows.append(row)
-        print(f"{name:<40} eager {row['eager_ms']:7.3f} ms {row['eager_GBps']:7.0f} GB/s | torch {row['torch_ms']:7.3f} "
-              f"{row['torch_GBps']:7.0f} | kiln {row['kiln_ms']:7.3f} {row['kiln_GBps']:7.0f}  err {row['kiln_rel_err']:.1e}",
+        print(f"{name:<40} eager {row['eager_ms']:7.3f} ms {row['eager_GBps']:7.0f} GB/s | "
+              f"torch {row['torch_ms']:7.3f} {row['torch_GBps']:7.0f} | "
+              f"kiln {row['kiln_ms']:7.3f} {row['kiln_GBps']:7.0f}  err {row['kiln_rel_err']:.1e}",
               flush=True)
         torch._dynamo.reset()
     if a.json:

@@ -164,10 +164,10 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
         fn(x)  # warm up: lazy allocations out of the measured step
         holder = {}
 
-        def forward():
+        def forward(fn=fn, holder=holder):  # the loop's model and holder, bound now
             holder["loss"] = loss_fn(fn(x))
 
-        def step():
+        def step(forward=forward, holder=holder):
             forward()
             holder.pop("loss").backward()
 
@@ -202,7 +202,7 @@ def main() -> int:
     parser.add_argument("--models", default=None, help="comma list of model names (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    date = datetime.datetime.now(datetime.timezone.utc)
+    date = datetime.datetime.now(datetime.UTC)
     out = args.out or result_path("partition_memory", "cpu")
     results = []
     for name, make_model, x, loss_fn, info in workloads(args.batch_scale):
@@ -214,7 +214,8 @@ def main() -> int:
         print(f"{name:13s} saved kiln {r['saved_bytes_kiln'] / mib:8.1f} MiB ({r['saved_tensors_kiln']} tensors) | "
               f"naive {r['saved_bytes_naive'] / mib:8.1f} MiB ({r['saved_tensors_naive']}) | "
               f"eager {r['saved_bytes_eager'] / mib:8.1f} MiB || retained after fw kiln "
-              f"{r['retained_after_forward_kiln'] / mib:7.1f} / eager {r['retained_after_forward_eager'] / mib:7.1f} MiB"
+              f"{r['retained_after_forward_kiln'] / mib:7.1f} / "
+              f"eager {r['retained_after_forward_eager'] / mib:7.1f} MiB"
               f" | peak kiln {r['peak_step_kiln'] / mib:7.1f} / eager {r['peak_step_eager'] / mib:7.1f} MiB",
               flush=True)
     doc = {"date": date.isoformat(timespec="seconds"), "command": " ".join(["python"] + sys.argv),

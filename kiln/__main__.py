@@ -1,4 +1,5 @@
-"""`python -m kiln run [--report out.html] [script.py args...]`: run a script with torch.compile routed to kiln, then report.
+"""`python -m kiln run [--report out.html] [script.py args...]`: run a script with torch.compile routed to kiln,
+then report.
 
 Without a script, runs the bundled example (a small ViT-style training loop, eager vs compiled).
 The report (stdout at exit) lists, per compiled region: graphs, graph breaks with reason and
@@ -17,10 +18,10 @@ import torch
 import kiln
 from kiln.api import _contexts
 from kiln.capture import entry
-from kiln.examples import vit_train
 from kiln.debug import trace
 from kiln.debug.html import write_html_report
 from kiln.debug.report import text_report
+from kiln.examples import vit_train
 
 
 def _ordered(contexts) -> list:
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         trace.flush(contexts)
         print(text_report(contexts, summary=summary))
         if options.report:
-            path = write_html_report(options.report, contexts, title=f"kiln report: {options.script or 'bundled ViT example'}",
-                                     summary=summary)
+            title = f"kiln report: {options.script or 'bundled ViT example'}"
+            path = write_html_report(options.report, contexts, title=title, summary=summary)
             print(f"\nHTML report: {path}")
     return code
 

@@ -5,7 +5,8 @@ import functools
 import textwrap
 import types
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext
 from kiln.config import describe_options
 
-_contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_contexts: weakref.WeakSet[CompileContext] = weakref.WeakSet()
 
 
 def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -133,7 +134,8 @@ class OptimizedModule(nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value):
-        if name in ("_orig_mod", "_kiln_context", "_compiled_forward") or "_orig_mod" not in self.__dict__.get("_modules", {}):
+        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward")
+                or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
                 self.__dict__["_kiln_mod"] = value  # the per-call path reads this plain attribute instead

@@ -58,8 +58,8 @@ import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger("kiln.fallbacks")
 
@@ -95,7 +95,7 @@ BREAKS: dict[str, tuple[bool, str]] = {
 class KilnStrictError(RuntimeError):
     """KILN_STRICT=1 and kiln fell back: the message names the graph, the kernel and the cause."""
 
-    def __init__(self, fallback: "Fallback"):
+    def __init__(self, fallback: Fallback):
         self.fallback = fallback
         super().__init__(f"KILN_STRICT=1: {fallback.describe()} (unset KILN_STRICT to let kiln fall back)")
 

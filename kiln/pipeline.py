@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.fx

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install kiln with its test dependencies (CPU torch pinned) and run the test suite.
+# Install kiln with its test dependencies (CPU torch pinned), lint, and run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
+# Lint first: a lint error fails CI before the suite runs (rules in pyproject.toml's [tool.ruff]).
+python3 -m ruff check kiln tests benchmarks scripts
 # Tools the debug tests use when present: Graphviz's dot (diagrams) and Chromium (the HTML report's
 # screenshot test). About two minutes with apt; without them those tests use the built-in layout or skip.
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && { ! command -v dot >/dev/null || ! command -v chromium >/dev/null; }; then

@@ -4,11 +4,11 @@ Triton reads TRITON_INTERPRET when its own library functions (`tl.zeros`, ...) a
 import. Test modules that use torch.compile as the reference import triton through torch, so the
 decision in `triton_device` must be made here, ahead of every module, not in the Triton tests.
 """
-import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
-
 import os  # noqa: E402
 
 import pytest  # noqa: E402
+
+import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
 
 
 def pytest_configure(config):

@@ -11,8 +11,8 @@ import torch
 import kiln
 from kiln import fallbacks
 from kiln.capture.breaks import CATALOGUE
-from kiln.pipeline import compile_aten_graph
 from kiln.debug.report import text_report
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import trace
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from lower.helpers import trace
 
 import kiln
 from kiln import pipeline
 from kiln.config import CompileOptions, validate_options
 from kiln.pipeline import STAGES, Stages, compile_aten_graph
+from lower.helpers import trace
 
 KILN = Path(kiln.__file__).parent
 
@@ -88,7 +88,9 @@ def test_cpu_backend_option_picks_the_triton_printer_through_kiln_compile():
     graphs = []
     pipeline.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
     try:
-        fn = lambda x: (x * 2).relu()
+        def fn(x):
+            return (x * 2).relu()
+
         x = torch.randn(5)
         torch.testing.assert_close(kiln.compile(fn, options={"cpu_backend": "triton"})(x), fn(x))
     finally:

@@ -198,7 +198,8 @@ def main() -> None:
     parser.add_argument("--shard", help="i/n: run every n-th workload starting at i")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
     parser.add_argument("--timeout", type=float, default=600, help="seconds per (workload, compiler) job")
-    parser.add_argument("--out", help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
+    parser.add_argument("--out",
+                        help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
     parser.add_argument("--table", nargs="+", metavar="RUN", help="print the table of these runs' JSON and exit")
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     args = parser.parse_args()

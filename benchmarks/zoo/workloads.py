@@ -5,13 +5,14 @@ A workload is a model, a task and a precision:
 - `train`: one training step in bf16 autocast with AdamW; the compiled module returns the loss.
 - `infer`: one forward under `torch.no_grad()`, with the model's weights in the workload's dtype.
 
-Each builder takes the batch size, the device and whether it trains, and returns `(module, make_inputs)`, where `make_inputs(generator)` draws a fresh
-tuple of positional inputs on the device. Models whose library is missing are reported as skipped, not failed.
+Each builder takes the batch size, the device and whether it trains, and returns `(module, make_inputs)`, where
+`make_inputs(generator)` draws a fresh tuple of positional inputs on the device. Models whose library is missing
+are reported as skipped, not failed.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -16,7 +16,7 @@ as it is (no second compile).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -59,7 +59,8 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
         zeros.meta["val"] = torch.zeros_like(node.meta["val"])
         # Users that also depend on a present tangent (and outputs) read the zeros. The value is still
         # computed (zeros_like reads its shape), but no present gradient reads its data any more.
-        node.replace_all_uses_with(zeros, delete_user_cb=lambda user: user not in unchanged_users and user is not zeros)
+        node.replace_all_uses_with(
+            zeros, delete_user_cb=lambda user, zeros=zeros: user not in unchanged_users and user is not zeros)
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(backward, graph)
 

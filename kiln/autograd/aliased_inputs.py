@@ -14,8 +14,8 @@ input. Inputs that share storage but are only read need nothing of this (tied we
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.fx as fx

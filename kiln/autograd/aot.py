@@ -30,8 +30,9 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -99,11 +100,11 @@ class PerShapeCompiled:
         self.compiled: dict[tuple, AOTCompiled] = {}
         self._for(example_inputs)
 
-    def _for(self, args) -> "AOTCompiled":
+    def _for(self, args) -> AOTCompiled:
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else _constant_key(a) for a in args)
         return build_once(self.compiled, key, self._specialize, key, args)
 
-    def _specialize(self, key: tuple, args) -> "AOTCompiled":
+    def _specialize(self, key: tuple, args) -> AOTCompiled:
         gm, compiler, decompositions, name = self.args
         if self.compiled:
             log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
@@ -190,7 +191,8 @@ class AOTCompiled:
         """(None for inference, else which flat inputs require grad; the autocast state)."""
         autocast = ()
         if torch._C._is_any_autocast_enabled():
-            autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
+            autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
+                             if torch.is_autocast_enabled(d))
         if not torch.is_grad_enabled() or not any(map(_requires_grad, flat)):
             return None, autocast
         return tuple(map(_requires_grad, flat)), autocast

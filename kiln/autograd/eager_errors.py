@@ -14,7 +14,7 @@ compiled graph runs them, and raises as eager does.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

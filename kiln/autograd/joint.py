@@ -15,8 +15,8 @@ removes them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode

@@ -15,7 +15,8 @@ as real views of it, and the output structure is restored.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -98,7 +99,7 @@ class InferenceRunner:
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.plain = None if mutations else signature.plain_outputs()
 
-    def with_signature(self, signature: OutputSignature) -> "InferenceRunner":
+    def with_signature(self, signature: OutputSignature) -> InferenceRunner:
         """The same graph, its outputs assembled by `signature` (of a call in grad mode whose outputs
         need no gradient: the same graph outputs, aliases rebuilt with history where eager's have it)."""
         runner = copy.copy(self)

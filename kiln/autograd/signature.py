@@ -14,9 +14,9 @@ as in eager), or a constant (ints, None) that the graph does not compute.
 from __future__ import annotations
 
 import contextlib
-
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sympy
 import torch
@@ -37,7 +37,7 @@ class TensorSpec:
     device: torch.device
 
     @staticmethod
-    def of(t: torch.Tensor) -> "TensorSpec":
+    def of(t: torch.Tensor) -> TensorSpec:
         return TensorSpec(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
     @property
@@ -45,7 +45,7 @@ class TensorSpec:
         """Sizes or strides are SymInts (a dynamic-shape graph): they hold for every size the guards admit."""
         return any(isinstance(s, torch.SymInt) for s in self.shape + self.stride)
 
-    def contiguous(self) -> "TensorSpec":
+    def contiguous(self) -> TensorSpec:
         strides, acc = [], 1
         for size in reversed(self.shape):
             strides.append(acc)

@@ -30,7 +30,8 @@ CATALOGUE: dict[str, BreakReason] = {
                     "use torch.where / torch.cond, or move the check outside the compiled function"),
         BreakReason("numpy", "a numpy call: kiln does not trace numpy",
                     "use the torch equivalent (torch.arange for np.arange, ...)"),
-        BreakReason("unsupported_call", "a call to a function kiln cannot trace (a C function or builtin it does not model)",
+        BreakReason("unsupported_call",
+                    "a call to a function kiln cannot trace (a C function or builtin it does not model)",
                     "replace it with torch operations, or wrap it with kiln.disable if it must run eagerly"),
         BreakReason("autograd_backward", "Tensor.backward() runs the autograd engine, which kiln does not capture yet",
                     "call backward outside the compiled function; the compiled forward still gets a compiled backward"),
@@ -44,12 +45,14 @@ CATALOGUE: dict[str, BreakReason] = {
                     "use plain Python containers, tensors and nn.Modules inside the compiled region"),
         BreakReason("unsupported_opcode", "a bytecode instruction kiln does not interpret",
                     "move that construct (generators, try/except around a break, ...) out of the compiled region"),
-        BreakReason("dynamic_output_shape", "an op whose output shape depends on tensor values (nonzero, unique, masked_select)",
+        BreakReason("dynamic_output_shape",
+                    "an op whose output shape depends on tensor values (nonzero, unique, masked_select)",
                     "use a fixed-shape formulation (torch.where with a mask)"),
         BreakReason("exception", "the traced code raises an exception", "check the inputs; the frame runs eagerly"),
         BreakReason("unknown_context", "a `with` block whose context manager kiln does not model",
                     "use torch.no_grad/enable_grad/autocast, or move the block out of the compiled region"),
-        BreakReason("hooks", "a module with hooks registered is called", "remove the hooks or compile a hook-free module"),
+        BreakReason("hooks", "a module with hooks registered is called",
+                    "remove the hooks or compile a hook-free module"),
         BreakReason("recursion", "inlining is nested too deep (recursion)", "rewrite the recursion as a loop"),
     ]
 }
@@ -91,7 +94,8 @@ class GraphBreak(Exception):
             where = f"\n  at {self.location}\n    {self.location.line_text()}"
         for caller in self.callers:
             where += f"\n  called from {caller}\n    {caller.line_text()}"
-        return f"graph break ({self.reason.id}): {self.detail}. {self.reason.explanation}.{where}\n  hint: {self.reason.hint}"
+        return (f"graph break ({self.reason.id}): {self.detail}. {self.reason.explanation}.{where}\n"
+                f"  hint: {self.reason.hint}")
 
 
 class Unresumable(GraphBreak):

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
-from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.sources import AttrSource, ItemSource, Source
+from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
-from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
+from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
@@ -69,7 +69,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ConstantValue(obj, source)
     if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(type(obj), "_fields")):
         _type(state, obj, source, expr)
-        state.guards.add(Guard(GuardKind.LENGTH_MATCH, source, f"len({expr}) == {len(obj)}", str(len(obj)), f"len({expr})"))
+        state.guards.add(Guard(GuardKind.LENGTH_MATCH, source, f"len({expr}) == {len(obj)}", str(len(obj)),
+                               f"len({expr})"))
         items = [wrap_lazy(state, v, ItemSource(source, i)) for i, v in enumerate(obj)]
         if isinstance(obj, list):
             return _remember(state, obj, source, ListValue(items, source))
@@ -204,8 +205,8 @@ def _guard_tensor_alias(state, t: torch.Tensor, source: Source, expr: str) -> No
     first = state.mutable_values.setdefault(("tensor", id(t)), (None, source))[1]
     if first != source:
         first_expr = state.source_expr(first)
-        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same tensor as {first_expr}",
-                               f"'a different tensor'"))
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}",
+                               f"the same tensor as {first_expr}", "'a different tensor'"))
 
 
 def guard_input_aliasing(state) -> None:
@@ -275,7 +276,8 @@ def _alias(state, obj: Any, source: Source, expr: str) -> Value:
     value, first = state.mutable_values[id(obj)]
     if first != source:
         first_expr = state.source_expr(first)
-        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}", f"the same object as {first_expr}",
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}",
+                               f"the same object as {first_expr}",
                                f"'a different object: ' + repr(type({expr}).__name__)"))
     return value
 
@@ -291,7 +293,8 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
     code = state.guards.constant(fn.__code__, "code")
     glob = state.guards.constant(fn.__globals__, "globals")
     state.guards.add(Guard(GuardKind.ID_MATCH, source,
-                           f"type({expr}) is ___function_type and {expr}.__code__ is {code} and {expr}.__globals__ is {glob}",
+                           f"type({expr}) is ___function_type and {expr}.__code__ is {code} "
+                           f"and {expr}.__globals__ is {glob}",
                            f"a function with the code of {fn.__qualname__}", f"repr({expr})"))
     state.guards.namespace["___function_type"] = types.FunctionType
 

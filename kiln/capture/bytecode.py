@@ -12,7 +12,7 @@ import dis
 import sys
 import types
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -63,7 +63,7 @@ def _method_load(ins: dis.Instruction) -> bool:
     return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def instructions(code: types.CodeType) -> tuple[Instruction, ...]:
     """The instructions of `code`, with jump targets resolved to indices."""
     every = list(dis.get_instructions(code))
@@ -110,7 +110,7 @@ class HandlerRange:
     lasti: bool = False  # the handler expects the raising instruction's offset below the exception
 
 
-@lru_cache(maxsize=None)
+@cache
 def exception_ranges(code: types.CodeType) -> tuple[HandlerRange, ...]:
     """The exception table in instruction indices (try/except, with, and 3.12's inlined comprehensions)."""
     index_of = {ins.offset: ins.index for ins in instructions(code)}
@@ -131,7 +131,7 @@ def handler_is_with_cleanup(code: types.CodeType, target: int) -> bool:
 RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def has_unresumable_with(code: types.CodeType) -> bool:
     """True when `code` has a `with` block kiln cannot resume inside (autocast, any unknown manager).
 
@@ -154,7 +154,7 @@ def has_unresumable_with(code: types.CodeType) -> bool:
     return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def has_try_block(code: types.CodeType) -> bool:
     """True when `code` has a user try/except or try/finally anywhere.
 

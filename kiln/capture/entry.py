@@ -18,11 +18,13 @@ import re
 import threading
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from kiln import fallbacks
 from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
@@ -35,7 +37,6 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
-from kiln import fallbacks
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -50,7 +51,7 @@ _record_ids = itertools.count(1)
 
 # Observers of the capture stage, installed by kiln.debug (nothing here imports it):
 # each is called as listener(ctx, record) after a capture and its backend compile.
-RECORD_LISTENERS: list[Callable[["CompileContext", "CaptureRecord"], None]] = []
+RECORD_LISTENERS: list[Callable[[CompileContext, CaptureRecord], None]] = []
 
 
 class Instrumentation:
@@ -129,10 +130,10 @@ class CompileContext:
     backend: Callable
     fullgraph: bool = False
     dynamic: bool | None = None  # kiln.compile(dynamic=...): True, False or None (automatic dynamic)
-    frames: dict[FrameSpec, "CompiledFrame"] = field(default_factory=dict)
+    frames: dict[FrameSpec, CompiledFrame] = field(default_factory=dict)
     records: list[CaptureRecord] = field(default_factory=list)
     graph_counter: int = 0
-    functions: dict[Any, "CompiledFunction"] = field(default_factory=dict)
+    functions: dict[Any, CompiledFunction] = field(default_factory=dict)
     run_seconds: float = 0.0  # time in this context's programs (outermost calls), while instrumentation is on
     _thread: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -147,10 +148,10 @@ class CompileContext:
             stack = self._thread.running = []
         return stack
 
-    def frame(self, spec: FrameSpec) -> "CompiledFrame":
+    def frame(self, spec: FrameSpec) -> CompiledFrame:
         return build_once(self.frames, spec, CompiledFrame, spec, self)
 
-    def function(self, fn: types.FunctionType) -> "CompiledFunction":
+    def function(self, fn: types.FunctionType) -> CompiledFunction:
         return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 
@@ -268,7 +269,8 @@ class CompiledFrame:
             dims = {d for d, (a, b) in enumerate(zip(old_shape, new.shape)) if a != b}
             if dims - self.auto_dynamic.get(source, set()):
                 self.auto_dynamic.setdefault(source, set()).update(dims)
-                changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}" for d in sorted(dims)]
+                changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}"
+                            for d in sorted(dims)]
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
     def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
@@ -347,7 +349,8 @@ class CompiledFunction:
         self._names = code.co_varnames[:code.co_argcount]
         # a call with exactly this many positional arguments (and no keywords) binds by zip
         self._num_positional = len(self._names) if self._simple else -1
-        # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped signature
+        # follow_wrapped=False: a functools.wraps'd wrapper binds by its own (*args, **kwargs), not the wrapped
+        # signature
         self._signature = inspect.signature(fn, follow_wrapped=False) if not self._simple or fn.__defaults__ else None
         self._globals, self._closure = fn.__globals__, fn.__closure__ or ()  # both read-only attributes
         self._run_frame = self.frame.__call__  # a bound method: calls it without the slot lookup per call
@@ -381,28 +384,40 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
         state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic)
         frame = _root_frame(state, spec, L, C)
         try:
-            try:
-                value = frame.run()
-                return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
-            except StopAtBreak:
-                return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
-            finally:
-                state.restore_global_state()
+            return _interpret_and_finish(state, spec, ctx, frame, reason)
         except GraphBreak as e:
             if isinstance(e, Unresumable) or break_at is not None:
-                raise _with_guards(e, state)
+                _with_guards(e, state)
+                raise
             if ctx.fullgraph:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with a try block"), state)
+                raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
             if bytecode.has_unresumable_with(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with an autocast or unknown `with` block"), state)
+                why = "in a function with an autocast or unknown `with` block"
+                raise _with_guards(_unresumable(e, why), state) from e
             if not resumable_anywhere(spec.code):
-                raise _with_guards(_unresumable(e, "in a function with an instruction a continuation cannot run "
-                                                   "natively"), state)
+                why = "in a function with an instruction a continuation cannot run natively"
+                raise _with_guards(_unresumable(e, why), state) from e
             break_at, reason = frame.current.index, e
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
+
+
+def _interpret_and_finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame,
+                          reason: GraphBreak | None):
+    """Interpret the frame to its return, or to the break chosen last round, and write the output program.
+
+    A function of its own (not the capture loop's body) so that the program's tail closes over this round's
+    state and frame only. The global state the interpretation changed is restored before a break propagates.
+    """
+    try:
+        value = frame.run()
+        return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
+    except StopAtBreak:
+        return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
+    finally:
+        state.restore_global_state()
 
 
 def _with_guards(e: GraphBreak, state: CaptureState) -> GraphBreak:
@@ -486,7 +501,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         except fallbacks.KilnStrictError:
             raise
         except Exception as e:
-            raise BackendCompilerFailed(f"backend {getattr(ctx.backend, '__name__', ctx.backend)!r} failed on the graph "
+            backend = getattr(ctx.backend, "__name__", ctx.backend)
+            raise BackendCompilerFailed(f"backend {backend!r} failed on the graph "
                                         f"of {spec.describe()}: {type(e).__name__}: {e}") from e
         writer.namespace[graph_name] = compiled
         backend_seconds = time.perf_counter() - backend_start
@@ -555,7 +571,8 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return fn(*args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
-    if isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
+    if (isinstance(fn, torch.nn.Module) and not _has_hooks(fn)
+            and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward))):
         return ctx.function(type(fn).forward)(fn, *args, **kwargs)
     if _compilable(fn):
         return ctx.function(fn)(*args, **kwargs)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from kiln.capture import tensor_checks
 from kiln.capture.sources import AttrSource, Source
-
 
 # where a source expression may start in a guard (L[...], G[...], C[...], getattr(...), a namespace name), and
 # the string literals to skip (a dict-keys guard's expected keys are text, not code)
@@ -120,7 +120,8 @@ def tensor_signature(t: torch.Tensor) -> tuple:
 
 def describe_tensor(sig: tuple) -> str:
     dtype, device, shape, stride, requires_grad, cls = sig
-    return f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, stride={list(stride)}, requires_grad={requires_grad})"
+    return (f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, stride={list(stride)}, "
+            f"requires_grad={requires_grad})")
 
 
 def _check_tensor(t: Any, sig: tuple) -> bool:
@@ -222,7 +223,8 @@ def _likely_same(guards: list[Guard], namespace: dict, same: dict) -> list[tuple
     (`a.cfg.__dict__ is b.cfg.__dict__`), and sources type-guarded to one class kept in the namespace
     (each paired with the first such source)."""
     pairs = [(s.base, a.target.base) for s, a in same.items()
-             if hasattr(s, "base") and hasattr(a.target, "base") and dataclasses.replace(s, base=a.target.base) == a.target]
+             if hasattr(s, "base") and hasattr(a.target, "base")
+             and dataclasses.replace(s, base=a.target.base) == a.target]
     first_of: dict[str, Source] = {}
     for g in guards:
         cls = _compared_to(g, GuardKind.TYPE_MATCH, "type({}) is ")
@@ -382,7 +384,8 @@ class _Writer:
         if self.tensors:
             self.lines.append(f"{self.indent}if not ___check_tensors(___tensor_specs, "
                               f"{', '.join(var for var, _ in self.tensors)}): return False  "
-                              f"# tensor: {len(self.tensors)} tensors (type, dtype, device, shape, stride, requires_grad)")
+                              f"# tensor: {len(self.tensors)} tensors "
+                              "(type, dtype, device, shape, stride, requires_grad)")
         if self.diagnose:
             self.lines += ["    except Exception as e:", "        return e", "    return None"]
         else:

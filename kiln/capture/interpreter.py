@@ -177,7 +177,8 @@ def bind_arguments(fn: FunctionValue, args: list[Value], kwargs: dict[str, Value
         bound[name] = value
     extra = args[npos:]
     if extra and not has_varargs:
-        raise GraphBreak("exception", f"TypeError: {fn.name}() takes {npos} positional arguments but {len(args)} were given")
+        raise GraphBreak("exception",
+                         f"TypeError: {fn.name}() takes {npos} positional arguments but {len(args)} were given")
     varkw: dict[str, Value] = {}
     posonly = set(names[:code.co_posonlyargcount])
     for name, value in kwargs.items():

@@ -9,7 +9,7 @@ that writes the call of the continuation starting at instruction `index`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
 from kiln.capture.bytecode import Instruction, instructions
@@ -30,7 +30,8 @@ def renders(*names):
     return register
 
 
-def render_instruction(ins: Instruction, stack: Stack, kw_names: tuple, resume: Resume, temp: Callable[[], str]) -> list[str]:
+def render_instruction(ins: Instruction, stack: Stack, kw_names: tuple, resume: Resume,
+                       temp: Callable[[], str]) -> list[str]:
     renderer = RENDERERS.get(ins.opname)
     if renderer is None:
         raise Unresumable("unsupported_opcode", f"cannot resume after {ins.opname}")
@@ -49,7 +50,8 @@ def _call(ins, stack, kw_names, resume, temp):
     items, rest = stack[-n:], stack[:-n]
     fn, args = (items[1], items[2:]) if items[0] is None else (items[0], items[1:])
     r = temp()
-    return [f"{r} = ___call_nested({fn}{', ' if args else ''}{_args(args, kw_names)})", resume(ins.index + 1, rest + [r])]
+    call = f"{r} = ___call_nested({fn}{', ' if args else ''}{_args(args, kw_names)})"
+    return [call, resume(ins.index + 1, rest + [r])]
 
 
 @renders("CALL_FUNCTION_EX")
@@ -284,7 +286,8 @@ def _build_set(ins, stack, kw, resume, temp):
 @renders("CALL_INTRINSIC_1")
 def _call_intrinsic_1(ins, stack, kw, resume, temp):
     r = temp()
-    expr = {"INTRINSIC_UNARY_POSITIVE": f"+{stack[-1]}", "INTRINSIC_LIST_TO_TUPLE": f"tuple({stack[-1]})"}.get(ins.argrepr)
+    expr = {"INTRINSIC_UNARY_POSITIVE": f"+{stack[-1]}",
+            "INTRINSIC_LIST_TO_TUPLE": f"tuple({stack[-1]})"}.get(ins.argrepr)
     if expr is None:
         raise Unresumable("unsupported_opcode", f"cannot resume after CALL_INTRINSIC_1 {ins.argrepr}")
     return [f"{r} = {expr}", resume(ins.index + 1, stack[:-1] + [r])]
@@ -294,7 +297,8 @@ def _call_intrinsic_1(ins, stack, kw, resume, temp):
 def _load_super_attr(ins, stack, kw, resume, temp):
     r = temp()
     pushed = [None, r] if ins.method_load else [r]
-    return [f"{r} = getattr({stack[-3]}({stack[-2]}, {stack[-1]}), {ins.argval!r})", resume(ins.index + 1, stack[:-3] + pushed)]
+    load = f"{r} = getattr({stack[-3]}({stack[-2]}, {stack[-1]}), {ins.argval!r})"
+    return [load, resume(ins.index + 1, stack[:-3] + pushed)]
 
 
 @renders("IMPORT_NAME")

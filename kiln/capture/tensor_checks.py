@@ -31,8 +31,8 @@ import sysconfig
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

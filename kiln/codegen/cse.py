@@ -9,7 +9,7 @@ class Scope:
     inside, one computed inside is not visible after the block.
     """
 
-    def __init__(self, parent: "Scope | None" = None):
+    def __init__(self, parent: Scope | None = None):
         self.cache = dict(parent.cache) if parent else {}
 
     def lookup(self, e) -> tuple:

@@ -115,7 +115,7 @@ def _keeps(sources) -> bool:
     return all(type(s) is torch.nn.Parameter and not s.is_inference() for s in sources)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: tuple) -> str | None:
     """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload.
 
@@ -152,7 +152,8 @@ def _accepts(schema, num_positional: int, kwarg_names: tuple) -> bool:
     if not len(required) <= num_positional <= len(positional):
         return False
     names = {a.name for a in schema.arguments[num_positional:]}
-    missing = [a.name for a in schema.arguments[num_positional:] if not a.has_default_value() and a.name not in kwarg_names]
+    missing = [a.name for a in schema.arguments[num_positional:]
+               if not a.has_default_value() and a.name not in kwarg_names]
     return set(kwarg_names) <= names and not missing
 
 
@@ -252,7 +253,8 @@ class WrapperCodegen:
             if old is not None and old in self.exact and self._same_layout(self.layouts[old], lay):
                 self.line(f"{b} = {old}; del {old}  # reuse")
             elif old is not None:
-                self.line(f"{b} = {old}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)}); del {old}  # reuse")
+                view = f"{old}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
+                self.line(f"{b} = {view}; del {old}  # reuse")
             else:
                 self.line(f"{b} = empty_strided({self.shape(lay.size)}, {self.shape(lay.stride)}, "
                           f"dtype={lay.dtype}, device={self.device_name})")

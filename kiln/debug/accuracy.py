@@ -19,9 +19,10 @@ import copy
 import importlib
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -42,7 +43,8 @@ class AccuracyFailure:
     def __str__(self) -> str:
         where = f"first diverging node: {self.node}" if self.node else "no single node diverged on its own"
         repro = f"; repro: {self.repro}" if self.repro else ""
-        return f"kiln accuracy: {self.graph} differs from eager (max abs error {self.max_abs_error:.3g}); {where}{repro}"
+        return (f"kiln accuracy: {self.graph} differs from eager (max abs error {self.max_abs_error:.3g}); "
+                f"{where}{repro}")
 
 
 failures: list[AccuracyFailure] = []
@@ -264,7 +266,9 @@ def write_repro(gm: torch.fx.GraphModule, args: list, path: Path, note: str = ""
         "    with torch.no_grad():",
         "        expected = model(*args)",
         "        actual = kiln.compile(model, backend=options.backend)(*args)",
-        "    for i, (a, e) in enumerate(zip(torch.utils._pytree.tree_flatten(actual)[0], torch.utils._pytree.tree_flatten(expected)[0])):",
+        "    flat_actual = torch.utils._pytree.tree_flatten(actual)[0]",
+        "    flat_expected = torch.utils._pytree.tree_flatten(expected)[0]",
+        "    for i, (a, e) in enumerate(zip(flat_actual, flat_expected)):",
         "        if isinstance(a, torch.Tensor):",
         "            err = (a.double() - e.double()).abs().max().item() if a.numel() else 0.0",
         "            print(f'output {i}: max abs error {err:.3g}', 'OK' if err <= options.atol else 'MISMATCH')",

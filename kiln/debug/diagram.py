@@ -62,7 +62,8 @@ def to_dot(d: Diagram) -> str:
         if not members:
             continue
         lines.append(f"  subgraph {q('cluster_' + cid)} {{")
-        lines.append(f'    label={q(label)}; style="rounded,filled"; fillcolor="#fff4d6"; color="#d9a400"; fontname="Helvetica";')
+        lines.append(f'    label={q(label)}; style="rounded,filled"; fillcolor="#fff4d6"; color="#d9a400"; '
+                     'fontname="Helvetica";')
         lines += [f"    {q(n[0])} [label={q(n[1])}];" for n in members]
         lines.append("  }")
     lines += [f"  {q(n[0])} [label={q(n[1])}];" for n in nodes if n[2] not in d.clusters]

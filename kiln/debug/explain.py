@@ -6,8 +6,9 @@ source line), ops per graph, guards and compile times.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

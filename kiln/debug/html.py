@@ -23,7 +23,8 @@ h3 { font-size: 15px; margin-top: 22px; } .sub { color: #5c6780; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 th, td { border: 1px solid #c9d0dd; padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: #eef1f7; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-pre { background: #f6f8fa; border: 1px solid #dde3ec; padding: 8px 10px; font-size: 12px; overflow-x: auto; max-height: 420px; }
+pre { background: #f6f8fa; border: 1px solid #dde3ec; padding: 8px 10px; font-size: 12px; overflow-x: auto;
+      max-height: 420px; }
 details { margin: 6px 0; } summary { cursor: pointer; font-weight: 600; }
 .diagram { overflow: auto; max-height: 600px; border: 1px solid #dde3ec; margin: 8px 0; background: white; }
 .bar { display: inline-block; height: 10px; background: #d9a400; vertical-align: middle; }
@@ -69,9 +70,11 @@ def _graph_section(g: GraphInfo, diagrams: bool) -> str:
         for cg in g.aten_graphs:
             a = cg.artefacts
             rows.append([a.get("name", "?"), a.get("num_kernels", 0),
-                         f"fell back to ATen: {a['fallback']}" if "fallback" in a else ", ".join(a.get("kernel_names", []))])
+                         f"fell back to ATen: {a['fallback']}" if "fallback" in a
+                         else ", ".join(a.get("kernel_names", []))])
         out.append(_table(["ATen graph", "kernels", "kernel names"], rows, {1}))
-    out.append(f"<details open><summary>captured graph (Python)</summary><pre>{_e(r.graph.code.strip())}</pre></details>")
+    out.append("<details open><summary>captured graph (Python)</summary>"
+               f"<pre>{_e(r.graph.code.strip())}</pre></details>")
     if diagrams:
         out.append("<details open><summary>captured graph (diagram)</summary>"
                    + _diagram(to_svg(fx_diagram(r.graph, f"graph {r.id}: {r.name}"))) + "</details>")
@@ -80,10 +83,12 @@ def _graph_section(g: GraphInfo, diagrams: bool) -> str:
         name = _e(a.get("name", "?"))
         if diagrams and "fused_graph" in a:
             out.append(f"<details><summary>{name}: fused graph (kernels as clusters)</summary>"
-                       + _diagram(to_svg(fused_diagram(a["fused_graph"], f"{a.get('name')}: fused graph"))) + "</details>")
+                       + _diagram(to_svg(fused_diagram(a["fused_graph"], f"{a.get('name')}: fused graph")))
+                       + "</details>")
         for key in ("kernels.cpp", "kernels.py"):
             if key in a:
-                out.append(f"<details><summary>{name}: generated kernels ({key})</summary><pre>{_e(a[key])}</pre></details>")
+                out.append(f"<details><summary>{name}: generated kernels ({key})</summary>"
+                           f"<pre>{_e(a[key])}</pre></details>")
         if "wrapper.py" in a:
             out.append(f"<details><summary>{name}: wrapper</summary><pre>{_e(a['wrapper.py'])}</pre></details>")
     out.append(f"<details><summary>output program and guards</summary><pre>{_e(r.program_source)}</pre></details>")
@@ -105,7 +110,8 @@ def _region_section(region: Region, diagrams: bool) -> str:
         out += ["<h3>graph breaks</h3>", _table(["reason", "detail", "file:line", "source", "hint"], rows)]
     if region.recompiles:
         out += ["<h3>recompiles</h3>",
-                _table(["graph", "frame", "failing guard"], [[r.id, r.frame, r.recompile_reason] for r in region.recompiles])]
+                _table(["graph", "frame", "failing guard"],
+                       [[r.id, r.frame, r.recompile_reason] for r in region.recompiles])]
     out += [_graph_section(g, diagrams) for g in region.graphs]
     return "\n".join(out)
 

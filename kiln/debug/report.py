@@ -156,7 +156,8 @@ def text_report(contexts: list[CompileContext], summary: str | None = None) -> s
         for r in region.breaks:
             where, text = break_location(r)
             b = r.graph_break
-            lines.append(f"    graph break ({b.reason.id}) {b.detail}\n        at {where}: {text}\n        hint: {b.reason.hint}")
+            lines.append(f"    graph break ({b.reason.id}) {b.detail}\n        at {where}: {text}\n"
+                         f"        hint: {b.reason.hint}")
         for r in region.recompiles:
             lines.append(f"    recompile of {r.frame} (graph {r.id}): {r.recompile_reason}")
         for g in region.graphs:
@@ -166,12 +167,15 @@ def text_report(contexts: list[CompileContext], summary: str | None = None) -> s
             for cg in g.aten_graphs:
                 a = cg.artefacts
                 names = a.get("kernel_names", [])
-                what = ", ".join(names[:MAX_KERNEL_NAMES]) + (f", ... ({len(names)} kernels)" if len(names) > MAX_KERNEL_NAMES else "")
+                what = ", ".join(names[:MAX_KERNEL_NAMES])
+                if len(names) > MAX_KERNEL_NAMES:
+                    what += f", ... ({len(names)} kernels)"
                 if "fallback" in a:
                     what = f"fell back to ATen: {a['fallback']}"
                 lines.append(f"        {a.get('name', '?')}: {what or 'no kernels'}")
             code = r.graph.code.strip().splitlines()
             lines += ["        | " + _clip(line) for line in code[:MAX_GRAPH_LINES]]
             if len(code) > MAX_GRAPH_LINES:
-                lines.append(f"        | ... {len(code) - MAX_GRAPH_LINES} more lines (--report out.html or KILN_DEBUG_DIR shows all)")
+                lines.append(f"        | ... {len(code) - MAX_GRAPH_LINES} more lines "
+                             "(--report out.html or KILN_DEBUG_DIR shows all)")
     return "\n".join(lines)

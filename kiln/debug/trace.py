@@ -139,7 +139,8 @@ def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> Pa
                        f"{b.location.line_text().strip() if b.location else ''}")
     if record.recompile_reason:
         summary.append(f"recompiled because: {record.recompile_reason}")
-    summary += [f"ATen graph {g.artefacts.get('name')}: {', '.join(g.artefacts.get('kernel_names', [])) or 'no kernels'}"
+    summary += [f"ATen graph {g.artefacts.get('name')}: "
+                f"{', '.join(g.artefacts.get('kernel_names', [])) or 'no kernels'}"
                 for g in info.aten_graphs]
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
     (out / "output_program.py").write_text(record.program_source + "\n")
@@ -148,7 +149,8 @@ def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> Pa
     if record.graph is not None:
         (out / "captured_graph.py").write_text(record.graph.print_readable(print_output=False))
         if diagram:
-            (out / "captured_graph.svg").write_text(to_svg(fx_diagram(record.graph, f"graph {record.id}: {record.name}")))
+            title = f"graph {record.id}: {record.name}"
+            (out / "captured_graph.svg").write_text(to_svg(fx_diagram(record.graph, title)))
     write_aot(out, info.aot_traces)
     return out
 

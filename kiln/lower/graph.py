@@ -109,7 +109,8 @@ class GraphLowering:
             return from_buffer(name, layout)
         position = {d: k for k, d in enumerate(order)}
         variables = index_vars("i", v.ndim)
-        sizes, body = merged_copy_dims([v.size[d] for d in order], v.at([variables[position[d]] for d in range(v.ndim)]))
+        sizes, body = merged_copy_dims([v.size[d] for d in order],
+                                       v.at([variables[position[d]] for d in range(v.ndim)]))
         storage = ir.Layout.contiguous(sizes, v.dtype)
         self.add_buffer(ir.ComputedBuffer(name, storage, ir.Pointwise(storage.size, body)))
         return from_buffer(name, layout)
@@ -165,7 +166,8 @@ class GraphLowering:
                 results = tree_flatten(node.args[0])[0]
                 outputs = [self._output(v, m, owners, _alias_root(n)) for v, m, n in zip(
                     tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
-                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
+                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n,
+                                          node.args[0]))[0],
                     results)]
                 continue
             env[node] = self._call(node, env)
@@ -206,7 +208,8 @@ class GraphLowering:
         if not isinstance(value, torch.Tensor):
             raise Unsupported(f"get_attr of a {type(value).__name__}")
         name = f"const{len(self.constants)}"
-        layout = ir.Layout(tuple(sympify(s) for s in value.shape), tuple(sympify(s) for s in value.stride()), value.dtype)
+        layout = ir.Layout(tuple(sympify(s) for s in value.shape), tuple(sympify(s) for s in value.stride()),
+                           value.dtype)
         self.constants[name] = value
         self.layouts[name] = layout
         return from_buffer(name, layout)
@@ -241,7 +244,8 @@ class GraphLowering:
         meta = node.meta.get("val")
         if node.target is operator.getitem:
             return args[0][args[1]]
-        if isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool) and not isinstance(node.target, torch._ops.OpOverload):
+        if (isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool)
+                and not isinstance(node.target, torch._ops.OpOverload)):
             return self._sym(meta)
         if isinstance(meta, torch.SymInt):
             return self._sym(meta)
@@ -388,7 +392,8 @@ def _input_owners(placeholders: list, example_inputs: list, inputs: list) -> dic
 def _alias_root(node):
     """The node whose storage `node`'s value is on: through view ops (their schema's result aliases
     their first argument) to a placeholder or a value computed with storage of its own."""
-    while (isinstance(node, torch.fx.Node) and node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    while (isinstance(node, torch.fx.Node) and node.op == "call_function"
+           and isinstance(node.target, torch._ops.OpOverload)
            and node.target._schema.returns and node.target._schema.returns[0].alias_info is not None
            and not node.target._schema.returns[0].alias_info.is_write and isinstance(node.args[0], torch.fx.Node)):
         node = node.args[0]

@@ -9,7 +9,7 @@ non-negative integers and would not simplify.
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import sympy
 
@@ -223,7 +223,7 @@ def view_strides(old_size, old_stride, new_size):
                 po = po * old[oi][0]
                 chunk_old.append(old[oi])
                 oi += 1
-        for (s0, st0), (s1, st1) in zip(chunk_old, chunk_old[1:]):
+        for (_, st0), (s1, st1) in zip(chunk_old, chunk_old[1:]):
             if sympy.expand(st0 - st1 * s1) != 0:
                 return None
         stride = chunk_old[-1][1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import sympy
 import torch
@@ -54,7 +54,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Const:
-    value: Union[bool, int, float]
+    value: bool | int | float
     dtype: torch.dtype
 
 
@@ -93,7 +93,7 @@ class Op:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-Expr = Union[Load, Const, IndexValue, Op]
+Expr = Load | Const | IndexValue | Op
 
 # Every op name a lowering may emit; each code generator maps all of them.
 OP_NAMES = frozenset("""
@@ -177,7 +177,7 @@ class ComputedBuffer:
 
     name: str
     layout: Layout
-    data: Union[Pointwise, Reduction]
+    data: Pointwise | Reduction
 
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)
@@ -225,7 +225,7 @@ class MultiOutput:
     layout: Layout
 
 
-Node = Union[ComputedBuffer, Extern, MultiOutput]
+Node = ComputedBuffer | Extern | MultiOutput
 
 
 def extern_reads(node: Extern | MultiOutput) -> set[str]:
@@ -304,7 +304,8 @@ def format_node(n: Node) -> str:
         d = n.data
         if isinstance(d, Pointwise):
             idx = ", ".join(f"i{k}" for k in range(len(d.ranges)))
-            return f"{n.name}: {n.layout} = pointwise[{', '.join(map(str, d.ranges))}]: lambda {idx}: {format_expr(d.body)}"
+            ranges = ", ".join(map(str, d.ranges))
+            return f"{n.name}: {n.layout} = pointwise[{ranges}]: lambda {idx}: {format_expr(d.body)}"
         red = ", ".join(f"r{k} < {s}" for k, s in enumerate(d.reduction_ranges))
         return (f"{n.name}: {n.layout} = reduce_{d.reduction_type}[{', '.join(map(str, d.ranges))}]"
                 f" over ({red}): {format_expr(d.body)}")

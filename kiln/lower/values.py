@@ -50,7 +50,8 @@ class IndexFunction:
 
     def is_trivial(self) -> bool:
         """True for loads, constants and index values: cheap to recompute at every use."""
-        return not isinstance(self.body, ir.Op) or (self.body.name == "cast" and not isinstance(self.body.args[0], ir.Op))
+        return not isinstance(self.body, ir.Op) or (self.body.name == "cast"
+                                                    and not isinstance(self.body.args[0], ir.Op))
 
 
 def from_buffer(name: str, layout: ir.Layout) -> IndexFunction:

@@ -13,7 +13,8 @@ may compile in turn.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 compile_lock = threading.RLock()
 

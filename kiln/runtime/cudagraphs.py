@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ MAX_RECORDINGS = 8
 """Recordings (input signatures) per compiled graph; past it, new signatures run without graphs."""
 
 _set_stale = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds of torch have it
-_pools: "weakref.WeakSet[CUDAGraphPool]" = weakref.WeakSet()
+_pools: weakref.WeakSet[CUDAGraphPool] = weakref.WeakSet()
 
 
 def cudagraph_mark_step_begin() -> None:
@@ -124,7 +125,7 @@ class CUDAGraphPool:
         _pools.add(self)
 
     @classmethod
-    def for_graph(cls, gm: torch.fx.GraphModule, example_inputs: list, name: str) -> "CUDAGraphPool | None":
+    def for_graph(cls, gm: torch.fx.GraphModule, example_inputs: list, name: str) -> CUDAGraphPool | None:
         """A pool for the ATen graphs of captured graph `gm`, or None (and a log line) if graphs cannot apply."""
         reason = _captured_reason(gm, example_inputs)
         if reason:
@@ -223,13 +224,14 @@ class Recording:
     __slots__ = ("name", "owner", "graph", "order", "static_at", "static_addresses", "copied", "spans", "outputs",
                  "outstanding", "replays", "last_copies")
 
-    def __init__(self, name: str, owner: "CUDAGraphed"):
+    def __init__(self, name: str, owner: CUDAGraphed):
         self.name, self.owner = name, owner
         self.graph = None
         self.order = -1
         self.static_at: list[int] = []          # the inputs read in place (parameters, other graphs' outputs)
         self.static_addresses: list[int] = []   # and their addresses, baked into the recording
-        self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []  # (index, buffer, address, shape, dtype)
+        # (index, buffer, address, shape, dtype) of each copied input
+        self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []
         self.spans: list[tuple[int, torch.Tensor, torch.Size, tuple, torch.dtype, int]] = []  # overlapping inputs
         self.outputs: list[tuple[Any, bool]] = []  # (static output, made stale by replays)
         self.outstanding: tuple | list = ()

@@ -141,7 +141,8 @@ class KernelGroup:
         return None
 
     def __str__(self) -> str:
-        lines = [f"kernel {self.name}: outer=({', '.join(map(str, self.outer))}) inner=({', '.join(map(str, self.inner))})"]
+        outer, inner = ", ".join(map(str, self.outer)), ", ".join(map(str, self.inner))
+        lines = [f"kernel {self.name}: outer=({outer}) inner=({inner})"]
         for k, s in enumerate(self.segments):
             lines.append(f"  segment {k} ({'inner' if s.inner else 'outer'}): " + ", ".join(
                 n.name + ("(local)" if n.name in self.local else "")
@@ -164,7 +165,7 @@ class Schedule:
     steps: list
     templates: dict = field(default_factory=dict)  # node name -> spec of the template computing it (matmuls)
 
-    def template_of(self, group: "KernelGroup"):
+    def template_of(self, group: KernelGroup):
         """The template spec of a group that starts with a template node, else None."""
         nodes = group.nodes
         return self.templates.get(nodes[0].name) if nodes else None

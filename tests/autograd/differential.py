@@ -5,7 +5,8 @@ once per side, so it must build the same values each time), then compares side b
 
 - each output's value, shape, strides, dtype, `requires_grad`, `is_leaf` and whether it has a `grad_fn`;
 - which outputs and inputs are the same object, and which share storage;
-- after a backward from every output that requires grad (or those `loss_from` names), each input's `.grad` (None where eager's is);
+- after a backward from every output that requires grad (or those `loss_from` names), each input's `.grad`
+  (None where eager's is);
 - after writing into each output in place, every input and output again (a write through one
   alias is seen through the others, as in eager).
 """
@@ -81,7 +82,7 @@ def _compare_grads(e_in, e_out, k_in, k_out, where: str) -> None:
             continue
         assert (a.grad is None) == (e.grad is None), f"{where}: input {k}'s .grad is {a.grad} instead of {e.grad}"
         if e.grad is not None:
-            torch.testing.assert_close(a.grad, e.grad, msg=lambda m: f"{where}: grad of input {k}: {m}")
+            torch.testing.assert_close(a.grad, e.grad, msg=lambda m, k=k: f"{where}: grad of input {k}: {m}")
 
 
 def _compare_writes(e_in, e_out, k_in, k_out, where: str) -> None:
@@ -97,4 +98,4 @@ def _compare_writes(e_in, e_out, k_in, k_out, where: str) -> None:
             a.add_(10.0 * (k + 1))
         for i, (x, y) in enumerate(zip(e_in + e_out, k_in + k_out)):
             torch.testing.assert_close(y.detach(), x.detach(), equal_nan=True,
-                                       msg=lambda m: f"{where}: after writing output {k}, tensor {i}: {m}")
+                                       msg=lambda m, k=k, i=i: f"{where}: after writing output {k}, tensor {i}: {m}")

@@ -41,7 +41,7 @@ def train_and_compare(make_model, make_inputs, loss_fn, *, dtype=torch.float64, 
     opt_e, opt_c = make_opt(eager.parameters()), make_opt(compiled_model.parameters())
     for step in range(steps):
         losses = []
-        for model, fn, opt in ((eager, eager, opt_e), (compiled_model, compiled, opt_c)):
+        for fn, opt in ((eager, opt_e), (compiled, opt_c)):
             opt.zero_grad()
             loss = loss_fn(fn(*inputs))
             loss.backward()

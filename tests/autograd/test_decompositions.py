@@ -3,8 +3,12 @@ import pytest
 import torch
 
 from kiln.autograd.decompositions import FUNCTIONALIZATION, core_aten, tracing_table
-from kiln.lower.decompositions import (convolution_backward_bias_apart, convolution_bias_apart, decomposes,
-                                       decomposition_table)
+from kiln.lower.decompositions import (
+    convolution_backward_bias_apart,
+    convolution_bias_apart,
+    decomposes,
+    decomposition_table,
+)
 
 from .helpers import run_as_is, train_and_compare
 from .test_aot import Block

@@ -55,7 +55,7 @@ def make():
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_in_place_view_op_on_an_input(program, backend):
     compiled = kiln.compile(program, backend=backend)
-    for call in range(2):
+    for _ in range(2):
         eager_args, kiln_args = make(), make()
         expected, actual = program(*eager_args), compiled(*kiln_args)
         torch.testing.assert_close(actual, expected)

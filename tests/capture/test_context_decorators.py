@@ -5,6 +5,7 @@ import contextlib
 import torch
 
 import kiln
+
 from .helpers import check
 
 LOG = []

@@ -15,6 +15,7 @@ def unbound_tensor_method(x, y):
 
 def import_inside(x):
     import math
+
     import torch.nn.functional as G
     from torch.nn import functional as H
     return G.relu(x) + H.gelu(x) * math.e

@@ -194,7 +194,7 @@ def test_logging_and_warnings_are_replayed_after_the_graph(caplog):
 
     def f(x):
         logger.warning("scaling by %d", 3)
-        warnings.warn("deprecated path")
+        warnings.warn("deprecated path")  # noqa: B028  (the call under test, as libraries write it)
         return x * 3
 
     compiled = kiln.compile(f, backend="eager", fullgraph=True)
@@ -226,7 +226,7 @@ VALIDATORS = {typing.Union: "union", typing.Literal: "literal", list: "list"}
 
 
 def test_typing_annotations_and_type_keyed_dicts():
-    annotation = typing.Optional[typing.Literal["a", "b"]]
+    annotation = typing.Optional[typing.Literal["a", "b"]]  # noqa: UP045  (typing.Union is what the table keys)
 
     def f(x):
         kinds = [VALIDATORS.get(typing.get_origin(arg), "simple") for arg in typing.get_args(annotation)]
@@ -477,7 +477,7 @@ def _validate(name, value, expected):
 
 def test_function_looked_up_in_a_table_and_tested_for_truth():
     def fn(x):
-        _validate("problem_type", "single_label", typing.Optional[str])
+        _validate("problem_type", "single_label", typing.Optional[str])  # noqa: UP045  (the typing form under test)
         return x * 2
 
     check(fn, t(3), fullgraph=True, graphs=1)

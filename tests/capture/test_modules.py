@@ -264,7 +264,7 @@ class NamedChildren(nn.Module):
         self.b = nn.Linear(4, 4)
 
     def forward(self, x):
-        for name, child in self.named_children():
+        for _name, child in self.named_children():
             x = child(x)
         return x
 

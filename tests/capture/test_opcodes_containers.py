@@ -61,7 +61,7 @@ def dict_ops(x):
 def dict_iteration(x):
     d = {"p": x, "q": x * 2, "r": x * 3}
     total = 0
-    for k, v in d.items():
+    for _k, v in d.items():
         total = total + v
     keys = list(d.keys())
     vals = sum(d.values())

@@ -4,7 +4,6 @@ import collections
 import enum
 
 import pytest
-import torch
 
 from .helpers import check, t
 

@@ -6,7 +6,6 @@ fresh inputs); `graphs` is the count torch.compile gives on the same function.
 """
 import collections
 import collections.abc as abc
-import copy
 import math
 from typing import NamedTuple
 
@@ -17,7 +16,6 @@ import kiln
 from kiln.api import context_of
 
 from .helpers import check, graph_count, t
-
 
 # --- identity: an op that returns its argument returns the same object ---------------------------------------
 

@@ -5,7 +5,6 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.api import context_of
 
 from .helpers import check, check_module, t
 
@@ -108,7 +107,7 @@ def break_while_loop(x):
 
 
 def break_in_nested_loops(x):
-    for i in range(2):
+    for _i in range(2):
         for j in range(2):
             x = x * 1.5
             if j == 1:

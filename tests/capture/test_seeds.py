@@ -33,7 +33,7 @@ def build_model():
             x = self.fc1(x)
             self.d['fc1-out'] = x.sum().item()  # graph break
             x = self.fc2(x)
-            for k in np.arange(1):  # graph break
+            for _k in np.arange(1):  # graph break
                 x = self.fc3(x)
             print(x)  # graph break
             x = self.fc4(x)

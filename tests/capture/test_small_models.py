@@ -8,9 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln.api import context_of
 
-from .helpers import check, check_module, graph_count, t
+from .helpers import check, check_module, t
 
 
 class CausalSelfAttention(nn.Module):

@@ -197,7 +197,8 @@ def metadata(x):
     a = x.size()
     b = x.size(1)
     c = x.dim() + x.ndim + x.numel()
-    info = (x.dtype, x.device, x.requires_grad, x.is_floating_point(), x.shape[-1], len(x), x.stride(), x.is_contiguous())
+    info = (x.dtype, x.device, x.requires_grad, x.is_floating_point(), x.shape[-1], len(x), x.stride(),
+            x.is_contiguous())
     return x.view(m, n) * (b + c), a, info
 
 

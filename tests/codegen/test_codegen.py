@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.pipeline import compile_aten_graph
 from kiln.lower import ir
 from kiln.lower.verify import IRError, verify
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import check, compile_fn, count_externs, trace
 
 

@@ -8,15 +8,14 @@ to ATen, so the kernels themselves ran.
 """
 from __future__ import annotations
 
-from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 from torch import nn
 
 import kiln
-from kiln.pipeline import GRAPH_LISTENERS
 from kiln.codegen.wrapper import unbound_globals
+from kiln.pipeline import GRAPH_LISTENERS
+from triton_device import DEVICE, skip_unless_kernels_run
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("expr, cpp, python", CASES, ids=lambda c: type(c).__name__ if isinstance(c, sympy.Basic) else None)
+@pytest.mark.parametrize("expr, cpp, python", CASES,
+                         ids=lambda c: type(c).__name__ if isinstance(c, sympy.Basic) else None)
 def test_prints_as_cpp_and_python(expr, cpp, python):
     assert CPrinter()(expr) == cpp
     assert PythonPrinter()(expr) == python

@@ -10,8 +10,6 @@ interpreter.
 """
 from __future__ import annotations
 
-from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +17,7 @@ import torch.nn.functional as F
 import kiln
 from kiln.pipeline import compile_aten_graph
 from lower.helpers import trace
+from triton_device import DEVICE, skip_unless_kernels_run
 
 I64_MIN, I32_MIN = -2 ** 63, -2 ** 31
 NAN, INF = float("nan"), float("inf")
@@ -75,7 +74,8 @@ CASES = {
     "wrapped_sum_compared": (lambda a: (a + 1 > a, a - 1 < a, a + 5 > a + 2), (ints(2 ** 63 - 1, I64_MIN, 3),)),
     "wrapped_int32_sum_compared": (lambda a: (a + 1 > a, a * 2 // 2 == a),
                                    (ints(2 ** 31 - 1, I32_MIN, 3, dtype=torch.int32),)),
-    "wrapped_product_divided": (lambda a: (a * 2 // 2, a * 4 // a, (a * 2) % 2 ** 62), (ints(2 ** 62, 2 ** 63 - 1, 3),)),
+    "wrapped_product_divided": (lambda a: (a * 2 // 2, a * 4 // a, (a * 2) % 2 ** 62),
+                                (ints(2 ** 62, 2 ** 63 - 1, 3),)),
     "wrapped_abs_sign": (lambda a: (a.abs() >= 0, (a.abs() + 1) > 0, torch.maximum(a.abs(), a)),
                          (ints(I64_MIN, -3, 4),)),
     # NaN, infinities and signed zeros

@@ -13,9 +13,9 @@ import torch
 
 import kiln
 from kiln.codegen import cpp
-from kiln.pipeline import compile_aten_graph
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.lower import ir
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import assert_same, trace
 from triton_device import DEVICE, skip_unless_kernels_run
 

@@ -12,15 +12,13 @@ import copy
 import dataclasses
 import os
 
-from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-skip_module_unless_kernels_run()
+from triton_device import DEVICE, skip_module_unless_kernels_run
 
-from lower.helpers import assert_same, trace  # noqa: E402
+skip_module_unless_kernels_run()
 
 import kiln  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
@@ -32,6 +30,7 @@ from kiln.lower import ir, lower_graph  # noqa: E402
 from kiln.pipeline import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.schedule.fusion import schedule  # noqa: E402
 from kiln.schedule.memory import plan_memory  # noqa: E402
+from lower.helpers import assert_same, trace  # noqa: E402
 
 MAX = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
 DEFAULT = validate_options(None, {"cpu_backend": "triton"})

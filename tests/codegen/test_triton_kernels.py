@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import re
 
-from triton_device import DEVICE, skip_module_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from triton_device import DEVICE, skip_module_unless_kernels_run
+
 skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
+from kiln.pipeline import compile_aten_graph  # noqa: E402
 from lower.helpers import assert_same, trace  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
-
-from kiln.pipeline import compile_aten_graph  # noqa: E402
 
 TRITON = {"cpu_backend": "triton"}
 LOOPED = PERSISTENT_MAX_RBLOCK + 37  # a row too long for one block: the reduction loops

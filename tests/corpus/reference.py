@@ -13,18 +13,19 @@ or an eager fallback), both strict xfails that flip when kiln is fixed.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
 
 import kiln
-from kiln.api import context_of
 
 # pytest puts tests/ on sys.path (tests/ has no __init__.py), so the capture helpers import as `capture`.
-from capture.helpers import tensors_in, assert_same, graph_count
+from capture.helpers import assert_same, graph_count, tensors_in
+from kiln.api import context_of
 
 
 def bug(reason: str):

@@ -5,7 +5,7 @@ multiple outputs with some non-differentiable. A few run through the default bac
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, t
+from .reference import Table, check, gap, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from .reference import Table, check, gap, t
+from .reference import Table, check, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -5,7 +5,7 @@ recompiles; dynamic=True and dynamic=False; and the same through the autograd st
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, globals_state, t
+from .reference import Table, check, gap, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()

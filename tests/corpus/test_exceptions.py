@@ -4,7 +4,7 @@ raises (same type), try/except/finally and raise-from inside the traced function
 import pytest
 import torch
 
-from .reference import Table, bug, check, globals_state, t
+from .reference import Table, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()

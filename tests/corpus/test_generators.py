@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from .reference import Table, check, gap, globals_state, t
+from .reference import Table, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -522,6 +522,7 @@ def test_training_flag_of_module_set_before_compile(training):
 def test_changing_training_flag_between_calls_recompiles():
     """A mode switch on the module between calls must be guarded: outputs follow the new branch."""
     import copy
+
     import kiln
     torch.manual_seed(0)
     eager = TrainingFlagBranch()

@@ -1,6 +1,5 @@
 """The harness itself must be able to fail: a backend that corrupts outputs, mutates an input or raises is caught."""
 import pytest
-import torch
 
 import kiln
 

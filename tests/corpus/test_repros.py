@@ -273,7 +273,7 @@ def cosine_and_pairwise(a, b):
 @cases((t(2, 3), t(2, 3)))
 def tensor_list_stack_in_loop(a, b):
     outs = []
-    for step in range(3):
+    for _step in range(3):
         a = torch.tanh(a @ torch.ones(3, 3) * 0.1 + b)
         outs.append(a)
     return torch.stack(outs, 1)

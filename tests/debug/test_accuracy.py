@@ -28,7 +28,7 @@ def perturb_sigmoid(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if node.op == "call_function" and node.target is torch.sigmoid:
             with gm.graph.inserting_after(node):
                 wrong = gm.graph.call_function(operator.mul, (node, 1.5))
-            node.replace_all_uses_with(wrong, delete_user_cb=lambda user: user is not wrong)
+            node.replace_all_uses_with(wrong, delete_user_cb=lambda user, wrong=wrong: user is not wrong)
     gm.recompile()
     return gm
 

@@ -38,7 +38,8 @@ def test_report_shows_the_recompile_with_its_failing_guard(cli_run):
 
 def test_report_splits_compile_time_by_stage_and_counts_kernels(cli_run):
     out = cli_run[0].stdout
-    line = next(l for l in out.splitlines() if l.strip().startswith("compile time:") and "capture" in l and "build" in l)
+    line = next(text for text in out.splitlines()
+                if text.strip().startswith("compile time:") and "capture" in text and "build" in text)
     for stage in ("capture", "autograd", "lowering", "codegen", "build"):
         assert f"{stage} " in line
     # descriptive kernel names: sin, then softmax's max/exp/sum fused into one kernel

@@ -18,7 +18,8 @@ def test_html_report_is_self_contained_with_tables_code_kernels_and_diagrams(cli
     assert "<script" not in page and "src=" not in page and "<link" not in page  # nothing external
     assert page.count("<table>") >= 5
     for text in ("compile time by stage", "graph breaks", "recompiles", "failing guard", "two_regions.py:",
-                 "sin = torch.sin(x)", "fused_max_exp_sum_0", 'extern &quot;C&quot; void fused_max_exp_sum_0', "def call("):
+                 "sin = torch.sin(x)", "fused_max_exp_sum_0", 'extern &quot;C&quot; void fused_max_exp_sum_0',
+                 "def call("):
         assert text in page, text
     assert page.count("<svg") >= 4  # captured graphs and fused graphs
 
@@ -56,5 +57,6 @@ def test_html_report_renders_in_headless_chromium(cli_run, tmp_path):
     assert (width, height) == (1200, 900)
     assert colours > 20  # text, tables and bars drawn, not a blank page
     # the DOM chromium built has the report's tables and the inline SVG diagrams
-    dom = subprocess.run([*cmd[:-2], "--dump-dom", html_path.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run([*cmd[:-2], "--dump-dom", html_path.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
     assert dom.count("<table>") >= 5 and "<svg" in dom and "compiled region" in dom

@@ -274,7 +274,8 @@ def test_output_capturing_hooks(name, flag):
     """An eager call with output_hidden_states/attentions installs transformers' capturing hooks on the
     layers; the compiled model inlines them (hidden states collected in the graph, set on the output
     after construction, in eager's key order), with and without the flag."""
-    make, inputs, _ = CASES[name if flag == "output_hidden_states" else f"{name}_eager_attention"]  # SDPA has no weights
+    # SDPA returns no attention weights: output_attentions runs on the eager-attention variant
+    make, inputs, _ = CASES[name if flag == "output_hidden_states" else f"{name}_eager_attention"]
     torch.manual_seed(0)
     model = make().eval()
     g = torch.Generator().manual_seed(8)

@@ -128,11 +128,11 @@ def minimize_seed(args) -> None:
         if args.isolate:
             worker = Worker(backend, args.device, args.timeout)
 
-            def run(text):
+            def run(text, worker=worker):
                 result = worker.run({"source": text})
                 return Outcome(result["status"], result["kind"], result["message"])
         else:
-            def run(text):
+            def run(text, backend=backend):
                 return run_program(text, backend, args.device)
         small, outcome = minimize(source, run, note=f"seed {args.minimize}, backend {backend}")
         if args.isolate:

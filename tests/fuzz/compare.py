@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
@@ -272,7 +272,8 @@ def eager_reruns(source: str, call: int) -> dict:
 @contextlib.contextmanager
 def capture_failures():
     """Collect the frames kiln ran eagerly (kiln.fallbacks kind "frame": capture failed, or the compiled graph
-    raised where eager does not; not an unresumable break): a fallback to eager is a crash. Under KILN_STRICT=1 the call itself raises instead."""
+    raised where eager does not; not an unresumable break): a fallback to eager is a crash. Under KILN_STRICT=1
+    the call itself raises instead."""
     failures: list[str] = []
     before = len(kiln.fallbacks.records())
     try:

@@ -14,7 +14,7 @@ with the reason printed; otherwise the difference stays "wrong".
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

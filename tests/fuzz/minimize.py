@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from tests.fuzz.compare import Outcome
 
@@ -50,7 +50,7 @@ def _edits(tree: ast.Module) -> Iterator[Callable[[ast.Module], None]]:
     for i in range(len(f.args.args)):
         yield lambda t, i=i: _drop_input(t, i)
     make = _function(tree, "inputs")
-    for i, stmt in enumerate(make.body[2:-1], start=2):  # keep the generator, the sizes and the return
+    for i in range(2, len(make.body) - 1):  # keep the generator, the sizes and the return
         yield lambda t, i=i: _function(t, "inputs").body.pop(i)
     if _function(tree, "before_call"):
         yield lambda t: t.body.remove(_function(t, "before_call"))

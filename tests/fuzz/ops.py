@@ -9,8 +9,8 @@ on the inputs of every call and drops it when eager raises, so each program it e
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -8,7 +8,6 @@ still fail (strict xfails, with what differs).
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 

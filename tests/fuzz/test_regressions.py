@@ -817,7 +817,8 @@ def f(a, b):
 
 
 # -- new: a float32 variance whose squared deviations overflow float32 (eager's CPU var accumulates in double) ----
-# the backward divides by sym_float(n - 1) under dynamic sizes: kiln cannot lower a SymFloat, the graph runs through ATen
+# the backward divides by sym_float(n - 1) under dynamic sizes: kiln cannot lower a SymFloat, the graph runs
+# through ATen
 @pytest.mark.allows_fallback("graph: a SymFloat in the backward")
 @backends("inductor")
 def test_std_of_huge_values_accumulates_in_double(backend):

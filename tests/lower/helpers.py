@@ -5,10 +5,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten
 
-from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
-
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
+from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
 
 
 def trace(fn, *inputs, mode="real"):
@@ -41,7 +40,7 @@ def assert_same(got, ref, dtype=None):
             tol = dict(atol=4e-3, rtol=4e-3)
         elif r.dtype == torch.float32:
             tol = dict(atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(g, r, equal_nan=True, **tol, msg=lambda m: f"output {k}: {m}")
+        torch.testing.assert_close(g, r, equal_nan=True, **tol, msg=lambda m, k=k: f"output {k}: {m}")
 
 
 def check(fn, *inputs, **kw):

@@ -26,7 +26,8 @@ FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
     "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
     "gt": torch.gt, "ge": torch.ge, "where": lambda a, b: torch.where(a > 0, a, b),
-    "pow2": lambda a, b: a ** 2, "pow3": lambda a, b: a ** 3, "pow": lambda a, b: (a.abs() + 0.5) ** b, "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
+    "pow2": lambda a, b: a ** 2, "pow3": lambda a, b: a ** 3, "pow": lambda a, b: (a.abs() + 0.5) ** b,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
     "scalar": lambda a, b: a * 2.5 - 1, "floordiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="floor"),
     "truncdiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="trunc"),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "atan2": torch.atan2,
@@ -90,7 +91,8 @@ def test_pointwise(dtype, shape):
     unary, binary = _cases(dtype)
     a, b = _shapes()[shape](_maker(dtype))
     if dtype in HALF:
-        unary = {k: v for k, v in unary.items() if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign")}
+        unary = {k: v for k, v in unary.items()
+                 if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign")}
         binary = {k: v for k, v in binary.items() if k not in ("floordiv", "truncdiv", "remainder")}
 
     def fn(a, b):
@@ -127,8 +129,8 @@ REDUCTIONS = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_reductions_float(dtype, shape):
     a = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    cases = REDUCTIONS if dtype not in HALF else {k: v for k, v in REDUCTIONS.items()
-                                                         if k not in ("prod", "argmax", "argmin0", "argmax_all", "max_dim")}
+    cases = REDUCTIONS if dtype not in HALF else {
+        k: v for k, v in REDUCTIONS.items() if k not in ("prod", "argmax", "argmin0", "argmax_all", "max_dim")}
 
     def fn(a):
         return tuple(f(a) for f in cases.values())
@@ -143,7 +145,8 @@ def test_reductions_int(dtype):
     a = torch.randint(-3, 4, (5, 6), generator=g).to(dtype)
 
     def fn(a):
-        outs = (a.sum(-1), a.sum(), a.any(0), a.amax(-1) if dtype != torch.bool else a.any(1), a.argmax(1).long() if dtype != torch.bool else a.sum(0))
+        outs = (a.sum(-1), a.sum(), a.any(0), a.amax(-1) if dtype != torch.bool else a.any(1),
+                a.argmax(1).long() if dtype != torch.bool else a.sum(0))
         return outs + ((a.prod(0),) if dtype != torch.bool else ())
 
     compiled = check(fn, a)
@@ -169,8 +172,10 @@ VIEWS = {
     "expand": lambda a: a[:, :1].expand(2, 4, 5) + 1, "unsqueeze": lambda a: a.unsqueeze(1) - 1,
     "squeeze": lambda a: a[:, :1].squeeze(1) * 2, "slice_step": lambda a: a[:, ::2, 1:4] + 1,
     "select_neg": lambda a: a[-1, :, -2] * 2, "cat": lambda a: torch.cat([a, a * 2, a[:, :1]], 1),
-    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0, "pad": lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0),
-    "pad_neg": lambda a: torch.nn.functional.pad(a, (-1, 1)), "split": lambda a: tuple(t * 2 for t in a.split([2, 1], 1)),
+    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0,
+    "pad": lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0),
+    "pad_neg": lambda a: torch.nn.functional.pad(a, (-1, 1)),
+    "split": lambda a: tuple(t * 2 for t in a.split([2, 1], 1)),
     "unbind": lambda a: tuple(t + 1 for t in a.unbind(0)), "arange": lambda a: a + torch.arange(5),
     "full": lambda a: a + torch.full((3, 5), 2.0), "zeros_like": lambda a: torch.zeros_like(a) + a,
     "chunk_cat": lambda a: torch.cat(a.chunk(2, -1)[::-1], -1), "t_mm_input": lambda a: a[0].t() @ a[1],

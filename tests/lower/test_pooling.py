@@ -7,8 +7,6 @@ the same graphs through Triton's interpreter on the CPU (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
-from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
-
 import pytest
 import torch
 from torch import nn
@@ -16,9 +14,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
 from kiln import pipeline
-from kiln.pipeline import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import assert_same, check, check_triton, count_externs
+from triton_device import DEVICE, skip_unless_kernels_run
 
 aten = torch.ops.aten
 

@@ -13,9 +13,6 @@ import io
 import itertools
 import json
 import logging
-import os
-
-from triton_device import DEVICE, skip_unless_kernels_run  # first: sets TRITON_INTERPRET
 
 import pytest
 import torch
@@ -23,6 +20,8 @@ import torch
 import kiln
 from kiln.config import MODES, OPTIONS, validate_options
 from kiln.runtime import autotune
+from triton_device import DEVICE, skip_unless_kernels_run
+
 
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path, monkeypatch):
@@ -195,8 +194,8 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     """The cache files are written by the first compile; a new process (no kernel module loaded yet)
     compiling the same graph benchmarks nothing."""
     skip_unless_kernels_run()
-    from kiln.pipeline import compile_aten_graph
     from kiln.codegen import triton as triton_target
+    from kiln.pipeline import compile_aten_graph
     from lower.helpers import trace
 
     args = inputs()

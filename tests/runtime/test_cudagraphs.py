@@ -361,7 +361,8 @@ def test_replay_equals_eager(device, how):
 def test_new_shape_records_again(device):
     w = nn.Parameter(torch.randn(32, 16, device=device))
     pool = cg.CUDAGraphPool("test")
-    g = cg.CUDAGraphed(lambda a, w: [torch.relu(a @ w)], pool, "g", torch.device(device, 0) if device == "cuda" else None)
+    g = cg.CUDAGraphed(lambda a, w: [torch.relu(a @ w)], pool, "g",
+                       torch.device(device, 0) if device == "cuda" else None)
     for n in (4, 4, 4, 9, 9, 9, 4):
         x = torch.randn(n, 32, device=device)
         torch.testing.assert_close(g([x, w])[0], torch.relu(x @ w))
@@ -424,7 +425,8 @@ def test_training_equals_eager(device, how):
 def test_batchnorm_buffers_mutated_by_the_graph_are_written_back(device):
     """kiln's graphs are functional: BatchNorm's running statistics are outputs, copied back after the replay."""
     torch.manual_seed(0)
-    ref = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).to(device)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(8 * 6 * 6, 4)).to(device)
     model = copy.deepcopy(ref)
     before = set(cg._pools)
     compiled = kiln.compile(model, mode="reduce-overhead")

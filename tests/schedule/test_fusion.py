@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.autograd import aot_compile
-from kiln.pipeline import compile_aten_graph
 from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
 from lower.helpers import check, count_externs
 
 

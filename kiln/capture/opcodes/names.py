@@ -7,7 +7,8 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
-from kiln.capture.values.objects import ClassValue, PythonModuleValue, SuperValue, store_global as store
+from kiln.capture.values.objects import ClassValue, PythonModuleValue, SuperValue
+from kiln.capture.values.objects import store_global as store
 
 
 @opcode("LOAD_FAST")

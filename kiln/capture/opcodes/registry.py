@@ -6,7 +6,8 @@ imports the table and `Return` without importing the interpreter back.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kiln.capture.bytecode import Instruction

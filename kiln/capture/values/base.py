@@ -16,8 +16,8 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import Source
 
 if TYPE_CHECKING:
-    from kiln.capture.state import CaptureState
     from kiln.capture.output import ProgramWriter
+    from kiln.capture.state import CaptureState
 
 
 class Value:

@@ -15,7 +15,8 @@ import operator
 import types
 import typing
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,12 +27,23 @@ from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
-from kiln.capture.values.iterators import (ChainValue, CountValue, EnumerateValue, FilterValue, IsliceValue, MapValue,
-                                           PairwiseValue, RepeatValue, WhileValue, ZipValue, iterator_of,
-                                           stop_iteration)
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
 from kiln.capture.values.exceptions import TracedException, raise_python
 from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.iterators import (
+    ChainValue,
+    CountValue,
+    EnumerateValue,
+    FilterValue,
+    IsliceValue,
+    MapValue,
+    PairwiseValue,
+    RepeatValue,
+    WhileValue,
+    ZipValue,
+    iterator_of,
+    stop_iteration,
+)
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.tensor import TensorValue
@@ -273,7 +285,8 @@ def _permutations(state, iterable, r=None):
 
 @handles(itertools.count)
 def _count(state, start=None, step=None):
-    return CountValue(state, start.as_constant() if start is not None else 0, step.as_constant() if step is not None else 1)
+    return CountValue(state, start.as_constant() if start is not None else 0,
+                      step.as_constant() if step is not None else 1)
 
 
 @handles(itertools.repeat)
@@ -299,7 +312,8 @@ def _pairwise(state, iterable):
 @handles(itertools.islice)
 def _islice(state, iterable, *bounds):
     values = [b.as_constant() for b in bounds]
-    if any(v is not None and (not isinstance(v, int) or v < 0) for v in values) or (len(values) == 3 and values[2] == 0):
+    if (any(v is not None and (not isinstance(v, int) or v < 0) for v in values)
+            or (len(values) == 3 and values[2] == 0)):
         raise raise_python(ValueError, "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
     return IsliceValue(state, iterator_of(state, iterable), slice(*values))
 

@@ -88,7 +88,9 @@ class TupleValue(SequenceValue):
 
     def as_constant(self):
         values = [i.as_constant() for i in self.items]
-        return tuple(values) if self.cls is tuple else self.cls(values) if _is_structseq(self.cls) else self.cls(*values)
+        if self.cls is tuple:
+            return tuple(values)
+        return self.cls(values) if _is_structseq(self.cls) else self.cls(*values)
 
     def rebuild(self, items):
         return TupleValue(items)
@@ -429,7 +431,8 @@ class SliceValue(Value):
         return slice(self.start.as_constant(), self.stop.as_constant(), self.step.as_constant())
 
     def reconstruct(self, writer):
-        return f"slice({self.start.reconstruct(writer)}, {self.stop.reconstruct(writer)}, {self.step.reconstruct(writer)})"
+        parts = (self.start.reconstruct(writer), self.stop.reconstruct(writer), self.step.reconstruct(writer))
+        return f"slice({', '.join(parts)})"
 
 
 class IteratorValue(Value):

@@ -58,7 +58,8 @@ class DictValue(Value):
         return self._missing(state, key, k)
 
     def _missing(self, state, key: Value, k: Any) -> Value:
-        """`d[k]` of an absent key: a subclass's `__missing__`, a defaultdict's factory (its result stored), or KeyError."""
+        """`d[k]` of an absent key: a subclass's `__missing__`, a defaultdict's factory (its result stored), or
+        KeyError."""
         override = python_override(self.cls, dict, "__missing__")
         if override is not None:
             return function_value(state, override).call(state, [self, key], {})

@@ -110,7 +110,8 @@ class ModuleValue(Value):
                     args = result.unpack(state) if issubclass(result.python_type(), tuple) else [result]
         output = self.getattr(state, "forward").call(state, args, kwargs)
         for hook, takes_kwargs in hooks("_forward_hooks"):
-            hook_args = [self, TupleValue(args), DictValue(kwargs), output] if takes_kwargs else [self, TupleValue(args), output]
+            hook_args = ([self, TupleValue(args), DictValue(kwargs), output] if takes_kwargs
+                         else [self, TupleValue(args), output])
             result = hook.call(state, hook_args, {})
             if not _is_none(result):
                 output = result
@@ -131,7 +132,9 @@ class ModuleValue(Value):
 
     def _keys(self) -> list[str]:
         m = self.module
-        return list(m._parameters.keys()) if isinstance(m, (nn.ParameterList, nn.ParameterDict)) else list(m._modules.keys())
+        if isinstance(m, (nn.ParameterList, nn.ParameterDict)):
+            return list(m._parameters.keys())
+        return list(m._modules.keys())
 
     def _guard_length(self, state) -> None:
         expr = state.source_expr(self.source)

@@ -22,9 +22,16 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
 from kiln.capture.values.base import Value
-from kiln.capture.values.classes import (class_attribute, class_data, function_value, guard_class_entry,
-                                         guard_class_lacks, guard_not_shadowed, is_mutable_class,
-                                         pending_class_attr)
+from kiln.capture.values.classes import (
+    class_attribute,
+    class_data,
+    function_value,
+    guard_class_entry,
+    guard_class_lacks,
+    guard_not_shadowed,
+    is_mutable_class,
+    pending_class_attr,
+)
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.dicts import DictValue
@@ -74,7 +81,8 @@ class ClassValue(Value):
         for klass in self.cls.__mro__:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
-                if klass in _BUILTIN_BASES and isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                if klass in _BUILTIN_BASES and isinstance(attr, (types.WrapperDescriptorType,
+                                                                 types.MethodDescriptorType)):
                     return UnboundSlotValue(klass, name)
                 if isinstance(attr, classmethod):
                     guard_class_entry(state, self.cls, name, attr, self.source)
@@ -158,7 +166,8 @@ class FreshModuleValue(ModuleValue):
     """A module built during capture (see `stateless_module`): usable inside the graph only."""
 
     def reconstruct(self, writer) -> str:
-        raise GraphBreak("unsupported_object", f"the {type(self.module).__name__} built in the compiled region escapes it")
+        raise GraphBreak("unsupported_object",
+                         f"the {type(self.module).__name__} built in the compiled region escapes it")
 
 
 _BUILTIN_BASES = (object, dict, list, tuple, set)
@@ -172,7 +181,8 @@ class UnboundSlotValue(Value):
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         target = args[0].realize() if args else None
-        modelled = (ObjectValue, NewObjectValue) if self.klass is object else (DictValue, ListValue, TupleValue, SetValue)
+        modelled = ((ObjectValue, NewObjectValue) if self.klass is object
+                    else (DictValue, ListValue, TupleValue, SetValue))
         if not isinstance(target, modelled) or not issubclass(target.python_type(), self.klass):
             raise GraphBreak("unsupported_call", f"{self.klass.__name__}.{self.name} on {target}")
         return target.call_method(state, self.name, list(args[1:]), kwargs)
@@ -213,7 +223,8 @@ class PythonModuleValue(Value):
         if pending is not None:
             return pending
         modname = self.module.__name__
-        fixed = modname in ("math", "operator", "cmath") or modname.startswith(("numpy", "torch.")) or modname == "torch"
+        fixed = (modname in ("math", "operator", "cmath") or modname.startswith(("numpy", "torch."))
+                 or modname == "torch")
         try:
             attr = getattr(self.module, name)
         except AttributeError as e:
@@ -303,7 +314,8 @@ class ObjectValue(Value):
         if isinstance(descriptor, property) and isinstance(descriptor.fset, types.FunctionType):
             function_value(state, descriptor.fset).call(state, [self, value], {})
         elif _is_data_descriptor(descriptor):
-            raise GraphBreak("unsupported_object", f"assigning {type(self.obj).__name__}.{name} (a {type(descriptor).__name__})")
+            raise GraphBreak("unsupported_object",
+                             f"assigning {type(self.obj).__name__}.{name} (a {type(descriptor).__name__})")
         else:
             state.side_effects.store_attr(self.obj, self, name, value)
 
@@ -403,8 +415,9 @@ def iterate_instance(state, value: Value, cls: type) -> list[Value]:
     iter_fn = getattr(cls, "__iter__", None)
     if isinstance(iter_fn, types.FunctionType) and iter_fn is not collections.abc.Sequence.__iter__:
         return function_value(state, iter_fn).call(state, [value], {}).unpack(state)
-    if iter_fn in (None, collections.abc.Sequence.__iter__) and isinstance(getattr(cls, "__len__", None), types.FunctionType) \
-            and isinstance(getattr(cls, "__getitem__", None), types.FunctionType):
+    if (iter_fn in (None, collections.abc.Sequence.__iter__)
+            and isinstance(getattr(cls, "__len__", None), types.FunctionType)
+            and isinstance(getattr(cls, "__getitem__", None), types.FunctionType)):
         n = value.length(state)
         return [value.getitem(state, ConstantValue(i)) for i in range(n)]
     raise GraphBreak("unsupported_object", f"iterating over a {cls.__name__}")
@@ -447,7 +460,8 @@ class NewObjectValue(Value):
         if isinstance(descriptor, property) and isinstance(descriptor.fset, types.FunctionType):
             function_value(state, descriptor.fset).call(state, [self, value], {})
         elif _is_data_descriptor(descriptor):
-            raise GraphBreak("unsupported_object", f"assigning {self.cls.__name__}.{name} (a {type(descriptor).__name__})")
+            raise GraphBreak("unsupported_object",
+                             f"assigning {self.cls.__name__}.{name} (a {type(descriptor).__name__})")
         else:
             self.attrs[name] = value
 

@@ -8,7 +8,7 @@ has that method inlined.
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
@@ -59,7 +59,8 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
     if fn in _INPLACE_TO_PLAIN and not isinstance(args[0], TensorValue) and (
-            isinstance(args[0], SymValue) or args[0].is_constant() and type(args[0].as_constant()) in (int, float, bool)):
+            isinstance(args[0], SymValue)
+            or args[0].is_constant() and type(args[0].as_constant()) in (int, float, bool)):
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
@@ -149,7 +150,8 @@ def identical(state, a: Value, b: Value) -> bool:
         return True
     if isinstance(a, UnguardedValue) or isinstance(b, UnguardedValue):
         raise GraphBreak("unsupported_object", "`is` on a value whose identity is not guarded")
-    if a.source is not None and b.source is not None and not (isinstance(a, ConstantValue) and isinstance(b, ConstantValue)):
+    both_constants = isinstance(a, ConstantValue) and isinstance(b, ConstantValue)
+    if a.source is not None and b.source is not None and not both_constants:
         same = state.real_value(a.source) is state.real_value(b.source)  # two sources, one object (tied weights)
         return _guard_identity(state, a, b, same)
     if isinstance(a, TensorValue) and isinstance(b, TensorValue):

@@ -72,10 +72,11 @@ class TensorValue(Value):
             if self.source is None:
                 raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")
 
-            return state.wrap(getattr(state.real_value(self.source), "grad"), AttrSource(self.source, "grad"))
+            return state.wrap(state.real_value(self.source).grad, AttrSource(self.source, "grad"))
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return TensorMethodValue(self, name)
-        if not hasattr(torch.Tensor, name) and (self.source is None or not hasattr(state.real_value(self.source), name)):
+        if not hasattr(torch.Tensor, name) and (self.source is None
+                                                or not hasattr(state.real_value(self.source), name)):
             # hasattr(t, "jax") and getattr(t, name, default) rely on the AttributeError
 
             raise raise_python(AttributeError, f"'Tensor' object has no attribute {name!r}")

@@ -9,7 +9,8 @@ put their switches in the graph.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,7 +27,8 @@ IS_COMPILING: set[Callable] = {torch.compiler.is_compiling}
 
 def _asks_is_compiling(fn: Any) -> bool:
     return fn in IS_COMPILING or (
-        getattr(fn, "__name__", "") == "is_compiling" and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
+        getattr(fn, "__name__", "") == "is_compiling"
+        and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
     )
 
 

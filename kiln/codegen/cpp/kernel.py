@@ -215,7 +215,8 @@ class CppKernel(KernelPrinter):
             self._row_loops(par)
         body = self.lines[body_start:]
         self._arguments()
-        params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.inputs if b not in self.outputs]
+        params = [f"const {STORAGE[self.layouts[b].dtype]}* __restrict__ {b}"
+                  for b in self.inputs if b not in self.outputs]
         params += [f"{STORAGE[self.layouts[b].dtype]}* __restrict__ {b}" for b in self.outputs]
         params += [f"const int64_t {s}" for s in self.size_args]
         self.params = params

@@ -63,6 +63,11 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+def _ceil_div(n: int, d: int) -> int:
+    """n / d rounded up, in integers (exact for any size, unlike math.ceil over a float)."""
+    return -(-n // d)
+
+
 def _static(expr):
     expr = sympy.sympify(expr)
     return int(expr) if expr.is_Integer else None
@@ -151,13 +156,13 @@ def choose(group: KernelGroup, layouts: dict) -> LaunchConfig:
         if rnumel is not None:
             rblock = min(rblock, next_pow2(rnumel))
     warps = max(1, min(8, xblock * rblock // 256))
-    programs = None if xnumel is None else -(-xnumel // xblock)
+    programs = None if xnumel is None else _ceil_div(xnumel, xblock)
     long_rows = contiguous and xblock == 1 and rnumel is not None and rnumel >= ROW_SPLIT_MIN_RNUMEL
     wanted = ROW_SPLIT_PROGRAMS if long_rows else MIN_PROGRAMS
     if programs is not None and rnumel is not None and programs < wanted // 2:
-        rsplit = min(_pow2_floor(-(-wanted // programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
+        rsplit = min(_pow2_floor(_ceil_div(wanted, programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
         if rsplit >= 2:
-            rchunk = -(-(-(-rnumel // rsplit)) // rblock) * rblock
+            rchunk = _ceil_div(_ceil_div(rnumel, rsplit), rblock) * rblock  # each split's rows, whole blocks
             combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))
             return LaunchConfig("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
     return LaunchConfig("looped", xblock, rblock, warps, index_dtype)

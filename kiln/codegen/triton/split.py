@@ -48,7 +48,8 @@ class SplitReductionKernel(TritonKernel):
         self._in_inner = False
         self._header()
         self.line("rsplit = tl.program_id(1)")
-        self.line(f"# segment 0 (inner, chunk rsplit of {cfg.RSPLIT}): {', '.join(n.name for n in g.segments[0].nodes)}")
+        names = ", ".join(n.name for n in g.segments[0].nodes)
+        self.line(f"# segment 0 (inner, chunk rsplit of {cfg.RSPLIT}): {names}")
         self._looped_segment(g.segments[0], Scope())
         partial_body, self.lines = self.lines, []
         self.partial_args = [b for b in self.inputs if b not in self.outputs] + list(self.outputs)
@@ -155,16 +156,19 @@ class SplitReductionKernel(TritonKernel):
                  "        return"]
         for name, dtype, *_ in self.workspaces:
             lines.append(f"    {name} = torch.empty(xnumel * {cfg.RSPLIT}, dtype={dtype}, device={first}.device)")
-        lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}(((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}, {cfg.RSPLIT}), "
+        lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}("
+                     f"((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}, {cfg.RSPLIT}), "
                      f"{', '.join(ws + self.partial_args + sizes + ['xnumel', 'rnumel'])})")
         cx = cfg.COMBINE_XBLOCK
         lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}((xnumel + {cx - 1}) // {cx}, "
                      f"{', '.join(ws + self.combine_args + sizes + ['xnumel'])})")
         launchers = [
-            f"_launch_{self.jit_name}_partial{self.launch_suffix} = Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
+            f"_launch_{self.jit_name}_partial{self.launch_suffix} = "
+            f"Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
             f"num_warps={cfg.num_warps}, XBLOCK={cfg.XBLOCK}, RBLOCK={cfg.RBLOCK}, RSPLIT={cfg.RSPLIT}, "
             f"RCHUNK={cfg.RCHUNK})",
-            f"_launch_{self.jit_name}{self.launch_suffix} = Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
+            f"_launch_{self.jit_name}{self.launch_suffix} = "
+            f"Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
             f"num_warps={max(1, min(8, cx * cfg.RSPLIT // 256))}, XBLOCK={cx}, RSPLIT={cfg.RSPLIT})",
         ]
         return "\n".join(launchers) + "\n\n\n" + "\n".join(lines) + "\n"
@@ -176,6 +180,7 @@ class SplitReductionKernel(TritonKernel):
         numels = [int(v) if v.is_Integer else 2 for v in (product(g.outer), product(g.inner))]
         ws_dtypes = [w[1] for w in self.workspaces]
         dt = [self.layouts[b].dtype for b in self.partial_args]
-        getattr(module, f"_launch_{self.jit_name}_partial{self.launch_suffix}").precompile(ws_dtypes + dt, sizes + numels)
+        partial = getattr(module, f"_launch_{self.jit_name}_partial{self.launch_suffix}")
+        partial.precompile(ws_dtypes + dt, sizes + numels)
         dc = ws_dtypes + [self.layouts[b].dtype for b in self.combine_args]
         getattr(module, f"_launch_{self.jit_name}{self.launch_suffix}").precompile(dc, sizes + numels[:1])

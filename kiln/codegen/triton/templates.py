@@ -276,7 +276,8 @@ def _template_node(n: ir.Extern, pad: int, autotune: bool):
     nodes = [node]
     if bias is not None:
         out_index = sympy.expand(sum((v * s for v, s in zip(i, mm_layout.stride)), sympy.Integer(0)))
-        add = ir.Op("add", (ir.Load(bias.buf, _broadcast_index(bias, i), dtype), ir.Load(name, out_index, dtype)), dtype)
+        add = ir.Op("add", (ir.Load(bias.buf, _broadcast_index(bias, i), dtype), ir.Load(name, out_index, dtype)),
+                    dtype)
         nodes.append(ir.ComputedBuffer(n.name, n.layout, ir.Pointwise(tuple(sympy.Integer(s) for s in ranges), add)))
     return nodes, {name: spec}
 
@@ -373,7 +374,8 @@ class MatmulTemplateKernel(TritonKernel):
         # fp32 as eager computes it: TF32 only where torch allows it (half inputs: the tensor cores' own precision)
         precision = ""
         if spec.dtype == torch.float32:
-            precision = ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"'
+            mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+            precision = f', input_precision="{mode}"'
         self.line(f"for k in range(0, {spec.K}, BLOCK_K):")
         self.indent += 1
         self.line("if EVEN_K:")

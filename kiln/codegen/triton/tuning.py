@@ -20,8 +20,13 @@ from kiln.codegen.triton.heuristics import candidates, label
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.codegen.triton.split import SplitReductionKernel, splittable
-from kiln.codegen.triton.templates import (MatmulSpec, MatmulTemplateKernel, aten_candidate, epilogue_group,
-                                           matmul_configs)
+from kiln.codegen.triton.templates import (
+    MatmulSpec,
+    MatmulTemplateKernel,
+    aten_candidate,
+    epilogue_group,
+    matmul_configs,
+)
 from kiln.schedule.fusion import KernelGroup
 
 log = logging.getLogger("kiln.autotune")

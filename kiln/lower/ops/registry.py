@@ -5,7 +5,7 @@ rule module imports the table without importing its own package's `__init__` in 
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 LOWERINGS: dict = {}
 

@@ -10,8 +10,16 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.index import (FloorDiv, Mod, contiguous_strides, index_vars, linear_index, proper_factor, sympify,
-                              view_strides)
+from kiln.lower.index import (
+    FloorDiv,
+    Mod,
+    contiguous_strides,
+    index_vars,
+    linear_index,
+    proper_factor,
+    sympify,
+    view_strides,
+)
 from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
 from kiln.lower.ops.registry import register

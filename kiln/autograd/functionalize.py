@@ -24,7 +24,6 @@ written input gets `copy_(input, new value)` at the end, as the re-trace records
 from __future__ import annotations
 
 import operator
-
 from collections import defaultdict
 from dataclasses import dataclass
 

@@ -150,7 +150,7 @@ def resize_smaller(a, b):
 def test_resize_of_an_input_that_does_not_grow_it(program, backend):
     """`resize_` refuses tensors that require grad: the AOT stage's fake run must not make the inputs so."""
     compiled = kiln.compile(program, backend=backend)
-    for call in range(2):
+    for _call in range(2):
         eager_args, kiln_args = make(), make()
         expected, actual = program(*eager_args), compiled(*kiln_args)
         torch.testing.assert_close(actual, expected)

@@ -55,8 +55,9 @@ Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
 
-SAVED_VALUE_OVERWRITTEN = "modified by an inplace operation"
-"""Autograd's error for a saved value written in place after it was saved (raised in the backward)."""
+
+class RaisesInEager(Exception):
+    """Tracing a graph raised an error of one of its ops (the cause): eager raises it at run time."""
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
@@ -216,6 +217,8 @@ class AOTCompiled:
             runner = None
         except (DynamicOutputShapeException, DataDependentOutputException) as e:
             runner = self._data_dependent_fallback(key, e)
+        except RaisesInEager as e:
+            runner = self._checked_by_eager(key, e.__cause__)
         finally:
             if covered:
                 self._covered_by_capture = False
@@ -232,6 +235,27 @@ class AOTCompiled:
         log_hints.warning("%s: the %s graph needs a size or value that depends on tensor data (%s: %s); it runs "
                           "eagerly, op by op", self.name, "training" if key[0] else "inference",
                           type(error).__name__, error)
+        return self.program.run
+
+    def _trace(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable) -> Any:
+        """The `trace` pass; an error of one of the program's ops (raised by its fake kernel or by the
+        autograd engine while tracing the backward) becomes `RaisesInEager`."""
+        try:
+            return self._pass(key, name, fn, *args, graph_of=graph_of)
+        except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException):
+            raise  # kiln's own limits, and data-dependent sizes, have their own handling
+        except RuntimeError as e:
+            raise RaisesInEager() from e
+
+    def _checked_by_eager(self, key: tuple, error: RuntimeError) -> Callable:
+        """A variant whose tracing raised: an op's check failed on the traced sizes, dtypes or strides (a
+        write into an expanded tensor, in the forward or in the backward autograd runs for it; a value saved
+        for the backward written in place later). Eager raises there too, at run time: in the forward, or in
+        the backward once the forward has run. The captured graph runs op by op so that it raises as eager
+        does, where eager does; logged as a slow path."""
+        log_hints.warning("%s: tracing the %s graph raised (%s: %s); it runs eagerly, op by op, to raise as "
+                          "eager does", self.name, "training" if key[0] else "inference", type(error).__name__,
+                          str(error).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
         return self.program.run
 
     def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
@@ -263,9 +287,9 @@ class AOTCompiled:
     def _build_inference(self, key: tuple) -> Callable:
         program = self.program
         signature = self._pass(key, "analyze", program.analyze, None)
-        traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
-                            tracing_table(self.decompositions, training=False), program.fake_mode(),
-                            graph_of=lambda gm: gm)
+        traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
+                             tracing_table(self.decompositions, training=False), program.fake_mode(),
+                             graph_of=lambda gm: gm)
         if self._raises_in_eager(traced):
             return self.program.run
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
@@ -280,20 +304,10 @@ class AOTCompiled:
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
-        try:
-            joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
-                               program.input_specs, requires_grad, signature,
-                               tracing_table(self.decompositions, training=True), program.fake_mode(),
-                               graph_of=lambda j: j.gm)
-        except RuntimeError as e:
-            if SAVED_VALUE_OVERWRITTEN not in str(e):
-                raise
-            # A value autograd saved is written in place later: eager's forward runs, and its backward
-            # raises this error. The graph runs eagerly, op by op, so that both happen as in eager.
-            log_hints.warning("%s: the training graph writes a value saved for its backward (%s); it runs "
-                              "eagerly, op by op, so that the backward raises as eager's does", self.name,
-                              str(e).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
-            return self.program.run
+        joint = self._trace(key, "trace joint", trace_joint, program.graph_function(signature),
+                            program.input_specs, requires_grad, signature,
+                            tracing_table(self.decompositions, training=True), program.fake_mode(),
+                            graph_of=lambda j: j.gm)
         if self._raises_in_eager(joint.gm):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,

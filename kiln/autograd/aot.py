@@ -258,6 +258,18 @@ class AOTCompiled:
                           str(error).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
         return self.program.run
 
+    def _integer_requires_grad(self, signature) -> bool:
+        """Does the graph leave an integer tensor requiring grad (written in place with a value that requires
+        grad: `int_t[...] = x`)? Eager lets such a tensor exist, and raises only when autograd is asked to go
+        through it (a view of it, a backward); no graph can return it (autograd has no gradient of an integer
+        dtype), so the graph runs op by op, as eager's does; logged as a slow path."""
+        integer = [spec.dtype for spec, grad in zip(signature.graph_outputs, signature.requires_grad)
+                   if grad and not (spec.dtype.is_floating_point or spec.dtype.is_complex)]
+        if integer:
+            log_hints.warning("%s: the graph leaves a tensor of dtype %s requiring grad; it runs eagerly, op by op",
+                              self.name, integer[0])
+        return bool(integer)
+
     def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
         """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
         a graph runs the captured graph op by op, which raises what eager raises; logged as a slow path."""
@@ -300,6 +312,8 @@ class AOTCompiled:
         program = self.program
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
+        if self._integer_requires_grad(signature):
+            return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))

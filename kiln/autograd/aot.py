@@ -345,14 +345,23 @@ class AOTCompiled:
                                     lambda graph: boxed(self._compile(key, "backward", graph)))
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
-        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
+        written = _written_inputs(signature, mutations)
+        snapshots = [i is not None and i in written for i in split.saved_inputs]
+        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask,
+                              snapshots)
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:
     """Per primal: requires grad and is not written after the graph (so saving it, rather than a value
     computed from it, keeps nothing alive that its owner does not, and autograd's version check holds)."""
-    written = {i for i, _ in signature.mutated_grad_inputs} | {m.input_index for m in mutations}
+    written = _written_inputs(signature, mutations)
     return tuple(grad and i not in written for i, grad in enumerate(grad_mask))
+
+
+def _written_inputs(signature, mutations: list[InputMutation]) -> set[int]:
+    """The flat inputs the runtime writes after the forward graph ran: their data, or their geometry."""
+    return ({i for i, _ in signature.mutated_grad_inputs} | {m.input_index for m in mutations}
+            | {i for i, _ in signature.restrided_inputs})
 
 
 def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:

@@ -124,11 +124,11 @@ class TrainingRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
-                 grad_mask: list[bool]):
+                 grad_mask: list[bool], snapshots: list[bool]):
         self.program, self.signature = program, signature
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask)
+                                       signature, grad_mask, snapshots)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.call(*flat))
@@ -140,12 +140,17 @@ class TrainingRunner:
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
-                   signature: OutputSignature, grad_mask: list[bool]) -> type:
+                   signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
     input saved and then mutated in place raises at backward, as it does in eager. Saved
     sizes (the ints a dynamic-shape backward needs) are kept on the context as they are.
+
+    `snapshots`, per saved value: it is (a view of) an input that the runtime writes once the forward
+    graph ran (the graph's own in-place op on it, made functional). The backward needs the value the
+    graph read, not the input's new one, and eager's version check does not apply (eager saved a value
+    computed from the input, or the trace raised): such values are saved as copies.
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -154,6 +159,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     reached_by = _reached_by(signature, grad_mask)
     forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
+    snapshot = [k for k, copy in enumerate(snapshots) if copy]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -161,6 +167,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            for k in snapshot:
+                saved[k] = saved[k].clone()
             if has_sizes:
                 ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
                 saved = [v for v, size in zip(saved, saved_is_size) if not size]

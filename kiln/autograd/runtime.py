@@ -14,6 +14,7 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any, Callable
 
@@ -49,11 +50,13 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
 
 
 def restride_inputs(signature: OutputSignature, flat: list) -> None:
-    """Give the inputs an in-place view op changed (`t_`) their new geometry, before their data is written."""
-    if signature.restrided_inputs:
-        with torch.no_grad():
-            for i, (shape, stride, offset) in signature.restrided_inputs:
-                flat[i].as_strided_(shape, stride, offset)
+    """Give the inputs an in-place view op changed (`t_`) their new geometry, before their data is written.
+
+    An input that requires grad is restrided under autograd, which records the view on its history as
+    eager's `t_` does (and, for a leaf, raises eager's error); the others outside it."""
+    for i, (shape, stride, offset) in signature.restrided_inputs:
+        with contextlib.nullcontext() if flat[i].requires_grad else torch.no_grad():
+            flat[i].as_strided_(shape, stride, offset)
 
 
 class MutationWriter:

@@ -147,7 +147,10 @@ class OutputSignature:
     restrided_inputs: list[tuple[int, tuple]] = field(default_factory=list)
     """(input, (shape, stride, storage offset)): inputs whose geometry an in-place view op changed (`t_`,
     `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
-    input its new geometry after the call, as AOTAutograd does."""
+    input its new geometry after the call, as AOTAutograd does. An in-place view op counts as a write
+    (it bumps the version counter), so an input that requires grad is also in `mutated_grad_inputs`: the
+    graph works on a copy, and the input, restrided under autograd (as eager's op records a view's
+    history on it), then receives the graph's value of it."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -292,26 +295,23 @@ class FlatProgram:
             # (`b[...] = d`), as eager's does, whether or not it did before.
             if (rg[i] and fake._version != versions[i]) or (requires_grad is not None and not rg[i]
                                                             and fake.requires_grad):
-                mutated.append((i, len(outputs.specs)))
-                outputs.specs.append(self.input_specs[i])
+                mutated.append((i, len(outputs.specs)))  # with the geometry an in-place view op gave it
+                outputs.specs.append(self.input_specs[i] if _geometry_of(fake) == geometries[i] else TensorSpec.of(fake))
                 outputs.needs_grad.append(True)
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
         if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
             raise NotImplementedError("kiln: resize_ that grows an input's storage")
-        restrided = self._restrided(fakes, geometries, rg)
+        restrided = self._restrided(fakes, geometries)
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided)
 
-    def _restrided(self, fakes: list, before: list[tuple], requires_grad: tuple[bool, ...]) -> list[tuple[int, tuple]]:
+    def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
         restrided = [(i, _geometry_of(f)) for i, (f, g) in enumerate(zip(fakes, before)) if _geometry_of(f) != g]
         if restrided and self.size_sources():  # other outputs' sizes are read off the inputs' sizes
             raise NeedsStaticShapes("an input whose sizes an in-place view op (t_, unsqueeze_) changes")
-        if any(requires_grad[i] for i, _ in restrided):  # eager raises for a leaf; a non-leaf gets a view's history
-            raise NotImplementedError("kiln: an in-place view op (t_, unsqueeze_, as_strided_) on an input that "
-                                      "requires grad")
         return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]))) for i, g in restrided]
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:

@@ -347,8 +347,10 @@ class AOTCompiled:
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         written = _written_inputs(signature, mutations)
         snapshots = [i is not None and i in written for i in split.saved_inputs]
+        # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
+        watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask,
-                              snapshots)
+                              snapshots, watched)
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

@@ -22,6 +22,7 @@ import torch
 
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.saved_versions import SavedByEager, VersionWatch
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
 DOUBLE_BACKWARD_ERROR = (
@@ -127,11 +128,11 @@ class TrainingRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
-                 grad_mask: list[bool], snapshots: list[bool]):
+                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager]):
         self.program, self.signature = program, signature
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask, snapshots)
+                                       signature, grad_mask, snapshots, watched)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.call(*flat))
@@ -143,7 +144,8 @@ class TrainingRunner:
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
-                   signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool]) -> type:
+                   signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
+                   watched: list[SavedByEager]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -154,6 +156,9 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     graph ran (the graph's own in-place op on it, made functional). The backward needs the value the
     graph read, not the input's new one, and eager's version check does not apply (eager saved a value
     computed from the input, or the trace raised): such values are saved as copies.
+
+    `watched`: the inputs and outputs whose values eager's backward saves; their versions are taken
+    at the forward and checked by the backward, as eager's are (`saved_versions`).
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -184,10 +189,14 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             ctx.set_materialize_grads(False)
             if symbolic_tangents:
                 ctx.tangent_shapes = [outs[i].shape for i in differentiable]
+            if watched:
+                ctx.versions = VersionWatch(watched, flat, outs)
             return tuple(outs)
 
         @staticmethod
         def backward(ctx, *grad_outputs):
+            if watched:
+                ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
             args = [*ctx.saved_tensors]
             if has_sizes:
                 tensors, sizes = iter(args), iter(ctx.saved_sizes)

@@ -26,6 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.printers import PythonPrinter
 
+from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -151,6 +153,10 @@ class OutputSignature:
     (it bumps the version counter), so an input that requires grad is also in `mutated_grad_inputs`: the
     graph works on a copy, and the input, restrided under autograd (as eager's op records a view's
     history on it), then receives the graph's value of it."""
+
+    saved_by_eager: list[SavedByEager] = field(default_factory=list)
+    """The inputs and outputs whose values eager's backward saves: the runtime raises eager's error if one
+    is written before a backward that reaches it (`saved_versions`)."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -279,17 +285,18 @@ class FlatProgram:
         # (requires grad, as a view taken under no_grad of an input that requires grad does).
         as_grad = rg if requires_grad is not None else [s.dtype.is_floating_point for s in self.input_specs]
         fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
-        versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
+        versions = [f._version if requires_grad is not None else 0 for f in fakes]  # inference tensors have none
         geometries = [_geometry_of(f) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
-        with torch.set_grad_enabled(requires_grad is not None):
+        saved = SavedTensorLog()
+        with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
         outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
         kinds = outputs.classify(leaves)
-        mutated = []
+        mutated, num_returned = [], len(outputs.tensors)
         for i, fake in enumerate(fakes):
             # An input written in place with a value that requires grad requires grad after the call
             # (`b[...] = d`), as eager's does, whether or not it did before.
@@ -304,8 +311,11 @@ class FlatProgram:
         if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
             raise NotImplementedError("kiln: resize_ that grows an input's storage")
         restrided = self._restrided(fakes, geometries)
+        watched = saved_by_eager(saved, fakes, [f._version == v for f, v in zip(fakes, versions)], outputs.tensors,
+                                 num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
+            if requires_grad is not None else []
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
-                               restrided)
+                               restrided, watched)
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""

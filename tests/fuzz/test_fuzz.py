@@ -25,7 +25,7 @@ SEEDS = {
     "inductor": COVERING[::3],  # C++ builds dominate: a third of them keeps the file within its time budget
 }
 
-# seeds 0-499 that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression
+# seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression
 # seeds. CI runs every one under the capture-only and AOT backends, and every third under inductor (C++ builds).
 ONCE_FAILING = {
     "eager": [
@@ -38,6 +38,7 @@ ONCE_FAILING = {
         239, 246, 250, 257, 266, 274, 275, 281, 288, 300, 302, 306, 310, 316, 317, 321, 326, 332, 333, 339,
         362, 363, 367, 373, 374, 379, 383, 405, 409, 413, 416, 418, 430, 434, 437, 443, 458, 460, 463, 466,
         474, 475, 484, 493, 495,
+        772, 1099, 1433, 1732,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -45,6 +46,7 @@ ONCE_FAILING = {
         213, 218, 220, 222, 228, 235, 236, 239, 246, 250, 257, 262, 266, 274, 275, 281, 286, 288, 300, 302,
         306, 316, 317, 321, 326, 329, 332, 333, 339, 360, 362, 363, 367, 373, 374, 379, 383, 385, 405, 409,
         413, 416, 418, 427, 430, 434, 437, 443, 457, 458, 460, 463, 466, 474, 475, 484, 493, 495,
+        217, 1099, 1433, 1732, 1883,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
@@ -55,7 +57,6 @@ KNOWN_FAILING = {
     ("eager", 411): "python state lost: a dict entry appended to before bool - bool raises",
     ("aot_eager", 395): "python state lost: a list append before an op that raises at run time",
     ("aot_eager", 411): "python state lost: a dict entry appended to before bool - bool raises",
-    ("inductor", 217): "a write into an expanded view: the compile fails where eager raises on the write",
     ("inductor", 395): "python state lost: a list append before an op that raises at run time",
     ("inductor", 411): "python state lost: a dict entry appended to before bool - bool raises",
 }

@@ -4,8 +4,10 @@ The passes, in order; each is timed, its graph kept in `AOTCompiled.traces` and
 logged to `kiln.aot` as Python code:
 
     aliasing      inputs sharing storage, one written: views of one base input      (aliased_inputs.py)
-    analyze       fake run of gm: output structure, aliases, which outputs need grad (signature.py)
+    analyze       fake run of gm: output structure, aliases, which outputs need grad, (signature.py)
+                  which inputs and outputs eager's backward saves                   (saved_versions.py)
     trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
+                  (an op's error while tracing: the graph runs op by op, raising as eager does)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
     compile       the code generator's `compiler` on each graph

@@ -55,9 +55,9 @@ def restride_inputs(signature: OutputSignature, flat: list) -> None:
 
     An input that requires grad is restrided under autograd, which records the view on its history as
     eager's `t_` does (and, for a leaf, raises eager's error); the others outside it."""
-    for i, (shape, stride, offset) in signature.restrided_inputs:
+    for i, (shape, stride, offset_change) in signature.restrided_inputs:
         with contextlib.nullcontext() if flat[i].requires_grad else torch.no_grad():
-            flat[i].as_strided_(shape, stride, offset)
+            flat[i].as_strided_(shape, stride, flat[i].storage_offset() + offset_change)
 
 
 class MutationWriter:

@@ -147,7 +147,7 @@ class OutputSignature:
     that only those outputs reach, not a zero tensor."""
 
     restrided_inputs: list[tuple[int, tuple]] = field(default_factory=list)
-    """(input, (shape, stride, storage offset)): inputs whose geometry an in-place view op changed (`t_`,
+    """(input, (shape, stride, storage offset change)): inputs whose geometry an in-place view op changed (`t_`,
     `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
     input its new geometry after the call, as AOTAutograd does. An in-place view op counts as a write
     (it bumps the version counter), so an input that requires grad is also in `mutated_grad_inputs`: the
@@ -322,7 +322,9 @@ class FlatProgram:
         restrided = [(i, _geometry_of(f)) for i, (f, g) in enumerate(zip(fakes, before)) if _geometry_of(f) != g]
         if restrided and self.size_sources():  # other outputs' sizes are read off the inputs' sizes
             raise NeedsStaticShapes("an input whose sizes an in-place view op (t_, unsqueeze_) changes")
-        return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]))) for i, g in restrided]
+        # the offset relative to the input's own (tensor guards do not pin it: `buf[1:]` passes as `buf[:-1]`)
+        return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]) - int(before[i][2])))
+                for i, g in restrided]
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""

@@ -122,3 +122,14 @@ def test_in_place_view_op_on_a_leaf_that_requires_grad_raises_as_eager(backend):
             fn(t, w)
         errors.append((str(error.value), t.shape))
     assert errors[1] == errors[0]
+
+
+def make_offset():
+    """Inputs that view their storage from an offset (the restrided input keeps it, as eager's does)."""
+    return torch.linspace(-1.0, 1.0, 5)[1:].reshape(2, 2), torch.arange(8.0)[2:].reshape(2, 3)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
+def test_in_place_view_op_on_an_input_at_an_offset(program, backend):
+    check(program, lambda call: list(make_offset()), backend, calls=2, grad_mode=False)

@@ -47,6 +47,19 @@ class TensorSpec:
         """Sizes or strides are SymInts (a dynamic-shape graph): they hold for every size the guards admit."""
         return any(isinstance(s, torch.SymInt) for s in self.shape + self.stride)
 
+    @property
+    def overlapping(self) -> bool:
+        """Do two elements share memory (a stride 0 of a dimension of size > 1, or strides that interleave)?
+        Dimensions taken from the smallest stride up: each must step past the extent of those before it."""
+        extent = 0
+        for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.stride) if sz != 1):
+            if size == 0:
+                return False
+            if stride <= extent:
+                return True
+            extent += (size - 1) * stride
+        return False
+
     def contiguous(self) -> "TensorSpec":
         strides, acc = [], 1
         for size in reversed(self.shape):
@@ -178,10 +191,12 @@ class OutputSignature:
         """The incoming gradients the backward graph is traced with, one per differentiable output.
 
         With the outputs' own strides; contiguous where the sizes are symbolic, since the runtime
-        can then make any gradient match with `.contiguous()` without computing strides per call.
+        can then make any gradient match with `.contiguous()` without computing strides per call, and
+        where elements of the output share memory (an expanded output): no gradient can be written
+        with those strides.
         """
         specs = [self.graph_outputs[i] for i in self.differentiable()]
-        return [s.contiguous() if s.symbolic else s for s in specs]
+        return [s.contiguous() if s.symbolic or s.overlapping else s for s in specs]
 
 
 class FlatProgram:

@@ -60,28 +60,28 @@ def test_backward_raises_as_eager(program, backend):
 def amin_result_through_a_view(a):
     t = (a * 2 + 1).amin(0, keepdim=True)  # saves its result
     v = t.reshape(-1)
-    print("", end="")  # graph break
+    print(end="")  # graph break
     v.mul_(3)
     return t
 
 
 def exp_result_after_break(a):
     t = a.exp()  # saves its result
-    print("", end="")
+    print(end="")
     t.add_(1)
     return t
 
 
 def input_of_mul_after_break(x, w):
     y = x * w  # saves x, which does not require grad
-    print("", end="")
+    print(end="")
     x.add_(1)
     return y
 
 
 def max_indices_after_break(x, w):
     v, i = (x * w).max(0)  # saves the indices
-    print("", end="")
+    print(end="")
     i.zero_()
     return v
 
@@ -89,7 +89,7 @@ def max_indices_after_break(x, w):
 def written_but_not_reached(x, w):
     t = w.exp()  # saved, written, but the loss below never reaches exp's backward
     u = x * 2
-    print("", end="")
+    print(end="")
     t.add_(1)
     return u + w
 
@@ -112,12 +112,13 @@ def backward_outcome(fn, args):
 @pytest.mark.parametrize("program", AFTER_THE_GRAPH, ids=lambda f: f.__name__)
 def test_value_saved_by_eager_written_after_the_graph(program, backend):
     compiled = kiln.compile(program, backend=backend)
+    def make(n):
+        args = [torch.linspace(-1.0, 2.0, 2 * n).reshape(n, 2), torch.linspace(0.5, 1.5, 2 * n).reshape(n, 2)]
+        args[-1].requires_grad_()
+        return args[-program.__code__.co_argcount:]
+
     for n in (3, 4):
-        def make():
-            args = [torch.linspace(-1.0, 2.0, 2 * n).reshape(n, 2), torch.linspace(0.5, 1.5, 2 * n).reshape(n, 2)]
-            args[-1].requires_grad_()
-            return args[-program.__code__.co_argcount:]
-        (e_out, e_result), (k_out, k_result) = backward_outcome(program, make()), backward_outcome(compiled, make())
+        (e_out, e_result), (k_out, k_result) = backward_outcome(program, make(n)), backward_outcome(compiled, make(n))
         torch.testing.assert_close(k_out, e_out)
         if isinstance(e_result, tuple):
             assert k_result == e_result

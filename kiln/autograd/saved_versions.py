@@ -113,10 +113,10 @@ class VersionWatch:
     def __init__(self, watched: list[SavedByEager], flat: tuple, outs: list):
         self.entries = []
         for w in watched:
-            tensor = (flat if w.of_input else outs)[w.index]
-            # a detached alias shares the version counter without holding the autograd graph (no cycle
-            # through the context); eager's saved value keeps the same storage alive
-            self.entries.append((w, tensor.detach(), tensor._version))
+            # An output is held through a detached alias, which shares its version counter without holding
+            # its autograd node, the context itself (a cycle); an input holds no reference to the context.
+            tensor = flat[w.index] if w.of_input else outs[w.index].detach()
+            self.entries.append((w, tensor, tensor._version))
 
     def check(self, present: list[bool]) -> None:
         """Raise eager's error if a watched tensor was written since, and a present gradient reaches it."""

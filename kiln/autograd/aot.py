@@ -4,8 +4,10 @@ The passes, in order; each is timed, its graph kept in `AOTCompiled.traces` and
 logged to `kiln.aot` as Python code:
 
     aliasing      inputs sharing storage, one written: views of one base input      (aliased_inputs.py)
-    analyze       fake run of gm: output structure, aliases, which outputs need grad (signature.py)
+    analyze       fake run of gm: output structure, aliases, which outputs need grad, (signature.py)
+                  which inputs and outputs eager's backward saves                   (saved_versions.py)
     trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
+                  (an op's error while tracing: the graph runs op by op, raising as eager does)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
     compile       the code generator's `compiler` on each graph
@@ -57,8 +59,9 @@ Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
 
-SAVED_VALUE_OVERWRITTEN = "modified by an inplace operation"
-"""Autograd's error for a saved value written in place after it was saved (raised in the backward)."""
+
+class RaisesInEager(Exception):
+    """Tracing a graph raised an error of one of its ops (the cause): eager raises it at run time."""
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
@@ -219,6 +222,8 @@ class AOTCompiled:
             runner = None
         except (DynamicOutputShapeException, DataDependentOutputException) as e:
             runner = self._data_dependent_fallback(key, e)
+        except RaisesInEager as e:
+            runner = self._checked_by_eager(key, e.__cause__)
         finally:
             if covered:
                 self._covered_by_capture = False
@@ -236,6 +241,39 @@ class AOTCompiled:
                          f"needs a size or value that depends on tensor data ({type(error).__name__}: {error}); "
                          "the captured graph runs op by op", stage="autograd")
         return self.program.run
+
+    def _trace(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable) -> Any:
+        """The `trace` pass; an error of one of the program's ops (raised by its fake kernel or by the
+        autograd engine while tracing the backward) becomes `RaisesInEager`."""
+        try:
+            return self._pass(key, name, fn, *args, graph_of=graph_of)
+        except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException):
+            raise  # kiln's own limits, and data-dependent sizes, have their own handling
+        except RuntimeError as e:
+            raise RaisesInEager() from e
+
+    def _checked_by_eager(self, key: tuple, error: RuntimeError) -> Callable:
+        """A variant whose tracing raised: an op's check failed on the traced sizes, dtypes or strides (a
+        write into an expanded tensor, in the forward or in the backward autograd runs for it; a value saved
+        for the backward written in place later). Eager raises there too, at run time: in the forward, or in
+        the backward once the forward has run. The captured graph runs op by op so that it raises as eager
+        does, where eager does; logged as a slow path."""
+        log_hints.warning("%s: tracing the %s graph raised (%s: %s); it runs eagerly, op by op, to raise as "
+                          "eager does", self.name, "training" if key[0] else "inference", type(error).__name__,
+                          str(error).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
+        return self.program.run
+
+    def _integer_requires_grad(self, signature) -> bool:
+        """Does the graph leave an integer tensor requiring grad (written in place with a value that requires
+        grad: `int_t[...] = x`)? Eager lets such a tensor exist, and raises only when autograd is asked to go
+        through it (a view of it, a backward); no graph can return it (autograd has no gradient of an integer
+        dtype), so the graph runs op by op, as eager's does; logged as a slow path."""
+        integer = [spec.dtype for spec, grad in zip(signature.graph_outputs, signature.requires_grad)
+                   if grad and not (spec.dtype.is_floating_point or spec.dtype.is_complex)]
+        if integer:
+            log_hints.warning("%s: the graph leaves a tensor of dtype %s requiring grad; it runs eagerly, op by op",
+                              self.name, integer[0])
+        return bool(integer)
 
     def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
         """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
@@ -266,9 +304,9 @@ class AOTCompiled:
     def _build_inference(self, key: tuple) -> Callable:
         program = self.program
         signature = self._pass(key, "analyze", program.analyze, None)
-        traced = self._pass(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
-                            tracing_table(self.decompositions, training=False), program.fake_mode(),
-                            graph_of=lambda gm: gm)
+        traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
+                             tracing_table(self.decompositions, training=False), program.fake_mode(),
+                             graph_of=lambda gm: gm)
         if self._raises_in_eager(traced):
             return self.program.run
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
@@ -280,24 +318,16 @@ class AOTCompiled:
         program = self.program
         requires_grad = key[0]
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
+        if self._integer_requires_grad(signature):
+            return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
-        try:
-            joint = self._pass(key, "trace joint", trace_joint, program.graph_function(signature),
-                               program.input_specs, requires_grad, signature,
-                               tracing_table(self.decompositions, training=True), program.fake_mode(),
-                               graph_of=lambda j: j.gm)
-        except RuntimeError as e:
-            if SAVED_VALUE_OVERWRITTEN not in str(e):
-                raise
-            # A value autograd saved is written in place later: eager's forward runs, and its backward
-            # raises this error. The graph runs eagerly, op by op, so that both happen as in eager.
-            log_hints.warning("%s: the training graph writes a value saved for its backward (%s); it runs "
-                              "eagerly, op by op, so that the backward raises as eager's does", self.name,
-                              str(e).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
-            return self.program.run
+        joint = self._trace(key, "trace joint", trace_joint, program.graph_function(signature),
+                            program.input_specs, requires_grad, signature,
+                            tracing_table(self.decompositions, training=True), program.fake_mode(),
+                            graph_of=lambda j: j.gm)
         if self._raises_in_eager(joint.gm):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
@@ -321,14 +351,25 @@ class AOTCompiled:
                                     lambda graph: boxed(self._compile(key, "backward", graph)))
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
-        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask)
+        written = _written_inputs(signature, mutations)
+        snapshots = [i is not None and i in written for i in split.saved_inputs]
+        # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
+        watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
+        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask,
+                              snapshots, watched)
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:
     """Per primal: requires grad and is not written after the graph (so saving it, rather than a value
     computed from it, keeps nothing alive that its owner does not, and autograd's version check holds)."""
-    written = {i for i, _ in signature.mutated_grad_inputs} | {m.input_index for m in mutations}
+    written = _written_inputs(signature, mutations)
     return tuple(grad and i not in written for i, grad in enumerate(grad_mask))
+
+
+def _written_inputs(signature, mutations: list[InputMutation]) -> set[int]:
+    """The flat inputs the runtime writes after the forward graph ran: their data, or their geometry."""
+    return ({i for i, _ in signature.mutated_grad_inputs} | {m.input_index for m in mutations}
+            | {i for i, _ in signature.restrided_inputs})
 
 
 def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:

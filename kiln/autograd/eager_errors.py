@@ -2,7 +2,8 @@
 
 Eager's kernels check things that tracing does not (fake tensors run no such check):
 an in-place op whose result dtype cannot be cast into the written tensor (`bool_t.mul_(2)`),
-a write into a tensor with internal overlap (an expanded tensor), subtraction or negation of
+a write into a tensor with internal overlap (an expanded tensor) or that partially overlaps another
+input of the op (`y[1:].copy_(y[:-1])`), subtraction or negation of
 a bool tensor. Functionalization then replaces the in-place op by its out-of-place variant and
 a cast-free copy, and dead-code elimination drops an unused op, taking its check with it; an
 unused integer division by zero loses eager's ZeroDivisionError the same way.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.functionalize import fake_run, out_of_place
 
@@ -65,8 +67,19 @@ def _internal_overlap(node: torch.fx.Node) -> str | None:
     return None
 
 
+def _partial_overlap(node: torch.fx.Node) -> str | None:
+    """A write into a tensor that shares some, not all, of its memory with another input of the op
+    (`y[1:].copy_(y[:-1])`): eager's kernels refuse it (functionalization would compute it as if the
+    input had been cloned)."""
+    written = _written_values(node)
+    others = [v for v in _tensor_args(node) if all(v is not w for w in written)]
+    if any(_overlaps_partially(w, v) for w in written for v in others):
+        return "an in-place write into a tensor that partially overlaps an input of the op"
+    return None
+
+
 STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _in_place_cast,
-                                                                  _internal_overlap)
+                                                                  _internal_overlap, _partial_overlap)
 """Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
 
 
@@ -83,6 +96,50 @@ def eager_error(gm: torch.fx.GraphModule) -> str | None:
         if node.target in _INTEGER_DIVISIONS and node not in live and not _floating(node):
             return f"an unused integer division, whose division by zero eager raises ({node.target})"
     return None
+
+
+def _written_values(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The fake values of the arguments `node`'s op writes (`self` of an in-place op, `out`)."""
+    if not _writes(node):
+        return []
+    values = []
+    for k, arg in enumerate(node.target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[k] if k < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name)
+        value = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            values.append(value)
+    return values
+
+
+def _overlaps_partially(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """ATen's `get_overlap_status(a, b) == Partial` (what its in-place kernels refuse), for fake tensors:
+    on one storage, their memory ranges intersect without being the same range with the same strides.
+    Undecidable with symbolic sizes, where it answers yes: the graph then runs op by op, which decides
+    per call."""
+    if StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
+        return False
+    geometry = (a.storage_offset(), b.storage_offset(), *a.shape, *b.shape, *a.stride(), *b.stride())
+    if any(isinstance(v, torch.SymInt) for v in geometry):
+        return True
+    if a.numel() == 0 or b.numel() == 0 or not (_dense(a) and _dense(b)):
+        return False  # ATen's "too hard": no check
+    a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Are `t`'s elements one gapless, non-overlapping block of memory, in some order of its dimensions?"""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _writes(node: torch.fx.Node) -> bool:

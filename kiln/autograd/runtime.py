@@ -14,6 +14,7 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.saved_versions import SavedByEager, VersionWatch
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
 DOUBLE_BACKWARD_ERROR = (
@@ -50,11 +52,13 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
 
 
 def restride_inputs(signature: OutputSignature, flat: list) -> None:
-    """Give the inputs an in-place view op changed (`t_`) their new geometry, before their data is written."""
-    if signature.restrided_inputs:
-        with torch.no_grad():
-            for i, (shape, stride, offset) in signature.restrided_inputs:
-                flat[i].as_strided_(shape, stride, flat[i].storage_offset() + offset)
+    """Give the inputs an in-place view op changed (`t_`) their new geometry, before their data is written.
+
+    An input that requires grad is restrided under autograd, which records the view on its history as
+    eager's `t_` does (and, for a leaf, raises eager's error); the others outside it."""
+    for i, (shape, stride, offset_change) in signature.restrided_inputs:
+        with contextlib.nullcontext() if flat[i].requires_grad else torch.no_grad():
+            flat[i].as_strided_(shape, stride, flat[i].storage_offset() + offset_change)
 
 
 class MutationWriter:
@@ -125,11 +129,11 @@ class TrainingRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
-                 grad_mask: list[bool]):
+                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager]):
         self.program, self.signature = program, signature
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask)
+                                       signature, grad_mask, snapshots, watched)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.call(*flat))
@@ -141,12 +145,21 @@ class TrainingRunner:
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
-                   signature: OutputSignature, grad_mask: list[bool]) -> type:
+                   signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
+                   watched: list[SavedByEager]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
     input saved and then mutated in place raises at backward, as it does in eager. Saved
     sizes (the ints a dynamic-shape backward needs) are kept on the context as they are.
+
+    `snapshots`, per saved value: it is (a view of) an input that the runtime writes once the forward
+    graph ran (the graph's own in-place op on it, made functional). The backward needs the value the
+    graph read, not the input's new one, and eager's version check does not apply (eager saved a value
+    computed from the input, or the trace raised): such values are saved as copies.
+
+    `watched`: the inputs and outputs whose values eager's backward saves; their versions are taken
+    at the forward and checked by the backward, as eager's are (`saved_versions`).
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -155,6 +168,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     reached_by = _reached_by(signature, grad_mask)
     forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
+    snapshot = [k for k, copy in enumerate(snapshots) if copy]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -162,6 +176,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            for k in snapshot:
+                saved[k] = saved[k].clone()
             if has_sizes:
                 ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
                 saved = [v for v, size in zip(saved, saved_is_size) if not size]
@@ -174,10 +190,14 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             ctx.set_materialize_grads(False)
             if symbolic_tangents:
                 ctx.tangent_shapes = [outs[i].shape for i in differentiable]
+            if watched:
+                ctx.versions = VersionWatch(watched, flat, outs)
             return tuple(outs)
 
         @staticmethod
         def backward(ctx, *grad_outputs):
+            if watched:
+                ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
             args = [*ctx.saved_tensors]
             if has_sizes:
                 tensors, sizes = iter(args), iter(ctx.saved_sizes)

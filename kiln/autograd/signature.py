@@ -26,6 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.printers import PythonPrinter
 
+from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -44,6 +46,19 @@ class TensorSpec:
     def symbolic(self) -> bool:
         """Sizes or strides are SymInts (a dynamic-shape graph): they hold for every size the guards admit."""
         return any(isinstance(s, torch.SymInt) for s in self.shape + self.stride)
+
+    @property
+    def overlapping(self) -> bool:
+        """Do two elements share memory (a stride 0 of a dimension of size > 1, or strides that interleave)?
+        Dimensions taken from the smallest stride up: each must step past the extent of those before it."""
+        extent = 0
+        for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.stride) if sz != 1):
+            if size == 0:
+                return False
+            if stride <= extent:
+                return True
+            extent += (size - 1) * stride
+        return False
 
     def contiguous(self) -> TensorSpec:
         strides, acc = [], 1
@@ -145,14 +160,22 @@ class OutputSignature:
     that only those outputs reach, not a zero tensor."""
 
     restrided_inputs: list[tuple[int, tuple]] = field(default_factory=list)
-    """(input, (shape, stride, storage offset relative to the input's)): inputs whose geometry an
-    in-place view op changed (`t_`, `unsqueeze_`, `as_strided_`). Functionalization keeps the data in
-    the graph; the runtime gives the input its new geometry after the call, as AOTAutograd does."""
+    """(input, (shape, stride, storage offset change)): inputs whose geometry an in-place view op changed (`t_`,
+    `unsqueeze_`, `as_strided_`). Functionalization keeps the data in the graph; the runtime gives the
+    input its new geometry after the call, as AOTAutograd does. An in-place view op counts as a write
+    (it bumps the version counter), so an input that requires grad is also in `mutated_grad_inputs`: the
+    graph works on a copy, and the input, restrided under autograd (as eager's op records a view's
+    history on it), then receives the graph's value of it."""
+
 
     multi_output_views: tuple[int, ...] = ()
     """Leaves that eager returns as outputs of a view op with several outputs (`unbind`, `split`, `chunk`)
     under autograd, which eager does not let be modified in place. A rebuilt or computed tensor would
     let it: they are marked so again (`_as_multi_output_view`)."""
+
+    saved_by_eager: list[SavedByEager] = field(default_factory=list)
+    """The inputs and outputs whose values eager's backward saves: the runtime raises eager's error if one
+    is written before a backward that reaches it (`saved_versions`)."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -174,10 +197,12 @@ class OutputSignature:
         """The incoming gradients the backward graph is traced with, one per differentiable output.
 
         With the outputs' own strides; contiguous where the sizes are symbolic, since the runtime
-        can then make any gradient match with `.contiguous()` without computing strides per call.
+        can then make any gradient match with `.contiguous()` without computing strides per call, and
+        where elements of the output share memory (an expanded output): no gradient can be written
+        with those strides.
         """
         specs = [self.graph_outputs[i] for i in self.differentiable()]
-        return [s.contiguous() if s.symbolic else s for s in specs]
+        return [s.contiguous() if s.symbolic or s.overlapping else s for s in specs]
 
 
 REFUSE_GRAD = {"resize_", "resize_as_", "set_", torch.Tensor.resize_, torch.Tensor.resize_as_, torch.Tensor.set_}
@@ -293,43 +318,46 @@ class FlatProgram:
         mode = self.fake_mode()
         rg = requires_grad or (False,) * self.num_inputs
         fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
-        versions = [f._version if r else 0 for f, r in zip(fakes, rg)]
+        versions = [f._version if requires_grad is not None else 0 for f in fakes]  # inference tensors have none
         geometries = [_geometry_of(f) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
-        with torch.set_grad_enabled(requires_grad is not None):
+        saved = SavedTensorLog()
+        with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
         outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
         kinds = outputs.classify(leaves)
-        mutated = []
+        mutated, num_returned = [], len(outputs.tensors)
         for i, fake in enumerate(fakes):
             # An input written in place with a value that requires grad requires grad after the call
             # (`b[...] = d`), as eager's does, whether or not it did before.
             if (rg[i] and fake._version != versions[i]) or (requires_grad is not None and not rg[i]
                                                             and fake.requires_grad):
-                mutated.append((i, len(outputs.specs)))
-                outputs.specs.append(self.input_specs[i])
+                mutated.append((i, len(outputs.specs)))  # with the geometry an in-place view op gave it
+                same_geometry = _geometry_of(fake) == geometries[i]
+                outputs.specs.append(self.input_specs[i] if same_geometry else TensorSpec.of(fake))
                 outputs.needs_grad.append(True)
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
         if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
             raise NotImplementedError("kiln: resize_ that grows an input's storage")
-        restrided = self._restrided(fakes, geometries, rg)
+        restrided = self._restrided(fakes, geometries)
+        watched = saved_by_eager(saved, fakes, [f._version == v for f, v in zip(fakes, versions)], outputs.tensors,
+                                 num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
+            if requires_grad is not None else []
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
-                               restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)))
+                               restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
+                               watched)
 
-    def _restrided(self, fakes: list, before: list[tuple], requires_grad: tuple[bool, ...]) -> list[tuple[int, tuple]]:
+    def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
         restrided = [(i, _geometry_of(f)) for i, (f, g) in enumerate(zip(fakes, before)) if _geometry_of(f) != g]
         if restrided and self.size_sources():  # other outputs' sizes are read off the inputs' sizes
             raise NeedsStaticShapes("an input whose sizes an in-place view op (t_, unsqueeze_) changes")
-        if any(requires_grad[i] for i, _ in restrided):  # eager raises for a leaf; a non-leaf gets a view's history
-            raise NotImplementedError("kiln: an in-place view op (t_, unsqueeze_, as_strided_) on an input that "
-                                      "requires grad")
-        # the offset relative to the input's own, which the tensor guards do not pin (`buf[1:]` passes as `buf[:3]`)
+        # the offset relative to the input's own (tensor guards do not pin it: `buf[1:]` passes as `buf[:-1]`)
         return [(i, (tuple(map(int, g[0])), tuple(map(int, g[1])), int(g[2]) - int(before[i][2])))
                 for i, g in restrided]
 

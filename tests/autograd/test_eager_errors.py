@@ -1,7 +1,8 @@
 """Errors of eager's kernels that tracing, functionalization or dead-code elimination would lose.
 
-Fake tensors check none of these; functionalization turns an in-place op into its out-of-place variant and
-a cast-free copy; an unused op would be dropped with its check. kiln must raise what eager raises (same
+Fake tensors check none of these (internal and partial overlap of a written tensor among them);
+functionalization turns an in-place op into its out-of-place variant and a cast-free copy; an unused op would be
+dropped with its check. kiln must raise what eager raises (same
 exception type and message) and, where eager does not raise, return what eager returns.
 """
 import pytest
@@ -64,9 +65,34 @@ def used_integer_division_by_zero(a, b):
     return b // (b * 0)
 
 
+def copy_between_overlapping_slices(a, b):
+    c = a * 1
+    c[1:].copy_(c[:-1])  # the source and the written rows share memory
+    return c
+
+
+def add_overlapping_rows_in_place(a, b):
+    c = a + 0
+    c[1:].add_(c[:-1])
+    return c
+
+
+def assign_a_shifted_slice(a, b):
+    flat = b.view(-1)
+    flat[1:] = flat[:-1]
+    return b
+
+
+def out_overlapping_its_input(a, b):
+    c = a * 1
+    torch.mul(c[:-1], 2, out=c[1:])
+    return c
+
+
 RAISING = [in_place_result_cannot_be_cast, in_place_float_into_int, write_into_an_expanded_tensor,
            add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation, unused_floor_division,
-           unused_remainder, unused_rounding_division]
+           unused_remainder, unused_rounding_division, copy_between_overlapping_slices, add_overlapping_rows_in_place,
+           assign_a_shifted_slice, out_overlapping_its_input]
 
 
 def unused_division_without_zero(a, b):
@@ -88,7 +114,22 @@ def write_into_a_plain_view(a, b):
     return a
 
 
-RETURNING = [unused_division_without_zero, in_place_that_casts, write_into_a_plain_view]
+def copy_between_disjoint_slices(a, b):
+    c = a * 1
+    c[2:].copy_(c[:1])  # same storage, no shared element
+    c[:, 0].add_(c[:, 1])
+    return c
+
+
+def add_a_tensor_to_itself(a, b):
+    c = a * 1
+    c.add_(c)  # the same memory, element for element: eager allows it
+    c[0].mul_(c[0])
+    return c
+
+
+RETURNING = [unused_division_without_zero, in_place_that_casts, write_into_a_plain_view, copy_between_disjoint_slices,
+             add_a_tensor_to_itself]
 
 
 def make():
@@ -112,6 +153,21 @@ def check_raises(program, backend: str) -> None:
     with pytest.raises(type(eager.value)) as compiled:
         kiln.compile(program, backend=backend)(*make())
     assert str(eager.value).split("\n")[0] in str(compiled.value)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [copy_between_overlapping_slices, add_overlapping_rows_in_place],
+                         ids=lambda f: f.__name__)
+def test_partial_overlap_raises_with_dynamic_sizes(program, backend):
+    """With symbolic sizes the overlap is decided per call (the graph runs op by op): raises at each size."""
+    compiled = kiln.compile(program, backend=backend, dynamic=True)
+    for n in (3, 5):
+        args = [torch.linspace(-1.0, 1.0, 4 * n).reshape(n, 4), torch.arange(4 * n).reshape(n, 4)]
+        with pytest.raises(RuntimeError) as eager:
+            program(*args)
+        with pytest.raises(RuntimeError) as compiled_error:
+            compiled(*args)
+        assert str(compiled_error.value) == str(eager.value)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -3,10 +3,13 @@ input's geometry, not its data: functionalization keeps the data flow in the gra
 input its new geometry after the call (as AOTAutograd does). Eager and kiln side by side: outputs, and each
 input's shape, strides and values after the call.
 """
+import logging
+
 import pytest
 import torch
 
 import kiln
+from tests.autograd.differential import check
 
 
 def transpose_in_place(a, b):
@@ -157,3 +160,69 @@ def test_resize_of_an_input_that_does_not_grow_it(program, backend):
         for e, k in zip(eager_args, kiln_args):
             assert (k.shape, k.stride()) == (e.shape, e.stride())
             torch.testing.assert_close(k, e)
+
+
+def unsqueeze_and_return(t, w):
+    return t.unsqueeze_(0), w * 2
+
+
+def transpose_then_use(t, w):
+    t.t_()
+    return t * w.t()
+
+
+def write_then_transpose(t, w):
+    t.mul_(2).t_()
+    return t.sin(), t
+
+
+def unsqueeze_against_a_weight(t, w):
+    t.unsqueeze_(1)
+    return t * w
+
+
+GRAD_PROGRAMS = [unsqueeze_and_return, transpose_then_use, write_then_transpose, unsqueeze_against_a_weight]
+
+
+def make_grad(call):
+    """A non-leaf input that requires grad (eager lets an in-place view op change it), and a leaf weight."""
+    leaf = torch.linspace(-1.0, 1.0, 6 + call).reshape(-1)[:6].reshape(3, 2).requires_grad_()
+    return [leaf * 1.5, torch.linspace(0.5, 2.0, 6).reshape(3, 2).requires_grad_()]
+
+
+def make_vector(call):
+    return [torch.linspace(-1.0, 1.0, 3).requires_grad_() * 1.5, torch.linspace(0.5, 2.0, 12).reshape(3, 4)
+            .requires_grad_()]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", GRAD_PROGRAMS, ids=lambda f: f.__name__)
+def test_in_place_view_op_on_an_input_that_requires_grad(program, backend, caplog):
+    """The input takes the new geometry and a history through the compiled graph: values, gradients of the
+    leaves behind it, and what a later write through it changes all match eager's. Compiled, not run op by op."""
+    make = make_vector if program in (unsqueeze_and_return, unsqueeze_against_a_weight) else make_grad
+    with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+        check(program, make, backend, calls=2)
+    assert not [r for r in caplog.records if "op by op" in r.getMessage()]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_in_place_view_op_on_a_leaf_that_requires_grad_raises_as_eager(backend):
+    errors = []
+    for fn in (unsqueeze_and_return, kiln.compile(unsqueeze_and_return, backend=backend)):
+        t, w = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        with pytest.raises(RuntimeError) as error:
+            fn(t, w)
+        errors.append((str(error.value), t.shape))
+    assert errors[1] == errors[0]
+
+
+def make_offset():
+    """Inputs that view their storage from an offset (the restrided input keeps it, as eager's does)."""
+    return torch.linspace(-1.0, 1.0, 5)[1:].reshape(2, 2), torch.arange(8.0)[2:].reshape(2, 3)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
+def test_in_place_view_op_on_an_input_at_an_offset(program, backend):
+    check(program, lambda call: list(make_offset()), backend, calls=2, grad_mode=False)

@@ -1,0 +1,126 @@
+"""Eager's version check on the graph's inputs and outputs that eager's autograd saves.
+
+Eager's `amin` saves its result; a later in-place write to it (or to a view of it, after a graph break)
+bumps its version counter, and eager's backward raises when it unpacks the saved result. A compiled graph
+saves what its partition chose (often not that tensor, or a copy of it), so nothing would check: the
+backward would run on values the user has overwritten since. kiln finds, in the fake run of `analyze`,
+which graph inputs and outputs eager's autograd saves, and through which differentiable outputs its backward
+would reach them; the runtime keeps their version counters (through detached aliases, which share them)
+and its backward raises eager's error where eager's would: a watched tensor written since the forward,
+reached from an output that received a gradient.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+OVERWRITTEN = ("one of the variables needed for gradient computation has been modified by an inplace operation: "
+               "[{tensor}]{which} is at version {now}; expected version {then} instead. Hint: enable anomaly "
+               "detection to find the operation that failed to compute its gradient, with "
+               "torch.autograd.set_detect_anomaly(True).")
+"""Eager's message (autograd's SavedVariable::unpack), with what kiln knows of the tensor."""
+
+
+@dataclass(frozen=True)
+class SavedByEager:
+    """Flat input (`of_input`) or graph output `index` holds a value eager's backward saves; `reach`: the
+    differentiable outputs (by tangent position) from which that backward would unpack it."""
+
+    of_input: bool
+    index: int
+    reach: frozenset[int]
+    which: str  # ", which is output 0 of AminBackward0,", as eager names the node that saved it
+
+
+class SavedTensorLog:
+    """The tensors autograd saves while a fake run records it (`recording`), each behind a token."""
+
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+        self.unpacked: set[int] = set()
+
+    @contextmanager
+    def recording(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    def _pack(self, tensor: torch.Tensor) -> int:
+        self.tensors.append(tensor)
+        return len(self.tensors) - 1
+
+    def _unpack(self, token: int) -> torch.Tensor:
+        self.unpacked.add(token)
+        return self.tensors[token]
+
+    def reached_from(self, root: torch.Tensor) -> set[int]:
+        """The tokens of the saved tensors the backward from `root` unpacks: each node's saved values are
+        read (`_saved_*`), which calls `_unpack`, over every node reachable from root's grad_fn."""
+        self.unpacked = set()
+        seen, stack = set(), [root.grad_fn] if root.grad_fn is not None else []
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            for name in dir(node):
+                if name.startswith("_saved_"):
+                    try:
+                        getattr(node, name)
+                    except RuntimeError:  # a value saved without a tensor behind it (an undefined one)
+                        pass
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+        return self.unpacked
+
+
+def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], watchable: list[bool],
+                   outputs: list[torch.Tensor], num_returned: int, differentiable: list[int]) -> list[SavedByEager]:
+    """Which inputs (those `watchable`) and returned graph outputs (the first `num_returned`: the rest are
+    new values of inputs, which the runtime copies into them) share storage, so a version counter, with a
+    tensor eager's backward saves, and which differentiable outputs reach each."""
+    holders: dict[StorageWeakRef, tuple[bool, int]] = {}
+    for j, t in enumerate(outputs[:num_returned]):
+        holders.setdefault(_storage(t), (False, j))
+    for i, t in enumerate(inputs):
+        if watchable[i]:
+            holders.setdefault(_storage(t), (True, i))
+    reach: dict[tuple[bool, int], set[int]] = {}
+    which: dict[tuple[bool, int], str] = {}
+    for k, j in enumerate(differentiable):
+        for token in log.reached_from(outputs[j]):
+            saved = log.tensors[token]
+            holder = holders.get(_storage(saved))
+            if holder is not None:
+                reach.setdefault(holder, set()).add(k)
+                which.setdefault(holder, _which(saved))
+    return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)])
+            for (of_input, index), ks in reach.items()]
+
+
+def _storage(t: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _which(saved: torch.Tensor) -> str:
+    return f", which is output {saved.output_nr} of {saved.grad_fn.name()}," if saved.grad_fn is not None else ""
+
+
+class VersionWatch:
+    """The version counters of one forward call's watched tensors, checked when its backward runs."""
+
+    def __init__(self, watched: list[SavedByEager], flat: tuple, outs: list):
+        self.entries = []
+        for w in watched:
+            # An output is held through a detached alias, which shares its version counter without holding
+            # its autograd node, the context itself (a cycle); an input holds no reference to the context.
+            tensor = flat[w.index] if w.of_input else outs[w.index].detach()
+            self.entries.append((w, tensor, tensor._version))
+
+    def check(self, present: list[bool]) -> None:
+        """Raise eager's error if a watched tensor was written since, and a present gradient reaches it."""
+        for w, alias, version in self.entries:
+            if alias._version != version and any(present[k] for k in w.reach):
+                raise RuntimeError(OVERWRITTEN.format(tensor=f"{alias.type()} {list(alias.shape)}", which=w.which,
+                                                      now=alias._version, then=version))

@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
-from kiln.autograd.eager_errors import eager_error
+from kiln.autograd.eager_errors import backward_error, eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
@@ -234,10 +234,11 @@ class AOTCompiled:
                           type(error).__name__, error)
         return self.program.run
 
-    def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
-        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
-        a graph runs the captured graph op by op, which raises what eager raises; logged as a slow path."""
-        reason = eager_error(traced)
+    def _raises_in_eager(self, traced: torch.fx.GraphModule, joint: bool = False) -> bool:
+        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`, and for
+        a joint graph `backward_error`)? Such a graph runs the captured graph op by op, which raises what
+        eager raises; logged as a slow path."""
+        reason = eager_error(traced) or (backward_error(traced) if joint else None)
         if reason is not None:
             log_hints.warning("%s: the graph has %s; it runs eagerly, op by op, to raise as eager does",
                               self.name, reason)
@@ -294,7 +295,7 @@ class AOTCompiled:
                               "eagerly, op by op, so that the backward raises as eager's does", self.name,
                               str(e).split(" Hint:")[0])  # the hint is about anomaly detection, not kiln
             return self.program.run
-        if self._raises_in_eager(joint.gm):
+        if self._raises_in_eager(joint.gm, joint=True):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),

@@ -18,7 +18,7 @@ from opinfo.harness import Row, op_db, run_row  # noqa: E402
 
 # How many rows of each (target, mode) CI runs: the C++ forward is the broad check; the Triton
 # interpreter and the backward cost more per row.
-SAMPLE = {("cpp", "fwd"): 90, ("triton", "fwd"): 20, ("cpp", "bwd"): 15, ("triton", "bwd"): 0}
+SAMPLE = {("cpp", "fwd"): 150, ("triton", "fwd"): 40, ("cpp", "bwd"): 25, ("triton", "bwd"): 0}
 ROW_SECONDS = 60  # a row over this fails (the table's rows take a few seconds each)
 
 

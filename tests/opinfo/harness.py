@@ -326,11 +326,13 @@ def _leaf_mismatch(e, g) -> str | None:
 
 def _tolerance(dtype) -> dict:
     """assert_close's defaults, except in half precision: kiln computes in float32 and rounds once where
-    eager rounds after every op, so the two differ by a rounding or two of the result."""
+    eager rounds after every op, and rounds where eager's fused kernels do not (a convolution's bias is
+    added after its result is rounded), so the two differ by a rounding or two of an intermediate, which
+    a cancellation between the convolution and its bias leaves large beside a small result."""
     if dtype == torch.bfloat16:
-        return dict(atol=1e-2, rtol=1.6e-2)
+        return dict(atol=3e-2, rtol=1.6e-2)
     if dtype == torch.float16:
-        return dict(atol=1e-3, rtol=1e-3)
+        return dict(atol=3e-3, rtol=1e-3)
     return {}
 
 

@@ -345,7 +345,7 @@ def _describe(e: Exception) -> str:
 
 
 def _short(e: Exception) -> str:
-    text = re.sub(r" at /\S+", "", " ".join(str(e).split()))  # source paths differ between machines
+    text = re.sub(r" at /\S+| \(/\S+:\d+\)", "", " ".join(str(e).split()))  # source paths differ between machines
     return re.sub(r"0x[0-9a-f]+", "0x…", text)[:200]
 
 

@@ -17,7 +17,9 @@ kiln keeps every outcome in a table (`outcomes.json`) rather than expected-failu
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import re
 import signal
@@ -310,7 +312,7 @@ def reference(info, sample, row: Row) -> list | None:
 
 def _leaf_mismatch(e, g) -> str | None:
     if not isinstance(e, torch.Tensor):
-        if isinstance(e, float) and isinstance(g, float) and (e != e) and (g != g):
+        if isinstance(e, float) and isinstance(g, float) and math.isnan(e) and math.isnan(g):
             return None
         return None if type(e) is type(g) and e == g else f"{g!r} != eager's {e!r}"
     if not isinstance(g, torch.Tensor):
@@ -330,9 +332,9 @@ def _tolerance(dtype) -> dict:
     added after its result is rounded), so the two differ by a rounding or two of an intermediate, which
     a cancellation between the convolution and its bias leaves large beside a small result."""
     if dtype == torch.bfloat16:
-        return dict(atol=3e-2, rtol=1.6e-2)
+        return {"atol": 3e-2, "rtol": 1.6e-2}
     if dtype == torch.float16:
-        return dict(atol=3e-3, rtol=1e-3)
+        return {"atol": 3e-3, "rtol": 1e-3}
     return {}
 
 
@@ -360,7 +362,7 @@ def run_row(info, row: Row, max_samples: int | None = None, seconds: int = 300) 
             for sample in chosen:
                 eager, got, observer = run_sample(info, sample, row)
                 lowered |= observer.lowered
-                failure = failure or mismatch(eager, got, lambda: reference(info, sample, row))
+                failure = failure or mismatch(eager, got, functools.partial(reference, info, sample, row))
                 fallbacks += observer.fallbacks()
                 if failure and failure.startswith("wrong result"):
                     break

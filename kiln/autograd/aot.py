@@ -43,7 +43,7 @@ from kiln import fallbacks
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
-from kiln.autograd.eager_errors import eager_error
+from kiln.autograd.eager_errors import backward_error, eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
@@ -275,10 +275,11 @@ class AOTCompiled:
                               self.name, integer[0])
         return bool(integer)
 
-    def _raises_in_eager(self, traced: torch.fx.GraphModule) -> bool:
-        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`)? Such
-        a graph runs the captured graph op by op, which raises what eager raises; logged as a slow path."""
-        reason = eager_error(traced)
+    def _raises_in_eager(self, traced: torch.fx.GraphModule, joint: bool = False) -> bool:
+        """Does `traced` hold an op whose eager error the compiled graphs would lose (`eager_error`, and for
+        a joint graph `backward_error`)? Such a graph runs the captured graph op by op, which raises what
+        eager raises; logged as a slow path."""
+        reason = eager_error(traced) or (backward_error(traced) if joint else None)
         if reason is not None:
             log_hints.warning("%s: the graph has %s; it runs eagerly, op by op, to raise as eager does",
                               self.name, reason)
@@ -328,7 +329,7 @@ class AOTCompiled:
                             program.input_specs, requires_grad, signature,
                             tracing_table(self.decompositions, training=True), program.fake_mode(),
                             graph_of=lambda j: j.gm)
-        if self._raises_in_eager(joint.gm):
+        if self._raises_in_eager(joint.gm, joint=True):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),

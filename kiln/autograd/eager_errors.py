@@ -142,6 +142,34 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _phase_checked_backward(node: torch.fx.Node) -> str | None:
+    """An eigen- or singular-vector decomposition producing complex vectors: eager's backward checks that the
+    loss does not depend on each vector's phase (`linalg_eig_backward`, `svd_backward`), a check on values
+    that the traced backward does not carry (eager raises where the compiled backward returns numbers)."""
+    if node.target in _PHASE_CHECKED_BACKWARDS and any(t.is_complex() for t in _outputs(node)):
+        return "a decomposition whose backward checks the loss against the vectors' phase"
+    return None
+
+
+def _outputs(node: torch.fx.Node) -> list[torch.Tensor]:
+    val = node.meta.get("val")
+    return [v for v in (val if isinstance(val, (tuple, list)) else (val,)) if isinstance(v, torch.Tensor)]
+
+
+_PHASE_CHECKED_BACKWARDS = frozenset((aten.linalg_eig.default, aten._linalg_svd.default, aten.linalg_svd.default))
+"""Ops whose eager backward raises on an ill-defined loss (one that depends on the complex vectors' phase)."""
+
+
+def backward_error(gm: torch.fx.GraphModule) -> str | None:
+    """Why the joint graph `gm` must run eagerly for its backward to raise as eager's does, or None."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            reason = _phase_checked_backward(node)
+            if reason is not None:
+                return f"{reason} ({node.target})"
+    return None
+
+
 def _writes(node: torch.fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
 

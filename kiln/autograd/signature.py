@@ -109,6 +109,8 @@ class AliasOutput:
     detach: bool = False
     no_grad: bool = False
     sizes: Callable | None = None  # a dynamic graph's geometry, (shape, stride, offset) of the flat inputs
+    # a view that reads the storage as another dtype (`view(dtype)`, `view_as_complex`)
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach`, `no_grad` and `sizes` as for `AliasOutput`."""
+    `detach`, `no_grad`, `sizes` and `dtype` as for `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -130,6 +132,7 @@ class OutputAlias:
     detach: bool = False
     no_grad: bool = False
     sizes: Callable | None = None
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -405,9 +408,41 @@ def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) ->
         base = base.detach()
     shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
     with torch.no_grad() if leaf.no_grad else contextlib.nullcontext():
+        if leaf.dtype is not None:
+            return _reinterpreting_view(base, leaf.dtype, shape, stride, offset)
         if shape is None:  # the base's own geometry, whatever its sizes are this call
             return base if leaf.detach else base.view_as(base)
         return base.as_strided(shape, stride, base.storage_offset() + offset)
+
+
+def _reinterpreting_view(base: torch.Tensor, dtype: torch.dtype, shape: tuple, stride: tuple,
+                         offset: int) -> torch.Tensor:
+    """The view of `base`'s storage as `dtype` with this geometry (in `dtype`'s elements, `offset` from where
+    `base` starts). Between complex and real it is `view_as_complex` / `view_as_real` of a view of `base`,
+    through which autograd follows; other dtype views have no gradient (in eager neither)."""
+    if _is_complex_of(dtype, base.dtype):
+        real = base.as_strided((*shape, 2), (*(2 * s for s in stride), 1), base.storage_offset() + 2 * offset)
+        return torch.view_as_complex(real)
+    if _is_complex_of(base.dtype, dtype) and shape and shape[-1] == 2 and stride[-1] == 1 and offset % 2 == 0:
+        pairs = base.as_strided(shape[:-1], tuple(s // 2 for s in stride[:-1]), base.storage_offset() + offset // 2)
+        return torch.view_as_real(pairs)
+    base, start = _reinterpreted(base, dtype)
+    return base.as_strided(shape, stride, start + offset)
+
+
+def _is_complex_of(complex_dtype: torch.dtype, real_dtype: torch.dtype) -> bool:
+    return complex_dtype.is_complex and not real_dtype.is_complex and real_dtype.to_complex() == complex_dtype
+
+
+def _reinterpreted(base: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """`base`'s storage read as `dtype` elements, and where `base` starts in them. At the same element size,
+    `base` itself viewed as `dtype`; otherwise its whole storage as a 1-D tensor (a dtype view of another
+    element size needs a contiguous last dimension, which the storage always has)."""
+    if dtype.itemsize == base.dtype.itemsize:
+        return base.view(dtype), base.storage_offset()
+    unit = max(dtype.itemsize, base.dtype.itemsize)
+    whole = base.as_strided((base.untyped_storage().nbytes() // unit * (unit // base.dtype.itemsize),), (1,), 0)
+    return whole.view(dtype), base.storage_offset() * base.dtype.itemsize // dtype.itemsize
 
 
 def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
@@ -506,22 +541,39 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
 
 
 def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
-    """(identity, shape, stride, offset relative to `base`'s, detach, no_grad, sizes) of `leaf` on `base`'s storage.
+    """(identity, shape, stride, offset relative to `base`'s, detach, no_grad, sizes, dtype) of `leaf` on `base`'s
+    storage; dtype None where `leaf` reads it as `base`'s dtype.
 
     Shape None: `base`'s own geometry (`y.detach()`), which holds for every size of a dynamic graph.
     With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
-        return True, None, None, 0, False, False, None
+        return True, None, None, 0, False, False, None, None
     history = (base.requires_grad and not leaf.requires_grad,  # detached
                grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
+    if leaf.dtype != base.dtype:
+        return _reinterpreting_geometry(leaf, base, history)
     if _same_geometry(leaf, base):
-        return (False, None, None, 0, *history, None)
+        return (False, None, None, 0, *history, None, None)
     shape, stride, offset = tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - base.storage_offset()
     if not any(isinstance(v, torch.SymInt) for v in (*shape, *stride, offset)):
-        return (False, shape, stride, offset, *history, None)
+        return (False, shape, stride, offset, *history, None, None)
     evaluate = _size_function((*shape, *stride, offset), size_sources, "an output that views another tensor")
     n = len(shape)
-    return (False, None, None, 0, *history, lambda flat: _split_geometry(evaluate(flat), n))
+    return (False, None, None, 0, *history, lambda flat: _split_geometry(evaluate(flat), n), None)
+
+
+def _reinterpreting_geometry(leaf: torch.Tensor, base: torch.Tensor, history: tuple) -> tuple:
+    """`_geometry` of a view reading `base`'s storage as another dtype: shape, stride and offset in `leaf`'s
+    elements, the offset from where `base` starts (see `_reinterpreted`)."""
+    if leaf.requires_grad and not (_is_complex_of(leaf.dtype, base.dtype) or _is_complex_of(base.dtype, leaf.dtype)):
+        # only view_as_complex / view_as_real carry a gradient across dtypes (see `_reinterpreting_view`)
+        raise NotImplementedError("kiln: an output that views a tensor requiring grad as another dtype "
+                                  "(view_as_complex, view_as_real)")
+    geometry = (*leaf.shape, *leaf.stride(), leaf.storage_offset(), base.storage_offset())
+    if any(isinstance(v, torch.SymInt) for v in geometry):
+        raise NeedsStaticShapes("an output that views another tensor as another dtype")
+    start = base.storage_offset() * base.dtype.itemsize // leaf.dtype.itemsize
+    return (False, tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - start, *history, None, leaf.dtype)
 
 
 def _split_geometry(values: tuple, ndim: int) -> tuple:
@@ -554,7 +606,9 @@ def _expr(v):
 
 
 def _same_geometry(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal sizes, strides and offset, compared as expressions (no size guard is added)."""
+    """Equal dtypes, sizes, strides and offset, compared as expressions (no size guard is added)."""
+    if a.dtype != b.dtype:
+        return False
     ga = [_expr(v) for v in (*a.shape, *a.stride(), a.storage_offset())]
     gb = [_expr(v) for v in (*b.shape, *b.stride(), b.storage_offset())]
     return a.dim() == b.dim() and ga == gb
@@ -574,8 +628,10 @@ def _covers(base: torch.Tensor, leaf: torch.Tensor) -> bool:
 
 
 def _extent(t: torch.Tensor) -> tuple:
+    """The first and last byte `t` reads of its storage (in bytes: views of one storage may differ in dtype)."""
     start = t.storage_offset()
-    return start, start + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    last = start + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start * t.dtype.itemsize, (last + 1) * t.dtype.itemsize - 1
 
 
 def symbolic_dispatch(mode: FakeTensorMode):

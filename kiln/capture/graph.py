@@ -8,6 +8,7 @@ torch-level calls — the graph every backend receives.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.graph import _is_from_torch
+from torch.fx.node import _get_qualified_name
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import Source
@@ -127,7 +130,8 @@ class GraphBuilder:
     def call(self, kind: str, target: Any, args: tuple, kwargs: dict, fake_args: tuple, fake_kwargs: dict):
         """Record `target(*args, **kwargs)`; returns (node, fake result). Args are nodes/constants."""
         fake_out = self._run_fake(kind, target, fake_args, fake_kwargs)
-        node = self.graph.create_node(kind, target, args, kwargs)
+        node = self.graph.create_node(kind, printable_target(target) if kind == "call_function" else target, args,
+                                      kwargs)
         node.meta["example_value"] = fake_out
         self.op_count += 1
         return node, fake_out
@@ -213,6 +217,52 @@ def _written(fake: torch.Tensor) -> bool:
         return fake._version > 0
     except RuntimeError:
         return True
+
+
+_PRINTABLE: dict[int, tuple[Any, Any]] = {}  # id(target) -> (target, what the graph calls)
+
+
+def printable_target(target: Any) -> Any:
+    """What the graph's node calls for `target`: `target`, unless the graph's printed code would name
+    another object. FX prints a function of a `torch*` module by its qualified name and resolves that
+    name when the code runs. The `_VF` builtins that `torch.functional` wraps (`broadcast_tensors`,
+    `split`, `stft`, `norm`, ...) print as `torch.<name>`, which is the Python wrapper taking other
+    arguments; a function defined in `torch.testing` under a name its module does not bind (a lambda
+    assigned to an attribute) prints as a name that does not exist. Such a target becomes a plain
+    function calling it, which FX binds by object."""
+    cached = _PRINTABLE.get(id(target))
+    if cached is not None and cached[0] is target:
+        return cached[1]
+    printed = target if _resolves(target) else _calling(target)
+    _PRINTABLE[id(target)] = (target, printed)
+    return printed
+
+
+def _resolves(target: Any) -> bool:
+    """Whether the name FX prints for `target` names `target` itself."""
+    if not _is_from_torch(target):
+        return True  # FX binds it by object
+    try:
+        parts = _get_qualified_name(target).split(".")
+    except Exception:
+        return False
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, None)
+        return obj is target
+    return False
+
+
+def _calling(target: Callable) -> Callable:
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = _identifier(getattr(target, "__name__", "call"))
+    return call
 
 
 def _name(target: Any) -> str:

@@ -176,3 +176,43 @@ def test_returns_what_eager_returns(program, backend):
     eager_args, kiln_args = make(), make()
     torch.testing.assert_close(kiln.compile(program, backend=backend)(*kiln_args), program(*eager_args))
     torch.testing.assert_close(kiln_args, eager_args)
+
+
+# Backwards that check values: eager's backward of a decomposition into complex vectors raises when the loss
+# depends on the vectors' phase, a check the traced backward does not carry.
+def eig_vectors_loss(a):
+    return torch.linalg.eig(a).eigenvectors.abs().sum() + torch.linalg.eig(a).eigenvectors.real.sum()
+
+
+def eig_values_loss(a):
+    return torch.linalg.eig(a).eigenvalues.abs().sum()
+
+
+def complex_svd_vectors_loss(a):
+    u, s, vh = torch.linalg.svd(torch.complex(a, a.flip(0)))
+    return u.real.sum() + s.sum()
+
+
+def real_svd_vectors_loss(a):
+    u, s, vh = torch.linalg.svd(a)
+    return (u * 2).sum() + s.sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [eig_vectors_loss, complex_svd_vectors_loss], ids=lambda f: f.__name__)
+def test_backward_raises_what_eager_raises(program, backend):
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError) as eager:
+        program(a.clone().requires_grad_()).backward()
+    with pytest.raises(RuntimeError) as compiled:
+        kiln.compile(program, backend=backend)(a.clone().requires_grad_()).backward()
+    assert str(eager.value).split(":")[0] in str(compiled.value)
+
+
+@pytest.mark.parametrize("program", [eig_values_loss, real_svd_vectors_loss], ids=lambda f: f.__name__)
+def test_backward_returns_what_eager_returns(program):
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    ref, got = a.clone().requires_grad_(), a.clone().requires_grad_()
+    program(ref).backward()
+    kiln.compile(program)(got).backward()
+    torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-4)

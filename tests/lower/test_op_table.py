@@ -42,6 +42,7 @@ INT_BINARY = {
     "truncdiv": lambda a, b: torch.div(a, b.abs() + 1, rounding_mode="trunc"),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 1), "bitwise_and": torch.bitwise_and,
     "bitwise_xor": torch.bitwise_xor, "pow": lambda a, b: a ** 2, "scalar_float": lambda a, b: a * 0.5,
+    "bitwise_scalar": lambda a, b: ((a & 3) | 8) ^ 5,
 }
 BOOL_OPS = {
     "and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor,

@@ -1,0 +1,52 @@
+"""OpInfo conformance in CI: a fixed sample of the outcome table's rows, run again, must keep its outcome.
+
+The table (`outcomes.json`, written by `python -m tests.opinfo`) holds every row's outcome: pass, fallback
+or xfail with its reason. A sampled row whose outcome changes fails here both ways: a pass that starts
+failing, and a failure or fallback that starts passing (then rerun its rows and commit the table, so it
+stays true). The sample is chosen by a hash of each row's key: the same rows on every run.
+"""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+pytest.importorskip("expecttest")  # OpInfo's module imports it
+
+from opinfo import table  # noqa: E402
+from opinfo.harness import Row, op_db, run_row  # noqa: E402
+
+# How many rows of each (target, mode) CI runs: the C++ forward is the broad check; the Triton
+# interpreter and the backward cost more per row.
+SAMPLE = {("cpp", "fwd"): 150, ("triton", "fwd"): 40, ("cpp", "bwd"): 25, ("triton", "bwd"): 0}
+ROW_SECONDS = 60  # a row over this fails (the table's rows take a few seconds each)
+
+
+def sampled_rows(rows: dict) -> list[str]:
+    """The first SAMPLE[target, mode] keys of each kind in hash order."""
+    chosen = []
+    for (target, mode), count in SAMPLE.items():
+        keys = [k for k in rows if k.endswith(f"|{target}|{mode}")]
+        chosen += sorted(keys, key=lambda k: zlib.crc32(k.encode()))[:count]
+    return chosen
+
+
+TABLE = table.load()
+OPS = op_db()
+
+
+@pytest.mark.allows_fallback("the table records which rows fall back: a fallback is an outcome here, not an error")
+@pytest.mark.parametrize("key", sampled_rows(TABLE["rows"]))
+def test_row_keeps_its_outcome(key):
+    expected = TABLE["rows"][key]
+    row = Row.parse(key)
+    got = run_row(OPS[row.op], row, expected["samples"] or None, seconds=ROW_SECONDS)
+    assert got["outcome"] == expected["outcome"], (
+        f"{key}: now {got['outcome']} ({got['reason']}), the table says {expected['outcome']} ({expected['reason']}); "
+        f"rerun `python -m tests.opinfo --ops {row.op}` and commit outcomes.json if kiln got better")
+
+
+def test_table_has_no_wrong_results():
+    """Wrong results are fixed, not tabled: a row may fail to compile, never return wrong numbers."""
+    wrong = sorted(k for k, v in TABLE["rows"].items() if v["reason"].startswith("wrong result"))
+    assert not wrong, wrong

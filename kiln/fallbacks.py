@@ -34,8 +34,8 @@ catalogue (kiln/capture/breaks.py):
 | class       | reasons                                                      | under strict          |
 |-------------|--------------------------------------------------------------|-----------------------|
 | by design   | print, tensor_to_python, data_dependent_branch,              | counted, no error     |
-|             | dynamic_output_shape, autograd_backward, explicit, disabled, |                       |
-|             | exception: torch.compile breaks there too                    |                       |
+|             | dynamic_output_shape, autograd_backward, autograd_flags,     |                       |
+|             | explicit, disabled, exception: torch.compile breaks there too|                       |
 | either      | unsupported_call, unsupported_object, unsupported_opcode,    | counted, no error     |
 |             | recursion: the reason holds constructs torch also breaks on  |                       |
 |             | (an unknown C function, a class statement) beside ones it    |                       |
@@ -80,6 +80,7 @@ BREAKS: dict[str, tuple[bool, str]] = {
     "dynamic_output_shape": (False, "by design: nonzero/unique; torch breaks unless capture_dynamic_output_shape_ops"),
     "autograd_backward": (False, "by design: .backward() inside the region; torch breaks too"),
     "explicit": (False, "by design: the user asked for the break"),
+    "autograd_flags": (False, "by design: requires_grad_/detach_ on a tensor; torch.compile breaks there too"),
     "disabled": (False, "by design: the user asked for the function to run eagerly"),
     "exception": (False, "by design: the user's code raises; that is the program's behaviour"),
     "unsupported_call": (False, "either: unknown C functions break torch too; torch models more builtins"),

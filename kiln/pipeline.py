@@ -121,9 +121,9 @@ class Stages:
 def decompose(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
     """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
     kiln decomposes (or nodes without `meta['val']`)."""
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    devices = _tensor_devices(gm, example_inputs)
     if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
-        raise NotImplementedError(f"inputs on {', '.join(sorted(devices))}: no code generator for this mix")
+        raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for this mix")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
     return _retrace(gm, example_inputs) if _needs_retrace(gm) else gm
@@ -318,6 +318,16 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
     name = f"{owner}/{aot.get('kind', 'graph')}" if owner.startswith("graph") else f"aten{next(_graph_ids)}"
     _names_used[name] = _names_used.get(name, 0) + 1
     return name if _names_used[name] == 1 else f"{name}_{_names_used[name]}"
+
+
+def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
+    """The device types of the graph's inputs and of every value it makes: a constant made on the CPU inside a
+    CUDA graph (`torch.zeros(n)` with no device) stays a CPU tensor in eager, which one target cannot give."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        tensors += [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(v, torch.Tensor)]
+    return {t.device.type for t in tensors}
 
 
 def _is_inference(gm: torch.fx.GraphModule) -> bool:

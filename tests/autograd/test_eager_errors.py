@@ -199,7 +199,11 @@ def real_svd_vectors_loss(a):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("program", [eig_vectors_loss, complex_svd_vectors_loss], ids=lambda f: f.__name__)
+# torch before 2.13 traces the complex SVD's backward through data-dependent sizes: that graph runs op by op, a
+# counted fallback, and still raises eager's error
+@pytest.mark.parametrize("program", [eig_vectors_loss, pytest.param(complex_svd_vectors_loss, marks=pytest.mark.
+                                     allows_fallback("graph: svd's backward is data-dependent before torch 2.13"))],
+                         ids=lambda f: f.__name__)
 def test_backward_raises_what_eager_raises(program, backend):
     a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError) as eager:

@@ -306,6 +306,7 @@ def test_launcher_checks_the_alignment_of_graph_inputs_only():
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CPU and CUDA tensors mix only on a GPU")
+@pytest.mark.allows_fallback("graph: inputs on two devices run through ATen")
 def test_a_cpu_scalar_input_to_a_cuda_graph_runs_through_aten():
     """Eager multiplies a CUDA tensor by a CPU 0-dim tensor; launchers pass raw device addresses, so a kernel
     must never read the CPU one: a graph with inputs on two devices runs through ATen."""
@@ -314,6 +315,20 @@ def test_a_cpu_scalar_input_to_a_cuda_graph_runs_through_aten():
     compiled = compile_aten_graph(trace(fn, x, s), [x, s], TRITON)
     assert "no code generator for this mix" in compiled.artefacts.get("fallback", "")
     assert_same(compiled(x, s), fn(x, s))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CPU and CUDA tensors mix only on a GPU")
+@pytest.mark.allows_fallback("graph: a CPU constant inside a CUDA graph runs through ATen")
+def test_a_cpu_constant_made_inside_a_cuda_graph_stays_on_the_cpu():
+    """`torch.zeros(n)` with no device is a CPU tensor in eager, also in a graph whose inputs are on CUDA: the
+    graph runs through ATen rather than return it on the GPU."""
+    fn = lambda x: (torch.zeros(3), x + 1)  # noqa: E731
+    x = torch.randn(8, device=DEVICE)
+    compiled = compile_aten_graph(trace(fn, x), [x], TRITON)
+    assert "no code generator for this mix" in compiled.artefacts.get("fallback", "")
+    got = compiled(x)
+    assert got[0].device.type == "cpu"
+    assert_same(got, fn(x))
 
 
 def test_input_at_an_unaligned_address_after_aligned_calls():

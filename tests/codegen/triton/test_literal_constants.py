@@ -57,7 +57,8 @@ def value_of(dtype):
 def test_a_stored_constant_in_every_dtype(dtype):
     """A constant fill is a store of a literal: the literal made a value of the buffer's dtype."""
     x = torch.randn(5, 9)
-    check(lambda x: (torch.zeros(5, 9, dtype=dtype), torch.full((3, 7), value_of(dtype), dtype=dtype), x + 1), x,
+    check(lambda x: (torch.zeros(5, 9, dtype=dtype, device=x.device),
+                     torch.full((3, 7), value_of(dtype), dtype=dtype, device=x.device), x + 1), x,
           exact=(0, 1))
 
 
@@ -66,8 +67,11 @@ def test_a_cast_constant_in_every_dtype(dtype):
     """A constant cast to another dtype takes that dtype's value (0.1 as bf16 is 0.10009765625) wherever it is
     used: stored, or an operand."""
     x = torch.randn(4, 6).to(dtype) if dtype.is_floating_point else torch.randint(0, 5, (4, 6)).to(dtype)
-    check(lambda x: (torch.full((4, 6), 0.1).to(dtype), torch.full((4, 6), 2.7).to(dtype) + x,
-                     torch.full((4, 6), -3.5).to(dtype), x * torch.full((4, 6), 3).to(dtype)), x, exact=(0, 2))
+    def full(value):
+        return torch.full((4, 6), value, device=x.device)
+
+    check(lambda x: (full(0.1).to(dtype), full(2.7).to(dtype) + x, full(-3.5).to(dtype), x * full(3).to(dtype)), x,
+          exact=(0, 2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

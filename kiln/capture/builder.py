@@ -173,6 +173,9 @@ def _is_torch_callable(obj: Any) -> bool:
 
 
 def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
+    first = state.mutable_values.get(("tensor", id(t)), (None, source))[1]
+    if first != source:  # the same tensor as at `first`: an identity guard, and the first source's placeholder
+        return _tensor_again(state, t, source, expr)
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
     dynamic = dynamic_dims(state, t, source)
@@ -194,6 +197,18 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
                            f"___describe_tensor(___tensor_signature({expr}))", native))
     node, fake = state.graph.input(source, t, dynamic)
+    value = TensorValue(node, fake, source)
+    value.real = t
+    _guard_tensor_alias(state, t, source, expr)
+    return value
+
+
+def _tensor_again(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
+    """A tensor already reached through another source (`f(x, x)`, `labels=ids`, tied weights). Its geometry
+    is the first source's, checked by that source's guard with that source's symbolic sizes; a guard of its
+    own here would pin this source's sizes and recompile on every new size (automatic dynamic marks the
+    first source's dimensions only)."""
+    node, fake = state.graph.input(source, t)
     value = TensorValue(node, fake, source)
     value.real = t
     _guard_tensor_alias(state, t, source, expr)

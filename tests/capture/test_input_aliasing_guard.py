@@ -64,3 +64,19 @@ def test_one_tensor_passed_twice_is_one_graph_input():
     assert graph_count(ctx) == 2
     first = next(r.graph for r in ctx.records if r.graph is not None)
     assert len(first.graph.find_nodes(op="placeholder")) == 1
+
+
+def test_one_tensor_under_two_names_compiles_twice_over_many_sizes():
+    """`model(input_ids=ids, labels=ids)`: the second name is guarded to be the same tensor, and its sizes are
+    the first name's, so automatic dynamic makes them symbolic once (not a recompile per size)."""
+    def loss(ids, labels):
+        return (ids * 2 - labels).sum()
+
+    compiled = kiln.compile(loss, backend="eager")
+    for n in (4, 6, 9, 13):
+        ids = torch.arange(n)
+        assert compiled(ids, ids) == loss(ids, ids)
+    assert graph_count(context_of(compiled)) == 2
+    other = torch.arange(13)
+    assert compiled(torch.arange(13), other) == loss(torch.arange(13), other)  # two tensors now: a recompile
+    assert graph_count(context_of(compiled)) == 3

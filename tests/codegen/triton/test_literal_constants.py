@@ -67,11 +67,12 @@ def test_a_cast_constant_in_every_dtype(dtype):
     """A constant cast to another dtype takes that dtype's value (0.1 as bf16 is 0.10009765625) wherever it is
     used: stored, or an operand."""
     x = torch.randn(4, 6).to(dtype) if dtype.is_floating_point else torch.randint(0, 5, (4, 6)).to(dtype)
-    def full(value):
-        return torch.full((4, 6), value, device=x.device)
+    def program(x):
+        def full(value):
+            return torch.full((4, 6), value, device=x.device).to(dtype)
+        return full(0.1), full(2.7) + x, full(-3.5), x * full(3)
 
-    check(lambda x: (full(0.1).to(dtype), full(2.7).to(dtype) + x, full(-3.5).to(dtype), x * full(3).to(dtype)), x,
-          exact=(0, 2))
+    check(program, x, exact=(0, 2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

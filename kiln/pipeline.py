@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import fallbacks
@@ -321,12 +322,15 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 
 def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
-    """The device types of the graph's inputs and of every value it makes: a constant made on the CPU inside a
-    CUDA graph (`torch.zeros(n)` with no device) stays a CPU tensor in eager, which one target cannot give."""
+    """The device types of the graph's inputs and outputs. A constant made on the CPU inside a CUDA graph and
+    returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one target cannot give; one only
+    used inside (a 0-d scale mixed into CUDA ops, as eager allows) is computed on the graph's device."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    for node in gm.graph.nodes:
-        value = node.meta.get("val")
-        tensors += [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(v, torch.Tensor)]
+    for node in gm.graph.find_nodes(op="output"):
+        for arg in pytree.tree_leaves(node.args):
+            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
     return {t.device.type for t in tensors}
 
 

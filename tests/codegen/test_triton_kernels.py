@@ -331,6 +331,17 @@ def test_a_cpu_constant_made_inside_a_cuda_graph_stays_on_the_cpu():
     assert_same(got, fn(x))
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CPU and CUDA tensors mix only on a GPU")
+def test_a_cpu_scalar_made_and_used_inside_a_cuda_graph_is_generated():
+    """A 0-d CPU tensor made inside and only used with CUDA tensors (a scale, as attention code makes one):
+    eager allows the mix, and the graph compiles on the GPU."""
+    fn = lambda x: x * torch.sqrt(torch.tensor(16.0)) + 1  # noqa: E731
+    x = torch.randn(8, device=DEVICE)
+    compiled = compile_aten_graph(trace(fn, x), [x], TRITON)
+    assert "fallback" not in compiled.artefacts, compiled.artefacts["fallback"]
+    assert_same(compiled(x), fn(x))
+
+
 def test_input_at_an_unaligned_address_after_aligned_calls():
     """A kernel specialized for aligned inputs, then called with a slice 4 bytes into its storage: the
     launcher's fast path must not take it (misaligned vector loads), and the result must match eager."""

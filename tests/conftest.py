@@ -8,7 +8,7 @@ import os  # noqa: E402
 
 import pytest  # noqa: E402
 
-import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
+from support import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
 
 
 def pytest_configure(config):

@@ -13,7 +13,7 @@ from kiln import fallbacks
 from kiln.capture.breaks import CATALOGUE
 from kiln.debug.report import text_report
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import trace
+from support.lowering import trace
 
 
 def graph_that_cannot_lower():

@@ -17,7 +17,7 @@ import kiln
 from kiln import pipeline
 from kiln.config import CompileOptions, validate_options
 from kiln.pipeline import STAGES, Stages, compile_aten_graph
-from lower.helpers import trace
+from support.lowering import trace
 
 KILN = Path(kiln.__file__).parent
 
@@ -82,7 +82,7 @@ def test_listeners_receive_the_frozen_options_the_graph_was_compiled_with():
 
 
 def test_cpu_backend_option_picks_the_triton_printer_through_kiln_compile():
-    from triton_device import INTERPRETING, skip_unless_kernels_run
+    from support.triton_device import INTERPRETING, skip_unless_kernels_run
 
     skip_unless_kernels_run()
     if not INTERPRETING:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kiln
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def sqrt_of_zero(b):  # d sqrt(x)/dx at 0 is inf; eager never multiplies it by the absent zero

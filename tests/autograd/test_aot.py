@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .helpers import compile_module, train_and_compare
+from support.autograd import compile_module, train_and_compare
 
 
 class MLP(nn.Module):

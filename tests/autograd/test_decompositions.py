@@ -9,8 +9,8 @@ from kiln.lower.decompositions import (
     decomposes,
     decomposition_table,
 )
+from support.autograd import run_as_is, train_and_compare
 
-from .helpers import run_as_is, train_and_compare
 from .test_aot import Block
 
 aten = torch.ops.aten

@@ -5,7 +5,7 @@ backward runs and so must kiln's, with eager's gradients. Eager and kiln side by
 import pytest
 import torch
 
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def expand_a_reshaped_copy(a):

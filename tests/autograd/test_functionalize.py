@@ -9,8 +9,7 @@ from kiln.autograd import aot_eager
 from kiln.autograd import functionalize as functionalize_module
 from kiln.autograd.functionalize import functionalize, verify_functional
 from kiln.autograd.signature import TensorSpec
-
-from .helpers import compile_module
+from support.autograd import compile_module
 
 aten = torch.ops.aten
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kiln
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def transpose_in_place(a, b):

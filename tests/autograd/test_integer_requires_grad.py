@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kiln
-from tests.autograd.differential import compare_results
+from support.differential import compare_results
 
 
 def write_then_view(b, c):

@@ -4,7 +4,7 @@ import logging
 import torch
 import torch.nn as nn
 
-from .helpers import compile_module
+from support.autograd import compile_module
 
 
 def test_aot_log_prints_graphs_and_partition(caplog):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kiln
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def detached_twin(x):
@@ -168,7 +168,7 @@ def test_dynamic_views_compile_once():
     within one symbolic compilation (no per-shape recompile)."""
     from kiln.api import context_of
     from kiln.autograd.aot import AOTCompiled
-    from tests.capture.helpers import graph_count
+    from support.capture import graph_count
 
     compiled = kiln.compile(dynamic_views, backend="aot_eager", dynamic=True)
     check(dynamic_views, lambda call: (torch.linspace(-1.0, 2.0, 8 + 2 * call),), "aot_eager", calls=3,

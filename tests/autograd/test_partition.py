@@ -10,8 +10,8 @@ from kiln.autograd.joint import trace_joint
 from kiln.autograd.partition import JointLayout, is_recomputable, partition
 from kiln.autograd.signature import FlatProgram
 from kiln.lower import decompositions as kiln_decompositions
+from support.autograd import compile_module, train_and_compare
 
-from .helpers import compile_module, train_and_compare
 from .test_aot import CNN, MLP, Block, ManualAttention
 
 

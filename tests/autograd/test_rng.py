@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .helpers import compile_module
+from support.autograd import compile_module
 
 
 class Drop(nn.Module):

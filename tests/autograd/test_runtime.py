@@ -4,8 +4,7 @@ import torch
 import torch.nn as nn
 
 from kiln.autograd import aot_compile, aot_eager
-
-from .helpers import compile_module
+from support.autograd import compile_module
 
 
 def count_saved(fn):

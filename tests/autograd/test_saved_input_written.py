@@ -7,7 +7,7 @@ Eager and kiln side by side (values, gradients, inputs after the call).
 import pytest
 import torch
 
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def atan2_of_cast_then_add(b, c):

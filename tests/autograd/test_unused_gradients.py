@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kiln
-from tests.autograd.differential import check
+from support.differential import check
 
 
 def detached_second(a, b):

@@ -5,8 +5,7 @@ import torch.nn as nn
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import t
+from support.capture import t
 
 
 def double(x):

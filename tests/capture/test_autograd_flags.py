@@ -10,7 +10,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-from tests.capture.helpers import break_reasons
+from support.capture import break_reasons
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 

@@ -10,8 +10,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import assert_same, graph_count
+from support.capture import assert_same, graph_count
 
 # a capture that fails and runs the frame eagerly would pass on values alone: make it a failure
 pytestmark = pytest.mark.filterwarnings("error:kiln. capturing")

@@ -5,8 +5,7 @@ import contextlib
 import torch
 
 import kiln
-
-from .helpers import check
+from support.capture import check
 
 LOG = []
 

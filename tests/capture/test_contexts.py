@@ -5,8 +5,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import check, t
+from support.capture import check, t
 
 
 def no_grad_block(x):

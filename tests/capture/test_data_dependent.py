@@ -15,8 +15,7 @@ from torch._dynamo.testing import CompileCounter
 import kiln
 from kiln.api import context_of
 from kiln.capture.entry import FullGraphError
-
-from .helpers import assert_same, break_reasons, clone, graph_count
+from support.capture import assert_same, break_reasons, clone, graph_count
 
 
 def nonzero(x):

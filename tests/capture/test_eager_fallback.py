@@ -8,8 +8,7 @@ import torch.nn as nn
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import break_reasons, check, t
+from support.capture import break_reasons, check, t
 
 
 @pytest.mark.allows_fallback('frame: capture is broken on purpose')
@@ -112,7 +111,7 @@ def test_module_parameters_and_buffers_iteration():
             nb = len(list(self.buffers()))
             return self.fc(x) + reg + nb
 
-    from .helpers import check_module
+    from support.capture import check_module
 
     check_module(M, t(2, 3, grad=True), graphs=1, fullgraph=True)
 

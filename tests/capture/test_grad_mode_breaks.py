@@ -10,8 +10,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import graph_count
+from support.capture import graph_count
 
 
 def break_inside_no_grad(x):

@@ -9,8 +9,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import break_reasons, check, graph_count, t
+from support.capture import break_reasons, check, graph_count, t
 
 
 def brk_print(x):

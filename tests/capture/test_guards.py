@@ -10,8 +10,7 @@ import torch.nn as nn
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import t
+from support.capture import t
 
 FLAG = True
 FACTOR = 2.0

@@ -12,8 +12,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import graph_count
+from support.capture import graph_count
 
 
 class Base:

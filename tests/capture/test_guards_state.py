@@ -6,8 +6,7 @@ import torch.nn as nn
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import t
+from support.capture import t
 
 CONFIG = {"scale": 2.0, "mode": "relu"}
 SIZES = [1, 2]

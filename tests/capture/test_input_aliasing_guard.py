@@ -4,7 +4,7 @@ import torch
 import kiln
 from kiln.api import context_of
 from kiln.capture.guards import input_aliasing
-from tests.capture.helpers import graph_count, recompile_reasons
+from support.capture import graph_count, recompile_reasons
 
 
 def add_then_read(a, b):

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import kiln
-
-from .helpers import assert_same
+from support.capture import assert_same
 
 TRACE = []
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .helpers import check, check_module, t
+from support.capture import check, check_module, t
 
 
 def unbound_tensor_method(x, y):

@@ -21,7 +21,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-from tests.capture.helpers import check, recompile_reasons, t
+from support.capture import check, recompile_reasons, t
 
 
 def test_wraps_decorator_binds_by_the_wrapper_signature():
@@ -217,7 +217,7 @@ class Chunked(torch.nn.Module):
 
 
 def test_inspect_signature_of_a_method():
-    from tests.capture.helpers import check_module
+    from support.capture import check_module
 
     check_module(Chunked, t(3), fullgraph=True, graphs=1)
 
@@ -397,7 +397,7 @@ def test_existing_functools_partial_is_called_through():
         def forward(self, x):
             return self.act(x) * 2
 
-    from tests.capture.helpers import check_module
+    from support.capture import check_module
 
     check_module(Act, t(2, 3), fullgraph=True, graphs=1)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from .helpers import check_module, t
+from support.capture import check_module, t
 
 
 class Containers(nn.Module):

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .helpers import check_module, t
+from support.capture import check_module, t
 
 
 class MLP(nn.Module):
@@ -350,7 +350,7 @@ def test_method_of_module_compiled_directly():
 
 
 def test_module_called_inside_function():
-    from .helpers import check
+    from support.capture import check
 
     torch.manual_seed(0)
     m = MLP()

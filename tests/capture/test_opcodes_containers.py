@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from .helpers import check, t
+from support.capture import check, t
 
 
 def build_tuple_list(x):

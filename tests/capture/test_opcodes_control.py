@@ -6,7 +6,7 @@ function is one graph.
 import pytest
 import torch
 
-from .helpers import check, t
+from support.capture import check, t
 
 
 def if_on_shape(x):

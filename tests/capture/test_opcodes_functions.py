@@ -8,7 +8,7 @@ import typing
 import pytest
 import torch
 
-from .helpers import check, t
+from support.capture import check, t
 
 SCALE = 3.0
 

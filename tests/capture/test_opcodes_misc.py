@@ -5,7 +5,7 @@ import enum
 
 import pytest
 
-from .helpers import check, t
+from support.capture import check, t
 
 
 class Vec:

@@ -5,7 +5,7 @@ import operator
 import pytest
 import torch
 
-from .helpers import check, t
+from support.capture import check, t
 
 BINARY = [
     ("add", lambda a, b: a + b),

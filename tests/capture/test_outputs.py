@@ -7,8 +7,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import check, t
+from support.capture import check, t
 
 
 @dataclasses.dataclass

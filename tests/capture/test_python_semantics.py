@@ -14,8 +14,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import check, graph_count, t
+from support.capture import check, graph_count, t
 
 # --- identity: an op that returns its argument returns the same object ---------------------------------------
 

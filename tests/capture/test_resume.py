@@ -5,8 +5,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-
-from .helpers import check, check_module, t
+from support.capture import check, check_module, t
 
 G_LIST = []
 

@@ -11,8 +11,7 @@ import torch
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import check, graph_count, t
+from support.capture import check, graph_count, t
 
 
 def recursive_nested_after_break(x):

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import break_reasons, graph_count
+from support.capture import break_reasons, graph_count
 
 
 def build_model():

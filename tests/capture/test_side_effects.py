@@ -5,8 +5,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-
-from .helpers import t
+from support.capture import t
 
 COUNTER = 0
 LOG = []

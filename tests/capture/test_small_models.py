@@ -8,8 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-
-from .helpers import check, check_module, t
+from support.capture import check, check_module, t
 
 
 class CausalSelfAttention(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .helpers import check, t
+from support.capture import check, t
 
 # (name, function, input shapes, requires grad)
 TORCH_FUNCTIONS = [

@@ -13,8 +13,7 @@ from torch import nn
 
 import kiln
 from kiln.api import context_of
-
-from .helpers import assert_same, break_reasons, graph_count
+from support.capture import assert_same, break_reasons, graph_count
 
 THREADS = 4
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from .helpers import check_module, t
+from support.capture import check_module, t
 
 
 def _mha():

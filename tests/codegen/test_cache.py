@@ -11,7 +11,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from lower.helpers import check
+    from support.lowering import check
     from kiln.runtime import cache
     x = torch.randn(5, 17)
     check(lambda x: (x.exp() - x.amax(-1, keepdim=True)).sum(-1), x)

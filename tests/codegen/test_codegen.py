@@ -9,7 +9,7 @@ import kiln
 from kiln.lower import ir
 from kiln.lower.verify import IRError, verify
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import check, compile_fn, count_externs, trace
+from support.lowering import check, compile_fn, count_externs, trace
 
 
 def test_trace_enabled_writes_ir_cpp_and_wrapper(tmp_path, monkeypatch):

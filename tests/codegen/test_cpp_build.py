@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from kiln.runtime import cache
-from lower.helpers import check
+from support.lowering import check
 
 
 def _twice(a, w):

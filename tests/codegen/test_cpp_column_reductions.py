@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kiln.codegen.cpp.kernel import COLUMN_LANES
-from lower.helpers import check
+from support.lowering import check
 
 aten = torch.ops.aten
 

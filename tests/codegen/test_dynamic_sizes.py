@@ -15,7 +15,7 @@ from torch import nn
 import kiln
 from kiln.codegen.wrapper import unbound_globals
 from kiln.pipeline import GRAPH_LISTENERS
-from triton_device import DEVICE, skip_unless_kernels_run
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import trace
-from triton_device import DEVICE, skip_unless_kernels_run
+from support.lowering import trace
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 I64_MIN, I32_MIN = -2 ** 63, -2 ** 31
 NAN, INF = float("nan"), float("inf")

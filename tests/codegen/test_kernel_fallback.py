@@ -16,8 +16,8 @@ from kiln.codegen import cpp
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.lower import ir
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import assert_same, trace
-from triton_device import DEVICE, skip_unless_kernels_run
+from support.lowering import assert_same, trace
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 
 def relu_exp_tanh(x, w):

@@ -1,6 +1,6 @@
 """max-autotune's matmul template (kiln/codegen/triton/templates.py) and shape padding.
 
-The Triton kernels run on `DEVICE` (tests/triton_device.py): on the CPU through Triton's interpreter
+The Triton kernels run on `DEVICE` (tests/support/triton_device.py): on the CPU through Triton's interpreter
 (TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton as in test_triton_kernels.py), on the GPU for real under
 KILN_TRITON_TEST_DEVICE=cuda. Tensors are tiny because the interpreter is slow. Each template is checked
 against eager with the template forced to win (a deterministic timer passed to `load_kernels`) and
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_device import DEVICE, skip_module_unless_kernels_run
+from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
@@ -30,7 +30,7 @@ from kiln.lower import ir, lower_graph  # noqa: E402
 from kiln.pipeline import GRAPH_LISTENERS, compile_aten_graph  # noqa: E402
 from kiln.schedule.fusion import schedule  # noqa: E402
 from kiln.schedule.memory import plan_memory  # noqa: E402
-from lower.helpers import assert_same, trace  # noqa: E402
+from support.lowering import assert_same, trace  # noqa: E402
 
 MAX = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
 DEFAULT = validate_options(None, {"cpu_backend": "triton"})

@@ -20,13 +20,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_device import DEVICE, skip_module_unless_kernels_run
+from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from kiln.pipeline import compile_aten_graph  # noqa: E402
-from lower.helpers import assert_same, trace  # noqa: E402
+from support.lowering import assert_same, trace  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
 
 TRITON = {"cpu_backend": "triton"}

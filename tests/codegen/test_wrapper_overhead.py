@@ -12,7 +12,7 @@ from torch import nn
 
 import kiln
 from kiln.codegen.wrapper import torch_binding
-from lower.helpers import check
+from support.lowering import check
 
 aten = torch.ops.aten
 

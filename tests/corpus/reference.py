@@ -22,10 +22,8 @@ import torch
 import torch._dynamo
 
 import kiln
-
-# pytest puts tests/ on sys.path (tests/ has no __init__.py), so the capture helpers import as `capture`.
-from capture.helpers import assert_same, graph_count, tensors_in
 from kiln.api import context_of
+from support.capture import assert_same, graph_count, tensors_in
 
 
 def bug(reason: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lower.helpers import compile_fn
+from support.lowering import compile_fn
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool]

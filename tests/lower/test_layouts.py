@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from kiln.config import validate_options
 from kiln.lower import ir, lower_graph
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import assert_same, trace
+from support.lowering import assert_same, trace
 
 
 def conv_net(x, w1, b1, w2):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lower.helpers import check, count_externs
+from support.lowering import check, count_externs
 
 FLOAT_UNARY = {
     "exp": torch.exp, "log": lambda a: torch.log(a.abs() + 0.5), "sqrt": lambda a: torch.sqrt(a.abs()),

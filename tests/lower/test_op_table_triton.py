@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_device import DEVICE, skip_module_unless_kernels_run
+from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
-from lower.helpers import check_triton  # noqa: E402
 from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E402
+from support.lowering import check_triton  # noqa: E402
 
 ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "floordiv", "truncdiv", "remainder",
                  "prod", "argmax", "argmin0", "argmax_all", "max_dim")

@@ -16,8 +16,8 @@ import kiln
 from kiln import pipeline
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import assert_same, check, check_triton, count_externs
-from triton_device import DEVICE, skip_unless_kernels_run
+from support.lowering import assert_same, check, check_triton, count_externs
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 aten = torch.ops.aten
 

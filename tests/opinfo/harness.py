@@ -117,7 +117,7 @@ def samples(info, row: Row) -> list:
 @contextlib.contextmanager
 def target(name: str):
     """Compile for `name`: the one place that selects the code generator's target for the CPU. The Triton
-    target needs TRITON_INTERPRET=1 before triton is imported (tests/triton_device.py sets it)."""
+    target needs TRITON_INTERPRET=1 before triton is imported (tests/support/triton_device.py sets it)."""
     old = os.environ.get("KILN_CPU_BACKEND")
     os.environ["KILN_CPU_BACKEND"] = name
     try:

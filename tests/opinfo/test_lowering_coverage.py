@@ -11,8 +11,8 @@ import torch
 
 from kiln.lower.ops import LOWERINGS
 from lower import test_op_table as op_table
-from lower.helpers import trace
 from opinfo import table
+from support.lowering import trace
 
 # Ops with a lowering rule that no op test reaches, and why. (Ops kiln decomposes before lowering are
 # exempt by rule, in `unreachable()`.)

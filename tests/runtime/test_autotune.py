@@ -1,6 +1,6 @@
 """The autotuner (kiln/runtime/autotune.py) and mode="max-autotune" / "max-autotune-no-cudagraphs".
 
-Generated Triton kernels run on `DEVICE` (tests/triton_device.py): on the CPU through Triton's
+Generated Triton kernels run on `DEVICE` (tests/support/triton_device.py): on the CPU through Triton's
 interpreter (TRITON_INTERPRET=1, KILN_CPU_BACKEND=triton), where timings mean nothing but the
 mechanism is the same, or on the GPU under KILN_TRITON_TEST_DEVICE=cuda. Either way every
 candidate runs, the fastest by the timer is kept, the decision is written to the cache and read
@@ -20,7 +20,7 @@ import torch
 import kiln
 from kiln.config import MODES, OPTIONS, validate_options
 from kiln.runtime import autotune
-from triton_device import DEVICE, skip_unless_kernels_run
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +166,7 @@ def workload(x, w, b):
 
 
 def inputs():
-    """The workload's inputs on the device the kernels run on (tests/triton_device.py)."""
+    """The workload's inputs on the device the kernels run on (tests/support/triton_device.py)."""
     torch.manual_seed(0)
     return tuple(t.to(DEVICE) for t in (torch.randn(6, 20), torch.randn(12, 20), torch.randn(12)))
 
@@ -196,7 +196,7 @@ def test_second_compile_reads_the_decisions_back(tmp_path):
     skip_unless_kernels_run()
     from kiln.codegen import triton as triton_target
     from kiln.pipeline import compile_aten_graph
-    from lower.helpers import trace
+    from support.lowering import trace
 
     args = inputs()
     options = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from kiln.autograd import aot_compile
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
-from lower.helpers import check, count_externs
+from support.lowering import check, count_externs
 
 
 def test_pointwise_chain_is_one_kernel():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lower.helpers import check
+from support.lowering import check
 
 
 def test_freed_storage_is_reused():

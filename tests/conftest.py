@@ -36,3 +36,18 @@ def fallback_log():
     from kiln import fallbacks
 
     return fallbacks
+
+
+@pytest.fixture
+def compiled_graphs():
+    """The CompiledGraphs kiln's pipeline builds during the test, in order (a `GRAPH_LISTENERS` listener)."""
+    from kiln.pipeline import GRAPH_LISTENERS
+
+    seen = []
+
+    def listener(graph, options):
+        seen.append(graph)
+
+    GRAPH_LISTENERS.append(listener)
+    yield seen
+    GRAPH_LISTENERS.remove(listener)

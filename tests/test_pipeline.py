@@ -81,23 +81,18 @@ def test_listeners_receive_the_frozen_options_the_graph_was_compiled_with():
     assert isinstance(seen[0], CompileOptions)
 
 
-def test_cpu_backend_option_picks_the_triton_printer_through_kiln_compile():
+def test_cpu_backend_option_picks_the_triton_printer_through_kiln_compile(compiled_graphs):
     from support.triton_device import INTERPRETING, skip_unless_kernels_run
 
     skip_unless_kernels_run()
     if not INTERPRETING:
         pytest.skip("the Triton printer runs CPU tensors only under TRITON_INTERPRET=1")
-    graphs = []
-    pipeline.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
-    try:
-        def fn(x):
-            return (x * 2).relu()
+    def fn(x):
+        return (x * 2).relu()
 
-        x = torch.randn(5)
-        torch.testing.assert_close(kiln.compile(fn, options={"cpu_backend": "triton"})(x), fn(x))
-    finally:
-        pipeline.GRAPH_LISTENERS.pop()
-    assert "kernels.py" in graphs[-1].artefacts and "kernels.cpp" not in graphs[-1].artefacts
+    x = torch.randn(5)
+    torch.testing.assert_close(kiln.compile(fn, options={"cpu_backend": "triton"})(x), fn(x))
+    assert "kernels.py" in compiled_graphs[-1].artefacts and "kernels.cpp" not in compiled_graphs[-1].artefacts
 
 
 def test_codegen_holds_printers_only():

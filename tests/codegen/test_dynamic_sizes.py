@@ -14,24 +14,13 @@ from torch import nn
 
 import kiln
 from kiln.codegen.wrapper import unbound_globals
-from kiln.pipeline import GRAPH_LISTENERS
 from support.triton_device import DEVICE, skip_unless_kernels_run
 
 
-@pytest.fixture
-def graphs():
-    """The CompiledGraphs kiln builds during the test."""
-    seen = []
-    listener = lambda graph, options: seen.append(graph)  # noqa: E731
-    GRAPH_LISTENERS.append(listener)
-    yield seen
-    GRAPH_LISTENERS.remove(listener)
-
-
-def assert_compiled(graphs) -> None:
+def assert_compiled(compiled_graphs) -> None:
     """Every graph kiln built ran through its own kernels (none fell back to ATen)."""
-    assert graphs
-    for g in graphs:
+    assert compiled_graphs
+    for g in compiled_graphs:
         assert "fallback" not in g.artefacts, g.artefacts["fallback"]
 
 
@@ -41,7 +30,7 @@ def relu_matmul(x, y):
 
 @pytest.mark.parametrize("dynamic", [None, True])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-def test_relu_matmul_over_batch_sizes(graphs, dynamic, grad):
+def test_relu_matmul_over_batch_sizes(compiled_graphs, dynamic, grad):
     kiln.reset()
     compiled = kiln.compile(relu_matmul, dynamic=dynamic)
     y = torch.randn(8, 8)
@@ -55,7 +44,7 @@ def test_relu_matmul_over_batch_sizes(graphs, dynamic, grad):
                 got.sum().backward()
                 ref.sum().backward()
                 torch.testing.assert_close(xs[0].grad, xs[1].grad)
-    assert_compiled(graphs)
+    assert_compiled(compiled_graphs)
 
 
 def embedding_model() -> nn.Module:
@@ -64,7 +53,7 @@ def embedding_model() -> nn.Module:
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
-def test_embedding_layernorm_linear_over_sequence_lengths(graphs, dynamic):
+def test_embedding_layernorm_linear_over_sequence_lengths(compiled_graphs, dynamic):
     kiln.reset()
     model = embedding_model()
     compiled = kiln.compile(model, dynamic=dynamic)
@@ -72,7 +61,7 @@ def test_embedding_layernorm_linear_over_sequence_lengths(graphs, dynamic):
         for length in (8, 12, 16, 5):
             ids = torch.randint(0, 100, (2, length))
             torch.testing.assert_close(compiled(ids), model(ids), atol=1e-5, rtol=1e-5)
-    assert_compiled(graphs)
+    assert_compiled(compiled_graphs)
 
 
 class ScaledLinear(nn.Module):
@@ -88,7 +77,7 @@ class ScaledLinear(nn.Module):
         return torch.relu(x) @ (self.weight * self.scale.sigmoid()).t()
 
 
-def test_parameter_kernels_are_kept_with_a_symbolic_batch(graphs):
+def test_parameter_kernels_are_kept_with_a_symbolic_batch(compiled_graphs):
     kiln.reset()
     torch.manual_seed(0)
     model = ScaledLinear()
@@ -97,15 +86,15 @@ def test_parameter_kernels_are_kept_with_a_symbolic_batch(graphs):
         for batch in (3, 7, 2):
             x = torch.randn(batch, 16)
             torch.testing.assert_close(compiled(x), model(x))
-    assert_compiled(graphs)
-    wrapper = graphs[-1].artefacts["wrapper.py"]
+    assert_compiled(compiled_graphs)
+    wrapper = compiled_graphs[-1].artefacts["wrapper.py"]
     kept_function = wrapper.split("def call(")[0]
     assert "ParameterDerived(" in kept_function  # the weight transform is still computed once per version
     assert "size(" not in kept_function and "s" not in {w[0] for w in kept_function.split() if w[1:].isdigit()}
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
-def test_triton_relu_matmul_over_batch_sizes(graphs, dynamic):
+def test_triton_relu_matmul_over_batch_sizes(compiled_graphs, dynamic):
     skip_unless_kernels_run()
     kiln.reset()
     compiled = kiln.compile(relu_matmul, dynamic=dynamic, options={"cpu_backend": "triton"})
@@ -114,7 +103,7 @@ def test_triton_relu_matmul_over_batch_sizes(graphs, dynamic):
         for batch in (4, 6, 9):
             x = torch.randn(batch, 8, device=DEVICE)
             torch.testing.assert_close(compiled(x, y), relu_matmul(x, y))
-    assert_compiled(graphs)
+    assert_compiled(compiled_graphs)
 
 
 def test_unbound_globals_names_what_a_function_reads_but_nothing_binds():
@@ -128,7 +117,7 @@ def test_unbound_globals_names_what_a_function_reads_but_nothing_binds():
 
 
 @pytest.mark.allows_fallback('graph: the wrapper is broken on purpose')
-def test_a_wrapper_reading_an_unbound_name_falls_back_at_compile_time(graphs, monkeypatch):
+def test_a_wrapper_reading_an_unbound_name_falls_back_at_compile_time(compiled_graphs, monkeypatch):
     """The check runs when the graph is compiled: the graph runs through ATen (correct values) instead of
     raising NameError on each call."""
     from kiln.codegen import wrapper
@@ -141,4 +130,4 @@ def test_a_wrapper_reading_an_unbound_name_falls_back_at_compile_time(graphs, mo
     x = torch.randn(5)
     for _ in range(2):
         torch.testing.assert_close(compiled(x), x.sin() + 1)
-    assert "s999" in graphs[-1].artefacts["fallback"]
+    assert "s999" in compiled_graphs[-1].artefacts["fallback"]

@@ -6,13 +6,11 @@ edits its weights.
 """
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
 import kiln
 from kiln.codegen.wrapper import ParameterDerived
-from kiln.pipeline import GRAPH_LISTENERS
 
 
 class ScaledLinear(nn.Module):
@@ -27,16 +25,6 @@ class ScaledLinear(nn.Module):
         return x @ (self.weight * self.scale.sigmoid()).t() + 1
 
 
-@pytest.fixture
-def graphs():
-    """The CompiledGraphs kiln builds during the test."""
-    seen = []
-    listener = lambda graph, options: seen.append(graph)  # noqa: E731
-    GRAPH_LISTENERS.append(listener)
-    yield seen
-    GRAPH_LISTENERS.remove(listener)
-
-
 def compiled_and_called():
     """A ScaledLinear, kiln's compilation of it, and an input it has been called with once (inference)."""
     torch.manual_seed(0)
@@ -48,9 +36,9 @@ def compiled_and_called():
     return model, compiled, x
 
 
-def test_a_kernel_reading_only_parameters_runs_once(graphs):
+def test_a_kernel_reading_only_parameters_runs_once(compiled_graphs):
     model, compiled, _ = compiled_and_called()
-    (graph,) = graphs
+    (graph,) = compiled_graphs
     assert "ParameterDerived(" in graph.artefacts["wrapper.py"]
     (kept,) = graph.kept
     first_key, first = kept.key, [t.data_ptr() for t in kept.values]
@@ -78,13 +66,13 @@ def test_a_replaced_parameter_is_seen():
         torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_a_training_graph_keeps_nothing(graphs):
+def test_a_training_graph_keeps_nothing(compiled_graphs):
     torch.manual_seed(0)
     model = ScaledLinear()
     compiled = kiln.compile(model)
     x = torch.randn(4, 16)
     compiled(x).sum().backward()
-    assert graphs and all(not g.kept for g in graphs)
+    assert compiled_graphs and all(not g.kept for g in compiled_graphs)
 
 
 def test_results_of_tensors_that_are_not_parameters_are_not_kept():

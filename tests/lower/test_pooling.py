@@ -13,7 +13,6 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
-from kiln import pipeline
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
 from support.lowering import assert_same, check, check_triton, count_externs
@@ -173,16 +172,11 @@ def test_joint_graph_of_a_cnn_has_no_pool_externs():
     assert_same(compiled(*inputs), step(x, *params.values()))
 
 
-def test_cnn_trains_through_kiln_compile():
+def test_cnn_trains_through_kiln_compile(compiled_graphs):
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.randn(2, 3, 27, 27)
-    graphs = []
-    pipeline.GRAPH_LISTENERS.append(lambda compiled, options: graphs.append(compiled))
-    try:
-        loss = kiln.compile(model)(x).square().sum()
-        loss.backward()
-    finally:
-        pipeline.GRAPH_LISTENERS.pop()
+    loss = kiln.compile(model)(x).square().sum()
+    loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     ref = model(x).square().sum()
@@ -190,8 +184,8 @@ def test_cnn_trains_through_kiln_compile():
     torch.testing.assert_close(loss, ref)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
-    assert len(graphs) == 2  # forward and backward
-    for compiled in graphs:
+    assert len(compiled_graphs) == 2  # forward and backward
+    for compiled in compiled_graphs:
         assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
         assert "max_pool" not in str(compiled.artefacts["schedule"]), compiled.artefacts["schedule"]
 

@@ -20,6 +20,8 @@ import warnings
 import pytest
 import torch
 
+from support.threads import one_torch_thread
+
 transformers = pytest.importorskip("transformers")
 
 import kiln  # noqa: E402
@@ -30,11 +32,9 @@ VOCAB, BATCH, SEQ = 128, 2, 8
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """Tiny matmuls: OpenMP threads only contend (100x slower on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    """Tiny matmuls (support/threads.py)."""
+    with one_torch_thread():
+        yield
 
 
 def gpt2(**overrides):

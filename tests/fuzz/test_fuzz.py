@@ -62,15 +62,6 @@ KNOWN_FAILING = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny programs: OpenMP threads only contend on a shared CI machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("backend,seed", [(b, s) for b, seeds in SEEDS.items() for s in seeds])
 def test_seed(backend, seed):
     check_program(generate(seed), backend)

@@ -9,17 +9,8 @@ is, "inductor" when code generation is.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.fuzz.compare import check_program
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def backends(*names):
@@ -723,7 +714,6 @@ def f(b):
 ''', backend)
 
 
-
 # -- new: shape guards read an input's metadata after an in-place view op (t_) changed it -------------------------
 @backends("eager", "aot_eager")
 def test_size_read_before_an_in_place_view_op_on_an_input(backend):
@@ -785,7 +775,6 @@ def f(a):
     t3 = t0 // t0
     return a,
 ''', backend)
-
 
 
 # -- new: signed overflow in generated C++ (undefined there, wraps in eager): -a > -b was folded into b > a --------

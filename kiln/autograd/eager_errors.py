@@ -21,6 +21,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.functionalize import fake_run, out_of_place
+from kiln.autograd.partition import ancestors
 
 aten = torch.ops.aten
 
@@ -181,14 +182,7 @@ def _floating(node: torch.fx.Node) -> bool:
 
 def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes the outputs or a write into an input read, directly or not: what dead-code elimination keeps."""
-    roots = [n for n in graph.nodes if n.op == "output" or (_writes(n) and n.args and _of_input(n.args[0]))]
-    live, stack = set(), roots
-    while stack:
-        node = stack.pop()
-        if node not in live:
-            live.add(node)
-            stack.extend(node.all_input_nodes)
-    return live
+    return ancestors([n for n in graph.nodes if n.op == "output" or (_writes(n) and n.args and _of_input(n.args[0]))])
 
 
 def _of_input(node) -> bool:

@@ -222,7 +222,7 @@ class _JointNodes:
                              if n.op in ("placeholder", "get_attr", "call_function") and n not in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
-        required = _ancestors(self.forward_outputs)
+        required = ancestors(self.forward_outputs)
         for node in list(required):  # every value of a multi-output op the forward runs is available
             required.update(u for u in node.users if u.target is operator.getitem)
         self.required_forward = required | {n for n in self.forward_side if n.op != "call_function"}
@@ -317,7 +317,8 @@ def _is_view(node: fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
 
 
-def _ancestors(roots: list) -> set:
+def ancestors(roots: list) -> set:
+    """The nodes among `roots` and every node they read, directly or not."""
     seen, stack = set(), [r for r in roots if isinstance(r, fx.Node)]
     while stack:
         node = stack.pop()

@@ -174,8 +174,11 @@ def _is_torch_callable(obj: Any) -> bool:
 
 def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     first = state.mutable_values.get(("tensor", id(t)), (None, source))[1]
-    if first != source:  # the same tensor as at `first`: an identity guard, and the first source's placeholder
-        return _tensor_again(state, t, source, expr)
+    if first != source:
+        # The same tensor as at `first`: its geometry is that source's, checked by that source's guard with its
+        # symbolic sizes. A guard of its own here would pin this source's sizes and recompile on every new size
+        # (automatic dynamic marks the first source's dimensions only); the identity guard is enough.
+        return _tensor_input(state, t, source, expr)
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
     dynamic = dynamic_dims(state, t, source)
@@ -196,19 +199,13 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
         native = (cls, dtype, device, shape, None if by_contiguity else stride, requires_grad)
     state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
                            f"___describe_tensor(___tensor_signature({expr}))", native))
+    return _tensor_input(state, t, source, expr, dynamic)
+
+
+def _tensor_input(state, t: torch.Tensor, source: Source, expr: str, dynamic: frozenset = frozenset()) -> TensorValue:
+    """The tracker of graph input `t` at `source` (one placeholder per tensor: a second source of it shares the
+    first's, guarded to be the same object)."""
     node, fake = state.graph.input(source, t, dynamic)
-    value = TensorValue(node, fake, source)
-    value.real = t
-    _guard_tensor_alias(state, t, source, expr)
-    return value
-
-
-def _tensor_again(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
-    """A tensor already reached through another source (`f(x, x)`, `labels=ids`, tied weights). Its geometry
-    is the first source's, checked by that source's guard with that source's symbolic sizes; a guard of its
-    own here would pin this source's sizes and recompile on every new size (automatic dynamic marks the
-    first source's dimensions only)."""
-    node, fake = state.graph.input(source, t)
     value = TensorValue(node, fake, source)
     value.real = t
     _guard_tensor_alias(state, t, source, expr)

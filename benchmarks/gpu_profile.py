@@ -46,6 +46,11 @@ def kernel_family(name: str) -> str:
 
 def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, top_n: int = 12) -> dict:
     step = build_step(bench, model_name, *harness_compiler(compiler))
+    return {"model": model_name, "compiler": compiler, **profile_steps(step, steps, warmup, top_n)}
+
+
+def profile_steps(step, steps: int, warmup: int, top_n: int = 12) -> dict:
+    """Warm `step` up, profile `steps` calls of it, and split the step's wall time into kernel kinds and gaps."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -73,7 +78,7 @@ def profile_one(bench, model_name: str, compiler: str, steps: int, warmup: int, 
         family_calls[family] = family_calls.get(family, 0) + 1
         kernels += 1
     busy = sum(by_kind.values())
-    return {"model": model_name, "compiler": compiler, "step_ms": wall_ms, "kernel_ms": busy,
+    return {"step_ms": wall_ms, "kernel_ms": busy,
             "gaps_ms": max(wall_ms - busy, 0.0), "kernels_per_step": kernels / steps,
             "by_kind_ms": by_kind,
             "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:top_n]),

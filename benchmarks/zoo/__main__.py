@@ -15,7 +15,9 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
 - `error`: the relative error against an eager copy with the same weights on the same inputs (the loss of the first
   step for training; the output for inference). Dropout is off, so the two compare exactly;
 - for kiln, `fallbacks` (by kind; strict makes any fallback a failure) and `graph_breaks` (breaks torch.compile
-  takes too, by reason).
+  takes too, by reason);
+- with `--profile`, `profile`: where a step's GPU time goes (kernel kinds, launch gaps, the longest kernel
+  families; see benchmarks/gpu_profile.py).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import torch  # noqa: E402
+from gpu_profile import profile_steps  # noqa: E402
 
 from common import cuda_time, result_path, write_json  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
@@ -89,7 +92,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
 
 
-def run_job(name: str, compiler: str) -> dict:
+def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     """Build, check and time one workload under one compiler (in this process)."""
     workload = WORKLOADS[name]
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -124,6 +127,8 @@ def run_job(name: str, compiler: str) -> dict:
     status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
     record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
               "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
+    if profile:
+        record["profile"] = profile_steps(lambda: step(inputs[next(calls) % len(inputs)]), steps=3, warmup=1)
     if compiler == "kiln":  # under KILN_STRICT=1 a fallback raises, so these count only what strict lets pass
         import kiln
         record["fallbacks"] = kiln.fallbacks.counts()
@@ -131,12 +136,12 @@ def run_job(name: str, compiler: str) -> dict:
     return record
 
 
-def spawn_job(name: str, compiler: str, timeout: float) -> dict:
+def spawn_job(name: str, compiler: str, timeout: float, profile: bool = False) -> dict:
     """Run one job in a fresh process with empty caches; a crash or timeout becomes a failed record."""
     with tempfile.TemporaryDirectory(prefix="zoo-") as caches:
         env = dict(os.environ, KILN_CACHE_DIR=f"{caches}/kiln",
                    TORCHINDUCTOR_CACHE_DIR=f"{caches}/inductor", TRITON_CACHE_DIR=f"{caches}/triton")
-        command = [sys.executable, HERE, "--_job", name, "--compilers", compiler]
+        command = [sys.executable, HERE, "--_job", name, "--compilers", compiler] + ["--profile"] * profile
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -148,10 +153,10 @@ def spawn_job(name: str, compiler: str, timeout: float) -> dict:
     return {"workload": name, "compiler": compiler, "status": "failed", "reason": " | ".join(tail)[-600:]}
 
 
-def job_main(name: str, compiler: str) -> None:
+def job_main(name: str, compiler: str, profile: bool) -> None:
     """The subprocess side: print one JSON record (library missing -> skipped; a raise -> failed)."""
     try:
-        record = run_job(name, compiler)
+        record = run_job(name, compiler, profile)
     except ImportError as e:  # the model's library is missing: skipped; anything else missing is a failure
         status = "skipped" if e.name in MODEL_LIBRARIES else "failed"
         record = {"workload": name, "compiler": compiler, "status": status, "reason": str(e)}
@@ -202,11 +207,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per (workload, compiler) job")
     parser.add_argument("--out",
                         help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
+    parser.add_argument("--profile", action="store_true", help="also profile where each step's GPU time goes")
     parser.add_argument("--table", nargs="+", metavar="RUN", help="print the table of these runs' JSON and exit")
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._job:
-        return job_main(args._job, args.compilers)
+        return job_main(args._job, args.compilers, args.profile)
     if args.table:
         return print(table([r for path in args.table for r in json.load(open(path))["records"]]))
     names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
@@ -220,7 +226,7 @@ def main() -> None:
     records = []
     for name in names:
         for compiler in args.compilers.split(","):
-            records.append(spawn_job(name, compiler, args.timeout))
+            records.append(spawn_job(name, compiler, args.timeout, args.profile))
             print(json.dumps(records[-1]), flush=True)
             write_json(out, {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
                              "torch": torch.__version__, "records": records})

@@ -52,6 +52,10 @@ KEEP = [
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
+    # ATen's kernel sorts the indices and sums each row's gradients in one pass; the decomposition's
+    # index_put(accumulate=True) runs ATen's generic accumulate path, many times slower on the GPU for a
+    # language model's vocabulary (benchmarks/results/zoo: T5 training)
+    aten.embedding_dense_backward.default,
 ]
 
 

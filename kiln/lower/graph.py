@@ -288,6 +288,20 @@ class GraphLowering:
         block's convolution and by its residual add), not stored by rows and then copied per convolution."""
         return channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
 
+    def _in_eager_order(self, args: tuple) -> tuple:
+        """The extern's computed operands stored in the dense order eager gives them (channels-last after a
+        permute, a transposed projection): cuDNN and ATen pick their kernels by layout, and a depthwise
+        convolution on a row-major copy of a channels-last value runs a generic kernel many times slower
+        than the one eager runs. Values eager holds in row-major order (or not densely) stay row-major."""
+        fx_args = self._current.args if self._current is not None else ()
+        out = list(args)
+        for k, (value, fx) in enumerate(zip(args, fx_args)):
+            meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
+            if (isinstance(value, IndexFunction) and value.buffer_view() is None and isinstance(meta, torch.Tensor)
+                    and _layout(meta).size == tuple(value.size) and _memory_order(_layout(meta)) is not None):
+                out[k] = self.realize(value, stride=_layout(meta).stride)
+        return tuple(out)
+
     def _recomputable(self, node, out: IndexFunction) -> bool:
         """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its
         arguments, once per use), and the users' loads (users x loads) no more than realizing costs
@@ -311,6 +325,8 @@ class GraphLowering:
         if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):
             args = (self._channels_last(args[0]), self._channels_last(args[1])) + tuple(args[2:])
             layout = ir.Layout(tuple(sympify(s) for s in meta.shape), channels_last_strides(meta.shape), meta.dtype)
+        elif not any_order:
+            args = self._in_eager_order(args)
 
         def convert(a):
             if isinstance(a, IndexFunction):

@@ -96,3 +96,27 @@ def test_training_with_the_bias_apart_matches_eager_and_sums_the_bias_gradient_i
     assert convolutions and all(n.args[2] is None for n in convolutions)
     assert backwards and all(n.args[10][2] is False for n in backwards)
     assert not any(decomposes(n) for n in nodes)  # a traced graph needs no second trace
+
+
+# ----------------------------------------------------------------------------- ops kept for their ATen kernel
+class Embedder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, ids):
+        return self.embed(ids) * 2
+
+
+def test_an_embedding_backward_runs_atens_kernel_not_an_accumulating_index_put():
+    """The code generator's table keeps embedding_dense_backward (ATen's sorted segment sum) rather than its
+    decomposition into index_put(accumulate=True), ATen's slow generic path; gradients stay eager's,
+    repeated indices included."""
+    assert not decomposes(torch.fx.Node(torch.fx.Graph(), "e", "call_function",
+                                        aten.embedding_dense_backward.default, (), {}))
+    run_as_is.graphs.clear()
+    train_and_compare(Embedder, lambda: [torch.tensor([[1, 3, 3], [49, 1, 0]])], lambda out: out.pow(2).sum(),
+                      compile_kwargs={"decompositions": decomposition_table()})
+    targets = {n.target for gm, _ in run_as_is.graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert aten.embedding_dense_backward.default in targets
+    assert aten.index_put.default not in targets

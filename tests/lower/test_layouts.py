@@ -149,3 +149,29 @@ def test_a_weight_copied_channels_last_is_written_as_three_dims():
     i0, i1, i2 = sorted(copy.data.body.index.free_symbols, key=str)
     assert copy.data.body.index == 54 * i0 + i1 + 9 * i2  # o * I*9 + tap + i * 9
     assert tuple(conv.args[1].layout.stride) == (54, 1, 18, 6)  # the convolution still sees [O, I, 3, 3]
+
+
+def convnext_block(x, w_dw, scale):
+    """ConvNeXt's pattern: a channels-last MLP (after a permute and a layer norm, whose result is dense in
+    the permuted order) whose result is permuted back and read by the next depthwise convolution; in eager
+    that value is channels-last, and cuDNN runs its fast channels-last depthwise kernel on it."""
+    y = (F.layer_norm(x.permute(0, 2, 3, 1), (4,)) * scale).relu().permute(0, 3, 1, 2)
+    return F.conv2d(y, w_dw, padding=1, groups=4)
+
+
+def test_an_extern_reads_a_computed_operand_in_the_order_eager_holds_it():
+    """Without the channels-last rule of inference graphs (a training graph's), the convolution's computed
+    input is stored channels-last, as eager holds it, not copied to rows (where the convolution would run
+    its generic kernel); a value eager holds by rows stays by rows."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g) for s in [(2, 4, 6, 6), (4, 1, 3, 3), (4,)]]
+    graph = lower_graph(trace(convnext_block, *inputs), inputs)
+    (conv,) = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    assert tuple(conv.args[0].layout.stride) == (144, 1, 24, 4)
+    (stored,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and n.name == conv.args[0].buf]
+    assert tuple(stored.data.ranges) == (2, 6, 6, 4)  # written in memory order
+    plain = lower_graph(trace(conv_net, *conv_inputs()), conv_inputs())
+    second = [n for n in plain.nodes if isinstance(n, ir.Extern)][1]
+    assert tuple(second.args[0].layout.stride) == (256, 64, 8, 1)
+    assert_same(compile_aten_graph(trace(convnext_block, *inputs), inputs, validate_options(None, None))(*inputs),
+                convnext_block(*inputs))

@@ -7,7 +7,9 @@ the choices and that the results equal eager's (never timings).
 """
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import kiln
@@ -83,3 +85,21 @@ def test_compiled_module_inference_and_training_match_eager():
         ref(x).sum().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def masked_attention(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_extern_output_the_op_leaves_undefined_is_none_at_run_time():
+    """Inference's masked fused attention (cuDNN on an H100) returns None for the logsumexp it does not
+    compute, where its fake kernel traced a tensor: the wrapper takes the None, rather than raising
+    (and re-running the frame eagerly) on every call."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=g).cuda().bfloat16() for _ in range(3))
+    mask = torch.randn(2, 1, 128, 128, generator=g).cuda().bfloat16()
+    compiled = kiln.compile(masked_attention)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(q, k, v, mask), masked_attention(q, k, v, mask), atol=2e-2, rtol=2e-2)

@@ -45,6 +45,7 @@ from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
 from kiln.runtime.cudagraphs import CUDAGraphPool
+from kiln.runtime.host_scalars import is_host_scalar, on_device
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
 
@@ -228,8 +229,9 @@ def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict
                  "num_kernels": len(code.kernels), "kernel_names": list(code.kernels), "times": times, "name": name,
                  "fused_graph": fused_graph(sched)}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
-    return CompiledGraph(namespace["call"], artefacts,
-                         lambda: _profiled_call(code.wrapper, namespace, code.kernels, name), kept)
+    return CompiledGraph(on_device(namespace["call"], gm, target.device), artefacts,
+                         lambda: on_device(_profiled_call(code.wrapper, namespace, code.kernels, name), gm,
+                                           target.device), kept)
 
 
 def _profiled_call(wrapper_src: str, namespace: dict, kernels: dict, name: str) -> Callable:
@@ -322,16 +324,17 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 
 def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
-    """The device types of the graph's inputs and outputs. A constant made on the CPU inside a CUDA graph and
-    returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one target cannot give; one only
-    used inside (a 0-d scale mixed into CUDA ops, as eager allows) is computed on the graph's device."""
+    """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A constant made on the CPU
+    inside a CUDA graph and returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one
+    target cannot give; one only used inside (a 0-d scale mixed into CUDA ops, as eager allows) is computed on
+    the graph's device, and 0-d CPU inputs and outputs cross to it and back (kiln/runtime/host_scalars.py)."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     for node in gm.graph.find_nodes(op="output"):
         for arg in pytree.tree_leaves(node.args):
             value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
-    return {t.device.type for t in tensors}
+    return {t.device.type for t in tensors if not is_host_scalar(t)}
 
 
 def _is_inference(gm: torch.fx.GraphModule) -> bool:

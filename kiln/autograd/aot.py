@@ -297,8 +297,13 @@ class AOTCompiled:
         if graph is not None and log.isEnabledFor(logging.INFO):
             log.info("%s %s graph:\n%s", self.name, name, graph.print_readable(print_output=False))
 
-    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule) -> Callable:
+    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None
+                 ) -> Callable:
+        """`graph` through the compiler, told its kind and (a forward's) how many outputs the caller sees: the
+        rest are saved for the backward."""
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
+        if visible_outputs is not None:
+            graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
         return self._pass(key, f"compile {kind}", self.compiler, graph, example_inputs)
 
@@ -346,7 +351,7 @@ class AOTCompiled:
         log.info("%s partition, %s", self.name, split.summary())
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
-        forward = self._compile(key, "forward", split.forward)
+        forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations))
         backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
                                     boxed(self._compile(key, "backward", split.backward)),
                                     lambda graph: boxed(self._compile(key, "backward", graph)))

@@ -53,13 +53,16 @@ def _token_inputs(batch: int, seq: int, vocab: int, device, labels: bool):
 
 
 class _HFCausal(nn.Module):
-    """A Hugging Face model called positionally: (input_ids[, labels]) -> loss or logits."""
+    """A Hugging Face model called positionally: (input_ids[, labels]) -> loss or logits. Without labels an
+    encoder-decoder's decoder reads the same tokens (T5 does not derive its decoder inputs itself)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, labels=None):
+        if labels is None and self.model.config.is_encoder_decoder:
+            return self.model(input_ids=input_ids, decoder_input_ids=input_ids).logits
         out = self.model(input_ids=input_ids, labels=labels)
         return out.loss if labels is not None else out.logits
 

@@ -40,6 +40,7 @@ from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
 from kiln.config import CompileOptions, as_options, field_name
 from kiln.lower import ir, lower_graph
+from kiln.lower.constant_masks import drop_masks_that_mask_nothing
 from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
@@ -297,6 +298,8 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
     compiler.fuses = fuses
+    if drop_masks_that_mask_nothing(gm):
+        log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
         compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
     finally:

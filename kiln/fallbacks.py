@@ -125,7 +125,8 @@ LISTENERS: list[Callable[[Fallback], None]] = []
 _lock = threading.Lock()
 _records: list[Fallback] = []
 _warned: set[str] = set()
-breaks: Counter = Counter()  # break reason id -> breaks that are not fallbacks
+breaks: Counter = Counter()  # break reason id -> breaks that are not fallbacks, each place counted once
+_breaks_seen: set[tuple[str, str, str]] = set()  # (reason, frame, message) of the breaks counted in `breaks`
 
 
 def strict() -> bool:
@@ -161,8 +162,10 @@ def record_break(reason_id: str, frame: str, message: str, resumable: bool = Tru
         record("graph_break" if resumable else "frame", frame, message, stage="capture" if resumable else "resume",
                warn_key=warn_key)
         return
-    with _lock:
-        breaks[reason_id] += 1
+    with _lock:  # a recompile captures the same break again: one print is one break
+        if (reason_id, frame, message) not in _breaks_seen:
+            _breaks_seen.add((reason_id, frame, message))
+            breaks[reason_id] += 1
 
 
 class KernelBuildFailed(Exception):
@@ -247,6 +250,7 @@ def reset() -> None:
         _records.clear()
         _warned.clear()
         breaks.clear()
+        _breaks_seen.clear()
 
 
 __all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "kernel_origins", "KilnStrictError",

@@ -35,6 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import fallbacks
 from kiln.autograd import aot_compile
+from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
@@ -49,6 +50,7 @@ from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
 
 log = logging.getLogger("kiln.pipeline")
+log_output_code = logging.getLogger("kiln.output_code")
 
 STAGES = ("decompose", "lower", "schedule", "plan memory", "generate", "build")
 
@@ -260,6 +262,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
             compiled = _compile_stages(gm, example_inputs, options, name, run)
         log.info("%s: %d kernels, %d externs, %s", name, compiled.num_kernels,
                  len(compiled.artefacts["schedule"].steps) - compiled.num_kernels, run.summary())
+        _log_output_code(compiled)
     except fallbacks.KilnStrictError:
         raise
     except Exception as e:  # correctness first: never fail the user's program (unless KILN_STRICT=1)
@@ -310,6 +313,21 @@ def fuses(target) -> bool:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _log_output_code(compiled: CompiledGraph) -> None:
+    """KILN_LOGS=output_code (TORCH_LOGS=output_code): the kernels and the wrapper of one ATen graph, under the
+    graph's name, as the build stage loaded them (after any kernel fell back to ATen)."""
+    if not log_output_code.isEnabledFor(logging.INFO):
+        return
+    a = compiled.artefacts
+    kernels = next(k for k in a if k.startswith("kernels."))  # kernels.cpp (C++) or kernels.py (Triton)
+    names = ", ".join(a["kernel_names"]) or "none"
+    source = a[kernels]
+    if source.startswith(PRELUDE):  # the same helpers in every C++ source: named, not repeated per graph
+        source = '#include "kiln/codegen/cpp/prelude.h"  // helpers with eager semantics\n' + source[len(PRELUDE):]
+    log_output_code.info("output code for %s: kernels (%s) in %s\n%s", a["name"], names, kernels, source)
+    log_output_code.info("output code for %s: wrapper.py\n%s", a["name"], a["wrapper.py"])
 
 
 def _graph_name(gm: torch.fx.GraphModule) -> str:

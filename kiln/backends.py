@@ -93,6 +93,16 @@ from kiln.pipeline import inductor  # noqa: E402  (registered after the registry
 register_backend(name="inductor", takes_options=True)(inductor)
 
 
+def torch_compile_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
+                          options: dict | None = None) -> Callable:
+    """`torch.compile(model, backend="kiln", mode=..., options=...)`: kiln's code generator behind torch's capture.
+
+    The target of the `torch_dynamo_backends` entry point in pyproject.toml, through which torch finds
+    backends by name. torch passes `mode` and `options` as keyword arguments (only when set); they mean
+    what they mean for `kiln.compile` and are checked the same way (an unknown option names itself)."""
+    return inductor(gm, example_inputs, validate_options(mode, options))
+
+
 # The autograd stage's backend: ATen forward/backward graphs run op by op (kiln/autograd).
 from kiln.autograd import aot_eager  # noqa: E402  (registered after the registry exists)
 

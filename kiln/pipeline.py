@@ -70,7 +70,7 @@ BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
-    gm = run("decompose", decompose, gm, example_inputs)
+    gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
     return fallbacks.with_kernel_fallbacks(
         name, lambda through_aten: _kernel_stages(gm, example_inputs, options, name, run, target, through_aten))
@@ -121,15 +121,15 @@ class Stages:
 # ----------------------------------------------------------------------------- the stages
 
 
-def decompose(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: bool = False) -> torch.fx.GraphModule:
     """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
-    kiln decomposes (or nodes without `meta['val']`)."""
+    kiln decomposes (or nodes without `meta['val']`); random ops stay whole under `fallback_random`."""
     devices = _tensor_devices(gm, example_inputs)
     if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
         raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for this mix")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
-    return _retrace(gm, example_inputs) if _needs_retrace(gm) else gm
+    return _retrace(gm, example_inputs, fallback_random) if _needs_retrace(gm, fallback_random) else gm
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool,
@@ -299,7 +299,8 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
 
     compiler.fuses = fuses
     try:
-        compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
+        table = decomposition_table(options.fallback_random)
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name)
     finally:
         progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
@@ -356,11 +357,11 @@ def _is_inference(gm: torch.fx.GraphModule) -> bool:
     return gm.meta.get("kiln.aot", {}).get("kind") == "inference"
 
 
-def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
+def _needs_retrace(gm: torch.fx.GraphModule, fallback_random: bool) -> bool:
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
             continue
-        if "val" not in n.meta or decomposes(n):
+        if "val" not in n.meta or decomposes(n, fallback_random):
             return True
     return False
 
@@ -373,13 +374,14 @@ def _has_mutation(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def _retrace(gm, example_inputs):
+def _retrace(gm, example_inputs, fallback_random: bool):
     """Re-trace `gm` through kiln's decompositions so every node is core ATen with `meta['val']`."""
+    table = decomposition_table(fallback_random)
     fake = [t for t in example_inputs if isinstance(t, torch._subclasses.FakeTensor)]
     if fake:
         with fake[0].fake_mode:
-            return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="real")(*example_inputs)
-    return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+            return make_fx(gm, decomposition_table=table, tracing_mode="real")(*example_inputs)
+    return make_fx(gm, decomposition_table=table, tracing_mode="fake")(*example_inputs)
 
 
 __all__ = ["compile_aten_graph", "inductor", "CompiledGraph", "CompileOptions", "GRAPH_LISTENERS",

@@ -141,6 +141,10 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     if isinstance(cause, BaseException):
         cause = describe_exception(cause)
     fallback = Fallback(kind, graph, cause, kernel, stage)
+    if _collectors:
+        _collectors[-1].append(fallback)
+        if not _collectors[-1].count:
+            return fallback
     with _lock:
         _records.append(fallback)
         first = (warn_key or graph) not in _warned
@@ -153,6 +157,32 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     if first:
         warnings.warn(fallback.describe(), KilnFallbackWarning, stacklevel=3)
     return fallback
+
+
+class Collected(list):
+    """The fallbacks recorded inside `collected()`; `count`: whether they also count as usual."""
+
+    def __init__(self, count: bool):
+        super().__init__()
+        self.count = count
+
+
+_collectors: list[Collected] = []
+
+
+@contextlib.contextmanager
+def collected(count: bool):
+    """The fallbacks recorded inside, for a caller that asks "did this compile fall back?" (the minifier).
+
+    `count=False` (the minifier's trial compiles): they are only collected, not counted, warned or raised
+    under KILN_STRICT=1, so the report shows the user's program and not the minifier's trials. `count=True`:
+    collected and recorded as usual."""
+    found = Collected(count)
+    _collectors.append(found)
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)
 
 
 def record_break(reason_id: str, frame: str, message: str, resumable: bool = True, warn_key: str = "") -> None:
@@ -254,5 +284,5 @@ def reset() -> None:
 
 
 __all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "kernel_origins", "KilnStrictError",
-           "KilnFallbackWarning", "KINDS", "BREAKS", "record", "record_break", "counts", "records", "summary", "strict",
-           "reset"]
+           "KilnFallbackWarning", "KINDS", "BREAKS", "record", "collected", "record_break", "counts", "records",
+           "summary", "strict", "reset"]

@@ -63,6 +63,9 @@ _names_used: dict[str, int] = {}
 GRAPH_LISTENERS: list[Callable[[CompiledGraph, CompileOptions], None]] = []
 # Backend wrappers installed by kiln.debug, by the option that turns them on: wrapper(backend) -> backend.
 BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
+# Wrappers of `compile_aten_graph` installed by kiln.debug: hook(compile) -> compile, each compile called as
+# compile(aten_gm, example_inputs, options). The minifier's (KILN_REPRO_AFTER=aot) shrinks a failing ATen graph.
+ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -292,9 +295,13 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     if options.triton_cudagraphs:
         pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
 
+    compile_graph = compile_aten_graph
+    for hook in ATEN_COMPILER_HOOKS:
+        compile_graph = hook(compile_graph)
+
     def compiler(aten_gm, inputs):
         progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
-        graphs.append(compile_aten_graph(aten_gm, inputs, options))
+        graphs.append(compile_graph(aten_gm, inputs, options))
         return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
     compiler.fuses = fuses
@@ -385,4 +392,4 @@ def _retrace(gm, example_inputs, fallback_random: bool):
 
 
 __all__ = ["compile_aten_graph", "inductor", "CompiledGraph", "CompileOptions", "GRAPH_LISTENERS",
-           "BACKEND_WRAPPERS", "STAGES", "Stages"]
+           "BACKEND_WRAPPERS", "ATEN_COMPILER_HOOKS", "STAGES", "Stages"]

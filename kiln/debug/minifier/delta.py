@@ -8,7 +8,7 @@ fails like the original (`Checker.fails_like`):
     inputs        a chunk of nodes replaced by placeholders fed their eager values: halves, quarters, ... single
                   nodes (delta debugging), so what only feeds the failing op goes
     bypass        one node removed, its users reading its input of the same shape and dtype
-    shrink        every tensor input sliced to half its size, then one input at a time
+    shrink        every tensor input sliced to size 1 at once, else to half its size, then one input at a time
 
 Rounds repeat while one of them made the graph smaller. Each kept step is reported (`progress`); past
 `deadline` the search stops and returns the smallest failing case found so far.
@@ -129,6 +129,9 @@ def _bypass(search: Search) -> None:
 
 
 def _shrink(search: Search) -> None:
+    if search.fails(candidate := _try(search.best.shrunk, None, True)):  # one check where size does not matter
+        search.keep(candidate, "shrink")
+        return
     while search.fails(candidate := _try(search.best.shrunk)):
         search.keep(candidate, "shrink")
     for i in range(len(search.best.inputs)):

@@ -102,13 +102,13 @@ class Case:
     def without_unused_inputs(self) -> Case:
         return self.rebuild(self.outputs())
 
-    def shrunk(self, which: set[int] | None = None) -> Case | None:
-        """Each tensor input (those in `which`, by position) sliced to half its size in every dimension above 1;
-        None if none can shrink."""
+    def shrunk(self, which: set[int] | None = None, to_one: bool = False) -> Case | None:
+        """Each tensor input (those in `which`, by position) sliced to half its size (`to_one`: to size 1) in every
+        dimension above 1; None if none can shrink."""
         inputs, changed = [], False
         for i, t in enumerate(self.inputs):
             if isinstance(t, torch.Tensor) and (which is None or i in which) and any(s > 1 for s in t.shape):
-                index = tuple(slice(0, max(1, s // 2)) for s in t.shape)
+                index = tuple(slice(0, 1 if to_one else max(1, s // 2)) for s in t.shape)
                 small = t.detach()[index]
                 small = small.contiguous() if t.is_contiguous() else small.clone(memory_format=torch.preserve_format)
                 inputs.append(small.requires_grad_(t.requires_grad) if small.is_floating_point() else small)

@@ -14,9 +14,11 @@ a crash should leave something to debug with. Repros go to `<debug dir>/minifier
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from kiln.debug.minifier.graphs import Case, lifted
 from kiln.pipeline import compile_aten_graph
 
 AFTER_NAMES = {"capture": "capture", "dynamo": "capture", "aot": "aot"}
+_state = threading.local()  # `busy`: the minifier's own compiles run, which the hooks leave alone
 
 
 class AccuracyError(RuntimeError):
@@ -61,12 +64,14 @@ def after_capture(backend: Callable) -> Callable:
 
     def compile_or_repro(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         s = settings()
+        if _busy():
+            return backend(gm, example_inputs)
         watched = s.after == "capture"
         reference = _copy(gm) if watched else gm  # a backend may rewrite the graph it is given
         try:
             compiled = backend(gm, example_inputs)
         except Exception as e:
-            if s.level == 0:
+            if s.level == 0 or getattr(e, "kiln_repro_written", False):  # the AOT hook wrote one already
                 raise
             crash = Outcome(CRASH, f"{type(e).__name__}: {e}", type(e).__name__)
             case = lifted(reference, list(example_inputs))
@@ -76,7 +81,8 @@ def after_capture(backend: Callable) -> Callable:
         if watched and s.level >= 3:
             case = lifted(reference, list(example_inputs))
             checker = Checker("capture", backend)
-            found = checker.outcome(case)
+            with _minifying():
+                found = checker.outcome(case)
             if found.kind in (CRASH, ACCURACY):
                 notes = report(case, checker, found, "capture", _label(gm), s, backend)
                 raise AccuracyError("\n".join([f"{_label(gm)}: {found.kind}: {found.detail}", *notes]))
@@ -91,7 +97,7 @@ def after_aot(compile_graph: Callable) -> Callable:
 
     def compile_or_repro(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> Callable:
         s = settings()
-        if s.after != "aot" or s.level == 0:
+        if s.after != "aot" or s.level == 0 or _busy():
             return compile_graph(gm, example_inputs, options)
         reference = _copy(gm)
         crash = compiled = None
@@ -107,13 +113,16 @@ def after_aot(compile_graph: Callable) -> Callable:
             return _finish(crash, compiled, [])
         checker = Checker("aot", lambda g, i: compile_graph(g, i, options))
         case = Case(reference, inputs)
-        found = checker.outcome(case)
+        with _minifying():
+            found = checker.outcome(case)
         if found.kind not in (CRASH, ACCURACY):
             return _finish(crash, compiled, [])
         label = f"{_label(gm)}_{gm.meta.get('kiln.aot', {}).get('kind', 'graph')}"
         notes = report(case, checker, found, "aot", label, s, "inductor", options)
         if crash is None and not fell:
-            raise AccuracyError("\n".join([f"{label}: {found.kind}: {found.detail}", *notes]))
+            error = AccuracyError("\n".join([f"{label}: {found.kind}: {found.detail}", *notes]))
+            error.kiln_repro_written = True
+            raise error
         return _finish(crash, compiled, notes)
 
     return compile_or_repro
@@ -124,15 +133,38 @@ def _finish(crash: Exception | None, compiled: Callable | None, notes: list[str]
     if crash is not None:
         for note in notes:
             crash.add_note(note)
+        crash.kiln_repro_written = bool(notes)
         raise crash
     if notes:
         warnings.warn("\n".join(notes), stacklevel=3)
     return compiled
 
 
+def _busy() -> bool:
+    return getattr(_state, "busy", False)
+
+
+@contextlib.contextmanager
+def _minifying():
+    """The minifier's own compiles (its checks, its trials) run with the hooks off: a trial that fails must not
+    write and minify a repro of its own."""
+    before = _busy()
+    _state.busy = True
+    try:
+        yield
+    finally:
+        _state.busy = before
+
+
 def report(case: Case, checker: Checker, failure: Outcome, after: str, label: str, s: Settings, backend,
            options: CompileOptions | None = None) -> list[str]:
     """Write the whole graph's repro, minify it where the level asks, and return notes naming the scripts."""
+    with _minifying():
+        return _report(case, checker, failure, after, label, s, backend, options)
+
+
+def _report(case: Case, checker: Checker, failure: Outcome, after: str, label: str, s: Settings, backend,
+            options: CompileOptions | None) -> list[str]:
     folder = debug_dir() / "minifier"
     try:
         whole = _write(case, checker, failure, after, folder / f"{label}_{after}.py", backend, options,
@@ -156,6 +188,11 @@ def report(case: Case, checker: Checker, failure: Outcome, after: str, label: st
 def minify_script(path: str | Path, time_limit: float) -> Path | None:
     """`python -m kiln minify repro.py`: shrink a repro script's graph; the minified script's path, or None if
     the script's graph does not fail."""
+    with _minifying():
+        return _minify_script(path, time_limit)
+
+
+def _minify_script(path: str | Path, time_limit: float) -> Path | None:
     repro, _ = script.load(path)
     options = repro.options
     if repro.after == "capture":

@@ -131,8 +131,8 @@ TENSOR_FIELDS = ("dtype", "device", "shape", "stride", "requires_grad", "type")
 def tensor_changes(expected: tuple, t: Any, dynamic: tuple = ()) -> str:
     """The fields of a tensor guard's signature that `t` no longer matches, as 'dtype changed from torch.float32
     to torch.float64': a recompile message names them instead of leaving the reader to diff two descriptions.
-    Dimensions in `dynamic` are symbolic, so their sizes (and the strides they imply) are not a change; the
-    guard checks only contiguity there."""
+    Dimensions in `dynamic` are symbolic, so their sizes are not a change; the strides of a tensor contiguous
+    before and after follow from its sizes, so they are not one either."""
     if not isinstance(t, torch.Tensor):
         return f"not a tensor any more ({type(t).__name__})"
     now = list(tensor_signature(t))
@@ -140,10 +140,20 @@ def tensor_changes(expected: tuple, t: Any, dynamic: tuple = ()) -> str:
     if dynamic:
         for sig in (old, now):
             sig[2] = [n for d, n in enumerate(sig[2]) if d not in dynamic]
-        old[3], now[3] = "contiguous", "contiguous" if t.is_contiguous() else "not contiguous"
+    if dynamic or (_contiguous_strides(old[2]) == tuple(old[3]) and t.is_contiguous()):
+        old[3], now[3] = "contiguous", "contiguous" if t.is_contiguous() else "not contiguous"  # new sizes, new
+        # strides: a contiguous tensor's strides follow from its sizes, so only a change of layout is news
     changes = [f"{name} changed from {_field_text(a)} to {_field_text(b)}"
                for name, a, b in zip(TENSOR_FIELDS, old, now) if a != b]
     return "; ".join(changes) or "no field changed"
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _field_text(value: Any) -> str:

@@ -110,7 +110,8 @@ class Case:
             if isinstance(t, torch.Tensor) and (which is None or i in which) and any(s > 1 for s in t.shape):
                 index = tuple(slice(0, 1 if to_one else max(1, s // 2)) for s in t.shape)
                 small = t.detach()[index]
-                small = small.contiguous() if t.is_contiguous() else small.clone(memory_format=torch.preserve_format)
+                layout = torch.contiguous_format if t.is_contiguous() else torch.preserve_format
+                small = small.clone(memory_format=layout)
                 inputs.append(small.requires_grad_(t.requires_grad) if small.is_floating_point() else small)
                 changed = True
             else:

@@ -118,8 +118,8 @@ def backend_reference(backend: Any, registered: dict) -> tuple[str, str]:
 
 TEMPLATE = '''"""kiln repro: {note}
 
-    python {name}                    runs the graph eagerly and through kiln, and shows the failure
-    python -m kiln minify {name}     shrinks it to the fewest nodes that still fail
+Run it to see the failure (the graph eagerly and through kiln): python {name}
+Shrink it to the fewest nodes that still fail: python -m kiln minify {name}
 """
 import os
 import sys

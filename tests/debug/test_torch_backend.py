@@ -4,10 +4,15 @@ torch finds backends by name through the `torch_dynamo_backends` entry-point gro
 the installed one (the editable install can point at another tree), so the tests read the entry point from
 pyproject.toml, check that it names the backend function, and register it with torch under its name in-process,
 as torch does on discovery. Where this tree is the installed one, the installed metadata must say the same.
+`KILN_TEST_FRESH_INSTALL=1` also installs this tree into a temporary prefix and compiles through it by name.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -91,3 +96,29 @@ def test_an_unknown_option_is_named():
     compiled = torch.compile(lambda x: x * 3, backend="kiln", options={"not_an_option": 1})
     with pytest.raises(Exception, match="unknown option 'not_an_option'"):
         compiled(torch.randn(3))
+
+
+@pytest.mark.skipif(os.environ.get("KILN_TEST_FRESH_INSTALL") != "1",
+                    reason="installs kiln into a temporary prefix (~15 s): KILN_TEST_FRESH_INSTALL=1 runs it")
+def test_fresh_install_registers_backend_kiln_with_torch(tmp_path):
+    """`pip install` of this tree (a copy, so no build/ is left here), then, in a fresh process that imports
+    only torch, `torch.compile(model, backend="kiln")`: torch finds kiln through the installed entry point."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "kiln", source / "kiln", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source)
+    prefix = tmp_path / "prefix"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--prefix", str(prefix), str(source)], check=True, capture_output=True, timeout=300)
+    site = next(prefix.glob("lib/python*/site-packages"))
+    program = ("import torch\n"
+               "m = torch.nn.Linear(4, 4)\n"
+               "x = torch.randn(3, 4)\n"
+               "y = torch.compile(m, backend='kiln', options={'epilogue_fusion': False})(x)\n"
+               "torch.testing.assert_close(y, m(x))\n"
+               "import kiln, sys\n"
+               "print(kiln.__file__, len(kiln.pipeline._names_used))\n")
+    proc = subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": str(site)},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where, graphs = proc.stdout.split()
+    assert where.startswith(str(site)) and int(graphs) >= 1  # the installed kiln compiled the graph

@@ -36,7 +36,7 @@ class Repro:
 
 
 def input_spec(t: Any) -> str:
-    """One input of the script: a tensor as `tensor(shape, stride, dtype, device[, requires_grad, low, high])`."""
+    """One input of the script: a tensor as `make_tensor(shape, stride, dtype, device[, requires_grad, low, high])`."""
     if not isinstance(t, torch.Tensor):
         return repr(t)
     extra = ""
@@ -44,7 +44,7 @@ def input_spec(t: Any) -> str:
         extra += ", requires_grad=True"
     if not (t.is_floating_point() or t.is_complex()) and t.numel():
         extra += f", low={int(t.min())}, high={int(t.max())}"
-    return f"tensor({tuple(t.shape)}, {tuple(t.stride())}, {t.dtype}, {str(t.device)!r}{extra})"
+    return f"make_tensor({tuple(t.shape)}, {tuple(t.stride())}, {t.dtype}, {str(t.device)!r}{extra})"
 
 
 def make_tensor(shape, stride, dtype, device, requires_grad=False, low=0, high=1) -> torch.Tensor:
@@ -129,7 +129,7 @@ import torch
 from torch import device, inf, nan  # noqa: F401  (names the graph's code may use)
 
 import kiln
-from kiln.debug.minifier.script import make_tensor as tensor
+from kiln.debug.minifier.script import make_tensor
 {imports}
 
 AFTER = {after!r}  # "capture": the FX graph given to the backend; "aot": an ATen graph given to kiln's codegen

@@ -156,3 +156,12 @@ def test_a_graph_that_falls_back_after_aot_is_minified_and_the_program_goes_on(r
     with miscompile.sigmoid_raises():
         code, out = run_here(minified, monkeypatch, capsys)
     assert code == 1 and "injected: the sigmoid lowering is broken" in out, out
+
+
+def test_a_repro_that_cannot_be_written_leaves_the_error_as_it_was(tmp_path, monkeypatch):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setattr(kiln.config, "debug_dir", str(blocked))  # <debug dir>/minifier cannot be made
+    with pytest.raises(kiln.BackendCompilerFailed, match="relu is not supported") as raised:
+        kiln.compile(relu_program, backend=relu_hater)(torch.randn(8, 8), torch.randn(8, 8))
+    assert "kiln could not write a repro of graph" in str(raised.value)

@@ -56,7 +56,7 @@ class Checker:
             try:
                 actual = self.compile(case.gm, _clones(case.inputs))(*_clones(case.inputs))
             except Exception as e:  # noqa: BLE001  (a crash of any kind is what the minifier shrinks)
-                return Outcome(CRASH, _describe(e), _error_type(e))
+                return Outcome(CRASH, _describe(e), error_type(e))
         if fell:
             cause = fell[0].cause
             return Outcome(CRASH, f"kiln fell back to ATen: {fell[0].describe()}", cause.split(":", 1)[0])
@@ -69,7 +69,7 @@ class Checker:
         return self.outcome(case).same_failure(failure)
 
 
-def _error_type(e: BaseException) -> str:
+def error_type(e: BaseException) -> str:
     """A crash's type; a KilnStrictError stands for the fallback it reports, named by its cause's type."""
     if isinstance(e, fallbacks.KilnStrictError):
         return e.fallback.cause.split(":", 1)[0]

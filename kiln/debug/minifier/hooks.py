@@ -29,7 +29,7 @@ import torch
 from kiln import backends, fallbacks
 from kiln.config import OPTIONS, CompileOptions, debug_dir, validate_options
 from kiln.debug.minifier import delta, script
-from kiln.debug.minifier.check import ACCURACY, CRASH, Checker, Outcome
+from kiln.debug.minifier.check import ACCURACY, CRASH, Checker, Outcome, error_type
 from kiln.debug.minifier.graphs import Case, lifted
 from kiln.pipeline import compile_aten_graph
 
@@ -71,11 +71,13 @@ def after_capture(backend: Callable) -> Callable:
         try:
             compiled = backend(gm, example_inputs)
         except Exception as e:
-            if s.level == 0 or getattr(e, "kiln_repro_written", False):  # the AOT hook wrote one already
+            written = getattr(e, "kiln_repro_written", False)  # by the AOT hook, inside kiln's inductor
+            policy = isinstance(e, fallbacks.KilnStrictError) and not watched  # KILN_STRICT=1 said it already
+            if s.level == 0 or written or policy:
                 raise
-            crash = Outcome(CRASH, f"{type(e).__name__}: {e}", type(e).__name__)
-            case = lifted(reference, list(example_inputs))
-            for note in report(case, Checker("capture", backend), crash, "capture", _label(gm), s, backend):
+            crash = Outcome(CRASH, f"{type(e).__name__}: {e}", error_type(e))
+            for note in report(lambda: lifted(reference, list(example_inputs)), Checker("capture", backend), crash,
+                               "capture", _label(gm), s, backend):
                 e.add_note(note)
             raise
         if watched and s.level >= 3:
@@ -84,7 +86,7 @@ def after_capture(backend: Callable) -> Callable:
             with _minifying():
                 found = checker.outcome(case)
             if found.kind in (CRASH, ACCURACY):
-                notes = report(case, checker, found, "capture", _label(gm), s, backend)
+                notes = report(lambda: case, checker, found, "capture", _label(gm), s, backend)
                 raise AccuracyError("\n".join([f"{_label(gm)}: {found.kind}: {found.detail}", *notes]))
         return compiled
 
@@ -118,7 +120,7 @@ def after_aot(compile_graph: Callable) -> Callable:
         if found.kind not in (CRASH, ACCURACY):
             return _finish(crash, compiled, [])
         label = f"{_label(gm)}_{gm.meta.get('kiln.aot', {}).get('kind', 'graph')}"
-        notes = report(case, checker, found, "aot", label, s, "inductor", options)
+        notes = report(lambda: case, checker, found, "aot", label, s, "inductor", options)
         if crash is None and not fell:
             error = AccuracyError("\n".join([f"{label}: {found.kind}: {found.detail}", *notes]))
             error.kiln_repro_written = True
@@ -156,21 +158,22 @@ def _minifying():
         _state.busy = before
 
 
-def report(case: Case, checker: Checker, failure: Outcome, after: str, label: str, s: Settings, backend,
-           options: CompileOptions | None = None) -> list[str]:
-    """Write the whole graph's repro, minify it where the level asks, and return notes naming the scripts."""
+def report(make_case: Callable[[], Case], checker: Checker, failure: Outcome, after: str, label: str, s: Settings,
+           backend, options: CompileOptions | None = None) -> list[str]:
+    """Write the whole graph's repro, minify it where the level asks, and return notes naming the scripts. Never
+    raises: the user's error matters more than a repro that could not be written."""
     with _minifying():
-        return _report(case, checker, failure, after, label, s, backend, options)
+        try:
+            return _report(make_case(), checker, failure, after, label, s, backend, options)
+        except Exception as e:  # noqa: BLE001
+            return [f"kiln could not write a repro of {label}: {type(e).__name__}: {e}"]
 
 
 def _report(case: Case, checker: Checker, failure: Outcome, after: str, label: str, s: Settings, backend,
             options: CompileOptions | None) -> list[str]:
     folder = debug_dir() / "minifier"
-    try:
-        whole = _write(case, checker, failure, after, folder / f"{label}_{after}.py", backend, options,
-                       f"{label}, the whole graph ({failure.kind}: {failure.detail})")
-    except Exception as e:  # noqa: BLE001  (the user's error matters more than a failed repro)
-        return [f"kiln could not write a repro of {label}: {type(e).__name__}: {e}"]
+    whole = _write(case, checker, failure, after, folder / f"{label}_{after}.py", backend, options,
+                   f"{label}, the whole graph ({failure.kind}: {failure.detail})")
     notes = [f"kiln repro of the whole graph: {whole} (run it to see the failure; python -m kiln minify {whole} "
              "shrinks it)"]
     wanted = s.after == after and (s.level >= 2 if failure.kind == CRASH else s.level >= 3)

@@ -165,3 +165,12 @@ def test_a_repro_that_cannot_be_written_leaves_the_error_as_it_was(tmp_path, mon
     with pytest.raises(kiln.BackendCompilerFailed, match="relu is not supported") as raised:
         kiln.compile(relu_program, backend=relu_hater)(torch.randn(8, 8), torch.randn(8, 8))
     assert "kiln could not write a repro of graph" in str(raised.value)
+
+
+@pytest.mark.parametrize("after", ["aot", "capture"])
+def test_level_3_without_a_bug_writes_nothing_and_warns_nothing(after, repro_dir, monkeypatch, recwarn):
+    monkeypatch.setenv("KILN_REPRO_AFTER", after)
+    monkeypatch.setenv("KILN_REPRO_LEVEL", "3")
+    model, x = Block(), torch.randn(4, 8)
+    torch.testing.assert_close(kiln.compile(model)(x), model(x))
+    assert not repro_dir.exists() and not [w for w in recwarn if "repro" in str(w.message)]

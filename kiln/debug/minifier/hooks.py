@@ -111,14 +111,18 @@ def after_aot(compile_graph: Callable) -> Callable:
         if crash is None and not fell and s.level < 3:
             return compiled
         inputs = real_inputs(example_inputs)
-        if inputs is None:  # symbolic sizes without hints: no standalone inputs to build
-            return _finish(crash, compiled, [])
+        if inputs is None:
+            return _finish(crash, compiled, ["kiln wrote no repro: the graph's sizes are symbolic, with no example "
+                                             "value to build standalone inputs from"])
         checker = Checker("aot", lambda g, i: compile_graph(g, i, options))
         case = Case(reference, inputs)
         with _minifying():
             found = checker.outcome(case)
-        if found.kind not in (CRASH, ACCURACY):
-            return _finish(crash, compiled, [])
+        if found.kind not in (CRASH, ACCURACY) and crash is None and not fell:
+            return compiled  # level 3, and kiln agrees with eager
+        if found.kind not in (CRASH, ACCURACY):  # e.g. it fails on the graph's real inputs only
+            return _finish(crash, compiled, [f"kiln wrote no repro: the graph does not fail on random inputs of its "
+                                             f"metadata ({found.kind} {found.detail})".rstrip()])
         label = f"{_label(gm)}_{gm.meta.get('kiln.aot', {}).get('kind', 'graph')}"
         notes = report(lambda: case, checker, found, "aot", label, s, "inductor", options)
         if crash is None and not fell:

@@ -125,7 +125,7 @@ def lifted(gm: torch.fx.GraphModule, inputs: list) -> Case:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     attributes = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)]
-    values = [a for a in inputs]
+    values = list(inputs)
     for node in gm.graph.find_nodes(op="placeholder"):
         env[node] = graph.node_copy(node)
     for node in attributes:

@@ -174,3 +174,12 @@ def test_level_3_without_a_bug_writes_nothing_and_warns_nothing(after, repro_dir
     model, x = Block(), torch.randn(4, 8)
     torch.testing.assert_close(kiln.compile(model)(x), model(x))
     assert not repro_dir.exists() and not [w for w in recwarn if "repro" in str(w.message)]
+
+
+def test_a_graph_that_falls_back_is_minified_after_capture_too(repro_dir, monkeypatch):
+    monkeypatch.setenv("KILN_REPRO_AFTER", "capture")
+    monkeypatch.setenv("KILN_STRICT", "0")
+    model, x = Block(), torch.randn(4, 8)
+    with miscompile.sigmoid_raises(), pytest.warns(UserWarning, match="minified to 1 node"):
+        torch.testing.assert_close(kiln.compile(model)(x), model(x))
+    assert "sigmoid" in next(repro_dir.glob("*_capture_minified.py")).read_text()

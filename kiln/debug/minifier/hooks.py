@@ -68,25 +68,29 @@ def after_capture(backend: Callable) -> Callable:
             return backend(gm, example_inputs)
         watched = s.after == "capture"
         reference = _copy(gm) if watched else gm  # a backend may rewrite the graph it is given
-        try:
-            compiled = backend(gm, example_inputs)
-        except Exception as e:
-            written = getattr(e, "kiln_repro_written", False)  # by the AOT hook, inside kiln's inductor
-            policy = isinstance(e, fallbacks.KilnStrictError) and not watched  # KILN_STRICT=1 said it already
-            if s.level == 0 or written or policy:
+        with fallbacks.collected(count=True) as fell:
+            try:
+                compiled = backend(gm, example_inputs)
+            except Exception as e:
+                written = getattr(e, "kiln_repro_written", False)  # by the AOT hook, inside kiln's inductor
+                policy = isinstance(e, fallbacks.KilnStrictError) and not watched  # KILN_STRICT=1 said it already
+                if s.level == 0 or written or policy:
+                    raise
+                crash = Outcome(CRASH, f"{type(e).__name__}: {e}", error_type(e))
+                for note in report(lambda: lifted(reference, list(example_inputs)), Checker("capture", backend),
+                                   crash, "capture", _label(gm), s, backend):
+                    e.add_note(note)
                 raise
-            crash = Outcome(CRASH, f"{type(e).__name__}: {e}", error_type(e))
-            for note in report(lambda: lifted(reference, list(example_inputs)), Checker("capture", backend), crash,
-                               "capture", _label(gm), s, backend):
-                e.add_note(note)
-            raise
-        if watched and s.level >= 3:
+        if watched and (fell or s.level >= 3):  # a fallback to ATen inside kiln's inductor is a crash here too
             case = lifted(reference, list(example_inputs))
             checker = Checker("capture", backend)
             with _minifying():
                 found = checker.outcome(case)
             if found.kind in (CRASH, ACCURACY):
                 notes = report(lambda: case, checker, found, "capture", _label(gm), s, backend)
+                if fell and found.kind == CRASH:  # the program runs on, through ATen
+                    warnings.warn("\n".join(notes), stacklevel=3)
+                    return compiled
                 raise AccuracyError("\n".join([f"{_label(gm)}: {found.kind}: {found.detail}", *notes]))
         return compiled
 

@@ -1,4 +1,9 @@
 """kiln: a just-in-time compiler for unmodified PyTorch programs."""
+# ruff: noqa: E402  (torch's switches are read before the imports below import torch)
+from kiln.torch_switches import claim_torch_logs as _claim_torch_logs
+
+_claim_torch_logs()  # before torch is imported: torch raises on a TORCH_LOGS name it does not know
+
 from kiln.api import compile, disable, graph_break, mark_dynamic, mark_static, maybe_mark_dynamic, reset
 from kiln.backends import list_backends, register_backend
 from kiln.capture.entry import BackendCompilerFailed, FullGraphError

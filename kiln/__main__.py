@@ -1,5 +1,5 @@
 """`python -m kiln run [--report out.html] [script.py args...]`: run a script with torch.compile routed to kiln,
-then report.
+then report. `python -m kiln minify repro.py [--timeout S]`: shrink a repro script kiln wrote (kiln/debug/minifier).
 
 Without a script, runs the bundled example (a small ViT-style training loop, eager vs compiled).
 The report (stdout at exit) lists, per compiled region: graphs, graph breaks with reason and
@@ -18,7 +18,7 @@ import torch
 import kiln
 from kiln.api import _contexts
 from kiln.capture import entry
-from kiln.debug import trace
+from kiln.debug import minifier, trace
 from kiln.debug.html import write_html_report
 from kiln.debug.report import text_report
 from kiln.examples import vit_train
@@ -36,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--report", metavar="OUT.html", help="also write the report as a self-contained HTML page")
     run.add_argument("script", nargs="?", help="the script (default: the bundled ViT training example)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    minify = sub.add_parser("minify", help="shrink a repro script kiln wrote to the fewest nodes that still fail")
+    minify.add_argument("repro", help="the repro script (<debug dir>/minifier/*.py)")
+    minify.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds, keeping "
+                        "the smallest failing graph found (default 600)")
     options = parser.parse_args(argv)
+    if options.command == "minify":
+        return 0 if minifier.minify_script(options.repro, options.timeout) is not None else 1
 
     original_compile = torch.compile
     torch.compile = kiln.compile  # every torch.compile(...) in the script now builds with kiln

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kiln.config import CompileOptions, validate_options
+from kiln.config import OPTIONS, CompileOptions, validate_options
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -69,7 +69,7 @@ def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Bac
 
 
 class _BoundBackend:
-    """A backend with its resolved options bound; prints as `inductor(options)`."""
+    """A backend with its resolved options bound; prints as `inductor(options it sets)`."""
 
     def __init__(self, fn: Callable, options: CompileOptions, name: str):
         self.fn, self.options, self.name = fn, options, name
@@ -78,7 +78,8 @@ class _BoundBackend:
         return self.fn(gm, example_inputs, options=self.options)
 
     def __repr__(self) -> str:
-        return f"{self.name}({self.options.as_dict()})"
+        chosen = {k: v for k, v in self.options.as_dict().items() if v != OPTIONS[k].default}
+        return f"{self.name}({chosen or ''})"
 
 
 @register_backend
@@ -91,6 +92,16 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 from kiln.pipeline import inductor  # noqa: E402  (registered after the registry exists)
 
 register_backend(name="inductor", takes_options=True)(inductor)
+
+
+def torch_compile_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
+                          options: dict | None = None) -> Callable:
+    """`torch.compile(model, backend="kiln", mode=..., options=...)`: kiln's code generator behind torch's capture.
+
+    The target of the `torch_dynamo_backends` entry point in pyproject.toml, through which torch finds
+    backends by name. torch passes `mode` and `options` as keyword arguments (only when set); they mean
+    what they mean for `kiln.compile` and are checked the same way (an unknown option names itself)."""
+    return inductor(gm, example_inputs, validate_options(mode, options))
 
 
 # The autograd stage's backend: ATen forward/backward graphs run op by op (kiln/autograd).

@@ -96,6 +96,11 @@ OPTIONS: dict[str, Option] = {
                             "or 4 (fp32 with TF32) for tensor cores, slicing the result back (on by default, as in "
                             "torch: a matmul over an odd dimension, such as a vocabulary size, runs much slower "
                             "unpadded; benchmarks/padded_strides.py measures it)"),
+    "fallback_random": Option(bool, False, "random ops (rand, randn, dropout, bernoulli, attention's dropout, ...) "
+                              "are never decomposed: each runs as the ATen call eager makes, in eager's order, so "
+                              "the same seed gives eager's values bit for bit on every device (kiln generates no "
+                              "random numbers itself; off, a decomposition such as bernoulli's may draw its "
+                              "randomness another way)"),
     "cpu_backend": Option(str | None, None, "the code generator for graphs on CPU tensors: 'cpp' (C++/OpenMP "
                           "kernels) or 'triton' (Triton kernels run by Triton's interpreter, which needs "
                           "TRITON_INTERPRET=1: how the Triton target is tested without a GPU); None: "

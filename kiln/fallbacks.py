@@ -125,7 +125,8 @@ LISTENERS: list[Callable[[Fallback], None]] = []
 _lock = threading.Lock()
 _records: list[Fallback] = []
 _warned: set[str] = set()
-breaks: Counter = Counter()  # break reason id -> breaks that are not fallbacks
+breaks: Counter = Counter()  # break reason id -> breaks that are not fallbacks, each place counted once
+_breaks_seen: set[tuple[str, str, str]] = set()  # (reason, frame, message) of the breaks counted in `breaks`
 
 
 def strict() -> bool:
@@ -140,6 +141,10 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     if isinstance(cause, BaseException):
         cause = describe_exception(cause)
     fallback = Fallback(kind, graph, cause, kernel, stage)
+    if _collectors:
+        _collectors[-1].append(fallback)
+        if not _collectors[-1].count:
+            return fallback
     with _lock:
         _records.append(fallback)
         first = (warn_key or graph) not in _warned
@@ -154,6 +159,32 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     return fallback
 
 
+class Collected(list):
+    """The fallbacks recorded inside `collected()`; `count`: whether they also count as usual."""
+
+    def __init__(self, count: bool):
+        super().__init__()
+        self.count = count
+
+
+_collectors: list[Collected] = []
+
+
+@contextlib.contextmanager
+def collected(count: bool):
+    """The fallbacks recorded inside, for a caller that asks "did this compile fall back?" (the minifier).
+
+    `count=False` (the minifier's trial compiles): they are only collected, not counted, warned or raised
+    under KILN_STRICT=1, so the report shows the user's program and not the minifier's trials. `count=True`:
+    collected and recorded as usual."""
+    found = Collected(count)
+    _collectors.append(found)
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)
+
+
 def record_break(reason_id: str, frame: str, message: str, resumable: bool = True, warn_key: str = "") -> None:
     """A graph break (or, not `resumable`, a frame run eagerly because of it): a fallback where `BREAKS`
     says torch.compile captures its construct; otherwise counted by reason."""
@@ -161,8 +192,10 @@ def record_break(reason_id: str, frame: str, message: str, resumable: bool = Tru
         record("graph_break" if resumable else "frame", frame, message, stage="capture" if resumable else "resume",
                warn_key=warn_key)
         return
-    with _lock:
-        breaks[reason_id] += 1
+    with _lock:  # a recompile captures the same break again: one print is one break
+        if (reason_id, frame, message) not in _breaks_seen:
+            _breaks_seen.add((reason_id, frame, message))
+            breaks[reason_id] += 1
 
 
 class KernelBuildFailed(Exception):
@@ -247,8 +280,9 @@ def reset() -> None:
         _records.clear()
         _warned.clear()
         breaks.clear()
+        _breaks_seen.clear()
 
 
 __all__ = ["Fallback", "KernelBuildFailed", "with_kernel_fallbacks", "kernel_origins", "KilnStrictError",
-           "KilnFallbackWarning", "KINDS", "BREAKS", "record", "record_break", "counts", "records", "summary", "strict",
-           "reset"]
+           "KilnFallbackWarning", "KINDS", "BREAKS", "record", "collected", "record_break", "counts", "records",
+           "summary", "strict", "reset"]

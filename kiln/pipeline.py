@@ -35,6 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import fallbacks
 from kiln.autograd import aot_compile
+from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
@@ -51,6 +52,7 @@ from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
 
 log = logging.getLogger("kiln.pipeline")
+log_output_code = logging.getLogger("kiln.output_code")
 
 STAGES = ("decompose", "lower", "schedule", "plan memory", "generate", "build")
 
@@ -63,6 +65,9 @@ _names_used: dict[str, int] = {}
 GRAPH_LISTENERS: list[Callable[[CompiledGraph, CompileOptions], None]] = []
 # Backend wrappers installed by kiln.debug, by the option that turns them on: wrapper(backend) -> backend.
 BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
+# Wrappers of `compile_aten_graph` installed by kiln.debug: hook(compile) -> compile, each compile called as
+# compile(aten_gm, example_inputs, options). The minifier's (KILN_REPRO_AFTER=aot) shrinks a failing ATen graph.
+ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -70,7 +75,7 @@ BACKEND_WRAPPERS: dict[str, Callable[[Callable], Callable]] = {}
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
-    gm = run("decompose", decompose, gm, example_inputs)
+    gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
     return fallbacks.with_kernel_fallbacks(
         name, lambda through_aten: _kernel_stages(gm, example_inputs, options, name, run, target, through_aten))
@@ -121,15 +126,15 @@ class Stages:
 # ----------------------------------------------------------------------------- the stages
 
 
-def decompose(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: bool = False) -> torch.fx.GraphModule:
     """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
-    kiln decomposes (or nodes without `meta['val']`)."""
+    kiln decomposes (or nodes without `meta['val']`); random ops stay whole under `fallback_random`."""
     devices = _tensor_devices(gm, example_inputs)
     if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
         raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for this mix")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
-    return _retrace(gm, example_inputs) if _needs_retrace(gm) else gm
+    return _retrace(gm, example_inputs, fallback_random) if _needs_retrace(gm, fallback_random) else gm
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool,
@@ -263,6 +268,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
             compiled = _compile_stages(gm, example_inputs, options, name, run)
         log.info("%s: %d kernels, %d externs, %s", name, compiled.num_kernels,
                  len(compiled.artefacts["schedule"].steps) - compiled.num_kernels, run.summary())
+        _log_output_code(compiled)
     except fallbacks.KilnStrictError:
         raise
     except Exception as e:  # correctness first: never fail the user's program (unless KILN_STRICT=1)
@@ -292,16 +298,21 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     if options.triton_cudagraphs:
         pool = CUDAGraphPool.for_graph(gm, example_inputs, name)
 
+    compile_graph = compile_aten_graph
+    for hook in ATEN_COMPILER_HOOKS:
+        compile_graph = hook(compile_graph)
+
     def compiler(aten_gm, inputs):
         progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
-        graphs.append(compile_aten_graph(aten_gm, inputs, options))
+        graphs.append(compile_graph(aten_gm, inputs, options))
         return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
     compiler.fuses = fuses
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
-        compiled = aot_compile(gm, example_inputs, compiler, decompositions=decomposition_table(), name=name)
+        table = decomposition_table(options.fallback_random)
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name)
     finally:
         progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
@@ -315,6 +326,21 @@ def fuses(target) -> bool:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _log_output_code(compiled: CompiledGraph) -> None:
+    """KILN_LOGS=output_code (TORCH_LOGS=output_code): the kernels and the wrapper of one ATen graph, under the
+    graph's name, as the build stage loaded them (after any kernel fell back to ATen)."""
+    if not log_output_code.isEnabledFor(logging.INFO):
+        return
+    a = compiled.artefacts
+    kernels = next(k for k in a if k.startswith("kernels."))  # kernels.cpp (C++) or kernels.py (Triton)
+    names = ", ".join(a["kernel_names"]) or "none"
+    source = a[kernels]
+    if source.startswith(PRELUDE):  # the same helpers in every C++ source: named, not repeated per graph
+        source = '#include "kiln/codegen/cpp/prelude.h"  // helpers with eager semantics\n' + source[len(PRELUDE):]
+    log_output_code.info("output code for %s: kernels (%s) in %s\n%s", a["name"], names, kernels, source)
+    log_output_code.info("output code for %s: wrapper.py\n%s", a["name"], a["wrapper.py"])
 
 
 def _graph_name(gm: torch.fx.GraphModule) -> str:
@@ -344,11 +370,11 @@ def _is_inference(gm: torch.fx.GraphModule) -> bool:
     return gm.meta.get("kiln.aot", {}).get("kind") == "inference"
 
 
-def _needs_retrace(gm: torch.fx.GraphModule) -> bool:
+def _needs_retrace(gm: torch.fx.GraphModule, fallback_random: bool) -> bool:
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
             continue
-        if "val" not in n.meta or decomposes(n):
+        if "val" not in n.meta or decomposes(n, fallback_random):
             return True
     return False
 
@@ -361,14 +387,15 @@ def _has_mutation(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def _retrace(gm, example_inputs):
+def _retrace(gm, example_inputs, fallback_random: bool):
     """Re-trace `gm` through kiln's decompositions so every node is core ATen with `meta['val']`."""
+    table = decomposition_table(fallback_random)
     fake = [t for t in example_inputs if isinstance(t, torch._subclasses.FakeTensor)]
     if fake:
         with fake[0].fake_mode:
-            return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="real")(*example_inputs)
-    return make_fx(gm, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+            return make_fx(gm, decomposition_table=table, tracing_mode="real")(*example_inputs)
+    return make_fx(gm, decomposition_table=table, tracing_mode="fake")(*example_inputs)
 
 
 __all__ = ["compile_aten_graph", "inductor", "CompiledGraph", "CompileOptions", "GRAPH_LISTENERS",
-           "BACKEND_WRAPPERS", "STAGES", "Stages"]
+           "BACKEND_WRAPPERS", "ATEN_COMPILER_HOOKS", "STAGES", "Stages"]

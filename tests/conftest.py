@@ -30,6 +30,16 @@ def kiln_strict(request, monkeypatch):
     fallbacks.reset()
 
 
+@pytest.fixture(autouse=True)
+def debug_dir_outside_the_checkout(monkeypatch, tmp_path_factory):
+    """What kiln writes to its debug directory unasked (a crashing backend's repro, kiln/debug/minifier) goes to
+    a temporary directory, not ./kiln_debug in the checkout. A test that reads KILN_DEBUG_DIR sets
+    `kiln.config.debug_dir` back to None (the setting overrides the variable)."""
+    import kiln
+
+    monkeypatch.setattr(kiln.config, "debug_dir", str(tmp_path_factory.getbasetemp() / "kiln_debug"))
+
+
 @pytest.fixture
 def fallback_log():
     """kiln.fallbacks, to assert on its counts() after the test's fallback."""

@@ -161,6 +161,7 @@ def test_cache_size_limit_is_a_fallback(monkeypatch, fallback_log):
 @pytest.mark.allows_fallback("graph: a graph with in-place ops")
 def test_report_and_debug_directory_show_the_counts(fallback_log, monkeypatch, tmp_path):
     monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setattr(kiln.config, "debug_dir", None)  # the variable decides
     gm, x = graph_that_cannot_lower()
     with pytest.warns(kiln.KilnFallbackWarning):
         compile_aten_graph(gm, [x])

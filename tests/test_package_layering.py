@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kiln"
 # Each unit (a stage package or a top-level module) and its layer: a unit imports only units of lower layers.
 LAYERS = {
     "kiln.config": 0,
+    "kiln.torch_switches": 0,  # torch's TORCH_LOGS, read before torch is imported (by `import kiln`, first)
     "kiln.runtime": 1,  # the on-disk cache, compile lock, CUDA graphs, autotuner: services the stages use
     "kiln.capture": 2,
     "kiln.autograd": 2,

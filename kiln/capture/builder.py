@@ -197,8 +197,9 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     native = None
     if not dynamic and cls in NATIVE_TYPES and t.layout == torch.strided:  # the same check, in C++
         native = (cls, dtype, device, shape, None if by_contiguity else stride, requires_grad)
+    changed = f"___tensor_changes({state.guards.constant(sig, 'signature')}, {expr}, {tuple(sorted(dynamic))!r})"
     state.guards.add(Guard(GuardKind.TENSOR_MATCH, source, check, described,
-                           f"___describe_tensor(___tensor_signature({expr}))", native))
+                           f"___describe_tensor(___tensor_signature({expr}))", native, changed))
     return _tensor_input(state, t, source, expr, dynamic)
 
 

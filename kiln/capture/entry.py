@@ -52,6 +52,9 @@ _record_ids = itertools.count(1)
 # Observers of the capture stage, installed by kiln.debug (nothing here imports it):
 # each is called as listener(ctx, record) after a capture and its backend compile.
 RECORD_LISTENERS: list[Callable[[CompileContext, CaptureRecord], None]] = []
+# Wrappers of the backend call, installed by kiln.debug: hook(backend) -> backend. The minifier's
+# (kiln/debug/minifier) writes a repro of a graph the backend fails on, and shrinks it on request.
+BACKEND_HOOKS: list[Callable[[Callable], Callable]] = []
 
 
 class Instrumentation:
@@ -497,13 +500,14 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         example_inputs = [real for _, real in state.graph.inputs]
         backend_start = time.perf_counter()
         try:
-            compiled = ctx.backend(gm, example_inputs)
+            compiled = _call_backend(ctx.backend, gm, example_inputs)
         except fallbacks.KilnStrictError:
             raise
         except Exception as e:
             backend = getattr(ctx.backend, "__name__", ctx.backend)
+            notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a repro was written
             raise BackendCompilerFailed(f"backend {backend!r} failed on the graph "
-                                        f"of {spec.describe()}: {type(e).__name__}: {e}") from e
+                                        f"of {spec.describe()}: {type(e).__name__}: {e}{notes}") from e
         writer.namespace[graph_name] = compiled
         backend_seconds = time.perf_counter() - backend_start
     if state.graph.is_dynamic():
@@ -522,6 +526,12 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
         tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
     return entry, record
+
+
+def _call_backend(backend: Callable, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    for hook in BACKEND_HOOKS:
+        backend = hook(backend)
+    return backend(gm, example_inputs)
 
 
 def _recompile_guard(entry: CacheEntry) -> None:

@@ -107,6 +107,7 @@ class Guard:
     current: str  # an expression evaluating to the value now (for failure reasons)
     native: tuple | None = None  # a tensor guard the C++ check can run: (type, dtype, device, sizes, strides or
     # None for "contiguous", requires_grad), see kiln/capture/tensor_checks.py
+    changed: str | None = None  # an expression naming what changed (a tensor's dtype, ...), for failure reasons
 
     def describe(self) -> str:
         where = self.source.expr() if self.source is not None else "global state"
@@ -122,6 +123,43 @@ def describe_tensor(sig: tuple) -> str:
     dtype, device, shape, stride, requires_grad, cls = sig
     return (f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, stride={list(stride)}, "
             f"requires_grad={requires_grad})")
+
+
+TENSOR_FIELDS = ("dtype", "device", "shape", "stride", "requires_grad", "type")
+
+
+def tensor_changes(expected: tuple, t: Any, dynamic: tuple = ()) -> str:
+    """The fields of a tensor guard's signature that `t` no longer matches, as 'dtype changed from torch.float32
+    to torch.float64': a recompile message names them instead of leaving the reader to diff two descriptions.
+    Dimensions in `dynamic` are symbolic, so their sizes are not a change; the strides of a tensor contiguous
+    before and after follow from its sizes, so they are not one either."""
+    if not isinstance(t, torch.Tensor):
+        return f"not a tensor any more ({type(t).__name__})"
+    now = list(tensor_signature(t))
+    old = list(expected)
+    if dynamic:
+        for sig in (old, now):
+            sig[2] = [n for d, n in enumerate(sig[2]) if d not in dynamic]
+    if dynamic or (_contiguous_strides(old[2]) == tuple(old[3]) and t.is_contiguous()):
+        old[3], now[3] = "contiguous", "contiguous" if t.is_contiguous() else "not contiguous"  # new sizes, new
+        # strides: a contiguous tensor's strides follow from its sizes, so only a change of layout is news
+    changes = [f"{name} changed from {_field_text(a)} to {_field_text(b)}"
+               for name, a, b in zip(TENSOR_FIELDS, old, now) if a != b]
+    return "; ".join(changes) or "no field changed"
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, type):
+        return value.__name__
+    return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def _check_tensor(t: Any, sig: tuple) -> bool:
@@ -149,6 +187,7 @@ HELPERS: dict[str, Any] = {
     "___check_tensor": _check_tensor,
     "___tensor_signature": tensor_signature,
     "___describe_tensor": describe_tensor,
+    "___tensor_changes": tensor_changes,
     "___autocast_state": _autocast_state,
     "___grad_enabled": torch.is_grad_enabled,
     "___tf32_matmuls": torch._C._get_cublas_allow_tf32,
@@ -475,7 +514,13 @@ class GuardSet:
         if not isinstance(now, str) or g.kind is GuardKind.EQUALS_MATCH:
             now = repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
         where = g.source.expr() if g.source is not None else "global state"
-        return f"{g.kind.value} guard failed on {where}: expected {g.expected}, got {now}"
+        changed = ""
+        if g.changed is not None:
+            try:
+                changed = f"{eval(g.changed, namespace)}; "
+            except Exception as e:  # the source is gone: `now` says so already
+                changed = f"<{type(e).__name__}: {e}>; "
+        return f"{g.kind.value} guard failed on {where}: {changed}expected {g.expected}, got {now}"
 
     def __str__(self) -> str:
         return "\n".join(g.describe() for g in self.guards)

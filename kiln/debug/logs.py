@@ -4,12 +4,23 @@ Each topic is one Python logger under `kiln.` (`kiln.graph_breaks`, ...); the
 stages log to them at INFO. This module turns the environment variable (or a
 call to `set_logs`) into a handler on exactly those loggers, so users see
 what they asked for and nothing else. `+topic` means DEBUG for that topic.
+
+A script written for torch.compile sets `TORCH_LOGS` instead: its topics are
+read too, through `TORCH_TOPICS` (torch's name -> kiln's topics), with torch's
+`+name` (DEBUG) and `-name` (off) prefixes. Its components map onto kiln's
+stages (`dynamo` -> capture, `aot` -> aot, `inductor` -> the code generator's
+loggers). A topic with no kiln counterpart is one warning, not an error: the
+script still runs, as it would under torch.compile.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import warnings
+
+from kiln import torch_switches
+from kiln.torch_switches import TORCH_TOPICS
 
 TOPICS = {
     "graph_breaks": "each graph break: reason, user file:line, hint",
@@ -20,7 +31,12 @@ TOPICS = {
     "aot": "joint, forward and backward ATen graphs and the partition decision",
     "output_code": "generated kernels and the wrapper",
     "perf_hints": "hints about slow paths (fallbacks to ATen, eager frames)",
+    "capture": "the capture stage's own messages (failed captures, at DEBUG)",
+    "pipeline": "the code generator: kernels and externs per ATen graph, time per stage (DEBUG)",
+    "lower": "lowering decisions (ops run as ATen externs, at DEBUG)",
+    "fallbacks": "each fallback to ATen or to eager, as it is recorded",
 }
+
 
 _handler: logging.Handler | None = None
 
@@ -66,7 +82,31 @@ class _TopicFilter(logging.Filter):
         return topic in self.topics or record.levelno >= logging.WARNING
 
 
-def configure_from_environment() -> None:
-    spec = os.environ.get("KILN_LOGS")
-    if spec:
-        set_logs(spec)
+def from_torch_logs(spec: str) -> tuple[str, list[str]]:
+    """TORCH_LOGS as a KILN_LOGS spec, and the names kiln has no counterpart for. `-name` turns a name off,
+    as in torch: it is left out here."""
+    kiln_names, unknown = [], []
+    for raw in (s.strip() for s in spec.split(",")):
+        if not raw or raw.startswith("-"):
+            continue
+        plus = "+" if raw.startswith("+") else ""
+        name = raw.lstrip("+")
+        if name not in TORCH_TOPICS:
+            unknown.append(name)
+            continue
+        kiln_names += [plus + topic for topic in TORCH_TOPICS[name]]
+    return ",".join(kiln_names), unknown
+
+
+def configure_from_environment() -> list[str]:
+    """Turn KILN_LOGS and TORCH_LOGS into handlers; the enabled topics."""
+    spec = os.environ.get("KILN_LOGS") or ""
+    torch_spec = torch_switches.torch_logs()
+    if torch_spec:
+        translated, unknown = from_torch_logs(torch_spec)
+        spec = ",".join(s for s in (spec, translated) if s)
+        if unknown:
+            warnings.warn(f"TORCH_LOGS: kiln has no log for {', '.join(map(repr, unknown))}; ignored (kiln's "
+                          f"topics: {', '.join(TOPICS)}; torch names it reads: {', '.join(TORCH_TOPICS)})",
+                          stacklevel=2)
+    return set_logs(spec) if spec else []

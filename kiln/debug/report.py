@@ -110,13 +110,19 @@ def collect(contexts: list[CompileContext]) -> list[Region]:
                 region.graphs.append(graph_info(r))
             else:
                 region.graphless_capture += r.compile_seconds
-            if r.graph_break is not None:
-                region.breaks.append(r)
+            if r.graph_break is not None and not any(same_break(r, seen) for seen in region.breaks):
+                region.breaks.append(r)  # a recompile captures the same break again: listed once
             if r.recompile_reason:
                 region.recompiles.append(r)
             region.calls += r.calls if r.frame == name else 0
         regions.append(region)
     return regions
+
+
+def same_break(a: CaptureRecord, b: CaptureRecord) -> bool:
+    """Two captures met the same graph break: the same reason at the same place of the same frame."""
+    return (a.frame, a.graph_break.reason.id, break_location(a)) == (b.frame, b.graph_break.reason.id,
+                                                                        break_location(b))
 
 
 def format_stages(stages: dict[str, float]) -> str:

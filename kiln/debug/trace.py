@@ -1,7 +1,8 @@
 """The debug directory: every stage's artefact per compiled graph, in one predictable layout.
 
-On when `KILN_DEBUG_DIR=path` is set or `kiln.compile(options={"trace.enabled": True})`;
-the directory is `kiln.config.debug_dir`, else `$KILN_DEBUG_DIR`, else `./kiln_debug`.
+On when `KILN_DEBUG_DIR=path` is set, `TORCH_COMPILE_DEBUG=1` (torch's switch, honoured for scripts written
+for torch.compile) or `kiln.compile(options={"trace.enabled": True})`; the directory is `kiln.config.debug_dir`,
+else `$KILN_DEBUG_DIR`, else `./kiln_debug`.
 
     <debug dir>/
       index.md                    every graph directory and file, with what it holds
@@ -65,7 +66,8 @@ FILES = {
 
 
 def enabled(options: CompileOptions | None) -> bool:
-    return bool(os.environ.get("KILN_DEBUG_DIR")) or (options is not None and options.trace_enabled)
+    return (bool(os.environ.get("KILN_DEBUG_DIR")) or os.environ.get("TORCH_COMPILE_DEBUG") == "1"
+            or (options is not None and options.trace_enabled))
 
 
 def _diagram(options: CompileOptions | None) -> bool:

@@ -94,20 +94,32 @@ OWN = {
 
 
 @functools.lru_cache(None)
-def decomposition_table() -> dict:
-    """OpOverload -> decomposition, as passed to make_fx / aot_compile."""
+def decomposition_table(fallback_random: bool = False) -> dict:
+    """OpOverload -> decomposition, as passed to make_fx / aot_compile.
+
+    `fallback_random` (the option): no random op is decomposed. A decomposition draws its randomness its
+    own way (`bernoulli(p)` as `rand_like(p) < p`, attention's dropout as a mask from `rand`), which on
+    some devices is not the stream eager's kernel draws; kept whole, each random op is the ATen call eager
+    makes, run as an extern in graph order, so the same seed gives eager's values bit for bit."""
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
     for op in KEEP:
         table.pop(op, None)
     table.update(OWN)
+    if fallback_random:
+        table = {op: fn for op, fn in table.items() if not is_random(op)}
     return table
 
 
-def decomposes(node) -> bool:
+def is_random(op) -> bool:
+    """Does `op` draw from a random generator (ATen's `nondeterministic_seeded` tag)?"""
+    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+
+
+def decomposes(node, fallback_random: bool = False) -> bool:
     """Would tracing FX `node` through `decomposition_table()` replace it (a convolution without a bias stays)?"""
     if node.target is aten.convolution.default:
         return node.args[2] is not None
     if node.target is aten.convolution_backward.default:
         return bool(node.args[10][2])
-    return node.target in decomposition_table()
+    return node.target in decomposition_table(fallback_random)

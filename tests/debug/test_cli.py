@@ -31,7 +31,8 @@ def test_report_names_the_break_with_file_and_line(cli_run):
 
 def test_report_shows_the_recompile_with_its_failing_guard(cli_run):
     out = cli_run[0].stdout
-    m = re.search(r"recompile of shift .*\(graph \d+\): tensor guard failed on L\['x'\]: expected .*shape=\[4, 8\].*"
+    m = re.search(r"recompile of shift .*\(graph \d+\): tensor guard failed on L\['x'\]: "
+                  r"shape changed from \[4, 8\] to \[5, 3\]; expected .*shape=\[4, 8\].*"
                   r"got .*shape=\[5, 3\]", out)
     assert m, out
 

@@ -50,6 +50,7 @@ def test_trace_enabled_writes_every_stage_per_graph(tmp_path, monkeypatch):
 
 def test_env_var_alone_turns_the_directory_on_for_any_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setattr(kiln.config, "debug_dir", None)  # the variable decides
     monkeypatch.setattr(kiln.config, "debug_dir", None)
 
     def f(x):

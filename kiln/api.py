@@ -138,8 +138,10 @@ class OptimizedModule(nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value):
+        # the wrapper's own attributes, and dunders such as `__class__` (fully_shard swaps the class of the
+        # module it is given: this wrapper, not the module inside it)
         if (name in ("_orig_mod", "_kiln_context", "_compiled_forward", "_kiln_inner")
-                or "_orig_mod" not in self.__dict__.get("_modules", {})):
+                or name.startswith("__") or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
                 self.__dict__["_kiln_mod"] = value  # the per-call path reads this plain attribute instead

@@ -28,6 +28,8 @@ except ImportError:  # a torch built without torch.distributed
 _FUNCTIONAL_FORMS = {
     "all_reduce": "all_reduce_inplace",
     "all_gather_into_tensor": "all_gather_tensor_inplace",
+    "all_gather_single": "all_gather_tensor_inplace",  # all_gather_into_tensor's newer name
+    "reduce_scatter_single": "reduce_scatter_tensor_inplace",
     "_all_gather_base": "all_gather_tensor_inplace",
     "reduce_scatter_tensor": "reduce_scatter_tensor_inplace",
     "_reduce_scatter_base": "reduce_scatter_tensor_inplace",

@@ -1,4 +1,4 @@
-"""`KILN_LOGS=graph_breaks,recompiles,guards,graph,bytecode,aot,output_code,perf_hints`: what gets logged.
+"""`KILN_LOGS=graph_breaks,recompiles,guards,graph,bytecode,aot,output_code,perf_hints,ddp`: what gets logged.
 
 Each topic is one Python logger under `kiln.` (`kiln.graph_breaks`, ...); the
 stages log to them at INFO. This module turns the environment variable (or a
@@ -20,6 +20,7 @@ TOPICS = {
     "aot": "joint, forward and backward ATen graphs and the partition decision",
     "output_code": "generated kernels and the wrapper",
     "perf_hints": "hints about slow paths (fallbacks to ATen, eager frames)",
+    "ddp": "how each graph captured inside a DDP forward is split at DDP's gradient buckets",
 }
 
 _handler: logging.Handler | None = None

@@ -28,7 +28,7 @@ from torch.fx.passes.split_module import split_module
 from kiln.config import config
 from kiln.runtime.compile_lock import compile_lock
 
-log = logging.getLogger("kiln.distributed")
+log = logging.getLogger("kiln.ddp")  # KILN_LOGS=ddp
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 

@@ -86,11 +86,12 @@ def assign_buckets(gm: torch.fx.GraphModule, example_inputs: list, reduced: set[
               if isinstance(example, nn.Parameter) and id(example) in reduced}
     buckets = [Bucket()]
     seen: set[torch.fx.Node] = set()
+    boundaries = split_points(gm)
     for node in reversed(gm.graph.nodes):
         if node.op in ("placeholder", "output"):
             continue
         current = buckets[0]
-        if current.size >= (first_cap if len(buckets) == 1 else cap):
+        if current.size >= (first_cap if len(buckets) == 1 else cap) and node in boundaries:
             current = Bucket()
             buckets.insert(0, current)
         for arg in node.all_input_nodes:
@@ -102,6 +103,28 @@ def assign_buckets(gm: torch.fx.GraphModule, example_inputs: list, reduced: set[
     if len(buckets) > 1 and buckets[0].size == 0:  # the nodes before the first parameter's user
         buckets[1].nodes += buckets.pop(0).nodes
     return buckets
+
+
+def split_points(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes after which the graph may be split: outside every grad-mode and autocast region.
+
+    Each subgraph is compiled on its own, and a backend compiles a region's switches with the graph that
+    holds them: a subgraph must not start or end inside a `torch.no_grad()` or autocast block of the user's.
+    The grad mode at the graph's end is its mode at entry (capture restores it last).
+    """
+    grad_switches = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._set_grad_enabled]
+    entry_mode = grad_switches[-1].args[0] if grad_switches else None
+    mode, autocast_depth, points = entry_mode, 0, set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            mode = node.args[0]
+        elif node.op == "call_function" and node.target is torch.amp._enter_autocast:
+            autocast_depth += 1
+        elif node.op == "call_function" and node.target is torch.amp._exit_autocast:
+            autocast_depth -= 1
+        if mode == entry_mode and autocast_depth == 0:
+            points.add(node)
+    return points
 
 
 def split_at_ddp_buckets(backend: Backend) -> Backend:

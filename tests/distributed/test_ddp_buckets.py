@@ -90,3 +90,47 @@ def test_optimize_ddp_off_compiles_the_whole_graph(active_ddp, monkeypatch):
     active_ddp(model, 100)
     kiln.compile(model, backend=lambda gm, inputs: seen.append(gm) or gm)(torch.randn(2, 8))
     assert len(seen) == 1 and "kiln.ddp_buckets" not in seen[0].meta
+
+
+class Regions(nn.Module):
+    """A no_grad block and an autocast block, each spanning layers that tiny buckets would separate."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(6))
+
+    def forward(self, x):
+        x = self.layers[0](x)
+        with torch.no_grad():
+            scale = self.layers[2](self.layers[1](x)).sigmoid()
+        x = self.layers[3](x) * scale
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            x = self.layers[5](self.layers[4](x).relu())
+        return x.float()
+
+
+def test_no_split_inside_a_no_grad_or_autocast_block(active_ddp):
+    model, x = Regions(), torch.randn(3, 8)
+    active_ddp(model, 100)
+    subgraphs = []
+
+    def eager_subgraphs(gm, example_inputs):
+        subgraphs.append(gm)
+        return gm
+    compiled = kiln.compile(model, backend=eager_subgraphs)
+    out = compiled(x)
+    out.sum().backward()
+    grads = [p.grad for p in model.parameters()]  # layers 1 and 2 run under no_grad: None
+    model.zero_grad(set_to_none=True)
+    expected = model(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(got, want)
+    # buckets: layer 0 | the no_grad block (layers 1, 2) | layer 3 | the autocast block (layers 4, 5)
+    assert len(subgraphs) == 4
+    no_grad_bucket = [n.target for n in subgraphs[1].graph.nodes if n.op == "call_function"]
+    assert no_grad_bucket.count(torch._C._set_grad_enabled) == 2  # the block whole: switched off and on
+    for gm in subgraphs:
+        targets = [n.target for n in gm.graph.nodes]
+        assert targets.count(torch.amp._enter_autocast) == targets.count(torch.amp._exit_autocast)

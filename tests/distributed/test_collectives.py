@@ -108,7 +108,42 @@ def scenario_async_op_breaks(rank: int) -> dict:
             "breaks": [r.graph_break.reason.id for r in records if r.graph_break is not None]}
 
 
-SCENARIOS = ["scenario_dumbnet_training", "scenario_variants", "scenario_async_op_breaks"]
+def mesh_all_reduce(x: torch.Tensor, mesh) -> torch.Tensor:
+    return funcol.all_reduce(x.exp(), "avg", mesh) - x
+
+
+def scenario_device_mesh_group(rank: int) -> dict:
+    """A DeviceMesh names the group: captured by identity, passed to the collective by its group's name."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    strict(True)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = torch.randn(4, generator=torch.Generator().manual_seed(rank))
+    compiled = kiln.compile(mesh_all_reduce)
+    return {"difference": (compiled(x, mesh) - mesh_all_reduce(x, mesh)).abs().max().item(),
+            "graphs": len(context_of(compiled).records)}
+
+
+def combine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * 2 + b).sin()
+
+
+def scenario_in_flight_tensor_input(rank: int) -> dict:
+    """An eager functional collective's result (an AsyncCollectiveTensor, with no storage of its own) passed
+    to compiled code: the op that reads it runs natively (a break), never a kernel reading its pointer."""
+    strict(False)
+    fallbacks.reset()
+    x = torch.randn(4, generator=torch.Generator().manual_seed(rank))
+    compiled = kiln.compile(combine)
+    actual = compiled(funcol.all_reduce(x, "sum", dist.group.WORLD), x)
+    expected = combine(funcol.all_reduce(x, "sum", dist.group.WORLD), x)
+    records = context_of(compiled).records
+    return {"difference": (actual - expected).abs().max().item(),
+            "breaks": [r.graph_break.reason.id for r in records if r.graph_break is not None]}
+
+
+SCENARIOS = ["scenario_dumbnet_training", "scenario_variants", "scenario_async_op_breaks",
+             "scenario_device_mesh_group", "scenario_in_flight_tensor_input"]
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +169,14 @@ def test_async_collective_is_a_graph_break(results):
     for result in results["scenario_async_op_breaks"]:
         assert result["difference"] < 1e-6
         assert "unsupported_call" in result["breaks"]
+
+
+def test_device_mesh_names_the_group(results):
+    for result in results["scenario_device_mesh_group"]:
+        assert result["difference"] < 1e-5 and result["graphs"] == 1
+
+
+def test_in_flight_collective_result_as_input_runs_natively(results):
+    for result in results["scenario_in_flight_tensor_input"]:
+        assert result["difference"] < 1e-6
+        assert result["breaks"] == ["unsupported_object"]

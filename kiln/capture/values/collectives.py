@@ -21,8 +21,12 @@ from kiln.capture.values.tensor import trace_op
 try:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import DeviceMesh
 except ImportError:  # a torch built without torch.distributed
-    dist = funcol = None
+    dist = funcol = DeviceMesh = None
+
+# Process groups and device meshes: fixed objects capture guards by identity and passes to collectives by name.
+DISTRIBUTED_HANDLES: tuple[type, ...] = () if dist is None else (dist.ProcessGroup, DeviceMesh)
 
 # dist.<name> -> the functional collective's in-place form, which takes the same arguments.
 _FUNCTIONAL_FORMS = {
@@ -62,6 +66,8 @@ def _as_graph_constant(value: Value) -> Value:
     constant = value.as_constant()
     if isinstance(constant, dist.ProcessGroup):
         return ConstantValue(constant.group_name)
+    if isinstance(constant, DeviceMesh) and constant.ndim == 1:
+        return ConstantValue(constant.get_group().group_name)
     if isinstance(constant, (list, tuple)) or not _hashable(constant):
         return value
     if constant in funcol.REDUCE_OP_TO_STR:

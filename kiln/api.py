@@ -13,8 +13,9 @@ from torch import nn
 
 from kiln import fallbacks
 from kiln.backends import resolve_backend
-from kiln.capture.entry import CompileContext
+from kiln.capture.entry import CompileContext, call_with_compiled_forward, forward_replaced, has_hooks
 from kiln.config import describe_options
+from kiln.distributed import compiled_inner_module, split_at_ddp_buckets
 
 _contexts: weakref.WeakSet[CompileContext] = weakref.WeakSet()
 
@@ -88,7 +89,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiler = resolve_backend(backend, mode, options)
     if disable:
         return model
-    ctx = CompileContext(compiler, fullgraph=fullgraph, dynamic=dynamic)
+    ctx = CompileContext(split_at_ddp_buckets(compiler), fullgraph=fullgraph, dynamic=dynamic)
     _contexts.add(ctx)
     if isinstance(model, nn.Module):
         return OptimizedModule(model, ctx)
@@ -125,7 +126,10 @@ class OptimizedModule(nn.Module):
         super().__init__()
         self._orig_mod = mod
         self._kiln_context = ctx
-        forward = type(mod).forward
+        # a DDP wrapper runs natively (its hooks and collectives) around its inner module's compiled forward
+        inner = compiled_inner_module(mod)
+        self.__dict__["_kiln_inner"] = inner
+        forward = type(mod if inner is None else inner).forward
         self._compiled_forward = ctx.function(forward) if isinstance(forward, types.FunctionType) else None
 
     def __getattr__(self, name: str):
@@ -134,8 +138,10 @@ class OptimizedModule(nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value):
-        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward")
-                or "_orig_mod" not in self.__dict__.get("_modules", {})):
+        # the wrapper's own attributes, and dunders such as `__class__` (fully_shard swaps the class of the
+        # module it is given: this wrapper, not the module inside it)
+        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward", "_kiln_inner")
+                or name.startswith("__") or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
                 self.__dict__["_kiln_mod"] = value  # the per-call path reads this plain attribute instead
@@ -143,13 +149,20 @@ class OptimizedModule(nn.Module):
             setattr(self._orig_mod, name, value)
 
     def __call__(self, *args, **kwargs):
-        mod = self._kiln_mod
-        if self._compiled_forward is None or mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks:
-            return mod(*args, **kwargs)
-        return self._compiled_forward(mod, *args, **kwargs)
+        if has_hooks(self):  # hooks on this module itself, e.g. fully_shard(kiln.compile(block)): nn.Module runs them
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        return self(*args, **kwargs)
+        mod, inner, compiled = self._kiln_mod, self._kiln_inner, self._compiled_forward
+        if compiled is None:
+            return mod(*args, **kwargs)
+        if inner is not None:  # DDP's forward, natively, calls its inner module, whose forward is compiled
+            with forward_replaced(inner, compiled):
+                return mod(*args, **kwargs)
+        if has_hooks(mod):  # the module's hooks run natively around its compiled forward
+            return call_with_compiled_forward(mod, compiled, args, kwargs)
+        return compiled(mod, *args, **kwargs)
 
     def state_dict(self, *args, **kwargs):
         return self._orig_mod.state_dict(*args, **kwargs)

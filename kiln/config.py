@@ -31,6 +31,10 @@ class Config:
     progress_delay: float = 1.0
     """Seconds a graph's compile runs before its progress bar appears (bars show on a terminal only)."""
 
+    optimize_ddp: bool = True
+    """Split a graph captured inside a DistributedDataParallel forward at DDP's gradient buckets, so that each
+    bucket's all-reduce overlaps the backward of earlier layers (torch._dynamo.config.optimize_ddp)."""
+
 
 config = Config()
 

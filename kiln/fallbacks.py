@@ -87,6 +87,8 @@ BREAKS: dict[str, tuple[bool, str]] = {
     "unsupported_object": (False, "either: opaque objects break torch too; torch models more types"),
     "unsupported_opcode": (False, "either: a class statement breaks torch too; other opcodes it interprets"),
     "recursion": (False, "either: torch inlines deeper, and gives up somewhere too"),
+    "distributed_hooks": (False, "by design: FSDP2's hooks run natively; torch.compile skips them too "
+                                 "(skip_fsdp_hooks)"),
     "numpy": (True, "shortfall: torch.compile traces numpy calls as torch ops"),
     "hooks": (True, "shortfall: torch.compile inlines module hooks"),
     "unknown_context": (True, "shortfall: torch.compile traces user context managers' __enter__/__exit__"),

@@ -41,6 +41,7 @@ from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
 from kiln.config import CompileOptions, as_options, field_name
 from kiln.lower import ir, lower_graph
+from kiln.lower.collectives import place_collectives
 from kiln.lower.constant_masks import drop_masks_that_mask_nothing
 from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
@@ -143,6 +144,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_
     matmul operands may be stored padded (`shape_padding`), and convolutions run channels-last only where no
     activation leaves the graph for a backward that expects eager's layout (an inference graph)."""
     on_gpu = target.device.startswith("cuda")
+    place_collectives(gm)
     graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and shape_padding,
                         channels_last_convs=on_gpu and _is_inference(gm), through_aten=through_aten)
     verify(graph)

@@ -34,6 +34,7 @@ LAYERS = {
     "kiln.codegen": 4,
     "kiln.pipeline": 5,  # the default backend: autograd, then lower, schedule and the printers, stage by stage
     "kiln.backends": 6,
+    "kiln.distributed": 6,  # DDP's bucket split around any backend; what kiln.compile does with a DDP wrapper
     "kiln.api": 7,
     "kiln.debug": 8,
     "kiln.examples": 8,

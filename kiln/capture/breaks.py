@@ -53,6 +53,9 @@ CATALOGUE: dict[str, BreakReason] = {
                     "use torch.no_grad/enable_grad/autocast, or move the block out of the compiled region"),
         BreakReason("hooks", "a module with hooks registered is called",
                     "remove the hooks or compile a hook-free module"),
+        BreakReason("distributed_hooks", "a module sharded by fully_shard (FSDP2) is called: its hooks all-gather "
+                    "parameters and reduce-scatter gradients", "nothing to do: the hooks run natively around the "
+                    "module's compiled forward (kiln.compile each block, as torchtitan does, to avoid the break)"),
         BreakReason("recursion", "inlining is nested too deep (recursion)", "rewrite the recursion as a loop"),
     ]
 }

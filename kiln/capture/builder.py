@@ -17,11 +17,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
+from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
@@ -64,7 +67,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
         if not (isinstance(obj, float) and obj != obj):
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
         return ConstantValue(obj, source)
-    if isinstance(obj, (enum.Enum, types.CodeType)):  # immutable: identity pins every attribute
+    if isinstance(obj, (enum.Enum, types.CodeType, *DISTRIBUTED_HANDLES)):  # identity pins every attribute
         guard_identity(state, obj, source, expr)
         return ConstantValue(obj, source)
     if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(type(obj), "_fields")):
@@ -179,6 +182,9 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
         # symbolic sizes. A guard of its own here would pin this source's sizes and recompile on every new size
         # (automatic dynamic marks the first source's dimensions only); the identity guard is enough.
         return _tensor_input(state, t, source, expr)
+    if is_traceable_wrapper_subclass(t):  # no storage of its own: a kernel cannot read it
+        raise GraphBreak("unsupported_object", f"a {type(t).__name__} (a tensor subclass wrapping other tensors, "
+                                               "e.g. an in-flight collective's result) runs natively")
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
     dynamic = dynamic_dims(state, t, source)

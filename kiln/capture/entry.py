@@ -10,6 +10,7 @@ which the frame runs eagerly with one warning.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import itertools
@@ -581,8 +582,9 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return fn(*args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
-    if (isinstance(fn, torch.nn.Module) and not _has_hooks(fn)
-            and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward))):
+    if isinstance(fn, torch.nn.Module) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
+        if has_hooks(fn):
+            return call_with_compiled_forward(fn, ctx.function(type(fn).forward), args, kwargs)
         return ctx.function(type(fn).forward)(fn, *args, **kwargs)
     if _compilable(fn):
         return ctx.function(fn)(*args, **kwargs)
@@ -600,5 +602,36 @@ def _compilable(fn: Any) -> bool:
     return not (fn.__code__.co_flags & _SUSPENDABLE) and not module.startswith(("kiln", "torch."))
 
 
-def _has_hooks(m: torch.nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks)
+def has_hooks(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
+
+
+_NO_FORWARD = object()
+
+
+@contextlib.contextmanager
+def forward_replaced(module: torch.nn.Module, compiled_forward: Callable):
+    """While in the block, calling `module` runs its hooks natively around `compiled_forward(module, ...)`.
+
+    nn.Module's call reads `self.forward`, so an instance attribute stands in for the class's forward; the
+    module's own state (parameters, hooks, class) is left as it is.
+    """
+    previous = module.__dict__.get("forward", _NO_FORWARD)
+    module.__dict__["forward"] = functools.partial(compiled_forward, module)
+    try:
+        yield
+    finally:
+        if previous is _NO_FORWARD:
+            del module.__dict__["forward"]
+        else:
+            module.__dict__["forward"] = previous
+
+
+def call_with_compiled_forward(module: torch.nn.Module, compiled_forward: Callable, args: tuple, kwargs: dict) -> Any:
+    """`module(*args, **kwargs)` with its hooks run natively around its forward compiled.
+
+    Hooks kiln must not trace (FSDP2's all-gathers and reduce-scatters), and those of a module called
+    natively after a graph break, keep their eager semantics this way; the forward between them is compiled.
+    """
+    with forward_replaced(module, compiled_forward):
+        return module(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""`KILN_LOGS=graph_breaks,recompiles,guards,graph,bytecode,aot,output_code,perf_hints`: what gets logged.
+"""`KILN_LOGS=graph_breaks,recompiles,guards,graph,bytecode,aot,output_code,perf_hints,ddp`: what gets logged.
 
 Each topic is one Python logger under `kiln.` (`kiln.graph_breaks`, ...); the
 stages log to them at INFO. This module turns the environment variable (or a
@@ -35,6 +35,7 @@ TOPICS = {
     "pipeline": "the code generator: kernels and externs per ATen graph, time per stage (DEBUG)",
     "lower": "lowering decisions (ops run as ATen externs, at DEBUG)",
     "fallbacks": "each fallback to ATen or to eager, as it is recorded",
+    "ddp": "how each graph captured inside a DDP forward is split at DDP's gradient buckets",
 }
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.lower import ir
+from kiln.lower.collectives import is_collective_start, is_wait
 from kiln.schedule import deps
 from kiln.schedule.fusion import ExternStep, KernelGroup, Schedule
 
@@ -84,6 +85,21 @@ def _step_reads(step) -> set[str]:
     return ir.extern_reads(step.node)
 
 
+def _hold_collective_inputs(sched: Schedule, last_use: dict[str, int]) -> None:
+    """A collective's inputs live until its wait: c10d may still read them after the start returns, so their
+    storage is neither reused nor freed while the communication runs."""
+    started: dict[str, set[str]] = {}  # collective result -> the buffers it reads
+    for k, step in enumerate(sched.steps):
+        if not isinstance(step, ExternStep) or not isinstance(step.node, ir.Extern):
+            continue
+        if is_collective_start(step.node.op):
+            started[step.node.name] = ir.extern_reads(step.node)
+        elif is_wait(step.node.op):
+            for result in ir.extern_reads(step.node) & started.keys():
+                for b in started.pop(result):
+                    last_use[b] = max(last_use.get(b, k), k)
+
+
 def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
     """The plan for `sched`; `kept`: kernels (from `input_only_kernels`) whose outputs outlive the call."""
     graph = sched.graph
@@ -103,6 +119,7 @@ def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
             last_use.setdefault(b, k)
         for b in _step_reads(step):
             last_use[b] = k
+    _hold_collective_inputs(sched, last_use)
     reusable = {n.name for step in sched.kernels() for n in step.nodes
                 if n.name not in step.local and n.name not in pinned}
     keys = {}  # buffer -> (storage size, dtype), computed once per buffer (a sympy expression each)

@@ -12,6 +12,11 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.modules import module as _module_module
 
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # a torch built without torch.distributed
+    FSDPModule = None
+
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.side_effects import is_deleted
@@ -24,6 +29,12 @@ from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import raise_python
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+# Module types whose hooks kiln never inlines: FSDP2's (`fully_shard`) all-gather parameters, swap them into the
+# module and reduce-scatter gradients on torch.distributed's own streams and state. A call of such a module
+# breaks the graph and runs its hooks natively around its compiled forward (capture/entry.py, call_nested).
+_NATIVELY_HOOKED: tuple[type, ...] = () if FSDPModule is None else (FSDPModule,)
 
 
 def _global_hooks() -> bool:
@@ -69,6 +80,8 @@ class ModuleValue(Value):
     # --- calls --------------------------------------------------------------------------------
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         m = self.module
+        if isinstance(m, _NATIVELY_HOOKED):
+            raise GraphBreak("distributed_hooks", f"{type(m).__name__}: its fully_shard hooks run natively")
         if m._backward_hooks or m._backward_pre_hooks or _global_hooks():
             raise GraphBreak("hooks", f"{type(m).__name__} has backward or global hooks registered")
         expr = state.source_expr(self.source)

@@ -16,6 +16,7 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
+from kiln.capture.values.collectives import is_collective, trace_collective
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.functions import CallableValue
 from kiln.capture.values.tensor import TensorValue, trace_op
@@ -83,6 +84,8 @@ class TorchFunctionValue(CallableValue):
             return ConstantValue(state.grad_enabled)
         if fn in BREAKING:
             raise GraphBreak(BREAKING[fn], f"{fn.__name__}()")
+        if is_collective(fn):
+            return trace_collective(state, fn, args, kwargs)
         if fn is torch.full and _fills_from_tensor(args, kwargs):
             return _full_from_tensor(state, args, kwargs)
         if fn in CONTEXTS:

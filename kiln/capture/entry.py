@@ -191,6 +191,8 @@ class CompiledFrame:
         error = raised.error
         if eager is None or not raised.rerunnable:
             raise error
+        if raised.rewind is not None:
+            raised.rewind()
         if raised.rng is not None:
             restore_rng_state(raised.rng)
         try:

@@ -178,9 +178,10 @@ def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tup
 
 def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable: bool) -> list[str]:
     """`___out = graph(...)`, and what the program does when the graph raises (`kiln.capture.rerun`):
-    it restores grad mode and tells the frame whether re-running it eagerly reproduces eager. For that
-    it reads, before the call, the version counters of the inputs the graph writes, and (when the
-    graph draws random numbers) the generators' state."""
+    it restores grad mode and autocast and tells the frame whether re-running it eagerly reproduces
+    eager. For that it reads, before the call, the version counters of the inputs the graph writes
+    (and copies them, when an op of the graph may raise on values), the generators' state (when the
+    graph draws random numbers) and the autocast state (when the graph enters autocast)."""
     graph = writer.state.graph
     lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
     if rerunnable and not graph.uses_private_generator:
@@ -190,7 +191,13 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
         written = [expr for expr, writes in zip(inputs, graph.written_inputs()) if writes]
         if written:
             lines.append(f"___versions = {writer.constant(rerun.input_versions)}({', '.join(written)})")
-        args += ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
-                 "___versions" if written else "()"]
+            if graph.checks_values:
+                lines.append(f"___saved = {writer.constant(rerun.snapshot_inputs)}({', '.join(written)})")
+                args.append("saved=___saved")
+        args[2:2] = ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
+                     "___versions" if written else "()"]
+    if graph.enters_autocast:
+        lines.append(f"___autocast = {writer.constant(rerun.autocast_snapshot)}()")
+        args.append("autocast=___autocast")
     return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
                     f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]

@@ -19,7 +19,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -80,6 +80,9 @@ class FrameSpec:
     stack_nulls: tuple[bool, ...] = ()
     local_names: tuple[str, ...] | None = None  # None: a function entry, locals are its arguments
     cell_names: tuple[str, ...] = ()
+    # stepped through natively, instruction by instruction (its own cache): how a continuation whose graph
+    # raised runs again eagerly from its start, having no Python function to call (see `kiln.capture.rerun`)
+    native: bool = False
 
     def function(self) -> str:
         """The function this frame belongs to, continuations included: `name (file:line)`."""
@@ -90,7 +93,10 @@ class FrameSpec:
         if self.start == 0 and self.local_names is None:
             return where
         line = bytecode.instructions(self.code)[self.start].lineno
-        return f"{where}, resumed at line {line}"
+        return f"{where}, resumed at line {line}" + (", natively" if self.native else "")
+
+    def is_continuation(self) -> bool:
+        return self.start != 0 or self.local_names is not None
 
 
 @dataclass
@@ -182,12 +188,16 @@ class CompiledFrame:
         except GraphRaised as e:
             raised = e
         # outside the handler: what the re-run raises is the user's exception, not one raised "during" kiln's
+        if eager is None and self.spec.is_continuation() and not self.spec.native:
+            native = self.ctx.frame(replace(self.spec, native=True))
+            eager = functools.partial(native, L, G, C)
         return self._after_graph_raised(raised, eager)
 
     def _after_graph_raised(self, raised: GraphRaised, eager: Callable | None) -> Any:
         """The graph raised before any side effect of this frame was replayed: run the frame eagerly
         from its start, which applies eager's side effects and raises eager's exception (see
-        `kiln.capture.rerun`); or, when that would not be exact, raise the graph's exception."""
+        `kiln.capture.rerun`; a continuation is stepped through natively); or, when that would not be
+        exact, raise the graph's exception."""
         error = raised.error
         if eager is None or not raised.rerunnable:
             raise error
@@ -230,7 +240,7 @@ class CompiledFrame:
             if self.ctx.dynamic is None:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
-        opaque = False
+        opaque = self.spec.native
         if len(self.entries) >= config.cache_size_limit:
             if eager is not None:
                 self._warn_limit(reason)
@@ -468,7 +478,8 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
 
     def resume(index: int, new_stack: list) -> str:
-        target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs))
+        target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
+                           spec.native)
         name = writer.constant(ctx.frame(target))
         items = [f"{k!r}: {v}" for k, v in local_exprs.items()]
         items += [f"'___stack{i}': {s}" for i, s in enumerate(new_stack) if s is not None]
@@ -485,7 +496,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     compiled, backend_seconds, graph_id = None, 0.0, next(_record_ids)
     graph_name = f"___graph_{ctx.graph_counter}"
     source, writer = write_program(state, graph_fn_name=graph_name, finish=tail,
-                                   rerunnable=spec.start == 0 and spec.local_names is None)
+                                   rerunnable=not spec.native)
     gm = None
     if state.graph.op_count or writer.outputs:
         if state.grad_enabled != state.entry_grad_enabled:

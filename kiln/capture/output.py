@@ -151,8 +151,8 @@ def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tup
     before a mutation keeps its old identity; rebuilding also decides which graph nodes become
     graph outputs, so the graph call is written last, on top.
 
-    `rerunnable`: the frame can be run again eagerly from its start (a function's entry, not a
-    continuation), which it is when its graph raises (see `kiln.capture.rerun`).
+    `rerunnable`: the frame can be run again eagerly from its start (a function's entry, or a continuation
+    stepped through natively), which it is when its graph raises (see `kiln.capture.rerun`).
     """
     writer = ProgramWriter(state)
     tail = finish(writer)

@@ -4,8 +4,10 @@ The output program replays a frame's Python side effects (list appends, attribut
 stores, prints) after its graph has run. A graph that raises at run time (an integer division by
 zero, an index out of range) therefore leaves none of them applied, where eager applied those
 written before the raising op. Which ones those are is known only by running the frame's Python
-code, so the program re-runs the whole frame eagerly instead. That is exact when the failed call
-left nothing visible behind:
+code, so the program re-runs the whole frame eagerly instead: a function's entry by calling the
+function, a continuation (the rest of a function after a graph break, which has no Python function)
+by stepping through it natively from its first instruction, with the same stack and locals. That is
+exact when the failed call left nothing visible behind:
 - no side effect was replayed yet (the graph is the program's first statement);
 - the inputs are as they were before the graph ran. kiln's own backends write inputs back only after
   the graph has finished; the capture-only backend (and a graph run op by op) writes them in place, as
@@ -119,7 +121,8 @@ def graph_raised(error: Exception, entry_grad_enabled: bool, entry_autocast: tup
     """Called by the program when its graph raised: restore grad mode and autocast, then raise `GraphRaised`.
 
     `written` are the inputs the graph writes and `versions` their version counters before it ran
-    (None: the frame is not to be re-run: a continuation, or a graph drawing from a user's generator);
+    (None: the frame is not to be re-run: a continuation already stepped through natively, or a
+    graph drawing from a user's generator);
     `saved` their copies (None: the graph has no op that checks values); `autocast` the autocast state
     before a graph entering it ran.
     """

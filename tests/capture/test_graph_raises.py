@@ -24,10 +24,6 @@ RAISING_OPS = {
     "gather out of range": "t.gather(0, t * 0 + 9)",
     "advanced index out of range": "t[t * 0 - 8]",
 }
-# The graph of a continuation (the rest of a function after a graph break) that raises cannot be re-run
-# from its start: effects replayed after the break and before the raise are lost there (the frame's
-# effects before the break, and what the break ran natively, are kept).
-
 # every kind of side effect before the raising op (a print is a graph break: below), and some after it
 # (which eager never reaches)
 PROGRAM = """
@@ -98,6 +94,72 @@ def f(x):
     kiln_ns, _, kiln_error = _run(source, backend, torch.arange(1, 4))
     assert type(kiln_error) is type(eager_error) and str(eager_error) in str(kiln_error)
     assert _state(kiln_ns) == _state(eager_ns) and eager_ns["BUF"].getvalue() == "before 3\n"
+
+
+# the rest of a function after a graph break (a continuation) whose graph raises: it has no Python function to
+# call again, so it is stepped through natively from its start; effects before the break ran once already
+CONTINUATIONS = {
+    "effects after the break": """
+def f(x):
+    LOG.append(1)
+    print('break', file=BUF)
+    LOG.append(2)
+    OBJ.seen = True
+    global COUNT
+    COUNT = COUNT + 1
+    bad = {op}
+    LOG.append('after')
+    return bad
+""",
+    "a loop after the break": """
+def f(x):
+    print('break', file=BUF)
+    for i in range(3):
+        LOG.append(i)
+        TABLE[i] = x.shape[0]
+    return {op}
+""",
+    "an input written after the break": """
+def f(x):
+    print('break', file=BUF)
+    x.mul_(2)
+    LOG.append(1)
+    return {op}
+""",
+    "two breaks": """
+def f(x):
+    LOG.append(1)
+    print('one', file=BUF)
+    LOG.append(2)
+    print('two', file=BUF)
+    OBJ.n = 3
+    return {op}
+""",
+    "a break in an inlined call": """
+def helper(x):
+    print('inner', file=BUF)
+    OBJ.inner = True
+    return {op}
+
+def f(x):
+    LOG.append('outer')
+    return helper(x) + 1
+""",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["floor_divide by zero", "advanced index out of range"])
+@pytest.mark.parametrize("case", list(CONTINUATIONS))
+def test_a_continuation_that_raises_keeps_its_effects_once(case, op, backend):
+    source = CONTINUATIONS[case].format(op=RAISING_OPS[op].replace("t", "x"))
+    x = torch.arange(1, 5)
+    eager_ns, _, eager_error = _run(source, None, x)
+    kx = torch.arange(1, 5)
+    kiln_ns, _, kiln_error = _run(source, backend, kx)
+    assert eager_error is not None and type(kiln_error) is type(eager_error) and str(kiln_error) == str(eager_error)
+    assert _state(kiln_ns) == _state(eager_ns) and eager_ns["BUF"].getvalue()
+    assert torch.equal(kx, x)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

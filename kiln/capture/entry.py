@@ -546,17 +546,18 @@ def _add_shape_guard(state: CaptureState) -> None:
 
     One guard per relation, so that a recompile names the relation that failed. Relations
     over inputs with no symbolic size (parameters, ...) are left out: their tensor guards
-    already check every size and stride.
+    already check every size and stride; so are those over the bases of view inputs, which
+    name no input (see `GraphBuilder.view_bases`): every real view keeps within its base.
     """
     fakes = [node.meta["example_value"] for node in state.graph.graph.nodes if node.op == "placeholder"]
-    expr = state.graph.shape_env.produce_guards_expression(fakes, ignore_static=False)
+    expr = state.graph.shape_env.produce_guards_expression(fakes + state.graph.view_bases(), ignore_static=False)
     if not expr:
         return
     inputs = state.graph.inputs
     symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake)}
     for relation in _conjuncts(expr):
         used = sorted({int(i) for i in re.findall(r"L\['t(\d+)'\]", relation)})
-        if not set(used) & symbolic:
+        if not set(used) & symbolic or used[-1] >= len(fakes):
             continue
         fast, readable = relation, relation
         for i in reversed(used):

@@ -119,6 +119,12 @@ class GraphBuilder:
         have been written."""
         return [_written(self._input_nodes[source][1]) for source, _ in self.inputs]
 
+    def view_bases(self) -> list[torch.Tensor]:
+        """The fake bases of the inputs that are views. The fake-tensor converter gives a view's base
+        symbolic sizes of its own, which no input is the source of (unless the base is an input too):
+        the relations over them are the bounds every real view keeps within its base."""
+        return [fake._base for _, fake in self._input_nodes.values() if fake._base is not None]
+
     def is_dynamic(self) -> bool:
         return bool(self.symbol_sources)
 

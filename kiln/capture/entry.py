@@ -37,6 +37,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln.capture.values.torch_api import ExitValue, GradModeContext
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -486,9 +487,24 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
         return f"return {name}({{{', '.join(items)}}}, G, C)"
 
-    lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
+    lines = _exiting_grad_mode_blocks(render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp),
+                                      [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
+
+
+def _is_grad_mode_exit(v) -> bool:
+    return isinstance(v, ExitValue) and isinstance(v.ctx, GradModeContext) and v.ctx.entered()
+
+
+def _exiting_grad_mode_blocks(lines: list[str], exits: list[str]) -> list[str]:
+    """`lines` (the breaking instruction, then the continuation), leaving the `with torch.no_grad():` blocks
+    open at the break when an exception comes out of them, as eager's `with` does: a continuation has no
+    exception handlers of its own, so grad mode would stay as the block set it."""
+    if not exits:
+        return lines
+    handler = [f"    {exit_}(None, None, None)" for exit_ in reversed(exits)]  # the innermost block first
+    return ["try:", *("    " + line for line in lines), "except BaseException:", *handler, "    raise"]
 
 
 def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame, reason, tail) -> tuple:

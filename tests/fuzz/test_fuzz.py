@@ -57,6 +57,10 @@ KNOWN_FAILING: dict[tuple[str, int], str] = {
     # -2**63 among small ones) cancels catastrophically in float32; eager's vectorized summation order gives 1.11,
     # kiln's 0 (exactly: 3), and the result scales the output. Eager's re-runs on other layouts keep its order.
     ("inductor", 2197): "ill-conditioned float32 mean of int64 edge values, which eager's re-runs do not expose",
+    # `c * tanh(b)` (c float32 0-dim, b bfloat16) then `.float()` in the loss: eager rounds the incoming gradient
+    # and the products to bfloat16; kiln's fused backward keeps them in float32, so c.grad differs by 0.2%
+    # (float64: -2.2946, eager -2.2969, kiln -2.2917), beyond float32's tolerance and outside eager's span
+    ("inductor", 4147): "bfloat16 rounding of a gradient that eager makes and the fused backward skips",
 }
 
 

@@ -489,8 +489,8 @@ class _OutputClassifier:
             if storage in self.inputs:
                 i = self.inputs[storage]
                 kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, self.size_sources)))
-            elif len(groups[storage]) == 1:  # its storage is its own: the graph returns it as it is
-                kinds.append(GraphOutput(self._output(leaf, k, False)))
+            elif len(groups[storage]) == 1 and not _views_an_intermediate_with_history(leaf):
+                kinds.append(GraphOutput(self._output(leaf, k, False)))  # its storage is its own: returned as it is
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
@@ -514,6 +514,13 @@ class _OutputClassifier:
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
                 return self._output(base, k, of_base), base
         raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+
+
+def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:
+    """A view, with autograd history, of a tensor the graph made: returned by the compiled Function as it is,
+    autograd would mark it a view made inside a custom Function, which cannot be written in place (eager's
+    can). The graph returns its base instead, and the view is rebuilt on it, as for outputs sharing storage."""
+    return leaf._base is not None and leaf.requires_grad
 
 
 def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:

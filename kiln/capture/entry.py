@@ -20,7 +20,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln.capture.values.torch_api import ExitValue, GradModeContext
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -84,6 +85,9 @@ class FrameSpec:
     stack_nulls: tuple[bool, ...] = ()
     local_names: tuple[str, ...] | None = None  # None: a function entry, locals are its arguments
     cell_names: tuple[str, ...] = ()
+    # stepped through natively, instruction by instruction (its own cache): how a continuation whose graph
+    # raised runs again eagerly from its start, having no Python function to call (see `kiln.capture.rerun`)
+    native: bool = False
 
     def function(self) -> str:
         """The function this frame belongs to, continuations included: `name (file:line)`."""
@@ -94,7 +98,10 @@ class FrameSpec:
         if self.start == 0 and self.local_names is None:
             return where
         line = bytecode.instructions(self.code)[self.start].lineno
-        return f"{where}, resumed at line {line}"
+        return f"{where}, resumed at line {line}" + (", natively" if self.native else "")
+
+    def is_continuation(self) -> bool:
+        return self.start != 0 or self.local_names is not None
 
 
 @dataclass
@@ -186,15 +193,21 @@ class CompiledFrame:
         except GraphRaised as e:
             raised = e
         # outside the handler: what the re-run raises is the user's exception, not one raised "during" kiln's
+        if eager is None and self.spec.is_continuation() and not self.spec.native:
+            native = self.ctx.frame(replace(self.spec, native=True))
+            eager = functools.partial(native, L, G, C)
         return self._after_graph_raised(raised, eager)
 
     def _after_graph_raised(self, raised: GraphRaised, eager: Callable | None) -> Any:
         """The graph raised before any side effect of this frame was replayed: run the frame eagerly
         from its start, which applies eager's side effects and raises eager's exception (see
-        `kiln.capture.rerun`); or, when that would not be exact, raise the graph's exception."""
+        `kiln.capture.rerun`; a continuation is stepped through natively); or, when that would not be
+        exact, raise the graph's exception."""
         error = raised.error
         if eager is None or not raised.rerunnable:
             raise error
+        if raised.rewind is not None:
+            raised.rewind()
         if raised.rng is not None:
             restore_rng_state(raised.rng)
         try:
@@ -232,7 +245,7 @@ class CompiledFrame:
             if self.ctx.dynamic is None:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
-        opaque = False
+        opaque = self.spec.native
         if len(self.entries) >= config.cache_size_limit:
             if eager is not None:
                 self._warn_limit(reason)
@@ -470,16 +483,32 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
 
     def resume(index: int, new_stack: list) -> str:
-        target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs))
+        target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
+                           spec.native)
         name = writer.constant(ctx.frame(target))
         items = [f"{k!r}: {v}" for k, v in local_exprs.items()]
         items += [f"'___stack{i}': {s}" for i, s in enumerate(new_stack) if s is not None]
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
         return f"return {name}({{{', '.join(items)}}}, G, C)"
 
-    lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
+    lines = _exiting_grad_mode_blocks(render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp),
+                                      [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
+
+
+def _is_grad_mode_exit(v) -> bool:
+    return isinstance(v, ExitValue) and isinstance(v.ctx, GradModeContext) and v.ctx.entered()
+
+
+def _exiting_grad_mode_blocks(lines: list[str], exits: list[str]) -> list[str]:
+    """`lines` (the breaking instruction, then the continuation), leaving the `with torch.no_grad():` blocks
+    open at the break when an exception comes out of them, as eager's `with` does: a continuation has no
+    exception handlers of its own, so grad mode would stay as the block set it."""
+    if not exits:
+        return lines
+    handler = [f"    {exit_}(None, None, None)" for exit_ in reversed(exits)]  # the innermost block first
+    return ["try:", *("    " + line for line in lines), "except BaseException:", *handler, "    raise"]
 
 
 def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame, reason, tail) -> tuple:
@@ -487,7 +516,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     compiled, backend_seconds, graph_id = None, 0.0, next(_record_ids)
     graph_name = f"___graph_{ctx.graph_counter}"
     source, writer = write_program(state, graph_fn_name=graph_name, finish=tail,
-                                   rerunnable=spec.start == 0 and spec.local_names is None)
+                                   rerunnable=not spec.native)
     gm = None
     if state.graph.op_count or writer.outputs:
         if state.grad_enabled != state.entry_grad_enabled:
@@ -544,17 +573,18 @@ def _add_shape_guard(state: CaptureState) -> None:
 
     One guard per relation, so that a recompile names the relation that failed. Relations
     over inputs with no symbolic size (parameters, ...) are left out: their tensor guards
-    already check every size and stride.
+    already check every size and stride; so are those over the bases of view inputs, which
+    name no input (see `GraphBuilder.view_bases`): every real view keeps within its base.
     """
     fakes = [node.meta["example_value"] for node in state.graph.graph.nodes if node.op == "placeholder"]
-    expr = state.graph.shape_env.produce_guards_expression(fakes, ignore_static=False)
+    expr = state.graph.shape_env.produce_guards_expression(fakes + state.graph.view_bases(), ignore_static=False)
     if not expr:
         return
     inputs = state.graph.inputs
     symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake)}
     for relation in _conjuncts(expr):
         used = sorted({int(i) for i in re.findall(r"L\['t(\d+)'\]", relation)})
-        if not set(used) & symbolic:
+        if not set(used) & symbolic or used[-1] >= len(fakes):
             continue
         fast, readable = relation, relation
         for i in reversed(used):

@@ -37,7 +37,7 @@ class GraphBuilder:
         # by default (capture_dynamic_output_shape_ops / capture_scalar_outputs off). An unbacked size
         # printed into generated code would name a symbol nothing binds.
         self.shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
-        self.fake_mode = RngWatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
+        self.fake_mode = WatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
@@ -102,11 +102,28 @@ class GraphBuilder:
         """Whether a random op draws from a `generator=` of the user's rather than the default one."""
         return self.fake_mode.uses_private_generator
 
+    @property
+    def checks_values(self) -> bool:
+        """Whether an op of the graph may raise on the values it reads (an index out of range, an integer
+        division by zero), where capture saw it succeed on shapes alone."""
+        return self.fake_mode.checks_values
+
+    @property
+    def enters_autocast(self) -> bool:
+        """Whether the graph enters a `torch.autocast` block (which a raise inside it leaves on)."""
+        return any(n.target is torch.amp.autocast_mode._enter_autocast for n in self.graph.nodes)
+
     def written_inputs(self) -> list[bool]:
         """Per input (placeholder order), whether the graph writes it. Capture's fake inputs start at
         version 0, so a write shows as a later version; an inference tensor keeps no version: it may
         have been written."""
         return [_written(self._input_nodes[source][1]) for source, _ in self.inputs]
+
+    def view_bases(self) -> list[torch.Tensor]:
+        """The fake bases of the inputs that are views. The fake-tensor converter gives a view's base
+        symbolic sizes of its own, which no input is the source of (unless the base is an input too):
+        the relations over them are the bounds every real view keeps within its base."""
+        return [fake._base for _, fake in self._input_nodes.values() if fake._base is not None]
 
     def is_dynamic(self) -> bool:
         return bool(self.symbol_sources)
@@ -178,16 +195,19 @@ class GraphBuilder:
         return gm
 
 
-class RngWatchingFakeMode(FakeTensorMode):
-    """The fake mode capture runs ops in, noting whether any ATen op it sees draws random numbers.
+class WatchingFakeMode(FakeTensorMode):
+    """The fake mode capture runs ops in, noting which ATen ops it sees that matter when the graph raises.
 
-    The output program needs to know: a graph that raised may be re-run eagerly from the frame's start
-    (see `output.write_program`), and the re-run must draw the same random numbers as eager, so the
-    generator's state is saved before such a graph runs. ATen tags every op that consumes the
-    generator `nondeterministic_seeded`; composite ops (dropout) reach this mode as their parts.
+    A graph that raised may be re-run eagerly from the frame's start (see `kiln.capture.rerun`):
+    - the re-run must draw the same random numbers as eager, so the generator's state is saved before
+      a graph drawing them runs. ATen tags every op that consumes the generator `nondeterministic_seeded`;
+      composite ops (dropout) reach this mode as their parts;
+    - the re-run must see the inputs as they were, so the inputs a graph writes are copied before it
+      runs when an op of it checks values (`VALUE_CHECKED_OPS`): only such a graph raises at run time.
     """
 
     uses_private_generator = False
+    checks_values = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -202,7 +222,41 @@ class RngWatchingFakeMode(FakeTensorMode):
             for t in pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.rng_devices.add(_generator_of(t.device))
+        if not self.checks_values and _checks_values(func, out):
+            self.checks_values = True
         return out
+
+
+_aten = torch.ops.aten
+VALUE_CHECKED_OPS = frozenset((
+    # indices read from a tensor, checked against the indexed size
+    _aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl, _aten._index_put_impl_, _aten.gather,
+    _aten.scatter, _aten.scatter_, _aten.scatter_add, _aten.scatter_add_, _aten.scatter_reduce, _aten.scatter_reduce_,
+    _aten.index_select, _aten.index_add, _aten.index_add_, _aten.index_copy, _aten.index_copy_, _aten.index_fill,
+    _aten.index_fill_, _aten.index_reduce, _aten.index_reduce_, _aten.embedding, _aten._embedding_bag,
+    _aten.embedding_bag, _aten.take, _aten.put, _aten.put_, _aten.masked_scatter, _aten.masked_scatter_,
+    _aten.max_unpool2d, _aten.max_unpool3d,
+    # class targets checked against the number of classes
+    _aten.nll_loss_forward, _aten.nll_loss2d_forward, _aten.multi_margin_loss, _aten.multilabel_margin_loss_forward,
+    _aten._ctc_loss,
+    # probabilities checked to lie in [0, 1]; factorizations checked for singular or non-definite inputs
+    _aten.multinomial, _aten.bernoulli, _aten.bernoulli_, _aten.binary_cross_entropy, _aten._linalg_check_errors,
+    # asserts on values
+    _aten._assert_async, _aten._assert_scalar,
+))
+"""ATen ops whose kernels check the values they read and raise (fake tensors run no such check)."""
+
+_INTEGER_DIVISIONS = frozenset((_aten.div, _aten.div_, _aten.floor_divide, _aten.floor_divide_, _aten.remainder,
+                                _aten.remainder_, _aten.fmod, _aten.fmod_))
+"""Divisions that raise ZeroDivisionError on a zero divisor, when their result is an integer."""
+
+
+def _checks_values(func, out) -> bool:
+    packet = getattr(func, "overloadpacket", None)
+    if packet in VALUE_CHECKED_OPS:
+        return True
+    return packet in _INTEGER_DIVISIONS and isinstance(out, torch.Tensor) and not (
+        out.is_floating_point() or out.is_complex())
 
 
 def _generator_of(device: torch.device):

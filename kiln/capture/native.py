@@ -177,6 +177,15 @@ def _load_attr(ins, stack, kw, resume, temp):
     return [f"{r} = getattr({stack[-1]}, {ins.argval!r})", resume(ins.index + 1, stack[:-1] + pushed)]
 
 
+@renders("LOAD_GLOBAL")
+def _load_global(ins, stack, kw, resume, temp):
+    """A global capture could not read (a name the module does not define): Python's own lookup,
+    through the module's globals then its builtins, raises the NameError eager raises."""
+    r = temp()
+    pushed = [None, r] if ins.method_load else [r]
+    return [f"{r} = eval({ins.argval!r}, G)", resume(ins.index + 1, stack + pushed)]
+
+
 @renders("STORE_ATTR")
 def _store_attr(ins, stack, kw, resume, temp):
     return [f"setattr({stack[-1]}, {ins.argval!r}, {stack[-2]})", resume(ins.index + 1, stack[:-2])]
@@ -325,13 +334,14 @@ def _delete_subscr(ins, stack, kw, resume, temp):
 
 
 # Instructions whose handlers never raise a graph break (or only for a Python error the frame
-# would raise anyway): a continuation never has to run one natively.
+# would raise anyway): a continuation never has to run one natively. (LOAD_GLOBAL breaks on a name
+# the module lacks, and is rendered: a continuation has no frame to raise that NameError otherwise.)
 NEVER_BREAKS = frozenset({
     "NOP", "RESUME", "PRECALL", "COPY_FREE_VARS", "CACHE", "EXTENDED_ARG", "POP_TOP", "PUSH_NULL", "COPY", "SWAP",
     "END_FOR", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "MAKE_CELL", "LOAD_FAST", "LOAD_FAST_AND_CLEAR",
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
     "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
-    "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "LOAD_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
+    "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
     "LIST_TO_TUPLE", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
     "WITH_EXCEPT_START",
 })

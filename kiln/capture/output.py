@@ -37,6 +37,7 @@ class ProgramWriter:
         self._temps = itertools.count()
         self._memo: dict[int, str] = {}
         self._bound_symbols: set[str] = set()
+        self.symbol_lines: list[str] = []  # the symbols' values, read from the inputs before the graph runs
         self._after_values: list = []  # lines written once every value is rebuilt (see `after_values`)
 
     # --- expressions ------------------------------------------------------------------------
@@ -65,14 +66,16 @@ class ProgramWriter:
         return f"___out[{self._output_index[node]}]"
 
     def symbolic(self, sym) -> str:
-        """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`."""
+        """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`. The sizes are read
+        before the graph runs (`symbol_lines`): an in-place view op of the graph (`x.unsqueeze_(0)`,
+        `x.t_()`) changes the input's sizes, and a symbol stands for the size as passed."""
         expr = sym.node.expr
         for symbol in sorted(expr.free_symbols, key=str):
             source, dim = self.state.graph.symbol_sources[symbol]
             name = str(symbol)
             if name not in self._bound_symbols:
                 self._bound_symbols.add(name)
-                self.lines.append(f"{name} = {fast_expr(source)}.size({dim})")
+                self.symbol_lines.append(f"{name} = {fast_expr(source)}.size({dim})")
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
@@ -151,8 +154,8 @@ def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tup
     before a mutation keeps its old identity; rebuilding also decides which graph nodes become
     graph outputs, so the graph call is written last, on top.
 
-    `rerunnable`: the frame can be run again eagerly from its start (a function's entry, not a
-    continuation), which it is when its graph raises (see `kiln.capture.rerun`).
+    `rerunnable`: the frame can be run again eagerly from its start (a function's entry, or a continuation
+    stepped through natively), which it is when its graph raises (see `kiln.capture.rerun`).
     """
     writer = ProgramWriter(state)
     tail = finish(writer)
@@ -171,16 +174,17 @@ def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tup
     if state.grad_enabled != state.entry_grad_enabled or enters_grad:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch
-    lines = head + writer.lines + effects + tail
+    lines = writer.symbol_lines + head + writer.lines + effects + tail
     source = "def program(L, G, C):\n" + "\n".join("    " + line for line in lines)
     return source, writer
 
 
 def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable: bool) -> list[str]:
     """`___out = graph(...)`, and what the program does when the graph raises (`kiln.capture.rerun`):
-    it restores grad mode and tells the frame whether re-running it eagerly reproduces eager. For that
-    it reads, before the call, the version counters of the inputs the graph writes, and (when the
-    graph draws random numbers) the generators' state."""
+    it restores grad mode and autocast and tells the frame whether re-running it eagerly reproduces
+    eager. For that it reads, before the call, the version counters of the inputs the graph writes
+    (and copies them, when an op of the graph may raise on values), the generators' state (when the
+    graph draws random numbers) and the autocast state (when the graph enters autocast)."""
     graph = writer.state.graph
     lines, args = [], [repr(writer.state.entry_grad_enabled), writer.constant(writer.state.entry_autocast)]
     if rerunnable and not graph.uses_private_generator:
@@ -190,7 +194,13 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
         written = [expr for expr, writes in zip(inputs, graph.written_inputs()) if writes]
         if written:
             lines.append(f"___versions = {writer.constant(rerun.input_versions)}({', '.join(written)})")
-        args += ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
-                 "___versions" if written else "()"]
+            if graph.checks_values:
+                lines.append(f"___saved = {writer.constant(rerun.snapshot_inputs)}({', '.join(written)})")
+                args.append("saved=___saved")
+        args[2:2] = ["___rng" if graph.rng_devices else "None", f"({''.join(w + ', ' for w in written)})",
+                     "___versions" if written else "()"]
+    if graph.enters_autocast:
+        lines.append(f"___autocast = {writer.constant(rerun.autocast_snapshot)}()")
+        args.append("autocast=___autocast")
     return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
                     f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]

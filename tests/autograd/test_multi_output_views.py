@@ -78,22 +78,49 @@ def test_a_write_to_returned_views_raises_as_in_eager(view, backend):
     _same(_outcome(_writes_first_part(f), x), _outcome(_writes_first_part(kiln.compile(f, backend=backend)), x))
 
 
-# tensor_split makes each piece with its own view op (eager allows the write); under aot_eager the compiled
-# autograd.Function returns a view of one of its intermediates as an output of its own, which autograd marks
-# IN_CUSTOM_FUNCTION (inductor's graph returns a buffer of its own)
-SINGLE_VIEW_RETURNED_BY_THE_FUNCTION = pytest.mark.xfail(strict=True, reason="a view of an intermediate returned alone "
-                                                         "by the compiled Function cannot be written; eager's can")
-
-
-@pytest.mark.parametrize("backend,view", [
-    pytest.param(b, v, marks=SINGLE_VIEW_RETURNED_BY_THE_FUNCTION if (v, b) == ("tensor_split", "aot_eager") else ())
-    for b in BACKENDS for v in MULTI_OUTPUT_VIEWS])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view", list(MULTI_OUTPUT_VIEWS))
 def test_a_write_to_a_view_returned_alone_raises_as_in_eager(view, backend):
+    """tensor_split makes each piece with its own view op: eager allows the write, and so does kiln."""
     def f(x):
         return MULTI_OUTPUT_VIEWS[view](x * 2)[0]
 
     x = torch.randn(2, 3, requires_grad=True)
     _same(_outcome(_writes_first_part(f), x), _outcome(_writes_first_part(kiln.compile(f, backend=backend)), x))
+
+
+# single views of an intermediate, returned without it: eager's output is an ordinary view, writable in place
+SINGLE_VIEWS = {
+    "select": lambda t: t[0],
+    "transpose": lambda t: t.t(),
+    "slice of a flat view": lambda t: t.view(-1)[1:4],
+    "diagonal": lambda t: t.diagonal(),
+    "expand": lambda t: t[:1].expand(3, 3),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view", list(SINGLE_VIEWS))
+def test_a_view_of_an_intermediate_returned_alone_is_written_as_in_eager(view, backend):
+    """The compiled Function returns the intermediate and the view is rebuilt on it, so autograd does not mark
+    it a view made inside a custom Function: the caller's write and the gradients after it are eager's."""
+    def f(x):
+        return SINGLE_VIEWS[view](x * 2), x.sum()
+
+    def write_then_backward(fn, x):
+        out, total = fn(x)
+        try:
+            out.mul_(3)
+        except RuntimeError as e:
+            return type(e), None
+        (out * torch.arange(out.numel()).view(out.shape)).sum().backward()
+        return out.detach(), x.grad
+
+    eager = write_then_backward(f, torch.ones(3, 3, requires_grad=True))
+    compiled = write_then_backward(kiln.compile(f, backend=backend), torch.ones(3, 3, requires_grad=True))
+    assert type(eager[0]) is type(compiled[0])
+    if isinstance(eager[0], torch.Tensor):
+        assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

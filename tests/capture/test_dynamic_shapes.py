@@ -244,3 +244,55 @@ def test_shape_guards_describe_an_input_as_passed_not_after_an_in_place_view_op(
         assert kiln_n == ref_n
         torch.testing.assert_close(kiln_out, ref_out)
         assert kiln_x.shape == ref_x.shape and kiln_x.stride() == ref_x.stride()
+
+
+# views passed without their base: the fake of such an input has a base with symbolic sizes of its own,
+# which no input is the source of
+VIEWS_WITHOUT_BASE = {
+    "a slice": lambda base: base[1:],
+    "a strided slice": lambda base: base[::2],
+    "a row of a reshape": lambda base: base.view(2, -1)[1],
+    "unsqueezed in place": lambda base: base[1:],
+}
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("view", list(VIEWS_WITHOUT_BASE))
+def test_a_view_input_whose_base_is_not_an_input_compiles_over_changing_sizes(view, dynamic):
+    def f(d, e):
+        if view == "unsqueezed in place":
+            d = d.unsqueeze_(0)
+        return d * 2 + e.sum(), d.shape[-1]
+
+    compiled = kiln.compile(f, backend="eager", dynamic=dynamic)
+    for n in (4, 8, 6, 10):
+        eager_base, kiln_base = torch.arange(float(n)), torch.arange(float(n))
+        expected = f(VIEWS_WITHOUT_BASE[view](eager_base), torch.ones(n))
+        got = compiled(VIEWS_WITHOUT_BASE[view](kiln_base), torch.ones(n))
+        assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
+
+
+# in-place view ops that change an input's sizes inside the graph
+IN_PLACE_VIEW_OPS = {
+    "unsqueeze_": lambda x: x.unsqueeze_(0),
+    "t_": lambda x: x.t_(),
+    "transpose_": lambda x: x.transpose_(0, 1),
+    "squeeze_": lambda x: x.squeeze_(1),
+    "as_strided_": lambda x: x.as_strided_((x.shape[1], x.shape[0]), (1, x.shape[1])),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("op", list(IN_PLACE_VIEW_OPS))
+def test_sizes_returned_after_an_in_place_view_op_are_the_new_ones(op, backend):
+    """A symbolic size returned to Python is read from the inputs as passed, before the graph changes
+    their sizes in place: `x.t_(); return x.shape` gives the transposed sizes, as in eager."""
+    def f(x):
+        y = IN_PLACE_VIEW_OPS[op](x)
+        return y * 2, tuple(x.shape), x.shape[0] + x.shape[-1] * 10
+
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for rows in (3, 5, 4):
+        shape = (rows, 1) if op == "squeeze_" else (rows, rows + 2)
+        expected, got = f(torch.randn(shape)), compiled(torch.randn(shape))
+        assert got[0].shape == expected[0].shape and got[1:] == expected[1:]

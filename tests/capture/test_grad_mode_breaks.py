@@ -109,3 +109,58 @@ def test_grad_mode_across_breaks(fn, outer, backend):
 def test_grad_mode_across_breaks_with_the_default_backend(fn):
     _run(fn, "inductor", True)
     _run(fn, "inductor", False)
+
+
+def _raise_after_break_in_no_grad(x):
+    with torch.no_grad():
+        print("", end="")
+        return x[x.long() * 0 + 9]  # the continuation's graph raises IndexError
+
+
+def _python_error_after_break_in_no_grad(x):
+    with torch.no_grad():
+        print("", end="")
+        return {"a": x}["missing"]
+
+
+def _breaking_call_raises_in_no_grad(x):
+    def noisy(t):
+        print("", end="")
+        raise ValueError("from a call that breaks")
+
+    with torch.no_grad():
+        return noisy(x)
+
+
+def _raise_in_enable_grad_inside_no_grad(x):
+    with torch.no_grad():
+        with torch.enable_grad():
+            print("", end="")
+            y = x * 2
+            raise KeyError(y.shape[0])
+
+
+def _raise_in_set_grad_enabled_block(x):
+    with torch.set_grad_enabled(False):
+        print("", end="")
+        return x.long() // (x.long() * 0)
+
+
+RAISING_IN_GRAD_MODE_BLOCKS = [_raise_after_break_in_no_grad, _python_error_after_break_in_no_grad,
+                               _breaking_call_raises_in_no_grad, _raise_in_enable_grad_inside_no_grad,
+                               _raise_in_set_grad_enabled_block]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", RAISING_IN_GRAD_MODE_BLOCKS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("entry_grad", [True, False])
+def test_an_exception_after_a_break_inside_a_grad_mode_block_restores_grad_mode(fn, entry_grad, backend):
+    """The continuation resumes inside the block; an exception out of it leaves the block, as `with` does."""
+    x = torch.arange(1.0, 4.0, requires_grad=True)
+    outcomes = []
+    for run in (fn, kiln.compile(fn, backend=backend)):
+        with torch.set_grad_enabled(entry_grad):
+            with pytest.raises(Exception) as info:
+                run(x)
+            outcomes.append((type(info.value), str(info.value), torch.is_grad_enabled()))
+    assert outcomes[0] == outcomes[1] and outcomes[0][2] is entry_grad

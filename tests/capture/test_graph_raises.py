@@ -24,10 +24,6 @@ RAISING_OPS = {
     "gather out of range": "t.gather(0, t * 0 + 9)",
     "advanced index out of range": "t[t * 0 - 8]",
 }
-# The graph of a continuation (the rest of a function after a graph break) that raises cannot be re-run
-# from its start: effects replayed after the break and before the raise are lost there (the frame's
-# effects before the break, and what the break ran natively, are kept).
-
 # every kind of side effect before the raising op (a print is a graph break: below), and some after it
 # (which eager never reaches)
 PROGRAM = """
@@ -100,6 +96,72 @@ def f(x):
     assert _state(kiln_ns) == _state(eager_ns) and eager_ns["BUF"].getvalue() == "before 3\n"
 
 
+# the rest of a function after a graph break (a continuation) whose graph raises: it has no Python function to
+# call again, so it is stepped through natively from its start; effects before the break ran once already
+CONTINUATIONS = {
+    "effects after the break": """
+def f(x):
+    LOG.append(1)
+    print('break', file=BUF)
+    LOG.append(2)
+    OBJ.seen = True
+    global COUNT
+    COUNT = COUNT + 1
+    bad = {op}
+    LOG.append('after')
+    return bad
+""",
+    "a loop after the break": """
+def f(x):
+    print('break', file=BUF)
+    for i in range(3):
+        LOG.append(i)
+        TABLE[i] = x.shape[0]
+    return {op}
+""",
+    "an input written after the break": """
+def f(x):
+    print('break', file=BUF)
+    x.mul_(2)
+    LOG.append(1)
+    return {op}
+""",
+    "two breaks": """
+def f(x):
+    LOG.append(1)
+    print('one', file=BUF)
+    LOG.append(2)
+    print('two', file=BUF)
+    OBJ.n = 3
+    return {op}
+""",
+    "a break in an inlined call": """
+def helper(x):
+    print('inner', file=BUF)
+    OBJ.inner = True
+    return {op}
+
+def f(x):
+    LOG.append('outer')
+    return helper(x) + 1
+""",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["floor_divide by zero", "advanced index out of range"])
+@pytest.mark.parametrize("case", list(CONTINUATIONS))
+def test_a_continuation_that_raises_keeps_its_effects_once(case, op, backend):
+    source = CONTINUATIONS[case].format(op=RAISING_OPS[op].replace("t", "x"))
+    x = torch.arange(1, 5)
+    eager_ns, _, eager_error = _run(source, None, x)
+    kx = torch.arange(1, 5)
+    kiln_ns, _, kiln_error = _run(source, backend, kx)
+    assert eager_error is not None and type(kiln_error) is type(eager_error) and str(kiln_error) == str(eager_error)
+    assert _state(kiln_ns) == _state(eager_ns) and eager_ns["BUF"].getvalue()
+    assert torch.equal(kx, x)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_numbers_are_drawn_once(backend):
     """The re-run draws the graph's random numbers again from the generator's state before the graph."""
@@ -136,19 +198,122 @@ def f(x, y):
     assert torch.equal(cx, x)
 
 
-def test_input_written_in_place_before_the_raise_is_not_written_twice():
-    """The capture-only backend runs the graph op by op: the input was written before the raise, so a
-    re-run would write it twice. kiln raises the graph's error instead (the appends before it are lost)."""
-    source = """
+# writes into an input (or a view of one) before the raising op, which the capture-only backend and a graph
+# run op by op make in place, as they go
+INPUT_WRITES = {
+    "add_": "x.add_(1)",
+    "copy_": "x.copy_(x * 3)",
+    "index_put_": "x[t * 0 + 1] = 5",
+    "add_ into a view": "x[1:].add_(2)",
+    "copy_ into a view": "x.view(2, -1)[0].copy_(t[:2])",
+    "in-place op of a view of a view": "x[::2][1:].mul_(4)",
+}
+WRITING_PROGRAM = """
 def f(x):
-    x.add_(1)
-    LOG.append(1)
-    return x // (x * 0)
+    t = x.cumsum(0)
+    LOG.append(int(t.shape[0]))
+    {write}
+    OBJ.written = True
+    bad = {op}
+    LOG.append('after')
+    return bad
 """
-    x = torch.arange(1, 4)
-    _, _, error = _run(source, "eager", x)
-    assert isinstance(error, RuntimeError) and "ZeroDivisionError" in str(error)
-    assert torch.equal(x, torch.arange(2, 5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("write", list(INPUT_WRITES))
+@pytest.mark.parametrize("op", ["floor_divide by zero", "gather out of range", "advanced index out of range"])
+def test_an_input_written_before_a_raising_op_is_written_once(op, write, backend):
+    """The inputs a graph writes are copied before a graph that may raise on values runs, and put back
+    before the frame re-runs eagerly: the input ends as eager leaves it (written once), the effects
+    before the raise are kept."""
+    source = WRITING_PROGRAM.format(write=INPUT_WRITES[write], op=RAISING_OPS[op])
+    x = torch.arange(1, 5)
+    eager_ns, _, eager_error = _run(source, None, x)
+    kx = torch.arange(1, 5)
+    kiln_ns, _, kiln_error = _run(source, backend, kx)
+    assert eager_error is not None and type(kiln_error) is type(eager_error) and str(kiln_error) == str(eager_error)
+    assert _state(kiln_ns) == _state(eager_ns) and eager_ns["LOG"] == [4]
+    assert torch.equal(kx, x) and not torch.equal(x, torch.arange(1, 5))  # written once, as in eager
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_and_its_alias_written_before_a_raise_are_restored(backend):
+    """Two inputs sharing memory (`f(x, x[1:])`), both written: each is put back from its copy, last first."""
+    source = """
+def f(x, y):
+    x.mul_(2)
+    y.add_(1)
+    LOG.append(1)
+    return x.index_select(0, x * 0 + 9)
+"""
+    base = torch.arange(1, 5)
+    eager_ns, _, eager_error = _run(source, None, base, base[1:])
+    kbase = torch.arange(1, 5)
+    kiln_ns, _, kiln_error = _run(source, backend, kbase, kbase[1:])
+    assert type(kiln_error) is type(eager_error) is IndexError
+    assert _state(kiln_ns) == _state(eager_ns) and torch.equal(kbase, base)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_through_an_input_written_before_a_raise_count_the_write_once(backend):
+    """A non-leaf input that requires grad, written before the raise: restored with its history, so the
+    gradient afterwards goes through one write, as in eager."""
+    source = """
+def f(h, i):
+    h.mul_(3)
+    LOG.append(1)
+    return h[i]
+"""
+    grads = []
+    for compile_with in (None, backend):
+        w = torch.ones(3, requires_grad=True)
+        h = w * 2
+        namespace, _, error = _run(source, compile_with, h, torch.tensor([5]))
+        assert isinstance(error, IndexError) and namespace["LOG"] == [1]
+        h.sum().backward()
+        grads.append((h.detach(), w.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_an_input_a_write_made_require_grad_is_detached_again():
+    """`x.copy_(w)` with `w` requiring grad gives `x` a history; restored, `x` loses it again, and the re-run's
+    write gives it back once (the gradient reaching `w` counts one copy)."""
+    source = """
+def f(x, w, i):
+    x.copy_(w * 2)
+    LOG.append(1)
+    return x[i]
+"""
+    grads = []
+    for compile_with in (None, "eager"):
+        w = torch.ones(3, requires_grad=True)
+        x = torch.zeros(3)
+        _, _, error = _run(source, compile_with, x, w, torch.tensor([5]))
+        assert isinstance(error, IndexError) and x.requires_grad
+        x.sum().backward()
+        grads.append(w.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_a_graph_without_value_checks_copies_no_input(monkeypatch):
+    """Only a graph with an op that may raise on values pays for the copy of its written inputs."""
+    copies = []
+    real = kiln.capture.rerun.snapshot_inputs
+    monkeypatch.setattr(kiln.capture.rerun, "snapshot_inputs", lambda *t: copies.append(len(t)) or real(*t))
+
+    def plain(x):
+        x.add_(1)
+        return x * 2
+
+    def checked(x, i):
+        x.add_(1)
+        return x[i]
+
+    kiln.compile(plain, backend="eager")(torch.ones(3))
+    assert copies == []
+    kiln.compile(checked, backend="eager")(torch.ones(3), torch.tensor([1]))
+    assert copies == [1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -199,9 +364,10 @@ def test_a_graph_raising_where_eager_does_not_returns_eagers_result_and_warns():
     assert any("backend bug" in str(w.message) for w in caught)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_raise_inside_an_autocast_block_keeps_the_effects_before_it(backend):
-    """kiln's backends trace autocast into casts: nothing of it is left on when the graph raises."""
+    """kiln's backends trace autocast into casts; the capture-only backend runs the block's enter and exit
+    as graph ops, and a raise between them leaves the block open: the program leaves it, as `with` does."""
     source = """
 def f(x):
     LOG.append(1)
@@ -210,6 +376,24 @@ def f(x):
     return y
 """
     _check_like_eager(source, backend, torch.arange(1, 4))
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_raise_inside_nested_autocast_blocks_restores_the_callers_autocast(backend):
+    """Called inside the user's own autocast block, a frame raising inside two more of its own leaves the
+    user's block on, with its dtype, as eager does; and the user's block still closes cleanly."""
+    source = """
+def f(x):
+    LOG.append(torch.get_autocast_dtype("cpu"))
+    with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast("cpu", enabled=False):
+            y = x[x * 0 + 7]
+    return y
+"""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _check_like_eager(source, backend, torch.arange(1, 4))
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert not torch.is_autocast_enabled("cpu")
 
 

@@ -337,3 +337,18 @@ def break_in_property(x):
 ], ids=["map_lambda", "sorted_key", "property"])
 def test_breaks_inside_callbacks(fn, args):
     check(fn, *args, second=False)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("use", ["x + missing_name", "missing_name(x)", "missing_name.attr"])
+def test_a_missing_global_after_a_break_raises_eagers_name_error(use, backend):
+    """A continuation has no frame to run eagerly: the global lookup runs natively in its program, which
+    raises Python's NameError after the effects before it (not kiln's "cannot resume")."""
+    namespace = {"torch": torch, "LOG": []}
+    exec(f"def f(x):\n    LOG.append(1)\n    print('break')\n    LOG.append(2)\n    return {use}\n", namespace)
+    with pytest.raises(NameError) as eager_error:
+        namespace["f"](torch.ones(2))
+    namespace["LOG"].clear()
+    with pytest.raises(NameError) as kiln_error:
+        kiln.compile(namespace["f"], backend=backend)(torch.ones(2))
+    assert str(kiln_error.value) == str(eager_error.value) and namespace["LOG"] == [1, 2]

@@ -227,18 +227,33 @@ def compare_identities(e_res, k_res, e_args, k_args) -> None:
         raise wrong("aliasing", f"shared storage {sorted(k_shared)} != eager {sorted(e_shared)}")
 
 
-def compare_gradients(e_res, k_res, e_args, k_args, call: int) -> None:
+def compare_gradients(e_res, k_res, e_args, k_args, call: int, eager_reruns: Callable[[], dict]) -> str | None:
+    """The inputs' `.grad` after a backward over the outputs; like values, gradients that differ only where
+    eager's own do under `conditioning`'s re-runs are no mismatch (the reason is returned)."""
+    from tests.fuzz.conditioning import unstable_positions
+
     e_grads, e_bwd = gradients(e_res, e_args, call)
     k_grads, k_bwd = gradients(k_res, k_args, call)
     if (e_bwd is None) != (k_bwd is None):
         raise wrong("backward_raise", f"backward: kiln {first_line(k_bwd) if k_bwd else 'ran'}, "
                                       f"eager {first_line(e_bwd) if e_bwd else 'ran'}")
+    ill_conditioned, reruns = [], None
     for i, (e, k) in enumerate(zip(e_grads, k_grads)):
         if (e is None) != (k is None):
             raise wrong("grad_none", f"input {i}: .grad is {'None' if k is None else 'a tensor'}, eager "
                                      f"{'None' if e is None else 'a tensor'}")
-        if e is not None:
+        if e is None:
+            continue
+        try:
             same_tensor(e, k, f"input {i} .grad", "grad")
+        except Mismatch as m:
+            reruns = reruns if reruns is not None or not m.numeric else eager_reruns()
+            why = unstable_positions(e, k, {name: grads[i] if grads is not None and i < len(grads) else None
+                                            for name, grads in reruns.items()}) if m.numeric else None
+            if why is None:
+                raise
+            ill_conditioned.append(f"{m.message}, where eager's own gradient depends on its kernels: {why}")
+    return "; ".join(ill_conditioned) or None
 
 
 def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str) -> str | None:
@@ -257,7 +272,8 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str
     same_value(e_args, k_args, "input after the call", "input_mutation")
     same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state", "state")
     if e_err is None and not eager_ns.get("NO_GRAD"):
-        compare_gradients(e_res, k_res, e_args, k_args, call)
+        grads_why = compare_gradients(e_res, k_res, e_args, k_args, call, lambda: eager_rerun_gradients(source, call))
+        ill_conditioned = ill_conditioned or grads_why
     return ill_conditioned
 
 
@@ -266,6 +282,21 @@ def eager_reruns(source: str, call: int) -> dict:
     from tests.fuzz.conditioning import VARIANTS, eager_rerun
 
     return {name: eager_rerun(lambda: load(source), call, change, call_once) for name, change in VARIANTS.items()}
+
+
+def eager_rerun_gradients(source: str, call: int) -> dict:
+    """The inputs' gradients after eager's call `call` in each of `conditioning.VARIANTS` (None: not made)."""
+    from tests.fuzz.conditioning import VARIANTS, eager_rerun
+
+    def call_and_backward(ns, fn, c):
+        args, result, error = call_once(ns, fn, c)
+        if error is not None or c != call:
+            return args, result, error
+        grads, error = gradients(result, args, c)
+        return args, grads, error
+
+    return {name: eager_rerun(lambda: load(source), call, change, call_and_backward)
+            for name, change in VARIANTS.items()}
 
 
 # -- the whole program ---------------------------------------------------------------------------------

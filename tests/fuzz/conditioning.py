@@ -54,25 +54,38 @@ VARIANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _shares_storage(args: list) -> bool:
-    storages = [storage_of(a) for a in args if isinstance(a, torch.Tensor) and storage_of(a) is not None]
-    return len(set(storages)) != len(storages)
+MAKERS = ("randn", "ints", "bools")
+"""The input makers of `runtime` a program's `inputs` may call. Inputs that share storage (`d = b[::2]`) are
+changed where they are made: the makers' tensors are, and the views the program derives from them follow."""
 
 
 def eager_rerun(load: Callable[[], dict], call: int, change: Callable, call_once: Callable):
     """The result of eager's call `call` of a fresh copy of the program (earlier calls replayed, for the Python
-    state they leave), its tensor inputs changed by `change`; None when it raised or its inputs alias."""
+    state they leave), its tensor inputs changed by `change`; None when it raised."""
     ns = load()
     with torch.random.fork_rng(devices=[]):
         for earlier in range(call):
             call_once(ns, ns["f"], earlier)
         made = ns["inputs"]
         args = made(call)
-        if _shares_storage(args):  # relaid copies would not alias as the program's inputs do
-            return None
-        ns["inputs"] = lambda c: [change(a) if isinstance(a, torch.Tensor) else a for a in args]
+        if _shares_storage(args):  # relaid copies of each would not alias as the program's inputs do
+            for name in MAKERS:
+                ns[name] = _changed(ns[name], change)
+        else:
+            ns["inputs"] = lambda c: [change(a) if isinstance(a, torch.Tensor) else a for a in args]
         _, result, error = call_once(ns, ns["f"], call)
     return None if error is not None else result
+
+
+def _shares_storage(args: list) -> bool:
+    storages = [storage_of(a) for a in args if isinstance(a, torch.Tensor) and storage_of(a) is not None]
+    return len(set(storages)) != len(storages)
+
+
+def _changed(maker: Callable, change: Callable) -> Callable:
+    def make(*args, **kwargs):
+        return change(maker(*args, **kwargs))
+    return make
 
 
 def unstable_positions(e_res, k_res, reruns: dict) -> str | None:

@@ -129,7 +129,7 @@ def cases(dtype):
 def decisions_since(seen: set) -> list[dict]:
     """Autotune decisions written since the last look (the JSON files of kiln's autotune cache)."""
     out = []
-    for f in sorted(autotune.decision_dir().rglob("*.json")):
+    for f in sorted(cache.folder("autotune").rglob("*.json")):
         if f in seen:
             continue
         seen.add(f)

@@ -31,6 +31,10 @@ class Config:
     progress_delay: float = 1.0
     """Seconds a graph's compile runs before its progress bar appears (bars show on a terminal only)."""
 
+    compiler_timeout: float = field(default_factory=lambda: float(os.environ.get("KILN_COMPILER_TIMEOUT", 300)))
+    """Seconds one C++ compiler process may run before kiln kills it; the graph then runs through ATen (a
+    fallback). KILN_COMPILER_TIMEOUT sets the default."""
+
 
 config = Config()
 

@@ -67,4 +67,5 @@ def test_processes_building_one_key_at_once_all_load_it(tmp_path):
         assert p.returncode == 0, err[-2000:]
         assert out.strip() == "4242"
     folder = next((tmp_path / "cache" / "cpp").iterdir())
-    assert sorted(f.suffix for f in folder.iterdir()) == [".cpp", ".so"], "temporary files were left behind"
+    names = sorted(f.name.split(".", 1)[1] for f in folder.iterdir())
+    assert names == ["cpp", "so", "so.manifest.json"], f"temporary files were left behind: {names}"

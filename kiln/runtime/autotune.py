@@ -236,7 +236,10 @@ class Autotuned:
         except (OSError, ValueError):
             return None
         label = data.get("winner") if isinstance(data, dict) else None
-        return label if isinstance(label, str) and label in self.candidates else None
+        if not (isinstance(label, str) and label in self.candidates):
+            return None
+        cache.record_use(path)
+        return label
 
     def _write(self, key: str, label: str, timings: dict, args) -> None:
         path = None
@@ -245,6 +248,7 @@ class Autotuned:
             write_atomic(path, json.dumps({
                 "kernel": self.name, "winner": label, "device": device_name(args), "args": describe_args(args),
                 "timings_ms": {k: (v if math.isfinite(v) else None) for k, v in timings.items()}}, indent=1))
+            cache.record_use(path)
         except OSError as e:  # a read-only cache directory: the decision still holds for this process
             log.info("autotune %s: could not write %s (%s)", self.name, path, e)
 

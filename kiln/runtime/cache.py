@@ -60,6 +60,22 @@ _lock = threading.Lock()
 _tree = PrivateTree("cache")
 
 
+_used: dict[str, Path] = {}  # what this process built or read, by its path in the cache (kiln.save_cache_artifacts)
+
+
+def record_use(path: Path) -> None:
+    """Remember `path` (a file in the cache) as one this process compiled with."""
+    try:
+        _used[path.relative_to(folder()).as_posix()] = path
+    except ValueError:  # outside the cache root in use (a refused root's fallback changed it): not portable
+        pass
+
+
+def used() -> dict[str, Path]:
+    """The cache files this process compiled with, by their path in the cache."""
+    return dict(_used)
+
+
 def folder(*parts: str) -> Path:
     """The cache folder `parts` (e.g. "cpp", "ab"), created 0700 and checked, or its private stand-in
     (kiln/runtime/private_files.py)."""
@@ -81,11 +97,13 @@ def build(source: str) -> Path:
     problem = verify(lib)
     if problem is None:
         stats["disk_hits"] += 1
-        return lib
-    if problem != "missing":
-        rebuild_log(lib, problem)
-        discard(lib)
-    return _compile(source, lib)
+    else:
+        if problem != "missing":
+            rebuild_log(lib, problem)
+            discard(lib)
+        _compile(source, lib)
+    record_use(lib)
+    return lib
 
 
 def rebuild_log(artifact: Path, problem: str) -> None:

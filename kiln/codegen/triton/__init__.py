@@ -161,6 +161,7 @@ def load_module(source: str):
         else:  # missing, or not what this process generated (truncated, altered): written again
             write_atomic(path, source)
             stats["writes"] += 1
+        cache.record_use(path)
         name = f"kiln_triton_{key[:16]}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

@@ -129,10 +129,10 @@ def _compile(source: str, lib: Path) -> Path:
     return lib
 
 
-def write_new(path: Path, text: str) -> Path:
-    """`text` in the new file `path` (created exclusively, never through a symlink)."""
-    with os.fdopen(create_exclusive(path), "w") as f:
-        f.write(text)
+def write_new(path: Path, data: str | bytes) -> Path:
+    """`data` in the new file `path` (created exclusively, never through a symlink)."""
+    with os.fdopen(create_exclusive(path), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
     return path
 
 

@@ -12,7 +12,8 @@ missing its manifest, truncated, altered, or that the loader rejects is removed 
 built again, once, with one log line. Each process compiles its own copy of the
 source to its own temporary names and publishes with atomic renames, so processes
 building the same key at once never read each other's half-written files: each ends
-with a correct library, the last rename wins, and both are the same bytes' build.
+with a correct library, and one that finishes after another published the key uses that
+one's library and drops its own.
 
 A big source is built in parallel: the code generator puts `UNIT_MARK` lines
 between functions that do not call each other, the text before the first mark
@@ -124,8 +125,9 @@ def _compile(source: str, lib: Path) -> Path:
             compiler_process.run([compiler(), *CXX_FLAGS, str(src), "-o", str(out), *LIBS])
         else:
             _build_units(units, lib, out)
-        publish(out, lib)
-        os.replace(src, lib.with_suffix(".cpp"))
+        if verify(lib) is not None:  # else another process published this key meanwhile: its library serves
+            publish(out, lib)
+            os.replace(src, lib.with_suffix(".cpp"))
     return lib
 
 

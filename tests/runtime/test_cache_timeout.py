@@ -90,3 +90,18 @@ def test_no_orphaned_compiler_or_temporary_file_after_exit(tmp_path):
     assert _wait_dead([int(p) for p in pids.read_text().split()])
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert leftovers == []
+
+
+def test_temporary_files_of_a_killed_process_are_removed_by_the_next_build(fresh_cache):
+    """A process killed mid-build (no atexit) leaves its temporary files; the next build in the folder removes
+    those whose process is gone, and leaves a live process's alone."""
+    source = answer_source(5)
+    folder = cache.folder("cpp", cache.source_key(source)[:2])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = folder / f".abc.{dead.pid}.0123abcd.tmp.so"
+    live = folder / f".abc.{os.getpid()}.0123abcd.tmp.so"
+    orphan.write_bytes(b"half")
+    live.write_bytes(b"half")
+    cache.build(source)
+    assert not orphan.exists() and live.exists()

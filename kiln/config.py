@@ -31,6 +31,11 @@ class Config:
     progress_delay: float = 1.0
     """Seconds a graph's compile runs before its progress bar appears (bars show on a terminal only)."""
 
+    graph_cache: bool = field(default_factory=lambda: os.environ.get("KILN_GRAPH_CACHE", "1") not in ("", "0"))
+    """Keep each compiled graph's generated code in the cache directory and reuse it in later compiles of the same
+    graph, skipping lowering, scheduling and code generation (kiln/runtime/graph_cache.py). KILN_GRAPH_CACHE=0
+    sets the default to off."""
+
     compiler_timeout: float = field(default_factory=lambda: float(os.environ.get("KILN_COMPILER_TIMEOUT", 300)))
     """Seconds one C++ compiler process may run before kiln kills it; the graph then runs through ATen (a
     fallback). KILN_COMPILER_TIMEOUT sets the default."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -41,7 +42,7 @@ from kiln.autograd import aot_compile
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, base_namespace, generate_wrapper, unbound_globals
-from kiln.config import CompileOptions, as_options, field_name
+from kiln.config import CompileOptions, as_options, config, field_name
 from kiln.lower import ir, lower_graph
 from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
@@ -117,7 +118,8 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
 
 
 def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> str | None:
-    if options.check_accuracy or options.trace_enabled:  # their artefacts (the IR, the schedule) need the stages
+    # the debug directory and the accuracy check read every stage's artefacts (the IR, the schedule)
+    if not config.graph_cache or options.check_accuracy or options.trace_enabled or os.environ.get("KILN_DEBUG_DIR"):
         return None
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),

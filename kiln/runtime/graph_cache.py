@@ -114,6 +114,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
             raise Uncacheable(f"attribute {node.target} is a {type(value).__name__}")
         constants[node.target] = encode_value(value)
     environ = {name: os.environ.get(name) for name in ("KILN_CPU_BACKEND", "TRITON_INTERPRET")}
+    environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
     described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()

@@ -124,8 +124,8 @@ def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: Compil
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
                                      options.as_dict())
-    except graph_cache.Uncacheable as e:
-        log.debug("not cached: %s", e)
+    except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value the key cannot read: compiled, not cached
+        log.debug("not cached: %s: %s", type(e).__name__, e)
         graph_cache.stats["uncacheable"] += 1
         return None
 
@@ -133,13 +133,13 @@ def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: Compil
 def _product(code: GeneratedCode, target: Target) -> dict | None:
     """What the compile cache keeps of a generated graph (None where it cannot describe it: Triton kernels
     carry launch configurations and autotuners that are not plain data)."""
-    if target.name != "cpp":
+    if target.name != "cpp" or not config.graph_cache:
         return None
     try:
         return graph_cache.encode_product(target.name, code.source, code.wrapper, code.kernels, code.namespace,
                                           base_namespace())
-    except graph_cache.Uncacheable as e:
-        log.debug("not cached: %s", e)
+    except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value it cannot describe: the compile stands
+        log.debug("not cached: %s: %s", type(e).__name__, e)
         return None
 
 

@@ -142,7 +142,7 @@ def encode_value(value) -> dict:
             raise Uncacheable(f"a tensor of type {type(value).__name__}")
         if value.numel() * value.element_size() > MAX_CONSTANT_BYTES:
             raise Uncacheable("a large tensor constant")
-        data = value.detach().contiguous().cpu()
+        data = value.detach().cpu().contiguous().reshape(-1)  # 1-d: a 0-d tensor has no byte view
         raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
         return {"tensor": base64.b64encode(raw).decode(), "dtype": str(data.dtype).removeprefix("torch."),
                 "size": list(value.shape), "stride": list(value.stride()), "device": str(value.device),

@@ -200,3 +200,14 @@ def test_a_server_starts_warm_from_a_blob_built_elsewhere_without_a_compiler(tmp
                             text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.split() == ["hits", "2", "compiles", "0"]
+
+
+def _zero_dim_constant(x):
+    return x * torch.tensor(2.5) + torch.tensor(True)
+
+
+def test_zero_dim_and_bool_constants_round_trip(fresh_cache):
+    x = torch.randn(4)
+    first, second, hits = _compile_twice(_zero_dim_constant, (x,))
+    torch.testing.assert_close(second, _run(_zero_dim_constant, (x,)))
+    assert hits >= 1

@@ -38,7 +38,7 @@ os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln_autotune_b
 
 import kiln  # noqa: E402
 from common import cuda_time  # noqa: E402
-from kiln.runtime import autotune  # noqa: E402
+from kiln.runtime import cache  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -129,7 +129,7 @@ def cases(dtype):
 def decisions_since(seen: set) -> list[dict]:
     """Autotune decisions written since the last look (the JSON files of kiln's autotune cache)."""
     out = []
-    for f in sorted(autotune.decision_dir().rglob("*.json")):
+    for f in sorted(cache.folder("autotune").rglob("*.json")):
         if f in seen:
             continue
         seen.add(f)

@@ -299,7 +299,7 @@ def _module_path(triton_target, source: str) -> Path:
     from kiln.runtime import cache
 
     key = triton_target.source_key(source)
-    return cache.cache_dir() / "triton" / key[:2] / f"{key}.py"
+    return cache.folder("triton", key[:2]) / f"{key}.py"
 
 
 _TRITON_TYPES = {"torch.float32": "*fp32", "torch.float16": "*fp16", "torch.bfloat16": "*bf16",

@@ -12,6 +12,7 @@ from kiln.debug.explain import explain
 from kiln.debug.logs import configure_from_environment as _configure_logs
 from kiln.fallbacks import KilnFallbackWarning, KilnStrictError
 from kiln.pipeline import inductor
+from kiln.runtime.artifacts import load_cache_artifacts, save_cache_artifacts
 from kiln.runtime.cudagraphs import cudagraph_mark_step_begin
 
 _configure_logs()
@@ -19,4 +20,4 @@ _configure_logs()
 __all__ = ["compile", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "disable", "graph_break", "reset",
            "list_backends", "register_backend", "config", "list_options", "list_mode_options", "explain", "inductor",
            "FullGraphError", "BackendCompilerFailed", "cudagraph_mark_step_begin", "KilnStrictError",
-           "KilnFallbackWarning"]
+           "KilnFallbackWarning", "save_cache_artifacts", "load_cache_artifacts"]

@@ -35,6 +35,15 @@ class Config:
     """Split a graph captured inside a DistributedDataParallel forward at DDP's gradient buckets, so that each
     bucket's all-reduce overlaps the backward of earlier layers (torch._dynamo.config.optimize_ddp)."""
 
+    graph_cache: bool = field(default_factory=lambda: os.environ.get("KILN_GRAPH_CACHE", "1") not in ("", "0"))
+    """Keep each compiled graph's generated code in the cache directory and reuse it in later compiles of the same
+    graph, skipping lowering, scheduling and code generation (kiln/runtime/graph_cache.py). KILN_GRAPH_CACHE=0
+    sets the default to off."""
+
+    compiler_timeout: float = field(default_factory=lambda: float(os.environ.get("KILN_COMPILER_TIMEOUT", 300)))
+    """Seconds one C++ compiler process may run before kiln kills it; the graph then runs through ATen (a
+    fallback). KILN_COMPILER_TIMEOUT sets the default."""
+
 
 config = Config()
 

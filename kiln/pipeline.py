@@ -13,6 +13,9 @@ The stages of one ATen graph, in the order `_compile_stages` and `_kernel_stages
     generate     -> kernel source (the target's printer) and the wrapper   kiln/codegen/
     build        -> kernels compiled and loaded, the wrapper exec'd        the target, kiln/runtime/cache.py
 
+A graph compiled before (by any process) comes from the compile cache instead (kiln/runtime/graph_cache.py):
+only its build runs, from the kernels' source and the wrapper's source kept there (`from_product`).
+
 Every stage runs through `Stages`, the one place that times it, moves the progress bar and logs it.
 Each stage is handed only the option fields it reads; `select_target` binds the ones the target reads.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -38,8 +42,8 @@ from kiln.autograd import aot_compile
 from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
-from kiln.codegen.wrapper import ParameterDerived, generate_wrapper, unbound_globals
-from kiln.config import CompileOptions, as_options, field_name
+from kiln.codegen.wrapper import ParameterDerived, base_namespace, generate_wrapper, unbound_globals
+from kiln.config import CompileOptions, as_options, config, field_name
 from kiln.lower import ir, lower_graph
 from kiln.lower.collectives import place_collectives
 from kiln.lower.constant_masks import drop_masks_that_mask_nothing
@@ -47,6 +51,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
+from kiln.runtime import graph_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.host_scalars import is_host_scalar, on_device
 from kiln.schedule.fusion import Schedule, schedule
@@ -91,8 +96,78 @@ def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
     plan = run("plan memory", plan_buffers, sched, _is_inference(gm))
     with fallbacks.kernel_origins(sched, graph):  # a kernel that fails names the FX nodes it computes
         code = run("generate", generate, sched, plan, target)
+        product = _product(code, target)  # before build: it runs the wrapper in (and adds to) the namespace
         namespace = run("build", build, code, target, name)
-    return _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
+    compiled = _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
+    compiled.product = product
+    return compiled
+
+
+def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
+                        run: Stages) -> CompiledGraph:
+    """The graph from the compile cache (kiln/runtime/graph_cache.py) if an earlier compile stored it, else
+    compiled through every stage and stored (when it compiled with no fallback: a product replays no
+    fallback record)."""
+    key = _product_key(gm, example_inputs, options)
+    product = graph_cache.lookup(key) if key else None
+    if product is not None:
+        try:
+            return run("build", from_product, product, gm, example_inputs, options, name, run.times)
+        except Exception as e:  # noqa: BLE001 -- a product that does not load: compile as if it were not there
+            log.warning("kiln: %s: the cached compile could not be used (%s: %s); compiling again", name,
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            graph_cache.forget(key)
+    recorded = len(fallbacks.records())
+    compiled = _compile_stages(gm, example_inputs, options, name, run)
+    product = getattr(compiled, "product", None)
+    if key and product is not None and len(fallbacks.records()) == recorded:
+        graph_cache.store(key, product)
+    return compiled
+
+
+def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> str | None:
+    # the debug directory and the accuracy check read every stage's artefacts (the IR, the schedule)
+    if not config.graph_cache or options.check_accuracy or options.trace_enabled or os.environ.get("KILN_DEBUG_DIR"):
+        return None
+    try:
+        return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
+                                     options.as_dict())
+    except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value the key cannot read: compiled, not cached
+        log.debug("not cached: %s: %s", type(e).__name__, e)
+        graph_cache.stats["uncacheable"] += 1
+        return None
+
+
+def _product(code: GeneratedCode, target: Target) -> dict | None:
+    """What the compile cache keeps of a generated graph (None where it cannot describe it: Triton kernels
+    carry launch configurations and autotuners that are not plain data)."""
+    if target.name != "cpp" or not config.graph_cache:
+        return None
+    try:
+        return graph_cache.encode_product(target.name, code.source, code.wrapper, code.kernels, code.namespace,
+                                          base_namespace())
+    except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value it cannot describe: the compile stands
+        log.debug("not cached: %s: %s", type(e).__name__, e)
+        return None
+
+
+def from_product(product: dict, gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions,
+                 name: str, times: dict) -> CompiledGraph:
+    """A compiled graph from a cached product: its kernels loaded (built if their library is not cached) and its
+    wrapper run in the namespace the product describes. No stage before build runs."""
+    target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
+    if target.name != product["target"]:
+        raise ValueError(f"the product is for the {product['target']} target, the graph's is {target.name}")
+    kernels, namespace = graph_cache.decode_product(product, base_namespace())
+    code = GeneratedCode(product["source"], kernels, product["wrapper"], namespace)
+    namespace = build(code, target, name)
+    artefacts = {"aten_graph": gm.print_readable(print_output=False), target.artefact: code.source,
+                 "wrapper.py": code.wrapper, "num_kernels": len(kernels), "kernel_names": list(kernels),
+                 "times": times, "name": name, "from_cache": True}
+    kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
+    return CompiledGraph(on_device(namespace["call"], gm, target.device), artefacts,
+                         lambda: on_device(_profiled_call(code.wrapper, namespace, kernels, name), gm, target.device),
+                         kept)
 
 
 class Stages:
@@ -209,6 +284,7 @@ class CompiledGraph:
         self.artefacts = artefacts  # stage name -> printable text (IR, schedule, C++, wrapper)
         self._profiled, self._profiled_call = profiled, None  # builds `call` with each kernel a profiler range
         self.kept = list(kept)  # results kept across calls, computed from parameters
+        self.product: dict | None = None  # what the compile cache keeps of it (kiln/runtime/graph_cache.py)
 
     def refresh(self, args: list) -> None:
         """Recompute what `kept` holds if a parameter among `args` changed: a CUDA graph replay reads it
@@ -267,9 +343,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
     name = _graph_name(gm)
     try:
         with Stages(name) as run:
-            compiled = _compile_stages(gm, example_inputs, options, name, run)
-        log.info("%s: %d kernels, %d externs, %s", name, compiled.num_kernels,
-                 len(compiled.artefacts["schedule"].steps) - compiled.num_kernels, run.summary())
+            compiled = _cached_or_compiled(gm, example_inputs, options, name, run)
+        log.info("%s: %d kernels%s, %s", name, compiled.num_kernels,
+                 " (from the compile cache)" if compiled.artefacts.get("from_cache") else "", run.summary())
         _log_output_code(compiled)
     except fallbacks.KilnStrictError:
         raise

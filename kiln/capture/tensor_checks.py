@@ -9,7 +9,8 @@ a guard's time, more than a CUDA-graph replay of the whole model
 directly.
 
 The extension is built once per machine and torch version, with the system C++ compiler
-against the headers of the installed torch, and kept in kiln's cache directory. The build
+against the headers of the installed torch, and kept in kiln's cache directory, checked against
+its manifest before it is loaded (kiln/runtime/private_files.py) and built again if broken. The build
 takes about half a minute, so it runs in a background thread: until it is loaded, guards
 check tensors in Python (`available()` is False), and each entry registered with
 `when_ready` gets its guard function rebuilt once it is. Any failure (no compiler, no
@@ -24,11 +25,8 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import logging
-import os
-import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable
@@ -36,8 +34,11 @@ from pathlib import Path
 
 import torch
 
-from kiln.config import cache_dir, compiler
-from kiln.runtime.cache import write_private
+from kiln.config import compiler
+from kiln.runtime import compiler as compiler_process
+from kiln.runtime.cache import folder as cache_folder
+from kiln.runtime.cache import rebuild_log, write_new
+from kiln.runtime.private_files import discard, publish, sweep_orphans, temp_name, verify
 
 log = logging.getLogger("kiln.guards")
 
@@ -192,14 +193,23 @@ def _start() -> None:
     with _lock:
         if _state != "idle":
             return
+        path = None
         try:
             path = _library_path()
-            if path.exists():
+            problem = verify(path)
+            if problem is None:
                 _module, _state = _load(path), "ready"
                 return
+            if problem != "missing":
+                rebuild_log(path, problem)
+                discard(path)
         except Exception as e:  # noqa: BLE001 -- a broken cached build: build it again
-            log.debug("kiln: could not load the cached tensor checks: %s", e)
+            if path is not None:
+                rebuild_log(path, f"the loader rejected it ({e})")
+                discard(path)
         _state = "building"
+        # A daemon: an exiting program does not wait for the build; kiln/runtime/compiler.py kills the
+        # compiler and removes its temporary files at exit.
         _build_thread = threading.Thread(target=_build_and_load, name="kiln-tensor-checks", daemon=True)
         _build_thread.start()
 
@@ -207,7 +217,7 @@ def _start() -> None:
 def _build_and_load() -> None:
     global _module, _state
     try:
-        module = _load(_build(_library_path()))
+        module = _build_and_load_once()
     except Exception as e:  # noqa: BLE001 -- any failure leaves the Python checks in place
         log.info("kiln: tensor guards stay in Python (the C++ checks could not be built: %s)", str(e)[-300:])
         with _lock:
@@ -219,6 +229,23 @@ def _build_and_load() -> None:
         _waiting.clear()
     for run in waiting:
         run()
+
+
+def _build_and_load_once():
+    """Build and load the extension; a build the loader rejects is built once more, and removed if that one
+    fails too (the next process tries again)."""
+    path = _build(_library_path())
+    try:
+        return _load(path)
+    except (ImportError, OSError) as e:
+        rebuild_log(path, f"the loader rejected it ({e})")
+        discard(path)
+    path = _build(path)
+    try:
+        return _load(path)
+    except BaseException:
+        discard(path)
+        raise
 
 
 def _flags() -> list[str]:
@@ -234,26 +261,18 @@ def _flags() -> list[str]:
 def _library_path() -> Path:
     """Where the extension for this source, compiler, torch and Python lives in the cache directory."""
     key = hashlib.sha256("\0".join([SOURCE, compiler(), torch.__version__, sys.version, *_flags()]).encode())
-    return cache_dir() / "ext" / key.hexdigest()[:16] / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    return cache_folder("ext", key.hexdigest()[:16]) / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
 def _build(path: Path) -> Path:
-    """Compile the extension to `path` (written to a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # the source under a name of this process's own: a second process building at the same time would
-    # otherwise rewrite it under this one's compiler
-    src = str(write_private(path.parent, ".cpp", SOURCE))
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([compiler(), src, "-o", tmp, *_flags()], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:] or f"{compiler()} exited with {proc.returncode}")
-        os.replace(tmp, path)
-    finally:
-        for leftover in (tmp, src):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+    """Compile the extension to `path`: the source and the library under this process's own temporary names
+    (a second process building at the same time never touches them), published with its manifest."""
+    sweep_orphans(path.parent)
+    src, out = temp_name(path.with_suffix(".cpp")), temp_name(path)
+    with compiler_process.temporary(src, out):
+        write_new(src, SOURCE)
+        compiler_process.run([compiler(), str(src), "-o", str(out), *_flags()])
+        publish(out, path)
     return path
 
 

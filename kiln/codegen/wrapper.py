@@ -157,21 +157,26 @@ def _accepts(schema, num_positional: int, kwarg_names: tuple) -> bool:
     return set(kwarg_names) <= names and not missing
 
 
+def base_namespace() -> dict:
+    """The names every wrapper module runs with (the graph's constants and devices come on top): also what a
+    wrapper read back from the compile cache is given again (kiln/runtime/graph_cache.py)."""
+    return {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided, "_restride": _restride,
+            "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
+            "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived}
+
+
 class WrapperCodegen:
     def __init__(self, sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu"):
         self.sched, self.plan, self.kernels, self.device = sched, plan, kernels, device
         self.graph = sched.graph
         self.layouts = self.graph.buffer_layouts()
-        self.namespace: dict = {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
-                                "_restride": _restride, "_view": _view, "device": torch.device,
-                                "_raise_kernel_error": _raise_kernel_error, "_check_error_flag": _check_error_flag}
+        self.namespace: dict = base_namespace()
         # the device kernel outputs are allocated on, as a torch.device (a string is parsed on every call)
         self.device_name = "".join(c for c in device if c.isalnum())
         self.namespace[self.device_name] = torch.device(device)
         self.lines: list[str] = []
         self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
-        self.namespace["ParameterDerived"] = ParameterDerived
 
     # -- values as Python source
     def const(self, value) -> str:

@@ -29,8 +29,10 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from kiln.config import debug_dir
+from kiln.runtime.private_files import PrivateTree, write_atomic
 
 log = logging.getLogger("kiln.accuracy")
+_tree = PrivateTree("debug directory")
 
 
 @dataclass
@@ -274,6 +276,7 @@ def write_repro(gm: torch.fx.GraphModule, args: list, path: Path, note: str = ""
         "            print(f'output {i}: max abs error {err:.3g}', 'OK' if err <= options.atol else 'MISMATCH')",
         "", "",
         "if __name__ == '__main__':", "    main()", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    # as the debug directory's files: a checked 0700 folder, a new file renamed into place (never through a symlink)
+    path = _tree.folder(path.parent) / path.name
+    write_atomic(path, "\n".join(lines))
     return path

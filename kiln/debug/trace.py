@@ -29,6 +29,12 @@ else `$KILN_DEBUG_DIR`, else `./kiln_debug`.
 
 The capture stage and the code generator call the listeners installed by
 `install()`; they never import this module.
+
+The folders are created 0700 and checked like the cache's (kiln/runtime/private_files.py: a
+folder that is a symlink, another user's or writable by others is refused with a warning, and
+the files go to a private folder instead); each file is written to a new temporary name and
+renamed into place, so a symlink planted at a file's path is replaced, never written through.
+`index.md` lists the files this process wrote, not what earlier runs left in the folder.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from kiln.config import CompileOptions, debug_dir
 from kiln.debug.diagram import fused_diagram, fx_diagram, to_svg
 from kiln.debug.report import format_stages, graph_info
 from kiln.pipeline import CompiledGraph
+from kiln.runtime.private_files import PrivateTree, write_atomic
 
 FILES = {
     "summary.txt": "function, ops, graph break, recompile reason, compile time by stage",
@@ -63,6 +70,18 @@ FILES = {
     "fallback.txt": "why the graph runs through ATen",
     "fallbacks.txt": "fallbacks by kind, then each",
 }
+
+
+_tree = PrivateTree("debug directory")
+_written: dict[str, set[str]] = {}  # debug root -> the files this process wrote there, relative to it
+
+
+def _write(root: Path, relative: str, text: str) -> None:
+    """Write `text` to `root/relative` (folders checked and created 0700, the file renamed into place), and
+    remember it for the index."""
+    *parts, name = relative.split("/")
+    write_atomic(_tree.folder(root, *parts) / name, text)
+    _written.setdefault(str(root), set()).add(relative)
 
 
 def enabled(options: CompileOptions | None) -> bool:
@@ -97,8 +116,7 @@ def on_fallback(fallback: fallbacks.Fallback) -> None:
 
 def write_fallbacks(root: Path) -> None:
     if fallbacks.records() or fallbacks.breaks:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "fallbacks.txt").write_text(fallbacks.summary() + "\n")
+        _write(root, "fallbacks.txt", fallbacks.summary() + "\n")
 
 
 def on_record(ctx: CompileContext, record: CaptureRecord) -> None:
@@ -109,29 +127,27 @@ def on_record(ctx: CompileContext, record: CaptureRecord) -> None:
         write_index(debug_dir())
 
 
-def write_aten_graph(root: Path, compiled: CompiledGraph, diagram: bool = False) -> Path:
+def write_aten_graph(root: Path, compiled: CompiledGraph, diagram: bool = False) -> str:
     a = compiled.artefacts
-    out = root / a.get("name", "aten")
-    out.mkdir(parents=True, exist_ok=True)
+    out = a.get("name", "aten")
     if "fallback" in a:
-        (out / "fallback.txt").write_text(a["fallback"] + "\n")
+        _write(root, f"{out}/fallback.txt", a["fallback"] + "\n")
     for key, value in a.items():
         if key in ("fallback", "name", "num_kernels", "kernel_names", "fused_graph"):
             continue
         if key == "times":
-            (out / "times.json").write_text(json.dumps(value, indent=2) + "\n")
+            _write(root, f"{out}/times.json", json.dumps(value, indent=2) + "\n")
         elif key == "aten_graph":
-            (out / "aten_graph.py").write_text(str(value))
+            _write(root, f"{out}/aten_graph.py", str(value))
         else:
-            (out / (key if "." in key else f"{key}.txt")).write_text(str(value))
+            _write(root, f"{out}/{key if '.' in key else f'{key}.txt'}", str(value))
     if diagram and "fused_graph" in a:
-        (out / "fused_graph.svg").write_text(to_svg(fused_diagram(a["fused_graph"], f"{a.get('name')}: fused graph")))
+        _write(root, f"{out}/fused_graph.svg", to_svg(fused_diagram(a["fused_graph"], f"{a.get('name')}: fused graph")))
     return out
 
 
-def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> Path:
-    out = root / f"graph{record.id}"
-    out.mkdir(parents=True, exist_ok=True)
+def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> str:
+    out = f"graph{record.id}"
     info = graph_info(record)
     summary = [f"graph {record.id}: {record.frame}", f"ops: {record.op_count}",
                f"compile time: {format_stages(info.stages)}"]
@@ -144,52 +160,58 @@ def write_record(root: Path, record: CaptureRecord, diagram: bool = False) -> Pa
     summary += [f"ATen graph {g.artefacts.get('name')}: "
                 f"{', '.join(g.artefacts.get('kernel_names', [])) or 'no kernels'}"
                 for g in info.aten_graphs]
-    (out / "summary.txt").write_text("\n".join(summary) + "\n")
-    (out / "output_program.py").write_text(record.program_source + "\n")
-    (out / "guards.txt").write_text("\n".join(g.describe() for g in record.guards.guards) + "\n")
-    (out / "timings.json").write_text(json.dumps(info.stages, indent=2) + "\n")
+    _write(root, f"{out}/summary.txt", "\n".join(summary) + "\n")
+    _write(root, f"{out}/output_program.py", record.program_source + "\n")
+    _write(root, f"{out}/guards.txt", "\n".join(g.describe() for g in record.guards.guards) + "\n")
+    _write(root, f"{out}/timings.json", json.dumps(info.stages, indent=2) + "\n")
     if record.graph is not None:
-        (out / "captured_graph.py").write_text(record.graph.print_readable(print_output=False))
+        _write(root, f"{out}/captured_graph.py", record.graph.print_readable(print_output=False))
         if diagram:
             title = f"graph {record.id}: {record.name}"
-            (out / "captured_graph.svg").write_text(to_svg(fx_diagram(record.graph, title)))
-    write_aot(out, info.aot_traces)
+            _write(root, f"{out}/captured_graph.svg", to_svg(fx_diagram(record.graph, title)))
+    write_aot(root, out, info.aot_traces)
     return out
 
 
-def write_aot(out: Path, traces: list) -> None:
+def write_aot(root: Path, out: str, traces: list) -> None:
     variants: dict[str, list] = {}
     for variant, trace in traces:
         variants.setdefault(variant, []).append(trace)
     for k, (variant, passes) in enumerate(variants.items()):
-        where = out / "aot" if k == 0 else out / "aot" / variant
-        where.mkdir(parents=True, exist_ok=True)
+        where = f"{out}/aot" if k == 0 else f"{out}/aot/{variant}"
         for i, t in enumerate(p for p in passes if p.graph is not None):
             fname = f"{i:02d}_{re.sub(r'[^A-Za-z0-9]+', '_', t.name).strip('_')}.py"
-            (where / fname).write_text(f"# kiln.autograd pass {t.name!r} ({t.seconds * 1000:.1f} ms)\n"
-                                       + t.graph.print_readable(print_output=False))
+            _write(root, f"{where}/{fname}", f"# kiln.autograd pass {t.name!r} ({t.seconds * 1000:.1f} ms)\n"
+                   + t.graph.print_readable(print_output=False))
 
 
 def write_index(root: Path) -> None:
+    """`index.md`: each graph folder and the files this process wrote in it."""
     lines = ["# kiln debug directory", "",
              "One directory per captured graph (`graphN`, N as in `python -m kiln run`'s report and the "
              "profiler range `kiln: <function> (graph N)`); `forward/`, `backward/`, `inference/` inside "
              "hold the code generator's artefacts for that ATen graph.", ""]
+    written = _written.get(str(root), set())
+    folders: dict[str, list[str]] = {}
+    for rel in written:
+        if "/" in rel:
+            folders.setdefault(rel.split("/")[0], []).append(rel)
 
-    def key(p: Path):
-        m = re.match(r"([a-z]+)(\d+)$", p.name)
-        return (m.group(1), int(m.group(2))) if m else (p.name, 0)
+    def key(name: str):
+        m = re.match(r"([a-z]+)(\d+)$", name)
+        return (m.group(1), int(m.group(2))) if m else (name, 0)
 
-    if (root / "fallbacks.txt").exists():
+    if "fallbacks.txt" in written:
         lines += [f"[fallbacks.txt](fallbacks.txt) — {FILES['fallbacks.txt']}", ""]
-    for d in sorted((p for p in root.iterdir() if p.is_dir()), key=key):
-        head = (d / "summary.txt").read_text().splitlines()[0] if (d / "summary.txt").exists() else d.name
-        lines.append(f"## {d.name}: {head}")
-        for f in sorted(p for p in d.rglob("*") if p.is_file()):
-            rel = f.relative_to(root).as_posix()
-            lines.append(f"- [{rel}]({rel}) — {FILES.get(f.name, 'kiln.autograd pass graph' if 'aot' in rel else '')}")
+    for name in sorted(folders, key=key):
+        summary = f"{name}/summary.txt"
+        head = (_tree.folder(root, name) / "summary.txt").read_text().splitlines()[0] if summary in written else name
+        lines.append(f"## {name}: {head}")
+        for rel in sorted(folders[name]):
+            base = rel.rsplit("/", 1)[1]
+            lines.append(f"- [{rel}]({rel}) — {FILES.get(base, 'kiln.autograd pass graph' if '/aot/' in rel else '')}")
         lines.append("")
-    (root / "index.md").write_text("\n".join(lines))
+    _write(root, "index.md", "\n".join(lines))
 
 
 def flush(contexts: list[CompileContext]) -> None:

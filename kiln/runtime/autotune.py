@@ -45,6 +45,7 @@ import torch
 
 from kiln.config import config
 from kiln.runtime import cache
+from kiln.runtime.private_files import unsafe_reason, write_atomic
 
 log = logging.getLogger("kiln.autotune")
 
@@ -55,8 +56,9 @@ stats = {"tunings": 0, "timings": 0, "disk_hits": 0}
 CPU_REPEATS = 3
 
 
-def decision_dir() -> Path:
-    return cache.cache_dir() / "autotune"
+def decision_folder(key: str) -> Path:
+    """The checked cache folder of decision `key` (kiln/runtime/private_files.py)."""
+    return cache.folder("autotune", key[:2])
 
 
 def device_name(args) -> str:
@@ -223,27 +225,30 @@ class Autotuned:
         self.chosen[sizes] = self.candidates[label]
         return self.chosen[sizes]
 
-    def _path(self, key: str) -> Path:
-        return decision_dir() / key[:2] / f"{key}.json"
-
     def _read(self, key: str) -> str | None:
-        path = self._path(key)
+        """The label decided before for `key`, if a decision file names one of this kernel's candidates (anything
+        else there, a broken or altered file, is ignored and benchmarked over)."""
         try:
+            path = decision_folder(key) / f"{key}.json"
+            if unsafe_reason(os.lstat(path), is_dir=False) is not None:
+                return None
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        label = data.get("winner")
-        return label if label in self.candidates else None
+        label = data.get("winner") if isinstance(data, dict) else None
+        if not (isinstance(label, str) and label in self.candidates):
+            return None
+        cache.record_use(path)
+        return label
 
     def _write(self, key: str, label: str, timings: dict, args) -> None:
-        path = self._path(key)
+        path = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({
+            path = decision_folder(key) / f"{key}.json"
+            write_atomic(path, json.dumps({
                 "kernel": self.name, "winner": label, "device": device_name(args), "args": describe_args(args),
                 "timings_ms": {k: (v if math.isfinite(v) else None) for k, v in timings.items()}}, indent=1))
-            os.replace(tmp, path)
+            cache.record_use(path)
         except OSError as e:  # a read-only cache directory: the decision still holds for this process
             log.info("autotune %s: could not write %s (%s)", self.name, path, e)
 

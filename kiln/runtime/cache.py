@@ -3,8 +3,17 @@
 A shared library is keyed by the SHA-256 of its source, the compiler command
 and the flags; it lives in `$KILN_CACHE_DIR` (default `~/.cache/kiln`) under
 `cpp/<key[:2]>/<key>.so`. A second process that generates the same source finds
-the library and never starts the compiler. Writes go to a temporary file renamed
-into place, so concurrent processes never load a half-written library.
+the library and never starts the compiler.
+
+What is on disk is not trusted blindly (kiln/runtime/private_files.py): the folders
+must be this user's and writable by no one else, and a library is loaded only if it
+matches the manifest (size, SHA-256) written when it was built. A library that is
+missing its manifest, truncated, altered, or that the loader rejects is removed and
+built again, once, with one log line. Each process compiles its own copy of the
+source to its own temporary names and publishes with atomic renames, so processes
+building the same key at once never read each other's half-written files: each ends
+with a correct library, and one that finishes after another published the key uses that
+one's library and drops its own.
 
 A big source is built in parallel: the code generator puts `UNIT_MARK` lines
 between functions that do not call each other, the text before the first mark
@@ -19,13 +28,15 @@ import ctypes
 import hashlib
 import logging
 import os
-import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kiln.config import cache_dir, compiler
+from kiln.runtime import compiler as compiler_process
+from kiln.runtime.compiler import BuildError, CompilerTimeout
+from kiln.runtime.private_files import PrivateTree, create_exclusive, discard, publish, sweep_orphans, temp_name, verify
 
 log = logging.getLogger("kiln.runtime.cache")
 
@@ -43,10 +54,33 @@ UNIT_MARK = "// kiln: unit\n"
 MIN_UNIT_BYTES = 40_000
 
 # What this process did: tests read it, and the debug report could.
-stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "units": 0}
+stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "units": 0, "rebuilds": 0}
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
+_tree = PrivateTree("cache")
+
+
+_used: dict[str, Path] = {}  # what this process built or read, by its path in the cache (kiln.save_cache_artifacts)
+
+
+def record_use(path: Path) -> None:
+    """Remember `path` (a file in the cache) as one this process compiled with."""
+    try:
+        _used[path.relative_to(folder()).as_posix()] = path
+    except ValueError:  # outside the cache root in use (a refused root's fallback changed it): not portable
+        pass
+
+
+def used() -> dict[str, Path]:
+    """The cache files this process compiled with, by their path in the cache."""
+    return dict(_used)
+
+
+def folder(*parts: str) -> Path:
+    """The cache folder `parts` (e.g. "cpp", "ab"), created 0700 and checked, or its private stand-in
+    (kiln/runtime/private_files.py)."""
+    return _tree.folder(cache_dir(), *parts)
 
 
 def source_key(source: str) -> str:
@@ -57,41 +91,51 @@ def source_key(source: str) -> str:
 
 
 def build(source: str) -> Path:
-    """Path of the shared library for `source`, compiling it only if no process has before."""
+    """Path of the shared library for `source`, checked against its manifest, compiling it only if no process
+    has before (or what is there is broken)."""
     key = source_key(source)
-    lib = cache_dir() / "cpp" / key[:2] / f"{key}.so"
-    if lib.exists():
+    lib = folder("cpp", key[:2]) / f"{key}.so"
+    problem = verify(lib)
+    if problem is None:
         stats["disk_hits"] += 1
-        return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    # Each process compiles its own copy of the source: another process building the same key at the same
-    # time would otherwise rewrite the file under this one's compiler. The source is published beside the
-    # library (for reading, never compiled from there) with the same atomic rename.
-    src = write_private(lib.parent, ".cpp", source)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-    os.close(fd)
-    stats["compiles"] += 1
-    units = split_units(source, build_jobs())
-    try:
-        if len(units) == 1:
-            _run([compiler(), *CXX_FLAGS, str(src), "-o", tmp, *LIBS])
-        else:
-            _build_units(units, lib, tmp)
-    except BaseException:
-        os.unlink(tmp)
-        os.unlink(src)
-        raise
-    os.replace(tmp, lib)
-    os.replace(src, lib.with_suffix(".cpp"))
+    else:
+        if problem != "missing":
+            rebuild_log(lib, problem)
+            discard(lib)
+        _compile(source, lib)
+    record_use(lib)
     return lib
 
 
-def write_private(folder: Path, suffix: str, text: str) -> Path:
-    """`text` in a new file of this process's own in `folder` (a unique name, created exclusively)."""
-    fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return Path(path)
+def rebuild_log(artifact: Path, problem: str) -> None:
+    stats["rebuilds"] += 1
+    log.warning("kiln: rebuilding the cached %s: %s", artifact, problem)
+
+
+def _compile(source: str, lib: Path) -> Path:
+    """Compile `source` under this process's own temporary names and publish it as `lib` (with its manifest),
+    and the source beside it (for reading: never compiled from there)."""
+    sweep_orphans(lib.parent)
+    src, out = temp_name(lib.with_suffix(".cpp")), temp_name(lib)
+    stats["compiles"] += 1
+    with compiler_process.temporary(src, out):
+        write_new(src, source)
+        units = split_units(source, build_jobs())
+        if len(units) == 1:
+            compiler_process.run([compiler(), *CXX_FLAGS, str(src), "-o", str(out), *LIBS])
+        else:
+            _build_units(units, lib, out)
+        if verify(lib) is not None:  # else another process published this key meanwhile: its library serves
+            publish(out, lib)
+            os.replace(src, lib.with_suffix(".cpp"))
+    return lib
+
+
+def write_new(path: Path, data: str | bytes) -> Path:
+    """`data` in the new file `path` (created exclusively, never through a symlink)."""
+    with os.fdopen(create_exclusive(path), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return path
 
 
 def build_jobs() -> int:
@@ -123,53 +167,55 @@ def split_units(source: str, jobs: int) -> list[str]:
     return [u for u in units if u != prelude]
 
 
-def _build_units(units: list[str], lib: Path, out: str) -> None:
+def _build_units(units: list[str], lib: Path, out: Path) -> None:
     """Compile each unit to an object file in parallel, then link them into `out`."""
-    with tempfile.TemporaryDirectory(dir=lib.parent) as work:
-        paths = []
-        for k, unit in enumerate(units):
-            path = Path(work) / f"unit{k}.cpp"
-            path.write_text(unit)
-            paths.append(path)
+    work = temp_name(lib.with_suffix(".units"))
+    with compiler_process.temporary(work):
+        os.mkdir(work, 0o700)
+        paths = [write_new(work / f"unit{k}.cpp", unit) for k, unit in enumerate(units)]
         compile_flags = [f for f in CXX_FLAGS if f != "-shared"]
         with ThreadPoolExecutor(max_workers=min(len(units), build_jobs())) as pool:
-            list(pool.map(lambda p: _run([compiler(), *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))]),
-                          paths))
+            list(pool.map(lambda p: compiler_process.run(
+                [compiler(), *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))]), paths))
         stats["units"] += len(units)
-        _run([compiler(), *CXX_FLAGS, *[str(p.with_suffix(".o")) for p in paths], "-o", out, *LIBS])
-
-
-class BuildError(RuntimeError):
-    """The C++ compiler rejected a source."""
-
-
-def _run(cmd: list[str]) -> None:
-    log.debug("compiling %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError(f"kiln: C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        compiler_process.run([compiler(), *CXX_FLAGS, *[str(p.with_suffix(".o")) for p in paths], "-o", str(out),
+                              *LIBS])
 
 
 def compiles(source: str) -> bool:
     """Whether the compiler accepts `source` (parsed and checked only, no code generated): how a failed
     build finds the kernel that broke it."""
     with tempfile.TemporaryDirectory() as work:
-        path = Path(work) / "check.cpp"
-        path.write_text(source)
+        path = write_new(Path(work) / "check.cpp", source)
         try:
-            _run([compiler(), *[f for f in CXX_FLAGS if f != "-shared"], "-fsyntax-only", str(path)])
+            compiler_process.run([compiler(), *[f for f in CXX_FLAGS if f != "-shared"], "-fsyntax-only", str(path)])
+        except CompilerTimeout:
+            raise
         except BuildError:
             return False
     return True
 
 
 def load(source: str) -> ctypes.CDLL:
-    """The loaded library for `source` (built or fetched from disk once per process)."""
+    """The loaded library for `source` (built or fetched from disk once per process). A library the loader
+    rejects (a bad ELF file, a compiler that "succeeded" with garbage) is built again once; if that fails too,
+    BuildError (the kernels fall back to ATen) and nothing stays in the cache."""
     key = source_key(source)
     with _lock:
         if key in _loaded:
             stats["memory_hits"] += 1
             return _loaded[key]
-        lib = ctypes.CDLL(str(build(source)))
+        path = build(source)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            rebuild_log(path, f"the loader rejected it ({e})")
+            discard(path)
+            path = build(source)
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as again:
+                discard(path)
+                raise BuildError(f"kiln: the library built from the kernels cannot be loaded: {again}") from again
         _loaded[key] = lib
         return lib

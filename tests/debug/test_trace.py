@@ -73,3 +73,25 @@ def test_nothing_written_without_the_option_or_variable(tmp_path, monkeypatch):
     monkeypatch.setattr(kiln.config, "debug_dir", str(tmp_path))
     kiln.compile(lambda x: x * 3)(torch.randn(3))
     assert not any(tmp_path.iterdir())
+
+
+def test_index_lists_only_this_runs_files_and_no_symlink_is_written_through(tmp_path, monkeypatch):
+    """Files an earlier run left are not listed; a symlink planted at a file's path (index.md) is replaced, the
+    file it points to untouched; the folders are private."""
+    root = tmp_path / "debug"
+    stale = root / "graph99999"
+    stale.mkdir(parents=True)
+    (stale / "summary.txt").write_text("graph 99999: from an earlier run\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (root / "index.md").symlink_to(victim)
+    root.chmod(0o700)
+    monkeypatch.setattr(kiln.config, "debug_dir", str(root))
+    monkeypatch.delenv("KILN_DEBUG_DIR", raising=False)
+    model = kiln.compile(Net(), options={"trace.enabled": True})
+    model(torch.randn(4, 8))
+    gid = context_of(model).records[0].id
+    index = (root / "index.md").read_text()
+    assert f"## graph{gid}:" in index and "graph99999" not in index
+    assert victim.read_text() == "precious\n" and not (root / "index.md").is_symlink()
+    assert (root / f"graph{gid}").stat().st_mode & 0o777 == 0o700

@@ -53,6 +53,8 @@ def load_kernels(source: str, kernels: dict[str, CppKernel]) -> dict:
         return {}
     try:
         lib = cache.load(source)
+    except cache.CompilerTimeout:  # no kernel to blame, and checking each would wait as long again
+        raise
     except cache.BuildError as e:
         name = failing_kernel(kernels)
         if name is None:

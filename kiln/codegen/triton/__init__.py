@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 import threading
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,7 @@ from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
 from kiln.runtime import cache
+from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
 from kiln.schedule.fusion import Schedule
 
@@ -153,15 +155,13 @@ def load_module(source: str):
         if key in _loaded:
             stats["memory_hits"] += 1
             return _loaded[key]
-        path = cache.cache_dir() / "triton" / key[:2] / f"{key}.py"
-        if path.exists() and path.read_text() == source:
+        path = cache.folder("triton", key[:2]) / f"{key}.py"
+        if _holds(path, source):
             stats["disk_hits"] += 1
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
+        else:  # missing, or not what this process generated (truncated, altered): written again
+            write_atomic(path, source)
             stats["writes"] += 1
+        cache.record_use(path)
         name = f"kiln_triton_{key[:16]}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -169,6 +169,18 @@ def load_module(source: str):
         spec.loader.exec_module(module)
         _loaded[key] = module
         return module
+
+
+def _holds(path: Path, source: str) -> bool:
+    """Whether `path` is this user's regular file (in a folder kiln checked) with exactly `source` in it: the
+    module is imported from the file (Triton reads a kernel's source back from it), never from what else may
+    be there."""
+    try:
+        if unsafe_reason(os.lstat(path), is_dir=False) is not None:
+            return False
+        return path.read_bytes() == source.encode()
+    except OSError:
+        return False
 
 
 def precompile_all(module, kernels: dict) -> None:

@@ -1,4 +1,5 @@
-"""The on-disk build cache: a second process compiling the same graph never starts the compiler."""
+"""The on-disk build cache across processes: a second process compiling the same graph never starts the
+compiler, and processes building at the same instant all end with a correct library."""
 from __future__ import annotations
 
 import os
@@ -67,4 +68,35 @@ def test_processes_building_one_key_at_once_all_load_it(tmp_path):
         assert p.returncode == 0, err[-2000:]
         assert out.strip() == "4242"
     folder = next((tmp_path / "cache" / "cpp").iterdir())
-    assert sorted(f.suffix for f in folder.iterdir()) == [".cpp", ".so"], "temporary files were left behind"
+    names = sorted(f.name.split(".", 1)[1] for f in folder.iterdir())
+    assert names == ["cpp", "so", "so.manifest.json"], f"temporary files were left behind: {names}"
+
+
+COMPILE_SCRIPT = textwrap.dedent("""
+    import sys, time, torch, kiln
+    start = float(sys.argv[1])
+    def f(x, y):
+        return (x.exp() * y).softmax(-1) + x.amax(-1, keepdim=True)
+    x, y = torch.randn(6, 33), torch.randn(6, 33)
+    while time.time() < start:
+        pass
+    torch.testing.assert_close(kiln.compile(f)(x, y), f(x, y))
+    print("ok")
+""")
+
+
+def test_processes_compiling_one_function_on_a_cold_cache_are_both_correct(tmp_path):
+    """Whole compiles racing on an empty cache (strict: a fallback would fail the run) both end correct, with
+    one library published and no temporary file left."""
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_CXX="g++", KILN_STRICT="1",
+               OMP_NUM_THREADS="1")
+    start = time.time() + 8
+    procs = [subprocess.Popen([sys.executable, "-c", COMPILE_SCRIPT, str(start)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out.strip() == "ok", err[-3000:]
+    libs = list((tmp_path / "cache" / "cpp").rglob("*.so"))
+    assert len(libs) == 1
+    leftovers = [f.name for f in libs[0].parent.iterdir() if ".tmp" in f.name]
+    assert leftovers == []

@@ -1,0 +1,207 @@
+"""Warm start: how long a new process takes to compile a model that was compiled before, kiln next to torch.compile.
+
+    python benchmarks/warm_start.py [--device cpu|cuda] [--quick] [--models ...] [--compilers kiln torch]
+
+For each model and compiler, each run in a fresh process (imports of torch and of the compiler's modules, and
+building the model, not counted):
+
+    cold        empty cache directories (KILN_CACHE_DIR; TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR)
+    warm        a new process over the directories the cold run filled
+    artifacts   a new process with empty directories that first loads the blob the cold run saved
+                (kiln.save_cache_artifacts / torch.compiler.save_cache_artifacts), load time included
+
+`first_step_s` is the compile call plus the first step (forward, and for training backward and optimizer);
+`compile_s` subtracts one steady step (the median of the next three) from it: the time the compile costs.
+torch.compile runs with its defaults, its FX graph cache and AOTAutograd cache on.
+
+Models: on the CPU (default) the shared harness's CPU-sized models at --quick sizes and kiln's bundled example
+(kiln/examples/vit_train.py, a training step); with --device cuda the harness's GPU models
+(../shared/bench/models_bench.py, --bench to point elsewhere). Results go to
+benchmarks/results/warm_start/<date>_<device>_<commit>.json and a markdown table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import result_path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BENCH = ROOT.parent / "shared" / "bench" / "models_bench.py"
+CPU_MODELS = ["mlp_small_bs1", "cnn_fashion_train", "transformer6_train", "kiln_vit_train"]
+GPU_MODELS = ["vit_b16_train", "gpt2_train", "bert_infer_bf16", "resnet50_infer_bs1"]
+MODES = ["cold", "warm", "artifacts"]
+
+
+# ----------------------------------------------------------------------------- the worker (one process, one run)
+
+
+def _example_workload(bench, device):
+    """kiln's bundled example as a harness workload: a TinyViT training step with SGD."""
+    import torch
+
+    from kiln.examples.vit_train import TinyViT
+
+    gen = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(32, 3, 32, 32, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+    return bench.Workload(kind="train", model=TinyViT().to(device), args=(images.to(device),),
+                          target=labels.to(device), loss_fn=torch.nn.functional.cross_entropy,
+                          optim_fn=lambda p: torch.optim.SGD(p, lr=0.01))
+
+
+def _import(compiler: str) -> None:
+    """Import the compiler's modules before the clock starts: a server imports them once, whatever it compiles.
+    torch._dynamo for both: torch's ShapeEnv (which kiln's capture uses) imports it on first use."""
+    import torch._dynamo  # noqa: F401
+    if compiler == "kiln":
+        import kiln  # noqa: F401
+    else:
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+def _compile(compiler: str, model):
+    import torch
+
+    if compiler == "kiln":
+        import kiln
+        return kiln.compile(model)
+    return torch.compile(model)
+
+
+def _load_artifacts(compiler: str, blob: bytes) -> None:
+    if compiler == "kiln":
+        import kiln
+        kiln.load_cache_artifacts(blob)
+    else:
+        import torch
+        torch.compiler.load_cache_artifacts(blob)
+
+
+def _save_artifacts(compiler: str) -> bytes | None:
+    if compiler == "kiln":
+        import kiln
+        return kiln.save_cache_artifacts()
+    import torch
+    saved = torch.compiler.save_cache_artifacts()
+    return saved[0] if saved else None
+
+
+def worker(job: dict) -> dict:
+    """Build the model, then time: loading the artifacts (mode "artifacts"), the compile call and the first
+    step, and three more steps. Saves the artifacts after a cold run."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from common import load_bench
+
+    bench = load_bench(job["bench"])
+    device = torch.device(job["device"])
+    bench.seed_all(0)
+    if job["model"] == "kiln_vit_train":
+        workload = _example_workload(bench, device)
+    else:
+        workload = bench.MODELS[job["model"]].factory(bench.BuildCtx(device, job["quick"], 0))
+    comp = bench.COMPILERS["eager"]
+    _import(job["compiler"])
+    result = {"load_s": 0.0}
+    start = time.perf_counter()
+    if job["mode"] == "artifacts":
+        _load_artifacts(job["compiler"], Path(job["blob"]).read_bytes())
+        result["load_s"] = time.perf_counter() - start
+    fn = _compile(job["compiler"], workload.model)
+    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" \
+        else None
+    step = bench.make_step(workload, fn, optimizer, device, comp)
+    step()
+    bench.sync(device)
+    result["first_step_s"] = time.perf_counter() - start
+    steady = []
+    for _ in range(3):
+        t = time.perf_counter()
+        step()
+        bench.sync(device)
+        steady.append(time.perf_counter() - t)
+    result["step_s"] = statistics.median(steady)
+    result["compile_s"] = result["first_step_s"] - result["step_s"]
+    if job["mode"] == "cold":
+        blob = _save_artifacts(job["compiler"])
+        if blob:
+            Path(job["blob"]).write_bytes(blob)
+    return result
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def _run(job: dict, caches: Path, timeout: float) -> dict:
+    """One worker process for `job`, with the cache directories of its mode."""
+    fresh = job["mode"] != "warm"
+    where = caches / f"{job['model']}-{job['compiler']}-{job['mode'] if fresh else 'cold'}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KILN_CACHE_DIR=str(where / "kiln"),
+               TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"), TRITON_CACHE_DIR=str(where / "triton"))
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": (proc.stderr or proc.stdout)[-1500:]}
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | error | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | {r['compile_s']:.2f} | "
+                     f"{r['first_step_s']:.2f} | {r['load_s']:.3f} | {r['step_s'] * 1000:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--models", nargs="*")
+    p.add_argument("--compilers", nargs="*", default=["kiln", "torch"])
+    p.add_argument("--quick", action="store_true", help="the harness's small sizes (the CPU default)")
+    p.add_argument("--bench", default=str(DEFAULT_BENCH), help="path of the shared harness models_bench.py")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--out")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(json.loads(args.worker))))
+        return
+    models = args.models or (CPU_MODELS if args.device == "cpu" else GPU_MODELS)
+    quick = args.quick or args.device == "cpu"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln_warm_start_") as tmp:
+        caches = Path(tmp)
+        for model in models:
+            for compiler in args.compilers:
+                blob = caches / f"{model}-{compiler}.blob"
+                for mode in MODES:
+                    if mode == "artifacts" and not blob.exists():
+                        continue
+                    job = {"model": model, "compiler": compiler, "mode": mode, "device": args.device,
+                           "quick": quick, "bench": args.bench, "blob": str(blob)}
+                    rows.append({"model": model, "compiler": compiler, "mode": mode,
+                                 **_run(job, caches, args.timeout)})
+                    print(_table(rows[-1:]).splitlines()[-1], flush=True)
+    out = Path(args.out or result_path("warm_start", args.device))
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "device": args.device, "quick": quick,
+                               "threads": os.environ.get("OMP_NUM_THREADS"), "rows": rows}, indent=1))
+    print(_table(rows))
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""The compile cache of whole ATen graphs: what the code generator made of a graph, kept across processes.
+
+A second process that captures the same program hands the same ATen graphs to the code generator;
+with this cache it skips decomposing, lowering, scheduling, memory planning and generating, and
+goes straight to loading the kernels (themselves cached by kiln/runtime/cache.py) and running the
+wrapper.
+
+What is kept (the *product*, one JSON file per graph, `graphs/<key[:2]>/<key>.json`) is text and
+plain data only: the kernels' source, the wrapper's Python source, each kernel's argument list, and
+the wrapper's namespace as descriptions (devices, ATen operators by name, tensor constants by value).
+No pickle, no code object: what is executed is source kiln regenerates the namespace for, and only
+after the file matched the manifest written with it (kiln/runtime/private_files.py).
+
+The key is a SHA-256 over everything the product depends on: the graph's code (FX prints it as
+Python), the metadata of its inputs (sizes, strides, dtype, device, requires_grad), the values of
+its tensor constants, its kind (inference, forward, backward), the compile options, and the
+versions of what generates and builds it (a hash of kiln's own source, torch, Triton, Python, the
+C++ compiler and its flags, the CPU). A graph with a symbolic size, or an operator that is not a
+named torch operator, is not cached: its product could depend on more than the key says.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import operator
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.fx
+
+from kiln.config import compiler
+from kiln.runtime import cache
+from kiln.runtime.private_files import discard, publish, temp_name, verify
+
+log = logging.getLogger("kiln.runtime.cache")
+
+FORMAT = 1  # the product's layout; a change makes every older product a miss
+MAX_CONSTANT_BYTES = 1 << 20  # constants are stored in the product: a graph holding bigger ones is not cached
+
+stats = {"hits": 0, "stores": 0, "uncacheable": 0}
+
+
+class Uncacheable(Exception):
+    """The graph or its generated code holds something the product cannot describe."""
+
+
+@dataclass
+class KernelSignature:
+    """What loading a kernel needs of its generator's kernel object: its pointer arguments, its size
+    arguments, and whether it returns an error code."""
+
+    arg_names: list
+    size_args: list
+    reports_errors: bool
+
+
+# ----------------------------------------------------------------------------- the key
+
+
+@functools.cache
+def environment() -> dict:
+    """The versions of everything that turns a graph into a product (see the module docstring)."""
+    kiln_root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(p for p in kiln_root.rglob("*") if p.suffix in (".py", ".h") and p.is_file()):
+        h.update(path.relative_to(kiln_root).as_posix().encode() + b"\0" + path.read_bytes())
+    return {"format": FORMAT, "kiln": h.hexdigest(), "torch": torch.__version__, "triton": _version("triton"),
+            "python": sys.version, "compiler": [compiler(), *cache.CXX_FLAGS, *cache.LIBS], "host": host()}
+
+
+@functools.cache
+def host() -> str:
+    """The machine the C++ kernels are built for (-march=native): the architecture and its CPU flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_PLAIN_TARGETS = (operator.getitem,)
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options: dict) -> str:
+    """The product key of `gm` compiled for `example_inputs` (see the module docstring); Uncacheable if it has
+    none."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
+                and node.target not in _PLAIN_TARGETS:
+            raise Uncacheable(f"calls {node.target!r}, not a named operator")
+        if node.op in ("call_module", "call_method"):
+            raise Uncacheable(f"a {node.op} node")
+    constants = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            raise Uncacheable(f"attribute {node.target} is a {type(value).__name__}")
+        constants[node.target] = encode_value(value)
+    environ = {name: os.environ.get(name) for name in ("KILN_CPU_BACKEND", "TRITON_INTERPRET")}
+    environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
+    described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
+                 "kind": kind, "options": options, "environment": environment(), "environ": environ}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _describe_input(x) -> list:
+    if isinstance(x, torch.Tensor):
+        sizes = [*x.shape, *x.stride(), x.storage_offset()]
+        if not all(isinstance(s, int) for s in sizes):
+            raise Uncacheable("a symbolic size")
+        return ["tensor", list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), str(x.device),
+                x.requires_grad]
+    if isinstance(x, (bool, int, float)) or x is None:
+        return ["value", x]
+    raise Uncacheable(f"an input of type {type(x).__name__}")
+
+
+# ----------------------------------------------------------------------------- values of the wrapper's namespace
+
+
+def encode_value(value) -> dict:
+    """A JSON description of one namespace value, or Uncacheable."""
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter) or value.is_meta:
+            raise Uncacheable(f"a tensor of type {type(value).__name__}")
+        if value.numel() * value.element_size() > MAX_CONSTANT_BYTES:
+            raise Uncacheable("a large tensor constant")
+        data = value.detach().cpu().contiguous().reshape(-1)  # 1-d: a 0-d tensor has no byte view
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        return {"tensor": base64.b64encode(raw).decode(), "dtype": str(data.dtype).removeprefix("torch."),
+                "size": list(value.shape), "stride": list(value.stride()), "device": str(value.device),
+                "requires_grad": value.requires_grad}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch._ops.OpOverload):
+        return {"op": value.name(), "overload": value._overloadname}
+    for kind in (torch.dtype, torch.memory_format, torch.layout):
+        if isinstance(value, kind):
+            return {kind.__name__: str(value).removeprefix("torch.")}
+    raise Uncacheable(f"a namespace value of type {type(value).__name__}")
+
+
+def decode_value(d: dict):
+    """The value `encode_value` described."""
+    if "tensor" in d:
+        dtype = getattr(torch, d["dtype"])
+        raw = bytearray(base64.b64decode(d["tensor"]))
+        flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
+        out = torch.empty_strided(d["size"], d["stride"], dtype=dtype, device=d["device"])
+        out.copy_(flat.reshape(d["size"]))
+        return out.requires_grad_(d["requires_grad"])
+    if "device" in d:
+        return torch.device(d["device"])
+    if "op" in d:
+        namespace, name = d["op"].split("::")
+        packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+        return getattr(packet, d["overload"] or "default")
+    for kind in (torch.dtype, torch.memory_format, torch.layout):
+        if kind.__name__ in d:
+            value = getattr(torch, d[kind.__name__])
+            if isinstance(value, kind):
+                return value
+    raise ValueError(f"kiln: a cached graph describes a value kiln cannot rebuild: {sorted(d)}")
+
+
+# ----------------------------------------------------------------------------- products on disk
+
+
+def encode_product(target: str, source: str, wrapper: str, kernels: dict, namespace: dict, base: dict) -> dict:
+    """The product of one compiled graph: `namespace` is the wrapper's before it ran, `base` the names every
+    wrapper gets (not stored)."""
+    names = {name: encode_value(value) for name, value in namespace.items()
+             if not (name in base and base[name] is value)}
+    signatures = {name: {"arg_names": list(k.arg_names), "size_args": [str(s) for s in k.size_args],
+                         "reports_errors": bool(k.reports_errors)} for name, k in kernels.items()}
+    return {"format": FORMAT, "target": target, "source": source, "wrapper": wrapper, "kernels": signatures,
+            "namespace": names}
+
+
+def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
+    """(kernel name -> KernelSignature, the wrapper's namespace) of a product read back."""
+    kernels = {name: KernelSignature(**sig) for name, sig in product["kernels"].items()}
+    namespace = dict(base)
+    namespace.update({name: decode_value(d) for name, d in product["namespace"].items()})
+    return kernels, namespace
+
+
+def product_path(key: str) -> Path:
+    return cache.folder("graphs", key[:2]) / f"{key}.json"
+
+
+def lookup(key: str) -> dict | None:
+    """The product stored under `key`, if there is one that matches its manifest (a broken one is removed,
+    with one log line, and the graph compiled again)."""
+    path = product_path(key)
+    problem = verify(path)
+    if problem == "missing":
+        return None
+    if problem is None:
+        try:
+            product = json.loads(path.read_bytes())
+            if isinstance(product, dict) and product.get("format") == FORMAT:
+                cache.record_use(path)
+                stats["hits"] += 1
+                return product
+            problem = "not a product of this kiln"
+        except (OSError, ValueError) as e:
+            problem = f"unreadable ({type(e).__name__})"
+    cache.rebuild_log(path, problem)
+    discard(path)
+    return None
+
+
+def store(key: str, product: dict) -> None:
+    """Publish `product` under `key` (a temporary file renamed into place, its manifest first)."""
+    path = product_path(key)
+    tmp = temp_name(path)
+    try:
+        cache.write_new(tmp, json.dumps(product))
+        publish(tmp, path)
+    except OSError as e:  # a full or read-only cache: this process keeps its compiled graph all the same
+        log.info("kiln: could not store the compiled graph in %s (%s)", path, e)
+        discard(tmp)
+        return
+    cache.record_use(path)
+    stats["stores"] += 1
+
+
+def forget(key: str) -> None:
+    """Remove a product that could not be used (it is compiled again and stored anew)."""
+    discard(product_path(key))
+
+
+__all__ = ["graph_key", "encode_product", "decode_product", "lookup", "store", "forget", "Uncacheable",
+           "KernelSignature", "environment", "host", "stats"]

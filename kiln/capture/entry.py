@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from kiln import fallbacks
+from kiln import compiled_autograd, fallbacks
 from kiln.capture import bytecode, tensor_checks
-from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak
@@ -45,6 +45,7 @@ log_recompiles = logging.getLogger("kiln.recompiles")
 log_guards = logging.getLogger("kiln.guards")
 log_graph = logging.getLogger("kiln.graph")
 log_program = logging.getLogger("kiln.bytecode")
+log_compiled_autograd = logging.getLogger("kiln.compiled_autograd")
 log = logging.getLogger("kiln.capture")
 _profiler = torch.autograd.profiler  # `_profiler._is_profiler_enabled`: a module global, cheap to read per call
 _record_ids = itertools.count(1)
@@ -370,6 +371,9 @@ class CompiledFunction:
         else:
             L = dict(zip(self._names, args))
         fn = self.fn
+        if config.compiled_autograd and not compiled_autograd.is_enabled():
+            with compiled_autograd.enable():  # every backward inside the region: kiln.config.compiled_autograd
+                return self._run_frame(L, self._globals, self._closure, lambda: fn(*args, **kwargs))
         return self._run_frame(L, self._globals, self._closure, lambda: fn(*args, **kwargs))
 
 
@@ -386,10 +390,12 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
         try:
             return _interpret_and_finish(state, spec, ctx, frame, reason)
         except GraphBreak as e:
+            if e.reason.id == "autograd_backward" and compiled_autograd.is_active():
+                e = backward_boundary(e)
             if isinstance(e, Unresumable) or break_at is not None:
                 _with_guards(e, state)
                 raise
-            if ctx.fullgraph:
+            if ctx.fullgraph and not e.reason.boundary:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
@@ -400,6 +406,9 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
             break_at, reason = frame.current.index, e
+            if e.reason.boundary:
+                log_compiled_autograd.info("%s: %s", spec.describe(), e.message())
+                continue
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
 

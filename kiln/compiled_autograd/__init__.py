@@ -18,7 +18,8 @@ from collections.abc import Callable
 import torch
 
 from kiln.compiled_autograd import engine, ops
-from kiln.compiled_autograd.tracer import AutogradGraphTracer, verbose_log
+from kiln.config import config
+from kiln.compiled_autograd.tracer import AutogradGraphTracer, log, verbose_log
 
 __all__ = ["enable", "disable", "reset", "captured_graphs", "default_compiler"]
 
@@ -54,6 +55,13 @@ def is_enabled() -> bool:
     return _depth > 0
 
 
+def is_active() -> bool:
+    """Whether a backward started inside a compiled region runs through compiled autograd: an `enable`
+    block is open, or `kiln.config.compiled_autograd` turns it on for every compiled region. Capture
+    then ends the graph before `.backward()` without counting a graph break (fullgraph=True allows it)."""
+    return _depth > 0 or config.compiled_autograd
+
+
 def disable():
     """A block where the engine runs eagerly even inside `enable`."""
     return engine.disabled()
@@ -72,7 +80,16 @@ def captured_graphs() -> list:
 
 
 def default_compiler(gm: torch.fx.GraphModule) -> Callable:
-    """kiln's default backend over a captured backward graph, as one graph (it has no Python to break on
-    besides the user's hooks, which are inlined)."""
-    import kiln
-    return kiln.compile(gm, dynamic=False)
+    """kiln's default backend over a captured backward graph. kiln.compile sits above every stage, so
+    kiln.api provides it (`set_default_compiler`) when kiln is imported."""
+    if _default_compiler is None:
+        raise RuntimeError("compiled autograd: no default compiler; import kiln, or pass compiler_fn")
+    return _default_compiler(gm)
+
+
+_default_compiler: Callable | None = None
+
+
+def set_default_compiler(compiler_fn: Callable[[torch.fx.GraphModule], Callable]) -> None:
+    global _default_compiler
+    _default_compiler = compiler_fn

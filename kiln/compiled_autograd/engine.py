@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.proxy_tensor import fetch_object_proxy
 
 _hook = torch._C._dynamo.compiled_autograd
 
@@ -73,7 +74,6 @@ def end_capture_result(runtime_wrapper: Callable, compiled_fn: Callable) -> Any:
 
 def proxy_of(tracer: Any, value: Any) -> Any:
     """The proxy the dispatch-level tracer tracks for `value` (its signature changed in torch 2.5)."""
-    from torch.fx.experimental.proxy_tensor import fetch_object_proxy
     try:
         return fetch_object_proxy(tracer, value)
     except TypeError:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kiln.compiled_autograd import engine
 
 class FunctionTable:
     """The engine's functional node backwards, bound by name once per process (`bind_function`)."""
@@ -125,7 +126,6 @@ class RunPlan:
 def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, scalars: Any, hooks: Any,
               packed_data: Any = ()):
     """How the engine calls a cached graph: with the values it collected from the autograd graph."""
-    from kiln.compiled_autograd import engine
     leaves = [inputs[i] for i, _ in plan.grads]
     after_inputs = [None if i is None else inputs[i] for _, _, i, _ in plan.after_graph]
     input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}

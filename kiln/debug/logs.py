@@ -20,6 +20,8 @@ TOPICS = {
     "aot": "joint, forward and backward ATen graphs and the partition decision",
     "output_code": "generated kernels and the wrapper",
     "perf_hints": "hints about slow paths (fallbacks to ATen, eager frames)",
+    "compiled_autograd": "each backward graph compiled autograd captures, and why it recaptured",
+    "compiled_autograd_verbose": "compiled autograd's cache misses as the engine sees them (new node, changed size)",
 }
 
 _handler: logging.Handler | None = None

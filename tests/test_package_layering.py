@@ -34,6 +34,7 @@ LAYERS = {
     "kiln.codegen": 4,
     "kiln.pipeline": 5,  # the default backend: autograd, then lower, schedule and the printers, stage by stage
     "kiln.backends": 6,
+    "kiln.optim": 6,  # compiled optimizer steps: traced updates handed to the region's backend
     "kiln.api": 7,
     "kiln.debug": 8,
     "kiln.examples": 8,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kiln import compiled_autograd, fallbacks
-from kiln.capture import bytecode, tensor_checks
+from kiln.capture import bytecode, routes, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
@@ -45,7 +45,6 @@ log_recompiles = logging.getLogger("kiln.recompiles")
 log_guards = logging.getLogger("kiln.guards")
 log_graph = logging.getLogger("kiln.graph")
 log_program = logging.getLogger("kiln.bytecode")
-log_compiled_autograd = logging.getLogger("kiln.compiled_autograd")
 log = logging.getLogger("kiln.capture")
 _profiler = torch.autograd.profiler  # `_profiler._is_profiler_enabled`: a module global, cheap to read per call
 _record_ids = itertools.count(1)
@@ -407,7 +406,7 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise _with_guards(_unresumable(e, why), state) from e
             break_at, reason = frame.current.index, e
             if e.reason.boundary:
-                log_compiled_autograd.info("%s: %s", spec.describe(), e.message())
+                log_breaks.debug("%s: %s", spec.describe(), e.message())
                 continue
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
@@ -578,6 +577,9 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
     if getattr(fn, "__kiln_disabled__", False):
         return fn(*args, **kwargs)
+    route = routes.find(fn)
+    if route is not None:
+        return route.run(ctx, fn, *args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
     if (isinstance(fn, torch.nn.Module) and not _has_hooks(fn)

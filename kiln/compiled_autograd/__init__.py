@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 
 from kiln.compiled_autograd import engine, ops
+from kiln.compiled_autograd.tracer import AutogradGraphTracer, verbose_log
 from kiln.config import config
-from kiln.compiled_autograd.tracer import AutogradGraphTracer, log, verbose_log
 
 __all__ = ["enable", "disable", "reset", "captured_graphs", "default_compiler"]
 

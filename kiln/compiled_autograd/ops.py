@@ -14,6 +14,7 @@ import torch
 
 from kiln.compiled_autograd import engine
 
+
 class FunctionTable:
     """The engine's functional node backwards, bound by name once per process (`bind_function`)."""
 

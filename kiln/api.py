@@ -102,7 +102,7 @@ compile.__doc__ = compile.__doc__.rstrip() + "\n" + textwrap.indent(describe_opt
 def _compile_backward_graph(gm: torch.fx.GraphModule) -> Callable:
     """Compiled autograd's default: a captured backward graph through kiln's default backend. Its sizes are
     those the engine keeps static (the engine passes the ones it saw change as symbolic `sizes`)."""
-    return compile(gm, dynamic=False)
+    return compile(gm)
 
 
 compiled_autograd.set_default_compiler(_compile_backward_graph)

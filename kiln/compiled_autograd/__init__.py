@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
 
 from kiln.compiled_autograd import engine, ops
-from kiln.compiled_autograd.tracer import AutogradGraphTracer, verbose_log
+from kiln.compiled_autograd.tracer import AutogradGraphTracer, log, verbose_log
 from kiln.config import config
 
 __all__ = ["enable", "disable", "reset", "captured_graphs", "default_compiler"]
@@ -38,8 +39,9 @@ def enable(compiler_fn: Callable | None = None, dynamic: bool = False):
     global _depth
     compiler_fn = compiler_fn or default_compiler
     prior, prior_dynamic = engine.install(functools.partial(AutogradGraphTracer, compiler_fn), dynamic)
-    if verbose_log.isEnabledFor(10):
-        engine.set_verbose_logger(verbose_log.debug)
+    reporter = _miss_reporter()
+    if reporter is not None:
+        engine.set_verbose_logger(reporter)
     _depth += 1
     try:
         with torch.autograd.set_multithreading_enabled(False):
@@ -48,6 +50,16 @@ def enable(compiler_fn: Callable | None = None, dynamic: bool = False):
         _depth -= 1
         engine.install(prior, prior_dynamic)
         engine.set_verbose_logger(None)
+
+
+def _miss_reporter() -> Callable[[str], None] | None:
+    """Where the engine's cache-miss reasons go, if anyone listens: the engine only works them out (at
+    a cost on every backward) while a logger is installed."""
+    if verbose_log.isEnabledFor(logging.DEBUG):
+        return verbose_log.debug
+    if log.isEnabledFor(logging.INFO):  # the engine then passes the reasons to `log_compile_reasons`
+        return lambda message: None
+    return None
 
 
 def is_enabled() -> bool:

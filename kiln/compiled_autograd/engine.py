@@ -15,10 +15,13 @@ hit it calls the compiled function it kept. Everything version-specific about th
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._guards
 from torch.fx.experimental.proxy_tensor import fetch_object_proxy
 
 _hook = torch._C._dynamo.compiled_autograd
@@ -38,9 +41,26 @@ def clear_cache() -> None:
 
 
 def set_verbose_logger(log: Callable[[str], Any] | None) -> None:
-    """Where the engine reports why its cache missed (a new node, a size that changed)."""
+    """Where the engine reports why its cache missed (a new node, a size that changed). Some engines call
+    the object they are given, others its `.debug`: the adapter answers both."""
+    global _miss_logger
     if hasattr(_hook, "set_verbose_logger"):
-        _hook.set_verbose_logger(log)
+        # the engine keeps a borrowed reference: the adapter must live here as long as it is installed
+        _miss_logger = None if log is None else _MissLogger(log)
+        _hook.set_verbose_logger(_miss_logger)
+
+
+_miss_logger = None
+
+
+class _MissLogger:
+    def __init__(self, log: Callable[[str], Any]) -> None:
+        self.log = log
+
+    def __call__(self, message: str, *args: Any) -> None:
+        self.log(message % args if args else message)
+
+    debug = __call__
 
 
 def accumulate_grad_args(args: tuple) -> tuple[torch.Tensor, Any, Any, bool]:
@@ -88,3 +108,24 @@ def disabled():
         yield
     finally:
         install(prior, prior_dynamic)
+
+
+@dataclass(frozen=True)
+class GraphInputSource(torch._guards.Source):
+    """Names entry `index` of a graph placeholder (`sizes[3]`) for the ShapeEnv, which requires a
+    torch._guards.Source for every symbol it creates. torch 2.13 reads `name` as a property built from
+    `_name_template`; older versions call `name()`: the class answers the way the installed torch asks."""
+
+    placeholder: str = ""
+    index: int = 0
+
+    @property
+    def _name_template(self) -> str:
+        return f"{self.placeholder}[{self.index}]"
+
+    def guard_source(self) -> torch._guards.GuardSource:
+        return torch._guards.GuardSource.LOCAL
+
+
+if not isinstance(torch._guards.Source.__dict__.get("name"), functools.cached_property):
+    GraphInputSource.name = lambda self: self._name_template

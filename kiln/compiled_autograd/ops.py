@@ -124,6 +124,19 @@ class RunPlan:
     after_graph: tuple[tuple[str, int, int | None, int | None], ...]  # kind, hook, input index, value index
 
 
+def size_carrier(size: int) -> torch.Tensor | int:
+    """A size the engine marked dynamic, passed to the graph as the second dimension of an empty tensor:
+    a compiler that specializes Python ints (kiln's capture guards them as constants) makes a tensor's
+    changing dimension symbolic instead, so one compiled graph serves every value. Sizes below 1 pass as
+    they are (no tensor has them; 0 specializes anyway)."""
+    return torch.empty(0, size) if size > 0 else size
+
+
+def carried_size(carrier: torch.Tensor | int) -> int:
+    """The size `size_carrier` packed."""
+    return carrier.size(1) if isinstance(carrier, torch.Tensor) else carrier
+
+
 def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, scalars: Any, hooks: Any,
               packed_data: Any = ()):
     """How the engine calls a cached graph: with the values it collected from the autograd graph."""
@@ -131,7 +144,8 @@ def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, sc
     after_inputs = [None if i is None else inputs[i] for _, _, i, _ in plan.after_graph]
     input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
     with engine.disabled():
-        outputs, grads, values = compiled_fn(inputs, list(sizes), list(scalars), hooks, packed_data)
+        carried = [size_carrier(s) for s in sizes]
+        outputs, grads, values = compiled_fn(inputs, carried, list(scalars), hooks, packed_data)
         for leaf, grad, (_, how) in zip(leaves, grads, plan.grads):
             _set_grad(leaf, grad, how, input_storages)
         for (kind, hook, _, value), leaf in zip(plan.after_graph, after_inputs):

@@ -27,7 +27,6 @@ import itertools
 import logging
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,20 +51,6 @@ PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 _graph_ids = itertools.count()
 # Calls that act on Python state or tensors outside the graph's values: dead-code elimination keeps them.
 _IMPURE = {ops.call_hook, ops.call_backward, ops.call_opaque}
-
-
-@dataclass(frozen=True)
-class GraphInputSource:
-    """Names a lifted size or scalar for the ShapeEnv (`sizes[3]`): the symbol's origin in messages."""
-
-    placeholder: str
-    index: int
-
-    def name(self) -> str:
-        return f"{self.placeholder}[{self.index}]"
-
-    def is_ephemeral(self) -> bool:
-        return False
 
 
 class AutogradGraphTracer:
@@ -118,7 +103,7 @@ class AutogradGraphTracer:
         Sizes the engine lifts are the ones it saw change between calls: they stay symbolic so the one
         graph serves every value, as the engine's cache will call it with each of them.
         """
-        source = GraphInputSource(placeholder, index)
+        source = engine.GraphInputSource(placeholder, index)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"compiled autograd: unexpected {placeholder} entry {value!r}")
         if isinstance(value, int):
@@ -127,8 +112,11 @@ class AutogradGraphTracer:
             expr = self.shape_env.create_unspecified_symbol(value, source=source, dynamic_dim=DimDynamic.DYNAMIC)
             sym = self.shape_env.create_symfloatnode(expr, hint=value, source=source)
         proxy = self.placeholders[placeholder][index]
+        if placeholder == "sizes":  # carried as a tensor's dimension: see `ops.size_carrier`
+            proxy = self.fx_tracer.create_proxy("call_function", ops.carried_size, (proxy,), {})
         if isinstance(sym, (torch.SymInt, torch.SymFloat)):
             self.symbol_proxies[sym.node] = proxy
+            self._bind([sym], [proxy])  # the dispatch-level tracer records ops on it in terms of `proxy`
         return sym
 
     # --- built-in nodes: traced through -----------------------------------------------------------------
@@ -255,8 +243,9 @@ class AutogradGraphTracer:
         self.node_origin = f"{node_name} (NodeCall {nodecall_index})"
 
     def log_compile_reasons(self, reasons: list[str]) -> None:
+        """Why the engine's cache missed (it works this out only while a miss logger is installed)."""
         for reason in reasons:
-            log.info("compiled autograd recompiles: %s", reason)
+            log.info("compiled autograd captures a graph: %s", reason)
 
     def bind_backward_state(self, index: int) -> Any:
         raise NotImplementedError("compiled autograd: BackwardState (hooks registered inside a compiled "

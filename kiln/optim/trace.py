@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.optim.foreach import FOREACH_DECOMPOSITIONS
+from kiln.lower.foreach import FOREACH_DECOMPOSITIONS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""`torch._foreach_*` ops as loops of their per-tensor ops, for tracing an optimizer step.
+"""`torch._foreach_*` ops as loops of their per-tensor ops.
 
-An optimizer's foreach implementation is the one that supports a tensor learning rate under a compiler
+Graphs meet them through torch code written for compilers: an optimizer step, clip_grad_norm_. An
+optimizer's foreach implementation is the one that supports a tensor learning rate under a compiler
 (so a scheduler's new value is an input, not a recompile); kiln's lowering knows the per-tensor ops, and
 fuses each parameter's update into one kernel. Every overload of every `aten._foreach_*` op is handled by
 one rule: list arguments are zipped, scalar-list arguments indexed, anything else passed to each call.

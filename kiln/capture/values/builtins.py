@@ -526,7 +526,7 @@ HANDLERS[_rename_function] = _rename_function
 
 
 @handles(torch._C._group_tensors_by_device_and_dtype)
-def _group_by_device_and_dtype(state, lists: Value, with_indices: Value = ConstantValue(False)) -> Value:
+def _group_by_device_and_dtype(state, lists: Value, with_indices: Value | None = None) -> Value:
     """`{(device, dtype): ([tensors of each list at those positions], positions)}`, keyed by the first
     list's tensors. Devices and dtypes are known at capture, so the grouping is structure, not a graph op
     (foreach users such as clip_grad_norm_ call it)."""

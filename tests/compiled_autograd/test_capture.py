@@ -214,7 +214,7 @@ def test_a_new_autograd_structure_recaptures_and_logs_why(caplog):
         for op in [torch.add, torch.sub, torch.mul, torch.div]:
             x.grad = None
             op(x, x).sum().backward()
-            expected = torch.func.grad(lambda t: op(t, t).sum())(x.detach())
+            expected = torch.func.grad(lambda t, op=op: op(t, t).sum())(x.detach())
             torch.testing.assert_close(x.grad, expected)
     assert len(compiled_autograd.captured_graphs()) == 4
     assert any("new autograd node" in r.getMessage() for r in caplog.records)

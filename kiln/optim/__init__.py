@@ -24,7 +24,15 @@ from kiln.optim.trace import StepLayout, layout_of, trace_step
 log = logging.getLogger("kiln.recompiles")
 log_hints = logging.getLogger("kiln.perf_hints")
 
-SUPPORTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+# The state each supported optimizer keeps per parameter, given its group: the entries its first step
+# creates. A step that would create them runs eagerly (the update graph is traced with them as inputs).
+_ADAM_STATE = lambda group: ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())  # noqa: E731
+STATE = {
+    torch.optim.SGD: lambda group: ("momentum_buffer",) if group["momentum"] else (),
+    torch.optim.Adam: _ADAM_STATE,
+    torch.optim.AdamW: _ADAM_STATE,
+}
+SUPPORTED = tuple(STATE)
 _IGNORED_HYPERPARAMETERS = {"params", "lr", "initial_lr"}  # lr is an input; initial_lr is the scheduler's
 
 
@@ -107,7 +115,8 @@ def _runs_eagerly(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -
                 continue
             if p.grad.is_sparse or p.is_complex():
                 return "a sparse grad or complex parameter"
-            if not optimizer.state.get(p) or any(v is None for v in optimizer.state[p].values()):
+            state = optimizer.state.get(p, {})
+            if any(not isinstance(state.get(k), torch.Tensor) for k in STATE[type(optimizer)](group)):
                 return "its state is created by this step (the first one)"
     return ""
 

@@ -62,8 +62,8 @@ class CompiledSteps:
     def _learning_rates(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """Per group, its lr as a 0-d tensor: the user's own when it is one, else kiln's, refilled."""
         groups = optimizer.param_groups
-        if len(self.lrs) != len(groups):
-            self.lrs = [torch.zeros((), dtype=torch.float64) for _ in groups]
+        if len(self.lrs) != len(groups):  # on the group's device: the update graph reads no other device
+            self.lrs = [torch.zeros((), dtype=torch.float64, device=g["params"][0].device) for g in groups]
         lrs = []
         for group, held in zip(groups, self.lrs):
             lr = group["lr"]

@@ -231,3 +231,17 @@ def test_disable_runs_the_engine_eagerly_inside_enable():
     with compiled_autograd.enable(inductor), compiled_autograd.disable():
         train(Model(), torch.randn(10))
     assert compiled_autograd.captured_graphs() == []
+
+
+def test_in_place_ops_on_views_backward_through_copy_slices():
+    def run():
+        x = torch.arange(6.0, requires_grad=True)
+        y = x * 1
+        y[1:3].mul_(torch.tensor(3.0))
+        y.view(2, 3).t().sin_()
+        (y * y).sum().backward()
+        return x.grad
+
+    expected = run()
+    with compiled_autograd.enable(inductor):
+        torch.testing.assert_close(run(), expected)

@@ -122,6 +122,9 @@ class RunPlan:
 
     grads: tuple[tuple[int, str], ...]
     after_graph: tuple[tuple[str, int, int | None, int | None], ...]  # kind, hook, input index, value index
+    # kiln forward graphs whose backward the graph inlined: (hook index of the ctx, tangents present). Each
+    # checks, as its own backward would, that what eager would have saved was not written since the forward.
+    version_checks: tuple[tuple[int, tuple], ...] = ()
 
 
 def size_carrier(size: int) -> torch.Tensor | int:
@@ -140,6 +143,8 @@ def carried_size(carrier: torch.Tensor | int) -> int:
 def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, scalars: Any, hooks: Any,
               packed_data: Any = ()):
     """How the engine calls a cached graph: with the values it collected from the autograd graph."""
+    for ctx_index, present in plan.version_checks:
+        hooks[ctx_index].versions.check(list(present))
     leaves = [inputs[i] for i, _ in plan.grads]
     after_inputs = [None if i is None else inputs[i] for _, _, i, _ in plan.after_graph]
     input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}

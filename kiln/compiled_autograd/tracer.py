@@ -71,6 +71,7 @@ class AutogradGraphTracer:
         # hooks the run wrapper calls after the graph: (kind, hook index, input index, after_values index)
         self.after_graph: list[tuple[str, int, int | None, int | None]] = []
         self.after_values: list[torch.Tensor] = []  # graph values those hooks receive
+        self.version_checks: list[tuple[int, tuple]] = []  # (hook index of a kiln ctx, tangents present)
 
     def close(self) -> None:
         """The engine calls this when the capture ends, normally or by an exception."""
@@ -161,7 +162,17 @@ class AutogradGraphTracer:
     # --- user code: call nodes -------------------------------------------------------------------------
     def proxy_call_backward(self, inputs: Sequence, output_metadatas: Sequence, saved_tensors: Sequence,
                             backward_idx: int, ctx: Any = None, *_rest) -> tuple:
-        """A Python autograd.Function's backward: a call node running the user's `backward` on the ctx."""
+        """A Python autograd.Function's backward: a call node running the user's `backward` on the ctx. The
+        backward of a kiln-compiled forward graph offers its ATen ops instead (`traced_backward`), which are
+        traced into this graph."""
+        traced = getattr(getattr(ctx, "_forward_cls", None), "traced_backward", None)
+        if traced is not None:
+            grads = traced(list(saved_tensors), tuple(inputs))
+            if grads is not None:
+                if getattr(ctx, "versions", None) is not None:  # checked by the run wrapper, before the graph
+                    present = tuple(inputs[i] is not None for i in ctx._forward_cls.tangent_outputs)
+                    self.version_checks.append((backward_idx, present))
+                return grads
         fn_ctx = self.placeholders["hooks"][backward_idx]
         proxy = self.fx_tracer.create_proxy("call_function", ops.call_backward,
                                             (fn_ctx, self.to_proxy(list(saved_tensors)), *self.to_proxy(list(inputs))),
@@ -270,7 +281,8 @@ class AutogradGraphTracer:
                           len(graph.nodes), sum(1 for _ in self.symbol_proxies))
         compiled = self.compiler_fn(gm)
         ops.STATS.graphs.append(gm)
-        plan = ops.RunPlan(tuple((i, how) for i, _, how in self.assigned_grads), tuple(self.after_graph))
+        plan = ops.RunPlan(tuple((i, how) for i, _, how in self.assigned_grads), tuple(self.after_graph),
+                           tuple(self.version_checks))
         return engine.end_capture_result(functools.partial(ops.run_graph, plan), compiled)
 
     # --- helpers ----------------------------------------------------------------------------------------

@@ -83,11 +83,11 @@ def test_forward_with_two_graph_breaks_gets_one_backward_graph():
 
     x = torch.randn(10, 10, requires_grad=True)
     loss = fn(x)
-    # the three forward graphs' backwards are calls in the one captured graph (kiln does not inline them
-    # yet: its capture of that graph breaks around each), so the graph is compiled without fullgraph
-    with compiled_autograd.enable(kiln.compile):
+    # the three forward graphs' backwards are traced into the one captured graph, as ATen ops
+    with compiled_autograd.enable(inductor):
         loss.backward()
-    assert len(compiled_autograd.captured_graphs()) == 1
+    (graph,) = compiled_autograd.captured_graphs()
+    assert not [n for n in graph.graph.nodes if n.target is compiled_autograd.ops.call_backward]
     torch.testing.assert_close(x.grad, torch.ones(10, 10))
 
 
@@ -186,6 +186,20 @@ class Cube(torch.autograd.Function):
         return grad * 3 * x ** 2
 
 
+def test_kiln_forward_graph_backward_is_traced_into_the_captured_graph():
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(4, 10)
+    compiled = kiln.compile(model)
+    compiled(x).relu().sum().backward()
+    expected = grads(model)
+    model.zero_grad()
+    with compiled_autograd.enable(inductor):
+        compiled(x).relu().sum().backward()
+    torch.testing.assert_close(grads(model), expected)
+    (graph,) = compiled_autograd.captured_graphs()
+    assert not [n for n in graph.graph.nodes if n.target is compiled_autograd.ops.call_backward]
+
+
 def test_python_autograd_function_backward_runs_in_the_graph():
     x = torch.randn(5, requires_grad=True)
     Cube.apply(x).sum().backward()
@@ -245,3 +259,19 @@ def test_in_place_ops_on_views_backward_through_copy_slices():
     expected = run()
     with compiled_autograd.enable(inductor):
         torch.testing.assert_close(run(), expected)
+
+
+def test_writing_a_saved_input_between_forward_and_backward_raises_as_eager():
+    """The backward inlined into the captured graph keeps the version check its own backward makes."""
+    def run(model):
+        x = torch.randn(3, 10, requires_grad=True)
+        y = x * 1
+        out = model(y).sum()
+        y.add_(1)  # eager's linear saved its input: backward must refuse
+        out.backward()
+
+    model = Model()
+    with pytest.raises(RuntimeError) as eager_error:
+        run(model)
+    with compiled_autograd.enable(inductor), pytest.raises(type(eager_error.value), match="modified by an inplace"):
+        run(kiln.compile(model))

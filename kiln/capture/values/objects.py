@@ -133,6 +133,9 @@ class ClassValue(Value):
 
         if state.models(cls):
             return state.call_builtin(cls, args, kwargs)
+        if cls is torch.device and all(a.is_constant() for a in [*args, *kwargs.values()]):
+            # an immutable value (FX prints a graph's device arguments as `device(type='cpu')`)
+            return ConstantValue(cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
         raise GraphBreak("unsupported_call", f"constructing {cls.__qualname__}")
 
     def reconstruct(self, writer) -> str:

@@ -135,7 +135,8 @@ class ClassValue(Value):
             return state.call_builtin(cls, args, kwargs)
         if cls is torch.device and all(a.is_constant() for a in [*args, *kwargs.values()]):
             # an immutable value (FX prints a graph's device arguments as `device(type='cpu')`)
-            return ConstantValue(cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
+            constant_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
+            return ConstantValue(cls(*[a.as_constant() for a in args], **constant_kwargs))
         raise GraphBreak("unsupported_call", f"constructing {cls.__qualname__}")
 
     def reconstruct(self, writer) -> str:

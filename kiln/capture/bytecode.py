@@ -160,6 +160,13 @@ def _unresumable_with_starts(code: types.CodeType) -> list[int]:
     return starts
 
 
+def resumes_after_boundary(code: types.CodeType, index: int) -> bool:
+    """Whether a boundary at instruction `index` can end the graph in a function with unresumable `with`
+    blocks: it is in none of them, and none comes after it (the code after it is captured as continuations,
+    which have no frame to run eagerly if they break inside such a block)."""
+    return not in_unresumable_with(code, index) and all(start < index for start in _unresumable_with_starts(code))
+
+
 def in_unresumable_with(code: types.CodeType, index: int) -> bool:
     """True when instruction `index` is inside (or opens) a `with` block kiln cannot resume inside: the
     block's body is the exception range(s) whose handler is its cleanup, the first such range after its

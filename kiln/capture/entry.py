@@ -398,9 +398,9 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
-            # a boundary outside the block resumes: the code after it is its own capture (a `with` around
-            # the model's forward in a training step; the step's backward and optimizer calls sit outside)
-            if (bytecode.in_unresumable_with(spec.code, frame.current.index) if e.reason.boundary
+            # a boundary after the block resumes: the code after it is its own capture (a `with` around the
+            # model's forward in a training step; the step's backward and optimizer step come after it)
+            if (not bytecode.resumes_after_boundary(spec.code, frame.current.index) if e.reason.boundary
                     else bytecode.has_unresumable_with(spec.code)):
                 why = "in a function with an autocast or unknown `with` block"
                 raise _with_guards(_unresumable(e, why), state) from e

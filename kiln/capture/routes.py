@@ -2,7 +2,8 @@
 graph break: allowed under fullgraph=True, not counted) and the output program hands them to that
 compiler instead of running them eagerly.
 
-Compilers above capture register here (`kiln.optim` registers `optimizer.step()`), so capture needs no
+A deferred route is not a boundary: its call is replayed after the graph, like a log call. Compilers
+above capture register here (`kiln.optim` registers `optimizer.step()`), so capture needs no
 import of them. A route matches the function being called (a bound method's function, unwrapped).
 """
 from __future__ import annotations
@@ -17,6 +18,9 @@ class Route:
     reason_id: str  # a boundary reason of the break catalogue
     matches: Callable[[Any], bool]  # the called function (bound methods unwrapped to their function)
     run: Callable[..., Any]  # run(ctx, fn, *args, **kwargs): the call, made by the route's compiler
+    # recorded and made after the graph instead of ending it: for calls that only reset Python state no
+    # graph op reads (optimizer.zero_grad()); capture refuses a later read of what they reset
+    deferred: bool = False
 
 
 _routes: list[Route] = []

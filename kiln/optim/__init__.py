@@ -175,9 +175,11 @@ def _run_step(ctx: Any, fn: Any, *args, **kwargs) -> Any:
 
 
 def _run_zero_grad(ctx: Any, fn: Any, *args, **kwargs) -> Any:
-    """`optimizer.zero_grad()` sets (or zeroes) `.grad`s: no computation to compile, it runs as it is."""
+    """`optimizer.zero_grad()` sets (or zeroes) `.grad`s: no computation to compile, it runs as it is
+    (captured, it is recorded and made after the graph: the forward does not read grads)."""
     return fn(*args, **kwargs)
 
 
 routes.register(routes.Route("optimizer", _is_step, _run_step))
-routes.register(routes.Route("optimizer", lambda fn: fn is torch.optim.Optimizer.zero_grad, _run_zero_grad))
+routes.register(routes.Route("optimizer", lambda fn: fn is torch.optim.Optimizer.zero_grad, _run_zero_grad,
+                             deferred=True))

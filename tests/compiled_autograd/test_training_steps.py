@@ -145,3 +145,42 @@ def test_optimizer_state_dict_round_trip_keeps_training_in_step():
     for x in batches[2:]:
         torch.testing.assert_close(kiln_step(x), eager_step(x), rtol=1e-4, atol=1e-5)
     assert_same_state(eager_parts[1], kiln_parts[1], {"rtol": 1e-4, "atol": 1e-5})
+
+
+def test_grad_read_after_zero_grad_sees_the_reset():
+    """zero_grad() is made after the graph it was captured in; a later `.grad` read ends that graph first."""
+    model, optimizer, scheduler = setup("mlp", "sgd")
+    model(MLP.batch()).sum().backward()
+
+    def reset_and_read():
+        optimizer.zero_grad()
+        return model.net[0].weight.grad
+
+    assert kiln.compile(reset_and_read)() is None
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.allows_fallback("frame: a graph break inside the autocast block makes the step run eagerly")
+def test_a_break_inside_autocast_runs_the_step_eagerly_and_correctly():
+    def make(parts):
+        model, optimizer, _ = parts
+
+        def step(x):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = model(x)
+                kiln.graph_break()
+                loss = y.float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss
+        return step
+
+    eager_parts, kiln_parts = setup("mlp", "adam"), setup("mlp", "adam")
+    kiln.config.compiled_autograd = True
+    eager_step, kiln_step = make(eager_parts), kiln.compile(make(kiln_parts))
+    tol = {"rtol": 2e-2, "atol": 2e-2}  # the frame runs natively, its nested calls compiled: bf16 rounding
+    for _ in range(3):
+        x = MLP.batch()
+        torch.testing.assert_close(kiln_step(x), eager_step(x), **tol)
+    torch.testing.assert_close(list(kiln_parts[0].parameters()), list(eager_parts[0].parameters()), **tol)

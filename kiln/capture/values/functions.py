@@ -106,6 +106,10 @@ class FunctionValue(CallableValue):
         if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
             raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
         route = routes.find(self.real) if self.real is not None else None
+        if route is not None and route.deferred:
+            state.side_effects.deferred_call(self, args, kwargs)
+            state.grads_reset = True
+            return ConstantValue(None)
         if route is not None:
             raise GraphBreak(route.reason_id, f"{self.name}()")
         if self.code is TORCH_DISABLED_CODE:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln import fallbacks
+from kiln import compiled_autograd, fallbacks
 from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext, call_with_compiled_forward, forward_replaced, has_hooks
 from kiln.config import describe_options
@@ -98,6 +98,15 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 # the options, from the option table, in the docstring's indent
 compile.__doc__ = compile.__doc__.rstrip() + "\n" + textwrap.indent(describe_options(), " " * 8) + "\n"
+
+
+def _compile_backward_graph(gm: torch.fx.GraphModule) -> Callable:
+    """Compiled autograd's default: a captured backward graph through kiln's default backend. Its sizes are
+    those the engine keeps static (the engine passes the ones it saw change as symbolic `sizes`)."""
+    return compile(gm)
+
+
+compiled_autograd.set_default_compiler(_compile_backward_graph)
 
 
 def _check_flag(name: str, value: Any) -> None:

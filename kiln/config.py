@@ -28,6 +28,10 @@ class Config:
     debug_dir: str | None = None
     """Where `trace.enabled` writes each stage's artefacts (KILN_DEBUG_DIR overrides; default ./kiln_debug)."""
 
+    compiled_autograd: bool = False
+    """Run every backward started inside a kiln-compiled function through compiled autograd (captured at
+    run time with its hooks, compiled by kiln's default backend); see `kiln.compiled_autograd`."""
+
     progress_delay: float = 1.0
     """Seconds a graph's compile runs before its progress bar appears (bars show on a terminal only)."""
 

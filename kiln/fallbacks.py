@@ -79,6 +79,8 @@ BREAKS: dict[str, tuple[bool, str]] = {
     "data_dependent_branch": (False, "by design: Python control flow on a tensor's value; torch breaks too"),
     "dynamic_output_shape": (False, "by design: nonzero/unique; torch breaks unless capture_dynamic_output_shape_ops"),
     "autograd_backward": (False, "by design: .backward() inside the region; torch breaks too"),
+    "compiled_autograd": (False, "not a break: .backward() handed to compiled autograd (a boundary)"),
+    "optimizer": (False, "not a break: optimizer.step()/zero_grad() handed to kiln.optim (a boundary)"),
     "explicit": (False, "by design: the user asked for the break"),
     "autograd_flags": (False, "by design: requires_grad_/detach_ on a tensor; torch.compile breaks there too"),
     "disabled": (False, "by design: the user asked for the function to run eagerly"),

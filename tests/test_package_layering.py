@@ -31,10 +31,12 @@ LAYERS = {
     "kiln.schedule": 3,
     "kiln.fallbacks": 1,  # fallback accounting every stage reports to
     "kiln.progress": 1,  # the compile progress bar the pipeline drives
+    "kiln.compiled_autograd": 1,  # the engine hook's tracer; capture asks it whether .backward() is a boundary
     "kiln.codegen": 4,
     "kiln.pipeline": 5,  # the default backend: autograd, then lower, schedule and the printers, stage by stage
     "kiln.backends": 6,
     "kiln.distributed": 6,  # DDP's bucket split around any backend; what kiln.compile does with a DDP wrapper
+    "kiln.optim": 6,  # compiled optimizer steps: traced updates handed to the region's backend
     "kiln.api": 7,
     "kiln.debug": 8,
     "kiln.examples": 8,

@@ -97,6 +97,13 @@ class BackwardVariants:
         except KeyError:
             return build_once(self.compiled, absent, self._build, absent)
 
+    def graph_for(self, absent: frozenset[int]) -> torch.fx.GraphModule:
+        """The (uncompiled) ATen backward graph for a set of absent tangents."""
+        if not absent:
+            return self.graph
+        rewritten = without_absent_tangents(self.graph, self.num_tangents, absent)
+        return self.graph if rewritten is None else rewritten
+
     def _build(self, absent: frozenset[int]) -> Callable:
         rewritten = without_absent_tangents(self.graph, self.num_tangents, absent)
         return self.compiled[frozenset()] if rewritten is None else self.compile_graph(rewritten)

@@ -62,7 +62,8 @@ def _in_place_cast(node: torch.fx.Node) -> str | None:
 
 def _internal_overlap(node: torch.fx.Node) -> str | None:
     """A write into a tensor some of whose elements share memory (an expanded tensor)."""
-    written = node.args[0].meta.get("val") if _writes(node) and node.args else None
+    first = node.args[0] if node.args else None  # a foreach op writes a list of tensors
+    written = first.meta.get("val") if _writes(node) and isinstance(first, torch.fx.Node) else None
     if isinstance(written, torch.Tensor) and torch._debug_has_internal_overlap(written) == 1:
         return "an in-place write into a tensor with internal overlap"
     return None

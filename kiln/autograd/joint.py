@@ -22,6 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln import compiled_autograd
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
 
 
@@ -58,7 +59,9 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
     def joint(*flat):
         outs = fn(*flat[:n])
         wrt = [p for p in flat[:n] if p.requires_grad]
-        with torch._C._DisableAutocast():  # eager runs backward outside the autocast region
+        # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
+        # autograd, whose tracer cannot nest inside this one
+        with torch._C._DisableAutocast(), compiled_autograd.disable():
             grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
         by_input = iter(grads)
         full = [next(by_input) if p.requires_grad else None for p in flat[:n]]

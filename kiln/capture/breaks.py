@@ -17,6 +17,9 @@ class BreakReason:
     id: str
     explanation: str
     hint: str
+    # A boundary ends the graph and resumes in a new one like a break, by design and without losing
+    # anything to eager execution: it is allowed under fullgraph=True and not counted as a break.
+    boundary: bool = False
 
 
 CATALOGUE: dict[str, BreakReason] = {
@@ -33,8 +36,17 @@ CATALOGUE: dict[str, BreakReason] = {
         BreakReason("unsupported_call",
                     "a call to a function kiln cannot trace (a C function or builtin it does not model)",
                     "replace it with torch operations, or wrap it with kiln.disable if it must run eagerly"),
-        BreakReason("autograd_backward", "Tensor.backward() runs the autograd engine, which kiln does not capture yet",
-                    "call backward outside the compiled function; the compiled forward still gets a compiled backward"),
+        BreakReason("autograd_backward",
+                    "Tensor.backward() runs the autograd engine; kiln captures it only through compiled autograd",
+                    "turn on kiln.config.compiled_autograd (or kiln.compiled_autograd.enable) to capture it, "
+                    "or call backward outside the compiled function"),
+        BreakReason("compiled_autograd", "the backward runs through compiled autograd, which captures and "
+                    "compiles it as its own graph: the forward graph ends before it and the code after it "
+                    "continues in a new graph", "nothing to do: this is not a graph break", boundary=True),
+        BreakReason("optimizer", "optimizer.step() is compiled by kiln's optimizer compiler as its own graph "
+                    "(kiln.optim), and optimizer.zero_grad() only resets .grad: the graph ends before the call "
+                    "and the code after it continues in a new graph", "nothing to do: this is not a graph break",
+                    boundary=True),
         BreakReason("autograd_flags", "an in-place change of a tensor's autograd flags (requires_grad_, detach_), "
                     "which no compiled graph can make", "set requires_grad before the compiled call, or use "
                     "t.detach() (a new tensor) instead of t.detach_()"),
@@ -99,6 +111,13 @@ class GraphBreak(Exception):
             where += f"\n  called from {caller}\n    {caller.line_text()}"
         return (f"graph break ({self.reason.id}): {self.detail}. {self.reason.explanation}.{where}\n"
                 f"  hint: {self.reason.hint}")
+
+
+def backward_boundary(e: GraphBreak) -> GraphBreak:
+    """The `autograd_backward` break `e`, as the boundary it is when compiled autograd is on."""
+    boundary = GraphBreak("compiled_autograd", e.detail, e.location)
+    boundary.callers = e.callers
+    return boundary
 
 
 class Unresumable(GraphBreak):

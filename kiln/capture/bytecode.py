@@ -139,7 +139,13 @@ def has_unresumable_with(code: types.CodeType) -> bool:
     or before one whose continuation would break inside it, cannot be resumed. The
     manager is recognised by the names loaded on the `with` line before BEFORE_WITH.
     """
+    return bool(_unresumable_with_starts(code))
+
+
+def _unresumable_with_starts(code: types.CodeType) -> list[int]:
+    """The BEFORE_WITH instructions of `with` blocks kiln cannot resume inside."""
     ins = instructions(code)
+    starts = []
     for i, instr in enumerate(ins):
         if instr.opname != "BEFORE_WITH":
             continue
@@ -150,6 +156,28 @@ def has_unresumable_with(code: types.CodeType) -> bool:
                 names.add(ins[j].argval)
             j -= 1
         if not names & RESUMABLE_CONTEXTS:
+            starts.append(i)
+    return starts
+
+
+def resumes_after_boundary(code: types.CodeType, index: int) -> bool:
+    """Whether a boundary at instruction `index` can end the graph in a function with unresumable `with`
+    blocks: it is in none of them, and none comes after it (the code after it is captured as continuations,
+    which have no frame to run eagerly if they break inside such a block)."""
+    return not in_unresumable_with(code, index) and all(start < index for start in _unresumable_with_starts(code))
+
+
+def in_unresumable_with(code: types.CodeType, index: int) -> bool:
+    """True when instruction `index` is inside (or opens) a `with` block kiln cannot resume inside: the
+    block's body is the exception range(s) whose handler is its cleanup, the first such range after its
+    BEFORE_WITH."""
+    ranges = exception_ranges(code)
+    for start in _unresumable_with_starts(code):
+        if index == start:
+            return True
+        cleanup = next((r.target for r in sorted(ranges, key=lambda r: r.start)
+                        if r.start > start and handler_is_with_cleanup(code, r.target)), None)
+        if any(r.target == cleanup and r.start <= index < r.end for r in ranges):
             return True
     return False
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from kiln import fallbacks
-from kiln.capture import bytecode, tensor_checks
-from kiln.capture.breaks import GraphBreak, Unresumable
+from kiln import compiled_autograd, fallbacks
+from kiln.capture import bytecode, routes, tensor_checks
+from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import Frame, StopAtBreak
@@ -387,6 +387,9 @@ class CompiledFunction:
         else:
             L = dict(zip(self._names, args))
         fn = self.fn
+        if config.compiled_autograd and not compiled_autograd.is_enabled():
+            with compiled_autograd.enable():  # every backward inside the region: kiln.config.compiled_autograd
+                return self._run_frame(L, self._globals, self._closure, lambda: fn(*args, **kwargs))
         return self._run_frame(L, self._globals, self._closure, lambda: fn(*args, **kwargs))
 
 
@@ -403,20 +406,28 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
         try:
             return _interpret_and_finish(state, spec, ctx, frame, reason)
         except GraphBreak as e:
+            if e.reason.id == "autograd_backward" and compiled_autograd.is_active():
+                e = backward_boundary(e)
             if isinstance(e, Unresumable) or break_at is not None:
                 _with_guards(e, state)
                 raise
-            if ctx.fullgraph:
+            if ctx.fullgraph and not e.reason.boundary:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
-            if bytecode.has_unresumable_with(spec.code):
+            # a boundary after the block resumes: the code after it is its own capture (a `with` around the
+            # model's forward in a training step; the step's backward and optimizer step come after it)
+            if (not bytecode.resumes_after_boundary(spec.code, frame.current.index) if e.reason.boundary
+                    else bytecode.has_unresumable_with(spec.code)):
                 why = "in a function with an autocast or unknown `with` block"
                 raise _with_guards(_unresumable(e, why), state) from e
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
             break_at, reason = frame.current.index, e
+            if e.reason.boundary:
+                log_breaks.debug("%s: %s", spec.describe(), e.message())
+                continue
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
 
@@ -610,6 +621,9 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
     if getattr(fn, "__kiln_disabled__", False):
         return fn(*args, **kwargs)
+    route = routes.find(fn)
+    if route is not None:
+        return route.run(ctx, fn, *args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
     if isinstance(fn, torch.nn.Module) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):

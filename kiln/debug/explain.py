@@ -36,6 +36,8 @@ class ExplainOutput:
     graph_count: int = 0
     graph_break_count: int = 0
     break_reasons: list[RecordedBreak] = field(default_factory=list)
+    # graphs ended on purpose, not breaks: `.backward()` handed to compiled autograd
+    boundaries: list[RecordedBreak] = field(default_factory=list)
     ops_per_graph: list[list[str]] = field(default_factory=list)
     guards: list[str] = field(default_factory=list)
     compile_times: list[float] = field(default_factory=list)
@@ -54,6 +56,8 @@ class ExplainOutput:
             lines.append(f"  {i}. {b}")
         if not self.break_reasons:
             lines.append("  (none)")
+        if self.boundaries:
+            lines += ["", "Boundaries (not breaks):"] + [f"  {i}. {b}" for i, b in enumerate(self.boundaries, 1)]
         lines.append("")
         for i, (gm, ops) in enumerate(zip(self.graphs, self.ops_per_graph), 1):
             lines.append(f"Graph {i}: {len(ops)} ops")
@@ -85,8 +89,9 @@ def explain(fn: Callable, *extra_args, **extra_kwargs) -> Callable[..., ExplainO
             b = record.graph_break
             if b is not None:
                 loc = b.location
-                report.break_reasons.append(RecordedBreak(b.reason.id, b.detail, str(loc) if loc else "?",
-                                                        loc.line_text() if loc else "", b.reason.hint))
+                recorded = RecordedBreak(b.reason.id, b.detail, str(loc) if loc else "?",
+                                         loc.line_text() if loc else "", b.reason.hint)
+                (report.boundaries if b.reason.boundary else report.break_reasons).append(recorded)
         report.graph_count = len(report.graphs)
         report.graph_break_count = len(report.break_reasons)
         return report

@@ -36,6 +36,8 @@ TOPICS = {
     "lower": "lowering decisions (ops run as ATen externs, at DEBUG)",
     "fallbacks": "each fallback to ATen or to eager, as it is recorded",
     "ddp": "how each graph captured inside a DDP forward is split at DDP's gradient buckets",
+    "compiled_autograd": "each backward graph compiled autograd captures, and why it recaptured",
+    "compiled_autograd_verbose": "compiled autograd's cache misses as the engine sees them (new node, changed size)",
 }
 
 

@@ -19,6 +19,8 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from kiln.lower.foreach import FOREACH_DECOMPOSITIONS
+
 aten = torch.ops.aten
 
 # Composite ops that the core table keeps but that fuse better as their parts.
@@ -106,6 +108,7 @@ def decomposition_table(fallback_random: bool = False) -> dict:
     for op in KEEP:
         table.pop(op, None)
     table.update(OWN)
+    table.update(FOREACH_DECOMPOSITIONS)
     if fallback_random:
         table = {op: fn for op, fn in table.items() if not is_random(op)}
     return table

@@ -525,6 +525,21 @@ def _rename_function(state, wrapped, wrapper):
 HANDLERS[_rename_function] = _rename_function
 
 
+@handles(torch._C._group_tensors_by_device_and_dtype)
+def _group_by_device_and_dtype(state, lists: Value, with_indices: Value | None = None) -> Value:
+    """`{(device, dtype): ([tensors of each list at those positions], positions)}`, keyed by the first
+    list's tensors. Devices and dtypes are known at capture, so the grouping is structure, not a graph op
+    (foreach users such as clip_grad_norm_ call it)."""
+    rows = [row.realize().items for row in lists.realize().items]
+    groups: dict = {}
+    for i, t in enumerate(rows[0]):
+        fake = t.realize().fake
+        groups.setdefault((fake.device, fake.dtype), []).append(i)
+    return DictValue({key: TupleValue([ListValue([ListValue([row[i] for i in where]) for row in rows]),
+                                       ListValue([ConstantValue(i) for i in where])])
+                      for key, where in groups.items()})
+
+
 @handles(builtins.super)
 def _super(state, *args):
     if args:

@@ -10,10 +10,17 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import torch._compile
+
+from kiln.capture import routes
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource, ItemSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+
+# The wrapper torch puts on its own functions that compilers must not trace (Optimizer.zero_grad, hooks
+# machinery): such a call runs natively, as torch.compile runs it.
+TORCH_DISABLED_CODE = torch._compile._disable_dynamo(lambda: None).__code__
 
 
 class CallableValue(Value):
@@ -98,6 +105,16 @@ class FunctionValue(CallableValue):
             raise GraphBreak("explicit", "kiln.graph_break()")
         if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
             raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
+        route = routes.find(self.real) if self.real is not None else None
+        if route is not None and route.deferred:
+            state.side_effects.deferred_call(self, args, kwargs)
+            state.grads_reset = True
+            return ConstantValue(None)
+        if route is not None:
+            raise GraphBreak(route.reason_id, f"{self.name}()")
+        if self.code is TORCH_DISABLED_CODE:
+            raise GraphBreak("disabled", f"{self.name} is marked by torch to run eagerly under compilers "
+                             "(torch._disable_dynamo)")
 
         if self.real is not None and state.models(self.real):  # Python functions kiln models, not inlines
             return state.call_builtin(self.real, args, kwargs)

@@ -38,7 +38,7 @@ from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import ExceptionValue, is_exception_class, raise_python
 from kiln.capture.values.functions import BoundMethodValue, BuiltinValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
-from kiln.capture.values.torch_api import wrap_torch_attr
+from kiln.capture.values.torch_api import inlined_torch_function, wrap_torch_attr
 
 
 def object_value(obj: Any, state=None) -> Value:
@@ -51,6 +51,10 @@ def object_value(obj: Any, state=None) -> Value:
         return ClassValue(obj)
     if isinstance(obj, types.ModuleType):
         return PythonModuleValue(obj)
+    if type(obj) in (list, tuple) and obj and all(isinstance(x, type) for x in obj):
+        # a table of classes (torch's `_foreach_supported_types`): read for membership, not mutated
+        items = [ClassValue(x) for x in obj]
+        return ListValue(items) if isinstance(obj, list) else TupleValue(items)
     if (getattr(obj, "__module__", "") or "").startswith("torch") and callable(obj):
         return wrap_torch_attr(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
@@ -129,6 +133,10 @@ class ClassValue(Value):
 
         if state.models(cls):
             return state.call_builtin(cls, args, kwargs)
+        if cls is torch.device and all(a.is_constant() for a in [*args, *kwargs.values()]):
+            # an immutable value (FX prints a graph's device arguments as `device(type='cpu')`)
+            constant_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
+            return ConstantValue(cls(*[a.as_constant() for a in args], **constant_kwargs))
         raise GraphBreak("unsupported_call", f"constructing {cls.__qualname__}")
 
     def reconstruct(self, writer) -> str:
@@ -231,7 +239,7 @@ class PythonModuleValue(Value):
             if not fixed:  # `getattr(mod, "flag", False)` relied on its absence
                 state.guard_hasattr(self._source(state), name, False)
             raise raise_python(AttributeError, f"module {self.module.__name__!r} has no attribute {name!r}") from e
-        if modname == "torch" or modname.startswith("torch."):
+        if (modname == "torch" or modname.startswith("torch.")) and not inlined_torch_function(attr):
             return wrap_torch_attr(attr)
         if fixed:
             return object_value(attr, state)

@@ -71,6 +71,9 @@ class TensorValue(Value):
         if name == "grad":
             if self.source is None:
                 raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")
+            if state.grads_reset:
+                raise GraphBreak("unsupported_object", "reading .grad after optimizer.zero_grad() in the same "
+                                 "graph (the reset runs after the graph)")
 
             return state.wrap(state.real_value(self.source).grad, AttrSource(self.source, "grad"))
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):

@@ -42,7 +42,7 @@ if hasattr(torch.compiler, "is_exporting"):
 # Queries about the dispatch state the user's call runs under (no modes, normally): answered at
 # capture time, outside the fake mode capture uses. torch 2.11's MultiheadAttention asks
 # `_is_make_fx_tracing()` through this in eval mode; as a graph op it returned a list (a break).
-WORLD_QUERIES: set[Callable] = set()
+WORLD_QUERIES: set[Callable] = {torch._C._get_privateuse1_backend_name}  # fixed once torch is set up
 if hasattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack"):
     WORLD_QUERIES.add(torch.utils._python_dispatch._get_current_dispatch_mode_stack)
 
@@ -76,6 +76,8 @@ class TorchFunctionValue(CallableValue):
         fn = self.fn
         if _asks_is_compiling(fn):
             return ConstantValue(True)
+        if state.models(fn):
+            return state.call_builtin(fn, args, kwargs)
         if fn in WORLD_QUERIES:
             return ConstantValue(fn(*(a.as_constant() for a in args)))
         if fn in NOT_TRACING:
@@ -145,6 +147,16 @@ def _full_dtype(fill_dtype: torch.dtype) -> torch.dtype:
 def _metadata_call(fn, args, kwargs) -> Value:
     fake_args = [a.realize().fake if isinstance(a.realize(), TensorValue) else a.as_constant() for a in args]
     return ConstantValue(fn(*fake_args, **{k: v.as_constant() for k, v in kwargs.items()}))
+
+
+# torch's Python functions that read what no graph op can see (a tensor's `.grad`): a graph node would be
+# traced later on fake tensors that have no grads (clip_grad_norm_ would clip nothing and return 0). They
+# are inlined like user code instead, so their reads are guarded values and their writes graph ops.
+INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad"})
+
+
+def inlined_torch_function(obj: Any) -> bool:
+    return isinstance(obj, types.FunctionType) and obj.__module__ in INLINED_TORCH_MODULES
 
 
 def wrap_torch_attr(obj: Any) -> Value:

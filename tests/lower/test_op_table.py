@@ -20,7 +20,7 @@ FLOAT_UNARY = {
     "expm1": torch.expm1, "log1p": lambda a: torch.log1p(a.abs()), "isnan": torch.isnan,
     "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "square": torch.square,
     "clamp": lambda a: a.clamp(-0.5, 0.5), "to_int": lambda a: (a * 4).to(torch.int64),
-    "to_bool": lambda a: a.round().bool(), "atan": torch.atan,
+    "to_bool": lambda a: a.round().bool(), "atan": torch.atan, "lgamma": lambda a: torch.lgamma(a * 3),
 }
 FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import kiln
-
 from support.capture import check, graph_count, t
 
 CHANNELS_LAST = torch.channels_last

@@ -74,3 +74,31 @@ def test_model_kernels_compile_for_sm90(name, mode):
         assert g.num_kernels > 0, g.artefacts["name"]
     assert len(builds) == sum(g.num_kernels for g in graphs)
     assert_compiles_for_sm90(sample(builds))
+
+
+class CudnnAttention(torch.nn.Module):
+    """Causal self-attention through cuDNN's fused kernel, as SDPA picks it on an H100 for bf16 inference."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(dim, 3 * dim), heads
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, True)[0]
+        return out.transpose(1, 2).reshape(b, n, c).relu()
+
+
+def test_fused_attention_at_inference_binds_only_what_it_reads():
+    """cuDNN attention returns None for the logsumexp nobody asked for, where its fake result has a tensor:
+    the wrapper must not take it out of the result (Llama bf16 inference raised on the GPU reading its strides)."""
+    model = CudnnAttention().to(torch.bfloat16)
+    with recording_builds() as builds:
+        graphs = compile_model(model, [torch.randn(2, 16, 64, dtype=torch.bfloat16)], train=False, amp=None)
+    wrapper = graphs[0].artefacts["wrapper.py"]
+    assert "_scaled_dot_product_cudnn_attention" in wrapper, wrapper
+    call = next(line for line in wrapper.splitlines() if "_scaled_dot_product_cudnn_attention" in line)
+    result = call.split("=")[0].strip()
+    assert f"{result}[0]" in wrapper and f"{result}[1]" not in wrapper, wrapper
+    assert_compiles_for_sm90(builds)

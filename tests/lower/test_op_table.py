@@ -173,7 +173,7 @@ VIEWS = {
     "expand": lambda a: a[:, :1].expand(2, 4, 5) + 1, "unsqueeze": lambda a: a.unsqueeze(1) - 1,
     "squeeze": lambda a: a[:, :1].squeeze(1) * 2, "slice_step": lambda a: a[:, ::2, 1:4] + 1,
     "select_neg": lambda a: a[-1, :, -2] * 2, "cat": lambda a: torch.cat([a, a * 2, a[:, :1]], 1),
-    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0,
+    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0, "diagonal": lambda a: a.diagonal(1, 1, 2) * 2,
     "pad": lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0),
     "pad_neg": lambda a: torch.nn.functional.pad(a, (-1, 1)),
     "split": lambda a: tuple(t * 2 for t in a.split([2, 1], 1)),

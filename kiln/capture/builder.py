@@ -25,7 +25,7 @@ from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
-from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
@@ -59,7 +59,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, (bool, type(None))):
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
         return ConstantValue(obj, source)
-    if type(obj) in (int, float, str, bytes) or isinstance(obj, (torch.dtype, torch.device, torch.Size)) or (
+    if type(obj) in (int, float, str, bytes) or isinstance(obj, (*TORCH_DESCRIPTORS, torch.Size)) or (
             type(obj) is tuple and is_literal(obj)):
         name = state.guards.constant(obj, "const") if not is_literal(obj) else repr(obj)
         state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",

@@ -245,11 +245,10 @@ class WrapperCodegen:
         self.line("return (" + "".join(self.arg(o) + ", " for o in g.outputs) + ")")
         return "\n".join(self.functions + self.lines) + "\n"
 
-    def restride(self, dst: str, src: str, layout: ir.Layout, may_be_none: bool = False) -> None:
+    def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
         """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed)."""
         stride = self.shape(layout.stride)
-        test = f"{src} is not None and {src}.stride() != {stride}" if may_be_none else f"{src}.stride() != {stride}"
-        self.line(f"if {test}: {dst} = _restride({src}, {self.shape(layout.size)}, {stride})")
+        self.line(f"if {src}.stride() != {stride}: {dst} = _restride({src}, {self.shape(layout.size)}, {stride})")
 
     def kernel_call(self, group: KernelGroup) -> None:
         kernel = self.kernels[group.name]
@@ -303,10 +302,8 @@ class WrapperCodegen:
     def extern_call(self, step: ExternStep) -> None:
         n = step.node
         if isinstance(n, ir.MultiOutput):
-            # an output the op does not compute at run time is None (inference's fused attention returns no
-            # logsumexp), though its fake kernel traced a tensor: only the ops that read it could mind
             self.line(f"{n.name} = {n.source}[{n.index}]")
-            self.restride(n.name, n.name, n.layout, may_be_none=True)
+            self.restride(n.name, n.name, n.layout)
             return
         args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")

@@ -35,6 +35,7 @@ EXTRA = [
     aten.native_batch_norm, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
     aten.native_group_norm, aten.native_group_norm_backward,
+    aten.linalg_vector_norm,  # a reduction of pointwise ops (abs, pow), fused with what it reads
 ]
 
 # Kept whole: each is one fast ATen call, lowered as it is, or decomposed wrongly.

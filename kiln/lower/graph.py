@@ -171,7 +171,8 @@ class GraphLowering:
                     results)]
                 continue
             env[node] = self._call(node, env)
-        return ir.LoweredGraph(self.inputs, self.nodes, outputs, self.size_vars, self.constants, self.zero_padded,
+        nodes = _without_unread_items(self.nodes, outputs)
+        return ir.LoweredGraph(self.inputs, nodes, outputs, self.size_vars, self.constants, self.zero_padded,
                                self.origins, self.through_aten)
 
     def _origins(self, node: ir.Node) -> frozenset:
@@ -364,6 +365,9 @@ class GraphLowering:
                 self.add_buffer(ir.MultiOutput(sub, name, k, lay))
                 outs.append(from_buffer(sub, lay))
             return type(meta)(outs) if isinstance(meta, tuple) else outs
+        if meta is None:  # an op run for its check alone (`_linalg_check_errors` raises on a failed factorization)
+            self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, None, aliases))
+            return None
         raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
 
     def _channels_last(self, v: IndexFunction) -> IndexFunction:
@@ -489,6 +493,19 @@ def merged_copy_dims(sizes: list, body) -> tuple[list, Any]:
     merged = index_vars("i", len(sizes))
     index = offset + sum((st * var for st, var in zip(strides, merged)), sympy.Integer(0))
     return sizes, ir.Load(body.buf, index, body.dtype)
+
+
+
+def _without_unread_items(nodes: list[ir.Node], outputs: list) -> list[ir.Node]:
+    """`nodes` less the items of extern tuple results that no node reads and the graph does not return.
+
+    Such an item is not even taken out of the result at run time: a fused attention's fake result has a
+    tensor where the op may return None (cuDNN attention's logsumexp when none is asked for, at inference),
+    and binding it (reading its strides) raised on the GPU."""
+    read = {o.buf for o in outputs if isinstance(o, ir.TensorRef)}
+    for n in nodes:
+        read |= {ld.buf for ld in ir.loads(n.data.body)} if isinstance(n, ir.ComputedBuffer) else ir.extern_reads(n)
+    return [n for n in nodes if not isinstance(n, ir.MultiOutput) or n.name in read]
 
 
 def _memory_order(layout: ir.Layout):

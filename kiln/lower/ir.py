@@ -98,7 +98,7 @@ Expr = Load | Const | IndexValue | Op
 # Every op name a lowering may emit; each code generator maps all of them.
 OP_NAMES = frozenset("""
 add sub mul truediv floordiv truncdiv mod fmod neg abs sign pow
-exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf erfc
+exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf erfc lgamma
 sin cos tan asin acos atan sinh cosh asinh acosh atanh atan2 floor ceil round trunc
 maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor logical_not
 bitwise_and bitwise_or bitwise_xor bitwise_not lshift rshift

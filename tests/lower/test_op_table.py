@@ -20,7 +20,7 @@ FLOAT_UNARY = {
     "expm1": torch.expm1, "log1p": lambda a: torch.log1p(a.abs()), "isnan": torch.isnan,
     "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "square": torch.square,
     "clamp": lambda a: a.clamp(-0.5, 0.5), "to_int": lambda a: (a * 4).to(torch.int64),
-    "to_bool": lambda a: a.round().bool(), "atan": torch.atan,
+    "to_bool": lambda a: a.round().bool(), "atan": torch.atan, "lgamma": lambda a: torch.lgamma(a * 3),
 }
 FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -173,7 +173,7 @@ VIEWS = {
     "expand": lambda a: a[:, :1].expand(2, 4, 5) + 1, "unsqueeze": lambda a: a.unsqueeze(1) - 1,
     "squeeze": lambda a: a[:, :1].squeeze(1) * 2, "slice_step": lambda a: a[:, ::2, 1:4] + 1,
     "select_neg": lambda a: a[-1, :, -2] * 2, "cat": lambda a: torch.cat([a, a * 2, a[:, :1]], 1),
-    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0,
+    "cat_empty": lambda a: torch.cat([a[:, :0], a], 1) + 0, "diagonal": lambda a: a.diagonal(1, 1, 2) * 2,
     "pad": lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0),
     "pad_neg": lambda a: torch.nn.functional.pad(a, (-1, 1)),
     "split": lambda a: tuple(t * 2 for t in a.split([2, 1], 1)),

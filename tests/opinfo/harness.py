@@ -53,13 +53,22 @@ RANDOM_OPS = frozenset({
     "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
 })
 
-# Externs kiln runs through ATen by design (vendor libraries do them better): not fallbacks. The fallback
-# accounting of issue #28 item 3 names these in kiln itself; when it lands, read its list here instead.
+# Externs kiln runs through ATen by design, not fallbacks: calls into vendor libraries that do them better than
+# generated loops (kiln/fallbacks.py: matmul, convolution, attention; and, as for Inductor, which never generates
+# them either, FFTs (pocketfft, cuFFT) and the dense factorizations of LAPACK / cuSOLVER).
 BY_DESIGN_EXTERNS = frozenset({
     aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
     aten.convolution.default, aten.convolution_backward.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    aten._fft_r2c.default, aten._fft_c2c.default, aten._fft_c2r.default,
+    aten._linalg_svd.default, aten._linalg_eigh.default, aten._linalg_slogdet.default, aten._linalg_det.default,
+    aten.linalg_pinv.atol_rtol_tensor, aten.linalg_eig.default, aten.linalg_qr.default,
+    aten.linalg_cholesky_ex.default, aten.linalg_lu_factor_ex.default, aten.linalg_lu.default,
+    aten.linalg_inv_ex.default, aten._linalg_solve_ex.default, aten.linalg_ldl_factor_ex.default,
+    aten.linalg_solve_triangular.default, aten.triangular_solve.default, aten.lu_unpack.default,
+    aten.geqrf.default, aten.ormqr.default, aten.linalg_householder_product.default,
+    aten._linalg_check_errors.default,  # raises on a factorization's error code
 })
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -42,7 +44,7 @@ def recording_builds():
 
     def record(launcher, dtypes, ints) -> None:
         fn = getattr(launcher.fn, "fn", launcher.fn)  # the Python function behind the (interpreted) JIT function
-        builds.append({"path": fn.__code__.co_filename, "name": fn.__name__,
+        builds.append({"path": fn.__code__.co_filename, "name": fn.__name__, "source": inspect.getsource(fn),
                        "dtypes": [str(d).removeprefix("torch.") for d in dtypes], "ints": [int(v) for v in ints],
                        "constexprs": launcher.constexprs, "options": launcher.options})
 
@@ -70,15 +72,34 @@ def _compiler() -> subprocess.Popen:
     return _child
 
 
+_outcomes: dict[str, str | None] = {}  # content key -> the compile error (None: compiled), for this test process
+
+
+def content_key(build: dict) -> str:
+    """What Triton's compile of `build` depends on: the kernel's source under any name, its argument dtypes,
+    how Triton specializes its integers (1, a multiple of 16), constexprs and options. Kernels of repeated
+    layers, or of the same pattern in two models, share a key and are compiled once per test process."""
+    source = build["source"].replace(f"def {build['name']}(", "def kernel(", 1)
+    ints = [(v == 1, v % 16 == 0) for v in build["ints"]]
+    signature = json.dumps([source, build["dtypes"], ints, build["constexprs"], build["options"]], sort_keys=True)
+    return hashlib.sha256(signature.encode()).hexdigest()
+
+
 def compile_for_sm90(builds: list[dict]) -> dict[str, str]:
-    """Compile every recorded kernel for sm_90: {kernel name: the compile error} for those that fail."""
-    child = _compiler()
-    child.stdin.write(json.dumps(builds) + "\n")
-    child.stdin.flush()
-    reply = child.stdout.readline()
-    if not reply:
-        raise RuntimeError(f"the sm_90 compiler process exited ({child.wait()})")
-    return json.loads(reply)
+    """Compile every recorded kernel for sm_90: {kernel name: the compile error} for those that fail. A kernel
+    whose content key was compiled before in this process is not compiled again."""
+    keys = [content_key(b) for b in builds]
+    todo = {k: b for k, b in zip(keys, builds) if k not in _outcomes}
+    if todo:
+        child = _compiler()
+        child.stdin.write(json.dumps(list(todo.values())) + "\n")
+        child.stdin.flush()
+        reply = child.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"the sm_90 compiler process exited ({child.wait()})")
+        failed = json.loads(reply)
+        _outcomes.update({k: failed.get(b["name"]) for k, b in todo.items()})
+    return {b["name"]: _outcomes[k] for k, b in zip(keys, builds) if _outcomes[k] is not None}
 
 
 def assert_compiles_for_sm90(builds: list[dict]) -> None:

@@ -14,8 +14,10 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 
 LITERAL_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented))
-CONSTANT_TYPES = LITERAL_TYPES + (torch.dtype, torch.device, torch.layout, torch.memory_format, slice, range,
-                                  torch.Size, frozenset, type)
+# torch's immutable descriptor objects: arguments of torch functions, compared by value (memory formats and
+# layouts are singletons)
+TORCH_DESCRIPTORS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+CONSTANT_TYPES = LITERAL_TYPES + TORCH_DESCRIPTORS + (slice, range, torch.Size, frozenset, type)
 
 
 def _plain(value: Any) -> Any:

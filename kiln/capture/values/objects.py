@@ -32,7 +32,7 @@ from kiln.capture.values.classes import (
     is_mutable_class,
     pending_class_attr,
 )
-from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, is_literal
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.exceptions import ExceptionValue, is_exception_class, raise_python
@@ -59,7 +59,7 @@ def object_value(obj: Any, state=None) -> Value:
         return wrap_torch_attr(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return BuiltinValue(obj)
-    if is_literal(obj) or isinstance(obj, (torch.dtype, torch.device, torch.Size, enum.Enum)):
+    if is_literal(obj) or isinstance(obj, (*TORCH_DESCRIPTORS, torch.Size, enum.Enum)):
         return ConstantValue(obj)  # immutable: enum members too (`mode is Mode.A` must fold right)
     return OpaqueValue(obj)
 

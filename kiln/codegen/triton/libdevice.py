@@ -52,7 +52,16 @@ if interpreting():
     def _erfc(x):
         return np.vectorize(math.erfc, otypes=[x.dtype])(x)
 
-    _TABLE["erf"], _TABLE["erfc"] = _erf, _erfc
+    def _lgamma_scalar(v):
+        try:
+            return math.lgamma(v)
+        except ValueError:  # a pole (0, -1, ...): eager gives inf
+            return math.inf
+
+    def _lgamma(x):
+        return np.vectorize(_lgamma_scalar, otypes=[x.dtype])(x)
+
+    _TABLE["erf"], _TABLE["erfc"], _TABLE["lgamma"] = _erf, _erfc, _lgamma
     libdevice = types.SimpleNamespace(**{name: _np(fn) for name, fn in _TABLE.items()})
 
     _builtin_range = range

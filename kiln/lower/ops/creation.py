@@ -28,7 +28,7 @@ _PYTHON_SCALAR_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64
 
 
 @register(aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-          aten.new_empty.default, aten.new_empty_strided.default)
+          aten.new_empty.default, aten.new_empty_strided.default, aten.empty_permuted.default)
 def empty(ctx, meta, *args, **kwargs):
     """Uninitialized memory: any value is allowed, zero is cheapest to fuse."""
     size, dtype = out_info(meta)

@@ -209,3 +209,16 @@ def cat(ctx, meta, tensors, dim=0):
 def constant_pad_nd(ctx, meta, x, pad, value=0):
     size, dtype = out_info(meta)
     return padded(x, pad, size, dtype, value)
+
+
+@register(aten.diagonal.default)
+def diagonal(ctx, meta, x, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims `dim1`, `dim2` (above it for `offset` > 0) as the last dim of the result."""
+    new_size, _ = out_info(meta)
+    dim1, dim2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    out_vars = index_vars("i", len(new_size))
+    rest, k = iter(out_vars[:-1]), out_vars[-1]
+    idx = [None if d in (dim1, dim2) else next(rest) for d in range(x.ndim)]
+    idx[dim1] = k + max(-offset, 0)
+    idx[dim2] = k + max(offset, 0)
+    return IndexFunction(new_size, x.dtype, x.at(idx))

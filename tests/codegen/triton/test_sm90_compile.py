@@ -37,8 +37,11 @@ def stores_a_scalar(buf0, xnumel, XBLOCK: tl.constexpr):
 
 
 def build(path, name: str) -> dict:
-    return {"path": str(path), "name": name, "dtypes": ["bfloat16"], "ints": [1000], "constexprs": {"XBLOCK": 128},
-            "options": {"num_warps": 4}}
+    source = path.read_text()
+    start = source.index(f"def {name}(")
+    end = source.find("\n@triton.jit", start)
+    return {"path": str(path), "name": name, "source": source[start:end if end > 0 else None], "dtypes": ["bfloat16"],
+            "ints": [1000], "constexprs": {"XBLOCK": 128}, "options": {"num_warps": 4}}
 
 
 def test_a_kernel_triton_rejects_is_reported_by_name(tmp_path):

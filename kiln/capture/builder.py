@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kiln.capture import spellings
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
@@ -270,8 +271,8 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
         dims = set()
     else:
         dims = set(state.auto_dynamic.get(source, ()))
-    dims |= set(getattr(t, "_kiln_dynamic_dims", ()))
-    dims -= set(getattr(t, "_kiln_static_dims", ()))
+    marked_dynamic, marked_static = spellings.marked_dims(t)
+    dims = (dims | marked_dynamic) - marked_static
     if not t.is_contiguous():
         return frozenset()
     return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
@@ -299,7 +300,7 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
 
     Its defaults and closure cells are read through their sources, guarded when used.
     """
-    if "<locals>" not in fn.__qualname__ or getattr(fn, "__kiln_disabled__", False) or getattr(fn, "__wrapped__", None):
+    if "<locals>" not in fn.__qualname__ or spellings.is_disabled(fn) or getattr(fn, "__wrapped__", None):
         guard_identity(state, fn, source, expr)
         return
     code = state.guards.constant(fn.__code__, "code")

@@ -12,6 +12,7 @@ import functools
 import inspect
 import itertools
 import operator
+import sys
 import types
 import typing
 import warnings
@@ -155,6 +156,28 @@ def _issubclass(state, cls, classes):
 @handles(builtins.type)
 def _type(state, obj):
     return ClassValue(obj.realize().python_type())
+
+
+@handles(types.MethodType)
+def _bind_method(state, fn, obj):
+    """`types.MethodType(fn, obj)` (contextlib.ExitStack binds each `__exit__` so): `fn` bound to `obj`."""
+    fn = fn.realize()
+    if not isinstance(fn, FunctionValue):
+        raise GraphBreak("unsupported_call", f"types.MethodType({fn}, ...)")
+    return MethodValue(obj, fn)
+
+
+@handles(sys.exc_info)
+def _exc_info(state):
+    """The exception the traced code is handling (an `except` block, a `with` block's `__exit__`), innermost
+    frame first; kiln does not see one its caller handles, so that case is not traced."""
+    for frame in reversed(state.frames):
+        if frame.handled and frame.handled[-1] is not None:
+            exc = frame.handled[-1]
+            return TupleValue([ClassValue(exc.python_type()), exc, ConstantValue(None)])
+    if sys.exc_info()[1] is not None:
+        raise GraphBreak("unsupported_call", "sys.exc_info() while the caller handles an exception")
+    return TupleValue([ConstantValue(None)] * 3)
 
 
 @handles(builtins.callable)

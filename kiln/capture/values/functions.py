@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource, ItemSource
 from kiln.capture.values.base import Value
@@ -94,10 +95,13 @@ class FunctionValue(CallableValue):
         return types.FunctionType
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if self.real is not None and getattr(self.real, "__kiln_graph_break__", False):
-            raise GraphBreak("explicit", "kiln.graph_break()")
-        if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
-            raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
+        if self.real is not None and spellings.asks_is_compiling(self.real):
+            return ConstantValue(True)
+        if self.real is not None and spellings.is_graph_break(self.real):
+            raise GraphBreak("explicit", f"{self.real.__module__}.graph_break()")
+        if self.real is not None and spellings.is_disabled(self.real):
+            raise GraphBreak("disabled", f"{self.name} is disabled for compilation (kiln.disable or "
+                                         "torch.compiler.disable)")
 
         if self.real is not None and state.models(self.real):  # Python functions kiln models, not inlines
             return state.call_builtin(self.real, args, kwargs)

@@ -24,8 +24,18 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import function_value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
+from kiln.capture.values.containers import (
+    IteratorValue,
+    ListValue,
+    SetValue,
+    SliceValue,
+    TupleValue,
+    from_constant,
+    sort_keys,
+    sort_order,
+)
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
@@ -47,7 +57,8 @@ from kiln.capture.values.iterators import (
 )
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
-from kiln.capture.values.tensor import TensorValue
+from kiln.capture.values.polyfills import POLYFILLS
+from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
 
@@ -280,6 +291,18 @@ def _next(state, it, *default):
     return value
 
 
+def _polyfilled(fn):
+    """Traced calls of `fn` run its pure-Python stand-in (values/polyfills.py), inlined like user code."""
+    def handler(state, *args, **kwargs):
+        return function_value(state, POLYFILLS[fn]).call(state, list(args), kwargs)
+
+    return handler
+
+
+for _original in POLYFILLS:
+    HANDLERS[_original] = _polyfilled(_original)
+
+
 @handles(itertools.chain)
 def _chain(state, *iterables):
     return ChainValue(state, list(iterables))
@@ -436,10 +459,8 @@ def _slice(state, *args):
 
 @handles(builtins.sorted)
 def _sorted(state, iterable, key=None, reverse=None):
-    if key is not None:
-        raise GraphBreak("unsupported_call", "sorted() with a key function")
-    values = sorted((v.as_constant() for v in iterable.unpack(state)), reverse=bool(reverse and reverse.as_constant()))
-    return ListValue([ConstantValue(v) for v in values])
+    items = list(iterable.unpack(state))
+    return ListValue([items[i] for i in sort_order(state, items, key, reverse)])
 
 
 def _all(state, iterable):
@@ -469,18 +490,39 @@ def _sum(state, iterable, start=None):
 
 
 def _extreme(pick: Callable):
-    def handler(state, *args, key=None, default=None):
-        items = args[0].unpack(state) if len(args) == 1 else list(args)
-        if key is not None:
-            raise GraphBreak("unsupported_call", f"{pick.__name__}() with a key function")
+    """`min`/`max`: the first item whose key is smallest/largest, as Python picks it. 0-d tensors of one dtype
+    (no key) are compared in the graph: `torch.where(item > best, item, best)` folded left is Python's choice,
+    value and gradient alike (torch.compile uses torch.maximum, which splits the gradient of ties)."""
+    replaces = operator.gt if pick is max else operator.lt
 
-        if any(isinstance(i.realize(), TensorValue) for i in items):
-            raise GraphBreak("data_dependent_branch", f"{pick.__name__}() compares tensors in Python")
-        if not items and default is not None:
-            return default
-        return ConstantValue(pick(i.as_constant() for i in items))
+    def handler(state, *args, key=None, default=None):
+        items = list(args[0].unpack(state)) if len(args) == 1 else list(args)
+        if not items:
+            if default is not None:
+                return default
+            raise raise_python(ValueError, f"{pick.__name__}() arg is an empty sequence")
+        if key is None and _same_kind_scalars(items):
+            best = items[0]
+            for item in items[1:]:
+                better = apply_operator(state, replaces, [item, best])
+                best = trace_op(state, "call_function", torch.where, [better, item, best], {})
+            return best
+        keys = sort_keys(state, items, key)
+        try:
+            return items[pick(range(len(keys)), key=keys.__getitem__)]
+        except TypeError as e:
+            raise raise_python(TypeError, str(e)) from None
 
     return handler
+
+
+def _same_kind_scalars(items: list[Value]) -> bool:
+    """All 0-d tensors of one dtype and device: picking one is a pointwise choice between them."""
+    tensors = [i.realize() for i in items]
+    if not all(isinstance(t, TensorValue) for t in tensors):
+        return False
+    fakes = [t.fake for t in tensors]
+    return all(f.dim() == 0 and f.dtype == fakes[0].dtype and f.device == fakes[0].device for f in fakes)
 
 
 HANDLERS[builtins.min], HANDLERS[builtins.max] = _extreme(min), _extreme(max)

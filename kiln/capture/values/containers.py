@@ -31,6 +31,31 @@ def _key(state, key: Value) -> Any:
     raise GraphBreak("unsupported_object", f"{k} as a dict key")
 
 
+def sort_keys(state, items: list[Value], key: Value | None) -> list[Any]:
+    """The Python values `sorted`, `min` and `max` compare: each item's, or what `key(item)` returns for it
+    (the key function traced once per item, in order, as Python calls it)."""
+    from kiln.capture.values.tensor import TensorValue
+
+    if key is not None and not (key.is_constant() and key.as_constant() is None):
+        items = [key.call(state, [item], {}) for item in items]
+    keys = []
+    for item in items:
+        if isinstance(item.realize(), TensorValue):
+            raise GraphBreak("data_dependent_branch", "sorting or comparing tensors in Python")
+        keys.append(item.as_constant())
+    return keys
+
+
+def sort_order(state, items: list[Value], key: Value | None, reverse: Value | None) -> list[int]:
+    """The positions of `items` in sorted order: stable, `reverse` keeping equal items in order, as list.sort."""
+    keys = sort_keys(state, items, key)
+    descending = bool(reverse is not None and reverse.as_constant())
+    try:
+        return sorted(range(len(keys)), key=keys.__getitem__, reverse=descending)
+    except TypeError as e:  # '<' not supported between two items: Python raises it from the sort
+        raise raise_python(TypeError, str(e)) from None
+
+
 class SequenceValue(Value):
     items: list[Value]
 
@@ -213,10 +238,7 @@ class ListValue(SequenceValue):
         elif name == "copy":
             return ListValue(list(self.items))
         elif name == "sort":
-            if "key" in kwargs:
-                raise GraphBreak("unsupported_call", "list.sort() with a key function")
-            reverse = bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False
-            order = sorted(range(len(self.items)), key=lambda i: self.items[i].as_constant(), reverse=reverse)
+            order = sort_order(state, self.items, kwargs.get("key"), kwargs.get("reverse"))
             self.items[:] = [self.items[i] for i in order]
         elif name == "remove":
             target = args[0].as_constant()

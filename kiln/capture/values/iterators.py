@@ -29,6 +29,8 @@ def iterator_of(state, value: Value) -> IteratorValue:
     value = value.realize()
     if isinstance(value, IteratorValue):
         return value
+    if hasattr(value, "iterator"):  # a user object: its own iterator, stepped lazily (values.objects)
+        return value.iterator(state)
     return IteratorValue(value.unpack(state))
 
 

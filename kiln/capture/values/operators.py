@@ -42,6 +42,29 @@ _INPLACE_TO_PLAIN = {
     operator.irshift: operator.rshift,
 }
 
+def _setitem(state, container: Value, key: Value, value: Value) -> Value:
+    container.setitem(state, key, value)
+    return ConstantValue(None)
+
+
+def _delitem(state, container: Value, key: Value) -> Value:
+    container.delitem(state, key)
+    return ConstantValue(None)
+
+
+# `operator` functions that are statements or protocols rather than arithmetic: `xs[k] = v`, `del xs[k]`,
+# `x is y`, `not x`. With a tensor among the arguments these still mean what the statement means.
+_STATEMENTS: dict[Callable, Callable] = {
+    operator.setitem: _setitem,
+    operator.delitem: _delitem,
+    operator.is_: lambda state, a, b: ConstantValue(identical(state, a, b)),
+    operator.is_not: lambda state, a, b: ConstantValue(not identical(state, a, b)),
+    operator.contains: lambda state, a, b: ConstantValue(contains(state, a, b)),
+    operator.not_: lambda state, a: ConstantValue(not a.truth(state)),
+    operator.truth: lambda state, a: ConstantValue(a.truth(state)),
+}
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -56,6 +79,8 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.dicts import DictValue
 
     args = [a.realize() for a in args]
+    if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
+        return _STATEMENTS[fn](state, *args)
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
     if fn in _INPLACE_TO_PLAIN and not isinstance(args[0], TensorValue) and (

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .reference import Table, check, gap, t
+from .reference import Table, check, t
 
 torch.manual_seed(0)
 cases = Table()

@@ -101,8 +101,10 @@ def itertools_chain_product_islice_count_repeat(a):
 @cases((A,))
 def itertools_pairwise_and_filters(a):
     return ([p - q for p, q in itertools.pairwise([a, a + 1, a + 2])],
-            list(itertools.takewhile(lambda v: v < 3, [1, 2, 5, 1])), list(itertools.dropwhile(lambda v: v < 3, [1, 2, 5])),
-            list(itertools.compress([a, a + 1, a + 2], [1, 0, 1])), list(itertools.starmap(operator.add, [(a, 1), (a, 2)])))
+            list(itertools.takewhile(lambda v: v < 3, [1, 2, 5, 1])),
+            list(itertools.dropwhile(lambda v: v < 3, [1, 2, 5])),
+            list(itertools.compress([a, a + 1, a + 2], [1, 0, 1])),
+            list(itertools.starmap(operator.add, [(a, 1), (a, 2)])))
 
 
 # --- operator ----------------------------------------------------------------------------------------
@@ -249,4 +251,5 @@ def zip_with_infinite_generator(a):
 @pytest.mark.parametrize("fn, calls, options", cases.params)
 def test_stdlib_case_matches_eager(fn, calls, options):
     counts = check(fn, *calls, **options)
-    assert counts.kiln > 0 or counts.torch == 0 or "torch_gives_up" in options, f"kiln ran the frame eagerly, torch.compile captured {counts.torch}"
+    assert counts.kiln > 0 or counts.torch == 0 or "torch_gives_up" in options, \
+        f"kiln ran the frame eagerly, torch.compile captured {counts.torch}"

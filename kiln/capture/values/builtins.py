@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import functools
 import inspect
 import itertools
@@ -25,7 +26,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import function_value
-from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.containers import (
     IteratorValue,
     ListValue,
@@ -189,6 +190,31 @@ def _exc_info(state):
     if sys.exc_info()[1] is not None:
         raise GraphBreak("unsupported_call", "sys.exc_info() while the caller handles an exception")
     return TupleValue([ConstantValue(None)] * 3)
+
+
+@handles(collections.namedtuple)
+def _make_namedtuple(state, typename, field_names, **options):
+    """`collections.namedtuple(...)` with constant arguments, made at capture time: the class is created
+    once per capture and the program returns instances of it (eager makes a new class per call)."""
+    module = options.pop("module", None)
+    module = module.as_constant() if module is not None else state.current_frame().globals.get("__name__")
+    cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
+                                 **{k: v.as_constant() for k, v in options.items()})
+    return ClassValue(cls)
+
+
+def _copier(fn: Callable):
+    """`copy.copy` / `copy.deepcopy`: a copy of an immutable literal (a number, a string, a tuple of them) is the
+    literal itself, as the copy module returns it; anything else runs the copy module's Python code, inlined."""
+    def handler(state, value, *rest, **kwargs):
+        if value.is_constant() and is_literal(value.as_constant()):
+            return value
+        return state.inline(function_value(state, fn), [value, *rest], kwargs)
+
+    return handler
+
+
+HANDLERS[copy.copy], HANDLERS[copy.deepcopy] = _copier(copy.copy), _copier(copy.deepcopy)
 
 
 @handles(builtins.callable)

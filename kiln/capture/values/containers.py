@@ -126,6 +126,10 @@ class TupleValue(SequenceValue):
             return self.items[list(fields).index(name)]
         if name in ("index", "count", "_asdict", "_replace"):
             return BoundMethodValue(self, name)
+        if _defined_above_tuple(self.cls, name):  # a NamedTuple's own method, property or class constant
+            from kiln.capture.values.classes import class_attribute
+
+            return class_attribute(state, self, self.cls, name, None)
         return method_of(self, self.cls, name)
 
     def call_method(self, state, name, args, kwargs):
@@ -258,6 +262,16 @@ class ListValue(SequenceValue):
 
     def __repr__(self):
         return f"List({self.items})"
+
+
+def _defined_above_tuple(cls: type, name: str) -> bool:
+    """Whether a tuple subclass (a namedtuple, a typing.NamedTuple) defines `name` itself, not tuple."""
+    for klass in cls.__mro__:
+        if klass is tuple:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
 
 
 def method_of(value: Value, cls: type, name: str) -> Value:

@@ -474,6 +474,17 @@ class NewObjectValue(Value):
     def python_type(self) -> type:
         return self.cls
 
+    def is_constant(self) -> bool:
+        """A frozen dataclass of constants is a value (hashable, compared by its fields), as a tuple is: it may
+        be a dict key, hashed and compared at capture time. Other objects are identities."""
+        params = getattr(self.cls, "__dataclass_params__", None)
+        return bool(params is not None and params.frozen and all(v.is_constant() for v in self.attrs.values()))
+
+    def as_constant(self) -> Any:
+        if not self.is_constant():
+            return super().as_constant()
+        return new_object(self.cls, {k: v.as_constant() for k, v in self.attrs.items()})
+
     def getattr(self, state, name: str) -> Value:
         if name in self.attrs and not _is_data_descriptor(_class_lookup(self.cls, name)):
             return self.attrs[name]

@@ -119,8 +119,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
             items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
+            # item by item as Python compares them: the same object is equal without asking (a tensor too)
             same = len(a.items) == len(b.items) and all(
-                apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
+                identical(state, x, y) or apply_operator(state, operator.eq, [x, y]).truth(state)
+                for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
 

@@ -23,7 +23,7 @@ from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasin
 from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
-from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
@@ -62,8 +62,14 @@ def wrap(state, obj: Any, source: Source) -> Value:
         name = state.guards.constant(obj, "const") if not is_literal(obj) else repr(obj)
         state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",
                                type(obj).__name__, f"type({expr}).__name__"))
-        if not (isinstance(obj, float) and obj != obj):
-            state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+
+        def guard_value():
+            if not (isinstance(obj, float) and obj != obj):
+                state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+
+        if type(obj) in (int, float):  # guarded by use (see ScalarInputValue)
+            return ScalarInputValue(obj, source, guard_value)
+        guard_value()
         return ConstantValue(obj, source)
     if isinstance(obj, (enum.Enum, types.CodeType)):  # immutable: identity pins every attribute
         guard_identity(state, obj, source, expr)

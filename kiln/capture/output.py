@@ -38,6 +38,7 @@ class ProgramWriter:
         self._memo: dict[int, str] = {}
         self._bound_symbols: set[str] = set()
         self._after_values: list = []  # lines written once every value is rebuilt (see `after_values`)
+        self.symbol_lines: list[str] = []  # the symbols' values, read from the inputs as passed
         self.reentries: list = []  # blocks live at the break, entered again around the breaking instruction
         self.grad_outside_blocks: bool | None = None
 
@@ -67,14 +68,15 @@ class ProgramWriter:
         return f"___out[{self._output_index[node]}]"
 
     def symbolic(self, sym) -> str:
-        """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`."""
+        """A symbolic size as Python over the inputs' sizes: `L['x'].size(0) * 2`. The sizes are read before
+        the graph runs (`symbol_lines`): an in-place view op in it (`x.unsqueeze_(0)`) changes them."""
         expr = sym.node.expr
         for symbol in sorted(expr.free_symbols, key=str):
             source, dim = self.state.graph.symbol_sources[symbol]
             name = str(symbol)
             if name not in self._bound_symbols:
                 self._bound_symbols.add(name)
-                self.lines.append(f"{name} = {fast_expr(source)}.size({dim})")
+                self.symbol_lines.append(f"{name} = {fast_expr(source)}.size({dim})")
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
@@ -181,7 +183,7 @@ def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tup
     if state.grad_enabled != state.entry_grad_enabled or enters_grad:
         head.append(f"torch._C._set_grad_enabled({state.grad_enabled})")
     writer.namespace["torch"] = torch
-    lines = head + writer.lines + effects + tail
+    lines = writer.symbol_lines + head + writer.lines + effects + tail
     source = "def program(L, G, C):\n" + "\n".join("    " + line for line in lines)
     return source, writer
 

@@ -59,6 +59,7 @@ from kiln.capture.values.iterators import (
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.polyfills import POLYFILLS
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
@@ -567,11 +568,23 @@ def _scalar_cast(cls):
         if isinstance(x.realize(), TensorValue):
             reason = "data_dependent_branch" if cls is bool else "tensor_to_python"
             raise GraphBreak(reason, f"{cls.__name__}() of a tensor")
+        if isinstance(x.realize(), SymValue) and cls in _SYMBOLIC_CASTS and not rest:
+            return _symbolic_cast(state, cls, x.realize())
         if cls is bool:
             return ConstantValue(x.truth(state))
         return _fold(cls, [x, *rest], {})
 
     return handler
+
+
+# float(n) and int(n) of a symbolic size stay symbolic (graph nodes), as torch's sym_float / sym_int
+_SYMBOLIC_CASTS = {float: torch.sym_float, int: torch.sym_int}
+
+
+def _symbolic_cast(state, cls: type, x: SymValue) -> Value:
+    if x.python_type() is cls:
+        return x
+    return trace_op(state, "call_function", _SYMBOLIC_CASTS[cls], [x], {})
 
 
 for _cls in (int, float, bool, str):

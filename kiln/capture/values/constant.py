@@ -6,6 +6,7 @@ guarded by value when it was wrapped, so folding it is safe.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,3 +83,48 @@ class ConstantValue(Value):
 
     def __repr__(self) -> str:
         return f"Constant({self.value!r})"
+
+
+class ScalarInputValue(ConstantValue):
+    """An int or float read from the user's world (an argument, a value a continuation receives after `.item()`),
+    guarded by how it is used: its type at once, its exact value only when capture relies on the value.
+
+    A comparison with a constant (`if n > 0:`) relies on the outcome only: `compare` guards `n > 0` itself, so
+    the next value on the same side of the branch reuses the entry instead of recompiling for every value.
+    Anything else that reads the value (arithmetic, a size, a format) specializes on it with `==`.
+    """
+
+    def __init__(self, value: Any, source, guard_value: Callable[[], None]):
+        super().__init__(value, source)
+        self._guard_value = guard_value
+
+    def specialize(self) -> Any:
+        if self._guard_value is not None:
+            self._guard_value()
+            self._guard_value = None
+        return self.value
+
+    def as_constant(self) -> Any:
+        return self.specialize()
+
+    def truth(self, state) -> bool:
+        return bool(self.specialize())
+
+    def getattr(self, state, name: str) -> Value:
+        self.specialize()
+        return super().getattr(state, name)
+
+    def getitem(self, state, key: Value) -> Value:
+        self.specialize()
+        return super().getitem(state, key)
+
+    def unpack(self, state) -> list[Value]:
+        self.specialize()
+        return super().unpack(state)
+
+    def length(self, state) -> int:
+        self.specialize()
+        return super().length(state)
+
+    def __repr__(self) -> str:
+        return f"ScalarInput({self.value!r} at {self.source})"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.values.base import UnguardedValue, Value
-from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import IteratorValue, ListValue, SequenceValue, SetValue, TupleValue, from_constant
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
@@ -65,6 +65,31 @@ _STATEMENTS: dict[Callable, Callable] = {
 }
 
 
+_COMPARISON_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+                       operator.eq: "==", operator.ne: "!="}
+
+
+def _compare_scalar_inputs(state, fn: Callable, a: Value, b: Value) -> Value | None:
+    """`n > 0` for an int or float from the user's world (`ScalarInputValue`) against a number or another
+    such input: the outcome, guarded as the comparison itself, so a branch on it recompiles only when the
+    outcome changes. None when an operand is anything else (it is then compared as usual)."""
+    exprs = []
+    for v in (a, b):
+        if isinstance(v, ScalarInputValue):
+            exprs.append(state.source_expr(v.source))
+        elif type(v) is ConstantValue and v.source is None and type(v.value) in (int, float, bool) and is_literal(
+                v.value):
+            exprs.append(repr(v.value))
+        else:
+            return None
+    outcome = fn(a.value, b.value)
+    code = f"({exprs[0]} {_COMPARISON_SYMBOLS[fn]} {exprs[1]}) is {outcome}"
+    source = a.source if isinstance(a, ScalarInputValue) else b.source
+    state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, code, f"{exprs[0]} {_COMPARISON_SYMBOLS[fn]} "
+                           f"{exprs[1]} is {outcome}", f"{exprs[0]} {_COMPARISON_SYMBOLS[fn]} {exprs[1]}"))
+    return ConstantValue(outcome)
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -79,6 +104,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.dicts import DictValue
 
     args = [a.realize() for a in args]
+    if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
+        outcome = _compare_scalar_inputs(state, fn, *args)
+        if outcome is not None:
+            return outcome
     if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
         return _STATEMENTS[fn](state, *args)
     if fn is operator.getitem and not isinstance(args[0], TensorValue):

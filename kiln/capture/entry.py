@@ -122,6 +122,7 @@ class CacheEntry:
     program_source: str
     record: CaptureRecord | None = None
     input_shapes: list = field(default_factory=list)  # (source, shape) of each tensor input, for automatic dynamic
+    input_scalars: list = field(default_factory=list)  # (source, value) of each int input read as a constant
 
 
 @dataclass(eq=False)
@@ -257,7 +258,9 @@ class CompiledFrame:
                 ctx.run_seconds += seconds
 
     def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
-        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic."""
+        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, and int
+        and float inputs whose value changed become graph inputs where they meet tensors
+        (`builder._scalar_tensor_maker`)."""
         changes = []
         last = self.entries[-1]
         for source, old_shape in last.input_shapes:
@@ -272,6 +275,14 @@ class CompiledFrame:
                 self.auto_dynamic.setdefault(source, set()).update(dims)
                 changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}"
                             for d in sorted(dims)]
+        for source, old_value in last.input_scalars:
+            try:
+                new = eval(source.expr(), dict(last.guards.namespace), {"L": L, "G": G, "C": C})
+            except Exception:
+                continue
+            if type(new) is type(old_value) and new != old_value and ("scalar", source) not in self.auto_dynamic:
+                self.auto_dynamic[("scalar", source)] = True
+                changes.append(f"{source.expr()} changed {old_value} -> {new}")
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
     def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
@@ -545,7 +556,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
                            id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
                            compiled=compiled)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source, record,
-                       [(source, tuple(real.shape)) for source, real in state.graph.inputs])
+                       [(source, tuple(real.shape)) for source, real in state.graph.inputs],
+                       state.specialized_scalars)
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
         tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
     return entry, record

@@ -47,6 +47,7 @@ class CaptureState:
         self.grad_enabled = self.entry_grad_enabled
         self.autocast_stack: list = []
         self.pending_globals: dict[tuple[int, str], object] = {}  # globals stored by traced code
+        self.specialized_scalars: list = []  # (source, value) of int inputs capture read the value of
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",

@@ -94,9 +94,20 @@ class ScalarInputValue(ConstantValue):
     Anything else that reads the value (arithmetic, a size, a format) specializes on it with `==`.
     """
 
-    def __init__(self, value: Any, source, guard_value: Callable[[], None]):
+    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None):
         super().__init__(value, source)
         self._guard_value = guard_value
+        self._as_tensor, self._tensor = as_tensor, None
+
+    def graph_tensor(self, partner: torch.Tensor) -> Value | None:
+        """This number as a graph input (a 0-d tensor) for arithmetic with the (fake) tensor `partner`, where
+        automatic dynamic made it one and the tensor promotes as the Python number would (a float only
+        against a floating-point tensor); None where its value is specialized."""
+        if self._as_tensor is None or (self._as_tensor.dtype.is_floating_point and not partner.is_floating_point()):
+            return None
+        if self._tensor is None:
+            self._tensor = self._as_tensor()
+        return self._tensor
 
     def specialize(self) -> Any:
         if self._guard_value is not None:

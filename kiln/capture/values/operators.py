@@ -65,6 +65,11 @@ _STATEMENTS: dict[Callable, Callable] = {
 }
 
 
+def _as_graph_tensor(value: Value, partner: TensorValue) -> Value:
+    tensor = value.graph_tensor(partner.fake) if isinstance(value, ScalarInputValue) else None
+    return value if tensor is None else tensor
+
+
 _COMPARISON_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
                        operator.eq: "==", operator.ne: "!="}
 
@@ -108,6 +113,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         outcome = _compare_scalar_inputs(state, fn, *args)
         if outcome is not None:
             return outcome
+    partner = next((a for a in args if isinstance(a, TensorValue)), None)
+    if partner is not None:  # `x * n` for a number n made dynamic: n as a 0-d tensor input
+        args = [_as_graph_tensor(a, partner) for a in args]
     if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
         return _STATEMENTS[fn](state, *args)
     if fn is operator.getitem and not isinstance(args[0], TensorValue):

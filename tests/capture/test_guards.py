@@ -472,7 +472,7 @@ def test_module_hooks_read_from_the_module_dict():
 
 def test_a_branch_on_a_number_guards_its_outcome_not_its_value():
     """`if s > 0` on a number from the caller (or from `.item()` before a break) recompiles only when the
-    outcome changes; a number used as a value is still specialized exactly."""
+    outcome changes; a number used as a value is specialized exactly until its value changes once."""
     def branch(x, s):
         return x + 1 if s > 0 else x - 1
 
@@ -485,5 +485,6 @@ def test_a_branch_on_a_number_guards_its_outcome_not_its_value():
         torch.testing.assert_close(compiled_branch(x, s), branch(x, s))
         torch.testing.assert_close(compiled_value(x, s), value(x, s))
     assert len(context_of(compiled_branch).records) == 3  # s > 0 (float), s <= 0 (float), an int s
-    assert len(context_of(compiled_value).records) == 5
+    # 0.5; then s is a graph input (automatic dynamic) for every float; the int 7 is a new type
+    assert len(context_of(compiled_value).records) == 3
     assert "L['s'] > 0 is True" in str(context_of(compiled_branch).records[0].guards)

@@ -15,6 +15,7 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import class_attribute
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BoundMethodValue
@@ -127,8 +128,6 @@ class TupleValue(SequenceValue):
         if name in ("index", "count", "_asdict", "_replace"):
             return BoundMethodValue(self, name)
         if _defined_above_tuple(self.cls, name):  # a NamedTuple's own method, property or class constant
-            from kiln.capture.values.classes import class_attribute
-
             return class_attribute(state, self, self.cls, name, None)
         return method_of(self, self.cls, name)
 

@@ -19,13 +19,14 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
-from kiln.capture.sources import AttrSource, ItemSource, Source
+from kiln.capture.sources import AttrSource, ItemSource, LocalSource, ScalarTensorSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
-from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, is_literal
+from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
@@ -64,8 +65,16 @@ def wrap(state, obj: Any, source: Source) -> Value:
         name = state.guards.constant(obj, "const") if not is_literal(obj) else repr(obj)
         state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",
                                type(obj).__name__, f"type({expr}).__name__"))
-        if not (isinstance(obj, float) and obj != obj):
-            state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+
+        def guard_value():
+            if not (isinstance(obj, float) and obj != obj):
+                state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+            if isinstance(source, LocalSource):
+                state.specialized_scalars.append((source, obj))  # for automatic dynamic (entry.CompiledFrame)
+
+        if type(obj) in (int, float):  # guarded by use (see ScalarInputValue)
+            return ScalarInputValue(obj, source, guard_value, as_tensor=_scalar_tensor_maker(state, obj, source))
+        guard_value()
         return ConstantValue(obj, source)
     if isinstance(obj, (enum.Enum, types.CodeType, *DISTRIBUTED_HANDLES)):  # identity pins every attribute
         guard_identity(state, obj, source, expr)
@@ -277,11 +286,36 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
         dims = set()
     else:
         dims = set(state.auto_dynamic.get(source, ()))
-    dims |= set(getattr(t, "_kiln_dynamic_dims", ()))
-    dims -= set(getattr(t, "_kiln_static_dims", ()))
+    marked_dynamic, marked_static = spellings.marked_dims(t)
+    dims = (dims | marked_dynamic) - marked_static
     if not t.is_contiguous():
         return frozenset()
     return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
+
+
+def _scalar_tensor_maker(state, obj: Any, source: Source):
+    """For an int or float input whose value changed since the last capture (automatic dynamic): what makes it
+    a graph input, a 0-d int64 or float64 tensor, when it meets a tensor in arithmetic (`x * n`). A Python int
+    promotes as an int64 0-d tensor does, and a float as a float64 one against a floating-point tensor (the
+    operator asks `accepts`), so results keep eager's dtypes. None for any other number."""
+    if ("scalar", source) not in state.auto_dynamic or (type(obj) is int and not -2**63 <= obj < 2**63):
+        return None
+    dtype = torch.int64 if type(obj) is int else torch.float64
+
+    def make() -> TensorValue:
+        expr = state.source_expr(source)
+        state.guards.namespace["___as_tensor"] = as_scalar_tensor
+        if type(obj) is int:
+            state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"-{2**63} <= {expr} < {2**63}", "an int64", expr))
+        tensor_source = ScalarTensorSource(source)
+        return _tensor_input(state, as_scalar_tensor(obj), tensor_source, state.source_expr(tensor_source))
+
+    make.dtype = dtype
+    return make
+
+
+def as_scalar_tensor(value: int | float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.int64 if type(value) is int else torch.float64)
 
 
 def _remember(state, obj: Any, source: Source, value: Value) -> Value:
@@ -306,7 +340,7 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
 
     Its defaults and closure cells are read through their sources, guarded when used.
     """
-    if "<locals>" not in fn.__qualname__ or getattr(fn, "__kiln_disabled__", False) or getattr(fn, "__wrapped__", None):
+    if "<locals>" not in fn.__qualname__ or spellings.is_disabled(fn) or getattr(fn, "__wrapped__", None):
         guard_identity(state, fn, source, expr)
         return
     code = state.guards.constant(fn.__code__, "code")

@@ -128,16 +128,18 @@ def handler_is_with_cleanup(code: types.CodeType, target: int) -> bool:
     return "WITH_EXCEPT_START" in names
 
 
-RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled"})
+# Managers a continuation can resume inside: grad mode (carried across the break), autocast and inference
+# mode (entered again; `values.torch_api.Reentry`)
+RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled", "autocast", "inference_mode"})
 
 
 @cache
 def has_unresumable_with(code: types.CodeType) -> bool:
-    """True when `code` has a `with` block kiln cannot resume inside (autocast, any unknown manager).
+    """True when `code` has a `with` block kiln cannot resume inside (an unknown manager).
 
-    Continuations can rebuild a grad-mode block only; a break inside any other block,
-    or before one whose continuation would break inside it, cannot be resumed. The
-    manager is recognised by the names loaded on the `with` line before BEFORE_WITH.
+    A break inside any other block, or before one whose continuation would break inside it,
+    cannot be resumed. The manager is recognised by the names loaded on the `with` line before
+    BEFORE_WITH.
     """
     return bool(_unresumable_with_starts(code))
 

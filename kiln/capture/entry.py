@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from kiln import compiled_autograd, fallbacks
-from kiln.capture import bytecode, routes, tensor_checks
+from kiln.capture import bytecode, routes, spellings, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
@@ -38,8 +38,8 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
-from kiln.capture.values.torch_api import ExitValue, GradModeContext
-from kiln.config import config
+from kiln.capture.values.torch_api import ExitValue, GradModeContext, Reentry
+from kiln.config import Config, config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
 log_breaks = logging.getLogger("kiln.graph_breaks")
@@ -132,6 +132,7 @@ class CacheEntry:
     program_source: str
     record: CaptureRecord | None = None
     input_shapes: list = field(default_factory=list)  # (source, shape) of each tensor input, for automatic dynamic
+    input_scalars: list = field(default_factory=list)  # (source, value) of each int input read as a constant
 
 
 @dataclass(eq=False)
@@ -246,7 +247,7 @@ class CompiledFrame:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
         opaque = self.spec.native
-        if len(self.entries) >= config.cache_size_limit:
+        if len(self.entries) >= recompile_limit():
             if eager is not None:
                 self._warn_limit(reason)
                 self.run_eagerly = True
@@ -273,7 +274,9 @@ class CompiledFrame:
                 ctx.run_seconds += seconds
 
     def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
-        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic."""
+        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, and int
+        and float inputs whose value changed become graph inputs where they meet tensors
+        (`builder._scalar_tensor_maker`)."""
         changes = []
         last = self.entries[-1]
         for source, old_shape in last.input_shapes:
@@ -288,6 +291,14 @@ class CompiledFrame:
                 self.auto_dynamic.setdefault(source, set()).update(dims)
                 changes += [f"dimension {d} of {source.expr()} changed {old_shape[d]} -> {new.shape[d]}"
                             for d in sorted(dims)]
+        for source, old_value in last.input_scalars:
+            try:
+                new = eval(source.expr(), dict(last.guards.namespace), {"L": L, "G": G, "C": C})
+            except Exception:
+                continue
+            if type(new) is type(old_value) and new != old_value and ("scalar", source) not in self.auto_dynamic:
+                self.auto_dynamic[("scalar", source)] = True
+                changes.append(f"{source.expr()} changed {old_value} -> {new}")
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
 
     def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
@@ -307,14 +318,14 @@ class CompiledFrame:
         fallbacks.record("frame", self.spec.describe(), e, stage="capture")
         if isinstance(getattr(e, "guards", None), GuardSet):
             self._add_eager_entry(e.guards, reason)
-        elif self.failures >= config.cache_size_limit:
+        elif self.failures >= recompile_limit():
             self.run_eagerly = True
 
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
             self._warned_limit = True
             fallbacks.record("frame_limit", self.spec.describe(), f"hit config.cache_size_limit "
-                             f"({config.cache_size_limit}); last recompile: {reason}", stage="guards")
+                             f"({recompile_limit()}); last recompile: {reason}", stage="guards")
 
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
@@ -326,6 +337,7 @@ class CompiledFrame:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
+            log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False,
                                    warn_key=self.spec.function())
             return None
@@ -419,7 +431,7 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             # model's forward in a training step; the step's backward and optimizer step come after it)
             if (not bytecode.resumes_after_boundary(spec.code, frame.current.index) if e.reason.boundary
                     else bytecode.has_unresumable_with(spec.code)):
-                why = "in a function with an autocast or unknown `with` block"
+                why = "in a function with a `with` block it cannot resume in"
                 raise _with_guards(_unresumable(e, why), state) from e
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
@@ -443,6 +455,7 @@ def _interpret_and_finish(state: CaptureState, spec: FrameSpec, ctx: CompileCont
         value = frame.run()
         return _finish(state, spec, ctx, frame, None, lambda w: [f"return {w.value(value)}"])
     except StopAtBreak:
+        state.exit_autocast_in_graph()
         return _finish(state, spec, ctx, frame, reason, lambda w: _break_tail(w, state, spec, frame, ctx))
     finally:
         state.restore_global_state()
@@ -472,13 +485,24 @@ def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Fram
     code = spec.code
     names = spec.local_names if spec.local_names is not None else tuple(L)
     locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}
-    stack = [NULL if is_null else wrap_lazy(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
+    stack = [NULL if is_null else _stack_value(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
              for i, is_null in enumerate(spec.stack_nulls)]
     cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
              for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
     for name in spec.cell_names:
         cells[name] = CellValue(real=L[f"___cell_{name}"], source=LocalSource(f"___cell_{name}"))
     return Frame(state, code, state.G, locals_, cells, is_root=True, start=spec.start, stack=stack)
+
+
+def _stack_value(state: CaptureState, obj, source: LocalSource):
+    """A continuation's stack entry. A block the break was inside (`Reentry`, outermost first, as the stack
+    holds them) is entered again here, at the continuation's start, guarded to be the same block."""
+    if not isinstance(obj, Reentry):
+        return wrap_lazy(state, obj, source)
+    key = state.guards.constant(obj.key(), "block")
+    state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{fast_expr(source)}.key() == {key}", repr(obj),
+                           f"{source.expr()}.key()"))
+    return obj.enter(state)
 
 
 def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx: CompileContext) -> list[str]:
@@ -500,10 +524,15 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         items = [f"{k!r}: {v}" for k, v in local_exprs.items()]
         items += [f"'___stack{i}': {s}" for i, s in enumerate(new_stack) if s is not None]
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
+        if writer.reentries:  # called once the blocks are left (see `_inside_blocks`)
+            return f"___next = ({name}, {{{', '.join(items)}}})"
         return f"return {name}({{{', '.join(items)}}}, G, C)"
 
-    lines = _exiting_grad_mode_blocks(render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp),
-                                      [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
+    lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
+    if writer.reentries:
+        lines = _inside_blocks(writer, lines)
+    else:
+        lines = _exiting_grad_mode_blocks(lines, [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
 
@@ -520,6 +549,15 @@ def _exiting_grad_mode_blocks(lines: list[str], exits: list[str]) -> list[str]:
         return lines
     handler = [f"    {exit_}(None, None, None)" for exit_ in reversed(exits)]  # the innermost block first
     return ["try:", *("    " + line for line in lines), "except BaseException:", *handler, "    raise"]
+
+
+def _inside_blocks(writer, lines: list[str]) -> list[str]:
+    """The breaking instruction run inside the real managers of the blocks it is in (autocast, inference
+    mode, and grad-mode blocks inside those), from the grad mode outside them; the continuation, which
+    enters them again itself, is called after they are left."""
+    managers = ", ".join(f"{writer.constant(r)}.manager()" for r in writer.reentries)
+    return ([f"torch._C._set_grad_enabled({writer.grad_outside_blocks})", f"with {managers}:"]
+            + ["    " + line for line in lines] + ["return ___next[0](___next[1], G, C)"])
 
 
 def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame, reason, tail) -> tuple:
@@ -563,7 +601,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
                            id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
                            compiled=compiled)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source, record,
-                       [(source, tuple(real.shape)) for source, real in state.graph.inputs])
+                       [(source, tuple(real.shape)) for source, real in state.graph.inputs],
+                       state.specialized_scalars)
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
         tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
     return entry, record
@@ -617,9 +656,14 @@ def _has_symbols(t: torch.Tensor) -> bool:
     return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
+def recompile_limit() -> int:
+    """`config.cache_size_limit`, or `torch._dynamo.config.cache_size_limit` where only the program set that one."""
+    return spellings.recompile_limit(config.cache_size_limit, Config.cache_size_limit)
+
+
 def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
-    if getattr(fn, "__kiln_disabled__", False):
+    if spellings.is_disabled(fn):
         return fn(*args, **kwargs)
     route = routes.find(fn)
     if route is not None:
@@ -640,7 +684,7 @@ _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE
 
 
 def _compilable(fn: Any) -> bool:
-    if not isinstance(fn, types.FunctionType) or getattr(fn, "__kiln_disabled__", False):
+    if not isinstance(fn, types.FunctionType) or spellings.is_disabled(fn):
         return False
     module = fn.__module__ or ""
     return not (fn.__code__.co_flags & _SUSPENDABLE) and not module.startswith(("kiln", "torch."))

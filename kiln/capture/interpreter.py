@@ -68,9 +68,14 @@ class Frame:
         return self.stack[-depth]
 
     # --- running ------------------------------------------------------------------------------
-    def run(self) -> Value:
+    def run(self, throw: TracedException | None = None) -> Value:
+        """Run to the return (or a generator's next `yield`); `throw`: resume a suspended generator by raising
+        that exception at its `yield` (`gen.throw`), caught by a `try` around it or raised to the caller."""
         self.state.frames.append(self)
         try:
+            if throw is not None and not self.unwind(throw):
+                throw.add_frame(self.location())
+                raise throw
             while True:
                 ins = self.instructions[self.ip]
                 if self.is_root and self.state.break_at == ins.index:
@@ -104,10 +109,6 @@ class Frame:
         index = self.current.index
         for entry in bytecode.exception_ranges(self.code):
             if entry.start <= index < entry.end:
-                if bytecode.handler_is_with_cleanup(self.code, entry.target):
-                    # unwinding through a `with` would run its __exit__ (restore grad mode, ...): not modelled,
-                    # so no outer `try` may catch this one either
-                    raise GraphBreak("exception", f"{exc.detail}, raised inside a `with` block")
                 del self.stack[entry.depth:]
                 if entry.lasti:
                     self.push(ConstantValue(self.current.offset))

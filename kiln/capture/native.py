@@ -69,7 +69,8 @@ def _call_ex(ins, stack, kw_names, resume, temp):
 
 
 def _branch(condition: str, taken: str, not_taken: str) -> list[str]:
-    return [f"if {condition}:", f"    {taken}", not_taken]
+    # `else`, not a fall-through: inside a block, `resume` assigns the continuation instead of returning it
+    return [f"if {condition}:", f"    {taken}", "else:", f"    {not_taken}"]
 
 
 @renders("POP_JUMP_IF_TRUE")
@@ -116,7 +117,8 @@ def _for_iter(ins, stack, kw, resume, temp):
         f"    {r} = next({stack[-1]})",
         "except StopIteration:",
         f"    {resume(ins.target, stack[:-1])}",
-        resume(ins.index + 1, stack + [r]),
+        "else:",
+        f"    {resume(ins.index + 1, stack + [r])}",
     ]
 
 

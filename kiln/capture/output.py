@@ -39,6 +39,9 @@ class ProgramWriter:
         self._bound_symbols: set[str] = set()
         self.symbol_lines: list[str] = []  # the symbols' values, read from the inputs before the graph runs
         self._after_values: list = []  # lines written once every value is rebuilt (see `after_values`)
+        self.symbol_lines: list[str] = []  # the symbols' values, read from the inputs as passed
+        self.reentries: list = []  # blocks live at the break, entered again around the breaking instruction
+        self.grad_outside_blocks: bool | None = None
 
     # --- expressions ------------------------------------------------------------------------
     def constant(self, value: Any) -> str:
@@ -80,6 +83,14 @@ class ProgramWriter:
 
     def grad_mode_exit(self, prev: bool) -> str:
         return f"{self.constant(GradModeRestore)}({prev!r})"
+
+    def reentry(self, reentry, grad_outside: bool) -> str:
+        """A block the breaking instruction runs inside (`values.torch_api.Reentry`), outermost first;
+        `grad_outside`: the grad mode where it was entered (the outermost's is set before entering them)."""
+        if not self.reentries:
+            self.grad_outside_blocks = grad_outside
+        self.reentries.append(reentry)
+        return self.constant(reentry)
 
     def value(self, v: Value) -> str:
         """Rebuild `v` once into a temporary, so aliasing between stack and locals survives."""

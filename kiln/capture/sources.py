@@ -109,6 +109,23 @@ class ConstantSource(Source):
         return self.key.strip("_")
 
 
+@dataclass(frozen=True)
+class ScalarTensorSource(Source):
+    """An int or float input passed to the graph as a 0-d tensor (`___as_tensor(L['n'])`): once its value has
+    changed between calls, tensor arithmetic on it stays in one graph for every value (automatic dynamic)."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return self.expr_from(self.base.expr())
+
+    def expr_from(self, base: str, fast: bool = True) -> str:
+        return f"___as_tensor({base})"
+
+    def name(self) -> str:
+        return f"{self.base.name()}_tensor"
+
+
 def fast_expr(source: Source) -> str:
     """`source.expr()` with module entries read from their dicts all along the chain (for hot paths)."""
     base = getattr(source, "base", None)

@@ -50,11 +50,13 @@ class CaptureState:
         # optimizer.zero_grad() was recorded to run after the graph: a `.grad` read later in this graph
         # would see the grads it resets
         self.grads_reset = False
+        self.specialized_scalars: list = []  # (source, value) of int inputs capture read the value of
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
                               str(self.grad_enabled), "___grad_enabled()"))
-        inference = torch.is_inference_mode_enabled()  # folded by torch.is_inference_mode_enabled()
+        inference = torch.is_inference_mode_enabled()
+        self.inference_mode = int(inference)  # inference-mode blocks the traced code is in (is_inference_mode_enabled)
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"torch.is_inference_mode_enabled() is {inference}",
                               f"inference mode {inference}", "torch.is_inference_mode_enabled()"))
         self.entry_autocast = _autocast_state()
@@ -140,6 +142,11 @@ class CaptureState:
         self.graph.graph.call_function(amp._exit_autocast, (ctx.node,))
         ctx.real.__exit__(None, None, None)
         self.autocast_stack.remove(ctx)
+
+    def exit_autocast_in_graph(self) -> None:
+        """The graph ends inside autocast blocks (a break): it leaves them, so it runs as one balanced region."""
+        for ctx in reversed(self.autocast_stack):
+            self.graph.graph.call_function(amp._exit_autocast, (ctx.node,))
 
     def restore_global_state(self) -> None:
         """Undo what tracing did to the process (grad mode, autocast) once capture ends."""

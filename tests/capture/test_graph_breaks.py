@@ -375,15 +375,30 @@ def test_nonzero_size_stays_in_the_graph():
         torch.testing.assert_close(c(x), brk_nonzero(x))
 
 
-def test_item_values_recompile_continuation_and_stay_correct(monkeypatch):
-    """Each new .item() value specializes the continuation; past the cache limit it still runs right."""
-    monkeypatch.setattr(kiln.config, "cache_size_limit", 3)
+def test_item_values_make_the_continuation_dynamic(monkeypatch):
+    """The continuation specializes on the first .item() value; the second makes it a graph input (automatic
+    dynamic), and every later value reuses that entry."""
     c = kiln.compile(brk_item, backend="eager")
     for _ in range(6):
         x = t(3)
         torch.testing.assert_close(c(x), brk_item(x))
-    # the entry, 3 specialized continuations, then one unguarded native step and the rest after it
-    assert len(context_of(c).records) == 6
+    assert len(context_of(c).records) == 3  # the entry, the specialized continuation, the dynamic one
+
+
+def brk_item_as_count(x):
+    n = x.sum().item()
+    return x.repeat(abs(n) % 5 + 1)  # n read as a Python value: specialized per value
+
+
+def test_item_values_read_as_python_values_recompile_and_stay_correct(monkeypatch):
+    """Each new value specializes the continuation; past the cache limit it still runs right (natively)."""
+    monkeypatch.setattr(kiln.config, "cache_size_limit", 3)
+    c = kiln.compile(brk_item_as_count, backend="eager")
+    inputs = [torch.tensor([k, 0, 0]) for k in range(6)]  # counts 1 .. 5, then 1 again
+    for x in inputs:
+        torch.testing.assert_close(c(x), brk_item_as_count(x))
+    frame = next(f for spec, f in context_of(c).frames.items() if spec.start)
+    assert len(frame.entries) >= 3  # the limit's worth of specialized continuations, then native steps
 
 
 def test_break_before_a_try_block_runs_correctly(capsys):

@@ -308,14 +308,14 @@ def test_cache_size_limit_then_eager_with_one_warning(monkeypatch):
     monkeypatch.setattr(kiln.config, "cache_size_limit", 3)
 
     def fn(x, n):
-        return x + n
+        return x.repeat(n + 1)  # n is read as a Python value: one entry per value
 
     c = _compiled(fn)
     x = t(3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(8):
-            torch.testing.assert_close(c(x, n), x + n)
+            torch.testing.assert_close(c(x, n), x.repeat(n + 1))
     assert len(context_of(c).records) == 3
     limit = [w for w in caught if "cache_size_limit" in str(w.message)]
     assert len(limit) == 1, [str(w.message) for w in caught]
@@ -468,3 +468,23 @@ def test_module_hooks_read_from_the_module_dict():
     source = _guard_source(nn.Sequential(nn.Linear(3, 3)), t(2, 3))
     hooks = [line for line in source.splitlines() if "# module hooks: " in line]
     assert hooks and all("['_forward_hooks']" in line and "._forward_hooks" not in line for line in hooks), source
+
+
+def test_a_branch_on_a_number_guards_its_outcome_not_its_value():
+    """`if s > 0` on a number from the caller (or from `.item()` before a break) recompiles only when the
+    outcome changes; a number used as a value is specialized exactly until its value changes once."""
+    def branch(x, s):
+        return x + 1 if s > 0 else x - 1
+
+    def value(x, s):
+        return x * s
+
+    x = torch.randn(3)
+    compiled_branch, compiled_value = kiln.compile(branch, backend="eager"), kiln.compile(value, backend="eager")
+    for s in (0.5, 2.0, -1.0, -3.0, 7):
+        torch.testing.assert_close(compiled_branch(x, s), branch(x, s))
+        torch.testing.assert_close(compiled_value(x, s), value(x, s))
+    assert len(context_of(compiled_branch).records) == 3  # s > 0 (float), s <= 0 (float), an int s
+    # 0.5; then s is a graph input (automatic dynamic) for every float; the int 7 is a new type
+    assert len(context_of(compiled_value).records) == 3
+    assert "L['s'] > 0 is True" in str(context_of(compiled_branch).records[0].guards)

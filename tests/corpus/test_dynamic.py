@@ -104,12 +104,12 @@ def split_by_dynamic(x):
     return x.split(1), x.chunk(2)
 
 
-@cases(*sizes(2, 3, 5), marks=gap("float() of a dynamic size recompiles"))
+@cases(*sizes(2, 3, 5))
 def size_to_python_float_and_back(x):
     return x / float(x.shape[0]) + int(x.shape[0] / 2)
 
 
-@cases(*sizes(2, 3, 5), marks=gap("a dynamic size formatted into a string recompiles for every size"))
+@cases(*sizes(2, 3, 5))
 def size_in_format_string(x):
     key = f"n={x.shape[0]}"
     return x * len(key)
@@ -141,10 +141,29 @@ def requires_grad_change(x):
     return x * 3
 
 
-@cases((t(4), 2), (t(4), 3), (t(4), 4),
-       marks=gap("an int argument that changes is not made dynamic (one graph per value)"))
+@cases((t(4), 2), (t(4), 3), (t(4), 4))
 def int_argument_changes(x, n):
     return x * n
+
+
+@cases((t(4), 2), (t(4), 3), (t(4, dtype=torch.int32), 4), (t(4, dtype=torch.bool), 5), (t(4), -7))
+@cases((t(4, grad=True), 2), (t(4, grad=True), 3), (t(4, grad=True), 9), backend="aot_eager")
+@cases((t(4, grad=True), 2), (t(4, grad=True), 3), (t(4, grad=True), 9), backend="inductor")
+def int_argument_in_tensor_arithmetic_keeps_dtypes(x, n):
+    return x * n + n, n - x, x // n if not x.is_floating_point() else x / n, (x > n).sum()
+
+
+@cases((t(4), 0.5), (t(4), 1.5), (t(4, dtype=torch.float64), 0.1), (t(4, dtype=torch.int32), 2.5),
+       (t(4, dtype=torch.float16), 3.25))
+def float_argument_in_tensor_arithmetic_keeps_dtypes(x, s):
+    return x * s + s, s - x, x / s
+
+
+@cases((t(3, 4), 2), (t(3, 4), 3), (t(3, 4), 1),
+       marks=gap("an int argument read as a Python value (a dim, a size) is specialized per value; torch.compile "
+                 "makes it a SymInt and guards n % 2"))
+def int_argument_as_a_dim_is_specialized(x, n):
+    return x.sum(dim=n % 2) * n
 
 
 @cases((t(4), 0.5), (t(4), 1.5))
@@ -203,10 +222,29 @@ def aot_dynamic_matmul(x):
     return x @ x.t()
 
 
-@cases(*sizes(2, 3, 5), marks=gap("after .item(), the continuation recompiles for each size"))
+@cases(*sizes(2, 3, 5))
 def item_then_size(x):
     s = x.sum().item()
     return x * x.shape[0] + s
+
+
+@cases((t(4),), (t(4) + 5,), (t(4) - 5,), (t(4) + 6,), (t(4) - 6,), (t(4) + 7,))
+def item_feeds_a_branch(x):
+    if x.sum().item() > 0:  # the continuation guards the outcome, not the value: one entry per side
+        return x + 1
+    return x - 1
+
+
+@cases((t(4), 3), (t(4), 5), (t(4), -1), (t(4), 7), (t(4), -4))
+def int_argument_feeds_a_branch(x, n):
+    if n > 2:
+        return x.sin()
+    return x.cos()
+
+
+@cases((t(4), 0.5), (t(4), 1.5), (t(4), 0.25))
+def float_compared_with_another_argument(x, lo, hi=1.0):
+    return x * 2 if lo < hi else x * 3
 
 
 @pytest.mark.parametrize("fn, calls, options", cases.params)

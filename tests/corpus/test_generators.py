@@ -267,6 +267,51 @@ def reversed_range_and_sorted_generator(x):
     return x * sorted(i % 3 for i in range(5))[-1] + next(reversed(range(4)))
 
 
+def tallies():
+    """Counts up; a ValueError thrown in adds ten, and closing it is recorded."""
+    n = 0
+    try:
+        while True:
+            try:
+                yield n
+            except ValueError:
+                n += 10
+            n += 1
+    finally:
+        TRACE.append("closed")
+
+
+@cases((A,), state=globals_state(globals(), TRACE=[]))
+def generator_throw_caught_then_close(x):
+    g = tallies()
+    first = next(g)
+    second = g.throw(ValueError)
+    third = g.throw(ValueError("again"))
+    g.close()
+    return x + first + second + third
+
+
+@cases((A,), state=globals_state(globals(), TRACE=[]))
+def generator_throw_uncaught_reaches_caller(x):
+    g = tallies()
+    next(g)
+    try:
+        g.throw(KeyError("k"))
+    except KeyError:
+        x = x + 1
+    return x, next(g, "done")
+
+
+@cases((A,))
+def generator_throw_before_start(x):
+    g = tallies()
+    try:
+        g.throw(KeyError)
+    except KeyError:
+        x = x * 2
+    return x, next(g, "done")
+
+
 @pytest.mark.parametrize("fn, calls, options", cases.params)
 def test_generator_case_matches_eager(fn, calls, options):
     check(fn, *calls, **options)

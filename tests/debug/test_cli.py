@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from tests.debug.conftest import HERE
+from tests.debug.conftest import HERE, run_kiln
 
 SCRIPT = str(HERE / "two_regions.py")
 BREAK_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if 'print("graph break here")' in line)
@@ -81,3 +81,15 @@ def test_without_a_script_runs_the_bundled_example(monkeypatch, tmp_path, capsys
     assert "kiln report" in out and "speedup 2.00x" in out
     assert re.search(r"\[\d+\] <lambda> .*backend=eager", out)
     assert "speedup 2.00x" in (tmp_path / "r.html").read_text()
+
+
+def test_torch_spellings_behave_as_under_torch_compile(tmp_path):
+    """graph_break splits the graph, disable runs eagerly, is_compiling is True, mark_dynamic avoids recompiles."""
+    proc = run_kiln([str(HERE / "dynamo_spellings.py")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("step matches torch.compile: True") == 3, proc.stdout
+    assert proc.stdout.count("scale matches eager: True") == 3, proc.stdout
+    assert "graph break (explicit)" in proc.stdout and "graph break (disabled)" in proc.stdout
+    # step: before the explicit break and after the disabled call; scale: one graph for three sizes
+    assert re.search(r"graphs: 2 .* graph breaks: 2 .* recompiles: 0", proc.stdout), proc.stdout
+    assert re.search(r"graphs: 1 .* graph breaks: 0 .* recompiles: 0", proc.stdout), proc.stdout

@@ -7,7 +7,9 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.operators import unary
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.base import NULL
+from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import TupleValue
+from kiln.capture.values.exceptions import ExceptionValue
 from kiln.capture.values.functions import FunctionValue
 from kiln.capture.values.torch_api import AutocastContext, ExitValue, GradModeContext
 
@@ -71,6 +73,9 @@ def call_intrinsic_1(frame, ins):
         frame.push(TupleValue(value.unpack(frame.state)))
     elif ins.argrepr == "INTRINSIC_UNARY_POSITIVE":
         frame.push(unary(frame, "pos", value))
+    elif ins.argrepr == "INTRINSIC_STOPITERATION_ERROR":  # 3.12's generators: StopIteration escaping the body
+        stops = issubclass(value.python_type(), StopIteration)
+        frame.push(ExceptionValue(RuntimeError, [ConstantValue("generator raised StopIteration")]) if stops else value)
     else:
         raise GraphBreak("unsupported_opcode", f"CALL_INTRINSIC_1 {ins.argrepr}")
 

@@ -47,6 +47,16 @@ def pop_except(frame, ins):
         frame.handled.pop()
 
 
+@opcode("WITH_EXCEPT_START")
+def with_except_start(frame, ins):
+    """An exception leaves a `with` block: call its `__exit__` (fourth on the stack, in 3.11 and 3.12) with
+    the exception; what it returns says whether the exception is suppressed (`contextlib.suppress`)."""
+    exc = frame.peek()
+    exit_fn = frame.stack[-4]
+    traceback = ConstantValue(None)  # traced exceptions carry none; managers that read it see None
+    frame.push(exit_fn.call(frame.state, [ClassValue(exc.python_type()), exc, traceback], {}))
+
+
 @opcode("CHECK_EXC_MATCH")
 def check_exc_match(frame, ins):
     match = frame.pop().as_constant()

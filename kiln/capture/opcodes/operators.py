@@ -8,6 +8,7 @@ from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import SliceValue
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS, apply_operator, contains, identical
+from kiln.capture.values.symbolic import SymValue
 
 _UNARY = {"neg": operator.neg, "pos": operator.pos, "invert": operator.invert}
 
@@ -101,7 +102,7 @@ def store_slice(frame, ins):
 def format_value(frame, ins):
     spec = frame.pop().as_constant() if (ins.arg & 0x04) else ""
     value = frame.pop().realize()
-    if not value.is_constant():
+    if not value.is_constant() and not isinstance(value, SymValue):  # a symbolic size: its value, guarded
         raise GraphBreak("unsupported_object", f"formatting {value} into a string")
     v = value.as_constant()
     conversion = ins.arg & 0x03

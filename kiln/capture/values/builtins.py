@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import functools
 import inspect
 import itertools
 import operator
+import sys
 import types
 import typing
 import warnings
@@ -23,8 +25,18 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.values.base import Value
-from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
+from kiln.capture.values.classes import function_value
+from kiln.capture.values.constant import ConstantValue, is_literal
+from kiln.capture.values.containers import (
+    IteratorValue,
+    ListValue,
+    SetValue,
+    SliceValue,
+    TupleValue,
+    from_constant,
+    sort_keys,
+    sort_order,
+)
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
@@ -46,7 +58,9 @@ from kiln.capture.values.iterators import (
 )
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
-from kiln.capture.values.tensor import TensorValue
+from kiln.capture.values.polyfills import POLYFILLS
+from kiln.capture.values.symbolic import SymValue
+from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
 
@@ -157,6 +171,53 @@ def _type(state, obj):
     return ClassValue(obj.realize().python_type())
 
 
+@handles(types.MethodType)
+def _bind_method(state, fn, obj):
+    """`types.MethodType(fn, obj)` (contextlib.ExitStack binds each `__exit__` so): `fn` bound to `obj`."""
+    fn = fn.realize()
+    if not isinstance(fn, FunctionValue):
+        raise GraphBreak("unsupported_call", f"types.MethodType({fn}, ...)")
+    return MethodValue(obj, fn)
+
+
+@handles(sys.exc_info)
+def _exc_info(state):
+    """The exception the traced code is handling (an `except` block, a `with` block's `__exit__`), innermost
+    frame first; kiln does not see one its caller handles, so that case is not traced."""
+    for frame in reversed(state.frames):
+        if frame.handled and frame.handled[-1] is not None:
+            exc = frame.handled[-1]
+            return TupleValue([ClassValue(exc.python_type()), exc, ConstantValue(None)])
+    if sys.exc_info()[1] is not None:
+        raise GraphBreak("unsupported_call", "sys.exc_info() while the caller handles an exception")
+    return TupleValue([ConstantValue(None)] * 3)
+
+
+@handles(collections.namedtuple)
+def _make_namedtuple(state, typename, field_names, **options):
+    """`collections.namedtuple(...)` with constant arguments, made at capture time: the class is created
+    once per capture and the program returns instances of it (eager makes a new class per call)."""
+    module = options.pop("module", None)
+    module = module.as_constant() if module is not None else state.current_frame().globals.get("__name__")
+    cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
+                                 **{k: v.as_constant() for k, v in options.items()})
+    return ClassValue(cls)
+
+
+def _copier(fn: Callable):
+    """`copy.copy` / `copy.deepcopy`: a copy of an immutable literal (a number, a string, a tuple of them) is the
+    literal itself, as the copy module returns it; anything else runs the copy module's Python code, inlined."""
+    def handler(state, value, *rest, **kwargs):
+        if value.is_constant() and is_literal(value.as_constant()):
+            return value
+        return state.inline(function_value(state, fn), [value, *rest], kwargs)
+
+    return handler
+
+
+HANDLERS[copy.copy], HANDLERS[copy.deepcopy] = _copier(copy.copy), _copier(copy.deepcopy)
+
+
 @handles(builtins.callable)
 def _callable(state, obj):
     """Python asks the object's type for a `__call__` slot; `hasattr(cls, "__call__")` would also find
@@ -255,6 +316,18 @@ def _next(state, it, *default):
             return default[0]
         raise stop_iteration(it)
     return value
+
+
+def _polyfilled(fn):
+    """Traced calls of `fn` run its pure-Python stand-in (values/polyfills.py), inlined like user code."""
+    def handler(state, *args, **kwargs):
+        return function_value(state, POLYFILLS[fn]).call(state, list(args), kwargs)
+
+    return handler
+
+
+for _original in POLYFILLS:
+    HANDLERS[_original] = _polyfilled(_original)
 
 
 @handles(itertools.chain)
@@ -413,10 +486,8 @@ def _slice(state, *args):
 
 @handles(builtins.sorted)
 def _sorted(state, iterable, key=None, reverse=None):
-    if key is not None:
-        raise GraphBreak("unsupported_call", "sorted() with a key function")
-    values = sorted((v.as_constant() for v in iterable.unpack(state)), reverse=bool(reverse and reverse.as_constant()))
-    return ListValue([ConstantValue(v) for v in values])
+    items = list(iterable.unpack(state))
+    return ListValue([items[i] for i in sort_order(state, items, key, reverse)])
 
 
 def _all(state, iterable):
@@ -446,18 +517,39 @@ def _sum(state, iterable, start=None):
 
 
 def _extreme(pick: Callable):
-    def handler(state, *args, key=None, default=None):
-        items = args[0].unpack(state) if len(args) == 1 else list(args)
-        if key is not None:
-            raise GraphBreak("unsupported_call", f"{pick.__name__}() with a key function")
+    """`min`/`max`: the first item whose key is smallest/largest, as Python picks it. 0-d tensors of one dtype
+    (no key) are compared in the graph: `torch.where(item > best, item, best)` folded left is Python's choice,
+    value and gradient alike (torch.compile uses torch.maximum, which splits the gradient of ties)."""
+    replaces = operator.gt if pick is max else operator.lt
 
-        if any(isinstance(i.realize(), TensorValue) for i in items):
-            raise GraphBreak("data_dependent_branch", f"{pick.__name__}() compares tensors in Python")
-        if not items and default is not None:
-            return default
-        return ConstantValue(pick(i.as_constant() for i in items))
+    def handler(state, *args, key=None, default=None):
+        items = list(args[0].unpack(state)) if len(args) == 1 else list(args)
+        if not items:
+            if default is not None:
+                return default
+            raise raise_python(ValueError, f"{pick.__name__}() arg is an empty sequence")
+        if key is None and _same_kind_scalars(items):
+            best = items[0]
+            for item in items[1:]:
+                better = apply_operator(state, replaces, [item, best])
+                best = trace_op(state, "call_function", torch.where, [better, item, best], {})
+            return best
+        keys = sort_keys(state, items, key)
+        try:
+            return items[pick(range(len(keys)), key=keys.__getitem__)]
+        except TypeError as e:
+            raise raise_python(TypeError, str(e)) from None
 
     return handler
+
+
+def _same_kind_scalars(items: list[Value]) -> bool:
+    """All 0-d tensors of one dtype and device: picking one is a pointwise choice between them."""
+    tensors = [i.realize() for i in items]
+    if not all(isinstance(t, TensorValue) for t in tensors):
+        return False
+    fakes = [t.fake for t in tensors]
+    return all(f.dim() == 0 and f.dtype == fakes[0].dtype and f.device == fakes[0].device for f in fakes)
 
 
 HANDLERS[builtins.min], HANDLERS[builtins.max] = _extreme(min), _extreme(max)
@@ -476,11 +568,23 @@ def _scalar_cast(cls):
         if isinstance(x.realize(), TensorValue):
             reason = "data_dependent_branch" if cls is bool else "tensor_to_python"
             raise GraphBreak(reason, f"{cls.__name__}() of a tensor")
+        if isinstance(x.realize(), SymValue) and cls in _SYMBOLIC_CASTS and not rest:
+            return _symbolic_cast(state, cls, x.realize())
         if cls is bool:
             return ConstantValue(x.truth(state))
         return _fold(cls, [x, *rest], {})
 
     return handler
+
+
+# float(n) and int(n) of a symbolic size stay symbolic (graph nodes), as torch's sym_float / sym_int
+_SYMBOLIC_CASTS = {float: torch.sym_float, int: torch.sym_int}
+
+
+def _symbolic_cast(state, cls: type, x: SymValue) -> Value:
+    if x.python_type() is cls:
+        return x
+    return trace_op(state, "call_function", _SYMBOLIC_CASTS[cls], [x], {})
 
 
 for _cls in (int, float, bool, str):

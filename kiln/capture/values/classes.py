@@ -100,6 +100,9 @@ def class_data(state, cls: type, name: str, source: Source | None = None) -> Val
     return state.wrap(getattr(cls, name), AttrSource(class_source(state, cls, source), name))
 
 
+_OBJECT_CLASS = object.__dict__["__class__"]
+
+
 def class_attribute(state, self_value: Value, cls: type, name: str, source) -> Value:
     """`obj.name` resolved on the class: methods bind, properties run, constants read.
 
@@ -110,6 +113,8 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
         pending = pending.realize()
         return MethodValue(self_value, pending) if isinstance(pending, FunctionValue) else pending
     attr = mro_entry(cls, name)
+    if attr is _OBJECT_CLASS:  # `obj.__class__`: the type, as `type(obj)` (dataclasses' generated __eq__ asks)
+        return state.wrap_unsourced(cls)
     if attr is _MISSING:
         guard_class_lacks(state, cls, name)
         raise raise_python(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")

@@ -6,6 +6,7 @@ guarded by value when it was wrapped, so folding it is safe.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,3 +85,59 @@ class ConstantValue(Value):
 
     def __repr__(self) -> str:
         return f"Constant({self.value!r})"
+
+
+class ScalarInputValue(ConstantValue):
+    """An int or float read from the user's world (an argument, a value a continuation receives after `.item()`),
+    guarded by how it is used: its type at once, its exact value only when capture relies on the value.
+
+    A comparison with a constant (`if n > 0:`) relies on the outcome only: `compare` guards `n > 0` itself, so
+    the next value on the same side of the branch reuses the entry instead of recompiling for every value.
+    Anything else that reads the value (arithmetic, a size, a format) specializes on it with `==`.
+    """
+
+    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None):
+        super().__init__(value, source)
+        self._guard_value = guard_value
+        self._as_tensor, self._tensor = as_tensor, None
+
+    def graph_tensor(self, partner: torch.Tensor) -> Value | None:
+        """This number as a graph input (a 0-d tensor) for arithmetic with the (fake) tensor `partner`, where
+        automatic dynamic made it one and the tensor promotes as the Python number would (a float only
+        against a floating-point tensor); None where its value is specialized."""
+        if self._as_tensor is None or (self._as_tensor.dtype.is_floating_point and not partner.is_floating_point()):
+            return None
+        if self._tensor is None:
+            self._tensor = self._as_tensor()
+        return self._tensor
+
+    def specialize(self) -> Any:
+        if self._guard_value is not None:
+            self._guard_value()
+            self._guard_value = None
+        return self.value
+
+    def as_constant(self) -> Any:
+        return self.specialize()
+
+    def truth(self, state) -> bool:
+        return bool(self.specialize())
+
+    def getattr(self, state, name: str) -> Value:
+        self.specialize()
+        return super().getattr(state, name)
+
+    def getitem(self, state, key: Value) -> Value:
+        self.specialize()
+        return super().getitem(state, key)
+
+    def unpack(self, state) -> list[Value]:
+        self.specialize()
+        return super().unpack(state)
+
+    def length(self, state) -> int:
+        self.specialize()
+        return super().length(state)
+
+    def __repr__(self) -> str:
+        return f"ScalarInput({self.value!r} at {self.source})"

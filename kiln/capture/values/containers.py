@@ -15,6 +15,7 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
+from kiln.capture.values.classes import class_attribute
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BoundMethodValue
@@ -29,6 +30,31 @@ def _key(state, key: Value) -> Any:
     if obj is not None:
         return obj
     raise GraphBreak("unsupported_object", f"{k} as a dict key")
+
+
+def sort_keys(state, items: list[Value], key: Value | None) -> list[Any]:
+    """The Python values `sorted`, `min` and `max` compare: each item's, or what `key(item)` returns for it
+    (the key function traced once per item, in order, as Python calls it)."""
+    from kiln.capture.values.tensor import TensorValue
+
+    if key is not None and not (key.is_constant() and key.as_constant() is None):
+        items = [key.call(state, [item], {}) for item in items]
+    keys = []
+    for item in items:
+        if isinstance(item.realize(), TensorValue):
+            raise GraphBreak("data_dependent_branch", "sorting or comparing tensors in Python")
+        keys.append(item.as_constant())
+    return keys
+
+
+def sort_order(state, items: list[Value], key: Value | None, reverse: Value | None) -> list[int]:
+    """The positions of `items` in sorted order: stable, `reverse` keeping equal items in order, as list.sort."""
+    keys = sort_keys(state, items, key)
+    descending = bool(reverse is not None and reverse.as_constant())
+    try:
+        return sorted(range(len(keys)), key=keys.__getitem__, reverse=descending)
+    except TypeError as e:  # '<' not supported between two items: Python raises it from the sort
+        raise raise_python(TypeError, str(e)) from None
 
 
 class SequenceValue(Value):
@@ -101,6 +127,8 @@ class TupleValue(SequenceValue):
             return self.items[list(fields).index(name)]
         if name in ("index", "count", "_asdict", "_replace"):
             return BoundMethodValue(self, name)
+        if _defined_above_tuple(self.cls, name):  # a NamedTuple's own method, property or class constant
+            return class_attribute(state, self, self.cls, name, None)
         return method_of(self, self.cls, name)
 
     def call_method(self, state, name, args, kwargs):
@@ -213,10 +241,7 @@ class ListValue(SequenceValue):
         elif name == "copy":
             return ListValue(list(self.items))
         elif name == "sort":
-            if "key" in kwargs:
-                raise GraphBreak("unsupported_call", "list.sort() with a key function")
-            reverse = bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False
-            order = sorted(range(len(self.items)), key=lambda i: self.items[i].as_constant(), reverse=reverse)
+            order = sort_order(state, self.items, kwargs.get("key"), kwargs.get("reverse"))
             self.items[:] = [self.items[i] for i in order]
         elif name == "remove":
             target = args[0].as_constant()
@@ -236,6 +261,16 @@ class ListValue(SequenceValue):
 
     def __repr__(self):
         return f"List({self.items})"
+
+
+def _defined_above_tuple(cls: type, name: str) -> bool:
+    """Whether a tuple subclass (a namedtuple, a typing.NamedTuple) defines `name` itself, not tuple."""
+    for klass in cls.__mro__:
+        if klass is tuple:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
 
 
 def method_of(value: Value, cls: type, name: str) -> Value:

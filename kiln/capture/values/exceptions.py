@@ -37,6 +37,11 @@ class ExceptionValue(Value):
             return ConstantValue(None)
         raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
 
+    def setattr(self, state, name: str, value: Value) -> None:
+        """`exc.__traceback__ = tb` (contextlib's `__exit__` does so): traced exceptions carry no traceback."""
+        if name != "__traceback__" or not (value.is_constant() and value.as_constant() is None):
+            raise GraphBreak("unsupported_object", f"setting {name!r} of a {self.cls.__name__}")
+
     def message(self) -> str:
         try:
             return str(self.cls(*(a.as_constant() for a in self.args)))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch._compile
 
-from kiln.capture import routes
+from kiln.capture import routes, spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource, ItemSource
 from kiln.capture.values.base import Value
@@ -101,10 +101,13 @@ class FunctionValue(CallableValue):
         return types.FunctionType
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if self.real is not None and getattr(self.real, "__kiln_graph_break__", False):
-            raise GraphBreak("explicit", "kiln.graph_break()")
-        if self.real is not None and getattr(self.real, "__kiln_disabled__", False):
-            raise GraphBreak("disabled", f"{self.name} is kiln.disable'd")
+        if self.real is not None and spellings.asks_is_compiling(self.real):
+            return ConstantValue(True)
+        if self.real is not None and spellings.is_graph_break(self.real):
+            raise GraphBreak("explicit", f"{self.real.__module__}.graph_break()")
+        if self.real is not None and spellings.is_disabled(self.real):
+            raise GraphBreak("disabled", f"{self.name} is disabled for compilation (kiln.disable or "
+                                         "torch.compiler.disable)")
         route = routes.find(self.real) if self.real is not None else None
         if route is not None and route.deferred:
             state.side_effects.deferred_call(self, args, kwargs)

@@ -20,7 +20,7 @@ from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, TupleValue
-from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class, raise_python
 from kiln.capture.values.functions import BoundMethodValue
 
 
@@ -29,6 +29,8 @@ def iterator_of(state, value: Value) -> IteratorValue:
     value = value.realize()
     if isinstance(value, IteratorValue):
         return value
+    if hasattr(value, "iterator"):  # a user object: its own iterator, stepped lazily (values.objects)
+        return value.iterator(state)
     return IteratorValue(value.unpack(state))
 
 
@@ -309,6 +311,20 @@ class PairwiseValue(LazyIteratorValue):
         return f"{writer.constant(itertools.pairwise)}({inner})"
 
 
+def _thrown(args: list[Value]) -> ExceptionValue:
+    """The exception `gen.throw(typ[, val[, tb]])` or `gen.throw(exc)` raises."""
+    first = args[0].realize()
+    if isinstance(first, ExceptionValue):
+        return first
+    value = args[1].realize() if len(args) > 1 else None
+    if isinstance(value, ExceptionValue):
+        return value
+    cls = getattr(first, "cls", None)  # a ClassValue
+    if is_exception_class(cls) and (value is None or (value.is_constant() and value.as_constant() is None)):
+        return ExceptionValue(cls, [])
+    raise GraphBreak("unsupported_call", f"generator.throw({first}, ...)")
+
+
 class GeneratorValue(LazyIteratorValue):
     """A generator made by an inlined generator function (a genexpr too): its frame runs to the next `yield`
     on each next(), suspended in between with its stack and locals, as CPython's does."""
@@ -344,13 +360,45 @@ class GeneratorValue(LazyIteratorValue):
         self.exhausted, self.return_value = True, result
         return None
 
+    def throw(self, exc: TracedException) -> Value | None:
+        """Raise `exc` at the `yield` the frame is suspended at (`gen.throw`); the next yielded value, None at
+        its end. A generator not started, or finished, raises it at once, as CPython's does."""
+        if not self.started or self.exhausted:
+            self.exhausted = True
+            raise exc
+        try:
+            result = self.frame.run(throw=exc)
+        except Exception:
+            self.exhausted = True
+            raise
+        if self.frame.suspended:
+            self.frame.suspended = False
+            return result
+        self.exhausted, self.return_value = True, result
+        return None
+
+    def close(self) -> None:
+        """`gen.close()`: GeneratorExit at the `yield`; the generator must end (or raise) rather than yield."""
+        try:
+            if self.throw(TracedException(ExceptionValue(GeneratorExit, []))) is not None:
+                raise raise_python(RuntimeError, "generator ignored GeneratorExit")
+        except TracedException as e:
+            if not issubclass(e.value.cls, (GeneratorExit, StopIteration)):
+                raise
+
     def getattr(self, state, name: str) -> Value:
-        if name in ("send", "__next__"):
+        if name in ("send", "__next__", "throw", "close"):
             return BoundMethodValue(self, name)
         raise GraphBreak("unsupported_object", f"attribute {name!r} of a generator")
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict) -> Value:
-        value = self.next() if name == "__next__" else self.send(args[0]) if not self.exhausted else None
+        if name == "close":
+            self.close()
+            return ConstantValue(None)
+        if name == "throw":
+            value = self.throw(TracedException(_thrown(args)))
+        else:
+            value = self.next() if name == "__next__" else self.send(args[0]) if not self.exhausted else None
         if value is None:
             raise stop_iteration(self)
         return value

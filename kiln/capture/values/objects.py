@@ -33,10 +33,11 @@ from kiln.capture.values.classes import (
     pending_class_attr,
 )
 from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, is_literal
-from kiln.capture.values.containers import ListValue, SetValue, TupleValue, python_override
+from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, TupleValue, python_override
 from kiln.capture.values.dicts import DictValue
-from kiln.capture.values.exceptions import ExceptionValue, is_exception_class, raise_python
+from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class, raise_python
 from kiln.capture.values.functions import BoundMethodValue, BuiltinValue, MethodValue
+from kiln.capture.values.iterators import LazyIteratorValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.torch_api import inlined_torch_function, wrap_torch_attr
 
@@ -372,6 +373,9 @@ class ObjectValue(Value):
             raise GraphBreak("unsupported_object", f"iterating a {type(self.obj).__name__} subclass")
         return iterate_instance(state, self, type(self.obj))
 
+    def iterator(self, state) -> IteratorValue:
+        return instance_iterator(state, self, type(self.obj))
+
 
 class InstanceDictValue(DictValue):
     """`obj.__dict__` (or `vars(obj)`) of an existing object: the instance's attributes as a dict.
@@ -413,22 +417,56 @@ class InstanceDictValue(DictValue):
 
 
 def iterate_instance(state, value: Value, cls: type) -> list[Value]:
-    """The items of a user object, by Python's iteration protocol.
+    """The items of a user object, by Python's iteration protocol (all of them: `list(obj)`, unpacking)."""
+    return instance_iterator(state, value, cls).unpack(state)
 
-    A Python `__iter__` is inlined (and its result iterated). A class that leaves
-    iteration to `collections.abc.Sequence` (or to the old `__getitem__` protocol)
-    with a `__len__` yields `self[0] .. self[len - 1]`: the same items, without
-    tracing the IndexError that ends the protocol's loop.
+
+def instance_iterator(state, value: Value, cls: type) -> IteratorValue:
+    """`iter(obj)` for a user object, by Python's iteration protocol.
+
+    A Python `__iter__` is inlined; what it returns is iterated: a generator or other iterator kiln
+    tracks, or an object with a Python `__next__`, called once per item as the loop asks for it. A class
+    that leaves iteration to `collections.abc.Sequence` (or to the old `__getitem__` protocol) with a
+    `__len__` yields `self[0] .. self[len - 1]`: the same items, without tracing the IndexError that
+    ends the protocol's loop.
     """
     iter_fn = getattr(cls, "__iter__", None)
     if isinstance(iter_fn, types.FunctionType) and iter_fn is not collections.abc.Sequence.__iter__:
-        return function_value(state, iter_fn).call(state, [value], {}).unpack(state)
+        iterator = function_value(state, iter_fn).call(state, [value], {}).realize()
+        if isinstance(iterator, IteratorValue):
+            return iterator
+        if isinstance(getattr(iterator.python_type(), "__next__", None), types.FunctionType):
+            return UserIteratorValue(state, iterator)
+        return IteratorValue(iterator.unpack(state))
     if (iter_fn in (None, collections.abc.Sequence.__iter__)
             and isinstance(getattr(cls, "__len__", None), types.FunctionType)
             and isinstance(getattr(cls, "__getitem__", None), types.FunctionType)):
         n = value.length(state)
-        return [value.getitem(state, ConstantValue(i)) for i in range(n)]
+        return IteratorValue([value.getitem(state, ConstantValue(i)) for i in range(n)])
     raise GraphBreak("unsupported_object", f"iterating over a {cls.__name__}")
+
+
+class UserIteratorValue(LazyIteratorValue):
+    """An object whose class defines `__next__` in Python: each step inlines it, until it raises StopIteration."""
+
+    def __init__(self, state, obj: Value):
+        super().__init__(state)
+        self.obj = obj
+
+    def python_type(self) -> type:
+        return self.obj.python_type()
+
+    def step(self) -> Value | None:
+        next_fn = class_attribute(self.state, self.obj, self.obj.python_type(), "__next__", None)
+        try:
+            return next_fn.call(self.state, [], {})
+        except TracedException as e:
+            if issubclass(e.value.cls, StopIteration):
+                return None
+            raise
+
+    def rebuild(self, writer) -> str:
+        return writer.value(self.obj)  # the object itself, in the state its traced `__next__` calls left it
 
     def __repr__(self):
         return f"Object({type(self.obj).__name__} at {self.source})"
@@ -443,6 +481,17 @@ class NewObjectValue(Value):
 
     def python_type(self) -> type:
         return self.cls
+
+    def is_constant(self) -> bool:
+        """A frozen dataclass of constants is a value (hashable, compared by its fields), as a tuple is: it may
+        be a dict key, hashed and compared at capture time. Other objects are identities."""
+        params = getattr(self.cls, "__dataclass_params__", None)
+        return bool(params is not None and params.frozen and all(v.is_constant() for v in self.attrs.values()))
+
+    def as_constant(self) -> Any:
+        if not self.is_constant():
+            return super().as_constant()
+        return new_object(self.cls, {k: v.as_constant() for k, v in self.attrs.items()})
 
     def getattr(self, state, name: str) -> Value:
         if name in self.attrs and not _is_data_descriptor(_class_lookup(self.cls, name)):
@@ -503,6 +552,9 @@ class NewObjectValue(Value):
 
     def unpack(self, state) -> list[Value]:
         return iterate_instance(state, self, self.cls)
+
+    def iterator(self, state) -> IteratorValue:
+        return instance_iterator(state, self, self.cls)
 
     def reconstruct(self, writer) -> str:
         attrs = ", ".join(f"{k!r}: {writer.value(v)}" for k, v in self.attrs.items())  # value(): aliasing kept

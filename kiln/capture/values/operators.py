@@ -13,7 +13,7 @@ from collections.abc import Callable
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.values.base import UnguardedValue, Value
-from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import IteratorValue, ListValue, SequenceValue, SetValue, TupleValue, from_constant
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
@@ -42,6 +42,59 @@ _INPLACE_TO_PLAIN = {
     operator.irshift: operator.rshift,
 }
 
+def _setitem(state, container: Value, key: Value, value: Value) -> Value:
+    container.setitem(state, key, value)
+    return ConstantValue(None)
+
+
+def _delitem(state, container: Value, key: Value) -> Value:
+    container.delitem(state, key)
+    return ConstantValue(None)
+
+
+# `operator` functions that are statements or protocols rather than arithmetic: `xs[k] = v`, `del xs[k]`,
+# `x is y`, `not x`. With a tensor among the arguments these still mean what the statement means.
+_STATEMENTS: dict[Callable, Callable] = {
+    operator.setitem: _setitem,
+    operator.delitem: _delitem,
+    operator.is_: lambda state, a, b: ConstantValue(identical(state, a, b)),
+    operator.is_not: lambda state, a, b: ConstantValue(not identical(state, a, b)),
+    operator.contains: lambda state, a, b: ConstantValue(contains(state, a, b)),
+    operator.not_: lambda state, a: ConstantValue(not a.truth(state)),
+    operator.truth: lambda state, a: ConstantValue(a.truth(state)),
+}
+
+
+def _as_graph_tensor(value: Value, partner: TensorValue) -> Value:
+    tensor = value.graph_tensor(partner.fake) if isinstance(value, ScalarInputValue) else None
+    return value if tensor is None else tensor
+
+
+_COMPARISON_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+                       operator.eq: "==", operator.ne: "!="}
+
+
+def _compare_scalar_inputs(state, fn: Callable, a: Value, b: Value) -> Value | None:
+    """`n > 0` for an int or float from the user's world (`ScalarInputValue`) against a number or another
+    such input: the outcome, guarded as the comparison itself, so a branch on it recompiles only when the
+    outcome changes. None when an operand is anything else (it is then compared as usual)."""
+    exprs = []
+    for v in (a, b):
+        if isinstance(v, ScalarInputValue):
+            exprs.append(state.source_expr(v.source))
+        elif type(v) is ConstantValue and v.source is None and type(v.value) in (int, float, bool) and is_literal(
+                v.value):
+            exprs.append(repr(v.value))
+        else:
+            return None
+    outcome = fn(a.value, b.value)
+    code = f"({exprs[0]} {_COMPARISON_SYMBOLS[fn]} {exprs[1]}) is {outcome}"
+    source = a.source if isinstance(a, ScalarInputValue) else b.source
+    state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, code, f"{exprs[0]} {_COMPARISON_SYMBOLS[fn]} "
+                           f"{exprs[1]} is {outcome}", f"{exprs[0]} {_COMPARISON_SYMBOLS[fn]} {exprs[1]}"))
+    return ConstantValue(outcome)
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -56,6 +109,15 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.dicts import DictValue
 
     args = [a.realize() for a in args]
+    if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
+        outcome = _compare_scalar_inputs(state, fn, *args)
+        if outcome is not None:
+            return outcome
+    partner = next((a for a in args if isinstance(a, TensorValue)), None)
+    if partner is not None:  # `x * n` for a number n made dynamic: n as a 0-d tensor input
+        args = [_as_graph_tensor(a, partner) for a in args]
+    if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
+        return _STATEMENTS[fn](state, *args)
     if fn is operator.getitem and not isinstance(args[0], TensorValue):
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
     if fn in _INPLACE_TO_PLAIN and not isinstance(args[0], TensorValue) and (
@@ -94,8 +156,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
             items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
+            # item by item as Python compares them: the same object is equal without asking (a tensor too)
             same = len(a.items) == len(b.items) and all(
-                apply_operator(state, operator.eq, [x, y]).truth(state) for x, y in zip(a.items, b.items))
+                identical(state, x, y) or apply_operator(state, operator.eq, [x, y]).truth(state)
+                for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.collectives import is_collective, trace_collective
@@ -21,21 +22,7 @@ from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.functions import CallableValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
-# Functions that ask "am I being compiled?": True while kiln captures. The older spelling
-# `torch._dynamo.is_compiling` is recognised by name, so kiln never imports torch._dynamo.
-IS_COMPILING: set[Callable] = {torch.compiler.is_compiling}
-
-
-def _asks_is_compiling(fn: Any) -> bool:
-    return fn in IS_COMPILING or (
-        getattr(fn, "__name__", "") == "is_compiling"
-        and (getattr(fn, "__module__", "") or "").startswith("torch._dynamo")
-    )
-
-
 NOT_TRACING: set[Callable] = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
-if hasattr(torch.compiler, "is_dynamo_compiling"):
-    IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
 if hasattr(torch.compiler, "is_exporting"):
     NOT_TRACING.add(torch.compiler.is_exporting)
 
@@ -48,7 +35,7 @@ if hasattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack"):
 
 # Functions whose result depends only on the metadata of their arguments.
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
-                      torch.get_default_dtype, torch.is_inference_mode_enabled, torch._C._get_cudnn_enabled}
+                      torch.get_default_dtype, torch._C._get_cudnn_enabled}
 
 # Functions with effects outside the graph: a break.
 BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call",
@@ -74,7 +61,11 @@ class TorchFunctionValue(CallableValue):
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         fn = self.fn
-        if _asks_is_compiling(fn):
+        if spellings.is_graph_break(fn):
+            raise GraphBreak("explicit", "torch._dynamo.graph_break()")
+        if spellings.is_disabled(fn):
+            raise GraphBreak("disabled", f"{getattr(fn, '__name__', fn)} is disabled by torch.compiler.disable")
+        if spellings.asks_is_compiling(fn):
             return ConstantValue(True)
         if state.models(fn):
             return state.call_builtin(fn, args, kwargs)
@@ -84,6 +75,8 @@ class TorchFunctionValue(CallableValue):
             return ConstantValue(False if fn is not torch._C._get_tracing_state else None)
         if fn is torch.is_grad_enabled:
             return ConstantValue(state.grad_enabled)
+        if fn is torch.is_inference_mode_enabled:
+            return ConstantValue(bool(state.inference_mode))
         if fn in BREAKING:
             raise GraphBreak(BREAKING[fn], f"{fn.__name__}()")
         if is_collective(fn):
@@ -203,6 +196,8 @@ class GradModeContext(Value):
     def reconstruct(self, writer) -> str:
         if not self.entered():  # made but not yet entered (`ctx = torch.no_grad()` before a break): a new one
             return f"{writer.constant(self.python_type())}()"
+        if writer.reentries:  # inside a block entered again: so is this one, after it (see `Reentry`)
+            return writer.reentry(Reentry(torch.set_grad_enabled, (self.enabled,), {}), self.prev)
         return writer.grad_mode_exit(self.prev)
 
     def __repr__(self) -> str:
@@ -238,6 +233,7 @@ class GradModeFunction(CallableValue):
 class AutocastContext(Value):
     def __init__(self, device_type: str, dtype, enabled: bool, cache_enabled):
         self.args = (device_type, dtype, enabled, cache_enabled)
+        self.grad_outside: bool | None = None  # grad mode where the block was entered
         self.node = None
         self.real = None
 
@@ -245,14 +241,80 @@ class AutocastContext(Value):
         return torch.autocast
 
     def enter(self, state) -> Value:
+        self.grad_outside = state.grad_enabled
         state.enter_autocast(self)
         return ConstantValue(None)
 
     def exit(self, state) -> None:
         state.exit_autocast(self)
 
+    def reentry(self) -> Reentry:
+        device, dtype, enabled, cache_enabled = self.args
+        return Reentry(torch.autocast, (device,), {"dtype": dtype, "enabled": enabled, "cache_enabled": cache_enabled})
+
     def reconstruct(self, writer) -> str:
-        raise GraphBreak("unknown_context", "a graph break inside an autocast block")
+        if self.real is None:  # made but not entered: kiln rebuilds only a block it is inside
+            raise GraphBreak("unknown_context", "an autocast object used outside its `with` block")
+        return writer.reentry(self.reentry(), self.grad_outside)
+
+
+class InferenceModeContext(GradModeContext):
+    """`torch.inference_mode()`: inside the graph, a block without gradients (as `no_grad`).
+
+    Tensors it makes are ordinary tensors in the graph; `torch.is_inference_mode_enabled()` answers
+    True inside it. A break inside the block runs the breaking instruction in the real inference mode.
+    """
+
+    def __init__(self):
+        super().__init__(False)
+
+    def python_type(self) -> type:
+        return torch.inference_mode
+
+    def enter(self, state) -> Value:
+        state.inference_mode += 1
+        return super().enter(state)
+
+    def exit(self, state) -> None:
+        state.inference_mode -= 1
+        super().exit(state)
+
+    def reentry(self) -> Reentry:
+        return Reentry(torch.inference_mode, (True,), {})
+
+    def reconstruct(self, writer) -> str:
+        if not self.entered():
+            return f"{writer.constant(torch.inference_mode)}()"
+        return writer.reentry(self.reentry(), self.prev)
+
+
+class Reentry:
+    """A `with` block of a manager kiln traces into the graph (autocast, inference mode), live at a break.
+
+    The output program runs the breaking instruction inside the real manager (`manager()`), and passes this
+    object on the stack, where the block's `__exit__` was: the continuation enters the block again at its
+    start (`kiln.capture.entry`), so its graph holds the rest of the block, and the block ends where the
+    user's code ends it.
+    """
+
+    def __init__(self, factory: Callable, args: tuple, kwargs: dict):
+        self.factory, self.args, self.kwargs = factory, args, kwargs
+
+    def key(self) -> tuple:
+        return (self.factory, self.args, tuple(sorted(self.kwargs.items())))
+
+    def manager(self):
+        return self.factory(*self.args, **self.kwargs)
+
+    def enter(self, state) -> Value:
+        """The block entered again in a continuation's capture: the `__exit__` the stack holds."""
+        args = [ConstantValue(a) for a in self.args]
+        ctx = CONTEXTS[self.factory](state, args, {k: ConstantValue(v) for k, v in self.kwargs.items()})
+        ctx.enter(state)
+        return ExitValue(ctx)
+
+    def __repr__(self) -> str:
+        return f"Reentry({getattr(self.factory, '__name__', self.factory)}, {self.args}, {self.kwargs})"
 
 
 class ExitValue(Value):
@@ -284,6 +346,15 @@ def _set_grad_enabled(state, args, kwargs):
     return GradModeContext(bool(enabled), applied_on_creation=True, prev=prev)
 
 
+def _inference_mode(state, args, kwargs):
+    mode = (args[0] if args else kwargs.get("mode", ConstantValue(True))).as_constant()
+    if mode:
+        return InferenceModeContext()
+    if state.inference_mode:
+        raise GraphBreak("unknown_context", "torch.inference_mode(False) inside an inference-mode block")
+    return GradModeContext(state.grad_enabled)  # outside inference mode, inference_mode(False) changes nothing
+
+
 def _autocast(default_device: str | None):
     def make(state, args, kwargs):
         values = [a.as_constant() for a in args]
@@ -301,6 +372,7 @@ CONTEXTS: dict[Any, Callable] = {
     torch.no_grad: _no_grad,
     torch.enable_grad: _enable_grad,
     torch.set_grad_enabled: _set_grad_enabled,
+    torch.inference_mode: _inference_mode,
     torch.autocast: _autocast(None),
     torch.amp.autocast: _autocast(None),
     torch.cpu.amp.autocast: _autocast("cpu"),

@@ -91,7 +91,13 @@ class Frame:
                 except Return as r:
                     return r.value
                 except TracedException as e:
+                    if self.is_root and e.value.raised_at is None:
+                        e.value.raised_at = ins
                     if not self.unwind(e):  # no `try` here catches it: on to the caller's frame
+                        if self.is_root:
+                            # it leaves the frame: the break is where it was raised, and the blocks it passed
+                            # through (a `with`'s exit, re-raising) run natively in the output program
+                            self.current = e.value.raised_at
                         e.add_frame(self.location())
                         raise
                 except GraphBreak as e:

@@ -24,6 +24,7 @@ class ExceptionValue(Value):
 
     def __init__(self, cls: type, args: list[Value]):
         self.cls, self.args = cls, list(args)
+        self.raised_at = None  # the root frame's instruction that raised it (a graph break goes there)
 
     def python_type(self) -> type:
         return self.cls

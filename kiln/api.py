@@ -14,6 +14,8 @@ from torch import nn
 from kiln import fallbacks
 from kiln.backends import resolve_backend
 from kiln.capture.entry import CompileContext
+from kiln.capture.hooked_call import call_module_with_hooks
+from kiln.capture.values.modules import any_global_hooks
 from kiln.config import describe_options
 
 _contexts: weakref.WeakSet[CompileContext] = weakref.WeakSet()
@@ -105,6 +107,13 @@ def _check_flag(name: str, value: Any) -> None:
 
 
 def _compile_callable(fn: Callable, ctx: CompileContext) -> Callable:
+    if isinstance(fn, functools.partial):
+        # the wrapped function compiles; the bound arguments are passed on each call, so a tensor among them
+        # is a graph input like any argument (torch.compile accepts partials the same way)
+        inner = OptimizedModule(fn.func, ctx) if isinstance(fn.func, nn.Module) else _compile_callable(fn.func, ctx)
+        bound = functools.partial(inner, *fn.args, **fn.keywords)
+        bound._kiln_context = ctx
+        return bound
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         compiled = ctx.function(fn.__func__)
         bound = functools.partial(compiled, fn.__self__)
@@ -126,7 +135,9 @@ class OptimizedModule(nn.Module):
         self._orig_mod = mod
         self._kiln_context = ctx
         forward = type(mod).forward
-        self._compiled_forward = ctx.function(forward) if isinstance(forward, types.FunctionType) else None
+        plain = isinstance(forward, types.FunctionType)
+        self._compiled_forward = ctx.function(forward) if plain else None
+        self._compiled_hooked_call = ctx.function(call_module_with_hooks) if plain else None
 
     def __getattr__(self, name: str):
         if name == "_orig_mod":
@@ -134,7 +145,7 @@ class OptimizedModule(nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value):
-        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward")
+        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward", "_compiled_hooked_call")
                 or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
@@ -144,8 +155,10 @@ class OptimizedModule(nn.Module):
 
     def __call__(self, *args, **kwargs):
         mod = self._kiln_mod
-        if self._compiled_forward is None or mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks:
-            return mod(*args, **kwargs)
+        if self._compiled_forward is None or mod._backward_hooks or mod._backward_pre_hooks or any_global_hooks():
+            return mod(*args, **kwargs)  # backward and global hooks: torch's own __call__ runs them
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            return self._compiled_hooked_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
 
     def forward(self, *args, **kwargs):

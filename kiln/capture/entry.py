@@ -29,6 +29,7 @@ from kiln.capture import bytecode, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
+from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
@@ -37,6 +38,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln.capture.values.modules import any_global_hooks
 from kiln.config import config
 from kiln.runtime.compile_lock import build_once, compile_lock
 
@@ -571,9 +573,12 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return fn(*args, **kwargs)
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
-    if (isinstance(fn, torch.nn.Module) and not _has_hooks(fn)
-            and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward))):
-        return ctx.function(type(fn).forward)(fn, *args, **kwargs)
+    if (isinstance(fn, torch.nn.Module) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward))
+            and not any_global_hooks()):
+        if not _has_hooks(fn):
+            return ctx.function(type(fn).forward)(fn, *args, **kwargs)
+        if has_only_forward_hooks(fn):  # the hooks compiled with the forward, as when it was captured whole
+            return ctx.function(call_module_with_hooks)(fn, *args, **kwargs)
     if _compilable(fn):
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
@@ -591,4 +596,4 @@ def _compilable(fn: Any) -> bool:
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks)
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)

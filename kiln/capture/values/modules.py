@@ -26,7 +26,7 @@ from kiln.capture.values.exceptions import raise_python
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
-def _global_hooks() -> bool:
+def any_global_hooks() -> bool:
     """Whether any global module hook is registered (called by guards on every call: keep it cheap)."""
     m = _module_module
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
@@ -69,7 +69,7 @@ class ModuleValue(Value):
     # --- calls --------------------------------------------------------------------------------
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         m = self.module
-        if m._backward_hooks or m._backward_pre_hooks or _global_hooks():
+        if m._backward_hooks or m._backward_pre_hooks or any_global_hooks():
             raise GraphBreak("hooks", f"{type(m).__name__} has backward or global hooks registered")
         expr = state.source_expr(self.source)
         if m._forward_hooks or m._forward_pre_hooks:
@@ -82,7 +82,7 @@ class ModuleValue(Value):
                                f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks or {expr}._backward_hooks "
                                f"or {expr}._backward_pre_hooks)", "no hooks",
                                f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
-        state.guards.namespace["___global_hooks"] = _global_hooks  # a global hook registered later must run
+        state.guards.namespace["___global_hooks"] = any_global_hooks  # a global hook registered later must run
         state.guards.add(Guard(GuardKind.NO_HOOKS, None, "not ___global_hooks()", "no global module hooks",
                                "___global_hooks()"))
         forward = self.getattr(state, "forward")

@@ -21,6 +21,7 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
+from kiln.capture.values.autograd_function import FunctionApplyValue, is_function_apply
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import (
     class_attribute,
@@ -86,6 +87,8 @@ class ClassValue(Value):
                     return UnboundSlotValue(klass, name)
                 if isinstance(attr, classmethod):
                     guard_class_entry(state, self.cls, name, attr, self.source)
+                    if is_function_apply(self.cls, attr):
+                        return FunctionApplyValue(self.cls, self)
                     return MethodValue(self, function_value(state, attr.__func__))
                 if isinstance(attr, (staticmethod, types.FunctionType, property)) or (
                         hasattr(type(attr), "__get__") and not isinstance(attr, type)):

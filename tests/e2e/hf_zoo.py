@@ -164,13 +164,19 @@ def compile_with(compiler: str, model, backend, fullgraph: bool):
 
 def count_graphs(compiler: str, name: str, mode: str, result: CaseResult, expected) -> None:
     """fullgraph=True, then (if it raised) fullgraph=False: whether one graph is possible, and how many graphs."""
+    from kiln import fallbacks
+
     for fullgraph in (True, False):
         model = build(name, mode)
         counter = CountingBackend()
         compiled = compile_with(compiler, model, counter, fullgraph)
         kwargs = inputs(name, model, mode)
+        before = len(fallbacks.records())
         try:
             actual = step(compiled, model, kwargs, mode)
+            eager_frames = [f for f in fallbacks.records()[before:] if f.kind == "frame"] if compiler == "kiln" else []
+            if fullgraph and eager_frames:  # a frame kiln ran eagerly is not one graph
+                raise RuntimeError(f"a frame ran eagerly: {eager_frames[0].describe()}")
         except Exception as exc:  # noqa: BLE001 (any failure is the result being measured)
             result.errors[f"{compiler}_fullgraph" if fullgraph else f"{compiler}_capture"] = first_line(exc)
             if fullgraph:
@@ -196,6 +202,9 @@ def run_capture(name: str, mode: str, result: CaseResult, expected) -> None:
     fallbacks.reset()
     count_graphs("kiln", name, mode, result, expected)
     result.kiln_fallbacks = {k: v for k, v in fallbacks.counts().items() if v}
+    causes = [f"{f.kind}: {f.cause}" for f in fallbacks.records()]
+    if causes:
+        result.errors["kiln_fallbacks"] = causes[0][:300]
 
 
 def run_default(name: str, mode: str, result: CaseResult, expected) -> None:

@@ -541,3 +541,6 @@ def _torch_assert(state, condition, message=None):
         return ConstantValue(None)
     raise GraphBreak("data_dependent_branch", "torch._assert on a tensor")
 
+
+
+from kiln.capture.values import copies  # noqa: E402, F401  (registers copy.copy and copy.deepcopy)

@@ -440,6 +440,18 @@ class NewObjectValue(Value):
         return self.cls
 
     def getattr(self, state, name: str) -> Value:
+        hook = python_override(self.cls, object, "__getattribute__")
+        if hook is not None:  # as for existing objects (a config's attribute aliases)
+            return function_value(state, hook).call(state, [self, ConstantValue(name)], {})
+        return self.generic_getattr(state, name)
+
+    def generic_getattr(self, state, name: str) -> Value:
+        if name == "__dict__" and _class_lookup(self.cls, "__dict__") is not None:
+            view = DictValue({})
+            view.items = self.attrs  # the instance dict itself: writes through it are attribute writes
+            return view
+        if name == "__class__":
+            return ClassValue(self.cls)
         if name in self.attrs and not _is_data_descriptor(_class_lookup(self.cls, name)):
             return self.attrs[name]
         try:
@@ -479,7 +491,7 @@ class NewObjectValue(Value):
             self.generic_setattr(state, args[0].as_constant(), args[1])
             return ConstantValue(None)
         if name == "__getattribute__":
-            return self.getattr(state, args[0].as_constant())
+            return self.generic_getattr(state, args[0].as_constant())
         raise GraphBreak("unsupported_call", f"object.{name} on a {self.cls.__name__}")
 
     def call(self, state, args, kwargs):
@@ -657,6 +669,10 @@ class SuperValue(Value):
                     return BoundMethodValue(self.self_value.realize(), name)
                 break
         raise GraphBreak("unsupported_object", f"super().{name}")
+
+    def reconstruct(self, writer) -> str:
+        """Alive at a break (`super().__init__(f(x))` breaking in `f`): the same proxy, built natively."""
+        return f"{writer.constant(super)}({writer.constant(self.cls)}, {writer.value(self.self_value)})"
 
 
 def _noop(*args, **kwargs):

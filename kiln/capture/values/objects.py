@@ -654,13 +654,28 @@ class SuperValue(Value):
     def __init__(self, cls: type, self_value: Value):
         self.cls, self.self_value = cls, self_value
 
+    def _mro(self) -> tuple:
+        """The MRO the lookup walks: the instance's class's, or the class's own in a classmethod (`super()`
+        with a class as its second argument, as in `Function.apply` or `__init_subclass__`)."""
+        bound = self.self_value.realize()
+        mro = bound.cls.__mro__ if isinstance(bound, ClassValue) else bound.python_type().__mro__
+        if self.cls not in mro:
+            raise GraphBreak("unsupported_object", f"super({self.cls.__name__}, ...) of an object outside its MRO")
+        return mro
+
     def getattr(self, state, name: str) -> Value:
-        mro = self.self_value.python_type().__mro__
+        mro = self._mro()
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if isinstance(attr, types.FunctionType):
                     return MethodValue(self.self_value, function_value(state, attr))
+                if isinstance(attr, classmethod) and isinstance(attr.__func__, types.FunctionType):
+                    bound = self.self_value.realize()
+                    owner = bound if isinstance(bound, ClassValue) else ClassValue(bound.python_type())
+                    return MethodValue(owner, function_value(state, attr.__func__))
+                if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+                    return function_value(state, attr.__func__)
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinValue(_noop)
                 if klass in (dict, list, tuple, set, object) and hasattr(self.self_value.realize(), "call_method"):

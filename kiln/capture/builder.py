@@ -23,7 +23,7 @@ from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
-from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.containers import ListValue, TupleValue, python_override
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.environ import EnvironValue
@@ -82,8 +82,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
             keys_expr = repr(keys) if all(is_literal(k) for k in keys) else state.guards.constant(keys, "keys")
             state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys_expr}", repr(keys),
                                    f"list({expr}.keys())"))
-            value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
-                              source, type(obj))
+            stored = python_override(type(obj), dict, "__getitem__") is not None
+            value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k), stored))
+                               for k, v in dict.items(obj)}, source, type(obj))
             if isinstance(obj, collections.defaultdict):
                 value.default_factory = wrap_lazy(state, obj.default_factory, AttrSource(source, "default_factory"))
             return _remember(state, obj, source, value)

@@ -9,6 +9,7 @@ unknown C object): every operation on it is a graph break.
 """
 from __future__ import annotations
 
+import collections
 import collections.abc
 import dataclasses
 import enum
@@ -392,18 +393,18 @@ class InstanceDictValue(DictValue):
         self._sync(state)
         return super().pairs(state)
 
-    def getitem(self, state, key):
+    def dict_getitem(self, state, key):
         self._sync(state)
-        return super().getitem(state, key)
+        return super().dict_getitem(state, key)
 
-    def setitem(self, state, key, value):
+    def dict_setitem(self, state, key, value):
         self._sync(state)
-        super().setitem(state, key, value)
+        super().dict_setitem(state, key, value)
         state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), value)
 
-    def delitem(self, state, key):
+    def dict_delitem(self, state, key):
         self._sync(state)
-        super().delitem(state, key)
+        super().dict_delitem(state, key)
         state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), None)
 
 
@@ -678,7 +679,7 @@ class SuperValue(Value):
                     return function_value(state, attr.__func__)
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinValue(_noop)
-                if klass in (dict, list, tuple, set, object) and hasattr(self.self_value.realize(), "call_method"):
+                if klass in _MODELLED_BASES and hasattr(self.self_value.realize(), "call_method"):
                     # super().get(...) in a dict subclass: the builtin behaviour the container tracker models
 
                     return BoundMethodValue(self.self_value.realize(), name)
@@ -688,6 +689,10 @@ class SuperValue(Value):
     def reconstruct(self, writer) -> str:
         """Alive at a break (`super().__init__(f(x))` breaking in `f`): the same proxy, built natively."""
         return f"{writer.constant(super)}({writer.constant(self.cls)}, {writer.value(self.self_value)})"
+
+
+# builtin containers whose methods the container trackers model, reached by super() from a subclass
+_MODELLED_BASES = (dict, list, tuple, set, object, collections.OrderedDict, collections.defaultdict)
 
 
 def _noop(*args, **kwargs):

@@ -40,6 +40,11 @@ def wrap_lazy(state, obj: Any, source: Source) -> Value:
     return LazyValue(state, obj, source)
 
 
+def is_cached_function(obj: Any) -> bool:
+    """A Python function wrapped by functools.lru_cache or functools.cache."""
+    return isinstance(obj, functools._lru_cache_wrapper) and isinstance(obj.__wrapped__, types.FunctionType)
+
+
 def wrap(state, obj: Any, source: Source) -> Value:
     if state.opaque_inputs:
         return UnguardedValue(source)
@@ -94,6 +99,11 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, types.FunctionType):
         _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
+    if is_cached_function(obj):
+        # functools.lru_cache/cache: the wrapped function is traced and the cache skipped (as torch.compile
+        # does); a cached call returns what a fresh one computes for the pure functions such caches wrap
+        guard_identity(state, obj, source, expr)
+        return wrap(state, obj.__wrapped__, AttrSource(source, "__wrapped__"))
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)

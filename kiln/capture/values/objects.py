@@ -142,6 +142,12 @@ class ClassValue(Value):
         return f"Class({self.cls.__qualname__})"
 
 
+# Libraries whose parameterless modules may be built once at capture time: their constructors only configure
+# the new module (no effects elsewhere that would run once per compile instead of once per call).
+# transformers' activation table (`ACT2FN[name]`) constructs one in many forwards.
+STATELESS_MODULE_LIBRARIES = ("torch.nn.", "transformers.activations")
+
+
 def stateless_module(state, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """`CrossEntropyLoss()` in a forward: a torch.nn module without parameters or buffers.
 
@@ -150,7 +156,7 @@ def stateless_module(state, cls: type, args: list[Value], kwargs: dict[str, Valu
     only the constant configuration the arguments set. It cannot escape the graph: a
     shared instance would be observable where eager made a new one per call.
     """
-    if not cls.__module__.startswith("torch.nn."):
+    if not cls.__module__.startswith(STATELESS_MODULE_LIBRARIES):
         raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} inside the compiled region")
     rng = torch.get_rng_state()
     try:

@@ -27,7 +27,7 @@ from kiln.capture.values.containers import ListValue, TupleValue, python_overrid
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.environ import EnvironValue
-from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.functions import BuiltinValue, CachedFunctionValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PartialValue, PythonModuleValue
 from kiln.capture.values.tensor import TensorValue
@@ -99,11 +99,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, types.FunctionType):
         _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
-    if is_cached_function(obj):
-        # functools.lru_cache/cache: the wrapped function is traced and the cache skipped (as torch.compile
-        # does); a cached call returns what a fresh one computes for the pure functions such caches wrap
+    if is_cached_function(obj):  # functools.lru_cache / cache (values/functions.py)
         guard_identity(state, obj, source, expr)
-        return wrap(state, obj.__wrapped__, AttrSource(source, "__wrapped__"))
+        return CachedFunctionValue(obj, wrap(state, obj.__wrapped__, AttrSource(source, "__wrapped__")), source)
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
@@ -325,9 +323,20 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
 def guard_identity(state, obj: Any, source: Source, expr: str) -> None:
     """Capture relied on the object at `source` (read as `expr`) being `obj` itself."""
     name = state.guards.constant(obj, "obj")
-    label = getattr(obj, "__qualname__", None) or type(obj).__name__
+    label = _label(obj)
     state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {name}", f"the same object ({label})",
                            f"'a different object: ' + repr(type({expr}).__name__)"))
+
+
+def _label(obj: Any) -> str:
+    """A readable name for an identity guard: a class's or function's qualified name, else its type's name.
+    Read defensively: module-like objects answer any attribute (torch.classes makes a namespace of it, whose
+    repr raises RuntimeError)."""
+    try:
+        qualname = getattr(obj, "__qualname__", None)
+    except Exception:
+        qualname = None
+    return qualname if isinstance(qualname, str) else type(obj).__name__
 
 
 def _type(state, obj: Any, source: Source, expr: str) -> None:

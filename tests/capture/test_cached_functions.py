@@ -35,3 +35,16 @@ def test_cached_functions_are_traced_in_one_graph():
 def test_cache_still_works_eagerly_after_compiling():
     check(uses_cached_helpers, torch.randn(3))
     assert version_at_least.cache_info().currsize >= 1  # the eager calls filled the cache as usual
+
+
+@functools.lru_cache(maxsize=None)
+def scaled(x, factor):
+    return x * factor
+
+
+def cached_over_a_tensor(x):
+    return scaled(x, 3.0) + 1  # a tensor argument: the wrapped function is traced, the cache skipped
+
+
+def test_cached_function_of_a_tensor_is_traced():
+    check(cached_over_a_tensor, torch.randn(3), graphs=1, fullgraph=True)

@@ -100,7 +100,13 @@ class TorchFunctionValue(CallableValue):
         return trace_op(state, "call_function", fn, args, kwargs)
 
     def getattr(self, state, name: str) -> Value:
-        return wrap_torch_attr(getattr(self.fn, name))
+        attr = getattr(self.fn, name)
+        if isinstance(self.fn, type) and issubclass(self.fn, torch.nn.Module) and isinstance(attr, types.FunctionType):
+            # `nn.LayerNorm.forward(self, x)` from a subclass: a Python method, inlined like the user's own
+            from kiln.capture.values.classes import function_value
+
+            return function_value(state, attr)
+        return wrap_torch_attr(attr)
 
     def reconstruct(self, writer) -> str:
         return writer.constant(self.fn)

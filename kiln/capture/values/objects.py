@@ -718,6 +718,8 @@ class OpaqueValue(Value):
         raise GraphBreak(_reason(self.obj), f"attribute {name!r} of a {type(self.obj).__name__}")
 
     def call(self, state, args, kwargs):
+        if _reason(self.obj) == "numpy" and _plain_numbers(args, kwargs):
+            return _fold_numpy(self.obj, args, kwargs)
         raise GraphBreak(_reason(self.obj), f"calling a {type(self.obj).__name__}")
 
     def unpack(self, state):
@@ -733,6 +735,24 @@ class OpaqueValue(Value):
 
     def __repr__(self):
         return f"Opaque({type(self.obj).__name__})"
+
+
+def _plain_numbers(args: list[Value], kwargs: dict[str, Value]) -> bool:
+    """All arguments are Python numbers known at capture time (`np.sqrt(self.d_model)` in CTRL's forward)."""
+    values = [v.realize() for v in [*args, *kwargs.values()]]
+    return bool(values) and all(v.is_constant() and type(v.as_constant()) in (int, float, bool) for v in values)
+
+
+def _fold_numpy(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A numpy function of Python numbers, computed at capture time. Its numpy scalar is kept as the Python
+    number it equals (what a tensor op does with either is the same; the graph's code can print it)."""
+    try:
+        result = fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()})
+    except Exception as e:
+        raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+    if not (type(result).__module__ == "numpy" and getattr(result, "shape", None) == ()):
+        raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)} returned a {type(result).__name__}")
+    return ConstantValue(result.item())
 
 
 def _reason(obj: Any) -> str:

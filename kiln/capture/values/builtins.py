@@ -62,7 +62,13 @@ def handles(*fns):
 
 def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if fn in HANDLERS:
-        return HANDLERS[fn](state, *args, **kwargs)
+        try:
+            return HANDLERS[fn](state, *args, **kwargs)
+        except TypeError as e:
+            if e.__traceback__.tb_next is None:  # the arguments did not bind to the handler: a form it does not
+                # model (type(name, bases, ns), iter(f, sentinel)) or one eager rejects: the call runs natively
+                raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
+            raise
     if getattr(fn, "__module__", None) in ("math", "cmath") or fn in vars(operator).values():
         if getattr(fn, "__module__", None) == "_operator" or fn in vars(operator).values():
             return apply_operator(state, fn, args)

@@ -4,6 +4,8 @@ the capture crashing on the handler's own signature.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from support.capture import check
@@ -38,3 +40,15 @@ def test_three_argument_type():
 
 def test_iter_with_a_sentinel():
     check(iter_with_a_sentinel, torch.randn(3))
+
+
+def equality_of_c_objects(x):
+    key = functools.cmp_to_key(lambda a, b: (a > b) - (a < b))
+    x = x + 1
+    same = key(3) == key(3)  # KeyWrapper's own __eq__, not identity
+    bound = x.add == x.add  # bound methods compare by self and function
+    return x, same, bound, key(3) != key(4)
+
+
+def test_equality_of_objects_with_their_own_c_eq_is_eagers():
+    check(equality_of_c_objects, torch.randn(3))

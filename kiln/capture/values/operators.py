@@ -132,11 +132,17 @@ def _dunder(state, fn: Callable, args: list[Value]) -> Value:
             method = getattr(value.python_type(), name, None)
             if method is not None and hasattr(method, "__code__"):
                 return value.getattr(state, name).call(state, list(other), {})
-    if fn is operator.eq:
-        return ConstantValue(identical(state, args[0], args[1]))
-    if fn is operator.ne:
-        return ConstantValue(not identical(state, args[0], args[1]))
+    # objects whose equality is object's own compare by identity; a C type's own __eq__ (functools'
+    # KeyWrapper, Decimal) decides for itself, and kiln cannot answer for it
+    if fn in (operator.eq, operator.ne) and all(_identity_equality(a.python_type()) for a in args):
+        same = identical(state, args[0], args[1])
+        return ConstantValue(same if fn is operator.eq else not same)
     raise GraphBreak("unsupported_object", f"operator {fn.__name__} on {', '.join(map(repr, args))}")
+
+
+def _identity_equality(cls: type) -> bool:
+    """Whether `==` and `!=` between instances of `cls` and others fall back to identity (object's own)."""
+    return getattr(cls, "__eq__", None) is object.__eq__ and getattr(cls, "__ne__", None) is object.__ne__
 
 
 def identical(state, a: Value, b: Value) -> bool:

@@ -101,3 +101,19 @@ def test_setitem_and_delitem_overrides():
 
 def test_c_level_dict_methods_bypass_overrides():
     _same_as_eager(c_level_methods_bypass_overrides, lambda: (Doubling(), DoublingOrdered()))
+
+
+def counter_semantics(x, c, d):
+    # Counter's own == and != ignore zero counts; its repr names the class
+    return x + 1, c == d, c != d, repr(c)
+
+
+def test_dict_subclass_operators_and_repr_are_the_subclass_own():
+    from collections import Counter
+
+    x = torch.randn(2)
+    c, d = Counter(a=3, b=2, c=0), Counter(a=3, b=2)
+    expected = counter_semantics(x, c, d)
+    actual = kiln.compile(counter_semantics, backend="eager")(x, c, d)
+    torch.testing.assert_close(actual[0], expected[0])
+    assert actual[1:] == expected[1:] == (True, False, "Counter({'a': 3, 'b': 2, 'c': 0})")

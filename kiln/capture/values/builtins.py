@@ -49,6 +49,7 @@ from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.tensor import TensorValue
 
 HANDLERS: dict[Any, Callable] = {}
+_PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 
 def handles(*fns):
@@ -84,6 +85,9 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
 def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if any(isinstance(a.realize(), TensorValue) for a in args):
         raise GraphBreak("tensor_to_python", f"{getattr(fn, '__name__', fn)}() on a tensor")
+    if any(isinstance(a.realize(), DictValue) and a.realize().cls not in _PLAIN_DICTS for a in args):
+        # a dict subclass's constant is a plain dict: repr(Counter(...)) would lose what the class adds
+        raise GraphBreak("unsupported_call", f"{getattr(fn, '__name__', fn)}() of a dict subclass")
     try:
         return from_constant(fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}))
     except GraphBreak:

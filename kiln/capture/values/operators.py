@@ -14,7 +14,15 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, ListValue, SequenceValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.containers import (
+    IteratorValue,
+    ListValue,
+    SequenceValue,
+    SetValue,
+    TupleValue,
+    from_constant,
+    python_override,
+)
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -76,6 +84,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
         return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
     if isinstance(args[0], DictValue) and len(args) == 2:
+        name = {operator.ne: "__ne__"}.get(plain) or _DUNDERS.get(plain, (None,))[0]
+        if name and python_override(args[0].cls, dict, name) is not None:
+            # a dict subclass's own operator (Counter's == and != ignore zero counts)
+            return args[0].getattr(state, name).call(state, [args[1]], {})
         return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):

@@ -137,7 +137,7 @@ class OptimizedModule(nn.Module):
         forward = type(mod).forward
         plain = isinstance(forward, types.FunctionType)
         self._compiled_forward = ctx.function(forward) if plain else None
-        self._compiled_hooked_call = ctx.function(call_module_with_hooks) if plain else None
+        self._compiled_hooked_call = None  # made on the first call with forward hooks (_hooked_call)
 
     def __getattr__(self, name: str):
         if name == "_orig_mod":
@@ -158,6 +158,8 @@ class OptimizedModule(nn.Module):
         if self._compiled_forward is None or mod._backward_hooks or mod._backward_pre_hooks or any_global_hooks():
             return mod(*args, **kwargs)  # backward and global hooks: torch's own __call__ runs them
         if mod._forward_hooks or mod._forward_pre_hooks:
+            if self._compiled_hooked_call is None:
+                self._compiled_hooked_call = self._kiln_context.function(call_module_with_hooks)
             return self._compiled_hooked_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
 

@@ -22,6 +22,7 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
+from kiln.capture.values import copies
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue, ListValue, SetValue, SliceValue, TupleValue, from_constant
@@ -553,4 +554,4 @@ def _torch_assert(state, condition, message=None):
 
 
 
-from kiln.capture.values import copies  # noqa: E402, F401  (registers copy.copy and copy.deepcopy)
+HANDLERS.update(copies.HANDLERS)  # copy.copy and copy.deepcopy

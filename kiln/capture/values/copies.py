@@ -18,7 +18,6 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
-from kiln.capture.values.builtins import handles
 from kiln.capture.values.containers import ListValue, TupleValue
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.objects import NewObjectValue, ObjectValue
@@ -30,14 +29,12 @@ _COPY_PROTOCOL = ("__deepcopy__", "__copy__", "__reduce_ex__", "__reduce__", "__
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 
 
-@handles(copy.deepcopy)
 def _deepcopy(state, value: Value, memo: Value | None = None) -> Value:
     if memo is not None and not (memo.is_constant() and memo.as_constant() is None):
         raise GraphBreak("unsupported_call", "copy.deepcopy with a memo dict")
     return deep_copy(state, value, {})
 
 
-@handles(copy.copy)
 def _copy(state, value: Value) -> Value:
     value = value.realize()
     if _immutable(value):
@@ -102,3 +99,5 @@ def _default_protocol(cls: type) -> bool:
                for klass in cls.__mro__[:-1])
 
 
+# registered in values/builtins.py's HANDLERS
+HANDLERS = {copy.deepcopy: _deepcopy, copy.copy: _copy}

@@ -102,10 +102,7 @@ class TorchFunctionValue(CallableValue):
     def getattr(self, state, name: str) -> Value:
         attr = getattr(self.fn, name)
         if isinstance(self.fn, type) and issubclass(self.fn, torch.nn.Module) and isinstance(attr, types.FunctionType):
-            # `nn.LayerNorm.forward(self, x)` from a subclass: a Python method, inlined like the user's own
-            from kiln.capture.values.classes import function_value
-
-            return function_value(state, attr)
+            return state.wrap_unsourced(attr)  # `nn.LayerNorm.forward(self, x)` from a subclass: inlined
         return wrap_torch_attr(attr)
 
     def reconstruct(self, writer) -> str:

@@ -13,7 +13,8 @@ from torch import nn
 
 from kiln import compiled_autograd, fallbacks
 from kiln.backends import resolve_backend
-from kiln.capture.entry import CompileContext, call_with_compiled_forward, forward_replaced, has_hooks
+from kiln.capture.entry import CompileContext, call_module, forward_replaced, has_hooks
+from kiln.capture.hooked_call import call_module_with_hooks
 from kiln.config import describe_options
 from kiln.distributed import compiled_inner_module, split_at_ddp_buckets
 
@@ -115,6 +116,13 @@ def _check_flag(name: str, value: Any) -> None:
 
 
 def _compile_callable(fn: Callable, ctx: CompileContext) -> Callable:
+    if isinstance(fn, functools.partial):
+        # the wrapped function compiles; the bound arguments are passed on each call, so a tensor among them
+        # is a graph input like any argument (torch.compile accepts partials the same way)
+        inner = OptimizedModule(fn.func, ctx) if isinstance(fn.func, nn.Module) else _compile_callable(fn.func, ctx)
+        bound = functools.partial(inner, *fn.args, **fn.keywords)
+        bound._kiln_context = ctx
+        return bound
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         compiled = ctx.function(fn.__func__)
         bound = functools.partial(compiled, fn.__self__)
@@ -140,6 +148,7 @@ class OptimizedModule(nn.Module):
         self.__dict__["_kiln_inner"] = inner
         forward = type(mod if inner is None else inner).forward
         self._compiled_forward = ctx.function(forward) if isinstance(forward, types.FunctionType) else None
+        self._compiled_hooked_call = None  # made on the first call with forward hooks (_hooked_call)
 
     def __getattr__(self, name: str):
         if name == "_orig_mod":
@@ -149,7 +158,7 @@ class OptimizedModule(nn.Module):
     def __setattr__(self, name: str, value):
         # the wrapper's own attributes, and dunders such as `__class__` (fully_shard swaps the class of the
         # module it is given: this wrapper, not the module inside it)
-        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward", "_kiln_inner")
+        if (name in ("_orig_mod", "_kiln_context", "_compiled_forward", "_kiln_inner", "_compiled_hooked_call")
                 or name.startswith("__") or "_orig_mod" not in self.__dict__.get("_modules", {})):
             super().__setattr__(name, value)
             if name == "_orig_mod":  # in `_modules`, so reading `self._orig_mod` goes through __getattr__:
@@ -169,9 +178,13 @@ class OptimizedModule(nn.Module):
         if inner is not None:  # DDP's forward, natively, calls its inner module, whose forward is compiled
             with forward_replaced(inner, compiled):
                 return mod(*args, **kwargs)
-        if has_hooks(mod):  # the module's hooks run natively around its compiled forward
-            return call_with_compiled_forward(mod, compiled, args, kwargs)
-        return compiled(mod, *args, **kwargs)
+        return call_module(mod, compiled, self._hooked_call, args, kwargs)
+
+    def _hooked_call(self):
+        """The module's call with its forward hooks, compiled once (kiln.capture.hooked_call)."""
+        if self._compiled_hooked_call is None:
+            self._compiled_hooked_call = self._kiln_context.function(call_module_with_hooks)
+        return self._compiled_hooked_call
 
     def state_dict(self, *args, **kwargs):
         return self._orig_mod.state_dict(*args, **kwargs)

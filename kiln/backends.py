@@ -51,10 +51,12 @@ def list_backends() -> list[str]:
 
 def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Backend:
     """Turn `backend`, `mode` and `options` into a callable with the backend contract."""
+    if mode == "default":  # torch.compile drops mode="default" for every backend: it names no options
+        mode = None
     if callable(backend) and not isinstance(backend, str):
-        if mode is not None or options is not None:
-            raise ValueError("kiln.compile: mode and options apply to kiln's own backends, not to a user callable")
-        return backend
+        if mode is None and not options:
+            return backend
+        return _CallableWithOptions(backend, mode, options)
     if not isinstance(backend, str):
         raise TypeError(f"kiln.compile: backend must be a str or a callable, got {type(backend).__name__}")
     if backend not in _REGISTRY:
@@ -66,6 +68,22 @@ def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Bac
         return entry.fn
     resolved = validate_options(mode, options)
     return _BoundBackend(entry.fn, resolved, backend)
+
+
+class _CallableWithOptions:
+    """A user's backend given a mode or options: they are passed on as keyword arguments, as torch.compile
+    passes them (`backend(gm, example_inputs, mode=..., options=...)`); a backend that takes neither raises
+    TypeError on the first compile, as under torch.compile."""
+
+    def __init__(self, fn: Callable, mode: str | None, options: dict | None):
+        self.fn = fn
+        self.kwargs = {k: v for k, v in (("mode", mode), ("options", options)) if v}
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return self.fn(gm, example_inputs, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"{getattr(self.fn, '__name__', self.fn)!s}({self.kwargs})"
 
 
 class _BoundBackend:

@@ -27,11 +27,11 @@ from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
 from kiln.capture.values.constant import TORCH_DESCRIPTORS, ConstantValue, ScalarInputValue, is_literal
-from kiln.capture.values.containers import ListValue, TupleValue
+from kiln.capture.values.containers import ListValue, TupleValue, python_override
 from kiln.capture.values.deferred import LoggerValue, is_logger
 from kiln.capture.values.dicts import DictValue
 from kiln.capture.values.environ import EnvironValue
-from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.functions import BuiltinValue, CachedFunctionValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PartialValue, PythonModuleValue
 from kiln.capture.values.tensor import TensorValue
@@ -42,6 +42,11 @@ def wrap_lazy(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, (nn.Module, types.FunctionType, type, types.ModuleType)):
         return wrap(state, obj, source)  # cheap identity guards; realizing later gains nothing
     return LazyValue(state, obj, source)
+
+
+def is_cached_function(obj: Any) -> bool:
+    """A Python function wrapped by functools.lru_cache or functools.cache."""
+    return isinstance(obj, functools._lru_cache_wrapper) and isinstance(obj.__wrapped__, types.FunctionType)
 
 
 def wrap(state, obj: Any, source: Source) -> Value:
@@ -94,8 +99,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
             keys_expr = repr(keys) if all(is_literal(k) for k in keys) else state.guards.constant(keys, "keys")
             state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys_expr}", repr(keys),
                                    f"list({expr}.keys())"))
-            value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k))) for k, v in obj.items()},
-                              source, type(obj))
+            stored = python_override(type(obj), dict, "__getitem__") is not None
+            value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k), stored))
+                               for k, v in dict.items(obj)}, source, type(obj))
             if isinstance(obj, collections.defaultdict):
                 value.default_factory = wrap_lazy(state, obj.default_factory, AttrSource(source, "default_factory"))
             return _remember(state, obj, source, value)
@@ -105,6 +111,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, types.FunctionType):
         _function_guard(state, obj, source, expr)
         return FunctionValue.of(state, obj, source)
+    if is_cached_function(obj):  # functools.lru_cache / cache (values/functions.py)
+        guard_identity(state, obj, source, expr)
+        return CachedFunctionValue(obj, wrap(state, obj.__wrapped__, AttrSource(source, "__wrapped__")), source)
     if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
         self_value = wrap(state, obj.__self__, AttrSource(source, "__self__"))
         return MethodValue(self_value, wrap(state, obj.__func__, AttrSource(source, "__func__")), source)
@@ -355,9 +364,20 @@ def _function_guard(state, fn: types.FunctionType, source: Source, expr: str) ->
 def guard_identity(state, obj: Any, source: Source, expr: str) -> None:
     """Capture relied on the object at `source` (read as `expr`) being `obj` itself."""
     name = state.guards.constant(obj, "obj")
-    label = getattr(obj, "__qualname__", None) or type(obj).__name__
+    label = _label(obj)
     state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {name}", f"the same object ({label})",
                            f"'a different object: ' + repr(type({expr}).__name__)"))
+
+
+def _label(obj: Any) -> str:
+    """A readable name for an identity guard: a class's or function's qualified name, else its type's name.
+    Read defensively: module-like objects answer any attribute (torch.classes makes a namespace of it, whose
+    repr raises RuntimeError)."""
+    try:
+        qualname = getattr(obj, "__qualname__", None)
+    except Exception:
+        qualname = None
+    return qualname if isinstance(qualname, str) else type(obj).__name__
 
 
 def _type(state, obj: Any, source: Source, expr: str) -> None:

@@ -30,6 +30,7 @@ from kiln.capture import bytecode, routes, spellings, tensor_checks
 from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
+from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
@@ -38,6 +39,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
+from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, Reentry
 from kiln.config import Config, config
 from kiln.runtime.compile_lock import build_once, compile_lock
@@ -671,9 +673,8 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
     if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
     if isinstance(fn, torch.nn.Module) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
-        if has_hooks(fn):
-            return call_with_compiled_forward(fn, ctx.function(type(fn).forward), args, kwargs)
-        return ctx.function(type(fn).forward)(fn, *args, **kwargs)
+        return call_module(fn, ctx.function(type(fn).forward), lambda: ctx.function(call_module_with_hooks),
+                           args, kwargs)
     if _compilable(fn):
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
@@ -723,3 +724,15 @@ def call_with_compiled_forward(module: torch.nn.Module, compiled_forward: Callab
     """
     with forward_replaced(module, compiled_forward):
         return module(*args, **kwargs)
+
+
+def call_module(module: torch.nn.Module, compiled_forward: Callable, hooked_call: Callable[[], Callable],
+                args: tuple, kwargs: dict) -> Any:
+    """`module(*args, **kwargs)` with its forward compiled: alone when it has no hooks; with its forward hooks
+    compiled together with it (`hooked_call()`, kiln.capture.hooked_call), as torch.compile inlines them;
+    with backward or global hooks, or hooks kiln must not trace (FSDP2's), run natively around it."""
+    if not (has_hooks(module) or any_global_hooks()):
+        return compiled_forward(module, *args, **kwargs)
+    if has_only_forward_hooks(module) and not any_global_hooks() and not hooks_run_natively(module):
+        return hooked_call()(module, *args, **kwargs)
+    return call_with_compiled_forward(module, compiled_forward, args, kwargs)

@@ -7,6 +7,7 @@ replays them in program order after the graph has run.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,14 @@ class Effect:
             return f"setattr({target}, {self.key!r}, {writer.before_effects(self.value)})"
         if self.kind == "delattr":
             return f"delattr({target}, {self.key!r})"
+        base = _raw_store_base(self.target.python_type()) if self.kind in ("setitem", "delitem") else None
+        if self.kind == "setitem" and base is not None:
+            value = writer.before_effects(self.value)
+            return f"{writer.constant(base)}.__setitem__({target}, {writer.before_effects(self.key)}, {value})"
         if self.kind == "setitem":
             return f"{target}[{writer.before_effects(self.key)}] = {writer.before_effects(self.value)}"
+        if self.kind == "delitem" and base is not None:
+            return f"{writer.constant(base)}.__delitem__({target}, {writer.before_effects(self.key)})"
         if self.kind == "delitem":
             return f"del {target}[{writer.before_effects(self.key)}]"
         if self.kind == "replace":  # a list or dict mutated in place: write its final contents back
@@ -43,6 +50,21 @@ class Effect:
                 f"{k}={writer.before_effects(v)}" for k, v in self.value.items()]
             return f"{target}({', '.join(args)})"
         raise AssertionError(self.kind)
+
+
+def _raw_store_base(cls: type) -> type | None:
+    """For a dict subclass with its own `__setitem__`/`__delitem__`, the builtin class (dict, OrderedDict)
+    whose stores capture recorded: the override already ran during capture, so the replay repeats the
+    builtin stores it made, not the override. None for other targets."""
+    if not issubclass(cls, dict):
+        return None
+    builtin = next(klass for klass in cls.__mro__ if not klass.__flags__ & _HEAP_TYPE)
+    overrides = any(isinstance(klass.__dict__.get(name), types.FunctionType)
+                    for klass in cls.__mro__[:cls.__mro__.index(builtin)] for name in ("__setitem__", "__delitem__"))
+    return builtin if overrides else None
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 
 
 @dataclass

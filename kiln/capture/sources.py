@@ -71,12 +71,15 @@ class AttrSource(Source):
 class ItemSource(Source):
     base: Source
     key: object  # an int, str or other literal with a faithful repr
+    # the stored item of a dict subclass whose own __getitem__ computes something else (transformers' ACT2FN
+    # builds a module per lookup): read with dict's own lookup, as capture read it
+    stored: bool = False
 
     def expr(self) -> str:
         return self.expr_from(self.base.expr())
 
     def expr_from(self, base: str, fast: bool = True) -> str:
-        return f"{base}[{self.key!r}]"
+        return f"dict.__getitem__({base}, {self.key!r})" if self.stored else f"{base}[{self.key!r}]"
 
     def name(self) -> str:
         return f"{self.base.name()}_{self.key}"

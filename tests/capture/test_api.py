@@ -1,11 +1,15 @@
 """The public API: kiln.compile's forms and arguments, OptimizedModule, disable, backends."""
+import functools
+
 import pytest
 import torch
+import torch._dynamo
 import torch.nn as nn
 
 import kiln
 from kiln.api import context_of
-from support.capture import t
+from kiln.capture.entry import BackendCompilerFailed
+from support.capture import graph_count, t
 
 
 def double(x):
@@ -200,9 +204,63 @@ def test_register_and_list_backends():
     assert "capture_named_backend" in kiln.list_backends()
 
 
-def test_mode_and_options_rejected_for_user_callable():
-    with pytest.raises(ValueError, match="mode"):
-        kiln.compile(double, backend=lambda gm, ex: gm.forward, mode="default")
+def _backend_calls(compile_, **options):
+    """The keyword arguments each compiler passes a user's backend for `options` (torch.compile's contract)."""
+    seen = []
+
+    def backend(gm, example_inputs, **kwargs):
+        seen.append(kwargs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = t(3)
+    torch.testing.assert_close(compile_(double, backend=backend, **options)(x), x * 2)
+    return seen
+
+
+@pytest.mark.parametrize("options", [dict(mode="default"), dict(mode=None), dict(mode="max-autotune"),
+                                     dict(options={"some.flag": True})],
+                         ids=["default", "none", "max_autotune", "options"])
+def test_mode_and_options_with_a_callable_backend_as_torch_compile(options):
+    """mode="default" names no options and is dropped; any other mode, and options, reach the backend as
+    keyword arguments."""
+    assert _backend_calls(kiln.compile, **options) == _backend_calls(torch.compile, **options)
+
+
+def test_callable_backend_without_keyword_arguments_raises_for_a_mode():
+    """As under torch.compile, the backend's TypeError surfaces on the first call (wrapped, naming the backend)."""
+    compiled = kiln.compile(double, backend=lambda gm, ex: gm.forward, mode="max-autotune")
+    with pytest.raises(BackendCompilerFailed, match="mode"):
+        compiled(t(3))
+
+
+def scale_shift(x, scale, shift=0.0):
+    return x * scale + shift
+
+
+@pytest.mark.parametrize("bound", [
+    functools.partial(scale_shift, scale=3.0),
+    functools.partial(scale_shift, shift=1.0, scale=2.0),
+    functools.partial(functools.partial(scale_shift, scale=2.0), shift=-1.0),
+], ids=["keyword", "keywords", "nested"])
+def test_partial_objects_compile(bound):
+    compiled = kiln.compile(bound, backend="eager", fullgraph=True)
+    x = t(3)
+    torch.testing.assert_close(compiled(x), bound(x))
+    torch.testing.assert_close(compiled(x, shift=5.0), bound(x, shift=5.0))  # a call's keyword overrides a bound one
+    assert graph_count(context_of(compiled)) == 2  # fullgraph: one graph per call, the new constant recompiles
+
+
+def test_partial_with_a_bound_tensor_and_a_module():
+    weight = t(3)
+    compiled = kiln.compile(functools.partial(scale_shift, shift=weight), backend="eager", fullgraph=True)
+    x = t(3)
+    torch.testing.assert_close(compiled(x, 2.0), x * 2.0 + weight)
+    weight.add_(1.0)  # a tensor bound in the partial is an input: its new value is read
+    torch.testing.assert_close(compiled(x, 2.0), x * 2.0 + weight)
+    linear = torch.nn.Linear(3, 2)
+    compiled_module = kiln.compile(functools.partial(linear), backend="eager")
+    torch.testing.assert_close(compiled_module(x), linear(x))
 
 
 def test_config_cache_size_limit_default():

@@ -99,3 +99,14 @@ CASES = [
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_torch_module_matches_eager(make, args, graphs, train):
     check_module(make, *args(), train=train, atol=1e-4, graphs=graphs)
+
+
+class PermutedLayerNorm(nn.LayerNorm):
+    """SqueezeBERT's layer norm: the base class's forward called by name on channels-first input."""
+
+    def forward(self, x):
+        return nn.LayerNorm.forward(self, x.permute(0, 2, 1)).permute(0, 2, 1)
+
+
+def test_torch_module_method_called_through_its_class_is_inlined():
+    check_module(lambda: PermutedLayerNorm(4), torch.randn(2, 4, 3), graphs=1, fullgraph=True)

@@ -8,9 +8,9 @@ forward+backward whose parameter gradients must match eager's. Beyond GPT-2, BER
 and Llama with default (SDPA) and eager attention: padding masks, return_dict=False,
 a config written by forward, KV-cache decoding, dropout under one seed, the
 output-capturing hooks, the aot_eager backend, and a few more architectures.
-Known gaps (graph breaks, so fullgraph=True raises; fullgraph=False runs correctly):
+Known gap (a graph break, so fullgraph=True raises; fullgraph=False runs correctly):
 the first call with output_hidden_states/output_attentions installs hooks under a
-threading.Lock; T5 with use_cache=True deep-copies its config.
+threading.Lock. The whole zoo (every architecture, against torch.compile) is hf_zoo.py.
 """
 from __future__ import annotations
 
@@ -339,10 +339,13 @@ MORE_ARCHITECTURES = {
     "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_decoder_options())), _lm_with_labels),
     "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**_decoder_options(), head_dim=16)),
               _lm_with_labels),
-    # use_cache=False: with a cache, DynamicCache(config=...) deep-copies the config (a graph break)
     "t5_no_cache": (lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
         d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB, d_kv=16, decoder_start_token_id=0,
         pad_token_id=0, use_cache=False)), _lm_with_labels),
+    # with a cache, EncoderDecoderCache(config=...) deep-copies the config inside the graph
+    "t5_cache": (lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB, d_kv=16, decoder_start_token_id=0,
+        pad_token_id=0, use_cache=True)), lambda g: {"input_ids": ids(g), "decoder_input_ids": ids(g)}),
     "vit": (lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
         patch_size=8, num_labels=3, problem_type="single_label_classification")),

@@ -24,6 +24,7 @@ import torch
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
+from kiln.capture.values import copies
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import function_value
 from kiln.capture.values.constant import ConstantValue, is_literal
@@ -63,6 +64,7 @@ from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
+_PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 
 def handles(*fns):
@@ -76,7 +78,13 @@ def handles(*fns):
 
 def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if fn in HANDLERS:
-        return HANDLERS[fn](state, *args, **kwargs)
+        try:
+            return HANDLERS[fn](state, *args, **kwargs)
+        except TypeError as e:
+            if e.__traceback__.tb_next is None:  # the arguments did not bind to the handler: a form it does not
+                # model (type(name, bases, ns), iter(f, sentinel)) or one eager rejects: the call runs natively
+                raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
+            raise
     if getattr(fn, "__module__", None) in ("math", "cmath") or fn in vars(operator).values():
         if getattr(fn, "__module__", None) == "_operator" or fn in vars(operator).values():
             return apply_operator(state, fn, args)
@@ -92,6 +100,9 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
 def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if any(isinstance(a.realize(), TensorValue) for a in args):
         raise GraphBreak("tensor_to_python", f"{getattr(fn, '__name__', fn)}() on a tensor")
+    if any(isinstance(a.realize(), DictValue) and a.realize().cls not in _PLAIN_DICTS for a in args):
+        # a dict subclass's constant is a plain dict: repr(Counter(...)) would lose what the class adds
+        raise GraphBreak("unsupported_call", f"{getattr(fn, '__name__', fn)}() of a dict subclass")
     try:
         return from_constant(fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}))
     except GraphBreak:
@@ -660,3 +671,6 @@ def _torch_assert(state, condition, message=None):
         return ConstantValue(None)
     raise GraphBreak("data_dependent_branch", "torch._assert on a tensor")
 
+
+
+HANDLERS.update(copies.HANDLERS)  # copy.copy and copy.deepcopy

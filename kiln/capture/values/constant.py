@@ -35,7 +35,7 @@ def is_literal(obj: Any) -> bool:
     """True for values whose repr() rebuilds them (nested in tuples too)."""
     if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
         return all(is_literal(o) for o in obj)
-    if isinstance(obj, float):
+    if type(obj) is float:  # not a subclass (numpy's float64 prints as np.float64(...))
         return obj == obj and obj not in (float("inf"), float("-inf"))
     return type(obj) in LITERAL_TYPES
 

@@ -51,7 +51,24 @@ class DictValue(Value):
         return None if self.default_factory is None else self.default_factory.as_constant()
 
     # --- items -------------------------------------------------------------------------------------
+    # `d[k]`, `d[k] = v` and `del d[k]` run a dict subclass's own Python `__getitem__`, `__setitem__` or
+    # `__delitem__` (inlined; its `super()` calls reach the dict_* methods), else dict's behaviour.
     def getitem(self, state, key: Value) -> Value:
+        return self._subscript(state, "__getitem__", [key]) or self.dict_getitem(state, key)
+
+    def setitem(self, state, key: Value, value: Value) -> None:
+        if not self._subscript(state, "__setitem__", [key, value]):
+            self.dict_setitem(state, key, value)
+
+    def delitem(self, state, key: Value) -> None:
+        if not self._subscript(state, "__delitem__", [key]):
+            self.dict_delitem(state, key)
+
+    def _subscript(self, state, name: str, args: list[Value]) -> Value | None:
+        override = python_override(self.cls, dict, name) if self.cls is not dict else None
+        return None if override is None else function_value(state, override).call(state, [self, *args], {})
+
+    def dict_getitem(self, state, key: Value) -> Value:
         k = _key(state, key)
         if k in self.items:
             return self.items[k]
@@ -69,13 +86,13 @@ class DictValue(Value):
             return value
         raise raise_python(KeyError, k)
 
-    def setitem(self, state, key: Value, value: Value) -> None:
+    def dict_setitem(self, state, key: Value, value: Value) -> None:
         k = _key(state, key)
         self.items[k] = value
         if self.source is not None:
             state.side_effects.store_item(self, key, value)
 
-    def delitem(self, state, key: Value) -> None:
+    def dict_delitem(self, state, key: Value) -> None:
         k = _key(state, key)
         if k not in self.items:
             raise raise_python(KeyError, k)
@@ -209,7 +226,7 @@ _READS = {
     "items": lambda d, state: DictViewValue(d, "items"),
     "get": _get,
     "__contains__": lambda d, state, key: ConstantValue(_key(state, key) in dict(d.pairs(state))),
-    "__getitem__": lambda d, state, key: d.getitem(state, key),
+    "__getitem__": lambda d, state, key: d.dict_getitem(state, key),
     "__len__": lambda d, state: ConstantValue(d.length(state)),
     "copy": _copy,
     "__or__": lambda d, state, other: merged(state, d, other),
@@ -219,8 +236,10 @@ _READS = {
 # --- mutations -----------------------------------------------------------------------------------------------
 
 def _update(d, state, other=None, **kwargs):
+    # OrderedDict.update is MutableMapping's (it stores through `self[k] = v`); dict.update stores directly
+    store = d.setitem if issubclass(d.cls, collections.OrderedDict) else d.dict_setitem
     for key, value in (update_pairs(state, other) if other is not None else []) + list(kwargs.items()):
-        d.setitem(state, _key_value(key), value)
+        store(state, _key_value(key), value)
     return ConstantValue(None)
 
 
@@ -231,20 +250,20 @@ def _pop(d, state, key, *default):
             return default[0]
         raise raise_python(KeyError, k)
     value = d.items[k]
-    d.delitem(state, key)
+    d.dict_delitem(state, key)
     return value
 
 
 def _setdefault(d, state, key, default=None):
     k = _key(state, key)
     if k not in dict(d.pairs(state)):
-        d.setitem(state, key, default or ConstantValue(None))
+        d.dict_setitem(state, key, default or ConstantValue(None))
     return d.items[k]
 
 
 def _clear(d, state):
     for k, _ in d.pairs(state):
-        d.delitem(state, _key_value(k))
+        d.dict_delitem(state, _key_value(k))
     return ConstantValue(None)
 
 
@@ -253,7 +272,7 @@ def _popitem(d, state, last=None):
         raise raise_python(TypeError, "dict.popitem() takes no arguments")
     k = _first_or_last(d, state, True if last is None else bool(last.as_constant()))
     value = d.items[k]
-    d.delitem(state, _key_value(k))
+    d.dict_delitem(state, _key_value(k))
     return TupleValue([_key_value(k), value])
 
 
@@ -281,8 +300,8 @@ def _ior(d, state, other):
 
 _MUTATIONS = {
     "update": _update,
-    "__setitem__": lambda d, state, key, value: (d.setitem(state, key, value), ConstantValue(None))[1],
-    "__delitem__": lambda d, state, key: (d.delitem(state, key), ConstantValue(None))[1],
+    "__setitem__": lambda d, state, key, value: (d.dict_setitem(state, key, value), ConstantValue(None))[1],
+    "__delitem__": lambda d, state, key: (d.dict_delitem(state, key), ConstantValue(None))[1],
     "pop": _pop,
     "setdefault": _setdefault,
     "clear": _clear,

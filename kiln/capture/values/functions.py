@@ -208,3 +208,43 @@ class BuiltinValue(CallableValue):
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+_CACHEABLE_RESULTS = (type(None), bool, int, float, str, bytes)
+
+
+class CachedFunctionValue(CallableValue):
+    """A function wrapped by functools.lru_cache or functools.cache.
+
+    Called with constant arguments, it is called for real at capture time and its result, when an immutable
+    constant, folds into the capture: this is what the cache answers on every later call, and the wrapped
+    function runs at most once per arguments, as in eager (transformers' cached version checks read package
+    metadata that capture could not trace). Otherwise the wrapped function is traced and the cache skipped, as
+    torch.compile does.
+    """
+
+    def __init__(self, wrapper: Any, wrapped: Value, source=None):
+        self.obj, self.wrapped, self.source = wrapper, wrapped, source
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        values = [*args, *kwargs.values()]
+        if all(v.realize().is_constant() for v in values):
+            try:
+                result = self.obj(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception:  # noqa: BLE001  unhashable arguments, or it raised: traced below, raising eager's
+                pass
+            else:
+                if type(result) in _CACHEABLE_RESULTS:
+                    return ConstantValue(result)
+        return self.wrapped.call(state, args, kwargs)
+
+    def getattr(self, state, name: str) -> Value:
+        if name == "__wrapped__":
+            return self.wrapped
+        raise GraphBreak("unsupported_object", f"attribute {name!r} of an lru_cache wrapper")
+
+    def reconstruct(self, writer) -> str:
+        return writer.source_expr(self.source) if self.source is not None else writer.constant(self.obj)

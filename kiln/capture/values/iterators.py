@@ -19,19 +19,59 @@ from typing import Any
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, TupleValue
+from kiln.capture.values.containers import IteratorValue, ListValue, TupleValue
 from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class, raise_python
 from kiln.capture.values.functions import BoundMethodValue
 
 
 def iterator_of(state, value: Value) -> IteratorValue:
-    """`iter(value)`: an iterator is its own iterator (shares its position); anything else is unpacked."""
+    """`iter(value)`: an iterator is its own iterator (shares its position); a list is iterated live (see
+    ListIteratorValue); anything else is unpacked."""
     value = value.realize()
     if isinstance(value, IteratorValue):
         return value
     if hasattr(value, "iterator"):  # a user object: its own iterator, stepped lazily (values.objects)
         return value.iterator(state)
+    if isinstance(value, ListValue) and value.python_type() is list:
+        return ListIteratorValue(value)
     return IteratorValue(value.unpack(state))
+
+
+class ListIteratorValue(IteratorValue):
+    """`iter(a_list)`: Python's list iterator reads the list at each step, so items appended while iterating
+    are seen, and once it has said StopIteration it stays exhausted even if the list grows. The list's own
+    tracker is held (its writes are this iterator's items); rebuilt as an iterator over that same list,
+    advanced to the position reached."""
+
+    def __init__(self, source_list: ListValue):
+        super().__init__([])
+        self.items = source_list.items  # the list tracker's own item list: appends during capture show here
+        self.source_list, self.exhausted = source_list, False
+
+    def next(self) -> Value | None:
+        if self.exhausted or self.position >= len(self.items):
+            self.exhausted = True
+            return None
+        self.position += 1
+        return self.items[self.position - 1]
+
+    def unpack(self, state) -> list[Value]:
+        rest = [] if self.exhausted else self.items[self.position:]
+        self.position, self.exhausted = len(self.items), True
+        return rest
+
+    def reconstruct(self, writer) -> str:
+        if self.exhausted:
+            return "iter(())"
+        return f"{writer.constant(list_iterator_at)}({writer.value(self.source_list)}, {self.position})"
+
+
+def list_iterator_at(items: list, position: int):
+    """A list iterator over `items` that has already produced `position` items (at a graph break)."""
+    iterator = iter(items)
+    for _ in range(position):
+        next(iterator)
+    return iterator
 
 
 class LazyIteratorValue(IteratorValue):

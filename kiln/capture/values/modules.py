@@ -37,7 +37,12 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn
 _NATIVELY_HOOKED: tuple[type, ...] = () if FSDPModule is None else (FSDPModule,)
 
 
-def _global_hooks() -> bool:
+def hooks_run_natively(m) -> bool:
+    """Whether `m`'s hooks are ones kiln never inlines (FSDP2's): they run natively around its compiled forward."""
+    return isinstance(m, _NATIVELY_HOOKED)
+
+
+def any_global_hooks() -> bool:
     """Whether any global module hook is registered (called by guards on every call: keep it cheap)."""
     m = _module_module
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
@@ -82,7 +87,7 @@ class ModuleValue(Value):
         m = self.module
         if isinstance(m, _NATIVELY_HOOKED):
             raise GraphBreak("distributed_hooks", f"{type(m).__name__}: its fully_shard hooks run natively")
-        if m._backward_hooks or m._backward_pre_hooks or _global_hooks():
+        if m._backward_hooks or m._backward_pre_hooks or any_global_hooks():
             raise GraphBreak("hooks", f"{type(m).__name__} has backward or global hooks registered")
         expr = state.source_expr(self.source)
         if m._forward_hooks or m._forward_pre_hooks:
@@ -95,7 +100,7 @@ class ModuleValue(Value):
                                f"not ({expr}._forward_hooks or {expr}._forward_pre_hooks or {expr}._backward_hooks "
                                f"or {expr}._backward_pre_hooks)", "no hooks",
                                f"dict({expr}._forward_hooks, **{expr}._forward_pre_hooks)"))
-        state.guards.namespace["___global_hooks"] = _global_hooks  # a global hook registered later must run
+        state.guards.namespace["___global_hooks"] = any_global_hooks  # a global hook registered later must run
         state.guards.add(Guard(GuardKind.NO_HOOKS, None, "not ___global_hooks()", "no global module hooks",
                                "___global_hooks()"))
         forward = self.getattr(state, "forward")

@@ -9,6 +9,7 @@ unknown C object): every operation on it is a graph break.
 """
 from __future__ import annotations
 
+import collections
 import collections.abc
 import dataclasses
 import enum
@@ -21,6 +22,7 @@ import torch
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
+from kiln.capture.values.autograd_function import FunctionApplyValue, is_function_apply
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import (
     class_attribute,
@@ -91,6 +93,8 @@ class ClassValue(Value):
                     return UnboundSlotValue(klass, name)
                 if isinstance(attr, classmethod):
                     guard_class_entry(state, self.cls, name, attr, self.source)
+                    if is_function_apply(self.cls, attr):
+                        return FunctionApplyValue(self.cls, self)
                     return MethodValue(self, function_value(state, attr.__func__))
                 if isinstance(attr, (staticmethod, types.FunctionType, property)) or (
                         hasattr(type(attr), "__get__") and not isinstance(attr, type)):
@@ -147,6 +151,12 @@ class ClassValue(Value):
         return f"Class({self.cls.__qualname__})"
 
 
+# Libraries whose parameterless modules may be built once at capture time: their constructors only configure
+# the new module (no effects elsewhere that would run once per compile instead of once per call).
+# transformers' activation table (`ACT2FN[name]`) constructs one in many forwards.
+STATELESS_MODULE_LIBRARIES = ("torch.nn.", "transformers.activations")
+
+
 def stateless_module(state, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """`CrossEntropyLoss()` in a forward: a torch.nn module without parameters or buffers.
 
@@ -155,7 +165,7 @@ def stateless_module(state, cls: type, args: list[Value], kwargs: dict[str, Valu
     only the constant configuration the arguments set. It cannot escape the graph: a
     shared instance would be observable where eager made a new one per call.
     """
-    if not cls.__module__.startswith("torch.nn."):
+    if not cls.__module__.startswith(STATELESS_MODULE_LIBRARIES):
         raise GraphBreak("unsupported_call", f"constructing the module {cls.__name__} inside the compiled region")
     rng = torch.get_rng_state()
     try:
@@ -401,18 +411,18 @@ class InstanceDictValue(DictValue):
         self._sync(state)
         return super().pairs(state)
 
-    def getitem(self, state, key):
+    def dict_getitem(self, state, key):
         self._sync(state)
-        return super().getitem(state, key)
+        return super().dict_getitem(state, key)
 
-    def setitem(self, state, key, value):
+    def dict_setitem(self, state, key, value):
         self._sync(state)
-        super().setitem(state, key, value)
+        super().dict_setitem(state, key, value)
         state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), value)
 
-    def delitem(self, state, key):
+    def dict_delitem(self, state, key):
         self._sync(state)
-        super().delitem(state, key)
+        super().dict_delitem(state, key)
         state.side_effects.shadow_attr(self.owner.obj, key.as_constant(), None)
 
 
@@ -494,6 +504,18 @@ class NewObjectValue(Value):
         return new_object(self.cls, {k: v.as_constant() for k, v in self.attrs.items()})
 
     def getattr(self, state, name: str) -> Value:
+        hook = python_override(self.cls, object, "__getattribute__")
+        if hook is not None:  # as for existing objects (a config's attribute aliases)
+            return function_value(state, hook).call(state, [self, ConstantValue(name)], {})
+        return self.generic_getattr(state, name)
+
+    def generic_getattr(self, state, name: str) -> Value:
+        if name == "__dict__" and _class_lookup(self.cls, "__dict__") is not None:
+            view = DictValue({})
+            view.items = self.attrs  # the instance dict itself: writes through it are attribute writes
+            return view
+        if name == "__class__":
+            return ClassValue(self.cls)
         if name in self.attrs and not _is_data_descriptor(_class_lookup(self.cls, name)):
             return self.attrs[name]
         try:
@@ -533,7 +555,7 @@ class NewObjectValue(Value):
             self.generic_setattr(state, args[0].as_constant(), args[1])
             return ConstantValue(None)
         if name == "__getattribute__":
-            return self.getattr(state, args[0].as_constant())
+            return self.generic_getattr(state, args[0].as_constant())
         raise GraphBreak("unsupported_call", f"object.{name} on a {self.cls.__name__}")
 
     def call(self, state, args, kwargs):
@@ -699,21 +721,44 @@ class SuperValue(Value):
     def __init__(self, cls: type, self_value: Value):
         self.cls, self.self_value = cls, self_value
 
+    def _mro(self) -> tuple:
+        """The MRO the lookup walks: the instance's class's, or the class's own in a classmethod (`super()`
+        with a class as its second argument, as in `Function.apply` or `__init_subclass__`)."""
+        bound = self.self_value.realize()
+        mro = bound.cls.__mro__ if isinstance(bound, ClassValue) else bound.python_type().__mro__
+        if self.cls not in mro:
+            raise GraphBreak("unsupported_object", f"super({self.cls.__name__}, ...) of an object outside its MRO")
+        return mro
+
     def getattr(self, state, name: str) -> Value:
-        mro = self.self_value.python_type().__mro__
+        mro = self._mro()
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if isinstance(attr, types.FunctionType):
                     return MethodValue(self.self_value, function_value(state, attr))
+                if isinstance(attr, classmethod) and isinstance(attr.__func__, types.FunctionType):
+                    bound = self.self_value.realize()
+                    owner = bound if isinstance(bound, ClassValue) else ClassValue(bound.python_type())
+                    return MethodValue(owner, function_value(state, attr.__func__))
+                if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+                    return function_value(state, attr.__func__)
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinValue(_noop)
-                if klass in (dict, list, tuple, set, object) and hasattr(self.self_value.realize(), "call_method"):
+                if klass in _MODELLED_BASES and hasattr(self.self_value.realize(), "call_method"):
                     # super().get(...) in a dict subclass: the builtin behaviour the container tracker models
 
                     return BoundMethodValue(self.self_value.realize(), name)
                 break
         raise GraphBreak("unsupported_object", f"super().{name}")
+
+    def reconstruct(self, writer) -> str:
+        """Alive at a break (`super().__init__(f(x))` breaking in `f`): the same proxy, built natively."""
+        return f"{writer.constant(super)}({writer.constant(self.cls)}, {writer.value(self.self_value)})"
+
+
+# builtin containers whose methods the container trackers model, reached by super() from a subclass
+_MODELLED_BASES = (dict, list, tuple, set, object, collections.OrderedDict, collections.defaultdict)
 
 
 def _noop(*args, **kwargs):
@@ -733,6 +778,8 @@ class OpaqueValue(Value):
         raise GraphBreak(_reason(self.obj), f"attribute {name!r} of a {type(self.obj).__name__}")
 
     def call(self, state, args, kwargs):
+        if _reason(self.obj) == "numpy" and _plain_numbers(args, kwargs):
+            return _fold_numpy(self.obj, args, kwargs)
         raise GraphBreak(_reason(self.obj), f"calling a {type(self.obj).__name__}")
 
     def unpack(self, state):
@@ -748,6 +795,24 @@ class OpaqueValue(Value):
 
     def __repr__(self):
         return f"Opaque({type(self.obj).__name__})"
+
+
+def _plain_numbers(args: list[Value], kwargs: dict[str, Value]) -> bool:
+    """All arguments are Python numbers known at capture time (`np.sqrt(self.d_model)` in CTRL's forward)."""
+    values = [v.realize() for v in [*args, *kwargs.values()]]
+    return bool(values) and all(v.is_constant() and type(v.as_constant()) in (int, float, bool) for v in values)
+
+
+def _fold_numpy(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A numpy function of Python numbers, computed at capture time. Its numpy scalar is kept as the Python
+    number it equals (what a tensor op does with either is the same; the graph's code can print it)."""
+    try:
+        result = fn(*(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()})
+    except Exception as e:
+        raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+    if not (type(result).__module__ == "numpy" and getattr(result, "shape", None) == ()):
+        raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)} returned a {type(result).__name__}")
+    return ConstantValue(result.item())
 
 
 def _reason(obj: Any) -> str:

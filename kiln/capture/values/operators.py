@@ -14,7 +14,15 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
-from kiln.capture.values.containers import IteratorValue, ListValue, SequenceValue, SetValue, TupleValue, from_constant
+from kiln.capture.values.containers import (
+    IteratorValue,
+    ListValue,
+    SequenceValue,
+    SetValue,
+    TupleValue,
+    from_constant,
+    python_override,
+)
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -138,6 +146,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
         return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
     if isinstance(args[0], DictValue) and len(args) == 2:
+        name = {operator.ne: "__ne__"}.get(plain) or _DUNDERS.get(plain, (None,))[0]
+        if name and python_override(args[0].cls, dict, name) is not None:
+            # a dict subclass's own operator (Counter's == and != ignore zero counts)
+            return args[0].getattr(state, name).call(state, [args[1]], {})
         return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
@@ -196,11 +208,17 @@ def _dunder(state, fn: Callable, args: list[Value]) -> Value:
             method = getattr(value.python_type(), name, None)
             if method is not None and hasattr(method, "__code__"):
                 return value.getattr(state, name).call(state, list(other), {})
-    if fn is operator.eq:
-        return ConstantValue(identical(state, args[0], args[1]))
-    if fn is operator.ne:
-        return ConstantValue(not identical(state, args[0], args[1]))
+    # objects whose equality is object's own compare by identity; a C type's own __eq__ (functools'
+    # KeyWrapper, Decimal) decides for itself, and kiln cannot answer for it
+    if fn in (operator.eq, operator.ne) and all(_identity_equality(a.python_type()) for a in args):
+        same = identical(state, args[0], args[1])
+        return ConstantValue(same if fn is operator.eq else not same)
     raise GraphBreak("unsupported_object", f"operator {fn.__name__} on {', '.join(map(repr, args))}")
+
+
+def _identity_equality(cls: type) -> bool:
+    """Whether `==` and `!=` between instances of `cls` and others fall back to identity (object's own)."""
+    return getattr(cls, "__eq__", None) is object.__eq__ and getattr(cls, "__ne__", None) is object.__ne__
 
 
 def identical(state, a: Value, b: Value) -> bool:

@@ -98,7 +98,10 @@ class TorchFunctionValue(CallableValue):
         return trace_op(state, "call_function", fn, args, kwargs)
 
     def getattr(self, state, name: str) -> Value:
-        return wrap_torch_attr(getattr(self.fn, name))
+        attr = getattr(self.fn, name)
+        if isinstance(self.fn, type) and issubclass(self.fn, torch.nn.Module) and isinstance(attr, types.FunctionType):
+            return state.wrap_unsourced(attr)  # `nn.LayerNorm.forward(self, x)` from a subclass: inlined
+        return wrap_torch_attr(attr)
 
     def reconstruct(self, writer) -> str:
         return writer.constant(self.fn)

@@ -1,0 +1,119 @@
+"""A dict subclass's own `__getitem__`, `__setitem__` and `__delitem__` run under capture as in eager.
+
+transformers' activation table (`ACT2FN`) is an OrderedDict whose `__getitem__` builds a module from a
+stored (class, kwargs) pair; kiln used to answer `d[k]` with the stored item, so calling the result
+constructed the class with the activation's input (a wrong exception). C-level dict methods (dict.update,
+setdefault, pop) bypass the overrides, as in CPython; OrderedDict.update goes through `self[k] = v`.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+import kiln
+from support.capture import check
+
+
+class Instantiating(OrderedDict):
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+class Scaled:
+    def __init__(self, factor=1.0):
+        self.factor = factor
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+TABLE = Instantiating({"plain": Scaled, "double": (Scaled, {"factor": 2.0})})
+ACTIVATIONS = Instantiating({"silu": nn.SiLU, "gelu": (nn.GELU, {"approximate": "tanh"})})
+
+
+class Doubling(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value * 2)
+
+    def __delitem__(self, key):
+        super().__setitem__("deleted", key)
+        super().__delitem__(key)
+
+
+class DoublingOrdered(OrderedDict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value * 2)
+
+
+def instantiate_and_call(x):
+    return TABLE["plain"](x) + TABLE["double"](x)
+
+
+def instantiate_torch_modules(x):
+    return ACTIVATIONS["silu"](x) + ACTIVATIONS["gelu"](x)
+
+
+def store_and_delete_through_overrides(x, d):
+    d["a"] = x
+    d["b"] = 3
+    del d["b"]
+    return d["a"] + len(d["deleted"])
+
+
+def c_level_methods_bypass_overrides(x, d, o):
+    d.update({"a": x})  # dict.update stores directly
+    d.setdefault("b", x)
+    o.update({"c": x})  # MutableMapping.update: through __setitem__
+    return d["a"] + d["b"] + o["c"]
+
+
+def _same_as_eager(fn, make_containers):
+    """fn on fresh containers, eagerly and compiled (fullgraph): same result, same containers after."""
+    x = torch.randn(3)
+    eager_containers, compiled_containers = make_containers(), make_containers()
+    expected = fn(x, *eager_containers)
+    actual = kiln.compile(fn, backend="eager", fullgraph=True)(x, *compiled_containers)
+    torch.testing.assert_close(actual, expected)
+    for e, c in zip(eager_containers, compiled_containers):
+        assert type(e) is type(c) and list(e) == list(c)
+        for k in e:
+            if isinstance(e[k], torch.Tensor):
+                torch.testing.assert_close(c[k], e[k])
+            else:
+                assert c[k] == e[k], k
+
+
+def test_getitem_override_builds_objects():
+    check(instantiate_and_call, torch.randn(3), graphs=1, fullgraph=True)
+
+
+def test_getitem_override_building_torch_modules():
+    check(instantiate_torch_modules, torch.randn(3), graphs=1, fullgraph=True)
+
+
+def test_setitem_and_delitem_overrides():
+    _same_as_eager(store_and_delete_through_overrides, lambda: (Doubling(),))
+
+
+def test_c_level_dict_methods_bypass_overrides():
+    _same_as_eager(c_level_methods_bypass_overrides, lambda: (Doubling(), DoublingOrdered()))
+
+
+def counter_semantics(x, c, d):
+    # Counter's own == and != ignore zero counts; its repr names the class
+    return x + 1, c == d, c != d, repr(c)
+
+
+def test_dict_subclass_operators_and_repr_are_the_subclass_own():
+    from collections import Counter
+
+    x = torch.randn(2)
+    c, d = Counter(a=3, b=2, c=0), Counter(a=3, b=2)
+    expected = counter_semantics(x, c, d)
+    actual = kiln.compile(counter_semantics, backend="eager")(x, c, d)
+    torch.testing.assert_close(actual[0], expected[0])
+    assert actual[1:] == expected[1:] == (True, False, "Counter({'a': 3, 'b': 2, 'c': 0})")

@@ -139,6 +139,7 @@ class DDPBucketing:
     def __init__(self, backend: Backend):
         self.backend = backend
         self.__name__ = getattr(backend, "__name__", type(backend).__name__)
+        self.__wrapped__ = backend  # inspect.unwrap: what the user passed (a repro script names it)
 
     def __getattr__(self, name: str):
         return getattr(self.__dict__["backend"], name)

@@ -180,6 +180,7 @@ def test_replacing_a_hook_in_place_recompiles():
     torch.testing.assert_close(compiled(x), module(x))
 
 
+@pytest.mark.allows_fallback("graph_break: global module hooks are not inlined; each submodule call breaks")
 def test_global_hooks_still_run():
     torch.manual_seed(0)
     module = _hook(_linear(), HOOKS["forward"])

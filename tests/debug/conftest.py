@@ -13,7 +13,8 @@ ROOT = HERE.parent.parent
 
 
 def run_kiln(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # KILN_GRAPH_CACHE=0: a report shows every stage's time, which a compile served from the cache skips
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "KILN_GRAPH_CACHE": "0", **(env or {})}
     full_env.pop("KILN_DEBUG_DIR", None) if env is None or "KILN_DEBUG_DIR" not in env else None
     return subprocess.run([sys.executable, "-m", "kiln", "run", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)

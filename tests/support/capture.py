@@ -23,8 +23,10 @@ def fresh(value):
             new = torch.rand(value.shape) > 0.5
         elif value.dtype.is_floating_point or value.dtype.is_complex:
             new = torch.randn(value.shape, dtype=value.dtype)
+        elif value.numel():  # within the original's range: an index stays a valid index
+            new = torch.randint(int(value.min()), int(value.max()) + 1, value.shape, dtype=value.dtype)
         else:
-            new = torch.randint(0, 5, value.shape, dtype=value.dtype)
+            new = value.clone()
         return new.requires_grad_(value.requires_grad)
     if isinstance(value, list):
         return [fresh(v) for v in value]

@@ -11,6 +11,7 @@ the script (`<name>.pt`) and used instead.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import runpy
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ def backend_reference(backend: Any, registered: dict) -> tuple[str, str]:
     name; a backend no script can import (a lambda, a function of `__main__`) is left for the reader to fill in."""
     if isinstance(backend, str):
         return "", repr(backend)
+    backend = inspect.unwrap(backend)  # the user's backend inside kiln's wrappers (DDP's bucketing)
     name = next((key for key, fn in registered.items() if fn is backend), None)
     if name is not None and getattr(backend, "__module__", "").startswith("kiln."):  # kiln's own: known by name
         return "", repr(name)

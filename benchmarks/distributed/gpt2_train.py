@@ -182,8 +182,14 @@ def main(argv=None) -> int:
         torch.cuda.set_device(local_rank)
     device = torch.device(args.device, local_rank) if args.device == "cuda" else torch.device("cpu")
     base = build_model(args.size, device)
-    results = [run_one(args, base, parallel, compiler, device, rank)
-               for parallel in args.parallel for compiler in args.compilers]
+    results = []
+    for parallel in args.parallel:
+        for compiler in args.compilers:
+            results.append(run_one(args, base, parallel, compiler, device, rank))
+            if rank == 0:  # progress: a run cut short still shows which pairs finished, and how
+                done = results[-1]
+                print(f"{parallel} {compiler}: " + (done["error"][:200] if "error" in done else
+                      f"step {done['step_ms']:.1f} ms, first step {done['first_step_s']:.1f} s"), flush=True)
     compare_losses(results, args.loss_rtol)
     if rank == 0:
         machine = torch.cuda.get_device_name(device).replace(" ", "-") if args.device == "cuda" else "cpu"

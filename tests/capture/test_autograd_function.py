@@ -12,6 +12,7 @@ import torch._dynamo
 from torch.autograd.function import once_differentiable
 
 import kiln
+from support.capture import CountingBackend
 
 
 class Cube(torch.autograd.Function):
@@ -104,15 +105,6 @@ CASES = {
     "grad_inside": (grad_inside, 1),
     "value_reading_forward": (value_reading_forward, 1),
 }
-
-
-class CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 def _inputs(n):

@@ -14,7 +14,7 @@ import torch._dynamo
 
 import kiln
 from kiln.api import context_of
-from support.capture import graph_count
+from support.capture import CountingBackend, graph_count
 
 
 class Settings:
@@ -85,15 +85,6 @@ CASES = {
     "deep_aliased": (deep_aliased, lambda: Aliased(3)),
     "deep_own_protocol": (deep_own_protocol, lambda: OwnCopy(1)),
 }
-
-
-class CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 def _state(obj):

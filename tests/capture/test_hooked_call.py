@@ -14,16 +14,7 @@ from torch import nn
 
 import kiln
 from kiln.api import context_of
-from support.capture import graph_count
-
-
-class CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+from support.capture import CountingBackend, graph_count
 
 
 class Printing(nn.Module):

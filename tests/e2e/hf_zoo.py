@@ -29,8 +29,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # hf_architectures, and tests/ for `support` (run as a module)
 from hf_architectures import ARCHITECTURES, INPUTS  # noqa: E402
+
+from support.capture import CountingBackend  # noqa: E402
 
 MODES = ("inference", "training")
 CHECKS = ("capture", "default")
@@ -58,17 +61,6 @@ class CaseResult:
         return (self.kiln_graphs is not None and self.torch_graphs is not None
                 and self.kiln_graphs <= self.torch_graphs and (self.kiln_fullgraph or not self.torch_fullgraph)
                 and bool(self.kiln_capture_correct) and not self.kiln_fallbacks.get("frame"))
-
-
-class CountingBackend:
-    """A backend that counts the graphs handed to it and runs each as captured."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 def build(name: str, mode: str) -> torch.nn.Module:

@@ -170,3 +170,14 @@ def recompile_reasons(ctx) -> list[str]:
 def t(*shape, grad=False, dtype=torch.float32):
     x = torch.randn(*shape, dtype=dtype)
     return x.requires_grad_(grad)
+
+
+class CountingBackend:
+    """A backend that counts the graphs handed to it and runs each as captured."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward

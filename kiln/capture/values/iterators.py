@@ -389,16 +389,7 @@ class GeneratorValue(LazyIteratorValue):
         if self.started:
             self.frame.push(value)
         self.started = True
-        try:
-            result = self.frame.run()
-        except Exception:
-            self.exhausted = True
-            raise
-        if self.frame.suspended:
-            self.frame.suspended = False
-            return result
-        self.exhausted, self.return_value = True, result
-        return None
+        return self._resume()
 
     def throw(self, exc: TracedException) -> Value | None:
         """Raise `exc` at the `yield` the frame is suspended at (`gen.throw`); the next yielded value, None at
@@ -406,8 +397,12 @@ class GeneratorValue(LazyIteratorValue):
         if not self.started or self.exhausted:
             self.exhausted = True
             raise exc
+        return self._resume(throw=exc)
+
+    def _resume(self, throw: TracedException | None = None) -> Value | None:
+        """Run the frame to its next `yield` (that value) or its end (None; the returned value is kept)."""
         try:
-            result = self.frame.run(throw=exc)
+            result = self.frame.run(throw=throw)
         except Exception:
             self.exhausted = True
             raise

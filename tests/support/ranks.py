@@ -13,6 +13,7 @@ import importlib
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -64,6 +65,11 @@ def _rank_main(rank: int, port: int, module: str, names: list[str], out_dir: str
     finally:
         Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(results))
         dist.destroy_process_group()
+    # Leave without the interpreter's teardown: with cold compile caches, a rank's C++ teardown sometimes aborts
+    # ("terminate called without an active exception") after its results are written, failing a run that passed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_on_ranks(module: str, names: list[str]) -> Results:

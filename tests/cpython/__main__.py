@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # harness, and tests/ for `support`
 
 from harness import COMPILERS, FILES, FileResult, TestOutcome, ensure_stdlib_tests, run_file, summarize  # noqa: E402
 

@@ -18,13 +18,14 @@ import contextlib
 import importlib
 import io
 import os
-import signal
 import sys
 import unittest
 import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from support.time_limit import TimeLimitExceeded, time_limit
 
 FILES = ("test_builtin", "test_collections", "test_contextlib", "test_dict", "test_list", "test_set",
          "test_generators", "test_iter", "test_itertools", "test_operator", "test_functools", "test_dataclasses",
@@ -108,24 +109,6 @@ def load_tests(file: str) -> list[unittest.TestCase]:
     return cases
 
 
-class _TimedOut(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _limit(seconds: int):
-    def expire(signum, frame):
-        raise _TimedOut(f"over {seconds}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run_one(case: unittest.TestCase, wrap: Callable | None) -> tuple[str, str]:
     """Run `case` once, its test method wrapped by `wrap` (None: plainly): (outcome, detail)."""
     name = case._testMethodName
@@ -134,11 +117,11 @@ def run_one(case: unittest.TestCase, wrap: Callable | None) -> tuple[str, str]:
         setattr(case, name, wrap(getattr(case, name)))
     result = _Outcomes()
     try:
-        with _limit(SECONDS_PER_TEST), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+        with time_limit(SECONDS_PER_TEST), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             case.run(result)
-    except _TimedOut as exc:
+    except TimeLimitExceeded as exc:
         result._set("error", f"timeout: {exc}")
     finally:
         if original is None:

@@ -18,10 +18,8 @@ Results go to a JSON-lines file, one object per (architecture, mode); an existin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -34,6 +32,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # hf_architectures, and tests/ for
 from hf_architectures import ARCHITECTURES, INPUTS  # noqa: E402
 
 from support.capture import CountingBackend  # noqa: E402
+from support.time_limit import time_limit  # noqa: E402
 
 MODES = ("inference", "training")
 CHECKS = ("capture", "default")
@@ -125,21 +124,6 @@ def differences(actual, expected) -> list[str]:
 def first_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int):
-    """Raise TimeoutError in the main thread after `seconds` (a hung compile costs one check, not the sweep)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"over {seconds}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def compile_with(compiler: str, model, backend, fullgraph: bool):

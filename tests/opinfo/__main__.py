@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the Triton rows run interpreted
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for `support`
 
 from . import table  # noqa: E402
 

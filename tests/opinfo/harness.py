@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import re
-import signal
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from kiln.lower import ir
 from kiln.lower.ops import LOWERINGS
 from kiln.pipeline import GRAPH_LISTENERS
 from kiln.schedule.fusion import ExternStep
+from support.time_limit import TimeLimitExceeded, time_limit
 
 aten = torch.ops.aten
 
@@ -203,24 +203,6 @@ class _ListHandler(logging.Handler):
             self.records.append(message)
 
 
-class Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int):
-    """Raise Timeout in the running row after `seconds` (a hung kernel build must not stall a sweep)."""
-    def expire(signum, frame):
-        raise Timeout(f"over {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def clone(value):
     """A fresh copy of every tensor in `value` (ops may write their inputs), keeping requires_grad."""
     def copy(t):
@@ -254,7 +236,7 @@ def _evaluate(fn, sample, row: Row):
         if row.mode == "bwd":
             return out, _gradients(out, inputs)
         return out
-    except Timeout:
+    except TimeLimitExceeded:
         raise
     except Exception as e:
         return e
@@ -376,7 +358,7 @@ def run_row(info, row: Row, max_samples: int | None = None, seconds: int = 300) 
                 fallbacks += observer.fallbacks()
                 if failure and failure.startswith("wrong result"):
                     break
-    except Timeout as e:
+    except TimeLimitExceeded as e:
         failure = failure or f"timeout: {e}"
     except Exception as e:  # the sampler itself, or a crash outside the compiled call
         failure = failure or f"error: {_describe(e)}"

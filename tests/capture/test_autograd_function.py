@@ -12,19 +12,8 @@ import torch._dynamo
 from torch.autograd.function import once_differentiable
 
 import kiln
+from support.autograd import Cube
 from support.capture import CountingBackend
-
-
-class Cube(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, v):
-        ctx.save_for_backward(v)
-        return v ** 3
-
-    @staticmethod
-    def backward(ctx, grad):
-        (v,) = ctx.saved_tensors
-        return 3 * v * v * grad
 
 
 class ScaleAndShift(torch.autograd.Function):

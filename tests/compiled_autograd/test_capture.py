@@ -7,6 +7,7 @@ import torch
 
 import kiln
 from kiln import compiled_autograd
+from support.autograd import Cube
 
 
 def inductor(gm):
@@ -172,18 +173,6 @@ def test_retain_grad_stores_the_grad_of_a_non_leaf():
     with compiled_autograd.enable(inductor):
         got = run()
     torch.testing.assert_close(got, expected)
-
-
-class Cube(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * 3 * x ** 2
 
 
 def test_kiln_forward_graph_backward_is_traced_into_the_captured_graph():

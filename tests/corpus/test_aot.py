@@ -5,6 +5,8 @@ multiple outputs with some non-differentiable. A few run through the default bac
 import pytest
 import torch
 
+from support.autograd import Cube
+
 from .reference import Table, check, t
 
 torch.manual_seed(0)
@@ -348,19 +350,7 @@ def grad_after_no_grad_break(x):
 
 @cases((GA,))
 def custom_autograd_function(x):
-    return _Cube.apply(x)
-
-
-class _Cube(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, v):
-        ctx.save_for_backward(v)
-        return v ** 3
-
-    @staticmethod
-    def backward(ctx, grad):
-        (v,) = ctx.saved_tensors
-        return 3 * v * v * grad
+    return Cube.apply(x)
 
 
 @pytest.mark.parametrize("fn, calls, options", cases.params)

@@ -56,3 +56,18 @@ def train_and_compare(make_model, make_inputs, loss_fn, *, dtype=torch.float64, 
         for (name, be), (_, bc) in zip(eager.named_buffers(), compiled_model.named_buffers()):
             assert_close(bc, be, dtype, f"buffer {name} after step {step}")
     return compiled
+
+
+class Cube(torch.autograd.Function):
+    """x ** 3 as a custom autograd.Function (saves its input; backward 3 x^2 g): the plain case of a user's
+    Function for the capture, corpus and compiled-autograd tests."""
+
+    @staticmethod
+    def forward(ctx, v):
+        ctx.save_for_backward(v)
+        return v ** 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (v,) = ctx.saved_tensors
+        return 3 * v * v * grad

@@ -161,13 +161,7 @@ def from_product(product: dict, gm: torch.fx.GraphModule, example_inputs: list, 
     kernels, namespace = graph_cache.decode_product(product, base_namespace())
     code = GeneratedCode(product["source"], kernels, product["wrapper"], namespace)
     namespace = build(code, target, name)
-    artefacts = {"aten_graph": gm.print_readable(print_output=False), target.artefact: code.source,
-                 "wrapper.py": code.wrapper, "num_kernels": len(kernels), "kernel_names": list(kernels),
-                 "times": times, "name": name, "from_cache": True}
-    kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
-    return CompiledGraph(on_device(namespace["call"], gm, target.device), artefacts,
-                         lambda: on_device(_profiled_call(code.wrapper, namespace, kernels, name), gm, target.device),
-                         kept)
+    return _loaded_graph(gm, code, namespace, target, name, times, from_cache=True)
 
 
 class Stages:
@@ -308,10 +302,18 @@ class CompiledGraph:
 def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict, target: Target, name: str,
                     times: dict) -> CompiledGraph:
     # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds
-    artefacts = {"aten_graph": gm.print_readable(print_output=False), "ir": graph, "schedule": sched,
-                 "memory": plan, target.artefact: code.source, "wrapper.py": code.wrapper,
-                 "num_kernels": len(code.kernels), "kernel_names": list(code.kernels), "times": times, "name": name,
-                 "fused_graph": fused_graph(sched)}
+    return _loaded_graph(gm, code, namespace, target, name, times, ir=graph, schedule=sched, memory=plan,
+                         fused_graph=fused_graph(sched))
+
+
+def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
+                  **stage_artefacts) -> CompiledGraph:
+    """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call (taking the graph's
+    0-d CPU tensors across, kiln/runtime/host_scalars.py), the artefacts every compile has, and `stage_artefacts`
+    (what the stages before build printed, or that it came from the cache)."""
+    artefacts = {"aten_graph": gm.print_readable(print_output=False), target.artefact: code.source,
+                 "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
+                 "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
     return CompiledGraph(on_device(namespace["call"], gm, target.device), artefacts,
                          lambda: on_device(_profiled_call(code.wrapper, namespace, code.kernels, name), gm,

@@ -298,9 +298,12 @@ class GraphLowering:
         out = list(args)
         for k, (value, fx) in enumerate(zip(args, fx_args)):
             meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
-            if (isinstance(value, IndexFunction) and value.buffer_view() is None and isinstance(meta, torch.Tensor)
-                    and _layout(meta).size == tuple(value.size) and _memory_order(_layout(meta)) is not None):
-                out[k] = self.realize(value, stride=_layout(meta).stride)
+            computed = isinstance(value, IndexFunction) and value.buffer_view() is None
+            if not (computed and isinstance(meta, torch.Tensor)):
+                continue
+            eager = _layout(meta)
+            if eager.size == tuple(value.size) and _memory_order(eager) is not None:
+                out[k] = self.realize(value, stride=eager.stride)
         return tuple(out)
 
     def _recomputable(self, node, out: IndexFunction) -> bool:

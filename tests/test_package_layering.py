@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kiln"
 LAYERS = {
     "kiln.config": 0,
     "kiln.torch_switches": 0,  # torch's TORCH_LOGS, read before torch is imported (by `import kiln`, first)
+    "kiln.effects": 0,  # which FX nodes dead-code elimination keeps: torch's purity differs between versions
     "kiln.runtime": 1,  # the on-disk cache, compile lock, CUDA graphs, autotuner: services the stages use
     "kiln.capture": 2,
     "kiln.autograd": 2,

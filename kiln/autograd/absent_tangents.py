@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from kiln.effects import eliminate_dead_code
 from kiln.runtime.compile_lock import build_once
 
 aten = torch.ops.aten
@@ -61,7 +62,7 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
         # computed (zeros_like reads its shape), but no present gradient reads its data any more.
         node.replace_all_uses_with(
             zeros, delete_user_cb=lambda user, zeros=zeros: user not in unchanged_users and user is not zeros)
-    graph.eliminate_dead_code()
+    eliminate_dead_code(graph)
     return torch.fx.GraphModule(backward, graph)
 
 

@@ -34,6 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import TensorSpec, symbolic_dispatch
+from kiln.effects import eliminate_dead_code
 
 aten = torch.ops.aten
 
@@ -65,7 +66,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     mutations = _lift_input_mutations(graph)
     _remove_identities(graph)
     _own_storages(graph, fresh_outputs)
-    graph.eliminate_dead_code()
+    eliminate_dead_code(graph)
     fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
     verify_functional(fgm)
     return fgm, mutations

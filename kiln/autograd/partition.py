@@ -48,6 +48,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.maxflow import FlowGraph
+from kiln.effects import eliminate_dead_code
 
 aten = torch.ops.aten
 
@@ -357,7 +358,7 @@ def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
     for node in in_order:
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
-    graph.eliminate_dead_code()
+    eliminate_dead_code(graph)
     return fx.GraphModule(joint, graph)
 
 

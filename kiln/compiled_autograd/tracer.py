@@ -43,6 +43,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from kiln.compiled_autograd import engine, ops
+from kiln.effects import has_effect
 
 log = logging.getLogger("kiln.compiled_autograd")
 verbose_log = logging.getLogger("kiln.compiled_autograd_verbose")
@@ -273,7 +274,7 @@ class AutogradGraphTracer:
                                    {})
         graph = self.fx_tracer.graph
         _strip_fake_meta(graph)
-        graph.eliminate_dead_code(lambda n: n.is_impure() or _unpacks_input(n)
+        graph.eliminate_dead_code(lambda n: has_effect(n) or _unpacks_input(n)
                                   or (n.op == "call_function" and n.target in _IMPURE))
         gm = fx.GraphModule(self.fx_tracer.root, graph, f"CompiledAutograd{self.graph_id}")
         log.info("compiled autograd graph %d:\n%s", self.graph_id, gm.print_readable(print_output=False))

@@ -89,10 +89,24 @@ def convolution_backward_bias_apart(grad_output, input, weight, bias_sizes, stri
     return grad_input, grad_weight, grad_bias
 
 
+def vector_norm_over_positive_dims(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """torch's reference decomposition, given `dim` with negative dims made positive.
+
+    torch 2.11's reference compares raw dims when every reduced dim has size 1, so `a.norm(dim=-1)` of a
+    (5, 1) tensor kept both dims there (a silent wrong shape); with positive dims every version agrees."""
+    if dim is not None:
+        dims = [dim] if isinstance(dim, int) else dim
+        dim = [d % max(x.dim(), 1) for d in dims]
+    return _REFERENCE_VECTOR_NORM(x, ord, dim, keepdim, dtype=dtype)
+
+
+_REFERENCE_VECTOR_NORM = get_decompositions([aten.linalg_vector_norm.default])[aten.linalg_vector_norm.default]
+
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
     aten.convolution.default: convolution_bias_apart,
     aten.convolution_backward.default: convolution_backward_bias_apart,
+    aten.linalg_vector_norm.default: vector_norm_over_positive_dims,
 }
 
 

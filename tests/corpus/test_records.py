@@ -92,9 +92,6 @@ def test_namedtuple_made_inside_the_function_is_returned_like_eager():
     expected = namedtuple_made_inside(A)
     compiled = kiln.compile(namedtuple_made_inside, backend="eager")
     got = compiled(A)
-    torch._dynamo.reset()
-    counter = GraphCounter()
-    torch.compile(namedtuple_made_inside, backend=counter)(A)
     for e, g in ((expected[0], got[0]), (expected[2], got[2])):
         assert type(g).__name__ == type(e).__name__ == "Point" and type(g)._fields == type(e)._fields
         assert type(g).__module__ == type(e).__module__
@@ -102,4 +99,9 @@ def test_namedtuple_made_inside_the_function_is_returned_like_eager():
     assert_same(expected[1], got[1])
     assert_same(expected[3], got[3])
     assert_same(expected[4], got[4])
-    assert graph_count(context_of(compiled)) == counter.count == 1
+    assert graph_count(context_of(compiled)) == 1
+    if torch.__version__ >= (2, 13):  # torch 2.11's dynamo fails this program (its side effects assert)
+        torch._dynamo.reset()
+        counter = GraphCounter()
+        torch.compile(namedtuple_made_inside, backend=counter)(A)
+        assert counter.count == 1

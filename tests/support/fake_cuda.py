@@ -95,21 +95,26 @@ def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str, requires_grad:
     return fake.requires_grad_(requires_grad) if requires_grad else fake
 
 
-def forward_graph(model: torch.nn.Module, inputs: list[torch.Tensor], amp: torch.dtype | None):
+def forward_graph(model: torch.nn.Module, inputs: list[torch.Tensor], amp: torch.dtype | None, train: bool):
     """(ATen graph of `model(*inputs)` over (inputs, parameters, buffers) on fake CUDA tensors, those inputs).
 
-    `inputs` (CPU tensors) and the model's parameters give sizes, strides and dtypes only."""
+    `inputs` (CPU tensors) and the model's parameters give sizes, strides and dtypes only. With `train` the
+    parameters require grad while tracing, as in a training step: composite ops choose their kernel by it
+    (on a real GPU, attention picks cuDNN only where its bias needs no gradient)."""
     allow_fake_cuda()
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     state = [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()]
     mode = FakeTensorMode()
     fakes = [fake_like(mode, t, "cuda") for t in [*inputs, *state]]
+    for fake, (_, p) in zip(fakes[len(inputs):], model.named_parameters()):
+        fake.requires_grad_(train and p.requires_grad)
 
     def forward(*flat):
         return torch.func.functional_call(model, dict(zip(names, flat[len(inputs):])), tuple(flat[:len(inputs)]))
 
-    with mode, cuda_autocast(amp), mock.patch("torch.compiler.is_compiling", lambda: True), torch.no_grad():
-        return make_fx(forward)(*fakes), fakes
+    with mode, cuda_autocast(amp), mock.patch("torch.compiler.is_compiling", lambda: True), \
+            torch.set_grad_enabled(train):
+        return make_fx(forward)(*fakes), [f.detach() for f in fakes]
 
 
 def on_device(gm: torch.fx.GraphModule, inputs: list, device: str) -> tuple[torch.fx.GraphModule, list]:
@@ -166,7 +171,7 @@ def compile_model(model: torch.nn.Module, inputs: list[torch.Tensor], *, train: 
     from kiln.lower.decompositions import decomposition_table
     from kiln.pipeline import compile_aten_graph, fuses
 
-    gm, fakes = forward_graph(model, inputs, amp)
+    gm, fakes = forward_graph(model, inputs, amp, train)
     cpu_gm, cpu_inputs = on_device(gm, fakes, "cpu")
     if train:
         first_param = len(inputs)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln.effects import eliminate_dead_code
+
 COMPUTE = ("call_function", "call_method", "call_module")
 
 
@@ -96,7 +98,7 @@ class Case:
         for n in self.gm.graph.nodes:
             env[n] = env[same[0]] if n is node else graph.node_copy(n, lambda a: env[a])
         gm = _module(self.gm, graph)
-        gm.graph.eliminate_dead_code()
+        eliminate_dead_code(gm.graph)
         return Case(gm, list(self.inputs)).without_unused_inputs()
 
     def without_unused_inputs(self) -> Case:

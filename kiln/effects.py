@@ -1,0 +1,25 @@
+"""Which FX nodes dead-code elimination keeps, whatever torch's version.
+
+`torch.fx.Node.is_impure` is torch's own judgement and it changes between versions: torch 2.11 calls
+`_linalg_check_errors` pure, so eliminating dead code dropped the check and a singular solve returned
+numbers where eager raises. kiln keeps, besides what torch calls impure, every op whose schema returns
+nothing (it runs for its check or its effect alone) and every op that writes one of its arguments.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def has_effect(node: torch.fx.Node) -> bool:
+    """Whether `node` must run even though nothing reads its result."""
+    if node.is_impure():
+        return True
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    schema = node.target._schema
+    return not schema.returns or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> bool:
+    """`graph.eliminate_dead_code()`, keeping every node `has_effect` keeps; whether anything was removed."""
+    return graph.eliminate_dead_code(has_effect)

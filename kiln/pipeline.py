@@ -53,6 +53,7 @@ from kiln.lower.verify import verify
 from kiln.progress import StageProgress
 from kiln.runtime import graph_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
+from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
@@ -315,9 +316,11 @@ def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
-    return CompiledGraph(on_device(namespace["call"], gm, target.device), artefacts,
-                         lambda: on_device(_profiled_call(code.wrapper, namespace, code.kernels, name), gm,
-                                           target.device), kept)
+    def runnable(call: Callable) -> Callable:
+        return with_current_device(on_device(call, gm, target.device), target.device)
+
+    return CompiledGraph(runnable(namespace["call"]), artefacts,
+                         lambda: runnable(_profiled_call(code.wrapper, namespace, code.kernels, name)), kept)
 
 
 def _profiled_call(wrapper_src: str, namespace: dict, kernels: dict, name: str) -> Callable:

@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -136,7 +137,8 @@ def run_one(args, base: torch.nn.Module, parallel: str, compiler: str, device, r
     try:
         losses, times = train(model, batches(args, rank, device), device)
     except Exception as e:  # one failing pair is reported, the others still run
-        return {"parallel": parallel, "compiler": compiler, "error": f"{type(e).__name__}: {e}"[:2000]}
+        return {"parallel": parallel, "compiler": compiler, "error": f"{type(e).__name__}: {e}"[:2000],
+                "traceback": traceback.format_exc()[-4000:]}
     timed = times[args.warmup:] or times
     tokens = args.batch * args.seq * dist.get_world_size()
     step = statistics.median(timed)
@@ -145,14 +147,14 @@ def run_one(args, base: torch.nn.Module, parallel: str, compiler: str, device, r
     return dict(result, **kiln_captures(model)) if compiler == "kiln" else result
 
 
-def compare_losses(results: list[dict], rtol: float) -> None:
+def compare_losses(results: list[dict], rtol: float, device: torch.device) -> None:
     """Each run's largest relative loss difference from eager's on this rank, reduced over ranks (max)."""
     eager = {r["parallel"]: r["losses"] for r in results if r["compiler"] == "eager" and "losses" in r}
     for r in results:
         if "losses" not in r or r["parallel"] not in eager:
             continue
         diff = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(r["losses"], eager[r["parallel"]], strict=True))
-        worst = torch.tensor(diff, dtype=torch.float64)
+        worst = torch.tensor(diff, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         r["loss_max_rel_diff"] = worst.item()
         r["losses_match"] = worst.item() <= rtol
@@ -186,11 +188,13 @@ def main(argv=None) -> int:
     for parallel in args.parallel:
         for compiler in args.compilers:
             results.append(run_one(args, base, parallel, compiler, device, rank))
-            if rank == 0:  # progress: a run cut short still shows which pairs finished, and how
-                done = results[-1]
-                print(f"{parallel} {compiler}: " + (done["error"][:200] if "error" in done else
-                      f"step {done['step_ms']:.1f} ms, first step {done['first_step_s']:.1f} s"), flush=True)
-    compare_losses(results, args.loss_rtol)
+            done = results[-1]
+            if "error" in done:  # on any rank: a peer may be left waiting in a collective, so say it now
+                print(f"rank {rank}: {parallel} {compiler}: {done['traceback']}", flush=True)
+            elif rank == 0:  # progress: a run cut short still shows which pairs finished, and how
+                print(f"{parallel} {compiler}: step {done['step_ms']:.1f} ms, first step {done['first_step_s']:.1f} s",
+                      flush=True)
+    compare_losses(results, args.loss_rtol, device)
     if rank == 0:
         machine = torch.cuda.get_device_name(device).replace(" ", "-") if args.device == "cuda" else "cpu"
         out = args.out or result_path("gpt2_distributed", f"{machine}x{dist.get_world_size()}")

@@ -65,5 +65,6 @@ def select_target(gm: torch.fx.GraphModule, example_inputs, cpu_backend: str | N
         prepare = functools.partial(triton_target.prepare, device=dev, max_autotune=max_autotune,
                                     shape_padding=shape_padding)
         generate = functools.partial(triton_target.generate_module, max_autotune=max_autotune)
-        return Target("triton", dev, "kernels.py", prepare, generate, triton_target.load_kernels)
+        return Target("triton", dev, "kernels.py", prepare, generate,
+                      functools.partial(triton_target.load_kernels, device=dev))
     return Target("cpp", "cpu", "kernels.cpp", _no_templates, cpp.generate_module, cpp.load_kernels)

@@ -11,6 +11,7 @@ tensors through Triton's interpreter (how the tests run it).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -183,40 +184,53 @@ def _holds(path: Path, source: str) -> bool:
         return False
 
 
-def precompile_all(module, kernels: dict) -> None:
+def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
     back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
     Triton compiles a kernel mostly outside the GIL (LLVM, ptxas), and a big training
     graph has hundreds (benchmarks/compile_time.py): a thread pool compiles them
     side by side. The first error is raised once all are done.
+
+    Triton loads each binary into the context of the thread's current CUDA device, and a new thread's is
+    device 0: each build runs with the graph's `device` current, or a rank on `cuda:1` launched kernels loaded
+    on `cuda:0` ("invalid resource handle").
     """
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers <= 1 or interpreting():
         for name, k in kernels.items():
-            _precompile(name, k, module)
+            _precompile(name, k, module, device)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
-        for future in [pool.submit(_precompile, name, k, module) for name, k in kernels.items()]:
+        for future in [pool.submit(_precompile, name, k, module, device) for name, k in kernels.items()]:
             future.result()
 
 
-def _precompile(name: str, kernel, module) -> None:
+def _precompile(name: str, kernel, module, device: str) -> None:
     try:
-        kernel.precompile(module)
+        with on_device(device):
+            kernel.precompile(module)
     except Exception as e:
         raise KernelBuildFailed(name, "build", e) from e
 
 
-def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None) -> dict:
+def on_device(device: str):
+    """A context with `device` the current CUDA device (nothing for the CPU, or under the interpreter)."""
+    if device.startswith("cuda") and not interpreting():
+        return torch.cuda.device(torch.device(device))
+    return contextlib.nullcontext()
+
+
+def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None, device: str = "cpu") -> dict:
     """The launcher of each kernel: `name(*tensors, *sizes)`, as the wrapper calls it.
 
     `timer(label, run) -> ms`: how the autotuned kernels (max_autotune) time their candidates
-    (default: kiln/runtime/autotune.py's; tests pass a deterministic one)."""
+    (default: kiln/runtime/autotune.py's; tests pass a deterministic one). `device`: the graph's, where the
+    kernels are loaded."""
     if not kernels:
         return {}
     module = load_module(source)
-    precompile_all(module, kernels)
+    precompile_all(module, kernels, device)
     launchers = {name: getattr(module, name) for name in kernels}
     if timer is not None:
         for fn in launchers.values():

@@ -1,0 +1,29 @@
+"""A CUDA graph's call runs with the graph's device current.
+
+Triton launches a kernel through the current device's context, and kernels are loaded into the context of
+the device their graph was compiled for. A caller whose current device is another one (a model on `cuda:1`
+in a process that never called `torch.cuda.set_device`) would launch across contexts and fail with
+"invalid resource handle". The check per call is one C call; the switch happens only when it differs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def with_current_device(call: Callable, device: str) -> Callable:
+    """`call`, made to run with `device` current; `call` itself for the CPU (and for CUDA-named graphs that
+    never run on a GPU: kernels for a GPU compiled on a machine without one)."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return call
+    index = torch.device(device).index
+    current = torch._C._cuda_getDevice
+
+    def run(*args):
+        if current() == index:
+            return call(*args)
+        with torch.cuda.device(index):
+            return call(*args)
+
+    return run

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import time
@@ -125,9 +126,22 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     return compiled
 
 
+def _caching(options: CompileOptions) -> bool:
+    """Does this compile use the compile cache? Not for the debug directory and the accuracy check: they read
+    every stage's artefacts (the traces, the IR, the schedule)."""
+    return config.graph_cache and not (options.check_accuracy or options.trace_enabled
+                                       or os.environ.get("KILN_DEBUG_DIR"))
+
+
+def _aot_cache_key(options: CompileOptions) -> str | None:
+    """What names this code generator to the AOT autograd cache (kiln/autograd/aot_cache.py): its options; None
+    where the compile is not cached."""
+    return json.dumps(["kiln.inductor", options.as_dict()], sort_keys=True, default=str) if _caching(options) \
+        else None
+
+
 def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> str | None:
-    # the debug directory and the accuracy check read every stage's artefacts (the IR, the schedule)
-    if not config.graph_cache or options.check_accuracy or options.trace_enabled or os.environ.get("KILN_DEBUG_DIR"):
+    if not _caching(options):
         return None
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
@@ -392,7 +406,8 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
         table = decomposition_table(options.fallback_random)
-        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name)
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name,
+                               cache=_aot_cache_key(options))
     finally:
         progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)

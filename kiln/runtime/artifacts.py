@@ -5,8 +5,8 @@
     kiln.load_cache_artifacts(blob)         # in a fresh process or on another machine, before compiling
 
 As torch.compiler.save_cache_artifacts / load_cache_artifacts. The blob holds every file of the cache
-this process compiled with (kiln/runtime/cache.py `used()`): the compiled graphs' products
-(kiln/runtime/graph_cache.py), the C++ libraries, the autotuning decisions and the Triton modules,
+this process compiled with (kiln/runtime/cache.py `used()`): the captured graphs' ATen graphs
+(kiln/autograd/aot_cache.py), the compiled graphs' products (kiln/runtime/graph_cache.py), the C++ libraries, the autotuning decisions and the Triton modules,
 each with its size and SHA-256, and the environment it was made in.
 
 Loading checks before it writes anything: the format, that every path is one of the cache's own
@@ -30,11 +30,11 @@ from kiln.runtime.private_files import publish, temp_name, verify
 MAGIC = b"KILN-CACHE-ARTIFACTS\x00"
 VERSION = 1
 # The files a blob may hold: a folder of the cache's, a two-character shard, a file named by its key.
-_ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|graphs/[0-9a-f]{2}/[0-9a-f]{64}\.json"
+_ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|(graphs|aot)/[0-9a-f]{2}/[0-9a-f]{64}\.json"
                       r"|autotune/[0-9a-f]{2}/[0-9a-f]{64}\.json|triton/[0-9a-f]{2}/[0-9a-f]{64}\.py)$")
 
 
-_MANIFESTED = ("cpp/", "graphs/")  # files published with a manifest, checked before they are saved
+_MANIFESTED = ("cpp/", "graphs/", "aot/")  # files published with a manifest, checked before they are saved
 
 
 def save_cache_artifacts() -> bytes:

@@ -45,9 +45,6 @@ log = logging.getLogger("kiln.runtime.cache")
 FORMAT = 1  # the product's layout; a change makes every older product a miss
 MAX_CONSTANT_BYTES = 1 << 20  # constants are stored in the product: a graph holding bigger ones is not cached
 
-stats = {"hits": 0, "stores": 0, "uncacheable": 0}
-
-
 class Uncacheable(Exception):
     """The graph or its generated code holds something the product cannot describe."""
 
@@ -202,14 +199,21 @@ def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
     return kernels, namespace
 
 
-def product_path(key: str) -> Path:
-    return cache.folder("graphs", key[:2]) / f"{key}.json"
+# The folders of whole-graph products: "graphs" (an ATen graph's kernels and wrapper, kept here) and "aot"
+# (a captured graph's AOT autograd product, kiln/autograd/aot_cache.py). Each counts its own hits and stores.
+FOLDERS = ("graphs", "aot")
+folder_stats = {folder: {"hits": 0, "stores": 0, "uncacheable": 0} for folder in FOLDERS}
+stats = folder_stats["graphs"]
 
 
-def lookup(key: str) -> dict | None:
+def product_path(key: str, folder: str = "graphs") -> Path:
+    return cache.folder(folder, key[:2]) / f"{key}.json"
+
+
+def lookup(key: str, folder: str = "graphs") -> dict | None:
     """The product stored under `key`, if there is one that matches its manifest (a broken one is removed,
     with one log line, and the graph compiled again)."""
-    path = product_path(key)
+    path = product_path(key, folder)
     problem = verify(path)
     if problem == "missing":
         return None
@@ -218,7 +222,7 @@ def lookup(key: str) -> dict | None:
             product = json.loads(path.read_bytes())
             if isinstance(product, dict) and product.get("format") == FORMAT:
                 cache.record_use(path)
-                stats["hits"] += 1
+                folder_stats[folder]["hits"] += 1
                 return product
             problem = "not a product of this kiln"
         except (OSError, ValueError) as e:
@@ -228,9 +232,9 @@ def lookup(key: str) -> dict | None:
     return None
 
 
-def store(key: str, product: dict) -> None:
+def store(key: str, product: dict, folder: str = "graphs") -> None:
     """Publish `product` under `key` (a temporary file renamed into place, its manifest first)."""
-    path = product_path(key)
+    path = product_path(key, folder)
     tmp = temp_name(path)
     try:
         cache.write_new(tmp, json.dumps(product))
@@ -240,13 +244,13 @@ def store(key: str, product: dict) -> None:
         discard(tmp)
         return
     cache.record_use(path)
-    stats["stores"] += 1
+    folder_stats[folder]["stores"] += 1
 
 
-def forget(key: str) -> None:
+def forget(key: str, folder: str = "graphs") -> None:
     """Remove a product that could not be used (it is compiled again and stored anew)."""
-    discard(product_path(key))
+    discard(product_path(key, folder))
 
 
 __all__ = ["graph_key", "encode_product", "decode_product", "lookup", "store", "forget", "Uncacheable",
-           "KernelSignature", "environment", "host", "stats"]
+           "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]

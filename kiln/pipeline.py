@@ -26,6 +26,7 @@ counted, warned once, an error under KILN_STRICT=1). An op with no lowering runs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -113,7 +114,9 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     product = graph_cache.lookup(key) if key else None
     if product is not None:
         try:
-            return run("build", from_product, product, gm, example_inputs, options, name, run.times)
+            compiled = run("build", from_product, product, gm, example_inputs, options, name, run.times)
+            graph_cache.stats["hits"] += 1
+            return compiled
         except Exception as e:  # noqa: BLE001 -- a product that does not load: compile as if it were not there
             log.warning("kiln: %s: the cached compile could not be used (%s: %s); compiling again", name,
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -405,7 +408,7 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
-        table = decomposition_table(options.fallback_random)
+        table = functools.partial(decomposition_table, options.fallback_random)  # built if a graph is traced
         compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name,
                                cache=_aot_cache_key(options))
     finally:

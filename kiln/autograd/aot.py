@@ -10,6 +10,8 @@ logged to `kiln.aot` as Python code:
                   (an op's error while tracing: the graph runs op by op, raising as eager does)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
+    (cached)      a variant traced before (by any process) takes its graphs from the compile cache
+                  instead of trace, functionalize and partition                     (aot_cache.py)
     compile       the code generator's `compiler` on each graph
     runtime       autograd.Function / inference wrapper                              (runtime.py)
 
@@ -68,7 +70,8 @@ class RaisesInEager(Exception):
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
-                decompositions: dict | None = None, name: str = "graph", cache: str | None = None) -> Callable:
+                decompositions: dict | Callable[[], dict] | None = None, name: str = "graph", cache: str | None = None
+                ) -> Callable:
     """Compile `gm` (torch-level FX graph) through ATen graphs handed to `compiler`.
 
     `compiler(aten_gm, example_inputs)` receives the inference graph, or the forward and
@@ -79,6 +82,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
     to save values that compiler stores anyway (`partition`'s `fused`).
 
+    `decompositions`: the table tracing applies, or a function making it (called only when a graph is traced).
     `cache`: the compiler's identity and options, as a string, to keep the ATen graphs in the compile cache
     under (aot_cache.py), or None to keep nothing (the compiler's output depends on more than it says).
     """
@@ -156,7 +160,8 @@ class AOTCompiled:
     """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast) variant."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler,
-                 decompositions: dict | None, name: str, static_shapes: bool = False, cache: str | None = None):
+                 decompositions: dict | Callable[[], dict] | None, name: str, static_shapes: bool = False,
+                 cache: str | None = None):
         self.program = FlatProgram(gm, example_inputs, static_shapes)
         self.compiler = compiler
         self.cache = cache
@@ -332,6 +337,7 @@ class AOTCompiled:
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             graph_cache.forget(product_key, aot_cache.FOLDER)
             return product_key, None
+        aot_cache.stats["hits"] += 1
         self._record(key, "from the compile cache", time.perf_counter() - start, None)
         return product_key, decoded
 

@@ -22,6 +22,7 @@ symbolic sizes is not cached.
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ import sys
 
 import torch
 import torch.fx
+from torch.fx.node import _get_qualified_name
 
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.partition import Partition
@@ -94,18 +96,21 @@ def switches() -> dict:
 
 
 def _check_known(target) -> None:
-    """A call the captured graph's code names completely: a torch operator, or a module-level function of a
-    module in `_KNOWN_MODULES` found under its own name (not a closure, not a user's function)."""
+    """A call the captured graph's code names completely: a torch operator, or a function of a module in
+    `_KNOWN_MODULES` found again under the name the code prints for it (not a closure, not a user's function)."""
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return
-    module, qualname = getattr(target, "__module__", None) or "", getattr(target, "__qualname__", "")
-    if module.split(".")[0] in _KNOWN_MODULES and "<" not in qualname:
-        found = sys.modules.get(module)
-        for part in qualname.split("."):
-            found = getattr(found, part, None)
-        if found is target:
-            return
-    raise Uncacheable(f"calls {target!r}, a function its code does not show")
+    try:
+        root, *path = _get_qualified_name(target).split(".")
+    except (RuntimeError, AttributeError, TypeError):
+        path, root = [], ""
+    found = sys.modules.get(root) if root in _KNOWN_MODULES else None
+    if not path:  # FX prints a builtin (len, getattr) by its bare name
+        found = getattr(builtins, root, None)
+    for part in path:
+        found = getattr(found, part, None)
+    if found is None or found is not target:
+        raise Uncacheable(f"calls {target!r}, a function its code does not show")
 
 
 def _plain(value):

@@ -200,7 +200,8 @@ def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
 
 
 # The folders of whole-graph products: "graphs" (an ATen graph's kernels and wrapper, kept here) and "aot"
-# (a captured graph's AOT autograd product, kiln/autograd/aot_cache.py). Each counts its own hits and stores.
+# (a captured graph's AOT autograd product, kiln/autograd/aot_cache.py). Each counts its own stores, and the
+# hits its user counts: a product read back that does not load is no hit.
 FOLDERS = ("graphs", "aot")
 folder_stats = {folder: {"hits": 0, "stores": 0, "uncacheable": 0} for folder in FOLDERS}
 stats = folder_stats["graphs"]
@@ -222,7 +223,6 @@ def lookup(key: str, folder: str = "graphs") -> dict | None:
             product = json.loads(path.read_bytes())
             if isinstance(product, dict) and product.get("format") == FORMAT:
                 cache.record_use(path)
-                folder_stats[folder]["hits"] += 1
                 return product
             problem = "not a product of this kiln"
         except (OSError, ValueError) as e:

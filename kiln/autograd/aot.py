@@ -42,8 +42,8 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from kiln import fallbacks
-from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd import aot_cache
+from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.eager_errors import backward_error, eager_error

@@ -1,14 +1,11 @@
 """The AOT autograd cache (kiln/autograd/aot_cache.py): a captured graph traced once keeps its ATen graphs (forward
 and backward, or inference) in the compile cache; a later compile of the same captured graph, in this process after
 kiln.reset() or in a fresh one, does not trace, functionalize or partition, and computes what eager computes,
-gradients and input mutations included. A broken entry is traced again."""
+gradients and input mutations included. A broken entry is traced again. (A fresh process that starts warm from
+saved artifacts, tracing nothing: tests/runtime/test_cache_warm.py, the deployment test.)"""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -215,51 +212,3 @@ def test_dynamic_shapes_are_traced_not_cached(fresh_cache):
     uncacheable = aot_cache.stats["uncacheable"]
     torch.testing.assert_close(_run(kiln.compile(fn, dynamic=True), args), _run(fn, args))
     assert aot_cache.stats["uncacheable"] > uncacheable
-
-
-WARM_PROCESS = textwrap.dedent("""
-    import json, sys, torch, kiln
-    from kiln.autograd import aot, aot_cache
-    from kiln.runtime import cache, graph_cache
-    traced = []
-    for name in ("trace_joint", "trace_forward"):
-        original = getattr(aot, name)
-        setattr(aot, name, lambda *a, _f=original, **k: traced.append(_f.__name__) or _f(*a, **k))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-    x = torch.randn(4, 8)
-    if sys.argv[1] == "load":
-        kiln.load_cache_artifacts(open(sys.argv[2], "rb").read())
-    compiled = kiln.compile(model)
-    out = compiled(x)
-    out.sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    ref = model(x)
-    ref.sum().backward()
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(grads, [p.grad for p in model.parameters()])
-    if sys.argv[1] == "save":
-        open(sys.argv[2], "wb").write(kiln.save_cache_artifacts())
-    print(json.dumps({"traced": traced, "aot": aot_cache.stats, "graphs": graph_cache.stats,
-                      "builds": cache.stats["compiles"]}))
-""")
-
-
-def test_a_fresh_process_with_a_warm_cache_does_not_trace(tmp_path):
-    """Process 1 traces and compiles (and saves the artifacts); process 2 over the same cache, and process 3 over
-    an empty cache that loads the artifacts, trace nothing and build nothing; all three match eager."""
-    env = dict(os.environ, KILN_STRICT="1", OMP_NUM_THREADS="1", KILN_CACHE_DIR=str(tmp_path / "cache"))
-    blob = str(tmp_path / "artifacts.bin")
-
-    def run(mode: str, cache_dir: str) -> dict:
-        proc = subprocess.run([sys.executable, "-c", WARM_PROCESS, mode, blob], capture_output=True, text=True,
-                              env={**env, "KILN_CACHE_DIR": cache_dir}, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.splitlines()[-1])
-
-    cold = run("save", str(tmp_path / "cache"))
-    assert cold["traced"] == ["trace_joint"] and cold["aot"]["stores"] == 1
-    for warm in (run("warm", str(tmp_path / "cache")), run("load", str(tmp_path / "server"))):
-        assert warm["traced"] == [] and warm["aot"]["hits"] == 1
-        assert warm["graphs"]["hits"] == 2 and warm["builds"] == 0

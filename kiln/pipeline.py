@@ -323,12 +323,23 @@ def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict
                          fused_graph=fused_graph(sched))
 
 
+class ReadableGraph:
+    """An ATen graph's readable code, printed when it is read (str()): a large graph's costs more to print than a
+    warm start spends on it otherwise."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+
+    def __str__(self) -> str:
+        return self.gm.print_readable(print_output=False)
+
+
 def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
                   **stage_artefacts) -> CompiledGraph:
     """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call (taking the graph's
     0-d CPU tensors across, kiln/runtime/host_scalars.py), the artefacts every compile has, and `stage_artefacts`
     (what the stages before build printed, or that it came from the cache)."""
-    artefacts = {"aten_graph": gm.print_readable(print_output=False), target.artefact: code.source,
+    artefacts = {"aten_graph": ReadableGraph(gm), target.artefact: code.source,
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]

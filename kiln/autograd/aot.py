@@ -10,8 +10,8 @@ logged to `kiln.aot` as Python code:
                   (an op's error while tracing: the graph runs op by op, raising as eager does)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
-    (cached)      a variant traced before (by any process) takes its graphs from the compile cache
-                  instead of trace, functionalize and partition                     (aot_cache.py)
+    (cached)      a variant traced before (by any process) takes its signature and graphs from the
+                  compile cache instead of analyze, trace, functionalize, partition  (aot_cache.py)
     compile       the code generator's `compiler` on each graph
     runtime       autograd.Function / inference wrapper                              (runtime.py)
 
@@ -312,7 +312,8 @@ class AOTCompiled:
 
     def _cached(self, key: tuple, kind: str) -> tuple[str | None, tuple | None]:
         """(the product key of variant `key`, or None if it cannot be cached; what the compile cache keeps of it,
-        decoded, or None). A product that does not decode is removed (and compiled again), with one warning."""
+        decoded, or None: the output signature, and the ATen graphs with what the runtime needs of them). A product
+        that does not decode is removed (and compiled again), with one warning."""
         if self.cache is None:
             return None, None
         try:
@@ -326,12 +327,13 @@ class AOTCompiled:
         if product is None:
             return product_key, None
         try:
-            graphs, mutations = aot_cache.decode_graphs(product, kind, self.program.fake_mode())
+            signature, graphs, mutations = aot_cache.decode_graphs(product, kind, self.program.fake_mode())
             if kind == "inference":
-                decoded = graphs, mutations
+                decoded = signature, graphs, mutations
             else:
                 split = self.partitions[key] = aot_cache.decode_partition(product, graphs)
-                decoded = split, mutations, int(product["num_outputs"]), [bool(g) for g in product["grad_mask"]]
+                decoded = (signature, split, mutations, int(product["num_outputs"]),
+                           [bool(g) for g in product["grad_mask"]])
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
             log.warning("kiln: %s: the cached %s graphs could not be used (%s: %s); tracing again", self.name, kind,
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -365,11 +367,11 @@ class AOTCompiled:
 
     def _build_inference(self, key: tuple) -> Callable:
         program = self.program
-        signature = self._pass(key, "analyze", program.analyze, None)
         product_key, cached = self._cached(key, "inference")
         if cached is not None:
-            graphs, mutations = cached
+            signature, graphs, mutations = cached
             return InferenceRunner(program, signature, self._compile(key, "inference", graphs["inference"]), mutations)
+        signature = self._pass(key, "analyze", program.analyze, None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
                              graph_of=lambda gm: gm)
@@ -378,12 +380,15 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
-        self._store(product_key, aot_cache.encode_inference, graph, mutations)
+        self._store(product_key, aot_cache.encode_inference, signature, graph, mutations)
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
 
     def _build_training(self, key: tuple) -> Callable:
         program = self.program
         requires_grad = key[0]
+        product_key, cached = self._cached(key, "training")
+        if cached is not None:
+            return self._training_runner(key, *cached)
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if self._integer_requires_grad(signature):
             return self.program.run
@@ -391,10 +396,6 @@ class AOTCompiled:
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
-        product_key, cached = self._cached(key, "training")
-        if cached is not None:
-            split, mutations, num_outputs, grad_mask = cached
-            return self._training_runner(key, signature, split, mutations, num_outputs, grad_mask)
         joint = self._trace(key, "trace joint", trace_joint, program.graph_function(signature),
                             program.input_specs, requires_grad, signature,
                             tracing_table(self.decompositions, training=True), program.fake_mode(),
@@ -414,7 +415,7 @@ class AOTCompiled:
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
                                                  getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
-        self._store(product_key, aot_cache.encode_training, split, mutations, num_outputs, joint.grad_mask)
+        self._store(product_key, aot_cache.encode_training, signature, split, mutations, num_outputs, joint.grad_mask)
         return self._training_runner(key, signature, split, mutations, num_outputs, joint.grad_mask)
 
     def _training_runner(self, key: tuple, signature, split: Partition, mutations: list[InputMutation],

@@ -1,7 +1,8 @@
 """The compile cache of AOT autograd: a captured graph's ATen graphs, kept across processes.
 
 A second process that captures the same program gets the same captured graph; with this cache it skips
-tracing (the joint forward+backward or the inference graph), functionalizing and partitioning, and hands
+analyzing its outputs, tracing (the joint forward+backward or the inference graph), functionalizing and
+partitioning, and hands
 the stored ATen graphs straight to the code generator, whose own cache (kiln/runtime/graph_cache.py) then
 skips everything up to loading the kernels.
 
@@ -9,8 +10,8 @@ What is kept (one JSON file per variant, `aot/<key[:2]>/<key>.json`, published w
 cache file) is plain data: each ATen graph as FX code text plus a node-by-node description that is re-parsed
 without running it (kiln/runtime/fx_codec.py), and the numbers the runtime needs (which outputs are input
 mutations, which inputs get a gradient, which saved values are sizes or inputs, the partition's summary).
-The analysis of the captured graph's outputs (`FlatProgram.analyze`, a fake run) is not kept: it runs again,
-and the stored product is only used for the variant it was made for.
+The analysis of the captured graph's outputs (`FlatProgram.analyze`, a fake run: the output structure, aliases,
+what eager saves) is kept too, as plain dataclass fields and pytree's own JSON of the output structure.
 
 The key is a SHA-256 over everything the product depends on: the captured graph's code (which names every
 call: only torch's, kiln's and Python's own module-level functions are accepted, not a user's function whose
@@ -23,6 +24,7 @@ symbolic sizes is not cached.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,13 +33,16 @@ import sys
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch.fx.node import _get_qualified_name
 
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.partition import Partition
-from kiln.autograd.signature import FlatProgram
+from kiln.autograd.saved_versions import SavedByEager
+from kiln.autograd.signature import (AliasOutput, ConstantOutput, FlatProgram, GraphOutput, OutputAlias,
+                                     OutputSignature, TensorSpec)
 from kiln.runtime import fx_codec, graph_cache
-from kiln.runtime.graph_cache import Uncacheable, encode_value
+from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 
 log = logging.getLogger("kiln.aot")
 
@@ -131,14 +136,14 @@ def _attribute(gm: torch.nn.Module, target: str):
 # ----------------------------------------------------------------------------- products
 
 
-def encode_inference(graph: torch.fx.GraphModule, mutations: list[InputMutation]) -> dict:
-    return {"format": graph_cache.FORMAT, "kind": "inference", "graphs": {"inference": fx_codec.encode_graph(graph)},
-            "mutations": _mutations(mutations)}
+def encode_inference(signature: OutputSignature, graph: torch.fx.GraphModule, mutations: list[InputMutation]) -> dict:
+    return {"format": graph_cache.FORMAT, "kind": "inference", "signature": encode_signature(signature),
+            "graphs": {"inference": fx_codec.encode_graph(graph)}, "mutations": _mutations(mutations)}
 
 
-def encode_training(split: Partition, mutations: list[InputMutation], num_outputs: int, grad_mask: list[bool]
-                    ) -> dict:
-    return {"format": graph_cache.FORMAT, "kind": "training",
+def encode_training(signature: OutputSignature, split: Partition, mutations: list[InputMutation], num_outputs: int,
+                    grad_mask: list[bool]) -> dict:
+    return {"format": graph_cache.FORMAT, "kind": "training", "signature": encode_signature(signature),
             "graphs": {"forward": fx_codec.encode_graph(split.forward),
                        "backward": fx_codec.encode_graph(split.backward)},
             "mutations": _mutations(mutations), "num_outputs": num_outputs, "grad_mask": list(grad_mask),
@@ -149,14 +154,16 @@ def _mutations(mutations: list[InputMutation]) -> list[list[int]]:
     return [[m.input_index, m.output_index] for m in mutations]
 
 
-def decode_graphs(product: dict, kind: str, mode) -> tuple[dict[str, torch.fx.GraphModule], list[InputMutation]]:
-    """The product's ATen graphs (their node values fakes of `mode`) and input mutations; ValueError (or a
-    KeyError, TypeError) if it is not a `kind` product that rebuilds."""
+def decode_graphs(product: dict, kind: str, mode) -> tuple[OutputSignature, dict[str, torch.fx.GraphModule],
+                                                               list[InputMutation]]:
+    """The product's output signature, ATen graphs (their node values fakes of `mode`) and input mutations;
+    ValueError (or a KeyError, TypeError) if it is not a `kind` product that rebuilds."""
     if product.get("kind") != kind:
         raise ValueError(f"a {product.get('kind')} product for a {kind} variant")
+    signature = decode_signature(product["signature"])
     graphs = {name: fx_codec.decode_graph(described, mode) for name, described in product["graphs"].items()}
     mutations = [InputMutation(int(i), int(o)) for i, o in product["mutations"]]
-    return graphs, mutations
+    return signature, graphs, mutations
 
 
 def decode_partition(product: dict, graphs: dict) -> Partition:
@@ -165,5 +172,63 @@ def decode_partition(product: dict, graphs: dict) -> Partition:
                      **{name: numbers[name] for name in _PARTITION_NUMBERS})
 
 
+# ----------------------------------------------------------------------------- the output signature
+
+# What `FlatProgram.analyze` found (signature.py), kept so that a warm compile does not run the captured graph on
+# fake tensors again. Its pieces are frozen dataclasses of a few known classes over ints, bools, dtypes and tuples;
+# anything else (a dynamic graph's size functions, an output constant of another type) is Uncacheable.
+_SIGNATURE_CLASSES = {cls.__name__: cls for cls in (GraphOutput, AliasOutput, OutputAlias, ConstantOutput,
+                                                    TensorSpec, SavedByEager)}
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def encode_signature(signature: OutputSignature) -> dict:
+    try:
+        tree = pytree.treespec_dumps(signature.tree)
+    except Exception as e:  # noqa: BLE001 -- an output container pytree cannot write as JSON (a user's class)
+        raise Uncacheable(f"an output structure pytree cannot describe ({type(e).__name__})") from e
+    if pytree.treespec_loads(tree) != signature.tree:
+        raise Uncacheable("an output structure that does not read back as itself")
+    fields = {f.name: _encode_part(getattr(signature, f.name)) for f in dataclasses.fields(signature)
+              if f.name != "tree"}
+    return {"tree": tree, **fields}
+
+
+def decode_signature(described: dict) -> OutputSignature:
+    fields = {f.name: _decode_part(described[f.name]) for f in dataclasses.fields(OutputSignature) if f.name != "tree"}
+    return OutputSignature(tree=pytree.treespec_loads(described["tree"]), **fields)
+
+
+def _encode_part(value):
+    if type(value) in _PLAIN:
+        return value
+    if type(value) is list:
+        return [_encode_part(v) for v in value]
+    if type(value) is tuple:
+        return {"tuple": [_encode_part(v) for v in value]}
+    if type(value) is frozenset:
+        return {"frozenset": sorted(_encode_part(v) for v in value)}
+    if isinstance(value, (torch.dtype, torch.device)):
+        return encode_value(value)
+    if _SIGNATURE_CLASSES.get(type(value).__name__) is type(value):
+        return {"class": type(value).__name__,
+                "fields": {f.name: _encode_part(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    raise Uncacheable(f"an output signature holding a {type(value).__name__}")
+
+
+def _decode_part(value):
+    if isinstance(value, list):
+        return [_decode_part(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "tuple" in value:
+        return tuple(_decode_part(v) for v in value["tuple"])
+    if "frozenset" in value:
+        return frozenset(_decode_part(v) for v in value["frozenset"])
+    if "class" in value:
+        return _SIGNATURE_CLASSES[value["class"]](**{k: _decode_part(v) for k, v in value["fields"].items()})
+    return decode_value(value)
+
+
 __all__ = ["variant_key", "switches", "encode_inference", "encode_training", "decode_graphs", "decode_partition",
-           "stats", "FOLDER"]
+           "encode_signature", "decode_signature", "stats", "FOLDER"]

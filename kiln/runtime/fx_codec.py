@@ -19,7 +19,7 @@ import operator
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 
@@ -125,16 +125,25 @@ def _decode_val(value: dict, mode: FakeTensorMode):
         dtype = getattr(torch, dtype)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"not a dtype: {value['fake'][3]}")
-        with mode:
-            storage = torch.empty_strided(shape, stride, dtype=dtype, device=device) if offset == 0 else \
-                torch.empty(offset + _extent(shape, stride), dtype=dtype, device=device)
-            t = storage if offset == 0 else storage.as_strided(shape, stride, offset)
-        return t.requires_grad_(True) if requires_grad else t
+        return _fake(mode, shape, stride, offset, dtype, torch.device(device), requires_grad)
     if "tuple" in value:
         return tuple(_decode_val(v, mode) for v in value["tuple"])
     if "list" in value:
         return [_decode_val(v, mode) for v in value["list"]]
     return value["value"]
+
+
+def _fake(mode: FakeTensorMode, shape: list, stride: list, offset: int, dtype: torch.dtype, device: torch.device,
+          requires_grad: bool) -> FakeTensor:
+    """A fake tensor of `mode` with this geometry: a meta tensor wrapped as the fake mode wraps its own (a graph
+    holds thousands of node values; making each through the mode's dispatch costs several times more)."""
+    if offset == 0:
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    else:
+        meta = torch.empty(offset + _extent(shape, stride), dtype=dtype, device="meta").as_strided(shape, stride,
+                                                                                                   offset)
+    fake = FakeTensor(mode, meta, device)
+    return fake.requires_grad_(True) if requires_grad else fake
 
 
 def _extent(shape: list, stride: list) -> int:

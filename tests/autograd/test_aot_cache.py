@@ -53,6 +53,10 @@ def _with_constant(x):
     return x * torch.tensor([1.5, -2.0, 0.25]) + x.sum()
 
 
+def _dict_and_constant(x):
+    return {"y": x.sin(), "rows": x.shape[0], "pair": (x.cos(), None)}  # a dict, an int, None: the output tree
+
+
 def _module_case(make_model, shape):
     return make_model(), lambda: (torch.randn(*shape),)
 
@@ -63,6 +67,7 @@ CASES = {
     "views_training": lambda: (_split_views, lambda: (torch.randn(4, 6, requires_grad=True), torch.randn(6, 5))),
     "inference_input_mutation": lambda: (_bump, lambda: (torch.randn(3, 4), torch.randn(3, 4))),
     "tensor_constant": lambda: (_with_constant, lambda: (torch.randn(5, 3, requires_grad=True),)),
+    "dict_and_constant": lambda: (_dict_and_constant, lambda: (torch.randn(3, 2, requires_grad=True),)),
 }
 
 
@@ -95,21 +100,24 @@ def _fresh(case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_second_compile_takes_the_aot_graphs_from_the_cache_and_matches_eager(fresh_cache, monkeypatch, case):
-    traced = []
-    monkeypatch.setattr(aot, "trace_joint", _counting(aot.trace_joint, traced))
-    monkeypatch.setattr(aot, "trace_forward", _counting(aot.trace_forward, traced))
+    calls = []
+    monkeypatch.setattr(aot, "trace_joint", _counting(aot.trace_joint, calls))
+    monkeypatch.setattr(aot, "trace_forward", _counting(aot.trace_forward, calls))
+    monkeypatch.setattr(FlatProgram, "analyze", _counting(FlatProgram.analyze, calls))
     results = []
     for _ in range(2):
         fn, args = _fresh(case)
         kiln.reset()
-        hits = aot_cache.stats["hits"]
-        results.append((_run(kiln.compile(fn), args), aot_cache.stats["hits"] - hits))
+        hits, before = aot_cache.stats["hits"], len(calls)
+        results.append((_run(kiln.compile(fn), args), aot_cache.stats["hits"] - hits, calls[before:]))
     fn, args = _fresh(case)
     expected = _run(fn, args)
-    (cold, cold_hits), (warm, warm_hits) = results
+    (cold, cold_hits, cold_calls), (warm, warm_hits, warm_calls) = results
     torch.testing.assert_close(cold, expected)
     torch.testing.assert_close(warm, expected)
+    traced = [c for c in cold_calls if c.startswith("trace")]
     assert cold_hits == 0 and warm_hits == len(traced) >= 1, "every variant traced once, then from the cache"
+    assert warm_calls == [], "a warm compile neither analyzes nor traces"
 
 
 def _counting(fn, calls: list):

@@ -39,8 +39,15 @@ from torch.fx.node import _get_qualified_name
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.partition import Partition
 from kiln.autograd.saved_versions import SavedByEager
-from kiln.autograd.signature import (AliasOutput, ConstantOutput, FlatProgram, GraphOutput, OutputAlias,
-                                     OutputSignature, TensorSpec)
+from kiln.autograd.signature import (
+    AliasOutput,
+    ConstantOutput,
+    FlatProgram,
+    GraphOutput,
+    OutputAlias,
+    OutputSignature,
+    TensorSpec,
+)
 from kiln.runtime import fx_codec, graph_cache
 from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 

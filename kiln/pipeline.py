@@ -156,9 +156,8 @@ def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: Compil
 
 
 def _product(code: GeneratedCode, target: Target) -> dict | None:
-    """What the compile cache keeps of a generated graph (None where it cannot describe it: Triton kernels
-    carry launch configurations and autotuners that are not plain data)."""
-    if target.name != "cpp" or not config.graph_cache:
+    """What the compile cache keeps of a generated graph (None where it cannot describe it)."""
+    if not config.graph_cache:
         return None
     try:
         return graph_cache.encode_product(target.name, code.source, code.wrapper, code.kernels, code.namespace,

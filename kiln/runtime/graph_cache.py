@@ -6,8 +6,10 @@ goes straight to loading the kernels (themselves cached by kiln/runtime/cache.py
 wrapper.
 
 What is kept (the *product*, one JSON file per graph, `graphs/<key[:2]>/<key>.json`) is text and
-plain data only: the kernels' source, the wrapper's Python source, each kernel's argument list, and
-the wrapper's namespace as descriptions (devices, ATen operators by name, tensor constants by value).
+plain data only: the kernels' source (C++ or Triton), the wrapper's Python source, each kernel's argument
+list (and a Triton kernel's launchers with the argument dtypes they are compiled for), and the wrapper's
+namespace as descriptions (devices, ATen operators by name, tensor constants by value). Autotuning
+decisions are kept beside it by kiln/runtime/autotune.py, and read back when a tuned launcher first runs.
 No pickle, no code object: what is executed is source kiln regenerates the namespace for, and only
 after the file matched the manifest written with it (kiln/runtime/private_files.py).
 
@@ -52,11 +54,54 @@ class Uncacheable(Exception):
 @dataclass
 class KernelSignature:
     """What loading a kernel needs of its generator's kernel object: its pointer arguments, its size
-    arguments, and whether it returns an error code."""
+    arguments, whether it returns an error code (C++), and the launchers its `precompile` compiles with which
+    argument dtypes and integers (Triton: `precompiles`, recorded by `record_precompiles`)."""
 
     arg_names: list
     size_args: list
     reports_errors: bool
+    precompiles: list | None = None
+
+    def precompile(self, module) -> None:
+        """Compile the kernel's launchers as the generator's kernel object did (Triton's load_kernels)."""
+        for launcher, dtypes, ints in self.precompiles or ():
+            getattr(module, launcher).precompile([_dtype(d) for d in dtypes], list(ints))
+
+
+class _PrecompileRecorder:
+    """Stands in for a Triton kernel module: records each launcher's `precompile(dtypes, ints)` call."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __getattr__(self, launcher: str):
+        recorder = self
+
+        class Launcher:
+            @staticmethod
+            def precompile(dtypes, ints) -> None:
+                if not all(isinstance(d, torch.dtype) for d in dtypes) or not all(type(i) is int for i in ints):
+                    raise Uncacheable(f"launcher {launcher} precompiles with values that are not plain data")
+                recorder.calls.append([launcher, [str(d).removeprefix("torch.") for d in dtypes], list(ints)])
+
+        return Launcher
+
+
+def record_precompiles(kernel) -> list | None:
+    """The launcher calls a generated Triton kernel's `precompile(module)` makes, as plain data (None for a kernel
+    that has no such method: C++)."""
+    if not hasattr(kernel, "precompile"):
+        return None
+    recorder = _PrecompileRecorder()
+    kernel.precompile(recorder)
+    return recorder.calls
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"kiln: a cached kernel names no dtype: {name!r}")
+    return value
 
 
 # ----------------------------------------------------------------------------- the key
@@ -83,6 +128,15 @@ def host() -> str:
     except OSError:
         pass
     return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+@functools.cache
+def gpu(device: torch.device) -> str:
+    """The GPU a Triton graph is generated for (block sizes and kernels follow its capability)."""
+    try:
+        return f"{torch.cuda.get_device_name(device)} sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    except (RuntimeError, AssertionError, ValueError):  # fake CUDA tensors on a machine without one
+        return "no GPU"
 
 
 def _version(package: str) -> str | None:
@@ -112,6 +166,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
         constants[node.target] = encode_value(value)
     environ = {name: os.environ.get(name) for name in ("KILN_CPU_BACKEND", "TRITON_INTERPRET")}
     environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
+    environ["gpus"] = sorted({gpu(x.device) for x in example_inputs if isinstance(x, torch.Tensor)
+                              and x.device.type == "cuda"})
     described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
@@ -186,7 +242,8 @@ def encode_product(target: str, source: str, wrapper: str, kernels: dict, namesp
     names = {name: encode_value(value) for name, value in namespace.items()
              if not (name in base and base[name] is value)}
     signatures = {name: {"arg_names": list(k.arg_names), "size_args": [str(s) for s in k.size_args],
-                         "reports_errors": bool(k.reports_errors)} for name, k in kernels.items()}
+                         "reports_errors": bool(getattr(k, "reports_errors", False)),
+                         "precompiles": record_precompiles(k)} for name, k in kernels.items()}
     return {"format": FORMAT, "target": target, "source": source, "wrapper": wrapper, "kernels": signatures,
             "namespace": names}
 

@@ -16,6 +16,7 @@ import torch
 import kiln
 from kiln.runtime import cache, graph_cache
 from kiln.runtime.private_files import PrivateTree
+from support import triton_device
 from support.cache import fake_compiler
 
 
@@ -237,3 +238,34 @@ def test_the_guards_extension_travels_with_the_artifacts(fresh_cache, tmp_path, 
     _to_fresh_cache(monkeypatch, tmp_path / "elsewhere")
     assert kiln.load_cache_artifacts(blob).get("ext") == 1
     assert tensor_checks._library_path().read_bytes() == b"\x7fELF a library"
+
+
+TRITON_ON_CPU = pytest.mark.skipif(triton_device.DEVICE != "cpu" or not triton_device.INTERPRETING,
+                                   reason="Triton kernels on CPU tensors need Triton's interpreter")
+
+
+@TRITON_ON_CPU
+@pytest.mark.parametrize("case", ["inference", "training"])
+def test_triton_graphs_come_from_the_cache_too(fresh_cache, compiled_graphs, monkeypatch, case):
+    """The Triton target's product: kernel module source, wrapper, and each kernel's launchers with the dtypes they
+    compile for; the second compile loads the module from the disk cache (not this process's memory), compiles
+    the launchers as recorded, and runs no stage but build."""
+    from kiln.codegen import triton as triton_codegen
+
+    monkeypatch.setenv("KILN_CPU_BACKEND", "triton")
+    fn, make = CASES[case]
+    args = make()
+    first = _run(kiln.compile(fn), args)
+    monkeypatch.setattr(triton_codegen, "_loaded", {})
+    kiln.reset()
+    hits = graph_cache.stats["hits"]
+    second = _run(kiln.compile(fn), args)
+    expected = _run(fn, args)
+    for got in (first, second):
+        torch.testing.assert_close(got, expected)
+    cached = [g for g in compiled_graphs if g.artefacts.get("from_cache")]
+    assert graph_cache.stats["hits"] - hits == len(cached) == len(compiled_graphs) // 2 >= 1
+    assert all("kernels.py" in g.artefacts and set(g.artefacts["times"]) == {"build"} for g in cached)
+    products = [json.loads(p.read_text()) for p in (fresh_cache / "graphs").rglob("*.json")
+                if not p.name.endswith(".manifest.json")]
+    assert all(k["precompiles"] for p in products for k in p["kernels"].values())

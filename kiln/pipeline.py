@@ -26,7 +26,9 @@ counted, warned once, an error under KILN_STRICT=1). An op with no lowering runs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import json
 import logging
 import os
 import time
@@ -113,7 +115,9 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     product = graph_cache.lookup(key) if key else None
     if product is not None:
         try:
-            return run("build", from_product, product, gm, example_inputs, options, name, run.times)
+            compiled = run("build", from_product, product, gm, example_inputs, options, name, run.times)
+            graph_cache.stats["hits"] += 1
+            return compiled
         except Exception as e:  # noqa: BLE001 -- a product that does not load: compile as if it were not there
             log.warning("kiln: %s: the cached compile could not be used (%s: %s); compiling again", name,
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -126,9 +130,22 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     return compiled
 
 
+def _caching(options: CompileOptions) -> bool:
+    """Does this compile use the compile cache? Not for the debug directory and the accuracy check: they read
+    every stage's artefacts (the traces, the IR, the schedule)."""
+    return config.graph_cache and not (options.check_accuracy or options.trace_enabled
+                                       or os.environ.get("KILN_DEBUG_DIR"))
+
+
+def _aot_cache_key(options: CompileOptions) -> str | None:
+    """What names this code generator to the AOT autograd cache (kiln/autograd/aot_cache.py): its options; None
+    where the compile is not cached."""
+    return json.dumps(["kiln.inductor", options.as_dict()], sort_keys=True, default=str) if _caching(options) \
+        else None
+
+
 def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> str | None:
-    # the debug directory and the accuracy check read every stage's artefacts (the IR, the schedule)
-    if not config.graph_cache or options.check_accuracy or options.trace_enabled or os.environ.get("KILN_DEBUG_DIR"):
+    if not _caching(options):
         return None
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
@@ -140,9 +157,8 @@ def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: Compil
 
 
 def _product(code: GeneratedCode, target: Target) -> dict | None:
-    """What the compile cache keeps of a generated graph (None where it cannot describe it: Triton kernels
-    carry launch configurations and autotuners that are not plain data)."""
-    if target.name != "cpp" or not config.graph_cache:
+    """What the compile cache keeps of a generated graph (None where it cannot describe it)."""
+    if not config.graph_cache:
         return None
     try:
         return graph_cache.encode_product(target.name, code.source, code.wrapper, code.kernels, code.namespace,
@@ -307,12 +323,23 @@ def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict
                          fused_graph=fused_graph(sched))
 
 
+class ReadableGraph:
+    """An ATen graph's readable code, printed when it is read (str()): a large graph's costs more to print than a
+    warm start spends on it otherwise."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+
+    def __str__(self) -> str:
+        return self.gm.print_readable(print_output=False)
+
+
 def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
                   **stage_artefacts) -> CompiledGraph:
     """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call (taking the graph's
     0-d CPU tensors across, kiln/runtime/host_scalars.py), the artefacts every compile has, and `stage_artefacts`
     (what the stages before build printed, or that it came from the cache)."""
-    artefacts = {"aten_graph": gm.print_readable(print_output=False), target.artefact: code.source,
+    artefacts = {"aten_graph": ReadableGraph(gm), target.artefact: code.source,
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
@@ -394,8 +421,9 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
-        table = decomposition_table(options.fallback_random)
-        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name)
+        table = functools.partial(decomposition_table, options.fallback_random)  # built if a graph is traced
+        compiled = aot_compile(gm, example_inputs, compiler, decompositions=table, name=name,
+                               cache=_aot_cache_key(options))
     finally:
         progress.close()
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)

@@ -5,6 +5,7 @@ import. Test modules that use torch.compile as the reference import triton throu
 decision in `triton_device` must be made here, ahead of every module, not in the Triton tests.
 """
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -65,3 +66,20 @@ def compiled_graphs():
     GRAPH_LISTENERS.append(listener)
     yield seen
     GRAPH_LISTENERS.remove(listener)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """An empty cache directory of this test's, with the compile cache (graphs, AOT autograd) on, and no memory of
+    earlier refusals, loaded libraries or used files."""
+    from kiln.config import config
+    from kiln.runtime import cache
+    from kiln.runtime.private_files import PrivateTree
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    monkeypatch.setattr(cache, "_tree", PrivateTree("cache"))
+    monkeypatch.setattr(cache, "_loaded", {})
+    monkeypatch.setattr(cache, "_used", {})
+    monkeypatch.setattr(config, "graph_cache", True)
+    return root

@@ -10,6 +10,8 @@ logged to `kiln.aot` as Python code:
                   (an op's error while tracing: the graph runs op by op, raising as eager does)
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
+    (cached)      a variant traced before (by any process) takes its signature and graphs from the
+                  compile cache instead of analyze, trace, functionalize, partition  (aot_cache.py)
     compile       the code generator's `compiler` on each graph
     runtime       autograd.Function / inference wrapper                              (runtime.py)
 
@@ -40,6 +42,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from kiln import fallbacks
+from kiln.autograd import aot_cache
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
@@ -49,7 +52,9 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
+from kiln.runtime import graph_cache
 from kiln.runtime.compile_lock import build_once, compile_lock
+from kiln.runtime.graph_cache import Uncacheable
 
 log = logging.getLogger("kiln.aot")
 log_hints = logging.getLogger("kiln.perf_hints")
@@ -65,7 +70,8 @@ class RaisesInEager(Exception):
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
-                decompositions: dict | None = None, name: str = "graph") -> Callable:
+                decompositions: dict | Callable[[], dict] | None = None, name: str = "graph", cache: str | None = None
+                ) -> Callable:
     """Compile `gm` (torch-level FX graph) through ATen graphs handed to `compiler`.
 
     `compiler(aten_gm, example_inputs)` receives the inference graph, or the forward and
@@ -75,18 +81,23 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     inputs early). The result has `gm`'s calling convention. A compiler that fuses ops into
     kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
     to save values that compiler stores anyway (`partition`'s `fused`).
+
+    `decompositions`: the table tracing applies, or a function making it (called only when a graph is traced).
+    `cache`: the compiler's identity and options, as a string, to keep the ATen graphs in the compile cache
+    under (aot_cache.py), or None to keep nothing (the compiler's output depends on more than it says).
     """
     if written_alias_groups(gm, example_inputs) != []:
         log.info("%s: inputs share storage and one is written: compiling with a base input per storage", name)
         return AliasedInputsCompiled(gm, example_inputs,
-                                     lambda g, inputs: PerShapeCompiled(g, inputs, compiler, decompositions, name))
+                                     lambda g, inputs: PerShapeCompiled(g, inputs, compiler, decompositions, name,
+                                                                        cache))
     try:
-        compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name)
+        compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name, cache=cache)
         compiled.compile_for(example_inputs)
         return compiled
     except NeedsStaticShapes as e:
         log.info("%s: %s: compiling it once per input shape", name, e)
-        return PerShapeCompiled(gm, example_inputs, compiler, decompositions, name)
+        return PerShapeCompiled(gm, example_inputs, compiler, decompositions, name, cache)
 
 
 class PerShapeCompiled:
@@ -98,8 +109,8 @@ class PerShapeCompiled:
     baked in as constants, are part of the signature too).
     """
 
-    def __init__(self, gm, example_inputs, compiler, decompositions, name):
-        self.args = (gm, compiler, decompositions, name)
+    def __init__(self, gm, example_inputs, compiler, decompositions, name, cache=None):
+        self.args = (gm, compiler, decompositions, name, cache)
         self.compiled: dict[tuple, AOTCompiled] = {}
         self._for(example_inputs)
 
@@ -108,10 +119,10 @@ class PerShapeCompiled:
         return build_once(self.compiled, key, self._specialize, key, args)
 
     def _specialize(self, key: tuple, args) -> AOTCompiled:
-        gm, compiler, decompositions, name = self.args
+        gm, compiler, decompositions, name, cache = self.args
         if self.compiled:
             log.info("%s: new input sizes %s: compiling specialization %d", name, key, len(self.compiled) + 1)
-        compiled = AOTCompiled(gm, list(args), compiler, decompositions, name, static_shapes=True)
+        compiled = AOTCompiled(gm, list(args), compiler, decompositions, name, static_shapes=True, cache=cache)
         compiled.compile_for(args)
         return compiled
 
@@ -149,9 +160,11 @@ class AOTCompiled:
     """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast) variant."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler,
-                 decompositions: dict | None, name: str, static_shapes: bool = False):
+                 decompositions: dict | Callable[[], dict] | None, name: str, static_shapes: bool = False,
+                 cache: str | None = None):
         self.program = FlatProgram(gm, example_inputs, static_shapes)
         self.compiler = compiler
+        self.cache = cache
         self.decompositions = decompositions
         self.name = name
         self.runners: dict[Any, Callable | None] = {}
@@ -182,7 +195,7 @@ class AOTCompiled:
             with compile_lock:
                 if self.specialized is None:
                     self.specialized = PerShapeCompiled(self.program.gm, list(args), self.compiler,
-                                                        self.decompositions, self.name)
+                                                        self.decompositions, self.name, self.cache)
         return self.specialized(*args)
 
     def compile_for(self, args) -> None:
@@ -297,6 +310,51 @@ class AOTCompiled:
         if graph is not None and log.isEnabledFor(logging.INFO):
             log.info("%s %s graph:\n%s", self.name, name, graph.print_readable(print_output=False))
 
+    def _cached(self, key: tuple, kind: str) -> tuple[str | None, tuple | None]:
+        """(the product key of variant `key`, or None if it cannot be cached; what the compile cache keeps of it,
+        decoded, or None: the output signature, and the ATen graphs with what the runtime needs of them). A product
+        that does not decode is removed (and compiled again), with one warning."""
+        if self.cache is None:
+            return None, None
+        try:
+            product_key = aot_cache.variant_key(self.program, key, self.cache)
+        except Uncacheable as e:
+            log.debug("%s: not cached: %s", self.name, e)
+            aot_cache.stats["uncacheable"] += 1
+            return None, None
+        start = time.perf_counter()
+        product = graph_cache.lookup(product_key, aot_cache.FOLDER)
+        if product is None:
+            return product_key, None
+        try:
+            signature, graphs, mutations = aot_cache.decode_graphs(product, kind, self.program.fake_mode())
+            if kind == "inference":
+                decoded = signature, graphs, mutations
+            else:
+                split = self.partitions[key] = aot_cache.decode_partition(product, graphs)
+                decoded = (signature, split, mutations, int(product["num_outputs"]),
+                           [bool(g) for g in product["grad_mask"]])
+        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+            log.warning("kiln: %s: the cached %s graphs could not be used (%s: %s); tracing again", self.name, kind,
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            graph_cache.forget(product_key, aot_cache.FOLDER)
+            return product_key, None
+        aot_cache.stats["hits"] += 1
+        self._record(key, "from the compile cache", time.perf_counter() - start, None)
+        return product_key, decoded
+
+    def _store(self, product_key: str | None, encode: Callable, *parts) -> None:
+        """Keep the variant's ATen graphs in the compile cache (when it has a key and they can be described)."""
+        if product_key is None:
+            return
+        try:
+            product = encode(*parts)
+        except Uncacheable as e:
+            log.debug("%s: not cached: %s", self.name, e)
+            aot_cache.stats["uncacheable"] += 1
+            return
+        graph_cache.store(product_key, product, aot_cache.FOLDER)
+
     def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None
                  ) -> Callable:
         """`graph` through the compiler, told its kind and (a forward's) how many outputs the caller sees: the
@@ -309,6 +367,10 @@ class AOTCompiled:
 
     def _build_inference(self, key: tuple) -> Callable:
         program = self.program
+        product_key, cached = self._cached(key, "inference")
+        if cached is not None:
+            signature, graphs, mutations = cached
+            return InferenceRunner(program, signature, self._compile(key, "inference", graphs["inference"]), mutations)
         signature = self._pass(key, "analyze", program.analyze, None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
@@ -318,11 +380,15 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
+        self._store(product_key, aot_cache.encode_inference, signature, graph, mutations)
         return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
 
     def _build_training(self, key: tuple) -> Callable:
         program = self.program
         requires_grad = key[0]
+        product_key, cached = self._cached(key, "training")
+        if cached is not None:
+            return self._training_runner(key, *cached)
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if self._integer_requires_grad(signature):
             return self.program.run
@@ -349,6 +415,13 @@ class AOTCompiled:
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
                                                  getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
+        self._store(product_key, aot_cache.encode_training, signature, split, mutations, num_outputs, joint.grad_mask)
+        return self._training_runner(key, signature, split, mutations, num_outputs, joint.grad_mask)
+
+    def _training_runner(self, key: tuple, signature, split: Partition, mutations: list[InputMutation],
+                         num_outputs: int, grad_mask: list[bool]) -> TrainingRunner:
+        """The forward and backward graphs of `split` compiled, behind one autograd.Function."""
+        program = self.program
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations))
@@ -361,7 +434,7 @@ class AOTCompiled:
         snapshots = [i is not None and i in written for i in split.saved_inputs]
         # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
         watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
-        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, joint.grad_mask,
+        return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched)
 
 

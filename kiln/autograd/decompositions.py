@@ -10,6 +10,8 @@ code generator can see them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -41,8 +43,11 @@ def core_aten() -> dict:
     return core_aten_decompositions()
 
 
-def tracing_table(decompositions: dict | None, training: bool) -> dict:
-    """The table tracing uses: the caller's, over the ones functionalization needs."""
+def tracing_table(decompositions: dict | Callable[[], dict] | None, training: bool) -> dict:
+    """The table tracing uses: the caller's (or what the caller's function makes: a table built only when a
+    graph is traced, not when its traces come from the compile cache), over the ones functionalization needs."""
+    if callable(decompositions):
+        decompositions = decompositions()
     table = {**FUNCTIONALIZATION, **(decompositions or {})}
     if training:
         for op in UNSAFE_FOR_TRAINING:

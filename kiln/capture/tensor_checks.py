@@ -37,7 +37,7 @@ import torch
 from kiln.config import compiler
 from kiln.runtime import compiler as compiler_process
 from kiln.runtime.cache import folder as cache_folder
-from kiln.runtime.cache import rebuild_log, write_new
+from kiln.runtime.cache import rebuild_log, record_use, write_new
 from kiln.runtime.private_files import discard, publish, sweep_orphans, temp_name, verify
 
 log = logging.getLogger("kiln.guards")
@@ -277,6 +277,7 @@ def _build(path: Path) -> Path:
 
 
 def _load(path: Path):
+    record_use(path)  # kiln.save_cache_artifacts carries it: a server from the blob loads it, not builds it
     loader = importlib.machinery.ExtensionFileLoader("kiln_tensor_checks", str(path))
     spec = importlib.util.spec_from_file_location("kiln_tensor_checks", str(path), loader=loader)
     module = importlib.util.module_from_spec(spec)

@@ -5,17 +5,19 @@
     kiln.load_cache_artifacts(blob)         # in a fresh process or on another machine, before compiling
 
 As torch.compiler.save_cache_artifacts / load_cache_artifacts. The blob holds every file of the cache
-this process compiled with (kiln/runtime/cache.py `used()`): the compiled graphs' products
-(kiln/runtime/graph_cache.py), the C++ libraries, the autotuning decisions and the Triton modules,
-each with its size and SHA-256, and the environment it was made in.
+this process compiled with (kiln/runtime/cache.py `used()`): the captured graphs' ATen graphs
+(kiln/autograd/aot_cache.py), the compiled graphs' products (kiln/runtime/graph_cache.py), the C++ libraries
+(the kernels', and the guards' extension, kiln/capture/tensor_checks.py, which a fresh cache would otherwise build
+while the first calls run), the autotuning decisions and the Triton modules, each with its size and SHA-256, and
+the environment it was made in.
 
 Loading checks before it writes anything: the format, that every path is one of the cache's own
 kinds of file (no `..`, no absolute path), and every file's hash; a blob that fails any check is
 refused whole (ValueError) and the cache is left as it was. Files are published like a build's
 (temporary name, manifest, rename). C++ libraries built for another CPU are left out (a product's
-kernel source builds them again here), and a blob from another kiln, torch or Python is loaded but
-its products never match a key here: they are simply not used. A blob runs code on load: trust it as
-you would trust the model's source.
+kernel source builds them again here; the guards' extension builds in the background), and a blob from another
+kiln, torch or Python is loaded but its products never match a key here: they are simply not used. A blob runs
+code on load: trust it as you would trust the model's source.
 """
 from __future__ import annotations
 
@@ -30,11 +32,13 @@ from kiln.runtime.private_files import publish, temp_name, verify
 MAGIC = b"KILN-CACHE-ARTIFACTS\x00"
 VERSION = 1
 # The files a blob may hold: a folder of the cache's, a two-character shard, a file named by its key.
-_ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|graphs/[0-9a-f]{2}/[0-9a-f]{64}\.json"
-                      r"|autotune/[0-9a-f]{2}/[0-9a-f]{64}\.json|triton/[0-9a-f]{2}/[0-9a-f]{64}\.py)$")
+_ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|(graphs|aot)/[0-9a-f]{2}/[0-9a-f]{64}\.json"
+                      r"|autotune/[0-9a-f]{2}/[0-9a-f]{64}\.json|triton/[0-9a-f]{2}/[0-9a-f]{64}\.py"
+                      r"|ext/[0-9a-f]{16}/kiln_tensor_checks\.[A-Za-z0-9_-]+\.so)$")
 
 
-_MANIFESTED = ("cpp/", "graphs/")  # files published with a manifest, checked before they are saved
+_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/")  # files published with a manifest, checked before they are saved
+_BUILT_FOR_THIS_CPU = ("cpp", "ext")  # machine code: left out of a blob loaded on another CPU
 
 
 def save_cache_artifacts() -> bytes:
@@ -65,7 +69,7 @@ def load_cache_artifacts(blob: bytes) -> dict:
     written: dict[str, int] = {}
     for entry, data in zip(entries, files):
         kind = entry["path"].split("/")[0]
-        if kind == "cpp" and not same_host:
+        if kind in _BUILT_FOR_THIS_CPU and not same_host:
             written["skipped (built for another CPU)"] = written.get("skipped (built for another CPU)", 0) + 1
             continue
         _publish(entry["path"], data)

@@ -6,8 +6,10 @@ goes straight to loading the kernels (themselves cached by kiln/runtime/cache.py
 wrapper.
 
 What is kept (the *product*, one JSON file per graph, `graphs/<key[:2]>/<key>.json`) is text and
-plain data only: the kernels' source, the wrapper's Python source, each kernel's argument list, and
-the wrapper's namespace as descriptions (devices, ATen operators by name, tensor constants by value).
+plain data only: the kernels' source (C++ or Triton), the wrapper's Python source, each kernel's argument
+list (and a Triton kernel's launchers with the argument dtypes they are compiled for), and the wrapper's
+namespace as descriptions (devices, ATen operators by name, tensor constants by value). Autotuning
+decisions are kept beside it by kiln/runtime/autotune.py, and read back when a tuned launcher first runs.
 No pickle, no code object: what is executed is source kiln regenerates the namespace for, and only
 after the file matched the manifest written with it (kiln/runtime/private_files.py).
 
@@ -45,9 +47,6 @@ log = logging.getLogger("kiln.runtime.cache")
 FORMAT = 1  # the product's layout; a change makes every older product a miss
 MAX_CONSTANT_BYTES = 1 << 20  # constants are stored in the product: a graph holding bigger ones is not cached
 
-stats = {"hits": 0, "stores": 0, "uncacheable": 0}
-
-
 class Uncacheable(Exception):
     """The graph or its generated code holds something the product cannot describe."""
 
@@ -55,11 +54,54 @@ class Uncacheable(Exception):
 @dataclass
 class KernelSignature:
     """What loading a kernel needs of its generator's kernel object: its pointer arguments, its size
-    arguments, and whether it returns an error code."""
+    arguments, whether it returns an error code (C++), and the launchers its `precompile` compiles with which
+    argument dtypes and integers (Triton: `precompiles`, recorded by `record_precompiles`)."""
 
     arg_names: list
     size_args: list
     reports_errors: bool
+    precompiles: list | None = None
+
+    def precompile(self, module) -> None:
+        """Compile the kernel's launchers as the generator's kernel object did (Triton's load_kernels)."""
+        for launcher, dtypes, ints in self.precompiles or ():
+            getattr(module, launcher).precompile([_dtype(d) for d in dtypes], list(ints))
+
+
+class _PrecompileRecorder:
+    """Stands in for a Triton kernel module: records each launcher's `precompile(dtypes, ints)` call."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __getattr__(self, launcher: str):
+        recorder = self
+
+        class Launcher:
+            @staticmethod
+            def precompile(dtypes, ints) -> None:
+                if not all(isinstance(d, torch.dtype) for d in dtypes) or not all(type(i) is int for i in ints):
+                    raise Uncacheable(f"launcher {launcher} precompiles with values that are not plain data")
+                recorder.calls.append([launcher, [str(d).removeprefix("torch.") for d in dtypes], list(ints)])
+
+        return Launcher
+
+
+def record_precompiles(kernel) -> list | None:
+    """The launcher calls a generated Triton kernel's `precompile(module)` makes, as plain data (None for a kernel
+    that has no such method: C++)."""
+    if not hasattr(kernel, "precompile"):
+        return None
+    recorder = _PrecompileRecorder()
+    kernel.precompile(recorder)
+    return recorder.calls
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"kiln: a cached kernel names no dtype: {name!r}")
+    return value
 
 
 # ----------------------------------------------------------------------------- the key
@@ -86,6 +128,15 @@ def host() -> str:
     except OSError:
         pass
     return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+@functools.cache
+def gpu(device: torch.device) -> str:
+    """The GPU a Triton graph is generated for (block sizes and kernels follow its capability)."""
+    try:
+        return f"{torch.cuda.get_device_name(device)} sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    except (RuntimeError, AssertionError, ValueError):  # fake CUDA tensors on a machine without one
+        return "no GPU"
 
 
 def _version(package: str) -> str | None:
@@ -115,6 +166,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
         constants[node.target] = encode_value(value)
     environ = {name: os.environ.get(name) for name in ("KILN_CPU_BACKEND", "TRITON_INTERPRET")}
     environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
+    environ["gpus"] = sorted({gpu(x.device) for x in example_inputs if isinstance(x, torch.Tensor)
+                              and x.device.type == "cuda"})
     described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
@@ -189,7 +242,8 @@ def encode_product(target: str, source: str, wrapper: str, kernels: dict, namesp
     names = {name: encode_value(value) for name, value in namespace.items()
              if not (name in base and base[name] is value)}
     signatures = {name: {"arg_names": list(k.arg_names), "size_args": [str(s) for s in k.size_args],
-                         "reports_errors": bool(k.reports_errors)} for name, k in kernels.items()}
+                         "reports_errors": bool(getattr(k, "reports_errors", False)),
+                         "precompiles": record_precompiles(k)} for name, k in kernels.items()}
     return {"format": FORMAT, "target": target, "source": source, "wrapper": wrapper, "kernels": signatures,
             "namespace": names}
 
@@ -202,14 +256,22 @@ def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
     return kernels, namespace
 
 
-def product_path(key: str) -> Path:
-    return cache.folder("graphs", key[:2]) / f"{key}.json"
+# The folders of whole-graph products: "graphs" (an ATen graph's kernels and wrapper, kept here) and "aot"
+# (a captured graph's AOT autograd product, kiln/autograd/aot_cache.py). Each counts its own stores, and the
+# hits its user counts: a product read back that does not load is no hit.
+FOLDERS = ("graphs", "aot")
+folder_stats = {folder: {"hits": 0, "stores": 0, "uncacheable": 0} for folder in FOLDERS}
+stats = folder_stats["graphs"]
 
 
-def lookup(key: str) -> dict | None:
+def product_path(key: str, folder: str = "graphs") -> Path:
+    return cache.folder(folder, key[:2]) / f"{key}.json"
+
+
+def lookup(key: str, folder: str = "graphs") -> dict | None:
     """The product stored under `key`, if there is one that matches its manifest (a broken one is removed,
     with one log line, and the graph compiled again)."""
-    path = product_path(key)
+    path = product_path(key, folder)
     problem = verify(path)
     if problem == "missing":
         return None
@@ -218,7 +280,6 @@ def lookup(key: str) -> dict | None:
             product = json.loads(path.read_bytes())
             if isinstance(product, dict) and product.get("format") == FORMAT:
                 cache.record_use(path)
-                stats["hits"] += 1
                 return product
             problem = "not a product of this kiln"
         except (OSError, ValueError) as e:
@@ -228,9 +289,9 @@ def lookup(key: str) -> dict | None:
     return None
 
 
-def store(key: str, product: dict) -> None:
+def store(key: str, product: dict, folder: str = "graphs") -> None:
     """Publish `product` under `key` (a temporary file renamed into place, its manifest first)."""
-    path = product_path(key)
+    path = product_path(key, folder)
     tmp = temp_name(path)
     try:
         cache.write_new(tmp, json.dumps(product))
@@ -240,13 +301,13 @@ def store(key: str, product: dict) -> None:
         discard(tmp)
         return
     cache.record_use(path)
-    stats["stores"] += 1
+    folder_stats[folder]["stores"] += 1
 
 
-def forget(key: str) -> None:
+def forget(key: str, folder: str = "graphs") -> None:
     """Remove a product that could not be used (it is compiled again and stored anew)."""
-    discard(product_path(key))
+    discard(product_path(key, folder))
 
 
 __all__ = ["graph_key", "encode_product", "decode_product", "lookup", "store", "forget", "Uncacheable",
-           "KernelSignature", "environment", "host", "stats"]
+           "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]

@@ -16,6 +16,7 @@ import torch
 import kiln
 from kiln.runtime import cache, graph_cache
 from kiln.runtime.private_files import PrivateTree
+from support import triton_device
 from support.cache import fake_compiler
 
 
@@ -168,7 +169,12 @@ def test_a_damaged_blob_is_refused_whole(fresh_cache, tmp_path, monkeypatch, dam
 
 DEPLOY = textwrap.dedent("""
     import sys, torch, kiln
+    from kiln.autograd import aot, aot_cache
     from kiln.runtime import cache, graph_cache
+    traced = []
+    for name in ("trace_joint", "trace_forward"):  # counted: a warm process traces nothing
+        original = getattr(aot, name)
+        setattr(aot, name, lambda *a, _f=original, **k: traced.append(_f.__name__) or _f(*a, **k))
     def model(x, w):
         return torch.relu(x @ w).softmax(-1).sum(0)
     x, w = torch.randn(16, 32), torch.randn(32, 32, requires_grad=True)
@@ -181,13 +187,15 @@ DEPLOY = textwrap.dedent("""
     torch.testing.assert_close(w.grad, ref_w.grad)
     if sys.argv[1] == "save":
         open(sys.argv[2], "wb").write(kiln.save_cache_artifacts())
-    print("hits", graph_cache.stats["hits"], "compiles", cache.stats["compiles"])
+    print("hits", graph_cache.stats["hits"], "aot", aot_cache.stats["hits"], "traced", len(traced),
+          "compiles", cache.stats["compiles"])
 """)
 
 
 def test_a_server_starts_warm_from_a_blob_built_elsewhere_without_a_compiler(tmp_path):
     """The deployment path: process 1 compiles and saves; process 2, with an empty cache and a compiler that
-    fails if called, loads the blob and runs strict (no fallback) with every graph from the cache."""
+    fails if called, loads the blob and runs strict (no fallback) with every graph from the cache: it traces no
+    AOT graph (the joint graph's forward and backward come from the cache too) and builds no kernel."""
     blob = tmp_path / "artifacts.bin"
     env = dict(os.environ, KILN_STRICT="1", OMP_NUM_THREADS="1", KILN_CACHE_DIR=str(tmp_path / "build"),
                KILN_CXX="g++")
@@ -199,7 +207,8 @@ def test_a_server_starts_warm_from_a_blob_built_elsewhere_without_a_compiler(tmp
     second = subprocess.run([sys.executable, "-c", DEPLOY, "load", str(blob)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout.split() == ["hits", "2", "compiles", "0"]
+    assert first.stdout.split()[2:6] == ["aot", "0", "traced", "1"]
+    assert second.stdout.split() == ["hits", "2", "aot", "1", "traced", "0", "compiles", "0"]
 
 
 def _zero_dim_constant(x):
@@ -211,3 +220,52 @@ def test_zero_dim_and_bool_constants_round_trip(fresh_cache):
     first, second, hits = _compile_twice(_zero_dim_constant, (x,))
     torch.testing.assert_close(second, _run(_zero_dim_constant, (x,)))
     assert hits >= 1
+
+
+def test_the_guards_extension_travels_with_the_artifacts(fresh_cache, tmp_path, monkeypatch):
+    """A cached build of the guards' C++ extension that this process loaded goes into the blob, and a fresh cache
+    gets it at the extension's own path (a server then loads it instead of building it while its first calls run).
+    A placeholder file stands in for the library: building the real one takes a minute."""
+    from kiln.capture import tensor_checks
+    from kiln.runtime.private_files import publish, temp_name
+
+    library = tensor_checks._library_path()
+    built = temp_name(library)
+    built.write_bytes(b"\x7fELF a library")
+    publish(built, library)
+    cache.record_use(library)
+    blob = kiln.save_cache_artifacts()
+    _to_fresh_cache(monkeypatch, tmp_path / "elsewhere")
+    assert kiln.load_cache_artifacts(blob).get("ext") == 1
+    assert tensor_checks._library_path().read_bytes() == b"\x7fELF a library"
+
+
+TRITON_ON_CPU = pytest.mark.skipif(triton_device.DEVICE != "cpu" or not triton_device.INTERPRETING,
+                                   reason="Triton kernels on CPU tensors need Triton's interpreter")
+
+
+@TRITON_ON_CPU
+@pytest.mark.parametrize("case", ["inference", "training"])
+def test_triton_graphs_come_from_the_cache_too(fresh_cache, compiled_graphs, monkeypatch, case):
+    """The Triton target's product: kernel module source, wrapper, and each kernel's launchers with the dtypes they
+    compile for; the second compile loads the module from the disk cache (not this process's memory), compiles
+    the launchers as recorded, and runs no stage but build."""
+    from kiln.codegen import triton as triton_codegen
+
+    monkeypatch.setenv("KILN_CPU_BACKEND", "triton")
+    fn, make = CASES[case]
+    args = make()
+    first = _run(kiln.compile(fn), args)
+    monkeypatch.setattr(triton_codegen, "_loaded", {})
+    kiln.reset()
+    hits = graph_cache.stats["hits"]
+    second = _run(kiln.compile(fn), args)
+    expected = _run(fn, args)
+    for got in (first, second):
+        torch.testing.assert_close(got, expected)
+    cached = [g for g in compiled_graphs if g.artefacts.get("from_cache")]
+    assert graph_cache.stats["hits"] - hits == len(cached) == len(compiled_graphs) // 2 >= 1
+    assert all("kernels.py" in g.artefacts and set(g.artefacts["times"]) == {"build"} for g in cached)
+    products = [json.loads(p.read_text()) for p in (fresh_cache / "graphs").rglob("*.json")
+                if not p.name.endswith(".manifest.json")]
+    assert all(k["precompiles"] for p in products for k in p["kernels"].values())

@@ -115,3 +115,20 @@ def test_a_half_product_rounds_after_every_factor_on_the_cpu(dtype):
     with torch.no_grad():
         for k, (got, expected) in enumerate(zip(kiln.compile(fn)(x), fn(x))):
             assert torch.equal(got, expected), (k, got, expected)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_wide_values_round_to_half_types_through_float(target):
+    """Eager converts a float64 or int64 value to bf16/fp16 through float (c10's half types are made from a
+    float): rounded twice, which differs from rounding once where the float value is a tie."""
+    wide = torch.tensor([1 + 2**-8 + 2**-30, 1 + 2**-11 + 2**-30, -(1 + 2**-8 + 2**-30)], dtype=torch.float64)
+    ints = torch.tensor([2**40 + 2**32 + 1, 2**30 + 2**19 + 1, 2**24 + 1, 7])
+
+    def fn(wide, ints):
+        return (wide.bfloat16(), wide.half(), (wide * 3).bfloat16().float(), ints.bfloat16(),
+                (ints + 1).half(), (ints * 2).bfloat16())
+
+    with torch.no_grad():
+        got = kiln.compile(fn, options={"cpu_backend": target})(wide, ints)
+        for k, (g, e) in enumerate(zip(got, fn(wide, ints))):
+            assert g.dtype == e.dtype and torch.equal(g, e), (k, g, e)

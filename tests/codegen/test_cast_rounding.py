@@ -132,3 +132,19 @@ def test_wide_values_round_to_half_types_through_float(target):
         got = kiln.compile(fn, options={"cpu_backend": target})(wide, ints)
         for k, (g, e) in enumerate(zip(got, fn(wide, ints))):
             assert g.dtype == e.dtype and torch.equal(g, e), (k, g, e)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_integers_convert_to_float_before_they_are_summed(target):
+    """A float32 sum or mean of an int64 tensor converts each element, then sums (as eager does): 2**24 + 1
+    becomes 2**24 three times, where the integer sum converted once would round up."""
+    a = torch.full((3,), 2**24 + 1)
+
+    def fn(a):
+        return (a.mean(dtype=torch.float32), a.sum(dtype=torch.float32), a.float().mean(), a.float().sum() / 3,
+                a.sum(0, dtype=torch.float64), (a * 2).bfloat16().sum())
+
+    with torch.no_grad():
+        got = kiln.compile(fn, options={"cpu_backend": target})(a)
+        for k, (g, e) in enumerate(zip(got, fn(a))):
+            assert g.dtype == e.dtype and torch.equal(g, e), (k, g, e)

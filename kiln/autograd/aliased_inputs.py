@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-aten = torch.ops.aten
+from kiln.autograd.functionalize import IN_PLACE_VIEWS
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,7 @@ def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
 
 
 # in-place ops that change their input's geometry and not its data (ATen's schemas mark them as writes)
-GEOMETRY_ONLY = {aten.t_, aten.transpose_, aten.unsqueeze_, aten.squeeze_, aten.as_strided_, aten.swapdims_,
-                 aten.swapaxes_}
+GEOMETRY_ONLY = {op.overloadpacket for op in IN_PLACE_VIEWS}
 
 
 class _DataWrites(TorchDispatchMode):

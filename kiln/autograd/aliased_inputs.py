@@ -21,6 +21,9 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kiln.autograd.functionalize import IN_PLACE_VIEWS
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,14 @@ class AliasGroup:
 
 def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[AliasGroup] | None:
     """The groups of inputs that share storage if the graph writes one of them; [] if none needs
-    rewriting; None if some cannot be (members of different dtypes: run the graph as it is)."""
+    rewriting; None if some cannot be: run the graph as it is. One base cannot hold members of different
+    dtypes, nor members that require grad and members that do not (`b = a.detach()[:2]`: eager's writes
+    through b are no autograd op, where writes through a view of a's base would be one on a leaf's view)."""
     groups = _storage_groups(example_inputs)
     if not groups or not _written(gm, example_inputs, {i for g in groups for i in g}):
         return []
     tensors = [[example_inputs[i] for i in g] for g in groups]
-    if any(len({t.dtype for t in ts}) > 1 for ts in tensors):
+    if any(len({t.dtype for t in ts}) > 1 or len({t.requires_grad for t in ts}) > 1 for ts in tensors):
         return None
     return [_group(g, ts) for g, ts in zip(groups, tensors)]
 
@@ -57,9 +62,41 @@ def _storage_groups(inputs: list) -> list[list[int]]:
 
 
 def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
-    """Does one run of `gm` on fake copies of `inputs` (their storage sharing kept) write any of `positions`?"""
-    changes = _fake_run(gm, inputs, positions)
-    return changes is None or any(written for written, _ in changes.values())
+    """Does one run of `gm` on fake copies of `inputs` (their storage sharing kept) write the data of any of
+    `positions`? An in-place view op (`b.t_()`) changes only its input's geometry, which the runtime gives
+    the input after the call (`restride_inputs`) with no base needed."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
+    writes = _DataWrites({StorageWeakRef(fakes[i].untyped_storage()) for i in positions})
+    try:
+        with mode, writes, torch.no_grad():
+            gm(*fakes)
+    except Exception:  # an op the plain fake run cannot do: assume a write, which is compiled soundly either way
+        return True
+    return writes.seen
+
+
+# in-place ops that change their input's geometry and not its data (ATen's schemas mark them as writes)
+GEOMETRY_ONLY = {op.overloadpacket for op in IN_PLACE_VIEWS}
+
+
+class _DataWrites(TorchDispatchMode):
+    """Whether an op writes the data of a tensor on one of `storages` (in place, or as an `out=` argument)."""
+
+    def __init__(self, storages: set):
+        super().__init__()
+        self.storages, self.seen = storages, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.seen and func.overloadpacket not in GEOMETRY_ONLY:
+            for k, arg in enumerate(func._schema.arguments):
+                value = args[k] if k < len(args) else kwargs.get(arg.name)
+                written = arg.alias_info is not None and arg.alias_info.is_write
+                if written and isinstance(value, torch.Tensor) and \
+                        StorageWeakRef(value.untyped_storage()) in self.storages:
+                    self.seen = True
+        return func(*args, **kwargs)
 
 
 def _fake_run(gm: fx.GraphModule, inputs: list, positions: set[int]) -> dict[int, tuple[bool, tuple]] | None:
@@ -88,8 +125,8 @@ def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup:
 class AliasedInputsCompiled:
     """`gm` compiled per input shape for the aliasing of its inputs: with a base input per storage
     where the graph writes one of several inputs on it, as it is where none is, and run as it is
-    where the aliased inputs differ in dtype. Per shape, since the views of the bases are taken at
-    each shape's geometry (the capture guards the aliasing itself)."""
+    where one base cannot hold them (`written_alias_groups`). Per shape, since the views of the bases
+    are taken at each shape's geometry (the capture guards the aliasing itself)."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: list, compile: Callable[[fx.GraphModule, list], Callable]):
         self.gm, self.compile = gm, compile
@@ -100,7 +137,7 @@ class AliasedInputsCompiled:
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
         if key not in self.compiled:
             groups = written_alias_groups(self.gm, list(args))
-            if groups is None:  # no one base can hold inputs of several dtypes
+            if groups is None:  # no one base can hold these inputs (`written_alias_groups`)
                 self.compiled[key] = self.gm
             elif groups:
                 self.compiled[key] = SyntheticBases(self.gm, list(args), groups, self.compile)

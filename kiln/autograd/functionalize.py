@@ -23,6 +23,7 @@ written input gets `copy_(input, new value)` at the end, as the re-trace records
 """
 from __future__ import annotations
 
+import copy
 import operator
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +38,16 @@ from kiln.autograd.signature import TensorSpec, symbolic_dispatch
 from kiln.effects import eliminate_dead_code
 
 aten = torch.ops.aten
+
+# in-place view ops: each changes its tensor's geometry, not its data, and has an out-of-place view
+IN_PLACE_VIEWS = {
+    aten.t_.default: aten.t.default, aten.transpose_.default: aten.transpose.int,
+    aten.unsqueeze_.default: aten.unsqueeze.default, aten.squeeze_.default: aten.squeeze.default,
+    aten.squeeze_.dim: aten.squeeze.dim, aten.squeeze_.dims: aten.squeeze.dims,
+    aten.as_strided_.default: aten.as_strided.default, aten.swapdims_.default: aten.swapdims.default,
+    aten.swapaxes_.default: aten.swapaxes.default,
+}
+
 
 @dataclass(frozen=True)
 class InputMutation:
@@ -56,6 +67,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     symbols). The first `fresh_outputs` outputs are tensors that eager creates (each on a storage
     of its own): they stay so, though dropping identities may have left them an input or each other
     (`_own_storages`)."""
+    gm = _views_out_of_place(gm)
     root, graph = gm, _rewrite_input_writes(gm)
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
@@ -70,6 +82,26 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
     verify_functional(fgm)
     return fgm, mutations
+
+
+def _views_out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` with each in-place view op of a tensor the graph made (`b[:, ::2].t_()`) as its out-of-place view.
+
+    The trace records a size as read from the tensor it was first seen on, before the op changed that
+    tensor's geometry (`sym_size(slice, 1)` for the transposed slice's rows); re-traced as it is, the size
+    would be read after the change, from the other dim. The op's own result is the changed tensor, which
+    the later ops read: as a new view the change is the same, and the earlier tensor keeps its geometry.
+    A graph input keeps its op: the caller's tensor gets the new geometry after the call."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in IN_PLACE_VIEWS
+             and n.args[0].op != "placeholder"]
+    if not nodes:
+        return gm
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in IN_PLACE_VIEWS and node.args[0].op != "placeholder":
+            node.target = IN_PLACE_VIEWS[node.target]
+    gm.recompile()
+    return gm
 
 
 def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:

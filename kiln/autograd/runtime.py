@@ -129,11 +129,12 @@ class TrainingRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
-                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager]):
+                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager],
+                 saved_primals: list[int | None]):
         self.program, self.signature = program, signature
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask, snapshots, watched)
+                                       signature, grad_mask, snapshots, watched, saved_primals)
 
     def __call__(self, flat: list) -> Any:
         outs = list(self.function.call(*flat))
@@ -146,7 +147,7 @@ class TrainingRunner:
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
-                   watched: list[SavedByEager]) -> type:
+                   watched: list[SavedByEager], saved_primals: list[int | None]) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -160,6 +161,11 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
 
     `watched`: the inputs and outputs whose values eager's backward saves; their versions are taken
     at the forward and checked by the backward, as eager's are (`saved_versions`).
+
+    `saved_primals`, per saved value: the forward input it is, or None (a value the forward computed,
+    or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
+    under autograd, where that is exact (`_differentiable_saves`); otherwise its gradients raise a clear
+    error when differentiated.
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -211,8 +217,12 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             backward = backward_for(absent)  # eager runs no backward formula of an output the loss skips
             # Grad mode is on in a backward exactly when it runs with create_graph=True.
             differentiating_twice = torch.is_grad_enabled()
-            with torch.no_grad():
-                grads = iter(backward(args))
+            if differentiating_twice and _differentiable_saves(args, saved_primals, snapshot, grad_mask):
+                grads = iter(torch.fx.Interpreter(backward_for.graph_for(absent)).run(*args))
+                differentiating_twice = False  # autograd recorded the ops: their gradients are eager's
+            else:
+                with torch.no_grad():
+                    grads = iter(backward(args))
             result = [next(grads) if has_grad else None for has_grad in grad_mask]
             if reached_by is not None:
                 _drop_unreached(result, reached_by, [grad_outputs[i] is None for i, _, _ in tangents])
@@ -243,6 +253,20 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     CompiledFunction.traced_backward = staticmethod(traced_backward)
     CompiledFunction.tangent_outputs = tuple(i for i, _, _ in tangents)  # which grad_outputs the check reads
     return CompiledFunction
+
+
+def _differentiable_saves(saved: list, saved_primals: list[int | None], snapshot: list[int],
+                          grad_mask: list[bool]) -> bool:
+    """Whether the backward graph run under autograd on `saved` differentiates as eager's backward does: every
+    saved tensor is a forward input as the caller passed it, with its history (`x ** 3`'s backward reads x).
+    A value the forward computed (or copied: a snapshot, an input given other strides) has no history, and
+    the gradients through it would be silently missing."""
+    for k, (value, primal) in enumerate(zip(saved, saved_primals)):
+        if not isinstance(value, torch.Tensor):
+            continue  # a size
+        if primal is None or k in snapshot or (grad_mask[primal] and not value.requires_grad):
+            return False
+    return True
 
 
 def _reached_by(signature: OutputSignature, grad_mask: list[bool]) -> list[frozenset[int]] | None:

@@ -29,6 +29,8 @@ from kiln.schedule.fusion import KernelGroup
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 # Ops whose result in a half type is exact (no rounding after computing in float).
 EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
+# Reductions whose result in a half type is one of its inputs: the others accumulate in float and round once.
+EXACT_REDUCTIONS = {"max", "min", "argmax", "argmin", "any"}
 
 # Index expressions repeat across kernels (equal shapes, equal views): expand each once.
 expand = functools.lru_cache(maxsize=65536)(sympy.expand)
@@ -151,11 +153,21 @@ class KernelPrinter:
 
     def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:
         """Keep `var` as `node`'s value in registers and, if the buffer is stored, print its store."""
+        if node.is_reduction() and dtype in HALF_DTYPES and node.data.reduction_type not in EXACT_REDUCTIONS:
+            var = self._rounded_result(var, dtype)
         index = self.group.store_index(node)
         self.values[node.name] = (index, var)
         if node.name in self.stored:
             self.outputs[node.name] = None
             self.store_code(node, index, var, dtype)
+
+    def _rounded_result(self, acc: str, dtype: torch.dtype) -> str:
+        """A half-type reduction's float accumulator rounded to `dtype`, in a variable: eager rounds a bf16 sum
+        once, at its result, and the ops fused after the reduction must read that rounded value, as they would
+        from the stored buffer (`sum(bf16).float()` in a backward is the gradient eager computes)."""
+        var = self.new_tmp()
+        self.line(self.declare(var, self.round_half(acc, dtype), dtype))
+        return var
 
     def _mapped(self, node):
         """`node`'s body over the group's loop variables."""

@@ -85,8 +85,20 @@ def sympify(x) -> sympy.Expr:
         return x
     node = getattr(x, "node", None)
     if node is not None and hasattr(node, "expr"):
-        return sympy.sympify(node.expr)
+        return pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None))
     return sympy.Integer(int(x))
+
+
+def pinned(expr: sympy.Expr, shape_env) -> sympy.Expr:
+    """`expr`, or the constant the shape environment's ranges pin it to. The capture guards those ranges,
+    so the constant holds on every call: `a[::3]` of `a` with 2 <= s0 <= 3 rows has ((s0 + 2)//3) rows,
+    which is 1, and broadcasting it (`a[::3] / a`) must read its one row, not row i."""
+    if shape_env is None or expr.is_number:
+        return expr
+    bounds = shape_env.bound_sympy(expr)
+    if bounds.lower == bounds.upper and bounds.is_int and bounds.lower.is_finite:
+        return sympy.Integer(int(bounds.lower))
+    return expr
 
 
 def product(xs: Iterable) -> sympy.Expr:

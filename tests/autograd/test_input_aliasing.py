@@ -191,3 +191,29 @@ def test_read_only_aliased_inputs_that_require_grad(backend, aliasing):
 
     check(f, lambda call: ALIASINGS[aliasing](_vector().requires_grad_(), (_vector() + 3).requires_grad_()), backend,
           calls=2)
+
+
+def transpose_in_place(a, b):
+    """`t_` changes b's geometry, not its data: no write for the aliasing to carry (fuzz seed 12188)."""
+    out = a.t() * 2
+    b.t_()
+    return out, b + 1
+
+
+def write_through_detached(a, b):
+    """b is a detached alias of a, which requires grad: eager's write through b is no autograd op."""
+    out = a * 2
+    b.mul_(3)
+    return out, b * 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [transpose_in_place, write_through_detached], ids=lambda f: f.__name__)
+def test_a_detached_alias_of_an_input_that_requires_grad(program, backend):
+    """Fuzz seed 12188: `b = a.detach()[:2]` written in place raised "a view of a leaf Variable that requires
+    grad is being used in an in-place operation" where eager runs."""
+    def make_args(call):
+        a = torch.linspace(-1.0, 2.0, 9, dtype=torch.float64).reshape(3, 3).requires_grad_()
+        return a, a.detach()[:2]
+
+    check(program, make_args, backend, calls=2, loss_from=[0])

@@ -4,7 +4,7 @@ Parameters created or read inside, and requires_grad_ on intermediates. Run capt
 import pytest
 import torch
 
-from .reference import Table, bug, check, gap, t
+from .reference import Table, check, gap, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -143,8 +143,6 @@ def grad_through_narrow_and_cat(x):
 KNOWN = {
     ("tensor_hook_scales_gradient", "eager"): gap("Tensor.register_hook on an intermediate breaks the graph"),
     ("tensor_hook_scales_gradient", "aot_eager"): gap("Tensor.register_hook on an intermediate breaks the graph"),
-    ("autograd_grad_inside", "aot_eager"): bug("double backward through an aot_eager graph raises RuntimeError "
-                                               "(torch.compile's aot_eager cannot either)"),
 }
 
 

@@ -281,7 +281,7 @@ def eager_reruns(source: str, call: int) -> dict:
     """Eager's results of call `call` with the same input values in each of `conditioning.VARIANTS`."""
     from tests.fuzz.conditioning import VARIANTS, eager_rerun
 
-    return {name: eager_rerun(lambda: load(source), call, change, call_once) for name, change in VARIANTS.items()}
+    return {name: eager_rerun(lambda: load(source), call, variant, call_once) for name, variant in VARIANTS.items()}
 
 
 def eager_rerun_gradients(source: str, call: int) -> dict:
@@ -295,8 +295,8 @@ def eager_rerun_gradients(source: str, call: int) -> dict:
         grads, error = gradients(result, args, c)
         return args, grads, error
 
-    return {name: eager_rerun(lambda: load(source), call, change, call_and_backward)
-            for name, change in VARIANTS.items()}
+    return {name: eager_rerun(lambda: load(source), call, variant, call_and_backward)
+            for name, variant in VARIANTS.items()}
 
 
 # -- the whole program ---------------------------------------------------------------------------------

@@ -82,3 +82,51 @@ def test_a_finite_value_where_eager_gives_an_infinity_is_wrong():
 def test_seeds_where_eager_disagrees_with_itself_pass(seed):
     """792: argmax over sums tied but for an ulp; 1577: gelu(inf). Both were reported wrong."""
     check_program(generate(seed), "inductor")
+
+
+# a float32 mean of int64 edge values: +-2**63 cancel, and what is left of the small values depends on the
+# order of the sum (exactly 2.75; float64 2.125, eager 1.75, summed in reverse 0.375)
+CANCELLING_MEAN = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+                   "def inputs(call):\n    return [torch.tensor([3, 2**63 - 1, 4, 1, -2**63, 2, 7, 5])]\n"
+                   "def f(a):\n{body}")
+
+
+def _sums_in_reverse(gm, example_inputs):
+    """A backend as correct as eager in float32, summing in another order: the graph on the reversed input."""
+    return lambda a: gm(a.flip(0))
+
+
+def _far_off(gm, example_inputs):
+    return lambda a: [o * 0 + 1e30 for o in gm(a)]
+
+
+@pytest.mark.parametrize("backend,status", [(_sums_in_reverse, "ill-conditioned"), (_far_off, "wrong")])
+def test_a_value_float32_cannot_compute_is_ill_conditioned_within_its_scale(backend, status):
+    """Eager's float32 answer and kiln's are both far from the float64 run's: each is rounding noise, and any
+    answer of the value's scale passes; one far beyond it does not."""
+    outcome = run_program(CANCELLING_MEAN.format(body="    return a.float().mean() * 2\n"), backend)
+    assert outcome.status == status, outcome.first_line()
+
+
+def test_a_program_reading_a_dtype_gets_no_float64_reference():
+    """In float64 the program could take another branch: its float64 run is no reference, and the difference
+    stays wrong."""
+    body = "    m = a.float().mean()\n    return m * 2 if m.dtype == torch.float32 else m\n"
+    assert run_program(CANCELLING_MEAN.format(body=body), _sums_in_reverse).status == "wrong"
+
+
+@pytest.mark.parametrize("program", ["    return (a.float() / 3).sum(), a.double().sum(), a.bfloat16() * 3\n",
+                                     "    return a.float().mean(), torch.ones(2) * 0.1, a * 1.5, a / 7\n"])
+def test_the_float64_run_computes_float32_in_float64_only(program):
+    """float32 (asked for, by default, or by promotion) becomes float64; bf16 stays bf16 and integers integers."""
+    from tests.fuzz.compare import load
+    from tests.fuzz.conditioning import Float64Arithmetic
+
+    ns = load(CANCELLING_MEAN.format(body=program))
+    a = ns["inputs"](0)[0] % 100
+    with Float64Arithmetic():
+        got = ns["f"](a)
+    expected = ns["f"](a)
+    for g, e in zip(got, expected):
+        assert g.dtype == (torch.float64 if e.dtype == torch.float32 else e.dtype)
+        torch.testing.assert_close(g.to(e.dtype), e)

@@ -97,6 +97,12 @@ REDUCTIONS = {
     # serial kernels compute mean and variance in two vectorized passes (see _welford_means)
     "welford_two_pass": ("{T} {a}_m2 = 0;", "{a}_m2 = {a}_m2 + ({v} - {a}_mean) * ({v} - {a}_mean);", None, None, "+"),
 }
+# eager's CPU product of a half type rounds its accumulator to that type after every factor (its sum accumulates
+# in float): in order, so no simd clause
+ROUNDED_PRODUCT = {dtype: f"prod_{dtype}" for dtype in HALF}
+for _dtype, _mode in ROUNDED_PRODUCT.items():
+    REDUCTIONS[_mode] = ("{T} {a} = 1;", f"{{a}} = {HALF[_dtype][2]}({{a}} * {{v}});", "{a}",
+                         f"{{a}} = {HALF[_dtype][2]}({{a}} * {{b}});", None)
 
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
 PARALLEL_MIN_WORK = 32768
@@ -104,7 +110,8 @@ PARALLEL_MIN_WORK = 32768
 # Columns per tile of a column reduction (`_column_tiles`): a 64-byte line of floats per row read.
 COLUMN_LANES = 16
 # A column tile's accumulators start here (reductions with a plain per-lane accumulator).
-LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln::highest<{T}>()", "any": "false"}
+LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln::highest<{T}>()", "any": "false",
+             **{mode: "1" for mode in ROUNDED_PRODUCT.values()}}
 
 # Index expressions repeat across kernels (equal shapes, equal views): print each once.
 cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
@@ -306,7 +313,10 @@ class CppKernel(KernelPrinter):
                 continue
             key = (node.data.family, self._mapped(node))
             if key not in accs:
-                accs[key] = (self.new_tmp("acc"), node.data.reduction_type, COMPUTE[node.data.body.dtype])
+                dtype = node.data.body.dtype
+                mode = ROUNDED_PRODUCT.get(dtype, "prod") if node.data.reduction_type == "prod" \
+                    else node.data.reduction_type
+                accs[key] = (self.new_tmp("acc"), mode, COMPUTE[dtype])
                 decls.append(key)
         return accs, decls
 
@@ -401,12 +411,11 @@ class CppKernel(KernelPrinter):
             body = self._mapped(node)
             var = self.emit(body, scope)
             if node.is_reduction():
-                rtype = node.data.reduction_type
                 family = node.data.family
                 acc, mode, t = accs[(family, body)]
                 acc = (acc_names or {}).get(acc, acc)
                 if acc not in updated:  # welford mean and m2 share one accumulator
-                    update = REDUCTIONS[mode if mode == "welford_two_pass" else rtype][1]
+                    update = REDUCTIONS[mode][1]  # welford's mean and m2 update alike
                     self.line(update.format(a=acc, v=var, r=ridx, T=t))
                     updated.add(acc)
             else:

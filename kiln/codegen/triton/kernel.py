@@ -197,9 +197,9 @@ class TritonKernel(KernelPrinter):
             return self.lit(ops.literal(ir.converted(_literal_value(x), src, dst), dst))
         if dst == torch.bool:
             return f"({x} != 0)"
-        if dst in ops.ROUNDED:
-            src_float = src.is_floating_point and src not in ops.ROUNDED or src == torch.float32
-            x = x if src_float or src in ops.ROUNDED else f"{x}.to(tl.float32)"
+        if dst in ops.ROUNDED:  # eager converts to float first (c10's Half and BFloat16 take a float): a
+            # float64 or int64 value is rounded twice, which differs from once at a tie of the float value
+            x = x if src == torch.float32 or src in ops.ROUNDED else f"{x}.to(tl.float32)"
             return self.round_half(x, dst)
         if src in ops.ROUNDED and ops.COMPUTE[dst] == "tl.float32":
             return x

@@ -103,9 +103,9 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
 
     for node in nodes:
         if node in writes:
-            args, kwargs = torch.fx.map_arg((node.args, node.kwargs), read)
+            args, kwargs = torch.fx.map_arg((_functional_args(node, writes[node]), node.kwargs), read)
             new = env[node] = latest[storage_of[node]] = graph.call_function(writes[node], args, kwargs)
-            new.meta["val"] = fake_run(writes[node], node)
+            new.meta["val"] = fake_run(writes[node], new)
             if not _same_geometry(new.meta["val"], node.args[0].meta["val"]):
                 return None  # later readers would see other strides than the traced ones
             continue
@@ -115,6 +115,17 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
                     graph.call_function(aten.copy_.default, (env[placeholder], latest[storage_of[placeholder]]))
         env[node] = graph.node_copy(node, read)
     return graph
+
+
+def _functional_args(node: torch.fx.Node, functional: torch._ops.OpOverload) -> tuple:
+    """`node`'s positional arguments for its functional variant: those it leaves to the in-place op's
+    defaults and the variant requires filled in (`bernoulli_(p=0.5)` is `bernoulli.p(self, 0.5)`)."""
+    args = list(node.args)
+    for written, wanted in zip(node.target._schema.arguments[len(args):], functional._schema.arguments[len(args):]):
+        if wanted.kwarg_only or wanted.has_default_value() or written.name in node.kwargs:
+            break
+        args.append(written.default_value)
+    return tuple(args)
 
 
 def _is_write(node: torch.fx.Node) -> bool:

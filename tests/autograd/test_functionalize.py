@@ -171,6 +171,12 @@ def dropout(x):
     return [x * mask, mask.detach() + 1]
 
 
+def default_arguments(x):
+    """In-place ops called with their defaults, which their functional variants require (`bernoulli.p`)."""
+    t = torch.empty_like(x).bernoulli_()
+    return [x + t, torch.zeros_like(x).uniform_()]
+
+
 def written_then_read(x, y):
     """An input written, read, written again; an intermediate written and read before and after."""
     x.add_(y)
@@ -200,6 +206,7 @@ def written_and_returned(x, y):
                               torch.tensor(0)), True),
     (lambda x, y: [torch.sin(x) + y.t(), y.view(-1)], lambda: (torch.randn(2, 2), torch.randn(2, 2)), True),
     (dropout, lambda: (torch.randn(4, 3),), True),
+    (default_arguments, lambda: (torch.randn(4, 3),), True),
     (written_then_read, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
     (written_and_returned, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
     (written_through_a_view, lambda: (torch.randn(4, 3),), False),

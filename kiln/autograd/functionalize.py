@@ -36,6 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import TensorSpec, symbolic_dispatch
+from kiln.runtime.lazy_graphs import graph_module
 
 aten = torch.ops.aten
 
@@ -68,7 +69,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     _remove_identities(graph)
     _own_storages(graph, fresh_outputs)
     graph.eliminate_dead_code()
-    fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
+    fgm = graph_module(root, graph)
     verify_functional(fgm)
     return fgm, mutations
 

@@ -38,6 +38,7 @@ import torch.fx
 
 from kiln.config import compiler
 from kiln.runtime import cache
+from kiln.runtime.lazy_graphs import source
 from kiln.runtime.private_files import discard, publish, temp_name, verify
 
 log = logging.getLogger("kiln.runtime.cache")
@@ -115,7 +116,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
         constants[node.target] = encode_value(value)
     environ = {name: os.environ.get(name) for name in ("KILN_CPU_BACKEND", "TRITON_INTERPRET")}
     environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
-    described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
+    described = {"code": source(gm), "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -23,8 +23,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import compiled_autograd
-from kiln.runtime.lazy_graphs import lazily_built
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
+from kiln.runtime.lazy_graphs import lazily_built
 
 
 def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: dict,

@@ -76,7 +76,8 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
 
 def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     """The graph `make_fx(functionalize(gm))` records, built by rewriting a copy of `gm`; None
-    where `_rewritable` says the rewrite could differ from the re-trace.
+    where it could differ from the re-trace (`_written_storages`, and an in-place op whose functional
+    variant gives its result another geometry).
 
     Functionalization runs each in-place op's functional variant where the in-place op was, and
     every later reader of the written tensor (or of an alias of it) reads the new value; once the
@@ -159,9 +160,15 @@ def _written_storages(nodes: list[torch.fx.Node], writes: dict) -> dict | None:
 
 
 def _same_geometry(a, b) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype
-            and a.device == b.device)
+    """Same sizes, strides, offset, dtype and device; symbolic sizes compared as expressions, so that the
+    comparison adds no guard on the graph's sizes."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+            and a.device == b.device and _exprs(a) == _exprs(b))
+
+
+def _exprs(t: torch.Tensor) -> tuple:
+    sizes = (*t.shape, *t.stride(), t.storage_offset())
+    return tuple(s.node.expr if isinstance(s, torch.SymInt) else s for s in sizes)
 
 
 @functools.cache
@@ -172,8 +179,9 @@ def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     other mutating op (out= ops, ops writing several arguments, ops without such a variant)."""
     schema = op._schema
     name = schema.name.split("::")[-1]
-    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if not name.endswith("_") or written[:1] != schema.arguments[:1] or len(written) != 1 or len(schema.returns) != 1:
+    arguments = schema.arguments
+    written = [a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not name.endswith("_") or written != [arguments[0].name] or len(schema.returns) != 1:
         return None
     packet = getattr(aten, name[:-1], None)
     wanted = _signature(schema)

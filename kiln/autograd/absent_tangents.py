@@ -22,6 +22,7 @@ import torch
 
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.compile_lock import build_once
+from kiln.runtime.lazy_graphs import graph_module
 
 aten = torch.ops.aten
 
@@ -63,7 +64,7 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
         node.replace_all_uses_with(
             zeros, delete_user_cb=lambda user, zeros=zeros: user not in unchanged_users and user is not zeros)
     eliminate_dead_code(graph)
-    return torch.fx.GraphModule(backward, graph)
+    return graph_module(backward, graph)
 
 
 def _absent_only(graph: torch.fx.Graph, absent: set, present: set) -> tuple[set, set]:

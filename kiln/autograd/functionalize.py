@@ -13,17 +13,19 @@ batch-norm family writes its running statistics in place) are decomposed first,
 during tracing (`decompositions.FUNCTIONALIZATION`). `verify_functional` checks
 the result: no op of the final graph may have a mutable schema.
 
-The re-trace runs every op of the graph on fake tensors once more (a large part of the
-autograd stage's time on deep CNNs). When the graph's only in-place ops are
-pointwise writes to graph inputs, each the last use of that input (batch norm's
-running statistics, `num_batches_tracked += 1`), or it has none (most transformers),
-functionalization amounts to a rewrite, done without re-tracing
-(`_rewrite_input_writes`): each in-place op becomes its out-of-place variant, and the
-written input gets `copy_(input, new value)` at the end, as the re-trace records it.
+The re-trace runs every op of the graph on fake tensors once more (as long as the joint
+trace itself on models with dropout or batch norm). Where every in-place op writes a
+tensor none of whose aliases has a geometry of its own (dropout's `bernoulli_` and
+`div_` on a fresh tensor, batch norm's running statistics, `num_batches_tracked += 1`),
+or there is none (most inference graphs), functionalization amounts to a rewrite, done
+without re-tracing (`_rewrite_writes`): each in-place op becomes its functional
+variant, later readers read its result, and each written input gets
+`copy_(input, new value)` at the end, as the re-trace records it.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from collections import defaultdict
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import TensorSpec, symbolic_dispatch
 from kiln.effects import eliminate_dead_code
+from kiln.runtime.lazy_graphs import graph_module
 
 aten = torch.ops.aten
 
@@ -62,13 +65,13 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
                   fresh_outputs: int = 0) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
     """A functional copy of `gm`; input mutations are appended to its outputs.
 
-    Rewritten without tracing where `_rewrite_input_writes` applies; otherwise re-traced in
+    Rewritten without tracing where `_rewrite_writes` applies; otherwise re-traced in
     `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one owning its
     symbols). The first `fresh_outputs` outputs are tensors that eager creates (each on a storage
     of its own): they stay so, though dropping identities may have left them an input or each other
     (`_own_storages`)."""
     gm = _views_out_of_place(gm)
-    root, graph = gm, _rewrite_input_writes(gm)
+    root, graph = gm, _rewrite_writes(gm)
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         fakes = [s.fake(mode) for s in input_specs]
@@ -79,7 +82,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     _remove_identities(graph)
     _own_storages(graph, fresh_outputs)
     eliminate_dead_code(graph)
-    fgm = torch.fx.GraphModule(root, graph)  # the final graph's Python code, generated once
+    fgm = graph_module(root, graph)
     verify_functional(fgm)
     return fgm, mutations
 
@@ -104,69 +107,127 @@ def _views_out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-def _rewrite_input_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
+def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     """The graph `make_fx(functionalize(gm))` records, built by rewriting a copy of `gm`; None
-    unless every in-place op of `gm` is a pointwise write to a graph input that is its last use.
+    where it could differ from the re-trace (`_written_storages`, and an in-place op whose functional
+    variant gives its result another geometry).
 
-    Functionalization runs the out-of-place variant where the in-place op was and, once the
-    function returns, copies each written input's final value into it, in input order. With
-    no later reader of the input or of a view of it, nothing else changes: the other nodes
-    are copied as they are, and each new node's value is computed as the re-trace computes
-    it, by running its op on the fake values of its arguments.
+    Functionalization runs each in-place op's functional variant where the in-place op was, and
+    every later reader of the written tensor (or of an alias of it) reads the new value; once the
+    function returns, it copies each written input's final value into it, in input order. Here
+    the other nodes are copied as they are, their arguments redirected to the written storage's
+    latest value, and each new node's value is computed as the re-trace computes it, by running
+    its op on the fake values of its arguments: with the geometry of every alias unchanged by the
+    writes, the values downstream are those the re-trace computes.
     """
     nodes = list(gm.graph.nodes)
-    writes = {n: out_of_place(n.target) for n in nodes if n.op == "call_function"
-              and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable}
+    writes = {n: out_of_place(n.target) for n in nodes if _is_write(n)}
     if not all(writes.values()):
         return None
-    if writes:
-        position = {n: k for k, n in enumerate(nodes)}
-        aliases = defaultdict(list)  # storage -> the nodes whose value it holds
-        for n in nodes:
-            aliases[_storage(n)].append(n)
-        if not all(_last_write_to_input(n, aliases, position) and _fake_mode(n) for n in writes):
-            return None
+    groups = _written_storages(nodes, writes) if writes else {}
+    if groups is None:
+        return None
+    storage_of = {alias: storage for storage, aliases in groups.items() for alias in aliases}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    new_values: dict[torch.fx.Node, torch.fx.Node] = {}  # written input -> its final value
+    latest: dict[StorageWeakRef, torch.fx.Node] = {}  # written storage -> its value in the new graph
+
+    def read(n: torch.fx.Node) -> torch.fx.Node:
+        storage = storage_of.get(n)
+        return latest[storage] if storage in latest else env[n]
+
     for node in nodes:
         if node in writes:
-            args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
-            new = new_values[node.args[0]] = graph.call_function(writes[node], args, kwargs)
-            new.meta["val"] = fake_run(writes[node], node)
+            args, kwargs = torch.fx.map_arg((_functional_args(node, writes[node]), node.kwargs), read)
+            new = env[node] = latest[storage_of[node]] = graph.call_function(writes[node], args, kwargs)
+            new.meta["val"] = fake_run(writes[node], new)
+            if not _same_geometry(new.meta["val"], node.args[0].meta["val"]):
+                return None  # later readers would see other strides than the traced ones
             continue
         if node.op == "output":
             for placeholder in gm.graph.find_nodes(op="placeholder"):
-                if placeholder in new_values:
-                    graph.call_function(aten.copy_.default, (env[placeholder], new_values[placeholder]))
-        env[node] = graph.node_copy(node, env.__getitem__)
+                if storage_of.get(placeholder) in latest:
+                    graph.call_function(aten.copy_.default, (env[placeholder], latest[storage_of[placeholder]]))
+        env[node] = graph.node_copy(node, read)
     return graph
 
 
+def _functional_args(node: torch.fx.Node, functional: torch._ops.OpOverload) -> tuple:
+    """`node`'s positional arguments for its functional variant: those it leaves to the in-place op's
+    defaults and the variant requires filled in (`bernoulli_(p=0.5)` is `bernoulli.p(self, 0.5)`)."""
+    args = list(node.args)
+    for written, wanted in zip(node.target._schema.arguments[len(args):], functional._schema.arguments[len(args):]):
+        if wanted.kwarg_only or wanted.has_default_value() or written.name in node.kwargs:
+            break
+        args.append(written.default_value)
+    return tuple(args)
+
+
+def _is_write(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target._schema.is_mutable)
+
+
+def _written_storages(nodes: list[torch.fx.Node], writes: dict) -> dict | None:
+    """Each storage an in-place op writes -> the nodes whose value it holds; None where the rewrite could
+    differ from the re-trace: an alias with a geometry of its own (a view the re-trace would replay on the
+    new value), a storage of several graph inputs or of a constant, a write with its arguments in several
+    fake modes."""
+    aliases = defaultdict(list)
+    for n in nodes:
+        storage = _storage(n)
+        if storage is not None:
+            aliases[storage].append(n)
+    groups = {}
+    for write in writes:
+        storage = _storage(write.args[0]) if write.args and isinstance(write.args[0], torch.fx.Node) else None
+        if storage is None or _storage(write) != storage or not _fake_mode(write):
+            return None
+        groups[storage] = aliases[storage]
+    for group in groups.values():
+        first = group[0].meta["val"]
+        if (sum(n.op == "placeholder" for n in group) > 1 or any(n.op == "get_attr" for n in group)
+                or not all(_same_geometry(n.meta["val"], first) for n in group)):
+            return None
+    return groups
+
+
+def _same_geometry(a, b) -> bool:
+    """Same sizes, strides, offset, dtype and device; symbolic sizes compared as expressions, so that the
+    comparison adds no guard on the graph's sizes."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+            and a.device == b.device and _exprs(a) == _exprs(b))
+
+
+def _exprs(t: torch.Tensor) -> tuple:
+    sizes = (*t.shape, *t.stride(), t.storage_offset())
+    return tuple(s.node.expr if isinstance(s, torch.SymInt) else s for s in sizes)
+
+
+@functools.cache
 def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """`aten.add.Tensor` for `aten.add_.Tensor` (and `copy` for `copy_`): the op functionalization
-    runs instead of an in-place pointwise op; None for any other mutating op."""
-    if op is aten.copy_.default:
-        return aten.copy.default
-    name = op._schema.name.split("::")[-1]
-    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
-    functional = getattr(packet, op._overloadname, None) if packet is not None else None
-    if not isinstance(functional, torch._ops.OpOverload) or functional._schema.is_mutable:
+    """`aten.add.Tensor` for `aten.add_.Tensor` (`copy` for `copy_`, `bernoulli.p` for `bernoulli_.float`):
+    the functional variant functionalization runs instead of an in-place op that writes its first argument
+    and returns it, found as torchgen pairs them, by the signature (argument names and types); None for any
+    other mutating op (out= ops, ops writing several arguments, ops without such a variant)."""
+    schema = op._schema
+    name = schema.name.split("::")[-1]
+    arguments = schema.arguments
+    written = [a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not name.endswith("_") or written != [arguments[0].name] or len(schema.returns) != 1:
         return None
-    if torch.Tag.pointwise not in functional.tags or torch.Tag.nondeterministic_seeded in functional.tags:
-        return None
-    return functional
+    packet = getattr(aten, name[:-1], None)
+    wanted = _signature(schema)
+    for overload in packet.overloads() if isinstance(packet, torch._ops.OpOverloadPacket) else ():
+        functional = getattr(packet, overload)
+        if (not functional._schema.is_mutable and not functional.is_view and len(functional._schema.returns) == 1
+                and _signature(functional._schema) == wanted):
+            return functional
+    return None
 
 
-def _last_write_to_input(node: torch.fx.Node, aliases: dict, position: dict) -> bool:
-    """Does `node` write a graph input (not a view of one) that no later node reads, directly or
-    through a view, and is its own result unused?"""
-    target = node.args[0] if node.args else None
-    if node.users or not isinstance(target, torch.fx.Node) or target.op != "placeholder":
-        return False
-    storage = _storage(target)
-    return storage is not None and not any(position[u] > position[node]
-                                           for alias in aliases[storage] for u in alias.users)
+def _signature(schema) -> tuple:
+    return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
 
 
 def _storage(node: torch.fx.Node):

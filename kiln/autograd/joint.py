@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import compiled_autograd
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
+from kiln.runtime.lazy_graphs import lazily_built
 
 
 def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: dict,
@@ -31,7 +32,7 @@ def trace_forward(fn: Callable, input_specs: list[TensorSpec], decompositions: d
     """The ATen graph of `fn` on flat inputs, traced without autograd (the inference graph)."""
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [s.fake(mode) for s in input_specs]
-    with mode, symbolic_dispatch(mode), torch.no_grad():  # in the mode: factories make fakes too
+    with mode, symbolic_dispatch(mode), torch.no_grad(), lazily_built():  # in the mode: factories make fakes too
         return make_fx(fn, decomposition_table=decompositions)(*fakes)
 
 
@@ -68,6 +69,6 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
         grad_mask[:] = [g is not None for g in full]
         return [*outs, *[g for g in full if g is not None]]
 
-    with mode, symbolic_dispatch(mode), torch.enable_grad():
+    with mode, symbolic_dispatch(mode), torch.enable_grad(), lazily_built():
         gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)

@@ -49,6 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.maxflow import FlowGraph
 from kiln.effects import eliminate_dead_code
+from kiln.runtime.lazy_graphs import graph_module
 
 aten = torch.ops.aten
 
@@ -359,7 +360,7 @@ def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
     eliminate_dead_code(graph)
-    return fx.GraphModule(joint, graph)
+    return graph_module(joint, graph)
 
 
 def _on_demand_order(anchors: list[fx.Node], available: dict) -> list[fx.Node]:

@@ -7,6 +7,7 @@ that loads from it. Nothing here is a closure, so every value is printable.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sympy
@@ -39,6 +40,11 @@ class IndexFunction:
 
     def buffer_view(self):
         """(buf, offset, strides) if this value is a plain strided view of one buffer, else None."""
+        return self._buffer_view
+
+    @functools.cached_property
+    def _buffer_view(self):
+        """`buffer_view()`, found once per value: lowering asks it of every input of every op it inlines."""
         b = self.body
         if not isinstance(b, ir.Load) or b.mask is not None or b.indirect:
             return None

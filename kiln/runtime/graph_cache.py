@@ -40,6 +40,7 @@ import torch.fx
 
 from kiln.config import compiler
 from kiln.runtime import cache
+from kiln.runtime.lazy_graphs import source
 from kiln.runtime.private_files import discard, publish, temp_name, verify
 
 log = logging.getLogger("kiln.runtime.cache")
@@ -168,7 +169,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
     environ["deterministic"] = torch.are_deterministic_algorithms_enabled()
     environ["gpus"] = sorted({gpu(x.device) for x in example_inputs if isinstance(x, torch.Tensor)
                               and x.device.type == "cuda"})
-    described = {"code": gm.code, "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
+    described = {"code": source(gm), "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -34,6 +34,7 @@ The plan is target independent: the C++ and Triton code generators both take
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -293,13 +294,19 @@ def _reads_where_written(trial: KernelGroup, reduction: ir.ComputedBuffer) -> bo
     return True
 
 
-def merged_runs(sizes: tuple, outer: tuple, inner: tuple):
+def merged_runs(sizes: tuple, outer: tuple, inner: tuple) -> tuple | None:
     """For pointwise `sizes` that differ from a kernel's loops only by merged dims: the loop
     positions each dim spans (consecutive, not crossing from outer into inner), else None.
 
     Against the outer loops alone (a node of an outer segment) or outer + inner (an inner
-    segment). Only static sizes: a symbolic product cannot be compared."""
-    if sizes in (tuple(outer), tuple(outer) + tuple(inner)):
+    segment). Only static sizes: a symbolic product cannot be compared. Asked for every
+    candidate kernel of every node, mostly with shapes asked before: answered once per shape."""
+    return _merged_runs(tuple(sizes), tuple(outer), tuple(inner))
+
+
+@functools.lru_cache(maxsize=8192)
+def _merged_runs(sizes: tuple, outer: tuple, inner: tuple) -> tuple | None:
+    if sizes in (outer, outer + inner):
         return None  # the plain one-dim-per-loop mapping
     if not all(isinstance(x, (int, sympy.Integer)) for x in (*sizes, *outer, *inner)):
         return None
@@ -315,10 +322,10 @@ def merged_runs(sizes: tuple, outer: tuple, inner: tuple):
                 pos += 1
             if span != n or not run:
                 break
-            runs.append(run)
+            runs.append(tuple(run))
         else:
             if pos == len(loops):
-                return runs
+                return tuple(runs)
     return None
 
 

@@ -139,7 +139,7 @@ def test_input_saved_for_backward_then_mutated_raises_in_backward_as_in_eager():
 def _retraced(gm, input_specs, monkeypatch):
     """`functionalize` with the rewrite shortcut off: the graph through `torch.func.functionalize`."""
     with monkeypatch.context() as m:
-        m.setattr(functionalize_module, "_rewrite_input_writes", lambda gm: None)
+        m.setattr(functionalize_module, "_rewrite_writes", lambda gm: None)
         return functionalize(gm, input_specs)
 
 
@@ -165,19 +165,77 @@ def batchnorm_step(bn_weight, x, running_mean, running_var, num_batches):
     return [(x - mean) * bn_weight]
 
 
+def dropout(x):
+    """Dropout as its decomposition traces: a fresh tensor written twice in place, read through an alias."""
+    mask = torch.empty_like(x).bernoulli_(0.75).div_(0.75)
+    return [x * mask, mask.detach() + 1]
+
+
+def default_arguments(x):
+    """In-place ops called with their defaults, which their functional variants require (`bernoulli.p`)."""
+    t = torch.empty_like(x).bernoulli_()
+    return [x + t, torch.zeros_like(x).uniform_()]
+
+
+def written_then_read(x, y):
+    """An input written, read, written again; an intermediate written and read before and after."""
+    x.add_(y)
+    h = x * 2
+    x.mul_(3)
+    t = torch.ones_like(y)
+    before = t + 1
+    t.masked_fill_(y > 0, 0.5).clamp_(0, 0.75)
+    return [h + x, t, before]
+
+
+def written_through_a_view(x):
+    """A fresh tensor written through a view of another shape: the re-trace replays the view."""
+    t = torch.zeros(4, 3)
+    t.view(12).add_(x.view(12))
+    return [t * 2]
+
+
+def written_and_returned(x, y):
+    """The written input is also an output, and the in-place op's own result is read."""
+    z = x.sub_(y).sigmoid()
+    return [x, z]
+
+
 @pytest.mark.parametrize("fn, args, rewritten", [
     (batchnorm_step, lambda: (torch.randn(3), torch.randn(4, 3), torch.zeros(3), torch.ones(3),
                               torch.tensor(0)), True),
     (lambda x, y: [torch.sin(x) + y.t(), y.view(-1)], lambda: (torch.randn(2, 2), torch.randn(2, 2)), True),
-    (mutating, lambda: (torch.randn(2, 3), torch.randn(2, 3)), False),  # read after the write; a view written
+    (dropout, lambda: (torch.randn(4, 3),), True),
+    (default_arguments, lambda: (torch.randn(4, 3),), True),
+    (written_then_read, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
+    (written_and_returned, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
+    (written_through_a_view, lambda: (torch.randn(4, 3),), False),
+    (mutating, lambda: (torch.randn(2, 3), torch.randn(2, 3)), False),  # a view written
 ])
-def test_input_writes_are_rewritten_to_the_graph_the_retrace_gives(fn, args, rewritten, monkeypatch):
+def test_writes_are_rewritten_to_the_graph_the_retrace_gives(fn, args, rewritten, monkeypatch):
     inputs = args()
     traced = make_fx(fn, tracing_mode="fake")(*[t.clone() for t in inputs])  # as kiln traces
-    assert (functionalize_module._rewrite_input_writes(traced) is not None) == rewritten
+    assert (functionalize_module._rewrite_writes(traced) is not None) == rewritten
     graph, mutations = functionalize(traced, specs(*inputs))
     expected_graph, expected_mutations = _retraced(traced, specs(*inputs), monkeypatch)
     assert _structure(graph) == _structure(expected_graph)
     assert mutations == expected_mutations
-    outs, expected = graph(*[t.clone() for t in inputs]), expected_graph(*[t.clone() for t in inputs])
+    torch.manual_seed(0)
+    outs = graph(*[t.clone() for t in inputs])
+    torch.manual_seed(0)
+    expected = expected_graph(*[t.clone() for t in inputs])
     torch.testing.assert_close(outs, expected)
+    eager_inputs = [t.clone() for t in inputs]
+    torch.manual_seed(0)
+    eager = fn(*eager_inputs)
+    eager = eager if isinstance(eager, list) else [eager]
+    torch.testing.assert_close(outs[:len(eager)], eager)
+    torch.testing.assert_close([outs[m.output_index] for m in mutations],
+                               [eager_inputs[m.input_index] for m in mutations])
+
+
+def test_written_input_with_another_geometry_after_the_write_is_retraced():
+    """`resize_` changes the written input's geometry: readers after it see other strides than the rewrite
+    could give them, so the graph goes through the re-trace."""
+    traced = make_fx(lambda x: [x.resize_(6) * 2], tracing_mode="fake")(torch.randn(2, 3))
+    assert functionalize_module._rewrite_writes(traced) is None

@@ -132,8 +132,8 @@ def test_softmax_read_through_a_reshaping_view_is_one_kernel():
 def test_merged_runs_maps_each_dim_to_consecutive_loops():
     from kiln.schedule.fusion import merged_runs
 
-    assert merged_runs((384, 128, 128), (32, 12, 128), (128,)) == [[0, 1], [2], [3]]
-    assert merged_runs((384, 128), (32, 12, 128), ()) == [[0, 1], [2]]
+    assert merged_runs((384, 128, 128), (32, 12, 128), (128,)) == ((0, 1), (2,), (3,))
+    assert merged_runs((384, 128), (32, 12, 128), ()) == ((0, 1), (2,))
     # a dim may not span the outer loops and the reduction lanes, nor split a loop
     assert merged_runs((32, 12, 16384), (32, 12, 128), (128,)) is None
     assert merged_runs((64, 6, 128, 128), (32, 12, 128), (128,)) is None

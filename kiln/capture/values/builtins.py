@@ -41,8 +41,8 @@ from kiln.capture.values.containers import (
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
-from kiln.capture.values.exceptions import TracedException, raise_python
-from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.exceptions import TracedException, python_error, raise_python
+from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue, update_wrapper
 from kiln.capture.values.iterators import (
     ChainValue,
     CountValue,
@@ -82,11 +82,15 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
             return HANDLERS[fn](state, *args, **kwargs)
         except TypeError as e:
             if e.__traceback__.tb_next is None:  # the arguments did not bind to the handler: a form it does not
-                # model (type(name, bases, ns), iter(f, sentinel)) or one eager rejects: the call runs natively
-                raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
+                # model (type(name, bases, ns), iter(f, sentinel)) runs natively; one eager rejects raises
+                raise _rejected_arguments(fn, args, kwargs) or GraphBreak(
+                    "unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
             raise
     if getattr(fn, "__module__", None) in ("math", "cmath") or fn in vars(operator).values():
         if getattr(fn, "__module__", None) == "_operator" or fn in vars(operator).values():
+            rejected = _rejected_arguments(fn, args, kwargs)
+            if rejected is not None:
+                raise rejected
             return apply_operator(state, fn, args)
         return _fold(fn, args, kwargs)
     if getattr(fn, "__self__", None) is not None and isinstance(fn.__self__, (str, int, float, tuple, bytes)):
@@ -95,6 +99,26 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
     if module.startswith("numpy") or type(getattr(fn, "__self__", None)).__module__.startswith("numpy"):
         raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)}()")
     raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}()")
+
+
+def _rejected_arguments(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> TracedException | None:
+    """The TypeError eager raises when `args` do not fit `fn`'s signature (`operator.is_()`), else None.
+
+    A C function checks its argument count before it reads any argument, so calling it with placeholders of
+    the same number and names raises eager's own message without doing anything."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+        return None
+    except ValueError:  # no signature to check against: the caller decides
+        return None
+    except TypeError as binding:
+        try:
+            fn(*(object() for _ in args), **{k: object() for k in kwargs})
+        except TypeError as e:
+            return raise_python(TypeError, *e.args)
+        except Exception:
+            pass
+        return raise_python(TypeError, str(binding))
 
 
 def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -108,7 +132,7 @@ def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     except GraphBreak:
         raise
     except Exception as e:
-        raise GraphBreak("exception", f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+        raise python_error(e, getattr(fn, "__name__", repr(fn))) from e
 
 
 def _constant_fold(*fns):
@@ -620,24 +644,17 @@ def _partial(state, fn, *args, **kwargs):
 
 
 @handles(functools.wraps)
-def _wraps(state, wrapped, *args, **kwargs):
-    """`functools.wraps(f)` on a function made during capture: only its name is carried over.
-
-    Inlining `update_wrapper` would read and write function attributes (`__dict__`,
-    `__wrapped__`) that a symbolic function does not have.
-    """
-    return PartialValue(BuiltinValue(_rename_function), [wrapped], {})
+def _wraps(state, wrapped, assigned=None, updated=None):
+    """`functools.wraps(f, ...)`: a partial of `update_wrapper`, as functools makes it."""
+    options = {k: v for k, v in (("assigned", assigned), ("updated", updated)) if v is not None}
+    return PartialValue(BuiltinValue(functools.update_wrapper), [], {"wrapped": wrapped, **options})
 
 
-def _rename_function(state, wrapped, wrapper):
-    wrapper = wrapper.realize()
-    if not isinstance(wrapper, FunctionValue) or wrapper.real is not None:
-        raise GraphBreak("unsupported_call", "functools.wraps applied to an existing function")
-    wrapper.name = getattr(wrapped.realize(), "name", wrapper.name)
-    return wrapper
-
-
-HANDLERS[_rename_function] = _rename_function
+@handles(functools.update_wrapper)
+def _update_wrapper(state, wrapper, wrapped, assigned=None, updated=None):
+    assigned = functools.WRAPPER_ASSIGNMENTS if assigned is None else assigned.as_constant()
+    updated = functools.WRAPPER_UPDATES if updated is None else updated.as_constant()
+    return update_wrapper(state, wrapper, wrapped, assigned, updated)
 
 
 @handles(torch._C._group_tensors_by_device_and_dtype)

@@ -23,6 +23,7 @@ from kiln.capture.values.containers import (
     from_constant,
     python_override,
 )
+from kiln.capture.values.exceptions import python_error
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -141,7 +142,7 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         try:
             return from_constant(fn(*(a.as_constant() for a in args)))
         except Exception as e:
-            raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
+            raise python_error(e, fn.__name__) from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
     if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
         return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases

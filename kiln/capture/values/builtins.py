@@ -55,6 +55,7 @@ from kiln.capture.values.iterators import (
     WhileValue,
     ZipValue,
     iterator_of,
+    reversed_of,
     stop_iteration,
 )
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
@@ -192,13 +193,26 @@ def _len(state, obj):
 
 @handles(builtins.isinstance)
 def _isinstance(state, obj, classes):
-    cls = obj.realize().python_type()
-    return ConstantValue(issubclass(cls, classes.as_constant()))
+    return _subclass_check(state, obj.realize().python_type(), classes.as_constant())
 
 
 @handles(builtins.issubclass)
 def _issubclass(state, cls, classes):
-    return ConstantValue(issubclass(cls.as_constant(), classes.as_constant()))
+    return _subclass_check(state, cls.as_constant(), classes.as_constant())
+
+
+def _subclass_check(state, cls: type, classes) -> Value:
+    """`issubclass(cls, classes)`, asked of the real classes. An ABC's check reads the class's attributes
+    (`Sized` looks for `__len__`) and caches its answer on the ABC for good: while traced code has attribute
+    writes of `cls` not yet replayed (`setattr(C, '__len__', f)`), asking now would answer for the class
+    before the write and poison that cache, so the check runs natively after the writes."""
+    targets = classes if isinstance(classes, tuple) else (classes,)
+    if isinstance(cls, type) and any(
+            getattr(type(t), "__subclasscheck__", None) is not type.__subclasscheck__ for t in targets) and any(
+            state.side_effects.instance_attrs(klass) for klass in cls.__mro__):
+        raise GraphBreak("unsupported_call", f"issubclass({cls.__name__}, ...) of a class with attribute writes "
+                         "not replayed yet")
+    return ConstantValue(issubclass(cls, classes))
 
 
 @handles(builtins.type)
@@ -332,7 +346,7 @@ def _zip(state, *iterables, strict=None):
 
 @handles(builtins.reversed)
 def _reversed(state, seq):
-    return IteratorValue(list(reversed(seq.unpack(state))))
+    return reversed_of(state, seq)
 
 
 @handles(builtins.iter)
@@ -373,7 +387,8 @@ def _chain(state, *iterables):
 @handles(itertools.product)
 def _product(state, *iterables, repeat=None):
     columns = [it.unpack(state) for it in iterables] * (repeat.as_constant() if repeat is not None else 1)
-    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
+    rows = [TupleValue(list(row)) for row in itertools.product(*columns)]
+    return IteratorValue(rows, itertools.product, _rebuilt_call(itertools.product, *map(TupleValue, columns)))
 
 
 @handles(itertools.combinations)
@@ -381,14 +396,22 @@ def _combinations(state, iterable, r):
     """Consumes its input up front, as eager does; the combinations are of positions in it."""
     pool = iterator_of(state, iterable).unpack(state)
     picks = itertools.combinations(range(len(pool)), r.as_constant())
-    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+    rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
+    return IteratorValue(rows, itertools.combinations, _rebuilt_call(itertools.combinations, TupleValue(pool), r))
+
+
+def _rebuilt_call(fn: Callable, *args: Value) -> Callable:
+    """The `fresh` of an iterator that `fn(*args)` makes (see IteratorValue): the call, written again."""
+    return lambda writer: f"{writer.constant(fn)}({', '.join(writer.value(a) for a in args)})"
 
 
 @handles(itertools.permutations)
 def _permutations(state, iterable, r=None):
     pool = iterator_of(state, iterable).unpack(state)
     picks = itertools.permutations(range(len(pool)), r.as_constant() if r is not None else None)
-    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+    rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
+    return IteratorValue(rows, itertools.permutations,
+                         _rebuilt_call(itertools.permutations, TupleValue(pool), r or ConstantValue(None)))
 
 
 @handles(itertools.count)

@@ -7,6 +7,7 @@ frame ran eagerly. Each case compares with eager, and with torch.compile's graph
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 
 import pytest
@@ -78,7 +79,15 @@ def caught_unpacking(x):
     return x * 2, messages
 
 
-CASES = {f.__name__: f for f in (suppressed_len_of_an_int, suppressed_index_past_the_end, caught_tuple_index,
+def caught_itertools_argument(x):
+    try:
+        itertools.combinations("abc", -2)
+    except ValueError as e:
+        return x + 3, e.args
+    return x, ()
+
+
+CASES = {f.__name__: f for f in (caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end, caught_tuple_index,
                                  caught_conversion_error, caught_operator_arity, caught_builtin_arity,
                                  caught_unpacking)}
 

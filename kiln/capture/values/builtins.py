@@ -387,7 +387,7 @@ def _chain(state, *iterables):
 @handles(itertools.product)
 def _product(state, *iterables, repeat=None):
     columns = [it.unpack(state) for it in iterables] * (repeat.as_constant() if repeat is not None else 1)
-    rows = [TupleValue(list(row)) for row in itertools.product(*columns)]
+    rows = [TupleValue(list(row)) for row in _replayed(itertools.product, *columns)]
     return IteratorValue(rows, itertools.product, _rebuilt_call(itertools.product, *map(TupleValue, columns)))
 
 
@@ -395,9 +395,17 @@ def _product(state, *iterables, repeat=None):
 def _combinations(state, iterable, r):
     """Consumes its input up front, as eager does; the combinations are of positions in it."""
     pool = iterator_of(state, iterable).unpack(state)
-    picks = itertools.combinations(range(len(pool)), r.as_constant())
+    picks = _replayed(itertools.combinations, range(len(pool)), r.as_constant())
     rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
     return IteratorValue(rows, itertools.combinations, _rebuilt_call(itertools.combinations, TupleValue(pool), r))
+
+
+def _replayed(fn: Callable, *args):
+    """`list(fn(*args))` on real values, raising eager's own exception (a negative `r`) as traced code's."""
+    try:
+        return list(fn(*args))
+    except Exception as e:
+        raise python_error(e, fn.__name__) from e
 
 
 def _rebuilt_call(fn: Callable, *args: Value) -> Callable:
@@ -408,7 +416,7 @@ def _rebuilt_call(fn: Callable, *args: Value) -> Callable:
 @handles(itertools.permutations)
 def _permutations(state, iterable, r=None):
     pool = iterator_of(state, iterable).unpack(state)
-    picks = itertools.permutations(range(len(pool)), r.as_constant() if r is not None else None)
+    picks = _replayed(itertools.permutations, range(len(pool)), r.as_constant() if r is not None else None)
     rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
     return IteratorValue(rows, itertools.permutations,
                          _rebuilt_call(itertools.permutations, TupleValue(pool), r or ConstantValue(None)))

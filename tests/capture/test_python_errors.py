@@ -87,9 +87,9 @@ def caught_itertools_argument(x):
     return x, ()
 
 
-CASES = {f.__name__: f for f in (caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end, caught_tuple_index,
-                                 caught_conversion_error, caught_operator_arity, caught_builtin_arity,
-                                 caught_unpacking)}
+CASES = {f.__name__: f for f in (
+    caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end, caught_tuple_index,
+    caught_conversion_error, caught_operator_arity, caught_builtin_arity, caught_unpacking)}
 
 
 @pytest.mark.parametrize("name", CASES)

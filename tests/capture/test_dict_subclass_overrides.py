@@ -117,3 +117,26 @@ def test_dict_subclass_operators_and_repr_are_the_subclass_own():
     actual = kiln.compile(counter_semantics, backend="eager")(x, c, d)
     torch.testing.assert_close(actual[0], expected[0])
     assert actual[1:] == expected[1:] == (True, False, "Counter({'a': 3, 'b': 2, 'c': 0})")
+
+
+def counter_arithmetic(x, c, d):
+    # Counter's own |, &, -, +, comparisons and unary signs (found by CPython's test_collections): dict's `|`
+    # merge kept a zero count that Counter's `|` drops
+    e = c.copy()
+    e |= d
+    f = c.copy()
+    f -= d
+    return (x * 2, c | d, c & d, c - d, c + d, c <= d, c >= d, c < d, c > d, +c, -d, e, f,
+            set(c | d), sorted((c | d).elements()))
+
+
+def test_counter_operators_are_counters_own():
+    from collections import Counter
+
+    for c, d in ((Counter(a=1, b=0), Counter(a=1)), (Counter(a=2, b=1), Counter(a=1, c=3)), (Counter(), Counter(z=1))):
+        x = torch.randn(2)
+        expected = counter_arithmetic(x, c, d)
+        actual = kiln.compile(counter_arithmetic, backend="eager")(x, c.copy(), d.copy())
+        torch.testing.assert_close(actual[0], expected[0])
+        assert actual[1:] == expected[1:]
+        assert [type(v) for v in actual[1:5]] == [Counter] * 4

@@ -146,12 +146,12 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
     if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
         return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
-    if isinstance(args[0], DictValue) and len(args) == 2:
-        name = {operator.ne: "__ne__"}.get(plain) or _DUNDERS.get(plain, (None,))[0]
-        if name and python_override(args[0].cls, dict, name) is not None:
-            # a dict subclass's own operator (Counter's == and != ignore zero counts)
-            return args[0].getattr(state, name).call(state, [args[1]], {})
-        return _dict_operator(state, fn, plain, args[0], args[1])
+    if isinstance(args[0], DictValue) and len(args) <= 2:
+        override = _dict_subclass_operator(state, fn, plain, args[0], args[1:])
+        if override is not None:
+            return override
+        if len(args) == 2:
+            return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
         a, b = (_as_sequence(a) for a in args)
@@ -175,6 +175,21 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _dict_subclass_operator(state, fn: Callable, plain: Callable, a, others: list[Value]) -> Value | None:
+    """A dict subclass's own Python method for the operator (Counter's `|`, `&`, `-`, `<=`, unary `-`, and
+    its `==` ignoring zero counts), inlined; an in-place operator tries its own method (`__ior__`) first, as Python
+    does. None where the class leaves the operator to dict."""
+    names = [f"__{f.__name__.rstrip('_')}__" for f in dict.fromkeys((fn, plain))]  # operator.or_ -> __or__
+    for name in names:
+        if python_override(a.cls, dict, name) is not None:
+            result = a.getattr(state, name).call(state, list(others), {})
+            if not (result.is_constant() and result.as_constant() is NotImplemented):
+                return result
+            if name == names[-1]:
+                raise GraphBreak("unsupported_object", f"{a.cls.__name__}.{name} returned NotImplemented")
+    return None
 
 
 def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:

@@ -7,6 +7,8 @@ setdefault, pop) bypass the overrides, as in CPython; OrderedDict.update goes th
 """
 from __future__ import annotations
 
+import collections
+import collections.abc
 from collections import OrderedDict
 
 import torch
@@ -140,3 +142,30 @@ def test_counter_operators_are_counters_own():
         torch.testing.assert_close(actual[0], expected[0])
         assert actual[1:] == expected[1:]
         assert [type(v) for v in actual[1:5]] == [Counter] * 4
+
+
+class Lookup(collections.abc.Mapping):
+    """A Mapping that is not a dict: dict(m) and d.update(m) read m.keys() and m[k], as CPython does."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data[key] * 10
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
+
+
+def dict_of_mappings(x, lookup):
+    chained = collections.ChainMap({"a": 1}, {"b": 2, "a": 3})
+    merged = dict(chained)
+    merged.update(lookup)
+    return x + len(merged), merged, dict(lookup)
+
+
+def test_dict_of_a_mapping_reads_its_keys():
+    check(dict_of_mappings, torch.randn(2), Lookup({"c": 1.0}), graphs=1)

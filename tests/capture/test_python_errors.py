@@ -6,6 +6,7 @@ frame ran eagerly. Each case compares with eager, and with torch.compile's graph
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import operator
@@ -87,9 +88,20 @@ def caught_itertools_argument(x):
     return x, ()
 
 
+def caught_namedtuple_name(x):
+    errors = []
+    for name, fields in (("abc%", "x y"), ("abc", "x x"), ("ok", "x y")):
+        try:
+            collections.namedtuple(name, fields)
+        except ValueError as e:
+            errors.append(str(e))
+            x = x + 1
+    return x, errors
+
+
 CASES = {f.__name__: f for f in (
-    caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end, caught_tuple_index,
-    caught_conversion_error, caught_operator_arity, caught_builtin_arity, caught_unpacking)}
+    caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end,
+    caught_tuple_index, caught_conversion_error, caught_operator_arity, caught_builtin_arity, caught_unpacking)}
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -248,8 +248,11 @@ def _make_namedtuple(state, typename, field_names, **options):
     once per capture and the program returns instances of it (eager makes a new class per call)."""
     module = options.pop("module", None)
     module = module.as_constant() if module is not None else state.current_frame().globals.get("__name__")
-    cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
-                                 **{k: v.as_constant() for k, v in options.items()})
+    try:
+        cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
+                                     **{k: v.as_constant() for k, v in options.items()})
+    except (ValueError, TypeError) as e:  # a name that is not an identifier, a duplicate field: eager's error
+        raise python_error(e, "namedtuple") from e
     return ClassValue(cls)
 
 

@@ -42,7 +42,13 @@ def reversed_list_reads_live(x):
     return x * first, rest, list(upward)
 
 
-CASES = {f.__name__: f for f in (iterator_types, itertools_types, reversed_list_reads_live)}
+def count_items_are_pythons(x):
+    # count(10, 2.5) yields the int 10 first, then floats; a float step accumulates its rounding as in eager
+    by_quarters, by_tenths = itertools.count(10, 2.5), itertools.count(1, 0.1)
+    return x + 1, [next(by_quarters) for _ in range(3)], [next(by_tenths) for _ in range(4)]
+
+
+CASES = {f.__name__: f for f in (iterator_types, itertools_types, reversed_list_reads_live, count_items_are_pythons)}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -55,11 +61,12 @@ def advanced_then_broken(x):
     pairs = iter((("a", 1), ("b", 2), ("c", 3)))
     numbers = [4, 5, 6, 7]
     backwards = reversed(numbers)
-    next(combos), next(pairs), next(backwards)
+    counter = itertools.count(10, 2.5)
+    next(combos), next(pairs), next(backwards), next(counter)
     print("a graph break: the iterators are rebuilt for the continuation")
     sizes = sys.getsizeof(combos) > 0, type(combos), type(pairs), type(backwards)
     numbers[0] = 40  # the rebuilt reverse iterator reads the same list
-    return x + 1, sizes, list(combos), list(pairs), list(backwards)
+    return x + 1, sizes, list(combos), list(pairs), list(backwards), repr(counter), next(counter)
 
 
 def pickled_reverse_iterator(x):

@@ -337,11 +337,13 @@ class CountValue(LazyIteratorValue):
         return itertools.count
 
     def step(self) -> Value | None:
-        self.value += self.stride
-        return ConstantValue(self.value - self.stride)
+        # Python's count yields `start` itself, then adds the step (count(10, 2.5) gives 10, then 12.5):
+        # going back from the next value by subtraction would make the first item a float
+        current, self.value = self.value, self.value + self.stride
+        return ConstantValue(current)
 
     def rebuild(self, writer) -> str:
-        return f"{writer.constant(itertools.count)}({self.value!r}, {self.stride!r})"
+        return f"{writer.constant(itertools.count)}({writer.constant(self.value)}, {writer.constant(self.stride)})"
 
 
 class RepeatValue(LazyIteratorValue):

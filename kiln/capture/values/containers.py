@@ -258,10 +258,29 @@ class ListValue(SequenceValue):
     def reconstruct(self, writer) -> str:
         if self.source is not None:
             return writer.source_expr(self.source)
+        if _holds(self, self):  # a list that contains itself (the links of functools' Python lru_cache):
+            # made empty first, so its items can refer to it, and filled once every value is rebuilt
+            made = writer.declare(self, "[]")
+            writer.after_values(lambda: f"{made}[:] = [{self._items_expr(writer)}]")
+            return made
         return f"[{self._items_expr(writer)}]"
 
     def __repr__(self):
         return f"List({self.items})"
+
+
+def _holds(container: Value, target: Value) -> bool:
+    """Whether `target` is reachable through the items of lists and tuples made during capture, from
+    `container`'s items."""
+    seen, pending = set(), list(container.items)
+    while pending:
+        item = pending.pop()
+        if item is target:
+            return True
+        if id(item) not in seen and isinstance(item, SequenceValue) and item.source is None:
+            seen.add(id(item))
+            pending.extend(item.items)
+    return False
 
 
 def _defined_above_tuple(cls: type, name: str) -> bool:

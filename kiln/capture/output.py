@@ -151,8 +151,13 @@ def records_grad_inside(state) -> bool:
 
 
 def _is_literal_value(v: Value) -> bool:
-    """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity."""
-    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value)
+    """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity. A frozenset
+    is written as a call, which makes a new object each time it runs: one temporary keeps it one object."""
+    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value) and not _makes_set(v.value)
+
+
+def _makes_set(value) -> bool:
+    return isinstance(value, frozenset) or isinstance(value, tuple) and any(map(_makes_set, value))
 
 
 def _is_simple(expr: str) -> bool:

@@ -489,7 +489,16 @@ def _list(state, iterable=None):
 
 @handles(builtins.tuple)
 def _tuple(state, iterable=None):
+    if iterable is not None and _is_exactly(iterable, tuple):
+        return iterable  # tuple(t) of an exact tuple is t itself
     return TupleValue(iterable.unpack(state) if iterable is not None else [])
+
+
+def _is_exactly(value: Value, cls: type) -> bool:
+    value = value.realize()
+    if isinstance(value, TupleValue) or value.is_constant():
+        return value.python_type() is cls
+    return False
 
 
 @handles(builtins.set)
@@ -500,6 +509,8 @@ def _set(state, iterable=None):
 @handles(builtins.frozenset)
 def _frozenset(state, iterable=None):
     """Immutable, so a constant: hashing needs its items to be constants too."""
+    if iterable is not None and _is_exactly(iterable, frozenset):
+        return iterable  # frozenset(fs) of an exact frozenset is fs itself
     return ConstantValue(frozenset(v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])))
 
 

@@ -135,6 +135,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
+    operand = _operand_returned(_INPLACE_TO_PLAIN.get(fn, fn), args)
+    if operand is not None:
+        return operand
     in_place = fn in _INPLACE_TO_PLAIN and isinstance(args[0], (ListValue, SetValue))
     if all(a.is_constant() for a in args) and not in_place and not any(isinstance(a, DictValue) for a in args):
         # An in-place operator on a list or set mutates it (and every alias of it); a dict keeps its kind
@@ -175,6 +178,28 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _operand_returned(plain: Callable, args: list[Value]) -> Value | None:
+    """The operand itself where CPython returns it rather than an equal copy (`t * 1`, `t + ()`, `'' + s` for an
+    exact tuple, str or bytes), so `id()` and `is` see one object, as in eager."""
+    if len(args) != 2 or plain not in (operator.mul, operator.add):
+        return None
+    for kept, other in ((args[0], args[1]), (args[1], args[0])):
+        if not _exact_immutable_sequence(kept) or not other.is_constant():
+            continue
+        value = other.as_constant()
+        if plain is operator.mul and type(value) is int and value == 1:
+            return kept
+        if plain is operator.add and type(value) is kept.python_type() and len(value) == 0:
+            return kept
+    return None
+
+
+def _exact_immutable_sequence(v: Value) -> bool:
+    if isinstance(v, TupleValue):
+        return v.python_type() is tuple
+    return v.is_constant() and type(v.as_constant()) in (tuple, str, bytes)
 
 
 def _dict_subclass_operator(state, fn: Callable, plain: Callable, a, others: list[Value]) -> Value | None:

@@ -110,3 +110,24 @@ def test_attributes_are_eagers(name):
 def test_attributes_survive_a_graph_break():
     # the continuation guards the rebuilt functions by identity, and each call makes new ones: no second call
     check(rebuilt_after_a_break, torch.randn(3), second=False)
+
+
+def made_and_wrapped():
+    def inner(a: torch.Tensor):
+        """Inner's doc."""
+    inner.tag = "kept"
+
+    @functools.wraps(inner)
+    def outer():
+        pass
+    return outer, inner
+
+
+def test_wrapped_attributes_are_the_same_objects_once_returned():
+    # functools.wraps copies the objects themselves (CPython's test_functools checks them with assertIs)
+    import kiln
+
+    outer, inner = kiln.compile(made_and_wrapped, backend="eager")()
+    for name in (*functools.WRAPPER_ASSIGNMENTS, "tag"):
+        assert getattr(outer, name) is getattr(inner, name), name
+    assert outer.__wrapped__ is inner

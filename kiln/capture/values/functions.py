@@ -153,7 +153,7 @@ class FunctionValue(CallableValue):
         made = {"__qualname__": self.code.co_qualname, "__doc__": _docstring(self.code),
                 "__module__": self.globals.get("__name__"), "__code__": self.code}
         if name in made:
-            return ConstantValue(made[name])
+            return _OwnAttribute(made[name], self, name)
         if hasattr(types.FunctionType, name):  # __defaults__, __closure__, __get__, ...: not modelled
             raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
         raise raise_python(AttributeError, f"'function' object has no attribute {name!r}")
@@ -212,6 +212,19 @@ _WRITABLE = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations
 def _docstring(code: types.CodeType) -> str | None:
     """A new function's `__doc__`: the first constant of its code when that is a string (CPython's rule)."""
     return code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+
+
+class _OwnAttribute(ConstantValue):
+    """An attribute a new function gets from its code and globals (`__qualname__`, `__doc__`, `__module__`),
+    rebuilt as a read of the rebuilt function's attribute: the very object, as `functools.wraps` copies it
+    (`wrapper.__doc__ is f.__doc__`), where a literal would be an equal copy."""
+
+    def __init__(self, value: Any, owner: FunctionValue, name: str):
+        super().__init__(value)
+        self.owner, self.name = owner, name
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.owner)}.{self.name}"
 
 
 class _KeywordDefaults(Value):

@@ -21,7 +21,7 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -169,6 +169,12 @@ class CompileContext:
         return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 
+class Continue(NamedTuple):
+    """What a program returns to resume in a continuation: the caller's `CompiledFrame.__call__` runs it."""
+    frame: CompiledFrame
+    L: dict
+
+
 class CompiledFrame:
     def __init__(self, spec: FrameSpec, ctx: CompileContext):
         self.spec, self.ctx = spec, ctx
@@ -179,6 +185,16 @@ class CompiledFrame:
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
     def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
+        """Run this frame, then each continuation its program hands back, one after the other (a trampoline):
+        a loop whose body breaks the graph resumes in a continuation per iteration, and calling each from
+        the one before would nest a Python frame per iteration, a RecursionError where eager loops on."""
+        result = self._step(L, G, C, eager)
+        while type(result) is Continue:
+            result = result.frame._step(result.L, G, C, None)
+        return result
+
+    def _step(self, L: dict, G: dict, C: tuple, eager: Callable | None) -> Any:
+        """One program of this frame: its result, or the `Continue` it ends with."""
         # The fast path takes no lock: entries are only ever appended, each one complete.
         for entry in self.entries:
             if entry.guard(L, G, C):
@@ -528,13 +544,16 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
         if writer.reentries:  # called once the blocks are left (see `_inside_blocks`)
             return f"___next = ({name}, {{{', '.join(items)}}})"
-        return f"return {name}({{{', '.join(items)}}}, G, C)"
+        if grad_exits:  # called inside the handler that leaves those blocks (see `_exiting_grad_mode_blocks`)
+            return f"return {name}({{{', '.join(items)}}}, G, C)"
+        return f"return {writer.constant(Continue)}({name}, {{{', '.join(items)}}})"  # run by the caller's loop
 
+    grad_exits = [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)]
     lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
     if writer.reentries:
         lines = _inside_blocks(writer, lines)
     else:
-        lines = _exiting_grad_mode_blocks(lines, [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
+        lines = _exiting_grad_mode_blocks(lines, grad_exits)
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
 

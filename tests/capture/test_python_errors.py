@@ -80,6 +80,14 @@ def caught_unpacking(x):
     return x * 2, messages
 
 
+def caught_unhashable_item(x):
+    try:
+        frozenset([[]])
+    except TypeError as e:
+        return x + 4, str(e)
+    return x, ""
+
+
 def caught_itertools_argument(x):
     try:
         itertools.combinations("abc", -2)
@@ -100,8 +108,9 @@ def caught_namedtuple_name(x):
 
 
 CASES = {f.__name__: f for f in (
-    caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int, suppressed_index_past_the_end,
-    caught_tuple_index, caught_conversion_error, caught_operator_arity, caught_builtin_arity, caught_unpacking)}
+    caught_unhashable_item, caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int,
+    suppressed_index_past_the_end, caught_tuple_index, caught_conversion_error, caught_operator_arity,
+    caught_builtin_arity, caught_unpacking)}
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -511,7 +511,11 @@ def _frozenset(state, iterable=None):
     """Immutable, so a constant: hashing needs its items to be constants too."""
     if iterable is not None and _is_exactly(iterable, frozenset):
         return iterable  # frozenset(fs) of an exact frozenset is fs itself
-    return ConstantValue(frozenset(v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])))
+    items = [v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])]
+    try:
+        return ConstantValue(frozenset(items))
+    except TypeError as e:  # an unhashable item: eager's TypeError
+        raise python_error(e, "frozenset") from e
 
 
 @handles(builtins.dict)

@@ -10,6 +10,7 @@ which the frame runs eagerly with one warning.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import functools
 import inspect
@@ -533,7 +534,7 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     # and a nested function defined after the break may need its own cell (a recursive `def h`).
     own_cells = {name: cell for name, cell in frame.cells.items() if name not in spec.code.co_freevars}
     cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
-    writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
+    writer.namespace["___call_nested"] = functools.partial(call_nested, ctx, ___frame_globals=state.G)
 
     def resume(index: int, new_stack: list) -> str:
         target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
@@ -682,8 +683,17 @@ def recompile_limit() -> int:
     return spellings.recompile_limit(config.cache_size_limit, Config.cache_size_limit)
 
 
-def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
-    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
+def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | None = None, **kwargs) -> Any:
+    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code.
+
+    `___frame_globals` (a name no user keyword takes): the globals of the frame the call is in. `globals()`, and
+    `eval(s)` and `exec(s)` without a namespace, read the calling frame's globals, which here are the output
+    program's: they get the user's frame's instead."""
+    if ___frame_globals is not None and not kwargs:
+        if fn is builtins.globals and not args:
+            return ___frame_globals
+        if fn in _FRAME_READERS and len(args) == 1:
+            return fn(args[0], ___frame_globals)
     if spellings.is_disabled(fn):
         return fn(*args, **kwargs)
     route = routes.find(fn)
@@ -698,6 +708,8 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
 
+
+_FRAME_READERS = (builtins.eval, builtins.exec)
 
 # Functions whose call suspends (generators, coroutines, async generators) run natively; only plain ones compile.
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR

@@ -10,6 +10,7 @@ which the frame runs eagerly with one warning.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import functools
 import inspect
@@ -21,7 +22,7 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -169,6 +170,12 @@ class CompileContext:
         return build_once(self.functions, fn, CompiledFunction, fn, self)
 
 
+class Continue(NamedTuple):
+    """What a program returns to resume in a continuation: the caller's `CompiledFrame.__call__` runs it."""
+    frame: CompiledFrame
+    L: dict
+
+
 class CompiledFrame:
     def __init__(self, spec: FrameSpec, ctx: CompileContext):
         self.spec, self.ctx = spec, ctx
@@ -179,6 +186,16 @@ class CompiledFrame:
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
 
     def __call__(self, L: dict, G: dict, C: tuple, eager: Callable | None = None) -> Any:
+        """Run this frame, then each continuation its program hands back, one after the other (a trampoline):
+        a loop whose body breaks the graph resumes in a continuation per iteration, and calling each from
+        the one before would nest a Python frame per iteration, a RecursionError where eager loops on."""
+        result = self._step(L, G, C, eager)
+        while type(result) is Continue:
+            result = result.frame._step(result.L, G, C, None)
+        return result
+
+    def _step(self, L: dict, G: dict, C: tuple, eager: Callable | None) -> Any:
+        """One program of this frame: its result, or the `Continue` it ends with."""
         # The fast path takes no lock: entries are only ever appended, each one complete.
         for entry in self.entries:
             if entry.guard(L, G, C):
@@ -517,7 +534,7 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     # and a nested function defined after the break may need its own cell (a recursive `def h`).
     own_cells = {name: cell for name, cell in frame.cells.items() if name not in spec.code.co_freevars}
     cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
-    writer.namespace["___call_nested"] = functools.partial(call_nested, ctx)
+    writer.namespace["___call_nested"] = functools.partial(call_nested, ctx, ___frame_globals=state.G)
 
     def resume(index: int, new_stack: list) -> str:
         target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
@@ -528,13 +545,16 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
         if writer.reentries:  # called once the blocks are left (see `_inside_blocks`)
             return f"___next = ({name}, {{{', '.join(items)}}})"
-        return f"return {name}({{{', '.join(items)}}}, G, C)"
+        if grad_exits:  # called inside the handler that leaves those blocks (see `_exiting_grad_mode_blocks`)
+            return f"return {name}({{{', '.join(items)}}}, G, C)"
+        return f"return {writer.constant(Continue)}({name}, {{{', '.join(items)}}})"  # run by the caller's loop
 
+    grad_exits = [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)]
     lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
     if writer.reentries:
         lines = _inside_blocks(writer, lines)
     else:
-        lines = _exiting_grad_mode_blocks(lines, [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)])
+        lines = _exiting_grad_mode_blocks(lines, grad_exits)
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
 
@@ -663,8 +683,17 @@ def recompile_limit() -> int:
     return spellings.recompile_limit(config.cache_size_limit, Config.cache_size_limit)
 
 
-def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
-    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code."""
+def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | None = None, **kwargs) -> Any:
+    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code.
+
+    `___frame_globals` (a name no user keyword takes): the globals of the frame the call is in. `globals()`, and
+    `eval(s)` and `exec(s)` without a namespace, read the calling frame's globals, which here are the output
+    program's: they get the user's frame's instead."""
+    if ___frame_globals is not None and not kwargs:
+        if fn is builtins.globals and not args:
+            return ___frame_globals
+        if fn in _FRAME_READERS and len(args) == 1:
+            return fn(args[0], ___frame_globals)
     if spellings.is_disabled(fn):
         return fn(*args, **kwargs)
     route = routes.find(fn)
@@ -679,6 +708,8 @@ def call_nested(ctx: CompileContext, fn: Any, *args, **kwargs) -> Any:
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
 
+
+_FRAME_READERS = (builtins.eval, builtins.exec)
 
 # Functions whose call suspends (generators, coroutines, async generators) run natively; only plain ones compile.
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR

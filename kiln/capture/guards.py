@@ -512,7 +512,7 @@ class GuardSet:
         except Exception as e:  # the source itself is gone (a missing attribute, say)
             now = f"<{type(e).__name__}: {e}>"
         if not isinstance(now, str) or g.kind is GuardKind.EQUALS_MATCH:
-            now = repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
+            now = _safe_repr(now)  # as `expected` shows it: 'relu' vs 'sig', not relu vs sig
         where = g.source.expr() if g.source is not None else "global state"
         changed = ""
         if g.changed is not None:
@@ -524,3 +524,12 @@ class GuardSet:
 
     def __str__(self) -> str:
         return "\n".join(g.describe() for g in self.guards)
+
+
+def _safe_repr(value) -> str:
+    """`repr(value)` for a recompile message. A user object's `__repr__` may raise (copy.copy's object made
+    by `__new__` alone, before its `__init__`); the message must not turn into the user's exception."""
+    try:
+        return repr(value)
+    except Exception as e:
+        return f"<{type(value).__name__} whose repr raised {type(e).__name__}>"

@@ -14,6 +14,7 @@ It is readable Python: `print(entry.program_source)` or the `bytecode` log.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import torch
@@ -150,12 +151,23 @@ def records_grad_inside(state) -> bool:
 
 
 def _is_literal_value(v: Value) -> bool:
-    """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity."""
-    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value)
+    """An immutable literal (`3`, `'a'`): written in place, it needs no temporary for its identity. A frozenset
+    is written as a call, which makes a new object each time it runs: one temporary keeps it one object."""
+    return isinstance(v, ConstantValue) and v.source is None and is_literal(v.value) and not _makes_set(v.value)
+
+
+def _makes_set(value) -> bool:
+    return isinstance(value, frozenset) or isinstance(value, tuple) and any(map(_makes_set, value))
 
 
 def _is_simple(expr: str) -> bool:
-    return expr.startswith("L[") and "(" not in expr or expr.startswith("___out[") or expr in ("None", "True", "False")
+    """An expression that reads the same before and after the replayed side effects: a frame input itself
+    (`L['x']`, which no effect rebinds), a graph output, a singleton. A path into an object (`L['d']['k']`,
+    `L['self'].w`) is read into a temporary instead: an effect may delete or rebind what it goes through."""
+    return _FRAME_INPUT.fullmatch(expr) is not None or expr.startswith("___out[") or expr in ("None", "True", "False")
+
+
+_FRAME_INPUT = re.compile(r"L\[('[^'\\]*'|\"[^\"\\]*\")\]")
 
 
 def write_program(state, *, graph_fn_name: str, finish, rerunnable: bool) -> tuple[str, ProgramWriter]:

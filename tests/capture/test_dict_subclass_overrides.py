@@ -7,6 +7,8 @@ setdefault, pop) bypass the overrides, as in CPython; OrderedDict.update goes th
 """
 from __future__ import annotations
 
+import collections
+import collections.abc
 from collections import OrderedDict
 
 import torch
@@ -117,3 +119,53 @@ def test_dict_subclass_operators_and_repr_are_the_subclass_own():
     actual = kiln.compile(counter_semantics, backend="eager")(x, c, d)
     torch.testing.assert_close(actual[0], expected[0])
     assert actual[1:] == expected[1:] == (True, False, "Counter({'a': 3, 'b': 2, 'c': 0})")
+
+
+def counter_arithmetic(x, c, d):
+    # Counter's own |, &, -, +, comparisons and unary signs (found by CPython's test_collections): dict's `|`
+    # merge kept a zero count that Counter's `|` drops
+    e = c.copy()
+    e |= d
+    f = c.copy()
+    f -= d
+    return (x * 2, c | d, c & d, c - d, c + d, c <= d, c >= d, c < d, c > d, +c, -d, e, f,
+            set(c | d), sorted((c | d).elements()))
+
+
+def test_counter_operators_are_counters_own():
+    from collections import Counter
+
+    for c, d in ((Counter(a=1, b=0), Counter(a=1)), (Counter(a=2, b=1), Counter(a=1, c=3)), (Counter(), Counter(z=1))):
+        x = torch.randn(2)
+        expected = counter_arithmetic(x, c, d)
+        actual = kiln.compile(counter_arithmetic, backend="eager")(x, c.copy(), d.copy())
+        torch.testing.assert_close(actual[0], expected[0])
+        assert actual[1:] == expected[1:]
+        assert [type(v) for v in actual[1:5]] == [Counter] * 4
+
+
+class Lookup(collections.abc.Mapping):
+    """A Mapping that is not a dict: dict(m) and d.update(m) read m.keys() and m[k], as CPython does."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data[key] * 10
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
+
+
+def dict_of_mappings(x, lookup):
+    chained = collections.ChainMap({"a": 1}, {"b": 2, "a": 3})
+    merged = dict(chained)
+    merged.update(lookup)
+    return x + len(merged), merged, dict(lookup)
+
+
+def test_dict_of_a_mapping_reads_its_keys():
+    check(dict_of_mappings, torch.randn(2), Lookup({"c": 1.0}), graphs=1)

@@ -59,11 +59,12 @@ def make_function(frame, ins):
     code = frame.pop().as_constant()
     flags = ins.arg
     closure = tuple(frame.pop().unpack(frame.state)) if flags & 0x08 else ()
-    if flags & 0x04:
-        frame.pop()  # annotations
+    annotations = tuple(frame.pop().unpack(frame.state)) if flags & 0x04 else None  # (name, value, ...)
     kwdefaults = dict(frame.pop().realize().items) if flags & 0x02 else {}
     defaults = tuple(frame.pop().unpack(frame.state)) if flags & 0x01 else ()
-    frame.push(FunctionValue(code, frame.globals, code.co_name, defaults, kwdefaults, closure))
+    fn = FunctionValue(code, frame.globals, code.co_name, defaults, kwdefaults, closure)
+    fn.annotations = annotations
+    frame.push(fn)
 
 
 @opcode("CALL_INTRINSIC_1", since=(3, 12))

@@ -5,6 +5,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.containers import ListValue, SetValue, TupleValue, _key, _key_value
 from kiln.capture.values.dicts import DictValue
+from kiln.capture.values.exceptions import raise_python
 
 
 @opcode("BUILD_TUPLE")
@@ -93,8 +94,10 @@ def list_to_tuple(frame, ins):
 @opcode("UNPACK_SEQUENCE")
 def unpack_sequence(frame, ins):
     items = frame.pop().unpack(frame.state)
-    if len(items) != ins.arg:
-        raise GraphBreak("exception", f"ValueError: expected {ins.arg} values to unpack, got {len(items)}")
+    if len(items) > ins.arg:
+        raise raise_python(ValueError, f"too many values to unpack (expected {ins.arg})")
+    if len(items) < ins.arg:
+        raise raise_python(ValueError, f"not enough values to unpack (expected {ins.arg}, got {len(items)})")
     for item in reversed(items):
         frame.push(item)
 
@@ -104,7 +107,8 @@ def unpack_ex(frame, ins):
     before, after = ins.arg & 0xFF, ins.arg >> 8
     items = frame.pop().unpack(frame.state)
     if len(items) < before + after:
-        raise GraphBreak("exception", "ValueError: not enough values to unpack")
+        raise raise_python(ValueError, f"not enough values to unpack (expected at least {before + after}, "
+                                       f"got {len(items)})")
     middle = ListValue(items[before:len(items) - after])
     for item in reversed(items[:before] + [middle] + items[len(items) - after:]):
         frame.push(item)

@@ -41,8 +41,8 @@ from kiln.capture.values.containers import (
 from kiln.capture.values.deferred import deferred_warn
 from kiln.capture.values.deques import DequeValue
 from kiln.capture.values.dicts import DictValue, fromkeys, update_pairs
-from kiln.capture.values.exceptions import TracedException, raise_python
-from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue
+from kiln.capture.values.exceptions import TracedException, python_error, raise_python
+from kiln.capture.values.functions import BuiltinValue, FunctionValue, MethodValue, update_wrapper
 from kiln.capture.values.iterators import (
     ChainValue,
     CountValue,
@@ -55,6 +55,7 @@ from kiln.capture.values.iterators import (
     WhileValue,
     ZipValue,
     iterator_of,
+    reversed_of,
     stop_iteration,
 )
 from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
@@ -82,11 +83,15 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
             return HANDLERS[fn](state, *args, **kwargs)
         except TypeError as e:
             if e.__traceback__.tb_next is None:  # the arguments did not bind to the handler: a form it does not
-                # model (type(name, bases, ns), iter(f, sentinel)) or one eager rejects: the call runs natively
-                raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
+                # model (type(name, bases, ns), iter(f, sentinel)) runs natively; one eager rejects raises
+                raise _rejected_arguments(fn, args, kwargs) or GraphBreak(
+                    "unsupported_call", f"{getattr(fn, '__qualname__', fn)}() with these arguments") from e
             raise
     if getattr(fn, "__module__", None) in ("math", "cmath") or fn in vars(operator).values():
         if getattr(fn, "__module__", None) == "_operator" or fn in vars(operator).values():
+            rejected = _rejected_arguments(fn, args, kwargs)
+            if rejected is not None:
+                raise rejected
             return apply_operator(state, fn, args)
         return _fold(fn, args, kwargs)
     if getattr(fn, "__self__", None) is not None and isinstance(fn.__self__, (str, int, float, tuple, bytes)):
@@ -95,6 +100,26 @@ def call_builtin(state, fn: Any, args: list[Value], kwargs: dict[str, Value]) ->
     if module.startswith("numpy") or type(getattr(fn, "__self__", None)).__module__.startswith("numpy"):
         raise GraphBreak("numpy", f"{getattr(fn, '__name__', fn)}()")
     raise GraphBreak("unsupported_call", f"{getattr(fn, '__qualname__', fn)}()")
+
+
+def _rejected_arguments(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> TracedException | None:
+    """The TypeError eager raises when `args` do not fit `fn`'s signature (`operator.is_()`), else None.
+
+    A C function checks its argument count before it reads any argument, so calling it with placeholders of
+    the same number and names raises eager's own message without doing anything."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+        return None
+    except ValueError:  # no signature to check against: the caller decides
+        return None
+    except TypeError as binding:
+        try:
+            fn(*(object() for _ in args), **{k: object() for k in kwargs})
+        except TypeError as e:
+            return raise_python(TypeError, *e.args)
+        except Exception:
+            pass
+        return raise_python(TypeError, str(binding))
 
 
 def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -108,7 +133,7 @@ def _fold(fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     except GraphBreak:
         raise
     except Exception as e:
-        raise GraphBreak("exception", f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+        raise python_error(e, getattr(fn, "__name__", repr(fn))) from e
 
 
 def _constant_fold(*fns):
@@ -168,13 +193,26 @@ def _len(state, obj):
 
 @handles(builtins.isinstance)
 def _isinstance(state, obj, classes):
-    cls = obj.realize().python_type()
-    return ConstantValue(issubclass(cls, classes.as_constant()))
+    return _subclass_check(state, obj.realize().python_type(), classes.as_constant())
 
 
 @handles(builtins.issubclass)
 def _issubclass(state, cls, classes):
-    return ConstantValue(issubclass(cls.as_constant(), classes.as_constant()))
+    return _subclass_check(state, cls.as_constant(), classes.as_constant())
+
+
+def _subclass_check(state, cls: type, classes) -> Value:
+    """`issubclass(cls, classes)`, asked of the real classes. An ABC's check reads the class's attributes
+    (`Sized` looks for `__len__`) and caches its answer on the ABC for good: while traced code has attribute
+    writes of `cls` not yet replayed (`setattr(C, '__len__', f)`), asking now would answer for the class
+    before the write and poison that cache, so the check runs natively after the writes."""
+    targets = classes if isinstance(classes, tuple) else (classes,)
+    if isinstance(cls, type) and any(
+            getattr(type(t), "__subclasscheck__", None) is not type.__subclasscheck__ for t in targets) and any(
+            state.side_effects.instance_attrs(klass) for klass in cls.__mro__):
+        raise GraphBreak("unsupported_call", f"issubclass({cls.__name__}, ...) of a class with attribute writes "
+                         "not replayed yet")
+    return ConstantValue(issubclass(cls, classes))
 
 
 @handles(builtins.type)
@@ -210,8 +248,11 @@ def _make_namedtuple(state, typename, field_names, **options):
     once per capture and the program returns instances of it (eager makes a new class per call)."""
     module = options.pop("module", None)
     module = module.as_constant() if module is not None else state.current_frame().globals.get("__name__")
-    cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
-                                 **{k: v.as_constant() for k, v in options.items()})
+    try:
+        cls = collections.namedtuple(typename.as_constant(), field_names.as_constant(), module=module,
+                                     **{k: v.as_constant() for k, v in options.items()})
+    except (ValueError, TypeError) as e:  # a name that is not an identifier, a duplicate field: eager's error
+        raise python_error(e, "namedtuple") from e
     return ClassValue(cls)
 
 
@@ -308,7 +349,7 @@ def _zip(state, *iterables, strict=None):
 
 @handles(builtins.reversed)
 def _reversed(state, seq):
-    return IteratorValue(list(reversed(seq.unpack(state))))
+    return reversed_of(state, seq)
 
 
 @handles(builtins.iter)
@@ -349,22 +390,39 @@ def _chain(state, *iterables):
 @handles(itertools.product)
 def _product(state, *iterables, repeat=None):
     columns = [it.unpack(state) for it in iterables] * (repeat.as_constant() if repeat is not None else 1)
-    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
+    rows = [TupleValue(list(row)) for row in _replayed(itertools.product, *columns)]
+    return IteratorValue(rows, itertools.product, _rebuilt_call(itertools.product, *map(TupleValue, columns)))
 
 
 @handles(itertools.combinations)
 def _combinations(state, iterable, r):
     """Consumes its input up front, as eager does; the combinations are of positions in it."""
     pool = iterator_of(state, iterable).unpack(state)
-    picks = itertools.combinations(range(len(pool)), r.as_constant())
-    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+    picks = _replayed(itertools.combinations, range(len(pool)), r.as_constant())
+    rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
+    return IteratorValue(rows, itertools.combinations, _rebuilt_call(itertools.combinations, TupleValue(pool), r))
+
+
+def _replayed(fn: Callable, *args):
+    """`list(fn(*args))` on real values, raising eager's own exception (a negative `r`) as traced code's."""
+    try:
+        return list(fn(*args))
+    except Exception as e:
+        raise python_error(e, fn.__name__) from e
+
+
+def _rebuilt_call(fn: Callable, *args: Value) -> Callable:
+    """The `fresh` of an iterator that `fn(*args)` makes (see IteratorValue): the call, written again."""
+    return lambda writer: f"{writer.constant(fn)}({', '.join(writer.value(a) for a in args)})"
 
 
 @handles(itertools.permutations)
 def _permutations(state, iterable, r=None):
     pool = iterator_of(state, iterable).unpack(state)
-    picks = itertools.permutations(range(len(pool)), r.as_constant() if r is not None else None)
-    return IteratorValue([TupleValue([pool[i] for i in pick]) for pick in picks])
+    picks = _replayed(itertools.permutations, range(len(pool)), r.as_constant() if r is not None else None)
+    rows = [TupleValue([pool[i] for i in pick]) for pick in picks]
+    return IteratorValue(rows, itertools.permutations,
+                         _rebuilt_call(itertools.permutations, TupleValue(pool), r or ConstantValue(None)))
 
 
 @handles(itertools.count)
@@ -431,7 +489,16 @@ def _list(state, iterable=None):
 
 @handles(builtins.tuple)
 def _tuple(state, iterable=None):
+    if iterable is not None and _is_exactly(iterable, tuple):
+        return iterable  # tuple(t) of an exact tuple is t itself
     return TupleValue(iterable.unpack(state) if iterable is not None else [])
+
+
+def _is_exactly(value: Value, cls: type) -> bool:
+    value = value.realize()
+    if isinstance(value, TupleValue) or value.is_constant():
+        return value.python_type() is cls
+    return False
 
 
 @handles(builtins.set)
@@ -442,7 +509,13 @@ def _set(state, iterable=None):
 @handles(builtins.frozenset)
 def _frozenset(state, iterable=None):
     """Immutable, so a constant: hashing needs its items to be constants too."""
-    return ConstantValue(frozenset(v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])))
+    if iterable is not None and _is_exactly(iterable, frozenset):
+        return iterable  # frozenset(fs) of an exact frozenset is fs itself
+    items = [v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])]
+    try:
+        return ConstantValue(frozenset(items))
+    except TypeError as e:  # an unhashable item: eager's TypeError
+        raise python_error(e, "frozenset") from e
 
 
 @handles(builtins.dict)
@@ -620,24 +693,17 @@ def _partial(state, fn, *args, **kwargs):
 
 
 @handles(functools.wraps)
-def _wraps(state, wrapped, *args, **kwargs):
-    """`functools.wraps(f)` on a function made during capture: only its name is carried over.
-
-    Inlining `update_wrapper` would read and write function attributes (`__dict__`,
-    `__wrapped__`) that a symbolic function does not have.
-    """
-    return PartialValue(BuiltinValue(_rename_function), [wrapped], {})
+def _wraps(state, wrapped, assigned=None, updated=None):
+    """`functools.wraps(f, ...)`: a partial of `update_wrapper`, as functools makes it."""
+    options = {k: v for k, v in (("assigned", assigned), ("updated", updated)) if v is not None}
+    return PartialValue(BuiltinValue(functools.update_wrapper), [], {"wrapped": wrapped, **options})
 
 
-def _rename_function(state, wrapped, wrapper):
-    wrapper = wrapper.realize()
-    if not isinstance(wrapper, FunctionValue) or wrapper.real is not None:
-        raise GraphBreak("unsupported_call", "functools.wraps applied to an existing function")
-    wrapper.name = getattr(wrapped.realize(), "name", wrapper.name)
-    return wrapper
-
-
-HANDLERS[_rename_function] = _rename_function
+@handles(functools.update_wrapper)
+def _update_wrapper(state, wrapper, wrapped, assigned=None, updated=None):
+    assigned = functools.WRAPPER_ASSIGNMENTS if assigned is None else assigned.as_constant()
+    updated = functools.WRAPPER_UPDATES if updated is None else updated.as_constant()
+    return update_wrapper(state, wrapper, wrapped, assigned, updated)
 
 
 @handles(torch._C._group_tensors_by_device_and_dtype)

@@ -67,16 +67,22 @@ class ConstantValue(Value):
         return ConstantValue(attr)
 
     def getitem(self, state, key: Value) -> Value:
-        return ConstantValue(self.value[key.as_constant()])
+        try:
+            return ConstantValue(self.value[key.as_constant()])
+        except Exception as e:
+            raise _python_error(e, "[]") from e
 
     def unpack(self, state) -> list[Value]:
         try:
             return [ConstantValue(v) for v in self.value]
-        except TypeError as e:
-            raise GraphBreak("exception", str(e)) from e
+        except Exception as e:
+            raise _python_error(e, "iter()") from e
 
     def length(self, state) -> int:
-        return len(self.value)
+        try:
+            return len(self.value)
+        except Exception as e:
+            raise _python_error(e, "len()") from e
 
     def reconstruct(self, writer) -> str:
         if self.source is not None:
@@ -85,6 +91,12 @@ class ConstantValue(Value):
 
     def __repr__(self) -> str:
         return f"Constant({self.value!r})"
+
+
+def _python_error(e: Exception, what: str) -> GraphBreak:
+    from kiln.capture.values.exceptions import python_error  # exceptions builds on this module
+
+    return python_error(e, what)
 
 
 class ScalarInputValue(ConstantValue):

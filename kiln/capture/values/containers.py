@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -257,10 +258,29 @@ class ListValue(SequenceValue):
     def reconstruct(self, writer) -> str:
         if self.source is not None:
             return writer.source_expr(self.source)
+        if _holds(self, self):  # a list that contains itself (the links of functools' Python lru_cache):
+            # made empty first, so its items can refer to it, and filled once every value is rebuilt
+            made = writer.declare(self, "[]")
+            writer.after_values(lambda: f"{made}[:] = [{self._items_expr(writer)}]")
+            return made
         return f"[{self._items_expr(writer)}]"
 
     def __repr__(self):
         return f"List({self.items})"
+
+
+def _holds(container: Value, target: Value) -> bool:
+    """Whether `target` is reachable through the items of lists and tuples made during capture, from
+    `container`'s items."""
+    seen, pending = set(), list(container.items)
+    while pending:
+        item = pending.pop()
+        if item is target:
+            return True
+        if id(item) not in seen and isinstance(item, SequenceValue) and item.source is None:
+            seen.add(id(item))
+            pending.extend(item.items)
+    return False
 
 
 def _defined_above_tuple(cls: type, name: str) -> bool:
@@ -471,13 +491,19 @@ class SliceValue(Value):
 
 
 class IteratorValue(Value):
-    """An iterator over known items (a list, range, zip, enumerate, dict keys...)."""
+    """An iterator over known items (a list, range, zip, enumerate, dict keys...).
 
-    def __init__(self, items: list[Value]):
+    `kind` is the type eager's iterator has (`tuple_iterator`, `itertools.combinations`, ...), and `fresh`
+    writes a new such iterator over the same items (`iter(t)` of the rebuilt tuple); at a graph break it is
+    rebuilt as that, advanced to the position reached, so `type(it)` and `sys.getsizeof(it)` stay eager's.
+    Without them the iterator is a list iterator over the remaining items."""
+
+    def __init__(self, items: list[Value], kind: type | None = None, fresh: Callable[[Any], str] | None = None):
         self.items, self.position = list(items), 0
+        self.kind, self.fresh = kind, fresh
 
     def python_type(self):
-        return type(iter([]))
+        return self.kind or type(iter([]))
 
     def next(self) -> Value | None:
         if self.position >= len(self.items):
@@ -491,5 +517,14 @@ class IteratorValue(Value):
         return rest
 
     def reconstruct(self, writer) -> str:
+        if self.fresh is not None:
+            return f"{writer.constant(iterator_at)}({self.fresh(writer)}, {self.position})"
         rest = ", ".join(writer.value(i) for i in self.items[self.position:])
         return f"iter([{rest}])"
+
+
+def iterator_at(iterator, position: int):
+    """`iterator` once it has produced `position` items (an iterator rebuilt at a graph break)."""
+    for _ in range(position):
+        next(iterator)
+    return iterator

@@ -318,6 +318,11 @@ def update_pairs(state, other: Value) -> list[tuple[Any, Value]]:
     other = other.realize()
     if isinstance(other, DictValue):
         return other.pairs(state)
+    if hasattr(other.python_type(), "keys"):  # a mapping (ChainMap, a user Mapping): other[k] for k in keys()
+        from kiln.capture.values.iterators import iterator_of
+
+        keys = iterator_of(state, other.getattr(state, "keys").call(state, [], {})).unpack(state)
+        return [(_key(state, k), other.getitem(state, k)) for k in keys]
     pairs = []
     for pair in other.unpack(state):
         items = pair.unpack(state)

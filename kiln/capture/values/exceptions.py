@@ -29,6 +29,13 @@ class ExceptionValue(Value):
     def python_type(self) -> type:
         return self.cls
 
+    def as_constant(self) -> BaseException:
+        """An equal exception of a builtin class with constant arguments, for what reads it as a value
+        (`str(e)`, `repr(e)`); other classes may run code of their own, so capture does not make them."""
+        if self.cls.__module__ != "builtins":
+            return super().as_constant()
+        return self.cls(*(a.as_constant() for a in self.args))
+
     def getattr(self, state, name: str) -> Value:
         from kiln.capture.values.containers import TupleValue
 
@@ -67,6 +74,16 @@ class TracedException(GraphBreak):
 def raise_python(cls: type, *args: Any) -> TracedException:
     """The exception Python would raise here (`raise raise_python(KeyError, key)`), catchable by traced code."""
     return TracedException(ExceptionValue(cls, [ConstantValue(a) for a in args]))
+
+
+def python_error(e: Exception, what: str) -> GraphBreak:
+    """The break for exception `e` that Python itself raised while capture replayed an operation on constants
+    (`len(5)`, `'ab'[9]`, `int('x')`): the very exception eager raises at that point, so a traced `try` or
+    `with suppress(...)` handles it. An exception of a class defined outside the builtins (it may carry state
+    capture cannot rebuild) stays a plain break, and the operation runs natively."""
+    if type(e).__module__ == "builtins" and is_exception_class(type(e)):
+        return TracedException(ExceptionValue(type(e), [ConstantValue(a) for a in e.args]))
+    return GraphBreak("exception", f"{what} raised {type(e).__name__}: {e}")
 
 
 def is_exception_class(cls: Any) -> bool:

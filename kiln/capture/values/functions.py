@@ -17,6 +17,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.sources import AttrSource, ItemSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
+from kiln.capture.values.exceptions import TracedException, raise_python
 
 # The wrapper torch puts on its own functions that compilers must not trace (Optimizer.zero_grad, hooks
 # machinery): such a call runs natively, as torch.compile runs it.
@@ -80,6 +81,10 @@ class FunctionValue(CallableValue):
         self.defaults, self.kwdefaults, self.closure = defaults, kwdefaults or {}, closure
         self.real, self.source = real, source
         self.obj = real
+        # A function made during capture: its attributes written so far (`f.calls = 0`, what functools.wraps
+        # copies), and its annotations as MAKE_FUNCTION gave them (name, value, name, value, ...)
+        self.attrs: dict[str, Value] = {}
+        self.annotations: tuple[Value, ...] | None = None
 
     @classmethod
     def of(cls, state, fn: types.FunctionType, source) -> FunctionValue:
@@ -127,8 +132,53 @@ class FunctionValue(CallableValue):
         if name == "__name__":
             return ConstantValue(self.name)
         if self.real is not None and self.source is not None:
-            return state.wrap(getattr(self.real, name), AttrSource(self.source, name))
-        raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
+            try:
+                return state.wrap(getattr(self.real, name), AttrSource(self.source, name))
+            except AttributeError as e:
+                raise raise_python(AttributeError, *e.args) from None
+        if self.real is not None:
+            raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
+        return self._made_attr(name)
+
+    def _made_attr(self, name: str) -> Value:
+        """An attribute of a function made during capture, as CPython's function object answers it."""
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__annotations__":  # made on first read and kept, as CPython does
+            from kiln.capture.values.dicts import DictValue
+
+            pairs = self.annotations or ()
+            self.attrs[name] = DictValue({pairs[i].as_constant(): pairs[i + 1] for i in range(0, len(pairs), 2)})
+            return self.attrs[name]
+        made = {"__qualname__": self.code.co_qualname, "__doc__": _docstring(self.code),
+                "__module__": self.globals.get("__name__"), "__code__": self.code}
+        if name in made:
+            return _OwnAttribute(made[name], self, name)
+        if hasattr(types.FunctionType, name):  # __defaults__, __closure__, __get__, ...: not modelled
+            raise GraphBreak("unsupported_object", f"attribute {name!r} of function {self.name}")
+        raise raise_python(AttributeError, f"'function' object has no attribute {name!r}")
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        """Writing an attribute of a function made during capture: kept here, and set when it is rebuilt."""
+        if self.real is not None or (hasattr(types.FunctionType, name) and name not in _WRITABLE):
+            raise GraphBreak("unsupported_object", f"setting {name!r} of function {self.name}")
+        if name == "__name__":
+            if not (value.is_constant() and isinstance(value.as_constant(), str)):
+                raise GraphBreak("unsupported_object", f"__name__ of function {self.name} set to {value}")
+            self.name = value.as_constant()
+            return
+        self.attrs[name] = value
+
+    def delattr(self, state, name: str) -> None:
+        if self.real is not None or name not in self.attrs or name in _WRITABLE:
+            raise GraphBreak("unsupported_object", f"deleting {name!r} of function {self.name}")
+        del self.attrs[name]
+
+    def dict_items(self, state) -> dict[str, Value]:
+        """What the function's `__dict__` holds: its attributes less those CPython keeps in slots."""
+        if self.real is not None:
+            return {k: self.getattr(state, k) for k in vars(self.real)}
+        return {k: v for k, v in self.attrs.items() if k not in _WRITABLE}
 
     def reconstruct(self, writer) -> str:
         if self.source is not None:
@@ -137,11 +187,89 @@ class FunctionValue(CallableValue):
             return writer.constant(self.real)
         defaults = "(" + "".join(d.reconstruct(writer) + ", " for d in self.defaults) + ")"
         closure = "(" + "".join(writer.value(c) + ", " for c in self.closure) + ")"  # one cell object each"
-        return (f"{writer.constant(types.FunctionType)}({writer.constant(self.code)}, {writer.constant(self.globals)}, "
+        made = (f"{writer.constant(types.FunctionType)}({writer.constant(self.code)}, {writer.constant(self.globals)}, "
                 f"{self.name!r}, {defaults}, {closure})")
+        attrs = dict(self.attrs)
+        if self.kwdefaults:
+            attrs["__kwdefaults__"] = _KeywordDefaults(self.kwdefaults)
+        if self.annotations and "__annotations__" not in attrs:
+            attrs["__annotations__"] = self._made_attr("__annotations__")
+        if not attrs:
+            return made
+        fn = writer.declare(self, made)  # attributes may refer to the function itself (`__wrapped__` chains)
+        for name, value in attrs.items():
+            writer.after_values(lambda name=name, value=value: f"{fn}.{name} = {writer.value(value)}")
+        return fn
 
     def __repr__(self) -> str:
         return f"Function({self.name})"
+
+
+# Function attributes kept in the function object's own slots, not its __dict__ (all writable)
+_WRITABLE = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__", "__kwdefaults__")
+
+
+def _docstring(code: types.CodeType) -> str | None:
+    """A new function's `__doc__`: the first constant of its code when that is a string (CPython's rule)."""
+    return code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+
+
+class _OwnAttribute(ConstantValue):
+    """An attribute a new function gets from its code and globals (`__qualname__`, `__doc__`, `__module__`),
+    rebuilt as a read of the rebuilt function's attribute: the very object, as `functools.wraps` copies it
+    (`wrapper.__doc__ is f.__doc__`), where a literal would be an equal copy."""
+
+    def __init__(self, value: Any, owner: FunctionValue, name: str):
+        super().__init__(value)
+        self.owner, self.name = owner, name
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.owner)}.{self.name}"
+
+
+class _KeywordDefaults(Value):
+    """The keyword-only defaults of a rebuilt function, as the dict `__kwdefaults__` is set to."""
+
+    def __init__(self, items: dict[str, Value]):
+        self.items = items
+
+    def reconstruct(self, writer) -> str:
+        return "{" + ", ".join(f"{k!r}: {writer.value(v)}" for k, v in self.items.items()) + "}"
+
+
+def update_wrapper(state, wrapper: Value, wrapped: Value, assigned, updated) -> Value:
+    """`functools.update_wrapper(wrapper, wrapped)` (what `@functools.wraps` does) for a wrapper made during
+    capture: the attributes of `assigned` wrapped has, `__dict__` merged for each of `updated`, `__wrapped__`."""
+    wrapper = wrapper.realize()
+    if not isinstance(wrapper, FunctionValue) or wrapper.real is not None:
+        raise GraphBreak("unsupported_call", "functools.update_wrapper of a function capture did not make")
+    for name in assigned:
+        try:
+            value = wrapped.realize().getattr(state, name)
+        except TracedException as e:
+            if not issubclass(e.value.cls, AttributeError):
+                raise
+            continue
+        wrapper.setattr(state, name, value)
+    for name in updated:
+        if name != "__dict__":
+            raise GraphBreak("unsupported_call", f"functools.update_wrapper merging {name!r}")
+        source = wrapped.realize()
+        items = source.dict_items(state) if isinstance(source, FunctionValue) else _plain_dict_items(state, source)
+        for key, value in items.items():
+            wrapper.setattr(state, key, value)
+    wrapper.setattr(state, "__wrapped__", wrapped)
+    return wrapper
+
+
+def _plain_dict_items(state, value: Value) -> dict[str, Value]:
+    """`vars(value)` of a callable that is not a Python function: none for C functions and constants."""
+    obj = getattr(value, "fn", getattr(value, "obj", None))
+    if obj is None or not getattr(obj, "__dict__", None):
+        if isinstance(value, BuiltinValue) or value.is_constant():
+            return {}
+        raise GraphBreak("unsupported_call", f"functools.update_wrapper reading __dict__ of {value}")
+    return {k: value.getattr(state, k) for k in vars(obj)}
 
 
 class MethodValue(CallableValue):
@@ -199,7 +327,10 @@ class BuiltinValue(CallableValue):
         return state.call_builtin(self.fn, args, kwargs)
 
     def getattr(self, state, name):
-        return ConstantValue(getattr(self.fn, name))
+        try:
+            return ConstantValue(getattr(self.fn, name))
+        except AttributeError as e:
+            raise raise_python(AttributeError, *e.args) from None
 
     def reconstruct(self, writer) -> str:
         if self.source is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from kiln.capture.breaks import GraphBreak, Unresumable
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.containers import IteratorValue, ListValue, TupleValue
+from kiln.capture.values.containers import IteratorValue, ListValue, TupleValue, iterator_at
 from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class, raise_python
 from kiln.capture.values.functions import BoundMethodValue
 
@@ -34,7 +34,44 @@ def iterator_of(state, value: Value) -> IteratorValue:
         return value.iterator(state)
     if isinstance(value, ListValue) and value.python_type() is list:
         return ListIteratorValue(value)
-    return IteratorValue(value.unpack(state))
+    kind = _builtin_iterator_type(value, iter)
+    if kind is None:
+        return IteratorValue(value.unpack(state))
+    return IteratorValue(value.unpack(state), kind, lambda writer: f"iter({writer.value(value)})")
+
+
+def reversed_of(state, value: Value) -> IteratorValue:
+    """`reversed(value)`: a list's reverse iterator reads the list live (as `iter` does); that of another
+    builtin sequence is eager's type over its items; a user sequence's items, reversed."""
+    value = value.realize()
+    if isinstance(value, ListValue) and value.python_type() is list:
+        return ReversedListIteratorValue(value)
+    items = list(reversed(value.unpack(state)))
+    kind = _builtin_iterator_type(value, reversed)
+    if kind is None:
+        return IteratorValue(items)
+    return IteratorValue(items, kind, lambda writer: f"reversed({writer.value(value)})")
+
+
+# Builtin containers whose iterator kiln rebuilds by iterating the container again: their empty instance,
+# whose iterator (or reverse iterator) has the type eager's has
+_EMPTY = {tuple: (), range: range(0), bytes: b"", frozenset: frozenset(), set: set(), dict: {},
+          type({}.keys()): {}.keys(), type({}.values()): {}.values(), type({}.items()): {}.items()}
+
+
+def _builtin_iterator_type(value: Value, make) -> type | None:
+    """The type of `make(value)` (iter or reversed) for a builtin container, or None for anything else.
+    A str's iterator type depends on its text (ASCII or not), so it is asked of the constant itself."""
+    try:
+        cls = value.python_type()
+    except GraphBreak:
+        return None
+    try:
+        if cls is str and value.is_constant():
+            return type(make(value.as_constant()))
+        return type(make(_EMPTY[cls])) if cls in _EMPTY else None
+    except TypeError:  # not reversible (a set, a dict view before 3.8's rules)
+        return None
 
 
 class ListIteratorValue(IteratorValue):
@@ -66,11 +103,45 @@ class ListIteratorValue(IteratorValue):
         return f"{writer.constant(list_iterator_at)}({writer.value(self.source_list)}, {self.position})"
 
 
+class ReversedListIteratorValue(IteratorValue):
+    """`reversed(a_list)`: Python's reverse iterator reads `list[index]` at each step, counting down from the
+    length at creation; it stops for good at index -1 or once the list has shrunk below the index. Rebuilt
+    as a reverse iterator over that same list, advanced to the index reached."""
+
+    def __init__(self, source_list: ListValue):
+        super().__init__([])
+        self.items = source_list.items  # the list tracker's own item list, read live
+        self.source_list, self.index = source_list, len(source_list.items) - 1
+
+    def python_type(self):
+        return type(reversed([]))
+
+    def next(self) -> Value | None:
+        if not 0 <= self.index < len(self.items):
+            self.index = -1
+            return None
+        self.index -= 1
+        return self.items[self.index + 1]
+
+    def unpack(self, state) -> list[Value]:
+        rest = []
+        while (value := self.next()) is not None:
+            rest.append(value)
+        return rest
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.constant(reversed_list_at)}({writer.value(self.source_list)}, {self.index})"
+
+
 def list_iterator_at(items: list, position: int):
     """A list iterator over `items` that has already produced `position` items (at a graph break)."""
-    iterator = iter(items)
-    for _ in range(position):
-        next(iterator)
+    return iterator_at(iter(items), position)
+
+
+def reversed_list_at(items: list, index: int):
+    """A reverse iterator over `items` whose next item is `items[index]` (exhausted for -1)."""
+    iterator = reversed(items)
+    iterator.__setstate__(index)
     return iterator
 
 
@@ -266,11 +337,13 @@ class CountValue(LazyIteratorValue):
         return itertools.count
 
     def step(self) -> Value | None:
-        self.value += self.stride
-        return ConstantValue(self.value - self.stride)
+        # Python's count yields `start` itself, then adds the step (count(10, 2.5) gives 10, then 12.5):
+        # going back from the next value by subtraction would make the first item a float
+        current, self.value = self.value, self.value + self.stride
+        return ConstantValue(current)
 
     def rebuild(self, writer) -> str:
-        return f"{writer.constant(itertools.count)}({self.value!r}, {self.stride!r})"
+        return f"{writer.constant(itertools.count)}({writer.constant(self.value)}, {writer.constant(self.stride)})"
 
 
 class RepeatValue(LazyIteratorValue):

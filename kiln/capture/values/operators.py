@@ -23,6 +23,7 @@ from kiln.capture.values.containers import (
     from_constant,
     python_override,
 )
+from kiln.capture.values.exceptions import python_error
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -134,6 +135,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
+    operand = _operand_returned(_INPLACE_TO_PLAIN.get(fn, fn), args)
+    if operand is not None:
+        return operand
     in_place = fn in _INPLACE_TO_PLAIN and isinstance(args[0], (ListValue, SetValue))
     if all(a.is_constant() for a in args) and not in_place and not any(isinstance(a, DictValue) for a in args):
         # An in-place operator on a list or set mutates it (and every alias of it); a dict keeps its kind
@@ -141,16 +145,16 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         try:
             return from_constant(fn(*(a.as_constant() for a in args)))
         except Exception as e:
-            raise GraphBreak("exception", f"{fn.__name__} raised {type(e).__name__}: {e}") from e
+            raise python_error(e, fn.__name__) from e
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
     if isinstance(args[0], SetValue) and fn in _SET_DUNDERS:
         return args[0].call_method(state, _SET_DUNDERS[fn], args[1:], {})  # `s -= t` mutates s and its aliases
-    if isinstance(args[0], DictValue) and len(args) == 2:
-        name = {operator.ne: "__ne__"}.get(plain) or _DUNDERS.get(plain, (None,))[0]
-        if name and python_override(args[0].cls, dict, name) is not None:
-            # a dict subclass's own operator (Counter's == and != ignore zero counts)
-            return args[0].getattr(state, name).call(state, [args[1]], {})
-        return _dict_operator(state, fn, plain, args[0], args[1])
+    if isinstance(args[0], DictValue) and len(args) <= 2:
+        override = _dict_subclass_operator(state, fn, plain, args[0], args[1:])
+        if override is not None:
+            return override
+        if len(args) == 2:
+            return _dict_operator(state, fn, plain, args[0], args[1])
     a = b = None
     if len(args) == 2 and any(isinstance(a, SequenceValue) for a in args):
         a, b = (_as_sequence(a) for a in args)
@@ -174,6 +178,43 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _operand_returned(plain: Callable, args: list[Value]) -> Value | None:
+    """The operand itself where CPython returns it rather than an equal copy (`t * 1`, `t + ()`, `'' + s` for an
+    exact tuple, str or bytes), so `id()` and `is` see one object, as in eager."""
+    if len(args) != 2 or plain not in (operator.mul, operator.add):
+        return None
+    for kept, other in ((args[0], args[1]), (args[1], args[0])):
+        if not _exact_immutable_sequence(kept) or not other.is_constant():
+            continue
+        value = other.as_constant()
+        if plain is operator.mul and type(value) is int and value == 1:
+            return kept
+        if plain is operator.add and type(value) is kept.python_type() and len(value) == 0:
+            return kept
+    return None
+
+
+def _exact_immutable_sequence(v: Value) -> bool:
+    if isinstance(v, TupleValue):
+        return v.python_type() is tuple
+    return v.is_constant() and type(v.as_constant()) in (tuple, str, bytes)
+
+
+def _dict_subclass_operator(state, fn: Callable, plain: Callable, a, others: list[Value]) -> Value | None:
+    """A dict subclass's own Python method for the operator (Counter's `|`, `&`, `-`, `<=`, unary `-`, and
+    its `==` ignoring zero counts), inlined; an in-place operator tries its own method (`__ior__`) first, as Python
+    does. None where the class leaves the operator to dict."""
+    names = [f"__{f.__name__.rstrip('_')}__" for f in dict.fromkeys((fn, plain))]  # operator.or_ -> __or__
+    for name in names:
+        if python_override(a.cls, dict, name) is not None:
+            result = a.getattr(state, name).call(state, list(others), {})
+            if not (result.is_constant() and result.as_constant() is NotImplemented):
+                return result
+            if name == names[-1]:
+                raise GraphBreak("unsupported_object", f"{a.cls.__name__}.{name} returned NotImplemented")
+    return None
 
 
 def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:

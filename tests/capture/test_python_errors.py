@@ -1,0 +1,139 @@
+"""Exceptions Python raises inside traced code (found by CPython's test_contextlib, test_operator, test_builtin):
+an operation capture replays on constants (`len(5)`, `'Hello'[50]`, `int('x')`, unpacking the wrong number of
+values, an `operator` function given the wrong arguments) raises eager's own exception, which a traced `try`
+or `with suppress(...)` catches as eager does. Before, the replayed exception escaped capture and the whole
+frame ran eagerly. Each case compares with eager, and with torch.compile's graph count.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import operator
+
+import pytest
+import torch
+import torch._dynamo
+
+import kiln
+from support.capture import CountingBackend, check
+
+
+def suppressed_len_of_an_int(x):
+    with contextlib.suppress(TypeError):
+        len(5)
+        x = x * 100
+    return x + 1
+
+
+def suppressed_index_past_the_end(x):
+    with contextlib.suppress(LookupError):
+        x = x * "Hello".index("l")
+        "Hello"[50]
+    return x + 1
+
+
+def caught_tuple_index(x):
+    try:
+        scale = (1.0, 2.0)[5]
+    except IndexError as e:
+        scale, x = 3.0, x - len(e.args[0])
+    return x * scale
+
+
+def caught_conversion_error(x):
+    try:
+        x = x * int("x")
+    except ValueError as e:
+        return x + 1, e.args
+    return x, ()
+
+
+def caught_operator_arity(x):
+    try:
+        operator.is_()
+    except TypeError as e:
+        return x + 1, str(e)
+    return x, ""
+
+
+def caught_builtin_arity(x):
+    try:
+        divmod(7)
+    except TypeError as e:
+        return x + 2, str(e)
+    return x, ""
+
+
+def caught_unpacking(x):
+    messages = []
+    for items in ([1], [1, 2, 3]):
+        try:
+            a, b = items  # noqa: F841 - the unpacking is what raises
+        except ValueError as e:
+            messages.append(str(e))
+            x = x + 1
+    try:
+        a, b, *rest = [1]  # noqa: F841
+    except ValueError as e:
+        messages.append(str(e))
+    return x * 2, messages
+
+
+def caught_unhashable_item(x):
+    try:
+        frozenset([[]])
+    except TypeError as e:
+        return x + 4, str(e)
+    return x, ""
+
+
+def caught_itertools_argument(x):
+    try:
+        itertools.combinations("abc", -2)
+    except ValueError as e:
+        return x + 3, e.args
+    return x, ()
+
+
+def caught_namedtuple_name(x):
+    errors = []
+    for name, fields in (("abc%", "x y"), ("abc", "x x"), ("ok", "x y")):
+        try:
+            collections.namedtuple(name, fields)
+        except ValueError as e:
+            errors.append(str(e))
+            x = x + 1
+    return x, errors
+
+
+CASES = {f.__name__: f for f in (
+    caught_unhashable_item, caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int,
+    suppressed_index_past_the_end, caught_tuple_index, caught_conversion_error, caught_operator_arity,
+    caught_builtin_arity, caught_unpacking)}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_exception_is_eagers_and_caught_in_the_graph(name):
+    check(CASES[name], torch.randn(3), graphs=1)
+
+
+@pytest.mark.parametrize("name", ["suppressed_len_of_an_int", "caught_operator_arity", "caught_unpacking"])
+def test_graph_count_is_torch_compiles(name):
+    counts = {}
+    for label, compile_ in (("kiln", kiln.compile), ("torch", torch.compile)):
+        torch._dynamo.reset()
+        backend = CountingBackend()
+        compile_(CASES[name], backend=backend)(torch.randn(3))
+        counts[label] = backend.graphs
+    assert counts["kiln"] <= counts["torch"], counts
+
+
+def uncaught_len_of_an_int(x):
+    x = x + 1
+    return len(5)
+
+
+def test_an_uncaught_exception_is_raised_as_eager_raises_it():
+    with pytest.raises(TypeError, match="object of type 'int' has no len"):
+        kiln.compile(uncaught_len_of_an_int, backend="eager")(torch.randn(3))

@@ -297,13 +297,16 @@ class AOTCompiled:
         if graph is not None and log.isEnabledFor(logging.INFO):
             log.info("%s %s graph:\n%s", self.name, name, graph.print_readable(print_output=False))
 
-    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None
-                 ) -> Callable:
-        """`graph` through the compiler, told its kind and (a forward's) how many outputs the caller sees: the
-        rest are saved for the backward."""
+    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None,
+                 mutations: list[InputMutation] = ()) -> Callable:
+        """`graph` through the compiler, told its kind, (a forward's) how many outputs the caller sees (the
+        rest are saved for the backward) and (an inference graph's) which outputs are new values of its inputs:
+        the compiler may write them into the inputs, which the runtime then finds written."""
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
         if visible_outputs is not None:
             graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
+        if mutations:
+            graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations)
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
         return self._pass(key, f"compile {kind}", self.compiler, graph, example_inputs)
 
@@ -318,7 +321,8 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
-        return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
+        return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations),
+                               mutations)
 
     def _build_training(self, key: tuple) -> Callable:
         program = self.program

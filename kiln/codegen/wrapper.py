@@ -1,7 +1,8 @@
 """The wrapper: the generated Python host program that runs one compiled graph.
 
 It binds the size symbols from the inputs, allocates each kernel output with
-`torch.empty_strided` (or in the storage of a dead buffer, per the memory plan),
+`torch.empty_strided` (or in the storage of a dead buffer, per the memory plan; an
+output written into a graph input is that input, kiln/schedule/input_writes.py),
 calls the kernels and the extern ATen ops in schedule order, drops each buffer
 after its last use, and returns the graph's outputs. It is plain Python source
 (written to the debug directory with trace.enabled) compiled with `exec`.
@@ -177,6 +178,7 @@ class WrapperCodegen:
         self.lines: list[str] = []
         self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
+        self.input_names = {i.name for i in self.graph.inputs}
 
     # -- values as Python source
     def const(self, value) -> str:
@@ -253,6 +255,8 @@ class WrapperCodegen:
     def kernel_call(self, group: KernelGroup) -> None:
         kernel = self.kernels[group.name]
         for b in kernel.outputs:
+            if b in self.input_names:  # the kernel writes into the input (kiln/schedule/input_writes.py)
+                continue
             lay = self.layouts[b]
             old = self.plan.reuse.get(b)
             if old is not None and old in self.exact and self._same_layout(self.layouts[old], lay):

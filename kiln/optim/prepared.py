@@ -47,12 +47,17 @@ class PreparedStep:
         self.state_entries = [(e, k) for e, keys in zip(entries, layout.state_keys) for k in keys]
         tensors = self.params + [p.grad for p in self.params] + self._states()
         self.specs = [tensor_spec(t) for t in tensors]
-        self.native = None
+        self.native, self.native_pending = None, True
         self._use_native()
 
     def _use_native(self) -> None:
+        """Check the tensors in C++ once the extension is loaded (it builds in the background), unless one is
+        a subclass (whose properties Python code may define)."""
         module = tensor_checks.available()
-        if module is not None and all(type(t) in tensor_checks.NATIVE_TYPES for t in self.params):
+        if module is None:
+            return
+        self.native_pending = False
+        if all(spec[0] in tensor_checks.NATIVE_TYPES for spec in self.specs):
             self.native = (module.check, module.specs(self.specs))
 
     def inputs(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor] | None:
@@ -80,7 +85,7 @@ class PreparedStep:
         return [entries[k] for entries, k in self.state_entries]
 
     def _check(self, tensors: list) -> bool:
-        if self.native is None and tensor_checks._module is not None:
+        if self.native_pending and tensor_checks._module is not None:
             self._use_native()
         if self.native is not None:
             check, specs = self.native

@@ -36,7 +36,8 @@ class PreparedStep:
                  compiled: Callable, assigned: tuple[tuple[int, str], ...]) -> None:
         self.backend, self.layout, self.compiled, self.assigned = backend, layout, compiled, assigned
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
-        self.groups = [(g, list(g["params"]), len(g), hyperparameters(g)) for g in optimizer.param_groups]
+        self.groups = [(g, list(g["params"]), len(g), {k: (v, hashable(v)) for k, v in hyperparameters(g).items()})
+                       for g in optimizer.param_groups]
         self.params = list(layout.params)
         self.gradless = [p for g in optimizer.param_groups for p in g["params"] if p.grad is None]
         entries = [optimizer.state[p] for p in layout.params]
@@ -121,11 +122,15 @@ def _same_group(group: dict, prepared: tuple) -> bool:
     current = group["params"]
     if len(current) != len(params) or not all(map(_is, current, params)):
         return False
-    return all(_same_setting(group.get(k, _MISSING), v) for k, v in settings.items())
+    return all(_same_setting(group.get(k, _MISSING), *v) for k, v in settings.items())
 
 
-def _same_setting(value: Any, prepared: Any) -> bool:
-    return value is prepared or hashable(value) == hashable(prepared)
+def _same_setting(value: Any, prepared: Any, key: Any) -> bool:
+    """Whether a hyperparameter is the one the update was compiled for: the same object, unless it is one the
+    user can change in place (`group["betas"][0] = 0.8` on a list), else an equal key."""
+    if value is prepared and not isinstance(value, (list, dict, set)):
+        return True
+    return hashable(value) == key
 
 
 def _is(a: Any, b: Any) -> bool:

@@ -232,3 +232,4 @@ def test_load_state_dict_between_compiled_steps_replaces_what_they_read():
                 model.load_state_dict(saved[name][1])
 
     run_side_by_side(eager, compiled, steps=6, between=save_and_restore)
+

@@ -163,7 +163,8 @@ def base_namespace() -> dict:
     wrapper read back from the compile cache is given again (kiln/runtime/graph_cache.py)."""
     return {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided, "_restride": _restride,
             "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
-            "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived}
+            "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived,
+            "_increment_version": torch.autograd.graph.increment_version}
 
 
 class WrapperCodegen:
@@ -225,9 +226,13 @@ class WrapperCodegen:
         self.lines.append("def call(" + ", ".join(names) + "):")
         for sym, source in g.size_vars.items():
             self.line(f"{sym} = {source}")
-        kernel_reads = set()
+        kernel_reads, kernel_writes = set(), set()
         for k in self.kernels.values():
             kernel_reads |= set(k.arg_names)
+            kernel_writes |= set(k.outputs)
+        written = [i.name for i in g.inputs if i.name in kernel_writes]
+        if written:  # as eager's in-place ops do, before the first write: a call that raises after it shows it
+            self.line(f"_increment_version(({''.join(w + ', ' for w in written)}))")
         for inp in g.inputs:
             if isinstance(inp, ir.InputBuffer) and inp.name in kernel_reads:
                 self.restride(inp.name, inp.name, inp.layout)

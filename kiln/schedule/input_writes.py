@@ -20,6 +20,11 @@ The store replaces the input's old value, so it is done only where nothing can r
   later in the kernel take it from the register the store wrote; the kernel printer reuses nothing it
   computed from the old value after the store (`KernelGroup.writes_inputs`, kiln/codegen/cse.py).
 
+The wrapper moves the written inputs' version counters before its first kernel, as eager's in-place ops
+move them when they write: a graph that raises after the write (a division by zero in a later kernel)
+leaves them moved, so the frame's eager re-run (kiln/capture/rerun.py) first restores the inputs from the
+copy it took, rather than writing them twice.
+
 Targets whose runtime re-runs kernels on the call's own arguments (the autotuner benchmarks candidates on
 them) or records them (CUDA graphs) are not given this rewrite (`applies`).
 """

@@ -13,7 +13,8 @@ The store replaces the input's old value, so it is done only where nothing can r
 - the new value `B` is computed by a pointwise kernel (no reduction, no template) with the input's exact
   layout and dtype, and is returned once, as that input's new value, not as a view;
 - no step after that kernel reads the input, and no extern views it (a view read later would see the new
-  value); the input is not itself returned (a forward graph returns inputs it saves for the backward);
+  value) or the new value (its view would become the input's); the input is not itself returned (a
+  forward graph returns inputs it saves for the backward);
 - inside the kernel, every read of the input loads the element being written (the same index, unmasked,
   not a gather) and comes no later than the store: each element is read, then overwritten, by the same
   loop iteration, so neither threads nor vectors see another iteration's write. Reads of the new value
@@ -69,8 +70,11 @@ def _writable(sched: Schedule, buf: str, target: ir.InputBuffer) -> KernelGroup 
         return None
     for j, step in enumerate(sched.steps):
         if isinstance(step, ExternStep):
-            if target.name in _extern_reads(step) and (j > k or getattr(step.node, "aliases_inputs", False)):
+            reads = _extern_reads(step)
+            if target.name in reads and (j > k or getattr(step.node, "aliases_inputs", False)):
                 return None
+            if buf in reads and getattr(step.node, "aliases_inputs", False):  # a view of the new value would
+                return None  # become a view of the input, where eager's is a tensor of its own
         elif j > k and target.name in _group_reads(step):
             return None
     return group if _reads_in_place(group, node, target.name) else None

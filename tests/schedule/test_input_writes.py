@@ -44,6 +44,12 @@ def view_returned(x):
     return x[1:]
 
 
+def new_value_returned_as_a_view(x):
+    y = x * 2
+    x.copy_(y)
+    return y.t()  # a view of y, which eager keeps apart from x
+
+
 def cast_into_half(x, y):
     x.copy_(y * 2)
 
@@ -62,6 +68,7 @@ CASES = {
     "old_value_read_later": (old_value_read_later, lambda: (torch.randn(5), torch.randn(5)), None),
     "reduction_of_old_value_after": (reduction_of_old_value_after, lambda: (torch.randn(7, 3),), None),
     "view_returned": (view_returned, lambda: (torch.randn(4),), None),
+    "new_value_returned_as_a_view": (new_value_returned_as_a_view, lambda: (torch.randn(3, 4),), None),
     "cast_into_half": (cast_into_half, lambda: (torch.randn(6).half(), torch.randn(6)), True),
     "reduced_and_pointwise": (reduced_and_pointwise, lambda: (torch.randn(3), torch.randn(3), torch.randn(2, 3)), None),
 }
@@ -78,6 +85,10 @@ def test_new_values_of_inputs_match_eager(name, compiled_graphs):
         got = kiln.compile(fn, fullgraph=True)(*kiln_args)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(kiln_args, list(eager_args))
+    if isinstance(got, torch.Tensor):  # an output aliases an input in kiln's result only as it does in eager
+        for a, k in zip(eager_args, kiln_args):
+            assert (got.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) == \
+                (expected.untyped_storage().data_ptr() == a.untyped_storage().data_ptr())
     if in_place is not None:
         wrapper = compiled_graphs[-1].artefacts["wrapper.py"]
         assert ("empty_strided" not in wrapper) == in_place, wrapper

@@ -58,6 +58,7 @@ from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
 from kiln.schedule.fusion import Schedule, schedule
+from kiln.schedule.input_writes import write_into_inputs
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
 
 log = logging.getLogger("kiln.pipeline")
@@ -84,18 +85,20 @@ ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
+    writes = input_writes(gm, options)  # read before decompose, whose re-trace is a new module
     gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
     return fallbacks.with_kernel_fallbacks(
-        name, lambda through_aten: _kernel_stages(gm, example_inputs, options, name, run, target, through_aten))
+        name, lambda through_aten: _kernel_stages(gm, example_inputs, options, name, run, target, through_aten,
+                                                  writes))
 
 
 def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str, run: Stages,
-                   target: Target, through_aten: frozenset) -> CompiledGraph:
+                   target: Target, through_aten: frozenset, writes: tuple = ()) -> CompiledGraph:
     """The stages after decompose, with the FX nodes in `through_aten` run as ATen externs: those of kernels that
     failed to generate or build in an earlier attempt (kiln/fallbacks.py)."""
     graph = run("lower", lower, gm, example_inputs, target, options.shape_padding, through_aten)
-    sched = run("schedule", schedule_kernels, graph, target, options.epilogue_fusion)
+    sched = run("schedule", schedule_kernels, graph, target, options.epilogue_fusion, writes)
     plan = run("plan memory", plan_buffers, sched, _is_inference(gm))
     with fallbacks.kernel_origins(sched, graph):  # a kernel that fails names the FX nodes it computes
         code = run("generate", generate, sched, plan, target)
@@ -149,7 +152,7 @@ def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: Compil
         return None
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
-                                     options.as_dict())
+                                     options.as_dict(), input_writes(gm, options))
     except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value the key cannot read: compiled, not cached
         log.debug("not cached: %s: %s", type(e).__name__, e)
         graph_cache.stats["uncacheable"] += 1
@@ -237,12 +240,28 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_
     return graph
 
 
-def schedule_kernels(graph: ir.LoweredGraph, target: Target, epilogue_fusion: bool) -> Schedule:
+def schedule_kernels(graph: ir.LoweredGraph, target: Target, epilogue_fusion: bool,
+                     writes: tuple[tuple[int, int], ...] = ()) -> Schedule:
     """Kernel groups and extern calls in order, each kernel named after what it fuses; the target first rewrites
-    what it makes templates of (Triton's matmuls)."""
+    what it makes templates of (Triton's matmuls). The new values of inputs in `writes` ((graph output, graph
+    input) pairs) are stored into those inputs where that is safe (kiln/schedule/input_writes.py)."""
     sched = schedule(graph, target.prepare(graph), epilogue_fusion=epilogue_fusion)
+    if writes:
+        renamed = write_into_inputs(sched, writes)
+        if renamed:
+            log.debug("new input values written in place: %s", ", ".join(f"{b} -> {i}" for b, i in renamed.items()))
     name_kernels(sched)
     return sched
+
+
+def input_writes(gm: torch.fx.GraphModule, options: CompileOptions) -> tuple[tuple[int, int], ...]:
+    """The (graph output, graph input) pairs of `gm` whose output is the input's new value (kiln.autograd
+    declares them), where the runtime lets kernels write into inputs: not where it re-runs kernels on the
+    call's own arguments (max-autotune's benchmarks) or records them (CUDA graphs)."""
+    if options.max_autotune or options.triton_cudagraphs:
+        return ()
+    meta = gm.meta.get("kiln.aot", {}) if isinstance(getattr(gm, "meta", None), dict) else {}
+    return tuple(meta.get("input_writes", ()))
 
 
 def plan_buffers(sched: Schedule, inference: bool) -> MemoryPlan:

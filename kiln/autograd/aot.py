@@ -355,13 +355,16 @@ class AOTCompiled:
             return
         graph_cache.store(product_key, product, aot_cache.FOLDER)
 
-    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None
-                 ) -> Callable:
-        """`graph` through the compiler, told its kind and (a forward's) how many outputs the caller sees: the
-        rest are saved for the backward."""
+    def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None,
+                 mutations: list[InputMutation] = ()) -> Callable:
+        """`graph` through the compiler, told its kind, (a forward's) how many outputs the caller sees (the
+        rest are saved for the backward) and (an inference graph's) which outputs are new values of its inputs:
+        the compiler may write them into the inputs, which the runtime then finds written."""
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
         if visible_outputs is not None:
             graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
+        if mutations:
+            graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations)
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
         return self._pass(key, f"compile {kind}", self.compiler, graph, example_inputs)
 
@@ -370,7 +373,8 @@ class AOTCompiled:
         product_key, cached = self._cached(key, "inference")
         if cached is not None:
             signature, graphs, mutations = cached
-            return InferenceRunner(program, signature, self._compile(key, "inference", graphs["inference"]), mutations)
+            compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations)
+            return InferenceRunner(program, signature, compiled, mutations)
         signature = self._pass(key, "analyze", program.analyze, None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
@@ -381,7 +385,8 @@ class AOTCompiled:
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
         self._store(product_key, aot_cache.encode_inference, signature, graph, mutations)
-        return InferenceRunner(program, signature, self._compile(key, "inference", graph), mutations)
+        return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations),
+                               mutations)
 
     def _build_training(self, key: tuple) -> Callable:
         program = self.program

@@ -62,7 +62,8 @@ def restride_inputs(signature: OutputSignature, flat: list) -> None:
 
 
 class MutationWriter:
-    """Writes the new values of mutated inputs into the real inputs, as eager's in-place ops did.
+    """Writes the new values of mutated inputs into the real inputs, as eager's in-place ops did: those the
+    compiled graph did not write there itself (kiln/schedule/input_writes.py; its output is then the input).
 
     One `_foreach_copy_` per dtype and device of the targets (grouped once, from the traced
     specs), unless two targets share storage: the fused copy runs them in parallel, so those are
@@ -81,7 +82,19 @@ class MutationWriter:
     def __call__(self, flat: list, outs: list) -> None:
         if not self.mutations:
             return
+        # a compiled graph may have written the new value into the input itself (the output is the input):
+        # its version counter moves as eager's in-place op moves it (a backward that saved it then raises)
+        written = [flat[m.input_index] for m in self.mutations if outs[m.output_index] is flat[m.input_index]]
+        if written:
+            torch.autograd.graph.increment_version(written)
+        if len(written) == len(self.mutations):
+            return
         with torch.no_grad():
+            if written:
+                for m in self.mutations:
+                    if outs[m.output_index] is not flat[m.input_index]:
+                        flat[m.input_index].copy_(outs[m.output_index])
+                return
             if len(self.mutations) > 1 and self._distinct_storages(flat):
                 for targets, values in self.groups:
                     torch._foreach_copy_([flat[i] for i in targets], [outs[j] for j in values])

@@ -12,12 +12,16 @@ class Scope:
     def __init__(self, parent: Scope | None = None):
         self.cache = dict(parent.cache) if parent else {}
 
-    def lookup(self, e) -> tuple:
+    def lookup(self, e, generation: int = 0) -> tuple:
         """(the key to store `e`'s variable under, the variable already computed for it or None).
 
-        Expressions are keyed by value; an unhashable one by its identity.
+        Expressions are keyed by value; an unhashable one by its identity. `generation` counts the stores
+        into buffers the kernel also reads as inputs (kiln/schedule/input_writes.py): a load of one reads
+        another value after such a store, so nothing computed before it is reused after it.
         """
+        key = e if generation == 0 else (e, generation)
         try:
-            return e, self.cache.get(e)
+            return key, self.cache.get(key)
         except TypeError:
-            return id(e), self.cache.get(id(e))
+            key = (id(e), generation)
+            return key, self.cache.get(key)

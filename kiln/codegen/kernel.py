@@ -54,6 +54,7 @@ class KernelPrinter:
         self.outputs: dict[str, None] = {}
         self.produced = {n.name for n in group.nodes}
         self.stored = {n.name for n in group.nodes if n.name not in group.local}
+        self.generation = 0  # stores so far into inputs the kernel also reads (see `Scope.lookup`)
 
     # ------------------------------------------------------------------ what a target supplies
     def literal(self, value, dtype: torch.dtype) -> str:
@@ -104,7 +105,7 @@ class KernelPrinter:
     # ------------------------------------------------------------------ the walk
     def emit(self, e: ir.Expr, scope: Scope) -> str:
         """The variable (or literal) holding `e`'s value, printing the lines computing it on first use."""
-        key, hit = scope.lookup(e)
+        key, hit = scope.lookup(e, self.generation)
         if hit is not None:
             return hit
         if isinstance(e, ir.Const):
@@ -157,6 +158,8 @@ class KernelPrinter:
             var = self._rounded_result(var, dtype)
         index = self.group.store_index(node)
         self.values[node.name] = (index, var)
+        if node.name in self.group.writes_inputs:
+            self.generation += 1
         if node.name in self.stored:
             self.outputs[node.name] = None
             self.store_code(node, index, var, dtype)

@@ -1,7 +1,8 @@
 """The wrapper: the generated Python host program that runs one compiled graph.
 
 It binds the size symbols from the inputs, allocates each kernel output with
-`torch.empty_strided` (or in the storage of a dead buffer, per the memory plan),
+`torch.empty_strided` (or in the storage of a dead buffer, per the memory plan; an
+output written into a graph input is that input, kiln/schedule/input_writes.py),
 calls the kernels and the extern ATen ops in schedule order, drops each buffer
 after its last use, and returns the graph's outputs. It is plain Python source
 (written to the debug directory with trace.enabled) compiled with `exec`.
@@ -162,7 +163,8 @@ def base_namespace() -> dict:
     wrapper read back from the compile cache is given again (kiln/runtime/graph_cache.py)."""
     return {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided, "_restride": _restride,
             "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
-            "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived}
+            "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived,
+            "_increment_version": torch.autograd.graph.increment_version}
 
 
 class WrapperCodegen:
@@ -177,6 +179,7 @@ class WrapperCodegen:
         self.lines: list[str] = []
         self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
+        self.input_names = {i.name for i in self.graph.inputs}
 
     # -- values as Python source
     def const(self, value) -> str:
@@ -223,9 +226,13 @@ class WrapperCodegen:
         self.lines.append("def call(" + ", ".join(names) + "):")
         for sym, source in g.size_vars.items():
             self.line(f"{sym} = {source}")
-        kernel_reads = set()
+        kernel_reads, kernel_writes = set(), set()
         for k in self.kernels.values():
             kernel_reads |= set(k.arg_names)
+            kernel_writes |= set(k.outputs)
+        written = [i.name for i in g.inputs if i.name in kernel_writes]
+        if written:  # as eager's in-place ops do, before the first write: a call that raises after it shows it
+            self.line(f"_increment_version(({''.join(w + ', ' for w in written)}))")
         for inp in g.inputs:
             if isinstance(inp, ir.InputBuffer) and inp.name in kernel_reads:
                 self.restride(inp.name, inp.name, inp.layout)
@@ -253,6 +260,8 @@ class WrapperCodegen:
     def kernel_call(self, group: KernelGroup) -> None:
         kernel = self.kernels[group.name]
         for b in kernel.outputs:
+            if b in self.input_names:  # the kernel writes into the input (kiln/schedule/input_writes.py)
+                continue
             lay = self.layouts[b]
             old = self.plan.reuse.get(b)
             if old is not None and old in self.exact and self._same_layout(self.layouts[old], lay):

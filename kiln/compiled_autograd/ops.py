@@ -147,12 +147,13 @@ def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, sc
         hooks[ctx_index].versions.check(list(present))
     leaves = [inputs[i] for i, _ in plan.grads]
     after_inputs = [None if i is None else inputs[i] for _, _, i, _ in plan.after_graph]
-    input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+    held = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
     with engine.disabled():
         carried = [size_carrier(s) for s in sizes]
         outputs, grads, values = compiled_fn(inputs, carried, list(scalars), hooks, packed_data)
+        held.update(t.untyped_storage().data_ptr() for t in outputs if isinstance(t, torch.Tensor))
         for leaf, grad, (_, how) in zip(leaves, grads, plan.grads):
-            _set_grad(leaf, grad, how, input_storages)
+            _set_grad(leaf, grad, how, held)
         for (kind, hook, _, value), leaf in zip(plan.after_graph, after_inputs):
             if kind == "cpp_tensor_pre_hook":
                 torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook, values[value])
@@ -161,13 +162,19 @@ def run_graph(plan: RunPlan, compiled_fn: Callable, inputs: list, sizes: Any, sc
     return outputs
 
 
-def _set_grad(leaf: torch.Tensor, grad: torch.Tensor, how: str, input_storages: set) -> None:
-    """`leaf.grad = grad` with AccumulateGrad's rules: a grad that aliases a value the caller still holds
-    (an input of the graph) or does not follow the leaf's layout is copied into a fresh tensor shaped
-    like the leaf."""
+def _set_grad(leaf: torch.Tensor, grad: torch.Tensor, how: str, held: set) -> None:
+    """`leaf.grad = grad` with AccumulateGrad's rules: the grad is taken as it is (detached, as eager takes
+    a grad no one else holds), unless its storage is held elsewhere (an input of the graph, an output
+    returned to the caller, another leaf's grad of this call: `held`, which records what it takes), it does
+    not follow the leaf's layout, or it is a view of a larger buffer (which it would keep alive): then it is
+    copied into a fresh tensor shaped like the leaf."""
     if how == "accumulate" and leaf.grad is not None:
         leaf.grad.add_(grad) if not torch.is_grad_enabled() else setattr(leaf, "grad", leaf.grad + grad)
         return
-    if grad.untyped_storage().data_ptr() in input_storages or grad.stride() != leaf.stride() or grad._is_view():
+    storage = grad.untyped_storage()
+    spans_storage = grad.storage_offset() == 0 and storage.nbytes() == grad.numel() * grad.element_size()
+    if storage.data_ptr() in held or grad.stride() != leaf.stride() or (grad._is_view() and not spans_storage):
         grad = torch.empty_like(leaf, dtype=grad.dtype).copy_(grad)
+    elif grad.numel():  # empty tensors share the null address: none is held by another
+        held.add(storage.data_ptr())
     leaf.grad = grad.detach()

@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower.index import contiguous_strides
 
@@ -428,3 +428,30 @@ def _loads(e: Expr) -> tuple:
 
 def expr_size(e: Expr) -> int:
     return sum(1 for _ in iter_exprs(e))
+
+
+def rename_loads(e: Expr, names: dict, memo: dict | None = None) -> Expr:
+    """`e` with its loads of each buffer `a` in `names` reading `names[a]` instead, at the same indices."""
+    if memo is None:
+        if not any(ld.buf in names for ld in loads(e)):
+            return e
+        memo = {}
+    key = id(e)
+    if key in memo:
+        return memo[key]
+    if isinstance(e, Load):
+        out = Load(names.get(e.buf, e.buf), e.index, e.dtype, e.mask,
+                   tuple((s, rename_loads(x, names, memo)) for s, x in e.indirect))
+    elif isinstance(e, Op):
+        out = Op(e.name, tuple(rename_loads(a, names, memo) for a in e.args), e.dtype)
+    else:
+        out = e
+    memo[key] = out
+    return out
+
+
+def rename_refs(tree, names: dict):
+    """`tree` (an extern's arguments) with each TensorRef of a buffer in `names` naming `names[buf]`."""
+    def rename(a):
+        return TensorRef(names[a.buf], a.layout, a.view) if isinstance(a, TensorRef) and a.buf in names else a
+    return tree_map(rename, tree)

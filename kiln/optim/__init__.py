@@ -3,9 +3,11 @@
 When a kiln-compiled function calls `optimizer.step()`, capture ends its graph there (a boundary, not a
 graph break; see `kiln.capture.routes`) and the output program calls `compiled_step`: the update traced
 once per structure (`trace.py`), compiled by the region's backend, and run with the current learning
-rates as inputs. The optimizer keeps its own state tensors, updated in place, so `state_dict()` and
-`load_state_dict()` work as in eager. What the compiled step does not cover runs the optimizer's own
-`step`: the first step (which creates the state), a closure, step hooks, sparse or complex values, other
+rates as inputs. The first step is compiled too: its graph also returns the state it creates, which goes
+into the optimizer's state. The optimizer keeps its own state tensors, updated in place, so `state_dict()`
+and `load_state_dict()` work as in eager. Each step re-checks the inputs gathered for the last update
+(`prepared.py`) rather than rebuilding its structure key. What the compiled step does not cover runs the
+optimizer's own `step`: a closure, step hooks, sparse or complex values, differentiable=True, other
 optimizer classes.
 """
 from __future__ import annotations
@@ -19,66 +21,77 @@ import torch
 import torch.optim.optimizer as torch_optimizer
 
 from kiln.capture import routes
+from kiln.optim.prepared import PreparedStep, hashable, hyperparameters
 from kiln.optim.trace import StepLayout, layout_of, trace_step
 
 log = logging.getLogger("kiln.recompiles")
 log_hints = logging.getLogger("kiln.perf_hints")
 
-# The state each supported optimizer keeps per parameter, given its group: the entries its first step
-# creates. A step that would create them runs eagerly (the update graph is traced with them as inputs).
-_ADAM_STATE = lambda group: ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())  # noqa: E731
-STATE = {
-    torch.optim.SGD: lambda group: ("momentum_buffer",) if group["momentum"] else (),
-    torch.optim.Adam: _ADAM_STATE,
-    torch.optim.AdamW: _ADAM_STATE,
-}
-SUPPORTED = tuple(STATE)
-_IGNORED_HYPERPARAMETERS = {"params", "lr", "initial_lr"}  # lr is an input; initial_lr is the scheduler's
+SUPPORTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
 class CompiledSteps:
-    """The compiled updates of one optimizer, by structure, and the learning-rate inputs they read."""
+    """The compiled updates of one optimizer, by structure; the one prepared for the last step; and the
+    learning-rate inputs they read."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer_ref = weakref.ref(optimizer)
-        self.entries: dict[tuple, tuple[StepLayout, Callable]] = {}
+        self.entries: dict[tuple, tuple[StepLayout, Callable, tuple]] = {}
         self.last_key: tuple | None = None
+        self.prepared: PreparedStep | None = None
         self.lrs: list[torch.Tensor] = []
+        self.lr_values: list[Any] = []  # the value each of `lrs` holds, refilled only when it changes
 
-    def run(self, optimizer: torch.optim.Optimizer, backend: Callable) -> None:
+    def run(self, optimizer: torch.optim.Optimizer, backend: Callable) -> str:
+        """Run the compiled update; '' when it ran, else why this step cannot take it."""
+        prepared = self.prepared
+        inputs = prepared.inputs(optimizer) if prepared is not None and prepared.backend is backend else None
+        if inputs is None:
+            why = _unsupported_values(optimizer)
+            if why:
+                return why
+            prepared = self.prepared = self.prepare(optimizer, backend)
+            inputs = prepared.inputs(optimizer)
+        prepared.run(optimizer, inputs + self._learning_rates(optimizer))
+        return ""
+
+    def prepare(self, optimizer: torch.optim.Optimizer, backend: Callable) -> PreparedStep:
+        """The full path: the update for the optimizer's structure now, compiled if new."""
         layout = layout_of(optimizer)
         key = (id(backend), _structure_key(optimizer, layout))
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._compile(optimizer, layout, backend)
-            if self.last_key is not None:
+            if self.last_key is not None and not _first_step(self.last_key[1]):
                 log.info("optimizer step of %s recompiles: %s changed", type(optimizer).__name__,
                          _what_changed(self.last_key[1], key[1]))
         self.last_key = key
-        layout, compiled = entry
-        with torch.no_grad():
-            compiled(*layout.flat_inputs(optimizer, self._learning_rates(optimizer)))
+        return PreparedStep(optimizer, backend, *entry)
 
     def _learning_rates(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        """Per group, its lr as a 0-d tensor: the user's own when it is one, else kiln's, refilled."""
+        """Per group, its lr as a 0-d tensor: the user's own when it is one, else kiln's, refilled when the
+        value changed."""
         groups = optimizer.param_groups
         if len(self.lrs) != len(groups):  # on the group's device: the update graph reads no other device
             self.lrs = [torch.zeros((), dtype=torch.float64, device=g["params"][0].device) for g in groups]
+            self.lr_values = [None] * len(groups)
         lrs = []
-        for group, held in zip(groups, self.lrs):
+        for i, (group, held) in enumerate(zip(groups, self.lrs)):
             lr = group["lr"]
             if isinstance(lr, torch.Tensor):
                 lrs.append(lr)
-            else:
+                continue
+            if lr != self.lr_values[i] or type(lr) is not type(self.lr_values[i]):
                 held.fill_(lr)
-                lrs.append(held)
+                self.lr_values[i] = lr
+            lrs.append(held)
         return lrs
 
     def _compile(self, optimizer: torch.optim.Optimizer, layout: StepLayout, backend: Callable):
         flat = layout.flat_inputs(optimizer, self._learning_rates(optimizer))
-        gm = trace_step(optimizer, layout, flat)
+        gm, assigned = trace_step(optimizer, layout, flat)
         with torch.no_grad():
-            return layout, backend(gm, flat)
+            return layout, backend(gm, flat), assigned
 
 
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -86,20 +99,21 @@ _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def compiled_step(optimizer: torch.optim.Optimizer, backend: Callable, *args, **kwargs) -> Any:
     """`optimizer.step(*args, **kwargs)`, through a compiled update where it applies (module docstring)."""
-    why = _runs_eagerly(optimizer, args, kwargs)
+    why = _unsupported_call(optimizer, args, kwargs)
+    if not why:
+        steps = _steps.get(optimizer)
+        if steps is None:
+            steps = _steps[optimizer] = CompiledSteps(optimizer)
+        why = steps.run(optimizer, backend)
     if why:
         log_hints.info("optimizer step of %s runs eagerly: %s", type(optimizer).__name__, why)
         return type(optimizer).step(optimizer, *args, **kwargs)
-    steps = _steps.get(optimizer)
-    if steps is None:
-        steps = _steps[optimizer] = CompiledSteps(optimizer)
-    steps.run(optimizer, backend)
     optimizer._optimizer_step_code()
     return None
 
 
-def _runs_eagerly(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> str:
-    """Why this step cannot take the compiled update ('' when it can)."""
+def _unsupported_call(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> str:
+    """Why this call cannot take the compiled update, from what every step checks ('' when it can)."""
     if type(optimizer) not in SUPPORTED:
         return f"{type(optimizer).__name__} is not one of {', '.join(c.__name__ for c in SUPPORTED)}"
     if args or kwargs:
@@ -107,17 +121,18 @@ def _runs_eagerly(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -
     if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
             or torch_optimizer._global_optimizer_pre_hooks or torch_optimizer._global_optimizer_post_hooks):
         return "step hooks are registered"
+    return ""
+
+
+def _unsupported_values(optimizer: torch.optim.Optimizer) -> str:
+    """Why the optimizer's values keep it from the compiled update ('' when they do not); checked when the
+    prepared update no longer applies (a prepared one was compiled for values that passed)."""
     if any(g.get("differentiable") for g in optimizer.param_groups):
         return "differentiable=True"
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse or p.is_complex():
+            if p.grad is not None and (p.grad.is_sparse or p.is_complex()):
                 return "a sparse grad or complex parameter"
-            state = optimizer.state.get(p, {})
-            if any(not isinstance(state.get(k), torch.Tensor) for k in STATE[type(optimizer)](group)):
-                return "its state is created by this step (the first one)"
     return ""
 
 
@@ -127,21 +142,19 @@ def _structure_key(optimizer: torch.optim.Optimizer, layout: StepLayout) -> tupl
     tensors = tuple(
         (id(p), _meta(p), _meta(p.grad), tuple((k, _meta(optimizer.state[p][k])) for k in keys))
         for p, keys in zip(layout.params, layout.state_keys))
-    groups = tuple(tuple(sorted((k, _hashable(v)) for k, v in g.items() if k not in _IGNORED_HYPERPARAMETERS))
+    groups = tuple(tuple(sorted((k, hashable(v)) for k, v in hyperparameters(g).items()))
                    for g in optimizer.param_groups)
     return (type(optimizer), layout.group_sizes, tensors, groups)
 
 
+def _first_step(key: tuple) -> bool:
+    """Whether the update of `key` was a first step (no parameter had state yet): the next one is compiled
+    for the state it created, which is no recompile."""
+    return all(not states for *_, states in key[2])
+
+
 def _meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device)
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", id(value))
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
 
 
 def _what_changed(old: tuple, new: tuple) -> str:

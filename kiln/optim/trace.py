@@ -11,6 +11,12 @@ gets from torch (`torch.compiler.is_compiling()` true) and three of kiln's:
   trace it too: same update, and kiln generates the kernels), with its ops decomposed per tensor;
 - Adam's and AdamW's `capturable` path, where the step count and bias corrections stay tensors (the
   non-capturable path reads the step count into Python, a value per step).
+
+A state entry the step sets to a tensor other than the one it was given (the first step creates Adam's
+`step`, `exp_avg` and `exp_avg_sq`, SGD's momentum buffer is a copy of the first grad) is an output of the
+graph, stored into the optimizer's state after the run: the first step is compiled like the others, and
+the state it creates is the one eager's first step creates (with the capturable path's `step` on the
+parameter's device, as torch.compile's optimizer keeps it).
 """
 from __future__ import annotations
 
@@ -33,9 +39,9 @@ class StepLayout:
     group_sizes: tuple  # per group, how many of `params` it holds
 
     def flat_inputs(self, optimizer: torch.optim.Optimizer, lrs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The graph's inputs now: params (detached aliases: the graph writes them in place, which a leaf
-        that requires grad does not allow), grads, state tensors, learning rates."""
-        params = [p.detach() for p in self.params]
+        """The graph's inputs now: params, grads, state tensors, learning rates. (The update runs under
+        no_grad, where writing a leaf that requires grad in place is allowed.)"""
+        params = list(self.params)
         grads = [p.grad for p in self.params]
         states = [optimizer.state[p][k] for p, keys in zip(self.params, self.state_keys) for k in keys]
         return [*params, *grads, *states, *lrs]
@@ -52,23 +58,43 @@ def layout_of(optimizer: torch.optim.Optimizer) -> StepLayout:
     return StepLayout(tuple(params), keys, tuple(sizes))
 
 
-def trace_step(optimizer: torch.optim.Optimizer, layout: StepLayout, flat: list[torch.Tensor]) -> torch.fx.GraphModule:
-    """The ATen graph of one `optimizer.step()` over `flat` (see `StepLayout.flat_inputs`)."""
+def trace_step(optimizer: torch.optim.Optimizer, layout: StepLayout,
+               flat: list[torch.Tensor]) -> tuple[torch.fx.GraphModule, tuple[tuple[int, str], ...]]:
+    """The ATen graph of one `optimizer.step()` over `flat` (see `StepLayout.flat_inputs`), and the state
+    entries its outputs are, in order: (index in `layout.params`, key) (see the module docstring)."""
     step = type(optimizer).step
     step = getattr(step, "__wrapped__", step)  # below torch's profiling/hooks wrapper: hooks run natively
+    assigned: list[tuple[int, str]] = []
 
     def update(*values):
-        with _swapped(optimizer, layout, list(values)), _compiling(), torch.no_grad():
+        with _swapped(optimizer, layout, list(values)) as state, _compiling(), torch.no_grad():
+            given = {fake: dict(entries) for fake, entries in state.items()}
             step(optimizer)
-        return []
+            assigned[:] = []  # make_fx may call the function more than once
+            return list(_new_state(given, state, assigned))
 
     with torch.no_grad():
-        return make_fx(update, decomposition_table=FOREACH_DECOMPOSITIONS, tracing_mode="fake")(*flat)
+        gm = make_fx(update, decomposition_table=FOREACH_DECOMPOSITIONS, tracing_mode="fake")(*flat)
+    return gm, tuple(assigned)
+
+
+def _new_state(given: dict, state: dict, assigned: list) -> Iterator[torch.Tensor]:
+    """The state tensors the traced step set, other than the ones it was given, noting (param, key) of each.
+    A non-tensor entry it created is not something the graph can return: such a step is not compiled."""
+    for index, (entries, before) in enumerate(zip(state.values(), given.values())):
+        for key, value in sorted(entries.items()):
+            if key in before and value is before[key]:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise NotImplementedError(f"kiln: optimizer step sets state {key!r} to a {type(value).__name__}")
+            assigned.append((index, key))
+            yield value
 
 
 @contextlib.contextmanager
-def _swapped(optimizer: torch.optim.Optimizer, layout: StepLayout, values: list) -> Iterator[None]:
-    """The optimizer holding the traced values in place of its own for the length of the block."""
+def _swapped(optimizer: torch.optim.Optimizer, layout: StepLayout, values: list) -> Iterator[dict]:
+    """The optimizer holding the traced values in place of its own for the length of the block; yields
+    its state (by traced parameter), which the step updates."""
     n = len(layout.params)
     params, grads, rest = values[:n], values[n:2 * n], iter(values[2 * n:])
     state = {}
@@ -85,7 +111,7 @@ def _swapped(optimizer: torch.optim.Optimizer, layout: StepLayout, values: list)
             group["lr"] = lr
             group.update({k: v for k, v in _TRACE_SETTINGS.items() if k in group})
         optimizer.state = state
-        yield
+        yield state
     finally:
         for group, saved in zip(optimizer.param_groups, saved_groups):
             group.clear()

@@ -150,9 +150,11 @@ def _version(package: str) -> str | None:
 _PLAIN_TARGETS = (operator.getitem,)
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options: dict) -> str:
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options: dict,
+              input_writes: tuple = ()) -> str:
     """The product key of `gm` compiled for `example_inputs` (see the module docstring); Uncacheable if it has
-    none."""
+    none. `input_writes`: the outputs that are inputs' new values, which its kernels may write into the inputs
+    (a product so compiled mutates its inputs: it serves no graph compiled without them)."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
                 and node.target not in _PLAIN_TARGETS:
@@ -170,7 +172,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
     environ["gpus"] = sorted({gpu(x.device) for x in example_inputs if isinstance(x, torch.Tensor)
                               and x.device.type == "cuda"})
     described = {"code": source(gm), "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
-                 "kind": kind, "options": options, "environment": environment(), "environ": environ}
+                 "kind": kind, "options": options, "input_writes": [list(w) for w in input_writes],
+                 "environment": environment(), "environ": environ}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -69,6 +69,8 @@ class KernelGroup:
     # node name -> the loop position of each of its non-unit dims, for pointwise nodes whose dims the
     # loops run in another order (the producer of a column sum: [rows, cols] on loops (cols | rows))
     orders: dict = field(default_factory=dict)
+    # graph inputs the kernel stores new values into, having read them (kiln/schedule/input_writes.py)
+    writes_inputs: set = field(default_factory=set)
 
     @property
     def nodes(self) -> list:

@@ -5,7 +5,8 @@ extern results and their tuple items. Each is released right after its last
 reader runs. A kernel output is allocated in the storage of a released kernel
 output of the same dtype and storage size when one exists (and is kept for
 that only when a later allocation can use it). Graph outputs, buffers that a
-graph output or an aliasing extern views, inputs and constants are never reused.
+graph output or an aliasing extern views, inputs (which a kernel may write into:
+kiln/schedule/input_writes.py) and constants are never reused.
 
 Kept across calls (`kept`): the outputs of kernels that read graph inputs alone
 (`input_only_kernels`: in an inference graph, a convolution weight copied
@@ -104,7 +105,7 @@ def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
     """The plan for `sched`; `kept`: kernels (from `input_only_kernels`) whose outputs outlive the call."""
     graph = sched.graph
     layouts = graph.buffer_layouts()
-    pinned = set(deps.output_buffers(graph))
+    pinned = set(deps.output_buffers(graph)) | {i.name for i in graph.inputs}  # an input a kernel writes into
     for group in sched.kernels():
         if group.name in kept:
             pinned |= set(_step_writes(group))

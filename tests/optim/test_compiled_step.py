@@ -1,6 +1,7 @@
-"""`optimizer.step()` inside a kiln-compiled function runs kiln's compiled update: the same parameters and
-state as eager's step, one graph however the learning rate changes, eager's own step where the compiled
-one does not apply."""
+"""`optimizer.step()` inside a kiln-compiled function runs kiln's compiled update, from the first step (which
+creates the state) on: the same parameters and state as eager's step after every step, one graph however
+the learning rate changes, eager's own step where the compiled one does not apply."""
+import copy
 import logging
 import os
 
@@ -29,13 +30,34 @@ def run_steps(model, optimizer, step_fn, steps=4):
         step_fn()
 
 
-def assert_same(eager, compiled):
+def run_side_by_side(eager, compiled, steps=4, first=0, between=None):
+    """Steps of both, compared after every one; `between(i)` may change both before step i."""
+    compiled_step = kiln.compile(lambda: compiled[1].step(), fullgraph=True)
+    for i in range(first, first + steps):
+        if between is not None:
+            between(i)
+        set_grads(eager[0], i), set_grads(compiled[0], i)
+        eager[1].step(), compiled_step()
+        assert_same(eager, compiled, f"after step {i}")
+
+
+def graphs_per_structure(optimizer):
+    """The updates a run compiles for one structure: the first step's, and the steady one's where the
+    first step created state."""
+    return 2 if any(optimizer.state.values()) else 1
+
+
+def assert_same(eager, compiled, when=""):
     (em, eo), (cm, co) = eager, compiled
-    torch.testing.assert_close(list(cm.parameters()), list(em.parameters()), rtol=1e-5, atol=1e-6)
-    for s, t in zip(eo.state.values(), co.state.values()):
-        assert s.keys() == t.keys()
+    torch.testing.assert_close(list(cm.parameters()), list(em.parameters()), rtol=1e-5, atol=1e-6,
+                               msg=f"parameters {when}")
+    assert len(eo.state) == len(co.state)
+    for p, q in zip(em.parameters(), cm.parameters()):
+        s, t = eo.state.get(p, {}), co.state.get(q, {})
+        assert s.keys() == t.keys(), when
         for key in s:
-            torch.testing.assert_close(t[key], s[key], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(t[key], s[key], rtol=1e-5, atol=1e-6, check_device=False,
+                                       msg=f"state {key!r} {when}")
 
 
 VARIANTS = {
@@ -57,11 +79,9 @@ SAMPLE = ["sgd_momentum_nesterov", "adam_amsgrad_wd", "adamw_fused", "sgd_foreac
 @pytest.mark.parametrize("name", list(VARIANTS) if os.environ.get("KILN_TRAIN_SWEEP") else SAMPLE)
 def test_compiled_step_matches_eager(name, compiled_graphs):
     eager, compiled = setup(VARIANTS[name]), setup(VARIANTS[name])
-    run_steps(*eager, eager[1].step)
-    run_steps(*compiled, kiln.compile(lambda: compiled[1].step(), fullgraph=True))
-    assert_same(eager, compiled)
+    run_side_by_side(eager, compiled)
     assert compiled_graphs, "the update went through kiln's code generator"
-    assert len(optim._steps[compiled[1]].entries) == 1
+    assert len(optim._steps[compiled[1]].entries) == graphs_per_structure(compiled[1])
 
 
 def test_scheduler_changes_lr_without_recompiling(caplog):
@@ -79,7 +99,7 @@ def test_scheduler_changes_lr_without_recompiling(caplog):
         lrs.append(compiled[1].param_groups[0]["lr"])
     assert len(set(lrs)) == 5
     assert_same(eager, compiled)
-    assert len(optim._steps[compiled[1]].entries) == 1
+    assert len(optim._steps[compiled[1]].entries) == graphs_per_structure(compiled[1])
     assert not [r for r in caplog.records if "optimizer step" in r.getMessage()]
 
 
@@ -103,7 +123,7 @@ def test_changed_hyperparameter_recompiles_and_says_why(caplog):
         set_grads(eager[0], i), set_grads(compiled[0], i)
         eager[1].step(), compiled_step()
     assert_same(eager, compiled)
-    assert len(optim._steps[compiled[1]].entries) == 2
+    assert len(optim._steps[compiled[1]].entries) == graphs_per_structure(compiled[1]) + 1
     assert any("hyperparameters changed" in r.getMessage() for r in caplog.records)
 
 
@@ -142,3 +162,74 @@ def test_what_the_compiled_step_does_not_cover_runs_eagerly(case):
     assert compiled[1] not in optim._steps or not optim._steps[compiled[1]].entries
     if case == "hook":
         assert len(calls) == 8
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum_nesterov", "adam_amsgrad_wd", "adamw_fused"])
+def test_the_first_step_is_compiled_and_creates_eagers_state(name, caplog):
+    caplog.set_level(logging.INFO, logger="kiln.perf_hints")
+    eager, compiled = setup(VARIANTS[name]), setup(VARIANTS[name])
+    run_side_by_side(eager, compiled, steps=1)
+    assert compiled[1].state, "the compiled first step created the state"
+    assert len(optim._steps[compiled[1]].entries) == 1
+    assert not [r for r in caplog.records if "runs eagerly" in r.getMessage()]
+
+
+def test_a_param_group_added_during_training_gets_its_state_from_a_compiled_step():
+    def make(ps):
+        ps = list(ps)
+        return torch.optim.Adam(ps[:2], lr=0.01)
+
+    eager, compiled = setup(make), setup(make)
+
+    def add_group(i):
+        if i == 2:
+            for model, opt in (eager, compiled):
+                opt.add_param_group({"params": list(model.parameters())[2:], "lr": 0.05, "weight_decay": 0.1})
+
+    run_side_by_side(eager, compiled, steps=4, between=add_group)
+
+
+def test_what_the_user_changes_between_steps_is_seen(caplog):
+    """Each change reaches the next compiled step as it reaches eager's: a replaced state tensor, a grad
+    left unset, a parameter given other strides, and a grad that comes back."""
+    caplog.set_level(logging.INFO, logger="kiln.perf_hints")
+    make = VARIANTS["adam"]
+    eager, compiled = setup(make), setup(make)
+
+    def change(i):
+        for model, opt in (eager, compiled):
+            first = next(iter(model.parameters()))
+            if i == 2:
+                opt.state[first]["exp_avg"] = opt.state[first]["exp_avg"].clone() * 0.5
+            if i == 3:  # column-major
+                first.data = first.data.t().contiguous().t()
+
+    compiled_step = kiln.compile(lambda: compiled[1].step(), fullgraph=True)
+    for i in range(6):
+        change(i)
+        set_grads(eager[0], i), set_grads(compiled[0], i)
+        if i == 4:
+            for model, _ in (eager, compiled):
+                list(model.parameters())[-1].grad = None
+        eager[1].step(), compiled_step()
+        assert_same(eager, compiled, f"after step {i}")
+    # the first step's update, the steady one, then one for the new strides and one without the last grad
+    assert len(optim._steps[compiled[1]].entries) == 4
+    assert not [r for r in caplog.records if "runs eagerly" in r.getMessage()]
+
+
+def test_load_state_dict_between_compiled_steps_replaces_what_they_read():
+    make = VARIANTS["adamw_foreach"]
+    eager, compiled = setup(make), setup(make)
+    saved = {}
+
+    def save_and_restore(i):
+        for name, (model, opt) in (("eager", eager), ("compiled", compiled)):
+            if i == 2:
+                saved[name] = (copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict()))
+            if i == 4:
+                opt.load_state_dict(saved[name][0])
+                model.load_state_dict(saved[name][1])
+
+    run_side_by_side(eager, compiled, steps=6, between=save_and_restore)
+

@@ -1,0 +1,125 @@
+"""A kernel stores an input's new value into the input itself (kiln/schedule/input_writes.py) where nothing
+reads the old value after it, and only there: each case runs eagerly and compiled on equal inputs and
+compares the results and the mutated inputs; `in_place` says whether the compiled wrapper allocates the
+new value (False: the runtime copies it in, as before)."""
+import pytest
+import torch
+
+import kiln
+
+
+def accumulate(x, g):
+    x.add_(g)
+
+
+def two_states(p, b, g):
+    """SGD with Nesterov momentum: the momentum buffer's new value is read by the parameter's update."""
+    b.mul_(0.9).add_(g)
+    p.sub_(g + 0.9 * b, alpha=0.1)
+
+
+def old_state_also_returned(p, b, g):
+    before = b * 3  # the old buffer, read in the kernel that overwrites it
+    two_states(p, b, g)
+    return before
+
+
+def shifted_into_itself(x):
+    x[1:].copy_(x[:-1] * 2)  # each element's new value is its neighbour's old one
+
+
+def old_value_read_later(x, y):
+    x.mul_(2)
+    return y * 0 + (x - x) + y.sum()  # reads the new x only
+
+
+def reduction_of_old_value_after(x):
+    s = x.sum()  # the old x, reduced: may run after the write unless the write waits
+    x.mul_(3)
+    return s
+
+
+def view_returned(x):
+    x.add_(1)
+    return x[1:]
+
+
+def new_value_returned_as_a_view(x):
+    y = x * 2
+    x.copy_(y)
+    return y.t()  # a view of y, which eager keeps apart from x
+
+
+def cast_into_half(x, y):
+    x.copy_(y * 2)
+
+
+def reduced_and_pointwise(a, b, x):
+    a.copy_(x.sum(0))  # a reduction's result: not written in place
+    b.add_(1)
+
+
+CASES = {
+    "accumulate": (accumulate, lambda: (torch.randn(4, 5), torch.randn(4, 5)), True),
+    "two_states": (two_states, lambda: (torch.randn(8), torch.randn(8), torch.randn(8)), True),
+    "old_state_also_returned": (old_state_also_returned, lambda: (torch.randn(8), torch.randn(8), torch.randn(8)),
+                                None),
+    "shifted_into_itself": (shifted_into_itself, lambda: (torch.randn(6, 3),), False),
+    "old_value_read_later": (old_value_read_later, lambda: (torch.randn(5), torch.randn(5)), None),
+    "reduction_of_old_value_after": (reduction_of_old_value_after, lambda: (torch.randn(7, 3),), None),
+    "view_returned": (view_returned, lambda: (torch.randn(4),), None),
+    "new_value_returned_as_a_view": (new_value_returned_as_a_view, lambda: (torch.randn(3, 4),), None),
+    "cast_into_half": (cast_into_half, lambda: (torch.randn(6).half(), torch.randn(6)), True),
+    "reduced_and_pointwise": (reduced_and_pointwise, lambda: (torch.randn(3), torch.randn(3), torch.randn(2, 3)), None),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_new_values_of_inputs_match_eager(name, compiled_graphs):
+    fn, make, in_place = CASES[name]
+    torch.manual_seed(0)
+    eager_args = make()
+    kiln_args = [a.clone() for a in eager_args]
+    with torch.no_grad():
+        expected = fn(*eager_args)
+        got = kiln.compile(fn, fullgraph=True)(*kiln_args)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(kiln_args, list(eager_args))
+    if isinstance(got, torch.Tensor):  # an output aliases an input in kiln's result only as it does in eager
+        for a, k in zip(eager_args, kiln_args):
+            assert (got.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) == \
+                (expected.untyped_storage().data_ptr() == a.untyped_storage().data_ptr())
+    if in_place is not None:
+        wrapper = compiled_graphs[-1].artefacts["wrapper.py"]
+        assert ("empty_strided" not in wrapper) == in_place, wrapper
+
+
+def test_a_value_written_in_place_is_the_callers_tensor():
+    """The input keeps its storage: views the caller holds see the new value, as after eager's add_."""
+    x = torch.zeros(6)
+    view = x[2:4]
+    with torch.no_grad():
+        kiln.compile(accumulate)(x, torch.ones(6))
+    assert torch.equal(view, torch.ones(2)) and torch.equal(x, torch.ones(6))
+
+
+def test_a_non_contiguous_input_is_written_through_its_copy():
+    """An input whose strides differ from those compiled for is copied to them first (the wrapper's restride):
+    the kernel writes the copy and the runtime copies it back into the input."""
+    fn = kiln.compile(accumulate, dynamic=False)
+    with torch.no_grad():
+        x, g = torch.zeros(4, 5), torch.ones(4, 5)
+        fn(x, g)
+        base = torch.zeros(5, 4)
+        fn(base.t(), g)  # a transposed input: guards may recompile, or the wrapper restrides
+    assert torch.equal(base, torch.ones(5, 4))
+
+
+def test_an_input_written_in_place_moves_its_version_counter():
+    """As eager's in-place op does: a backward that saved the input's old value raises instead of reading the
+    new one."""
+    x, g = torch.zeros(4), torch.ones(4)
+    before = x._version
+    with torch.no_grad():
+        kiln.compile(accumulate)(x, g)
+    assert x._version > before

@@ -89,10 +89,29 @@ def convolution_backward_bias_apart(grad_output, input, weight, bias_sizes, stri
     return grad_input, grad_weight, grad_bias
 
 
+ADDBMM_DTYPES = (torch.float32, torch.float64)
+
+
+def addbmm_as_bmm_and_sum(self, batch1, batch2, *, beta=1, alpha=1):
+    """beta * self + alpha * (the sum over the batch of batch1 @ batch2): the batched product stays one ATen
+    call (an extern by design) and the sum over the batch, the scaling and the add fuse into one kernel, where
+    ATen's addbmm is an extern of its own. float32 and float64 only: an integer sum would widen to int64, and
+    bmm rounds each product to a half type where ATen's addbmm accumulates the batch before rounding."""
+    if self.dtype not in ADDBMM_DTYPES:
+        return NotImplemented
+    total = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
+    if alpha != 1:
+        total = total * alpha
+    if beta == 0:  # self is ignored, NaN and all, as eager ignores it (the result has the product's shape)
+        return total
+    return (self * beta if beta != 1 else self) + total
+
+
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
     aten.convolution.default: convolution_bias_apart,
     aten.convolution_backward.default: convolution_backward_bias_apart,
+    aten.addbmm.default: addbmm_as_bmm_and_sum,
 }
 
 
@@ -126,4 +145,6 @@ def decomposes(node, fallback_random: bool = False) -> bool:
         return node.args[2] is not None
     if node.target is aten.convolution_backward.default:
         return bool(node.args[10][2])
+    if node.target is aten.addbmm.default:
+        return node.meta["val"].dtype in ADDBMM_DTYPES
     return node.target in decomposition_table(fallback_random)

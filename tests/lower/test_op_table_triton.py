@@ -17,6 +17,7 @@ from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E
 from support.lowering import check_triton  # noqa: E402
 
 ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "floordiv", "truncdiv", "remainder",
+                 "round_decimals", "round_decimals_neg",
                  "prod", "argmax", "argmin0", "argmax_all", "max_dim")
 
 

@@ -68,6 +68,7 @@ BY_DESIGN_EXTERNS = frozenset({
     aten.linalg_inv_ex.default, aten._linalg_solve_ex.default, aten.linalg_ldl_factor_ex.default,
     aten.linalg_solve_triangular.default, aten.triangular_solve.default, aten.lu_unpack.default,
     aten.geqrf.default, aten.ormqr.default, aten.linalg_householder_product.default,
+    aten.linalg_lu_solve.default, aten.cholesky.default, aten.cholesky_solve.default, aten.cholesky_inverse.default,
     aten._linalg_check_errors.default,  # raises on a factorization's error code
 })
 

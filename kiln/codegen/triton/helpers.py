@@ -29,17 +29,15 @@ def kiln_minimum(a, b):
 
 @triton.jit
 def kiln_pointwise_maximum(a, b):
-    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first. The operands are
-    broadcast first: a scalar (a 0-dim tensor's load) against a block is a numpy scalar under the interpreter,
-    whose comparison ANDed with a block's is refused."""
-    a, b = tl.broadcast(a, b)
-    return tl.where((a != a) | ((b == b) & ~(a < b)), a, b)
+    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first. Selections nest
+    rather than AND comparisons: under the interpreter a 0-dim tensor's comparison ANDed with a block's is
+    refused."""
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(a < b, b, a)))
 
 
 @triton.jit
 def kiln_pointwise_minimum(a, b):
-    a, b = tl.broadcast(a, b)
-    return tl.where((a != a) | ((b == b) & ~(b < a)), a, b)
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(b < a, b, a)))
 
 
 @triton.jit

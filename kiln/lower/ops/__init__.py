@@ -13,6 +13,8 @@ from kiln.lower.ops import (  # noqa: F401  (fill the table)
     pointwise,
     pooling,
     reductions,
+    scans,
+    scatters,
     view_scatters,
     views,
 )

@@ -56,16 +56,21 @@ def test_scatters_and_scans_are_generated_and_match_eager(dtype):
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
 
 
-@pytest.mark.parametrize("name", ["gather", "take_along_dim", "index", "index_two_dims", "index_select"])
+@pytest.mark.parametrize("name", ["gather", "take_along_dim", "index", "index_two_dims", "index_select",
+                                  "upsample_nearest_1d", "upsample_nearest_exact_2d"])
 def test_backward_of_indexing_accumulates_in_a_kernel(name):
     """Autograd writes the gradient of a gather or an indexing into zeros with scatter_add / index_put
-    (accumulate) / index_add: each runs as kiln's kernel and gives eager's gradient."""
+    (accumulate) / index_add, and nearest upsampling's backward is decomposed into one: each runs as
+    kiln's kernel and gives eager's gradient."""
     fn = {
         "gather": lambda x: x.gather(1, INDEX[:, :3].clamp(max=4)) * 2,
         "take_along_dim": lambda x: torch.take_along_dim(x, INDEX.clamp(max=3), 0).sin(),
         "index": lambda x: x[ROWS] * 3,
         "index_two_dims": lambda x: x[ROWS[:4], torch.tensor([[1], [4]])].exp(),
         "index_select": lambda x: x.index_select(0, ROWS).cos(),
+        "upsample_nearest_1d": lambda x: torch.nn.functional.interpolate(x[None], size=7, mode="nearest").sin(),
+        "upsample_nearest_exact_2d": lambda x: torch.nn.functional.interpolate(
+            x[None, None], size=(7, 3), mode="nearest-exact").sin(),
     }[name]
     x = X.clone().requires_grad_()
     out = fn(x)

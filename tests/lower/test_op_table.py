@@ -191,6 +191,8 @@ VIEWS = {
     "flip": lambda a: a.flip(0, 2) + 1, "repeat": lambda a: a.repeat(2, 1, 2, 1) * 2,
     "unfold": lambda a: a.unfold(2, 2, 2) * 2, "unfold_overlapping": lambda a: a.unfold(1, 2, 1) + 1,
     "permute_copy": lambda a: torch.permute_copy(a, (2, 0, 1)), "view_copy": lambda a: torch.view_copy(a, (5, 6)),
+    "select_copy": lambda a: torch.select_copy(a, 1, -1) * 2, "slice_copy": lambda a: torch.slice_copy(a, 2, 1, 4),
+    "split_copy": lambda a: tuple(torch.split_copy(a, 2, 2)), "detach_copy": lambda a: torch.detach_copy(a) + 1,
     "slice_scatter_step": lambda a: torch.slice_scatter(a, a[:, ::2] * 2, 1, 0, None, 2),
     "slice_scatter_middle": lambda a: torch.slice_scatter(a, a[:, :, 1:3] + 1, 2, 1, 3),
     "diagonal_scatter": lambda a: torch.diagonal_scatter(a, a.diagonal(1, 1, 2) * 2, 1, 1, 2),

@@ -237,8 +237,12 @@ def run_sample(info, sample, row: Row):
     eager = _evaluate(call, sample, row)
     kiln.reset()
     observer = Observer()
-    with target(row.target), observer.watching():
-        compiled = _evaluate(kiln.compile(call, dynamic=False), sample, row)
+    cached, kiln.config.graph_cache = kiln.config.graph_cache, False  # a cached graph skips the lowering observed
+    try:
+        with target(row.target), observer.watching():
+            compiled = _evaluate(kiln.compile(call, dynamic=False), sample, row)
+    finally:
+        kiln.config.graph_cache = cached
     return eager, compiled, observer
 
 

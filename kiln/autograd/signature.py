@@ -111,6 +111,8 @@ class AliasOutput:
     sizes: Callable | None = None  # a dynamic graph's geometry, (shape, stride, offset) of the flat inputs
     # a view that reads the storage as another dtype (`view(dtype)`, `view_as_complex`)
     dtype: torch.dtype | None = None
+    # a conjugate view (`x.conj()`, ihfft's result): the conjugate bit, which a strided view of the storage drops
+    conj: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach`, `no_grad`, `sizes` and `dtype` as for `AliasOutput`."""
+    `detach`, `no_grad`, `sizes`, `dtype` and `conj` as for `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -133,6 +135,7 @@ class OutputAlias:
     no_grad: bool = False
     sizes: Callable | None = None
     dtype: torch.dtype | None = None
+    conj: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,7 +404,13 @@ def _as_multi_output_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rebuild(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) -> torch.Tensor:
-    """The output `leaf` describes, as a tensor on `base`'s storage (as eager's shares it)."""
+    """The output `leaf` describes, as a tensor on `base`'s storage (as eager's shares it), conjugated where
+    eager's is a conjugate view of it."""
+    view = _strided_view(base, leaf, flat)
+    return view.conj() if leaf.conj else view
+
+
+def _strided_view(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: list) -> torch.Tensor:
     if leaf.identity:
         return base
     if leaf.detach:
@@ -548,6 +557,11 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
 
 
 def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
+    """`_view_geometry`, and whether `leaf` is the conjugate of a view of `base` (its conjugate bit differs)."""
+    return (*_view_geometry(leaf, base, grad_mode, size_sources), leaf.is_conj() != base.is_conj())
+
+
+def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
     """(identity, shape, stride, offset relative to `base`'s, detach, no_grad, sizes, dtype) of `leaf` on `base`'s
     storage; dtype None where `leaf` reads it as `base`'s dtype.
 

@@ -15,11 +15,13 @@ it fuses with the ops around the convolution.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kiln.lower.foreach import FOREACH_DECOMPOSITIONS
+from kiln.lower.ops.scatters import DENSE_LIMIT
 
 aten = torch.ops.aten
 
@@ -102,12 +104,84 @@ def vector_norm_over_positive_dims(x, ord=2, dim=None, keepdim=False, *, dtype=N
 
 _REFERENCE_VECTOR_NORM = get_decompositions([aten.linalg_vector_norm.default])[aten.linalg_vector_norm.default]
 
+
+# dtypes the products-and-sums decompositions apply to (`FULL_PRECISION_ONLY`)
+FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def addbmm_as_bmm_and_sum(self, batch1, batch2, *, beta=1, alpha=1):
+    """beta * self + alpha * (the sum over the batch of batch1 @ batch2): the batched product stays one ATen
+    call (an extern by design) and the sum over the batch, the scaling and the add fuse into one kernel, where
+    ATen's addbmm is an extern of its own. float32 and float64 only: an integer sum would widen to int64, and
+    bmm rounds each product to a half type where ATen's addbmm accumulates the batch before rounding."""
+    if self.dtype not in FULL_PRECISION:
+        return NotImplemented
+    total = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
+    if alpha != 1:
+        total = total * alpha
+    if beta == 0:  # self is ignored, NaN and all, as eager ignores it (the result has the product's shape)
+        return total
+    return (self * beta if beta != 1 else self) + total
+
+
+def trilinear_as_product_and_sum(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """ATen's _trilinear (bilinear layers): each input unsqueezed at its `expand` dims, the three multiplied and
+    summed over `sumdim`, a reduction that fuses its product where ATen chains batched matmuls of
+    permuted copies. float32 and float64 only (a half type would round each product where the matmuls
+    accumulate them in float32)."""
+    if i1.dtype not in FULL_PRECISION:
+        return NotImplemented
+    total = i1.dim() + len(expand1)
+    operands = []
+    for t, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in range(total):
+            if d in expand:
+                t = aten.unsqueeze.default(t, d)
+        operands.append(t)
+    product = operands[0] * operands[1] * operands[2]
+    return aten.sum.dim_IntList(product, list(sumdim)) if sumdim else product
+
+
+def _nearest_indices(output_size, input_size, scales, exact: bool, device) -> list:
+    """For each spatial dim, the input index each output index reads, as eager's nearest kernel computes it
+    (floor of the output index, plus one half if `exact`, times the float32 scale), shaped to broadcast."""
+    indices, n = [], len(output_size)
+    for d, (osize, isize) in enumerate(zip(output_size, input_size[-n:])):
+        scale = scales[d] if d < len(scales) else None  # absent when the call passed no scales
+        scale = isize / (isize * scale) if scale is not None and scale > 0 else isize / osize
+        index = ((torch.arange(osize, dtype=torch.float32, device=device) + (0.5 if exact else 0.0)) * scale)
+        indices.append(index.to(torch.int64).reshape([osize] + [1] * (n - 1 - d)))
+    return indices
+
+
+def _upsample_nearest_backward(exact: bool):
+    def decomposition(grad_output, output_size, input_size, *scales):
+        """The input's gradient sums the output gradients of the elements that read each input element: an
+        accumulating index_put of them at the forward's indices (a dense reduction, kiln/lower/ops/scatters.py).
+        Where that reduction would cost more than DENSE_LIMIT compares, ATen's own backward kernel stays."""
+        if math.prod(input_size) * math.prod(output_size) > DENSE_LIMIT:
+            return NotImplemented
+        indices = _nearest_indices(output_size, input_size, scales, exact, grad_output.device)
+        zeros = grad_output.new_zeros(input_size)
+        return aten.index_put.default(zeros, [None, None, *indices], grad_output, True)
+    return decomposition
+
+
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
     aten.convolution.default: convolution_bias_apart,
     aten.convolution_backward.default: convolution_backward_bias_apart,
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,
+    aten.addbmm.default: addbmm_as_bmm_and_sum,
+    aten._trilinear.default: trilinear_as_product_and_sum,
+    **{op: _upsample_nearest_backward(exact=False) for op in (
+        aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,
+        aten.upsample_nearest3d_backward.default)},
+    **{op: _upsample_nearest_backward(exact=True) for op in (
+        aten._upsample_nearest_exact1d_backward.default, aten._upsample_nearest_exact2d_backward.default,
+        aten._upsample_nearest_exact3d_backward.default)},
 }
+FULL_PRECISION_ONLY = (aten.addbmm.default, aten._trilinear.default)
 
 
 @functools.lru_cache(None)
@@ -140,4 +214,6 @@ def decomposes(node, fallback_random: bool = False) -> bool:
         return node.args[2] is not None
     if node.target is aten.convolution_backward.default:
         return bool(node.args[10][2])
+    if node.target in FULL_PRECISION_ONLY:
+        return node.meta["val"].dtype in FULL_PRECISION
     return node.target in decomposition_table(fallback_random)

@@ -21,6 +21,9 @@ FLOAT_UNARY = {
     "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "square": torch.square,
     "clamp": lambda a: a.clamp(-0.5, 0.5), "to_int": lambda a: (a * 4).to(torch.int64),
     "to_bool": lambda a: a.round().bool(), "atan": torch.atan, "lgamma": lambda a: torch.lgamma(a * 3),
+    "digamma": lambda a: torch.digamma(a * 3), "trigamma": lambda a: torch.polygamma(1, a * 3),
+    "round_decimals": lambda a: torch.round(a * 50, decimals=1),
+    "round_decimals_neg": lambda a: torch.round(a * 500, decimals=-2),
 }
 FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -32,6 +35,10 @@ FLOAT_BINARY = {
     "truncdiv": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="trunc"),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "atan2": torch.atan2,
     "lerp": lambda a, b: torch.lerp(a, b, 0.3), "masked_fill": lambda a, b: a.masked_fill(b > 0, -1.0),
+    "copysign": torch.copysign, "copysign_scalar": lambda a, b: torch.copysign(a, -2.0), "hypot": torch.hypot,
+    "fmax": lambda a, b: torch.fmax(a.masked_fill(a > 1, float("nan")), b),
+    "fmin": lambda a, b: torch.fmin(a, b.masked_fill(b < 0, float("nan"))),
+    "ldexp": lambda a, b: torch.ldexp(a, (b * 4).round()),
 }
 INT_UNARY = {"neg": torch.neg, "abs": torch.abs, "sign": torch.sign, "bitwise_not": torch.bitwise_not,
              "to_float": lambda a: a.float(), "square": torch.square, "relu": torch.relu}
@@ -93,7 +100,8 @@ def test_pointwise(dtype, shape):
     a, b = _shapes()[shape](_maker(dtype))
     if dtype in HALF:
         unary = {k: v for k, v in unary.items()
-                 if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign")}
+                 if k not in ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "round_decimals",
+                              "round_decimals_neg")}
         binary = {k: v for k, v in binary.items() if k not in ("floordiv", "truncdiv", "remainder")}
 
     def fn(a, b):
@@ -122,7 +130,7 @@ REDUCTIONS = {
     "var": lambda a: a.var(-1), "var_mean": lambda a: torch.var_mean(a, 0, correction=0),
     "std": lambda a: a.std(), "any": lambda a: (a > 0.5).any(-1), "logsumexp": lambda a: a.logsumexp(-1),
     "softmax": lambda a: a.softmax(-1), "log_softmax0": lambda a: a.log_softmax(0),
-    "norm": lambda a: a.norm(dim=-1),
+    "norm": lambda a: a.norm(dim=-1), "max_all": lambda a: a.max(), "min_all": lambda a: a.min(),
 }
 
 
@@ -180,6 +188,15 @@ VIEWS = {
     "unbind": lambda a: tuple(t + 1 for t in a.unbind(0)), "arange": lambda a: a + torch.arange(5),
     "full": lambda a: a + torch.full((3, 5), 2.0), "zeros_like": lambda a: torch.zeros_like(a) + a,
     "chunk_cat": lambda a: torch.cat(a.chunk(2, -1)[::-1], -1), "t_mm_input": lambda a: a[0].t() @ a[1],
+    "flip": lambda a: a.flip(0, 2) + 1, "repeat": lambda a: a.repeat(2, 1, 2, 1) * 2,
+    "unfold": lambda a: a.unfold(2, 2, 2) * 2, "unfold_overlapping": lambda a: a.unfold(1, 2, 1) + 1,
+    "permute_copy": lambda a: torch.permute_copy(a, (2, 0, 1)), "view_copy": lambda a: torch.view_copy(a, (5, 6)),
+    "select_copy": lambda a: torch.select_copy(a, 1, -1) * 2, "slice_copy": lambda a: torch.slice_copy(a, 2, 1, 4),
+    "split_copy": lambda a: tuple(torch.split_copy(a, 2, 2)), "detach_copy": lambda a: torch.detach_copy(a) + 1,
+    "slice_scatter_step": lambda a: torch.slice_scatter(a, a[:, ::2] * 2, 1, 0, None, 2),
+    "slice_scatter_middle": lambda a: torch.slice_scatter(a, a[:, :, 1:3] + 1, 2, 1, 3),
+    "diagonal_scatter": lambda a: torch.diagonal_scatter(a, a.diagonal(1, 1, 2) * 2, 1, 1, 2),
+    "diagonal_scatter_below": lambda a: torch.diagonal_scatter(a, a.diagonal(-1, 2, 1) * 2, -1, 2, 1),
 }
 
 
@@ -198,6 +215,16 @@ def test_views(dtype):
     compiled = check(fn, a)
     assert count_externs(compiled) == (1 if dtype.is_floating_point else 0), compiled.artefacts["schedule"]
     assert "buf" in str(compiled.artefacts["ir"])
+
+
+def test_nextafter_steps_by_the_dtype_ulp():
+    """nextafter is lowered in float32 and float64; a half type's step is its own ulp (float32's would round
+    away), so there it stays an ATen call rather than a wrong kernel."""
+    g = torch.Generator().manual_seed(4)
+    for dtype, externs in ((torch.float32, 0), (torch.float64, 0), (torch.bfloat16, 2)):
+        a, b = torch.randn(4, 5, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)
+        compiled = check(lambda a, b: (torch.nextafter(a, b), torch.nextafter(a, a)), a, b)
+        assert count_externs(compiled) == externs, compiled.artefacts["schedule"]
 
 
 def test_view_output_aliases_input():
@@ -227,7 +254,8 @@ def test_gather_style_indexing():
 
 def test_scatter_of_one_position_per_row_is_a_select():
     """`zeros.scatter(1, target[:, None], -1.0)` (cross-entropy's backward) lowers to a fused select,
-    along either dim and over any base; a scatter of several positions per row stays an ATen call."""
+    along either dim and over any base; a scatter of several positions per row (duplicates included: each
+    writes the same value) is a dense `any` over the index (tests/lower/test_scatters.py)."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(5, 9, generator=g)
     rows = torch.randint(0, 9, (5, 1), generator=g)
@@ -239,9 +267,9 @@ def test_scatter_of_one_position_per_row_is_a_select():
 
     compiled = check(fn, x, rows, cols)
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
-    two_per_row = torch.randint(0, 9, (5, 2), generator=g)
+    two_per_row = torch.tensor([[0, 3], [8, 8], [1, 2], [4, 4], [0, 8]])
     compiled = check(lambda x, i: x.scatter(1, i, -1.0) * 2, x, two_per_row)
-    assert count_externs(compiled) == 1
+    assert count_externs(compiled) == 0
 
 
 def test_cross_entropy_writes_no_vocabulary_sized_temporary():

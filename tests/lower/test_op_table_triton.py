@@ -17,6 +17,7 @@ from lower.test_op_table import FLOAT_BINARY, FLOAT_UNARY, REDUCTIONS  # noqa: E
 from support.lowering import check_triton  # noqa: E402
 
 ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign", "floordiv", "truncdiv", "remainder",
+                 "round_decimals", "round_decimals_neg",
                  "prod", "argmax", "argmin0", "argmax_all", "max_dim")
 
 
@@ -46,3 +47,11 @@ def test_half_casts_round_like_eager():
                       float("inf"), float("nan")])
     c = check(lambda x: (x.to(torch.float16), x.to(torch.float16).float() * 2), x)
     torch.testing.assert_close(c(x.to(DEVICE))[0], x.to(DEVICE).half(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+def test_scatters_and_scans():
+    """The dense scatters and scans (tests/lower/test_scatters.py) as Triton kernels, their index checks included."""
+    from lower.test_scatters import SCATTERS, SOURCE, SRC, X
+
+    check(lambda x, src, source: tuple(f(x, src, source) for f in SCATTERS.values()), X, SRC, SOURCE)

@@ -2,6 +2,8 @@
 
     python -m tests.opinfo --all                       every row (hours): rewrites the whole table
     python -m tests.opinfo --ops sin,add --targets cpp  some rows: updates those rows of the table
+    python -m tests.opinfo --reason 'extern aten.flip'  the table's rows whose reason matches: rerun the rows a
+                                                       fix touches, no others (add --ops to narrow it further)
     python -m tests.opinfo --rates                      print the table's pass/fallback/xfail counts
 
 Rows run in worker processes, a chunk at a time, each row's result appended to a JSON-lines journal
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -30,6 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default="", help="comma-separated OpInfo names (with variant)")
     p.add_argument("--dtypes", default="", help="comma-separated dtype names")
     p.add_argument("--every", type=int, default=1, help="only the ops whose name hashes to 0 modulo this")
+    p.add_argument("--reason", default="", help="only the table's rows whose reason matches this regex")
     p.add_argument("--targets", default="cpp,triton")
     p.add_argument("--modes", default="fwd,bwd")
     p.add_argument("--max-samples", type=int, default=4, help="samples per row (0: all)")
@@ -55,12 +59,16 @@ def _selected(args) -> list[str]:
     ops = {k: v for k, v in ops.items() if zlib.crc32(k.encode()) % args.every == 0}
     dtypes = set(args.dtypes.split(",")) if args.dtypes else None
     chosen = rows(ops, tuple(args.targets.split(",")), tuple(args.modes.split(",")))
-    return [r.key for r in chosen if dtypes is None or r.dtype in dtypes]
+    keys = [r.key for r in chosen if dtypes is None or r.dtype in dtypes]
+    if args.reason:  # rows the table holds, failing or falling back for the reason a fix addresses
+        tabled, pattern = table.load()["rows"], re.compile(args.reason)
+        keys = [k for k in keys if k in tabled and pattern.search(tabled[k]["reason"])]
+    return keys
 
 
 def _sweep(args) -> int:
-    if not (args.all or args.ops or args.dtypes or args.every > 1):
-        print("choose rows: --all, --ops, --dtypes or --every", file=sys.stderr)
+    if not (args.all or args.ops or args.dtypes or args.every > 1 or args.reason):
+        print("choose rows: --all, --ops, --dtypes, --every or --reason", file=sys.stderr)
         return 2
     keys = _selected(args)
     journal = Path(args.journal or "opinfo_journal.jsonl")

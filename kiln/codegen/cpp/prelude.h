@@ -258,4 +258,48 @@ template <typename T, bool Max> struct ArgReduce {
   }
 };
 
+// The derivatives of lgamma as ATen computes them (calc_digamma, trigamma: Cephes), in T's own arithmetic, so
+// that lgamma's gradient and digamma / polygamma(0|1, x) give eager's values.
+template <typename T> static inline T digamma_from(T x) {  // x > 0
+  T result = 0;
+  while (x < T(10)) { result -= T(1) / x; x += T(1); }
+  if (x == T(10)) return result + T(2.25175258906672110764);
+  T y = 0;
+  if (x < T(1.0e17)) {
+    const T z = T(1) / (x * x);
+    const T A[] = {T(8.33333333333333333333E-2), T(-2.10927960927960927961E-2), T(7.57575757575757575758E-3),
+                   T(-4.16666666666666666667E-3), T(3.96825396825396825397E-3), T(-8.33333333333333333333E-3),
+                   T(8.33333333333333333333E-2)};
+    T poly = 0;
+    for (int i = 0; i < 7; ++i) poly = poly * z + A[i];
+    y = z * poly;
+  }
+  return result + std::log(x) - (T(0.5) / x) - y;
+}
+template <typename T> static inline T digamma(T x) {
+  if (x == 0) return std::copysign(std::numeric_limits<T>::infinity(), -x);
+  if (x < 0) {
+    if (x == std::trunc(x)) return std::numeric_limits<T>::quiet_NaN();
+    double whole;
+    const double r = std::modf(static_cast<double>(x), &whole);  // tan of the fraction: exact periodicity
+    const double pi = 3.14159265358979323846;
+    return digamma_from<T>(T(1) - x) - static_cast<T>(pi / std::tan(pi * r));
+  }
+  return digamma_from<T>(x);
+}
+template <typename T> static inline T trigamma(T x) {
+  const T pi = T(3.14159265358979323846);
+  T sign = 1, result = 0;
+  if (x < T(0.5)) {
+    sign = -1;
+    const T s = std::sin(pi * x);
+    result -= (pi * pi) / (s * s);
+    x = T(1) - x;
+  }
+  for (int i = 0; i < 6; ++i) { result += T(1) / (x * x); x += T(1); }
+  const T ixx = T(1) / (x * x);
+  result += (T(1) + T(1) / (T(2) * x) + ixx * (T(1) / T(6) - ixx * (T(1) / T(30) - ixx * (T(1) / T(42))))) / x;
+  return sign * result;
+}
+
 }  // namespace kiln

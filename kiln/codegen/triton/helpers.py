@@ -29,13 +29,15 @@ def kiln_minimum(a, b):
 
 @triton.jit
 def kiln_pointwise_maximum(a, b):
-    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first."""
-    return tl.where((a != a) | ((b == b) & ~(a < b)), a, b)
+    """eager's maximum, clamp and relu: NaN wins, and of equal values (0.0 and -0.0) the first. Selections nest
+    rather than AND comparisons: under the interpreter a 0-dim tensor's comparison ANDed with a block's is
+    refused."""
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(a < b, b, a)))
 
 
 @triton.jit
 def kiln_pointwise_minimum(a, b):
-    return tl.where((a != a) | ((b == b) & ~(b < a)), a, b)
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(b < a, b, a)))
 
 
 @triton.jit
@@ -162,6 +164,55 @@ def kiln_welford_update(mean, m2, w, x, mask):
     m2_new = tl.where(mask, m2 + delta * (x - mean_new), m2)
     return mean_new, m2_new, w_new
 
+
+@triton.jit
+def kiln_digamma(x):
+    """ATen's calc_digamma (Cephes): the reflection below 0 (its tangent in float64, of the fraction), the
+    recurrence up to 10, then the asymptotic series; each branch computed and selected, lane by lane. Constants
+    are made in x's dtype: a Python float literal is a float32 in a Triton kernel, too coarse for float64."""
+    negative = x < 0
+    xd = x.to(tl.float64)
+    pi = tl.full([], 3.14159265358979323846, tl.float64)
+    reflection = (pi / libdevice.tan(pi * (xd - libdevice.trunc(xd)))).to(x.dtype)
+    y = tl.where(negative, 1.0 - x, x)
+    result = tl.zeros_like(x)
+    for _ in tl.static_range(10):  # y > 0 here, so ten steps reach 10
+        below = y < 10.0
+        result = tl.where(below, result - 1.0 / y, result)
+        y = tl.where(below, y + 1.0, y)
+    z = 1.0 / (y * y)
+    poly = tl.zeros_like(x) + tl.full([], 8.33333333333333333333E-2, x.dtype)
+    poly = poly * z + tl.full([], -2.10927960927960927961E-2, x.dtype)
+    poly = poly * z + tl.full([], 7.57575757575757575758E-3, x.dtype)
+    poly = poly * z + tl.full([], -4.16666666666666666667E-3, x.dtype)
+    poly = poly * z + tl.full([], 3.96825396825396825397E-3, x.dtype)
+    poly = poly * z + tl.full([], -8.33333333333333333333E-3, x.dtype)
+    poly = poly * z + tl.full([], 8.33333333333333333333E-2, x.dtype)
+    series = tl.where(y < 1.0e17, z * poly, 0.0)
+    psi_10 = tl.full([], 2.25175258906672110764, x.dtype)
+    out = tl.where(y == 10.0, result + psi_10, result + tl.log(y) - 0.5 / y - series)
+    # selections nest (no `&` of two comparisons: a 0-dim operand's under the interpreter is refused)
+    out = tl.where(negative, tl.where(x == libdevice.trunc(x), float("nan"), out - reflection), out)
+    return tl.where(x == 0, libdevice.copysign(float("inf") + tl.zeros_like(x), x * -1.0), out)  # -(0.0) is -0.0
+
+
+@triton.jit
+def kiln_trigamma(x):
+    """ATen's trigamma: the reflection below 0.5, six steps of the recurrence, then the asymptotic series
+    (constants in x's dtype, as in kiln_digamma)."""
+    pi = tl.full([], 3.14159265358979323846, x.dtype)
+    reflect = x < 0.5
+    s = libdevice.sin(pi * x)  # in x's precision (tl.sin of float64 is float32's under the interpreter)
+    result = tl.where(reflect, -(pi * pi) / (s * s), tl.zeros_like(x))
+    y = tl.where(reflect, 1.0 - x, x)
+    for _ in tl.static_range(6):
+        result = result + 1.0 / (y * y)
+        y = y + 1.0
+    ixx = 1.0 / (y * y)
+    sixth, thirtieth = tl.full([], 1.0 / 6.0, x.dtype), tl.full([], 1.0 / 30.0, x.dtype)
+    series = ixx * (sixth - ixx * (thirtieth - ixx * tl.full([], 1.0 / 42.0, x.dtype)))
+    result = result + (1.0 + 1.0 / (2.0 * y) + series) / y
+    return tl.where(reflect, -result, result)
 
 __all__ += [name for name in list(globals()) if name.startswith("kiln_")]
 # interpreter-only replacements of builtins the kernels use (see libdevice.py); none on the GPU

@@ -39,11 +39,11 @@ if interpreting():
 
     _TABLE = {
         "log10": np.log10, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
-        "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh, "tan": np.tan, "asin": np.arcsin,
+        "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh, "sin": np.sin, "tan": np.tan, "asin": np.arcsin,
         "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
         "acosh": np.arccosh, "atanh": np.arctanh, "atan2": np.arctan2, "floor": np.floor, "ceil": np.ceil,
         "nearbyint": np.rint, "trunc": np.trunc, "fmod": np.fmod, "pow": np.power,
-        "copysign": np.copysign,
+        "copysign": np.copysign, "hypot": np.hypot, "nextafter": np.nextafter,
     }
 
     def _erf(x):

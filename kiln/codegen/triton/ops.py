@@ -52,6 +52,8 @@ OPS = {
     "where": "tl.where({0}, {1}, {2})",
     # the check itself is emitted before (TritonKernel._checks): an index out of range reads address 0
     "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
+    "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
+    "nextafter": "libdevice.nextafter({0}, {1})", "digamma": "kiln_digamma({0})", "trigamma": "kiln_trigamma({0})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 # Ops printed as Python operators, which take a Python scalar operand; the others are calls (helpers, libdevice).

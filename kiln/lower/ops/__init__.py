@@ -7,7 +7,17 @@ family and register themselves with `@register(op, ...)`.
 """
 from __future__ import annotations
 
-from kiln.lower.ops import creation, indexing, pointwise, pooling, reductions, views  # noqa: F401  (fill the table)
+from kiln.lower.ops import (  # noqa: F401  (fill the table)
+    creation,
+    indexing,
+    pointwise,
+    pooling,
+    reductions,
+    scans,
+    scatters,
+    view_scatters,
+    views,
+)
 from kiln.lower.ops.registry import LOWERINGS, register
 
 __all__ = ["LOWERINGS", "register"]

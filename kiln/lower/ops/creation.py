@@ -35,6 +35,14 @@ def empty(ctx, meta, *args, **kwargs):
     return IndexFunction(size, dtype, operand(0, size, dtype))
 
 
+@register(aten._efficientzerotensor.default)
+def zero_tensor(ctx, meta, *args, **kwargs):
+    """Autograd's zero gradient (sgn, abs of real numbers): eager's is a tensor that holds no memory, whose
+    values are zeros; a fused zero costs nothing either."""
+    size, dtype = out_info(meta)
+    return IndexFunction(size, dtype, operand(0, size, dtype))
+
+
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def arange(ctx, meta, *args, **kwargs):
     size, dtype = out_info(meta)

@@ -141,15 +141,14 @@ def gather(ctx, meta, x, dim, index, sparse_grad=False):
     return IndexFunction(size, dtype, gather_load(ctx, x, idx, GATHER))
 
 
-@register(aten.scatter.value)
 def scatter_value(ctx, meta, x, dim, index, value):
     """`x` with `value` written at one position per row along `dim`: a pointwise select.
 
     Cross-entropy's backward scatters -1 into a zero [tokens, vocabulary] tensor; as an
     extern that fills, copies and scatters the whole tensor in fp32, as a select it
     fuses into its consumer. Only when `index` has one entry along `dim` and `x`'s extent
-    elsewhere (so no position is written twice); other scatters stay ATen calls. An index
-    out of range raises, as eager's scatter does.
+    elsewhere (so no position is written twice); other scatters of a value are dense (scatters.py).
+    An index out of range raises, as eager's scatter does.
     """
     size, dtype = out_info(meta)
     dim = dim + x.ndim if dim < 0 else dim

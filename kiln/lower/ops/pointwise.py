@@ -24,7 +24,7 @@ ARITH = {
     "log1p": [aten.log1p.default], "expm1": [aten.expm1.default], "sqrt": [aten.sqrt.default],
     "rsqrt": [aten.rsqrt.default], "reciprocal": [aten.reciprocal.default],
     "sigmoid": [aten.sigmoid.default], "tanh": [aten.tanh.default], "erf": [aten.erf.default],
-    "erfc": [aten.erfc.default], "lgamma": [aten.lgamma.default],
+    "erfc": [aten.erfc.default], "lgamma": [aten.lgamma.default], "digamma": [aten.digamma.default],
     "sin": [aten.sin.default], "cos": [aten.cos.default],
     "tan": [aten.tan.default], "asin": [aten.asin.default], "acos": [aten.acos.default],
     "atan": [aten.atan.default], "sinh": [aten.sinh.default], "cosh": [aten.cosh.default],
@@ -38,6 +38,7 @@ ARITH = {
     "bitwise_or": [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
     "bitwise_xor": [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
     "bitwise_not": [aten.bitwise_not.default],
+    "copysign": [aten.copysign.Tensor, aten.copysign.Scalar], "hypot": [aten.hypot.default],
 }
 COMPARE = {
     "eq": [aten.eq.Tensor, aten.eq.Scalar], "ne": [aten.ne.Tensor, aten.ne.Scalar],
@@ -199,3 +200,63 @@ def copy(ctx, meta, dst, src, non_blocking=False):
 def fill(ctx, meta, x, value):
     size, dtype = out_info(meta)
     return IndexFunction(size, dtype, operand(value, size, dtype))
+
+
+@register(aten.nextafter.default)
+def nextafter(ctx, meta, a, b):
+    """The next representable value of the result dtype: computed in float32, a half type's step would be
+    float32's (eager steps by the half type's own ulp), so those stay ATen calls."""
+    size, dtype = out_info(meta)
+    if dtype not in (torch.float32, torch.float64):
+        raise Unsupported(f"nextafter in {dtype}")
+    return IndexFunction(size, dtype, ir.Op("nextafter", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
+
+
+def _nan_ignoring(name):
+    """fmax / fmin: maximum / minimum where a NaN loses to a number (eager's std::fmax); NaN only if both are."""
+    def rule(ctx, meta, a, b):
+        size, dtype = out_info(meta)
+        x, y = operand(a, size, dtype), operand(b, size, dtype)
+        body = ir.Op(name, (x, y), dtype)
+        if dtype.is_floating_point:
+            body = ir.Op("where", (ir.Op("isnan", (x,), torch.bool), y,
+                                   ir.Op("where", (ir.Op("isnan", (y,), torch.bool), x, body), dtype)), dtype)
+        return IndexFunction(size, dtype, body)
+    return rule
+
+
+register(aten.fmax.default)(_nan_ignoring("maximum"))
+register(aten.fmin.default)(_nan_ignoring("minimum"))
+
+
+@register(aten.ldexp.Tensor)
+def ldexp(ctx, meta, x, other):
+    """x * 2**other, as ATen computes it (a product with a power of two, in the result dtype)."""
+    size, dtype = out_info(meta)
+    power = ir.Op("pow", (const(2.0, dtype), operand(other, size, dtype)), dtype)
+    return IndexFunction(size, dtype, ir.Op("mul", (operand(x, size, dtype), power), dtype))
+
+
+@register(aten.round.decimals)
+def round_decimals(ctx, meta, x, *, decimals=0):
+    """ATen's round_decimals: nearbyint(x * 10**d) / 10**d, or for d < 0 nearbyint(x / 10**-d) * 10**-d, in
+    the op-math type (float32 for half types: one rounding at the end, as eager's kernel)."""
+    size, dtype = out_info(meta)
+    if not dtype.is_floating_point:
+        raise Unsupported("round with decimals of an integer tensor")
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    scale = const(10.0 ** abs(decimals), compute)
+    inward, outward = ("truediv", "mul") if decimals < 0 else ("mul", "truediv")
+    scaled = ir.Op(inward, (operand(x, size, compute), scale), compute)
+    body = ir.Op(outward, (ir.Op("round", (scaled,), compute), scale), compute)
+    return IndexFunction(size, dtype, cast(body, dtype))
+
+
+@register(aten.polygamma.default)
+def polygamma(ctx, meta, n, x):
+    """polygamma(0, x) is digamma, polygamma(1, x) trigamma (the gradients of lgamma and digamma); higher orders
+    (a Hurwitz zeta series) stay ATen calls."""
+    if n not in (0, 1):
+        raise Unsupported(f"polygamma of order {n}")
+    size, dtype = out_info(meta)
+    return IndexFunction(size, dtype, ir.Op("digamma" if n == 0 else "trigamma", (operand(x, size, dtype),), dtype))

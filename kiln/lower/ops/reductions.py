@@ -106,6 +106,21 @@ def amin(ctx, meta, x, dims=(), keepdim=False):
     return reduce(ctx, x, dims, keepdim, "min", out)
 
 
+def _minmax_all(rtype):
+    """max() / min() of every element: amax / amin over all dims. Of an empty tensor eager raises (there is no
+    identity to return), so that stays the ATen call."""
+    def rule(ctx, meta, x):
+        _, out = out_info(meta)
+        if any(s == 0 for s in x.size):
+            raise Unsupported("max or min of an empty tensor")
+        return reduce(ctx, x, None, False, rtype, out)
+    return rule
+
+
+register(aten.max.default)(_minmax_all("max"))
+register(aten.min.default)(_minmax_all("min"))
+
+
 def _arg(rtype):
     def rule(ctx, meta, x, dim=None, keepdim=False):
         _, out = out_info(meta)

@@ -1,0 +1,103 @@
+"""Accumulating scatters and scans as dense reductions (kiln/lower/ops/scatters.py, scans.py), beside eager.
+
+Each case must be generated (no extern), match eager in every reduction and `include_self`, raise what
+eager raises for an index out of range, and, over the size a dense reduction may cost, stay ATen's.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+from kiln.lower.ops.scatters import DENSE_LIMIT
+from support.lowering import check, count_externs
+
+G = torch.Generator().manual_seed(0)
+X = torch.randn(4, 5, generator=G)
+SRC = torch.randn(3, 5, generator=G)
+INDEX = torch.randint(0, 4, (3, 5), generator=G)
+ROWS = torch.tensor([0, 2, 2, 3, 0, 1])
+SOURCE = torch.randn(6, 5, generator=G)
+
+def _scatter_reduce(reduce, include_self):
+    return lambda x, src, source: x.scatter_reduce(0, INDEX, src, reduce, include_self=include_self)
+
+
+def _index_reduce(reduce, include_self):
+    return lambda x, src, source: x.index_reduce(0, ROWS, source, reduce, include_self=include_self)
+
+
+SCATTERS = {  # (x, src: like SRC, source: like SOURCE) -> a tensor
+    "scatter_add": lambda x, src, source: x.scatter_add(0, INDEX, src),
+    "scatter_add_smaller_index": lambda x, src, source: x.scatter_add(1, INDEX[:2, :3].clamp(max=4), src[:2, :3]),
+    "scatter_add_0dim": lambda x, src, source: x[0, 0].scatter_add(0, torch.tensor(0), src[0, 0]) * 2,
+    **{f"scatter_reduce_{r}_{'self' if s else 'noself'}":
+       _scatter_reduce(r, s)
+       for r in ("sum", "prod", "mean", "amax", "amin") for s in (True, False)},
+    "index_add": lambda x, src, source: x.index_add(0, ROWS, source, alpha=2),
+    "index_add_dim1": lambda x, src, source: x.index_add(1, torch.tensor([4, 0, 4]), source[:4, :3]),
+    **{f"index_reduce_{r}_{'self' if s else 'noself'}":
+       _index_reduce(r, s)
+       for r in ("prod", "mean", "amax", "amin") for s in (True, False)},
+    "index_fill": lambda x, src, source: x.index_fill(0, torch.tensor([0, -1, 0]), 2),
+    "index_fill_tensor_value": lambda x, src, source: x.index_fill(1, torch.tensor(2), torch.tensor(-1)),
+    "index_put_accumulate": lambda x, src, source: x.index_put((ROWS[:4], torch.tensor([1, 1, 4, 0])),
+                                                               src[0, 0], accumulate=True),
+    "cumsum": lambda x, src, source: x.cumsum(1), "cumsum_rows": lambda x, src, source: x.cumsum(0),
+    "cumprod": lambda x, src, source: x.cumprod(-1),
+}
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64], ids=str)
+def test_scatters_and_scans_are_generated_and_match_eager(dtype):
+    x, src, source = ((t * 3).to(dtype) for t in (X, SRC, SOURCE))
+    compiled = check(lambda x, src, source: tuple(f(x, src, source) for f in SCATTERS.values()), x, src, source)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+@pytest.mark.parametrize("name", ["gather", "take_along_dim", "index", "index_two_dims", "index_select",
+                                  "upsample_nearest_1d", "upsample_nearest_exact_2d"])
+def test_backward_of_indexing_accumulates_in_a_kernel(name):
+    """Autograd writes the gradient of a gather or an indexing into zeros with scatter_add / index_put
+    (accumulate) / index_add, and nearest upsampling's backward is decomposed into one: each runs as
+    kiln's kernel and gives eager's gradient."""
+    fn = {
+        "gather": lambda x: x.gather(1, INDEX[:, :3].clamp(max=4)) * 2,
+        "take_along_dim": lambda x: torch.take_along_dim(x, INDEX.clamp(max=3), 0).sin(),
+        "index": lambda x: x[ROWS] * 3,
+        "index_two_dims": lambda x: x[ROWS[:4], torch.tensor([[1], [4]])].exp(),
+        "index_select": lambda x: x.index_select(0, ROWS).cos(),
+        "upsample_nearest_1d": lambda x: torch.nn.functional.interpolate(x[None], size=7, mode="nearest").sin(),
+        "upsample_nearest_exact_2d": lambda x: torch.nn.functional.interpolate(
+            x[None, None], size=(7, 3), mode="nearest-exact").sin(),
+    }[name]
+    x = X.clone().requires_grad_()
+    out = fn(x)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    expected = torch.autograd.grad(out, x, cotangent)[0]
+    kiln.reset()
+    got = torch.autograd.grad(kiln.compile(fn, dynamic=False)(x), x, cotangent)[0]
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("fn, error", [
+    (lambda x: x.scatter_add(0, torch.tensor([[9]]), torch.ones(1, 1)), RuntimeError),
+    (lambda x: x.index_add(0, torch.tensor([-1]), torch.ones(1, 5)), RuntimeError),
+    (lambda x: x.index_reduce(0, torch.tensor([4]), torch.ones(1, 5), "prod"), IndexError),
+    (lambda x: x.index_fill(0, torch.tensor([7]), 1.0), IndexError),
+    (lambda x: x.index_put((torch.tensor([7]),), torch.ones(5), accumulate=True), IndexError),
+], ids=["scatter_add", "index_add_negative", "index_reduce", "index_fill", "index_put"])
+def test_an_index_out_of_range_raises_as_eager_does(fn, error):
+    with pytest.raises(error):
+        fn(X)
+    kiln.reset()
+    with pytest.raises(error):
+        kiln.compile(fn, dynamic=False)(X)
+
+
+def test_a_scatter_over_the_dense_limit_stays_an_aten_call():
+    rows = DENSE_LIMIT // 64 + 1  # output elements x index length just over the limit
+    x, index = torch.zeros(rows, 8), torch.zeros(64, 8, dtype=torch.int64)
+    compiled = check(lambda x, index: (x.scatter_add(0, index, torch.ones(64, 8)), x.cumsum(0)), x, index)
+    assert count_externs(compiled) == 2, compiled.artefacts["schedule"]

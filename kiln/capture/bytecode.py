@@ -99,6 +99,13 @@ def instructions(code: types.CodeType) -> tuple[Instruction, ...]:
     return tuple(out)
 
 
+def is_assert_jump(instrs: tuple[Instruction, ...], ins: Instruction) -> bool:
+    """Whether `ins` is the jump of an `assert` statement: past it when true, else on to raise AssertionError
+    (3.11 and 3.12 alike: `POP_JUMP_IF_TRUE` then `LOAD_ASSERTION_ERROR`, the message, `RAISE_VARARGS`)."""
+    return (ins.opname == "POP_JUMP_IF_TRUE" and ins.index + 1 < len(instrs)
+            and instrs[ins.index + 1].opname == "LOAD_ASSERTION_ERROR")
+
+
 @dataclass(frozen=True)
 class HandlerRange:
     """An exception-table entry: instructions [start, end) are protected by `target`."""

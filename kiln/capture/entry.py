@@ -34,7 +34,7 @@ from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_ho
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
-from kiln.capture.rerun import GraphRaised, restore_rng_state
+from kiln.capture.rerun import GraphRaised, eager_error_type, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
@@ -216,7 +216,7 @@ class CompiledFrame:
         try:
             result = eager()
         except Exception as eager_error:
-            if type(eager_error) is not type(error):
+            if type(eager_error) is not eager_error_type(error):
                 self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
             raise
         self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
@@ -415,7 +415,8 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             auto_dynamic: dict | None = None):
     break_at, reason = None, None
     while True:
-        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic)
+        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic,
+                             captures_scalars=ctx.fullgraph)
         frame = _root_frame(state, spec, L, C)
         try:
             return _interpret_and_finish(state, spec, ctx, frame, reason)

@@ -33,8 +33,10 @@ from kiln.capture.values.objects import object_value
 
 class CaptureState:
     def __init__(self, L: dict, G: dict, C: tuple, break_at: int | None = None, opaque_inputs: bool = False,
-                 dynamic: bool | None = None, auto_dynamic: dict | None = None):
+                 dynamic: bool | None = None, auto_dynamic: dict | None = None, captures_scalars: bool = False):
         self.L, self.G, self.C = L, G, C
+        # `t.item()` stays in the graph (values/items.py): torch.compile does so under fullgraph=True only
+        self.captures_scalars = captures_scalars
         self.dynamic = dynamic  # kiln.compile(dynamic=...): True, False or None (automatic)
         self.auto_dynamic = auto_dynamic or {}  # source -> dims that changed size in an earlier call
         self.opaque_inputs = opaque_inputs  # wrap every input as opaque: no guards, every use breaks

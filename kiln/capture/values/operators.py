@@ -23,6 +23,7 @@ from kiln.capture.values.containers import (
     from_constant,
     python_override,
 )
+from kiln.capture.values.items import COMPARISONS, ItemValue, compare_items
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
@@ -117,6 +118,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.dicts import DictValue
 
     args = [a.realize() for a in args]
+    if any(isinstance(a, ItemValue) for a in args):  # `t.item() <= n` under fullgraph=True
+        if fn in COMPARISONS and len(args) == 2:
+            return compare_items(state, fn, *args)
+        raise GraphBreak("tensor_to_python", f"Tensor.item() used with operator.{fn.__name__}")
     if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
         outcome = _compare_scalar_inputs(state, fn, *args)
         if outcome is not None:

@@ -86,6 +86,10 @@ class TensorValue(Value):
         raise GraphBreak("unsupported_object", f"tensor attribute {name!r}")
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if name == "item" and not args and not kwargs and state.captures_scalars:
+            from kiln.capture.values.items import item_of
+
+            return item_of(state, self)
         if name in DATA_READS:
             raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
         if name == "size" and not args and not kwargs:

@@ -30,7 +30,6 @@ import torch
 
 from kiln.capture.guards import HELPERS
 
-
 # The message of the graph-side check an `assert` on a tensor's value becomes (opcodes/control.py): the
 # graph raises RuntimeError with it, and the re-run raises eager's AssertionError.
 ASSERT_CHECK_MESSAGE = "kiln: an assert statement on a tensor's value failed (eager raises AssertionError)"

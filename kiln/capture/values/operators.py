@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
+from kiln.capture.sources import ArithmeticSource
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import (
@@ -104,6 +105,38 @@ def _compare_scalar_inputs(state, fn: Callable, a: Value, b: Value) -> Value | N
     return ConstantValue(outcome)
 
 
+# Integer arithmetic whose result is an int input's function: `n % 2` stays tied to `n` (`_scalar_arithmetic`).
+_INT_ARITHMETIC = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
+                   operator.mod: "%", operator.lshift: "<<", operator.rshift: ">>", operator.and_: "&",
+                   operator.or_: "|", operator.xor: "^"}
+
+
+def _scalar_arithmetic(state, fn: Callable, a: Value, b: Value) -> Value | None:
+    """`n % 2` for an int input `n` and an int literal: an int input of its own, whose source is the expression.
+
+    Where its value is then read (`x.sum(dim=n % 2)`), the guard is `(n % 2) == 1` rather than `n == 3`, so the
+    next `n` with the same remainder reuses the entry, as torch.compile's guard on its SymInt expression does.
+    None when the operands are anything else, or Python raises (they are then combined as usual)."""
+    scalar = a if isinstance(a, ScalarInputValue) else b
+    literal = b if scalar is a else a
+    if not (isinstance(scalar, ScalarInputValue) and type(scalar.value) is int and type(literal) is ConstantValue
+            and literal.source is None and type(literal.value) is int):
+        return None
+    try:
+        value = fn(a.value, b.value)
+    except Exception:
+        return None
+    symbol = _INT_ARITHMETIC[fn]
+    template = f"({{}} {symbol} {literal.value!r})" if scalar is a else f"({literal.value!r} {symbol} {{}})"
+    source = ArithmeticSource(scalar.source, template)
+    expr = state.source_expr(source)
+
+    def guard_value():
+        state.guards.add(Guard(GuardKind.EQUALS_MATCH, scalar.source, f"{expr} == {value!r}", repr(value), expr))
+
+    return ScalarInputValue(value, source, guard_value)
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -126,6 +159,10 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         outcome = _compare_scalar_inputs(state, fn, *args)
         if outcome is not None:
             return outcome
+    if fn in _INT_ARITHMETIC and len(args) == 2 and any(isinstance(a, ScalarInputValue) for a in args):
+        derived = _scalar_arithmetic(state, fn, *args)
+        if derived is not None:
+            return derived
     partner = next((a for a in args if isinstance(a, TensorValue)), None)
     if partner is not None:  # `x * n` for a number n made dynamic: n as a 0-d tensor input
         args = [_as_graph_tensor(a, partner) for a in args]

@@ -10,9 +10,11 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 
+import torch
+
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
-from kiln.capture.sources import ArithmeticSource
+from kiln.capture.sources import ArithmeticSource, LocalSource
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import (
@@ -133,8 +135,22 @@ def _scalar_arithmetic(state, fn: Callable, a: Value, b: Value) -> Value | None:
 
     def guard_value():
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, scalar.source, f"{expr} == {value!r}", repr(value), expr))
+        if isinstance(scalar.origin[0], LocalSource):  # the input changing then makes it dynamic, as `n` read itself
+            state.specialized_scalars.append(scalar.origin)
 
-    return ScalarInputValue(value, source, guard_value)
+    def as_tensor() -> Value:
+        """Where `n` is a graph input (automatic dynamic), `x * (10 - n)` computes `10 - n` in the graph,
+        in int64: the guard keeps the result in range, where Python's int would not overflow."""
+        state.guards.add(Guard(GuardKind.TYPE_MATCH, scalar.source, f"-{2**63} <= {expr} < {2**63}", "an int64",
+                               expr))
+        operands = [scalar.input_tensor(), literal] if scalar is a else [literal, scalar.input_tensor()]
+        return trace_op(state, "call_function", fn, operands, {})
+
+    as_tensor.dtype = torch.int64
+    dynamic = scalar.is_dynamic() and value in range(-2**63, 2**63)
+    derived = ScalarInputValue(value, source, guard_value, as_tensor=as_tensor if dynamic else None)
+    derived.origin = scalar.origin
+    return derived
 
 
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.

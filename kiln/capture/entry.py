@@ -428,6 +428,12 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise
             if ctx.fullgraph and not e.reason.boundary:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
+            if e.reason.id == "exception" and state.asked_compiling_at is not None and (
+                    state.asked_compiling_at < frame.current.index):
+                # the code before the raise took `is_compiling()`'s path (LongT5 leaves its mask None): resumed
+                # natively, it raises where eager does not. torch.compile runs such a frame eagerly as well
+                why = "after torch.compiler.is_compiling() chose the path to it"
+                raise _with_guards(_unresumable(e, why), state) from e
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
             # a boundary after the block resumes: the code after it is its own capture (a `with` around the

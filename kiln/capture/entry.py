@@ -27,7 +27,7 @@ import torch
 
 from kiln import compiled_autograd, fallbacks
 from kiln.capture import bytecode, routes, spellings, tensor_checks
-from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
+from kiln.capture.breaks import BreakInLoop, GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
@@ -174,6 +174,9 @@ class CompiledFrame:
         self.spec, self.ctx = spec, ctx
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
+        # set by a graph break inside a loop: from then on the frame is stepped through natively, its calls
+        # compiled (torch.compile skips such a frame for good too)
+        self.steps_natively = False
         self._warned_limit = False
         self.failures = 0  # captures that raised (see `_capture_failed`)
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
@@ -248,7 +251,7 @@ class CompiledFrame:
             if self.ctx.dynamic is None:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
-        opaque = self.spec.native
+        opaque = self.spec.native or self.steps_natively
         if len(self.entries) >= recompile_limit():
             if eager is not None:
                 self._warn_limit(reason)
@@ -332,9 +335,15 @@ class CompiledFrame:
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
         try:
-            result = capture(self.spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
+            spec = replace(self.spec, native=True) if self.steps_natively else self.spec  # continuations inherit it
+            result = capture(spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
         except (FullGraphError, BackendCompilerFailed, fallbacks.KilnStrictError):
             raise
+        except BreakInLoop as e:
+            log_breaks.info("%s", e.message())
+            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), warn_key=self.spec.function())
+            self.steps_natively = True
+            return self._capture(L, G, C, eager, True, reason)
         except Unresumable as e:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
@@ -445,6 +454,8 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
+            if not opaque and not e.reason.boundary and bytecode.loops_back_after(spec.code, frame.current.index):
+                raise _with_guards(BreakInLoop(e), state) from e
             break_at, reason = frame.current.index, e
             if e.reason.boundary:
                 log_breaks.debug("%s: %s", spec.describe(), e.message())

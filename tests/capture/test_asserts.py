@@ -118,6 +118,25 @@ def test_assert_check_raises_under_compiling_backends(backend):
         compiled(torch.rand(5) - 2)
 
 
+def sum_above(x):
+    assert x.sum() > -100, "sum too small"
+    return (x * 2).sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_assert_check_survives_the_training_partition(backend):
+    """With inputs requiring grad the graph is split into forward and backward: the check, which no
+    output reads, must stay in the forward (autograd/partition.py CHECK_OPS), not be dropped."""
+    compiled = kiln.compile(sum_above, backend=backend)
+    x = torch.randn(4, requires_grad=True)
+    y = x.detach().clone().requires_grad_()
+    sum_above(x).backward()
+    compiled(y).backward()
+    assert_same(x.grad, y.grad)
+    with pytest.raises(AssertionError, match="sum too small"):
+        compiled(torch.full((4,), -100.0, requires_grad=True))
+
+
 def test_assert_on_several_values_raises_what_eager_raises():
     """`assert t` with more than one value is ambiguous: eager raises RuntimeError, and so does kiln."""
     def several(x):

@@ -420,6 +420,12 @@ class CompiledFunction:
 # One capture: interpret, choose the break, write the program, compile the graph
 # ------------------------------------------------------------------------------------------
 
+# Breaks kiln resumes after inside a loop all the same: a call of a module whose hooks run natively around
+# its compiled forward (FSDP2's sharded blocks in the model's loop over them); stepping the loop natively
+# instead would leave the code around the calls uncompiled.
+RESUMED_IN_LOOPS = frozenset({"distributed_hooks"})
+
+
 def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool,
             auto_dynamic: dict | None = None):
     break_at, reason = None, None
@@ -454,7 +460,8 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
-            if not opaque and not e.reason.boundary and bytecode.loops_back_after(spec.code, frame.current.index):
+            if (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
+                    and bytecode.loops_back_after(spec.code, frame.current.index)):
                 raise _with_guards(BreakInLoop(e), state) from e
             break_at, reason = frame.current.index, e
             if e.reason.boundary:

@@ -9,9 +9,8 @@ from kiln.capture.opcodes.registry import Return, opcode
 from kiln.capture.rerun import ASSERT_CHECK_MESSAGE
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue
-from kiln.capture.values.items import ItemValue
 from kiln.capture.values.iterators import iterator_of
-from kiln.capture.values.tensor import TensorValue, trace_op
+from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
 
 @opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_ABSOLUTE", "JUMP")

@@ -26,9 +26,9 @@ from kiln.capture.values.containers import (
     from_constant,
     python_override,
 )
-from kiln.capture.values.items import COMPARISONS, ItemValue, compare_items
+from kiln.capture.values.items import COMPARISONS, compare_items
 from kiln.capture.values.symbolic import SymValue
-from kiln.capture.values.tensor import TensorValue, trace_op
+from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
 BINARY_OPS: dict[str, Callable] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,

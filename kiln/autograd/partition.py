@@ -144,6 +144,12 @@ class JointLayout:
     """Per primal, whether it requires grad (a parameter: held by its module, so free to save)."""
 
 
+# Ops that only check values and raise (an `assert` on a tensor's value): no output reads them, so the
+# partition keeps them in the forward by name.
+CHECK_OPS = frozenset((torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg,
+                       torch.ops.aten._assert_scalar.default))
+
+
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
               fused: Callable[[Any], bool] | None = None) -> Partition:
     """Split `joint` into forward and backward graphs (`strategy`: "min_cut" or "naive").
@@ -162,7 +168,7 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
         saved += [_size_node(joint, nodes.primals, symbol) for symbol in sorted(unbound, key=str)]
         backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
                             anchors=set(joint.graph.nodes) - nodes.forward_side_set)
-    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved)
+    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved, checks=nodes.forward_checks)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
     input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)}
@@ -227,6 +233,8 @@ class _JointNodes:
         required = ancestors(self.forward_outputs)
         for node in list(required):  # every value of a multi-output op the forward runs is available
             required.update(u for u in node.users if u.target is operator.getitem)
+        # checks (`assert` on a tensor's value) read forward values and give none: the forward runs them
+        self.forward_checks = [n for n in self.forward_side if n.op == "call_function" and n.target in CHECK_OPS]
         self.required_forward = required | {n for n in self.forward_side if n.op != "call_function"}
         self.backward_reads = {n for n in self.forward_side
                                if any(u in tangent_dependent for u in n.users)} | {
@@ -331,8 +339,9 @@ def ancestors(roots: list) -> set:
 
 
 def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
-             anchors: set | None = None) -> fx.GraphModule:
-    """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders).
+             anchors: set | None = None, checks: list = ()) -> fx.GraphModule:
+    """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders), and running
+    `checks` (ops giving no value, kept for their error).
 
     Nodes keep the joint graph's order, except that with `anchors` (the backward's own
     nodes) only anchors do: every other node (a forward op recomputed in the backward) is
@@ -344,7 +353,7 @@ def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
         ph = graph.placeholder(node.name)
         ph.meta = dict(node.meta)
         env[node] = ph
-    needed, stack = set(), [o for o in outputs if isinstance(o, fx.Node)]
+    needed, stack = set(), [o for o in [*outputs, *checks] if isinstance(o, fx.Node)]
     while stack:
         node = stack.pop()
         if node in env or node in needed:

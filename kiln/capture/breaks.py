@@ -122,3 +122,13 @@ def backward_boundary(e: GraphBreak) -> GraphBreak:
 
 class Unresumable(GraphBreak):
     """A break kiln cannot resume after; the frame runs natively (eagerly)."""
+
+
+class BreakInLoop(GraphBreak):
+    """A graph break inside a loop: the frame is stepped through natively, its calls compiled, as
+    torch.compile skips such a frame and compiles the functions it calls (see `entry.capture`)."""
+
+    def __init__(self, e: GraphBreak):
+        super().__init__(e.reason.id, f"{e.detail} (inside a loop, so the frame runs natively and compiles the "
+                         "functions it calls)")
+        self.location, self.callers = e.location, e.callers

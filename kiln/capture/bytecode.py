@@ -99,6 +99,26 @@ def instructions(code: types.CodeType) -> tuple[Instruction, ...]:
     return tuple(out)
 
 
+def loops_back_after(code: types.CodeType, index: int) -> bool:
+    """Whether a jump at or after instruction `index`, before the first return, goes back to it or before it:
+    the instruction may be inside a loop. torch.compile's heuristic (`maybe_has_backedge`), which kiln follows
+    so that it skips the frames torch.compile skips; a break at the loop's own `FOR_ITER` (an iterator from
+    outside the graph) counts too, as torch.compile steps such an iterator without a break."""
+    for ins in instructions(code)[index:]:
+        if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
+            return False
+        if ins.target is not None and ins.target <= index:
+            return True
+    return False
+
+
+def is_assert_jump(instrs: tuple[Instruction, ...], ins: Instruction) -> bool:
+    """Whether `ins` is the jump of an `assert` statement: past it when true, else on to raise AssertionError
+    (3.11 and 3.12 alike: `POP_JUMP_IF_TRUE` then `LOAD_ASSERTION_ERROR`, the message, `RAISE_VARARGS`)."""
+    return (ins.opname == "POP_JUMP_IF_TRUE" and ins.index + 1 < len(instrs)
+            and instrs[ins.index + 1].opname == "LOAD_ASSERTION_ERROR")
+
+
 @dataclass(frozen=True)
 class HandlerRange:
     """An exception-table entry: instructions [start, end) are protected by `target`."""

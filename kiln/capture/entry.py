@@ -28,14 +28,14 @@ import torch
 
 from kiln import compiled_autograd, fallbacks
 from kiln.capture import bytecode, routes, spellings, tensor_checks
-from kiln.capture.breaks import GraphBreak, Unresumable, backward_boundary
+from kiln.capture.breaks import BreakInLoop, GraphBreak, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
-from kiln.capture.rerun import GraphRaised, restore_rng_state
+from kiln.capture.rerun import GraphRaised, eager_error_type, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.values.base import NULL
@@ -181,6 +181,9 @@ class CompiledFrame:
         self.spec, self.ctx = spec, ctx
         self.entries: list[CacheEntry] = []
         self.run_eagerly = False  # set when the frame cannot be captured; function entries only
+        # set by a graph break inside a loop: from then on the frame is stepped through natively, its calls
+        # compiled (torch.compile skips such a frame for good too)
+        self.steps_natively = False
         self._warned_limit = False
         self.failures = 0  # captures that raised (see `_capture_failed`)
         self.auto_dynamic: dict = {}  # source -> dims whose size changed between calls (dynamic=None)
@@ -233,7 +236,7 @@ class CompiledFrame:
         try:
             result = eager()
         except Exception as eager_error:
-            if type(eager_error) is not type(error):
+            if type(eager_error) is not eager_error_type(error):
                 self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
             raise
         self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
@@ -265,7 +268,7 @@ class CompiledFrame:
             if self.ctx.dynamic is None:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
-        opaque = self.spec.native
+        opaque = self.spec.native or self.steps_natively
         if len(self.entries) >= recompile_limit():
             if eager is not None:
                 self._warn_limit(reason)
@@ -349,9 +352,15 @@ class CompiledFrame:
     def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
         start = time.perf_counter()
         try:
-            result = capture(self.spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
+            spec = replace(self.spec, native=True) if self.steps_natively else self.spec  # continuations inherit it
+            result = capture(spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
         except (FullGraphError, BackendCompilerFailed, fallbacks.KilnStrictError):
             raise
+        except BreakInLoop as e:
+            log_breaks.info("%s", e.message())
+            fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), warn_key=self.spec.function())
+            self.steps_natively = True
+            return self._capture(L, G, C, eager, True, reason)
         except Unresumable as e:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
@@ -428,11 +437,18 @@ class CompiledFunction:
 # One capture: interpret, choose the break, write the program, compile the graph
 # ------------------------------------------------------------------------------------------
 
+# Breaks kiln resumes after inside a loop all the same: a call of a module whose hooks run natively around
+# its compiled forward (FSDP2's sharded blocks in the model's loop over them); stepping the loop natively
+# instead would leave the code around the calls uncompiled.
+RESUMED_IN_LOOPS = frozenset({"distributed_hooks"})
+
+
 def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool,
             auto_dynamic: dict | None = None):
     break_at, reason = None, None
     while True:
-        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic)
+        state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic,
+                             captures_scalars=ctx.fullgraph)
         frame = _root_frame(state, spec, L, C)
         try:
             return _interpret_and_finish(state, spec, ctx, frame, reason)
@@ -444,6 +460,12 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise
             if ctx.fullgraph and not e.reason.boundary:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
+            if e.reason.id == "exception" and state.asked_compiling_at is not None and (
+                    state.asked_compiling_at < frame.current.index):
+                # the code before the raise took `is_compiling()`'s path (LongT5 leaves its mask None): resumed
+                # natively, it raises where eager does not. torch.compile runs such a frame eagerly as well
+                why = "after torch.compiler.is_compiling() chose the path to it"
+                raise _with_guards(_unresumable(e, why), state) from e
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
             # a boundary after the block resumes: the code after it is its own capture (a `with` around the
@@ -455,6 +477,9 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
+            if (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
+                    and bytecode.loops_back_after(spec.code, frame.current.index)):
+                raise _with_guards(BreakInLoop(e), state) from e
             break_at, reason = frame.current.index, e
             if e.reason.boundary:
                 log_breaks.debug("%s: %s", spec.describe(), e.message())

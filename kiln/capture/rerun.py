@@ -30,6 +30,17 @@ import torch
 
 from kiln.capture.guards import HELPERS
 
+# The message of the graph-side check an `assert` on a tensor's value becomes (opcodes/control.py): the
+# graph raises RuntimeError with it, and the re-run raises eager's AssertionError.
+ASSERT_CHECK_MESSAGE = "kiln: an assert statement on a tensor's value failed (eager raises AssertionError)"
+
+
+def eager_error_type(error: Exception) -> type:
+    """The exception type eager raises where the graph raised `error`."""
+    if isinstance(error, RuntimeError) and ASSERT_CHECK_MESSAGE in str(error):
+        return AssertionError
+    return type(error)
+
 
 class GraphRaised(Exception):
     """The graph of an output program raised `error` (caught by the frame that ran the program).

@@ -129,6 +129,24 @@ class ScalarTensorSource(Source):
         return f"{self.base.name()}_tensor"
 
 
+@dataclass(frozen=True)
+class ArithmeticSource(Source):
+    """An int computed from an int input and a literal (`L['n'] % 2`): a value read as a dim or a size is
+    guarded as this expression, so the input itself may change as long as the expression keeps its value."""
+
+    base: Source
+    template: str  # the expression with `{}` where the base goes: "({} % 2)", "(3 - {})"
+
+    def expr(self) -> str:
+        return self.expr_from(self.base.expr())
+
+    def expr_from(self, base: str, fast: bool = True) -> str:
+        return self.template.format(base)
+
+    def name(self) -> str:
+        return f"{self.base.name()}_expr"
+
+
 def fast_expr(source: Source) -> str:
     """`source.expr()` with module entries read from their dicts all along the chain (for hot paths)."""
     base = getattr(source, "base", None)

@@ -28,13 +28,17 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import ConstantSource, GlobalSource, ItemSource, Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.builtins import HANDLERS, call_builtin
+from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.objects import object_value
 
 
 class CaptureState:
     def __init__(self, L: dict, G: dict, C: tuple, break_at: int | None = None, opaque_inputs: bool = False,
-                 dynamic: bool | None = None, auto_dynamic: dict | None = None):
+                 dynamic: bool | None = None, auto_dynamic: dict | None = None, captures_scalars: bool = False):
         self.L, self.G, self.C = L, G, C
+        # `t.item()` stays in the graph (values/items.py): torch.compile does so under fullgraph=True only
+        self.captures_scalars = captures_scalars
+        self.asked_compiling_at: int | None = None  # the root frame's first instruction that asked is_compiling()
         self.dynamic = dynamic  # kiln.compile(dynamic=...): True, False or None (automatic)
         self.auto_dynamic = auto_dynamic or {}  # source -> dims that changed size in an earlier call
         self.opaque_inputs = opaque_inputs  # wrap every input as opaque: no guards, every use breaks
@@ -110,6 +114,16 @@ class CaptureState:
     def guard_hasattr(self, source: Source | None, name: str, present: bool) -> None:
         """Capture relied on `hasattr(obj, name)` being `present` (builder.guard_hasattr)."""
         builder.guard_hasattr(self, source, name, present)
+
+    def answer_is_compiling(self) -> Value:
+        """`torch.compiler.is_compiling()` (transformers' `is_torchdynamo_compiling()`): True, as under
+        torch.compile. Where in the root frame it was asked is kept: code before a break that took the
+        compiling path must not be resumed by native code that raises (see `entry.capture`)."""
+        root = self.frames[0].current if self.frames else None
+        index = root.index if root is not None else 0
+        if self.asked_compiling_at is None or index < self.asked_compiling_at:
+            self.asked_compiling_at = index
+        return ConstantValue(True)
 
     def models(self, fn: Any) -> bool:
         """Whether kiln models calls of `fn` (values/builtins.py) rather than inlining or breaking."""

@@ -5,7 +5,7 @@ recompiles; dynamic=True and dynamic=False; and the same through the autograd st
 import pytest
 import torch
 
-from .reference import Table, check, gap, globals_state, t
+from .reference import Table, check, globals_state, t
 
 torch.manual_seed(0)
 cases = Table()
@@ -159,11 +159,31 @@ def float_argument_in_tensor_arithmetic_keeps_dtypes(x, s):
     return x * s + s, s - x, x / s
 
 
-@cases((t(3, 4), 2), (t(3, 4), 3), (t(3, 4), 1),
-       marks=gap("an int argument read as a Python value (a dim, a size) is specialized per value; torch.compile "
-                 "makes it a SymInt and guards n % 2"))
+# An int read as a dim or a size through arithmetic is guarded as that expression (`(n % 2) == 1`), as
+# torch.compile guards its SymInt expression: the next n with the same remainder reuses the graph.
+@cases((t(3, 4), 2), (t(3, 4), 3), (t(3, 4), 1))
 def int_argument_as_a_dim_is_specialized(x, n):
     return x.sum(dim=n % 2) * n
+
+
+@cases((t(3, 4), 0), (t(3, 4), 1), (t(3, 4), 0), (t(3, 4), -1))
+def int_argument_as_a_dim_directly(x, n):
+    return x.sum(dim=n)
+
+
+@cases((t(3, 4), 1), (t(3, 4), 2), (t(3, 4), 1))
+def int_argument_offset_as_a_dim(x, n):
+    return x.softmax(dim=n - 1) + n
+
+
+@cases((t(4), 4), (t(4), 5), (t(4), 7))
+def int_argument_halved_as_a_size(x, n):
+    return x.new_zeros(n // 2).sum() + x * (n // 2)
+
+
+@cases((t(3, 4), 3), (t(3, 4), 5), (t(3, 4), 4))
+def int_argument_reflected_expression(x, n):
+    return x.sum(dim=1 - n % 2), 10 - n
 
 
 @cases((t(4), 0.5), (t(4), 1.5))

@@ -1,11 +1,16 @@
 """Jumps, branches, loops and raise."""
 from __future__ import annotations
 
+import torch
+
+from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.registry import Return, opcode
+from kiln.capture.rerun import ASSERT_CHECK_MESSAGE
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue
 from kiln.capture.values.iterators import iterator_of
+from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
 
 @opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_ABSOLUTE", "JUMP")
@@ -25,8 +30,27 @@ def pop_jump_if_false(frame, ins):
     frame.pop()
 
 
+def _checked_in_graph(frame, ins) -> bool:
+    """`assert cond[, msg]` on a one-element tensor (or on `t.item()`, values/items.py): a graph-side
+    `torch._assert_async(cond)` instead of a branch, as torch.compile does. When it fails, the graph
+    raises and the frame is re-run eagerly (capture/rerun.py), so the user gets eager's AssertionError
+    with its message. Any other branch on a tensor's value stays a graph break."""
+    if not bytecode.is_assert_jump(frame.instructions, ins):
+        return False
+    value = frame.peek().realize()
+    tensor = value.tensor if isinstance(value, ItemValue) else value
+    if not isinstance(tensor, TensorValue) or not isinstance(tensor.fake.numel(), int) or tensor.fake.numel() != 1:
+        return False  # several values: `assert t` raises in eager, so let eager raise it
+    trace_op(frame.state, "call_function", torch._assert_async, [tensor, ConstantValue(ASSERT_CHECK_MESSAGE)], {})
+    frame.pop()
+    frame.jump(ins.target)
+    return True
+
+
 @opcode("POP_JUMP_IF_TRUE")
 def pop_jump_if_true(frame, ins):
+    if _checked_in_graph(frame, ins):
+        return
     if frame.peek().truth(frame.state):
         frame.jump(ins.target)
     frame.pop()

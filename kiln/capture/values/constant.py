@@ -110,6 +110,7 @@ class ScalarInputValue(ConstantValue):
 
     def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None):
         super().__init__(value, source)
+        self.origin = (source, value)  # the input itself, for a number computed from it (`n % 2`)
         self._guard_value = guard_value
         self._as_tensor, self._tensor = as_tensor, None
 
@@ -119,6 +120,14 @@ class ScalarInputValue(ConstantValue):
         against a floating-point tensor); None where its value is specialized."""
         if self._as_tensor is None or (self._as_tensor.dtype.is_floating_point and not partner.is_floating_point()):
             return None
+        return self.input_tensor()
+
+    def is_dynamic(self) -> bool:
+        """Whether automatic dynamic made this number a graph input where it meets a tensor."""
+        return self._as_tensor is not None
+
+    def input_tensor(self) -> Value:
+        """This number as the graph's 0-d tensor input (only where `is_dynamic`), made once."""
         if self._tensor is None:
             self._tensor = self._as_tensor()
         return self._tensor

@@ -107,7 +107,7 @@ class FunctionValue(CallableValue):
 
     def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
         if self.real is not None and spellings.asks_is_compiling(self.real):
-            return ConstantValue(True)
+            return state.answer_is_compiling()
         if self.real is not None and spellings.is_graph_break(self.real):
             raise GraphBreak("explicit", f"{self.real.__module__}.graph_break()")
         if self.real is not None and spellings.is_disabled(self.real):

@@ -642,9 +642,14 @@ class RecordedObjectValue(Value):
         raise raise_python(AttributeError, f"{self.cls.__name__!r} object has no attribute {name!r}")
 
     def setattr(self, state, name: str, value: Value) -> None:
-        if name not in self.order or _is_none(value):  # an attribute outside the dict: not modelled
+        """`out.field = v`: ModelOutput's `__setattr__` stores a field that is not None as a key too (a new one
+        at the end of the order: `text_outputs.pooler_output = proj(...)` where the model had no pooler)."""
+        adds_key = name in self.fields and _stores_fields_as_keys(self.cls)
+        if _is_none(value) or not (name in self.order or adds_key):  # an attribute outside the dict: not modelled
             raise GraphBreak("unsupported_object", f"setting {self.cls.__name__}.{name} outside its keys")
         self.fields[name] = value
+        if name not in self.order:
+            self.order.append(name)
 
     def setitem(self, state, key: Value, value: Value) -> None:
         k = key.as_constant()
@@ -685,6 +690,11 @@ class RecordedObjectValue(Value):
             return f"{writer.constant(self.cls)}({init})"
         stores = ", ".join(f"({k!r}, {writer.value(self.fields[k])})" for k in later)
         return f"{writer.constant(rebuild_output)}({writer.constant(self.cls)}({init}), [{stores}])"
+
+
+def _stores_fields_as_keys(cls: type) -> bool:
+    """Whether `cls.__setattr__` is transformers' ModelOutput's, which sets a field's key with its attribute."""
+    return getattr(cls.__setattr__, "__qualname__", "") == "ModelOutput.__setattr__"
 
 
 def rebuild_output(obj: Any, stores: list) -> Any:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 
+import torch
+
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
+from kiln.capture.sources import ArithmeticSource, LocalSource
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import (
@@ -24,8 +27,9 @@ from kiln.capture.values.containers import (
     python_override,
 )
 from kiln.capture.values.exceptions import python_error
+from kiln.capture.values.items import COMPARISONS, compare_items
 from kiln.capture.values.symbolic import SymValue
-from kiln.capture.values.tensor import TensorValue, trace_op
+from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
 BINARY_OPS: dict[str, Callable] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -104,6 +108,52 @@ def _compare_scalar_inputs(state, fn: Callable, a: Value, b: Value) -> Value | N
     return ConstantValue(outcome)
 
 
+# Integer arithmetic whose result is an int input's function: `n % 2` stays tied to `n` (`_scalar_arithmetic`).
+_INT_ARITHMETIC = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
+                   operator.mod: "%", operator.lshift: "<<", operator.rshift: ">>", operator.and_: "&",
+                   operator.or_: "|", operator.xor: "^"}
+
+
+def _scalar_arithmetic(state, fn: Callable, a: Value, b: Value) -> Value | None:
+    """`n % 2` for an int input `n` and an int literal: an int input of its own, whose source is the expression.
+
+    Where its value is then read (`x.sum(dim=n % 2)`), the guard is `(n % 2) == 1` rather than `n == 3`, so the
+    next `n` with the same remainder reuses the entry, as torch.compile's guard on its SymInt expression does.
+    None when the operands are anything else, or Python raises (they are then combined as usual)."""
+    scalar = a if isinstance(a, ScalarInputValue) else b
+    literal = b if scalar is a else a
+    if not (isinstance(scalar, ScalarInputValue) and type(scalar.value) is int and type(literal) is ConstantValue
+            and literal.source is None and type(literal.value) is int):
+        return None
+    try:
+        value = fn(a.value, b.value)
+    except Exception:
+        return None
+    symbol = _INT_ARITHMETIC[fn]
+    template = f"({{}} {symbol} {literal.value!r})" if scalar is a else f"({literal.value!r} {symbol} {{}})"
+    source = ArithmeticSource(scalar.source, template)
+    expr = state.source_expr(source)
+
+    def guard_value():
+        state.guards.add(Guard(GuardKind.EQUALS_MATCH, scalar.source, f"{expr} == {value!r}", repr(value), expr))
+        if isinstance(scalar.origin[0], LocalSource):  # the input changing then makes it dynamic, as `n` read itself
+            state.specialized_scalars.append(scalar.origin)
+
+    def as_tensor() -> Value:
+        """Where `n` is a graph input (automatic dynamic), `x * (10 - n)` computes `10 - n` in the graph,
+        in int64: the guard keeps the result in range, where Python's int would not overflow."""
+        state.guards.add(Guard(GuardKind.TYPE_MATCH, scalar.source, f"-{2**63} <= {expr} < {2**63}", "an int64",
+                               expr))
+        operands = [scalar.input_tensor(), literal] if scalar is a else [literal, scalar.input_tensor()]
+        return trace_op(state, "call_function", fn, operands, {})
+
+    as_tensor.dtype = torch.int64
+    dynamic = scalar.is_dynamic() and value in range(-2**63, 2**63)
+    derived = ScalarInputValue(value, source, guard_value, as_tensor=as_tensor if dynamic else None)
+    derived.origin = scalar.origin
+    return derived
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -118,10 +168,18 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     from kiln.capture.values.dicts import DictValue
 
     args = [a.realize() for a in args]
+    if any(isinstance(a, ItemValue) for a in args):  # `t.item() <= n` under fullgraph=True
+        if fn in COMPARISONS and len(args) == 2:
+            return compare_items(state, fn, *args)
+        raise GraphBreak("tensor_to_python", f"Tensor.item() used with operator.{fn.__name__}")
     if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
         outcome = _compare_scalar_inputs(state, fn, *args)
         if outcome is not None:
             return outcome
+    if fn in _INT_ARITHMETIC and len(args) == 2 and any(isinstance(a, ScalarInputValue) for a in args):
+        derived = _scalar_arithmetic(state, fn, *args)
+        if derived is not None:
+            return derived
     partner = next((a for a in args if isinstance(a, TensorValue)), None)
     if partner is not None:  # `x * n` for a number n made dynamic: n as a 0-d tensor input
         args = [_as_graph_tensor(a, partner) for a in args]

@@ -1,4 +1,5 @@
-"""Pure-Python versions of C helpers from `itertools` and `operator`, which capture inlines like user code.
+"""Pure-Python versions of C helpers from `itertools` and `operator`, and of torch functions capture cannot
+step into (`associative_scan`), which capture inlines like user code.
 
 kiln cannot step into a C function, and modelling each one as a tracker is a class per helper; these are
 the equivalents CPython's documentation gives, so the traced behaviour is Python's own: lazy where the
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import operator
+
+import torch
+from torch._higher_order_ops.associative_scan import associative_scan as torch_associative_scan
 
 
 def accumulate(iterable, func=None, *, initial=None):
@@ -124,7 +128,69 @@ def methodcaller(name, /, *args, **kwargs):
     return call_method
 
 
+def associative_scan(combine_fn, xs, dim, reverse=False, combine_mode="pointwise"):
+    """torch's `associative_scan` as the scan it computes: element i of the result is `combine_fn` folded
+    over elements 0..i (i..n-1 when `reverse`) along `dim`, each element a slice without `dim`.
+
+    Eager runs it (combine_mode="generic") as a tree of `torch.vmap`ped calls, which capture cannot step
+    into; torch.compile traces it as one graph (Mamba's selective scan). This is the same fold, one
+    `combine_fn` call per element in order: the tree regroups the calls, which `combine_fn` being
+    associative (the function's contract) makes the same result, up to the rounding of the regrouping.
+    """
+    leaves = _scan_leaves(xs)
+    _check_scan_inputs(combine_fn, leaves, dim, reverse, combine_mode)
+    length = leaves[0].shape[dim]
+    results = [None] * length
+    carry = None
+    for i in (range(length - 1, -1, -1) if reverse else range(length)):
+        element = _scan_tree(xs, iter([leaf.select(dim, i) for leaf in leaves]))
+        carry = element if carry is None else combine_fn(carry, element)
+        results[i] = _scan_leaves(carry)
+    dim = dim % leaves[0].ndim
+    return _scan_tree(xs, iter([torch.stack([r[k] for r in results], dim) for k in range(len(leaves))]))
+
+
+def _scan_leaves(tree):
+    """The tensors of a tuple, list or dict tree, in pytree's order."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _scan_leaves(item)]
+    if isinstance(tree, dict):
+        return [leaf for key in tree for leaf in _scan_leaves(tree[key])]
+    return [tree]
+
+
+def _scan_tree(like, leaves):
+    """`like`'s tree structure (a namedtuple too) holding the next tensors of the iterator `leaves`."""
+    if isinstance(like, (tuple, list)):
+        items = [_scan_tree(item, leaves) for item in like]
+        return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
+    if isinstance(like, dict):
+        return {key: _scan_tree(like[key], leaves) for key in like}
+    return next(leaves)
+
+
+def _check_scan_inputs(combine_fn, leaves, dim, reverse, combine_mode):
+    """The errors eager's `associative_scan` raises for its arguments, in its order."""
+    if not callable(combine_fn):
+        raise ValueError(f"Combine_fn must be a callable, but got {combine_fn}")
+    if not isinstance(dim, int):
+        raise ValueError("Dim must be an int, but got " + str(type(dim)))
+    if not isinstance(reverse, bool):
+        raise RuntimeError("Reverse must be a bool, but got " + str(type(reverse)))
+    if combine_mode not in ("pointwise", "generic"):
+        raise ValueError(f"Combine_mode must either 'pointwise' or 'generic', but got {combine_mode}")
+    if combine_mode == "pointwise" and not all(leaf.device.type in ("cuda", "xpu") for leaf in leaves):
+        raise ValueError("For combine_mode='pointwise', all input tensors need to be on CUDA or XPU")
+    if not leaves:
+        raise ValueError("Expected at least 1 xs leaf")
+    if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        raise ValueError("xs leaves must be a Tensor")
+    if any(leaf.ndim <= dim or leaf.shape[dim] == 0 for leaf in leaves):
+        raise ValueError("All xs leaves must at least have 'dim' number of dimensions and scan dimension > 0")
+
+
 POLYFILLS = {
+    torch_associative_scan: associative_scan,
     itertools.accumulate: accumulate,
     itertools.zip_longest: zip_longest,
     itertools.groupby: groupby,

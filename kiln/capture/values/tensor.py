@@ -86,6 +86,8 @@ class TensorValue(Value):
         raise GraphBreak("unsupported_object", f"tensor attribute {name!r}")
 
     def call_method(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if name == "item" and not args and not kwargs and state.captures_scalars:
+            return item_of(state, self)
         if name in DATA_READS:
             raise GraphBreak(DATA_READS[name], f"Tensor.{name}()")
         if name == "size" and not args and not kwargs:
@@ -182,6 +184,44 @@ class TensorMethodValue(Value):
 
     def __repr__(self) -> str:
         return f"TensorMethod({self.name})"
+
+
+# The dtype that holds `.item()` of a tensor exactly, and the Python type `.item()` returns.
+_FLOAT, _INT, _BOOL = (torch.float64, float), (torch.int64, int), (torch.bool, bool)
+
+
+class ItemValue(Value):
+    """The Python number `t.item()` would give, held as the 0-d graph tensor `tensor` (of a dtype holding it
+    exactly); `kind` is its Python type."""
+
+    def __init__(self, tensor: TensorValue, kind: type):
+        self.tensor, self.kind = tensor, kind
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def as_constant(self):
+        raise GraphBreak("tensor_to_python", "Tensor.item() read as a Python number")
+
+    def truth(self, state) -> bool:
+        raise GraphBreak("data_dependent_branch", "a Python branch on the value of Tensor.item()")
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.tensor)}.item()"
+
+    def __repr__(self) -> str:
+        return f"Item({self.kind.__name__} of {self.tensor})"
+
+
+def item_of(state, tensor: TensorValue) -> Value:
+    """`tensor.item()` kept in the graph; a break where `.item()` raises in eager or gives a complex number."""
+    fake = tensor.fake
+    if fake.is_complex() or not isinstance(fake.numel(), int) or fake.numel() != 1:
+        raise GraphBreak("tensor_to_python", "Tensor.item()")
+    dtype, kind = _BOOL if fake.dtype == torch.bool else _FLOAT if fake.is_floating_point() else _INT
+    exact = trace_op(state, "call_method", "to", [tensor, ConstantValue(dtype)], {})
+    return ItemValue(trace_op(state, "call_method", "reshape", [exact, ConstantValue(())], {}), kind)
+
 
 
 # ------------------------------------------------------------------------------------------

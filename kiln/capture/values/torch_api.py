@@ -66,7 +66,7 @@ class TorchFunctionValue(CallableValue):
         if spellings.is_disabled(fn):
             raise GraphBreak("disabled", f"{getattr(fn, '__name__', fn)} is disabled by torch.compiler.disable")
         if spellings.asks_is_compiling(fn):
-            return ConstantValue(True)
+            return state.answer_is_compiling()
         if state.models(fn):
             return state.call_builtin(fn, args, kwargs)
         if fn in WORLD_QUERIES:

@@ -1,0 +1,95 @@
+"""A graph break inside a loop: the frame is stepped through natively and the functions it calls are compiled.
+
+torch.compile does not resume inside a loop: a break with a jump back ahead of it skips the frame (it runs
+eagerly, and the functions it calls are compiled as frames of their own). kiln does the same
+(`bytecode.loops_back_after`, `entry.BreakInLoop`) rather than making a graph per iteration. Each case
+compares with eager and kiln's graph count with torch.compile's, measured here.
+"""
+import pytest
+import torch
+
+import kiln
+from support.capture import CountingBackend, assert_same
+
+
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, gm, example_inputs):
+        self.count += 1
+        return gm.forward
+
+
+def explicit_break_in_loop(xs):
+    out = 0
+    for x in xs:
+        out = out + x.sin()
+        torch._dynamo.graph_break()
+        out = out * 2
+    return out
+
+
+def data_dependent_size_in_comprehension(xs):
+    return [torch.nonzero(x).sum() * 2 + x.cos().sum() for x in xs]
+
+
+def branch_on_value_in_enumerate_zip(a, b):
+    out = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.sum() > 0:
+            out.append(x * y + i)
+        else:
+            out.append(x - y)
+    return out
+
+
+def _helper(x):
+    return x.relu() * 3 + 1
+
+
+def loop_calling_a_compiled_helper(xs):
+    total = xs[0] * 0
+    for x in xs:
+        total = total + _helper(x)
+        if total.sum() > 100:  # a break in the loop: the helper is still compiled, on its own
+            break
+    return total
+
+
+def break_after_the_loop(xs):
+    total = sum(x.exp() for x in xs)
+    print("done")
+    return total.log()
+
+
+CASES = {
+    "explicit_break_in_loop": (explicit_break_in_loop, ([torch.randn(3) for _ in range(4)],)),
+    "data_dependent_size_in_comprehension": (data_dependent_size_in_comprehension,
+                                             ([torch.randn(3) for _ in range(4)],)),
+    "branch_on_value_in_enumerate_zip": (branch_on_value_in_enumerate_zip, (torch.randn(4, 3), torch.randn(4, 3))),
+    "loop_calling_a_compiled_helper": (loop_calling_a_compiled_helper, ([torch.randn(3) for _ in range(3)],)),
+    "break_after_the_loop": (break_after_the_loop, ([torch.randn(3) for _ in range(3)],)),
+}
+
+
+@pytest.mark.allows_fallback("graph_break: breaks torch.compile takes too (data-dependent values, print)")
+@pytest.mark.parametrize("name", CASES)
+def test_break_in_loop_gives_torch_compiles_graph_count(name):
+    fn, args = CASES[name]
+    torch._dynamo.reset()
+    counter = Counter()
+    torch.compile(fn, backend=counter)(*args)
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(2):
+        assert_same(fn(*args), compiled(*args))
+    assert backend.graphs <= counter.count
+
+
+def test_helper_called_from_a_natively_stepped_loop_is_compiled():
+    xs = [torch.randn(3) for _ in range(3)]
+    backend = CountingBackend()
+    compiled = kiln.compile(loop_calling_a_compiled_helper, backend=backend)
+    assert_same(loop_calling_a_compiled_helper(xs), compiled(xs))
+    assert backend.graphs >= 1  # the helper's graph

@@ -68,6 +68,8 @@ FUNCTION_LEVEL = {
         _CYCLE + "a dict key that is no literal is an object tracker; objects are built from containers",
     ("kiln.capture.values.tensor", "kiln.capture.values.dicts"):
         _CYCLE + "a dict of tensors passed to an op lowers item by item; dicts hold tensors",
+    ("kiln.capture.values.functions", "kiln.capture.values.dicts"):
+        _CYCLE + "a made function's `__annotations__` is a dict; dicts' methods are functions",
     ("kiln.capture.values.operators", "kiln.capture.values.dicts"):
         _CYCLE + "`==`, `|` and `in` on dicts; dicts compare their keys and values with operators",
     ("kiln.capture.values.torch_api", "kiln.capture.values.objects"):

@@ -717,7 +717,7 @@ def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | No
     if ___frame_globals is not None and not kwargs:
         if fn is builtins.globals and not args:
             return ___frame_globals
-        if fn in _FRAME_READERS and len(args) == 1:
+        if any(fn is reader for reader in _FRAME_READERS) and len(args) == 1:  # `is`: `in` would run fn's __eq__
             return fn(args[0], ___frame_globals)
     if spellings.is_disabled(fn):
         return fn(*args, **kwargs)

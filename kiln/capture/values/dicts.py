@@ -19,6 +19,7 @@ from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import TupleValue, _key, _key_value, method_of, python_override
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import BoundMethodValue, MethodValue
+from kiln.capture.values.iterators import iterator_of
 from kiln.capture.values.operators import apply_operator, identical
 
 
@@ -319,8 +320,6 @@ def update_pairs(state, other: Value) -> list[tuple[Any, Value]]:
     if isinstance(other, DictValue):
         return other.pairs(state)
     if hasattr(other.python_type(), "keys"):  # a mapping (ChainMap, a user Mapping): other[k] for k in keys()
-        from kiln.capture.values.iterators import iterator_of
-
         keys = iterator_of(state, other.getattr(state, "keys").call(state, [], {})).unpack(state)
         return [(_key(state, k), other.getitem(state, k)) for k in keys]
     pairs = []

@@ -11,7 +11,9 @@ here in their usual form at toy sizes:
 - `ConvNeXtBlock`: a ConvNeXt stage (7x7 depthwise convolution, channels-last LayerNorm via permutes,
   pointwise MLP as linears, layer scale, residual), with a stem and a downsampling layer;
 - `ResNet`: a ResNet-18-style network (basic blocks with batch norm, ReLU, a strided shortcut, max and average
-  pooling).
+  pooling);
+- `MobileNetV2`: torchvision's MobileNetV2 at toy width (inverted residuals: 1x1 expansion, depthwise 3x3 of
+  stride 1 or 2, linear 1x1 projection, each with batch norm, ReLU6 between, residual where shapes allow).
 
 `MODELS[name](train)` -> (module, inputs): CPU tensors; tests choose where the values come from.
 """
@@ -248,6 +250,42 @@ class ResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, relu6: bool = True) -> nn.Sequential:
+    """torchvision's Conv2dNormActivation: conv without bias, batch norm, ReLU6 (none after a projection)."""
+    layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, nn.ReLU6()) if relu6 else nn.Sequential(*layers)
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        self.residual = stride == 1 and cin == cout
+        self.block = nn.Sequential(conv_bn(cin, hidden, 1), conv_bn(hidden, hidden, 3, stride, groups=hidden),
+                                   conv_bn(hidden, cout, 1, relu6=False))
+
+    def forward(self, x):
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class MobileNetV2(nn.Module):
+    # (expansion, channels, blocks, first stride), torchvision's table at toy width and depth
+    SETTINGS = ((1, 8, 1, 1), (6, 12, 2, 2), (6, 16, 2, 2))
+
+    def __init__(self, stem: int = 8, last: int = 32):
+        super().__init__()
+        layers, cin = [conv_bn(3, stem, 3, 2)], stem
+        for expand, cout, blocks, stride in self.SETTINGS:
+            for i in range(blocks):
+                layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
+                cin = cout
+        self.features = nn.Sequential(*layers, conv_bn(cin, last, 1))
+        self.classifier = nn.Linear(last, CLASSES)
+
+    def forward(self, images):
+        return self.classifier(F.adaptive_avg_pool2d(self.features(images), 1).flatten(1))
+
+
 _HF_DECODER = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
                    vocab_size=VOCAB, max_position_embeddings=64)
 
@@ -262,4 +300,5 @@ MODELS = {
     "swin": _vision(Swin),
     "convnext": _vision(ConvNeXt),
     "resnet": _vision(ResNet),
+    "mobilenet_v2": _vision(MobileNetV2),
 }

@@ -12,7 +12,8 @@ the model computes its loss, and backward) a case runs:
   fullgraph=True wherever torch does, and compute what eager computes (the counting backend runs each graph as
   captured, so a difference is a capture bug). kiln runs with KILN_STRICT=0 here: a frame kiln fails to capture
   runs eagerly, contributes no graph and is reported (`kiln_fallbacks`) so that it cannot pass for fewer graphs.
-- default: kiln's default backend (C++ code generation) against eager: outputs, loss and parameter gradients.
+- default: kiln's default backend (C++ code generation) against eager: outputs, loss and parameter gradients;
+  a difference is checked against a float64 eager run and dropped where float32 rounding explains it.
 Results go to a JSON-lines file, one object per (architecture, mode); an existing file is resumed.
 """
 from __future__ import annotations
@@ -37,6 +38,9 @@ from support.time_limit import time_limit  # noqa: E402
 MODES = ("inference", "training")
 CHECKS = ("capture", "default")
 ATOL, RTOL = 1e-4, 1e-3  # the default backend's fused reductions sum in another order than eager's
+# a difference from eager that float32 rounding explains (see `beyond_rounding`): kiln no further from the
+# float64 result than this share of the tensor's largest value, or this many times eager's own error
+ROUNDING, EAGER_FACTOR = 2e-3, 10.0
 
 
 @dataclass
@@ -195,10 +199,48 @@ def run_default(name: str, mode: str, result: CaseResult, expected) -> None:
     model = build(name, mode)
     compiled = kiln.compile(model)
     try:
-        wrong = differences(step(compiled, model, inputs(name, model, mode), mode), expected)
+        actual = step(compiled, model, inputs(name, model, mode), mode)
+        wrong = differences(actual, expected)
+        if wrong:
+            wrong = beyond_rounding(name, mode, actual, expected, wrong)
         result.kiln_default = "ok" if not wrong else "wrong: " + "; ".join(wrong[:4])
     except Exception as exc:  # noqa: BLE001
         result.kiln_default = "error: " + first_line(exc)
+
+
+def beyond_rounding(name: str, mode: str, actual, expected, wrong: list[str]) -> list[str]:
+    """Of the differences `wrong` names, those that float32 rounding does not explain.
+
+    Element-wise tolerances flag rounding where the computation is ill-conditioned: a batch norm over two
+    values (a batch of 2 at 1x1 resolution, mobilenet_v2's last layers) amplifies the order of a sum into
+    the gradients of every layer before it. The float64 eager run is the truth both float32 runs round: a
+    difference is kiln's error only when kiln is further from it than `ROUNDING` of the tensor's largest
+    value and than `EAGER_FACTOR` times eager's own float32 error.
+    """
+    try:
+        truth = _float64_step(name, mode)
+    except Exception:  # noqa: BLE001 (an architecture without float64 kernels: the differences stand)
+        return wrong
+    found = []
+    for label in wrong:
+        kind, _, key = label.partition(" ")
+        index = 0 if kind == "output" else 1
+        ref = truth[index].get(key)
+        if ref is None or ref.shape != expected[index][key].shape:
+            found.append(label)
+            continue
+        kiln_error = (actual[index][key].double() - ref).abs().max().item()
+        eager_error = (expected[index][key].double() - ref).abs().max().item()
+        if kiln_error > ATOL + max(ROUNDING * ref.abs().max().item(), EAGER_FACTOR * eager_error):
+            found.append(label)
+    return found
+
+
+def _float64_step(name: str, mode: str):
+    model = build(name, mode).double()
+    kwargs = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+              for k, v in inputs(name, model, mode).items()}
+    return step(model, model, kwargs, mode)
 
 
 def run_case(name: str, mode: str, checks=CHECKS, limit: int = 900, torch_known: dict | None = None) -> CaseResult:

@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import hf_zoo  # noqa: E402
 from hf_architectures import ARCHITECTURES  # noqa: E402
 from hf_zoo import MODES, run_case  # noqa: E402
 
@@ -64,3 +65,16 @@ def test_activation_module_built_in_forward_stays_in_the_graph():
     x = torch.randn(4)
     compiled = kiln.compile(forward, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), forward(x))
+
+
+@pytest.mark.parametrize("kiln_error, flagged", [(0.015, False), (5.0, True)], ids=["rounding", "wrong"])
+def test_a_difference_float32_rounding_explains_is_not_reported(monkeypatch, kiln_error, flagged):
+    """Against the float64 truth: eager's float32 gradient is 1e-3 off, kiln's either 15 times that
+    (an ill-conditioned batch norm: rounding) or half the largest value (a wrong gradient)."""
+    truth = torch.tensor([10.0, -4.0, 0.5], dtype=torch.float64)
+    eager = ({}, {"w": (truth + 1e-3).float()})
+    kiln_result = ({}, {"w": (truth + torch.tensor([0.0, kiln_error, 0.0], dtype=torch.float64)).float()})
+    monkeypatch.setattr(hf_zoo, "_float64_step", lambda name, mode: ({}, {"w": truth}))
+    wrong = hf_zoo.differences(kiln_result, eager)
+    assert wrong == ["grad w"]
+    assert hf_zoo.beyond_rounding("any", "training", kiln_result, eager, wrong) == (["grad w"] if flagged else [])

@@ -7,6 +7,7 @@ from kiln.capture import bytecode
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.registry import Return, opcode
 from kiln.capture.rerun import ASSERT_CHECK_MESSAGE
+from kiln.capture.values.base import UnguardedValue
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import IteratorValue
 from kiln.capture.values.iterators import iterator_of
@@ -19,7 +20,11 @@ def jump(frame, ins):
 
 
 def is_none(value) -> bool:
+    """`value is None` (the 3.11+ jumps on None); a value whose identity is not guarded (an input of a frame
+    stepped through natively) may be None or not, so the jump runs natively."""
     value = value.realize()
+    if isinstance(value, UnguardedValue):
+        raise GraphBreak("unsupported_object", "`is None` on a value whose identity is not guarded")
     return value.is_constant() and value.as_constant() is None
 
 

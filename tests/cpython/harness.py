@@ -19,6 +19,7 @@ import importlib
 import io
 import os
 import sys
+import sysconfig
 import unittest
 import warnings
 from collections import Counter
@@ -202,6 +203,15 @@ def summarize(results: list[FileResult], compilers=COMPILERS) -> str:
     cells = [f"{totals[c]} ({100 * totals[c] / max(totals['tests'], 1):.1f}%)" for c in compilers]
     lines.append(f"| **all** | {totals['tests']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def stdlib_tests_installed() -> bool:
+    """Whether this interpreter has its Lib/test files: some distributions ship `test` without them (Debian's
+    python3.12 keeps only `test.support` unless its testsuite package is installed)."""
+    module = importlib.import_module("test")
+    folder = os.path.dirname(module.__file__)
+    in_stdlib = os.path.commonpath([folder, sysconfig.get_paths()["stdlib"]]) == sysconfig.get_paths()["stdlib"]
+    return not in_stdlib or os.path.exists(os.path.join(folder, "test_builtin.py"))
 
 
 def ensure_stdlib_tests() -> None:

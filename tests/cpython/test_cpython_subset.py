@@ -12,7 +12,7 @@ import unittest
 
 import pytest
 
-from .harness import ensure_stdlib_tests, kiln_wrapper, run_one
+from .harness import ensure_stdlib_tests, kiln_wrapper, run_one, stdlib_tests_installed
 
 SUBSET = [
     "test_list.ListTest.test_exhausted_iterator",
@@ -44,6 +44,8 @@ SUBSET = [
 
 
 def _case(test_id: str) -> unittest.TestCase:
+    if not stdlib_tests_installed():
+        pytest.skip("this interpreter ships without CPython's Lib/test files")
     ensure_stdlib_tests()
     (case,) = list(unittest.defaultTestLoader.loadTestsFromName(f"test.{test_id}"))
     return case

@@ -352,6 +352,10 @@ class ReadableGraph:
     def __str__(self) -> str:
         return self.gm.print_readable(print_output=False)
 
+    def __contains__(self, text: str) -> bool:
+        """`"aten.bernoulli" in artefacts["aten_graph"]` reads as it did when the artefact was the string."""
+        return text in str(self)
+
 
 def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
                   **stage_artefacts) -> CompiledGraph:
@@ -362,6 +366,7 @@ def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
+
     def runnable(call: Callable) -> Callable:
         return with_current_device(on_device(call, gm, target.device), target.device)
 

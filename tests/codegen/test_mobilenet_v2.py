@@ -48,15 +48,20 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def test_mobilenet_v2_step_matches_eager(train, layout):
     torch.manual_seed(0)
     model = MobileNetV2().train(train).to(memory_format=layout)
-    twin = copy.deepcopy(model)
+    twin, exact = copy.deepcopy(model), copy.deepcopy(model).double()
     images = torch.randn(BATCH, 3, IMAGE, IMAGE).to(memory_format=layout)
     labels = torch.randint(0, CLASSES, (BATCH,))
     expected = step(model, model, images, labels, train)
     actual = step(kiln.compile(twin), twin, images, labels, train)
+    reference = step(exact, exact, images.double(), labels, train)
     torch.testing.assert_close(actual[0], expected[0], atol=1e-4, rtol=1e-4)
     assert actual[1].keys() == expected[1].keys()
-    errors = {name: relative_error(actual[1][name], g) for name, g in expected[1].items()}
-    assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    # Each gradient against float64's: kiln within 1e-4 of its scale, or no further than eager's own rounding
+    # allows (on a GPU eager's convolutions round inputs to TF32, and batch norm amplifies that).
+    errors = {name: (relative_error(actual[1][name], g), relative_error(expected[1][name], g))
+              for name, g in reference[1].items()}
+    worse = {name: e for name, e in errors.items() if e[0] > max(1e-4, 10 * e[1])}
+    assert not worse, sorted(worse.items(), key=lambda kv: -kv[1][0])[:3]
     for name, buffer in expected[2].items():  # running mean and variance, batches counted
         torch.testing.assert_close(actual[2][name], buffer, atol=1e-5, rtol=1e-5, msg=name)
 

@@ -2,6 +2,7 @@
 in a continuation; results are eager's, graph counts are as expected, and fullgraph=True
 raises naming the reason and the user's file and line."""
 import inspect
+import sys
 
 import numpy as np
 import pytest
@@ -198,6 +199,10 @@ def test_break_matches_eager(fn, args, graphs, reason, capsys):
     # a value read into Python (.item()) is a constant of the continuation: new values recompile it
     # a branch on fresh values may take the other path (a new continuation)
     ctx = check(fn, *args, graphs=graphs, second=reason not in ("tensor_to_python", "data_dependent_branch"))
+    if fn is brk_in_comprehension_callee and sys.version_info >= (3, 12):
+        # Python 3.12 inlines the comprehension (PEP 709): its break is inside the frame's own loop, so the
+        # frame is stepped natively with its calls compiled, and the records name the values it reads natively
+        return
     assert reason in break_reasons(ctx), break_reasons(ctx)
 
 

@@ -152,6 +152,8 @@ class FunctionValue(CallableValue):
             return self.attrs[name]
         made = {"__qualname__": self.code.co_qualname, "__doc__": _docstring(self.code),
                 "__module__": self.globals.get("__name__"), "__code__": self.code}
+        if hasattr(types.FunctionType, "__type_params__"):  # Python 3.12+: () for a def without type parameters
+            made["__type_params__"] = ()
         if name in made:
             return _OwnAttribute(made[name], self, name)
         if hasattr(types.FunctionType, name):  # __defaults__, __closure__, __get__, ...: not modelled
@@ -206,7 +208,8 @@ class FunctionValue(CallableValue):
 
 
 # Function attributes kept in the function object's own slots, not its __dict__ (all writable)
-_WRITABLE = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__", "__kwdefaults__")
+_WRITABLE = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__", "__kwdefaults__",
+             "__type_params__")  # the last from Python 3.12 on, which functools.wraps copies
 
 
 def _docstring(code: types.CodeType) -> str | None:

@@ -13,18 +13,7 @@ import torch._dynamo
 
 import kiln
 from kiln.api import context_of
-from support.capture import assert_same, graph_count
-
-
-class Counter:
-    """torch.compile backend counting the graphs it is given."""
-
-    def __init__(self):
-        self.count = 0
-
-    def __call__(self, gm, example_inputs):
-        self.count += 1
-        return gm.forward
+from support.capture import CountingBackend, assert_same, graph_count
 
 
 def outcome(fn, *args):
@@ -43,11 +32,11 @@ def eager_kiln_torch(fn, *calls, with_torch: bool = True):
     if not with_torch:
         return eager, kiln_out, None, graph_count(context_of(ours)), None
     torch._dynamo.reset()
-    counter = Counter()
+    counter = CountingBackend()
     theirs = torch.compile(fn, backend=counter)
     torch_out = [outcome(theirs, *args) for args in calls]
     torch._dynamo.reset()
-    return eager, kiln_out, torch_out, graph_count(context_of(ours)), counter.count
+    return eager, kiln_out, torch_out, graph_count(context_of(ours)), counter.graphs
 
 
 def assert_outcomes(expected, actual):

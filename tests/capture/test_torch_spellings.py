@@ -8,30 +8,19 @@ import torch._dynamo
 
 import kiln
 from kiln.api import context_of
-from support.capture import assert_same, break_reasons, graph_count
-
-
-class Counter:
-    """torch.compile backend counting the graphs it is given."""
-
-    def __init__(self):
-        self.count = 0
-
-    def __call__(self, gm, example_inputs):
-        self.count += 1
-        return gm.forward
+from support.capture import CountingBackend, assert_same, break_reasons, graph_count
 
 
 def run_both(fn, *calls, **compile_kwargs):
     """(kiln's context, torch.compile's graph count, kiln's results, torch.compile's results) over `calls`."""
     torch._dynamo.reset()
-    counter = Counter()
+    counter = CountingBackend()
     ours, theirs = kiln.compile(fn, backend="eager", **compile_kwargs), torch.compile(fn, backend=counter,
                                                                                      **compile_kwargs)
     kiln_out = [ours(*args) for args in calls]
     torch_out = [theirs(*args) for args in calls]
     torch._dynamo.reset()
-    return context_of(ours), counter.count, kiln_out, torch_out
+    return context_of(ours), counter.graphs, kiln_out, torch_out
 
 
 def scaled_eagerly(x):

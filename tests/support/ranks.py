@@ -8,7 +8,6 @@ The group has a short timeout, so a rank left waiting by its peer's failure ends
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import importlib
 import os
@@ -19,6 +18,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 WORLD_SIZE = 2
 
@@ -73,26 +73,13 @@ def _rank_main(rank: int, port: int, module: str, names: list[str], out_dir: str
     os._exit(0)
 
 
-@contextlib.contextmanager
-def _without_gpus():
-    """Spawned ranks see no GPU: they are CPU ranks of a gloo group. On a GPU machine FSDP2's device mesh
-    otherwise picks `cuda:rank` for each, and a rank past the machine's GPU count crashed (SIGSEGV)."""
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
-
-
 def run_on_ranks(module: str, names: list[str]) -> Results:
     """Run `module`'s scenario functions `names` (each `fn(rank) -> picklable`) on WORLD_SIZE gloo ranks."""
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as out_dir, _without_gpus():
+    # Spawned ranks see no GPU: they are CPU ranks of a gloo group. On a GPU machine FSDP2's device mesh otherwise
+    # picks `cuda:rank` for each, and a rank past the machine's GPU count crashed (SIGSEGV).
+    with tempfile.TemporaryDirectory() as out_dir, mock.patch.dict(os.environ, CUDA_VISIBLE_DEVICES=""):
         mp.spawn(_rank_main, args=(_free_port(), module, names, out_dir), nprocs=WORLD_SIZE, join=True)
         per_rank = [pickle.loads(Path(out_dir, f"{rank}.pkl").read_bytes()) for rank in range(WORLD_SIZE)]
     return Results({name: [ranks[name] for ranks in per_rank] for name in names})

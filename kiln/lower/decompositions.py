@@ -22,6 +22,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kiln.lower.foreach import FOREACH_DECOMPOSITIONS
 from kiln.lower.ops.scatters import DENSE_LIMIT
+from kiln.lower.special_decompositions import SPECIAL_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -197,6 +198,7 @@ def decomposition_table(fallback_random: bool = False) -> dict:
     for op in KEEP:
         table.pop(op, None)
     table.update(OWN)
+    table.update(SPECIAL_DECOMPOSITIONS)
     table.update(FOREACH_DECOMPOSITIONS)
     if fallback_random:
         table = {op: fn for op, fn in table.items() if not is_random(op)}

@@ -1,0 +1,46 @@
+"""Decompositions of special functions and padding backwards into ops kiln lowers, so that they fuse with
+their neighbours where ATen would run each as a kernel of its own (an extern, counted as a fallback).
+
+Each is checked against eager at the OpInfo tolerances (tests/lower/test_special_decompositions.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+# From here up erfc(x) nears the smallest normal double and exp(x * x) overflows, so erfcx takes its
+# asymptotic series, whose sixth term is below 1e-12 of the first there.
+ERFCX_ASYMPTOTIC_FROM = 25.0
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+
+
+def erfcx_from_erfc(x):
+    """erfcx(x) = exp(x^2) erfc(x), the scaled complementary error function.
+
+    Computed in float64 (float32's exp(x^2) overflows from x = 9.4, where erfc(x) is already subnormal):
+    the product's relative error is about x^2 ulps of a double, far below float32's and float64's OpInfo
+    tolerances for |x| < 25. Above that the asymptotic series 1/(x sqrt(pi)) (1 - 1/(2x^2) + 3/(4x^4) - ...)
+    holds to a double's precision; below -26.6 exp(x^2) overflows to inf as ATen's kernel returns. NaN
+    takes the series and stays NaN; +inf gives 0, -inf gives inf, as eager."""
+    out_dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    wide = x.to(torch.float64)
+    direct = torch.exp(_square_as_eager(x, wide)) * torch.special.erfc(wide)
+    inv_2x2 = 0.5 / (wide * wide)
+    series = 1.0 + inv_2x2 * (-1.0 + inv_2x2 * (3.0 + inv_2x2 * (-15.0 + inv_2x2 * (105.0 - 945.0 * inv_2x2))))
+    asymptotic = series * _INV_SQRT_PI / wide
+    return torch.where(wide < ERFCX_ASYMPTOTIC_FROM, direct, asymptotic).to(out_dtype)
+
+
+def _square_as_eager(x, wide):
+    """x^2 in double, except where x < 0 for inputs narrower than float64: there ATen's kernel computes
+    2 exp(x^2) in float (its opmath type), and exp magnifies the rounding of x^2 (about 4e-6 relative at
+    x = -9, above float32's tolerance), so the square is rounded to float as eager rounds it."""
+    if x.dtype == torch.float64:
+        return wide * wide
+    narrow = x.to(torch.float32)
+    return torch.where(wide < 0, (narrow * narrow).to(torch.float64), wide * wide)
+
+
+SPECIAL_DECOMPOSITIONS = {aten.special_erfcx.default: erfcx_from_erfc}

@@ -43,4 +43,25 @@ def _square_as_eager(x, wide):
     return torch.where(wide < 0, (narrow * narrow).to(torch.float64), wide * wide)
 
 
-SPECIAL_DECOMPOSITIONS = {aten.special_erfcx.default: erfcx_from_erfc}
+def replication_pad_backward_as_index_adds(grad_output, input, padding):
+    """The gradient of replication padding: each padded dim's gradient slices summed into the input position
+    they copy, `clamp(o - pad_before, 0, size - 1)`, one index_add per dim (kiln lowers index_add; ATen's
+    backward is an extern). `padding` holds (before, after) pairs from the last dim backwards; a negative
+    pad crops, and the same formula then maps each kept output position to its input."""
+    grad = grad_output
+    for k in range(len(padding) // 2):
+        dim = input.dim() - 1 - k
+        positions = torch.arange(grad.shape[dim], device=grad.device) - padding[2 * k]
+        index = positions.clamp(0, input.shape[dim] - 1)
+        sizes = list(grad.shape)
+        sizes[dim] = input.shape[dim]
+        grad = aten.index_add.default(grad.new_zeros(sizes), dim, index, grad)
+    return grad
+
+
+SPECIAL_DECOMPOSITIONS = {
+    aten.special_erfcx.default: erfcx_from_erfc,
+    **{op: replication_pad_backward_as_index_adds for op in (
+        aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+        aten.replication_pad3d_backward.default)},
+}

@@ -39,6 +39,7 @@ EXTRA = [
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
     aten.native_group_norm, aten.native_group_norm_backward,
     aten.linalg_vector_norm,  # a reduction of pointwise ops (abs, pow), fused with what it reads
+    aten._adaptive_avg_pool2d,  # average pooling where sizes divide, else sums over gathered windows
 ]
 
 # Kept whole: each is one fast ATen call, lowered as it is, or decomposed wrongly.

@@ -59,7 +59,38 @@ def replication_pad_backward_as_index_adds(grad_output, input, padding):
     return grad
 
 
+def _adaptive_windows(out_size, in_size, device):
+    """Which inputs each adaptive-pooling output averages, as ATen's kernel picks them: output o covers
+    [floor(o * in / out), ceil((o + 1) * in / out)). Returns the (out, in) membership mask and each window's
+    length."""
+    o = torch.arange(out_size, device=device)
+    start = torch.div(o * in_size, out_size, rounding_mode="floor")
+    end = torch.div((o + 1) * in_size + out_size - 1, out_size, rounding_mode="floor")
+    i = torch.arange(in_size, device=device)
+    return (start[:, None] <= i) & (i < end[:, None]), end - start
+
+
+def adaptive_avg_pool2d_backward_as_sums(grad_output, input):
+    """Each input's gradient: the sum, over the output windows holding it, of grad / (window height) / (window
+    width), ATen's kernel's terms. Windows overlap where the sizes do not divide, so the sum runs over
+    the output positions, first along the width then the height, each a masked reduction (a `where`,
+    not a product with a 0/1 matrix, so an inf or NaN gradient reaches only the inputs of its window).
+    float32 and float64 only: ATen accumulates a half type's terms in its own precision, an order the sums
+    would not follow."""
+    if grad_output.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    out_h, out_w = grad_output.shape[-2:]
+    in_h, in_w = input.shape[-2:]
+    mask_h, length_h = _adaptive_windows(out_h, in_h, grad_output.device)
+    mask_w, length_w = _adaptive_windows(out_w, in_w, grad_output.device)
+    scaled = grad_output / length_h[:, None] / length_w
+    zero = grad_output.new_zeros(())
+    along_w = torch.where(mask_w, scaled[..., None], zero).sum(-2)  # (.., out_h, in_w)
+    return torch.where(mask_h[:, :, None], along_w[..., None, :], zero).sum(-3).to(input.dtype)
+
+
 SPECIAL_DECOMPOSITIONS = {
+    aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward_as_sums,
     aten.special_erfcx.default: erfcx_from_erfc,
     **{op: replication_pad_backward_as_index_adds for op in (
         aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,

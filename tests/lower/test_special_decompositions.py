@@ -1,4 +1,4 @@
-"""Special functions and replication padding's backward decomposed into ops kiln lowers
+"""Special functions, replication padding's and adaptive average pooling's backwards decomposed into ops kiln lowers
 (kiln/lower/special_decompositions.py), compared with
 eager forward and backward at float32's and float64's OpInfo tolerances, with no ATen extern left.
 
@@ -82,6 +82,38 @@ def test_replication_pad_gradient_matches_eager(dtype):
 
     def loss(t):
         return (torch.nn.functional.pad(t, [1, -2, 3, 0], mode="replicate") ** 2).sum()
+
+    x_eager, x_kiln = x.clone().requires_grad_(), x.clone().requires_grad_()
+    grad_eager, = torch.autograd.grad(loss(x_eager), x_eager)
+    grad_kiln, = torch.autograd.grad(kiln.compile(loss, fullgraph=True)(x_kiln), x_kiln)
+    torch.testing.assert_close(grad_kiln, grad_eager)
+
+
+# (input size, output size): dividing sizes, overlapping windows, an output larger than the input, global
+ADAPTIVE_CASES = {"divides": ((1, 2, 8, 8), (4, 2)), "overlaps": ((2, 3, 7, 5), (3, 2)),
+                  "no_batch": ((3, 9, 9), (4, 4)), "upsamples": ((1, 1, 5, 7), (7, 9)),
+                  "global": ((1, 2, 6, 6), (1, 1))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", list(ADAPTIVE_CASES))
+def test_adaptive_avg_pool2d_backward(case, dtype):
+    in_size, out_size = ADAPTIVE_CASES[case]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(in_size, generator=g, dtype=dtype)
+    grad = torch.randn(aten._adaptive_avg_pool2d(x, out_size).shape, generator=g, dtype=dtype)
+    grad.view(-1)[0] = inf  # reaches only the inputs of its windows
+    compiled = check(aten._adaptive_avg_pool2d_backward, grad, x)
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+@pytest.mark.parametrize("case", list(ADAPTIVE_CASES))
+def test_adaptive_avg_pool2d_gradient_matches_eager(case):
+    in_size, out_size = ADAPTIVE_CASES[case]
+    x = torch.randn(in_size)
+
+    def loss(t):
+        return (torch.nn.functional.adaptive_avg_pool2d(t, out_size) ** 2).sum()
 
     x_eager, x_kiln = x.clone().requires_grad_(), x.clone().requires_grad_()
     grad_eager, = torch.autograd.grad(loss(x_eager), x_eager)

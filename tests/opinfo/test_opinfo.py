@@ -40,6 +40,8 @@ OPS = op_db()
 def test_row_keeps_its_outcome(key):
     expected = TABLE["rows"][key]
     row = Row.parse(key)
+    if row.op not in OPS:  # the table is made with torch 2.13; an older op database lacks some ops
+        pytest.skip(f"{row.op} is not in this torch's op database")
     got = run_row(OPS[row.op], row, expected["samples"] or None, seconds=ROW_SECONDS)
     assert got["outcome"] == expected["outcome"], (
         f"{key}: now {got['outcome']} ({got['reason']}), the table says {expected['outcome']} ({expected['reason']}); "

@@ -52,6 +52,8 @@ class IndexFunction:
         if aff is None:
             return None
         offset, strides = aff
+        if any(sympy.sympify(st).is_nonnegative is not True for st in strides):
+            return None  # a reversed read (flip): torch's views have no negative strides, so it is computed
         return b.buf, offset, strides
 
     def is_trivial(self) -> bool:

@@ -7,9 +7,17 @@ in a process that never called `torch.cuda.set_device`) would launch across cont
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
+
+
+def made_current(device: str):
+    """A context with `device` the current CUDA device; nothing for the CPU or where no GPU is present."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.device(torch.device(device))
 
 
 def with_current_device(call: Callable, device: str) -> Callable:

@@ -28,6 +28,7 @@ from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
 from kiln.runtime import cache
+from kiln.runtime.current_device import made_current
 from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
 from kiln.schedule.fusion import Schedule
@@ -208,17 +209,10 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
 
 def _precompile(name: str, kernel, module, device: str) -> None:
     try:
-        with on_device(device):
+        with contextlib.nullcontext() if interpreting() else made_current(device):
             kernel.precompile(module)
     except Exception as e:
         raise KernelBuildFailed(name, "build", e) from e
-
-
-def on_device(device: str):
-    """A context with `device` the current CUDA device (nothing for the CPU, or under the interpreter)."""
-    if device.startswith("cuda") and not interpreting():
-        return torch.cuda.device(torch.device(device))
-    return contextlib.nullcontext()
 
 
 def load_kernels(source: str, kernels: dict[str, TritonKernel], timer=None, device: str = "cpu") -> dict:

@@ -22,7 +22,7 @@ ROUNDING_TIES = ("round", "floor", "ceil", "trunc", "to_int", "to_bool", "sign",
 
 
 def check(fn, *inputs):
-    return check_triton(fn, *inputs, device=DEVICE)
+    return check_triton(fn, *inputs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16], ids=str)

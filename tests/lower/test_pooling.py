@@ -16,7 +16,7 @@ import kiln
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
 from support.lowering import assert_same, check, check_triton, count_externs
-from support.triton_device import DEVICE, skip_unless_kernels_run
+from support.triton_device import skip_unless_kernels_run
 
 aten = torch.ops.aten
 
@@ -246,7 +246,7 @@ def test_avg_pool_backward_fuses_into_the_batch_norm_backward_before_it():
 def _triton_check(fn, *inputs):
     """`fn` compiled for the Triton target, compared with eager, no externs."""
     skip_unless_kernels_run()
-    return check_triton(fn, *inputs, device=DEVICE)
+    return check_triton(fn, *inputs)
 
 
 @pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1", "3x3_s2_p1_ceil"])

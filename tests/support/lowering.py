@@ -7,6 +7,7 @@ from torch.utils._pytree import tree_flatten
 
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
+from support.triton_device import DEVICE as TRITON_TEST_DEVICE
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds
 
 
@@ -55,9 +56,10 @@ def count_externs(compiled) -> int:
     return sum(1 for line in str(compiled.artefacts["schedule"]).splitlines() if line.startswith("extern"))
 
 
-def check_triton(fn, *inputs, device: str = "cpu"):
-    """`fn` compiled for the Triton target on `device` (the interpreter on CPU), compared with eager, with
-    no ATen externs left, and its kernels compiled for sm_90 (tests/support/triton_sm90.py)."""
+def check_triton(fn, *inputs, device: str = TRITON_TEST_DEVICE):
+    """`fn` compiled for the Triton target on `device` (the interpreter on CPU, the GPU under
+    KILN_TRITON_TEST_DEVICE=cuda), compared with eager, with no ATen externs left, and its kernels
+    compiled for sm_90 (tests/support/triton_sm90.py)."""
     inputs = [x.to(device) for x in inputs]
     with recording_builds() as builds:
         compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})

@@ -124,11 +124,14 @@ class Unresumable(GraphBreak):
     """A break kiln cannot resume after; the frame runs natively (eagerly)."""
 
 
-class BreakInLoop(GraphBreak):
-    """A graph break inside a loop: the frame is stepped through natively, its calls compiled, as
-    torch.compile skips such a frame and compiles the functions it calls (see `entry.capture`)."""
+class StepsNatively(GraphBreak):
+    """A graph break after which the frame is stepped through natively, its calls compiled, as torch.compile
+    skips such a frame and compiles the functions it calls (see `entry.capture`): one inside a loop (a graph
+    per iteration otherwise; `for_good`: later calls too), or an exception on the path
+    `torch.compiler.is_compiling()` chose (for the inputs that take that path: its guards)."""
 
-    def __init__(self, e: GraphBreak):
-        super().__init__(e.reason.id, f"{e.detail} (inside a loop, so the frame runs natively and compiles the "
+    def __init__(self, e: GraphBreak, why: str, for_good: bool = True):
+        super().__init__(e.reason.id, f"{e.detail} ({why}, so the frame runs natively and compiles the "
                          "functions it calls)")
         self.location, self.callers = e.location, e.callers
+        self.for_good = for_good

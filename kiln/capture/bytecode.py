@@ -154,6 +154,11 @@ RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled", "a
 
 
 @cache
+def has_with_block(code: types.CodeType) -> bool:
+    """True when `code` has a `with` block of any manager."""
+    return any(instr.opname == "BEFORE_WITH" for instr in instructions(code))
+
+
 def has_unresumable_with(code: types.CodeType) -> bool:
     """True when `code` has a `with` block kiln cannot resume inside (an unknown manager).
 

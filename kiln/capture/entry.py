@@ -28,12 +28,13 @@ import torch
 
 from kiln import compiled_autograd, fallbacks
 from kiln.capture import bytecode, routes, spellings, tensor_checks
-from kiln.capture.breaks import BreakInLoop, GraphBreak, Unresumable, backward_boundary
+from kiln.capture.breaks import GraphBreak, StepsNatively, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import render_instruction, resumable_anywhere
+from kiln.capture.tensor_frames import holds_torch_values
 from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.rerun import GraphRaised, eager_error_type, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
@@ -343,24 +344,35 @@ class CompiledFrame:
         elif self.failures >= recompile_limit():
             self.run_eagerly = True
 
+    def _natively_for(self, guards: GuardSet, L, G, C, eager, reason: str | None) -> CacheEntry | None:
+        """An entry stepping the frame through natively for the inputs passing `guards` (the path that met the
+        break); others are captured again (a call with the attention mask the first call lacked)."""
+        entry = self._capture(L, G, C, eager, True, reason, native=True)
+        if entry is not None:
+            self.entries[-1] = entry = replace(entry, guard=guards.compile(), guards=guards)
+        return entry
+
     def _warn_limit(self, reason: str | None) -> None:
         if not self._warned_limit:
             self._warned_limit = True
             fallbacks.record("frame_limit", self.spec.describe(), f"hit config.cache_size_limit "
                              f"({recompile_limit()}); last recompile: {reason}", stage="guards")
 
-    def _capture(self, L, G, C, eager, opaque: bool, reason: str | None) -> CacheEntry | None:
+    def _capture(self, L, G, C, eager, opaque: bool, reason: str | None, native: bool = False) -> CacheEntry | None:
+        """Capture an entry for this call; `native` (or `steps_natively`): its continuations step natively too."""
         start = time.perf_counter()
         try:
-            spec = replace(self.spec, native=True) if self.steps_natively else self.spec  # continuations inherit it
+            spec = replace(self.spec, native=True) if native or self.steps_natively else self.spec
             result = capture(spec, L, G, C, self.ctx, opaque, self.auto_dynamic)
         except (FullGraphError, BackendCompilerFailed, fallbacks.KilnStrictError):
             raise
-        except BreakInLoop as e:
+        except StepsNatively as e:
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), warn_key=self.spec.function())
-            self.steps_natively = True
-            return self._capture(L, G, C, eager, True, reason)
+            if e.for_good:
+                self.steps_natively = True
+                return self._capture(L, G, C, eager, True, reason)
+            return self._natively_for(e.guards, L, G, C, eager, reason)
         except Unresumable as e:
             if eager is None:
                 raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
@@ -460,12 +472,14 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise
             if ctx.fullgraph and not e.reason.boundary:
                 raise FullGraphError(f"kiln.compile(fullgraph=True): {e.message()}") from None
-            if e.reason.id == "exception" and state.asked_compiling_at is not None and (
-                    state.asked_compiling_at < frame.current.index):
-                # the code before the raise took `is_compiling()`'s path (LongT5 leaves its mask None): resumed
-                # natively, it raises where eager does not. torch.compile runs such a frame eagerly as well
-                why = "after torch.compiler.is_compiling() chose the path to it"
-                raise _with_guards(_unresumable(e, why), state) from e
+            # the code before the raise took `is_compiling()`'s path (LongT5 leaves its mask None): resumed
+            # natively, it raises where eager does not. torch.compile skips such a frame and compiles the functions
+            # it calls; stepped through natively, the frame's own is_compiling() answers False, as in eager
+            on_compiling_path = e.reason.id == "exception" and state.asked_compiling_at is not None and (
+                state.asked_compiling_at < frame.current.index)
+            compiling_path = "after torch.compiler.is_compiling() chose the path to it"
+            if on_compiling_path and opaque:
+                raise _with_guards(_unresumable(e, compiling_path), state) from e
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
             # a boundary after the block resumes: the code after it is its own capture (a `with` around the
@@ -477,9 +491,17 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
-            if (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
-                    and bytecode.loops_back_after(spec.code, frame.current.index)):
-                raise _with_guards(BreakInLoop(e), state) from e
+            in_loop = (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
+                       and bytecode.loops_back_after(spec.code, frame.current.index))
+            if (on_compiling_path or in_loop) and bytecode.has_with_block(spec.code):
+                # stepped through natively, the frame would meet its `with` on a manager it got natively, which
+                # a continuation cannot enter: the frame runs eagerly instead
+                why = compiling_path if on_compiling_path else "inside a loop of a function with a `with` block"
+                raise _with_guards(_unresumable(e, why), state) from e
+            if on_compiling_path:
+                raise _with_guards(StepsNatively(e, compiling_path, for_good=False), state) from e
+            if in_loop:
+                raise _with_guards(StepsNatively(e, "inside a loop"), state) from e
             break_at, reason = frame.current.index, e
             if e.reason.boundary:
                 log_breaks.debug("%s: %s", spec.describe(), e.message())
@@ -709,7 +731,8 @@ def recompile_limit() -> int:
 
 
 def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | None = None, **kwargs) -> Any:
-    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code.
+    """Call `fn` natively after a graph break, compiling it through kiln when it is Python code with something
+    of torch's in its frame (kiln.capture.tensor_frames).
 
     `___frame_globals` (a name no user keyword takes): the globals of the frame the call is in. `globals()`, and
     `eval(s)` and `exec(s)` without a namespace, read the calling frame's globals, which here are the output
@@ -724,12 +747,13 @@ def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | No
     route = routes.find(fn)
     if route is not None:
         return route.run(ctx, fn, *args, **kwargs)
-    if isinstance(fn, types.MethodType) and _compilable(fn.__func__):
+    if isinstance(fn, types.MethodType) and _compilable(fn.__func__) and holds_torch_values(fn.__func__, args, kwargs,
+                                                                                            fn.__self__):
         return ctx.function(fn.__func__)(fn.__self__, *args, **kwargs)
     if isinstance(fn, torch.nn.Module) and _compilable(getattr(type(fn).forward, "__func__", type(fn).forward)):
         return call_module(fn, ctx.function(type(fn).forward), lambda: ctx.function(call_module_with_hooks),
                            args, kwargs)
-    if _compilable(fn):
+    if _compilable(fn) and holds_torch_values(fn, args, kwargs):
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
 

@@ -2,7 +2,7 @@
 
 torch.compile does not resume inside a loop: a break with a jump back ahead of it skips the frame (it runs
 eagerly, and the functions it calls are compiled as frames of their own). kiln does the same
-(`bytecode.loops_back_after`, `entry.BreakInLoop`) rather than making a graph per iteration. Each case
+(`bytecode.loops_back_after`, `breaks.StepsNatively`) rather than making a graph per iteration. Each case
 compares with eager and kiln's graph count with torch.compile's, measured here.
 """
 import pytest
@@ -54,6 +54,33 @@ def break_after_the_loop(xs):
     return total.log()
 
 
+def break_in_a_loop_of_a_function_with_a_block(xs):
+    """Stepped through natively, the frame would meet its `with` on a manager it got natively (it crashed)."""
+    out = []
+    for x in xs:
+        with torch.no_grad():
+            y = x * 2
+        print(end="")
+        out.append(y + 1)
+    return out
+
+
+def break_inside_a_block_in_a_loop(xs):
+    out = []
+    for x in xs:
+        with torch.enable_grad():
+            print(end="")
+            y = x.exp()
+        out.append(y.sum())
+    return out
+
+
+def block_before_the_loop(xs):
+    with torch.no_grad():
+        scale = xs[0].abs().max()
+    return [x * scale for x in xs if x.sum() > -100]
+
+
 CASES = {
     "explicit_break_in_loop": (explicit_break_in_loop, ([torch.randn(3) for _ in range(4)],)),
     "data_dependent_size_in_comprehension": (data_dependent_size_in_comprehension,
@@ -61,6 +88,10 @@ CASES = {
     "branch_on_value_in_enumerate_zip": (branch_on_value_in_enumerate_zip, (torch.randn(4, 3), torch.randn(4, 3))),
     "loop_calling_a_compiled_helper": (loop_calling_a_compiled_helper, ([torch.randn(3) for _ in range(3)],)),
     "break_after_the_loop": (break_after_the_loop, ([torch.randn(3) for _ in range(3)],)),
+    "break_in_a_loop_of_a_function_with_a_block": (break_in_a_loop_of_a_function_with_a_block,
+                                                   ([torch.randn(3) for _ in range(3)],)),
+    "break_inside_a_block_in_a_loop": (break_inside_a_block_in_a_loop, ([torch.randn(3) for _ in range(3)],)),
+    "block_before_the_loop": (block_before_the_loop, ([torch.randn(3) for _ in range(3)],)),
 }
 
 

@@ -15,13 +15,13 @@ integer divisor) reports what eager would raise as an error code of
 from __future__ import annotations
 
 import builtins
-import dis
 import functools
 import math
 import operator
 
 import torch
 
+from kiln.capture import bytecode
 from kiln.codegen.index_printer import pyexpr
 from kiln.lower import ir
 from kiln.schedule.fusion import ExternStep, KernelGroup, Schedule
@@ -327,11 +327,8 @@ def unbound_globals(code, namespace: dict) -> list[str]:
     Each is a `NameError` waiting for the first call that reaches it (a size symbol read by a computation
     hoisted out of `call`, where the symbols are bound): checked once at compile time, where the graph can
     still fall back to ATen, rather than failing every call."""
-    missing: dict[str, None] = {}
-    for ins in dis.get_instructions(code):
-        name = ins.argval
-        if ins.opname == "LOAD_GLOBAL" and name not in namespace and not hasattr(builtins, name):
-            missing[f"{name} (in {code.co_name})"] = None
+    missing = {f"{name} (in {code.co_name})": None for name in bytecode.global_reads(code)
+               if name not in namespace and not hasattr(builtins, name)}
     for const in code.co_consts:
         if hasattr(const, "co_code"):
             missing.update(dict.fromkeys(unbound_globals(const, namespace)))

@@ -213,8 +213,8 @@ def main() -> None:
                     print(_table(rows[-1:]).splitlines()[-1], flush=True)
     out = Path(args.out or result_path("warm_start", args.device))
     out.write_text(json.dumps({"command": " ".join(sys.argv), "device": args.device, "quick": quick,
-                               "threads": os.environ.get("OMP_NUM_THREADS"), "load_average": [load_at_start, os.getloadavg()],
-                               "rows": rows}, indent=1))
+                               "threads": os.environ.get("OMP_NUM_THREADS"),
+                               "load_average": [load_at_start, os.getloadavg()], "rows": rows}, indent=1))
     print(_table(rows))
     print(f"\nwritten to {out}")
 

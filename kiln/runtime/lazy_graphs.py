@@ -36,8 +36,7 @@ class _PrintedGraphModule(_LazyGraphModule):
 def printed_graph_module(root, graph: fx.Graph) -> tuple[fx.GraphModule, str]:
     """(`graph_module(root, graph)`, its code): the code printed now and kept for `source`, not compiled; the
     module compiles it when first called. A graph read back from the cache is printed to be checked, and its cache
-    key reads the same printing: a second printing costs as much as the first (a thousand-node graph's, tens of ms).
-    """
+    key reads the same printing: a second printing would cost as much as the first."""
     gm = _PrintedGraphModule(root, graph)
     code = gm._printed_code = graph.python_code(root_module="self").src
     return gm, code

@@ -1,6 +1,6 @@
-"""`bytecode.global_reads(code)`: the global names a code object reads, off its raw code units (the generated
-wrapper's unbound-name check reads every wrapper a warm start loads). It must name exactly what `dis` names as
-LOAD_GLOBAL, for every shape of code: calls (which push NULL), plain reads, name indices past 255 (an
+"""`bytecode.global_reads(code)`: the global names a code object reads, off its raw code units (the pipeline
+checks every wrapper a warm start loads for names it reads but never binds). It must name exactly what `dis`
+names as LOAD_GLOBAL, for every shape of code: calls (which push NULL), plain reads, name indices past 255 (an
 EXTENDED_ARG prefix), and not the reads of the functions defined inside it."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from kiln import pipeline
 from kiln.capture import bytecode
 from kiln.capture import entry as capture_entry
 from kiln.codegen import wrapper
@@ -53,14 +54,14 @@ def test_global_reads_match_dis(case):
 
 
 def test_global_reads_match_dis_over_real_modules():
-    """Every code object of two large modules (kiln's frame entry and the wrapper generator), nested ones too."""
+    """Every code object of three large modules (frame entry, wrapper generator, pipeline), nested ones too."""
     def walk(code):
         yield code
         for const in code.co_consts:
             if hasattr(const, "co_code"):
                 yield from walk(const)
 
-    for module in (capture_entry, wrapper):
+    for module in (capture_entry, wrapper, pipeline):
         with open(module.__file__) as f:
             top = compile(f.read(), module.__file__, "exec")
         for code in walk(top):
@@ -74,5 +75,5 @@ def test_unbound_globals_names_a_read_nothing_binds_in_a_nested_function():
             return kernel_0(buf, s26)
         """), "<wrapper>", "exec")
     namespace = {"empty": object(), "kernel_0": object()}
-    assert wrapper.unbound_globals(module, namespace) == ["s26 (in call)"]
-    assert wrapper.unbound_globals(module, dict(namespace, s26=3)) == []
+    assert pipeline.unbound_globals(module, namespace) == ["s26 (in call)"]
+    assert pipeline.unbound_globals(module, dict(namespace, s26=3)) == []

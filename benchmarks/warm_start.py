@@ -12,6 +12,8 @@ building the model, not counted):
 
 `first_step_s` is the compile call plus the first step (forward, and for training backward and optimizer);
 `compile_s` subtracts one steady step (the median of the next three) from it: the time the compile costs.
+With --repeat N the warm and artifacts cells run N processes each and report their median (`runs` lists each
+process's compile_s): on a shared machine one process's time varies by a factor of two.
 torch.compile runs with its defaults, its FX graph cache and AOTAutograd cache on.
 
 Models: on the CPU (default) the shared harness's CPU-sized models at --quick sizes and kiln's bundled example
@@ -154,6 +156,16 @@ def _run(job: dict, caches: Path, timeout: float) -> dict:
     return {"error": (proc.stderr or proc.stdout)[-1500:]}
 
 
+def _median_of(runs: list[dict]) -> dict:
+    """The run of median compile_s (an error if any run failed), with every run's compile_s when there were
+    several."""
+    failed = next((r for r in runs if "error" in r), None)
+    if failed is not None or len(runs) == 1:
+        return failed or runs[0]
+    ordered = sorted(runs, key=lambda r: r["compile_s"])
+    return {**ordered[len(ordered) // 2], "runs": [round(r["compile_s"], 3) for r in runs]}
+
+
 def _table(rows: list[dict]) -> str:
     lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms |",
              "|---|---|---|---|---|---|---|"]
@@ -174,6 +186,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="the harness's small sizes (the CPU default)")
     p.add_argument("--bench", default=str(DEFAULT_BENCH), help="path of the shared harness models_bench.py")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--repeat", type=int, default=1, help="processes per warm and artifacts cell (their median)")
     p.add_argument("--out")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -182,6 +195,7 @@ def main() -> None:
         return
     models = args.models or (CPU_MODELS if args.device == "cpu" else GPU_MODELS)
     quick = args.quick or args.device == "cpu"
+    load_at_start = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln_warm_start_") as tmp:
         caches = Path(tmp)
@@ -193,12 +207,14 @@ def main() -> None:
                         continue
                     job = {"model": model, "compiler": compiler, "mode": mode, "device": args.device,
                            "quick": quick, "bench": args.bench, "blob": str(blob)}
+                    repeat = 1 if mode == "cold" else args.repeat
                     rows.append({"model": model, "compiler": compiler, "mode": mode,
-                                 **_run(job, caches, args.timeout)})
+                                 **_median_of([_run(job, caches, args.timeout) for _ in range(repeat)])})
                     print(_table(rows[-1:]).splitlines()[-1], flush=True)
     out = Path(args.out or result_path("warm_start", args.device))
     out.write_text(json.dumps({"command": " ".join(sys.argv), "device": args.device, "quick": quick,
-                               "threads": os.environ.get("OMP_NUM_THREADS"), "rows": rows}, indent=1))
+                               "threads": os.environ.get("OMP_NUM_THREADS"),
+                               "load_average": [load_at_start, os.getloadavg()], "rows": rows}, indent=1))
     print(_table(rows))
     print(f"\nwritten to {out}")
 

@@ -25,6 +25,7 @@ counted, warned once, an error under KILN_STRICT=1). An op with no lowering runs
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import itertools
@@ -41,10 +42,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import fallbacks
 from kiln.autograd import aot_compile
+from kiln.capture import bytecode
 from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
-from kiln.codegen.wrapper import ParameterDerived, base_namespace, generate_wrapper, unbound_globals
+from kiln.codegen.wrapper import ParameterDerived, base_namespace, generate_wrapper
 from kiln.config import CompileOptions, as_options, config, field_name
 from kiln.lower import ir, lower_graph
 from kiln.lower.collectives import place_collectives
@@ -300,6 +302,21 @@ def build(code: GeneratedCode, target: Target, name: str) -> dict:
     if missing:
         raise NameError(f"the generated wrapper reads names it never binds: {', '.join(missing)}")
     return namespace
+
+
+def unbound_globals(code, namespace: dict) -> list[str]:
+    """The global names that `code` (the wrapper module's or a launcher's) and the functions inside it read
+    but that neither `namespace` nor the builtins define.
+
+    Each is a `NameError` waiting for the first call that reaches it (a size symbol read by a computation
+    hoisted out of `call`, where the symbols are bound): checked once at compile time, where the graph can
+    still fall back to ATen, rather than failing every call."""
+    missing = {f"{name} (in {code.co_name})": None for name in bytecode.global_reads(code)
+               if name not in namespace and not hasattr(builtins, name)}
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            missing.update(dict.fromkeys(unbound_globals(const, namespace)))
+    return list(missing)
 
 
 # ----------------------------------------------------------------------------- the compiled graph

@@ -63,6 +63,25 @@ def _method_load(ins: dis.Instruction) -> bool:
     return False
 
 
+_LOAD_GLOBAL, _EXTENDED_ARG = dis.opmap["LOAD_GLOBAL"], dis.opmap["EXTENDED_ARG"]
+
+
+def global_reads(code: types.CodeType) -> list[str]:
+    """The names `code` itself reads with LOAD_GLOBAL (not those of functions inside it), in order, each once.
+
+    Read off the raw code units, not through `dis`: a generated wrapper has thousands of instructions, and
+    `dis` builds an object per instruction (and per inline cache entry). Since 3.11 the low bit of
+    LOAD_GLOBAL's argument says whether it pushes NULL; the name index is the rest."""
+    names: dict[str, None] = {}
+    raw, extended = code.co_code, 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        extended = arg << 8 if op == _EXTENDED_ARG else 0
+        if op == _LOAD_GLOBAL:
+            names[code.co_names[arg >> 1]] = None
+    return list(names)
+
+
 @cache
 def instructions(code: types.CodeType) -> tuple[Instruction, ...]:
     """The instructions of `code`, with jump targets resolved to indices."""

@@ -117,7 +117,7 @@ class CaptureRecord:
     op_count: int
     graph_break: GraphBreak | None
     guards: GuardSet
-    program_source: str
+    program_text: str  # the output program (`program_source` puts the guard function before it)
     compile_seconds: float
     recompile_reason: str | None = None
     id: int = 0  # process-wide graph id, shown by the report, the debug directory and the profiler range
@@ -127,16 +127,30 @@ class CaptureRecord:
     calls: int = 0  # calls of this entry's program and their time, counted while instrumentation is on
     run_seconds: float = 0.0
 
+    @functools.cached_property
+    def program_source(self) -> str:
+        return readable_program(self.guards, self.program_text)
+
 
 @dataclass
 class CacheEntry:
     guard: Callable
     program: Callable | None  # None: run the frame eagerly (a break it cannot resume after)
     guards: GuardSet
-    program_source: str
+    program_text: str  # the output program (`program_source` puts the guard function before it)
     record: CaptureRecord | None = None
     input_shapes: list = field(default_factory=list)  # (source, shape) of each tensor input, for automatic dynamic
     input_scalars: list = field(default_factory=list)  # (source, value) of each int input read as a constant
+
+    @functools.cached_property
+    def program_source(self) -> str:
+        return readable_program(self.guards, self.program_text)
+
+
+def readable_program(guards: GuardSet, program: str) -> str:
+    """The guard function as a reader sees it (its tensor checks in Python), then the output program. Written
+    when first read (a report, the debug directory, the `bytecode` log): a warm start reads neither."""
+    return guards.source_code() + "\n\n" + program
 
 
 @dataclass(eq=False)
@@ -643,7 +657,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
             state.graph.start_with_grad_disabled()
         gm = state.graph.output(writer.outputs)
         gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
-        log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
+        if log_graph.isEnabledFor(logging.INFO):  # printing a large graph costs more than a warm start spends on it
+            log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
         guard_input_aliasing(state)  # before the backend, whose fake runs could touch the inputs' fakes
         example_inputs = [real for _, real in state.graph.inputs]
         backend_start = time.perf_counter()
@@ -663,13 +678,13 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     guard_fn = state.guards.compile()
     namespace = dict(writer.namespace)
     exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
-    program_source = state.guards.source_code() + "\n\n" + source
     log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
-    log_program.info("output program for %s\n%s", spec.describe(), program_source)
-    record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, program_source, 0.0,
+    record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, source, 0.0,
                            id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
                            compiled=compiled)
-    entry = CacheEntry(guard_fn, namespace["program"], state.guards, program_source, record,
+    if log_program.isEnabledFor(logging.INFO):
+        log_program.info("output program for %s\n%s", spec.describe(), record.program_source)
+    entry = CacheEntry(guard_fn, namespace["program"], state.guards, source, record,
                        [(source, tuple(real.shape)) for source, real in state.graph.inputs],
                        state.specialized_scalars)
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):

@@ -14,8 +14,6 @@ integer divisor) reports what eager would raise as an error code of
 """
 from __future__ import annotations
 
-import builtins
-import dis
 import functools
 import math
 import operator
@@ -318,24 +316,6 @@ class WrapperCodegen:
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)
-
-
-def unbound_globals(code, namespace: dict) -> list[str]:
-    """The global names that `code` (the wrapper module's or a launcher's) and the functions inside it read
-    but that neither `namespace` nor the builtins define.
-
-    Each is a `NameError` waiting for the first call that reaches it (a size symbol read by a computation
-    hoisted out of `call`, where the symbols are bound): checked once at compile time, where the graph can
-    still fall back to ATen, rather than failing every call."""
-    missing: dict[str, None] = {}
-    for ins in dis.get_instructions(code):
-        name = ins.argval
-        if ins.opname == "LOAD_GLOBAL" and name not in namespace and not hasattr(builtins, name):
-            missing[f"{name} (in {code.co_name})"] = None
-    for const in code.co_consts:
-        if hasattr(const, "co_code"):
-            missing.update(dict.fromkeys(unbound_globals(const, namespace)))
-    return list(missing)
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:

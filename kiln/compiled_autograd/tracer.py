@@ -277,7 +277,8 @@ class AutogradGraphTracer:
         graph.eliminate_dead_code(lambda n: has_effect(n) or _unpacks_input(n)
                                   or (n.op == "call_function" and n.target in _IMPURE))
         gm = fx.GraphModule(self.fx_tracer.root, graph, f"CompiledAutograd{self.graph_id}")
-        log.info("compiled autograd graph %d:\n%s", self.graph_id, gm.print_readable(print_output=False))
+        if log.isEnabledFor(logging.INFO):  # printed only where it is logged: a large graph prints slowly
+            log.info("compiled autograd graph %d:\n%s", self.graph_id, gm.print_readable(print_output=False))
         verbose_log.debug("compiled autograd graph %d (%d nodes, %d symbolic sizes)", self.graph_id,
                           len(graph.nodes), sum(1 for _ in self.symbol_proxies))
         compiled = self.compiler_fn(gm)

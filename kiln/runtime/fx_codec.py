@@ -7,7 +7,8 @@ Nothing is pickled and nothing read back is executed: each node is data (its op,
 operator, `operator.<name>`, its arguments with node references by name, the metadata of its value), and a
 target is looked up only among torch's registered operators and the `operator` module. The graph's Python code
 (`gm.code`) is kept beside the nodes, for a reader and as a check: the rebuilt graph must print exactly the same
-code, or it is refused (`ValueError`).
+code, or it is refused (`ValueError`). The rebuilt module does not compile that code until it is called
+(kiln/runtime/lazy_graphs.py): the code generator reads its nodes, and its cache key the code printed here.
 
 Only what the code generator needs of a node's metadata is kept: `val` (the tensor metadata it lowers from) and
 `stack_trace` (FX prints it into the code). Graphs with symbolic sizes or targets of another kind (a higher-order
@@ -21,6 +22,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from kiln.runtime import lazy_graphs
 from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
@@ -195,8 +197,8 @@ def decode_graph(described: dict, mode: FakeTensorMode) -> torch.fx.GraphModule:
         if not name.isidentifier():
             raise ValueError(f"a constant named {name!r}")
         setattr(root, name, decode_value(value))
-    gm = torch.fx.GraphModule(root, graph)
-    if gm.code != described["code"]:
+    gm, code = lazy_graphs.printed_graph_module(root, graph)
+    if code != described["code"]:
         raise ValueError("the rebuilt graph's code differs from the code stored with it")
     return gm
 

@@ -113,10 +113,22 @@ def environment() -> dict:
     """The versions of everything that turns a graph into a product (see the module docstring)."""
     kiln_root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for path in sorted(p for p in kiln_root.rglob("*") if p.suffix in (".py", ".h") and p.is_file()):
-        h.update(path.relative_to(kiln_root).as_posix().encode() + b"\0" + path.read_bytes())
+    for name, path in _kiln_sources(kiln_root):
+        h.update(name.encode() + b"\0" + path.read_bytes())
     return {"format": FORMAT, "kiln": h.hexdigest(), "torch": torch.__version__, "triton": _version("triton"),
             "python": sys.version, "compiler": [compiler(), *cache.CXX_FLAGS, *cache.LIBS], "host": host()}
+
+
+def _kiln_sources(root: Path) -> list[tuple[str, Path]]:
+    """kiln's source files (.py, .h) as (path relative to `root`, path), sorted. Walked with os.walk, leaving out
+    the bytecode folders: a warm start pays for this walk, and pathlib's rglob lists every .pyc as well."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+        prefix = Path(folder).relative_to(root).as_posix() + "/"
+        found += [((prefix + f).removeprefix("./"), Path(folder, f)) for f in files
+                  if f.endswith((".py", ".h")) and os.path.isfile(os.path.join(folder, f))]
+    return sorted(found)
 
 
 @functools.cache

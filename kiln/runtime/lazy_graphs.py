@@ -7,7 +7,9 @@ forward and the backward) that nothing runs as Python: the partitioner reads the
 code generator the forward's and backward's. Built with `graph_module` (or traced within
 `lazily_built()`), a graph module generates its code only when it is called or its `code` is read
 (`torch.fx._lazy_graph_module`, which Inductor uses for the same reason); `source` gives the code for
-a cache key without compiling it.
+a cache key without compiling it. A graph rebuilt from the compile cache is printed once, to check it against
+the code stored with it (`printed_graph_module`), and `source` returns that printing until the module is next
+recompiled, as `gm.code` of an eager graph module is the code of its last recompile.
 """
 from __future__ import annotations
 
@@ -23,6 +25,23 @@ def graph_module(root, graph: fx.Graph, class_name: str = "GraphModule") -> fx.G
     return _LazyGraphModule(root, graph, class_name)
 
 
+class _PrintedGraphModule(_LazyGraphModule):
+    """A lazily built graph module that keeps the code it printed (`_printed_code`) until its next recompile()."""
+
+    def recompile(self) -> None:
+        self.__dict__.pop("_printed_code", None)
+        super().recompile()
+
+
+def printed_graph_module(root, graph: fx.Graph) -> tuple[fx.GraphModule, str]:
+    """(`graph_module(root, graph)`, its code): the code printed now and kept for `source`, not compiled; the
+    module compiles it when first called. A graph read back from the cache is printed to be checked, and its cache
+    key reads the same printing: a second printing would cost as much as the first."""
+    gm = _PrintedGraphModule(root, graph)
+    code = gm._printed_code = graph.python_code(root_module="self").src
+    return gm, code
+
+
 @contextlib.contextmanager
 def lazily_built() -> Iterator[None]:
     """Graph modules that torch builds within (`make_fx`'s) generate their code on first use."""
@@ -33,5 +52,6 @@ def lazily_built() -> Iterator[None]:
 def source(gm: fx.GraphModule) -> str:
     """`gm.code`, generated here without compiling it if `gm` has not generated it yet."""
     if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
-        return gm.graph.python_code(root_module="self").src
+        printed = gm.__dict__.get("_printed_code")
+        return printed if printed is not None else gm.graph.python_code(root_module="self").src
     return gm.code

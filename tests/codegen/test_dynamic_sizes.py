@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen.wrapper import unbound_globals
+from kiln.pipeline import unbound_globals
 from support.triton_device import DEVICE, skip_unless_kernels_run
 
 

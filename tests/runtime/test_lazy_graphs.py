@@ -6,7 +6,7 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.autograd import aot_compile
-from kiln.runtime.lazy_graphs import graph_module, lazily_built, source
+from kiln.runtime.lazy_graphs import graph_module, lazily_built, printed_graph_module, source
 
 
 def f(x, y):
@@ -53,3 +53,31 @@ def test_the_autograd_stage_hands_the_compiler_graphs_without_generated_code():
     expected = x.detach().requires_grad_()
     f(expected, y)[0].sum().backward()
     torch.testing.assert_close(x.grad, expected.grad)
+
+
+def _relu_to_sigmoid(gm) -> None:
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.aten.relu.default:
+            node.target = torch.ops.aten.sigmoid.default
+
+
+def test_a_printed_graph_module_reads_as_its_printing_until_recompiled():
+    """`source` of a printed module is the code printed when it was built (no second printing, no compile); a
+    recompile() (or a new graph) drops it, so a key never reads the code of the graph as it was."""
+    x, y = torch.randn(3, 4), torch.randn(4, 5)
+    eager = make_fx(f)(x, y)
+    printed, code = printed_graph_module(eager, eager.graph)
+    assert code == eager.code and source(printed) is code and _unbuilt(printed)
+    torch.testing.assert_close(printed(x, y), f(x, y))
+
+    printed, _ = printed_graph_module(eager, make_fx(f)(x, y).graph)
+    _relu_to_sigmoid(printed)
+    printed.recompile()
+    assert "aten.sigmoid" in source(printed) and "aten.relu" not in source(printed)
+    assert torch.allclose(printed(x, y)[0], torch.sigmoid(x @ y).sum(0))
+
+    printed, _ = printed_graph_module(eager, make_fx(f)(x, y).graph)
+    other = make_fx(f)(x, y)
+    _relu_to_sigmoid(other)
+    printed.graph = other.graph
+    assert "aten.sigmoid" in source(printed)

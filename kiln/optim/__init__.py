@@ -5,8 +5,9 @@ graph break; see `kiln.capture.routes`) and the output program calls `compiled_s
 once per structure (`trace.py`), compiled by the region's backend, and run with the current learning
 rates as inputs. The first step is compiled too: Adam's and AdamW's state is created as their first step
 creates it, ahead of the update every step runs (`initial_state.py`); another optimizer's first step is a
-graph of its own that also returns the state it creates, which goes into the optimizer's state. The optimizer keeps its own state tensors, updated in place, so `state_dict()`
-and `load_state_dict()` work as in eager. Each step re-checks the inputs gathered for the last update
+graph of its own that also returns the state it creates, which goes into the optimizer's state. The
+optimizer keeps its own state tensors, updated in place, so `state_dict()` and `load_state_dict()` work as
+in eager. Each step re-checks the inputs gathered for the last update
 (`prepared.py`) rather than rebuilding its structure key. What the compiled step does not cover runs the
 optimizer's own `step`: a closure, step hooks, sparse or complex values, differentiable=True, other
 optimizer classes.

@@ -168,7 +168,7 @@ class AutogradGraphTracer:
         traced into this graph."""
         traced = getattr(getattr(ctx, "_forward_cls", None), "traced_backward", None)
         if traced is not None:
-            grads = traced(list(saved_tensors), tuple(inputs))
+            grads = traced(list(saved_tensors), tuple(inputs), self._inline)
             if grads is not None:
                 if getattr(ctx, "versions", None) is not None:  # checked by the run wrapper, before the graph
                     present = tuple(inputs[i] is not None for i in ctx._forward_cls.tangent_outputs)
@@ -323,6 +323,30 @@ class AutogradGraphTracer:
                                             {"hook_type": hook_type})
         return self._fresh_like(value, proxy)
 
+    def _inline(self, gm: fx.GraphModule, args: list) -> list:
+        """`gm` (a kiln backward graph: ATen ops) run on `args`, as a copy of its nodes into this graph.
+
+        Running it op by op under the fake and proxy modes would work out every intermediate value's
+        metadata, the bulk of a capture's time; the graph's own recorded values give the outputs' metadata
+        instead, valid where its inputs are what it was traced for (the same sizes, strides, dtypes and
+        devices). A graph with something else (other inputs, constants, a value without metadata) runs
+        through the interpreter."""
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        outputs = gm.graph.output_node().args[0]
+        if not _inlinable(gm, placeholders, args, outputs):
+            return list(fx.Interpreter(gm).run(*args))
+        env = {node: self.to_proxy(arg).node for node, arg in zip(placeholders, args)}
+        values = dict(zip(placeholders, args))
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                env[node] = self.fx_tracer.graph.node_copy(node, env.__getitem__)
+        results = []
+        for out in outputs:
+            if isinstance(out, fx.Node) and out not in values:
+                values[out] = self._fresh_like(out.meta["val"], fx.Proxy(env[out], self.fx_tracer))
+            results.append(values[out] if isinstance(out, fx.Node) else out)
+        return results
+
     def _call_node(self, fn: Callable, args: Any, n_outputs: int) -> list:
         proxy = self.fx_tracer.create_proxy("call_function", fn, pytree.tree_map(self.to_proxy, args), {})
         outs = [self.allocate_dummy() for _ in range(n_outputs)]
@@ -338,6 +362,27 @@ class AutogradGraphTracer:
             outs = [self.fake_mode.from_tensor(o) if o is not None else None for o in outs]
         self._bind_present(outs, proxy)
         return outs
+
+
+def _inlinable(gm: fx.GraphModule, placeholders: list, args: list, outputs: Any) -> bool:
+    """Whether `gm` can be copied node by node onto `args` (see `AutogradGraphTracer._inline`): only ATen
+    calls, every input a tensor with the metadata the graph recorded for it, every output a tensor it
+    recorded (or an input, or None)."""
+    if len(placeholders) != len(args) or not isinstance(outputs, (list, tuple)):
+        return False
+    if any(node.op not in ("placeholder", "call_function", "output") for node in gm.graph.nodes):
+        return False
+    for node, arg in zip(placeholders, args):
+        if not isinstance(arg, torch.Tensor) or not _same_metadata(node.meta.get("val"), arg):
+            return False
+    return all(out is None or (isinstance(out, fx.Node) and isinstance(out.meta.get("val"), torch.Tensor)
+                               and not out.meta["val"].requires_grad) for out in outputs)
+
+
+def _same_metadata(recorded: Any, value: torch.Tensor) -> bool:
+    return (isinstance(recorded, torch.Tensor) and recorded.shape == value.shape
+            and recorded.stride() == value.stride() and recorded.dtype == value.dtype
+            and recorded.device == value.device)
 
 
 def _unpacks_input(node: fx.Node) -> bool:

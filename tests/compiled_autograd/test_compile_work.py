@@ -1,11 +1,15 @@
-"""What a forward compiled under compiled autograd does not build: its own backward graph, whose ATen ops the
-captured backward inlines. It is built on first use where the engine does run it, and the gradients are
+"""What a whole step compiled under compiled autograd spares: the forward's own backward graph is not built
+(the captured backward inlines its ATen ops; it is built on first use where the engine does run it), and
+those ops are inlined as a copy of the graph's nodes rather than traced again op by op. The gradients are
 eager's either way."""
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
+from compiled_autograd.test_training_steps import Block, ConvBN
 from kiln import compiled_autograd
+from kiln.compiled_autograd import tracer
 from kiln.pipeline import ATEN_COMPILER_HOOKS
 
 
@@ -26,14 +30,19 @@ def compiled_kinds():
 
 
 MODELS = {
-    "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)),
-    "norm": lambda: torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6), torch.nn.GELU()),
+    "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)),
+            lambda: torch.randn(4, 6)),
+    "norm": (lambda: torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6), torch.nn.GELU()),
+             lambda: torch.randn(4, 6)),
+    "attention_block": (Block, Block.batch),
+    "conv_bn": (ConvBN, ConvBN.batch),
 }
 
 
 def model_and_grads(name):
     torch.manual_seed(0)
-    model, x = MODELS[name](), torch.randn(4, 6)
+    make_model, make_batch = MODELS[name]
+    model, x = make_model(), make_batch()
     model(x).square().mean().backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
@@ -76,3 +85,38 @@ def test_without_compiled_autograd_the_backward_is_built_with_the_forward(compil
     assert compiled_kinds == ["forward", "backward"]
     out.square().mean().backward()
     torch.testing.assert_close([p.grad for p in model.parameters()], expected)
+
+
+@pytest.fixture
+def inlined(monkeypatch):
+    """Per backward graph compiled autograd inlined, whether it was copied node by node."""
+    seen = []
+    original = tracer._inlinable
+
+    def spy(*args):
+        seen.append(original(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(tracer, "_inlinable", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_forwards_backward_is_copied_into_the_captured_graph(name, inlined):
+    model, x, expected = model_and_grads(name)
+    kiln.config.compiled_autograd = True
+    kiln.compile(train)(model, x)
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected)
+    assert inlined == [True]
+
+
+def test_a_graph_given_other_strides_than_it_recorded_is_not_copied():
+    """The recorded metadata describes the outputs only for the inputs the graph was traced with."""
+    gm = make_fx(lambda a, b: [a.t() @ b, a.sum(0)], tracing_mode="fake")(torch.randn(3, 4), torch.randn(3, 2))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    outputs = gm.graph.output_node().args[0]
+    assert tracer._inlinable(gm, placeholders, [torch.randn(3, 4), torch.randn(3, 2)], outputs)
+    transposed = torch.randn(4, 3).t()
+    assert not tracer._inlinable(gm, placeholders, [transposed, torch.randn(3, 2)], outputs)
+    assert not tracer._inlinable(gm, placeholders, [torch.randn(3, 4), torch.randn(3, 2, dtype=torch.float64)],
+                                 outputs)

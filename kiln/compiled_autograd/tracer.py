@@ -380,9 +380,14 @@ def _inlinable(gm: fx.GraphModule, placeholders: list, args: list, outputs: Any)
 
 
 def _same_metadata(recorded: Any, value: torch.Tensor) -> bool:
-    return (isinstance(recorded, torch.Tensor) and recorded.shape == value.shape
-            and recorded.stride() == value.stride() and recorded.dtype == value.dtype
-            and recorded.device == value.device)
+    """Whether `value` (sizes symbolic in the capture, compared by the values they stand for now: comparing
+    the symbols would record each comparison in the graph) has the metadata `recorded` (static)."""
+    return (isinstance(recorded, torch.Tensor) and recorded.dtype == value.dtype and recorded.device == value.device
+            and tuple(recorded.shape) == _concrete(value.shape) and recorded.stride() == _concrete(value.stride()))
+
+
+def _concrete(sizes: Sequence) -> tuple[int, ...]:
+    return tuple(s.node.hint if isinstance(s, torch.SymInt) else s for s in sizes)
 
 
 def _unpacks_input(node: fx.Node) -> bool:

@@ -333,9 +333,9 @@ class AutogradGraphTracer:
         through the interpreter."""
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         outputs = gm.graph.output_node().args[0]
-        if not _inlinable(gm, placeholders, args, outputs):
+        env = self._input_nodes(placeholders, args) if _inlinable(gm, placeholders, args, outputs) else None
+        if env is None:
             return list(fx.Interpreter(gm).run(*args))
-        env = {node: self.to_proxy(arg).node for node, arg in zip(placeholders, args)}
         values = dict(zip(placeholders, args))
         for node in gm.graph.nodes:
             if node.op == "call_function":
@@ -346,6 +346,17 @@ class AutogradGraphTracer:
                 values[out] = self._fresh_like(out.meta["val"], fx.Proxy(env[out], self.fx_tracer))
             results.append(values[out] if isinstance(out, fx.Node) else out)
         return results
+
+    def _input_nodes(self, placeholders: list, args: list) -> dict | None:
+        """Each placeholder -> the node of this graph holding its argument; None if one is not a value of
+        this graph (a tensor the tracer does not track, which the interpreter would take as a constant)."""
+        nodes = {}
+        for placeholder, arg in zip(placeholders, args):
+            proxy = getattr(engine.proxy_of(self.fx_tracer, arg), "proxy", None)
+            if proxy is None:
+                return None
+            nodes[placeholder] = proxy.node
+        return nodes
 
     def _call_node(self, fn: Callable, args: Any, n_outputs: int) -> list:
         proxy = self.fx_tracer.create_proxy("call_function", fn, pytree.tree_map(self.to_proxy, args), {})
@@ -370,13 +381,20 @@ def _inlinable(gm: fx.GraphModule, placeholders: list, args: list, outputs: Any)
     recorded (or an input, or None)."""
     if len(placeholders) != len(args) or not isinstance(outputs, (list, tuple)):
         return False
-    if any(node.op not in ("placeholder", "call_function", "output") for node in gm.graph.nodes):
+    if any(node.op not in ("placeholder", "call_function", "output") or
+           (node.op == "call_function" and not _is_aten_call(node)) for node in gm.graph.nodes):
         return False
     for node, arg in zip(placeholders, args):
         if not isinstance(arg, torch.Tensor) or not _same_metadata(node.meta.get("val"), arg):
             return False
     return all(out is None or (isinstance(out, fx.Node) and isinstance(out.meta.get("val"), torch.Tensor)
                                and not out.meta["val"].requires_grad) for out in outputs)
+
+
+def _is_aten_call(node: fx.Node) -> bool:
+    """An ATen operator, or the `getitem` that takes one output of a multi-output operator (a Python function
+    in the graph would run under kiln's capture of the captured graph instead of as the interpreter runs it)."""
+    return isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem
 
 
 def _same_metadata(recorded: Any, value: torch.Tensor) -> bool:

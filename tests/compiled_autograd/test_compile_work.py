@@ -120,3 +120,14 @@ def test_a_graph_given_other_strides_than_it_recorded_is_not_copied():
     assert not tracer._inlinable(gm, placeholders, [transposed, torch.randn(3, 2)], outputs)
     assert not tracer._inlinable(gm, placeholders, [torch.randn(3, 4), torch.randn(3, 2, dtype=torch.float64)],
                                  outputs)
+
+
+def test_a_graph_calling_a_python_function_is_not_copied():
+    """Only ATen calls are copied: a Python function in the graph runs as the interpreter runs it."""
+    gm = torch.fx.symbolic_trace(lambda a: [torch.nn.functional.relu(a) * 2])
+    placeholder = next(iter(gm.graph.find_nodes(op="placeholder")))
+    placeholder.meta["val"] = torch.randn(3)
+    for node in gm.graph.nodes:
+        node.meta.setdefault("val", torch.randn(3))
+    outputs = gm.graph.output_node().args[0]
+    assert not tracer._inlinable(gm, [placeholder], [torch.randn(3)], outputs)

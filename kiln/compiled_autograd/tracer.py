@@ -399,9 +399,18 @@ def _is_aten_call(node: fx.Node) -> bool:
 
 def _same_metadata(recorded: Any, value: torch.Tensor) -> bool:
     """Whether `value` (sizes symbolic in the capture, compared by the values they stand for now: comparing
-    the symbols would record each comparison in the graph) has the metadata `recorded` (static)."""
-    return (isinstance(recorded, torch.Tensor) and recorded.dtype == value.dtype and recorded.device == value.device
-            and tuple(recorded.shape) == _concrete(value.shape) and recorded.stride() == _concrete(value.stride()))
+    the symbols would record each comparison in the graph) has the metadata `recorded` (static). The stride
+    of a dimension of size 1 steps nowhere: kernels differ on it (`unsqueeze` gives 1, an expand 0), layouts
+    do not."""
+    if not isinstance(recorded, torch.Tensor) or recorded.dtype != value.dtype or recorded.device != value.device:
+        return False
+    shape = tuple(recorded.shape)
+    return shape == _concrete(value.shape) and _spanning(shape, recorded.stride()) == _spanning(
+        shape, _concrete(value.stride()))
+
+
+def _spanning(shape: tuple, strides: tuple) -> tuple:
+    return tuple(stride for size, stride in zip(shape, strides) if size != 1)
 
 
 def _concrete(sizes: Sequence) -> tuple[int, ...]:

@@ -131,3 +131,36 @@ def test_a_graph_calling_a_python_function_is_not_copied():
         node.meta.setdefault("val", torch.randn(3))
     outputs = gm.graph.output_node().args[0]
     assert not tracer._inlinable(gm, [placeholder], [torch.randn(3)], outputs)
+
+
+def test_a_size_one_dimension_may_have_another_stride():
+    """`unsqueeze` gives a size-1 dimension stride 1 where an expand gives 0: the same layout."""
+    gm = make_fx(lambda a, t: [a * 2, t + 1], tracing_mode="fake")(torch.randn(3, 4), torch.zeros(2, 1))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    outputs = gm.graph.output_node().args[0]
+    expanded = torch.zeros(2).unsqueeze(1).expand(2, 1)
+    assert tracer._inlinable(gm, placeholders, [torch.randn(3, 4), torch.zeros(2, 1).as_strided((2, 1), (1, 0))],
+                             outputs)
+    assert not tracer._inlinable(gm, placeholders, [torch.randn(3, 4)[:, ::1].t().contiguous().t(), expanded],
+                                 outputs)
+
+
+def test_a_classifier_step_with_cross_entropy_is_copied(inlined):
+    """nll_loss's backward reads the targets as saved (2, 1) indices, whose size-1 stride the compiled
+    forward gives otherwise than its trace recorded."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 5))
+    x, y = torch.randn(4, 6), torch.tensor([0, 3, 1, 4])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    kiln.config.compiled_autograd = True
+    kiln.compile(step)()
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected)
+    assert inlined == [True]

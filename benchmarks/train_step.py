@@ -14,8 +14,10 @@ The run is strict (KILN_STRICT=1, set by `common`): a kiln fallback fails its co
 
 Per configuration: `step_ms`, the median of synchronized single steps (host and device time of one step);
 `back_to_back_ms`, the mean of steps issued without a synchronize between them (as the harness runs them);
-`compile_s`, the time the first steps took beyond `step_ms` (kiln_step compiles twice: the first optimizer
-step creates the state, the second is the steady update); `first_step_s`.
+`compile_s`, the time the first steps took beyond `step_ms` (compiles may come in the second step too:
+torch.compile's optimizer and kiln's SGD with momentum compile the first step and the steady update
+separately; kiln's Adam/AdamW make the first step's state and compile only the steady update);
+`first_step_s`.
 
 Results go to `benchmarks/results/train_step/<date>_<gpu>_<commit>.json` and `.md` (a table):
 

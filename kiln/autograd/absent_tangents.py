@@ -86,12 +86,19 @@ def _absent_only(graph: torch.fx.Graph, absent: set, present: set) -> tuple[set,
 
 
 class BackwardVariants:
-    """The compiled backward for each set of absent tangents a backward call meets, compiled on first use."""
+    """The compiled backward for each set of absent tangents a backward call meets, compiled on first use.
 
-    def __init__(self, graph: torch.fx.GraphModule, num_tangents: int, compiled: Callable,
-                 compile_graph: Callable[[torch.fx.GraphModule], Callable]):
+    The full backward (no tangent absent) is compiled up front unless `lazy`: a forward compiled while
+    compiled autograd is on has its backward's ATen ops inlined into the captured backward graph
+    (`traced_backward`), so its own compiled backward runs only where that does not apply, and is built then.
+    """
+
+    def __init__(self, graph: torch.fx.GraphModule, num_tangents: int,
+                 compile_graph: Callable[[torch.fx.GraphModule], Callable], lazy: bool = False):
         self.graph, self.num_tangents, self.compile_graph = graph, num_tangents, compile_graph
-        self.compiled: dict[frozenset[int], Callable] = {frozenset(): compiled}
+        self.compiled: dict[frozenset[int], Callable] = {}
+        if not lazy:
+            self.compiled[frozenset()] = compile_graph(graph)
 
     def __call__(self, absent: frozenset[int]) -> Callable:
         try:
@@ -107,5 +114,7 @@ class BackwardVariants:
         return self.graph if rewritten is None else rewritten
 
     def _build(self, absent: frozenset[int]) -> Callable:
+        if not absent:
+            return self.compile_graph(self.graph)
         rewritten = without_absent_tangents(self.graph, self.num_tangents, absent)
-        return self.compiled[frozenset()] if rewritten is None else self.compile_graph(rewritten)
+        return self(frozenset()) if rewritten is None else self.compile_graph(rewritten)

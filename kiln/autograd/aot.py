@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from kiln import fallbacks
+from kiln import compiled_autograd, fallbacks
 from kiln.autograd import aot_cache
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
@@ -431,8 +431,8 @@ class AOTCompiled:
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations))
         backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
-                                    boxed(self._compile(key, "backward", split.backward)),
-                                    lambda graph: boxed(self._compile(key, "backward", graph)))
+                                    lambda graph: boxed(self._compile(key, "backward", graph)),
+                                    lazy=compiled_autograd.is_active())
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         written = _written_inputs(signature, mutations)

@@ -110,7 +110,7 @@ def _views_out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     """The graph `make_fx(functionalize(gm))` records, built by rewriting a copy of `gm`; None
     where it could differ from the re-trace (`_written_storages`, and an in-place op whose functional
-    variant gives its result another geometry).
+    variant gives its result another geometry; another dtype is cast back, `_cast_to_written`).
 
     Functionalization runs each in-place op's functional variant where the in-place op was, and
     every later reader of the written tensor (or of an alias of it) reads the new value; once the
@@ -139,10 +139,12 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     for node in nodes:
         if node in writes:
             args, kwargs = torch.fx.map_arg((_functional_args(node, writes[node]), node.kwargs), read)
-            new = env[node] = latest[storage_of[node]] = graph.call_function(writes[node], args, kwargs)
+            new = graph.call_function(writes[node], args, kwargs)
             new.meta["val"] = fake_run(writes[node], new)
+            new = _cast_to_written(graph, new, node.args[0].meta["val"])
             if not _same_geometry(new.meta["val"], node.args[0].meta["val"]):
                 return None  # later readers would see other strides than the traced ones
+            env[node] = latest[storage_of[node]] = new
             continue
         if node.op == "output":
             for placeholder in gm.graph.find_nodes(op="placeholder"):
@@ -150,6 +152,18 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
                     graph.call_function(aten.copy_.default, (env[placeholder], latest[storage_of[placeholder]]))
         env[node] = graph.node_copy(node, read)
     return graph
+
+
+def _cast_to_written(graph: torch.fx.Graph, new: torch.fx.Node, written) -> torch.fx.Node:
+    """The functional variant's result in the written tensor's dtype. The in-place op computes in the
+    promoted dtype and stores into its tensor's own (`f32_scalar.div_(f64_scalar)`, as an optimizer's bias
+    correction divides by a float64 learning rate); functionalization records that store as `_to_copy`."""
+    value = new.meta["val"]
+    if not isinstance(value, torch.Tensor) or not isinstance(written, torch.Tensor) or value.dtype == written.dtype:
+        return new
+    cast = graph.call_function(aten._to_copy.default, (new,), {"dtype": written.dtype, "layout": torch.strided})
+    cast.meta["val"] = fake_run(aten._to_copy.default, cast)
+    return cast
 
 
 def _functional_args(node: torch.fx.Node, functional: torch._ops.OpOverload) -> tuple:

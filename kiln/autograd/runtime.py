@@ -243,20 +243,22 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 return _delay_error(result)
             return tuple(result)
 
-    def traced_backward(saved: list, grad_outputs: tuple) -> tuple | None:
+    def traced_backward(saved: list, grad_outputs: tuple, run_graph: Callable | None = None) -> tuple | None:
         """The backward as the ATen ops of its graph, run on `saved` and `grad_outputs` as they are: under
         compiled autograd's tracer (fake values) the ops land in the captured backward graph, which then
-        fuses across this graph's backward and its neighbours'. None where only the compiled backward
-        applies: saved sizes (values of this forward the captured graph would bake in), symbolic tangents,
-        or a backward that is itself differentiated. The version check of what eager would have saved
-        (`ctx.versions`) is the caller's to run before the graph, with the present tangents."""
+        fuses across this graph's backward and its neighbours'. `run_graph(gm, args) -> outputs` runs the
+        graph (the tracer's copies its nodes; an interpreter by default). None where only the compiled
+        backward applies: saved sizes (values of this forward the captured graph would bake in), symbolic
+        tangents, or a backward that is itself differentiated. The version check of what eager would have
+        saved (`ctx.versions`) is the caller's to run before the graph, with the present tangents."""
         if has_sizes or symbolic_tangents or torch.is_grad_enabled():
             return None
         args = [*saved]
         args += [_as_traced(grad_outputs[i], spec, False) if grad_outputs[i] is not None
                  else _zero_gradient(None, k, spec, False) for k, (i, spec, _) in enumerate(tangents)]
         absent = frozenset(k for k, (i, _, _) in enumerate(tangents) if grad_outputs[i] is None)
-        grads = iter(torch.fx.Interpreter(backward_for.graph_for(absent)).run(*args))
+        graph = backward_for.graph_for(absent)
+        grads = iter(run_graph(graph, args) if run_graph is not None else torch.fx.Interpreter(graph).run(*args))
         result = [next(grads) if has_grad else None for has_grad in grad_mask]
         if reached_by is not None:
             _drop_unreached(result, reached_by, [grad_outputs[i] is None for i, _, _ in tangents])

@@ -168,7 +168,7 @@ class AutogradGraphTracer:
         traced into this graph."""
         traced = getattr(getattr(ctx, "_forward_cls", None), "traced_backward", None)
         if traced is not None:
-            grads = traced(list(saved_tensors), tuple(inputs))
+            grads = traced(list(saved_tensors), tuple(inputs), self._inline)
             if grads is not None:
                 if getattr(ctx, "versions", None) is not None:  # checked by the run wrapper, before the graph
                     present = tuple(inputs[i] is not None for i in ctx._forward_cls.tangent_outputs)
@@ -324,6 +324,41 @@ class AutogradGraphTracer:
                                             {"hook_type": hook_type})
         return self._fresh_like(value, proxy)
 
+    def _inline(self, gm: fx.GraphModule, args: list) -> list:
+        """`gm` (a kiln backward graph: ATen ops) run on `args`, as a copy of its nodes into this graph.
+
+        Running it op by op under the fake and proxy modes would work out every intermediate value's
+        metadata, the bulk of a capture's time; the graph's own recorded values give the outputs' metadata
+        instead, valid where its inputs are what it was traced for (the same sizes, strides, dtypes and
+        devices). A graph with something else (other inputs, constants, a value without metadata) runs
+        through the interpreter."""
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        outputs = gm.graph.output_node().args[0]
+        env = self._input_nodes(placeholders, args) if _inlinable(gm, placeholders, args, outputs) else None
+        if env is None:
+            return list(fx.Interpreter(gm).run(*args))
+        values = dict(zip(placeholders, args))
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                env[node] = self.fx_tracer.graph.node_copy(node, env.__getitem__)
+        results = []
+        for out in outputs:
+            if isinstance(out, fx.Node) and out not in values:
+                values[out] = self._fresh_like(out.meta["val"], fx.Proxy(env[out], self.fx_tracer))
+            results.append(values[out] if isinstance(out, fx.Node) else out)
+        return results
+
+    def _input_nodes(self, placeholders: list, args: list) -> dict | None:
+        """Each placeholder -> the node of this graph holding its argument; None if one is not a value of
+        this graph (a tensor the tracer does not track, which the interpreter would take as a constant)."""
+        nodes = {}
+        for placeholder, arg in zip(placeholders, args):
+            proxy = getattr(engine.proxy_of(self.fx_tracer, arg), "proxy", None)
+            if proxy is None:
+                return None
+            nodes[placeholder] = proxy.node
+        return nodes
+
     def _call_node(self, fn: Callable, args: Any, n_outputs: int) -> list:
         proxy = self.fx_tracer.create_proxy("call_function", fn, pytree.tree_map(self.to_proxy, args), {})
         outs = [self.allocate_dummy() for _ in range(n_outputs)]
@@ -339,6 +374,48 @@ class AutogradGraphTracer:
             outs = [self.fake_mode.from_tensor(o) if o is not None else None for o in outs]
         self._bind_present(outs, proxy)
         return outs
+
+
+def _inlinable(gm: fx.GraphModule, placeholders: list, args: list, outputs: Any) -> bool:
+    """Whether `gm` can be copied node by node onto `args` (see `AutogradGraphTracer._inline`): only ATen
+    calls, every input a tensor with the metadata the graph recorded for it, every output a tensor it
+    recorded (or an input, or None)."""
+    if len(placeholders) != len(args) or not isinstance(outputs, (list, tuple)):
+        return False
+    if any(node.op not in ("placeholder", "call_function", "output") or
+           (node.op == "call_function" and not _is_aten_call(node)) for node in gm.graph.nodes):
+        return False
+    for node, arg in zip(placeholders, args):
+        if not isinstance(arg, torch.Tensor) or not _same_metadata(node.meta.get("val"), arg):
+            return False
+    return all(out is None or (isinstance(out, fx.Node) and isinstance(out.meta.get("val"), torch.Tensor)
+                               and not out.meta["val"].requires_grad) for out in outputs)
+
+
+def _is_aten_call(node: fx.Node) -> bool:
+    """An ATen operator, or the `getitem` that takes one output of a multi-output operator (a Python function
+    in the graph would run under kiln's capture of the captured graph instead of as the interpreter runs it)."""
+    return isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem
+
+
+def _same_metadata(recorded: Any, value: torch.Tensor) -> bool:
+    """Whether `value` (sizes symbolic in the capture, compared by the values they stand for now: comparing
+    the symbols would record each comparison in the graph) has the metadata `recorded` (static). The stride
+    of a dimension of size 1 steps nowhere: kernels differ on it (`unsqueeze` gives 1, an expand 0), layouts
+    do not."""
+    if not isinstance(recorded, torch.Tensor) or recorded.dtype != value.dtype or recorded.device != value.device:
+        return False
+    shape = tuple(recorded.shape)
+    return shape == _concrete(value.shape) and _spanning(shape, recorded.stride()) == _spanning(
+        shape, _concrete(value.stride()))
+
+
+def _spanning(shape: tuple, strides: tuple) -> tuple:
+    return tuple(stride for size, stride in zip(shape, strides) if size != 1)
+
+
+def _concrete(sizes: Sequence) -> tuple[int, ...]:
+    return tuple(s.node.hint if isinstance(s, torch.SymInt) else s for s in sizes)
 
 
 def _unpacks_input(node: fx.Node) -> bool:

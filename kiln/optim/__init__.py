@@ -3,9 +3,11 @@
 When a kiln-compiled function calls `optimizer.step()`, capture ends its graph there (a boundary, not a
 graph break; see `kiln.capture.routes`) and the output program calls `compiled_step`: the update traced
 once per structure (`trace.py`), compiled by the region's backend, and run with the current learning
-rates as inputs. The first step is compiled too: its graph also returns the state it creates, which goes
-into the optimizer's state. The optimizer keeps its own state tensors, updated in place, so `state_dict()`
-and `load_state_dict()` work as in eager. Each step re-checks the inputs gathered for the last update
+rates as inputs. The first step is compiled too: Adam's and AdamW's state is created as their first step
+creates it, ahead of the update every step runs (`initial_state.py`); another optimizer's first step is a
+graph of its own that also returns the state it creates, which goes into the optimizer's state. The
+optimizer keeps its own state tensors, updated in place, so `state_dict()` and `load_state_dict()` work as
+in eager. Each step re-checks the inputs gathered for the last update
 (`prepared.py`) rather than rebuilding its structure key. What the compiled step does not cover runs the
 optimizer's own `step`: a closure, step hooks, sparse or complex values, differentiable=True, other
 optimizer classes.
@@ -21,6 +23,7 @@ import torch
 import torch.optim.optimizer as torch_optimizer
 
 from kiln.capture import routes
+from kiln.optim.initial_state import create_initial_state
 from kiln.optim.prepared import PreparedStep, hashable, hyperparameters
 from kiln.optim.trace import StepLayout, layout_of, trace_step
 
@@ -50,6 +53,7 @@ class CompiledSteps:
             why = _unsupported_values(optimizer)
             if why:
                 return why
+            create_initial_state(optimizer)
             prepared = self.prepared = self.prepare(optimizer, backend)
             inputs = prepared.inputs(optimizer)
         prepared.run(optimizer, inputs + self._learning_rates(optimizer))

@@ -201,7 +201,26 @@ def written_and_returned(x, y):
     return [x, z]
 
 
+def written_in_a_promoted_dtype(step, lr, x):
+    """In-place ops whose functional variant promotes (a float32 scalar divided by a float64 one, as an
+    optimizer's bias correction divides by its learning rate): the written tensors keep their dtype."""
+    bias = torch.pow(0.9, step.add_(1))
+    bias.sub_(1).div_(lr)
+    half = x.to(torch.bfloat16)
+    half.mul_(lr.float())
+    return [bias * 2, x * bias, half + 1]
+
+
+def written_input_in_a_promoted_dtype(x, scale):
+    """A float32 0-d input written with a float64 0-d factor."""
+    x.mul_(scale)
+    return [x + 1]
+
+
 @pytest.mark.parametrize("fn, args, rewritten", [
+    (written_in_a_promoted_dtype, lambda: (torch.tensor(3.0), torch.tensor(0.01, dtype=torch.float64),
+                                           torch.randn(4)), True),
+    (written_input_in_a_promoted_dtype, lambda: (torch.tensor(1.5), torch.tensor(3.0, dtype=torch.float64)), True),
     (batchnorm_step, lambda: (torch.randn(3), torch.randn(4, 3), torch.zeros(3), torch.ones(3),
                               torch.tensor(0)), True),
     (lambda x, y: [torch.sin(x) + y.t(), y.view(-1)], lambda: (torch.randn(2, 2), torch.randn(2, 2)), True),

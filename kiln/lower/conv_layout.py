@@ -17,6 +17,7 @@ convolutions by their FLOPs instead, with the measured speedup of each kind.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -100,17 +101,42 @@ def _faster_by_flops(convs: list[Conv]) -> bool:
 def channels_last_values(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """The nodes whose values prefer channels-last in a graph whose convolutions run so: every value a
     convolution reads, directly or through other ops, and every value computed from one of those (the
-    chain conv -> batch norm -> activation -> conv, forward and backward, in one layout)."""
+    chain conv -> batch norm -> activation -> conv, forward and backward, in one layout) -- along paths on
+    which a 4-d value's dims keep their meaning (N, C, H, W). A permute, a reshape or a view ends the path:
+    ConvNeXt's block permutes its convolution's result to [N, H, W, C] for a layer norm and linear layers,
+    whose values are best stored in that order as they are (channels-last of that shape would put H last)."""
     convs = set(conv2d_nodes(gm))
     upstream: set[torch.fx.Node] = set()
     for node in reversed(gm.graph.nodes):
-        if node in convs or any(u in upstream for u in node.users):
+        if node in convs or any(u in upstream and _keeps_dims(node, u) for u in node.users):
             upstream.add(node)
     preferred = set(upstream)
     for node in gm.graph.nodes:
         if node in preferred:
-            preferred.update(node.users)
+            preferred.update(u for u in node.users if _keeps_dims(node, u))
     return preferred
+
+
+# Ops whose result's dims are not its input's dims (in another order, merged, split, added or taken away).
+_REARRANGING = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.transpose.int,
+    aten.t.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+    aten.select.int, aten.as_strided.default, aten.unfold.default, aten.pixel_shuffle.default,
+    aten.pixel_unshuffle.default, aten.channel_shuffle.default, aten.flatten.using_ints, aten.unflatten.int})
+
+
+def _keeps_dims(node: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """Whether `user` computes from `node` a value whose dims are `node`'s (a pointwise op, a batch norm's
+    pieces, pooling, a convolution, an item of a tuple result), both 4-d."""
+    if user.op != "call_function" or user.target in _REARRANGING:
+        return False
+    value, out = node.meta.get("val"), user.meta.get("val")
+    if user.target is operator.getitem:
+        return isinstance(out, torch.Tensor) and out.dim() == 4
+    if isinstance(out, (tuple, list)):  # a convolution's backward, a pooling with its indices
+        return isinstance(value, torch.Tensor) and value.dim() == 4
+    return (isinstance(value, torch.Tensor) and isinstance(out, torch.Tensor) and value.dim() == 4
+            and out.dim() == 4)
 
 
 def _conv(node: torch.fx.Node) -> Conv | None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import kiln
 from kiln import pipeline
 from kiln.lower import ir
-from kiln.lower.conv_layout import prefers_channels_last
+from kiln.lower.conv_layout import channels_last_values, prefers_channels_last
 from kiln.lower.graph import channels_last_strides
 from support.lowering import trace
 
@@ -80,6 +80,28 @@ def test_a_lone_convolution_among_many_ops_keeps_eager_layout():
 
     gm = trace(patch_embed_then_many_ops, torch.randn(2, 16, 16, 16), w)
     assert not prefers_channels_last(gm, inference=False)
+
+
+def test_a_permuted_value_leaves_the_channels_last_path():
+    """ConvNeXt's block: the depthwise convolution's result permuted to [N, H, W, C] for a layer norm and an MLP,
+    permuted back and added to the residual read by the next convolution. The values in [N, H, W, C] are off the
+    channels-last path (stored as they are; channels-last of that shape would put H last); the residual sum and
+    the permuted-back MLP output are on it."""
+    n, c, hw = 2, 16, 8
+
+    def convnext_block(x, w_dw, w1, w2, w_next):
+        y = F.conv2d(x, w_dw, padding=3, groups=c).permute(0, 2, 3, 1)
+        y = F.linear(F.gelu(F.linear(F.layer_norm(y, (c,)), w1)), w2).permute(0, 3, 1, 2)
+        return F.conv2d(x + y, w_next)
+
+    inputs = [torch.randn(n, c, hw, hw), torch.randn(c, 1, 7, 7), torch.randn(4 * c, c), torch.randn(c, 4 * c),
+              torch.randn(c, c, 1, 1)]
+    gm = trace(convnext_block, *inputs)
+    preferred = channels_last_values(gm)
+    shapes = {tuple(node.meta["val"].shape) for node in preferred if isinstance(node.meta.get("val"), torch.Tensor)}
+    assert (n, hw, hw, c) not in shapes and (n, hw, hw, 4 * c) not in shapes, shapes
+    convs = list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
+    assert convs[-1].args[0] in preferred  # the residual sum the next convolution reads
 
 
 class InvertedResidual(nn.Module):
@@ -164,7 +186,8 @@ def _activation_copies(graph: ir.LoweredGraph, image: torch.Size) -> list[ir.Com
     output, not a weight), but for the step's input `image`."""
     activations = {torch.Size(a.layout.size).numel() for e in _conv_externs(graph) for a in e.args[:3]
                    if isinstance(a, ir.TensorRef) and a.layout.size[0] == image[0]} - {image.numel()}
-    return [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and isinstance(n.data.body, ir.Load)
+    return [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer) and isinstance(n.data, ir.Pointwise)
+            and isinstance(n.data.body, ir.Load)
             and torch.Size(n.layout.size).numel() in activations]
 
 

@@ -60,6 +60,7 @@ def test_training_step_runs_its_convolutions_channels_last_on_the_gpu():
         assert all(_is_channels_last(a.layout) for a in operands), [a for a in operands
                                                                     if not _is_channels_last(a.layout)]
         activation_copies = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer)
-                             and isinstance(n.data.body, ir.Load) and int(n.layout.size[0]) == BATCH]
+                             and isinstance(n.data, ir.Pointwise) and isinstance(n.data.body, ir.Load)
+                             and int(n.layout.size[0]) == BATCH]
         assert not activation_copies, [n.name for n in activation_copies]
 

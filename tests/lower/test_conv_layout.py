@@ -147,14 +147,13 @@ def channels_last_on_cpu(monkeypatch):
                         lambda gm, target: prefers_channels_last(gm, pipeline._is_inference(gm)))
 
 
-@pytest.fixture(params=list(STEPS))
-def training_step(request, channels_last_on_cpu, compiled_graphs):
+def run_step(name: str, compiled_graphs: list, device: str = "cpu"):
     """(compiled graphs, eager's and kiln's loss, eager's and kiln's gradients, the models, the step's input
-    shape) of one training step."""
+    shape) of one training step of STEPS[name]."""
     torch.manual_seed(0)
-    make, shape = STEPS[request.param]
-    model, x = make(), torch.randn(shape)
-    twin = make()
+    make, shape = STEPS[name]
+    model, x = make().to(device), torch.randn(shape, device=device)
+    twin = make().to(device)
     twin.load_state_dict(model.state_dict())
     expected = model(x)
     expected.backward()
@@ -162,6 +161,23 @@ def training_step(request, channels_last_on_cpu, compiled_graphs):
     got.backward()
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters())]
     return list(compiled_graphs), (expected, got), grads, (model, twin), x.shape
+
+
+@pytest.fixture(params=list(STEPS))
+def training_step(request, channels_last_on_cpu, compiled_graphs):
+    return run_step(request.param, compiled_graphs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(STEPS))
+def test_training_step_on_the_gpu_matches_eager(name, compiled_graphs):
+    """On the GPU kiln decides the layout itself; cuDNN's channels-last and NCHW algorithms round differently
+    (TF32 included), so the tolerance is loose: a wrong layout gives wrong values, not rounding."""
+    graphs, (expected, got), grads, (model, twin), _ = run_step(name, compiled_graphs, "cuda")
+    assert graphs[0].restrided_outputs, "the forward saves its activations channels-last"
+    torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)
+    for g_eager, g_kiln in grads:
+        torch.testing.assert_close(g_kiln, g_eager, atol=1e-2, rtol=1e-2)
 
 
 def test_training_step_through_channels_last_convolutions_matches_eager(training_step):

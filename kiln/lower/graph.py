@@ -332,8 +332,8 @@ class GraphLowering:
         return all(u.op == "call_function" and u.target in LOWERINGS for u in node.users)
 
     def extern(self, op, args, kwargs, meta) -> Any:
-        """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (a
-        channels-last convolution's, with `channels_last_convs`)."""
+        """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (with
+        `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
         any_order = op in ANY_ORDER_EXTERNS
         layout = layouts = None
         if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):

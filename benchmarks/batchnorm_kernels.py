@@ -7,7 +7,10 @@ Forward and backward are traced separately (aten.native_batch_norm and its backw
 training graph), compiled with kiln's code generator, checked against eager (norm-relative error), then
 timed with CUDA events (triton.testing.do_bench, median).
 
-    python benchmarks/batchnorm_kernels.py [--dtype bfloat16] [--out bn.json]
+`--channels-last` takes the activations channels-last, as a training graph whose convolutions run channels-last
+holds them (kiln/lower/conv_layout.py): the statistics are then column reductions.
+
+    python benchmarks/batchnorm_kernels.py [--dtype bfloat16] [--channels-last] [--out bn.json]
 """
 from __future__ import annotations
 
@@ -62,14 +65,16 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--channels-last", action="store_true", help="activations in channels-last memory")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
     variants = {"looped": heuristics.MIN_PROGRAMS, "split": heuristics.ROW_SPLIT_PROGRAMS}
     rows = []
     print(f"{'shape':>22s} {'dtype':>9s}  {'fwd+bwd us:':12s} {'looped':>8s} {'split':>8s} {'eager':>8s}")
     for channels, side in SHAPES:
-        x = torch.randn(64, channels, side, side, device="cuda", dtype=dtype)
+        x = torch.randn(64, channels, side, side, device="cuda", dtype=dtype).contiguous(memory_format=layout)
         weight = torch.rand(channels, device="cuda", dtype=dtype) + 0.5
         bias = torch.randn(channels, device="cuda", dtype=dtype)
         grad = torch.randn_like(x)
@@ -91,7 +96,8 @@ def main() -> None:
                 error = ((g.double() - e.double()).norm() / e.double().norm()).item()
                 assert error < tol, f"{name}: relative error {error:.2e} over {tuple(e.shape)}"
             times[name] = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median") * 1e3
-        rows.append({"channels": channels, "side": side, "dtype": args.dtype, "us": times})
+        rows.append({"channels": channels, "side": side, "dtype": args.dtype, "channels_last": args.channels_last,
+                     "us": times})
         shape = f"64x{channels}x{side}x{side}"
         print(f"{shape:>22s} {args.dtype:>9s}  {'':12s} "
               f"{times['looped']:8.1f} {times['split']:8.1f} {times['eager']:8.1f}")

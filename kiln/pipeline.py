@@ -51,6 +51,7 @@ from kiln.config import CompileOptions, as_options, config, field_name
 from kiln.lower import ir, lower_graph
 from kiln.lower.collectives import place_collectives
 from kiln.lower.constant_masks import drop_masks_that_mask_nothing
+from kiln.lower.conv_layout import prefers_channels_last
 from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
@@ -107,8 +108,28 @@ def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
         product = _product(code, target)  # before build: it runs the wrapper in (and adds to) the namespace
         namespace = run("build", build, code, target, name)
     compiled = _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
+    compiled.restrided_outputs = restrided_outputs(gm, graph)
+    if product is not None:
+        product["restrided_outputs"] = [[k, list(stride)] for k, stride in compiled.restrided_outputs]
     compiled.product = product
     return compiled
+
+
+def restrided_outputs(gm: torch.fx.GraphModule, graph: ir.LoweredGraph) -> tuple[tuple[int, tuple], ...]:
+    """(output index, strides) of each output the lowered graph returns with other strides than the traced
+    graph's: a forward's activations saved channels-last for its backward (kiln/lower/graph.py `_output`)."""
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+             for n in pytree.tree_flatten(output.args[0])[0]]  # as lower_graph flattens them
+    out = []
+    for k, (ref, meta) in enumerate(zip(graph.outputs, metas)):
+        if not (isinstance(ref, ir.TensorRef) and isinstance(meta, torch.Tensor)):
+            continue
+        stride = tuple(ref.layout.stride)
+        if all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in stride) and any(
+                n != 1 and int(a) != b for n, a, b in zip(meta.shape, stride, meta.stride())):
+            out.append((k, tuple(int(s) for s in stride)))
+    return tuple(out)
 
 
 def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
@@ -183,7 +204,9 @@ def from_product(product: dict, gm: torch.fx.GraphModule, example_inputs: list, 
     kernels, namespace = graph_cache.decode_product(product, base_namespace())
     code = GeneratedCode(product["source"], kernels, product["wrapper"], namespace)
     namespace = build(code, target, name)
-    return _loaded_graph(gm, code, namespace, target, name, times, from_cache=True)
+    compiled = _loaded_graph(gm, code, namespace, target, name, times, from_cache=True)
+    compiled.restrided_outputs = tuple((k, tuple(stride)) for k, stride in product.get("restrided_outputs", ()))
+    return compiled
 
 
 class Stages:
@@ -232,14 +255,20 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: b
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool,
           through_aten: frozenset = frozenset()) -> ir.LoweredGraph:
     """The loop-level IR of `gm`, verified, with the nodes in `through_aten` left as ATen externs. On the GPU,
-    matmul operands may be stored padded (`shape_padding`), and convolutions run channels-last only where no
-    activation leaves the graph for a backward that expects eager's layout (an inference graph)."""
+    matmul operands may be stored padded (`shape_padding`), and convolutions run channels-last where
+    kiln/lower/conv_layout.py's rule says they are faster so (forward, backward and inference graphs)."""
     on_gpu = target.device.startswith("cuda")
     place_collectives(gm)
     graph = lower_graph(gm, example_inputs, pad_matmul_operands=on_gpu and shape_padding,
-                        channels_last_convs=on_gpu and _is_inference(gm), through_aten=through_aten)
+                        channels_last_convs=runs_channels_last(gm, target), through_aten=through_aten)
     verify(graph)
     return graph
+
+
+def runs_channels_last(gm: torch.fx.GraphModule, target: Target) -> bool:
+    """Whether `gm`'s 2-d convolutions run channels-last: on the GPU (cuDNN's layout), by conv_layout's rule.
+    On the CPU, ATen's convolutions are fastest in eager's layout."""
+    return target.device.startswith("cuda") and prefers_channels_last(gm, _is_inference(gm))
 
 
 def schedule_kernels(graph: ir.LoweredGraph, target: Target, epilogue_fusion: bool,
@@ -332,6 +361,9 @@ class CompiledGraph:
         self._profiled, self._profiled_call = profiled, None  # builds `call` with each kernel a profiler range
         self.kept = list(kept)  # results kept across calls, computed from parameters
         self.product: dict | None = None  # what the compile cache keeps of it (kiln/runtime/graph_cache.py)
+        # (output index, strides) of outputs returned in another layout than the traced graph's (a forward's
+        # activations saved channels-last): the backward is compiled for them (kiln/autograd/aot.py)
+        self.restrided_outputs: tuple[tuple[int, tuple], ...] = ()
 
     def refresh(self, args: list) -> None:
         """Recompute what `kept` holds if a parameter among `args` changed: a CUDA graph replay reads it
@@ -456,7 +488,11 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     def compiler(aten_gm, inputs):
         progress.advance(aten_gm.meta.get("kiln.aot", {}).get("kind", "graph"))
         graphs.append(compile_graph(aten_gm, inputs, options))
-        return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
+        if pool is None:
+            return graphs[-1]
+        wrapped = pool.wrap(graphs[-1], aten_gm, inputs)
+        wrapped.restrided_outputs = graphs[-1].restrided_outputs  # a replay returns the recording's layouts
+        return wrapped
 
     compiler.fuses = fuses
     if drop_masks_that_mask_nothing(gm):

@@ -356,16 +356,20 @@ class AOTCompiled:
         graph_cache.store(product_key, product, aot_cache.FOLDER)
 
     def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None,
-                 mutations: list[InputMutation] = ()) -> Callable:
+                 mutations: list[InputMutation] = (), input_strides: dict[int, tuple] | None = None) -> Callable:
         """`graph` through the compiler, told its kind, (a forward's) how many outputs the caller sees (the
         rest are saved for the backward) and (an inference graph's) which outputs are new values of its inputs:
-        the compiler may write them into the inputs, which the runtime then finds written."""
+        the compiler may write them into the inputs, which the runtime then finds written. `input_strides`
+        (placeholder index -> strides): inputs the graph receives with other strides than it was traced with
+        (a backward's activations, saved channels-last by the compiled forward)."""
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
         if visible_outputs is not None:
             graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
         if mutations:
             graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations)
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
+        if input_strides:
+            example_inputs = restrided_examples(graph, example_inputs, input_strides, self.program.fake_mode())
         return self._pass(key, f"compile {kind}", self.compiler, graph, example_inputs)
 
     def _build_inference(self, key: tuple) -> Callable:
@@ -430,8 +434,10 @@ class AOTCompiled:
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations))
+        saved_strides = _saved_strides(forward, split)
         backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
-                                    lambda graph: boxed(self._compile(key, "backward", graph)),
+                                    lambda graph: boxed(self._compile(key, "backward", graph,
+                                                                      input_strides=saved_strides)),
                                     lazy=compiled_autograd.is_active())
         # The forward graph returns the outputs, then the mutated inputs' new values, then the saved tensors.
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
@@ -443,6 +449,37 @@ class AOTCompiled:
         saved_primals = [primals.index(name) if name in primals else None for name in split.saved]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, saved_primals)
+
+
+def _saved_strides(forward: Callable, split: Partition) -> dict[int, tuple]:
+    """Backward placeholder index -> strides, for the saved values the compiled forward returns in another
+    layout than the traced one (`restrided_outputs` of kiln's compiled graphs; other compilers return the
+    traced layouts). The forward returns its saved values last, the backward takes them first."""
+    restrided = getattr(forward, "restrided_outputs", ())
+    if not restrided:
+        return {}
+    outputs = len(torch.utils._pytree.tree_flatten(next(iter(split.forward.graph.find_nodes(op="output"))).args[0])[0])
+    first_saved = outputs - len(split.saved)
+    return {k - first_saved: stride for k, stride in restrided if k >= first_saved}
+
+
+def restrided_examples(graph: torch.fx.GraphModule, examples: list, strides: dict[int, tuple], fake_mode) -> list:
+    """`examples` with the inputs in `strides` given those strides (and `graph`'s placeholders, whose values
+    the code generator reads), and `graph`'s views made reshapes: a view traced on an input in one layout may
+    not be one of the same input in another (an eager fallback of the graph, or a re-trace, runs on these
+    inputs)."""
+    out = list(examples)
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    for k, stride in strides.items():
+        t = examples[k]
+        with getattr(t, "fake_mode", None) or fake_mode:
+            out[k] = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+        placeholders[k].meta["val"] = out[k]
+    for view in (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default):
+        for node in graph.graph.find_nodes(op="call_function", target=view):
+            node.target = torch.ops.aten.reshape.default
+    graph.recompile()
+    return out
 
 
 def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutation]) -> tuple[bool, ...]:

@@ -18,6 +18,7 @@ import functools
 import math
 import operator
 
+import sympy
 import torch
 
 from kiln.codegen.index_printer import pyexpr
@@ -251,9 +252,21 @@ class WrapperCodegen:
         return "\n".join(self.functions + self.lines) + "\n"
 
     def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
-        """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed)."""
+        """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed).
+
+        A dim of one element may have any stride (ATen's and the traced one often differ there: a batch of
+        one), so only the other dims are compared; a tensor of one element needs no check at all."""
         stride = self.shape(layout.stride)
-        self.line(f"if {src}.stride() != {stride}: {dst} = _restride({src}, {self.shape(layout.size)}, {stride})")
+        fix = f"{dst} = _restride({src}, {self.shape(layout.size)}, {stride})"
+        static = all(sympy.sympify(n).is_Integer for n in layout.size)
+        dims = [d for d, n in enumerate(layout.size) if not (static and int(n) == 1)]
+        if len(dims) == len(layout.size):
+            self.line(f"if {src}.stride() != {stride}: {fix}")
+        elif dims:
+            picked = "".join(f"_s[{d}], " for d in dims)
+            wanted = "".join(f"{pyexpr(layout.stride[d])}, " for d in dims)
+            self.line(f"_s = {src}.stride()")
+            self.line(f"if ({picked}) != ({wanted}): {fix}")
 
     def kernel_call(self, group: KernelGroup) -> None:
         kernel = self.kernels[group.name]

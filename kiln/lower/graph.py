@@ -19,6 +19,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.lower import ir
+from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.layout import dense_strides, load_order_strides, padded
 from kiln.lower.ops import LOWERINGS
@@ -71,6 +72,8 @@ class GraphLowering:
         self._env: dict = {}
         self.pad_matmul_operands = pad_matmul_operands
         self.channels_last_convs = channels_last_convs
+        # the FX nodes whose 4-d values are stored channels-last when realized (kiln/lower/conv_layout.py)
+        self.channels_last_values = channels_last_values(gm) if channels_last_convs else set()
         self.zero_padded: dict[str, int] = {}  # buffer -> its logical last size (the rest of each row is 0)
         self.nodes: list[ir.Node] = []
         self.layouts: dict[str, ir.Layout] = {}
@@ -164,11 +167,14 @@ class GraphLowering:
             if node.op == "output":
                 owners = _input_owners(placeholders, example_inputs, self.inputs)
                 results = tree_flatten(node.args[0])[0]
-                outputs = [self._output(v, m, owners, _alias_root(n)) for v, m, n in zip(
-                    tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0],
-                    tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n,
-                                          node.args[0]))[0],
-                    results)]
+                visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
+                outputs = [self._output(v, m, owners, _alias_root(n), n if k >= visible else None)
+                           for k, (v, m, n) in enumerate(zip(
+                               tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n,
+                                                     node.args[0]))[0],
+                               tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node)
+                                                     else n, node.args[0]))[0],
+                               results))]
                 continue
             env[node] = self._call(node, env)
         nodes = _without_unread_items(self.nodes, outputs)
@@ -269,7 +275,7 @@ class GraphLowering:
         if not isinstance(out, IndexFunction):
             return out
         users = len(node.users)
-        conv_stride = self.conv_input_stride(node, out)
+        conv_stride = self.preferred_stride(node, out)
         if ir.expr_size(out.body) > MAX_INLINE_SIZE or (
                 users > 1 and not out.is_trivial() and not self._recomputable(node, out)):
             if self._pads(out) and _feeds_matmul(node):
@@ -283,11 +289,15 @@ class GraphLowering:
             return self.realize(out, stride=conv_stride or eager)
         return out
 
-    def conv_input_stride(self, node: torch.fx.Node, out: IndexFunction) -> tuple | None:
-        """Channels-last strides for `node`'s value `out` when convolutions read it and run channels-last:
-        a value convolutions read is stored in the layout they run in (a residual stream read by the next
-        block's convolution and by its residual add), not stored by rows and then copied per convolution."""
-        return channels_last_strides(out.size) if self.channels_last_convs and _feeds_conv2d(node) else None
+    def preferred_stride(self, node: torch.fx.Node, out: IndexFunction) -> tuple | None:
+        """Channels-last strides for `node`'s 4-d value `out` in a graph whose convolutions run channels-last,
+        where the value is on a path through convolutions (`channels_last_values`): a value convolutions
+        read is stored in the layout they run in (a residual stream read by the next block's convolution
+        and by its residual add), not stored by rows and then copied per convolution, and the batch-norm
+        and activation values between convolutions (forward and backward) are read and written in it."""
+        if node not in self.channels_last_values or out.ndim != 4 or not _static(out.size):
+            return None
+        return channels_last_strides(out.size)
 
     def _in_eager_order(self, args: tuple) -> tuple:
         """The extern's computed operands stored in the dense order eager gives them (channels-last after a
@@ -322,13 +332,18 @@ class GraphLowering:
         return all(u.op == "call_function" and u.target in LOWERINGS for u in node.users)
 
     def extern(self, op, args, kwargs, meta) -> Any:
-        """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (a
-        channels-last convolution's, with `channels_last_convs`)."""
+        """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (with
+        `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
         any_order = op in ANY_ORDER_EXTERNS
-        layout = None
+        layout = layouts = None
         if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):
             args = (self._channels_last(args[0]), self._channels_last(args[1])) + tuple(args[2:])
-            layout = ir.Layout(tuple(sympify(s) for s in meta.shape), channels_last_strides(meta.shape), meta.dtype)
+            layout = _channels_last_layout(meta)
+        elif self.channels_last_convs and op is aten.convolution_backward.default and _is_conv2d_backward(args):
+            # cuDNN's channels-last kernels, given channels-last operands, return channels-last gradients
+            args = tuple(self._channels_last(a) for a in args[:3]) + tuple(args[3:])
+            layouts = tuple(_channels_last_layout(m) if isinstance(m, torch.Tensor) and m.dim() == 4
+                            else _layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
         elif not any_order:
             args = self._in_eager_order(args)
 
@@ -356,7 +371,7 @@ class GraphLowering:
                                                    for m in meta):
             # Ints among the results (fused attention's max sequence lengths) are known from the
             # fake result, as numbers or as expressions over the sizes: consumers get the value.
-            layouts = tuple(_layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
+            layouts = layouts or tuple(_layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layouts, aliases))
             outs = []
             for k, lay in enumerate(layouts):
@@ -373,6 +388,16 @@ class GraphLowering:
             return None
         raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
 
+    def _dense_channels_last(self, v: IndexFunction) -> bool:
+        """Whether `v` is a whole buffer of this graph's, stored channels-last (a convolution's result, a
+        value stored in its layout)."""
+        view = v.buffer_view()
+        if view is None or v.ndim != 4 or not _static(v.size) or view[0] in self.zero_padded or view[1] != 0:
+            return False
+        layout = self.layouts.get(view[0])  # the storage: in memory order where realized permuted
+        return (layout is not None and sympy.prod(layout.size) == sympy.prod(v.size)
+                and all(n == 1 or a == b for n, a, b in zip(v.size, view[2], channels_last_strides(v.size))))
+
     def _channels_last(self, v: IndexFunction) -> IndexFunction:
         """`v` (4-d) with channels-last strides: as it is if it has them, else stored so (a computed value
         written in that order, a weight copied)."""
@@ -382,23 +407,29 @@ class GraphLowering:
             return v
         return self.realize(v, stride=stride)
 
-    def _output(self, v, meta, owners: dict, root):
+    def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None):
         """The graph output `v` (traced value `meta`, a view of node `root` or `root` itself).
 
         `owners`: buffer -> the node whose storage it holds, so that an output with storage of its own
         in the traced graph (`x.clone()`, lowered as `x`) is not returned as an input's or another
-        output's buffer: eager's are distinct tensors, and a write to one would show in the other."""
+        output's buffer: eager's are distinct tensors, and a write to one would show in the other.
+        `saved`: the FX node of an output the forward saves for the backward alone (no caller sees it): it
+        keeps a channels-last layout of kiln's own, which the backward is compiled for (kiln/autograd/aot.py
+        hands it the strides the compiled forward returns)."""
         if isinstance(v, IndexFunction):
             view = v.buffer_view()
             if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
                 v = self.realize(v, stride=_layout(meta).stride)
                 owners[v.buffer_view()[0]] = root
-            elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)):
+            elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)) \
+                    and not (saved is not None and self._dense_channels_last(v)):
                 # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
                 # the caller may .view() it
                 v = self.realize(v, stride=_layout(meta).stride)
             elif view is None:
-                v = self.realize(v, stride=_layout(meta).stride if isinstance(meta, torch.Tensor) else None)
+                preferred = self.preferred_stride(saved, v) if saved is not None else None
+                v = self.realize(v, stride=preferred or (_layout(meta).stride if isinstance(meta, torch.Tensor)
+                                                         else None))
             return self.ref(v)
         if isinstance(v, sympy.Basic):
             return ir.SymRef(v)
@@ -429,6 +460,17 @@ def channels_last_strides(size) -> tuple:
     return (h * w * c, sympy.Integer(1), w * c, c)
 
 
+def _channels_last_layout(meta: torch.Tensor) -> ir.Layout:
+    return ir.Layout(tuple(sympify(s) for s in meta.shape), channels_last_strides(meta.shape), meta.dtype)
+
+
+def _is_conv2d_backward(args) -> bool:
+    """The backward of a plain 2-d convolution (not transposed) of 4-d static-size tensors."""
+    grad_output, x, weight, transposed = args[0], args[1], args[2], args[7]
+    return (all(isinstance(a, IndexFunction) and a.ndim == 4 and _static(a.size) for a in (grad_output, x, weight))
+            and not transposed)
+
+
 def _is_conv2d(args, meta) -> bool:
     """A plain 2-d convolution (not transposed) of 4-d static-size tensors."""
     x, weight, transposed = args[0], args[1], args[6]
@@ -451,12 +493,8 @@ def _layout_differs(strides, meta) -> bool:
     return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, eager.stride))
 
 
-def _feeds_conv2d(node: torch.fx.Node) -> bool:
-    """Whether `node` (a 4-d value) is the input of a plain 2-d convolution."""
-    meta = node.meta.get("val")
-    return isinstance(meta, torch.Tensor) and meta.dim() == 4 and any(
-        u.op == "call_function" and u.target is aten.convolution.default and u.args[0] is node
-        and not u.args[6] for u in node.users)
+def _static(size) -> bool:
+    return all(sympify(s).is_Integer for s in size)
 
 
 def _realizing_uses(node: torch.fx.Node) -> int:

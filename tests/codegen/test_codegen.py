@@ -126,3 +126,43 @@ def test_extern_result_restrided_to_a_traced_broadcast_layout():
     out = _restride(dense, (3, 4), (1, 0))
     assert out.stride() == (1, 0)
     assert torch.equal(out, dense)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_extern_results_are_compared_only_on_dims_of_more_than_one_element(batch):
+    """Attention on the CPU returns [B, H, S, D] with a batch stride of its own; at a batch of one that stride
+    is meaningless and the result needs no restride (no call per step), at a batch of three it is checked."""
+    q, k, v = (torch.randn(batch, 2, 5, 8) for _ in range(3))
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v) * 2
+
+    c = check(attention, q, k, v)
+    wrapper = c.artefacts["wrapper.py"]
+    checked = [line for line in wrapper.splitlines() if "_restride(" in line]
+    assert checked, wrapper
+    if batch == 1:
+        assert all("_s[0]" not in line for line in checked), wrapper  # the batch dim is never compared
+        assert any(line.strip().startswith("_s = ") for line in wrapper.splitlines()), wrapper
+    else:
+        assert any(".stride() != (" in line for line in checked), wrapper
+
+
+def test_a_size_one_dim_stride_difference_does_not_copy():
+    """The wrapper's check passes a tensor whose strides differ from the traced ones only on size-1 dims: its
+    data is laid out as traced, and copying it every call would cost a kernel and an allocation."""
+    from kiln.codegen.wrapper import WrapperCodegen
+
+    layout = ir.Layout((1, 2, 5), (10, 5, 1), torch.float32)
+    gen = WrapperCodegen.__new__(WrapperCodegen)
+    gen.lines = []
+    gen.line = gen.lines.append
+    gen.restride("out", "res", layout)
+    copies = []
+    namespace = {"_restride": lambda t, size, stride: copies.append(t.stride()) or t}
+    namespace["res"] = torch.empty(1, 2, 5).as_strided((1, 2, 5), (7, 5, 1))  # batch stride differs: no copy
+    exec("\n".join(gen.lines), namespace)
+    assert copies == []
+    namespace["res"] = torch.empty(2, 5, 1).as_strided((1, 2, 5), (10, 1, 2))  # a real transpose: copied
+    exec("\n".join(gen.lines), namespace)
+    assert copies == [(10, 1, 2)]

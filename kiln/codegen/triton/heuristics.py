@@ -29,11 +29,11 @@ BLOCK_ELEMENTS = 4096          # XBLOCK * RBLOCK budget of one program
 POINTWISE_XBLOCK = 1024
 INT32_MAX = 2**31 - 1
 MIN_PROGRAMS = 256
-# A row reduction over long rows (BatchNorm's statistics: N*H*W values per channel) splits until it has
-# this many programs, several per SM: each program keeps one RBLOCK of loads in flight, and a few
-# hundred channels at one program each left the GPU's memory bandwidth mostly idle. Rows shorter
-# than ROW_SPLIT_MIN_RNUMEL do not: the second launch and the workspace cost more than they save
-# (benchmarks/batchnorm_kernels.py times both on BatchNorm's shapes).
+# A reduction over long rows (BatchNorm's statistics: N*H*W values per channel, contiguous in NCHW, a
+# column reduction in channels-last) splits until it has this many programs, several per SM: each program
+# keeps one block of loads in flight, and a few hundred channels at one program each left the GPU's memory
+# bandwidth mostly idle. Rows shorter than ROW_SPLIT_MIN_RNUMEL do not: the second launch and the workspace
+# cost more than they save (benchmarks/batchnorm_kernels.py times both on BatchNorm's shapes, in both layouts).
 ROW_SPLIT_PROGRAMS = 1024
 ROW_SPLIT_MIN_RNUMEL = 32768
 MAX_RSPLIT = 256
@@ -157,7 +157,7 @@ def choose(group: KernelGroup, layouts: dict) -> LaunchConfig:
             rblock = min(rblock, next_pow2(rnumel))
     warps = max(1, min(8, xblock * rblock // 256))
     programs = None if xnumel is None else _ceil_div(xnumel, xblock)
-    long_rows = contiguous and xblock == 1 and rnumel is not None and rnumel >= ROW_SPLIT_MIN_RNUMEL
+    long_rows = (xblock == 1 or not contiguous) and rnumel is not None and rnumel >= ROW_SPLIT_MIN_RNUMEL
     wanted = ROW_SPLIT_PROGRAMS if long_rows else MIN_PROGRAMS
     if programs is not None and rnumel is not None and programs < wanted // 2:
         rsplit = min(_pow2_floor(_ceil_div(wanted, programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)

@@ -339,25 +339,44 @@ class TritonKernel(KernelPrinter):
         cfg = self.config
         sizes = [str(s) for s in self.size_args]
         numels = self._numels()
-        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
-                 f"    xnumel = {pyexpr(numels[0])}"]
-        args = self.arg_names + sizes + ["xnumel"]
-        kw = f"XBLOCK={cfg.XBLOCK}"
-        if len(numels) > 1:
-            lines.append(f"    rnumel = {pyexpr(numels[1])}")
-            args.append("rnumel")
-            kw += f", RBLOCK={cfg.RBLOCK}"
-        lines.append("    if xnumel <= 0:")
-        lines.append("        return")
-        grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
-        if cfg.kind == "tiled":
-            grid = f"({grid}, (rnumel + {cfg.RBLOCK - 1}) // {cfg.RBLOCK})"
-        lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})")
+        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):"]
+        kw = f"XBLOCK={cfg.XBLOCK}" + (f", RBLOCK={cfg.RBLOCK}" if len(numels) > 1 else "")
+        if all(sympy.sympify(n).is_Integer for n in numels):
+            lines += self._static_launch(sizes, [int(n) for n in numels])
+        else:
+            lines += self._dynamic_launch(sizes, numels)
         check = "" if self.unaligned is None else \
             f"check_alignment={tuple(k for k, a in enumerate(self.arg_names) if a in self.unaligned)}, "
         launcher = (f"_launch_{self.jit_name}{self.launch_suffix} = Launcher({self.jit_name}, {len(self.arg_names)}, "
                     f"num_warps={cfg.num_warps}, {check}{kw})")
         return launcher + "\n\n\n" + "\n".join(lines) + "\n"
+
+    def _static_launch(self, sizes: list[str], numels: list[int]) -> list[str]:
+        """The launch of a kernel of static sizes: the grid and the numels as numbers (every launch runs this
+        Python: nothing left to compute per call), or nothing for an empty range."""
+        cfg = self.config
+        if numels[0] <= 0:
+            return ["    return"]
+        grid = str(-(-numels[0] // cfg.XBLOCK))
+        if cfg.kind == "tiled":
+            grid = f"({grid}, {-(-numels[1] // cfg.RBLOCK)})"
+        args = self.arg_names + sizes + [str(n) for n in numels]
+        return [f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})"]
+
+    def _dynamic_launch(self, sizes: list[str], numels: tuple) -> list[str]:
+        """The launch of a kernel whose sizes are symbols bound by the wrapper: grid computed per call."""
+        cfg = self.config
+        lines = [f"    xnumel = {pyexpr(numels[0])}"]
+        args = self.arg_names + sizes + ["xnumel"]
+        if len(numels) > 1:
+            lines.append(f"    rnumel = {pyexpr(numels[1])}")
+            args.append("rnumel")
+        lines += ["    if xnumel <= 0:", "        return"]
+        grid = f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}"
+        if cfg.kind == "tiled":
+            grid = f"({grid}, (rnumel + {cfg.RBLOCK - 1}) // {cfg.RBLOCK})"
+        lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({grid}, {', '.join(args)})")
+        return lines
 
     # ------------------------------------------------------------------ segments
     def _outer_segment(self, seg, scope: Scope) -> None:

@@ -13,7 +13,7 @@ set (profilers), every call goes through the JITFunction.
 from __future__ import annotations
 
 from functools import reduce
-from operator import or_
+from operator import itemgetter, or_
 
 import torch
 import triton
@@ -45,6 +45,16 @@ def _direct_launch(binary) -> tuple:
                     binary.packed_metadata, None, None, None)
 
 
+def _picker(check: tuple, num_tensors: int):
+    """A function taking a launch's list of tensor addresses to those at positions `check` (one C call per
+    launch, `itemgetter`), or None when every position is checked (the list itself) or none is."""
+    if not check or check == tuple(range(num_tensors)):
+        return None  # no check, or every address: the list itself
+    if len(check) == 1:
+        return itemgetter(check[0], check[0])  # a tuple even of one
+    return itemgetter(*check)
+
+
 def _int_key(v: int):
     return (v == 1, v % 16 == 0, v >= 2**31 or v < -2**31)
 
@@ -65,6 +75,7 @@ class Launcher:
         self.fn = fn
         self.num_tensors = num_tensors
         self.check = tuple(range(num_tensors)) if check_alignment is None else tuple(check_alignment)
+        self.checked = _picker(self.check, num_tensors)
         self.num_warps = num_warps
         self.options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
                                                                             "num_stages": num_stages}
@@ -107,7 +118,8 @@ class Launcher:
         fast, n = self.fast, self.num_tensors
         if fast is not None and args[n:] == self.fast_ints and _no_hooks():
             pointers = list(map(_data_ptr, args[:n]))
-            if not self.check or not reduce(or_, map(pointers.__getitem__, self.check)) & 15:
+            checked = self.checked
+            if not self.check or not reduce(or_, pointers if checked is None else checked(pointers)) & 15:
                 gx, gy = (grid, 1) if type(grid) is int else grid
                 fast[0](gx, gy, 1, _current_stream(args[0].get_device()), *fast[1], *pointers, *args[n:],
                         *self.const_values)

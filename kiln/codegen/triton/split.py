@@ -149,20 +149,41 @@ class SplitReductionKernel(TritonKernel):
         sizes = [str(s) for s in self.size_args]
         ws = [w[0] for w in self.workspaces]
         first = self.arg_names[0]
-        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):",
-                 f"    xnumel = {pyexpr(product(g.outer))}",
-                 f"    rnumel = {pyexpr(product(g.inner))}",
-                 "    if xnumel <= 0:",
-                 "        return"]
-        for name, dtype, *_ in self.workspaces:
-            lines.append(f"    {name} = torch.empty(xnumel * {cfg.RSPLIT}, dtype={dtype}, device={first}.device)")
-        lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}("
-                     f"((xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}, {cfg.RSPLIT}), "
-                     f"{', '.join(ws + self.partial_args + sizes + ['xnumel', 'rnumel'])})")
+        lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):"]
+        numbers = self._launch_numbers(product(g.outer), product(g.inner))
+        if numbers is None:  # an empty range of static size
+            lines.append("    return")
+        else:
+            prelude, xnumel, rnumel, partial_grid, combine_grid, workspace = numbers
+            lines += prelude
+            for name, dtype, *_ in self.workspaces:
+                lines.append(f"    {name} = torch.empty({workspace}, dtype={dtype}, device={first}.device)")
+            lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}(({partial_grid}, {cfg.RSPLIT}), "
+                         f"{', '.join(ws + self.partial_args + sizes + [xnumel, rnumel])})")
+            lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({combine_grid}, "
+                         f"{', '.join(ws + self.combine_args + sizes + [xnumel])})")
+        return "\n".join(self._launcher_objects()) + "\n\n\n" + "\n".join(lines) + "\n"
+
+    def _launch_numbers(self, outer, inner) -> tuple | None:
+        """(lines binding them, xnumel, rnumel, the two grids, the workspace length) as Python source: numbers
+        for static sizes (every launch runs this code: nothing left to compute per call; None for an empty
+        range), expressions over the wrapper's size symbols otherwise."""
+        cfg, cx = self.config, self.config.COMBINE_XBLOCK
+        if outer.is_Integer and inner.is_Integer:
+            x = int(outer)
+            if x <= 0:
+                return None
+            return [], str(x), str(int(inner)), str(-(-x // cfg.XBLOCK)), str(-(-x // cx)), str(x * cfg.RSPLIT)
+        prelude = [f"    xnumel = {pyexpr(outer)}", f"    rnumel = {pyexpr(inner)}", "    if xnumel <= 0:",
+                   "        return"]
+        return (prelude, "xnumel", "rnumel", f"(xnumel + {cfg.XBLOCK - 1}) // {cfg.XBLOCK}",
+                f"(xnumel + {cx - 1}) // {cx}", f"xnumel * {cfg.RSPLIT}")
+
+    def _launcher_objects(self) -> list[str]:
+        """The `Launcher`s of the partial and the combine kernel."""
+        cfg, ws = self.config, [w[0] for w in self.workspaces]
         cx = cfg.COMBINE_XBLOCK
-        lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}((xnumel + {cx - 1}) // {cx}, "
-                     f"{', '.join(ws + self.combine_args + sizes + ['xnumel'])})")
-        launchers = [
+        return [
             f"_launch_{self.jit_name}_partial{self.launch_suffix} = "
             f"Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
             f"num_warps={cfg.num_warps}, XBLOCK={cfg.XBLOCK}, RBLOCK={cfg.RBLOCK}, RSPLIT={cfg.RSPLIT}, "
@@ -171,7 +192,6 @@ class SplitReductionKernel(TritonKernel):
             f"Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
             f"num_warps={max(1, min(8, cx * cfg.RSPLIT // 256))}, XBLOCK={cx}, RSPLIT={cfg.RSPLIT})",
         ]
-        return "\n".join(launchers) + "\n\n\n" + "\n".join(lines) + "\n"
 
     def precompile(self, module) -> None:
         """Compile both kernels now (dtypes of their tensor arguments, static integer arguments)."""

@@ -214,8 +214,8 @@ def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dil
     outs = []
     for k, (body, m) in enumerate(zip(bodies, meta)):
         v = IndexFunction(size, m.dtype, body)
-        if k in used:  # pooled values that convolutions read (ResNet's stem) are stored in their layout
-            stride = ctx.conv_input_stride(used[k], v) if used[k] is not None else None
+        if k in used:  # pooled values on a channels-last path (ResNet's stem) are stored in that layout
+            stride = ctx.preferred_stride(used[k], v) if used[k] is not None else None
             v = ctx.realize(v, stride=stride or _out_strides(m))
         outs.append(v)
     return tuple(outs)

@@ -1,0 +1,66 @@
+"""The Triton launcher's per-call fast path (kiln/codegen/triton/launch.py), on CPU tensors with the compiled
+binary's C launcher replaced by a recorder: which launches take it, and what they hand the C launcher.
+
+The fast path is for the specialization precompiled at graph compile time: 16-byte aligned tensors and the
+graph's static integers. A tensor the kernel may receive unaligned (an input, a view with an offset) is checked
+per call; one that is always a fresh allocation is not. A launch that fails a check goes the slow way."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kiln.codegen.triton import launch  # noqa: E402
+
+HEAD = ("function", "cooperative", "pdl", None, None, "metadata", None, None, None)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """(a launcher factory, the fast launches, the slow launches) with no GPU behind them."""
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
+    fast, slow = [], []
+
+    def make(num_tensors: int, check: tuple | None) -> launch.Launcher:
+        launcher = launch.Launcher(lambda: None, num_tensors, 4, check_alignment=check, XBLOCK=8)
+        launcher.fast, launcher.fast_ints = (lambda *args: fast.append(args), HEAD), (100,)
+        monkeypatch.setattr(launcher, "_call", lambda grid, args: slow.append((grid, args)))
+        return launcher
+
+    return make, fast, slow
+
+
+def _tensors(n: int, unaligned: int | None = None) -> list[torch.Tensor]:
+    """`n` tensors, the one at `unaligned` starting 4 bytes into its storage."""
+    out = [torch.zeros(64) for _ in range(n)]
+    if unaligned is not None:
+        out[unaligned] = torch.zeros(65)[1:]
+    return out
+
+
+@pytest.mark.parametrize("check", [None, (0, 2), (1,)], ids=["every tensor", "some tensors", "one tensor"])
+def test_aligned_tensors_launch_through_the_c_launcher_with_their_addresses(recorded, check):
+    make, fast, slow = recorded
+    tensors = _tensors(3)
+    make(3, check)((4, 2), *tensors, 100)
+    assert not slow
+    (args,) = fast
+    assert args[:4] == (4, 2, 1, 7)  # grid x, grid y, grid z, the device's current stream
+    assert args[4:4 + len(HEAD)] == HEAD
+    assert list(args[4 + len(HEAD):]) == [t.data_ptr() for t in tensors] + [100, 8]  # ints, then constexprs
+
+
+@pytest.mark.parametrize("check, unaligned, takes_fast_path", [
+    (None, 1, False), ((0, 2), 2, False), ((0, 2), 1, True), ((1,), 1, False), ((1,), 0, True), ((), 0, True)])
+def test_an_unaligned_tensor_leaves_the_fast_path_only_where_it_is_checked(recorded, check, unaligned,
+                                                                          takes_fast_path):
+    make, fast, slow = recorded
+    make(3, check)(5, *_tensors(3, unaligned), 100)
+    assert (len(fast), len(slow)) == ((1, 0) if takes_fast_path else (0, 1))
+
+
+def test_other_integers_than_the_precompiled_ones_take_the_slow_path(recorded):
+    make, fast, slow = recorded
+    make(2, None)(5, *_tensors(2), 101)
+    assert not fast and len(slow) == 1

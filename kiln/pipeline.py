@@ -30,6 +30,7 @@ import functools
 import itertools
 import json
 import logging
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -509,9 +510,17 @@ def _needs_retrace(gm: torch.fx.GraphModule, fallback_random: bool) -> bool:
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
             continue
-        if "val" not in n.meta or decomposes(n, fallback_random):
+        if ("val" not in n.meta and not _item_of_traced(n)) or decomposes(n, fallback_random):
             return True
     return False
+
+
+def _item_of_traced(node: torch.fx.Node) -> bool:
+    """Whether `node` takes an item of a traced tuple: its value is known from the tuple's `meta['val']`. make_fx
+    records no `val` for an item that is None (the bias gradient of `convolution_backward` for a convolution
+    without bias), and such items alone must not re-trace a whole backward graph."""
+    source = node.args[0] if node.target is operator.getitem and node.args else None
+    return isinstance(source, torch.fx.Node) and isinstance(source.meta.get("val"), (tuple, list))
 
 
 def _has_mutation(gm: torch.fx.GraphModule) -> bool:

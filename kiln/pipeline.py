@@ -42,6 +42,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import fallbacks
 from kiln.autograd import aot_compile
+from kiln.codegen import triton as triton_target
 from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
@@ -443,6 +444,7 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return graphs[-1] if pool is None else pool.wrap(graphs[-1], aten_gm, inputs)
 
     compiler.fuses = fuses
+    _start_gpu_build(example_inputs)
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -454,6 +456,14 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
     compiled.cudagraph_pool = pool
     return compiled
+
+
+def _start_gpu_build(example_inputs: list) -> None:
+    """For a graph on a GPU, the Triton build workers start now, before its autograd trace: their start (a
+    Python process importing torch and Triton each) overlaps the trace and lowering."""
+    device = next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if device is not None:
+        triton_target.start_build_workers(device)
 
 
 def fuses(target) -> bool:

@@ -25,6 +25,7 @@ import torch
 from kiln.codegen.triton import templates, tuning
 from kiln.codegen.triton.generate import generate_kernel
 from kiln.codegen.triton.kernel import TritonKernel
+from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
@@ -70,7 +71,7 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
 
     Under `max_autotune` each group is several candidates behind an
     `Autotuned` (kiln/codegen/triton/tuning.py); otherwise a template group (a small matmul) is the
-    template with its default tiles."""
+    template with its default tiles. Kernels equal up to names share one function (shared_kernels.py)."""
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     layouts[ERROR_FLAG] = ir.Layout.contiguous((1,), torch.int32)  # kernels that check values report here
@@ -85,7 +86,7 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
         header += tuning.HEADER
-    source = "\n\n".join([header] + [k.source for k in kernels.values()])
+    source = share_identical_kernels("\n\n".join([header] + [k.source for k in kernels.values()]))
     return source, kernels
 
 

@@ -146,18 +146,27 @@ def _triton_cache_dir() -> str:
 
 
 def requests_for(module, kernels: dict) -> list[dict]:
-    """One request per launcher compile that `kernels` (name -> generated kernel) make in `module`, as plain
-    data (a kernel whose compile arguments are not plain data is left to the graph's process)."""
+    """One request per distinct compile that `kernels` (name -> generated kernel) make in `module`, as plain data
+    (a kernel whose compile arguments are not plain data is left to the graph's process). Launchers of one
+    function (kernels equal up to names, kiln/codegen/triton/shared_kernels.py) with the same configuration
+    and argument specialization are one compile."""
+    from kiln.codegen.triton.launch import _int_key
     from kiln.runtime.graph_cache import Uncacheable, record_precompiles
 
-    requests = []
+    requests, seen = [], set()
     for kernel in kernels.values():
         try:
             calls = record_precompiles(kernel) or []
         except Uncacheable:
             continue
-        requests += [{"path": module.__file__, "module": module.__name__, "launcher": launcher, "dtypes": dtypes,
-                      "ints": ints} for launcher, dtypes, ints in calls]
+        for name, dtypes, ints in calls:
+            launcher = getattr(module, name)
+            key = (id(launcher.fn), tuple(dtypes), tuple(map(_int_key, ints)), repr(launcher.constexprs),
+                   repr(launcher.options))
+            if key not in seen:
+                seen.add(key)
+                requests.append({"path": module.__file__, "module": module.__name__, "launcher": name,
+                                 "dtypes": dtypes, "ints": ints})
     return requests
 
 

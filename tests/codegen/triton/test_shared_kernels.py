@@ -48,6 +48,15 @@ def triton_c(buf9, buf8, xnumel, XBLOCK: tl.constexpr):
 def triton_d(buf9, buf8, xnumel, XBLOCK: tl.constexpr):
     x = tl.arange(0, XBLOCK)
     tl.store(buf8 + x, tl.load(buf9 + x) * 2.0, x < xnumel)
+
+
+@triton.jit
+def triton_e(buf12, buf11, xnumel, XBLOCK: tl.constexpr):
+    """pointwise kernel:
+    buf12, over two lines"""
+    # segment 0: buf12
+    x = tl.arange(0, XBLOCK)  # buf11's elements
+    tl.store(buf12 + x, tl.load(buf11 + x) * 2.0, x < xnumel)
 '''
 
 
@@ -59,6 +68,7 @@ def test_a_kernel_equal_up_to_names_becomes_a_name_of_the_first():
     assert namespace["triton_b"] is namespace["triton_a"]  # other names, docstring, launch configuration
     assert namespace["triton_c"] is not namespace["triton_a"]  # another constant
     assert namespace["triton_d"] is not namespace["triton_a"]  # arguments in another order
+    assert namespace["triton_e"] is namespace["triton_a"]  # comments and a docstring of two lines
     assert shared.count("@triton.jit") == 3
     assert namespace["_launch_triton_b"][1] == {"num_warps": 8, "XBLOCK": 512}  # its own configuration
 

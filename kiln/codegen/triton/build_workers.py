@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -38,40 +39,66 @@ _pool_lock = threading.Lock()
 
 
 class BuildWorkers:
-    """`count` worker processes compiling for `target` (Triton's GPUTarget as a list) into `cache_dir`."""
+    """`count` worker processes compiling for `target` (Triton's GPUTarget as a list) into `cache_dir`.
+
+    A worker takes requests once it says it is ready (torch and Triton imported): a build that starts before
+    any is ready compiles in the graph's process rather than wait for them (a small graph compiled right after
+    the workers started)."""
 
     def __init__(self, count: int, target: list, cache_dir: str):
-        self.idle: queue.Queue = queue.Queue()
-        self.count = count
+        self.idle: queue.Queue = queue.Queue()  # ready workers between requests; None once none is alive
+        self.count, self.live = count, 0
+        self.lock = threading.Lock()
         init = json.dumps({"target": target, "cache_dir": cache_dir}) + "\n"
-        for _ in range(count):
-            worker = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=_worker_env(), text=True)
+        self.workers = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, env=_worker_env(), text=True)
+                        for _ in range(count)]
+        for worker in self.workers:
             worker.stdin.write(init)
             worker.stdin.flush()
-            self.idle.put(worker)
-        self.workers = list(self.idle.queue)
+        self.starting = list(self.workers)
 
     def build(self, requests: list[dict]) -> dict[int, str | None]:
-        """Compile each request in a worker: {request index: the compile error, or None where it compiled}.
-        A request whose worker died is left out (the graph's process compiles it)."""
+        """Compile each request in a ready worker: {request index: the compile error, or None where it compiled}.
+        A request no worker compiled (none ready, or its worker died) is left out: the graph's process compiles
+        it."""
+        if not self.ready():
+            return {}
         with concurrent.futures.ThreadPoolExecutor(self.count, thread_name_prefix="kiln-triton-worker") as pool:
             replies = list(pool.map(self._one, requests))
         return {k: reply["error"] for k, reply in enumerate(replies) if reply is not None}
 
+    def ready(self) -> int:
+        """Take the workers that said they are ready since the last build into the idle queue; the number alive."""
+        with self.lock:
+            for worker in list(self.starting):
+                if select.select([worker.stdout], [], [], 0)[0]:
+                    self.starting.remove(worker)
+                    if worker.stdout.readline():
+                        self.live += 1
+                        self.idle.put(worker)
+            return self.live
+
     def _one(self, request: dict) -> dict | None:
         worker = self.idle.get()
+        if worker is None:  # no worker left alive
+            self.idle.put(None)
+            return None
         try:
             worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()
             line = worker.stdout.readline()
         except OSError:
             line = ""
-        if not line:  # the worker died (a crash in LLVM, killed): it takes no more requests
-            log.info("Triton build worker %d exited (%s)", worker.pid, worker.poll())
-            return None
-        self.idle.put(worker)
-        return json.loads(line)
+        if line:
+            self.idle.put(worker)
+            return json.loads(line)
+        log.info("Triton build worker %d exited (%s)", worker.pid, worker.poll())  # a crash in LLVM, killed
+        with self.lock:
+            self.live -= 1
+            if not self.live:
+                self.idle.put(None)
+        return None
 
     def close(self) -> None:
         for worker in self.workers:
@@ -210,14 +237,16 @@ def compile_request(request: dict, modules: dict) -> None:
 
 
 def serve(lines, out) -> None:
-    """The worker's loop: the first line sets the target and cache folder, each further line is a request,
-    answered with one line."""
+    """The worker's loop: the first line sets the target and cache folder (answered with a line saying it is
+    ready), each further line is a request, answered with one line."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     init = json.loads(next(lines))
     triton.runtime.driver.set_active(_TargetOnlyDriver(GPUTarget(*init["target"])))
     triton.knobs.cache.dir = init["cache_dir"]
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
     modules: dict = {}
     for line in lines:
         try:

@@ -47,7 +47,7 @@ _launch_triton_broken = Launcher(triton_broken, 2, num_warps=4, XBLOCK=1024)
 '''
 
 CHILD = textwrap.dedent('''
-    import json, sys, tempfile
+    import json, sys, tempfile, time
     import triton
     import triton.compiler.compiler as triton_compiler
     from triton.backends.compiler import GPUTarget
@@ -62,6 +62,9 @@ CHILD = textwrap.dedent('''
                                                           ("_launch_triton_double", "bfloat16"),
                                                           ("_launch_triton_broken", "float32")]]
     workers = build_workers.BuildWorkers(2, [target.backend, target.arch, target.warp_size], triton.knobs.cache.dir)
+    not_ready = workers.build(requests)  # none has imported torch and Triton yet: the caller compiles
+    while workers.ready() < 2:
+        time.sleep(0.05)
     in_workers = workers.build(requests)
     workers.close()
     front_end_runs = []
@@ -73,7 +76,8 @@ CHILD = textwrap.dedent('''
             build_workers.compile_request(request, {module.__file__: module})
         except Exception as e:
             here[k] = type(e).__name__
-    print(json.dumps({"in_workers": in_workers, "front_end_runs": front_end_runs, "here": here}))
+    print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "front_end_runs": front_end_runs,
+                      "here": here}))
 ''')
 
 
@@ -84,6 +88,7 @@ def test_kernels_built_in_workers_are_not_compiled_again():
                           timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["not_ready"] == {}, result
     errors = {int(k): v for k, v in result["in_workers"].items()}
     assert errors[0] is None and errors[1] is None, errors  # one kernel, two specializations (dtypes)
     assert "name_that_is_not_defined" in errors[2], errors

@@ -1,7 +1,7 @@
 """Cold compile of a vision model for an H100/H200 on a machine without a GPU: kiln's phases and its Triton builds.
 
     PYTHONPATH=.:tests python benchmarks/fake_gpu_compile.py --model tv_densenet121 --train [--bs 64] [--img 224]
-        [--dtype bf16|fp32] [--jobs N] [--out FILE --label TEXT]
+        [--dtype bf16|fp32] [--jobs N] [--interpret] [--out FILE --label TEXT]
 
 The model (`tv_<name>`: torchvision, else timm) is compiled by kiln on fake CUDA tensors
 (tests/support/fake_cuda.py: the forward traced on fake CUDA tensors, kiln's AOT stage, each ATen graph through
@@ -10,11 +10,14 @@ Triton's full compile for sm_90 (TTIR to cubin, with ptxas) behind a driver that
 GPU, and nothing is launched. With `--train` one bf16-autocast (or fp32) training step (forward and backward of
 the output's sum), else inference with the weights in `--dtype`.
 
-It reports per graph the seconds of each stage (`build` is the Triton compile), and for the whole compile: wall
-seconds, the CPU seconds of this process and of its children (the build workers and ptxas), how many kernels
-the graphs have, how many Triton compiles ran in this process and how many in build workers. On a loaded
-host compare CPU seconds and compile counts, not wall seconds. KILN_CACHE_DIR and Triton's cache are fresh
-temporary folders (a cold compile); `--jobs` sets KILN_BUILD_JOBS.
+It reports per graph the seconds of each stage (`build` is the Triton compile), the CPU seconds of the compiling
+thread in each stage summed over the graphs (`stage_cpu_s`; `autograd and rest` is the compile's CPU outside
+kiln's stages and the harness's own re-traces), and for the whole compile: wall seconds, the CPU seconds of this
+process and of its children (the build workers and ptxas), how many kernels the graphs have, how many Triton
+compiles ran in this process and how many in build workers. On a loaded host compare CPU seconds and compile
+counts, not wall seconds. KILN_CACHE_DIR and Triton's cache are fresh
+temporary folders (a cold compile); `--jobs` sets KILN_BUILD_JOBS. `--interpret` leaves Triton interpreting
+(no kernel is compiled): kiln's own stages alone, quickly.
 """
 from __future__ import annotations
 
@@ -39,12 +42,16 @@ def parse() -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=None, help="KILN_BUILD_JOBS (default: the CPUs of this process)")
     p.add_argument("--out", default=None, help="append the result to this JSON file")
     p.add_argument("--label", default="")
+    p.add_argument("--interpret", action="store_true", help="Triton interpreted: no kernel compiled")
     return p.parse_args()
 
 
-def fresh_caches(jobs: int | None) -> None:
-    """Cold caches, Triton compiling for real, and the build jobs, before kiln or Triton is imported."""
+def fresh_caches(jobs: int | None, interpret: bool) -> None:
+    """Cold caches, Triton compiling for real (or interpreting), and the build jobs, before kiln or Triton is
+    imported."""
     os.environ.pop("TRITON_INTERPRET", None)
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-cache-")
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
     os.environ.setdefault("KILN_STRICT", "1")
@@ -88,6 +95,37 @@ def compile_only_triton() -> dict:
 
     triton_compiler.ASTSource.make_ir = counted
     return counts
+
+
+def stage_cpu_seconds() -> tuple[dict, list]:
+    """(stage -> CPU seconds of the compiling thread, summed over graphs; [seconds in the harness's re-traces]),
+    filled as kiln compiles."""
+    from kiln import pipeline
+    from support import fake_cuda
+
+    seconds, harness = {}, [0.0]
+    run_stage = pipeline.Stages.__call__
+
+    def timed(self, stage, *args, **kwargs):
+        start = time.thread_time()
+        try:
+            return run_stage(self, stage, *args, **kwargs)
+        finally:
+            seconds[stage] = seconds.get(stage, 0.0) + time.thread_time() - start
+
+    def harness_timed(fn):
+        def run(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                harness[0] += time.thread_time() - start
+        return run
+
+    pipeline.Stages.__call__ = timed
+    fake_cuda.on_device = harness_timed(fake_cuda.on_device)
+    fake_cuda.forward_graph = harness_timed(fake_cuda.forward_graph)
+    return seconds, harness
 
 
 def model_and_inputs(args):
@@ -141,11 +179,12 @@ def worker_cpu_seconds() -> tuple[float, int]:
 
 def main() -> None:
     args = parse()
-    fresh_caches(args.jobs)
+    fresh_caches(args.jobs, args.interpret)
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     import resource
 
-    counts = compile_only_triton()
+    counts = {"in_process": 0} if args.interpret else compile_only_triton()
+    stage_cpu, harness_cpu = stage_cpu_seconds()
     try:
         from kiln.codegen.triton import build_workers
 
@@ -161,19 +200,21 @@ def main() -> None:
     from support.fake_cuda import compile_model
 
     model, x, amp = model_and_inputs(args)
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
     from kiln.codegen import triton as triton_target
 
     if hasattr(triton_target, "start_build_workers"):  # as kiln's backend does when a CUDA graph enters it
         triton_target.start_build_workers("cuda:0")
     graphs = compile_model(model, [x], train=args.train, amp=amp, name="g")
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    wall, cpu, thread_cpu = time.perf_counter() - start, time.process_time() - cpu, time.thread_time() - thread_cpu
+    stage_cpu["autograd and rest"] = thread_cpu - harness_cpu[0] - sum(stage_cpu.values())
     workers_cpu, sent = worker_cpu_seconds()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = {"label": args.label, "model": args.model, "train": args.train, "dtype": args.dtype, "bs": args.bs,
               "img": args.img, "jobs": os.environ.get("KILN_BUILD_JOBS"), "wall_s": round(wall, 2),
               "cpu_s": round(cpu, 2),
               "children_cpu_s": round(children.ru_utime + children.ru_stime + workers_cpu, 2),
+              "stage_cpu_s": {k: round(v, 2) for k, v in stage_cpu.items()}, "interpret": args.interpret,
               "kernels": sum(g.num_kernels for g in graphs), "triton_compiles_in_process": counts["in_process"],
               "triton_compiles_in_workers": sent,
               "graphs": [{"name": g.artefacts["name"], "kernels": g.num_kernels,

@@ -136,7 +136,7 @@ def worker_count() -> int:
 
 
 def _started(count: int, device: str) -> BuildWorkers | bool:
-    if count <= 1:
+    if count <= 1 or _always_compiles():
         return False
     try:
         pool = BuildWorkers(count, _gpu_target(device), _triton_cache_dir())
@@ -154,6 +154,14 @@ def stop() -> None:
         if _pool:
             _pool.close()
         _pool = None
+
+
+def _always_compiles() -> bool:
+    """TRITON_ALWAYS_COMPILE: Triton's cache is bypassed, the graph's process would compile every kernel again."""
+    import triton
+
+    return bool(getattr(getattr(triton, "knobs", None), "compilation", None)
+                and getattr(triton.knobs.compilation, "always_compile", False))
 
 
 def _gpu_target(device: str) -> list:

@@ -133,6 +133,10 @@ def test_one_core_or_a_failed_start_compiles_in_the_graphs_process(monkeypatch):
     monkeypatch.setattr(build_workers, "_gpu_target", lambda device: 1 / 0)  # no GPU driver
     assert build_workers.start("cuda:0") is None
     monkeypatch.setattr(build_workers, "_pool", None)
+    monkeypatch.setattr(build_workers, "_always_compiles", lambda: True)  # TRITON_ALWAYS_COMPILE: no cache to share
+    monkeypatch.setattr(build_workers, "BuildWorkers", lambda *a: pytest.fail("workers started"))
+    assert build_workers.start("cuda:0") is None
+    monkeypatch.setattr(build_workers, "_pool", None)
 
 
 def test_ranks_of_one_host_share_its_cores(monkeypatch):

@@ -147,15 +147,6 @@ def _started(count: int, device: str) -> BuildWorkers | bool:
     return pool
 
 
-def stop() -> None:
-    """Stop the workers (a later `start` starts new ones)."""
-    global _pool
-    with _pool_lock:
-        if _pool:
-            _pool.close()
-        _pool = None
-
-
 def _always_compiles() -> bool:
     """TRITON_ALWAYS_COMPILE: Triton's cache is bypassed, the graph's process would compile every kernel again."""
     import triton

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import importlib.util
 import json
 import logging
 import os
@@ -31,6 +32,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from kiln.codegen.triton.launch import _int_key
+from kiln.runtime import cache
+from kiln.runtime.current_device import made_current
+from kiln.runtime.graph_cache import Uncacheable, record_precompiles
 
 log = logging.getLogger("kiln.codegen.triton")
 
@@ -130,8 +140,6 @@ def start(device: str) -> BuildWorkers | None:
 def worker_count() -> int:
     """KILN_BUILD_JOBS (default: the CPUs this process may run on), shared by the GPU processes of one host
     (LOCAL_WORLD_SIZE, as torchrun sets it): eight ranks do not start eight workers per core."""
-    from kiln.runtime import cache
-
     return max(1, cache.build_jobs() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
 
 
@@ -149,25 +157,17 @@ def _started(count: int, device: str) -> BuildWorkers | bool:
 
 def _always_compiles() -> bool:
     """TRITON_ALWAYS_COMPILE: Triton's cache is bypassed, the graph's process would compile every kernel again."""
-    import triton
-
     return bool(getattr(getattr(triton, "knobs", None), "compilation", None)
                 and getattr(triton.knobs.compilation, "always_compile", False))
 
 
 def _gpu_target(device: str) -> list:
-    import triton
-
-    from kiln.runtime.current_device import made_current
-
     with made_current(device):
         t = triton.runtime.driver.active.get_current_target()
     return [t.backend, t.arch, t.warp_size]
 
 
 def _triton_cache_dir() -> str:
-    import triton
-
     return str(triton.knobs.cache.dir)
 
 
@@ -176,9 +176,6 @@ def requests_for(module, kernels: dict) -> list[dict]:
     (a kernel whose compile arguments are not plain data is left to the graph's process). Launchers of one
     function (kernels equal up to names, kiln/codegen/triton/shared_kernels.py) with the same configuration
     and argument specialization are one compile."""
-    from kiln.codegen.triton.launch import _int_key
-    from kiln.runtime.graph_cache import Uncacheable, record_precompiles
-
     requests, seen = [], set()
     for kernel in kernels.values():
         try:
@@ -219,10 +216,6 @@ class _TargetOnlyDriver:
 def compile_request(request: dict, modules: dict) -> None:
     """Compile the launcher `request` names (its module imported once per worker, from the same file and under
     the same name as in the graph's process: Triton's cache key hashes the kernel's source)."""
-    import importlib.util
-
-    import torch
-
     module = modules.get(request["path"])
     if module is None:
         spec = importlib.util.spec_from_file_location(request["module"], request["path"])
@@ -238,9 +231,6 @@ def compile_request(request: dict, modules: dict) -> None:
 def serve(lines, out) -> None:
     """The worker's loop: the first line sets the target and cache folder (answered with a line saying it is
     ready), each further line is a request, answered with one line."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     init = json.loads(next(lines))
     triton.runtime.driver.set_active(_TargetOnlyDriver(GPUTarget(*init["target"])))
     triton.knobs.cache.dir = init["cache_dir"]

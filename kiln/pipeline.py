@@ -31,6 +31,7 @@ import functools
 import itertools
 import json
 import logging
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln import fallbacks
 from kiln.autograd import aot_compile
 from kiln.capture import bytecode
+from kiln.codegen import triton as triton_target
 from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import fused_graph, name_kernels
 from kiln.codegen.target import Target, select_target
@@ -495,6 +497,7 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return wrapped
 
     compiler.fuses = fuses
+    _start_gpu_build(example_inputs)
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -506,6 +509,14 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     compiled.compiled_graphs = graphs  # every CompiledGraph behind it (lazily compiled variants join later)
     compiled.cudagraph_pool = pool
     return compiled
+
+
+def _start_gpu_build(example_inputs: list) -> None:
+    """For a graph on a GPU, the Triton build workers start now, before its autograd trace: their start (a
+    Python process importing torch and Triton each) overlaps the trace and lowering."""
+    device = next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if device is not None:
+        triton_target.start_build_workers(device)
 
 
 def fuses(target) -> bool:
@@ -562,9 +573,17 @@ def _needs_retrace(gm: torch.fx.GraphModule, fallback_random: bool) -> bool:
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
             continue
-        if "val" not in n.meta or decomposes(n, fallback_random):
+        if ("val" not in n.meta and not _item_of_traced(n)) or decomposes(n, fallback_random):
             return True
     return False
+
+
+def _item_of_traced(node: torch.fx.Node) -> bool:
+    """Whether `node` takes an item of a traced tuple: its value is known from the tuple's `meta['val']`. make_fx
+    records no `val` for an item that is None (the bias gradient of `convolution_backward` for a convolution
+    without bias), and such items alone must not re-trace a whole backward graph."""
+    source = node.args[0] if node.target is operator.getitem and node.args else None
+    return isinstance(source, torch.fx.Node) and isinstance(source.meta.get("val"), (tuple, list))
 
 
 def _has_mutation(gm: torch.fx.GraphModule) -> bool:

@@ -49,6 +49,8 @@ _CYCLE = "cycle between trackers of mutually recursive Python types: "
 
 # (importer, imported) -> why the import is inside a function.
 FUNCTION_LEVEL = {
+    ("kiln.codegen.triton", "kiln.codegen.triton.build_workers"):
+        "the build workers run that module as `python -m`, which must not find it imported by its package first",
     ("kiln.runtime.autotune", "triton.testing"): "optional dependency: only GPU autotuning benchmarks with Triton",
     ("kiln.runtime.autotune", "tqdm"): "optional dependency: a progress bar where tqdm is installed",
     ("kiln.progress", "tqdm"): "optional dependency: a progress bar where tqdm is installed",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
+import operator
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,28 @@ def test_codegen_holds_printers_only():
         for module in modules:
             assert not module.startswith(("kiln.pipeline", "kiln.autograd", "kiln.capture", "kiln.debug")), \
                 f"{path.relative_to(KILN)} imports {module}"
+
+
+def _conv_backward_with_unread_items(grad, x, w):
+    """The weight gradient of a convolution without bias; the items it does not read (the input and bias
+    gradients, None) are taken out as well, as a traced backward may hold them."""
+    out = torch.ops.aten.convolution_backward.default(grad, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                      [False, True, False])
+    return out[1] * 2
+
+
+@pytest.mark.parametrize("unread", [[0, 2], [2], [0]])
+def test_items_that_are_none_do_not_retrace_the_graph(unread):
+    """make_fx records no `meta['val']` for an item that is None; decompose used to re-trace a whole graph for
+    it (DenseNet-121's backward: 121 such items, seconds of re-trace)."""
+    grad, x, w = torch.randn(2, 4, 6, 6), torch.randn(2, 3, 6, 6), torch.randn(4, 3, 1, 1)
+    gm = trace(_conv_backward_with_unread_items, grad, x, w)
+    conv = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution_backward.default)
+    with gm.graph.inserting_after(conv):
+        for k in unread:
+            item = gm.graph.call_function(operator.getitem, (conv, k))
+            assert "val" not in item.meta
+    gm.recompile()
+    assert pipeline.decompose(gm, [grad, x, w]) is gm
+    compiled = compile_aten_graph(gm, [grad, x, w])
+    torch.testing.assert_close(compiled(grad, x, w)[0], _conv_backward_with_unread_items(grad, x, w))

@@ -70,6 +70,7 @@ class GraphLowering:
         self._current: torch.fx.Node | None = None  # the FX node being lowered
         self._extern_args = False  # realizing the arguments of an extern call of `_current`
         self._env: dict = {}
+        self._inlined_memo: dict[torch.fx.Node, frozenset] = {}  # see `_inlined`
         self.pad_matmul_operands = pad_matmul_operands
         self.channels_last_convs = channels_last_convs
         # the FX nodes whose 4-d values are stored channels-last when realized (kiln/lower/conv_layout.py)
@@ -165,16 +166,7 @@ class GraphLowering:
                 continue
             self._current = node
             if node.op == "output":
-                owners = _input_owners(placeholders, example_inputs, self.inputs)
-                results = tree_flatten(node.args[0])[0]
-                visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
-                outputs = [self._output(v, m, owners, _alias_root(n), n if k >= visible else None)
-                           for k, (v, m, n) in enumerate(zip(
-                               tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n,
-                                                     node.args[0]))[0],
-                               tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node)
-                                                     else n, node.args[0]))[0],
-                               results))]
+                outputs = self._outputs(node, _input_owners(placeholders, example_inputs, self.inputs))
                 continue
             env[node] = self._call(node, env)
         nodes = _without_unread_items(self.nodes, outputs)
@@ -195,19 +187,35 @@ class GraphLowering:
     def _contributors(self, node: torch.fx.Node) -> frozenset:
         """`node` and, through its inputs that are still unrealized (index functions inlined into it),
         the FX nodes those compute."""
-        out, stack, seen = set(), [node], set()
+        own = {node.name} if node.op == "call_function" else set()
+        return frozenset(own.union(*(self._inlined(a) for a in node.all_input_nodes if self._unrealized(a))))
+
+    def _unrealized(self, node: torch.fx.Node) -> bool:
+        """Whether `node`'s lowered value is an index function with no buffer behind it (inlined where read)."""
+        v = self._env.get(node)
+        return isinstance(v, IndexFunction) and v.buffer_view() is None
+
+    def _inlined(self, node: torch.fx.Node) -> frozenset:
+        """The FX nodes computed inline in lowered `node`'s unrealized value: itself and, recursively, its
+        unrealized inputs. Memoized, since a lowered node's value never changes and every buffer realized
+        downstream asks again (without it, a graph's outputs or a long chain of concatenations walked the
+        same nodes once per buffer: quadratic). Iterative: an inlined chain may be deeper than Python's
+        recursion limit."""
+        memo = self._inlined_memo
+        stack = [node]
         while stack:
-            n = stack.pop()
-            if n in seen:
+            n = stack[-1]
+            if n in memo:
+                stack.pop()
                 continue
-            seen.add(n)
-            if n.op == "call_function":
-                out.add(n.name)
-            for a in n.all_input_nodes:
-                v = self._env.get(a)
-                if isinstance(v, IndexFunction) and v.buffer_view() is None:
-                    stack.append(a)
-        return frozenset(out)
+            inputs = [a for a in n.all_input_nodes if self._unrealized(a)]
+            missing = [a for a in inputs if a not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            memo[n] = frozenset(({n.name} if n.op == "call_function" else set()).union(*(memo[a] for a in inputs)))
+        return memo[node]
 
     def _constant(self, node):
         """A tensor attribute of the graph module: an input the wrapper binds once, at load time."""
@@ -406,6 +414,25 @@ class GraphLowering:
         if view is not None and all(n == 1 or a == b for n, a, b in zip(v.size, view[2], stride)):
             return v
         return self.realize(v, stride=stride)
+
+    def _outputs(self, node: torch.fx.Node, owners: dict) -> list:
+        """The graph's results (the args of output `node`), each realized as `_output` says. A buffer realized
+        for one result holds what that result's FX node computes, not every value the graph returns: it is
+        lowered as that node (`_current`) where it is one. Results past the visible outputs are values saved
+        for the backward (`saved`)."""
+        env = self._env
+        values = tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0]
+        metas = tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n,
+                                      node.args[0]))[0]
+        results = tree_flatten(node.args[0])[0]
+        visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
+        outputs = []
+        for k, (v, meta, result) in enumerate(zip(values, metas, results)):
+            computed = isinstance(result, torch.fx.Node) and result.op == "call_function"
+            self._current = result if computed else node
+            outputs.append(self._output(v, meta, owners, _alias_root(result), result if k >= visible else None))
+        self._current = node
+        return outputs
 
     def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None):
         """The graph output `v` (traced value `meta`, a view of node `root` or `root` itself).

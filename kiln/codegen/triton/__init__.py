@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -24,6 +25,7 @@ import torch
 from kiln.codegen.triton import templates, tuning
 from kiln.codegen.triton.generate import generate_kernel
 from kiln.codegen.triton.kernel import TritonKernel
+from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
@@ -42,6 +44,7 @@ from kiln.codegen.triton.helpers import *  # noqa: F401,F403  (kiln_* combine fu
 from kiln.codegen.triton.launch import Launcher
 '''
 
+log = logging.getLogger("kiln.codegen.triton")
 stats = {"writes": 0, "disk_hits": 0, "memory_hits": 0}
 _loaded: dict = {}
 _lock = threading.Lock()
@@ -59,6 +62,7 @@ def interpreting() -> bool:
 def prepare(graph, device: str, *, max_autotune: bool, shape_padding: bool) -> dict:
     """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
     returns the template specs."""
+    start_build_workers(device)
     return templates.prepare(graph, device, max_autotune=max_autotune, shape_padding=shape_padding)
 
 
@@ -67,7 +71,7 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
 
     Under `max_autotune` each group is several candidates behind an
     `Autotuned` (kiln/codegen/triton/tuning.py); otherwise a template group (a small matmul) is the
-    template with its default tiles."""
+    template with its default tiles. Kernels equal up to names share one function (shared_kernels.py)."""
     _constants_on_device(sched)
     layouts = sched.graph.buffer_layouts()
     layouts[ERROR_FLAG] = ir.Layout.contiguous((1,), torch.int32)  # kernels that check values report here
@@ -82,7 +86,7 @@ def generate_module(sched: Schedule, *, max_autotune: bool) -> tuple[str, dict[s
     header = HEADER
     if any(getattr(k, "variants", None) for k in kernels.values()):
         header += tuning.HEADER
-    source = "\n\n".join([header] + [k.source for k in kernels.values()])
+    source = share_identical_kernels("\n\n".join([header] + [k.source for k in kernels.values()]))
     return source, kernels
 
 
@@ -189,15 +193,18 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
     back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
-    Triton compiles a kernel mostly outside the GIL (LLVM, ptxas), and a big training
-    graph has hundreds (benchmarks/compile_time.py): a thread pool compiles them
-    side by side. The first error is raised once all are done.
+    A big training graph has hundreds of kernels (benchmarks/compile_time.py). On a GPU they are compiled
+    first in the build worker processes (kiln/codegen/triton/build_workers.py: Triton's front end holds the
+    GIL), into Triton's cache; then here, in a thread pool, where each finds its binary in that cache (or
+    compiles it: a kernel no worker built). The first error is raised once all are done.
 
     Triton loads each binary into the context of the thread's current CUDA device, and a new thread's is
     device 0: each build runs with the graph's `device` current, or a rank on `cuda:1` launched kernels loaded
     on `cuda:0` ("invalid resource handle").
     """
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
+    if workers > 1 and not interpreting():
+        _build_in_workers(module, kernels, device)
     if workers <= 1 or interpreting():
         for name, k in kernels.items():
             _precompile(name, k, module, device)
@@ -205,6 +212,32 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
         for future in [pool.submit(_precompile, name, k, module, device) for name, k in kernels.items()]:
             future.result()
+
+
+def _build_in_workers(module, kernels: dict, device: str) -> None:
+    """Compile `kernels` in the build worker processes, where they run (their errors are found again here)."""
+    workers = _build_workers()
+    pool = workers.start(device)
+    if pool is not None:
+        errors = pool.build(workers.requests_for(module, kernels))
+        log.debug("%d kernels compiled in %d workers, %d failed", len(errors), pool.count,
+                  sum(e is not None for e in errors.values()))
+
+
+def start_build_workers(device: str) -> None:
+    """Start the build worker processes for `device` (kiln/codegen/triton/build_workers.py) if not started: they
+    import torch and Triton in the background while the graph is traced and lowered. Nothing on the CPU or under
+    the interpreter."""
+    if device.startswith("cuda") and not interpreting():
+        _build_workers().start(device)
+
+
+def _build_workers():
+    """kiln/codegen/triton/build_workers.py, imported where used: the workers run it as `python -m`, which
+    must not find it imported already by this package."""
+    from kiln.codegen.triton import build_workers
+
+    return build_workers
 
 
 def _precompile(name: str, kernel, module, device: str) -> None:

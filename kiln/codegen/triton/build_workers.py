@@ -1,0 +1,251 @@
+"""Triton kernels compiled in worker processes, side by side, before the graph's own process loads them.
+
+Compiling one Triton kernel spends about a third of its time in Triton's Python front end (the AST walk
+that emits TTIR), which holds the GIL; the build threads of `precompile_all` therefore share one core for
+that part, and a training graph of several hundred kernels (DenseNet-121's backward has over 400) took
+minutes on a 16-core GPU host. Inductor compiles in a pool of processes for the same reason.
+
+How: each worker is `python -m kiln.codegen.triton.build_workers`, started once per process (on the first
+CUDA graph, before it is scheduled, so the workers import torch and Triton while the graph is lowered) and
+kept until exit. It is told the GPU target and Triton's cache folder, and needs no GPU: it compiles behind
+a driver that only names the target, into Triton's on-disk cache. The graph's process then compiles each
+kernel as before (`Launcher.precompile`), which finds the binary in that cache: the same source, target,
+options and environment give the same cache key. Workers are a speed-up only: a kernel a worker did not
+build (it failed, a worker died, the workers could not start) is compiled in the graph's process, where a
+compile error makes the kernel fall back to ATen as before.
+
+A request is one JSON line naming the kernel module's file and a launcher in it with the dtypes and
+integers of its `precompile` (what `kiln.runtime.graph_cache.record_precompiles` records); the reply is one
+JSON line, the compile error or null.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import importlib.util
+import json
+import logging
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from kiln.codegen.triton.launch import _int_key
+from kiln.runtime import cache
+from kiln.runtime.current_device import made_current
+from kiln.runtime.graph_cache import Uncacheable, record_precompiles
+
+log = logging.getLogger("kiln.codegen.triton")
+
+_pool: BuildWorkers | None = None
+_pool_lock = threading.Lock()
+
+
+class BuildWorkers:
+    """`count` worker processes compiling for `target` (Triton's GPUTarget as a list) into `cache_dir`.
+
+    A worker takes requests once it says it is ready (torch and Triton imported): a build that starts before
+    any is ready compiles in the graph's process rather than wait for them (a small graph compiled right after
+    the workers started)."""
+
+    def __init__(self, count: int, target: list, cache_dir: str):
+        self.idle: queue.Queue = queue.Queue()  # ready workers between requests; None once none is alive
+        self.count, self.live = count, 0
+        self.lock = threading.Lock()
+        init = json.dumps({"target": target, "cache_dir": cache_dir}) + "\n"
+        self.workers = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, env=_worker_env(), text=True)
+                        for _ in range(count)]
+        for worker in self.workers:
+            worker.stdin.write(init)
+            worker.stdin.flush()
+        self.starting = list(self.workers)
+
+    def build(self, requests: list[dict]) -> dict[int, str | None]:
+        """Compile each request in a ready worker: {request index: the compile error, or None where it compiled}.
+        A request no worker compiled (none ready, or its worker died) is left out: the graph's process compiles
+        it."""
+        if not self.ready():
+            return {}
+        with concurrent.futures.ThreadPoolExecutor(self.count, thread_name_prefix="kiln-triton-worker") as pool:
+            replies = list(pool.map(self._one, requests))
+        return {k: reply["error"] for k, reply in enumerate(replies) if reply is not None}
+
+    def ready(self) -> int:
+        """Take the workers that said they are ready since the last build into the idle queue; the number alive."""
+        with self.lock:
+            for worker in list(self.starting):
+                if select.select([worker.stdout], [], [], 0)[0]:
+                    self.starting.remove(worker)
+                    if worker.stdout.readline():
+                        self.live += 1
+                        self.idle.put(worker)
+            return self.live
+
+    def _one(self, request: dict) -> dict | None:
+        worker = self.idle.get()
+        if worker is None:  # no worker left alive
+            self.idle.put(None)
+            return None
+        try:
+            worker.stdin.write(json.dumps(request) + "\n")
+            worker.stdin.flush()
+            line = worker.stdout.readline()
+        except OSError:
+            line = ""
+        if line:
+            self.idle.put(worker)
+            return json.loads(line)
+        log.info("Triton build worker %d exited (%s)", worker.pid, worker.poll())  # a crash in LLVM, killed
+        with self.lock:
+            self.live -= 1
+            if not self.live:
+                self.idle.put(None)
+        return None
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
+def _worker_env() -> dict:
+    """The parent's environment, with kiln importable, and no GPU for the workers to touch: they only compile
+    (a CUDA context per worker would take GPU memory)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def start(device: str) -> BuildWorkers | None:
+    """The process's workers for `device`'s GPU target, started on the first call (None: one core, or they could
+    not start; kernels are then compiled in this process only)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = _started(worker_count(), device)
+        return _pool or None
+
+
+def worker_count() -> int:
+    """KILN_BUILD_JOBS (default: the CPUs this process may run on), shared by the GPU processes of one host
+    (LOCAL_WORLD_SIZE, as torchrun sets it): eight ranks do not start eight workers per core."""
+    return max(1, cache.build_jobs() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+
+
+def _started(count: int, device: str) -> BuildWorkers | bool:
+    if count <= 1 or _always_compiles():
+        return False
+    try:
+        pool = BuildWorkers(count, _gpu_target(device), _triton_cache_dir())
+    except Exception as e:  # noqa: BLE001 - workers are a speed-up; the build proceeds without them
+        log.info("Triton build workers did not start (%s: %s); compiling in this process", type(e).__name__, e)
+        return False
+    atexit.register(pool.close)
+    return pool
+
+
+def _always_compiles() -> bool:
+    """TRITON_ALWAYS_COMPILE: Triton's cache is bypassed, the graph's process would compile every kernel again."""
+    return bool(getattr(getattr(triton, "knobs", None), "compilation", None)
+                and getattr(triton.knobs.compilation, "always_compile", False))
+
+
+def _gpu_target(device: str) -> list:
+    with made_current(device):
+        t = triton.runtime.driver.active.get_current_target()
+    return [t.backend, t.arch, t.warp_size]
+
+
+def _triton_cache_dir() -> str:
+    return str(triton.knobs.cache.dir)
+
+
+def requests_for(module, kernels: dict) -> list[dict]:
+    """One request per distinct compile that `kernels` (name -> generated kernel) make in `module`, as plain data
+    (a kernel whose compile arguments are not plain data is left to the graph's process). Launchers of one
+    function (kernels equal up to names, kiln/codegen/triton/shared_kernels.py) with the same configuration
+    and argument specialization are one compile."""
+    requests, seen = [], set()
+    for kernel in kernels.values():
+        try:
+            calls = record_precompiles(kernel) or []
+        except Uncacheable:
+            continue
+        for name, dtypes, ints in calls:
+            launcher = getattr(module, name)
+            key = (id(launcher.fn), tuple(dtypes), tuple(map(_int_key, ints)), repr(launcher.constexprs),
+                   repr(launcher.options))
+            if key not in seen:
+                seen.add(key)
+                requests.append({"path": module.__file__, "module": module.__name__, "launcher": name,
+                                 "dtypes": dtypes, "ints": ints})
+    return requests
+
+
+# ----------------------------------------------------------------------------- the worker process
+
+
+class _TargetOnlyDriver:
+    """What Triton's JIT asks of the active driver to compile (not launch) a kernel: the target, a device, a
+    stream. The worker never loads a binary."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+
+def compile_request(request: dict, modules: dict) -> None:
+    """Compile the launcher `request` names (its module imported once per worker, from the same file and under
+    the same name as in the graph's process: Triton's cache key hashes the kernel's source)."""
+    module = modules.get(request["path"])
+    if module is None:
+        spec = importlib.util.spec_from_file_location(request["module"], request["path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[request["module"]] = module
+        spec.loader.exec_module(module)
+        modules[request["path"]] = module
+    launcher = getattr(module, request["launcher"])
+    dtypes = [getattr(torch, d) for d in request["dtypes"]]
+    launcher.fn.warmup(*dtypes, *request["ints"], grid=(1,), **launcher.constexprs, **launcher.options)
+
+
+def serve(lines, out) -> None:
+    """The worker's loop: the first line sets the target and cache folder (answered with a line saying it is
+    ready), each further line is a request, answered with one line."""
+    init = json.loads(next(lines))
+    triton.runtime.driver.set_active(_TargetOnlyDriver(GPUTarget(*init["target"])))
+    triton.knobs.cache.dir = init["cache_dir"]
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    modules: dict = {}
+    for line in lines:
+        try:
+            compile_request(json.loads(line), modules)
+            error = None
+        except Exception as e:  # noqa: BLE001 - reported; the graph's process compiles it again and falls back
+            error = f"{type(e).__name__}: {e}"
+        out.write(json.dumps({"error": error}) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve(iter(sys.stdin), sys.stdout)

@@ -1,0 +1,147 @@
+"""Triton kernels compiled in build worker processes (kiln/codegen/triton/build_workers.py).
+
+On a GPU, a graph's kernels are compiled first in worker processes, into Triton's on-disk cache, and then loaded in
+the graph's process, which must find every one of them there: a kernel compiled twice costs what the workers were
+meant to save. A kernel that fails in a worker fails again in the graph's process, where it falls back to ATen.
+
+The test process runs Triton's interpreter, so the workers are checked from a child process that compiles for
+sm_90 behind a driver that only names the target (as tests/support/triton_sm90.py does): no GPU needed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kiln.codegen import triton as triton_target  # noqa: E402
+from kiln.codegen.triton import build_workers  # noqa: E402
+from kiln.codegen.triton.launch import Launcher  # noqa: E402
+from support.lowering import trace  # noqa: E402
+
+KERNELS = triton_target.HEADER + '''
+
+@triton.jit
+def triton_double(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2, xmask)
+
+
+_launch_triton_double = Launcher(triton_double, 2, num_warps=4, XBLOCK=1024)
+
+
+@triton.jit
+def triton_broken(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    tl.store(out_ptr0 + tl.arange(0, XBLOCK), name_that_is_not_defined, xnumel > 0)
+
+
+_launch_triton_broken = Launcher(triton_broken, 2, num_warps=4, XBLOCK=1024)
+'''
+
+CHILD = textwrap.dedent('''
+    import json, sys, tempfile, time
+    import triton
+    import triton.compiler.compiler as triton_compiler
+    from triton.backends.compiler import GPUTarget
+    from kiln.codegen.triton import build_workers, load_module
+
+    target = GPUTarget("cuda", 90, 32)
+    triton.runtime.driver.set_active(build_workers._TargetOnlyDriver(target))
+    triton.knobs.cache.dir = tempfile.mkdtemp()
+    module = load_module(sys.stdin.read())
+    requests = [{"path": module.__file__, "module": module.__name__, "launcher": launcher, "dtypes": [dtype] * 2,
+                 "ints": [4096]} for launcher, dtype in [("_launch_triton_double", "float32"),
+                                                          ("_launch_triton_double", "bfloat16"),
+                                                          ("_launch_triton_broken", "float32")]]
+    workers = build_workers.BuildWorkers(2, [target.backend, target.arch, target.warp_size], triton.knobs.cache.dir)
+    not_ready = workers.build(requests)  # none has imported torch and Triton yet: the caller compiles
+    while workers.ready() < 2:
+        time.sleep(0.05)
+    in_workers = workers.build(requests)
+    workers.close()
+    front_end_runs = []
+    make_ir = triton_compiler.ASTSource.make_ir
+    triton_compiler.ASTSource.make_ir = lambda self, *a: front_end_runs.append(self.name) or make_ir(self, *a)
+    here = {}
+    for k, request in enumerate(requests):
+        try:
+            build_workers.compile_request(request, {module.__file__: module})
+        except Exception as e:
+            here[k] = type(e).__name__
+    print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "front_end_runs": front_end_runs,
+                      "here": here}))
+''')
+
+
+def test_kernels_built_in_workers_are_not_compiled_again():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(build_workers.__file__).parents[3]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", CHILD], input=KERNELS, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["not_ready"] == {}, result
+    errors = {int(k): v for k, v in result["in_workers"].items()}
+    assert errors[0] is None and errors[1] is None, errors  # one kernel, two specializations (dtypes)
+    assert "name_that_is_not_defined" in errors[2], errors
+    # the graph's process found both specializations in Triton's cache; only the broken kernel went through
+    # Triton's front end again, and failed again (it falls back to ATen there)
+    assert result["front_end_runs"] == ["triton_broken"], result
+    assert result["here"] == {"2": "CompilationError"}, result
+
+
+def test_requests_name_each_launcher_compile_of_generated_kernels(monkeypatch):
+    """One request per `Launcher.precompile` a graph's kernels make (a split reduction makes two), each naming a
+    launcher of the module with plain dtypes and integers."""
+    loaded = []
+    real = triton_target.precompile_all
+    monkeypatch.setattr(triton_target, "precompile_all",
+                        lambda module, kernels, device="cpu": loaded.append((module, kernels)) or
+                        real(module, kernels, device))
+
+    def fn(x, y):
+        return (x * y).sum(), (x + y).relu(), x.sum(0)
+
+    x, y = torch.randn(4096, 64), torch.randn(4096, 64)
+    from kiln.pipeline import compile_aten_graph
+
+    compile_aten_graph(trace(fn, x, y), [x, y], {"cpu_backend": "triton"})
+    (module, kernels), = loaded
+    requests = build_workers.requests_for(module, kernels)
+    assert len(requests) >= len(kernels)
+    for request in requests:
+        assert request["path"] == module.__file__ and request["module"] == module.__name__
+        assert isinstance(getattr(module, request["launcher"]), Launcher)
+        assert all(isinstance(getattr(torch, d), torch.dtype) for d in request["dtypes"])
+        assert all(type(i) is int for i in request["ints"])
+
+
+def test_one_core_or_a_failed_start_compiles_in_the_graphs_process(monkeypatch):
+    monkeypatch.setattr(build_workers, "_pool", None)
+    monkeypatch.setenv("KILN_BUILD_JOBS", "1")
+    assert build_workers.start("cuda:0") is None
+    monkeypatch.setattr(build_workers, "_pool", None)
+    monkeypatch.setenv("KILN_BUILD_JOBS", "4")
+    monkeypatch.setattr(build_workers, "_gpu_target", lambda device: 1 / 0)  # no GPU driver
+    assert build_workers.start("cuda:0") is None
+    monkeypatch.setattr(build_workers, "_pool", None)
+    monkeypatch.setattr(build_workers, "_always_compiles", lambda: True)  # TRITON_ALWAYS_COMPILE: no cache to share
+    monkeypatch.setattr(build_workers, "BuildWorkers", lambda *a: pytest.fail("workers started"))
+    assert build_workers.start("cuda:0") is None
+    monkeypatch.setattr(build_workers, "_pool", None)
+
+
+def test_ranks_of_one_host_share_its_cores(monkeypatch):
+    monkeypatch.setenv("KILN_BUILD_JOBS", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert build_workers.worker_count() == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert build_workers.worker_count() == 16

@@ -137,10 +137,17 @@ def start(device: str) -> BuildWorkers | None:
         return _pool or None
 
 
+# Each worker imports torch, Triton and kiln (hundreds of MB resident): without KILN_BUILD_JOBS a host of many
+# cores starts at most this many, as Inductor caps its compile workers.
+DEFAULT_MAX_WORKERS = 32
+
+
 def worker_count() -> int:
-    """KILN_BUILD_JOBS (default: the CPUs this process may run on), shared by the GPU processes of one host
-    (LOCAL_WORLD_SIZE, as torchrun sets it): eight ranks do not start eight workers per core."""
-    return max(1, cache.build_jobs() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+    """KILN_BUILD_JOBS (default: the CPUs this process may run on, at most DEFAULT_MAX_WORKERS), shared by the GPU
+    processes of one host (LOCAL_WORLD_SIZE, as torchrun sets it): eight ranks do not start eight workers per
+    core."""
+    jobs = cache.build_jobs() if os.environ.get("KILN_BUILD_JOBS") else min(cache.build_jobs(), DEFAULT_MAX_WORKERS)
+    return max(1, jobs // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
 
 
 def _started(count: int, device: str) -> BuildWorkers | bool:

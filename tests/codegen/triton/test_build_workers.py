@@ -145,3 +145,13 @@ def test_ranks_of_one_host_share_its_cores(monkeypatch):
     assert build_workers.worker_count() == 2
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert build_workers.worker_count() == 16
+
+
+def test_a_host_of_many_cores_starts_a_bounded_number_of_workers(monkeypatch):
+    monkeypatch.delenv("KILN_BUILD_JOBS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(build_workers.cache, "build_jobs", lambda: 128)
+    assert build_workers.worker_count() == build_workers.DEFAULT_MAX_WORKERS
+    monkeypatch.setenv("KILN_BUILD_JOBS", "128")  # asked for: as many as asked
+    monkeypatch.setattr(build_workers.cache, "build_jobs", lambda: 128)
+    assert build_workers.worker_count() == 128

@@ -10,6 +10,7 @@ import collections
 import contextlib
 import itertools
 import operator
+import sys
 
 import pytest
 import torch
@@ -107,7 +108,22 @@ def caught_namedtuple_name(x):
     return x, errors
 
 
+def caught_list_repetition_errors(x):
+    """`[4, 5, 6, 7] * n` past the address space is eager's MemoryError (CPython's test_list test_overflow);
+    a float count is its TypeError; in place (`*=`) and reflected (`n * lst`) alike."""
+    errors = []
+    for count in (sys.maxsize // 2, 2.0):
+        for repeat in (operator.mul, operator.imul, lambda lst, n: n * lst):
+            try:
+                repeat([4, 5, 6, 7], count)
+            except (MemoryError, TypeError) as e:
+                errors.append((type(e).__name__, str(e)))
+                x = x + 1
+    return x, errors
+
+
 CASES = {f.__name__: f for f in (
+    caught_list_repetition_errors,
     caught_unhashable_item, caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int,
     suppressed_index_past_the_end, caught_tuple_index, caught_conversion_error, caught_operator_arity,
     caught_builtin_arity, caught_unpacking)}

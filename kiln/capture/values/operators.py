@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -223,11 +224,11 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 return a
             return type(a)(a.items + b.items) if isinstance(a, ListValue) else TupleValue(a.items + b.items)
         if plain is operator.mul and b.is_constant():
+            items = _repeated(a.items, b.as_constant())
             if fn is operator.imul and isinstance(a, ListValue):
-                a.items[:] = a.items * b.as_constant()
+                a.items[:] = items
                 a.mutated(state)
                 return a
-            items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
             # item by item as Python compares them: the same object is equal without asking (a tensor too)
@@ -236,6 +237,16 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _repeated(items: list[Value], count: Any) -> list[Value]:
+    """`seq * count` on the sequence's trackers: they are as many as its items, so Python raises what eager
+    raises (MemoryError for a length past the address space, TypeError for a count that is no int), and that
+    exception is the user's, catchable by traced code, not a failure of capture."""
+    try:
+        return items * count
+    except Exception as e:
+        raise python_error(e, "*") from e
 
 
 def _operand_returned(plain: Callable, args: list[Value]) -> Value | None:

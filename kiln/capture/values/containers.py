@@ -18,15 +18,38 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import class_attribute
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.exceptions import python_error, raise_python
 from kiln.capture.values.functions import BoundMethodValue
 from kiln.capture.values.symbolic import SymValue
+
+
+def replayed(container: Value, operation: Callable[[list], Any]) -> Any:
+    """`operation` on the items of a list or tuple tracker (their Python list), as the user's container runs it.
+
+    Where Python raises (an index out of range, an index of the wrong type, `pop` from an empty list), the
+    exception is the user's, as eager raises it at that point, and traced code may catch it: a failure of
+    capture it is not. A tuple's messages name the tuple ("tuple index out of range"): the operation runs
+    again on a real tuple of the items to raise them."""
+    try:
+        return operation(container.items)
+    except Exception as e:
+        if container.python_type() is tuple:
+            try:
+                operation(tuple(container.items))
+            except Exception as eager:
+                raise python_error(eager, type(container).__name__) from e
+        raise python_error(e, type(container).__name__) from e
 
 
 def _key(state, key: Value) -> Any:
     k = key.realize()
     if k.is_constant() or isinstance(k, SymValue):  # a dynamic size as a key is specialized (guarded), as torch does
-        return k.as_constant()
+        value = k.as_constant()
+        try:
+            hash(value)
+        except TypeError as e:  # `d[[]]`: eager's "unhashable type", the user's to catch
+            raise python_error(e, "hash") from e
+        return value
     obj = getattr(k, "obj", None)  # modules, functions and classes hash by identity
     if obj is not None:
         return obj
@@ -85,10 +108,7 @@ class SequenceValue(Value):
         index = k.as_constant()
         if isinstance(index, slice):
             return self.rebuild(self.items[index])
-        try:
-            return self.items[index]
-        except IndexError as e:
-            raise raise_python(IndexError, f"index {index} out of range") from e
+        return replayed(self, lambda items: items[index])
 
     def rebuild(self, items: list[Value]) -> Value:
         return type(self)(items)
@@ -211,14 +231,13 @@ class ListValue(SequenceValue):
 
     def setitem(self, state, key: Value, value: Value) -> None:
         index = key.as_constant()
-        if isinstance(index, slice):
-            self.items[index] = value.unpack(state)
-        else:
-            self.items[index] = value
+        value = value.unpack(state) if isinstance(index, slice) else value
+        replayed(self, lambda items: items.__setitem__(index, value))
         self.mutated(state)
 
     def delitem(self, state, key: Value) -> None:
-        del self.items[key.as_constant()]
+        index = key.as_constant()
+        replayed(self, lambda items: items.__delitem__(index))
         self.mutated(state)
 
     def getattr(self, state, name: str) -> Value:
@@ -232,7 +251,7 @@ class ListValue(SequenceValue):
         elif name == "insert":
             self.items.insert(args[0].as_constant(), args[1])
         elif name == "pop":
-            value = self.items.pop(*(a.as_constant() for a in args))
+            value = replayed(self, lambda items: items.pop(*(a.as_constant() for a in args)))
             self.mutated(state)
             return value
         elif name == "clear":

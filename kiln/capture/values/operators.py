@@ -391,7 +391,10 @@ def contains(state, container: Value, item: Value) -> bool:
     if isinstance(item.realize(), TensorValue):
         return _tensor_in_sequence(state, container, item)
     if container.is_constant():
-        return item.as_constant() in container.as_constant()
+        try:
+            return item.as_constant() in container.as_constant()
+        except Exception as e:  # `None in None`: eager's TypeError, the user's to catch
+            raise python_error(e, "in") from e
     return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
                for x in _items_of(state, container))

@@ -271,6 +271,14 @@ def _map_add(ins, stack, kw, resume, temp):
     return [f"{stack[-3 - ins.arg + 1]}[{stack[-2]}] = {stack[-1]}", resume(ins.index + 1, stack[:-2])]
 
 
+@renders("LIST_TO_TUPLE")
+def _list_to_tuple(ins, stack, kw, resume, temp):
+    """`f(a, *args)` on 3.11 builds a list, extends it with `args` and makes it a tuple: where `args` was
+    unknown, the list is one of the output program's values and its tuple is made there too."""
+    r = temp()
+    return [f"{r} = tuple({stack[-1]})", resume(ins.index + 1, stack[:-1] + [r])]
+
+
 @renders("BUILD_STRING")
 def _build_string(ins, stack, kw, resume, temp):
     r = temp()
@@ -344,7 +352,7 @@ NEVER_BREAKS = frozenset({
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
     "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
     "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
-    "LIST_TO_TUPLE", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
+    "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
     "WITH_EXCEPT_START",
 })
 

@@ -710,8 +710,12 @@ def _is_none(value: Value) -> bool:
 
 
 class PartialValue(Value):
+    """A functools.partial: its function, arguments, and (for one made during capture) the attributes written
+    to its `__dict__` (functools.partialmethod sets `__self__` on the partial it makes)."""
+
     def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]):
         self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.attrs: dict[str, Value] = {}
 
     def python_type(self) -> type:
         return functools.partial
@@ -719,10 +723,37 @@ class PartialValue(Value):
     def call(self, state, args, kwargs) -> Value:
         return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})
 
+    def getattr(self, state, name: str) -> Value:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "args":  # one tuple, read as often as it is (`p.args is p.args`)
+            self.attrs["args"] = TupleValue(list(self.args))
+            return self.attrs["args"]
+        if name == "func" and not isinstance(self.fn.realize(), PartialValue):  # a partial of a partial flattens
+            return self.fn
+        return super().getattr(state, name)
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        if getattr(self, "source", None) is not None or name == "__dict__":  # the user's object: written natively
+            super().setattr(state, name, value)
+        if name in ("func", "args", "keywords"):
+            raise raise_python(AttributeError, "readonly attribute")
+        self.attrs[name] = value
+
     def reconstruct(self, writer) -> str:
         parts = [writer.value(self.fn)] + [writer.value(a) for a in self.args]  # the objects, not copies
         parts += [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
+        written = {k: v for k, v in self.attrs.items() if k != "args"}
+        if written:
+            attrs = ", ".join(f"{k!r}: {writer.value(v)}" for k, v in written.items())
+            return f"{writer.constant(_partial_with_attributes)}({{{attrs}}}, {', '.join(parts)})"
         return f"{writer.constant(functools.partial)}({', '.join(parts)})"
+
+
+def _partial_with_attributes(attributes: dict, func, /, *args, **keywords) -> functools.partial:
+    made = functools.partial(func, *args, **keywords)
+    made.__dict__.update(attributes)
+    return made
 
 
 class SuperValue(Value):

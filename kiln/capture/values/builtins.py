@@ -503,7 +503,10 @@ def _is_exactly(value: Value, cls: type) -> bool:
 
 @handles(builtins.set)
 def _set(state, iterable=None):
-    return SetValue(iterable.unpack(state) if iterable is not None else [])
+    made = SetValue([])
+    if iterable is not None:
+        made.update_from(state, iterable)  # a set or dict merged at once, as set() does
+    return made
 
 
 @handles(builtins.frozenset)

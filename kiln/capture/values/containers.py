@@ -394,6 +394,11 @@ class SetValue(Value):
     def __init__(self, items: list[Value]):
         self.keys: set = set()
         self._items: dict = {}
+        # The set's making, as (method, constant arguments) from an empty set, while every step is one the
+        # output program can repeat: a set's iteration order depends on its history (a merge presizes the
+        # table, adding one at a time grows it), so a set rebuilt from its items may iterate otherwise than
+        # eager's. None once a step cannot be repeated; the set is then rebuilt from its items.
+        self.recipe: list | None = []
         for item in items:
             self._add(item)
 
@@ -403,6 +408,7 @@ class SetValue(Value):
         value = cls([])
         value.keys = keys
         value._items = {k: pool[k] for k in keys if k in pool}
+        value.recipe = None  # made by a C operation on other sets (union, copy...)
         return value
 
     def _add(self, item: Value) -> None:
@@ -411,6 +417,27 @@ class SetValue(Value):
             self.keys.add(key)
             if not item.realize().is_constant():
                 self._items[key] = item
+        self._record("add", (key,))
+
+    def _record(self, name: str, args: tuple) -> None:
+        if self.recipe is None:
+            return
+        if self._items or not all(type(a) in _REPEATABLE_ARGUMENTS for a in args):
+            self.recipe = None
+        else:
+            self.recipe.append((name, args))
+
+    def update_from(self, state, iterable: Value) -> None:
+        """`s.update(iterable)` (`set(iterable)`, `{*a, *b}`) as CPython runs it: a set, frozenset or dict merged
+        at once (its table presized), anything else item by item."""
+        it = iterable.realize()
+        from kiln.capture.values.dicts import DictValue
+
+        if isinstance(it, (SetValue, DictValue)) or (it.is_constant() and type(it.as_constant()) in _MERGED):
+            self.call_method(state, "update", [it], {})
+        else:
+            for item in it.unpack(state):
+                self._add(item)
 
     def _item(self, key: Any) -> Value:
         return self._items[key] if key in self._items else ConstantValue(key)
@@ -447,6 +474,8 @@ class SetValue(Value):
         except (KeyError, TypeError, ValueError) as e:
             raise raise_python(type(e), *e.args) from e
         self._items = {k: v for k, v in pool.items() if k in self.keys}
+        if name not in _READING_METHODS:
+            self._record(name, tuple(real_args))
         if result is NotImplemented:  # `s | [1]`: set operators take sets only
             raise raise_python(TypeError, f"unsupported operand type(s) for set.{name}")
         if result is self.keys:  # `s |= t` returns s itself
@@ -458,11 +487,29 @@ class SetValue(Value):
         return ConstantValue(result)
 
     def reconstruct(self, writer):
+        if self.recipe and not self._items:
+            return f"{writer.constant(_made_by)}({writer.constant(tuple(self.recipe))})"
         items = self.unpack(None)
         return "{" + ", ".join(writer.value(i) for i in items) + "}" if items else "set()"
 
 
+def _made_by(recipe: tuple) -> set:
+    """A new set made as the traced code made its set (`SetValue.recipe`), so it iterates as eager's does."""
+    made = set()
+    for name, args in recipe:
+        getattr(made, name)(*args)
+    return made
+
+
 _ELEMENT_METHODS = frozenset({"add", "discard", "remove", "__contains__"})  # the others take iterables
+# set methods that leave the set as it is (the others change it, and are a step of its recipe)
+_READING_METHODS = frozenset({"__contains__", "copy", "difference", "intersection", "isdisjoint", "issubset",
+                              "issuperset", "symmetric_difference", "union", "__len__", "__or__", "__and__",
+                              "__sub__", "__xor__", "__eq__", "__ne__", "__le__", "__lt__", "__ge__", "__gt__",
+                              "__ror__", "__rand__", "__rsub__", "__rxor__", "__iter__"})
+# arguments a recipe may hold: immutable, or (a dict, a list) made for the step and held by nothing else
+_REPEATABLE_ARGUMENTS = (int, float, bool, str, bytes, complex, type(None), tuple, frozenset, list, dict)
+_MERGED = (set, frozenset, dict)  # what set.update merges at once rather than item by item
 
 
 def _set_item(item: Value, pool: dict) -> Any:
@@ -484,7 +531,9 @@ def _set_argument(state, arg: Value, pool: dict) -> Any:
     if isinstance(arg, SetValue):
         pool.update(arg._items)
         return arg.keys
-    if isinstance(arg, (SequenceValue, IteratorValue, DictValue, DictViewValue)):
+    if isinstance(arg, DictValue):  # a dict, as the merge of a dict presizes the set's table
+        return dict.fromkeys(_set_item(i, pool) for i in arg.unpack(state))
+    if isinstance(arg, (SequenceValue, IteratorValue, DictViewValue)):
         return [_set_item(i, pool) for i in arg.unpack(state)]
     if arg.is_constant():
         return arg.as_constant()

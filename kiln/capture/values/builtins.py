@@ -325,10 +325,26 @@ def _delattr(state, obj, name):
     return ConstantValue(None)
 
 
+def _is_empty(state, cell) -> bool:
+    """A cell not assigned yet (locals() leaves its name out); a store traced earlier in this capture counts."""
+    if cell.contents is not None:
+        return False
+    if cell.real is None:
+        return True
+    pending = state.side_effects.pending_attr(cell.real, "cell_contents")
+    if pending is not None:
+        return is_deleted(pending)
+    try:
+        _ = cell.real.cell_contents
+    except ValueError:
+        return True
+    return False
+
+
 @handles(builtins.vars)
 def _vars(state, obj=None):
-    if obj is None:
-        raise GraphBreak("unsupported_call", "vars() without an argument")
+    if obj is None:  # the calling frame's locals()
+        return _locals(state)
     return obj.getattr(state, "__dict__")
 
 
@@ -499,6 +515,25 @@ def _is_exactly(value: Value, cls: type) -> bool:
     if isinstance(value, TupleValue) or value.is_constant():
         return value.python_type() is cls
     return False
+
+
+@handles(builtins.locals)
+def _locals(state):
+    """`locals()`: the calling frame's bound variables, cells and free variables included, in CPython's order.
+
+    Run natively after a break, it would read the output program's own frame (eval("x < y", locals()) then
+    misses x); here it is the traced frame's, a new dict as Python 3.13 makes (3.11 and 3.12 hand out one dict
+    per frame, refreshed per call)."""
+    frame = state.frames[-1]
+    code = frame.code
+    names = code.co_varnames + tuple(c for c in code.co_cellvars if c not in code.co_varnames) + code.co_freevars
+    bound = {}
+    for name in names:
+        if name in frame.locals:
+            bound[name] = frame.locals[name]
+        elif name in frame.cells and not _is_empty(state, frame.cells[name]):
+            bound[name] = frame.cells[name].load(state)
+    return DictValue(bound)
 
 
 @handles(builtins.set)

@@ -160,8 +160,28 @@ def caught_pure_python_operator_errors(x):
     return x, errors
 
 
+class _Plain:
+    pass
+
+
+def caught_attribute_name_errors(x):
+    """getattr, hasattr, setattr and delattr with a name that is no string: eager's TypeError (CPython's
+    test_builtin test_getattr), the default of getattr notwithstanding."""
+    errors = []
+    obj = _Plain()
+    for access in (lambda: getattr(obj, 1), lambda: getattr(obj, 1, None), lambda: hasattr(obj, 1),
+                   lambda: setattr(obj, 2.0, 1), lambda: delattr(obj, None)):
+        try:
+            access()
+        except TypeError as e:
+            errors.append(str(e))
+            x = x + 1
+    return x, errors
+
+
 CASES = {f.__name__: f for f in (
-    caught_list_repetition_errors, caught_item_access_errors, caught_pure_python_operator_errors,
+    caught_list_repetition_errors, caught_attribute_name_errors, caught_item_access_errors,
+    caught_pure_python_operator_errors,
     caught_unhashable_item, caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int,
     suppressed_index_past_the_end, caught_tuple_index, caught_conversion_error, caught_operator_arity,
     caught_builtin_arity, caught_unpacking)}

@@ -278,10 +278,18 @@ def _callable(state, obj):
     return ConstantValue(any("__call__" in klass.__dict__ for klass in cls.__mro__))
 
 
+def _attribute_name(name: Value) -> str:
+    """The name getattr, hasattr, setattr and delattr take: a str, else eager's TypeError (the user's)."""
+    value = name.as_constant()
+    if not isinstance(value, str):
+        raise raise_python(TypeError, f"attribute name must be string, not {type(value).__name__!r}")
+    return value
+
+
 @handles(builtins.getattr)
 def _getattr(state, obj, name, *default):
     try:
-        return obj.getattr(state, name.as_constant())
+        return obj.getattr(state, _attribute_name(name))
     except GraphBreak as e:
         if default and _is_attribute_error(e):
             return default[0]
@@ -295,7 +303,7 @@ def _is_attribute_error(e: GraphBreak) -> bool:
 
 @handles(builtins.hasattr)
 def _hasattr(state, obj, name):
-    value, key = obj.realize(), name.as_constant()
+    value, key = obj.realize(), _attribute_name(name)
     real = getattr(value, "obj", None)
     if real is not None:
         pending = state.side_effects.pending_attr(real, key)  # set or deleted earlier in this capture
@@ -315,13 +323,13 @@ def _hasattr(state, obj, name):
 
 @handles(builtins.setattr)
 def _setattr(state, obj, name, value):
-    obj.setattr(state, name.as_constant(), value)
+    obj.setattr(state, _attribute_name(name), value)
     return ConstantValue(None)
 
 
 @handles(builtins.delattr)
 def _delattr(state, obj, name):
-    obj.delattr(state, name.as_constant())
+    obj.delattr(state, _attribute_name(name))
     return ConstantValue(None)
 
 

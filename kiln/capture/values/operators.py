@@ -28,7 +28,7 @@ from kiln.capture.values.containers import (
     python_override,
 )
 from kiln.capture.values.exceptions import python_error
-from kiln.capture.values.items import COMPARISONS, compare_items
+from kiln.capture.values.items import COMPARISONS, compare_items, item_arithmetic
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
@@ -172,6 +172,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     if any(isinstance(a, ItemValue) for a in args):  # `t.item() <= n` under fullgraph=True
         if fn in COMPARISONS and len(args) == 2:
             return compare_items(state, fn, *args)
+        combined = item_arithmetic(state, fn, args)
+        if combined is not None:
+            return combined
         raise GraphBreak("tensor_to_python", f"Tensor.item() used with operator.{fn.__name__}")
     if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
         outcome = _compare_scalar_inputs(state, fn, *args)

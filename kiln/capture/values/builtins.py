@@ -349,6 +349,14 @@ def _is_empty(state, cell) -> bool:
     return False
 
 
+@handles(builtins.dir)
+def _dir(state, *args):
+    """`dir()`: the sorted names of the calling frame's locals (with an object, it runs natively)."""
+    if args:
+        raise GraphBreak("unsupported_call", "dir(obj)")
+    return ListValue([ConstantValue(name) for name in sorted(_locals(state).items)])
+
+
 @handles(builtins.vars)
 def _vars(state, obj=None):
     if obj is None:  # the calling frame's locals()

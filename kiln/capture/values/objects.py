@@ -305,7 +305,7 @@ class ObjectValue(Value):
         cls = type(self.obj)
         if name == "__class__":
             return ClassValue(cls)
-        if name == "__dict__":
+        if name == "__dict__" and not isinstance(_class_lookup(cls, name), property):  # a property of its own runs
             base = state.wrap(self.obj.__dict__, source)
             return InstanceDictValue(self, base) if isinstance(base, DictValue) else base
         if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
@@ -510,7 +510,8 @@ class NewObjectValue(Value):
         return self.generic_getattr(state, name)
 
     def generic_getattr(self, state, name: str) -> Value:
-        if name == "__dict__" and _class_lookup(self.cls, "__dict__") is not None:
+        if name == "__dict__" and isinstance(_class_lookup(self.cls, name), types.GetSetDescriptorType):
+            # the instance dict (a `__dict__` property of the class's own runs instead, as any property)
             view = DictValue({})
             view.items = self.attrs  # the instance dict itself: writes through it are attribute writes
             return view

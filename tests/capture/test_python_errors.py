@@ -179,9 +179,35 @@ def caught_attribute_name_errors(x):
     return x, errors
 
 
+class _BadCmp:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        raise RuntimeError("no comparing")
+
+
+_BAD = [_BadCmp() for _ in range(3)]  # objects from the user's world: a set holds them by their own hash
+
+
+def caught_set_comparison_errors(x):
+    """A set item whose __eq__ raises, met on insertion, lookup and removal (CPython's test_set test_badcmp)."""
+    errors = []
+    a, b, c = _BAD
+    s = {a}
+    for operation in (lambda: {b, c}, lambda: b in s, lambda: s.add(b), lambda: s.discard(c),
+                      lambda: s.remove(b)):
+        try:
+            operation()
+        except RuntimeError as e:
+            errors.append(str(e))
+            x = x + 1
+    return x, errors
+
+
 CASES = {f.__name__: f for f in (
-    caught_list_repetition_errors, caught_attribute_name_errors, caught_item_access_errors,
-    caught_pure_python_operator_errors,
+    caught_set_comparison_errors, caught_list_repetition_errors, caught_attribute_name_errors,
+    caught_item_access_errors, caught_pure_python_operator_errors,
     caught_unhashable_item, caught_namedtuple_name, caught_itertools_argument, suppressed_len_of_an_int,
     suppressed_index_past_the_end, caught_tuple_index, caught_conversion_error, caught_operator_arity,
     caught_builtin_arity, caught_unpacking)}

@@ -566,6 +566,11 @@ def _frozenset(state, iterable=None):
     if iterable is not None and _is_exactly(iterable, frozenset):
         return iterable  # frozenset(fs) of an exact frozenset is fs itself
     items = [v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])]
+    source = iterable.realize() if iterable is not None else None
+    if isinstance(source, SetValue) and source.is_constant():
+        items = source.keys  # merged from the set itself, as eager's frozenset(s): the same order
+    elif isinstance(source, DictValue):
+        items = dict.fromkeys(items)  # merged as a dict, as eager's frozenset(d)
     try:
         return ConstantValue(frozenset(items))
     except TypeError as e:  # an unhashable item: eager's TypeError

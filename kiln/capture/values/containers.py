@@ -413,7 +413,11 @@ class SetValue(Value):
 
     def _add(self, item: Value) -> None:
         key = _set_key(item)
-        if key not in self.keys:
+        try:
+            new = key not in self.keys  # an object's own __hash__ / __eq__ may raise: the user's exception
+        except Exception as e:
+            raise python_error(e, "set.add") from e
+        if new:
             self.keys.add(key)
             if not item.realize().is_constant():
                 self._items[key] = item
@@ -468,11 +472,14 @@ class SetValue(Value):
         if kwargs:
             raise GraphBreak("unsupported_call", f"set.{name} with keyword arguments")
         pool = dict(self._items)
-        real_args = [_set_item(a, pool) if name in _ELEMENT_METHODS else _set_argument(state, a, pool) for a in args]
-        try:
+        try:  # a missing key, an unhashable item, an object's own __hash__ or __eq__ raising: the user's
+            real_args = [_set_item(a, pool) if name in _ELEMENT_METHODS else _set_argument(state, a, pool)
+                         for a in args]
             result = getattr(self.keys, name)(*real_args)
-        except (KeyError, TypeError, ValueError) as e:
-            raise raise_python(type(e), *e.args) from e
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise python_error(e, f"set.{name}") from e
         self._items = {k: v for k, v in pool.items() if k in self.keys}
         if name not in _READING_METHODS:
             self._record(name, tuple(real_args))

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
-from kiln.capture.guards import Guard, GuardKind, describe_tensor, input_aliasing, tensor_signature
+from kiln.capture.guards import Guard, GuardKind, constant_check, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.sources import AttrSource, ItemSource, LocalSource, ScalarTensorSource, Source
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
@@ -72,8 +72,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
                                type(obj).__name__, f"type({expr}).__name__"))
 
         def guard_value():
-            if not (isinstance(obj, float) and obj != obj):
-                state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} == {name}", repr(obj), expr))
+            state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, constant_check(expr, obj, name), repr(obj), expr))
             if isinstance(source, LocalSource):
                 state.specialized_scalars.append((source, obj))  # for automatic dynamic (entry.CompiledFrame)
 
@@ -97,8 +96,8 @@ def wrap(state, obj: Any, source: Source) -> Value:
             _type(state, obj, source, expr)
             keys = list(obj.keys())
             keys_expr = repr(keys) if all(is_literal(k) for k in keys) else state.guards.constant(keys, "keys")
-            state.guards.add(Guard(GuardKind.DICT_KEYS, source, f"list({expr}.keys()) == {keys_expr}", repr(keys),
-                                   f"list({expr}.keys())"))
+            state.guards.add(Guard(GuardKind.DICT_KEYS, source, constant_check(f"list({expr}.keys())", keys, keys_expr),
+                                   repr(keys), f"list({expr}.keys())"))
             stored = python_override(type(obj), dict, "__getitem__") is not None
             value = DictValue({k: wrap_lazy(state, v, ItemSource(source, _key_ref(state, k), stored))
                                for k, v in dict.items(obj)}, source, type(obj))

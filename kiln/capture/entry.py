@@ -33,12 +33,12 @@ from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
-from kiln.capture.native import render_instruction, resumable_anywhere
-from kiln.capture.tensor_frames import holds_torch_values
+from kiln.capture.native import FRAME_READERS, calls_frame_reader, read_in_frame, render_instruction, resumable_anywhere
 from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.rerun import GraphRaised, eager_error_type, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
+from kiln.capture.tensor_frames import holds_torch_values
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
@@ -611,6 +611,10 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         return f"return {writer.constant(Continue)}({name}, {{{', '.join(items)}}})"  # run by the caller's loop
 
     grad_exits = [expr for v, expr in zip(frame.stack, stack) if _is_grad_mode_exit(v)]
+    if calls_frame_reader(frame.current, frame.stack, frame.kw_names):  # `eval(s)`: the frame's locals
+        reader = writer.constant(functools.partial(read_in_frame, frame_globals=state.G))
+        cells = {name: writer.value(cell) for name, cell in frame.cells.items()}
+        stack[-2] = f"{reader}({stack[-2]}, {_dict_expr(local_exprs)}, {_dict_expr(cells)})"
     lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
     if writer.reentries:
         lines = _inside_blocks(writer, lines)
@@ -618,6 +622,10 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         lines = _exiting_grad_mode_blocks(lines, grad_exits)
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
+
+
+def _dict_expr(exprs: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in exprs.items()) + "}"
 
 
 def _is_grad_mode_exit(v) -> bool:
@@ -755,7 +763,7 @@ def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | No
     if ___frame_globals is not None and not kwargs:
         if fn is builtins.globals and not args:
             return ___frame_globals
-        if any(fn is reader for reader in _FRAME_READERS) and len(args) == 1:  # `is`: `in` would run fn's __eq__
+        if any(fn is reader for reader in FRAME_READERS) and len(args) == 1:  # `is`: `in` would run fn's __eq__
             return fn(args[0], ___frame_globals)
     if spellings.is_disabled(fn):
         return fn(*args, **kwargs)
@@ -772,8 +780,6 @@ def call_nested(ctx: CompileContext, fn: Any, *args, ___frame_globals: dict | No
         return ctx.function(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
 
-
-_FRAME_READERS = (builtins.eval, builtins.exec)
 
 # Functions whose call suspends (generators, coroutines, async generators) run natively; only plain ones compile.
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,7 +184,53 @@ def _autocast_state() -> tuple:
             _get_autocast_dtype("cpu"), _get_autocast_dtype("cuda"))
 
 
+def same_constant(value: Any, expected: Any) -> bool:
+    """`value == expected` where equal is not enough: the same types throughout, floats' signs and NaN included.
+
+    Python's `==` holds between 1, 1.0, True and 1+0j, between 0.0 and -0.0, and never for NaN, yet a program
+    captured for one of them computes with its type (`x + s[0]` is an int tensor for 1 and a float tensor for
+    1.0) and its sign (`copysign`, `str`). A guard on a constant that compared with `==` alone reused that
+    program for an equal value of another type. Lists and tuples (a dict's keys, a literal tuple) compare item by
+    item; other leaves (classes, functions, enums used as keys) by type and `==`.
+    """
+    if type(value) is not type(expected):
+        return False
+    if type(value) in (tuple, list):
+        return len(value) == len(expected) and all(map(same_constant, value, expected))
+    if type(value) is frozenset:
+        return _tagged(value) == _tagged(expected)
+    if type(value) is float:
+        return _same_float(value, expected)
+    if type(value) is complex:
+        return _same_float(value.real, expected.real) and _same_float(value.imag, expected.imag)
+    return value == expected
+
+
+def _same_float(value: float, expected: float) -> bool:
+    if value != value:
+        return expected != expected
+    return value == expected and math.copysign(1.0, value) == math.copysign(1.0, expected)
+
+
+def _tagged(value: Any) -> Any:
+    """A set's items paired with their types (nested sets and tuples too), so {1} and {1.0} differ. Signs of
+    zero are not compared inside a set: it holds one of 0.0 and -0.0, whichever came first."""
+    if type(value) in (tuple, frozenset):
+        return type(value), type(value)(map(_tagged, value))
+    return type(value), value
+
+
+def constant_check(expr: str, value: Any, name: str) -> str:
+    """The guard expression that `expr` still holds `value` (spelled `name` in the guard's namespace or as a
+    literal). `==` where it is exact, given the type guard every constant also gets (ints, strings, bytes,
+    floats other than zero and NaN); `same_constant` where equal values can differ (see there)."""
+    if type(value) in (int, str, bytes) or (type(value) is float and value == value and value != 0.0):
+        return f"{expr} == {name}"
+    return f"___same_constant({expr}, {name})"
+
+
 HELPERS: dict[str, Any] = {
+    "___same_constant": same_constant,
     "___check_tensor": _check_tensor,
     "___tensor_signature": tensor_signature,
     "___describe_tensor": describe_tensor,

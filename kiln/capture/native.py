@@ -9,10 +9,13 @@ that writes the call of the continuation starting at instruction `index`.
 """
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
 from kiln.capture.bytecode import Instruction, instructions
+from kiln.capture.values.base import NULL
+from kiln.capture.values.functions import BuiltinValue
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS
 
 Stack = list  # list[str | None]
@@ -271,6 +274,14 @@ def _map_add(ins, stack, kw, resume, temp):
     return [f"{stack[-3 - ins.arg + 1]}[{stack[-2]}] = {stack[-1]}", resume(ins.index + 1, stack[:-2])]
 
 
+@renders("LIST_TO_TUPLE")
+def _list_to_tuple(ins, stack, kw, resume, temp):
+    """`f(a, *args)` on 3.11 builds a list, extends it with `args` and makes it a tuple: where `args` was
+    unknown, the list is one of the output program's values and its tuple is made there too."""
+    r = temp()
+    return [f"{r} = tuple({stack[-1]})", resume(ins.index + 1, stack[:-1] + [r])]
+
+
 @renders("BUILD_STRING")
 def _build_string(ins, stack, kw, resume, temp):
     r = temp()
@@ -344,7 +355,7 @@ NEVER_BREAKS = frozenset({
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
     "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
     "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
-    "LIST_TO_TUPLE", "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
+    "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
     "WITH_EXCEPT_START",
 })
 
@@ -354,3 +365,28 @@ def resumable_anywhere(code) -> bool:
     continuation; otherwise a break in this function runs the whole frame natively, since a
     continuation stopping at such an instruction could not go on (and has no frame to fall back to)."""
     return all(ins.opname in RENDERERS or ins.opname in NEVER_BREAKS for ins in instructions(code))
+
+
+# Builtins that read the calling frame's namespaces when given none: run natively after a break, the frame
+# they would read is the output program's.
+FRAME_READERS = (builtins.eval, builtins.exec)
+
+
+def calls_frame_reader(ins: Instruction, stack: list, kw_names: tuple) -> bool:
+    """Whether the breaking instruction is a call `eval(s)` or `exec(s)` (one argument: the frame's namespaces)."""
+    if ins.opname != "CALL" or ins.arg != 1 or kw_names or len(stack) < 3 or stack[-3] is not NULL:
+        return False
+    callee = stack[-2].realize()
+    return isinstance(callee, BuiltinValue) and any(callee.fn is reader for reader in FRAME_READERS)
+
+
+def read_in_frame(reader: Callable, frame_locals: dict, cells: dict, *, frame_globals: dict) -> Callable:
+    """`eval`/`exec` of one argument as run in the user's frame: its globals, and its locals at the break (the
+    variables, and the contents of its cells that are assigned)."""
+    namespace = dict(frame_locals)
+    for name, cell in cells.items():
+        try:
+            namespace[name] = cell.cell_contents
+        except ValueError:  # not assigned yet: not a local of the frame's either
+            pass
+    return lambda source: reader(source, frame_globals, namespace)

@@ -46,7 +46,7 @@ class ProgramWriter:
 
     # --- expressions ------------------------------------------------------------------------
     def constant(self, value: Any) -> str:
-        if is_literal(value):
+        if is_literal(value) and not _holds_frozenset(value):
             return repr(value)
         key = self._constants.get(id(value))
         if key is None:
@@ -227,3 +227,11 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
         args.append("autocast=___autocast")
     return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
                     f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]
+
+
+def _holds_frozenset(value: Any) -> bool:
+    """A frozenset iterates in an order its making decided (a set of the same items made otherwise may iterate
+    otherwise), so one is passed as the object itself, not rebuilt from its repr."""
+    if type(value) is frozenset:
+        return True
+    return type(value) is tuple and any(map(_holds_frozenset, value))

@@ -182,6 +182,51 @@ def test_item_as_a_size_under_fullgraph():
     assert_same(item_as_size(x), kiln.compile(item_as_size, backend=CountingBackend(), fullgraph=True)(x))
 
 
+def scaled_by_max(x):
+    return x * x.max().item()
+
+
+def shifted_by_count(x):
+    return x.long() + (x > 0).sum().item()
+
+
+def divided_by_count(x):
+    return (x > 0).sum().item() / (x.abs() + 1)
+
+
+def masked_by_flag(x):
+    return x.int() + (x > 0).any().item()
+
+
+def narrowed_by_mean(x):
+    return x.half() - x.mean().item()
+
+
+@pytest.mark.parametrize("fn", [scaled_by_max, shifted_by_count, divided_by_count, masked_by_flag,
+                                narrowed_by_mean], ids=lambda f: f.__name__)
+def test_item_in_tensor_arithmetic_under_fullgraph(fn):
+    """`x * t.item()` under fullgraph=True: one graph, as torch.compile makes, with eager's dtype (the number
+    kept as a 0-d tensor, which promotes as the Python number would). torch.compile refuses a bool `.item()`
+    in arithmetic (it guards on the unbacked value); kiln captures it."""
+    x = torch.randn(5)
+    assert _torch_fullgraph_graphs(fn, (x,)) == (None if fn is masked_by_flag else 1)
+    backend = CountingBackend()
+    assert_same(fn(x), kiln.compile(fn, backend=backend, fullgraph=True)(x))
+    assert backend.graphs == 1
+
+
+def test_float_item_against_an_int_tensor_breaks():
+    """An int tensor times a float: Python's float makes the default dtype, a float64 0-d tensor would make
+    float64, so kiln reads the number (a break; under fullgraph=True an error torch.compile does not give)."""
+    def int_times_mean(x):
+        return x.long() * x.mean().item()
+
+    x = torch.randn(4)
+    with pytest.raises(FullGraphError, match="Tensor.item"):
+        kiln.compile(int_times_mean, backend=CountingBackend(), fullgraph=True)(x)
+    assert_same(int_times_mean(x), kiln.compile(int_times_mean, backend=CountingBackend())(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool])
 def test_item_returned_under_fullgraph_is_eagers_number(dtype):
     def total(x):

@@ -81,6 +81,23 @@ def block_before_the_loop(xs):
     return [x * scale for x in xs if x.sum() > -100]
 
 
+def _scaled(x, *factors):
+    for factor in factors:
+        x = x * factor
+    return x
+
+
+def star_call_in_a_stepped_loop(xs):
+    """`f(x, *args)` on 3.11 is BUILD_LIST, LIST_EXTEND, LIST_TO_TUPLE: with `args` known only to the natively
+    stepped loop, each runs in the output program (a continuation that could not raised RuntimeError before)."""
+    out = []
+    for i, x in enumerate(xs):
+        torch._dynamo.graph_break()
+        factors = (2.0,) * i
+        out.append(_scaled(x, *factors))
+    return out
+
+
 CASES = {
     "explicit_break_in_loop": (explicit_break_in_loop, ([torch.randn(3) for _ in range(4)],)),
     "data_dependent_size_in_comprehension": (data_dependent_size_in_comprehension,
@@ -115,3 +132,11 @@ def test_helper_called_from_a_natively_stepped_loop_is_compiled():
     compiled = kiln.compile(loop_calling_a_compiled_helper, backend=backend)
     assert_same(loop_calling_a_compiled_helper(xs), compiled(xs))
     assert backend.graphs >= 1  # the helper's graph
+
+
+@pytest.mark.allows_fallback("graph_break: the explicit break in the loop")
+def test_star_call_of_values_only_the_stepped_loop_knows():
+    xs = [torch.randn(3) for _ in range(3)]
+    compiled = kiln.compile(star_call_in_a_stepped_loop, backend="eager")
+    for _ in range(2):
+        assert_same(star_call_in_a_stepped_loop(xs), compiled(xs))

@@ -1,6 +1,10 @@
 """Builtins that read the calling frame, run natively after a graph break (found by CPython's test_collections,
 `eval(repr(d))`): `globals()`, and `eval(s)`/`exec(s)` without a namespace, see the user's module globals, not
-the output program's namespace (a NameError, or a name of kiln's own). Each case compares with eager.
+the output program's namespace (a NameError, or a name of kiln's own). `locals()` and `vars()` are the traced
+frame's variables (cells and free variables too), and `eval(s)`/`exec(s)` see them (CPython's test_set
+`TestSubsets.test_issubset`: `eval("x < y", locals())` read the output program's locals), and so is `dir()`;
+`vars(obj)` runs a `__dict__` property the class defines (CPython's test_builtin test_vars). Each case
+compares with eager.
 """
 from __future__ import annotations
 
@@ -30,3 +34,56 @@ def test_eval_exec_and_globals_see_the_users_module():
     actual = kiln.compile(reads_module_globals, backend="eager")(x)
     torch.testing.assert_close(actual[0], expected[0])
     assert actual[1:] == expected[1:]
+
+
+def reads_frame_locals(x):
+    y = x * 2
+    factor = 3
+
+    def scaled():
+        return y * factor
+
+    results = []
+    for op in ("<", "==", "!="):
+        results.append(eval("factor" + op + "4", {}, locals()))
+    copied = dict(vars())
+    namespace = {}
+    exec("namespace['z'] = factor + 1")
+    return eval("y + factor"), sorted(locals()), sorted(copied), results, scaled(), namespace["z"]
+
+
+def locals_before_a_cell_is_assigned(x):
+    before = sorted(locals())
+    late = x + 1
+
+    def uses_late():
+        return late
+
+    return before, sorted(locals()), uses_late()
+
+
+class DictProperty:
+    """A class whose `__dict__` is a property: vars() answers what the property gives."""
+
+    def _fake_dict(self):
+        return {"a": 2}
+
+    __dict__ = property(_fake_dict)
+
+
+EXISTING = DictProperty()
+
+
+def dir_and_vars(x):
+    names = dir()
+    return x + 1, names, set(vars()) == set(dir()), vars(DictProperty()), vars(EXISTING)
+
+
+@pytest.mark.allows_fallback("graph_break: eval and exec run natively")
+@pytest.mark.parametrize("fn", [reads_frame_locals, locals_before_a_cell_is_assigned, dir_and_vars])
+def test_locals_vars_and_eval_see_the_frames_variables(fn):
+    for _ in range(2):
+        x = torch.randn(3)
+        expected = fn(x)
+        actual = kiln.compile(fn, backend="eager")(x)
+        assert repr(actual) == repr(expected)

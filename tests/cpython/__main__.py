@@ -3,6 +3,7 @@
     python -m tests.cpython                                   # every file of harness.FILES, both compilers
     python -m tests.cpython --files test_sort,test_list --out run.jsonl
     python -m tests.cpython --table run.jsonl                 # the Markdown table of a run
+    python -m tests.cpython --table kiln.jsonl torch.jsonl    # runs of one compiler each, side by side
     python -m tests.cpython --files test_dict --show kiln     # the tests kiln does not pass, with why
 
 Each test's outcomes go to the JSON-lines file as they finish (one object per test, with its file).
@@ -21,12 +22,21 @@ from harness import COMPILERS, FILES, FileResult, TestOutcome, ensure_stdlib_tes
 
 
 def _read(paths: list[str]) -> list[FileResult]:
+    """The runs in `paths`; one test's rows from runs of different compilers (each in its own process) are one
+    outcome, when their plain runs ended alike."""
     files: dict[str, FileResult] = {}
+    outcomes: dict[tuple[str, str], TestOutcome] = {}
     for path in paths:
         with open(path) as f:
             for row in map(json.loads, filter(str.strip, f)):
                 file = row.pop("file")
-                files.setdefault(file, FileResult(file)).outcomes.append(TestOutcome(**row))
+                seen = outcomes.get((file, row["test"]))
+                if seen is not None and seen.plain == row["plain"]:
+                    seen.compiled.update(row["compiled"])
+                    seen.notes.update(row["notes"])
+                    continue
+                outcomes[file, row["test"]] = outcome = TestOutcome(**row)
+                files.setdefault(file, FileResult(file)).outcomes.append(outcome)
     return [files[f] for f in FILES if f in files] + [r for f, r in files.items() if f not in FILES]
 
 

@@ -72,6 +72,9 @@ def list_extend(frame, ins):
 def set_update(frame, ins):
     iterable = frame.pop()
     target = frame.peek(ins.arg).realize()
+    if isinstance(target, SetValue):  # `{*a, *b}` and set literals of constants (a frozenset merged)
+        target.update_from(frame.state, iterable)
+        return
     for item in iterable.unpack(frame.state):
         _container_method(target, frame.state, "add", [item])
 

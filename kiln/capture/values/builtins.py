@@ -278,10 +278,18 @@ def _callable(state, obj):
     return ConstantValue(any("__call__" in klass.__dict__ for klass in cls.__mro__))
 
 
+def _attribute_name(name: Value) -> str:
+    """The name getattr, hasattr, setattr and delattr take: a str, else eager's TypeError (the user's)."""
+    value = name.as_constant()
+    if not isinstance(value, str):
+        raise raise_python(TypeError, f"attribute name must be string, not {type(value).__name__!r}")
+    return value
+
+
 @handles(builtins.getattr)
 def _getattr(state, obj, name, *default):
     try:
-        return obj.getattr(state, name.as_constant())
+        return obj.getattr(state, _attribute_name(name))
     except GraphBreak as e:
         if default and _is_attribute_error(e):
             return default[0]
@@ -295,7 +303,7 @@ def _is_attribute_error(e: GraphBreak) -> bool:
 
 @handles(builtins.hasattr)
 def _hasattr(state, obj, name):
-    value, key = obj.realize(), name.as_constant()
+    value, key = obj.realize(), _attribute_name(name)
     real = getattr(value, "obj", None)
     if real is not None:
         pending = state.side_effects.pending_attr(real, key)  # set or deleted earlier in this capture
@@ -315,20 +323,44 @@ def _hasattr(state, obj, name):
 
 @handles(builtins.setattr)
 def _setattr(state, obj, name, value):
-    obj.setattr(state, name.as_constant(), value)
+    obj.setattr(state, _attribute_name(name), value)
     return ConstantValue(None)
 
 
 @handles(builtins.delattr)
 def _delattr(state, obj, name):
-    obj.delattr(state, name.as_constant())
+    obj.delattr(state, _attribute_name(name))
     return ConstantValue(None)
+
+
+def _is_empty(state, cell) -> bool:
+    """A cell not assigned yet (locals() leaves its name out); a store traced earlier in this capture counts."""
+    if cell.contents is not None:
+        return False
+    if cell.real is None:
+        return True
+    pending = state.side_effects.pending_attr(cell.real, "cell_contents")
+    if pending is not None:
+        return is_deleted(pending)
+    try:
+        _ = cell.real.cell_contents
+    except ValueError:
+        return True
+    return False
+
+
+@handles(builtins.dir)
+def _dir(state, *args):
+    """`dir()`: the sorted names of the calling frame's locals (with an object, it runs natively)."""
+    if args:
+        raise GraphBreak("unsupported_call", "dir(obj)")
+    return ListValue([ConstantValue(name) for name in sorted(_locals(state).items)])
 
 
 @handles(builtins.vars)
 def _vars(state, obj=None):
-    if obj is None:
-        raise GraphBreak("unsupported_call", "vars() without an argument")
+    if obj is None:  # the calling frame's locals()
+        return _locals(state)
     return obj.getattr(state, "__dict__")
 
 
@@ -501,9 +533,31 @@ def _is_exactly(value: Value, cls: type) -> bool:
     return False
 
 
+@handles(builtins.locals)
+def _locals(state):
+    """`locals()`: the calling frame's bound variables, cells and free variables included, in CPython's order.
+
+    Run natively after a break, it would read the output program's own frame (eval("x < y", locals()) then
+    misses x); here it is the traced frame's, a new dict as Python 3.13 makes (3.11 and 3.12 hand out one dict
+    per frame, refreshed per call)."""
+    frame = state.frames[-1]
+    code = frame.code
+    names = code.co_varnames + tuple(c for c in code.co_cellvars if c not in code.co_varnames) + code.co_freevars
+    bound = {}
+    for name in names:
+        if name in frame.locals:
+            bound[name] = frame.locals[name]
+        elif name in frame.cells and not _is_empty(state, frame.cells[name]):
+            bound[name] = frame.cells[name].load(state)
+    return DictValue(bound)
+
+
 @handles(builtins.set)
 def _set(state, iterable=None):
-    return SetValue(iterable.unpack(state) if iterable is not None else [])
+    made = SetValue([])
+    if iterable is not None:
+        made.update_from(state, iterable)  # a set or dict merged at once, as set() does
+    return made
 
 
 @handles(builtins.frozenset)
@@ -512,6 +566,11 @@ def _frozenset(state, iterable=None):
     if iterable is not None and _is_exactly(iterable, frozenset):
         return iterable  # frozenset(fs) of an exact frozenset is fs itself
     items = [v.as_constant() for v in (iterable.unpack(state) if iterable is not None else [])]
+    source = iterable.realize() if iterable is not None else None
+    if isinstance(source, SetValue) and source.is_constant():
+        items = source.keys  # merged from the set itself, as eager's frozenset(s): the same order
+    elif isinstance(source, DictValue):
+        items = dict.fromkeys(items)  # merged as a dict, as eager's frozenset(d)
     try:
         return ConstantValue(frozenset(items))
     except TypeError as e:  # an unhashable item: eager's TypeError

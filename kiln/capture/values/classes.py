@@ -16,7 +16,7 @@ from typing import Any
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.side_effects import is_deleted
-from kiln.capture.sources import AttrSource, Source
+from kiln.capture.sources import AttrSource, ItemSource, Source
 from kiln.capture.values.base import Value
 from kiln.capture.values.exceptions import raise_python
 from kiln.capture.values.functions import FunctionValue, MethodValue
@@ -132,11 +132,32 @@ def class_attribute(state, self_value: Value, cls: type, name: str, source) -> V
     if isinstance(attr, classmethod):
         guard_class_entry(state, cls, name, attr)
         return MethodValue(state.wrap_unsourced(cls), function_value(state, attr.__func__))  # a ClassValue
+    descriptor_get = getattr(type(attr), "__get__", None)
+    if isinstance(descriptor_get, types.FunctionType) and _new_object_per_read(self_value, name):
+        # a descriptor written in Python that makes a new object per read (functools.partialmethod): an identity
+        # guard on the object read would never hold again, so its __get__ is traced instead
+        guard_class_entry(state, cls, name, attr)
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)
+        descriptor = state.wrap(attr, ItemSource(AttrSource(class_source(state, owner), "__dict__"), name))
+        owner_class = state.wrap_unsourced(cls)
+        return function_value(state, descriptor_get).call(state, [descriptor, self_value, owner_class], {})
     if source is not None:  # guarded by value through the instance: a change on the class is seen too
         return state.wrap(getattr(self_value.obj, name), source)
     if hasattr(type(attr), "__get__"):  # a descriptor kiln does not run (cached_property, a C getset)
         raise GraphBreak("unsupported_object", f"{cls.__name__}.{name} (a {type(attr).__name__})")
     return class_data(state, cls, name)
+
+
+def _new_object_per_read(self_value: Value, name: str) -> bool:
+    """Whether reading `obj.name` twice gives two objects (only asked of descriptors written in Python; one that
+    caches, as functools.cached_property does, gives the cached object the second time)."""
+    obj = getattr(self_value, "obj", None)
+    if obj is None:
+        return True
+    try:
+        return getattr(obj, name) is not getattr(obj, name)
+    except Exception:
+        return True
 
 
 def guard_not_shadowed(state, self_value: Value, name: str) -> None:

@@ -18,15 +18,38 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import class_attribute
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.exceptions import python_error, raise_python
 from kiln.capture.values.functions import BoundMethodValue
 from kiln.capture.values.symbolic import SymValue
+
+
+def replayed(container: Value, operation: Callable[[list], Any]) -> Any:
+    """`operation` on the items of a list or tuple tracker (their Python list), as the user's container runs it.
+
+    Where Python raises (an index out of range, an index of the wrong type, `pop` from an empty list), the
+    exception is the user's, as eager raises it at that point, and traced code may catch it: a failure of
+    capture it is not. A tuple's messages name the tuple ("tuple index out of range"): the operation runs
+    again on a real tuple of the items to raise them."""
+    try:
+        return operation(container.items)
+    except Exception as e:
+        if container.python_type() is tuple:
+            try:
+                operation(tuple(container.items))
+            except Exception as eager:
+                raise python_error(eager, type(container).__name__) from e
+        raise python_error(e, type(container).__name__) from e
 
 
 def _key(state, key: Value) -> Any:
     k = key.realize()
     if k.is_constant() or isinstance(k, SymValue):  # a dynamic size as a key is specialized (guarded), as torch does
-        return k.as_constant()
+        value = k.as_constant()
+        try:
+            hash(value)
+        except TypeError as e:  # `d[[]]`: eager's "unhashable type", the user's to catch
+            raise python_error(e, "hash") from e
+        return value
     obj = getattr(k, "obj", None)  # modules, functions and classes hash by identity
     if obj is not None:
         return obj
@@ -85,10 +108,7 @@ class SequenceValue(Value):
         index = k.as_constant()
         if isinstance(index, slice):
             return self.rebuild(self.items[index])
-        try:
-            return self.items[index]
-        except IndexError as e:
-            raise raise_python(IndexError, f"index {index} out of range") from e
+        return replayed(self, lambda items: items[index])
 
     def rebuild(self, items: list[Value]) -> Value:
         return type(self)(items)
@@ -211,14 +231,13 @@ class ListValue(SequenceValue):
 
     def setitem(self, state, key: Value, value: Value) -> None:
         index = key.as_constant()
-        if isinstance(index, slice):
-            self.items[index] = value.unpack(state)
-        else:
-            self.items[index] = value
+        value = value.unpack(state) if isinstance(index, slice) else value
+        replayed(self, lambda items: items.__setitem__(index, value))
         self.mutated(state)
 
     def delitem(self, state, key: Value) -> None:
-        del self.items[key.as_constant()]
+        index = key.as_constant()
+        replayed(self, lambda items: items.__delitem__(index))
         self.mutated(state)
 
     def getattr(self, state, name: str) -> Value:
@@ -232,7 +251,7 @@ class ListValue(SequenceValue):
         elif name == "insert":
             self.items.insert(args[0].as_constant(), args[1])
         elif name == "pop":
-            value = self.items.pop(*(a.as_constant() for a in args))
+            value = replayed(self, lambda items: items.pop(*(a.as_constant() for a in args)))
             self.mutated(state)
             return value
         elif name == "clear":
@@ -375,6 +394,11 @@ class SetValue(Value):
     def __init__(self, items: list[Value]):
         self.keys: set = set()
         self._items: dict = {}
+        # The set's making, as (method, constant arguments) from an empty set, while every step is one the
+        # output program can repeat: a set's iteration order depends on its history (a merge presizes the
+        # table, adding one at a time grows it), so a set rebuilt from its items may iterate otherwise than
+        # eager's. None once a step cannot be repeated; the set is then rebuilt from its items.
+        self.recipe: list | None = []
         for item in items:
             self._add(item)
 
@@ -384,14 +408,40 @@ class SetValue(Value):
         value = cls([])
         value.keys = keys
         value._items = {k: pool[k] for k in keys if k in pool}
+        value.recipe = None  # made by a C operation on other sets (union, copy...)
         return value
 
     def _add(self, item: Value) -> None:
         key = _set_key(item)
-        if key not in self.keys:
+        try:
+            new = key not in self.keys  # an object's own __hash__ / __eq__ may raise: the user's exception
+        except Exception as e:
+            raise python_error(e, "set.add") from e
+        if new:
             self.keys.add(key)
             if not item.realize().is_constant():
                 self._items[key] = item
+        self._record("add", (key,))
+
+    def _record(self, name: str, args: tuple) -> None:
+        if self.recipe is None:
+            return
+        if self._items or not all(type(a) in _REPEATABLE_ARGUMENTS for a in args):
+            self.recipe = None
+        else:
+            self.recipe.append((name, args))
+
+    def update_from(self, state, iterable: Value) -> None:
+        """`s.update(iterable)` (`set(iterable)`, `{*a, *b}`) as CPython runs it: a set, frozenset or dict merged
+        at once (its table presized), anything else item by item."""
+        it = iterable.realize()
+        from kiln.capture.values.dicts import DictValue
+
+        if isinstance(it, (SetValue, DictValue)) or (it.is_constant() and type(it.as_constant()) in _MERGED):
+            self.call_method(state, "update", [it], {})
+        else:
+            for item in it.unpack(state):
+                self._add(item)
 
     def _item(self, key: Any) -> Value:
         return self._items[key] if key in self._items else ConstantValue(key)
@@ -422,12 +472,17 @@ class SetValue(Value):
         if kwargs:
             raise GraphBreak("unsupported_call", f"set.{name} with keyword arguments")
         pool = dict(self._items)
-        real_args = [_set_item(a, pool) if name in _ELEMENT_METHODS else _set_argument(state, a, pool) for a in args]
-        try:
+        try:  # a missing key, an unhashable item, an object's own __hash__ or __eq__ raising: the user's
+            real_args = [_set_item(a, pool) if name in _ELEMENT_METHODS else _set_argument(state, a, pool)
+                         for a in args]
             result = getattr(self.keys, name)(*real_args)
-        except (KeyError, TypeError, ValueError) as e:
-            raise raise_python(type(e), *e.args) from e
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise python_error(e, f"set.{name}") from e
         self._items = {k: v for k, v in pool.items() if k in self.keys}
+        if name not in _READING_METHODS:
+            self._record(name, tuple(real_args))
         if result is NotImplemented:  # `s | [1]`: set operators take sets only
             raise raise_python(TypeError, f"unsupported operand type(s) for set.{name}")
         if result is self.keys:  # `s |= t` returns s itself
@@ -439,11 +494,29 @@ class SetValue(Value):
         return ConstantValue(result)
 
     def reconstruct(self, writer):
+        if self.recipe and not self._items:
+            return f"{writer.constant(_made_by)}({writer.constant(tuple(self.recipe))})"
         items = self.unpack(None)
         return "{" + ", ".join(writer.value(i) for i in items) + "}" if items else "set()"
 
 
+def _made_by(recipe: tuple) -> set:
+    """A new set made as the traced code made its set (`SetValue.recipe`), so it iterates as eager's does."""
+    made = set()
+    for name, args in recipe:
+        getattr(made, name)(*args)
+    return made
+
+
 _ELEMENT_METHODS = frozenset({"add", "discard", "remove", "__contains__"})  # the others take iterables
+# set methods that leave the set as it is (the others change it, and are a step of its recipe)
+_READING_METHODS = frozenset({"__contains__", "copy", "difference", "intersection", "isdisjoint", "issubset",
+                              "issuperset", "symmetric_difference", "union", "__len__", "__or__", "__and__",
+                              "__sub__", "__xor__", "__eq__", "__ne__", "__le__", "__lt__", "__ge__", "__gt__",
+                              "__ror__", "__rand__", "__rsub__", "__rxor__", "__iter__"})
+# arguments a recipe may hold: immutable, or (a dict, a list) made for the step and held by nothing else
+_REPEATABLE_ARGUMENTS = (int, float, bool, str, bytes, complex, type(None), tuple, frozenset, list, dict)
+_MERGED = (set, frozenset, dict)  # what set.update merges at once rather than item by item
 
 
 def _set_item(item: Value, pool: dict) -> Any:
@@ -465,7 +538,9 @@ def _set_argument(state, arg: Value, pool: dict) -> Any:
     if isinstance(arg, SetValue):
         pool.update(arg._items)
         return arg.keys
-    if isinstance(arg, (SequenceValue, IteratorValue, DictValue, DictViewValue)):
+    if isinstance(arg, DictValue):  # a dict, as the merge of a dict presizes the set's table
+        return dict.fromkeys(_set_item(i, pool) for i in arg.unpack(state))
+    if isinstance(arg, (SequenceValue, IteratorValue, DictViewValue)):
         return [_set_item(i, pool) for i in arg.unpack(state)]
     if arg.is_constant():
         return arg.as_constant()

@@ -131,6 +131,8 @@ class FunctionValue(CallableValue):
     def getattr(self, state, name: str) -> Value:
         if name == "__name__":
             return ConstantValue(self.name)
+        if name == "__get__":  # descriptors written in Python bind the function they hold (functools.partialmethod)
+            return _FunctionGet(self)
         if self.real is not None and self.source is not None:
             try:
                 return state.wrap(getattr(self.real, name), AttrSource(self.source, name))
@@ -273,6 +275,27 @@ def _plain_dict_items(state, value: Value) -> dict[str, Value]:
             return {}
         raise GraphBreak("unsupported_call", f"functools.update_wrapper reading __dict__ of {value}")
     return {k: value.getattr(state, k) for k in vars(obj)}
+
+
+class _FunctionGet(CallableValue):
+    """`fn.__get__(obj, cls=None)`: the function itself for obj None, else the method bound to obj."""
+
+    def __init__(self, fn: FunctionValue):
+        self.fn = fn
+
+    def python_type(self) -> type:
+        return types.MethodWrapperType
+
+    def call(self, state, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if kwargs or not 1 <= len(args) <= 2:
+            raise GraphBreak("unsupported_call", "function.__get__ with other arguments than (obj, cls)")
+        bound = args[0].realize()
+        if bound.is_constant() and bound.as_constant() is None:
+            return self.fn
+        return MethodValue(bound, self.fn)
+
+    def reconstruct(self, writer) -> str:
+        return f"{writer.value(self.fn)}.__get__"
 
 
 class MethodValue(CallableValue):

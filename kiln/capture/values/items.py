@@ -5,8 +5,10 @@ on), so that model code such as `assert lengths.max().item() <= slen` (XLM, Flau
 `assert torch.all(ids >= 0).item(), msg` (ProphetNet) costs no graph break; with `fullgraph=False` it breaks at
 `.item()`, and so does kiln. kiln keeps the number as a 0-d tensor of a dtype that holds it exactly (float64,
 int64 or bool) and models what such checks do with it: a comparison with a number, and the truth test of an
-`assert` (a graph-side `torch._assert_async`, see `opcodes.control`). Everything else needs the Python number
-itself, which no graph has: a graph break (under `fullgraph=True`, the error torch.compile gives as well).
+`assert` (a graph-side `torch._assert_async`, see `opcodes.control`), and arithmetic with a tensor where the
+0-d tensor promotes as the Python number would (`x * t.max().item()`, `item_arithmetic`). Everything else needs
+the Python number itself, or a size (torch.compile's unbacked symbol), which kiln does not make: a graph break
+(under `fullgraph=True`, an error where torch.compile captures a size).
 """
 from __future__ import annotations
 
@@ -55,3 +57,25 @@ def _fits_float(value: Value) -> bool:
         return value.kind is float
     return type(value.value) is float or value.value in _EXACT_IN_FLOAT64
 
+
+_TENSOR_ARITHMETIC = frozenset((operator.add, operator.sub, operator.mul, operator.truediv))
+
+
+def item_arithmetic(state, fn, args: list[Value]) -> Value | None:
+    """`x * n` for a tensor `x` of at least one dimension and `n = t.item()`: the op with the 0-d tensor that
+    holds n, where its result is what the Python number gives. A 0-d operand takes part in type promotion only
+    across categories: an int or bool `n` leaves x's dtype as Python's int does, a float `n` only against a
+    floating-point x (against an int x Python's float makes the default dtype, a float64 0-d tensor float64);
+    a bool `n` in + and * only. None for anything else (a break)."""
+    if fn not in _TENSOR_ARITHMETIC or len(args) != 2:
+        return None
+    items = [a for a in args if isinstance(a, ItemValue)]
+    tensors = [a for a in args if isinstance(a, TensorValue)]
+    if len(items) != 1 or len(tensors) != 1 or tensors[0].fake.dim() == 0:
+        return None
+    if items[0].kind is float and not tensors[0].fake.is_floating_point() and not tensors[0].fake.is_complex():
+        return None
+    if items[0].kind is bool and fn not in (operator.add, operator.mul):  # torch refuses `-` of a bool tensor
+        return None
+    operands = [a.tensor if isinstance(a, ItemValue) else a for a in args]
+    return trace_op(state, "call_function", fn, operands, {})

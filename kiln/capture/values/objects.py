@@ -305,7 +305,7 @@ class ObjectValue(Value):
         cls = type(self.obj)
         if name == "__class__":
             return ClassValue(cls)
-        if name == "__dict__":
+        if name == "__dict__" and not isinstance(_class_lookup(cls, name), property):  # a property of its own runs
             base = state.wrap(self.obj.__dict__, source)
             return InstanceDictValue(self, base) if isinstance(base, DictValue) else base
         if name in getattr(self.obj, "__dict__", {}) and not isinstance(getattr(cls, name, None), property):
@@ -510,7 +510,8 @@ class NewObjectValue(Value):
         return self.generic_getattr(state, name)
 
     def generic_getattr(self, state, name: str) -> Value:
-        if name == "__dict__" and _class_lookup(self.cls, "__dict__") is not None:
+        if name == "__dict__" and isinstance(_class_lookup(self.cls, name), types.GetSetDescriptorType):
+            # the instance dict (a `__dict__` property of the class's own runs instead, as any property)
             view = DictValue({})
             view.items = self.attrs  # the instance dict itself: writes through it are attribute writes
             return view
@@ -710,8 +711,12 @@ def _is_none(value: Value) -> bool:
 
 
 class PartialValue(Value):
+    """A functools.partial: its function, arguments, and (for one made during capture) the attributes written
+    to its `__dict__` (functools.partialmethod sets `__self__` on the partial it makes)."""
+
     def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]):
         self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.attrs: dict[str, Value] = {}
 
     def python_type(self) -> type:
         return functools.partial
@@ -719,10 +724,37 @@ class PartialValue(Value):
     def call(self, state, args, kwargs) -> Value:
         return self.fn.call(state, [*self.args, *args], {**self.kwargs, **kwargs})
 
+    def getattr(self, state, name: str) -> Value:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "args":  # one tuple, read as often as it is (`p.args is p.args`)
+            self.attrs["args"] = TupleValue(list(self.args))
+            return self.attrs["args"]
+        if name == "func" and not isinstance(self.fn.realize(), PartialValue):  # a partial of a partial flattens
+            return self.fn
+        return super().getattr(state, name)
+
+    def setattr(self, state, name: str, value: Value) -> None:
+        if getattr(self, "source", None) is not None or name == "__dict__":  # the user's object: written natively
+            super().setattr(state, name, value)
+        if name in ("func", "args", "keywords"):
+            raise raise_python(AttributeError, "readonly attribute")
+        self.attrs[name] = value
+
     def reconstruct(self, writer) -> str:
         parts = [writer.value(self.fn)] + [writer.value(a) for a in self.args]  # the objects, not copies
         parts += [f"{k}={writer.value(v)}" for k, v in self.kwargs.items()]
+        written = {k: v for k, v in self.attrs.items() if k != "args"}
+        if written:
+            attrs = ", ".join(f"{k!r}: {writer.value(v)}" for k, v in written.items())
+            return f"{writer.constant(_partial_with_attributes)}({{{attrs}}}, {', '.join(parts)})"
         return f"{writer.constant(functools.partial)}({', '.join(parts)})"
+
+
+def _partial_with_attributes(attributes: dict, func, /, *args, **keywords) -> functools.partial:
+    made = functools.partial(func, *args, **keywords)
+    made.__dict__.update(attributes)
+    return made
 
 
 class SuperValue(Value):

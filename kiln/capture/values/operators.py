@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from kiln.capture.values.containers import (
     python_override,
 )
 from kiln.capture.values.exceptions import python_error
-from kiln.capture.values.items import COMPARISONS, compare_items
+from kiln.capture.values.items import COMPARISONS, compare_items, item_arithmetic
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
@@ -171,6 +172,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
     if any(isinstance(a, ItemValue) for a in args):  # `t.item() <= n` under fullgraph=True
         if fn in COMPARISONS and len(args) == 2:
             return compare_items(state, fn, *args)
+        combined = item_arithmetic(state, fn, args)
+        if combined is not None:
+            return combined
         raise GraphBreak("tensor_to_python", f"Tensor.item() used with operator.{fn.__name__}")
     if fn in _COMPARISON_SYMBOLS and any(isinstance(a, ScalarInputValue) for a in args):
         outcome = _compare_scalar_inputs(state, fn, *args)
@@ -223,11 +227,11 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 return a
             return type(a)(a.items + b.items) if isinstance(a, ListValue) else TupleValue(a.items + b.items)
         if plain is operator.mul and b.is_constant():
+            items = _repeated(a.items, b.as_constant())
             if fn is operator.imul and isinstance(a, ListValue):
-                a.items[:] = a.items * b.as_constant()
+                a.items[:] = items
                 a.mutated(state)
                 return a
-            items = a.items * b.as_constant()
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
             # item by item as Python compares them: the same object is equal without asking (a tensor too)
@@ -236,6 +240,16 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
     return _dunder(state, plain, args)
+
+
+def _repeated(items: list[Value], count: Any) -> list[Value]:
+    """`seq * count` on the sequence's trackers: they are as many as its items, so Python raises what eager
+    raises (MemoryError for a length past the address space, TypeError for a count that is no int), and that
+    exception is the user's, catchable by traced code, not a failure of capture."""
+    try:
+        return items * count
+    except Exception as e:
+        raise python_error(e, "*") from e
 
 
 def _operand_returned(plain: Callable, args: list[Value]) -> Value | None:
@@ -380,7 +394,10 @@ def contains(state, container: Value, item: Value) -> bool:
     if isinstance(item.realize(), TensorValue):
         return _tensor_in_sequence(state, container, item)
     if container.is_constant():
-        return item.as_constant() in container.as_constant()
+        try:
+            return item.as_constant() in container.as_constant()
+        except Exception as e:  # `None in None`: eager's TypeError, the user's to catch
+            raise python_error(e, "in") from e
     return any(identical(state, item, x) or (item.realize().is_constant() and x.realize().is_constant()
                                       and item.as_constant() == x.as_constant())
                for x in _items_of(state, container))

@@ -516,13 +516,20 @@ class _OutputClassifier:
 
     def _base(self, leaves: list, group: list[int]) -> tuple[int, torch.Tensor]:
         """A graph output for the leaves of `group`, which share one storage: a leaf's `_base`
-        (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it."""
-        for k in group:
+        (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it. Bases with autograd
+        history come first: a leaf with history rebuilt on a detached one (`y.detach()` returned before `y`)
+        would lose it, while a detached leaf is rebuilt on any base by detaching it."""
+        for k in sorted(group, key=lambda k: not _with_base(leaves[k]).requires_grad):
             of_base = leaves[k]._base is not None
             base = leaves[k]._base if of_base else leaves[k]
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
                 return self._output(base, k, of_base), base
         raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+
+
+def _with_base(leaf: torch.Tensor) -> torch.Tensor:
+    """The tensor `leaf` views, or `leaf`."""
+    return leaf._base if leaf._base is not None else leaf
 
 
 def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:

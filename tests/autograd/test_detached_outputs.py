@@ -44,3 +44,46 @@ def test_view_of_an_input_keeps_its_history(backend):
     (view * 5).sum().backward()
     (x_ref.view(2, 2) * 5).sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+# Outputs on one storage, a detached one listed before one with history: the history must survive (the
+# shared storage is rebuilt from a base, which must be the one with history, not the detached alias).
+def detached_first(x):
+    y = x * 2
+    return y.detach(), y
+
+
+def detached_slice_first(x):
+    y = x + 1
+    return y.detach()[::2], y[1:], y
+
+
+def made_a_leaf_of_a_detached_alias(x):
+    y = x * 3
+    d = y.detach()
+    d.requires_grad_()  # a new leaf on y's storage; y keeps its history
+    return d, y
+
+
+def requires_grad_on_an_unreturned_alias(x):
+    y = x.sin()
+    y.detach().requires_grad_()
+    return y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fn", [detached_first, detached_slice_first, made_a_leaf_of_a_detached_alias,
+                                requires_grad_on_an_unreturned_alias], ids=lambda f: f.__name__)
+def test_outputs_with_history_beside_detached_aliases(fn, backend):
+    x_eager = torch.randn(6, requires_grad=True)
+    x_kiln = x_eager.detach().clone().requires_grad_(True)
+    expected, actual = fn(x_eager), kiln.compile(fn, backend=backend)(x_kiln)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    for e, a in zip(expected, actual):
+        assert (a.requires_grad, a.grad_fn is None, a.is_leaf) == (e.requires_grad, e.grad_fn is None, e.is_leaf)
+        torch.testing.assert_close(a, e)
+    loss = sum((t * torch.arange(t.numel())).sum() for t in expected if t.grad_fn is not None)
+    loss.backward()
+    sum((t * torch.arange(t.numel())).sum() for t in actual if t.grad_fn is not None).backward()
+    torch.testing.assert_close(x_kiln.grad, x_eager.grad)

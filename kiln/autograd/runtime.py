@@ -154,7 +154,8 @@ class TrainingRunner:
         restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
-            flat[i].copy_(outs[j])
+            with contextlib.nullcontext() if self.signature.requires_grad[j] else torch.no_grad():
+                flat[i].copy_(outs[j])
         return self.program.assemble(self.signature, flat, outs)
 
 

@@ -156,7 +156,8 @@ class OutputSignature:
     """(input, graph output): inputs updated in place that require grad, before the call or (written with a
     value that does) after it. Their new value is a differentiable graph output, copied into the input
     under autograd after the call, so that the input's history continues through the compiled graph as
-    in eager."""
+    in eager; or, for an input written only under no_grad (`requires_grad[output]` False), a value copied
+    outside autograd, as eager's writes were (`with torch.no_grad(): w.clamp_(-1, 1)` on a leaf)."""
     graph_sources: list[tuple[int, bool]]
     """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
     reaches: list[frozenset[int]] | None = None
@@ -328,6 +329,7 @@ class FlatProgram:
         geometries = [_geometry_of(f) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
+        grad_fns = [f.grad_fn for f in fakes]
         saved = SavedTensorLog()
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
@@ -344,7 +346,9 @@ class FlatProgram:
                 mutated.append((i, len(outputs.specs)))  # with the geometry an in-place view op gave it
                 same_geometry = _geometry_of(fake) == geometries[i]
                 outputs.specs.append(self.input_specs[i] if same_geometry else TensorSpec.of(fake))
-                outputs.needs_grad.append(True)
+                # written only under no_grad (its grad_fn is the one it came with): autograd saw no write,
+                # so the input keeps its history (a leaf stays a leaf) and receives the value outside autograd
+                outputs.needs_grad.append(not (rg[i] and fake.grad_fn is grad_fns[i]))
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None

@@ -112,9 +112,9 @@ def out_overlapping_its_input(a, b):
 
 
 RAISING = [in_place_result_cannot_be_cast, in_place_float_into_int, write_into_an_expanded_tensor,
-           add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation, unused_subtraction_of_python_true,
-           unused_python_bool_minus_a_tensor, unused_in_place_subtraction_of_a_bool, unused_bool_alpha,
-           unused_floor_division,
+           add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation,
+           unused_subtraction_of_python_true, unused_python_bool_minus_a_tensor, unused_in_place_subtraction_of_a_bool,
+           unused_bool_alpha, unused_floor_division,
            unused_remainder, unused_rounding_division, copy_between_overlapping_slices, add_overlapping_rows_in_place,
            assign_a_shifted_slice, out_overlapping_its_input]
 
@@ -158,7 +158,8 @@ def python_bools_where_eager_takes_them(a, b):
     return a + True, b * False, m & True
 
 
-RETURNING = [python_bools_where_eager_takes_them, unused_division_without_zero, in_place_that_casts, write_into_a_plain_view, copy_between_disjoint_slices,
+RETURNING = [python_bools_where_eager_takes_them, unused_division_without_zero, in_place_that_casts,
+             write_into_a_plain_view, copy_between_disjoint_slices,
              add_a_tensor_to_itself]
 
 

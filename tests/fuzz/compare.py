@@ -274,6 +274,14 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str
     if e_err is None and not eager_ns.get("NO_GRAD"):
         grads_why = compare_gradients(e_res, k_res, e_args, k_args, call, lambda: eager_rerun_gradients(source, call))
         ill_conditioned = ill_conditioned or grads_why
+        # hooks run in the backward, and module parameters hold the backward's .grad
+        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after backward",
+                   "state")
+    if "after_call" in eager_ns:  # an optimizer step between calls: the next call must see the new parameters
+        eager_ns["after_call"](call)
+        kiln_ns["after_call"](call)
+        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after the step",
+                   "state")
     return ill_conditioned
 
 

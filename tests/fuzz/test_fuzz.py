@@ -18,10 +18,15 @@ from tests.fuzz.programs import generate
 # changes, aliasing inputs, edge integers, bf16...) at least three times, the smallest programs first
 COVERING = [0, 2, 26, 31, 37, 42, 43, 55, 65, 75, 84, 85, 93, 95, 100, 134, 143, 149, 182, 183, 195, 203, 206,
             207, 208, 211, 214, 223, 260, 285, 290, 295]
+# seeds of the extended generator (extended.py: modules with buffers and optimizers, autograd.Function, hooks,
+# grad-mode nesting, autocast, layouts, float edge values, size-0 dims), chosen to cover each of its features
+EXTENDED_COVERING = [100001, 100004, 100006, 100010, 100011, 100015, 100017, 100020, 100027, 100028, 100038,
+                     100047, 100056, 100060, 100064, 100065]
 SEEDS = {
-    "eager": COVERING,
-    "aot_eager": COVERING,
-    "inductor": COVERING[::3],  # C++ builds dominate: a third of them keeps the file within its time budget
+    "eager": COVERING + EXTENDED_COVERING,
+    "aot_eager": COVERING + EXTENDED_COVERING,
+    # C++ builds dominate: a third of them keeps the file within its time budget
+    "inductor": COVERING[::3] + EXTENDED_COVERING[::3],
 }
 
 # seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression

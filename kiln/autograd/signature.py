@@ -580,7 +580,10 @@ def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size
     With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
         return True, None, None, 0, False, False, None, None
-    history = (base.requires_grad and not leaf.requires_grad,  # detached
+    # detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
+    # beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
+    # the base (`d.requires_grad_()` after the call), which a tensor that is no view never does
+    history = (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
                grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
     if leaf.dtype != base.dtype:
         return _reinterpreting_geometry(leaf, base, history)

@@ -87,3 +87,30 @@ def test_outputs_with_history_beside_detached_aliases(fn, backend):
     loss.backward()
     sum((t * torch.arange(t.numel())).sum() for t in actual if t.grad_fn is not None).backward()
     torch.testing.assert_close(x_kiln.grad, x_eager.grad)
+
+
+# The same without any input that requires grad (the inference graph): the outputs on one storage are rebuilt
+# on one of them; an output that is no view in eager must not become a view of the other, or making the other
+# require grad after the call (`d.requires_grad_()`, a graph break) makes it require grad too.
+def leaf_made_of_a_detached_alias_then_used(x):
+    y = x * x
+    d = y.detach().requires_grad_()
+    return x @ y, d * 2
+
+
+def detached_alias_made_a_leaf_then_returned(x):
+    y = x + 1
+    d = y.detach()
+    d.requires_grad_()
+    return y, d
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fn", [leaf_made_of_a_detached_alias_then_used, detached_alias_made_a_leaf_then_returned],
+                         ids=lambda f: f.__name__)
+def test_alias_made_a_leaf_leaves_its_base_alone(fn, backend):
+    x = torch.randn(3, 3, dtype=torch.float64)
+    expected, actual = fn(x), kiln.compile(fn, backend=backend)(x)
+    for e, a in zip(expected, actual):
+        assert (a.requires_grad, a.is_leaf, a._is_view()) == (e.requires_grad, e.is_leaf, e._is_view())
+        torch.testing.assert_close(a, e)

@@ -144,8 +144,12 @@ class TrainingRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager],
-                 saved_primals: list[int | None]):
+                 saved_primals: list[int | None], unreached: list[int] = ()):
         self.program, self.signature = program, signature
+        # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
+        # them detached, so that it has no edge to their history (a graph already run backward and freed, which
+        # the engine would otherwise visit), as eager's ops have none
+        self.unreached = unreached
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, saved_primals)
@@ -153,7 +157,12 @@ class TrainingRunner:
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
     def __call__(self, flat: list) -> Any:
-        outs = list(self.function.call(*flat))
+        args = flat
+        if self.unreached:
+            args = list(flat)
+            for i in self.unreached:
+                args[i] = args[i].detach()
+        outs = list(self.function.call(*args))
         for i in self.shared_node_outputs:
             _hook_only_gradients(outs[i])
         restride_inputs(self.signature, flat)

@@ -318,7 +318,12 @@ class FlatProgram:
         if any(n.target in REFUSE_GRAD for n in self.gm.graph.nodes if n.op in ("call_method", "call_function")):
             # inputs that do not require grad at the call run as they are (those that do raise in eager too)
             return self._analyze(None, (False,) * self.num_inputs)
-        return self._analyze(None, [s.dtype.is_floating_point for s in self.input_specs])
+        try:
+            return self._analyze(None, [s.dtype.is_floating_point for s in self.input_specs])
+        except RuntimeError:
+            # an op that refuses an argument requiring grad (batch norm's running statistics, run with grad
+            # mode on inside the graph after a no_grad block): the inputs run as they are, as at the call
+            return self._analyze(None, (False,) * self.num_inputs)
 
     def _analyze(self, requires_grad: tuple[bool, ...] | None, as_grad) -> OutputSignature:
         """`analyze`, running as non-leaves requiring grad the inputs that `as_grad` says."""

@@ -114,3 +114,46 @@ def test_alias_made_a_leaf_leaves_its_base_alone(fn, backend):
     for e, a in zip(expected, actual):
         assert (a.requires_grad, a.is_leaf, a._is_view()) == (e.requires_grad, e.is_leaf, e._is_view())
         torch.testing.assert_close(a, e)
+
+
+# Graphs with no output to differentiate whose grad mode changes inside (a no_grad block, then ops under grad
+# mode) and that call an op refusing an argument that requires grad (batch norm's running statistics): the
+# analysis run must not make those arguments require grad (the backend failed with "not differentiable with
+# respect to argument 'running_mean'").
+torch.manual_seed(0)
+EVAL_NORM = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False), torch.nn.BatchNorm1d(3)).eval()
+TRAIN_NORM = torch.nn.BatchNorm1d(3)
+
+
+def eval_norm_after_no_grad(x):
+    with torch.no_grad():
+        t = x * 2
+    EVAL_NORM(t)
+
+
+def eval_norm_detached(x):
+    with torch.no_grad():
+        t = x + 1
+    return EVAL_NORM(t).detach()
+
+
+def functional_norm_updating_statistics(x):
+    with torch.no_grad():
+        t = x * 3
+    mean, var = torch.zeros(3), torch.ones(3)
+    torch.nn.functional.batch_norm(t, mean, var, training=True)
+    return mean, var
+
+
+SYMFLOAT_SCALE = pytest.mark.allows_fallback("graph: the running variance's n / (n - 1) under dynamic sizes is a "
+                                             "SymFloat division the C++ target cannot lower")
+
+
+@pytest.mark.parametrize("fn,backend,dynamic", [
+    pytest.param(fn, backend, dynamic, marks=[SYMFLOAT_SCALE] if (fn, backend, dynamic) == (
+        functional_norm_updating_statistics, "inductor", True) else [], id=f"{fn.__name__}-{backend}-{dynamic}")
+    for fn in (eval_norm_after_no_grad, eval_norm_detached, functional_norm_updating_statistics)
+    for backend in ("aot_eager", "inductor") for dynamic in (None, True)])
+def test_norm_statistics_after_a_no_grad_block(fn, backend, dynamic):
+    x = torch.linspace(-1.0, 2.0, 15).reshape(5, 3)
+    torch.testing.assert_close(kiln.compile(fn, backend=backend, dynamic=dynamic)(x), fn(x))

@@ -673,7 +673,7 @@ def _add_shape_guard(state: CaptureState) -> None:
     """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility).
 
     One guard per relation, so that a recompile names the relation that failed. Relations
-    over inputs with no symbolic size (parameters, ...) are left out: their tensor guards
+    over inputs with no dynamic dims (parameters, ...) are left out: their tensor guards
     already check every size and stride; so are those over the bases of view inputs, which
     name no input (see `GraphBuilder.view_bases`): every real view keeps within its base.
     """
@@ -682,7 +682,9 @@ def _add_shape_guard(state: CaptureState) -> None:
     if not expr:
         return
     inputs = state.graph.inputs
-    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake)}
+    # an input with dynamic dims whose sizes all became constants (duck-sized to a size the graph specialized)
+    # is checked by no tensor guard either: its relations stay
+    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake) or state.graph.input_is_dynamic[i]}
     for relation in _conjuncts(expr):
         used = sorted({int(i) for i in _SHAPE_PLACEHOLDER.findall(relation)})
         if not set(used) & symbolic or used[-1] >= len(fakes):

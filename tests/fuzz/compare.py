@@ -6,7 +6,9 @@ compares, call by call: the exception raised (same type), the outputs (structure
 requires_grad, values within a tolerance, NaN equal to NaN), which outputs *are* inputs or each other,
 which outputs share storage with each other or with inputs, the inputs after the call (in-place ops),
 the Python state the program writes, and the gradients of the inputs after a backward over the outputs
-(an input the loss does not reach must keep `.grad is None`).
+(an input the loss does not reach must keep `.grad is None`). A program with a module (MODEL) has its
+parameters, buffers and `.grad` in that state, compared again after the backward (hooks ran) and after the
+program's `after_call(call)` (an optimizer step), so the next call runs on parameters the step changed.
 
 Outcomes: "ok"; "ill-conditioned" (output values differ only where eager's own value depends on its
 kernels: eager re-run on the same values laid out differently disagrees with itself there, see

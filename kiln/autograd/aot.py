@@ -447,8 +447,9 @@ class AOTCompiled:
         watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
         primals = [n.name for n in split.forward.graph.find_nodes(op="placeholder")]
         saved_primals = [primals.index(name) if name in primals else None for name in split.saved]
+        unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
-                              snapshots, watched, saved_primals)
+                              snapshots, watched, saved_primals, unreached)
 
 
 def _saved_strides(forward: Callable, split: Partition) -> dict[int, tuple]:

@@ -28,6 +28,8 @@ aten = torch.ops.aten
 _SUBTRACTIONS = frozenset((aten.sub.Tensor, aten.sub.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.rsub.Tensor,
                            aten.rsub.Scalar, aten.neg.default, aten.neg_.default))
 
+_ALPHA_OPS = frozenset((aten.add.Tensor, aten.add_.Tensor, aten.sub.Tensor, aten.sub_.Tensor, aten.rsub.Tensor))
+
 _INTEGER_DIVISIONS = frozenset((aten.div.Tensor_mode, aten.div.Scalar_mode, aten.div_.Tensor_mode,
                                 aten.div_.Scalar_mode, aten.floor_divide.default, aten.floor_divide.Scalar,
                                 aten.floor_divide_.Tensor, aten.floor_divide_.Scalar, aten.remainder.Tensor,
@@ -40,8 +42,22 @@ def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
 
 
 def _bool_subtraction(node: torch.fx.Node) -> str | None:
-    if node.target in _SUBTRACTIONS and any(t.dtype == torch.bool for t in _tensor_args(node)):
+    """A bool operand of a subtraction: a bool tensor, or a Python bool (`t - True`), which eager wraps
+    into a bool tensor and refuses alike."""
+    operands = node.args[:2]
+    if node.target in _SUBTRACTIONS and (any(t.dtype == torch.bool for t in _tensor_args(node))
+                                         or any(isinstance(a, bool) for a in operands)):
         return "subtraction or negation of a bool tensor"
+    return None
+
+
+def _bool_alpha(node: torch.fx.Node) -> str | None:
+    """`alpha=True` (or False) of an add or a subtraction whose result is not bool: eager refuses it."""
+    alpha = node.kwargs.get("alpha")
+    result = node.meta.get("val")
+    if (node.target in _ALPHA_OPS and isinstance(alpha, bool) and isinstance(result, torch.Tensor)
+            and result.dtype != torch.bool):
+        return "a bool alpha for a non-bool result"
     return None
 
 
@@ -80,7 +96,7 @@ def _partial_overlap(node: torch.fx.Node) -> str | None:
     return None
 
 
-STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _in_place_cast,
+STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _bool_alpha, _in_place_cast,
                                                                   _internal_overlap, _partial_overlap)
 """Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
 

@@ -14,6 +14,7 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 from collections.abc import Callable
@@ -143,19 +144,58 @@ class TrainingRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager],
-                 saved_primals: list[int | None]):
+                 saved_primals: list[int | None], unreached: list[int] = ()):
         self.program, self.signature = program, signature
+        # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
+        # them detached, so that it has no edge to their history (a graph already run backward and freed, which
+        # the engine would otherwise visit), as eager's ops have none
+        self.unreached = unreached
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, saved_primals)
+        differentiable = signature.differentiable()
+        self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
     def __call__(self, flat: list) -> Any:
-        outs = list(self.function.call(*flat))
+        args = flat
+        if self.unreached:
+            args = list(flat)
+            for i in self.unreached:
+                args[i] = args[i].detach()
+        outs = list(self.function.call(*args))
+        for i in self.shared_node_outputs:
+            _hook_only_gradients(outs[i])
         restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
-            flat[i].copy_(outs[j])
+            with contextlib.nullcontext() if self.signature.requires_grad[j] else torch.no_grad():
+                flat[i].copy_(outs[j])
         return self.program.assemble(self.signature, flat, outs)
+
+
+class _GradientOnlyHooks(collections.OrderedDict):
+    """The tensor-hook dict of an output of a compiled graph with several differentiable outputs.
+
+    Autograd runs the graph's one backward node when any output gets a gradient, and then calls the
+    hooks of every output, with None for those the loss does not reach (the node does not materialize
+    zeros); eager has a node per tensor and never calls the hook of a tensor the loss does not reach.
+    Hooks registered here (`Tensor.register_hook` inserts into this dict) run only on a gradient."""
+
+    def __setitem__(self, key, hook):
+        super().__setitem__(key, _on_gradient(hook))
+
+
+def _on_gradient(hook: Callable) -> Callable:
+    def run(grad):
+        return None if grad is None else hook(grad)
+    return run
+
+
+def _hook_only_gradients(out: torch.Tensor) -> None:
+    """Give `out` (an output of a shared backward node) a hook dict whose hooks skip absent gradients."""
+    if out._backward_hooks is None and out.grad_fn is not None:
+        out._backward_hooks = _GradientOnlyHooks()
+        out.grad_fn._register_hook_dict(out)
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],

@@ -156,7 +156,8 @@ class OutputSignature:
     """(input, graph output): inputs updated in place that require grad, before the call or (written with a
     value that does) after it. Their new value is a differentiable graph output, copied into the input
     under autograd after the call, so that the input's history continues through the compiled graph as
-    in eager."""
+    in eager; or, for an input written only under no_grad (`requires_grad[output]` False), a value copied
+    outside autograd, as eager's writes were (`with torch.no_grad(): w.clamp_(-1, 1)` on a leaf)."""
     graph_sources: list[tuple[int, bool]]
     """Per graph output before the mutated inputs: (leaf, whether it is that leaf's `_base`)."""
     reaches: list[frozenset[int]] | None = None
@@ -317,7 +318,12 @@ class FlatProgram:
         if any(n.target in REFUSE_GRAD for n in self.gm.graph.nodes if n.op in ("call_method", "call_function")):
             # inputs that do not require grad at the call run as they are (those that do raise in eager too)
             return self._analyze(None, (False,) * self.num_inputs)
-        return self._analyze(None, [s.dtype.is_floating_point for s in self.input_specs])
+        try:
+            return self._analyze(None, [s.dtype.is_floating_point for s in self.input_specs])
+        except RuntimeError:
+            # an op that refuses an argument requiring grad (batch norm's running statistics, run with grad
+            # mode on inside the graph after a no_grad block): the inputs run as they are, as at the call
+            return self._analyze(None, (False,) * self.num_inputs)
 
     def _analyze(self, requires_grad: tuple[bool, ...] | None, as_grad) -> OutputSignature:
         """`analyze`, running as non-leaves requiring grad the inputs that `as_grad` says."""
@@ -328,6 +334,7 @@ class FlatProgram:
         geometries = [_geometry_of(f) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
+        grad_fns = [f.grad_fn for f in fakes]
         saved = SavedTensorLog()
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
@@ -344,7 +351,9 @@ class FlatProgram:
                 mutated.append((i, len(outputs.specs)))  # with the geometry an in-place view op gave it
                 same_geometry = _geometry_of(fake) == geometries[i]
                 outputs.specs.append(self.input_specs[i] if same_geometry else TensorSpec.of(fake))
-                outputs.needs_grad.append(True)
+                # written only under no_grad (its grad_fn is the one it came with): autograd saw no write,
+                # so the input keeps its history (a leaf stays a leaf) and receives the value outside autograd
+                outputs.needs_grad.append(not (rg[i] and fake.grad_fn is grad_fns[i]))
                 outputs.tensors.append(fake)
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
@@ -516,13 +525,20 @@ class _OutputClassifier:
 
     def _base(self, leaves: list, group: list[int]) -> tuple[int, torch.Tensor]:
         """A graph output for the leaves of `group`, which share one storage: a leaf's `_base`
-        (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it."""
-        for k in group:
+        (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it. Bases with autograd
+        history come first: a leaf with history rebuilt on a detached one (`y.detach()` returned before `y`)
+        would lose it, while a detached leaf is rebuilt on any base by detaching it."""
+        for k in sorted(group, key=lambda k: not _with_base(leaves[k]).requires_grad):
             of_base = leaves[k]._base is not None
             base = leaves[k]._base if of_base else leaves[k]
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
                 return self._output(base, k, of_base), base
         raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+
+
+def _with_base(leaf: torch.Tensor) -> torch.Tensor:
+    """The tensor `leaf` views, or `leaf`."""
+    return leaf._base if leaf._base is not None else leaf
 
 
 def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:
@@ -569,7 +585,10 @@ def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size
     With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
         return True, None, None, 0, False, False, None, None
-    history = (base.requires_grad and not leaf.requires_grad,  # detached
+    # detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
+    # beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
+    # the base (`d.requires_grad_()` after the call), which a tensor that is no view never does
+    history = (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
                grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
     if leaf.dtype != base.dtype:
         return _reinterpreting_geometry(leaf, base, history)

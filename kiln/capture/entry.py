@@ -710,11 +710,15 @@ def _recompile_guard(entry: CacheEntry) -> None:
     entry.guard = entry.guards.compile()
 
 
+_SHAPE_PLACEHOLDER = re.compile(r"L\['t(\d+)'\]")
+"""How `produce_guards_expression` names its i-th tensor in a relation."""
+
+
 def _add_shape_guard(state: CaptureState) -> None:
     """The relations the graph assumed between symbolic sizes (equalities, bounds, divisibility).
 
     One guard per relation, so that a recompile names the relation that failed. Relations
-    over inputs with no symbolic size (parameters, ...) are left out: their tensor guards
+    over inputs with no dynamic dims (parameters, ...) are left out: their tensor guards
     already check every size and stride; so are those over the bases of view inputs, which
     name no input (see `GraphBuilder.view_bases`): every real view keeps within its base.
     """
@@ -723,15 +727,16 @@ def _add_shape_guard(state: CaptureState) -> None:
     if not expr:
         return
     inputs = state.graph.inputs
-    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake)}
+    # an input with dynamic dims whose sizes all became constants (duck-sized to a size the graph specialized)
+    # is checked by no tensor guard either: its relations stay
+    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake) or state.graph.input_is_dynamic[i]}
     for relation in _conjuncts(expr):
-        used = sorted({int(i) for i in re.findall(r"L\['t(\d+)'\]", relation)})
+        used = sorted({int(i) for i in _SHAPE_PLACEHOLDER.findall(relation)})
         if not set(used) & symbolic or used[-1] >= len(fakes):
             continue
-        fast, readable = relation, relation
-        for i in reversed(used):
-            fast = fast.replace(f"L['t{i}']", fast_expr(inputs[i][0]))
-            readable = readable.replace(f"L['t{i}']", inputs[i][0].expr())
+        # one pass: an input's own name may read like a placeholder (a user's local `t1` is L['t1'])
+        fast = _SHAPE_PLACEHOLDER.sub(lambda m: fast_expr(inputs[int(m.group(1))][0]), relation)
+        readable = _SHAPE_PLACEHOLDER.sub(lambda m: inputs[int(m.group(1))][0].expr(), relation)
         current = "'sizes ' + repr([" + ", ".join(f"tuple({fast_expr(inputs[i][0])}.shape)" for i in used) + "])"
         state.guards.add(Guard(GuardKind.SHAPE, None, fast, readable, current))  # no source: one per relation
 

@@ -40,6 +40,8 @@ class GraphBuilder:
         self.fake_mode = WatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
         self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
         self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
+        # per input: does its tensor guard leave sizes unchecked (dynamic dims), for the shape guard to check
+        self.input_is_dynamic: list[bool] = []
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
         # id(real) -> its placeholder and fake (`inputs` keeps each real tensor alive, so ids stay unique)
         self._input_of_tensor: dict[int, tuple[fx.Node, torch.Tensor]] = {}
@@ -68,6 +70,7 @@ class GraphBuilder:
         node.meta["source"] = source.expr()
         self._input_nodes[source] = self._input_of_tensor[id(real)] = node, fake
         self.inputs.append((source, real))
+        self.input_is_dynamic.append(bool(dynamic_dims))
         return node, fake
 
     def _as_passed(self, fake: torch.Tensor) -> torch.Tensor:

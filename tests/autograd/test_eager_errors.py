@@ -46,6 +46,28 @@ def unused_bool_negation(a, b):
     return a * 2
 
 
+def unused_subtraction_of_python_true(a, b):
+    a - True  # eager wraps True into a bool tensor and refuses the subtraction
+    return a * 2
+
+
+def unused_python_bool_minus_a_tensor(a, b):
+    False - b
+    return a * 2
+
+
+def unused_in_place_subtraction_of_a_bool(a, b):
+    c = a.clone()
+    c.sub_(True)
+    return a + 1
+
+
+def unused_bool_alpha(a, b):
+    torch.sub(a, a, alpha=True)  # a bool alpha is only for bool results
+    torch.add(b, b, alpha=False)
+    return a * 2
+
+
 def unused_floor_division(a, b):
     b // (b * 0)
     return a * 2
@@ -90,7 +112,9 @@ def out_overlapping_its_input(a, b):
 
 
 RAISING = [in_place_result_cannot_be_cast, in_place_float_into_int, write_into_an_expanded_tensor,
-           add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation, unused_floor_division,
+           add_into_an_expanded_tensor, unused_bool_subtraction, unused_bool_negation,
+           unused_subtraction_of_python_true, unused_python_bool_minus_a_tensor, unused_in_place_subtraction_of_a_bool,
+           unused_bool_alpha, unused_floor_division,
            unused_remainder, unused_rounding_division, copy_between_overlapping_slices, add_overlapping_rows_in_place,
            assign_a_shifted_slice, out_overlapping_its_input]
 
@@ -128,7 +152,14 @@ def add_a_tensor_to_itself(a, b):
     return c
 
 
-RETURNING = [unused_division_without_zero, in_place_that_casts, write_into_a_plain_view, copy_between_disjoint_slices,
+def python_bools_where_eager_takes_them(a, b):
+    m = a > 0
+    torch.add(m, m, alpha=True)  # a bool alpha of a bool result
+    return a + True, b * False, m & True
+
+
+RETURNING = [python_bools_where_eager_takes_them, unused_division_without_zero, in_place_that_casts,
+             write_into_a_plain_view, copy_between_disjoint_slices,
              add_a_tensor_to_itself]
 
 

@@ -6,7 +6,9 @@ compares, call by call: the exception raised (same type), the outputs (structure
 requires_grad, values within a tolerance, NaN equal to NaN), which outputs *are* inputs or each other,
 which outputs share storage with each other or with inputs, the inputs after the call (in-place ops),
 the Python state the program writes, and the gradients of the inputs after a backward over the outputs
-(an input the loss does not reach must keep `.grad is None`).
+(an input the loss does not reach must keep `.grad is None`). A program with a module (MODEL) has its
+parameters, buffers and `.grad` in that state, compared again after the backward (hooks ran) and after the
+program's `after_call(call)` (an optimizer step), so the next call runs on parameters the step changed.
 
 Outcomes: "ok"; "ill-conditioned" (output values differ only where eager's own value depends on its
 kernels: eager re-run on the same values laid out differently disagrees with itself there, see
@@ -274,6 +276,14 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str
     if e_err is None and not eager_ns.get("NO_GRAD"):
         grads_why = compare_gradients(e_res, k_res, e_args, k_args, call, lambda: eager_rerun_gradients(source, call))
         ill_conditioned = ill_conditioned or grads_why
+        # hooks run in the backward, and module parameters hold the backward's .grad
+        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after backward",
+                   "state")
+    if "after_call" in eager_ns:  # an optimizer step between calls: the next call must see the new parameters
+        eager_ns["after_call"](call)
+        kiln_ns["after_call"](call)
+        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after the step",
+                   "state")
     return ill_conditioned
 
 

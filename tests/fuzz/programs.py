@@ -234,8 +234,12 @@ class Builder:
 
 
 def generate(seed: int, device: str = "cpu") -> str:
-    """The source of random program number `seed` (the same text for the same seed, on any machine)."""
-    builder = Builder(seed, device)
+    """The source of random program number `seed` (the same text for the same seed, on any machine); seeds
+    from extended.EXTENDED_FROM up draw the extended program classes (modules, optimizers, autograd.Function,
+    hooks, grad modes, autocast, layouts...)."""
+    from tests.fuzz.extended import EXTENDED_FROM, ExtendedBuilder
+
+    builder = (ExtendedBuilder if seed >= EXTENDED_FROM else Builder)(seed, device)
     rng = builder.rng
     for _ in range(rng.randint(2, 9)):
         builder.add_statement()

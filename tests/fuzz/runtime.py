@@ -21,13 +21,38 @@ INT_EDGES = {
 }
 
 
-def randn(g: torch.Generator, shape, dtype=torch.float32, grad: bool = False) -> torch.Tensor:
-    """Normal floats of `dtype`; a leaf that requires grad when `grad`."""
-    t = torch.randn(tuple(shape), generator=g).to(dtype).to(DEVICE)
+FLOAT_EDGES = (float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e30, -1e-30)
+
+
+def randn(g: torch.Generator, shape, dtype=torch.float32, grad: bool = False, edges: bool = False,
+          layout: str = "") -> torch.Tensor:
+    """Normal floats of `dtype`; with `edges`, about a third are inf, -inf, nan, -0.0, 0.0 or huge or tiny
+    values; laid out as `layout` says (see `laid_out`); a leaf that requires grad when `grad`."""
+    t = torch.randn(tuple(shape), generator=g)
+    if edges and t.numel():
+        table = torch.tensor(FLOAT_EDGES)
+        pick = torch.randint(0, len(table), tuple(shape), generator=g)
+        t = torch.where(torch.rand(tuple(shape), generator=g) < 0.35, table[pick], t)
+    t = laid_out(t.to(dtype).to(DEVICE), layout)
     return t.requires_grad_(grad)
 
 
-def ints(g: torch.Generator, shape, dtype=torch.int64, edges: bool = False) -> torch.Tensor:
+def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """`t`'s values in another memory layout, so compiled code meets the strides users' tensors have:
+    "t" column-major (a transposed copy, transposed back), "channels_last" (4-d), "expand" (the first row
+    broadcast along dim 0: stride 0, values change), "offset" (a view at a storage offset), "" as made."""
+    if layout == "t" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "channels_last" and t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    if layout == "expand" and t.dim() >= 1 and t.shape[0]:
+        return t[:1].expand(t.shape)
+    if layout == "offset":
+        return torch.cat([t.reshape(-1)[:1], t.reshape(-1)]).detach()[1:].view(t.shape) if t.numel() else t
+    return t
+
+
+def ints(g: torch.Generator, shape, dtype=torch.int64, edges: bool = False, layout: str = "") -> torch.Tensor:
     """Small integers in [-4, 4]; with `edges`, about a third are 0, -1, 1, the dtype's min and max."""
     t = torch.randint(-4, 5, tuple(shape), generator=g, dtype=dtype)
     if edges and t.numel():
@@ -35,11 +60,11 @@ def ints(g: torch.Generator, shape, dtype=torch.int64, edges: bool = False) -> t
         pick = torch.randint(0, len(table), tuple(shape), generator=g)
         use = torch.rand(tuple(shape), generator=g) < 0.35
         t = torch.where(use, table[pick], t)
-    return t.to(DEVICE)
+    return laid_out(t.to(DEVICE), layout)
 
 
-def bools(g: torch.Generator, shape) -> torch.Tensor:
-    return (torch.rand(tuple(shape), generator=g) > 0.5).to(DEVICE)
+def bools(g: torch.Generator, shape, layout: str = "") -> torch.Tensor:
+    return laid_out((torch.rand(tuple(shape), generator=g) > 0.5).to(DEVICE), layout)
 
 
 class Obj:
@@ -48,16 +73,84 @@ class Obj:
     count = 0
 
 
+class ScaledGrad(torch.autograd.Function):
+    """`x * 2` forward, a backward that is not its derivative (scales by `k`): compiled code must run the
+    user's backward, not derive one from the forward."""
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.k = k
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.k, None
+
+
+class SavedSquare(torch.autograd.Function):
+    """`x * x`, saving its input for the backward with save_for_backward."""
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class SinCos(torch.autograd.Function):
+    """Two outputs, the second marked non-differentiable, in the setup_context style."""
+    @staticmethod
+    def forward(x):
+        return x.sin(), (x > 0).to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, = inputs
+        ctx.save_for_backward(x)
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad_sin, grad_sign):
+        x, = ctx.saved_tensors
+        return grad_sin * x.cos()
+
+
+def make_scaler():
+    """A closure whose cell compiled code rebinds (`nonlocal`): the cell's value is Python state."""
+    factor = 1.0
+
+    def scale(t):
+        nonlocal factor
+        factor = factor * 2 - 0.5
+        return t * factor
+    return scale
+
+
 def fresh_namespace() -> dict:
     """The globals a program's source is executed in: one per run, so the eager and compiled runs don't share state."""
     obj_cls = type("Obj", (), {"scale": Obj.scale, "count": Obj.count})
     return {"torch": torch, "kiln": kiln, "io": io, "math": math, "randn": randn, "ints": ints, "bools": bools,
             "Obj": obj_cls, "OBJ": obj_cls(), "STATE": {}, "LOG": [], "BUF": io.StringIO(), "SCALE": 1.5,
+            "ScaledGrad": ScaledGrad, "SavedSquare": SavedSquare, "SinCos": SinCos, "SCALER": make_scaler(),
             "__name__": "fuzz_program"}
 
 
 def python_state(ns: dict) -> dict:
     """The Python state a program may have changed: compared between the eager and compiled runs."""
     cls = ns["Obj"]
-    return {"STATE": ns["STATE"], "LOG": ns["LOG"], "BUF": ns["BUF"].getvalue(), "SCALE": ns["SCALE"],
-            "Obj": {k: v for k, v in vars(cls).items() if not k.startswith("__")}, "OBJ": dict(vars(ns["OBJ"]))}
+    state = {"STATE": ns["STATE"], "LOG": ns["LOG"], "BUF": ns["BUF"].getvalue(), "SCALE": ns["SCALE"],
+             "Obj": {k: v for k, v in vars(cls).items() if not k.startswith("__")}, "OBJ": dict(vars(ns["OBJ"])),
+             "SCALER": ns["SCALER"].__closure__[0].cell_contents, "grad_enabled": torch.is_grad_enabled()}
+    if "MODEL" in ns:
+        state["MODEL"] = module_state(ns["MODEL"])
+    return state
+
+
+def module_state(model: torch.nn.Module) -> dict:
+    """A module's parameters and buffers (values) and its parameters' `.grad`, by name."""
+    state = {name: value.detach().clone() for name, value in model.state_dict(keep_vars=True).items()}
+    state.update({f"{name}.grad": p.grad.detach().clone() if p.grad is not None else None
+                  for name, p in model.named_parameters()})
+    return state

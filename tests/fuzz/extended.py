@@ -1,0 +1,241 @@
+"""The extended generator: seeds from EXTENDED_FROM up draw program classes the first generator does not.
+
+Seeds below EXTENDED_FROM keep the programs they always named (CI's seeds and the regression seeds in
+test_fuzz.py replay unchanged); a seed from EXTENDED_FROM up names a program of `ExtendedBuilder`, which
+adds, on top of everything `Builder` draws:
+
+- an `nn.Module` (MODEL) with parameters and buffers, some updated in place (running statistics), in
+  train or eval mode (switched between calls), with forward hooks; optionally an optimizer (OPT) stepped
+  between calls (`after_call`) or inside the compiled function after a `backward()`;
+- torch.autograd.Function subclasses, tensor hooks, grad-mode nesting (no_grad, enable_grad,
+  set_grad_enabled, inference_mode, decorators) with graph breaks inside, CPU bf16 autocast regions;
+- integer and bool promotion with Python scalars, reductions over empty dim lists, closures whose cells
+  are rebound;
+- inputs of size 0, rank 4, with inf / nan / -0.0 values, and laid out column-major, channels_last,
+  expanded (stride 0) or at a storage offset.
+"""
+from __future__ import annotations
+
+import torch
+
+from tests.fuzz.ops import FAMILIES, Op, broadcasts, has_dims, is_bool, is_float, is_int, is_num
+from tests.fuzz.programs import GPU_UNDEFINED, Builder, weighted
+
+EXTENDED_FROM = 100_000
+WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
+
+
+def feeds_model(a) -> bool:
+    return a.dtype == torch.float32 and a.dim() >= 1 and a.shape[-1] == WIDTH
+
+
+def flattens_to_model(a) -> bool:
+    return a.dim() >= 1 and a.numel() % WIDTH == 0
+
+
+def float32_matmul(a, b) -> bool:
+    return (a.dtype == b.dtype == torch.float32 and a.dim() >= 1 and b.dim() >= 1
+            and a.shape[-1] == b.shape[-2 if b.dim() > 1 else 0])
+
+
+MODULE_CALLS = [
+    Op("MODEL({a})", feeds_model),
+    Op("MODEL({a}.float().reshape(-1, 3))", flattens_to_model),
+    Op("{out} = MODEL({a}) if MODEL.training else MODEL({a}).detach()", feeds_model, makes="block"),
+    Op("MODEL.weight_of({a}) if hasattr(MODEL, 'weight_of') else {a} * 1", is_float),
+]
+
+TRAIN_STEP = [  # a whole training step inside the compiled function (backward() and the step break the graph)
+    Op("{out} = MODEL({a}.float().reshape(-1, 3)).square().mean()\n{out}.backward()\nOPT.step()\n"
+       "OPT.zero_grad()\n{out} = {out}.detach()", flattens_to_model, makes="block"),
+]
+
+GRAD_MODES = [
+    Op("with torch.no_grad():\n    kiln.graph_break()\n    {out} = {a} * 2", is_num, makes="block"),
+    Op("with torch.no_grad():\n    {out} = {a} * 2\n    with torch.enable_grad():\n        {out} = {out} + {a}",
+       is_num, makes="block"),
+    Op("with torch.set_grad_enabled(False):\n    {out} = {a} + 1\nwith torch.set_grad_enabled(True):\n"
+       "    {out} = {out} * {a}", is_num, makes="block"),
+    Op("with torch.inference_mode():\n    {out} = {a} * 3\n{out} = {out}.clone()", is_num, makes="block"),
+    Op("with torch.inference_mode():\n    print('inference', torch.is_inference_mode_enabled(), file=BUF)\n"
+       "    {out} = ({a} + 1).sum()", is_num, makes="block"),
+    Op("torch.set_grad_enabled(False)\n{out} = {a} * 3\ntorch.set_grad_enabled(True)", is_num, makes="block"),
+    Op("@torch.no_grad()\ndef helper(t):\n    return t * 2 + 1\n{out} = helper({a}) + {a}", is_num, makes="block"),
+    Op("{a} * (2 if torch.is_grad_enabled() else 3)", is_num),
+    Op("with torch.no_grad():\n    {p} = {a}.sum().item()\n    {out} = {a} * {p}", is_num, makes="block"),
+    Op("with torch.enable_grad():\n    {out} = {a}.detach().requires_grad_() * 2", is_float, makes="block"),
+    Op("with torch.no_grad():\n    {a}.mul_(2)", is_num, makes="none"),
+]
+
+AUTOCAST = [
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    {out} = {a} @ {b}", float32_matmul, 2, makes="block"),
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    {out} = torch.mm({a}, {a}.t()).relu() + 1",
+       lambda a: a.dim() == 2 and a.dtype == torch.float32, makes="block"),
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    {out} = ({a} @ {b}).float().softmax(-1)",
+       float32_matmul, 2, makes="block"),
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    {out} = {a} @ {b}\n"
+       "    with torch.autocast('cpu', enabled=False):\n        {out} = {out}.float() + {a}.sum()",
+       float32_matmul, 2, makes="block"),
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    kiln.graph_break()\n    {out} = {a} @ {b}",
+       float32_matmul, 2, makes="block"),
+]
+
+AUTOGRAD = [  # autograd.Function subclasses and hooks
+    Op("ScaledGrad.apply({a}, 3)", is_float),
+    Op("SavedSquare.apply({a})", is_float),
+    Op("{out} = SinCos.apply({a})[0] * 2", is_float, makes="block"),
+    Op("{out}, sign = SinCos.apply({a})\n{out} = {out} + sign", is_float, makes="block"),
+    Op("{out} = {a} * 2\nif {out}.requires_grad:\n    {out}.register_hook(lambda g: g * 3)", is_float,
+       makes="block"),
+    Op("{out} = {a} * 1.5\nif {out}.requires_grad:\n    {out}.register_hook(lambda g: LOG.append(tuple(g.shape)))",
+       is_float, makes="block"),
+    Op("if {a}.requires_grad and {a}.is_leaf:\n    {a}.register_hook(lambda g: g.clamp(-1, 1))", is_float,
+       makes="none"),
+    Op("{out} = {a}.detach() * 2", is_num, makes="block"),
+]
+
+PROMOTION = [  # integer and bool tensors with Python scalars, float edge values
+    Op("{a} + 2.5", is_num), Op("{a} * True"), Op("{a} / 2"),
+    Op("{a} - True", lambda a: not is_bool(a)), Op("True + {a}", is_num), Op("2 ** {a}", is_num),
+    Op("{a} ** 2", is_num), Op("{a} // 2.5", is_num), Op("{a} % -3", is_num), Op("{a} + (1 << 40)", is_int),
+    Op("{a} * float('inf')", is_num), Op("{a} + float('nan')", is_num), Op("{a} * -0.0", is_num),
+    Op("{a}.float() + {a}", is_num), Op("{a}.clamp(min=0.5)", is_num), Op("{a} < 2.5", is_num),
+    Op("torch.full_like({a}, -0.0, dtype=torch.float32) * {a}", is_num),
+    Op("{a} & True", lambda a: is_int(a) or is_bool(a)), Op("{a} + {b}", broadcasts, 2),
+    Op("torch.where({a} > 0, {a}, 0.5)", is_num), Op("torch.where({a} != 0, 1, {a})", is_num),
+    Op("{a}.sum(dim=[])", is_num), Op("{a}.amax(dim=())", is_num), Op("{a}.sum({dim}, dtype=torch.float64)", has_dims),
+    Op("{a}.mean(dim=[])", is_float), Op("torch.sign({a}) * {a}.signbit()", is_float),
+    Op("{a}.isnan() | {a}.isinf()", is_float), Op("torch.copysign({a}.float(), -1.0)", is_num),
+]
+
+CLOSURES = [
+    Op("SCALER({a})", is_num),
+    Op("def add_k(t):\n    return t + {a}.shape[0] if {a}.dim() else t\n{out} = add_k({a})", is_num, makes="block"),
+    Op("acc = []\ndef keep(t):\n    acc.append(t * 2)\nkeep({a})\nkeep({a} + 1)\n{out} = acc[0] + acc[-1]", is_num,
+       makes="block"),
+]
+
+EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [
+    ("grad_mode", GRAD_MODES, 1.5), ("autocast", AUTOCAST, 1), ("autograd", AUTOGRAD, 1.5),
+    ("promotion", PROMOTION, 2), ("closure", CLOSURES, 0.7),
+]
+
+MODELS = {
+    "stats": '''class Model(torch.nn.Module):
+    """a linear map with running statistics updated in place in training mode, like BatchNorm's"""
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed({seed})
+        self.weight = torch.nn.Parameter(torch.randn(3, 3, generator=g) * 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(3, generator=g) * 0.1)
+        self.register_buffer("running", torch.zeros(3))
+        self.register_buffer("calls", torch.tensor(0))
+
+    def forward(self, x):
+        y = x @ self.weight + self.bias
+        if self.training:
+            self.running.mul_(0.9).add_(y.detach().reshape(-1, 3).mean(0), alpha=0.1)
+            self.calls += 1
+        return y - self.running
+
+    def weight_of(self, t):
+        return t * self.weight.sum() + self.running.mean()
+
+MODEL = Model()''',
+    "layers": '''torch.manual_seed({seed})
+MODEL = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.ReLU(), torch.nn.Linear(4, 3))''',
+    "batchnorm": '''torch.manual_seed({seed})
+MODEL = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False), torch.nn.BatchNorm1d(3), torch.nn.Tanh())''',
+}
+HOOKS = ["MODEL.register_forward_hook(lambda module, args, out: out * 2)",
+         "MODEL.register_forward_pre_hook(lambda module, args: (args[0] + 1,))",
+         "MODEL.register_forward_hook(lambda module, args, out: LOG.append(tuple(out.shape)))"]
+OPTIMIZERS = ["torch.optim.SGD(MODEL.parameters(), lr=0.1)",
+              "torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)",
+              "torch.optim.Adam(MODEL.parameters(), lr=0.01, eps=1e-3)",
+              "torch.optim.AdamW(MODEL.parameters(), lr=0.01, eps=1e-3, weight_decay=0.1)"]
+# Adam divides by the gradient's running magnitude: with its default eps, a gradient that is zero but for
+# rounding (a bias before a normalization) takes a full step whose sign is the rounding's; eps=1e-3 keeps
+# such steps as small as the rounding while real gradients step as usual.
+
+
+class ExtendedBuilder(Builder):
+    """Builder with the extended classes: its own random stream decides them, so the base draws stay readable."""
+
+    def __init__(self, seed: int, device: str = "cpu"):
+        self.model_lines = self._draw_model(seed)
+        super().__init__(seed, device)
+
+    def _draw_model(self, seed: int) -> list[str]:
+        import random
+        rng = random.Random(f"kiln-fuzz-model-{seed}")
+        if rng.random() < 0.4:
+            self.has_model = self.has_optimizer = False
+            return []
+        kind = rng.choice(sorted(MODELS))
+        lines = MODELS[kind].format(seed=seed % 100000).split("\n")
+        if rng.random() < 0.3:
+            lines.append("MODEL.eval()")
+        if rng.random() < 0.3:
+            lines.append(rng.choice(HOOKS))
+        self.has_model = True
+        self.has_optimizer = rng.random() < 0.6
+        if self.has_optimizer:
+            lines.append(f"OPT = {rng.choice(OPTIMIZERS)}")
+            step = rng.choice(["    OPT.step()\n    OPT.zero_grad()", "    if call % 2:\n        OPT.step()\n"
+                               "        OPT.zero_grad()", "    OPT.step()"])
+            lines += ["", "def after_call(call):", step]
+        if rng.random() < 0.25:
+            lines += ["", "def before_call(call):", "    MODEL.train(call % 2 == 0)"]
+        return lines + [""]
+
+    # -- inputs ------------------------------------------------------------------------------
+    def _shape(self) -> str:
+        rng = self.rng
+        if rng.random() < 0.1:
+            return "(" + ", ".join(rng.choice(["n", "2", "3"]) for _ in range(4)) + ")"
+        shape = super()._shape()
+        if rng.random() < 0.12 and shape not in ("()",) and not shape.startswith("["):
+            dims = shape.strip("(),").split(", ")
+            dims[rng.randrange(len(dims))] = "0"
+            return f"({', '.join(dims)}{',' if len(dims) == 1 else ''})"
+        return shape
+
+    def _input_line(self, name: str, earlier: list[str]) -> str:
+        rng = self.rng
+        if self.has_model and not earlier and rng.random() < 0.6:  # the model takes the first input as it is
+            grad = ", grad=True" if not self.no_grad and rng.random() < 0.5 else ""
+            return f"{name} = randn(g, (n, {WIDTH}), torch.float32{grad})"
+        line = super()._input_line(name, earlier)
+        if "(g," not in line:  # an alias of an earlier input
+            return line
+        extra = []
+        if line.startswith(f"{name} = randn") and rng.random() < 0.3:
+            extra.append("edges=True")
+        if rng.random() < 0.35:
+            extra.append(f"layout={rng.choice(['t', 'channels_last', 'expand', 'offset'])!r}")
+        return line[:-1] + "".join(", " + e for e in extra) + ")" if extra else line
+
+    def _header(self) -> str:
+        header = super()._header()
+        if not self.model_lines:
+            return header
+        model = "\n".join(self.model_lines) + "\n"
+        if "def before_call" in header and "def before_call" in model:  # one before_call doing both
+            model = model.replace("def before_call(call):\n", "def model_mode(call):\n")
+            header = header.replace("def before_call(call):\n", "def before_call(call):\n    model_mode(call)\n")
+        at = header.index("def inputs")
+        return header[:at] + model + "\n" + header[at:]
+
+    # -- statements --------------------------------------------------------------------------
+    def _pick_op(self) -> Op:
+        families = [(ops, w) for _, ops, w in FAMILIES + EXTENDED_FAMILIES]
+        if self.has_model:
+            families.append((MODULE_CALLS, 4))
+            if self.has_optimizer:
+                families.append((TRAIN_STEP, 0.5))
+        op = self.rng.choice(weighted(self.rng, families))
+        return op if self.device == "cpu" or op.code not in GPU_UNDEFINED else self._pick_op()
+
+
+__all__ = ["EXTENDED_FROM", "ExtendedBuilder", "EXTENDED_FAMILIES"]

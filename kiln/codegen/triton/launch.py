@@ -12,6 +12,7 @@ set (profilers), every call goes through the JITFunction.
 """
 from __future__ import annotations
 
+import threading
 from functools import reduce
 from operator import itemgetter, or_
 
@@ -22,6 +23,10 @@ from kiln.codegen.triton.libdevice import interpreting
 
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
 _RUNTIME = triton.knobs.runtime
+# Triton loads a binary's handles on first use and sets its launcher (`run`) before its `function`: a thread
+# reading both while another is loading the same binary (two launchers of one shared kernel, precompiled side
+# by side) got function None, and the launch raised "argument 5 must be int, not None".
+_loading = threading.Lock()
 
 
 def _no_hooks() -> bool:
@@ -36,12 +41,13 @@ def _direct_launch(binary) -> tuple:
     skipping Triton's Python `CompiledKernel.run` (two nested functions built and a scratch check on every
     call), when the kernel needs no scratch memory; `binary.run` otherwise, or where Triton's launcher
     differs from 3.6's."""
-    run = binary.run
+    with _loading:
+        run, function = binary.run, binary.function
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
             or getattr(run, "num_ctas", 1) != 1:
-        return run, (binary.function, binary.packed_metadata, None, None, None)
-    return launch, (binary.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+        return run, (function, binary.packed_metadata, None, None, None)
+    return launch, (function, run.launch_cooperative_grid, run.launch_pdl, None, None,
                     binary.packed_metadata, None, None, None)
 
 

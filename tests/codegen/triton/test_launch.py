@@ -64,3 +64,47 @@ def test_other_integers_than_the_precompiled_ones_take_the_slow_path(recorded):
     make, fast, slow = recorded
     make(2, None)(5, *_tensors(2), 101)
     assert not fast and len(slow) == 1
+
+
+class _LoadingBinary:
+    """A compiled kernel as Triton 3.6 loads it on first use: its launcher is set before its function handle,
+    with a pause between (the driver loading the binary) where another thread can read both."""
+
+    def __init__(self):
+        import threading
+
+        self._run, self.function, self.packed_metadata = None, None, "metadata"
+        self.loading = threading.Event()
+
+    @property
+    def run(self):
+        if self._run is None:
+            self._run = lambda *args: None
+            self.loading.set()
+            import time
+
+            time.sleep(0.05)
+            self.function = 1234
+        return self._run
+
+
+def test_two_launchers_of_one_shared_binary_get_its_function_handle():
+    """Identical kernels share one compiled binary; their launchers are precompiled side by side, and each must
+    read the binary's function once it is loaded, not the None of a load in progress."""
+    import threading
+
+    binary, heads = _LoadingBinary(), []
+
+    def first():
+        heads.append(launch._direct_launch(binary)[1])
+
+    def second():
+        binary.loading.wait()
+        heads.append(launch._direct_launch(binary)[1])
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [head[0] for head in heads] == [1234, 1234]

@@ -59,22 +59,6 @@ def fresh_caches(jobs: int | None, interpret: bool) -> None:
         os.environ["KILN_BUILD_JOBS"] = str(jobs)
 
 
-class TargetOnlyDriver:
-    """What Triton's JIT asks of the active driver to compile (not launch) a kernel."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-
 def compile_only_triton() -> dict:
     """Triton compiles for sm_90 without a GPU; kiln's launchers keep no binary (nothing is launched). Returns the
     counters of Triton compiles in this process."""
@@ -82,6 +66,7 @@ def compile_only_triton() -> dict:
     import triton.compiler.compiler as triton_compiler
     from triton.backends.compiler import GPUTarget
 
+    from kiln.codegen.triton.build_workers import TargetOnlyDriver
     from kiln.codegen.triton.launch import Launcher
 
     triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget("cuda", 90, 32)))

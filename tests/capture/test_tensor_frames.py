@@ -12,7 +12,6 @@ import torch
 import kiln
 from support.capture import CountingBackend, assert_same
 
-
 # A helper from a module that imports torch only inside it (transformers' `is_torchdynamo_compiling`): torch is
 # not among its globals, so its frame holds nothing of torch's.
 _HELPER_MODULE: dict = {}

@@ -111,23 +111,6 @@ def assert_compiles_for_sm90(builds: list[dict]) -> None:
 # ----------------------------------------------------------------------------- the child process
 
 
-class _TargetOnlyDriver:
-    """What Triton's JIT asks of the active driver to compile (not launch) a kernel: the target, a device, a
-    stream."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-
 def _compile_one(build: dict, modules: dict) -> None:
     import importlib.util
 
@@ -149,7 +132,9 @@ def _serve() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    triton.runtime.driver.set_active(_TargetOnlyDriver(GPUTarget(*SM90)))
+    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+
+    triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*SM90)))
     modules: dict = {}
     for line in sys.stdin:
         failures = {}

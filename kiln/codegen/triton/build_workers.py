@@ -203,9 +203,10 @@ def requests_for(module, kernels: dict) -> list[dict]:
 # ----------------------------------------------------------------------------- the worker process
 
 
-class _TargetOnlyDriver:
+class TargetOnlyDriver:
     """What Triton's JIT asks of the active driver to compile (not launch) a kernel: the target, a device, a
-    stream. The worker never loads a binary."""
+    stream. The workers never load a binary (nor do the tests and benchmarks that compile for sm_90 without a
+    GPU, which install it too)."""
 
     def __init__(self, target):
         self.target = target
@@ -239,7 +240,7 @@ def serve(lines, out) -> None:
     """The worker's loop: the first line sets the target and cache folder (answered with a line saying it is
     ready), each further line is a request, answered with one line."""
     init = json.loads(next(lines))
-    triton.runtime.driver.set_active(_TargetOnlyDriver(GPUTarget(*init["target"])))
+    triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*init["target"])))
     triton.knobs.cache.dir = init["cache_dir"]
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()

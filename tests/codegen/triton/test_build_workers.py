@@ -54,7 +54,7 @@ CHILD = textwrap.dedent('''
     from kiln.codegen.triton import build_workers, load_module
 
     target = GPUTarget("cuda", 90, 32)
-    triton.runtime.driver.set_active(build_workers._TargetOnlyDriver(target))
+    triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(target))
     triton.knobs.cache.dir = tempfile.mkdtemp()
     module = load_module(sys.stdin.read())
     requests = [{"path": module.__file__, "module": module.__name__, "launcher": launcher, "dtypes": [dtype] * 2,

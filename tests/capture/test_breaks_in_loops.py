@@ -65,6 +65,17 @@ def break_in_a_loop_of_a_function_with_a_block(xs):
     return out
 
 
+def loop_with_a_block_after_a_break(xs):
+    print(end="")
+    out = []
+    for x in xs:
+        with torch.no_grad():
+            y = x * 2
+        print(end="")
+        out.append(y + 1)
+    return out
+
+
 def break_inside_a_block_in_a_loop(xs):
     out = []
     for x in xs:
@@ -140,3 +151,17 @@ def test_star_call_of_values_only_the_stepped_loop_knows():
     compiled = kiln.compile(star_call_in_a_stepped_loop, backend="eager")
     for _ in range(2):
         assert_same(star_call_in_a_stepped_loop(xs), compiled(xs))
+
+
+@pytest.mark.allows_fallback("graph_break: print, which torch.compile breaks on too")
+def test_a_continuation_with_a_block_resumes_its_loop_an_iteration_at_a_time():
+    """After the first break the loop is in a continuation, which has no frame to run eagerly and cannot be stepped
+    through natively (its `with` needs a manager capture knows): it resumes after each iteration's break (it
+    raised 'kiln cannot resume this frame'). torch.compile runs its resume function, a real frame, eagerly: no
+    graph, where kiln makes one per iteration."""
+    xs = [torch.randn(3) for _ in range(3)]
+    backend = CountingBackend()
+    compiled = kiln.compile(loop_with_a_block_after_a_break, backend=backend)
+    for _ in range(2):
+        assert_same(loop_with_a_block_after_a_break(xs), compiled(xs))
+    assert backend.graphs >= 1

@@ -54,19 +54,11 @@ def break_after_the_loop(xs):
     return total.log()
 
 
-def break_in_a_loop_of_a_function_with_a_block(xs):
-    """Stepped through natively, the frame would meet its `with` on a manager it got natively (it crashed)."""
-    out = []
-    for x in xs:
-        with torch.no_grad():
-            y = x * 2
+def break_in_a_loop_of_a_function_with_a_block(xs, break_first=False):
+    """Stepped through natively, the frame would meet its `with` on a manager it got natively (it crashed).
+    `break_first`: a break before the loop puts the loop in a continuation."""
+    if break_first:
         print(end="")
-        out.append(y + 1)
-    return out
-
-
-def loop_with_a_block_after_a_break(xs):
-    print(end="")
     out = []
     for x in xs:
         with torch.no_grad():
@@ -161,7 +153,7 @@ def test_a_continuation_with_a_block_resumes_its_loop_an_iteration_at_a_time():
     graph, where kiln makes one per iteration."""
     xs = [torch.randn(3) for _ in range(3)]
     backend = CountingBackend()
-    compiled = kiln.compile(loop_with_a_block_after_a_break, backend=backend)
+    compiled = kiln.compile(break_in_a_loop_of_a_function_with_a_block, backend=backend)
     for _ in range(2):
-        assert_same(loop_with_a_block_after_a_break(xs), compiled(xs))
+        assert_same(break_in_a_loop_of_a_function_with_a_block(xs, True), compiled(xs, True))
     assert backend.graphs >= 1

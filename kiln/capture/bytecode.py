@@ -178,6 +178,7 @@ def has_with_block(code: types.CodeType) -> bool:
     return any(instr.opname == "BEFORE_WITH" for instr in instructions(code))
 
 
+@cache
 def has_unresumable_with(code: types.CodeType) -> bool:
     """True when `code` has a `with` block kiln cannot resume inside (an unknown manager).
 

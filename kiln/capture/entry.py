@@ -507,15 +507,14 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise _with_guards(_unresumable(e, why), state) from e
             in_loop = (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
                        and bytecode.loops_back_after(spec.code, frame.current.index))
-            if in_loop and bytecode.has_with_block(spec.code) and spec.is_continuation():
-                # a continuation has no frame to run eagerly (below): it resumes after the break, an iteration
-                # at a time, as outside a loop
-                in_loop = False
             if (on_compiling_path or in_loop) and bytecode.has_with_block(spec.code):
                 # stepped through natively, the frame would meet its `with` on a manager it got natively, which
-                # a continuation cannot enter: the frame runs eagerly instead
-                why = compiling_path if on_compiling_path else "inside a loop of a function with a `with` block"
-                raise _with_guards(_unresumable(e, why), state) from e
+                # a continuation cannot enter: the frame runs eagerly instead; a continuation, which has no frame
+                # to run eagerly, resumes after a break in its loop as outside one, an iteration at a time
+                if on_compiling_path or not spec.is_continuation():
+                    why = compiling_path if on_compiling_path else "inside a loop of a function with a `with` block"
+                    raise _with_guards(_unresumable(e, why), state) from e
+                in_loop = False
             if on_compiling_path:
                 raise _with_guards(StepsNatively(e, compiling_path, for_good=False), state) from e
             if in_loop:

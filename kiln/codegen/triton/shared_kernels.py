@@ -3,11 +3,10 @@
 A graph repeats its layers: ResNet-50's 16 bottlenecks, DenseNet's 58 dense layers, a transformer's blocks.
 Their fusion groups print the same kernel but for the kernel's name, its arguments' names (the buffers it
 reads and writes) and its docstring (which names them too). Triton compiles each `@triton.jit` function
-by its source, so every copy was compiled again: 56 kernels for ResNet-50's inference graph where 24
-differ, 775 compiles for DenseNet-121's training step where 472 do. Arguments are passed by position
-(kiln/codegen/triton/launch.py), so a kernel equal to an earlier one up to those names computes the same
-thing on its own arguments: it is bound to the earlier function, and its launcher keeps its own
-configuration (a different block size or warp count is a compile of its own, as before).
+by its source, so every copy was compiled again (benchmarks/results/compile_time counts them). Arguments are
+passed by position (kiln/codegen/triton/launch.py), so a kernel equal to an earlier one up to those names
+computes the same thing on its own arguments: it is bound to the earlier function, and its launcher keeps its
+own configuration (a different block size or warp count is a compile of its own, as before).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from triton.backends.compiler import GPUTarget
 from kiln.codegen.triton.launch import _int_key
 from kiln.runtime import cache
 from kiln.runtime.current_device import made_current
-from kiln.runtime.graph_cache import Uncacheable, record_precompiles
+from kiln.runtime.graph_cache import record_precompiles
 
 log = logging.getLogger("kiln.codegen.triton")
 
@@ -187,8 +187,8 @@ def requests_for(module, kernels: dict) -> list[dict]:
     for kernel in kernels.values():
         try:
             calls = record_precompiles(kernel) or []
-        except Uncacheable:
-            continue
+        except Exception:  # noqa: BLE001 - Uncacheable, or a kernel whose precompile fails: the graph's process
+            continue       # runs it again, where its error makes that one kernel fall back to ATen
         for name, dtypes, ints in calls:
             launcher = getattr(module, name)
             key = (id(launcher.fn), tuple(dtypes), tuple(map(_int_key, ints)), repr(launcher.constexprs),

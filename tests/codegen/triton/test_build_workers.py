@@ -25,6 +25,7 @@ from kiln.codegen import triton as triton_target  # noqa: E402
 from kiln.codegen.triton import build_workers  # noqa: E402
 from kiln.codegen.triton.launch import Launcher  # noqa: E402
 from support.lowering import trace  # noqa: E402
+from support.triton_device import DEVICE, skip_unless_kernels_run  # noqa: E402
 
 KERNELS = triton_target.HEADER + '''
 
@@ -110,7 +111,8 @@ def test_requests_name_each_launcher_compile_of_generated_kernels(monkeypatch):
     def fn(x, y):
         return (x * y).sum(), (x + y).relu(), x.sum(0)
 
-    x, y = torch.randn(4096, 64), torch.randn(4096, 64)
+    skip_unless_kernels_run()
+    x, y = torch.randn(4096, 64, device=DEVICE), torch.randn(4096, 64, device=DEVICE)
     from kiln.pipeline import compile_aten_graph
 
     compile_aten_graph(trace(fn, x, y), [x, y], {"cpu_backend": "triton"})
@@ -122,6 +124,16 @@ def test_requests_name_each_launcher_compile_of_generated_kernels(monkeypatch):
         assert isinstance(getattr(module, request["launcher"]), Launcher)
         assert all(isinstance(getattr(torch, d), torch.dtype) for d in request["dtypes"])
         assert all(type(i) is int for i in request["ints"])
+
+
+def test_a_kernel_whose_precompile_raises_is_left_to_the_graphs_process():
+    """Its error must surface where the graph compiles, as one kernel falling back to ATen: while the requests
+    for the workers are made it would have failed the whole graph."""
+    class BrokenKernel:
+        def precompile(self, module):
+            raise RuntimeError("this kernel does not compile")
+
+    assert build_workers.requests_for(object(), {"triton_broken": BrokenKernel()}) == []
 
 
 def test_one_core_or_a_failed_start_compiles_in_the_graphs_process(monkeypatch):

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kiln import compiled_autograd, fallbacks
-from kiln.capture import bytecode, routes, spellings, tensor_checks
+from kiln.capture import bytecode, eager_frames, routes, spellings, tensor_checks
 from kiln.capture.breaks import GraphBreak, StepsNatively, Unresumable, backward_boundary
 from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
@@ -221,9 +221,9 @@ class CompiledFrame:
         else:
             entry = self._miss(L, G, C, eager)
             if entry is None:
-                return eager()
+                return self._run_eagerly(eager)
         if entry.program is None:  # an eager entry (see `_add_eager_entry`)
-            return eager()
+            return self._run_eagerly(eager)
         try:
             if instrumentation.timing or _profiler._is_profiler_enabled:
                 return self._run_observed(entry, L, G, C)
@@ -337,6 +337,10 @@ class CompiledFrame:
                 self.auto_dynamic[("scalar", source)] = True
                 changes.append(f"{source.expr()} changed {old_value} -> {new}")
         return f"; {', '.join(changes)}: now dynamic" if changes else ""
+
+    def _run_eagerly(self, eager: Callable) -> Any:
+        """The frame's own code, the modules it calls compiled (kiln.capture.eager_frames)."""
+        return eager_frames.run_eagerly(functools.partial(call_nested, self.ctx), eager)
 
     def _add_eager_entry(self, guards: GuardSet, reason: str | None) -> None:
         """Inputs passing `guards` run the frame eagerly (a break it cannot resume after); others compile."""

@@ -90,6 +90,7 @@ ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
+    _start_gpu_build(example_inputs)  # kernels will be built: the workers start while the graph is lowered
     writes = input_writes(gm, options)  # read before decompose, whose re-trace is a new module
     gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
@@ -113,6 +114,7 @@ def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
     compiled.restrided_outputs = restrided_outputs(gm, graph)
     if product is not None:
         product["restrided_outputs"] = [[k, list(stride)] for k, stride in compiled.restrided_outputs]
+        graph_cache.record_binaries(product, namespace)
     compiled.product = product
     return compiled
 
@@ -497,7 +499,7 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return wrapped
 
     compiler.fuses = fuses
-    _start_gpu_build(example_inputs)
+    compiler.before_trace = functools.partial(_start_gpu_build, example_inputs)
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -512,8 +514,11 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
 
 
 def _start_gpu_build(example_inputs: list) -> None:
-    """For a graph on a GPU, the Triton build workers start now, before its autograd trace: their start (a
-    Python process importing torch and Triton each) overlaps the trace and lowering."""
+    """For a graph on a GPU whose kernels will be built, the Triton build workers start now: their start (a
+    Python process importing torch and Triton each) overlaps the autograd trace (`before_trace`, called only
+    where the AOT cache has no ATen graphs) and the lowering (only where the compile cache has no product).
+    A warm process, whose graphs all come from the caches, starts none: their imports would compete with its
+    first steps for the CPU."""
     device = next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
     if device is not None:
         triton_target.start_build_workers(device)

@@ -338,5 +338,5 @@ def forget(key: str, folder: str = "graphs") -> None:
     discard(product_path(key, folder))
 
 
-__all__ = ["graph_key", "encode_product", "decode_product", "record_binaries", "lookup", "store", "forget", "Uncacheable",
-           "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]
+__all__ = ["graph_key", "encode_product", "decode_product", "record_binaries", "lookup", "store", "forget",
+           "Uncacheable", "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]

@@ -90,7 +90,7 @@ ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
-    _start_gpu_build(example_inputs)  # kernels will be built: the workers start while the graph is lowered
+    _start_gpu_build(_gpu_of(example_inputs))  # kernels will be built: the workers start during the lowering
     writes = input_writes(gm, options)  # read before decompose, whose re-trace is a new module
     gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
@@ -499,7 +499,8 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return wrapped
 
     compiler.fuses = fuses
-    compiler.before_trace = functools.partial(_start_gpu_build, example_inputs)
+    compiler.before_trace = functools.partial(_start_gpu_build, _gpu_of(example_inputs))  # the device, not the
+    # inputs: the compiler lives as long as the compiled program, which must not keep its example tensors
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -513,15 +514,19 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     return compiled
 
 
-def _start_gpu_build(example_inputs: list) -> None:
+def _start_gpu_build(device: str | None) -> None:
     """For a graph on a GPU whose kernels will be built, the Triton build workers start now: their start (a
     Python process importing torch and Triton each) overlaps the autograd trace (`before_trace`, called only
     where the AOT cache has no ATen graphs) and the lowering (only where the compile cache has no product).
     A warm process, whose graphs all come from the caches, starts none: their imports would compete with its
-    first steps for the CPU."""
-    device = next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    first steps for the CPU. `device`: the graph's GPU (None for a CPU graph: nothing to start)."""
     if device is not None:
         triton_target.start_build_workers(device)
+
+
+def _gpu_of(example_inputs: list) -> str | None:
+    """The device of the first CUDA tensor among `example_inputs`, or None."""
+    return next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
 
 
 def fuses(target) -> bool:

@@ -280,7 +280,7 @@ def test_a_warm_compile_starts_no_kernel_builds(fresh_cache, monkeypatch, case):
     from kiln import pipeline
 
     starts = []
-    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda example_inputs: starts.append(len(example_inputs)))
+    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda device: starts.append(device))
     fn, make = CASES[case]
     args = make()
     _run(kiln.compile(fn), args)
@@ -297,7 +297,7 @@ def test_a_product_miss_under_a_cached_aot_graph_starts_builds(fresh_cache, monk
     from kiln import pipeline
 
     starts = []
-    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda example_inputs: starts.append(len(example_inputs)))
+    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda device: starts.append(device))
     fn, make = CASES["training"]
     args = make()
     _run(kiln.compile(fn), args)

@@ -182,9 +182,9 @@ def _triton_cache_dir() -> str:
 def requests_for(module, kernels: dict) -> list[dict]:
     """One request per distinct compile that `kernels` (name -> generated kernel) make in `module`, as plain data
     (a kernel whose compile arguments are not plain data is left to the graph's process, and one whose binaries
-    Triton's cache holds already is left out). Launchers of one
-    function (kernels equal up to names, kiln/codegen/triton/shared_kernels.py) with the same configuration
-    and argument specialization are one compile."""
+    Triton's cache holds already is left out). Launchers of one function (kernels equal up to names,
+    kiln/codegen/triton/shared_kernels.py) with the same configuration and argument specialization are one
+    compile."""
     requests, seen = [], set()
     for kernel in kernels.values():
         if triton_cache.all_cached(getattr(kernel, "binaries", None)):

@@ -92,8 +92,7 @@ def load_cache_artifacts(blob: bytes) -> dict:
         _publish(entry["path"], data)
         written[kind] = written.get(kind, 0) + 1
     if binaries:
-        for kind, count in triton_cache.publish(header["triton"], binaries,
-                                                header["environment"].get("triton")).items():
+        for kind, count in triton_cache.publish(header["triton"], binaries).items():
             written[kind] = written.get(kind, 0) + count
     return written
 

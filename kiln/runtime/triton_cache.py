@@ -106,32 +106,37 @@ def all_cached(entries) -> bool:
 
 
 def saved_files() -> tuple[dict, list[tuple[str, Path]]]:
-    """({entry: its description}, [(path in the blob, file)]) of every entry this process loaded."""
+    """(the blob header's description of the entries this process loaded: Triton's version and each entry's kind
+    and target; [(path in the blob, file)])."""
     with _lock:
         used = dict(_used)
+    if not used:
+        return {}, []
+    import triton
+
     described, files = {}, []
     for entry, info in sorted(used.items()):
         described[entry] = {k: v for k, v in info.items() if k not in ("folder", "files")}
         files += [(f"triton-cache/{entry}/{name}", info["folder"] / name) for name in info["files"]]
-    return described, files
+    return {"version": triton.__version__, "entries": described}, files
 
 
-def publish(described: dict, files: dict[str, dict[str, bytes]], triton_version: str | None) -> dict[str, int]:
-    """Write the entries of a blob (`described`: entry -> description, `files`: entry -> file name -> bytes, all
-    checked by `check`) into Triton's cache; how many were written, skipped, or there already."""
+def publish(header: dict, files: dict[str, dict[str, bytes]]) -> dict[str, int]:
+    """Write the entries of a blob (`header`: what `saved_files` described, `files`: entry -> file name -> bytes,
+    all checked by `check`) into Triton's cache; how many were written, skipped, or there already."""
     counts: dict[str, int] = {}
 
     def count(what: str) -> None:
         counts[what] = counts.get(what, 0) + 1
 
-    here = _here(triton_version)
+    here = _here(header["version"])
     if isinstance(here, str):
         for _ in files:
             count(f"triton-cache skipped ({here})")
         return counts
     root, target = here
     for entry, named in files.items():
-        info = described[entry]
+        info = header["entries"][entry]
         if info["kind"] == "kernel" and info["target"] != target:
             count("triton-cache skipped (built for another GPU)")
         elif info["kind"] == "launcher" and info["platform"] != platform_key():
@@ -143,10 +148,11 @@ def publish(described: dict, files: dict[str, dict[str, bytes]], triton_version:
     return counts
 
 
-def check(described, files: dict[str, dict[str, bytes]]) -> None:
+def check(header, files: dict[str, dict[str, bytes]]) -> None:
     """ValueError unless every entry of the blob is described, well formed and what it says it is: a kernel's
     metadata names its entry (Triton's hash) and the target it was described with, a launcher is one file."""
-    if not isinstance(described, dict) or set(files) - set(described):
+    described = header.get("entries") if isinstance(header, dict) else None
+    if not isinstance(described, dict) or set(files) - set(described) or not isinstance(header.get("version"), str):
         raise ValueError("kiln.load_cache_artifacts: the blob's Triton entries are not described")
     for entry, named in files.items():
         info = described[entry]
@@ -180,7 +186,7 @@ def _base32(hex_hash: str) -> str:
     return base64.b32encode(bytes.fromhex(hex_hash)).decode().rstrip("=")
 
 
-def _here(triton_version: str | None) -> tuple[Path, list] | str:
+def _here(triton_version: str) -> tuple[Path, list] | str:
     """(Triton's cache folder, this process's GPU target), or why the blob's entries cannot be used here."""
     try:
         import triton

@@ -139,7 +139,7 @@ def _metadata_of_another_kernel(header, files):
 
 def _target_that_differs_from_the_metadata(header, files):
     entry = header["entries"][_triton_file(header, ".json")]["path"].split("/")[1]
-    header["triton"][entry]["target"] = ["cuda", 80, 32]
+    header["triton"]["entries"][entry]["target"] = ["cuda", 80, 32]
 
 
 def _file_list_of_triton_its_own(header, files):
@@ -150,7 +150,7 @@ def _file_list_of_triton_its_own(header, files):
 
 
 def _entry_not_described(header, files):
-    header["triton"] = {}
+    header["triton"]["entries"] = {}
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -190,7 +190,7 @@ def test_an_entry_is_published_whole_and_one_already_there_is_kept(saved, fresh_
     blob, _ = saved
     monkeypatch.setattr(triton_cache, "_here", lambda version: (tmp_path / "triton", ["cuda", 90, 32]))
     (tmp_path / "triton").mkdir()
-    first, second = sorted(_header(blob.read_bytes())[0]["triton"])
+    first, second = sorted(_header(blob.read_bytes())[0]["triton"]["entries"])
     (tmp_path / "triton" / first).mkdir()
     (tmp_path / "triton" / first / "kept").write_text("Triton's own")
     (tmp_path / "triton" / second).mkdir()  # an empty folder, as a lookup that missed leaves
@@ -230,3 +230,52 @@ def test_a_kernel_whose_binaries_are_cached_is_not_sent_to_the_build_workers(tmp
     triton_target._build_in_workers(Module, {"k": kernel([f"{entry}/__grp__triton_double.json"])}, "cuda:0")
     for missing in ([f"{'B' * 52}/__grp__triton_double.json"], None):
         assert len(build_workers.requests_for(Module, {"k": kernel(missing)})) == 1
+
+
+def test_kernels_of_another_triton_are_left_out(saved, fresh_cache, tmp_path, monkeypatch):
+    """Triton's cache key hashes Triton itself: another version's entries would never be looked up here."""
+    blob, _ = saved
+    import triton
+
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
+    loaded = kiln.load_cache_artifacts(_rebuilt(blob.read_bytes(),
+                                                lambda header, files: header["triton"].update(version="0.0")))
+    assert loaded["triton-cache skipped (built by another Triton)"] == 2, loaded
+    assert not (tmp_path / "triton").exists()
+
+
+def _launcher_in(root: Path, name: str) -> object:
+    """A stand-in for a CompiledKernel's `run` whose C launcher was loaded from Triton's cache under `root`."""
+    from types import SimpleNamespace
+
+    entry = root / ("L" * 52)
+    entry.mkdir(parents=True)
+    (entry / name).write_bytes(b"\x7fELF a launcher")
+    return SimpleNamespace(launch=SimpleNamespace(__self__=SimpleNamespace(__file__=str(entry / name))))
+
+
+@pytest.mark.parametrize("platform, written", [(None, 1), (["riscv64", "Linux", ".so"], 0)])
+def test_c_launchers_travel_for_the_same_platform_only(fresh_cache, tmp_path, monkeypatch, platform, written):
+    """Triton builds a C launcher per kernel signature with the C compiler; it is carried so that a server needs no
+    compiler, and left out where the blob came from another machine type or Python."""
+    import sysconfig
+
+    import triton
+
+    monkeypatch.setattr(triton_cache, "_used", {})
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "built"))
+    name = f"{triton_cache.LAUNCHER_PREFIX}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    triton_cache.record_launcher(_launcher_in(tmp_path / "built", name))
+    triton_cache.record_launcher(object())  # a launcher not from an extension module: nothing to carry
+    blob = kiln.save_cache_artifacts()
+    if platform is not None:
+        blob = _rebuilt(blob, lambda header, files: header["triton"]["entries"]["L" * 52].update(platform=platform))
+    monkeypatch.setattr(triton_cache, "_here", lambda version: (tmp_path / "served", ["cuda", 90, 32]))
+    (tmp_path / "served").mkdir()
+    loaded = kiln.load_cache_artifacts(blob)
+    assert loaded.get("triton-cache", 0) == written, loaded
+    published = tmp_path / "served" / ("L" * 52) / name
+    assert published.is_file() == bool(written)
+    if written:
+        assert published.read_bytes() == b"\x7fELF a launcher"
+        assert not list(published.parent.glob("__grp__*"))  # a launcher has no file list: Triton asks for the file

@@ -58,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import graph_cache
+from kiln.runtime import graph_cache, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
@@ -499,8 +499,11 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return wrapped
 
     compiler.fuses = fuses
-    compiler.before_trace = functools.partial(_start_gpu_build, _gpu_of(example_inputs))  # the device, not the
-    # inputs: the compiler lives as long as the compiled program, which must not keep its example tensors
+    gpu = _gpu_of(example_inputs)
+    compiler.before_trace = functools.partial(_start_gpu_build, gpu)  # the device, not the inputs: the compiler
+    # lives as long as the compiled program, which must not keep its example tensors
+    if gpu is not None and not triton_target.interpreting():
+        triton_cache.hash_triton_early()  # every Triton kernel lookup, built or cached, needs it first
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:

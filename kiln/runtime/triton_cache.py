@@ -102,6 +102,36 @@ def all_cached(entries) -> bool:
     return all(os.path.isfile(root / entry) for entry in entries)
 
 
+_key_thread: threading.Thread | None = None
+
+
+def hash_triton_early() -> None:
+    """Start computing, in a background thread, the key Triton gives its own installation (`triton_key`: a
+    SHA-256 of its compiler's sources and of libtriton, hundreds of MB), which the first kernel lookup of every
+    process waits for otherwise. Hashing and reading release the GIL: started when a GPU graph reaches the
+    compiler, it runs beside the AOT stage and the kernels' import, and the lookup finds it in Triton's memo.
+    Once per process; nothing where Triton has no such function."""
+    global _key_thread
+    with _lock:
+        if _key_thread is not None:
+            return
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:
+            triton_key = None
+        _key_thread = threading.Thread(target=_quietly, args=(triton_key,), name="kiln-triton-key", daemon=True)
+    if triton_key is not None:
+        _key_thread.start()
+
+
+def _quietly(fn) -> None:
+    """Call `fn`; an error is Triton's to raise again where it needs the value."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 -- the lookup computes it again and raises there
+        pass
+
+
 # ----------------------------------------------------------------------------- artifacts
 
 

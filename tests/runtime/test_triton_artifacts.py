@@ -204,34 +204,6 @@ def test_an_entry_is_published_whole_and_one_already_there_is_kept(saved, fresh_
     assert not [p for p in (tmp_path / "triton").iterdir() if p.name.startswith("tmp")]
 
 
-def test_a_kernel_whose_binaries_are_cached_is_not_sent_to_the_build_workers(tmp_path, monkeypatch):
-    """A cached product's kernel records where Triton's cache keeps its binaries: found there, it is loaded in
-    the graph's process and no build worker starts; one missing is compiled in the workers as before."""
-    import triton
-
-    from kiln.codegen.triton import build_workers
-    from kiln.runtime.graph_cache import KernelSignature
-
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
-    entry = "A" * 52
-    (tmp_path / entry).mkdir()
-    (tmp_path / entry / "__grp__triton_double.json").write_text("{}")
-
-    class Module:
-        __file__, __name__ = "kernels.py", "kernels"
-        _launch_triton_double = type("Launcher", (), {"fn": None, "constexprs": {}, "options": {}})()
-
-    def kernel(binaries):
-        return KernelSignature(["in_ptr0", "out_ptr0"], [], False, [["_launch_triton_double", ["float32"] * 2,
-                                                                     [4096]]], binaries)
-
-    assert build_workers.requests_for(Module, {"k": kernel([f"{entry}/__grp__triton_double.json"])}) == []
-    monkeypatch.setattr(build_workers, "start", lambda device: pytest.fail("build workers started"))
-    triton_target._build_in_workers(Module, {"k": kernel([f"{entry}/__grp__triton_double.json"])}, "cuda:0")
-    for missing in ([f"{'B' * 52}/__grp__triton_double.json"], None):
-        assert len(build_workers.requests_for(Module, {"k": kernel(missing)})) == 1
-
-
 def test_kernels_of_another_triton_are_left_out(saved, fresh_cache, tmp_path, monkeypatch):
     """Triton's cache key hashes Triton itself: another version's entries would never be looked up here."""
     blob, _ = saved

@@ -519,8 +519,9 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
 
 def _start_gpu_build(device: str | None) -> None:
     """For a graph on a GPU whose kernels will be built, the Triton build workers start now: their start (a
-    Python process importing torch and Triton each) overlaps the autograd trace (`before_trace`, called only
-    where the AOT cache has no ATen graphs) and the lowering (only where the compile cache has no product).
+    Python process importing torch and Triton each) overlaps the autograd trace (`before_trace`, called where the
+    AOT cache has no ATen graphs for a variant it can keep, or caching is off) or the lowering (where the compile
+    cache has no product).
     A warm process, whose graphs all come from the caches, starts none: their imports would compete with its
     first steps for the CPU. `device`: the graph's GPU (None for a CPU graph: nothing to start)."""
     if device is not None:

@@ -68,3 +68,26 @@ def test_a_failing_hash_is_left_for_the_lookup_to_raise(monkeypatch):
     triton_cache.hash_triton_early()
     triton_cache._key_thread.join(timeout=10)
     assert escaped == []  # nothing printed from a thread; the kernel lookup computes the key and raises there
+
+
+def test_a_product_records_each_kernels_binaries_from_its_launchers():
+    """After the build, each kernel's entry in the product lists the Triton cache entries its launchers loaded; a
+    kernel with a launcher that recorded none (the interpreter, another cache manager) lists nothing, and is
+    compiled in the build workers if a warm process finds it (as before)."""
+    from types import SimpleNamespace
+
+    from kiln.runtime.graph_cache import KernelSignature, record_binaries
+
+    module = {"_launch_a": SimpleNamespace(binaries={"E1/__grp__a.json"}),
+              "_launch_a_split": SimpleNamespace(binaries={"E2/__grp__a.json"}),
+              "_launch_b": SimpleNamespace(binaries=set())}
+    exec("def k1(*args): pass\ndef k2(*args): pass", module)
+    product = {"kernels": {"k1": {"precompiles": [["_launch_a", ["float32"], [4]],
+                                                  ["_launch_a_split", ["float32"], [4]]]},
+                           "k2": {"precompiles": [["_launch_b", ["float32"], [4]]]},
+                           "cpp_kernel": {"precompiles": None}}}
+    record_binaries(product, {"k1": module["k1"], "k2": module["k2"], "cpp_kernel": object()})
+    assert product["kernels"]["k1"]["binaries"] == ["E1/__grp__a.json", "E2/__grp__a.json"]
+    assert "binaries" not in product["kernels"]["k2"] and "binaries" not in product["kernels"]["cpp_kernel"]
+    signature = KernelSignature(["in_ptr0"], [], False, **product["kernels"]["k1"])
+    assert signature.binaries == ["E1/__grp__a.json", "E2/__grp__a.json"]

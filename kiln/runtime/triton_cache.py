@@ -116,9 +116,10 @@ def hash_triton_early() -> None:
         if _key_thread is not None:
             return
         try:
-            from triton.runtime.cache import triton_key
+            import triton
         except ImportError:
-            triton_key = None
+            return
+        triton_key = getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
         _key_thread = threading.Thread(target=_quietly, args=(triton_key,), name="kiln-triton-key", daemon=True)
     if triton_key is not None:
         _key_thread.start()

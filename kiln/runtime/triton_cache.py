@@ -120,8 +120,9 @@ def hash_triton_early() -> None:
         except ImportError:
             return
         triton_key = getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
+        if triton_key is None:
+            return
         _key_thread = threading.Thread(target=_quietly, args=(triton_key,), name="kiln-triton-key", daemon=True)
-    if triton_key is not None:
         _key_thread.start()
 
 

@@ -20,12 +20,21 @@ Models: on the CPU (default) the shared harness's CPU-sized models at --quick si
 (kiln/examples/vit_train.py, a training step); with --device cuda the harness's GPU models
 (../shared/bench/models_bench.py, --bench to point elsewhere). Results go to
 benchmarks/results/warm_start/<date>_<device>_<commit>.json and a markdown table on stdout.
+
+--profile DIR runs each process's timed part (loading the artifacts, the compile call and the first step) under
+cProfile and writes DIR/<model>-<compiler>-<mode>-<k>.pstats, with the 60 costliest functions (cumulative and own
+time) beside it in a .txt: where a warm process's seconds go. On Python 3.12 and later cProfile sees every thread
+(the Triton precompile pool's too); on 3.11 only the main thread. The profiler slows Python-heavy parts, so the
+timings of a profiled run are not the benchmark's.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -113,6 +122,9 @@ def worker(job: dict) -> dict:
     comp = bench.COMPILERS["eager"]
     _import(job["compiler"])
     result = {"load_s": 0.0}
+    profile = cProfile.Profile() if job.get("profile") else None
+    if profile is not None:
+        profile.enable()
     start = time.perf_counter()
     if job["mode"] == "artifacts":
         _load_artifacts(job["compiler"], Path(job["blob"]).read_bytes())
@@ -124,6 +136,9 @@ def worker(job: dict) -> dict:
     step()
     bench.sync(device)
     result["first_step_s"] = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+        _write_profile(profile, Path(job["profile"]))
     steady = []
     for _ in range(3):
         t = time.perf_counter()
@@ -137,6 +152,16 @@ def worker(job: dict) -> dict:
         if blob:
             Path(job["blob"]).write_bytes(blob)
     return result
+
+
+def _write_profile(profile: cProfile.Profile, path: Path) -> None:
+    """`path`.pstats (for pstats or snakeviz) and `path`.txt: the 60 costliest functions, cumulative and own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.dump_stats(path.with_suffix(".pstats"))
+    text = io.StringIO()
+    for order in ("cumulative", "tottime"):
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(60)
+    path.with_suffix(".txt").write_text(text.getvalue())
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -154,6 +179,14 @@ def _run(job: dict, caches: Path, timeout: float) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return {"error": (proc.stderr or proc.stdout)[-1500:]}
+
+
+def _profiled(job: dict, folder: str | None, k: int) -> dict:
+    """`job`, told where to write its profile (--profile) as the k-th process of its cell."""
+    if folder is None:
+        return job
+    name = f"{job['model']}-{job['compiler']}-{job['mode']}-{k}"
+    return {**job, "profile": str(Path(folder).resolve() / name)}
 
 
 def _median_of(runs: list[dict]) -> dict:
@@ -188,6 +221,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--repeat", type=int, default=1, help="processes per warm and artifacts cell (their median)")
     p.add_argument("--out")
+    p.add_argument("--profile", metavar="DIR", help="write each process's cProfile stats (a .pstats and .txt each)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -208,8 +242,8 @@ def main() -> None:
                     job = {"model": model, "compiler": compiler, "mode": mode, "device": args.device,
                            "quick": quick, "bench": args.bench, "blob": str(blob)}
                     repeat = 1 if mode == "cold" else args.repeat
-                    rows.append({"model": model, "compiler": compiler, "mode": mode,
-                                 **_median_of([_run(job, caches, args.timeout) for _ in range(repeat)])})
+                    runs = [_run(_profiled(job, args.profile, k), caches, args.timeout) for k in range(repeat)]
+                    rows.append({"model": model, "compiler": compiler, "mode": mode, **_median_of(runs)})
                     print(_table(rows[-1:]).splitlines()[-1], flush=True)
     out = Path(args.out or result_path("warm_start", args.device))
     out.write_text(json.dumps({"command": " ".join(sys.argv), "device": args.device, "quick": quick,

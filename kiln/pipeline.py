@@ -58,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import graph_cache
+from kiln.runtime import graph_cache, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
@@ -90,6 +90,7 @@ ATEN_COMPILER_HOOKS: list[Callable[[Callable], Callable]] = []
 
 def _compile_stages(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions, name: str,
                     run: Stages) -> CompiledGraph:
+    _start_gpu_build(_gpu_of(example_inputs))  # kernels will be built: the workers start during the lowering
     writes = input_writes(gm, options)  # read before decompose, whose re-trace is a new module
     gm = run("decompose", decompose, gm, example_inputs, options.fallback_random)
     target = select_target(gm, example_inputs, options.cpu_backend, options.max_autotune, options.shape_padding)
@@ -113,6 +114,7 @@ def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
     compiled.restrided_outputs = restrided_outputs(gm, graph)
     if product is not None:
         product["restrided_outputs"] = [[k, list(stride)] for k, stride in compiled.restrided_outputs]
+        graph_cache.record_binaries(product, namespace)
     compiled.product = product
     return compiled
 
@@ -497,7 +499,11 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
         return wrapped
 
     compiler.fuses = fuses
-    _start_gpu_build(example_inputs)
+    gpu = _gpu_of(example_inputs)
+    compiler.before_trace = functools.partial(_start_gpu_build, gpu)  # the device, not the inputs: the compiler
+    # lives as long as the compiled program, which must not keep its example tensors
+    if gpu is not None and not triton_target.interpreting():
+        triton_cache.hash_triton_early()  # every Triton kernel lookup, built or cached, needs it first
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -511,12 +517,20 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     return compiled
 
 
-def _start_gpu_build(example_inputs: list) -> None:
-    """For a graph on a GPU, the Triton build workers start now, before its autograd trace: their start (a
-    Python process importing torch and Triton each) overlaps the trace and lowering."""
-    device = next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
+def _start_gpu_build(device: str | None) -> None:
+    """For a graph on a GPU whose kernels will be built, the Triton build workers start now: their start (a
+    Python process importing torch and Triton each) overlaps the autograd trace (`before_trace`, called where the
+    AOT cache has no ATen graphs for a variant it can keep, or caching is off) or the lowering (where the compile
+    cache has no product).
+    A warm process, whose graphs all come from the caches, starts none: their imports would compete with its
+    first steps for the CPU. `device`: the graph's GPU (None for a CPU graph: nothing to start)."""
     if device is not None:
         triton_target.start_build_workers(device)
+
+
+def _gpu_of(example_inputs: list) -> str | None:
+    """The device of the first CUDA tensor among `example_inputs`, or None."""
+    return next((str(t.device) for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
 
 
 def fuses(target) -> bool:

@@ -52,6 +52,8 @@ FUNCTION_LEVEL = {
     ("kiln.codegen.triton", "kiln.codegen.triton.build_workers"):
         "the build workers run that module as `python -m`, which must not find it imported by its package first",
     ("kiln.runtime.autotune", "triton.testing"): "optional dependency: only GPU autotuning benchmarks with Triton",
+    ("kiln.runtime.triton_cache", "triton"):
+        "optional dependency: only a process that loaded Triton binaries, or a blob carrying some, needs Triton",
     ("kiln.runtime.autotune", "tqdm"): "optional dependency: a progress bar where tqdm is installed",
     ("kiln.progress", "tqdm"): "optional dependency: a progress bar where tqdm is installed",
     ("kiln.capture.values.constant", "kiln.capture.values.exceptions"):

@@ -80,7 +80,9 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     if it sets `_boxed_call = True`, over one list of them, which it may empty to free
     inputs early). The result has `gm`'s calling convention. A compiler that fuses ops into
     kernels says which with a `fuses(target) -> bool` attribute: the partitioner then prefers
-    to save values that compiler stores anyway (`partition`'s `fused`).
+    to save values that compiler stores anyway (`partition`'s `fused`); one that builds in the background says
+    how to start with a `before_trace()` attribute, called before a variant is traced where the compiler will
+    then build (not when its ATen graphs come from the cache, nor for a variant the cache cannot keep).
 
     `decompositions`: the table tracing applies, or a function making it (called only when a graph is traced).
     `cache`: the compiler's identity and options, as a string, to keep the ATen graphs in the compile cache
@@ -343,6 +345,15 @@ class AOTCompiled:
         self._record(key, "from the compile cache", time.perf_counter() - start, None)
         return product_key, decoded
 
+    def _before_trace(self, product_key: str | None) -> None:
+        """Tell the compiler that a variant is about to be traced because the cache has no ATen graphs for it, or
+        nothing is cached: one that builds in the background (`before_trace`, kiln's Triton build workers) starts
+        now, during the trace. Not for a variant the cache cannot keep while caching is on: its ATen graphs are
+        traced every time, but the compiler's products of them may well be cached."""
+        start = getattr(self.compiler, "before_trace", None)
+        if start is not None and (product_key is not None or self.cache is None):
+            start()
+
     def _store(self, product_key: str | None, encode: Callable, *parts) -> None:
         """Keep the variant's ATen graphs in the compile cache (when it has a key and they can be described)."""
         if product_key is None:
@@ -379,6 +390,7 @@ class AOTCompiled:
             signature, graphs, mutations = cached
             compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations)
             return InferenceRunner(program, signature, compiled, mutations)
+        self._before_trace(product_key)
         signature = self._pass(key, "analyze", program.analyze, None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
@@ -398,6 +410,7 @@ class AOTCompiled:
         product_key, cached = self._cached(key, "training")
         if cached is not None:
             return self._training_runner(key, *cached)
+        self._before_trace(product_key)
         signature = self._pass(key, "analyze", program.analyze, requires_grad)
         if self._integer_requires_grad(signature):
             return self.program.run

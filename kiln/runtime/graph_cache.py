@@ -56,12 +56,14 @@ class Uncacheable(Exception):
 class KernelSignature:
     """What loading a kernel needs of its generator's kernel object: its pointer arguments, its size
     arguments, whether it returns an error code (C++), and the launchers its `precompile` compiles with which
-    argument dtypes and integers (Triton: `precompiles`, recorded by `record_precompiles`)."""
+    argument dtypes and integers (Triton: `precompiles`, recorded by `record_precompiles`), and where Triton's
+    cache kept their binaries (`binaries`)."""
 
     arg_names: list
     size_args: list
     reports_errors: bool
     precompiles: list | None = None
+    binaries: list | None = None  # Triton's cache entries its launchers loaded (`record_binaries`)
 
     def precompile(self, module) -> None:
         """Compile the kernel's launchers as the generator's kernel object did (Triton's load_kernels)."""
@@ -264,6 +266,17 @@ def encode_product(target: str, source: str, wrapper: str, kernels: dict, namesp
             "namespace": names}
 
 
+def record_binaries(product: dict, namespace: dict) -> None:
+    """Note in `product` each Triton kernel's entries in Triton's cache (kiln/runtime/triton_cache.py), read off
+    its launchers in the built wrapper's `namespace`: a warm process that finds them all in Triton's cache has
+    nothing to compile, and starts no build workers. A kernel whose launchers recorded none is left without."""
+    for name, signature in product["kernels"].items():
+        module = getattr(namespace.get(name), "__globals__", {})
+        entries = [getattr(module.get(launcher), "binaries", None) for launcher, _, _ in signature["precompiles"] or ()]
+        if entries and all(entries):
+            signature["binaries"] = sorted(set().union(*entries))
+
+
 def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
     """(kernel name -> KernelSignature, the wrapper's namespace) of a product read back."""
     kernels = {name: KernelSignature(**sig) for name, sig in product["kernels"].items()}
@@ -325,5 +338,5 @@ def forget(key: str, folder: str = "graphs") -> None:
     discard(product_path(key, folder))
 
 
-__all__ = ["graph_key", "encode_product", "decode_product", "lookup", "store", "forget", "Uncacheable",
-           "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]
+__all__ = ["graph_key", "encode_product", "decode_product", "record_binaries", "lookup", "store", "forget",
+           "Uncacheable", "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]

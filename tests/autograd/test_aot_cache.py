@@ -220,3 +220,37 @@ def test_dynamic_shapes_are_traced_not_cached(fresh_cache):
     uncacheable = aot_cache.stats["uncacheable"]
     torch.testing.assert_close(_run(kiln.compile(fn, dynamic=True), args), _run(fn, args))
     assert aot_cache.stats["uncacheable"] > uncacheable
+
+
+def _helper_graph() -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(_user_helper, (x,)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _double_sin(x):
+    return (x * 2).sin()
+
+
+@pytest.mark.parametrize("make_graph, eager, cache, calls", [
+    (lambda: torch.fx.symbolic_trace(_double_sin), _double_sin, "compiler", [1, 0]),  # traced, then from the cache
+    (lambda: torch.fx.symbolic_trace(_double_sin), _double_sin, None, [1, 1]),  # nothing cached: traced each time
+    (_helper_graph, _user_helper, "compiler", [0, 0]),  # traced each time (not cacheable), its products may be
+])
+def test_the_compiler_hears_before_a_trace_whose_products_will_be_built(fresh_cache, make_graph, eager, cache,
+                                                                         calls):
+    """`before_trace` (kiln's Triton build workers start there) is called where the compiler will build what the
+    trace makes: not where the ATen graphs come from the cache, nor for a variant the AOT cache cannot keep,
+    whose compiled products the compiler's own cache may still hold."""
+    heard = []
+
+    def compiler(gm, example_inputs):
+        return gm
+
+    compiler.before_trace = lambda: heard.append("trace")
+    for expected in calls:
+        heard.clear()
+        compiled = aot.aot_compile(make_graph(), [torch.randn(3)], compiler, cache=cache)
+        torch.testing.assert_close(compiled(torch.ones(3)), eager(torch.ones(3)))
+        assert len(heard) == expected

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.autograd import aot_cache
 from kiln.runtime import cache, graph_cache
 from kiln.runtime.private_files import PrivateTree
 from support import triton_device
@@ -269,3 +270,42 @@ def test_triton_graphs_come_from_the_cache_too(fresh_cache, compiled_graphs, mon
     products = [json.loads(p.read_text()) for p in (fresh_cache / "graphs").rglob("*.json")
                 if not p.name.endswith(".manifest.json")]
     assert all(k["precompiles"] for p in products for k in p["kernels"].values())
+
+
+@pytest.mark.parametrize("case", ["inference", "training"])
+def test_a_warm_compile_starts_no_kernel_builds(fresh_cache, monkeypatch, case):
+    """The Triton build workers (256 MB and seconds of imports each) start where kernels will be built: before the
+    autograd trace on an AOT cache miss, before lowering on a product miss. A compile whose graphs all come from
+    the cache starts none: their imports would only compete with its first steps for the CPU."""
+    from kiln import pipeline
+
+    starts = []
+    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda device: starts.append(device))
+    fn, make = CASES[case]
+    args = make()
+    _run(kiln.compile(fn), args)
+    assert starts, "a cold compile starts its builds"
+    kiln.reset()
+    starts.clear()
+    torch.testing.assert_close(_run(kiln.compile(fn), args), _run(fn, args))
+    assert starts == []
+
+
+def test_a_product_miss_under_a_cached_aot_graph_starts_builds(fresh_cache, monkeypatch):
+    """The AOT entry alone (the kernels' products gone) traces nothing but lowers and builds: the builds start
+    before the lowering."""
+    from kiln import pipeline
+
+    starts = []
+    monkeypatch.setattr(pipeline, "_start_gpu_build", lambda device: starts.append(device))
+    fn, make = CASES["training"]
+    args = make()
+    _run(kiln.compile(fn), args)
+    kiln.reset()
+    for product in (fresh_cache / "graphs").rglob("*.json"):
+        product.unlink()
+    starts.clear()
+    aot_hits = aot_cache.stats["hits"]
+    torch.testing.assert_close(_run(kiln.compile(fn), args), _run(fn, args))
+    assert aot_cache.stats["hits"] > aot_hits
+    assert len(starts) == 2  # the forward's lowering, the backward's

@@ -62,7 +62,6 @@ def interpreting() -> bool:
 def prepare(graph, device: str, *, max_autotune: bool, shape_padding: bool) -> dict:
     """Before scheduling: matmul templates (all under max_autotune, else the small ones) and shape padding;
     returns the template specs."""
-    start_build_workers(device)
     return templates.prepare(graph, device, max_autotune=max_autotune, shape_padding=shape_padding)
 
 
@@ -215,11 +214,14 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
 
 
 def _build_in_workers(module, kernels: dict, device: str) -> None:
-    """Compile `kernels` in the build worker processes, where they run (their errors are found again here)."""
+    """Compile `kernels` in the build worker processes, where they run (their errors are found again here). The
+    workers start here if they have not yet, and only if some kernel needs compiling: none where every kernel's
+    binaries are in Triton's cache already (a cached product's kernels, kiln/runtime/triton_cache.py)."""
     workers = _build_workers()
-    pool = workers.start(device)
+    requests = workers.requests_for(module, kernels)
+    pool = workers.start(device) if requests else None
     if pool is not None:
-        errors = pool.build(workers.requests_for(module, kernels))
+        errors = pool.build(requests)
         log.debug("%d kernels compiled in %d workers, %d failed", len(errors), pool.count,
                   sum(e is not None for e in errors.values()))
 

@@ -6,7 +6,8 @@ that part, and a training graph of several hundred kernels (DenseNet-121's backw
 minutes on a 16-core GPU host. Inductor compiles in a pool of processes for the same reason.
 
 How: each worker is `python -m kiln.codegen.triton.build_workers`, started once per process (on the first
-CUDA graph, before it is scheduled, so the workers import torch and Triton while the graph is lowered) and
+CUDA graph that will be built: before its autograd trace where the AOT cache misses, before its lowering where
+the compile cache misses, so the workers import torch and Triton meanwhile; a warm process starts none) and
 kept until exit. It is told the GPU target and Triton's cache folder, and needs no GPU: it compiles behind
 a driver that only names the target, into Triton's on-disk cache. The graph's process then compiles each
 kernel as before (`Launcher.precompile`), which finds the binary in that cache: the same source, target,
@@ -38,7 +39,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from kiln.codegen.triton.launch import _int_key
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_cache
 from kiln.runtime.current_device import made_current
 from kiln.runtime.graph_cache import record_precompiles
 
@@ -180,11 +181,14 @@ def _triton_cache_dir() -> str:
 
 def requests_for(module, kernels: dict) -> list[dict]:
     """One request per distinct compile that `kernels` (name -> generated kernel) make in `module`, as plain data
-    (a kernel whose compile arguments are not plain data is left to the graph's process). Launchers of one
-    function (kernels equal up to names, kiln/codegen/triton/shared_kernels.py) with the same configuration
-    and argument specialization are one compile."""
+    (a kernel whose compile arguments are not plain data is left to the graph's process, and one whose binaries
+    Triton's cache holds already is left out). Launchers of one function (kernels equal up to names,
+    kiln/codegen/triton/shared_kernels.py) with the same configuration and argument specialization are one
+    compile."""
     requests, seen = [], set()
     for kernel in kernels.values():
+        if triton_cache.all_cached(getattr(kernel, "binaries", None)):
+            continue  # a cached product's kernel whose binaries Triton's cache holds: loaded, not compiled
         try:
             calls = record_precompiles(kernel) or []
         except Exception:  # noqa: BLE001 - Uncacheable, or a kernel whose precompile fails: the graph's process

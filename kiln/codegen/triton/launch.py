@@ -20,6 +20,7 @@ import torch
 import triton
 
 from kiln.codegen.triton.libdevice import interpreting
+from kiln.runtime import triton_cache
 
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
 _RUNTIME = triton.knobs.runtime
@@ -43,6 +44,7 @@ def _direct_launch(binary) -> tuple:
     differs from 3.6's."""
     with _loading:
         run, function = binary.run, binary.function
+    triton_cache.record_launcher(run)  # the C launcher Triton built for this signature travels with artifacts
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
             or getattr(run, "num_ctas", 1) != 1:
@@ -91,6 +93,9 @@ class Launcher:
         self.direct = not interpreting()
         self.fast = None
         self.fast_ints: tuple = ()
+        # Triton's cache entries of the binaries loaded (kiln/runtime/triton_cache.py): a cached product records
+        # them, and a warm process that finds them all compiles nothing in the build workers
+        self.binaries: set[str] = set()
 
     def precompile(self, dtypes, ints) -> None:
         """Compile now (at graph compile time, where a failure falls back to ATen) rather than at the first call.
@@ -101,8 +106,14 @@ class Launcher:
         if not self.direct:
             return
         binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, **self.options)
+        self._record(binary)
         if binary is not None and _no_hooks():
             self._add(tuple([True] * len(dtypes) + [_int_key(v) for v in ints]), binary, tuple(ints))
+
+    def _record(self, binary) -> None:
+        entry = triton_cache.record_kernel(binary) if binary is not None else None
+        if entry is not None:
+            self.binaries.add(entry)
 
     def _add(self, key: tuple, binary, ints: tuple) -> None:
         self.launches[key] = launch = _direct_launch(binary)
@@ -142,7 +153,8 @@ class Launcher:
                 launch[0](gx, gy, 1, _current_stream(args[0].get_device()), *launch[1], *args, *self.const_values)
                 return
             binary = self.fn[(gx, gy)](*args, **self.constexprs, **self.options)
-            if hooks and binary is not None:
+            if hooks and binary is not None:  # a specialization not seen before
+                self._record(binary)
                 self._add(key, binary, tuple(args[self.num_tensors:]))
             return
         self.fn[(gx, gy)](*args, **self.constexprs, **self.options)

@@ -108,9 +108,12 @@ class ScalarInputValue(ConstantValue):
     Anything else that reads the value (arithmetic, a size, a format) specializes on it with `==`.
     """
 
-    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None):
+    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None,
+                 origin: tuple | None = None):
         super().__init__(value, source)
-        self.origin = (source, value)  # the input itself, for a number computed from it (`n % 2`)
+        # (source, value) of the frame's input it is or is computed from (`n % 2`), whose change between calls
+        # makes it a symbol (automatic dynamic); None for a number of a module, a global or a closure
+        self.origin = origin
         self._guard_value = guard_value
         self._as_tensor, self._tensor = as_tensor, None
 

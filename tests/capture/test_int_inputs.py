@@ -46,6 +46,8 @@ USES = {
     "new_size": (lambda x, n: x.new_zeros(n, 4) + x[:n], [2, 3, 4, 5]),
     "roll": (lambda x, n: torch.roll(x, n, 0), [2, 3, -4, 5]),
     "zero_and_one_after": (lambda x, n: x[n] * 2, [2, 3, 1, 0, 4]),
+    "tensor_of_it": (lambda x, n: torch.tensor([n, 2 * n]) * x[:2, 0], [2, 3, 4, 5]),
+    "clamped_by_min": (lambda x, n: x[:min(n, 6)] * max(n, 1), [2, 3, 9, 5]),
 }
 
 

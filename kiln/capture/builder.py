@@ -333,6 +333,8 @@ def _int_input(state, value: int, source: Source) -> SymValue:
     """An int input as a SymInt placeholder of the graph (`GraphBuilder.int_input`): every use of it, as a size,
     an index, a slice bound or an operand, stays symbolic, and the shape guard checks only the relations the
     graph relied on."""
+    expr = state.source_expr(source)  # compiled code holds the symbol's value in an int64
+    state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"-{2**63} <= {expr} < {2**63}", "an int64", expr))
     node, sym = state.graph.int_input(source, value)
     value = SymValue(node, sym)
     value.source = source

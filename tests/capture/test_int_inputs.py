@@ -6,6 +6,7 @@ within, a reshape's divisibility), so later values reuse that graph. kiln does t
 (`builder.is_symbolic_int`, `GraphBuilder.int_input`). Each case calls a function with a sequence of ints,
 compares every result with eager's, and the number of graphs compiled with torch.compile's, measured here.
 """
+import numpy as np
 import pytest
 import torch
 import torch._dynamo
@@ -146,3 +147,27 @@ def test_a_value_outside_the_guarded_relation_recompiles():
         assert backend.graphs == graphs
     with pytest.raises(IndexError):
         compiled(x, 5)
+
+
+# where Python needs the int's value: the symbol is specialized (a guard on its value), not a graph break
+PYTHON_USES = {
+    "repeated_list": lambda x, n: x * len([0] * n),
+    "repeated_string": lambda x, n: x * len("ab" * n),
+    "percent_format": lambda x, n: x * len("%d" % n),
+    "f_string": lambda x, n: x * len(f"{n:04d}"),
+    "method": lambda x, n: x * n.bit_length(),
+    "numpy_of_it": lambda x, n: x * np.sqrt(n),
+    "invert": lambda x, n: x * ~n,
+    "list_index": lambda x, n: x * [1, 2, 3, 4, 5, 6][n],
+}
+
+
+@pytest.mark.parametrize("name", PYTHON_USES)
+def test_a_symbolic_int_read_by_python_is_specialized(name):
+    fn = PYTHON_USES[name]
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+    for n in (3, 4, 3):
+        x = torch.randn(4)
+        assert_same(fn(x, n), compiled(x, n))
+    assert backend.graphs == 2  # one per value, the value guarded

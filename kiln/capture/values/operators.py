@@ -141,6 +141,21 @@ def _scalar_arithmetic(state, fn: Callable, a: Value, b: Value) -> Value | None:
     return ScalarInputValue(value, source, guard_value, origin=scalar.origin)
 
 
+def _symbolic_arithmetic(state, fn: Callable, args: list[Value]) -> Value | None:
+    """`n * 2`, `n < m`, `-n` over a symbolic number and other numbers: a graph node, the result symbolic.
+    None where Python needs the number itself (`[0] * n`, `"%d" % n`, `~n`, which a SymInt does not model):
+    the caller then specializes it (a guard on its value), as torch.compile does."""
+    if not all(isinstance(a, SymValue) or (a.is_constant() and type(a.as_constant()) in (int, float, bool))
+               for a in args):
+        return None
+    try:
+        return trace_op(state, "call_function", fn, args, {})
+    except GraphBreak as e:
+        if e.reason.id != "exception":
+            raise
+        return None  # the fake run raised (no such SymInt operator, a division by zero): Python decides
+
+
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
 _SET_DUNDERS = {
     operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__", operator.xor: "__xor__",
@@ -181,6 +196,11 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
             isinstance(args[0], SymValue)
             or args[0].is_constant() and type(args[0].as_constant()) in (int, float, bool)):
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
+    if any(isinstance(a, SymValue) for a in args) and not any(isinstance(a, TensorValue) for a in args):
+        symbolic = _symbolic_arithmetic(state, fn, args)
+        if symbolic is not None:
+            return symbolic
+        args = [ConstantValue(a.as_constant()) if isinstance(a, SymValue) else a for a in args]
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
     operand = _operand_returned(_INPLACE_TO_PLAIN.get(fn, fn), args)

@@ -311,9 +311,9 @@ class CompiledFrame:
                 ctx.run_seconds += seconds
 
     def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
-        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, and int
-        and float inputs whose value changed become graph inputs where they meet tensors
-        (`builder._scalar_tensor_maker`)."""
+        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, int inputs
+        whose value changed become SymInt inputs of the graph (`builder.is_symbolic_int`), and float inputs
+        0-d tensor inputs where they meet tensors (`builder._scalar_tensor_maker`)."""
         changes = []
         last = self.entries[-1]
         for source, old_shape in last.input_shapes:

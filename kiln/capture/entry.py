@@ -741,7 +741,9 @@ def _add_shape_guard(state: CaptureState) -> None:
         # one pass: an input's own name may read like a placeholder (a user's local `t1` is L['t1'])
         fast = _SHAPE_PLACEHOLDER.sub(lambda m: fast_expr(inputs[int(m.group(1))][0]), relation)
         readable = _SHAPE_PLACEHOLDER.sub(lambda m: inputs[int(m.group(1))][0].expr(), relation)
-        current = "'sizes ' + repr([" + ", ".join(_input_now(inputs[i]) for i in used) + "])"
+        ints = [not isinstance(inputs[i][1], torch.Tensor) for i in used]
+        what = "values" if all(ints) else "sizes and values" if any(ints) else "sizes"
+        current = f"'{what} ' + repr([" + ", ".join(_input_now(inputs[i]) for i in used) + "])"
         state.guards.add(Guard(GuardKind.SHAPE, None, fast, readable, current))  # no source: one per relation
 
 

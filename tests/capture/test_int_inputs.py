@@ -149,6 +149,17 @@ def test_a_value_outside_the_guarded_relation_recompiles():
         compiled(x, 5)
 
 
+def test_the_recompile_reason_names_the_relation_and_the_value(caplog):
+    compiled = kiln.compile(lambda x, n: x[n] * 2, backend=CountingBackend())
+    x = torch.randn(5, 3)
+    with caplog.at_level("INFO", logger="kiln.recompiles"):
+        for n in (1, 2, -1):
+            compiled(x, n)
+    reasons = [r.getMessage() for r in caplog.records if r.name == "kiln.recompiles"]
+    assert "L['n'] changed 1 -> 2: now dynamic" in reasons[0]
+    assert "expected 0 <= L['n']" in reasons[1] and "got values [-1]" in reasons[1]
+
+
 # where Python needs the int's value: the symbol is specialized (a guard on its value), not a graph break
 PYTHON_USES = {
     "repeated_list": lambda x, n: x * len([0] * n),

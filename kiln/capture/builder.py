@@ -344,7 +344,7 @@ def _int_input(state, value: int, source: Source) -> SymValue:
 def _scalar_tensor_maker(state, obj: Any, source: Source):
     """For a float input whose value changed since the last capture (automatic dynamic): what makes it a graph
     input, a 0-d float64 tensor, when it meets a floating-point tensor in arithmetic (`x * s`), where a float
-    promotes as a float64 0-d tensor does, so results keep eager's dtypes (the operator asks `graph_tensor`).
+    promotes as a float64 0-d tensor does, so results keep eager's dtypes (`ScalarInputValue.graph_tensor`).
     None for any other number: an int that changed is a symbol instead (`_int_input`)."""
     if type(obj) is not float or ("scalar", source) not in state.auto_dynamic:
         return None
@@ -354,7 +354,6 @@ def _scalar_tensor_maker(state, obj: Any, source: Source):
         tensor_source = ScalarTensorSource(source)
         return _tensor_input(state, as_scalar_tensor(obj), tensor_source, state.source_expr(tensor_source))
 
-    make.dtype = torch.float64
     return make
 
 

@@ -1,9 +1,8 @@
 """How often kiln and torch.compile compile a function called with an int input that changes, by where the int goes.
 
 torch.compile specializes an int input on its first value and, once a second value comes (automatic dynamic),
-makes it a symbol, so every later value reuses one graph. kiln makes a changed int a 0-d tensor input where it
-meets a tensor in arithmetic (`x + n`); used as a size, an index or a slice bound it stays specialized. Each row
-calls the function with four values (backend "eager" for both) and prints the frames each compiled.
+makes it a symbol, so every later value reuses one graph; kiln does the same (docs/capture.md). Each row calls
+the function with four values (backend "eager" for both) and prints the frames each compiled.
 
     python benchmarks/int_input_recompiles.py
 """

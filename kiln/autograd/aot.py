@@ -65,6 +65,11 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
 
 
+def _int_or_requires_grad(value) -> bool:
+    """A flat input that is an int (a SymInt where torch.compile passes its example inputs) requires no grad."""
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
 class RaisesInEager(Exception):
     """Tracing a graph raised an error of one of its ops (the cause): eager raises it at run time."""
 
@@ -182,7 +187,7 @@ class AOTCompiled:
 
     def __call__(self, *args):
         flat = self.program.flatten_inputs(args)
-        key = self.key(flat)
+        key = self.key(flat, self.program.has_int_inputs)
         runner = self.runner(key)
         if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)):
             return self._specialized(args)
@@ -202,18 +207,20 @@ class AOTCompiled:
 
     def compile_for(self, args) -> None:
         """Compile now the variant that a call with `args` runs (the rest compile on first use)."""
-        self.runner(self.key(self.program.flatten_inputs(tuple(args))))
+        self.runner(self.key(self.program.flatten_inputs(tuple(args)), self.program.has_int_inputs))
 
     @staticmethod
-    def key(flat: list) -> tuple:
-        """(None for inference, else which flat inputs require grad; the autocast state)."""
+    def key(flat: list, has_ints: bool = False) -> tuple:
+        """(None for inference, else which flat inputs require grad; the autocast state). `has_ints`: some flat
+        inputs are ints (`FlatProgram.has_int_inputs`), which require no grad."""
         autocast = ()
         if torch._C._is_any_autocast_enabled():
             autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
                              if torch.is_autocast_enabled(d))
-        if not torch.is_grad_enabled() or not any(map(_requires_grad, flat)):
+        requires_grad = _int_or_requires_grad if has_ints else _requires_grad
+        if not torch.is_grad_enabled() or not any(map(requires_grad, flat)):
             return None, autocast
-        return tuple(map(_requires_grad, flat)), autocast
+        return tuple(map(requires_grad, flat)), autocast
 
     def runner(self, key: tuple) -> Callable | None:
         """The variant for `key`; compiled on its first call, by one thread (calls come from many)."""

@@ -59,16 +59,21 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
 
     def joint(*flat):
         outs = fn(*flat[:n])
-        wrt = [p for p in flat[:n] if p.requires_grad]
+        wrt = [p for p in flat[:n] if _requires_grad(p)]
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one
         with torch._C._DisableAutocast(), compiled_autograd.disable():
             grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
         by_input = iter(grads)
-        full = [next(by_input) if p.requires_grad else None for p in flat[:n]]
+        full = [next(by_input) if _requires_grad(p) else None for p in flat[:n]]
         grad_mask[:] = [g is not None for g in full]
         return [*outs, *[g for g in full if g is not None]]
 
     with mode, symbolic_dispatch(mode), torch.enable_grad(), lazily_built():
         gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)
+
+
+def _requires_grad(primal) -> bool:
+    """A primal is a tensor, or an int input (a SymInt), which has no gradient."""
+    return isinstance(primal, torch.Tensor) and primal.requires_grad

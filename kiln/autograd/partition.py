@@ -171,7 +171,8 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved, checks=nodes.forward_checks)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
-    input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)}
+    input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)
+                      if isinstance(p.meta["val"], torch.Tensor)}  # not an int input (a SymInt primal)
     saved_inputs = [None if is_size(n) else input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage()))
                     for n in saved]
     saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
@@ -200,9 +201,13 @@ def _size_exprs(val) -> list:
 
 
 def _size_node(joint: fx.GraphModule, primals: list[fx.Node], symbol) -> fx.Node:
-    """A `sym_size` node of the joint graph reading `symbol` off the primal whose size it is."""
+    """A `sym_size` node of the joint graph reading `symbol` off the primal whose size it is, or the primal
+    that is `symbol` (an int input)."""
     for primal in primals:
-        for dim, size in enumerate(primal.meta["val"].shape):
+        val = primal.meta["val"]
+        if isinstance(val, torch.SymInt) and val.node.expr == symbol:
+            return primal
+        for dim, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
             if isinstance(size, torch.SymInt) and size.node.expr == symbol:
                 with joint.graph.inserting_after(list(joint.graph.find_nodes(op="placeholder"))[-1]):
                     node = joint.graph.call_function(aten.sym_size.int, (primal, dim))

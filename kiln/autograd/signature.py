@@ -22,7 +22,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.printers import PythonPrinter
 
@@ -71,6 +71,24 @@ class TensorSpec:
         with mode:
             t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
         return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+@dataclass(frozen=True, eq=False)
+class IntSpec:
+    """A flat input that is an int of the captured graph made a symbol (an int input that changes between
+    calls): the graphs take it as a SymInt input, and their sizes may depend on it. It never requires grad."""
+
+    value: torch.SymInt
+    dtype = torch.int64  # what its value is, where the analysis asks (not a floating-point input)
+    symbolic = True
+
+    def fake(self, mode: FakeTensorMode, requires_grad: bool = False) -> torch.SymInt:
+        return self.value
+
+
+def is_symbolic_int(value) -> bool:
+    """A SymInt that is a symbol of its own (not a size that became a constant or an expression)."""
+    return isinstance(value, torch.SymInt) and value.node.expr.is_Symbol
 
 
 class NeedsStaticShapes(Exception):
@@ -222,16 +240,23 @@ class FlatProgram:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, static_shapes: bool = False):
         self.gm = gm
         self.num_args = len(example_inputs)
-        self.tensor_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
-        # Non-tensor inputs are baked in as constants: the capture guards on their values.
-        self.constants = {i: a for i, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
-        self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         self.shared_mode = None if static_shapes else _symbolic_fake_mode(gm)
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        symbols = set() if self.shared_mode is None else {
+            i for i, n in enumerate(placeholders) if is_symbolic_int(_example(n)) and not isinstance(
+                example_inputs[i], torch.Tensor)}
+        # The flat inputs: the tensors, and the int inputs that are symbols (SymInt inputs of the graphs).
+        self.tensor_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor) or i in symbols]
+        # Other inputs are baked in as constants: the capture guards on their values (and a graph compiled per
+        # shape, `static_shapes`, is compiled per value of its int inputs).
+        self.constants = {i: a for i, a in enumerate(example_inputs) if i not in self.tensor_positions}
+        self.has_int_inputs = bool(symbols)
+        self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         inputs = [example_inputs[i] for i in self.tensor_positions]
         if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
-            placeholders = list(gm.graph.find_nodes(op="placeholder"))
-            inputs = [placeholders[i].meta["example_value"] for i in self.tensor_positions]
-        self.input_specs = [TensorSpec.of(t) for t in inputs + self.state()]
+            inputs = [_example(placeholders[i]) for i in self.tensor_positions]
+        self.input_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else IntSpec(t)
+                            for t in inputs + self.state()]
 
     @property
     def symbolic(self) -> bool:
@@ -242,9 +267,13 @@ class FlatProgram:
         return self.shared_mode.shape_env if self.shared_mode is not None else None
 
     def size_sources(self) -> dict:
-        """Each size symbol of a dynamic graph -> (flat input, dimension) whose size it is."""
+        """Each size symbol of a dynamic graph -> (flat input, dimension) whose size it is, or (flat input, None)
+        for an int input that is the symbol."""
         sources: dict = {}
         for i, spec in enumerate(self.input_specs):
+            if isinstance(spec, IntSpec):  # the int itself: dimension None
+                sources.setdefault(spec.value.node.expr, (i, None))
+                continue
             for d, size in enumerate(spec.shape):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     sources.setdefault(size.node.expr, (i, d))
@@ -329,7 +358,9 @@ class FlatProgram:
         """`analyze`, running as non-leaves requiring grad the inputs that `as_grad` says."""
         mode = self.fake_mode()
         rg = requires_grad or (False,) * self.num_inputs
-        fakes = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
+        values = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
+        # the bookkeeping below is over tensors: an int input stands in as an empty tensor no op reads
+        fakes = [v if isinstance(v, torch.Tensor) else _stand_in(mode) for v in values]
         versions = [f._version if requires_grad is not None else 0 for f in fakes]  # inference tensors have none
         geometries = [_geometry_of(f) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
@@ -338,7 +369,7 @@ class FlatProgram:
         saved = SavedTensorLog()
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
-                out = self.run(fakes)
+                out = self.run(values)
         leaves, tree = pytree.tree_flatten(out)
         outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
         kinds = outputs.classify(leaves)
@@ -461,6 +492,15 @@ def _reinterpreted(base: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor
     unit = max(dtype.itemsize, base.dtype.itemsize)
     whole = base.as_strided((base.untyped_storage().nbytes() // unit * (unit // base.dtype.itemsize),), (1,), 0)
     return whole.view(dtype), base.storage_offset() * base.dtype.itemsize // dtype.itemsize
+
+
+def _stand_in(mode: FakeTensorMode) -> torch.Tensor:
+    with mode:
+        return torch.empty(0)
+
+
+def _example(node: torch.fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
@@ -628,7 +668,7 @@ def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
     if not symbols <= size_sources.keys():
         raise NeedsStaticShapes(f"{what} with sizes no input dimension carries")
     printer = PythonPrinter()
-    lines = ["def sizes(flat):"] + [f"    {sym} = flat[{i}].size({d})" for sym, (i, d) in
+    lines = ["def sizes(flat):"] + [f"    {sym} = flat[{i}]" + ("" if d is None else f".size({d})") for sym, (i, d) in
                                     ((sym, size_sources[sym]) for sym in sorted(symbols, key=str))]
     lines.append(f"    return ({''.join(printer.doprint(e) + ', ' for e in exprs)})")
     namespace: dict = {}
@@ -681,11 +721,16 @@ def symbolic_dispatch(mode: FakeTensorMode):
 
 
 def _symbolic_fake_mode(gm: torch.fx.GraphModule) -> FakeTensorMode | None:
-    """The fake mode of `gm`'s placeholders if some of their sizes are symbolic, else None."""
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
-            mode = value.fake_mode
-            mode.allow_non_fake_inputs = True  # tensor constants of the graph are real
-            return mode
-    return None
+    """The fake mode of `gm`'s placeholders if some of their sizes are symbolic or some are symbolic ints (a
+    mode over the ints' shape environment where no tensor input has one), else None."""
+    values = [_example(node) for node in gm.graph.find_nodes(op="placeholder")]
+    mode = next((v.fake_mode for v in values if isinstance(v, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in v.shape)), None)
+    symint = next((v for v in values if is_symbolic_int(v)), None)
+    if mode is None and symint is not None:
+        shape_env = symint.node.shape_env
+        mode = next((v.fake_mode for v in values if isinstance(v, FakeTensor) and v.fake_mode.shape_env is shape_env),
+                    None) or FakeTensorMode(shape_env=shape_env)
+    if mode is not None:
+        mode.allow_non_fake_inputs = True  # tensor constants of the graph are real
+    return mode

@@ -34,6 +34,7 @@ from kiln.capture.values.environ import EnvironValue
 from kiln.capture.values.functions import BuiltinValue, CachedFunctionValue, FunctionValue, MethodValue
 from kiln.capture.values.modules import ModuleValue
 from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, PartialValue, PythonModuleValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, TorchFunctionValue
 
@@ -61,6 +62,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return _alias(state, obj, source, expr)
     if isinstance(obj, nn.Module):
         guard_identity(state, obj, source, expr)
+        state.module_sources.add(source)
         return ModuleValue(obj, source)
     if isinstance(obj, (bool, type(None))):
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
@@ -70,14 +72,18 @@ def wrap(state, obj: Any, source: Source) -> Value:
         name = state.guards.constant(obj, "const") if not is_literal(obj) else repr(obj)
         state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"type({expr}) is {_type_name(state, obj)}",
                                type(obj).__name__, f"type({expr}).__name__"))
+        if type(obj) is int and is_symbolic_int(state, obj, source):
+            return _int_input(state, obj, source)
+        origin = (source, obj) if _is_frame_input(state, source) else None
 
         def guard_value():
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, constant_check(expr, obj, name), repr(obj), expr))
-            if isinstance(source, LocalSource):
-                state.specialized_scalars.append((source, obj))  # for automatic dynamic (entry.CompiledFrame)
+            if origin is not None:
+                state.specialized_scalars.append(origin)  # for automatic dynamic (entry.CompiledFrame)
 
         if type(obj) in (int, float):  # guarded by use (see ScalarInputValue)
-            return ScalarInputValue(obj, source, guard_value, as_tensor=_scalar_tensor_maker(state, obj, source))
+            return ScalarInputValue(obj, source, guard_value, as_tensor=_scalar_tensor_maker(state, obj, source),
+                                    origin=origin)
         guard_value()
         return ConstantValue(obj, source)
     if isinstance(obj, (enum.Enum, types.CodeType, *DISTRIBUTED_HANDLES)):  # identity pins every attribute
@@ -257,7 +263,8 @@ def guard_input_aliasing(state) -> None:
     (the same object, which an identity guard already covers).
     """
     written = state.graph.written_inputs()
-    inputs = [(source, real, writes) for (source, real), writes in zip(state.graph.inputs, written)]
+    inputs = [(source, real, writes) for (source, real), writes in zip(state.graph.inputs, written)
+              if isinstance(real, torch.Tensor)]
     if not any(written for _, _, written in inputs):
         return
     covered = [(source, real) for source, real, written in inputs if written or not _is_state(source, real)]
@@ -301,29 +308,57 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
 
 
+def _is_frame_input(state, source: Source) -> bool:
+    """Whether `source` is an argument of the frame or reached from one (an item of a list argument, an
+    attribute of an object passed in) without going through an nn.Module: the ints that automatic dynamic
+    makes symbols once they change, as torch does. Ints of modules, globals and closures stay specialized:
+    they are configuration, which a program does not vary between calls."""
+    while not isinstance(source, LocalSource):
+        source = getattr(source, "base", None)
+        if source is None or source in state.module_sources:
+            return False
+    return source not in state.module_sources
+
+
+def is_symbolic_int(state, value: int, source: Source) -> bool:
+    """Whether the int input at `source` is a symbol of the graph: with `dynamic=True` from the first call, with
+    `dynamic=None` once its value changed between calls (automatic dynamic), never with `dynamic=False`. Ints
+    outside int64 stay specialized: a symbol's value is an int64 in compiled code."""
+    if state.dynamic is False or not -2**63 <= value < 2**63 or not _is_frame_input(state, source):
+        return False
+    return state.dynamic is True or ("scalar", source) in state.auto_dynamic
+
+
+def _int_input(state, value: int, source: Source) -> SymValue:
+    """An int input as a SymInt placeholder of the graph (`GraphBuilder.int_input`): every use of it, as a size,
+    an index, a slice bound or an operand, stays symbolic, and the shape guard checks only the relations the
+    graph relied on."""
+    expr = state.source_expr(source)  # compiled code holds the symbol's value in an int64
+    state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"-{2**63} <= {expr} < {2**63}", "an int64", expr))
+    node, sym = state.graph.int_input(source, value)
+    value = SymValue(node, sym)
+    value.source = source
+    return value
+
+
 def _scalar_tensor_maker(state, obj: Any, source: Source):
-    """For an int or float input whose value changed since the last capture (automatic dynamic): what makes it
-    a graph input, a 0-d int64 or float64 tensor, when it meets a tensor in arithmetic (`x * n`). A Python int
-    promotes as an int64 0-d tensor does, and a float as a float64 one against a floating-point tensor (the
-    operator asks `accepts`), so results keep eager's dtypes. None for any other number."""
-    if ("scalar", source) not in state.auto_dynamic or (type(obj) is int and not -2**63 <= obj < 2**63):
+    """For a float input whose value changed since the last capture (automatic dynamic): what makes it a graph
+    input, a 0-d float64 tensor, when it meets a floating-point tensor in arithmetic (`x * s`), where a float
+    promotes as a float64 0-d tensor does, so results keep eager's dtypes (`ScalarInputValue.graph_tensor`).
+    None for any other number: an int that changed is a symbol instead (`_int_input`)."""
+    if type(obj) is not float or ("scalar", source) not in state.auto_dynamic:
         return None
-    dtype = torch.int64 if type(obj) is int else torch.float64
 
     def make() -> TensorValue:
-        expr = state.source_expr(source)
         state.guards.namespace["___as_tensor"] = as_scalar_tensor
-        if type(obj) is int:
-            state.guards.add(Guard(GuardKind.TYPE_MATCH, source, f"-{2**63} <= {expr} < {2**63}", "an int64", expr))
         tensor_source = ScalarTensorSource(source)
         return _tensor_input(state, as_scalar_tensor(obj), tensor_source, state.source_expr(tensor_source))
 
-    make.dtype = dtype
     return make
 
 
-def as_scalar_tensor(value: int | float) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.int64 if type(value) is int else torch.float64)
+def as_scalar_tensor(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float64)
 
 
 def _remember(state, obj: Any, source: Source, value: Value) -> Value:

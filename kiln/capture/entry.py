@@ -311,9 +311,9 @@ class CompiledFrame:
                 ctx.run_seconds += seconds
 
     def _mark_changed_sizes_dynamic(self, L, G, C) -> str:
-        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, and int
-        and float inputs whose value changed become graph inputs where they meet tensors
-        (`builder._scalar_tensor_maker`)."""
+        """Automatic dynamic: dimensions whose size changed since the last capture become symbolic, int inputs
+        whose value changed become SymInt inputs of the graph (`builder.is_symbolic_int`), and float inputs
+        0-d tensor inputs where they meet tensors (`builder._scalar_tensor_maker`)."""
         changes = []
         last = self.entries[-1]
         for source, old_shape in last.input_shapes:
@@ -700,7 +700,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     if log_program.isEnabledFor(logging.INFO):
         log_program.info("output program for %s\n%s", spec.describe(), record.program_source)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, source, record,
-                       [(source, tuple(real.shape)) for source, real in state.graph.inputs],
+                       [(source, tuple(real.shape)) for source, real in state.graph.inputs
+                        if isinstance(real, torch.Tensor)],
                        state.specialized_scalars)
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
         tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
@@ -736,7 +737,7 @@ def _add_shape_guard(state: CaptureState) -> None:
     inputs = state.graph.inputs
     # an input with dynamic dims whose sizes all became constants (duck-sized to a size the graph specialized)
     # is checked by no tensor guard either: its relations stay
-    symbolic = {i for i, fake in enumerate(fakes) if _has_symbols(fake) or state.graph.input_is_dynamic[i]}
+    symbolic = {i for i, fake in enumerate(fakes) if state.graph.input_is_dynamic[i] or _has_symbols(fake)}
     for relation in _conjuncts(expr):
         used = sorted({int(i) for i in _SHAPE_PLACEHOLDER.findall(relation)})
         if not set(used) & symbolic or used[-1] >= len(fakes):
@@ -744,8 +745,16 @@ def _add_shape_guard(state: CaptureState) -> None:
         # one pass: an input's own name may read like a placeholder (a user's local `t1` is L['t1'])
         fast = _SHAPE_PLACEHOLDER.sub(lambda m: fast_expr(inputs[int(m.group(1))][0]), relation)
         readable = _SHAPE_PLACEHOLDER.sub(lambda m: inputs[int(m.group(1))][0].expr(), relation)
-        current = "'sizes ' + repr([" + ", ".join(f"tuple({fast_expr(inputs[i][0])}.shape)" for i in used) + "])"
+        ints = [not isinstance(inputs[i][1], torch.Tensor) for i in used]
+        what = "values" if all(ints) else "sizes and values" if any(ints) else "sizes"
+        current = f"'{what} ' + repr([" + ", ".join(_input_now(inputs[i]) for i in used) + "])"
         state.guards.add(Guard(GuardKind.SHAPE, None, fast, readable, current))  # no source: one per relation
+
+
+def _input_now(input_: tuple) -> str:
+    """An expression for what a shape relation reads of an input now: a tensor's sizes, an int itself."""
+    source, real = input_
+    return f"tuple({fast_expr(source)}.shape)" if isinstance(real, torch.Tensor) else fast_expr(source)
 
 
 def _conjuncts(expr: str) -> list[str]:

@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import Source as TorchSource
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.fx.graph import _is_from_torch
@@ -38,8 +39,9 @@ class GraphBuilder:
         # printed into generated code would name a symbol nothing binds.
         self.shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
         self.fake_mode = WatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
-        self.symbol_sources: dict = {}  # sympy symbol -> (source, dim) of the input size it stands for
-        self.inputs: list[tuple[Source, torch.Tensor]] = []  # placeholder order
+        # sympy symbol -> (source, dim) of the input size it stands for; dim None: an int input itself
+        self.symbol_sources: dict = {}
+        self.inputs: list[tuple[Source, torch.Tensor | int]] = []  # placeholder order: tensors and int inputs
         # per input: does its tensor guard leave sizes unchecked (dynamic dims), for the shape guard to check
         self.input_is_dynamic: list[bool] = []
         self._input_nodes: dict[Source, tuple[fx.Node, torch.Tensor]] = {}  # source -> placeholder, traced fake
@@ -72,6 +74,27 @@ class GraphBuilder:
         self.inputs.append((source, real))
         self.input_is_dynamic.append(bool(dynamic_dims))
         return node, fake
+
+    def int_input(self, source: Source, value: int) -> tuple[fx.Node, torch.SymInt]:
+        """The placeholder for the int at `source` as a symbol of its own (automatic dynamic for ints), and its
+        SymInt.
+
+        The symbol is unspecified, as torch makes an int input: neither assumed positive nor specialized at 0
+        and 1, and never shared with an equal size (no duck sizing). The guards on it are only the relations
+        the graph needed (a bound an index must keep within, a divisibility a reshape relied on).
+        """
+        if source in self._input_nodes:
+            return self._input_nodes[source]
+        node = self._insert_placeholder(self._unique(_identifier(source.name())))
+        sym = self.shape_env.create_unspecified_symint_and_symbol(value, _ShapeEnvSource(source.expr()),
+                                                                   DimDynamic.DYNAMIC)
+        node.meta["example_value"] = node.meta["val"] = sym
+        node.meta["source"] = source.expr()
+        self._input_nodes[source] = node, sym
+        self.inputs.append((source, value))
+        self.input_is_dynamic.append(True)
+        self.symbol_sources.setdefault(sym.node.expr, (source, None))
+        return node, sym
 
     def _as_passed(self, fake: torch.Tensor) -> torch.Tensor:
         """A fake that keeps the input's metadata as it was passed, for the placeholder's meta.
@@ -120,13 +143,15 @@ class GraphBuilder:
         """Per input (placeholder order), whether the graph writes it. Capture's fake inputs start at
         version 0, so a write shows as a later version; an inference tensor keeps no version: it may
         have been written."""
-        return [_written(self._input_nodes[source][1]) for source, _ in self.inputs]
+        return [isinstance(real, torch.Tensor) and _written(self._input_nodes[source][1])
+                for source, real in self.inputs]
 
     def view_bases(self) -> list[torch.Tensor]:
         """The fake bases of the inputs that are views. The fake-tensor converter gives a view's base
         symbolic sizes of its own, which no input is the source of (unless the base is an input too):
         the relations over them are the bounds every real view keeps within its base."""
-        return [fake._base for _, fake in self._input_nodes.values() if fake._base is not None]
+        return [fake._base for _, fake in self._input_nodes.values()
+                if isinstance(fake, torch.Tensor) and fake._base is not None]
 
     def is_dynamic(self) -> bool:
         return bool(self.symbol_sources)
@@ -196,6 +221,32 @@ class GraphBuilder:
         self.graph.output(tuple(nodes))
         gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name="CapturedGraph")
         return gm
+
+
+class _SymbolName(str):
+    """A source's name as torch's shape environment reads it: an attribute (`source.name`) on newer torch, a
+    method (`source.name()`) on older."""
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+class _ShapeEnvSource(TorchSource):
+    """What the shape environment records as the origin of an int input's symbol (its logs and debug names).
+    The guards over the symbol are written from kiln's own sources (`entry._add_shape_guard`)."""
+
+    def __init__(self, expr: str):
+        self.__dict__["name"] = _SymbolName(expr)
+
+    @property
+    def _name_template(self) -> str:
+        return str(self.name)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ShapeEnvSource) and other.name == self.name
 
 
 class WatchingFakeMode(FakeTensorMode):

@@ -79,7 +79,8 @@ class ProgramWriter:
             name = str(symbol)
             if name not in self._bound_symbols:
                 self._bound_symbols.add(name)
-                self.symbol_lines.append(f"{name} = {fast_expr(source)}.size({dim})")
+                read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"  # an int input
+                self.symbol_lines.append(f"{name} = {read}")
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:

@@ -55,6 +55,7 @@ class CaptureState:
         # would see the grads it resets
         self.grads_reset = False
         self.specialized_scalars: list = []  # (source, value) of int inputs capture read the value of
+        self.module_sources: set = set()  # sources of the nn.Modules wrapped (their ints stay specialized)
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",

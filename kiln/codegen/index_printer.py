@@ -12,11 +12,20 @@ from kiln.lower.index import FloorDiv, Mod
 
 # Sizes from FX metadata (symbolic shapes) carry torch's own sympy functions (FloorDiv, Mod, Max, Min,
 # PowByNatural): on sizes, non-negative integers, they mean what kiln's and sympy's do and print the same.
+# An int input made a symbol may be negative: a division or remainder over it (torch's FloorDiv and PythonMod
+# round toward negative infinity, as Python does) prints as the target's floor division and Python remainder.
+
+
+def _over_signed(e) -> bool:
+    """Whether `e` reads a symbol that may be negative (an int input's; sizes and loop indices are not)."""
+    return any(not s.is_nonnegative for s in e.free_symbols)
 
 
 class _Printer:
     floordiv = "({} // {})"
     mod = "({} % {})"
+    signed_floordiv = "({} // {})"  # Python's own operators round as torch's sympy functions do
+    signed_mod = "({} % {})"
     land, lor, lnot = " and ", " or ", "not "
     true, false = "True", "False"
 
@@ -34,9 +43,11 @@ class _Printer:
         if e.is_Symbol:
             return e.name
         if isinstance(e, FloorDiv) or type(e) is torch_sympy.FloorDiv:
-            return self.floordiv.format(self.p(e.args[0]), self.p(e.args[1]))
-        if isinstance(e, Mod) or type(e) is torch_sympy.Mod:
-            return self.mod.format(self.p(e.args[0]), self.p(e.args[1]))
+            form = self.signed_floordiv if _over_signed(e) else self.floordiv
+            return form.format(self.p(e.args[0]), self.p(e.args[1]))
+        if isinstance(e, Mod) or type(e) in (torch_sympy.Mod, torch_sympy.PythonMod):
+            form = self.signed_mod if _over_signed(e) else self.mod
+            return form.format(self.p(e.args[0]), self.p(e.args[1]))
         if isinstance(e, sympy.Add):
             return "(" + " + ".join(self.p(a) for a in e.args) + ")"
         if isinstance(e, sympy.Mul):
@@ -69,6 +80,8 @@ class CPrinter(_Printer):
     """C++: integer division and modulo of non-negative int64 values."""
 
     floordiv = "({} / {})"
+    signed_floordiv = "kiln::index_floordiv({}, {})"
+    signed_mod = "kiln::index_mod({}, {})"
     land, lor, lnot = " && ", " || ", "!"
     true, false = "true", "false"
 

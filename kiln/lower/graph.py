@@ -81,6 +81,7 @@ class GraphLowering:
         self.inputs: list = []
         self.size_vars: dict = {}
         self.constants: dict[str, torch.Tensor] = {}
+        self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
 
     # -- naming and buffers
@@ -229,7 +230,25 @@ class GraphLowering:
         self.layouts[name] = layout
         return from_buffer(name, layout)
 
+    def known(self, relation) -> bool | None:
+        """Whether `relation` over the graph's symbols holds on every call the guards admit: True, False, or None
+        where they leave it open. An int input's symbol may be negative (a size's never is): where an index
+        counts from the end decides which elements are read, and tracing the op fixed its sign by a guard."""
+        relation = sympy.sympify(relation)
+        if relation in (sympy.true, sympy.false):
+            return bool(relation)
+        if self.shape_env is None:
+            return None
+        result = self.shape_env._maybe_evaluate_static(relation)
+        return None if result is None else bool(result)
+
+    def _note_shape_env(self, values) -> None:
+        for v in values:
+            if isinstance(v, torch.SymInt) and self.shape_env is None:
+                self.shape_env = v.node.shape_env
+
     def _placeholder(self, node, example):
+        self._note_shape_env(example.shape if isinstance(example, torch.Tensor) else (example,))
         if isinstance(example, torch.Tensor):
             size = tuple(sympify(s) for s in example.shape)
             stride = tuple(sympify(s) for s in example.stride())

@@ -222,7 +222,7 @@ class Recording:
     """One CUDA graph of a compiled graph, for one input signature."""
 
     __slots__ = ("name", "owner", "graph", "order", "static_at", "static_addresses", "copied", "spans", "outputs",
-                 "outstanding", "replays", "last_copies")
+                 "outstanding", "replays", "last_copies", "scalars")
 
     def __init__(self, name: str, owner: CUDAGraphed):
         self.name, self.owner = name, owner
@@ -233,6 +233,9 @@ class Recording:
         # (index, buffer, address, shape, dtype) of each copied input
         self.copied: list[tuple[int, torch.Tensor, int, torch.Size, torch.dtype]] = []
         self.spans: list[tuple[int, torch.Tensor, torch.Size, tuple, torch.dtype, int]] = []  # overlapping inputs
+        # (index, value) of each input that is no tensor (an int input's symbol): the recording's kernels were
+        # launched with its value, so another value needs a recording of its own
+        self.scalars: list[tuple[int, Any]] = []
         self.outputs: list[tuple[Any, bool]] = []  # (static output, made stale by replays)
         self.outstanding: tuple | list = ()
         self.replays = 0
@@ -242,6 +245,8 @@ class Recording:
         """(destinations, sources) to copy before a replay serving `args`, or None if `args` do not fit."""
         if self.static_at and list(map(_data_ptr, map(args.__getitem__, self.static_at))) != self.static_addresses:
             return None  # one loop in C: a large model reads hundreds of parameters in place
+        if self.scalars and any(args[i] != value for i, value in self.scalars):
+            return None
         dst, src = [], []
         for i, buf, address, shape, dtype in self.copied:
             a = args[i]
@@ -350,6 +355,7 @@ class CUDAGraphed:
         inputs = []
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
+                rec.scalars.append((i, a))
                 inputs.append(a)
                 continue
             address = a.data_ptr()

@@ -62,8 +62,6 @@ def test_int_read_through_arithmetic_recompiles_as_torch_compile(name):
     assert backend.graphs <= counter.frame_count
 
 
-@pytest.mark.xfail(strict=True, reason="capture gap: an int input used as a slice bound or a size is specialized "
-                   "per value; torch.compile makes it a SymInt after it changed and slices symbolically")
 def test_int_as_a_slice_bound_recompiles_as_torch_compile():
     def prefix(x, n):
         return x.flatten()[: 10 - n] * 2

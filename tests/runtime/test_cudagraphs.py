@@ -130,6 +130,17 @@ def test_new_shape_records_again_and_old_one_is_kept():
     assert g.stats["recordings"] == 2 and g.stats["warmups"] == 2
 
 
+def test_a_new_int_input_records_again():
+    """An int input (a symbolic int of the captured graph) is launched with its value: a recording made for one
+    value must not replay for another."""
+    g = graphed(lambda a, n: [a * n])
+    x = torch.randn(3)
+    for n in (2, 2, 3, 3, 2):
+        (out,) = g([x, n])
+        torch.testing.assert_close(out, x * n)
+    assert g.stats["recordings"] == 2
+
+
 def test_too_many_signatures_runs_without_graphs(caplog, monkeypatch):
     monkeypatch.setattr(cg, "MAX_RECORDINGS", 1)
     w = nn.Parameter(torch.randn(4, 3))

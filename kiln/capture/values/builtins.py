@@ -664,6 +664,7 @@ def _extreme(pick: Callable):
     (no key) are compared in the graph: `torch.where(item > best, item, best)` folded left is Python's choice,
     value and gradient alike (torch.compile uses torch.maximum, which splits the gradient of ties)."""
     replaces = operator.gt if pick is max else operator.lt
+    symbolic_pick = torch.sym_max if pick is max else torch.sym_min
 
     def handler(state, *args, key=None, default=None):
         items = list(args[0].unpack(state)) if len(args) == 1 else list(args)
@@ -671,6 +672,11 @@ def _extreme(pick: Callable):
             if default is not None:
                 return default
             raise raise_python(ValueError, f"{pick.__name__}() arg is an empty sequence")
+        if key is None and _symbolic_ints(items):
+            best = items[0]
+            for item in items[1:]:  # torch.sym_max / sym_min: the symbol stays (the ints are equal where tied)
+                best = trace_op(state, "call_function", symbolic_pick, [best, item], {})
+            return best
         if key is None and _same_kind_scalars(items):
             best = items[0]
             for item in items[1:]:
@@ -684,6 +690,13 @@ def _extreme(pick: Callable):
             raise raise_python(TypeError, str(e)) from None
 
     return handler
+
+
+def _symbolic_ints(items: list[Value]) -> bool:
+    """Ints, one of them symbolic (an int input made a symbol, a dynamic size): `min(n, limit)` keeps it."""
+    values = [i.realize() for i in items]
+    return any(isinstance(v, SymValue) for v in values) and all(
+        v.python_type() is int and (isinstance(v, SymValue) or v.is_constant()) for v in values)
 
 
 def _same_kind_scalars(items: list[Value]) -> bool:

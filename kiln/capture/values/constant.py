@@ -108,26 +108,21 @@ class ScalarInputValue(ConstantValue):
     Anything else that reads the value (arithmetic, a size, a format) specializes on it with `==`.
     """
 
-    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None):
+    def __init__(self, value: Any, source, guard_value: Callable[[], None], as_tensor: Callable | None = None,
+                 origin: tuple | None = None):
         super().__init__(value, source)
-        self.origin = (source, value)  # the input itself, for a number computed from it (`n % 2`)
+        # (source, value) of the frame's input it is or is computed from (`n % 2`), whose change between calls
+        # makes it a symbol (automatic dynamic); None for a number of a module, a global or a closure
+        self.origin = origin
         self._guard_value = guard_value
         self._as_tensor, self._tensor = as_tensor, None
 
     def graph_tensor(self, partner: torch.Tensor) -> Value | None:
-        """This number as a graph input (a 0-d tensor) for arithmetic with the (fake) tensor `partner`, where
-        automatic dynamic made it one and the tensor promotes as the Python number would (a float only
-        against a floating-point tensor); None where its value is specialized."""
-        if self._as_tensor is None or (self._as_tensor.dtype.is_floating_point and not partner.is_floating_point()):
+        """This float as a graph input (a 0-d float64 tensor, made once) for arithmetic with the (fake) tensor
+        `partner`, where automatic dynamic made it one and the tensor promotes as the Python float would (a
+        floating-point tensor); None where its value is specialized. (An int that changed is a symbol instead.)"""
+        if self._as_tensor is None or not partner.is_floating_point():
             return None
-        return self.input_tensor()
-
-    def is_dynamic(self) -> bool:
-        """Whether automatic dynamic made this number a graph input where it meets a tensor."""
-        return self._as_tensor is not None
-
-    def input_tensor(self) -> Value:
-        """This number as the graph's 0-d tensor input (only where `is_dynamic`), made once."""
         if self._tensor is None:
             self._tensor = self._as_tensor()
         return self._tensor

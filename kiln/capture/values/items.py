@@ -17,6 +17,7 @@ import operator
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import ItemValue, TensorValue, trace_op
 
 _INT64_RANGE = range(-2**63, 2**63)
@@ -44,6 +45,8 @@ def _operand_kind(value: Value) -> type | None:
     """int (bool counts as one), float, or None for an operand compared otherwise than exactly."""
     if isinstance(value, ItemValue):
         return float if value.kind is float else int
+    if isinstance(value, SymValue) and value.python_type() is int:  # an int input made a symbol (within int64)
+        return int
     if type(value) is ConstantValue and type(value.value) in (int, bool) and value.value in _INT64_RANGE:
         return int
     if type(value) is ConstantValue and type(value.value) is float:
@@ -55,6 +58,8 @@ def _fits_float(value: Value) -> bool:
     """Whether a float64 comparison of this operand is Python's (an int held in int64 may not be)."""
     if isinstance(value, ItemValue):
         return value.kind is float
+    if isinstance(value, SymValue):  # its values may lie beyond what float64 holds exactly
+        return False
     return type(value.value) is float or value.value in _EXACT_IN_FLOAT64
 
 

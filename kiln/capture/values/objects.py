@@ -41,6 +41,7 @@ from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_e
 from kiln.capture.values.functions import BoundMethodValue, BuiltinValue, MethodValue
 from kiln.capture.values.iterators import LazyIteratorValue
 from kiln.capture.values.modules import ModuleValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.torch_api import inlined_torch_function, wrap_torch_attr
 
 
@@ -840,9 +841,11 @@ class OpaqueValue(Value):
 
 
 def _plain_numbers(args: list[Value], kwargs: dict[str, Value]) -> bool:
-    """All arguments are Python numbers known at capture time (`np.sqrt(self.d_model)` in CTRL's forward)."""
+    """All arguments are Python numbers known at capture time (`np.sqrt(self.d_model)` in CTRL's forward), or
+    symbolic ints, whose value the fold specializes (a guard)."""
     values = [v.realize() for v in [*args, *kwargs.values()]]
-    return bool(values) and all(v.is_constant() and type(v.as_constant()) in (int, float, bool) for v in values)
+    return bool(values) and all(isinstance(v, SymValue) or v.is_constant() and type(v.as_constant()) in (
+        int, float, bool) for v in values)
 
 
 def _fold_numpy(fn: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:

@@ -11,11 +11,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
-from kiln.capture.sources import ArithmeticSource, LocalSource
+from kiln.capture.sources import ArithmeticSource
 from kiln.capture.values.base import UnguardedValue, Value
 from kiln.capture.values.constant import ConstantValue, ScalarInputValue, is_literal
 from kiln.capture.values.containers import (
@@ -137,22 +135,25 @@ def _scalar_arithmetic(state, fn: Callable, a: Value, b: Value) -> Value | None:
 
     def guard_value():
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, scalar.source, f"{expr} == {value!r}", repr(value), expr))
-        if isinstance(scalar.origin[0], LocalSource):  # the input changing then makes it dynamic, as `n` read itself
+        if scalar.origin is not None:  # the input changing then makes it dynamic, as `n` read itself
             state.specialized_scalars.append(scalar.origin)
 
-    def as_tensor() -> Value:
-        """Where `n` is a graph input (automatic dynamic), `x * (10 - n)` computes `10 - n` in the graph,
-        in int64: the guard keeps the result in range, where Python's int would not overflow."""
-        state.guards.add(Guard(GuardKind.TYPE_MATCH, scalar.source, f"-{2**63} <= {expr} < {2**63}", "an int64",
-                               expr))
-        operands = [scalar.input_tensor(), literal] if scalar is a else [literal, scalar.input_tensor()]
-        return trace_op(state, "call_function", fn, operands, {})
+    return ScalarInputValue(value, source, guard_value, origin=scalar.origin)
 
-    as_tensor.dtype = torch.int64
-    dynamic = scalar.is_dynamic() and value in range(-2**63, 2**63)
-    derived = ScalarInputValue(value, source, guard_value, as_tensor=as_tensor if dynamic else None)
-    derived.origin = scalar.origin
-    return derived
+
+def _symbolic_arithmetic(state, fn: Callable, args: list[Value]) -> Value | None:
+    """`n * 2`, `n < m`, `-n` over a symbolic number and other numbers: a graph node, the result symbolic.
+    None where Python needs the number itself (`[0] * n`, `"%d" % n`, `~n`, which a SymInt does not model):
+    the caller then specializes it (a guard on its value), as torch.compile does."""
+    if not all(isinstance(a, SymValue) or (a.is_constant() and type(a.as_constant()) in (int, float, bool))
+               for a in args):
+        return None
+    try:
+        return trace_op(state, "call_function", fn, args, {})
+    except GraphBreak as e:
+        if e.reason.id != "exception":
+            raise
+        return None  # the fake run raised (no such SymInt operator, a division by zero): Python decides
 
 
 # Set operators as the set methods they are; the shadow set in `SetValue` runs them.
@@ -189,12 +190,17 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
         args = [_as_graph_tensor(a, partner) for a in args]
     if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
         return _STATEMENTS[fn](state, *args)
-    if fn is operator.getitem and not isinstance(args[0], TensorValue):
+    if fn is operator.getitem:
         return args[0].getitem(state, args[1])  # operator.getitem(xs, i) is xs[i], whatever xs is
     if fn in _INPLACE_TO_PLAIN and not isinstance(args[0], TensorValue) and (
             isinstance(args[0], SymValue)
             or args[0].is_constant() and type(args[0].as_constant()) in (int, float, bool)):
         fn = _INPLACE_TO_PLAIN[fn]  # `n += t` with a Python number n: numbers have no __iadd__, Python does `n + t`
+    if any(isinstance(a, SymValue) for a in args) and not any(isinstance(a, TensorValue) for a in args):
+        symbolic = _symbolic_arithmetic(state, fn, args)
+        if symbolic is not None:
+            return symbolic
+        args = [ConstantValue(a.as_constant()) if isinstance(a, SymValue) else a for a in args]
     if any(isinstance(a, (TensorValue, SymValue)) for a in args):
         return trace_op(state, "call_function", fn, args, {})
     operand = _operand_returned(_INPLACE_TO_PLAIN.get(fn, fn), args)

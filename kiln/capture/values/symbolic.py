@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture.values.base import Value
+from kiln.capture.values.constant import ConstantValue
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -33,6 +34,10 @@ class SymValue(Value):
 
     def truth(self, state) -> bool:
         return bool(self.sym)
+
+    def getattr(self, state, name: str) -> Value:
+        """An attribute of the number (`n.bit_length()`, `n.real`): of its value, specialized (guarded)."""
+        return ConstantValue(self.as_constant()).getattr(state, name)
 
     def reconstruct(self, writer) -> str:
         return writer.symbolic(self.sym)

@@ -130,6 +130,11 @@ class TensorValue(Value):
                           else ConstantValue(n) for d, n in enumerate(shape)])
 
     def getitem(self, state, key: Value) -> Value:
+        key = key.realize()
+        if isinstance(key, SymValue) and key.python_type() is int:
+            # `x[n]` for a symbolic int: indexing reads the index with `__index__`, which specializes it;
+            # `select` takes it as a SymInt, so the graph serves every n within the bounds it guards (as torch)
+            return trace_op(state, "call_function", torch.select, [self, ConstantValue(0), key], {})
         return trace_op(state, "call_function", operator.getitem, [self, key], {})
 
     def setitem(self, state, key: Value, value: Value) -> None:

@@ -20,6 +20,7 @@ from kiln.capture.values.base import Value
 from kiln.capture.values.collectives import is_collective, trace_collective
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.functions import CallableValue
+from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 NOT_TRACING: set[Callable] = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
@@ -83,6 +84,10 @@ class TorchFunctionValue(CallableValue):
             return trace_collective(state, fn, args, kwargs)
         if fn is torch.full and _fills_from_tensor(args, kwargs):
             return _full_from_tensor(state, args, kwargs)
+        if fn is torch.tensor and args and _holds_symbols(args[0]):
+            # torch.tensor(n) of a symbolic int: the C++ constructor reads the value (a specialization);
+            # torch's reference implementation builds it with scalar_tensor, which keeps the symbol (as torch does)
+            fn = torch._refs.tensor
         if fn in CONTEXTS:
             return CONTEXTS[fn](state, args, kwargs)
         if fn in METADATA_FUNCTIONS or fn in (torch.Size, torch.device, torch.finfo, torch.iinfo, torch.dtype):
@@ -108,6 +113,15 @@ class TorchFunctionValue(CallableValue):
 
     def __repr__(self) -> str:
         return f"TorchFunction({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _holds_symbols(data: Value) -> bool:
+    """Whether `torch.tensor`'s data is, or nests, a symbolic number (a list of a SymInt and constants)."""
+    data = data.realize()
+    if isinstance(data, SymValue):
+        return True
+    items = getattr(data, "items", None)
+    return isinstance(items, list) and any(_holds_symbols(item) for item in items)
 
 
 def _fills_from_tensor(args: list[Value], kwargs: dict[str, Value]) -> bool:

@@ -180,6 +180,16 @@ template <typename T> static inline T floordiv(T a, T b, int64_t& err) {
   if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
   return q;
 }
+// Index arithmetic over an int input's symbol, which may be negative: Python's rounding (torch's FloorDiv,
+// PythonMod), where C++'s `/` and `%` truncate toward zero.
+static inline int64_t index_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t index_mod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
 template <typename T> static inline T truncdiv(T a, T b) { return std::trunc(a / b); }
 template <typename T> static inline T truncdiv(T a, T b, int64_t& err) {
   b = checked_divisor(b, err);

@@ -44,6 +44,8 @@ class TritonPrinter(_Printer):
     """Index expressions over block tensors: element-wise &, |, ~ and tl.minimum/maximum."""
 
     land, lor, lnot = " & ", " | ", "~"
+    signed_floordiv = "kiln_floordiv({}, {})"  # Triton's // and % on integers truncate, as C's do
+    signed_mod = "kiln_pymod({}, {})"
 
     def minmax(self, name, args) -> str:
         out = args[0]

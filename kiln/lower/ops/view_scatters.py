@@ -38,7 +38,7 @@ def slice_scatter(ctx, meta, x, src, dim=0, start=None, end=None, step=1):
     """Elements start, start + step, ... of `dim` (as many as `src` holds there) come from `src`."""
     size, dtype = out_info(meta)
     dim = _dim(dim, len(size))
-    start = _norm_start(start, size[dim])
+    start = _norm_start(ctx, start, size[dim])
     if step != 1 and not start.is_Integer:
         raise Unsupported("a strided slice_scatter from a symbolic start")
     out_vars = list(index_vars("i", len(size)))

@@ -23,7 +23,7 @@ from kiln.lower.index import (
 from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
 from kiln.lower.ops.registry import register
-from kiln.lower.values import IndexFunction, cast
+from kiln.lower.values import IndexFunction, Unsupported, cast
 
 aten = torch.ops.aten
 
@@ -128,13 +128,24 @@ def squeeze(ctx, meta, x, dims=None):
     return IndexFunction(tuple(s for k, s in enumerate(x.size) if k not in dims), x.dtype, x.at(idx))
 
 
-def _norm_start(start, size):
-    start = 0 if start is None else start
-    start = sympify(start)
-    if start.is_Integer and int(start) < 0:
+def _is_negative(ctx, index) -> bool:
+    """Whether `index` counts from the end. A symbolic one is a symbol of an int input (or an expression of one),
+    whose sign tracing the op fixed with a guard; where the guards leave it open the op runs through ATen."""
+    negative = ctx.known(sympy.Lt(index, 0))
+    if negative is None:
+        raise Unsupported(f"an index {index} whose sign the guards do not fix")
+    return negative
+
+
+def _norm_start(ctx, start, size):
+    """A slice's start as the position it reads from: from the end when negative, clamped to the dimension."""
+    start = sympify(0 if start is None else start)
+    if _is_negative(ctx, start):
         start = start + size
+        if _is_negative(ctx, start):  # before the first element: the slice starts at it
+            start = sympy.Integer(0)
     if start.is_Integer and size.is_Integer:
-        start = sympy.Integer(min(max(int(start), 0), int(size)))
+        start = sympy.Integer(min(int(start), int(size)))
     return start
 
 
@@ -142,7 +153,7 @@ def _norm_start(start, size):
 def slice_(ctx, meta, x, dim=0, start=None, end=None, step=1):
     new_size, _ = out_info(meta)
     dim = _dim(dim, x.ndim)
-    start = _norm_start(start, x.size[dim])
+    start = _norm_start(ctx, start, x.size[dim])
     out_vars = index_vars("i", x.ndim)
     idx = list(out_vars)
     idx[dim] = out_vars[dim] * step + start
@@ -153,7 +164,7 @@ def slice_(ctx, meta, x, dim=0, start=None, end=None, step=1):
 def select(ctx, meta, x, dim, index):
     dim = _dim(dim, x.ndim)
     index = sympify(index)
-    if index.is_Integer and int(index) < 0:
+    if _is_negative(ctx, index):
         index = index + x.size[dim]
     out_vars = index_vars("i", x.ndim - 1)
     idx = list(out_vars[:dim]) + [index] + list(out_vars[dim:])

@@ -20,7 +20,7 @@ give too few (`column_reduction`). max-autotune benchmarks around these choices
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -55,6 +55,7 @@ WARP_ROW_MIN_XNUMEL = 1024
 # chunks of at least COLUMN_MIN_CHUNK_TILES tiles until COLUMN_SPLIT_PROGRAMS programs share the work (a few
 # hundred columns at 64 per program are a handful of programs, each walking every row).
 COLUMN_XBLOCK = 64
+MIN_COLUMN_XBLOCK = 16
 COLUMN_TILE = 2048
 COLUMN_PERSISTENT_MAX_RNUMEL = 64
 COLUMN_SPLIT_PROGRAMS = 1024
@@ -207,6 +208,16 @@ def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -
         return looped
     wanted = _ceil_div(COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
     return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
+
+
+def unsplit(group: KernelGroup, config: LaunchConfig) -> LaunchConfig:
+    """The looped form of a split `config`, for a group whose reduction cannot be split (a later inner segment
+    reads its result back). A column tile narrows to MIN_COLUMN_XBLOCK columns (32 bytes of bf16 per row):
+    without the split, only the columns give programs."""
+    looped = replace(config, kind="looped", RSPLIT=1, RCHUNK=0, COMBINE_XBLOCK=1)
+    if reduction_is_contiguous(group) or looped.XBLOCK <= MIN_COLUMN_XBLOCK:
+        return looped
+    return replace(looped, XBLOCK=MIN_COLUMN_XBLOCK, RBLOCK=looped.XBLOCK * looped.RBLOCK // MIN_COLUMN_XBLOCK)
 
 
 def split(looped: LaunchConfig, xnumel: int, rnumel: int, rsplit: int) -> LaunchConfig:

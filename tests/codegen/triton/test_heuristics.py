@@ -10,8 +10,14 @@ from __future__ import annotations
 import pytest
 
 from kiln.codegen.triton.heuristics import (
-    COLUMN_MIN_CHUNK_TILES, COLUMN_PERSISTENT_MAX_RNUMEL, COLUMN_SPLIT_PROGRAMS, COLUMN_XBLOCK, MAX_RSPLIT,
-    WARP_ROW_ELEMENTS, column_reduction, row_reduction,
+    COLUMN_MIN_CHUNK_TILES,
+    COLUMN_PERSISTENT_MAX_RNUMEL,
+    COLUMN_SPLIT_PROGRAMS,
+    COLUMN_XBLOCK,
+    MAX_RSPLIT,
+    WARP_ROW_ELEMENTS,
+    column_reduction,
+    row_reduction,
 )
 
 # (columns, rows): DeiT-small's and BERT-base's widths over their token counts, a ConvNeXt-like NHWC batch,

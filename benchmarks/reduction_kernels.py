@@ -20,10 +20,18 @@ each case's kiln kernels (their Launcher lines: block sizes, warps, split counts
 
     PYTHONPATH=. python benchmarks/reduction_kernels.py --out X.json        # a GPU; under 3 minutes on an H100
     PYTHONPATH=. python benchmarks/reduction_kernels.py --device cpu        # small sizes, kiln's C++ target
+    PYTHONPATH=. python benchmarks/reduction_kernels.py --sweep --no-torch  # kiln under other launch rules
+
+`--sweep` compiles each graph again under variants of the reduction rules' constants
+(kiln/codegen/triton/heuristics.py: column tile width and height, the programs a split aims for, one-warp rows
+on or off) and prints kiln's time under each: the measurements those constants should be set from. Variants
+whose constants this kiln does not have are left out. Compiles skip kiln's graph cache: its key is kiln's
+source, not the constants a variant changes.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
@@ -36,6 +44,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+from kiln.config import config
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
 
@@ -45,6 +54,17 @@ GPU_BATCH = 20             # calls queued behind one sleep
 SLEEP_CYCLES = 10_000_000  # a few milliseconds at a GPU's clock: longer than the host takes to queue a batch
 ROTATE_BYTES = 256 << 20   # input sets rotated through per case: more than an H100's or H200's L2 cache
 MAX_INPUT_SETS = 8
+# --sweep: name -> constants of kiln/codegen/triton/heuristics.py set while compiling (the first: as they are)
+SWEEP = {
+    "rules": {},
+    "col 32 wide": {"COLUMN_XBLOCK": 32},
+    "col 128 wide": {"COLUMN_XBLOCK": 128, "COLUMN_TILE": 4096},
+    "col 64x16": {"COLUMN_TILE": 1024},
+    "col 64x64": {"COLUMN_TILE": 4096},
+    "split 512": {"COLUMN_SPLIT_PROGRAMS": 512},
+    "split 2048": {"COLUMN_SPLIT_PROGRAMS": 2048},
+    "rows multi-warp": {"WARP_ROW_MIN_XNUMEL": 1 << 62},
+}
 
 
 def ln_backward(grad, x, weight, bias, mean, rstd):
@@ -205,6 +225,49 @@ def run_case(graph: str, shape: str, fn, make_inputs, device: str, with_torch: b
     return row
 
 
+@contextlib.contextmanager
+def heuristics_set(constants: dict):
+    """kiln's launch-rule constants set to `constants` within the block (and its graph cache off)."""
+    from kiln.codegen.triton import heuristics
+
+    saved = {name: getattr(heuristics, name) for name in constants}
+    cached, config.graph_cache = config.graph_cache, False
+    try:
+        for name, value in constants.items():
+            setattr(heuristics, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(heuristics, name, value)
+        config.graph_cache = cached
+
+
+def sweep_case(fn, make_inputs, device: str, warmup: int, runs: int) -> dict:
+    """kiln's time (us) for `fn` under each SWEEP variant this kiln has the constants of."""
+    from kiln.codegen.triton import heuristics
+
+    inputs = make_inputs()
+    size = nbytes(inputs)
+    input_sets = [inputs] + [make_inputs() for _ in range(min(MAX_INPUT_SETS, ROTATE_BYTES // size + 1) - 1)]
+    out = {}
+    for name, constants in SWEEP.items():
+        if not all(hasattr(heuristics, c) for c in constants):
+            continue
+        with heuristics_set(constants), torch.no_grad():
+            compiled = kiln_compiled(fn, inputs)
+            out[name] = median_us(compiled, input_sets, device, warmup, runs)
+    return out
+
+
+def sweep_table(rows: list[dict]) -> str:
+    names = [n for n in SWEEP if any(n in r["sweep_us"] for r in rows)]
+    lines = ["| graph | shape | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for r in rows:
+        cells = [f"{r['sweep_us'][n]:.1f}" if n in r["sweep_us"] else "-" for n in names]
+        lines.append(f"| {r['graph']} | {r['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| graph | shape | eager us | torch.compile us | kiln us | kiln GB/s | kiln / torch |",
              "|---|---|---|---|---|---|---|"]
@@ -224,6 +287,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="only the graphs whose name contains this")
     parser.add_argument("--no-torch", action="store_true", help="skip torch.compile (its compiles take longest)")
     parser.add_argument("--runs", type=int, default=None, help="timed calls per compiler (default 200 GPU, 10 CPU)")
+    parser.add_argument("--sweep", action="store_true", help="also time kiln under variants of its launch rules")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("reduction_kernels.py: no CUDA GPU here. Run it on a GPU, or with --device cpu for a small smoke "
@@ -235,12 +299,19 @@ def main() -> None:
         if args.only and args.only not in graph:
             continue
         row = run_case(graph, shape, fn, make_inputs, args.device, not args.no_torch, 20 if gpu else 2, runs)
+        if args.sweep:
+            row["sweep_us"] = sweep_case(fn, make_inputs, args.device, 20, runs)
         rows.append(row)
-        print(f"{graph:12s} {shape:28s} eager {row['eager_us']:9.1f} us  torch {row.get('torch_us', 0):9.1f} us  "
+        torch_us = f"{row['torch_us']:9.1f}" if "torch_us" in row else f"{'-':>9s}"
+        print(f"{graph:12s} {shape:28s} eager {row['eager_us']:9.1f} us  torch {torch_us} us  "
               f"kiln {row['kiln_us']:9.1f} us  {row['kiln_GBps']:7.0f} GB/s  err {row['kiln_rel_err']:.1e}",
               flush=True)
     print()
     print(table(rows))
+    if any("sweep_us" in r for r in rows):
+        print()
+        print("kiln us under variants of its launch rules (--sweep):")
+        print(sweep_table(rows))
     if args.out:
         machine = torch.cuda.get_device_name() if gpu else "cpu"
         with open(args.out, "w") as f:

@@ -61,6 +61,9 @@ COLUMN_PERSISTENT_MAX_RNUMEL = 64
 COLUMN_SPLIT_PROGRAMS = 1024
 COLUMN_MIN_CHUNK_TILES = 2
 COMBINE_ELEMENTS = 4096        # partials one program of a split's combining kernel reads
+# max-autotune's other column shapes: (tile width, tile elements, programs a split aims for)
+COLUMN_CANDIDATES = ((32, 2048, 1024), (128, 4096, 1024), (64, 1024, 1024), (64, 4096, 1024), (64, 2048, 512),
+                     (64, 2048, 2048))
 TILE = 16                      # the smallest last dim worth a 2-d tile
 MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 weight's 9 taps)
 
@@ -191,22 +194,24 @@ def row_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -> L
                  min(_pow2_floor(_ceil_div(wanted, programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT))
 
 
-def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -> LaunchConfig:
-    """A reduction over a strided (outer) dim: tiles of COLUMN_XBLOCK contiguous columns by RBLOCK rows, the
-    rows split across programs until about COLUMN_SPLIT_PROGRAMS programs run (see the constants)."""
+def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, width: int | None = None,
+                     tile: int | None = None, programs: int | None = None) -> LaunchConfig:
+    """A reduction over a strided (outer) dim: tiles of `width` (COLUMN_XBLOCK) contiguous columns by up to
+    `tile` // `width` rows (COLUMN_TILE), the rows split across programs until about `programs`
+    (COLUMN_SPLIT_PROGRAMS) programs run (see the constants; max-autotune tries other values)."""
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
     if rnumel is not None and rnumel <= COLUMN_PERSISTENT_MAX_RNUMEL:
         rblock = next_pow2(rnumel)
         xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128))
         return LaunchConfig("persistent", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
-    xblock = min(xcap, COLUMN_XBLOCK)
-    rblock = max(8, COLUMN_TILE // xblock)
+    xblock = min(xcap, width or COLUMN_XBLOCK)
+    rblock = max(8, (tile or COLUMN_TILE) // xblock)
     if rnumel is not None:
         rblock = min(rblock, next_pow2(rnumel))
     looped = LaunchConfig("looped", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
     if xnumel is None or rnumel is None:
         return looped
-    wanted = _ceil_div(COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
+    wanted = _ceil_div(programs or COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
     return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
 
 
@@ -264,6 +269,9 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Launch
             for x in (1, 2, 4, 8, 16, 32, 64, 128):
                 if x <= xcap and x * base.RBLOCK <= 2 * BLOCK_ELEMENTS and x != base.XBLOCK:
                     more.append(LaunchConfig("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
+        if not reduction_is_contiguous(group):  # other column tiles and split targets, before the row shapes
+            more += [column_reduction(xnumel, rnumel, idx, width, tile, programs)
+                     for width, tile, programs in COLUMN_CANDIDATES]
         small = [(1, max(16, rcap // 2)), (2, max(16, rcap // 4))] if rcap <= 2 * PERSISTENT_MAX_RBLOCK else []
         for x, r in small + [(1, 2048), (1, 1024), (4, 512), (8, 512), (16, 256), (32, 128), (64, 64), (2, 1024)]:
             if x <= xcap and r <= max(rcap, 64) and (x, r) != (base.XBLOCK, base.RBLOCK):

@@ -6,11 +6,13 @@ configurations they get):
   program) and column sums over the tokens (the weight and bias gradients, 64-column tiles split over rows);
 - GELU's backward stored for the next matmul and summed over the tokens in the same kernel (the bias gradient);
 - batch norm's sums over NHWC activations (column sums over N*H*W).
-Sizes are small for the interpreter but large enough for each kind of kernel: rows past WARP_ROW_MIN_XNUMEL,
-columns that do not fill a tile, and row counts that are not multiples of a chunk.
+Sizes are small for the interpreter but large enough for each kind of kernel: columns that do not fill a tile,
+and row counts that are not multiples of a chunk. One-warp row programs are taken from 256 rows on here
+(WARP_ROW_MIN_XNUMEL lowered), where a GPU takes them from 1024.
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -21,13 +23,13 @@ from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
-from kiln.codegen.triton.heuristics import WARP_ROW_MIN_XNUMEL  # noqa: E402
+from kiln.codegen.triton import heuristics  # noqa: E402
 from kiln.pipeline import compile_aten_graph  # noqa: E402
 from support.lowering import trace  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
 
 aten = torch.ops.aten
-ROWS = WARP_ROW_MIN_XNUMEL + 77  # enough rows for one-warp row programs; not a multiple of any chunk
+ROWS = 333  # not a multiple of any chunk
 
 
 def compiled_and_checked(fn, *inputs):
@@ -81,9 +83,10 @@ def layer_norm_inputs(rows: int, width: int, grad_dtype: torch.dtype):
 
 @pytest.mark.parametrize("rows, width", [(ROWS, 250), (ROWS, 48), (40, 96)], ids=["warp-rows", "narrow", "few-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_layer_norm_backward_with_weight_and_bias_gradients(rows, width, dtype):
+def test_layer_norm_backward_with_weight_and_bias_gradients(rows, width, dtype, monkeypatch):
+    monkeypatch.setattr(heuristics, "WARP_ROW_MIN_XNUMEL", 256)
     source = compiled_and_checked(layer_norm_backward, *layer_norm_inputs(rows, width, dtype))
-    if rows >= WARP_ROW_MIN_XNUMEL and width > 128:  # grad_input: one warp per program, 4 rows of 256
+    if rows >= 256 and width > 128:  # grad_input: one warp per program, 4 rows of 256
         assert any(re.search(r"num_warps=1, .*XBLOCK=4, RBLOCK=256\)", line) for line in launchers(source)), source
     if rows > 64:  # the weight and bias gradients: column sums over the rows, split
         assert "split reduction over outer" in source, source
@@ -147,3 +150,26 @@ def test_a_split_with_a_chunk_count_that_is_not_a_power_of_two():
     x = torch.randn(900, 20)
     source = compiled_and_checked(lambda x: (x.sum(0), x.amax(0), torch.var_mean(x, 0)), x)
     assert re.search(r"RSPLIT=5, SBLOCK=8", source), source
+
+
+def test_max_autotune_tries_other_column_tiles_and_split_targets():
+    """Under max-autotune a column sum's candidates include other tile widths (32 and 128 columns) and split
+    targets beside the rules' choice; whichever the timer picks (here the last one timed) equals eager."""
+    from codegen.test_mm_template import build
+    from kiln.codegen import triton as triton_target
+    from kiln.config import validate_options
+
+    def bias_gradient(x):
+        return (x * 2).sum(0)
+
+    timed = itertools.count()
+    x = torch.randn(900, 200).to(DEVICE)
+    triton_target._loaded.clear()  # no decision held by a kernel module another test loaded
+    options = validate_options("max-autotune-no-cudagraphs", {"cpu_backend": "triton"})
+    call, sched, namespace, _ = build(bias_gradient, [x], options, lambda label, run: (run(), 100.0 - next(timed))[1])
+    torch.testing.assert_close(call(x)[0], bias_gradient(x), atol=1e-4, rtol=1e-5)
+    (group,) = sched.kernels()
+    labels = list(namespace[group.name].candidates)
+    assert labels[0].startswith("split XBLOCK=64"), labels
+    assert any(label.startswith("split XBLOCK=32") for label in labels), labels
+    assert any(label.startswith("split XBLOCK=128") for label in labels), labels

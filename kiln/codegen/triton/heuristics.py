@@ -51,7 +51,8 @@ WARP_ROW_ELEMENTS = 1024
 WARP_ROW_MIN_XNUMEL = 1024
 # Column reductions: a tile is COLUMN_XBLOCK columns (128 bytes of bf16 per row, coalesced) by up to
 # COLUMN_TILE // COLUMN_XBLOCK rows. Columns of at most COLUMN_PERSISTENT_MAX_RNUMEL values fit one block (as
-# Inductor keeps its outer reductions persistent up to 64); longer ones loop, and split their rows into
+# Inductor keeps its outer reductions persistent up to 64), and so do columns up to PERSISTENT_MAX_RBLOCK that
+# the kernel reads back (`reads_back`); longer ones loop, and split their rows into
 # chunks of at least COLUMN_MIN_CHUNK_TILES tiles until COLUMN_SPLIT_PROGRAMS programs share the work (a few
 # hundred columns at 64 per program are a handful of programs, each walking every row).
 COLUMN_XBLOCK = 64
@@ -166,7 +167,14 @@ def choose(group: KernelGroup, layouts: dict) -> LaunchConfig:
     rnumel = _static(product(group.inner))
     if reduction_is_contiguous(group):
         return row_reduction(xnumel, rnumel, index_dtype)
-    return column_reduction(xnumel, rnumel, index_dtype)
+    return column_reduction(xnumel, rnumel, index_dtype, reads_back=reads_back(group))
+
+
+def reads_back(group: KernelGroup) -> bool:
+    """Whether a later inner segment walks the reduced dims again (a softmax or a layer norm over them, which
+    reads the reduction's result back): a looped kernel then reads its inputs once per such segment, a
+    persistent one once."""
+    return any(s.inner for s in group.segments[1:])
 
 
 def row_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -> LaunchConfig:
@@ -195,12 +203,15 @@ def row_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -> L
 
 
 def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, width: int | None = None,
-                     tile: int | None = None, programs: int | None = None) -> LaunchConfig:
+                     tile: int | None = None, programs: int | None = None, reads_back: bool = False) -> LaunchConfig:
     """A reduction over a strided (outer) dim: tiles of `width` (COLUMN_XBLOCK) contiguous columns by up to
     `tile` // `width` rows (COLUMN_TILE), the rows split across programs until about `programs`
-    (COLUMN_SPLIT_PROGRAMS) programs run (see the constants; max-autotune tries other values)."""
+    (COLUMN_SPLIT_PROGRAMS) programs run (see the constants; max-autotune tries other values). A group that
+    `reads_back` its columns (see `reads_back`) keeps them in one block up to PERSISTENT_MAX_RBLOCK rows: it
+    cannot split, and a loop would read its inputs once per segment."""
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
-    if rnumel is not None and rnumel <= COLUMN_PERSISTENT_MAX_RNUMEL:
+    fits = rnumel is not None and next_pow2(rnumel) <= PERSISTENT_MAX_RBLOCK
+    if rnumel is not None and (rnumel <= COLUMN_PERSISTENT_MAX_RNUMEL or (reads_back and fits)):
         rblock = next_pow2(rnumel)
         xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128))
         return LaunchConfig("persistent", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
@@ -209,18 +220,23 @@ def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, w
     if rnumel is not None:
         rblock = min(rblock, next_pow2(rnumel))
     looped = LaunchConfig("looped", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
-    if xnumel is None or rnumel is None:
-        return looped
+    if xnumel is None or rnumel is None or reads_back:
+        return narrowed(looped) if reads_back else looped
     wanted = _ceil_div(programs or COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
     return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
 
 
 def unsplit(group: KernelGroup, config: LaunchConfig) -> LaunchConfig:
     """The looped form of a split `config`, for a group whose reduction cannot be split (a later inner segment
-    reads its result back). A column tile narrows to MIN_COLUMN_XBLOCK columns (32 bytes of bf16 per row):
-    without the split, only the columns give programs."""
+    reads its result back): a column tile narrowed (`narrowed`)."""
     looped = replace(config, kind="looped", RSPLIT=1, RCHUNK=0, COMBINE_XBLOCK=1)
-    if reduction_is_contiguous(group) or looped.XBLOCK <= MIN_COLUMN_XBLOCK:
+    return looped if reduction_is_contiguous(group) else narrowed(looped)
+
+
+def narrowed(looped: LaunchConfig) -> LaunchConfig:
+    """A looped column tile narrowed to MIN_COLUMN_XBLOCK columns (32 bytes of bf16 per row), as tall: where the
+    rows cannot be split, only the columns give programs."""
+    if looped.XBLOCK <= MIN_COLUMN_XBLOCK:
         return looped
     return replace(looped, XBLOCK=MIN_COLUMN_XBLOCK, RBLOCK=looped.XBLOCK * looped.RBLOCK // MIN_COLUMN_XBLOCK)
 
@@ -270,7 +286,7 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Launch
                 if x <= xcap and x * base.RBLOCK <= 2 * BLOCK_ELEMENTS and x != base.XBLOCK:
                     more.append(LaunchConfig("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
         if not reduction_is_contiguous(group):  # other column tiles and split targets, before the row shapes
-            more += [column_reduction(xnumel, rnumel, idx, width, tile, programs)
+            more += [column_reduction(xnumel, rnumel, idx, width, tile, programs, reads_back(group))
                      for width, tile, programs in COLUMN_CANDIDATES]
         small = [(1, max(16, rcap // 2)), (2, max(16, rcap // 4))] if rcap <= 2 * PERSISTENT_MAX_RBLOCK else []
         for x, r in small + [(1, 2048), (1, 1024), (4, 512), (8, 512), (16, 256), (32, 128), (64, 64), (2, 1024)]:

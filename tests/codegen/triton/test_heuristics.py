@@ -51,6 +51,10 @@ def test_a_column_sum_reads_coalesced_tiles_and_splits_its_rows_to_fill_the_gpu(
 def test_short_columns_fit_one_block_and_long_ones_loop():
     assert column_reduction(4096, COLUMN_PERSISTENT_MAX_RNUMEL, "tl.int32").kind == "persistent"
     assert column_reduction(4096, COLUMN_PERSISTENT_MAX_RNUMEL + 1, "tl.int32").kind in ("looped", "split")
+    # columns a later segment reads back (a softmax over them) stay in one block up to PERSISTENT_MAX_RBLOCK
+    assert column_reduction(4096, 1000, "tl.int32", reads_back=True).kind == "persistent"
+    longer = column_reduction(4096, 1025, "tl.int32", reads_back=True)  # looped, never split, narrow tiles
+    assert (longer.kind, longer.XBLOCK) == ("looped", 16), longer
     # symbolic sizes: a looped tile, never a split (its chunks need static rows)
     assert column_reduction(None, None, "tl.int32").kind == "looped"
     assert column_reduction(384, None, "tl.int32").kind == "looped"

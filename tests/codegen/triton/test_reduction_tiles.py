@@ -144,6 +144,14 @@ def test_a_column_reduction_read_back_by_its_rows_loops_narrow_tiles():
     assert "split" not in source and "XBLOCK=16" in source, source
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_softmax_over_a_strided_dim_reads_its_columns_once(dtype):
+    """A softmax over dim 0 reduces a strided dim twice (the max, then the sum of exponentials, which reads the
+    max back): its columns stay in one block (persistent), read once, where a loop would read them twice."""
+    source = compiled_and_checked(lambda x: torch.softmax(wide(x), 0).to(x.dtype), torch.randn(300, 70).to(dtype))
+    assert "persistent kernel over outer (70) x inner (300)" in source, source
+
+
 def test_a_split_with_a_chunk_count_that_is_not_a_power_of_two():
     """The combine kernel reads the next power of two of partials, masked (the padding lanes read each
     reduction's identity, Welford's an empty partial): 5 chunks of 192 rows here."""

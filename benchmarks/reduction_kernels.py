@@ -44,6 +44,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import kiln
 from kiln.config import config
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
@@ -193,9 +194,11 @@ def median_us(fn, input_sets: list, device: str, warmup: int, runs: int) -> floa
 
 
 def commit() -> str:
+    """The commit of the kiln measured (its checkout's HEAD; "unknown" for a copy outside git, as a baseline
+    unpacked with `git archive`)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+                              cwd=Path(kiln.__file__).parent).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
 
@@ -294,6 +297,7 @@ def main() -> None:
                  "run of kiln's C++ target.")
     gpu = args.device == "cuda"
     runs = args.runs or (200 if gpu else 10)
+    print(f"kiln from {Path(kiln.__file__).parent} (commit {commit()})", flush=True)
     rows = []
     for graph, shape, fn, make_inputs in cases(args.device):
         if args.only and args.only not in graph:
@@ -315,7 +319,8 @@ def main() -> None:
     if args.out:
         machine = torch.cuda.get_device_name() if gpu else "cpu"
         with open(args.out, "w") as f:
-            json.dump({"device": machine, "torch": torch.__version__, "commit": commit(), "rows": rows}, f, indent=1)
+            json.dump({"device": machine, "torch": torch.__version__, "commit": commit(),
+                       "kiln": str(Path(kiln.__file__).parent), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

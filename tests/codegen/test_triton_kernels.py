@@ -24,7 +24,7 @@ from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
-from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK, ROW_SPLIT_PROGRAMS  # noqa: E402
+from kiln.codegen.triton.heuristics import COLUMN_SPLIT_PROGRAMS, PERSISTENT_MAX_RBLOCK  # noqa: E402
 from kiln.pipeline import compile_aten_graph  # noqa: E402
 from support.lowering import assert_same, trace  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
@@ -408,13 +408,13 @@ def test_batch_norm_statistics_over_many_channels_split_their_rows():
 
 def test_channels_last_batch_norm_statistics_split_as_many_programs_as_nchw():
     """Channels-last, a batch norm's statistics are column reductions (the channels contiguous, N*H*W values
-    each): long columns split to about ROW_SPLIT_PROGRAMS programs, as long NCHW rows do, not the quarter of
-    that which shorter reductions get (the statistics of a channels-last training step, kiln/lower/conv_layout)."""
+    each): the columns split to about COLUMN_SPLIT_PROGRAMS programs, as long NCHW rows split to about
+    ROW_SPLIT_PROGRAMS (the statistics of a channels-last training step, kiln/lower/conv_layout)."""
     x = torch.randn(2, 256, 128, 128).contiguous(memory_format=torch.channels_last)
     c = compile_triton(lambda x: torch.var_mean(x, (0, 2, 3), correction=0), x)
     partial = next(line for line in source(c).splitlines() if "_partial = Launcher(" in line)
     xblock, rsplit = (int(re.search(rf"{k}=(\d+)", partial).group(1)) for k in ("XBLOCK", "RSPLIT"))
-    assert 256 // xblock * rsplit >= ROW_SPLIT_PROGRAMS // 2, partial
+    assert 256 // xblock * rsplit >= COLUMN_SPLIT_PROGRAMS // 2, partial
 
 
 def test_reduction_read_back_by_its_row_is_not_split():

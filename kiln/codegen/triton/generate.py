@@ -6,9 +6,7 @@ here, above both classes, so that neither module imports the other's internals.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from kiln.codegen.triton.heuristics import LaunchConfig, choose
+from kiln.codegen.triton.heuristics import LaunchConfig, choose, unsplit
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.split import SplitReductionKernel, splittable
 from kiln.schedule.fusion import KernelGroup
@@ -24,7 +22,7 @@ def generate_kernel(group: KernelGroup, layouts: dict, external=None, config: La
         k = SplitReductionKernel(group, layouts, config, external=external, unaligned=unaligned)
     else:
         if config.kind == "split":
-            config = replace(config, kind="looped")
+            config = unsplit(group, config)
         k = TritonKernel(group, layouts, config, external=external, unaligned=unaligned)
     k.source = k.generate()
     return k

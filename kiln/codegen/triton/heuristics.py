@@ -9,13 +9,18 @@ Four shapes of kernel:
               segments (softmax, layernorm read their input once);
   looped      a reduction walks its rows in RBLOCK chunks, each lane accumulating,
               then combines the lanes.
+  split       a looped reduction whose rows are cut into RSPLIT chunks run by separate
+              programs, then combined by a second, small kernel (split.py).
 A row-contiguous reduction (the reduced dim has stride 1) spends the block on the
-reduction; a column reduction (stride 1 on an outer dim) spends it on rows so
-that loads stay coalesced. max-autotune benchmarks around these choices (`candidates`).
+reduction. A column reduction (stride 1 on an outer dim: a bias gradient, layer norm's
+weight gradient, batch norm's statistics over NHWC) reads 2-d tiles, XBLOCK columns
+coalesced by RBLOCK rows, and splits its rows across programs when its columns alone
+give too few (`column_reduction`). max-autotune benchmarks around these choices
+(`candidates`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -37,6 +42,29 @@ MIN_PROGRAMS = 256
 ROW_SPLIT_PROGRAMS = 1024
 ROW_SPLIT_MIN_RNUMEL = 32768
 MAX_RSPLIT = 256
+# A row of 256 to 1024 values (layer norm over a transformer's width, its backward) reduces inside one warp:
+# XBLOCK rows of WARP_ROW_ELEMENTS values per one-warp program, so the row sums need no shared memory and no
+# barrier between warps, and many small programs keep loads in flight. Only with enough rows to fill the
+# GPU with such programs (Inductor's persistent-reduction rule for CUDA makes the same choice).
+WARP_ROW_MIN_RBLOCK = 256
+WARP_ROW_ELEMENTS = 1024
+WARP_ROW_MIN_XNUMEL = 1024
+# Column reductions: a tile is COLUMN_XBLOCK columns (128 bytes of bf16 per row, coalesced) by up to
+# COLUMN_TILE // COLUMN_XBLOCK rows. Columns of at most COLUMN_PERSISTENT_MAX_RNUMEL values fit one block (as
+# Inductor keeps its outer reductions persistent up to 64), and so do columns up to PERSISTENT_MAX_RBLOCK that
+# the kernel reads back (`reads_back`); longer ones loop, and split their rows into
+# chunks of at least COLUMN_MIN_CHUNK_TILES tiles until COLUMN_SPLIT_PROGRAMS programs share the work (a few
+# hundred columns at 64 per program are a handful of programs, each walking every row).
+COLUMN_XBLOCK = 64
+MIN_COLUMN_XBLOCK = 16
+COLUMN_TILE = 2048
+COLUMN_PERSISTENT_MAX_RNUMEL = 64
+COLUMN_SPLIT_PROGRAMS = 1024
+COLUMN_MIN_CHUNK_TILES = 2
+COMBINE_ELEMENTS = 4096        # partials one program of a split's combining kernel reads
+# max-autotune's other column shapes: (tile width, tile elements, programs a split aims for)
+COLUMN_CANDIDATES = ((32, 2048, 1024), (128, 4096, 1024), (64, 1024, 1024), (64, 4096, 1024), (64, 2048, 512),
+                     (64, 2048, 2048))
 TILE = 16                      # the smallest last dim worth a 2-d tile
 MIN_TILE_ROWS = 8              # the smallest dim a tile's rows may walk (a 3x3 weight's 9 taps)
 
@@ -137,35 +165,94 @@ def choose(group: KernelGroup, layouts: dict) -> LaunchConfig:
         xblock = POINTWISE_XBLOCK if xnumel is None else min(POINTWISE_XBLOCK, next_pow2(xnumel))
         return LaunchConfig("pointwise", xblock, 1, max(1, min(8, xblock // 256)), index_dtype)
     rnumel = _static(product(group.inner))
+    if reduction_is_contiguous(group):
+        return row_reduction(xnumel, rnumel, index_dtype)
+    return column_reduction(xnumel, rnumel, index_dtype, reads_back=reads_back(group))
+
+
+def reads_back(group: KernelGroup) -> bool:
+    """Whether a later inner segment walks the reduced dims again (a softmax or a layer norm over them, which
+    reads the reduction's result back): a looped kernel then reads its inputs once per such segment, a
+    persistent one once."""
+    return any(s.inner for s in group.segments[1:])
+
+
+def row_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str) -> LaunchConfig:
+    """A reduction along contiguous rows: the block spans the row; a row that fits one block is persistent
+    (one warp per program for rows of WARP_ROW_MIN_RBLOCK or more), a longer one loops, and few long rows split."""
     xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
-    contiguous = reduction_is_contiguous(group)
     if rnumel is not None and next_pow2(rnumel) <= PERSISTENT_MAX_RBLOCK:
         rblock = next_pow2(rnumel)
-        xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128 if not contiguous else 64))
-        warps = max(1, min(8, xblock * rblock // 512))
-        return LaunchConfig("persistent", xblock, rblock, warps, index_dtype)
+        if rblock >= WARP_ROW_MIN_RBLOCK and xnumel is not None and xnumel >= WARP_ROW_MIN_XNUMEL:
+            return LaunchConfig("persistent", min(xcap, WARP_ROW_ELEMENTS // rblock), rblock, 1, index_dtype)
+        xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 64))
+        return LaunchConfig("persistent", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
     # enough programs to fill the GPU (a couple per SM) before widening blocks
     per_program = 1 if xnumel is None else max(1, _pow2_floor(xnumel // MIN_PROGRAMS))
-    if contiguous:
-        xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8, per_program)
-        rblock = 2048 if xblock == 1 else 512
-    else:
-        # a column reduction: each row of the block is XBLOCK contiguous elements (at least 32 bytes)
-        xblock = min(xcap, 64, max(16, per_program))
-        rblock = max(8, min(2048, BLOCK_ELEMENTS // xblock))
-        if rnumel is not None:
-            rblock = min(rblock, next_pow2(rnumel))
-    warps = max(1, min(8, xblock * rblock // 256))
-    programs = None if xnumel is None else _ceil_div(xnumel, xblock)
-    long_rows = (xblock == 1 or not contiguous) and rnumel is not None and rnumel >= ROW_SPLIT_MIN_RNUMEL
-    wanted = ROW_SPLIT_PROGRAMS if long_rows else MIN_PROGRAMS
-    if programs is not None and rnumel is not None and programs < wanted // 2:
-        rsplit = min(_pow2_floor(_ceil_div(wanted, programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT)
-        if rsplit >= 2:
-            rchunk = _ceil_div(_ceil_div(rnumel, rsplit), rblock) * rblock  # each split's rows, whole blocks
-            combine_x = max(1, min(next_pow2(xnumel), 1024 // rsplit))
-            return LaunchConfig("split", xblock, rblock, warps, index_dtype, rsplit, rchunk, combine_x)
-    return LaunchConfig("looped", xblock, rblock, warps, index_dtype)
+    xblock = 1 if xcap <= 1 or rnumel is None or rnumel >= 4096 else min(xcap, 8, per_program)
+    rblock = 2048 if xblock == 1 else 512
+    looped = LaunchConfig("looped", xblock, rblock, max(1, min(8, xblock * rblock // 256)), index_dtype)
+    if xnumel is None or rnumel is None:
+        return looped
+    programs = _ceil_div(xnumel, xblock)
+    wanted = ROW_SPLIT_PROGRAMS if xblock == 1 and rnumel >= ROW_SPLIT_MIN_RNUMEL else MIN_PROGRAMS
+    if programs >= wanted // 2:
+        return looped
+    return split(looped, xnumel, rnumel,
+                 min(_pow2_floor(_ceil_div(wanted, programs)), _pow2_floor(rnumel // (2 * rblock)), MAX_RSPLIT))
+
+
+def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, width: int | None = None,
+                     tile: int | None = None, programs: int | None = None, reads_back: bool = False) -> LaunchConfig:
+    """A reduction over a strided (outer) dim: tiles of `width` (COLUMN_XBLOCK) contiguous columns by up to
+    `tile` // `width` rows (COLUMN_TILE), the rows split across programs until about `programs`
+    (COLUMN_SPLIT_PROGRAMS) programs run (see the constants; max-autotune tries other values). A group that
+    `reads_back` its columns (see `reads_back`) keeps them in one block up to PERSISTENT_MAX_RBLOCK rows: it
+    cannot split, and a loop would read its inputs once per segment."""
+    xcap = 1 << 30 if xnumel is None else next_pow2(xnumel)
+    fits = rnumel is not None and next_pow2(rnumel) <= PERSISTENT_MAX_RBLOCK
+    if rnumel is not None and (rnumel <= COLUMN_PERSISTENT_MAX_RNUMEL or (reads_back and fits)):
+        rblock = next_pow2(rnumel)
+        xblock = max(1, min(xcap, BLOCK_ELEMENTS // rblock, 128))
+        return LaunchConfig("persistent", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
+    xblock = min(xcap, width or COLUMN_XBLOCK)
+    rblock = max(8, (tile or COLUMN_TILE) // xblock)
+    if rnumel is not None:
+        rblock = min(rblock, next_pow2(rnumel))
+    looped = LaunchConfig("looped", xblock, rblock, max(1, min(8, xblock * rblock // 512)), index_dtype)
+    if xnumel is None or rnumel is None or reads_back:
+        return narrowed(looped) if reads_back else looped
+    wanted = _ceil_div(programs or COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
+    return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
+
+
+def unsplit(group: KernelGroup, config: LaunchConfig) -> LaunchConfig:
+    """The looped form of a split `config`, for a group whose reduction cannot be split (a later inner segment
+    reads its result back): a column tile narrowed (`narrowed`)."""
+    looped = replace(config, kind="looped", RSPLIT=1, RCHUNK=0, COMBINE_XBLOCK=1)
+    return looped if reduction_is_contiguous(group) else narrowed(looped)
+
+
+def narrowed(looped: LaunchConfig) -> LaunchConfig:
+    """A looped column tile narrowed to MIN_COLUMN_XBLOCK columns (32 bytes of bf16 per row), as tall: where the
+    rows cannot be split, only the columns give programs."""
+    if looped.XBLOCK <= MIN_COLUMN_XBLOCK:
+        return looped
+    return replace(looped, XBLOCK=MIN_COLUMN_XBLOCK, RBLOCK=looped.XBLOCK * looped.RBLOCK // MIN_COLUMN_XBLOCK)
+
+
+def split(looped: LaunchConfig, xnumel: int, rnumel: int, rsplit: int) -> LaunchConfig:
+    """`looped` with its rows cut into about `rsplit` chunks of whole blocks (itself when under 2 chunks). The
+    chunk count is then what the chunks' length needs, so no chunk is empty."""
+    if rsplit < 2:
+        return looped
+    rchunk = _ceil_div(_ceil_div(rnumel, rsplit), looped.RBLOCK) * looped.RBLOCK
+    rsplit = _ceil_div(rnumel, rchunk)
+    if rsplit < 2:
+        return looped
+    combine_x = max(1, min(next_pow2(xnumel), COMBINE_ELEMENTS // next_pow2(rsplit)))
+    return LaunchConfig("split", looped.XBLOCK, looped.RBLOCK, looped.num_warps, looped.index_dtype, rsplit, rchunk,
+                        combine_x)
 
 
 def _warps(elements: int, per_warp: int) -> int:
@@ -198,6 +285,9 @@ def candidates(group: KernelGroup, layouts: dict, limit: int = 8) -> list[Launch
             for x in (1, 2, 4, 8, 16, 32, 64, 128):
                 if x <= xcap and x * base.RBLOCK <= 2 * BLOCK_ELEMENTS and x != base.XBLOCK:
                     more.append(LaunchConfig("persistent", x, base.RBLOCK, _warps(x * base.RBLOCK, 256), idx))
+        if not reduction_is_contiguous(group):  # other column tiles and split targets, before the row shapes
+            more += [column_reduction(xnumel, rnumel, idx, width, tile, programs, reads_back(group))
+                     for width, tile, programs in COLUMN_CANDIDATES]
         small = [(1, max(16, rcap // 2)), (2, max(16, rcap // 4))] if rcap <= 2 * PERSISTENT_MAX_RBLOCK else []
         for x, r in small + [(1, 2048), (1, 1024), (4, 512), (8, 512), (16, 256), (32, 128), (64, 64), (2, 1024)]:
             if x <= xcap and r <= max(rcap, 64) and (x, r) != (base.XBLOCK, base.RBLOCK):

@@ -8,10 +8,14 @@ chunks of RCHUNK elements:
   <name>_partial   grid (row blocks, RSPLIT): the inner segment (prologue, stored
                    pointwise nodes) over one chunk, each reduction's partial result
                    (sum, max, argmax's value and index, Welford's mean/M2/count)
-                   written to a workspace [xnumel, RSPLIT];
+                   written to a workspace [RSPLIT, xnumel] (chunk-major: a program's
+                   partials of neighbouring rows, a column reduction's columns, are
+                   stored coalesced);
   <name>           grid (row blocks): combines the RSPLIT partials of each row with
                    the reduction's own combine function, stores the results and runs
                    the outer segments (the epilogue) as the one-kernel form would.
+                   RSPLIT need not be a power of two: the combine reads SBLOCK (the
+                   next one) partials per row, masked.
 
 Only groups shaped [inner segment, outer segments...] are split (no inner segment
 reads a reduction result back). The schedule is unchanged: the pair is one
@@ -24,6 +28,7 @@ import torch
 from kiln.codegen.cse import Scope
 from kiln.codegen.index_printer import pyexpr
 from kiln.codegen.triton import ops
+from kiln.codegen.triton.heuristics import next_pow2
 from kiln.codegen.triton.kernel import TritonKernel, decompose_index, reduction_result, reduction_result_dtype
 from kiln.lower.index import product
 
@@ -57,7 +62,8 @@ class SplitReductionKernel(TritonKernel):
         self.inputs, self.outputs = {}, {}
         # ---- kernel 2: combine the partials, then the epilogue
         self._header()
-        self.line("sindex = tl.arange(0, RSPLIT)[None, :]")
+        self.line("sindex = tl.arange(0, SBLOCK)[None, :]")
+        self.line("smask = xmask & (sindex < RSPLIT)")
         self._combine_partials()
         scope = Scope()
         for k, seg in enumerate(g.segments[1:], 1):
@@ -74,7 +80,8 @@ class SplitReductionKernel(TritonKernel):
         ws = [w[0] for w in self.workspaces]
         p_params = ws + self.partial_args + sizes + ["xnumel", "rnumel"] + [
             "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "RSPLIT: tl.constexpr", "RCHUNK: tl.constexpr"]
-        c_params = ws + self.combine_args + sizes + ["xnumel", "XBLOCK: tl.constexpr", "RSPLIT: tl.constexpr"]
+        c_params = ws + self.combine_args + sizes + ["xnumel", "XBLOCK: tl.constexpr", "RSPLIT: tl.constexpr",
+                                                      "SBLOCK: tl.constexpr"]
         doc = self._docstring()
         src = ["@triton.jit", f"def {self.jit_name}_partial({', '.join(p_params)}):", f'    """{doc} (partials)"""']
         src += partial_body
@@ -101,7 +108,7 @@ class SplitReductionKernel(TritonKernel):
         return "range(rsplit * RCHUNK, rsplit * RCHUNK + RCHUNK, RBLOCK)"
 
     def _finish_looped(self, keys: dict, results: dict) -> None:
-        """Write each reduction's partial (all its parts) to its workspace, row-major [xnumel, RSPLIT]."""
+        """Write each reduction's partial (all its parts) to its workspace, chunk-major [RSPLIT, xnumel]."""
         self._keys = keys
         self._ws_of = {}
         for key, nodes in keys.items():
@@ -115,7 +122,7 @@ class SplitReductionKernel(TritonKernel):
                     str(2**63 - 1) if part == "index" else ops.identity(family, body_dtype))
                 self.workspaces.append((name, dtype, family, part, ident))
                 names[part] = name
-                self.line(f"tl.store({name} + (xindex * RSPLIT + rsplit), {results[key][part]}, xmask)")
+                self.line(f"tl.store({name} + (rsplit * xnumel + xindex), {results[key][part]}, xmask)")
             self._ws_of[key] = names
 
     def _combine_partials(self) -> None:
@@ -125,7 +132,7 @@ class SplitReductionKernel(TritonKernel):
             loaded = {}
             for part, name in self._ws_of[key].items():
                 var = self.new_tmp("part")
-                self.line(f"{var} = tl.load({name} + (xindex * RSPLIT + sindex), xmask, other={by_name[name][4]})")
+                self.line(f"{var} = tl.load({name} + (sindex * xnumel + xindex), smask, other={by_name[name][4]})")
                 loaded[part] = var
             out = self.new_tmp("red")
             if family == "welford":
@@ -182,7 +189,7 @@ class SplitReductionKernel(TritonKernel):
     def _launcher_objects(self) -> list[str]:
         """The `Launcher`s of the partial and the combine kernel."""
         cfg, ws = self.config, [w[0] for w in self.workspaces]
-        cx = cfg.COMBINE_XBLOCK
+        cx, sblock = cfg.COMBINE_XBLOCK, next_pow2(cfg.RSPLIT)
         return [
             f"_launch_{self.jit_name}_partial{self.launch_suffix} = "
             f"Launcher({self.jit_name}_partial, {len(ws) + len(self.partial_args)}, "
@@ -190,7 +197,7 @@ class SplitReductionKernel(TritonKernel):
             f"RCHUNK={cfg.RCHUNK})",
             f"_launch_{self.jit_name}{self.launch_suffix} = "
             f"Launcher({self.jit_name}, {len(ws) + len(self.combine_args)}, "
-            f"num_warps={max(1, min(8, cx * cfg.RSPLIT // 256))}, XBLOCK={cx}, RSPLIT={cfg.RSPLIT})",
+            f"num_warps={max(1, min(8, cx * sblock // 512))}, XBLOCK={cx}, RSPLIT={cfg.RSPLIT}, SBLOCK={sblock})",
         ]
 
     def precompile(self, module) -> None:

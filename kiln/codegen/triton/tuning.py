@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import replace
 
-from kiln.codegen.triton.heuristics import candidates, label
+from kiln.codegen.triton.heuristics import candidates, label, unsplit
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.codegen.triton.split import SplitReductionKernel, splittable
@@ -91,7 +90,7 @@ def _variant(group: KernelGroup, layouts: dict, external, cfg, k: int, kinds: se
     if cfg.kind == "split" and splittable(group):
         kern = SplitReductionKernel(group, layouts, cfg, external=external)
     else:
-        kern = TritonKernel(group, layouts, replace(cfg, kind="looped") if cfg.kind == "split" else cfg,
+        kern = TritonKernel(group, layouts, unsplit(group, cfg) if cfg.kind == "split" else cfg,
                             external=external)
     if len(kinds) > 1:
         kern.jit_name += f"_{kern.config.kind}"

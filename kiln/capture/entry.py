@@ -284,13 +284,23 @@ class CompiledFrame:
                 reason += self._mark_changed_sizes_dynamic(L, G, C)
             log_recompiles.info("recompiling %s: %s", self.spec.describe(), reason)
         opaque = self.spec.native or self.steps_natively
-        if len(self.entries) >= recompile_limit():
+        if self._entries_for_these_objects(L, G, C) >= recompile_limit():
             if eager is not None:
                 self._warn_limit(reason)
                 self.run_eagerly = True
                 return None
             opaque = True  # a continuation must still run: step through it natively, unguarded
         return self._capture(L, G, C, eager, opaque, reason)
+
+    def _entries_for_these_objects(self, L, G, C) -> int:
+        """The entries compiled for the objects this call's locals are (a module's `self`), as torch.compile
+        counts its recompile limit: the twelve layers of a model, one code and one entry per instance, do not
+        use up each other's budget. Past `ACCUMULATED_LIMIT` entries in all, the frame counts as full."""
+        if len(self.entries) < recompile_limit():
+            return len(self.entries)
+        if len(self.entries) >= ACCUMULATED_LIMIT:
+            return len(self.entries)
+        return sum(bool(entry.guards.local_identities().compile()(L, G, C)) for entry in self.entries)
 
     def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
         """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""
@@ -767,6 +777,11 @@ def _conjuncts(expr: str) -> list[str]:
 
 def _has_symbols(t: torch.Tensor) -> bool:
     return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+# Entries of one code in all, whatever objects they were compiled for (torch.compile's
+# accumulated_cache_size_limit): past it a frame runs eagerly however many instances call it.
+ACCUMULATED_LIMIT = 256
 
 
 def recompile_limit() -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kiln.capture import tensor_checks
-from kiln.capture.sources import AttrSource, Source
+from kiln.capture.sources import AttrSource, LocalSource, Source
 
 # where a source expression may start in a guard (L[...], G[...], C[...], getattr(...), a namespace name), and
 # the string literals to skip (a dict-keys guard's expected keys are text, not code)
@@ -494,6 +494,12 @@ class GuardSet:
         if key not in self._seen:
             self._seen.add(key)
             self.guards.append(guard)
+
+    def local_identities(self) -> GuardSet:
+        """The identity guards on the frame's own locals (`L['self'] is ___module_3`): which objects, a module
+        instance above all, this entry was compiled for."""
+        return GuardSet([g for g in self.guards if g.kind is GuardKind.ID_MATCH and isinstance(g.source, LocalSource)],
+                        self.namespace)
 
     def constant(self, value: Any, hint: str) -> str:
         """Put `value` in the guard namespace; returns the name the expressions use.

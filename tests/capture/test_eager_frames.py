@@ -111,6 +111,15 @@ def test_training_through_the_compiled_layers_matches_eager():
         assert_same(p.grad, q.grad, path=name)
 
 
+def test_more_layer_instances_than_the_recompile_limit_all_compile():
+    """One entry per layer instance (kiln guards each layer's identity): the recompile limit counts the entries
+    of one instance, as torch.compile's does, so the twelve layers of a model are not cut to eager at eight."""
+    x = torch.randn(4, 8)
+    graphs, _ = _graphs(lambda: Model(LayerDrop(n=12)), x)
+    assert sum("relu" in code for code in graphs) >= 1
+    assert kiln.fallbacks.counts().get("frame_limit", 0) == 0  # strict: a frame_limit fallback would have raised
+
+
 def test_torch_modules_called_from_the_eager_frame_stay_eager():
     """nn.Linear's forward is torch's code, which torch.compile's frame hook skips too."""
     class Direct(torch.nn.Module):

@@ -27,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
+from kiln.autograd.view_replay import ViewRecorder, ViewStep, replay, symbolic_sizes
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ class AliasOutput:
     dtype: torch.dtype | None = None
     # a conjugate view (`x.conj()`, ihfft's result): the conjugate bit, which a strided view of the storage drops
     conj: bool = False
+    # the view ops that made the leaf of the input, replayed on the real one (view_replay.py); None: as_strided
+    replay: tuple[ViewStep, ...] | None = None
+    replay_sizes: Callable | None = None  # a dynamic graph's sizes among the replayed ops' arguments
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach`, `no_grad`, `sizes`, `dtype` and `conj` as for `AliasOutput`."""
+    `detach`, `no_grad`, `sizes`, `dtype`, `conj`, `replay` and `replay_sizes` as for `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -136,6 +140,8 @@ class OutputAlias:
     sizes: Callable | None = None
     dtype: torch.dtype | None = None
     conj: bool = False
+    replay: tuple[ViewStep, ...] | None = None
+    replay_sizes: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -335,12 +341,12 @@ class FlatProgram:
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         grad_fns = [f.grad_fn for f in fakes]
-        saved = SavedTensorLog()
+        saved, views = SavedTensorLog(), ViewRecorder()
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
-            with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
+            with mode, symbolic_dispatch(mode), views:  # factories (torch.arange(n)) make fakes too
                 out = self.run(fakes)
         leaves, tree = pytree.tree_flatten(out)
-        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
+        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources(), views, mode)
         kinds = outputs.classify(leaves)
         mutated, num_returned = [], len(outputs.tensors)
         for i, fake in enumerate(fakes):
@@ -424,8 +430,10 @@ def _strided_view(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: lis
         return base
     if leaf.detach:
         base = base.detach()
-    shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
     with torch.no_grad() if leaf.no_grad else contextlib.nullcontext():
+        if leaf.replay is not None:  # eager's own view ops (view_replay.py)
+            return replay(base, leaf.replay, leaf.replay_sizes(flat) if leaf.replay_sizes is not None else ())
+        shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
         if leaf.dtype is not None:
             return _reinterpreting_view(base, leaf.dtype, shape, stride, offset)
         if shape is None:  # the base's own geometry, whatever its sizes are this call
@@ -477,9 +485,11 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 class _OutputClassifier:
     """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
 
-    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict):
+    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict, views: ViewRecorder,
+                 mode: FakeTensorMode):
         self.fakes = fakes
         self.size_sources = size_sources
+        self.views, self.mode = views, mode
         self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
         self.inputs: dict[StorageWeakRef, int] = {}
         for i, f in enumerate(fakes):
@@ -506,15 +516,23 @@ class _OutputClassifier:
             storage = _storage(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
-                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, self.size_sources)))
+                kinds.append(AliasOutput(i, *self._geometry(leaf, self.fakes[i])))
             elif len(groups[storage]) == 1 and not _views_an_intermediate_with_history(leaf):
                 kinds.append(GraphOutput(self._output(leaf, k, False)))  # its storage is its own: returned as it is
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, self.size_sources)))
+                kinds.append(OutputAlias(index, *self._geometry(leaf, base)))
         return kinds
+
+    def _geometry(self, leaf: torch.Tensor, base: torch.Tensor) -> tuple:
+        """The fields of an alias of `base` (`AliasOutput`, `OutputAlias`) that rebuild `leaf`: its view ops where
+        they replay (view_replay.py), else its geometry (`_view_geometry`)."""
+        steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
+        if steps is None:
+            return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
+        return (False, None, None, 0, *_history(leaf, base, self.grad_mode), None, None, False, steps, sizes)
 
     def _output(self, t: torch.Tensor, leaf: int, of_base: bool) -> int:
         self.specs.append(TensorSpec.of(t))
@@ -527,8 +545,11 @@ class _OutputClassifier:
         """A graph output for the leaves of `group`, which share one storage: a leaf's `_base`
         (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it. Bases with autograd
         history come first: a leaf with history rebuilt on a detached one (`y.detach()` returned before `y`)
-        would lose it, while a detached leaf is rebuilt on any base by detaching it."""
-        for k in sorted(group, key=lambda k: not _with_base(leaves[k]).requires_grad):
+        would lose it, while a detached leaf is rebuilt on any base by detaching it. Then the tensor that owns the
+        storage before its views and detached aliases: a leaf rebuilt as a view of a detached alias would come to
+        require grad with it (`t.detach().requires_grad_()` after the call), where eager's never does."""
+        for k in sorted(group, key=lambda k: (not _with_base(leaves[k]).requires_grad,
+                                              self.views.depth(_with_base(leaves[k])))):
             of_base = leaves[k]._base is not None
             base = leaves[k]._base if of_base else leaves[k]
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
@@ -572,9 +593,39 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
     return memo[node]
 
 
-def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
-    """`_view_geometry`, and whether `leaf` is the conjugate of a view of `base` (its conjugate bit differs)."""
-    return (*_view_geometry(leaf, base, grad_mode, size_sources), leaf.is_conj() != base.is_conj())
+def _replayed(leaf: torch.Tensor, base: torch.Tensor, views: ViewRecorder, mode: FakeTensorMode,
+              size_sources: dict) -> tuple[tuple[ViewStep, ...] | None, Callable | None]:
+    """(the view ops that made `leaf` of `base`, the function computing their symbolic sizes per call or None);
+    (None, None) where `leaf` is `base`, or no chain of recorded views of it, or the chain replayed on `base` does
+    not give `leaf`'s geometry (an in-place view op changed a tensor of it later), or its sizes are not read off
+    the inputs."""
+    steps = views.chain(leaf, base)
+    if not steps:
+        return None, None
+    try:
+        with mode, symbolic_dispatch(mode), torch.no_grad():
+            replayed = replay(base, steps)
+    except Exception:  # noqa: BLE001 -- a chain that does not replay is rebuilt by its geometry
+        return None, None
+    if not _same_geometry(replayed, leaf) or (replayed.is_conj(), replayed.is_neg()) != (leaf.is_conj(), leaf.is_neg()):
+        return None, None
+    steps, sizes = symbolic_sizes(steps)
+    if not sizes:
+        return steps, None
+    try:
+        return steps, _size_function(tuple(sizes), size_sources, "an output that views another tensor")
+    except NeedsStaticShapes:
+        return None, None
+
+
+def _history(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool) -> tuple[bool, bool]:
+    """(detach, no_grad) of an alias rebuilding `leaf` on `base` (see `AliasOutput`).
+
+    Detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
+    beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
+    the base (`d.requires_grad_()` after the call), which a tensor that is no view never does."""
+    return (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
+            grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
 
 
 def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
@@ -585,11 +636,7 @@ def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size
     With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
         return True, None, None, 0, False, False, None, None
-    # detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
-    # beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
-    # the base (`d.requires_grad_()` after the call), which a tensor that is no view never does
-    history = (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
-               grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
+    history = _history(leaf, base, grad_mode)
     if leaf.dtype != base.dtype:
         return _reinterpreting_geometry(leaf, base, history)
     if _same_geometry(leaf, base):

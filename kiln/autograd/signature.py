@@ -117,6 +117,9 @@ class AliasOutput:
     # the view ops that made the leaf of the input, replayed on the real one (view_replay.py); None: as_strided
     replay: tuple[ViewStep, ...] | None = None
     replay_sizes: Callable | None = None  # a dynamic graph's sizes among the replayed ops' arguments
+    # another output leaf the leaf views (`d.t()` returned with `d = x.detach()`): replayed on it, as eager's
+    # view of it is (its `_base`), not on the input
+    source_leaf: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,8 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach`, `no_grad`, `sizes`, `dtype`, `conj`, `replay` and `replay_sizes` as for `AliasOutput`."""
+    `detach`, `no_grad`, `sizes`, `dtype`, `conj`, `replay`, `replay_sizes` and `source_leaf` as for
+    `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -142,6 +146,7 @@ class OutputAlias:
     conj: bool = False
     replay: tuple[ViewStep, ...] | None = None
     replay_sizes: Callable | None = None
+    source_leaf: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,10 @@ class OutputSignature:
     saved_by_eager: list[SavedByEager] = field(default_factory=list)
     """The inputs and outputs whose values eager's backward saves: the runtime raises eager's error if one
     is written before a backward that reaches it (`saved_versions`)."""
+
+    build_order: tuple[int, ...] | None = None
+    """The order `assemble` builds the leaves in where some are rebuilt on another (`source_leaf`), which comes
+    first; None: in order."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -371,7 +380,7 @@ class FlatProgram:
             if requires_grad is not None else []
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
-                               watched)
+                               watched, _build_order(kinds))
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
@@ -384,19 +393,29 @@ class FlatProgram:
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
-        leaves = []
-        for leaf in signature.leaves:
+        leaves = [None] * len(signature.leaves)
+        for k in signature.build_order or range(len(leaves)):
+            leaf = signature.leaves[k]
             if isinstance(leaf, GraphOutput):
-                leaves.append(graph_outs[leaf.index])
-            elif isinstance(leaf, AliasOutput):
-                leaves.append(_rebuild(flat[leaf.input_index], leaf, flat))
-            elif isinstance(leaf, OutputAlias):
-                leaves.append(_rebuild(graph_outs[leaf.output_index], leaf, flat))
+                leaves[k] = graph_outs[leaf.index]
+            elif isinstance(leaf, (AliasOutput, OutputAlias)):
+                base = flat[leaf.input_index] if isinstance(leaf, AliasOutput) else graph_outs[leaf.output_index]
+                leaves[k] = _rebuild(base if leaf.source_leaf is None else leaves[leaf.source_leaf], leaf, flat)
             else:
-                leaves.append(leaf.value if leaf.sizes is None else leaf.sizes(flat)[0])
+                leaves[k] = leaf.value if leaf.sizes is None else leaf.sizes(flat)[0]
         for k in signature.multi_output_views:
             leaves[k] = _as_multi_output_view(leaves[k])
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+def _build_order(kinds: list) -> tuple[int, ...] | None:
+    """The leaves in an order that builds each `source_leaf` before the leaves rebuilt on it (None: in order)."""
+    def depth(k: int) -> int:
+        source = getattr(kinds[k], "source_leaf", None)
+        return 0 if source is None else 1 + depth(source)
+
+    depths = [depth(k) for k in range(len(kinds))]
+    return tuple(sorted(range(len(kinds)), key=depths.__getitem__)) if any(depths) else None
 
 
 _MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
@@ -516,15 +535,29 @@ class _OutputClassifier:
             storage = _storage(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
-                kinds.append(AliasOutput(i, *self._geometry(leaf, self.fakes[i])))
+                kinds.append(self._alias(AliasOutput, i, self.fakes[i], leaves, k))
             elif len(groups[storage]) == 1 and not _views_an_intermediate_with_history(leaf):
                 kinds.append(GraphOutput(self._output(leaf, k, False)))  # its storage is its own: returned as it is
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                kinds.append(OutputAlias(index, *self._geometry(leaf, base)))
+                kinds.append(self._alias(OutputAlias, index, base, leaves, k))
         return kinds
+
+    def _alias(self, kind: type, index: int, base: torch.Tensor, leaves: list, k: int) -> AliasOutput | OutputAlias:
+        """The alias (`kind`, of input or graph output `index`, whose value is `base`) that rebuilds leaf `k`: on
+        the nearest other leaf it views where its view ops replay from there (eager's `d.t()` of a returned
+        `d = y.detach()` views `d`, not `y`), else on `base`."""
+        leaf = leaves[k]
+        others = {id(t): j for j, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t is not leaf}
+        source = next((others[id(t)] for t in self.views.ancestors(leaf) if id(t) in others), None)
+        if source is not None:
+            steps, sizes = _replayed(leaf, leaves[source], self.views, self.mode, self.size_sources)
+            if steps is not None:
+                return kind(index, False, None, None, 0, *_history(leaf, leaves[source], self.grad_mode), None, None,
+                            False, steps, sizes, source)
+        return kind(index, *self._geometry(leaf, base))
 
     def _geometry(self, leaf: torch.Tensor, base: torch.Tensor) -> tuple:
         """The fields of an alias of `base` (`AliasOutput`, `OutputAlias`) that rebuild `leaf`: its view ops where

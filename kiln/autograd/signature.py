@@ -561,8 +561,11 @@ class _OutputClassifier:
 
     def _geometry(self, leaf: torch.Tensor, base: torch.Tensor) -> tuple:
         """The fields of an alias of `base` (`AliasOutput`, `OutputAlias`) that rebuild `leaf`: its view ops where
-        they replay (view_replay.py), else its geometry (`_view_geometry`)."""
-        steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
+        they replay (view_replay.py) and `leaf` has autograd history or `base` shares memory between elements (its
+        gradient is eager's only so), else its geometry (`_view_geometry`: one `as_strided`, cheaper per call)."""
+        steps, sizes = None, None
+        if (self.grad_mode and leaf.requires_grad) or _overlapping(base):
+            steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
         if steps is None:
             return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
         return (False, None, None, 0, *_history(leaf, base, self.grad_mode), None, None, False, steps, sizes)
@@ -649,6 +652,14 @@ def _replayed(leaf: torch.Tensor, base: torch.Tensor, views: ViewRecorder, mode:
         return steps, _size_function(tuple(sizes), size_sources, "an output that views another tensor")
     except NeedsStaticShapes:
         return None, None
+
+
+def _overlapping(t: torch.Tensor) -> bool:
+    """`TensorSpec.overlapping`; with symbolic sizes, a dimension of stride 0 that is not of size 1 (compared as
+    expressions, which adds no guard on the sizes)."""
+    if any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride())):
+        return any(_expr(stride) == 0 and _expr(size) != 1 for size, stride in zip(t.shape, t.stride()))
+    return TensorSpec.of(t).overlapping
 
 
 def _history(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool) -> tuple[bool, bool]:

@@ -10,9 +10,12 @@ outputs by replaying their views for the same reason.
 So the analysis run records, for each tensor a view op makes, the tensor it views and the op with its other
 arguments (`ViewRecorder`, a dispatch mode: the ATen view ops, under autograd, as eager ran them), and an
 output's chain of `ViewStep`s from its base is replayed on the real base (`replay`): the same ops, the same
-autograd nodes (`SliceBackward0`, `ExpandBackward0`), `detach` and `view(dtype)` included. A chain that does not
-reproduce the output's geometry on the traced base (an in-place view op, `t_`, changed a tensor of it after the
-view was taken) is not kept, and the output is rebuilt by `as_strided` as before.
+autograd nodes (`SliceBackward0`, `ExpandBackward0`, whose backward is also cheaper than `as_strided`'s),
+`detach` and `view(dtype)` included. signature.py replays where the output has autograd history, where its base
+shares memory between elements, and where it views another output (a detached alias: eager's `_base`); an
+output without history keeps the one `as_strided`, which costs less per call. A chain that does not reproduce
+the output's geometry on the traced base (an in-place view op, `t_`, changed a tensor of it after the view was
+taken) is not kept, and the output is rebuilt by `as_strided` as before.
 """
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ def _through_overlap(node: torch.fx.Node) -> bool:
     values = [n.meta.get("val") for n in chain]
     if len(chain) < 3 or not all(isinstance(v, torch.Tensor) and _static(v) for v in values):
         return False
-    owner = chain[0].op != "placeholder" or chain[1].target is aten.as_strided.default
+    owner = chain[0].op == "call_function" or (chain[0].op == "placeholder"
+                                               and chain[1].target is aten.as_strided.default)
     return (owner and not TensorSpec.of(values[0]).overlapping and not TensorSpec.of(values[-1]).overlapping
             and any(TensorSpec.of(v).overlapping for v in values[1:-1]))
 

@@ -101,8 +101,12 @@ def _step(func, args: tuple, kwargs: dict, index: int | None) -> ViewStep | None
     values = pytree.tree_leaves((args, kwargs))
     if not all(isinstance(v, _PLAIN) for v in values):
         return None
-    as_tuples = pytree.tree_map_only(list, tuple, (tuple(args), tuple(sorted(kwargs.items()))))
-    return ViewStep(str(func), *as_tuples, index)
+    return ViewStep(str(func), _tuples(args), _tuples(sorted(kwargs.items())), index)
+
+
+def _tuples(value):
+    """`value` with every list in it a tuple (plain, hashable data)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def symbolic_sizes(steps: tuple[ViewStep, ...]) -> tuple[tuple[ViewStep, ...], list[torch.SymInt]]:

@@ -136,18 +136,41 @@ def test_write_into_an_expanded_input_aliased_by_another(backend):
     check(write_a_row_of_two_aliased_inputs, make, backend, calls=2)
 
 
-def write_a_row_of_a_requires_grad_input(a):
+def write_a_row_then_square(w, a):
     a[0].mul_(2)
     return a * a
 
 
+def write_a_row_then_return_views(w, a):
+    a[0].mul_(2)
+    return a[1:], a.t()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_write_into_an_expanded_input_that_requires_grad(backend):
-    """The expanded input is a view of a tensor requiring grad (not a leaf): the write and the gradient reach it."""
+@pytest.mark.parametrize("program", [write_a_row_then_square, write_a_row_then_return_views],
+                         ids=lambda f: f.__name__)
+def test_write_into_an_expanded_input_that_requires_grad(program, backend):
+    """The expanded input is a view of a tensor requiring grad (not a leaf, input 0): the write and the
+    gradient reach it."""
     def make(call):
         w = torch.linspace(-1.0, 2.0, 2).reshape(1, 2).requires_grad_()
         return [w, (w * 1).expand(3, 2)]
-    check(lambda w, a: write_a_row_of_a_requires_grad_input(a), make, backend)
+    check(program, make, backend)
+
+
+def write_a_row_of_a_leaf(a):
+    a[0].mul_(2)
+    return a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_into_an_expanded_leaf_that_requires_grad_raises_as_eager(backend):
+    def make():
+        return torch.linspace(-1.0, 2.0, 2).reshape(1, 2).expand(3, 2).requires_grad_()
+    with pytest.raises(RuntimeError) as eager:
+        write_a_row_of_a_leaf(make())
+    with pytest.raises(type(eager.value), match="leaf Variable that requires grad"):
+        kiln.compile(write_a_row_of_a_leaf, backend=backend)(make())
 
 
 def write_through_an_expanded_intermediate(x, v):
@@ -169,3 +192,10 @@ def test_write_of_infinities_through_an_expanded_view(program, backend):
     def make(call):
         return [torch.tensor([1.0, float("inf"), -2.0]), torch.tensor([float("inf"), 3.0, float("nan")])]
     check(program, make, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [fill_a_row, add_into_a_row, write_then_return_views], ids=lambda f: f.__name__)
+def test_write_into_a_view_of_an_overlapping_input_dynamic(program, backend):
+    """Sizes that change between calls, compiled as symbols: each shape's base and views are its own."""
+    check(program, _arguments(program, "expanded"), backend, calls=3, dynamic=True)

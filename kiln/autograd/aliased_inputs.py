@@ -109,7 +109,7 @@ def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
     A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`)."""
     names = {_called_name(n) for n in gm.graph.nodes if n.op in ("call_method", "call_function")}
     return bool(names & _OVERLAPPING_VIEWS) and any(
-        name == "setitem" or (name.endswith("_") and not name.startswith("_")) for name in names)
+        name in ("setitem", "__setitem__") or (name.endswith("_") and not name.startswith("_")) for name in names)
 
 
 def _called_name(node: fx.Node) -> str:

@@ -184,9 +184,14 @@ def write_through_an_expanded_input(x, v):
     return x + 0
 
 
+def assign_through_an_expanded_input(x, v):
+    x.expand(2, 3, *x.shape)[1, 2] = v
+    return x.clone()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input,
+                                     assign_through_an_expanded_input], ids=lambda f: f.__name__)
 def test_write_of_infinities_through_an_expanded_view(program, backend):
     """The written values replace the old ones exactly: inf over a finite value, a finite one over inf."""
     def make(call):

@@ -547,12 +547,12 @@ class _OutputClassifier:
 
     def _alias(self, kind: type, index: int, base: torch.Tensor, leaves: list, k: int) -> AliasOutput | OutputAlias:
         """The alias (`kind`, of input or graph output `index`, whose value is `base`) that rebuilds leaf `k`: on
-        the nearest other leaf it views where its view ops replay from there (eager's `d.t()` of a returned
-        `d = y.detach()` views `d`, not `y`), else on `base`."""
+        the nearest other leaf it views where that one is no view itself (eager's `d.t()` of a returned
+        `d = y.detach()` views `d`, not `y`) and the view ops replay from there, else on `base`."""
         leaf = leaves[k]
         others = {id(t): j for j, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t is not leaf}
         source = next((others[id(t)] for t in self.views.ancestors(leaf) if id(t) in others), None)
-        if source is not None:
+        if source is not None and leaves[source]._base is None and leaves[source] is not base:
             steps, sizes = _replayed(leaf, leaves[source], self.views, self.mode, self.size_sources)
             if steps is not None:
                 return kind(index, False, None, None, 0, *_history(leaf, leaves[source], self.grad_mode), None, None,
@@ -562,9 +562,11 @@ class _OutputClassifier:
     def _geometry(self, leaf: torch.Tensor, base: torch.Tensor) -> tuple:
         """The fields of an alias of `base` (`AliasOutput`, `OutputAlias`) that rebuild `leaf`: its view ops where
         they replay (view_replay.py) and `leaf` has autograd history or `base` shares memory between elements (its
-        gradient is eager's only so), else its geometry (`_view_geometry`: one `as_strided`, cheaper per call)."""
+        gradient is eager's only so) or `leaf` views another tensor than `base` views (a detached alias on the way,
+        `y.detach()[1:]`, is the replayed one's `_base` too), else its geometry (`_view_geometry`: one `as_strided`,
+        cheaper per call)."""
         steps, sizes = None, None
-        if (self.grad_mode and leaf.requires_grad) or _overlapping(base):
+        if (self.grad_mode and leaf.requires_grad) or _overlapping(base) or leaf._base is not _with_base(base):
             steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
         if steps is None:
             return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())

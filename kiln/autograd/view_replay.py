@@ -12,8 +12,9 @@ arguments (`ViewRecorder`, a dispatch mode: the ATen view ops, under autograd, a
 output's chain of `ViewStep`s from its base is replayed on the real base (`replay`): the same ops, the same
 autograd nodes (`SliceBackward0`, `ExpandBackward0`, whose backward is also cheaper than `as_strided`'s),
 `detach` and `view(dtype)` included. signature.py replays where the output has autograd history, where its base
-shares memory between elements, and where it views another output (a detached alias: eager's `_base`); an
-output without history keeps the one `as_strided`, which costs less per call. A chain that does not reproduce
+shares memory between elements, and where a detached alias lies between it and its base (`y.detach()[1:]`, or a
+returned `d = y.detach()` and `d.t()`: eager's `_base` is the alias); an output without history that plainly
+views its base keeps the one `as_strided`, which costs less per call. A chain that does not reproduce
 the output's geometry on the traced base (an in-place view op, `t_`, changed a tensor of it after the view was
 taken) is not kept, and the output is rebuilt by `as_strided` as before.
 """

@@ -65,7 +65,8 @@ class ViewRecorder(TorchDispatchMode):
         if func.is_view and args and isinstance(args[0], torch.Tensor):
             many = isinstance(out, (list, tuple))
             for k, view in enumerate(out if many else (out,)):
-                self.parents[id(view)] = (view, args[0], _step(func, args[1:], kwargs, k if many else None))
+                if view is not args[0]:  # `lift_fresh` returns its argument: no view of itself
+                    self.parents[id(view)] = (view, args[0], _step(func, args[1:], kwargs, k if many else None))
         return out
 
     def parent(self, t: torch.Tensor) -> tuple[torch.Tensor, ViewStep | None] | None:

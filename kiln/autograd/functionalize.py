@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln.autograd.signature import TensorSpec, symbolic_dispatch
+from kiln.autograd.signature import NeedsStaticShapes, TensorSpec, symbolic_dispatch
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -138,18 +138,23 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _through_overlap(node: torch.fx.Node) -> bool:
-    """Is `node` an in-place write (of its first argument) into a view with no overlap of its own, with static
-    geometry, taken from a tensor without overlap through a view with overlap (see `_writes_through_overlaps`)?"""
+    """Is `node` an in-place write (of its first argument) into a view with no overlap of its own, taken from a
+    tensor without overlap through a view with overlap (see `_writes_through_overlaps`)? Raises NeedsStaticShapes
+    where such a view's geometry is symbolic."""
     if not (_is_write(node) and out_of_place(node.target) and isinstance(node.args[0], torch.fx.Node)):
         return False
     chain = _view_chain(node.args[0])
     values = [n.meta.get("val") for n in chain]
-    if len(chain) < 3 or not all(isinstance(v, torch.Tensor) and _static(v) for v in values):
+    if len(chain) < 3 or not all(isinstance(v, torch.Tensor) for v in values):
         return False
     owner = chain[0].op == "call_function" or (chain[0].op == "placeholder"
                                                and chain[1].target is aten.as_strided.default)
-    return (owner and not TensorSpec.of(values[0]).overlapping and not TensorSpec.of(values[-1]).overlapping
-            and any(TensorSpec.of(v).overlapping for v in values[1:-1]))
+    overlapping = [TensorSpec.of(v).overlapping for v in values]
+    if not (owner and not overlapping[0] and not overlapping[-1] and any(overlapping[1:-1])):
+        return False
+    if not _static(values[-1]):  # the direct view's geometry is numbers: compiled per shape, it has them
+        raise NeedsStaticShapes("a write through a view whose elements share memory, with symbolic sizes")
+    return True
 
 
 def _static(t: torch.Tensor) -> bool:

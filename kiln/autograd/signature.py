@@ -51,7 +51,10 @@ class TensorSpec:
     @property
     def overlapping(self) -> bool:
         """Do two elements share memory (a stride 0 of a dimension of size > 1, or strides that interleave)?
-        Dimensions taken from the smallest stride up: each must step past the extent of those before it."""
+        Dimensions taken from the smallest stride up: each must step past the extent of those before it. With
+        symbolic sizes, a stride 0 of a dimension not of size 1, compared as expressions (no guard is added)."""
+        if self.symbolic:
+            return any(_expr(st) == 0 and _expr(sz) != 1 for sz, st in zip(self.shape, self.stride))
         extent = 0
         for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.stride) if sz != 1):
             if size == 0:
@@ -566,7 +569,8 @@ class _OutputClassifier:
         `y.detach()[1:]`, is the replayed one's `_base` too), else its geometry (`_view_geometry`: one `as_strided`,
         cheaper per call)."""
         steps, sizes = None, None
-        if (self.grad_mode and leaf.requires_grad) or _overlapping(base) or leaf._base is not _with_base(base):
+        if (self.grad_mode and leaf.requires_grad) or TensorSpec.of(base).overlapping or \
+                leaf._base is not _with_base(base):
             steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
         if steps is None:
             return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
@@ -654,14 +658,6 @@ def _replayed(leaf: torch.Tensor, base: torch.Tensor, views: ViewRecorder, mode:
         return steps, _size_function(tuple(sizes), size_sources, "an output that views another tensor")
     except NeedsStaticShapes:
         return None, None
-
-
-def _overlapping(t: torch.Tensor) -> bool:
-    """`TensorSpec.overlapping`; with symbolic sizes, a dimension of stride 0 that is not of size 1 (compared as
-    expressions, which adds no guard on the sizes)."""
-    if any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride())):
-        return any(_expr(stride) == 0 and _expr(size) != 1 for size, stride in zip(t.shape, t.stride()))
-    return TensorSpec.of(t).overlapping
 
 
 def _history(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool) -> tuple[bool, bool]:

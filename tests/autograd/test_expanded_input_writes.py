@@ -192,11 +192,15 @@ def assign_through_an_expanded_input(x, v):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input,
                                      assign_through_an_expanded_input], ids=lambda f: f.__name__)
-def test_write_of_infinities_through_an_expanded_view(program, backend):
-    """The written values replace the old ones exactly: inf over a finite value, a finite one over inf."""
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_write_of_infinities_through_an_expanded_view(program, backend, dynamic):
+    """The written values replace the old ones exactly: inf over a finite value, a finite one over inf (with
+    symbolic sizes, such a graph compiles per shape)."""
     def make(call):
-        return [torch.tensor([1.0, float("inf"), -2.0]), torch.tensor([float("inf"), 3.0, float("nan")])]
-    check(program, make, backend)
+        x, v = torch.full((3 + call,), -2.0), torch.full((3 + call,), 3.0)
+        x[1], v[0], v[2] = float("inf"), float("inf"), float("nan")
+        return [x, v]
+    check(program, make, backend, calls=2, dynamic=dynamic)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -24,6 +24,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.autograd.functionalize import IN_PLACE_VIEWS
+from kiln.autograd.signature import TensorSpec
+from kiln.autograd.view_replay import ViewRecorder
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,16 @@ def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[Alias
     dtypes, nor members that require grad and members that do not (`b = a.detach()[:2]`: eager's writes
     through b are no autograd op, where writes through a view of a's base would be one on a leaf's view)."""
     groups = _storage_groups(example_inputs)
-    if not groups or not _written(gm, example_inputs, {i for g in groups for i in g}):
+    if not groups and not _may_write_through_overlap(gm):
+        return []
+    writes = _input_writes(gm, example_inputs)
+    if writes is not None:  # else a write is assumed, which is compiled soundly either way
+        written, through_overlap = writes
+        grouped = {i for g in groups for i in g}
+        groups += [[i] for i in sorted(through_overlap - grouped)]
+        if not written & {i for g in groups for i in g}:
+            return []
+    if not groups:
         return []
     tensors = [[example_inputs[i] for i in g] for g in groups]
     if any(len({t.dtype for t in ts}) > 1 or len({t.requires_grad for t in ts}) > 1 for ts in tensors):
@@ -58,22 +69,51 @@ def _storage_groups(inputs: list) -> list[list[int]]:
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
             by_storage.setdefault(StorageWeakRef(t.untyped_storage()), []).append(i)
-    return [g for g in by_storage.values() if len(g) > 1]
+    # an input whose elements share memory (an expanded one) is a group of its own: written through a view
+    # (`a[0] = 1`), its new value is the written storage's, which no tensor of its geometry can be copied from
+    return [g for g in by_storage.values() if len(g) > 1 or TensorSpec.of(inputs[g[0]]).overlapping]
 
 
-def _written(gm: fx.GraphModule, inputs: list, positions: set[int]) -> bool:
-    """Does one run of `gm` on fake copies of `inputs` (their storage sharing kept) write the data of any of
-    `positions`? An in-place view op (`b.t_()`) changes only its input's geometry, which the runtime gives
-    the input after the call (`restride_inputs`) with no base needed."""
+def _input_writes(gm: fx.GraphModule, inputs: list) -> tuple[set[int], set[int]] | None:
+    """(the inputs whose data one run of `gm` on fake copies of `inputs` (their storage sharing kept) writes, those
+    of them written through a view whose elements share memory); None if the plain fake run cannot do some op.
+
+    An input written through such a view (`x.expand(3, n)[1].copy_(v)`) gets a base of its own: the write is
+    then one `as_strided` view of the base (functionalize.py, `_writes_through_overlaps`), which keeps
+    the written values exactly. An in-place view op (`b.t_()`) changes only its input's geometry, which the
+    runtime gives the input after the call (`restride_inputs`) with no base needed."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
-    writes = _DataWrites({StorageWeakRef(fakes[i].untyped_storage()) for i in positions})
+    views = ViewRecorder()
+    writes = _DataWrites(views)
     try:
-        with mode, writes, torch.no_grad():
+        with mode, views, writes, torch.no_grad():
             gm(*fakes)
-    except Exception:  # an op the plain fake run cannot do: assume a write, which is compiled soundly either way
-        return True
-    return writes.seen
+    except Exception:  # noqa: BLE001 -- an op the plain fake run cannot do
+        return None
+    positions: dict[StorageWeakRef, list[int]] = {}
+    for i, f in enumerate(fakes):
+        if isinstance(f, torch.Tensor):
+            positions.setdefault(StorageWeakRef(f.untyped_storage()), []).append(i)
+    return ({i for s in writes.storages for i in positions.get(s, ())},
+            {i for s in writes.through_overlap for i in positions.get(s, ())})
+
+
+# view ops (torch functions and tensor methods, as a captured graph calls them) whose result may share memory
+# between its elements, and so let a write through a view of it need a base (`_input_writes`)
+_OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors", "as_strided", "unfold"}
+
+
+def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
+    """Could `gm` write through a view with overlap: does it call both an overlapping view op and an in-place op?
+    A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`)."""
+    names = {_called_name(n) for n in gm.graph.nodes if n.op in ("call_method", "call_function")}
+    return bool(names & _OVERLAPPING_VIEWS) and any(
+        name in ("setitem", "__setitem__") or (name.endswith("_") and not name.startswith("_")) for name in names)
+
+
+def _called_name(node: fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
 
 
 # in-place ops that change their input's geometry and not its data (ATen's schemas mark them as writes)
@@ -81,22 +121,29 @@ GEOMETRY_ONLY = {op.overloadpacket for op in IN_PLACE_VIEWS}
 
 
 class _DataWrites(TorchDispatchMode):
-    """Whether an op writes the data of a tensor on one of `storages` (in place, or as an `out=` argument)."""
+    """The storages whose data an op writes (in place, or as an `out=` argument), and those of them written
+    through a view whose elements share memory (by the views `views` recorded)."""
 
-    def __init__(self, storages: set):
+    def __init__(self, views: ViewRecorder):
         super().__init__()
-        self.storages, self.seen = storages, False
+        self.views = views
+        self.storages: set[StorageWeakRef] = set()
+        self.through_overlap: set[StorageWeakRef] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.seen and func.overloadpacket not in GEOMETRY_ONLY:
+        if func.overloadpacket not in GEOMETRY_ONLY:
             for k, arg in enumerate(func._schema.arguments):
                 value = args[k] if k < len(args) else kwargs.get(arg.name)
-                written = arg.alias_info is not None and arg.alias_info.is_write
-                if written and isinstance(value, torch.Tensor) and \
-                        StorageWeakRef(value.untyped_storage()) in self.storages:
-                    self.seen = True
+                if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+                    self._written(value)
         return func(*args, **kwargs)
+
+    def _written(self, t: torch.Tensor) -> None:
+        storage = StorageWeakRef(t.untyped_storage())
+        self.storages.add(storage)
+        if any(TensorSpec.of(v).overlapping for v in self.views.ancestors(t)):
+            self.through_overlap.add(storage)
 
 
 def _fake_run(gm: fx.GraphModule, inputs: list, positions: set[int]) -> dict[int, tuple[bool, tuple]] | None:

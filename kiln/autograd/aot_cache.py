@@ -48,6 +48,7 @@ from kiln.autograd.signature import (
     OutputSignature,
     TensorSpec,
 )
+from kiln.autograd.view_replay import ViewStep
 from kiln.runtime import fx_codec, graph_cache
 from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 
@@ -185,7 +186,7 @@ def decode_partition(product: dict, graphs: dict) -> Partition:
 # fake tensors again. Its pieces are frozen dataclasses of a few known classes over ints, bools, dtypes and tuples;
 # anything else (a dynamic graph's size functions, an output constant of another type) is Uncacheable.
 _SIGNATURE_CLASSES = {cls.__name__: cls for cls in (GraphOutput, AliasOutput, OutputAlias, ConstantOutput,
-                                                    TensorSpec, SavedByEager)}
+                                                    TensorSpec, SavedByEager, ViewStep)}
 _PLAIN = (type(None), bool, int, float, str)
 
 

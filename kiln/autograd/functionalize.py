@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln.autograd.signature import TensorSpec, symbolic_dispatch
+from kiln.autograd.signature import NeedsStaticShapes, TensorSpec, symbolic_dispatch
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -70,7 +70,7 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
     symbols). The first `fresh_outputs` outputs are tensors that eager creates (each on a storage
     of its own): they stay so, though dropping identities may have left them an input or each other
     (`_own_storages`)."""
-    gm = _views_out_of_place(gm)
+    gm = _writes_through_overlaps(_views_out_of_place(gm))
     root, graph = gm, _rewrite_writes(gm)
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
@@ -105,6 +105,60 @@ def _views_out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             node.target = IN_PLACE_VIEWS[node.target]
     gm.recompile()
     return gm
+
+
+def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` with each in-place write into a view taken through a view whose elements share memory (`a[0] = 1` of
+    an expanded `a`) made a write into one `as_strided` view of the tensor that owns the memory.
+
+    Functionalization replays a write into a view on each view it was taken from, in reverse: the inverse of
+    `as_strided` (`as_strided_scatter`) refuses a view with overlap, and that of `expand` adds the change summed
+    over the expanded dimension (`x + sum(new - x)`, which inf, nan and large values do not survive). Eager
+    writes the written view's memory, each location once (a written view with overlap raises in eager, which
+    eager_errors.py keeps): `as_strided_scatter` of that one view into the owner computes just that.
+
+    The owner is a tensor the graph made, or an input whose chain starts with `as_strided` (the base of
+    aliased inputs, aliased_inputs.py): `as_strided` then reads offsets as the graph already does."""
+    writes = [n for n in gm.graph.nodes if _through_overlap(n)]
+    if not writes:
+        return gm
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for node in gm.graph.nodes:
+        if not _through_overlap(node):
+            continue
+        target = node.args[0]
+        value = target.meta["val"]
+        with gm.graph.inserting_before(node):
+            direct = gm.graph.call_function(aten.as_strided.default, (
+                _view_chain(target)[0], tuple(value.shape), tuple(value.stride()), value.storage_offset()))
+        direct.meta["val"] = fake_run(aten.as_strided.default, direct)
+        node.args = (direct, *node.args[1:])
+    gm.recompile()
+    return gm
+
+
+def _through_overlap(node: torch.fx.Node) -> bool:
+    """Is `node` an in-place write (of its first argument) into a view with no overlap of its own, taken from a
+    tensor without overlap through a view with overlap (see `_writes_through_overlaps`)? Raises NeedsStaticShapes
+    where such a view's geometry is symbolic."""
+    if not (_is_write(node) and out_of_place(node.target) and isinstance(node.args[0], torch.fx.Node)):
+        return False
+    chain = _view_chain(node.args[0])
+    values = [n.meta.get("val") for n in chain]
+    if len(chain) < 3 or not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    owner = chain[0].op == "call_function" or (chain[0].op == "placeholder"
+                                               and chain[1].target is aten.as_strided.default)
+    overlapping = [TensorSpec.of(v).overlapping for v in values]
+    if not (owner and not overlapping[0] and not overlapping[-1] and any(overlapping[1:-1])):
+        return False
+    if not _static(values[-1]):  # the direct view's geometry is numbers: compiled per shape, it has them
+        raise NeedsStaticShapes("a write through a view whose elements share memory, with symbolic sizes")
+    return True
+
+
+def _static(t: torch.Tensor) -> bool:
+    return not any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:

@@ -27,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
+from kiln.autograd.view_replay import ViewRecorder, ViewStep, replay, symbolic_sizes
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,10 @@ class TensorSpec:
     @property
     def overlapping(self) -> bool:
         """Do two elements share memory (a stride 0 of a dimension of size > 1, or strides that interleave)?
-        Dimensions taken from the smallest stride up: each must step past the extent of those before it."""
+        Dimensions taken from the smallest stride up: each must step past the extent of those before it. With
+        symbolic sizes, a stride 0 of a dimension not of size 1, compared as expressions (no guard is added)."""
+        if self.symbolic:
+            return any(_expr(st) == 0 and _expr(sz) != 1 for sz, st in zip(self.shape, self.stride))
         extent = 0
         for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.stride) if sz != 1):
             if size == 0:
@@ -131,6 +135,12 @@ class AliasOutput:
     dtype: torch.dtype | None = None
     # a conjugate view (`x.conj()`, ihfft's result): the conjugate bit, which a strided view of the storage drops
     conj: bool = False
+    # the view ops that made the leaf of the input, replayed on the real one (view_replay.py); None: as_strided
+    replay: tuple[ViewStep, ...] | None = None
+    replay_sizes: Callable | None = None  # a dynamic graph's sizes among the replayed ops' arguments
+    # another output leaf the leaf views (`d.t()` returned with `d = x.detach()`): replayed on it, as eager's
+    # view of it is (its `_base`), not on the input
+    source_leaf: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,8 @@ class OutputAlias:
     (an intermediate the user may never see): a code generator keeps each graph output's layout,
     not storage shared between outputs, and autograd could not let two outputs of one Function
     that view each other be modified in place. `offset` is relative to the base's storage offset;
-    `detach`, `no_grad`, `sizes`, `dtype` and `conj` as for `AliasOutput`."""
+    `detach`, `no_grad`, `sizes`, `dtype`, `conj`, `replay`, `replay_sizes` and `source_leaf` as for
+    `AliasOutput`."""
 
     output_index: int
     identity: bool
@@ -154,6 +165,9 @@ class OutputAlias:
     sizes: Callable | None = None
     dtype: torch.dtype | None = None
     conj: bool = False
+    replay: tuple[ViewStep, ...] | None = None
+    replay_sizes: Callable | None = None
+    source_leaf: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,10 @@ class OutputSignature:
     saved_by_eager: list[SavedByEager] = field(default_factory=list)
     """The inputs and outputs whose values eager's backward saves: the runtime raises eager's error if one
     is written before a backward that reaches it (`saved_versions`)."""
+
+    build_order: tuple[int, ...] | None = None
+    """The order `assemble` builds the leaves in where some are rebuilt on another (`source_leaf`), which comes
+    first; None: in order."""
 
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
@@ -366,12 +384,12 @@ class FlatProgram:
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         grad_fns = [f.grad_fn for f in fakes]
-        saved = SavedTensorLog()
+        saved, views = SavedTensorLog(), ViewRecorder()
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
-            with mode, symbolic_dispatch(mode):  # factories (torch.arange(n)) make fakes too
+            with mode, symbolic_dispatch(mode), views:  # factories (torch.arange(n)) make fakes too
                 out = self.run(values)
         leaves, tree = pytree.tree_flatten(out)
-        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources())
+        outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources(), views, mode)
         kinds = outputs.classify(leaves)
         mutated, num_returned = [], len(outputs.tensors)
         for i, fake in enumerate(fakes):
@@ -396,7 +414,7 @@ class FlatProgram:
             if requires_grad is not None else []
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
-                               watched)
+                               watched, _build_order(kinds))
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
@@ -409,19 +427,29 @@ class FlatProgram:
 
     def assemble(self, signature: OutputSignature, flat: list, graph_outs: list) -> Any:
         """Rebuild `gm`'s output structure from the graph's outputs, aliases and constants."""
-        leaves = []
-        for leaf in signature.leaves:
+        leaves = [None] * len(signature.leaves)
+        for k in signature.build_order or range(len(leaves)):
+            leaf = signature.leaves[k]
             if isinstance(leaf, GraphOutput):
-                leaves.append(graph_outs[leaf.index])
-            elif isinstance(leaf, AliasOutput):
-                leaves.append(_rebuild(flat[leaf.input_index], leaf, flat))
-            elif isinstance(leaf, OutputAlias):
-                leaves.append(_rebuild(graph_outs[leaf.output_index], leaf, flat))
+                leaves[k] = graph_outs[leaf.index]
+            elif isinstance(leaf, (AliasOutput, OutputAlias)):
+                base = flat[leaf.input_index] if isinstance(leaf, AliasOutput) else graph_outs[leaf.output_index]
+                leaves[k] = _rebuild(base if leaf.source_leaf is None else leaves[leaf.source_leaf], leaf, flat)
             else:
-                leaves.append(leaf.value if leaf.sizes is None else leaf.sizes(flat)[0])
+                leaves[k] = leaf.value if leaf.sizes is None else leaf.sizes(flat)[0]
         for k in signature.multi_output_views:
             leaves[k] = _as_multi_output_view(leaves[k])
         return pytree.tree_unflatten(leaves, signature.tree)
+
+
+def _build_order(kinds: list) -> tuple[int, ...] | None:
+    """The leaves in an order that builds each `source_leaf` before the leaves rebuilt on it (None: in order)."""
+    def depth(k: int) -> int:
+        source = getattr(kinds[k], "source_leaf", None)
+        return 0 if source is None else 1 + depth(source)
+
+    depths = [depth(k) for k in range(len(kinds))]
+    return tuple(sorted(range(len(kinds)), key=depths.__getitem__)) if any(depths) else None
 
 
 _MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
@@ -455,8 +483,10 @@ def _strided_view(base: torch.Tensor, leaf: AliasOutput | OutputAlias, flat: lis
         return base
     if leaf.detach:
         base = base.detach()
-    shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
     with torch.no_grad() if leaf.no_grad else contextlib.nullcontext():
+        if leaf.replay is not None:  # eager's own view ops (view_replay.py)
+            return replay(base, leaf.replay, leaf.replay_sizes(flat) if leaf.replay_sizes is not None else ())
+        shape, stride, offset = leaf.sizes(flat) if leaf.sizes is not None else (leaf.shape, leaf.stride, leaf.offset)
         if leaf.dtype is not None:
             return _reinterpreting_view(base, leaf.dtype, shape, stride, offset)
         if shape is None:  # the base's own geometry, whatever its sizes are this call
@@ -517,9 +547,11 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 class _OutputClassifier:
     """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
 
-    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict):
+    def __init__(self, fakes: list[torch.Tensor], grad_mode: bool, size_sources: dict, views: ViewRecorder,
+                 mode: FakeTensorMode):
         self.fakes = fakes
         self.size_sources = size_sources
+        self.views, self.mode = views, mode
         self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
         self.inputs: dict[StorageWeakRef, int] = {}
         for i, f in enumerate(fakes):
@@ -546,15 +578,43 @@ class _OutputClassifier:
             storage = _storage(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
-                kinds.append(AliasOutput(i, *_geometry(leaf, self.fakes[i], self.grad_mode, self.size_sources)))
+                kinds.append(self._alias(AliasOutput, i, self.fakes[i], leaves, k))
             elif len(groups[storage]) == 1 and not _views_an_intermediate_with_history(leaf):
                 kinds.append(GraphOutput(self._output(leaf, k, False)))  # its storage is its own: returned as it is
             else:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                kinds.append(OutputAlias(index, *_geometry(leaf, base, self.grad_mode, self.size_sources)))
+                kinds.append(self._alias(OutputAlias, index, base, leaves, k))
         return kinds
+
+    def _alias(self, kind: type, index: int, base: torch.Tensor, leaves: list, k: int) -> AliasOutput | OutputAlias:
+        """The alias (`kind`, of input or graph output `index`, whose value is `base`) that rebuilds leaf `k`: on
+        the nearest other leaf it views where that one is no view itself (eager's `d.t()` of a returned
+        `d = y.detach()` views `d`, not `y`) and the view ops replay from there, else on `base`."""
+        leaf = leaves[k]
+        others = {id(t): j for j, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t is not leaf}
+        source = next((others[id(t)] for t in self.views.ancestors(leaf) if id(t) in others), None)
+        if source is not None and leaves[source]._base is None and leaves[source] is not base:
+            steps, sizes = _replayed(leaf, leaves[source], self.views, self.mode, self.size_sources)
+            if steps is not None:
+                return kind(index, False, None, None, 0, *_history(leaf, leaves[source], self.grad_mode), None, None,
+                            False, steps, sizes, source)
+        return kind(index, *self._geometry(leaf, base))
+
+    def _geometry(self, leaf: torch.Tensor, base: torch.Tensor) -> tuple:
+        """The fields of an alias of `base` (`AliasOutput`, `OutputAlias`) that rebuild `leaf`: its view ops where
+        they replay (view_replay.py) and `leaf` has autograd history or `base` shares memory between elements (its
+        gradient is eager's only so) or `leaf` views another tensor than `base` views (a detached alias on the way,
+        `y.detach()[1:]`, is the replayed one's `_base` too), else its geometry (`_view_geometry`: one `as_strided`,
+        cheaper per call)."""
+        steps, sizes = None, None
+        if (self.grad_mode and leaf.requires_grad) or TensorSpec.of(base).overlapping or \
+                leaf._base is not _with_base(base):
+            steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
+        if steps is None:
+            return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
+        return (False, None, None, 0, *_history(leaf, base, self.grad_mode), None, None, False, steps, sizes)
 
     def _output(self, t: torch.Tensor, leaf: int, of_base: bool) -> int:
         self.specs.append(TensorSpec.of(t))
@@ -567,8 +627,11 @@ class _OutputClassifier:
         """A graph output for the leaves of `group`, which share one storage: a leaf's `_base`
         (or the leaf) whose extent covers every other leaf, so each can be rebuilt on it. Bases with autograd
         history come first: a leaf with history rebuilt on a detached one (`y.detach()` returned before `y`)
-        would lose it, while a detached leaf is rebuilt on any base by detaching it."""
-        for k in sorted(group, key=lambda k: not _with_base(leaves[k]).requires_grad):
+        would lose it, while a detached leaf is rebuilt on any base by detaching it. Then the tensor that owns the
+        storage before its views and detached aliases: a leaf rebuilt as a view of a detached alias would come to
+        require grad with it (`t.detach().requires_grad_()` after the call), where eager's never does."""
+        for k in sorted(group, key=lambda k: (not _with_base(leaves[k]).requires_grad,
+                                              self.views.depth(_with_base(leaves[k])))):
             of_base = leaves[k]._base is not None
             base = leaves[k]._base if of_base else leaves[k]
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
@@ -612,9 +675,39 @@ def _reach(node, input_nodes: dict, memo: dict) -> frozenset[int]:
     return memo[node]
 
 
-def _geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
-    """`_view_geometry`, and whether `leaf` is the conjugate of a view of `base` (its conjugate bit differs)."""
-    return (*_view_geometry(leaf, base, grad_mode, size_sources), leaf.is_conj() != base.is_conj())
+def _replayed(leaf: torch.Tensor, base: torch.Tensor, views: ViewRecorder, mode: FakeTensorMode,
+              size_sources: dict) -> tuple[tuple[ViewStep, ...] | None, Callable | None]:
+    """(the view ops that made `leaf` of `base`, the function computing their symbolic sizes per call or None);
+    (None, None) where `leaf` is `base`, or no chain of recorded views of it, or the chain replayed on `base` does
+    not give `leaf`'s geometry (an in-place view op changed a tensor of it later), or its sizes are not read off
+    the inputs."""
+    steps = views.chain(leaf, base)
+    if not steps:
+        return None, None
+    try:
+        with mode, symbolic_dispatch(mode), torch.no_grad():
+            replayed = replay(base, steps)
+    except Exception:  # noqa: BLE001 -- a chain that does not replay is rebuilt by its geometry
+        return None, None
+    if not _same_geometry(replayed, leaf) or (replayed.is_conj(), replayed.is_neg()) != (leaf.is_conj(), leaf.is_neg()):
+        return None, None
+    steps, sizes = symbolic_sizes(steps)
+    if not sizes:
+        return steps, None
+    try:
+        return steps, _size_function(tuple(sizes), size_sources, "an output that views another tensor")
+    except NeedsStaticShapes:
+        return None, None
+
+
+def _history(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool) -> tuple[bool, bool]:
+    """(detach, no_grad) of an alias rebuilding `leaf` on `base` (see `AliasOutput`).
+
+    Detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
+    beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
+    the base (`d.requires_grad_()` after the call), which a tensor that is no view never does."""
+    return (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
+            grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
 
 
 def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size_sources: dict) -> tuple:
@@ -625,11 +718,7 @@ def _view_geometry(leaf: torch.Tensor, base: torch.Tensor, grad_mode: bool, size
     With symbolic sizes, `sizes` computes the geometry of each call from its inputs."""
     if leaf is base:
         return True, None, None, 0, False, False, None, None
-    # detached: eager's leaf has no history where the base has, or is no view at all (`y.detach()`, or `y`
-    # beside its detached alias chosen as the base): rebuilt as a view, it would come to require grad with
-    # the base (`d.requires_grad_()` after the call), which a tensor that is no view never does
-    history = (not leaf.requires_grad and (base.requires_grad or leaf._base is None),
-               grad_mode and leaf.requires_grad and leaf.grad_fn is None and leaf._is_view())  # taken under no_grad
+    history = _history(leaf, base, grad_mode)
     if leaf.dtype != base.dtype:
         return _reinterpreting_geometry(leaf, base, history)
     if _same_geometry(leaf, base):

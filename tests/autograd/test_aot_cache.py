@@ -49,6 +49,11 @@ def _bump(x, w):
     return (x * w).sum(-1)
 
 
+def _replayed_views(x):
+    y = x * 2
+    return y[1:].t(), x.view(-1)[2:], y.detach().unsqueeze(0)  # views replayed after the call (view_replay.py)
+
+
 def _with_constant(x):
     return x * torch.tensor([1.5, -2.0, 0.25]) + x.sum()
 
@@ -65,6 +70,7 @@ CASES = {
     "module_training": lambda: _module_case(Block, (4, 8)),
     "batchnorm_training": lambda: _module_case(Normed, (2, 3, 6, 6)),
     "views_training": lambda: (_split_views, lambda: (torch.randn(4, 6, requires_grad=True), torch.randn(6, 5))),
+    "replayed_views_training": lambda: (_replayed_views, lambda: (torch.randn(4, 6, requires_grad=True),)),
     "inference_input_mutation": lambda: (_bump, lambda: (torch.randn(3, 4), torch.randn(3, 4))),
     "tensor_constant": lambda: (_with_constant, lambda: (torch.randn(5, 3, requires_grad=True),)),
     "dict_and_constant": lambda: (_dict_and_constant, lambda: (torch.randn(3, 2, requires_grad=True),)),

@@ -45,7 +45,7 @@ ONCE_FAILING = {
         474, 475, 484, 493, 495,
         395, 411, 1421, 731, 822, 929, 1304, 1320, 772, 1099, 1433, 1732, 7139, 9050, 686, 2649, 12188, 12408,
         # the extended generator's (seeds from 100000)
-        100042, 100120, 100133, 100199, 100234, 100244, 100337, 100342, 100419, 100424,
+        100042, 100120, 100133, 100199, 100234, 100244, 100337, 100342, 100419, 100424, 100252, 100241,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -56,29 +56,18 @@ ONCE_FAILING = {
         395, 411, 1421, 731, 1304, 1320, 217, 1099, 1433, 1732, 1883, 7139, 9050, 686, 2649, 3196, 4147, 2197,
         12188, 12357, 12408, 818, 650, 980, 994, 1438,
         # the extended generator's (seeds from 100000)
-        100042, 100120, 100194, 100199, 100337,
+        100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
 
 # seeds that still fail, with what differs: strict xfails, so a fix shows up as a pass to move into ONCE_FAILING
-EXPANDED_LEAF_VIEW = ("grad: an output that views an expanded (stride-0) input requiring grad is rebuilt with "
-                      "as_strided, whose backward averages over the elements sharing memory; eager's slice does not")
-EXPANDED_INPUT_WRITE = ("crash: a write into a row of an expanded input (`a[0] = 1`, no overlap within the row) is "
-                        "functionalized into an as_strided_scatter of the whole input, which refuses its overlap; "
-                        "the frame falls back to eager (values right)")
 SHARED_BACKWARD_NODE = ("backward_raise: `loss.backward()` inside f frees the saved tensors of the graph before the "
                         "break, which is one backward node for all its outputs; a later backward through another of "
                         "its outputs (eager: a node of its own) raises 'backward through the graph a second time'")
 KNOWN_FAILING: dict[tuple[str, int], str] = {
-    ("aot_eager", 100252): EXPANDED_LEAF_VIEW,
-    ("inductor", 100252): EXPANDED_LEAF_VIEW,
-    ("aot_eager", 100241): EXPANDED_INPUT_WRITE,
-    ("inductor", 100241): EXPANDED_INPUT_WRITE,
     ("aot_eager", 100489): SHARED_BACKWARD_NODE,
     ("inductor", 100489): SHARED_BACKWARD_NODE,
-    ("inductor", 100381): "requires_grad: `t3.detach().requires_grad_()` beside `t2 = a.flip(0)` and its view t3 "
-                          "returned: on the C++ target the rebuilt t3 comes to require grad with the new leaf",
     ("inductor", 100204): "oracle: a float32 parameter's sum that nearly cancels scales a float64 tensor; kiln and "
                           "eager sum in different orders, and the conditioning re-runs do not re-lay or widen module "
                           "parameters, so the difference reads as wrong",

@@ -1,0 +1,210 @@
+"""Writes into inputs whose elements share memory (expanded, broadcast, overlapping `as_strided` windows).
+
+`a = row.expand(3, 2)` holds one row of memory: `a[0] = 1` writes that row, and every row of `a` reads it
+after. Eager allows a write whose written view has no overlap of its own (`a[0]`, `a[:, 1:]`,
+`a.diagonal()`) and raises where it has (`a.add_(1)`, `a.t()[1].mul_(2)`). kiln compiles the first kind
+(the input becomes a view of a base holding its memory, aliased_inputs.py, and the write one `as_strided`
+view of that base, functionalize.py) and raises eager's error for the second. Eager and kiln side by side.
+"""
+import pytest
+import torch
+
+import kiln
+from support.differential import check
+
+BACKENDS = ["aot_eager", "inductor"]
+
+
+def fill_a_row(a):
+    a[0] = 1.0
+    return a * 2
+
+
+def add_into_a_row(a, x):
+    a[1].add_(x)
+    return a.sum(0)
+
+
+def copy_into_a_row(a, x):
+    a[0].copy_(x * 3)
+    return a + x
+
+
+def index_put_into_a_row(a):
+    a[0, [1]] = 9.0
+    return a.clone()
+
+
+def write_a_corner(a):
+    a[:1, 1:].mul_(-1)  # slices of slices: the first row's last columns, no overlap within the written view
+    return a + 0
+
+
+def write_the_diagonal(a):
+    a.diagonal().mul_(3)
+    return a.cumsum(0)
+
+
+def write_a_row_through_unsqueeze(a):
+    a[0].unsqueeze(0).sub_(0.5)
+    return a.max(0).values
+
+
+def write_then_return_views(a):
+    a[2] = a[2] + 1
+    return a, a[1], a.t()
+
+
+WRITES = [fill_a_row, add_into_a_row, copy_into_a_row, index_put_into_a_row, write_a_corner,
+          write_the_diagonal, write_a_row_through_unsqueeze, write_then_return_views]
+
+
+def expanded(call):
+    return torch.linspace(-1.0, 2.0, 2 + call).reshape(1, -1).expand(3, 2 + call)
+
+
+def broadcast(call):
+    return torch.linspace(-1.0, 2.0, 2 + call).expand(3, 2 + call)
+
+
+def windows(call):
+    """Overlapping rows: row i is elements i .. i+n-1 of one vector."""
+    n = 2 + call
+    return torch.linspace(-1.0, 2.0, 3 + n).as_strided((3, n), (1, 1))
+
+
+LAYOUTS = {"expanded": expanded, "broadcast": broadcast, "windows": windows}
+
+
+def _arguments(program, layout):
+    def make(call):
+        a = LAYOUTS[layout](call)
+        return [a, torch.linspace(0.5, 1.5, a.shape[1])] if program.__code__.co_argcount == 2 else [a]
+    return make
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("program", WRITES, ids=lambda f: f.__name__)
+def test_write_into_a_view_of_an_overlapping_input(program, layout, backend):
+    check(program, _arguments(program, layout), backend, calls=2)
+
+
+def add_into_all(a):
+    a.add_(1)
+    return a
+
+
+def mul_a_transposed_row(a):
+    a.t()[1].mul_(2)
+    return a
+
+
+def negate_columns_of_every_row(a):
+    a[:, 1:].mul_(-1)  # every row's columns: the rows share them
+    return a
+
+
+def copy_into_an_expanded_row(a):
+    a[0][None].expand(2, -1).copy_(torch.ones(2, a.shape[1]))
+    return a
+
+
+RAISING = [add_into_all, mul_a_transposed_row, negate_columns_of_every_row, copy_into_an_expanded_row]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", RAISING, ids=lambda f: f.__name__)
+def test_write_whose_view_overlaps_raises_as_eager(program, backend):
+    with pytest.raises(RuntimeError) as eager:
+        program(expanded(0))
+    with pytest.raises(type(eager.value), match="single memory location"):
+        kiln.compile(program, backend=backend)(expanded(0))
+
+
+def write_a_row_of_two_aliased_inputs(a, b):
+    a[0] = True
+    return b.sum(0, dtype=torch.float64), a.clone()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_into_an_expanded_input_aliased_by_another(backend):
+    """Fuzz seed 100241: `b = a[::2]` of an expanded bool `a`; `a[0] = 1` is read through `b`."""
+    def make(call):
+        a = (torch.arange(2) % 2 == 0).reshape(1, 2).expand(3, 2)
+        return [a, a[::2]]
+    check(write_a_row_of_two_aliased_inputs, make, backend, calls=2)
+
+
+def write_a_row_then_square(w, a):
+    a[0].mul_(2)
+    return a * a
+
+
+def write_a_row_then_return_views(w, a):
+    a[0].mul_(2)
+    return a[1:], a.t()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [write_a_row_then_square, write_a_row_then_return_views],
+                         ids=lambda f: f.__name__)
+def test_write_into_an_expanded_input_that_requires_grad(program, backend):
+    """The expanded input is a view of a tensor requiring grad (not a leaf, input 0): the write and the
+    gradient reach it."""
+    def make(call):
+        w = torch.linspace(-1.0, 2.0, 2).reshape(1, 2).requires_grad_()
+        return [w, (w * 1).expand(3, 2)]
+    check(program, make, backend)
+
+
+def write_a_row_of_a_leaf(a):
+    a[0].mul_(2)
+    return a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_into_an_expanded_leaf_that_requires_grad_raises_as_eager(backend):
+    def make():
+        return torch.linspace(-1.0, 2.0, 2).reshape(1, 2).expand(3, 2).requires_grad_()
+    with pytest.raises(RuntimeError) as eager:
+        write_a_row_of_a_leaf(make())
+    with pytest.raises(type(eager.value), match="leaf Variable that requires grad"):
+        kiln.compile(write_a_row_of_a_leaf, backend=backend)(make())
+
+
+def write_through_an_expanded_intermediate(x, v):
+    y = x * 1
+    y.expand(3, *y.shape)[1].copy_(v)
+    return y
+
+
+def write_through_an_expanded_input(x, v):
+    x.expand(3, *x.shape)[1].copy_(v)
+    return x + 0
+
+
+def assign_through_an_expanded_input(x, v):
+    x.expand(2, 3, *x.shape)[1, 2] = v
+    return x.clone()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input,
+                                     assign_through_an_expanded_input], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_write_of_infinities_through_an_expanded_view(program, backend, dynamic):
+    """The written values replace the old ones exactly: inf over a finite value, a finite one over inf (with
+    symbolic sizes, such a graph compiles per shape)."""
+    def make(call):
+        x, v = torch.full((3 + call,), -2.0), torch.full((3 + call,), 3.0)
+        x[1], v[0], v[2] = float("inf"), float("inf"), float("nan")
+        return [x, v]
+    check(program, make, backend, calls=2, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [fill_a_row, add_into_a_row, write_then_return_views], ids=lambda f: f.__name__)
+def test_write_into_a_view_of_an_overlapping_input_dynamic(program, backend):
+    """Sizes that change between calls, compiled as symbols: each shape's base and views are its own."""
+    check(program, _arguments(program, "expanded"), backend, calls=3, dynamic=True)

@@ -26,18 +26,9 @@ pytest.importorskip("triton")
 import kiln  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
 from kiln.runtime import artifacts, triton_cache  # noqa: E402
+from support.triton_sm90 import DOUBLING_KERNEL  # noqa: E402
 
-KERNELS = triton_target.HEADER + '''
-
-@triton.jit
-def triton_double(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
-    xmask = xindex < xnumel
-    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2, xmask)
-
-
-_launch_triton_double = Launcher(triton_double, 2, num_warps=4, XBLOCK=1024)
-'''
+KERNELS = triton_target.HEADER + DOUBLING_KERNEL
 
 # One process of a GPU host, but for the GPU: it compiles (or finds) the kernel's two specializations through
 # `Launcher.precompile`, as a graph's build does; loading a binary onto a GPU is the one step left out.

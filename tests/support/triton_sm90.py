@@ -149,3 +149,18 @@ def _serve() -> None:
 
 if __name__ == "__main__":
     _serve()
+
+
+# A kernel module as kiln writes them (kiln.codegen.triton.HEADER, then kernels and their launchers), for the tests
+# that compile one in a child process: one kernel doubling its input.
+DOUBLING_KERNEL = '''
+
+@triton.jit
+def triton_double(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2, xmask)
+
+
+_launch_triton_double = Launcher(triton_double, 2, num_warps=4, XBLOCK=1024)
+'''

@@ -26,17 +26,9 @@ from kiln.codegen.triton import build_workers  # noqa: E402
 from kiln.codegen.triton.launch import Launcher  # noqa: E402
 from support.lowering import trace  # noqa: E402
 from support.triton_device import DEVICE, skip_unless_kernels_run  # noqa: E402
+from support.triton_sm90 import DOUBLING_KERNEL  # noqa: E402
 
-KERNELS = triton_target.HEADER + '''
-
-@triton.jit
-def triton_double(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
-    xmask = xindex < xnumel
-    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2, xmask)
-
-
-_launch_triton_double = Launcher(triton_double, 2, num_warps=4, XBLOCK=1024)
+KERNELS = triton_target.HEADER + DOUBLING_KERNEL + '''
 
 
 @triton.jit

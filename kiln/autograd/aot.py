@@ -449,7 +449,17 @@ class AOTCompiled:
         saved_primals = [primals.index(name) if name in primals else None for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
-                              snapshots, watched, saved_primals, unreached)
+                              snapshots, watched, saved_primals, unreached, graph_origin(program.gm))
+
+
+def graph_origin(gm: torch.fx.GraphModule) -> str:
+    """Where the user's code that `gm` holds is (the capture's `frame` and `kiln.ends_at` meta), for errors the
+    compiled graph raises at run time; the graph's name where it was not captured by kiln."""
+    meta = gm.meta if isinstance(getattr(gm, "meta", None), dict) else {}
+    origin = meta.get("frame", "")
+    if "kiln.ends_at" in meta:
+        origin += f", ending at the graph break at {meta['kiln.ends_at']}"
+    return origin or type(gm).__name__
 
 
 def _saved_strides(forward: Callable, split: Partition) -> dict[int, tuple]:

@@ -67,9 +67,11 @@ EXPANDED_LEAF_VIEW = ("grad: an output that views an expanded (stride-0) input r
 EXPANDED_INPUT_WRITE = ("crash: a write into a row of an expanded input (`a[0] = 1`, no overlap within the row) is "
                         "functionalized into an as_strided_scatter of the whole input, which refuses its overlap; "
                         "the frame falls back to eager (values right)")
-SHARED_BACKWARD_NODE = ("backward_raise: `loss.backward()` inside f frees the saved tensors of the graph before the "
-                        "break, which is one backward node for all its outputs; a later backward through another of "
-                        "its outputs (eager: a node of its own) raises 'backward through the graph a second time'")
+SHARED_BACKWARD_NODE = ("backward_raise, shared with torch.compile: `loss.backward()` inside f frees the saved "
+                        "tensors of the graph before the break, which is one backward node for all its outputs (as "
+                        "AOTAutograd's graph is); a later backward through another of its outputs (eager: a node of "
+                        "its own) raises 'backward through the graph a second time', as torch.compile's does, with "
+                        "kiln's note naming the graph and the backward() line (autograd/test_shared_backward_node.py)")
 KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("aot_eager", 100252): EXPANDED_LEAF_VIEW,
     ("inductor", 100252): EXPANDED_LEAF_VIEW,

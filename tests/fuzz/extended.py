@@ -172,6 +172,26 @@ LOOPS = [
        "{out} = sum(run_blocks({a}))", is_num, makes="block"),
     Op("{out} = {a}\nfor t in [{a}, {b}]:\n    {p} = t.shape[0] if t.dim() else 1\n    kiln.graph_break()\n"
        "    {out} = {out} + {p}", broadcasts, 2, makes="block"),
+    Op("{out} = {a}\nfor key, t in {{'x': {a}, 'y': {b}}}.items():\n    STATE[key] = STATE.get(key, 0) + 1\n"
+       "    print(key, file=BUF)\n    {out} = {out} + t\n    if key == 'x' and {out}.sum() > 0:\n        break",
+       broadcasts, 2, makes="block"),
+    Op("{out} = {a}\ni = 0\nwhile True:\n    i += 1\n    {out} = {out} * 2\n    kiln.graph_break()\n"
+       "    if i >= {k} + 1:\n        break", is_num, makes="block"),
+    Op("def noisy(t, i):\n    print('noisy', i, file=BUF)\n    return t * 2 - i\n{out} = {a}\nfor i in range(3):\n"
+       "    {out} = noisy({out}, i)", is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(3):\n    STATE['loop'] = STATE.get('loop', 0) + i\n    kiln.graph_break()\n"
+       "    {out} = {out} + STATE['loop']", is_num, makes="block"),
+    Op("{out} = {a} * 1\nfor i, t in zip(range(2), reversed([{a}, {b}])):\n    {out} = {out} + t * i\n"
+       "    LOG.append(tuple({out}.shape))\n    kiln.graph_break()", broadcasts, 2, makes="block"),
+    Op("{out} = torch.stack([row * row.float().sum().item() for row in {a}])", has_dims, makes="block"),
+    Op("{out} = {a}\nfor i in range(2):\n    def bump(t):\n        return t + {out}.mean()\n"
+       "    kiln.graph_break()\n    {out} = bump({out})", is_float, makes="block"),
+    Op("{out} = {a}\nfor i in range(int({a}.abs().sum().item()) % 3 + 1):\n    {out} = {out} - i", is_num,
+       makes="block"),
+    Op("acc = [{a}]\nfor i in range(3):\n    acc.insert(0, acc[-1] * 2)\n    print(len(acc), file=BUF)\n"
+       "    if len(acc) > 2:\n        acc.pop()\n{out} = acc[0] + acc[-1]", is_num, makes="block"),
+    Op("for i in range(2):\n    with torch.no_grad():\n        {a}.sub_({a} * 0.25)\n    print('step', i, file=BUF)",
+       is_float, makes="none"),
 ]
 
 EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [

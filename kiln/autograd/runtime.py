@@ -313,13 +313,22 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
 
 
 def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
-    """The tensors the forward saved; where an earlier backward freed them, autograd's error with what it means
-    here. Eager has a backward node per op; a compiled graph has one for all its outputs, as torch.compile's
-    does, so a backward through one output (`loss.backward()` in the compiled function) frees what a later
-    backward through another output needs, where eager's node of that other output would still hold it."""
+    """The tensors the forward saved; where autograd refuses them, its error with what it means here.
+
+    An input saved to recompute from (eager saves the value computed from it) and written in place since fails
+    autograd's version check where eager's backward runs, as under torch.compile. And eager has a backward node
+    per op; a compiled graph has one for all its outputs, as torch.compile's does, so a backward through one
+    output (`loss.backward()` in the compiled function) frees what a later backward through another output
+    needs, where eager's node of that other output would still hold it."""
     try:
         return [*ctx.saved_tensors]
     except RuntimeError as e:
+        if "modified by an inplace operation" in str(e):  # what eager saves was checked first (ctx.versions)
+            raise RuntimeError(
+                f"{e}\nkiln: the compiled graph of {origin} saved a tensor it reads or returns, to recompute a value "
+                "from it in the backward where eager saves the value itself (torch.compile's partitioner does the "
+                "same), and that tensor was written in place since. Write into a clone of it, or after the backward."
+            ) from None
         if num_differentiable < 2:
             raise
         raise RuntimeError(

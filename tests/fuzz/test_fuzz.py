@@ -22,11 +22,13 @@ COVERING = [0, 2, 26, 31, 37, 42, 43, 55, 65, 75, 84, 85, 93, 95, 100, 134, 143,
 # grad-mode nesting, autocast, layouts, float edge values, size-0 dims), chosen to cover each of its features
 EXTENDED_COVERING = [100001, 100004, 100006, 100010, 100011, 100015, 100017, 100020, 100027, 100028, 100038,
                      100047, 100056, 100060, 100064, 100065]
+# seeds with graph breaks inside loop bodies (extended.LOOPS, from 100500): together they draw every loop template
+LOOP_COVERING = [100955, 100742, 100841, 100870, 100506, 100915, 100704, 100914, 100986, 100814, 100811, 100626]
 SEEDS = {
-    "eager": COVERING + EXTENDED_COVERING,
-    "aot_eager": COVERING + EXTENDED_COVERING,
+    "eager": COVERING + EXTENDED_COVERING + LOOP_COVERING,
+    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING,
     # C++ builds dominate: a third of them keeps the file within its time budget
-    "inductor": COVERING[::3] + EXTENDED_COVERING[::3],
+    "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3],
 }
 
 # seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression

@@ -9,7 +9,6 @@ is, "inductor" when code generation is.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.fuzz.compare import check_program
 
@@ -832,56 +831,3 @@ def f(a, b):
     t4 = t3.std()
     return [t4[...]]
 ''', backend)
-
-
-# -- the harness: a backward over the outputs that raises in eager and kiln alike --------------------------------
-@backends("aot_eager")
-def test_backward_raising_in_both_leaves_partial_gradients_uncompared(backend):
-    """`t3` comes from the graph `loss.backward()` freed: the backward over t5 raises in eager and kiln alike,
-    after eager accumulated the weight's gradient (a node per op) and before kiln did (one node per graph)."""
-    check_program('''
-# kiln fuzz program, minimized by hand from seed 100770, backend aot_eager
-CALLS = 2
-DYNAMIC = None
-NO_GRAD = False
-torch.manual_seed(770)
-MODEL = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False), torch.nn.BatchNorm1d(3), torch.nn.Tanh())
-OPT = torch.optim.Adam(MODEL.parameters(), lr=0.01, eps=1e-3)
-
-def after_call(call):
-    OPT.step()
-
-def inputs(call):
-    g = torch.Generator().manual_seed(770 * 10 + call)
-    a = randn(g, (2, 3), torch.float32, grad=True)
-    return [a]
-
-def f(a):
-    t3 = a * 2
-    t4 = MODEL(t3).square().mean()
-    t4.backward()
-    OPT.zero_grad()
-    t5 = MODEL(t3)
-    return [t5]
-''', backend)
-
-
-def test_backward_raising_only_in_kiln_is_wrong():
-    """The other side of the rule above: a backward kiln raises in and eager does not is reported."""
-    from tests.fuzz.compare import run_program
-
-    def refusing_backward(gm, example_inputs):
-        class Refuse(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.clone()
-
-            @staticmethod
-            def backward(ctx, grad):
-                raise RuntimeError("refused")
-        return lambda *args: [Refuse.apply(o) if o.requires_grad else o for o in gm(*args)]
-    source = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = False\n"
-              "def inputs(call):\n    return [torch.ones(3, requires_grad=True)]\n"
-              "def f(a):\n    return a * 2\n")
-    outcome = run_program(source, refusing_backward)
-    assert (outcome.status, outcome.kind) == ("wrong", "backward_raise")

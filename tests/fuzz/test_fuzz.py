@@ -91,6 +91,10 @@ KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("inductor", 100489): SHARED_BACKWARD_NODE,
     ("inductor", 100381): "requires_grad: `t3.detach().requires_grad_()` beside `t2 = a.flip(0)` and its view t3 "
                           "returned: on the C++ target the rebuilt t3 comes to require grad with the new leaf",
+    ("inductor", 101069): "values, shared with torch.compile: a LayerNorm over a row near 1e30, whose squares "
+                          "overflow float32: eager's CPU kernel gives nan, kiln's kernel (and torch.compile's "
+                          "inductor) 0 before the affine; the float64 re-run, which would judge it, does not widen "
+                          "module parameters",
     ("inductor", 100204): "oracle: a float32 parameter's sum that nearly cancels scales a float64 tensor; kiln and "
                           "eager sum in different orders, and the conditioning re-runs do not re-lay or widen module "
                           "parameters, so the difference reads as wrong",

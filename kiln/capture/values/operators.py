@@ -80,15 +80,17 @@ _STATEMENTS: dict[Callable, Callable] = {
 
 
 def _as_graph_tensor(state, value: Value, partner: TensorValue) -> Value:
-    tensor = value.graph_tensor(partner.fake) if isinstance(value, ScalarInputValue) else None
+    if not isinstance(value, ScalarInputValue):
+        return value
+    zero_dim = partner.fake.dim() == 0
+    if zero_dim and type(value.value) is float and partner.fake.dtype in (torch.bfloat16, torch.float16):
+        return value  # eager computes with such a tensor in float32, from the number itself: it is specialized
+    tensor = value.graph_tensor(partner.fake)
     if tensor is None:
         return value
-    if partner.fake.dim() == 0 and _same_kind(partner.fake.dtype, tensor.fake.dtype):
+    if zero_dim and _same_kind(partner.fake.dtype, tensor.fake.dtype):
         # A Python number takes a 0-d tensor's dtype (`t.sum() + x` stays float32), where a 0-d float64 or
-        # int64 input would promote it: the number enters at the partner's dtype, as eager converts it. Eager
-        # computes with a bfloat16 or float16 tensor in float32, from the number itself: that is specialized.
-        if partner.fake.dtype in (torch.bfloat16, torch.float16):
-            return value
+        # int64 input would promote it: the number enters at the partner's dtype, as eager converts it.
         return trace_op(state, "call_method", "to", [tensor, ConstantValue(partner.fake.dtype)], {})
     return tensor
 

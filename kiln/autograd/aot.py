@@ -256,8 +256,10 @@ class AOTCompiled:
         return self.program.run
 
     def _trace(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable) -> Any:
-        """The `trace` pass; an error of one of the program's ops (raised by its fake kernel or by the
-        autograd engine while tracing the backward) becomes `RaisesInEager`."""
+        """A pass running the program's ops on fake tensors (`analyze`, `trace`); an error of one of them (raised
+        by its fake kernel or by the autograd engine while tracing the backward) becomes `RaisesInEager`. A
+        fake kernel may refuse what eager's runs (`d[...] = d` into an expanded `d`, with symbolic sizes):
+        either way the graph then runs op by op, which does what eager does."""
         try:
             return self._pass(key, name, fn, *args, graph_of=graph_of)
         except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException):
@@ -379,7 +381,7 @@ class AOTCompiled:
             signature, graphs, mutations = cached
             compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations)
             return InferenceRunner(program, signature, compiled, mutations)
-        signature = self._pass(key, "analyze", program.analyze, None)
+        signature = self._trace(key, "analyze", program.analyze, None, graph_of=None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
                              graph_of=lambda gm: gm)
@@ -398,7 +400,7 @@ class AOTCompiled:
         product_key, cached = self._cached(key, "training")
         if cached is not None:
             return self._training_runner(key, *cached)
-        signature = self._pass(key, "analyze", program.analyze, requires_grad)
+        signature = self._trace(key, "analyze", program.analyze, requires_grad, graph_of=None)
         if self._integer_requires_grad(signature):
             return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with

@@ -265,8 +265,10 @@ class AOTCompiled:
         return self.program.run
 
     def _trace(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable) -> Any:
-        """The `trace` pass; an error of one of the program's ops (raised by its fake kernel or by the
-        autograd engine while tracing the backward) becomes `RaisesInEager`."""
+        """A pass running the program's ops on fake tensors (`analyze`, `trace`); an error of one of them (raised
+        by its fake kernel or by the autograd engine while tracing the backward) becomes `RaisesInEager`. A
+        fake kernel may refuse what eager's runs (`d[...] = d` into an expanded `d`, with symbolic sizes):
+        either way the graph then runs op by op, which does what eager does."""
         try:
             return self._pass(key, name, fn, *args, graph_of=graph_of)
         except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException):
@@ -398,7 +400,7 @@ class AOTCompiled:
             compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations)
             return InferenceRunner(program, signature, compiled, mutations)
         self._before_trace(product_key)
-        signature = self._pass(key, "analyze", program.analyze, None)
+        signature = self._trace(key, "analyze", program.analyze, None, graph_of=None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
                              graph_of=lambda gm: gm)
@@ -418,7 +420,7 @@ class AOTCompiled:
         if cached is not None:
             return self._training_runner(key, *cached)
         self._before_trace(product_key)
-        signature = self._pass(key, "analyze", program.analyze, requires_grad)
+        signature = self._trace(key, "analyze", program.analyze, requires_grad, graph_of=None)
         if self._integer_requires_grad(signature):
             return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
@@ -469,7 +471,17 @@ class AOTCompiled:
         saved_primals = [primals.index(name) if name in primals else None for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
-                              snapshots, watched, saved_primals, unreached)
+                              snapshots, watched, saved_primals, unreached, graph_origin(program.gm))
+
+
+def graph_origin(gm: torch.fx.GraphModule) -> str:
+    """Where the user's code that `gm` holds is (the capture's `frame` and `kiln.ends_at` meta), for errors the
+    compiled graph raises at run time; the graph's name where it was not captured by kiln."""
+    meta = gm.meta if isinstance(getattr(gm, "meta", None), dict) else {}
+    origin = meta.get("frame", "")
+    if "kiln.ends_at" in meta:
+        origin += f", ending at the graph break at {meta['kiln.ends_at']}"
+    return origin or type(gm).__name__
 
 
 def _saved_strides(forward: Callable, split: Partition) -> dict[int, tuple]:

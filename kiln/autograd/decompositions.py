@@ -17,11 +17,35 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-FUNCTIONALIZATION = get_decompositions([
+_TORCH_BATCH_NORM = get_decompositions([
     aten.native_batch_norm,
     aten._native_batch_norm_legit,
     aten._native_batch_norm_legit_no_training,
 ])
+
+
+def _updating_statistics(op: torch._ops.OpOverload) -> Callable:
+    """`op` (a batch norm that writes its running statistics in place) as its functional form plus `copy_`.
+
+    The functional op runs eager's kernel, which on the CPU takes the mean as a sum over the count (-inf for a
+    column holding -inf and finite values), where torch's decomposition takes var_mean's (nan there). Without
+    running statistics or outside training nothing is written, and torch's decomposition serves."""
+    def decompose(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        if running_mean is None or running_var is None or not training:
+            return _TORCH_BATCH_NORM[op](input, weight, bias, running_mean, running_var, training, momentum, eps)
+        out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
+            input, weight, bias, running_mean, running_var, training, momentum, eps)
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+        return out, mean, invstd
+    return decompose
+
+
+FUNCTIONALIZATION = {
+    **_TORCH_BATCH_NORM,
+    aten.native_batch_norm.default: _updating_statistics(aten.native_batch_norm.default),
+    aten._native_batch_norm_legit.default: _updating_statistics(aten._native_batch_norm_legit.default),
+}
 """Ops that write their inputs in place (batch norm's running statistics) but that
 functionalization would keep as they are: decomposed into pure ops plus `copy_`."""
 

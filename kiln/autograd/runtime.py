@@ -144,7 +144,7 @@ class TrainingRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager],
-                 saved_primals: list[int | None], unreached: list[int] = ()):
+                 saved_primals: list[int | None], unreached: list[int] = (), origin: str = "a compiled graph"):
         self.program, self.signature = program, signature
         # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
@@ -152,7 +152,7 @@ class TrainingRunner:
         self.unreached = unreached
         self.write_mutations = MutationWriter(mutations, program.input_specs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask, snapshots, watched, saved_primals)
+                                       signature, grad_mask, snapshots, watched, saved_primals, origin)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -200,7 +200,7 @@ def _hook_only_gradients(out: torch.Tensor) -> None:
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
-                   watched: list[SavedByEager], saved_primals: list[int | None]) -> type:
+                   watched: list[SavedByEager], saved_primals: list[int | None], origin: str) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -219,6 +219,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
     under autograd, where that is exact (`_differentiable_saves`); otherwise its gradients raise a clear
     error when differentiated.
+
+    `origin`: the user's code the graph holds, named when a second backward finds the saved tensors freed.
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -257,7 +259,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
         def backward(ctx, *grad_outputs):
             if watched:
                 ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
-            args = [*ctx.saved_tensors]
+            args = _saved_tensors(ctx, len(differentiable), origin)
             if has_sizes:
                 tensors, sizes = iter(args), iter(ctx.saved_sizes)
                 args = [next(sizes) if size else next(tensors) for size in saved_is_size]
@@ -308,6 +310,33 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     CompiledFunction.traced_backward = staticmethod(traced_backward)
     CompiledFunction.tangent_outputs = tuple(i for i, _, _ in tangents)  # which grad_outputs the check reads
     return CompiledFunction
+
+
+def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
+    """The tensors the forward saved; where autograd refuses them, its error with what it means here.
+
+    An input saved to recompute from (eager saves the value computed from it) and written in place since fails
+    autograd's version check where eager's backward runs, as under torch.compile. And eager has a backward node
+    per op; a compiled graph has one for all its outputs, as torch.compile's does, so a backward through one
+    output (`loss.backward()` in the compiled function) frees what a later backward through another output
+    needs, where eager's node of that other output would still hold it."""
+    try:
+        return [*ctx.saved_tensors]
+    except RuntimeError as e:
+        if "modified by an inplace operation" in str(e):  # what eager saves was checked first (ctx.versions)
+            raise RuntimeError(
+                f"{e}\nkiln: the compiled graph of {origin} saved a tensor it reads or returns, to recompute a value "
+                "from it in the backward where eager saves the value itself (torch.compile's partitioner does the "
+                "same), and that tensor was written in place since. Write into a clone of it, or after the backward."
+            ) from None
+        if num_differentiable < 2:
+            raise
+        raise RuntimeError(
+            f"{e}\nkiln: this backward goes through the compiled graph of {origin}. Its {num_differentiable} "
+            "outputs that require grad share one backward node (as they do under torch.compile), and an earlier "
+            "backward through one of them freed the values every one of them needs, where eager keeps a node per "
+            "operation. Pass retain_graph=True to the earlier backward(), or compute the outputs used after it once "
+            "it has run.") from None
 
 
 def _differentiable_saves(saved: list, saved_primals: list[int | None], snapshot: list[int],

@@ -6,7 +6,8 @@ compares, call by call: the exception raised (same type), the outputs (structure
 requires_grad, values within a tolerance, NaN equal to NaN), which outputs *are* inputs or each other,
 which outputs share storage with each other or with inputs, the inputs after the call (in-place ops),
 the Python state the program writes, and the gradients of the inputs after a backward over the outputs
-(an input the loss does not reach must keep `.grad is None`). A program with a module (MODEL) has its
+(an input the loss does not reach must keep `.grad is None`; a backward that raises must raise in both, and
+then the program is compared no further: see `BothRaisedInBackward`). A program with a module (MODEL) has its
 parameters, buffers and `.grad` in that state, compared again after the backward (hooks ran) and after the
 program's `after_call(call)` (an optimizer step), so the next call runs on parameters the step changed.
 
@@ -57,6 +58,13 @@ class Mismatch(Exception):
 
 def wrong(kind: str, message: str) -> Mismatch:
     return Mismatch("wrong", kind, message)
+
+
+class BothRaisedInBackward(Exception):
+    """The backward over the outputs raised the same exception type in eager and kiln. The gradients and hook
+    effects it left are partial, in the order the engine ran its nodes (one node per compiled graph, one per op
+    in eager), and so is every later state an optimizer step builds from them: the program is compared no
+    further."""
 
 
 # -- value comparison ------------------------------------------------------------------------------
@@ -236,9 +244,11 @@ def compare_gradients(e_res, k_res, e_args, k_args, call: int, eager_reruns: Cal
 
     e_grads, e_bwd = gradients(e_res, e_args, call)
     k_grads, k_bwd = gradients(k_res, k_args, call)
-    if (e_bwd is None) != (k_bwd is None):
+    if (e_bwd is None) != (k_bwd is None) or (e_bwd is not None and type(e_bwd) is not type(k_bwd)):
         raise wrong("backward_raise", f"backward: kiln {first_line(k_bwd) if k_bwd else 'ran'}, "
                                       f"eager {first_line(e_bwd) if e_bwd else 'ran'}")
+    if e_bwd is not None:
+        raise BothRaisedInBackward(first_line(e_bwd))
     ill_conditioned, reruns = [], None
     for i, (e, k) in enumerate(zip(e_grads, k_grads)):
         if (e is None) != (k is None):
@@ -342,6 +352,8 @@ def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> 
                 why = compare_call(call, eager_ns, kiln_ns, compiled, source)
             except Mismatch as m:
                 return Outcome(m.status, m.kind, f"call {call}: {m.message}")
+            except BothRaisedInBackward:
+                break
             ill_conditioned = ill_conditioned or (why and f"call {call}: {why}")
     if failures:
         kind = "graph_raised" if failures[0].stage == "rerun" else "capture_failed"

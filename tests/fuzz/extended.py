@@ -11,10 +11,16 @@ adds, on top of everything `Builder` draws:
   set_grad_enabled, inference_mode, decorators) with graph breaks inside, CPU bf16 autocast regions;
 - integer and bool promotion with Python scalars, reductions over empty dim lists, closures whose cells
   are rebound;
+- from LOOPS_FROM up, graph breaks inside loop bodies (LOOPS: `for` over a range, a list of tensors or a
+  tensor's rows, `while`, nested loops, `break`/`continue` after the break, loops inside no_grad/autocast
+  blocks and in called functions), drawn from a stream of their own in most programs; seeds below
+  LOOPS_FROM name the programs they named before;
 - inputs of size 0, rank 4, with inf / nan / -0.0 values, and laid out column-major, channels_last,
   expanded (stride 0) or at a storage offset.
 """
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -22,6 +28,9 @@ from tests.fuzz.ops import FAMILIES, Op, broadcasts, has_dims, is_bool, is_float
 from tests.fuzz.programs import GPU_UNDEFINED, Builder, weighted
 
 EXTENDED_FROM = 100_000
+LOOPS_FROM = 100_500  # seeds from here up may draw LOOPS
+LOOP_PROGRAMS = 0.7  # the share of those programs that draw LOOPS
+LOOP_SHARE = 0.3     # in those, the share of statements drawn from LOOPS
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -115,6 +124,76 @@ CLOSURES = [
        makes="block"),
 ]
 
+def square_float32(a) -> bool:
+    return a.dtype == torch.float32 and a.dim() == 2
+
+
+# Graph breaks inside loop bodies: kiln resumes these per iteration (a continuation's loop) or steps the frame
+# natively (a frame with a `with` block), where loop-carried tensors, closures over the loop variable, lists
+# grown across the break and in-place updates of carried values must come out as eager's.
+LOOPS = [
+    Op("{out} = {a}\nfor i in range({k} + 2):\n    {out} = {out} * 0.5 + i\n    kiln.graph_break()\n"
+       "    {out} = {out} - 1", is_num, makes="block"),
+    Op("{out} = {a} * 0\nfor t in [{a}, {b}, {a} + 1]:\n    if t.sum() > 0:\n        {out} = {out} + t\n"
+       "    else:\n        {out} = {out} - t", broadcasts, 2, makes="block"),
+    Op("{out} = {a}\ni = 0\nwhile i < {k} + 1:\n    {out} = {out} + i\n"
+       "    print('step', i, tuple({out}.shape), file=BUF)\n    i += 1", is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(3):\n    for j in range(2):\n        {out} = {out} * 2 - j\n"
+       "        kiln.graph_break()\n        if i + j == 2:\n            break\n        {out} = {out} + i",
+       is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(4):\n    if i == 1:\n        continue\n    {out} = {out} + i\n"
+       "    print('at', i, file=BUF)\n    if i == 2:\n        break\n    {out} = {out} * 2", is_num, makes="block"),
+    Op("acc = []\nfor i in range({k} + 2):\n    acc.append({a} * i)\n    kiln.graph_break()\n"
+       "    acc.append(acc[-1] + 1)\n{out} = torch.stack(acc).sum(0)", is_num, makes="block"),
+    Op("{out} = {a}.clone()\nfor i in range(3):\n    {out}.mul_(0.5).add_(i)\n    print(i, file=BUF)\n"
+       "    {out}[..., :1] += 1", lambda a: is_float(a) and a.dim() >= 1, makes="block"),
+    Op("for i in range(2):\n    {a}.add_(i)\n    kiln.graph_break()", is_num, makes="none"),
+    Op("fns = []\nfor i in range(3):\n    fns.append(lambda t, i=i: t * i)\n    kiln.graph_break()\n"
+       "    fns.append(lambda t: t + i)\n{out} = sum(fn({a}) for fn in fns)", is_num, makes="block"),
+    Op("{out} = {a}\nfor i, row in enumerate({a}):\n    if row.sum() > 0:\n        {out} = {out} + i\n"
+       "    LOG.append(i)\n    if i >= 2:\n        break", has_dims, makes="block"),
+    Op("{out} = {a}\ntotal = 0.0\nfor t in ({a}, {b}):\n    total = total + t.float().sum().item()\n"
+       "    {out} = {out} * 2\n{out} = {out} + total", broadcasts, 2, makes="block"),
+    Op("{out} = {a}\nsteps = 0\nwhile {out}.abs().sum() > 0.5 and steps < 4:\n    {out} = {out} * 0.5\n"
+       "    steps += 1\nSTATE['steps'] = steps", is_float, makes="block"),
+    Op("with torch.no_grad():\n    {out} = {a}\n    for i in range(2):\n        {out} = {out} * 2 + i\n"
+       "        kiln.graph_break()\n        {out} = {out} - 1", is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(2):\n    with torch.no_grad():\n        {out} = {out} * 2\n"
+       "    print('no_grad', i, file=BUF)\n    {out} = {out} + {a}", is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(2):\n    with torch.enable_grad():\n        kiln.graph_break()\n"
+       "        {out} = {out} * 1.5\n    {out} = {out} + i", is_num, makes="block"),
+    Op("with torch.autocast('cpu', dtype=torch.bfloat16):\n    {out} = {a}\n    for i in range(2):\n"
+       "        {out} = ({out} @ {out}.t()).tanh()\n        kiln.graph_break()\n{out} = {out}.float()",
+       square_float32, makes="block"),
+    Op("def run_steps(t, steps):\n    for i in range(steps):\n        t = t + i\n        if t.sum() > 0:\n"
+       "            t = t * 0.5\n    return t\n{out} = run_steps({a}, {k} + 2)", is_num, makes="block"),
+    Op("def run_blocks(t):\n    out = []\n    for i in range(2):\n        with torch.no_grad():\n"
+       "            u = t * i\n        print(end='', file=BUF)\n        out.append(u + t)\n    return out\n"
+       "{out} = sum(run_blocks({a}))", is_num, makes="block"),
+    Op("{out} = {a}\nfor t in [{a}, {b}]:\n    {p} = t.shape[0] if t.dim() else 1\n    kiln.graph_break()\n"
+       "    {out} = {out} + {p}", broadcasts, 2, makes="block"),
+    Op("{out} = {a}\nfor key, t in {{'x': {a}, 'y': {b}}}.items():\n    STATE[key] = STATE.get(key, 0) + 1\n"
+       "    print(key, file=BUF)\n    {out} = {out} + t\n    if key == 'x' and {out}.sum() > 0:\n        break",
+       broadcasts, 2, makes="block"),
+    Op("{out} = {a}\ni = 0\nwhile True:\n    i += 1\n    {out} = {out} * 2\n    kiln.graph_break()\n"
+       "    if i >= {k} + 1:\n        break", is_num, makes="block"),
+    Op("def noisy(t, i):\n    print('noisy', i, file=BUF)\n    return t * 2 - i\n{out} = {a}\nfor i in range(3):\n"
+       "    {out} = noisy({out}, i)", is_num, makes="block"),
+    Op("{out} = {a}\nfor i in range(3):\n    STATE['loop'] = STATE.get('loop', 0) + i\n    kiln.graph_break()\n"
+       "    {out} = {out} + STATE['loop']", is_num, makes="block"),
+    Op("{out} = {a} * 1\nfor i, t in zip(range(2), reversed([{a}, {b}])):\n    {out} = {out} + t * i\n"
+       "    LOG.append(tuple({out}.shape))\n    kiln.graph_break()", broadcasts, 2, makes="block"),
+    Op("{out} = torch.stack([row * row.float().sum().item() for row in {a}])", has_dims, makes="block"),
+    Op("{out} = {a}\nfor i in range(2):\n    def bump(t):\n        return t + {out}.mean()\n"
+       "    kiln.graph_break()\n    {out} = bump({out})", is_float, makes="block"),
+    Op("{out} = {a}\nfor i in range(int({a}.abs().sum().item()) % 3 + 1):\n    {out} = {out} - i", is_num,
+       makes="block"),
+    Op("acc = [{a}]\nfor i in range(3):\n    acc.insert(0, acc[-1] * 2)\n    print(len(acc), file=BUF)\n"
+       "    if len(acc) > 2:\n        acc.pop()\n{out} = acc[0] + acc[-1]", is_num, makes="block"),
+    Op("for i in range(2):\n    with torch.no_grad():\n        {a}.sub_({a} * 0.25)\n    print('step', i, file=BUF)",
+       is_float, makes="none"),
+]
+
 EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [
     ("grad_mode", GRAD_MODES, 1.5), ("autocast", AUTOCAST, 1), ("autograd", AUTOGRAD, 1.5),
     ("promotion", PROMOTION, 2), ("closure", CLOSURES, 0.7),
@@ -164,10 +243,13 @@ class ExtendedBuilder(Builder):
 
     def __init__(self, seed: int, device: str = "cpu"):
         self.model_lines = self._draw_model(seed)
+        # Loops with breaks come from a stream of their own, from LOOPS_FROM up: the seeds below it name the
+        # programs they named before loops were added (CI's and the regression seeds among them).
+        self.loop_rng = random.Random(f"kiln-fuzz-loops-{seed}")
+        self.loop_share = LOOP_SHARE if seed >= LOOPS_FROM and self.loop_rng.random() < LOOP_PROGRAMS else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
-        import random
         rng = random.Random(f"kiln-fuzz-model-{seed}")
         if rng.random() < 0.4:
             self.has_model = self.has_optimizer = False
@@ -229,6 +311,8 @@ class ExtendedBuilder(Builder):
 
     # -- statements --------------------------------------------------------------------------
     def _pick_op(self) -> Op:
+        if self.loop_share and self.loop_rng.random() < self.loop_share:
+            return self.loop_rng.choice(LOOPS)
         families = [(ops, w) for _, ops, w in FAMILIES + EXTENDED_FAMILIES]
         if self.has_model:
             families.append((MODULE_CALLS, 4))

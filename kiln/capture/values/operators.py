@@ -11,6 +11,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.sources import ArithmeticSource
@@ -77,9 +79,28 @@ _STATEMENTS: dict[Callable, Callable] = {
 }
 
 
-def _as_graph_tensor(value: Value, partner: TensorValue) -> Value:
-    tensor = value.graph_tensor(partner.fake) if isinstance(value, ScalarInputValue) else None
-    return value if tensor is None else tensor
+def _as_graph_tensor(state, value: Value, partner: TensorValue) -> Value:
+    if not isinstance(value, ScalarInputValue):
+        return value
+    zero_dim = partner.fake.dim() == 0
+    if zero_dim and type(value.value) is float and partner.fake.dtype in (torch.bfloat16, torch.float16):
+        return value  # eager computes with such a tensor in float32, from the number itself: it is specialized
+    tensor = value.graph_tensor(partner.fake)
+    if tensor is None:
+        return value
+    if zero_dim and _same_kind(partner.fake.dtype, tensor.fake.dtype):
+        # A Python number takes a 0-d tensor's dtype (`t.sum() + x` stays float32), where a 0-d float64 or
+        # int64 input would promote it: the number enters at the partner's dtype, as eager converts it.
+        return trace_op(state, "call_method", "to", [tensor, ConstantValue(partner.fake.dtype)], {})
+    return tensor
+
+
+def _same_kind(partner: torch.dtype, number: torch.dtype) -> bool:
+    """Whether a Python number of `number`'s kind (int64 or float64) is converted to `partner` in arithmetic
+    with a 0-d tensor (a bool tensor promotes to the number's kind instead)."""
+    if number.is_floating_point:
+        return partner.is_floating_point and partner != number
+    return partner != number and not partner.is_floating_point and not partner.is_complex and partner != torch.bool
 
 
 _COMPARISON_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
@@ -187,7 +208,7 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
             return derived
     partner = next((a for a in args if isinstance(a, TensorValue)), None)
     if partner is not None:  # `x * n` for a number n made dynamic: n as a 0-d tensor input
-        args = [_as_graph_tensor(a, partner) for a in args]
+        args = [_as_graph_tensor(state, a, partner) for a in args]
     if fn in _STATEMENTS:  # the statements' own handlers: a container's semantics, or a tensor's in-place write
         return _STATEMENTS[fn](state, *args)
     if fn is operator.getitem:

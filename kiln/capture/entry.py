@@ -300,7 +300,14 @@ class CompiledFrame:
             return len(self.entries)
         if len(self.entries) >= ACCUMULATED_LIMIT:
             return len(self.entries)
-        return sum(bool(entry.guards.local_identities().compile()(L, G, C)) for entry in self.entries)
+        return sum(self._compiled_for(entry, L, G, C) for entry in self.entries)
+
+    @staticmethod
+    def _compiled_for(entry: CacheEntry, L, G, C) -> bool:
+        """Whether `entry` was compiled for the objects this call's locals are (an entry guarding no local's
+        identity was compiled for any)."""
+        identities = entry.guards.local_identities()
+        return not identities.guards or bool(identities.compile()(L, G, C))
 
     def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
         """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""

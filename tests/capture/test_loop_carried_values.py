@@ -16,6 +16,7 @@ import torch
 
 import kiln
 from support.capture import CountingBackend, assert_same
+from tests.fuzz.compare import leaves
 
 BUF = io.StringIO()
 STATE = {}
@@ -216,16 +217,6 @@ def inputs(program, call: int):
     a = torch.randn(rows, 3, generator=g).requires_grad_()
     b = torch.randn((rows, 3) if program in SAME_SHAPE_B else (3, 3), generator=g)
     return [a, b]
-
-
-def leaves(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in leaves(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in leaves(v)]
-    return []
 
 
 def run(fn, program, call: int):

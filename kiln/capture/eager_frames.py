@@ -33,15 +33,22 @@ _running = 0
 
 
 def _call_through_kiln(module: torch.nn.Module, *args, **kwargs) -> Any:
-    """`module(*args, **kwargs)`: through kiln when an eager frame of this context called it."""
+    """`module(*args, **kwargs)`: through kiln when an eager frame of this context called it. A module whose
+    forward is torch's own code (nn.Sequential, nn.Linear) runs as torch's, the modules it calls still sent to
+    kiln: a model's blocks are often held in an nn.Sequential."""
     compiled_call = _context.get()
-    if compiled_call is None:
+    if compiled_call is None or _forward_is_torchs(module):
         return _torch_call(module, *args, **kwargs)
     token = _context.set(None)
     try:
         return compiled_call(module, *args, **kwargs)
     finally:
         _context.reset(token)
+
+
+def _forward_is_torchs(module: torch.nn.Module) -> bool:
+    forward = getattr(type(module).forward, "__func__", type(module).forward)
+    return (getattr(forward, "__module__", None) or "").startswith("torch.")
 
 
 @contextlib.contextmanager

@@ -120,6 +120,25 @@ def test_more_layer_instances_than_the_recompile_limit_all_compile():
     assert kiln.fallbacks.counts().get("frame_limit", 0) == 0  # strict: a frame_limit fallback would have raised
 
 
+def test_layers_held_in_an_nn_sequential_are_compiled():
+    """timm's blocks sit in an nn.Sequential, whose forward is torch's code: the eager frame's call of it runs as
+    torch's, and the layers it calls are compiled."""
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.Sequential(Layer(), Layer())
+
+        @collecting
+        def forward(self, x):
+            if x.sum() > 1e9:
+                x = x * 0
+            return self.blocks(x).sum()
+
+    graphs, torch_graphs = _graphs(Blocks, torch.randn(4, 8))
+    assert any("relu" in code for code in torch_graphs)
+    assert any("relu" in code for code in graphs)
+
+
 def test_torch_modules_called_from_the_eager_frame_stay_eager():
     """nn.Linear's forward is torch's code, which torch.compile's frame hook skips too."""
     class Direct(torch.nn.Module):

@@ -131,6 +131,17 @@ class CaptureRecord:
     def program_source(self) -> str:
         return readable_program(self.guards, self.program_text)
 
+    @functools.cached_property
+    def _identity_check(self) -> Callable | None:
+        """The guards on the identity of the frame's locals, compiled once (None: the entry has none)."""
+        identities = self.guards.local_identities()
+        return identities.compile() if identities.guards else None
+
+    def compiled_for(self, L, G, C) -> bool:
+        """Whether this entry was compiled for the objects this call's locals are (a module's `self`); an entry
+        guarding no local's identity was compiled for any."""
+        return self._identity_check is None or bool(self._identity_check(L, G, C))
+
 
 @dataclass
 class CacheEntry:
@@ -145,6 +156,17 @@ class CacheEntry:
     @functools.cached_property
     def program_source(self) -> str:
         return readable_program(self.guards, self.program_text)
+
+    @functools.cached_property
+    def _identity_check(self) -> Callable | None:
+        """The guards on the identity of the frame's locals, compiled once (None: the entry has none)."""
+        identities = self.guards.local_identities()
+        return identities.compile() if identities.guards else None
+
+    def compiled_for(self, L, G, C) -> bool:
+        """Whether this entry was compiled for the objects this call's locals are (a module's `self`); an entry
+        guarding no local's identity was compiled for any."""
+        return self._identity_check is None or bool(self._identity_check(L, G, C))
 
 
 def readable_program(guards: GuardSet, program: str) -> str:
@@ -300,14 +322,7 @@ class CompiledFrame:
             return len(self.entries)
         if len(self.entries) >= ACCUMULATED_LIMIT:
             return len(self.entries)
-        return sum(self._compiled_for(entry, L, G, C) for entry in self.entries)
-
-    @staticmethod
-    def _compiled_for(entry: CacheEntry, L, G, C) -> bool:
-        """Whether `entry` was compiled for the objects this call's locals are (an entry guarding no local's
-        identity was compiled for any)."""
-        identities = entry.guards.local_identities()
-        return not identities.guards or bool(identities.compile()(L, G, C))
+        return sum(entry.compiled_for(L, G, C) for entry in self.entries)
 
     def _run_observed(self, entry: CacheEntry, L, G, C) -> Any:
         """Run `entry` as one named profiler range (when profiling) and count its time (when timing)."""

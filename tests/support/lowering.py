@@ -56,14 +56,21 @@ def count_externs(compiled) -> int:
     return sum(1 for line in str(compiled.artefacts["schedule"]).splitlines() if line.startswith("extern"))
 
 
-def check_triton(fn, *inputs, device: str = TRITON_TEST_DEVICE):
-    """`fn` compiled for the Triton target on `device` (the interpreter on CPU, the GPU under
-    KILN_TRITON_TEST_DEVICE=cuda), compared with eager, with no ATen externs left, and its kernels
-    compiled for sm_90 (tests/support/triton_sm90.py)."""
+def compile_for_triton(fn, *inputs, device: str = TRITON_TEST_DEVICE):
+    """`fn` traced and compiled for the Triton target on `device` (the interpreter on CPU, the GPU under
+    KILN_TRITON_TEST_DEVICE=cuda), the graph not fallen back: (the compiled graph, the inputs on `device`, the
+    kernel builds it recorded, for `assert_compiles_for_sm90`)."""
     inputs = [x.to(device) for x in inputs]
     with recording_builds() as builds:
         compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
     assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    return compiled, inputs, builds
+
+
+def check_triton(fn, *inputs, device: str = TRITON_TEST_DEVICE):
+    """`fn` compiled for the Triton target on `device`, compared with eager, with no ATen externs left, and its
+    kernels compiled for sm_90 (tests/support/triton_sm90.py)."""
+    compiled, inputs, builds = compile_for_triton(fn, *inputs, device=device)
     assert_compiles_for_sm90(builds)
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
     with torch.no_grad():

@@ -13,14 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.triton_device import DEVICE, skip_module_unless_kernels_run
+from support.triton_device import skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
-from kiln.pipeline import compile_aten_graph  # noqa: E402
-from support.lowering import assert_same, trace  # noqa: E402
-from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
+from support.lowering import assert_same, compile_for_triton  # noqa: E402
+from support.triton_sm90 import assert_compiles_for_sm90  # noqa: E402
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
@@ -31,10 +30,7 @@ LOOPED = PERSISTENT_MAX_RBLOCK + 37  # a row too long for one block: the reducti
 def check(fn, *inputs, max_kernels=None, exact=()):
     """`fn` compiled for the Triton target matches eager (the outputs numbered in `exact` bit for bit), and
     each of its kernels compiles for sm_90."""
-    inputs = [x.to(DEVICE) for x in inputs]
-    with recording_builds() as builds:
-        compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
-    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    compiled, inputs, builds = compile_for_triton(fn, *inputs)
     with torch.no_grad():
         got, expected = compiled(*inputs), fn(*inputs)
     assert_same(got, expected)

@@ -24,9 +24,8 @@ from support.triton_device import DEVICE, skip_module_unless_kernels_run
 skip_module_unless_kernels_run()
 
 from kiln.codegen.triton import heuristics  # noqa: E402
-from kiln.pipeline import compile_aten_graph  # noqa: E402
-from support.lowering import trace  # noqa: E402
-from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
+from support.lowering import compile_for_triton  # noqa: E402
+from support.triton_sm90 import assert_compiles_for_sm90  # noqa: E402
 
 aten = torch.ops.aten
 ROWS = 333  # not a multiple of any chunk
@@ -36,10 +35,7 @@ def compiled_and_checked(fn, *inputs):
     """`fn` compiled for the Triton target: its outputs against eager's, each within a tolerance from the same
     computation in float64 (a sum over a thousand rows, added in another order, differs from eager's in its
     last bits); every kernel compiled for sm_90. Returns the kernels' source."""
-    inputs = [x.to(DEVICE) for x in inputs]
-    with recording_builds() as builds:
-        compiled = compile_aten_graph(trace(fn, *inputs), list(inputs), {"cpu_backend": "triton"})
-    assert "fallback" not in compiled.artefacts, compiled.artefacts.get("fallback")
+    compiled, inputs, builds = compile_for_triton(fn, *inputs)
     with torch.no_grad():
         got, expected = compiled(*inputs), fn(*inputs)
         exact = fn(*[x.double() if x.is_floating_point() else x for x in inputs])

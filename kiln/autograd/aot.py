@@ -48,6 +48,7 @@ from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_gr
 from kiln.autograd.decompositions import tracing_table
 from kiln.autograd.eager_errors import backward_error, eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
+from kiln.autograd.graph_parts import PartsCompiled, independent_parts
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
@@ -93,6 +94,13 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     `cache`: the compiler's identity and options, as a string, to keep the ATen graphs in the compile cache
     under (aot_cache.py), or None to keep nothing (the compiler's output depends on more than it says).
     """
+    split = independent_parts(gm, example_inputs) if gm.meta.get("kiln.ends_at_backward") else None
+    if split is not None:
+        log.info("%s: ends at a backward(): compiling its %d independent parts as a backward node each", name,
+                 len(split.parts))
+        return PartsCompiled(split, lambda part, inputs: aot_compile(part, inputs, compiler,
+                                                                     decompositions=decompositions, name=name,
+                                                                     cache=cache), example_inputs)
     if written_alias_groups(gm, example_inputs) != []:
         log.info("%s: inputs share storage and one is written: compiling with a base input per storage", name)
         return AliasedInputsCompiled(gm, example_inputs,

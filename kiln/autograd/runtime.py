@@ -317,9 +317,10 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
 
     An input saved to recompute from (eager saves the value computed from it) and written in place since fails
     autograd's version check where eager's backward runs, as under torch.compile. And eager has a backward node
-    per op; a compiled graph has one for all its outputs, as torch.compile's does, so a backward through one
-    output (`loss.backward()` in the compiled function) frees what a later backward through another output
-    needs, where eager's node of that other output would still hold it."""
+    per op; a compiled graph has one for all its outputs that share computation (graph_parts.py splits the rest),
+    as torch.compile's does, so a backward through one output (`loss.backward()` in the compiled function)
+    frees what a later backward through another output needs, where eager's node of that other output would
+    still hold it."""
     try:
         return [*ctx.saved_tensors]
     except RuntimeError as e:
@@ -333,10 +334,10 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
             raise
         raise RuntimeError(
             f"{e}\nkiln: this backward goes through the compiled graph of {origin}. Its {num_differentiable} "
-            "outputs that require grad share one backward node (as they do under torch.compile), and an earlier "
-            "backward through one of them freed the values every one of them needs, where eager keeps a node per "
-            "operation. Pass retain_graph=True to the earlier backward(), or compute the outputs used after it once "
-            "it has run.") from None
+            "outputs that require grad are computed from shared values and share one backward node (as they do "
+            "under torch.compile), and an earlier backward through one of them freed the values every one of them "
+            "needs, where eager keeps a node per operation. Pass retain_graph=True to the earlier backward(), or "
+            "compute the outputs used after it once it has run.") from None
 
 
 def _differentiable_saves(saved: list, saved_primals: list[int | None], snapshot: list[int],

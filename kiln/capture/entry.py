@@ -706,6 +706,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         gm.meta = {"frame": spec.describe(), "kiln.graph_id": graph_id}
         if reason is not None and reason.location is not None:  # named by errors about the graph at run time
             gm.meta["kiln.ends_at"] = f"{reason.location}: {reason.location.line_text()}"
+        if reason is not None and reason.reason.id == "autograd_backward":  # see kiln/autograd/graph_parts.py
+            gm.meta["kiln.ends_at_backward"] = True
         if log_graph.isEnabledFor(logging.INFO):  # printing a large graph costs more than a warm start spends on it
             log_graph.info("captured graph for %s\n%s", spec.describe(), gm.print_readable(print_output=False))
         guard_input_aliasing(state)  # before the backend, whose fake runs could touch the inputs' fakes

@@ -58,17 +58,12 @@ ONCE_FAILING = {
         395, 411, 1421, 731, 1304, 1320, 217, 1099, 1433, 1732, 1883, 7139, 9050, 686, 2649, 3196, 4147, 2197,
         12188, 12357, 12408, 818, 650, 980, 994, 1438,
         # the extended generator's (seeds from 100000)
-        100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642,
+        100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642, 100489,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
 
 # seeds that still fail, with what differs: strict xfails, so a fix shows up as a pass to move into ONCE_FAILING
-SHARED_BACKWARD_NODE = ("backward_raise, shared with torch.compile: `loss.backward()` inside f frees the saved "
-                        "tensors of the graph before the break, which is one backward node for all its outputs (as "
-                        "AOTAutograd's graph is); a later backward through another of its outputs (eager: a node of "
-                        "its own) raises 'backward through the graph a second time', as torch.compile's does, with "
-                        "kiln's note naming the graph and the backward() line (autograd/test_shared_backward_node.py)")
 SAVED_INPUT_WRITTEN_AFTER = ("backward_raise, shared with torch.compile: the partition saved a graph input to "
                              "recompute `t1 - i` from (eager saves that value), and the input is written in place "
                              "after the graph; autograd's version check raises, with kiln's note "
@@ -76,8 +71,6 @@ SAVED_INPUT_WRITTEN_AFTER = ("backward_raise, shared with torch.compile: the par
 KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("aot_eager", 100853): SAVED_INPUT_WRITTEN_AFTER,
     ("inductor", 100853): SAVED_INPUT_WRITTEN_AFTER,
-    ("aot_eager", 100489): SHARED_BACKWARD_NODE,
-    ("inductor", 100489): SHARED_BACKWARD_NODE,
     ("inductor", 101069): "values, shared with torch.compile: a LayerNorm over a row near 1e30, whose squares "
                           "overflow float32: eager's CPU kernel gives nan, kiln's kernel (and torch.compile's "
                           "inductor) 0 before the affine; the float64 re-run, which would judge it, does not widen "

@@ -1,0 +1,197 @@
+"""A graph that ends at the user's `backward()`, compiled as one autograd node per independent part.
+
+A compiled graph is one backward node for all its outputs (an autograd.Function); eager has a node per op.
+Where the user's code calls `loss.backward()` right after the graph (the capture broke there), that backward
+frees the node's saved tensors, and a later backward through another output of the graph raised "backward
+through the graph a second time", where eager's own nodes for that output still held theirs (torch.compile
+raises too). When the graph's outputs fall into parts that share no computation (the loss of a model, and an
+activation computed from the inputs beside it), each part becomes a graph and a backward node of its own, and
+the later backward goes through a node the first did not free, as in eager.
+
+The split is exact only for graphs whose parts do not meet through state: a part that writes into a tensor
+(an input, a buffer) or draws random numbers could run in another order relative to the other parts than
+eager's, so such graphs stay whole. Which ATen ops a node runs (and so whether it writes or draws) is read from
+a fake run of the graph. Grad-mode and autocast switches (calls that take no values and return none) are
+copied into every part, in their order, so each op runs in the mode it ran in.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+@dataclass
+class Part:
+    """One independent part: its graph, which of the whole graph's inputs it takes, which outputs it gives."""
+
+    gm: torch.fx.GraphModule
+    inputs: list[int]
+    outputs: list[int]
+
+
+@dataclass
+class Split:
+    """The parts, in `gm`'s order, and the outputs no part computes: an input returned as it is (output
+    position -> input position) or a constant (output position -> value)."""
+
+    parts: list[Part]
+    returned_inputs: dict[int, int]
+    constants: dict[int, object]
+    num_outputs: int
+
+
+def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split | None:
+    """`gm`'s parts when at least two of them give outputs that require grad and none writes into a tensor or
+    draws random numbers; None otherwise (compile it whole)."""
+    nodes = list(gm.graph.nodes)
+    returned = nodes[-1].args[0]
+    if not isinstance(returned, (tuple, list)) or any(_symbolic(n) for n in nodes if n.op == "placeholder"):
+        return None  # symbolic sizes: a part's values may be sized by an input it does not read
+    switches = {n for n in nodes if n.op == "call_function" and not n.all_input_nodes and not n.users}
+    part_of = _union_parts(nodes, switches)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    roots, returned_inputs, constants = {}, {}, {}
+    for k, value in enumerate(returned):
+        if not isinstance(value, torch.fx.Node):
+            constants[k] = value
+        elif value.op == "placeholder":
+            returned_inputs[k] = placeholders.index(value)
+        elif value.op == "get_attr":
+            return None
+        else:
+            roots.setdefault(part_of(value), []).append(k)
+    differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
+    if len(differentiable) < 2 or _writes_or_draws(gm, example_inputs):
+        return None  # a node no output reads is then pure: no part keeps it
+    first = {}
+    for position, n in enumerate(nodes):
+        if _in(n, switches) and part_of(n) in roots:
+            first.setdefault(part_of(n), position)
+    parts = [_part_graph(gm, nodes, switches, roots[root]) for root in sorted(roots, key=first.get)]
+    return Split(parts, returned_inputs, constants, len(returned))
+
+
+def _union_parts(nodes: list, switches: set) -> Callable:
+    """A find function: each computing node to its part's root. Inputs and constants (placeholders, get_attr)
+    join nothing: two parts reading one input stay two parts, as eager's nodes of each are their own."""
+    parent: dict = {}
+
+    def find(n):
+        while parent.get(n, n) is not n:
+            parent[n] = parent.get(parent[n], parent[n])
+            n = parent[n]
+        return n
+
+    for n in nodes:
+        if n.op in ("placeholder", "get_attr", "output") or n in switches:
+            continue
+        parent.setdefault(n, n)
+        for arg in n.all_input_nodes:
+            if arg.op not in ("placeholder", "get_attr"):
+                parent[find(arg)] = find(n)
+    return find
+
+
+def _in(node, switches: set) -> bool:
+    """Whether `node` computes (not an input, a constant, a switch or the output)."""
+    return node.op not in ("placeholder", "get_attr", "output") and node not in switches
+
+
+def _reaching(returned: list) -> set:
+    """The computing nodes the `returned` ones are computed from (a pure node no output reads is left out)."""
+    seen, todo = set(), list(returned)
+    while todo:
+        n = todo.pop()
+        if n not in seen and n.op not in ("placeholder", "get_attr"):
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _symbolic(placeholder) -> bool:
+    value = placeholder.meta.get("example_value")
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _requires_grad(node) -> bool:
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _part_graph(gm, nodes: list, switches: set, outputs: list[int]) -> Part:
+    """The part of `gm` giving `outputs`: the inputs it reads, the switches, its nodes in `gm`'s order, and its
+    outputs."""
+    returned = nodes[-1].args[0]
+    members = _reaching([returned[k] for k in outputs])
+    read = {a for n in members for a in n.all_input_nodes}
+    graph = torch.fx.Graph()
+    env: dict = {}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    inputs = [k for k, p in enumerate(placeholders) if p in read]
+    for p in placeholders:
+        if p in read:
+            env[p] = graph.node_copy(p)
+    keep = members | switches | {n for n in read if n.op == "get_attr"}
+    for n in nodes:
+        if n in keep:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(tuple(env[returned[k]] for k in outputs))
+    part = torch.fx.GraphModule(gm, graph)
+    part.meta = dict(gm.meta)
+    return Part(part, inputs, outputs)
+
+
+class _Reads(TorchDispatchMode):
+    """Records whether any ATen op run under it writes into one of its arguments or draws random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        schema = func._schema
+        if _SEEDED in func.tags or schema.is_mutable or any(a.kwarg_only and a.name == "out" for a in schema.arguments):
+            self.found = True
+        return func(*args, **(kwargs or {}))
+
+
+def _writes_or_draws(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Whether running `gm` writes into a tensor or draws random numbers (a fake run: nothing is computed).
+    A graph the fake run cannot go through (data-dependent sizes, ...) counts as one that does."""
+    reads = _Reads()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+            with reads:
+                torch.fx.Interpreter(gm).run(*fakes)
+    except Exception:
+        return True
+    return reads.found
+
+
+class PartsCompiled:
+    """The parts compiled one by one, called in `gm`'s order, their outputs put back in `gm`'s positions."""
+
+    def __init__(self, split: Split, compile_part: Callable, example_inputs: list):
+        self.parts = [(part.inputs, part.outputs, compile_part(part.gm, [example_inputs[i] for i in part.inputs]))
+                      for part in split.parts]
+        self.split = split
+
+    def __call__(self, *args):
+        result = [None] * self.split.num_outputs
+        for inputs, outputs, compiled in self.parts:
+            for k, value in zip(outputs, compiled(*[args[i] for i in inputs])):
+                result[k] = value
+        for k, i in self.split.returned_inputs.items():
+            result[k] = args[i]
+        for k, value in self.split.constants.items():
+            result[k] = value
+        return tuple(result)

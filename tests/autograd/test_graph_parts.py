@@ -1,0 +1,171 @@
+"""`loss.backward()` inside the compiled function, then a backward through another output of the same graph.
+
+A compiled graph is one backward node for all its outputs (an autograd.Function); eager has a node per op. The
+first backward (through the loss) frees the node's saved tensors, so a later backward through another output of
+the graph found them gone, where eager's own nodes of that output still hold theirs; torch.compile raises
+"backward through the graph a second time" on these programs (measured in `test_torch_compile_raises_too`). kiln
+compiles a graph that ends at the user's `backward()` as one backward node per part that shares no computation
+with the others (kiln/autograd/graph_parts.py), so the later backward gives eager's gradients. Found by the fuzzer
+(seed 100489).
+
+Parts that share computation stay one node: there kiln raises autograd's error with a note naming the graph, the
+user's backward() line and the way out (retain_graph=True). So do graphs whose parts write into tensors or draw
+random numbers, which could run in another order than eager's if split.
+"""
+import pytest
+import torch
+
+import kiln
+from kiln.autograd.graph_parts import independent_parts
+
+BACKENDS = ["aot_eager", "inductor"]
+
+
+def output_computed_before_the_backward(a):
+    kept = a * 2
+    loss = a.sin().sum()
+    loss.backward()
+    return kept * 3
+
+
+def module_loss_beside_a_kept_activation(a, model):
+    kept = a.exp()
+    loss = model(a).square().mean()
+    loss.backward()
+    return kept.tanh()
+
+
+def two_kept_outputs(a):
+    first, second = a.exp(), a * a
+    loss = a.sin().sum()
+    loss.backward()
+    return first + second.sin()
+
+
+def kept_under_no_grad_beside_one_with_grad(a):
+    kept = a.exp()
+    with torch.no_grad():
+        scale = a.abs().max()
+    loss = (a * a).sum()
+    loss.backward()
+    return kept * scale
+
+
+PROGRAMS = [output_computed_before_the_backward, module_loss_beside_a_kept_activation, two_kept_outputs,
+            kept_under_no_grad_beside_one_with_grad]
+
+
+def model_of(program):
+    torch.manual_seed(0)
+    if program is module_loss_beside_a_kept_activation:
+        return (torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)),)
+    return ()
+
+
+def run(fn, program):
+    a = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_(True)
+    out = fn(a, *model_of(program))
+    out.sum().backward()
+    return out, a.grad
+
+
+@pytest.mark.parametrize("program", PROGRAMS[:3], ids=lambda f: f.__name__)
+def test_torch_compile_raises_too(program):
+    """The reference: torch.compile's graph is one backward node, and the second backward raises."""
+    torch._dynamo.reset()
+    run(program, program)  # eager runs it
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        run(torch.compile(program, backend="aot_eager"), program)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
+def test_independent_parts_give_eagers_outputs_and_gradients(program, backend):
+    expected = run(program, program)
+    torch.testing.assert_close(run(kiln.compile(program, backend=backend), program), expected)
+
+
+def shared_sum(a):
+    shared = a + 1  # eager's add saves nothing: the later backward through `kept` runs in eager
+    loss = shared.sin().sum()
+    loss.backward()
+    return shared * 3
+
+
+def random_part(a):
+    kept = torch.nn.functional.dropout(a, 0.5)
+    loss = a.sin().sum()
+    loss.backward()
+    return kept
+
+
+def written_part(a, b):
+    b.add_(1)
+    loss = a.sin().sum()
+    loss.backward()
+    return a.exp()
+
+
+def captured_graph(program, *args):
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    kiln.compile(program, backend=keep)(*args)
+    return graphs[0]
+
+
+@pytest.mark.parametrize("program, parts", [(output_computed_before_the_backward, 2), (two_kept_outputs, 3),
+                                            (shared_sum, None), (random_part, None), (written_part, None)],
+                         ids=lambda p: getattr(p, "__name__", str(p)))
+def test_which_graphs_split(program, parts):
+    """Parts sharing computation, drawing random numbers or writing into a tensor keep the graph whole."""
+    args = [torch.ones(2, 3, requires_grad=True)] + ([torch.zeros(3)] if program is written_part else [])
+    gm, example_inputs = captured_graph(program, *args)
+    assert gm.meta.get("kiln.ends_at_backward")
+    split = independent_parts(gm, example_inputs)
+    assert (None if split is None else len(split.parts)) == parts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parts_sharing_computation_raise_naming_the_graph_and_the_backward_line(backend):
+    """The shared limitation that stays: one backward node for computation the two outputs share."""
+    run(shared_sum, shared_sum)  # eager gives gradients
+    with pytest.raises(RuntimeError) as raised:
+        run(kiln.compile(shared_sum, backend=backend), shared_sum)
+    message = str(raised.value)
+    assert "backward through the graph a second time" in message  # autograd's own words come first
+    assert "compiled graph of shared_sum" in message
+    assert "loss.backward()" in message  # the user's line that freed the graph's saved tensors
+    assert "retain_graph=True" in message
+
+
+def retaining(a):
+    kept = a * 2
+    loss = a.sin().sum()
+    loss.backward(retain_graph=True)
+    return kept * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retain_graph_on_the_first_backward_gives_eagers_gradients(backend):
+    torch.testing.assert_close(run(kiln.compile(retaining, backend=backend), retaining), run(retaining, retaining))
+
+
+def backward_twice(a):
+    return a.sin().sum() * 2, a.cos()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_real_second_backward_raises_as_eager_does(backend):
+    """A loss run backward twice raises autograd's error under kiln as in eager, from one output or several."""
+    for fn in (backward_twice, lambda a: a.sin().sum()):
+        for call in (fn, kiln.compile(fn, backend=backend)):
+            a = torch.linspace(-1.0, 1.0, 6).requires_grad_(True)
+            out = call(a)
+            loss = out[0] if isinstance(out, tuple) else out
+            loss.backward()
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                loss.backward()

@@ -10,6 +10,7 @@ from kiln.autograd.joint import trace_joint
 from kiln.autograd.partition import JointLayout, is_recomputable, partition
 from kiln.autograd.signature import FlatProgram
 from kiln.lower import decompositions as kiln_decompositions
+from kiln.pipeline import fuses
 from support.autograd import compile_module, train_and_compare
 
 from .test_aot import CNN, MLP, Block, ManualAttention
@@ -49,6 +50,24 @@ def test_pointwise_chain_recomputed_and_matmul_output_saved():
     assert split.saved_bytes < split.naive_bytes
     naive = partition(graph, layout, strategy="naive")
     assert {"mm", "add"} <= set(naive.saved) and naive.saved_bytes == split.naive_bytes
+
+
+def test_a_value_a_backward_matmul_reads_is_saved_not_recomputed():
+    # The weight gradient of z @ w2 is a matmul over z: recomputed, z would be written in the backward for it,
+    # a kernel and its inputs' reads, to save z's bytes. It is saved (Inductor's "materialized in backward").
+    graph, layout = joint_graph(mm_chain, chain_inputs())
+    split = partition(graph, layout, fused=fuses)
+    assert "add" not in split.recomputed and "add" in saved_bases(split), split.summary()
+    op_by_op = partition(graph, layout)  # every recomputed value is written there: least memory wins
+    assert "add" in op_by_op.recomputed and "mm" in op_by_op.saved, op_by_op.summary()
+
+
+def saved_bases(split) -> set[str]:
+    """The names of the values `split` saves, a saved view named by its base."""
+    outputs = split.forward.graph.find_nodes(op="output")[0].args[0]
+    saved = outputs[len(outputs) - len(split.saved):]
+    return {(n.args[0] if isinstance(n.target, torch._ops.OpOverload) and n.target.is_view else n).name
+            for n in saved}
 
 
 def conv_relu_pool(x, w):

@@ -30,13 +30,18 @@ tensor the backward reads) is one such cut, so the minimum never saves more.
 Of all minimum cuts the one closest to the sink is taken: equal bytes, least
 recomputation.
 
-Ties between values of equal size are broken by what the code generator stores
-anyway. A compiler that fuses ops (`fused`: the ops it generates kernels for)
-never writes a pointwise value whose readers it all fuses, unless it is saved:
-saving it costs a store, while saving its input that an extern (a convolution)
-wrote costs nothing. Such values cost one byte more, so the CNN's
-conv -> relu -> max-pool saves the convolution's output and the pool reads
-relu(conv) in its own kernel, with no relu kernel in the forward.
+What the code generator stores anyway weighs in too. A compiler that fuses ops
+(`fused`: the ops it generates kernels for) never writes a pointwise value whose
+readers it all fuses in one epoch, unless it is saved: saving it costs a store,
+while saving its input that an extern (a convolution) wrote costs nothing. Such
+values cost a quarter more per byte (`cut_cost`), so the CNN's conv -> relu ->
+max-pool saves the convolution's output and the pool reads relu(conv) in its own
+kernel, with no relu kernel in the forward. And a value a matmul or convolution of
+the backward reads is saved, not recomputed (`_written_in_backward`): recomputed,
+it would be written there anyway.
+
+Identical pure forward ops (autocast casts the same input once per linear that
+reads it) are merged first (`merge_duplicates`), so their value is saved once.
 """
 from __future__ import annotations
 
@@ -63,6 +68,11 @@ RECOMPUTABLE_OPS = {
     aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
 }
 """Ops besides pointwise and view ops that are cheap to recompute in the backward."""
+
+
+STORED_COST, UNSTORED_COST = 4, 5
+"""Per byte saved, what the cut counts (`_JointNodes.cut_cost`): a value the forward writes anyway, and one it
+writes only to save it."""
 
 
 def is_recomputable(node: fx.Node) -> bool:
@@ -159,6 +169,7 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
 
     `fused(target)`: whether the compiler fuses that op into kernels with its neighbours, so that a
     value only fused ops read is stored only when saved (None: every value is stored, as op by op)."""
+    merge_duplicates(joint, layout)
     nodes = _JointNodes(joint, layout)
     naive = nodes.naive_saved()
     saved = naive if strategy == "naive" else nodes.min_cut_saved(fused)
@@ -183,6 +194,35 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
                      int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
                      saved_inputs, int(saved_input_bytes), recomputed)
+
+
+def merge_duplicates(joint: fx.GraphModule, layout: JointLayout) -> None:
+    """Replace each pointwise op of `joint` that repeats an earlier one (same op, same arguments) by it.
+
+    Autocast casts an input to bf16 once per linear that reads it (a gated MLP's gate and up projections):
+    two equal values, which the backward's matmuls both read and the partition would save twice. Views
+    and outputs are left alone: a view or an output is a tensor of its own to the caller."""
+    outs = joint.graph.find_nodes(op="output")[0].args[0]
+    outputs = {o for o in outs if isinstance(o, fx.Node)}
+    seen: dict[tuple, fx.Node] = {}
+    for node in list(joint.graph.nodes):
+        if node.op != "call_function" or node in outputs or _is_view(node) or not is_recomputable(node) \
+                or node.target is operator.getitem:
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            joint.graph.erase_node(node)
+
+
+def _hashable(value):
+    """`value` (node arguments) with lists and dicts made tuples, so that equal arguments give equal keys."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 def _unbound_symbols(gm: fx.GraphModule) -> set:
@@ -263,10 +303,12 @@ class _JointNodes:
             n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
 
     def cut_cost(self, fused: Callable[[Any], bool] | None) -> Callable[[fx.Node], float]:
-        """What saving a node costs the cut: its `save_cost`, twice over for a value a fusing compiler writes
-        only if it is saved (`_unstored`): the forward's write of it is traffic saving adds."""
+        """What saving a node costs the cut, in quarter bytes: its `save_cost`, and a quarter more for a value
+        a fusing compiler writes only if it is saved (`_unstored`), for the forward's write that saving adds.
+        So a norm saves its stored input and per-row statistics (1/D of it) rather than the normalized input
+        it would write for the backward, but never half again the bytes to spare a write."""
         unstored = self._unstored(fused)
-        return lambda node: self.save_cost(node) * (2 if node in unstored else 1)
+        return lambda node: self.save_cost(node) * (UNSTORED_COST if node in unstored else STORED_COST)
 
     def min_cut_saved(self, fused: Callable[[Any], bool] | None = None) -> list[fx.Node]:
         """The saved set of the minimum cut closest to the sink (see the module docstring)."""

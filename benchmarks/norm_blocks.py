@@ -128,7 +128,8 @@ def measure(block: str, stream: bool, compiler: str, rows: int, device: str, war
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| block | input | compiler | ms | vs eager | peak MiB | kiln saved MiB |", "|---|---|---|---|---|---|---|"]
+    lines = ["| block | input | compiler | ms | vs eager | peak MiB | kiln saved MiB |",
+             "|---|---|---|---|---|---|---|"]
     eager = {(r["block"], r["input"]): r["ms"] for r in rows if r["compiler"] == "eager"}
     for r in rows:
         base = eager.get((r["block"], r["input"]))

@@ -25,10 +25,10 @@ RMSNorm's normalized input x * rstd from the input and the per-row statistics th
 forward saves, inside the norm's backward kernel, as Inductor's partitioner does.
 A cut separates source and
 sink; its capacity is the bytes saved (inputs that require grad, the parameters,
-count nothing: they are held anyway). The "naive" partition (save every forward
-tensor the backward reads) is one such cut, so the minimum never saves more.
-Of all minimum cuts the one closest to the sink is taken: equal bytes, least
-recomputation.
+count nothing: they are held anyway), weighed as below. The "naive" partition
+(save every forward tensor the backward reads) is one such cut, so the minimum
+never costs more. Of all minimum cuts the one closest to the sink is taken: equal
+cost, least recomputation.
 
 What the code generator stores anyway weighs in too. A compiler that fuses ops
 (`fused`: the ops it generates kernels for) never writes a pointwise value whose
@@ -169,7 +169,7 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
 
     `fused(target)`: whether the compiler fuses that op into kernels with its neighbours, so that a
     value only fused ops read is stored only when saved (None: every value is stored, as op by op)."""
-    merge_duplicates(joint, layout)
+    merge_duplicates(joint)
     nodes = _JointNodes(joint, layout)
     naive = nodes.naive_saved()
     saved = naive if strategy == "naive" else nodes.min_cut_saved(fused)
@@ -196,22 +196,24 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
                      saved_inputs, int(saved_input_bytes), recomputed)
 
 
-def merge_duplicates(joint: fx.GraphModule, layout: JointLayout) -> None:
+def merge_duplicates(joint: fx.GraphModule) -> None:
     """Replace each pointwise op of `joint` that repeats an earlier one (same op, same arguments) by it.
 
     Autocast casts an input to bf16 once per linear that reads it (a gated MLP's gate and up projections):
     two equal values, which the backward's matmuls both read and the partition would save twice. Views
-    and outputs are left alone: a view or an output is a tensor of its own to the caller."""
+    and outputs are not replaced: a view or an output is a tensor of its own to the caller."""
     outs = joint.graph.find_nodes(op="output")[0].args[0]
     outputs = {o for o in outs if isinstance(o, fx.Node)}
     seen: dict[tuple, fx.Node] = {}
     for node in list(joint.graph.nodes):
-        if node.op != "call_function" or node in outputs or _is_view(node) or not is_recomputable(node) \
+        if node.op != "call_function" or _is_view(node) or not is_recomputable(node) \
                 or node.target is operator.getitem:
             continue
-        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
-        first = seen.setdefault(key, node)
-        if first is not node:
+        try:
+            first = seen.setdefault((node.target, _hashable(node.args), _hashable(node.kwargs)), node)
+        except TypeError:  # an argument that cannot be a key (a symbolic float): the op is kept as it is
+            continue
+        if first is not node and node not in outputs:
             node.replace_all_uses_with(first)
             joint.graph.erase_node(node)
 

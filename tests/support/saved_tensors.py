@@ -1,11 +1,11 @@
 """What a training graph's forward saves for its backward, under kiln and under torch.compile's partitioner.
 
 kiln: the `Partition` its autograd stage chose (`kiln.compile` with kiln's inductor; the graphs are built and
-run). torch.compile: Inductor's own partitioner (`min_cut_rematerialization_partition` with
-compiler="inductor"; Inductor's joint-graph pattern passes are left out: they need its compile context) over
-Inductor's decompositions, through `aot_autograd` with
-compilers that run the ATen graphs as they are, so no kernel is generated. Both count the bytes of the saved
-tensors that are not parameters (each compiler holds those anyway, and saves them for free).
+run). torch.compile: Inductor's own partitioner (`min_cut_rematerialization_partition` with compiler="inductor")
+over Inductor's decompositions, through `aot_autograd` with compilers that run the ATen graphs as they are, so no
+kernel is generated; Inductor's joint-graph pattern passes are left out (they need its compile context). Both
+count the bytes of the saved tensors that are not parameters (each compiler holds those anyway, and saves them
+for free).
 """
 from __future__ import annotations
 

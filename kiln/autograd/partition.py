@@ -14,26 +14,34 @@ backward from tensors that are saved. Which ones to save is a minimum cut:
 Forward-side nodes are the ones that do not depend on a tangent. Only ops that
 are cheap and deterministic may be recomputed (`RECOMPUTABLE`: pointwise ops,
 views, a few constructors); matmuls, convolutions, reductions, random ops and
-anything unknown are computed once, in the forward. Nor is a value the backward
-reads recomputed from another recomputed value the backward reads (`_chained`):
-the backward consumes a residual stream x1 = x0 + a0, x2 = x1 + b1, ... from its
-end, so recomputing it from x0 and the branch outputs would compute every link
-before the backward's first step and hold them all, as much memory as saving
-them, plus the work (one wide kernel with an output per link in a transformer's backward).
+anything unknown are computed once, in the forward. Nor is a value recomputed
+whose reads in the backward lie apart, on either side of a matmul or convolution
+(`_chained`): the backward consumes a residual stream x1 = x0 + a0, x2 = x1 + b1, ...
+from its end, so recomputing it from x0 and the branch outputs would compute every
+link before the backward's first step and hold them all, as much memory as saving
+them, plus the work (one wide kernel with an output per link in a transformer's
+backward). Values read close together are recomputed together: a LayerNorm's or
+RMSNorm's normalized input x * rstd from the input and the per-row statistics the
+forward saves, inside the norm's backward kernel, as Inductor's partitioner does.
 A cut separates source and
 sink; its capacity is the bytes saved (inputs that require grad, the parameters,
-count nothing: they are held anyway). The "naive" partition (save every forward
-tensor the backward reads) is one such cut, so the minimum never saves more.
-Of all minimum cuts the one closest to the sink is taken: equal bytes, least
-recomputation.
+count nothing: they are held anyway), weighed as below. The "naive" partition
+(save every forward tensor the backward reads) is one such cut, so the minimum
+never costs more. Of all minimum cuts the one closest to the sink is taken: equal
+cost, least recomputation.
 
-Ties between values of equal size are broken by what the code generator stores
-anyway. A compiler that fuses ops (`fused`: the ops it generates kernels for)
-never writes a pointwise value whose readers it all fuses, unless it is saved:
-saving it costs a store, while saving its input that an extern (a convolution)
-wrote costs nothing. Such values cost one byte more, so the CNN's
-conv -> relu -> max-pool saves the convolution's output and the pool reads
-relu(conv) in its own kernel, with no relu kernel in the forward.
+What the code generator stores anyway weighs in too. A compiler that fuses ops
+(`fused`: the ops it generates kernels for) never writes a pointwise value whose
+readers it all fuses in one epoch, unless it is saved: saving it costs a store,
+while saving its input that an extern (a convolution) wrote costs nothing. Such
+values cost a quarter more per byte (`cut_cost`), so the CNN's conv -> relu ->
+max-pool saves the convolution's output and the pool reads relu(conv) in its own
+kernel, with no relu kernel in the forward. And a value a matmul or convolution of
+the backward reads is saved, not recomputed (`_written_in_backward`): recomputed,
+it would be written there anyway.
+
+Identical pure forward ops (autocast casts the same input once per linear that
+reads it) are merged first (`merge_duplicates`), so their value is saved once.
 """
 from __future__ import annotations
 
@@ -60,6 +68,11 @@ RECOMPUTABLE_OPS = {
     aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
 }
 """Ops besides pointwise and view ops that are cheap to recompute in the backward."""
+
+
+STORED_COST, UNSTORED_COST = 4, 5
+"""Per byte saved, what the cut counts (`_JointNodes.cut_cost`): a value the forward writes anyway, and one it
+writes only to save it."""
 
 
 def is_recomputable(node: fx.Node) -> bool:
@@ -156,11 +169,13 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
 
     `fused(target)`: whether the compiler fuses that op into kernels with its neighbours, so that a
     value only fused ops read is stored only when saved (None: every value is stored, as op by op)."""
+    merge_duplicates(joint)
     nodes = _JointNodes(joint, layout)
     naive = nodes.naive_saved()
     saved = naive if strategy == "naive" else nodes.min_cut_saved(fused)
-    if sum(map(nodes.save_cost, saved)) > sum(map(nodes.save_cost, naive)):
-        raise AssertionError("kiln: min-cut partition saves more than save-all; this is a partitioner bug")
+    cost = nodes.cut_cost(fused)
+    if sum(map(cost, saved)) > sum(map(cost, naive)):
+        raise AssertionError("kiln: min-cut partition costs more than save-all; this is a partitioner bug")
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
                         anchors=set(joint.graph.nodes) - nodes.forward_side_set)
     unbound = _unbound_symbols(backward)
@@ -179,6 +194,37 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
                      int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
                      saved_inputs, int(saved_input_bytes), recomputed)
+
+
+def merge_duplicates(joint: fx.GraphModule) -> None:
+    """Replace each pointwise op of `joint` that repeats an earlier one (same op, same arguments) by it.
+
+    Autocast casts an input to bf16 once per linear that reads it (a gated MLP's gate and up projections):
+    two equal values, which the backward's matmuls both read and the partition would save twice. Views
+    and outputs are not replaced: a view or an output is a tensor of its own to the caller."""
+    outs = joint.graph.find_nodes(op="output")[0].args[0]
+    outputs = {o for o in outs if isinstance(o, fx.Node)}
+    seen: dict[tuple, fx.Node] = {}
+    for node in list(joint.graph.nodes):
+        if node.op != "call_function" or _is_view(node) or not is_recomputable(node) \
+                or node.target is operator.getitem:
+            continue
+        try:
+            first = seen.setdefault((node.target, _hashable(node.args), _hashable(node.kwargs)), node)
+        except TypeError:  # an argument that cannot be a key (a symbolic float): the op is kept as it is
+            continue
+        if first is not node and node not in outputs:
+            node.replace_all_uses_with(first)
+            joint.graph.erase_node(node)
+
+
+def _hashable(value):
+    """`value` (node arguments) with lists and dicts made tuples, so that equal arguments give equal keys."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 def _unbound_symbols(gm: fx.GraphModule) -> set:
@@ -233,6 +279,7 @@ class _JointNodes:
                 tangent_dependent.add(node)
         self.forward_side = [n for n in joint.graph.nodes
                              if n.op in ("placeholder", "get_attr", "call_function") and n not in tangent_dependent]
+        self.backward_nodes = [n for n in joint.graph.nodes if n in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
         required = ancestors(self.forward_outputs)
@@ -257,17 +304,25 @@ class _JointNodes:
         return [n for n in self.forward_side if n in fwd and (
             n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
 
+    def cut_cost(self, fused: Callable[[Any], bool] | None) -> Callable[[fx.Node], float]:
+        """What saving a node costs the cut, in quarter bytes: its `save_cost`, and a quarter more for a value
+        a fusing compiler writes only if it is saved (`_unstored`), for the forward's write that saving adds.
+        So a norm saves its stored input and per-row statistics (1/D of it) rather than the normalized input
+        it would write for the backward, but never half again the bytes to spare a write."""
+        unstored = self._unstored(fused)
+        return lambda node: self.save_cost(node) * (UNSTORED_COST if node in unstored else STORED_COST)
+
     def min_cut_saved(self, fused: Callable[[Any], bool] | None = None) -> list[fx.Node]:
         """The saved set of the minimum cut closest to the sink (see the module docstring)."""
         flow = FlowGraph()
-        chained = self._chained()
-        outputs = set(self.forward_outputs)
+        banned = self._written_in_backward(fused)
+        banned |= self._chained(fused, banned)
+        cost = self.cut_cost(fused)
         for node in self.forward_side:
             if node.op != "call_function" or (node in self.required_forward and not is_recomputable(node)) \
-                    or node in chained:
+                    or node in banned:
                 flow.add_edge("source", (node, "in"), math.inf)
-            unstored = fused is not None and node not in outputs and _only_fused_read(node, fused)
-            flow.add_edge((node, "in"), (node, "out"), self.save_cost(node) + unstored)
+            flow.add_edge((node, "in"), (node, "out"), cost(node))
             for user in node.users:
                 if user in self.forward_side_set:
                     flow.add_edge((node, "out"), (user, "in"), math.inf)
@@ -278,29 +333,81 @@ class _JointNodes:
         sink_side = flow.sink_side("sink")
         return [n for n in self.forward_side if (n, "in") not in sink_side and (n, "out") in sink_side]
 
-    def _chained(self) -> set[fx.Node]:
-        """Forward values that may not be recomputed because recomputing them would recompute another
-        value that the backward holds (see the module docstring).
+    def _unstored(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:
+        """Forward values a fusing compiler (`fused`: the ops it generates kernels for) never writes to memory
+        unless they are saved: pointwise values that are no output and whose readers, in the forward and
+        the backward, it all fuses, each forward reader in the value's own epoch (`_epochs`). A value read
+        on both sides of a matmul (a residual stream, read by a norm and by the next residual add) is
+        written for the later reader anyway. None without `fused` (op by op, every value is written)."""
+        if fused is None:
+            return set()
+        epochs = self._epochs(self.forward_side, fused)
+        outputs = set(self.forward_outputs)
+        return {n for n in self.forward_side if n not in outputs and _only_fused_read(n, fused) and all(
+            epochs.get(u, epochs[n]) == epochs[n] for u in _readers(n) if u in self.forward_side_set)}
 
-        The backward holds a recomputed value when it reads it, or when the value feeds two
-        recomputations (x1 feeds both x1's normalization and x2 = x1 + b1): both need it, at
-        different times. Walking the forward in order, assuming every recomputable value is recomputed
-        unless banned here, a value "carries" when recomputing it recomputes a held value (itself or
-        an input that carries). A held value whose inputs carry is banned, and so carries nothing:
-        what follows it is recomputed from it, saved. Views are never banned (their base is)."""
-        feeds = self._feeds_backward()
-        banned, carries = set(), set()
+    def _written_in_backward(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:
+        """Forward values that may not be recomputed because a matmul or convolution of the backward reads them
+        (through views): recomputed, such a value would be written to memory in the backward for that op,
+        a kernel, its inputs' reads and its own write, to save its bytes (a weight's bf16 copy under autocast,
+        which the recompute makes from the fp32 weight, twice its bytes). Inductor's partitioner bans the same
+        ("materialized in backward"). Only for a fusing compiler (`fused`): op by op, every value recomputed
+        is written, and the cut saves what is least memory."""
+        banned: set[fx.Node] = set()
+        if fused is None:
+            return banned
         for node in self.forward_side:
+            if node in self.required_forward and is_recomputable(node) and not _is_view(node) and any(
+                    u not in self.forward_side_set and _separates_kernels(u, fused) for u in _readers(node)):
+                banned.add(node)
+        return banned
+
+    def _chained(self, fused: Callable[[Any], bool] | None = None, banned: set = frozenset()) -> set[fx.Node]:
+        """Forward values that may not be recomputed because recomputing them would hold a value across
+        the backward (see the module docstring).
+
+        The backward runs in epochs: the ops between two matmuls or convolutions (`_separates_kernels`), whose
+        reads of a value come close together. A value recomputed in the backward is computed at its first
+        read and held until its last, so a value whose reads span epochs is held across them, as if
+        saved: the residual stream's link x1 = x0 + a0 is read by its norm's backward and, recomputed,
+        by the recomputation of x2 = x1 + b1, one block earlier in the backward. Walking the forward
+        from its end, a value's reads are the backward's direct reads and the reads of each value it
+        recomputes that is not banned; a value whose reads span epochs is banned (computed in the
+        forward and saved), so the values it is computed from are not read for it. Views are never
+        banned (their base is). A normalization's statistic (rsqrt of a saved variance) and its input,
+        read by the same norm's backward, are read in one epoch: x * rsqrt is recomputed there from them."""
+        feeds = self._feeds_backward()
+        epochs = self._backward_epochs(fused)
+        last_epoch = max(epochs.values(), default=0)
+        banned = set(banned)  # already: computed in the forward, so nothing is read to recompute them
+        reads: dict[fx.Node, tuple[int, int]] = {}  # per recomputed value: first and last epoch reading it
+        for node in reversed(self.forward_side):
             if node not in feeds:
                 continue
-            held = node in self.backward_reads or sum(
-                (u not in self.forward_side_set and u.op != "output") or u in feeds for u in node.users) >= 2
-            inputs_carry = any(u in carries for u in node.all_input_nodes)
-            if inputs_carry and held and node in self.required_forward and not _is_view(node):
+            spans = [(e, e) for e in (epochs.get(u, last_epoch) for u in node.users if u not in self.forward_side_set
+                                      and u.op != "output")]
+            spans += [reads[u] for u in node.users if u in reads and u not in banned]
+            if not spans:
+                continue
+            first, last = min(s[0] for s in spans), max(s[1] for s in spans)
+            if last > first and node in self.required_forward and not _is_view(node):
                 banned.add(node)
-            elif inputs_carry or held:
-                carries.add(node)
+            reads[node] = (first, last)
         return banned
+
+    def _backward_epochs(self, fused: Callable[[Any], bool] | None) -> dict[fx.Node, int]:
+        return self._epochs(self.backward_nodes, fused)
+
+    @staticmethod
+    def _epochs(nodes: list[fx.Node], fused: Callable[[Any], bool] | None) -> dict[fx.Node, int]:
+        """Per node of `nodes` (in order), how many kernel-separating ops (matmuls, convolutions) of `nodes`
+        precede it on its longest path: the ops of one epoch read their inputs close together in time, and
+        may share a kernel."""
+        epochs: dict[fx.Node, int] = {}
+        for node in nodes:
+            epochs[node] = max((epochs[a] + _separates_kernels(a, fused) for a in node.all_input_nodes
+                                if a in epochs), default=0)
+        return epochs
 
     def _feeds_backward(self) -> set[fx.Node]:
         """Recomputable forward values from which the backward's reads may be recomputed: those it reads
@@ -318,6 +425,11 @@ def _only_fused_read(node: fx.Node, fused: Callable[[Any], bool]) -> bool:
     in the forward and the backward) are fused ops."""
     if not (is_recomputable(node) and fused(node.target)) or _is_view(node):
         return False
+    return all(u.op == "call_function" and fused(u.target) for u in _readers(node))
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes that read `node`'s value: its users, and through a view the view's readers."""
     readers, stack = [], list(node.users)
     while stack:
         user = stack.pop()
@@ -325,7 +437,18 @@ def _only_fused_read(node: fx.Node, fused: Callable[[Any], bool]) -> bool:
             stack.extend(user.users)
         else:
             readers.append(user)
-    return all(u.op == "call_function" and fused(u.target) for u in readers)
+    return readers
+
+
+def _separates_kernels(node: fx.Node, fused: Callable[[Any], bool] | None) -> bool:
+    """Does `node` end a run of fusible ops: a matmul, a convolution or another op that is neither pointwise,
+    a view nor a reduction (with `fused`: one the compiler does not fuse either)?"""
+    if node.op != "call_function" or is_recomputable(node):
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags:
+        return False
+    return fused is None or not fused(target)
 
 
 def _is_view(node: fx.Node) -> bool:

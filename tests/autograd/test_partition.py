@@ -3,13 +3,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.autograd.decompositions import FUNCTIONALIZATION
 from kiln.autograd.functionalize import functionalize
 from kiln.autograd.joint import trace_joint
-from kiln.autograd.partition import JointLayout, is_recomputable, partition
+from kiln.autograd.partition import JointLayout, is_recomputable, merge_duplicates, partition
 from kiln.autograd.signature import FlatProgram
 from kiln.lower import decompositions as kiln_decompositions
+from kiln.pipeline import fuses
 from support.autograd import compile_module, train_and_compare
 
 from .test_aot import CNN, MLP, Block, ManualAttention
@@ -49,6 +51,24 @@ def test_pointwise_chain_recomputed_and_matmul_output_saved():
     assert split.saved_bytes < split.naive_bytes
     naive = partition(graph, layout, strategy="naive")
     assert {"mm", "add"} <= set(naive.saved) and naive.saved_bytes == split.naive_bytes
+
+
+def test_a_value_a_backward_matmul_reads_is_saved_not_recomputed():
+    # The weight gradient of z @ w2 is a matmul over z: recomputed, z would be written in the backward for it,
+    # a kernel and its inputs' reads, to save z's bytes. It is saved (Inductor's "materialized in backward").
+    graph, layout = joint_graph(mm_chain, chain_inputs())
+    split = partition(graph, layout, fused=fuses)
+    assert "add" not in split.recomputed and "add" in saved_bases(split), split.summary()
+    op_by_op = partition(graph, layout)  # every recomputed value is written there: least memory wins
+    assert "add" in op_by_op.recomputed and "mm" in op_by_op.saved, op_by_op.summary()
+
+
+def saved_bases(split) -> set[str]:
+    """The names of the values `split` saves, a saved view named by its base."""
+    outputs = split.forward.graph.find_nodes(op="output")[0].args[0]
+    saved = outputs[len(outputs) - len(split.saved):]
+    return {(n.args[0] if isinstance(n.target, torch._ops.OpOverload) and n.target.is_view else n).name
+            for n in saved}
 
 
 def conv_relu_pool(x, w):
@@ -205,3 +225,41 @@ def test_a_value_an_extern_reads_is_saved_as_it_is():
     graph, layout = joint_graph(conv_relu_conv, conv_inputs() + [torch.randn(5, 4, 3, 3, requires_grad=True)])
     split = partition(graph, layout, fused=fuses_all_but_convolutions)
     assert "relu" in split.saved and "relu" not in split.recomputed
+
+
+def two_projections_of_one_input(x, w1, w2):
+    # autocast's spelling of a gated MLP's gate and up projections: x cast to bf16 once per linear
+    a = x.to(torch.bfloat16) @ w1.to(torch.bfloat16)
+    b = x.to(torch.bfloat16) @ w2.to(torch.bfloat16)
+    return (a * b).float().sum()
+
+
+def test_identical_casts_of_one_input_are_merged_and_saved_once():
+    inputs = [torch.randn(8, 16), torch.randn(16, 32, requires_grad=True), torch.randn(16, 32, requires_grad=True)]
+    graph, layout = joint_graph(two_projections_of_one_input, inputs)
+    split = partition(graph, layout, fused=fuses)
+    outputs = split.forward.graph.find_nodes(op="output")[0].args[0]
+    casts_of_x = [n for n in outputs[len(outputs) - len(split.saved):]
+                  if n.meta["val"].dtype == torch.bfloat16 and tuple(n.meta["val"].shape) in ((8, 16), (16, 8))]
+    assert len(casts_of_x) == 1, split.summary()
+    expected = graph(*inputs, torch.tensor(1.0))  # the merged joint graph still computes the same
+    forward_out = split.forward(*inputs)
+    grads = split.backward(*forward_out[1:], torch.tensor(1.0))
+    reference = [torch.autograd.grad(two_projections_of_one_input(*inputs), inputs[1:])]
+    for got, want in zip(grads, reference[0]):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(forward_out[0], expected[0])
+
+
+def test_identical_outputs_stay_apart():
+    # two outputs computed alike are two tensors to the caller (writing one must not change the other); a third
+    # cast alike that is no output is merged into the first
+    def three_casts(x, w):
+        y = x * w
+        return y.to(torch.bfloat16), y.to(torch.bfloat16), y.to(torch.bfloat16) + 1
+
+    graph = make_fx(three_casts)(torch.randn(4), torch.randn(4))
+    merge_duplicates(graph)
+    outputs = graph.graph.find_nodes(op="output")[0].args[0]
+    assert outputs[0] is not outputs[1]
+    assert len(graph.graph.find_nodes(op="call_function", target=torch.ops.aten._to_copy.default)) == 2, graph.code

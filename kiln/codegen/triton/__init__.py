@@ -29,7 +29,7 @@ from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_cache
 from kiln.runtime.current_device import made_current
 from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
@@ -201,6 +201,11 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     device 0: each build runs with the graph's `device` current, or a rank on `cuda:1` launched kernels loaded
     on `cuda:0` ("invalid resource handle").
     """
+    kernels = _not_stored(module, kernels, device)
+    if not kernels:
+        return
+    if not interpreting() and device.startswith("cuda"):
+        triton_cache.hash_triton_early()  # Triton's JIT keys every lookup by it
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers > 1 and not interpreting():
         _build_in_workers(module, kernels, device)
@@ -211,6 +216,18 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
         for future in [pool.submit(_precompile, name, k, module, device) for name, k in kernels.items()]:
             future.result()
+
+
+def _not_stored(module, kernels: dict, device: str) -> dict:
+    """`kernels` less those whose launchers took their binaries from kiln's cache (a cached product's kernels,
+    kiln/runtime/triton_binaries.py): loaded here, in this thread, with no Triton JIT, build worker or thread
+    pool. Each loads onto the graph's `device`."""
+    stored = [name for name, k in kernels.items() if getattr(k, "stored", None)]
+    if not stored or interpreting():
+        return kernels
+    with made_current(device):
+        loaded = {name for name in stored if kernels[name].load_stored(module)}
+    return {name: k for name, k in kernels.items() if name not in loaded}
 
 
 def _build_in_workers(module, kernels: dict, device: str) -> None:
@@ -246,6 +263,9 @@ def _precompile(name: str, kernel, module, device: str) -> None:
     try:
         with contextlib.nullcontext() if interpreting() else made_current(device):
             kernel.precompile(module)
+        keep = getattr(kernel, "keep_binaries", None)  # a cached product's kernel (kiln/runtime/graph_cache.py)
+        if keep is not None and not interpreting():
+            keep(module)
     except Exception as e:
         raise KernelBuildFailed(name, "build", e) from e
 

@@ -1,0 +1,157 @@
+"""A warm process loads its Triton kernels from kiln's cache, without Triton's JIT (kiln/runtime/triton_binaries.py).
+
+A cold process compiles a kernel through Triton's JIT and, as its graph's product is recorded, keeps the binary and
+its metadata in kiln's cache. A warm process hands each launcher that binary directly: no `JITFunction.run`, no
+`triton_key()` (Triton's hash of its own installation), the same specialization and fast path as the cold one. A
+stored binary that is damaged, missing or made by another Triton is not used: the launcher goes through the JIT
+(which finds Triton's own cache entry), and a damaged copy is written again.
+
+No GPU is needed: child processes compile for sm_90 behind a driver that only names the target (as the build
+workers do) and load nothing onto a GPU. With KILN_TRITON_TEST_DEVICE=cuda the children use the real driver, and
+the warm one also runs the kernel and checks what it computes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+import kiln  # noqa: E402
+from kiln.codegen import triton as triton_target  # noqa: E402
+from support.triton_sm90 import DOUBLING_KERNEL  # noqa: E402
+
+KERNELS = triton_target.HEADER + DOUBLING_KERNEL
+ON_GPU = os.environ.get("KILN_TRITON_TEST_DEVICE") == "cuda"
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+# One process of a GPU host. "cold": the kernel's two specializations loaded through a cached product's precompiles
+# and Triton's JIT, then the product recorded (the binaries kept in kiln's cache). "warm": the product read back, its
+# kernel loaded again, every call into Triton's JIT and triton_key counted; on a GPU the kernel then runs.
+CHILD = textwrap.dedent('''
+    import hashlib, json, sys, types
+    import torch, triton
+    import triton.runtime.cache as triton_runtime_cache
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+    from kiln.codegen.triton import build_workers, launch, load_module, precompile_all
+    from kiln.runtime import graph_cache, triton_binaries
+
+    mode, device, product_file = sys.argv[1], sys.argv[2], sys.argv[3]
+    if device == "cpu":  # compile for sm_90 without a GPU; nothing is loaded onto one
+        triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+        launch._direct_launch = lambda binary: (None, ())
+    if len(sys.argv) > 4:  # a process running another Triton than the one that compiled the binaries
+        triton.__version__ = sys.argv[4]
+    jit = []
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            jit.append(name)
+            return original(*args, **kwargs)
+        return call
+
+    JITFunction.run = counted("JITFunction.run", JITFunction.run)
+    triton_runtime_cache.triton_key = counted("triton_key", triton_runtime_cache.triton_key)
+    module = load_module(sys.stdin.read())
+    precompiles = [["_launch_triton_double", [d, d], [4096]] for d in ("float32", "bfloat16")]
+    described = {"arg_names": ["in_ptr0", "out_ptr0"], "size_args": [], "reports_errors": False,
+                 "precompiles": precompiles}
+    if mode == "warm":
+        described = json.load(open(product_file))["kernels"]["triton_double"]
+    kernel = graph_cache.KernelSignature(**described)
+    precompile_all(module, {"triton_double": kernel}, device)
+    launcher = module._launch_triton_double
+    out = {"jit": sorted(set(jit)), "stats": triton_binaries.stats, "launches": len(launcher.launches),
+           "fast_ints": list(launcher.fast_ints),
+           "cubins": sorted(hashlib.sha256(b.kernel).hexdigest() for b in launcher.compiled.values())}
+    if mode == "cold":
+        product = {"kernels": {"triton_double": described}}
+        graph_cache.record_binaries(product, {"triton_double": types.SimpleNamespace(__globals__=vars(module))})
+        json.dump(product, open(product_file, "w"))
+    if device == "cuda":
+        x = torch.randn(4096, device="cuda")
+        y = torch.empty_like(x)
+        launcher(4, x, y, 4096)
+        out["error"] = float((y - 2 * x).abs().max())
+    print(json.dumps(out))
+''')
+
+
+def _child(root: Path, mode: str, *extra: str) -> dict:
+    """Run CHILD over the caches under `root` (kiln's and Triton's, shared by the cold and warm processes)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(KILN_CACHE_DIR=str(root / "kiln"), TRITON_CACHE_DIR=str(root / "triton"), KILN_BUILD_JOBS="1",
+               PYTHONPATH=os.pathsep.join([str(Path(kiln.__file__).parents[1]), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", CHILD, mode, DEVICE, str(root / "product.json"), *extra],
+                          input=KERNELS, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> tuple[Path, dict]:
+    """Caches a cold process filled (its two specializations compiled and kept), and what it said."""
+    root = tmp_path_factory.mktemp("triton_binaries")
+    built = _child(root, "cold")
+    assert "JITFunction.run" in built["jit"] and built["stats"]["stored"] == 2, built
+    return root, built
+
+
+@pytest.fixture
+def cold(compiled, tmp_path) -> tuple[Path, dict]:
+    """A copy of the cold process's caches for one test (Triton's file lists name the original's, which stays)."""
+    root, built = compiled
+    shutil.copytree(root, tmp_path / "caches")
+    return tmp_path / "caches", built
+
+
+def _stored_files(root: Path, suffix: str) -> list[Path]:
+    return sorted((root / "kiln" / "triton-bin").glob(f"*/*.{suffix}"))
+
+
+def test_a_warm_process_loads_every_kernel_without_triton_jit(cold):
+    root, built = cold
+    stored = json.loads((root / "product.json").read_text())["kernels"]["triton_double"]["stored"]
+    assert len(stored) == 2 and len(_stored_files(root, "cubin")) == 2
+    warm = _child(root, "warm")
+    assert warm["jit"] == [], "no JITFunction.run and no triton_key in a warm process"
+    assert warm["stats"] == {"stored": 0, "loaded": 2, "refused": 0}, warm
+    # the same binaries, the same specializations and fast path as the cold process
+    assert warm["cubins"] == built["cubins"]
+    assert (warm["launches"], warm["fast_ints"]) == (built["launches"], built["fast_ints"])
+    assert built["fast_ints"] == [4096]
+    if ON_GPU:
+        assert warm["error"] == 0.0
+
+
+def _damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_stored_binary_loads_through_the_jit_and_is_kept_again(cold):
+    root, built = cold
+    _damage(_stored_files(root, "cubin")[0])
+    warm = _child(root, "warm")
+    assert "JITFunction.run" in warm["jit"] and warm["stats"]["refused"] == 1, warm
+    assert warm["cubins"] == built["cubins"] and warm["launches"] == built["launches"], "the JIT loads the same"
+    if ON_GPU:
+        assert warm["error"] == 0.0
+    again = _child(root, "warm")  # healed: the JIT's binaries were kept again
+    assert again["jit"] == [] and again["stats"]["loaded"] == 2, again
+
+
+def test_binaries_of_another_triton_are_not_used(cold):
+    root, built = cold
+    warm = _child(root, "warm", "0.0-another")
+    assert "JITFunction.run" in warm["jit"] and warm["stats"]["loaded"] == 0 and warm["stats"]["refused"] == 1, warm
+    assert warm["cubins"] == built["cubins"]

@@ -38,6 +38,8 @@ from kiln.runtime.private_files import unsafe_reason, write_atomic
 # The file the GPU loads, by Triton's backend name (what torch's artifacts carry too).
 BINARY_SUFFIX = {"cuda": "cubin", "hip": "hsaco", "xpu": "zebin"}
 LAUNCHER_PREFIX = "__triton_launcher"
+# The C extensions Triton compiles and keeps in its cache: a launcher per kernel signature, the driver's utilities.
+EXTENSION_PREFIXES = (LAUNCHER_PREFIX, "cuda_utils", "hip_utils")
 GROUP_PREFIX = "__grp__"
 # An entry's name: base32 of a SHA-256, unpadded (Triton's `_base32`).
 ENTRY_NAME = re.compile(r"^[A-Z2-7]{52}$")
@@ -80,10 +82,27 @@ def record_kernel(binary) -> str | None:
 
 def record_launcher(run) -> None:
     """Note the cache entry of the C launcher behind `run` (a CompiledKernel's `run`: its `launch` is the
-    extension's function), where it is one of Triton's cache."""
-    module = getattr(getattr(run, "launch", None), "__self__", None)
+    extension's function), where it is one of Triton's cache; and, once, the driver's own extension (its
+    `load_binary`), which Triton compiles the same way on a machine whose cache lacks it."""
+    global _utils_recorded
+    _record_extension(getattr(getattr(run, "launch", None), "__self__", None))
+    if not _utils_recorded:
+        _utils_recorded = True
+        import triton
+
+        try:
+            utils = triton.runtime.driver.active.utils
+        except Exception:  # noqa: BLE001 -- no driver (a compile-only one): nothing to carry
+            return
+        _record_extension(getattr(getattr(utils, "load_binary", None), "__self__", None))
+
+
+_utils_recorded = False
+
+
+def _record_extension(module) -> None:
     path = getattr(module, "__file__", None)
-    if not isinstance(path, str) or not Path(path).name.startswith(LAUNCHER_PREFIX):
+    if not isinstance(path, str) or not Path(path).name.startswith(EXTENSION_PREFIXES):
         return
     folder = Path(path).parent
     if folder.parent != cache_root() or not ENTRY_NAME.match(folder.name):
@@ -192,7 +211,7 @@ def check(header, files: dict[str, dict[str, bytes]]) -> None:
         if kind == "kernel":
             _check_kernel(entry, named, info)
         elif kind != "launcher" or not isinstance(info.get("platform"), list) or len(named) != 1 \
-                or not next(iter(named)).startswith(LAUNCHER_PREFIX):
+                or not next(iter(named)).startswith(EXTENSION_PREFIXES):
             raise ValueError(f"kiln.load_cache_artifacts: the Triton entry {entry} is not one kiln carries")
 
 

@@ -33,23 +33,28 @@ ON_GPU = os.environ.get("KILN_TRITON_TEST_DEVICE") == "cuda"
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 # One process of a GPU host. "cold": the kernel's two specializations loaded through a cached product's precompiles
-# and Triton's JIT, then the product recorded (the binaries kept in kiln's cache). "warm": the product read back, its
-# kernel loaded again, every call into Triton's JIT and triton_key counted; on a GPU the kernel then runs.
+# and Triton's JIT, then the product recorded (the binaries kept in kiln's cache) and the artifacts saved. "warm":
+# the product read back, its kernel loaded again, every call into Triton's JIT and triton_key counted; on a GPU the
+# kernel then runs. "server": a warm process that first loads the artifacts into its empty caches.
 CHILD = textwrap.dedent('''
     import hashlib, json, sys, types
     import torch, triton
     import triton.runtime.cache as triton_runtime_cache
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
+    import kiln
     from kiln.codegen.triton import build_workers, launch, load_module, precompile_all
     from kiln.runtime import graph_cache, triton_binaries
 
-    mode, device, product_file = sys.argv[1], sys.argv[2], sys.argv[3]
+    mode, device, product_file, blob, version = sys.argv[1:6]
     if device == "cpu":  # compile for sm_90 without a GPU; nothing is loaded onto one
         triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
         launch._direct_launch = lambda binary: (None, ())
-    if len(sys.argv) > 4:  # a process running another Triton than the one that compiled the binaries
-        triton.__version__ = sys.argv[4]
+    if version:  # a process running another Triton than the one that compiled the binaries
+        triton.__version__ = version
+    if mode == "server":  # a warm process from empty caches and the cold process's artifacts
+        kiln.load_cache_artifacts(open(blob, "rb").read())
+        mode = "warm"
     jit = []
 
     def counted(name, original):
@@ -76,6 +81,7 @@ CHILD = textwrap.dedent('''
         product = {"kernels": {"triton_double": described}}
         graph_cache.record_binaries(product, {"triton_double": types.SimpleNamespace(__globals__=vars(module))})
         json.dump(product, open(product_file, "w"))
+        open(blob, "wb").write(kiln.save_cache_artifacts())
     if device == "cuda":
         x = torch.randn(4096, device="cuda")
         y = torch.empty_like(x)
@@ -85,12 +91,15 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-def _child(root: Path, mode: str, *extra: str) -> dict:
-    """Run CHILD over the caches under `root` (kiln's and Triton's, shared by the cold and warm processes)."""
+def _child(root: Path, mode: str, version: str = "", caches: Path | None = None) -> dict:
+    """Run CHILD (`mode`: cold, warm, server) with the product and artifacts under `root`, over the caches under
+    `caches` (kiln's and Triton's; by default `root`'s, shared by the cold and warm processes)."""
+    caches = caches or root
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(KILN_CACHE_DIR=str(root / "kiln"), TRITON_CACHE_DIR=str(root / "triton"), KILN_BUILD_JOBS="1",
+    env.update(KILN_CACHE_DIR=str(caches / "kiln"), TRITON_CACHE_DIR=str(caches / "triton"), KILN_BUILD_JOBS="1",
                PYTHONPATH=os.pathsep.join([str(Path(kiln.__file__).parents[1]), env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", CHILD, mode, DEVICE, str(root / "product.json"), *extra],
+    done = subprocess.run([sys.executable, "-c", CHILD, mode, DEVICE, str(root / "product.json"),
+                           str(root / "artifacts.bin"), version],
                           input=KERNELS, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -152,6 +161,16 @@ def test_a_damaged_stored_binary_loads_through_the_jit_and_is_kept_again(cold):
 
 def test_binaries_of_another_triton_are_not_used(cold):
     root, built = cold
-    warm = _child(root, "warm", "0.0-another")
+    warm = _child(root, "warm", version="0.0-another")
     assert "JITFunction.run" in warm["jit"] and warm["stats"]["loaded"] == 0 and warm["stats"]["refused"] == 1, warm
     assert warm["cubins"] == built["cubins"]
+
+
+def test_a_server_loads_the_kernels_from_the_artifacts_without_triton_jit(compiled, tmp_path):
+    """The artifacts carry kiln's copies of the binaries: a server starting from them and empty caches loads each
+    kernel as a warm process does."""
+    root, built = compiled
+    served = _child(root, "server", caches=tmp_path)
+    assert served["jit"] == [] and served["stats"]["loaded"] == 2, served
+    assert served["cubins"] == built["cubins"]
+    assert len(list((tmp_path / "kiln" / "triton-bin").glob("*/*.cubin"))) == 2

@@ -74,6 +74,9 @@ def _int_key(v: int):
 
 
 _data_ptr = torch.Tensor.data_ptr
+# Launches that missed a launcher's fast path (another specialization, an unaligned tensor, hooks installed): a
+# steady step should have none (benchmarks/warm_start.py reports them per step).
+stats = {"slow_launches": 0}
 
 
 class Launcher:
@@ -172,6 +175,7 @@ class Launcher:
         self._call(grid, args)
 
     def _call(self, grid, args) -> None:
+        stats["slow_launches"] += 1
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         if self.direct:
             hooks = _no_hooks()

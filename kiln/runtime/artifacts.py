@@ -44,7 +44,8 @@ _ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|(graphs|aot)/[0
 TRITON = "triton-cache/"  # Triton's own cache entries (kiln/runtime/triton_cache.py), published into its folder
 
 
-_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/", "triton-bin/")  # files published with a manifest, checked before they are saved
+# files published with a manifest, checked before they are saved
+_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/", "triton-bin/")
 _BUILT_FOR_THIS_CPU = ("cpp", "ext")  # machine code: left out of a blob loaded on another CPU
 
 

@@ -8,7 +8,8 @@ Triton keeps what it compiles in its cache folder (`triton.knobs.cache.dir`, TRI
   (`<name>.cubin` on CUDA), the intermediate IR, and `__grp__<name>.json`, which lists the entry's files by
   absolute path: Triton's lookup reads that list, so a kernel is found only where its list names its folder;
 - the C launcher Triton builds for each kernel signature (`__triton_launcher<EXT_SUFFIX>`, a Python extension
-  compiled with the C compiler) has an entry of its own, named by the hash of its C source and the platform.
+  compiled with the C compiler) has an entry of its own, named by the hash of its C source and the platform, as
+  has the driver's own extension (`cuda_utils<EXT_SUFFIX>`, which loads binaries onto the GPU).
 
 `record_kernel` and `record_launcher` (called where kiln loads a binary, kiln/codegen/triton/launch.py) note the
 entries; `saved_files` hands them to kiln.save_cache_artifacts (a kernel's metadata and binary only: the IR is

@@ -174,3 +174,50 @@ def test_a_server_loads_the_kernels_from_the_artifacts_without_triton_jit(compil
     assert served["jit"] == [] and served["stats"]["loaded"] == 2, served
     assert served["cubins"] == built["cubins"]
     assert len(list((tmp_path / "kiln" / "triton-bin").glob("*/*.cubin"))) == 2
+
+
+# A model compiled on the GPU in a fresh process: its forward and backward against eager's, and the calls into
+# Triton's JIT the compile and the steps made.
+MODEL = textwrap.dedent('''
+    import json
+    import torch, torch.nn as nn
+    import triton.runtime.cache as triton_runtime_cache
+    from triton.runtime.jit import JITFunction
+    import kiln
+    from kiln.runtime import triton_binaries
+
+    jit = []
+    run, key = JITFunction.run, triton_runtime_cache.triton_key
+    JITFunction.run = lambda *a, **k: jit.append("JITFunction.run") or run(*a, **k)
+    triton_runtime_cache.triton_key = lambda: jit.append("triton_key") or key()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 8)).cuda()
+    x = torch.randn(32, 64, device="cuda")
+    compiled = kiln.compile(model)
+    loss = compiled(x).square().mean()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = model(x).square().mean()
+    expected.backward()
+    error = max([float((loss - expected).abs())] + [float((g - p.grad).abs().max())
+                                                     for g, p in zip(grads, model.parameters())])
+    print(json.dumps({"jit": sorted(set(jit)), "stats": triton_binaries.stats, "error": error}))
+''')
+
+
+@pytest.mark.skipif(not ON_GPU, reason="runs kernels: needs a CUDA device (KILN_TRITON_TEST_DEVICE=cuda)")
+def test_a_warm_process_compiles_a_model_with_no_triton_jit_and_the_same_results(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(KILN_CACHE_DIR=str(tmp_path / "kiln"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               PYTHONPATH=os.pathsep.join([str(Path(kiln.__file__).parents[1]), env.get("PYTHONPATH", "")]))
+    said = []
+    for _ in ("cold", "warm"):
+        done = subprocess.run([sys.executable, "-c", MODEL], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr
+        said.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = said
+    assert cold["stats"]["stored"] > 0 and "JITFunction.run" in cold["jit"], cold
+    assert warm["jit"] == [] and warm["stats"]["loaded"] == cold["stats"]["stored"], warm
+    assert warm["stats"]["refused"] == 0
+    assert cold["error"] < 1e-4 and warm["error"] < 1e-4, said

@@ -5,7 +5,8 @@ differ. All kernels of one graph go in one Python module (kernels, then their
 launchers); the module is written to `$KILN_CACHE_DIR/triton/<hash>.py` and
 imported from there (Triton reads a kernel's source from its file), so a second
 process with the same graph reuses the file, and Triton's own cache keeps the
-compiled binaries. Under `TRITON_INTERPRET=1` the same module runs on CPU
+compiled binaries (and kiln's a copy of each, which a warm process loads without
+Triton's JIT: kiln/runtime/triton_binaries.py). Under `TRITON_INTERPRET=1` the same module runs on CPU
 tensors through Triton's interpreter (how the tests run it).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
-from kiln.runtime import cache, triton_cache
+from kiln.runtime import cache
 from kiln.runtime.current_device import made_current
 from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
@@ -192,6 +193,9 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
     back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
+    A cached product's kernels whose binaries kiln kept (kiln/runtime/triton_binaries.py) are loaded first, in
+    this thread and without Triton's JIT; only the others go on.
+
     A big training graph has hundreds of kernels (benchmarks/compile_time.py). On a GPU they are compiled
     first in the build worker processes (kiln/codegen/triton/build_workers.py: Triton's front end holds the
     GIL), into Triton's cache; then here, in a thread pool, where each finds its binary in that cache (or
@@ -204,8 +208,6 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     kernels = _not_stored(module, kernels, device)
     if not kernels:
         return
-    if not interpreting() and device.startswith("cuda"):
-        triton_cache.hash_triton_early()  # Triton's JIT keys every lookup by it
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers > 1 and not interpreting():
         _build_in_workers(module, kernels, device)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +39,8 @@ FOLDER = "triton-bin"
 stats = {"stored": 0, "loaded": 0, "refused": 0}
 
 _PLAIN = (bool, int, float, str, type(None))
+_loaded: dict[tuple, object] = {}  # (hash, device) -> the CompiledKernel, or None where it was refused
+_lock = threading.Lock()
 
 
 def _paths(digest: str, suffix: str) -> tuple[Path, Path]:
@@ -104,7 +107,23 @@ def _publish(path: Path, data: bytes) -> None:
 
 def load(described: dict):
     """The Triton CompiledKernel `described` (by `store`) names, built from kiln's files; None (after one log
-    line) where they are missing, damaged, or made by another Triton, for another GPU or environment."""
+    line) where they are missing, damaged, or made by another Triton, for another GPU or environment.
+
+    One per hash and device in a process, as Triton's JIT keeps one per specialization and device: launchers of
+    kernels equal up to names (kiln/codegen/triton/shared_kernels.py) share it, and its module and C launcher
+    are loaded once."""
+    import triton
+
+    key = (described.get("hash") if isinstance(described, dict) else None,
+           triton.runtime.driver.active.get_current_device())
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        _loaded[key] = kernel = _load(described)
+    return kernel
+
+
+def _load(described: dict):
     try:
         problem, paths = _check(described)
     except Exception as e:  # noqa: BLE001 -- a description kiln cannot read: Triton's JIT loads the kernel

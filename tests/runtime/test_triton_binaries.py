@@ -28,7 +28,9 @@ import kiln  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
 from support.triton_sm90 import DOUBLING_KERNEL  # noqa: E402
 
-KERNELS = triton_target.HEADER + DOUBLING_KERNEL
+# The doubling kernel, and a second launcher of it as kernels equal up to names get (shared_kernels.py).
+KERNELS = triton_target.HEADER + DOUBLING_KERNEL + \
+    "_launch_triton_twice = Launcher(triton_double, 2, num_warps=4, XBLOCK=1024)\n"
 ON_GPU = os.environ.get("KILN_TRITON_TEST_DEVICE") == "cuda"
 DEVICE = "cuda" if ON_GPU else "cpu"
 
@@ -67,6 +69,7 @@ CHILD = textwrap.dedent('''
     triton_runtime_cache.triton_key = counted("triton_key", triton_runtime_cache.triton_key)
     module = load_module(sys.stdin.read())
     precompiles = [["_launch_triton_double", [d, d], [4096]] for d in ("float32", "bfloat16")]
+    precompiles.append(["_launch_triton_twice", ["float32", "float32"], [4096]])
     described = {"arg_names": ["in_ptr0", "out_ptr0"], "size_args": [], "reports_errors": False,
                  "precompiles": precompiles}
     if mode == "warm":
@@ -76,7 +79,9 @@ CHILD = textwrap.dedent('''
     launcher = module._launch_triton_double
     out = {"jit": sorted(set(jit)), "stats": triton_binaries.stats, "launches": len(launcher.launches),
            "fast_ints": list(launcher.fast_ints),
-           "cubins": sorted(hashlib.sha256(b.kernel).hexdigest() for b in launcher.compiled.values())}
+           "cubins": sorted(hashlib.sha256(b.kernel).hexdigest() for b in launcher.compiled.values()),
+           "shared": module._launch_triton_twice.compiled[(("float32", "float32"), (4096,))] is
+                     launcher.compiled[(("float32", "float32"), (4096,))]}
     if mode == "cold":
         product = {"kernels": {"triton_double": described}}
         graph_cache.record_binaries(product, {"triton_double": types.SimpleNamespace(__globals__=vars(module))})
@@ -110,7 +115,7 @@ def compiled(tmp_path_factory) -> tuple[Path, dict]:
     """Caches a cold process filled (its two specializations compiled and kept), and what it said."""
     root = tmp_path_factory.mktemp("triton_binaries")
     built = _child(root, "cold")
-    assert "JITFunction.run" in built["jit"] and built["stats"]["stored"] == 2, built
+    assert "JITFunction.run" in built["jit"] and built["stats"]["stored"] == 3, built
     return root, built
 
 
@@ -129,10 +134,11 @@ def _stored_files(root: Path, suffix: str) -> list[Path]:
 def test_a_warm_process_loads_every_kernel_without_triton_jit(cold):
     root, built = cold
     stored = json.loads((root / "product.json").read_text())["kernels"]["triton_double"]["stored"]
-    assert len(stored) == 2 and len(_stored_files(root, "cubin")) == 2
+    assert len(stored) == 3 and len(_stored_files(root, "cubin")) == 2
     warm = _child(root, "warm")
     assert warm["jit"] == [], "no JITFunction.run and no triton_key in a warm process"
     assert warm["stats"] == {"stored": 0, "loaded": 2, "refused": 0}, warm
+    assert warm["shared"] and built["shared"], "one binary for both launchers of the kernel, as Triton's JIT has"
     # the same binaries, the same specializations and fast path as the cold process
     assert warm["cubins"] == built["cubins"]
     assert (warm["launches"], warm["fast_ints"]) == (built["launches"], built["fast_ints"])

@@ -146,6 +146,17 @@ def hash_triton_early() -> None:
         _key_thread.start()
 
 
+def hashed_triton() -> None:
+    """Wait for Triton's key of its installation (started now if it was not): before threads that each look a
+    kernel up start. Triton memoizes it without a lock, so threads that miss the memo together each compute it
+    (a precompile pool of 32 threads hashed Triton 32 times over, and a hashing thread left running held the GIL
+    into the model's first steps)."""
+    hash_triton_early()
+    thread = _key_thread
+    if thread is not None:
+        thread.join()
+
+
 def _quietly(fn) -> None:
     """Call `fn`; an error is Triton's to raise again where it needs the value."""
     try:

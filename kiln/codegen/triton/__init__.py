@@ -30,7 +30,7 @@ from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_cache
 from kiln.runtime.current_device import made_current
 from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
@@ -215,6 +215,7 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
         for name, k in kernels.items():
             _precompile(name, k, module, device)
         return
+    triton_cache.hashed_triton()  # once, not by every thread of the pool at the same time
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
         for future in [pool.submit(_precompile, name, k, module, device) for name, k in kernels.items()]:
             future.result()

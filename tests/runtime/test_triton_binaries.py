@@ -131,22 +131,6 @@ def _stored_files(root: Path, suffix: str) -> list[Path]:
     return sorted((root / "kiln" / "triton-bin").glob(f"*/*.{suffix}"))
 
 
-def test_a_warm_process_loads_every_kernel_without_triton_jit(cold):
-    root, built = cold
-    stored = json.loads((root / "product.json").read_text())["kernels"]["triton_double"]["stored"]
-    assert len(stored) == 3 and len(_stored_files(root, "cubin")) == 2
-    warm = _child(root, "warm")
-    assert warm["jit"] == [], "no JITFunction.run and no triton_key in a warm process"
-    assert warm["stats"] == {"stored": 0, "loaded": 2, "refused": 0}, warm
-    assert warm["shared"] and built["shared"], "one binary for both launchers of the kernel, as Triton's JIT has"
-    # the same binaries, the same specializations and fast path as the cold process
-    assert warm["cubins"] == built["cubins"]
-    assert (warm["launches"], warm["fast_ints"]) == (built["launches"], built["fast_ints"])
-    assert built["fast_ints"] == [4096]
-    if ON_GPU:
-        assert warm["error"] == 0.0
-
-
 def _damage(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -176,10 +160,72 @@ def test_a_server_loads_the_kernels_from_the_artifacts_without_triton_jit(compil
     """The artifacts carry kiln's copies of the binaries: a server starting from them and empty caches loads each
     kernel as a warm process does."""
     root, built = compiled
+    stored = json.loads((root / "product.json").read_text())["kernels"]["triton_double"]["stored"]
+    assert len(stored) == 3 and len(_stored_files(root, "cubin")) == 2  # three launchers, two binaries
     served = _child(root, "server", caches=tmp_path)
-    assert served["jit"] == [] and served["stats"]["loaded"] == 2, served
-    assert served["cubins"] == built["cubins"]
-    assert len(list((tmp_path / "kiln" / "triton-bin").glob("*/*.cubin"))) == 2
+    assert served["jit"] == [], "no JITFunction.run and no triton_key"
+    assert served["stats"] == {"stored": 0, "loaded": 2, "refused": 0}, served
+    assert served["cubins"] == built["cubins"] and served["launches"] == built["launches"]
+    assert served["fast_ints"] == built["fast_ints"] == [4096]
+    assert served["shared"] and built["shared"], "one binary for both launchers of the kernel, as Triton's JIT has"
+    assert len(_stored_files(tmp_path, "cubin")) == 2
+    if ON_GPU:
+        assert served["error"] == 0.0
+
+
+# A small training step's graphs compiled by kiln's whole pipeline for CUDA on fake tensors (no GPU: kernels
+# compiled for sm_90, nothing launched; tests/support/fake_cuda.py), and what each Triton launcher holds after the
+# compile: its specializations, its fast path and the hashes of its binaries.
+PIPELINE = textwrap.dedent('''
+    import json
+    import torch, torch.nn as nn, triton
+    import triton.runtime.cache as triton_runtime_cache
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+    from kiln.codegen import triton as triton_target
+    from kiln.codegen.triton import build_workers, launch
+    from kiln.runtime import graph_cache, triton_binaries
+    from support.fake_cuda import compile_model
+
+    triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    launch._direct_launch = lambda binary: (None, ())
+    jit = []
+    run, key = JITFunction.run, triton_runtime_cache.triton_key
+    JITFunction.run = lambda *a, **k: jit.append("JITFunction.run") or run(*a, **k)
+    triton_runtime_cache.triton_key = lambda: jit.append("triton_key") or key()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 64))
+    graphs = compile_model(model, [torch.randn(8, 64)], train=True, amp=None)
+    launchers = {f"{module.__name__}.{name}": {"launches": sorted(map(repr, value.launches)),
+                                               "fast_ints": list(value.fast_ints), "fast": value.fast is not None,
+                                               "binaries": sorted(b.hash for b in value.compiled.values())}
+                 for module in triton_target._loaded.values() for name, value in vars(module).items()
+                 if isinstance(value, launch.Launcher)}
+    print(json.dumps({"jit": sorted(set(jit)), "stats": triton_binaries.stats, "hits": graph_cache.stats["hits"],
+                      "kernels": sum(g.num_kernels for g in graphs), "launchers": launchers}))
+''')
+
+
+def test_a_warm_compile_loads_the_cold_kernels_for_the_same_launches_without_triton_jit(tmp_path):
+    """Through the whole pipeline (the AOT and compile caches, the products' kernels): the warm process's
+    launchers hold the cold one's binaries, for the same specializations and fast paths, and Triton's JIT never
+    runs (nor is Triton's installation hashed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(KILN_CACHE_DIR=str(tmp_path / "kiln"), TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_BUILD_JOBS="1",
+               KILN_GRAPH_CACHE="1", PYTHONPATH=os.pathsep.join([str(Path(kiln.__file__).parents[1]),
+                                                                   str(Path(__file__).parents[1]),
+                                                                   env.get("PYTHONPATH", "")]))
+    said = []
+    for _ in ("cold", "warm"):
+        done = subprocess.run([sys.executable, "-c", PIPELINE], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0 and "fell back" not in done.stderr, done.stderr
+        said.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = said
+    assert cold["kernels"] > 0 and cold["stats"]["stored"] == len(cold["launchers"]), cold
+    assert warm["hits"] == 2 and warm["jit"] == [], warm
+    assert warm["stats"] == {"stored": 0, "loaded": cold["stats"]["stored"], "refused": 0}, warm
+    assert warm["launchers"] == cold["launchers"]
+    assert all(launcher["fast"] for launcher in warm["launchers"].values())
 
 
 # A model compiled on the GPU in a fresh process: its forward and backward against eager's, and the calls into

@@ -225,11 +225,11 @@ def _not_stored(module, kernels: dict, device: str) -> dict:
     """`kernels` less those whose launchers took their binaries from kiln's cache (a cached product's kernels,
     kiln/runtime/triton_binaries.py): loaded here, in this thread, with no Triton JIT, build worker or thread
     pool. Each loads onto the graph's `device`."""
-    stored = [name for name, k in kernels.items() if getattr(k, "stored", None)]
-    if not stored or interpreting():
+    cached = [name for name, k in kernels.items() if hasattr(k, "load_stored")]  # a product's KernelSignatures
+    if not cached or interpreting():
         return kernels
     with made_current(device):
-        loaded = {name for name in stored if kernels[name].load_stored(module)}
+        loaded = {name for name in cached if kernels[name].load_stored(module)}
     return {name: k for name, k in kernels.items() if name not in loaded}
 
 

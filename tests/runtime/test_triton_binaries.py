@@ -12,6 +12,7 @@ the warm one also runs the kernel and checks what it computes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +27,8 @@ pytest.importorskip("triton")
 
 import kiln  # noqa: E402
 from kiln.codegen import triton as triton_target  # noqa: E402
+from kiln.runtime import triton_binaries  # noqa: E402
+from kiln.runtime.private_files import manifest_path, verify  # noqa: E402
 from support.triton_sm90 import DOUBLING_KERNEL  # noqa: E402
 
 # The doubling kernel, and a second launcher of it as kernels equal up to names get (shared_kernels.py).
@@ -139,21 +142,95 @@ def _damage(path: Path) -> None:
 
 def test_a_damaged_stored_binary_loads_through_the_jit_and_is_kept_again(cold):
     root, built = cold
-    _damage(_stored_files(root, "cubin")[0])
+    damaged = _stored_files(root, "cubin")[0]
+    intact = damaged.read_bytes()
+    _damage(damaged)
     warm = _child(root, "warm")
     assert "JITFunction.run" in warm["jit"] and warm["stats"]["refused"] == 1, warm
     assert warm["cubins"] == built["cubins"] and warm["launches"] == built["launches"], "the JIT loads the same"
     if ON_GPU:
         assert warm["error"] == 0.0
-    again = _child(root, "warm")  # healed: the JIT's binaries were kept again
-    assert again["jit"] == [] and again["stats"]["loaded"] == 2, again
+    assert verify(damaged) is None and damaged.read_bytes() == intact, "healed: the JIT's binary was kept again"
 
 
-def test_binaries_of_another_triton_are_not_used(cold):
-    root, built = cold
-    warm = _child(root, "warm", version="0.0-another")
-    assert "JITFunction.run" in warm["jit"] and warm["stats"]["loaded"] == 0 and warm["stats"]["refused"] == 1, warm
-    assert warm["cubins"] == built["cubins"]
+@pytest.fixture
+def stored(compiled, tmp_path, monkeypatch) -> list[dict]:
+    """This process reading a copy of the cold process's kiln cache, on an sm_90 driver that only names the target;
+    the binaries' descriptions its product recorded."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+    from kiln.runtime import cache
+    from kiln.runtime.private_files import PrivateTree
+
+    root, _ = compiled
+    shutil.copytree(root / "kiln", tmp_path / "kiln")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln"))
+    monkeypatch.setattr(cache, "_tree", PrivateTree("cache"))
+    monkeypatch.setattr(triton_binaries, "_loaded", {})
+    monkeypatch.setattr(triton_binaries, "stats", {"stored": 0, "loaded": 0, "refused": 0})
+    monkeypatch.setattr(triton.runtime.driver, "_active", TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    return json.loads((root / "product.json").read_text())["kernels"]["triton_double"]["stored"]
+
+
+def test_a_stored_binary_builds_the_kernel_triton_would_load(stored):
+    kernel = triton_binaries.load(stored[0])
+    assert kernel.hash == stored[0]["hash"] and kernel.metadata.hash == stored[0]["hash"]
+    digest = stored[0]["hash"]
+    folder = Path(os.environ["KILN_CACHE_DIR"]) / "triton-bin" / digest[:2]
+    assert kernel.kernel == (folder / f"{digest}.cubin").read_bytes()
+    assert kernel.src.signature == {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"}
+    assert kernel.src.constants == {(3,): 1024}  # what Triton's C launcher is generated from
+    assert triton_binaries.load(stored[2]) is kernel, "the kernel's second launcher shares it"
+
+
+def _another_triton(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "0.0-another")
+
+
+def _another_gpu(monkeypatch):
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", TargetOnlyDriver(GPUTarget("cuda", 80, 32)))
+
+
+def _another_environment(monkeypatch):
+    monkeypatch.setattr(triton_binaries, "_environment", lambda: {"TRITON_DEFAULT_FP_FUSION": "0"})
+
+
+@pytest.mark.parametrize("change, reason", [
+    (_another_triton, "compiled by Triton"), (_another_gpu, "compiled for"),
+    (_another_environment, "other Triton environment variables")])
+def test_a_binary_made_for_something_else_is_not_used(stored, monkeypatch, caplog, change, reason):
+    change(monkeypatch)
+    with caplog.at_level("INFO", logger="kiln.runtime.cache"):
+        assert triton_binaries.load(stored[0]) is None
+        assert triton_binaries.load(stored[0]) is None  # asked again by another launcher: no second line
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert reason in line and "Triton's JIT loads the kernel" in line
+    assert triton_binaries.stats["refused"] == 1
+
+
+def test_a_description_that_names_other_files_is_not_used(stored, caplog):
+    """The hash the product recorded names the files: another hash is other files (missing here), and a
+    metadata file that names another kernel than its own name says is refused."""
+    other = dict(stored[0], hash="0" * 64)
+    assert triton_binaries.load(other) is None
+    root = Path(os.environ["KILN_CACHE_DIR"])
+    source = root / "triton-bin" / stored[1]["hash"][:2] / f"{stored[1]['hash']}.json"
+    planted = root / "triton-bin" / stored[0]["hash"][:2] / f"{stored[0]['hash']}.json"
+    data = source.read_bytes()
+    planted.write_bytes(data)  # the other kernel's metadata, its manifest made to match
+    manifest_path(planted).write_text(json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+    with caplog.at_level("INFO", logger="kiln.runtime.cache"):
+        assert triton_binaries.load(stored[0]) is None
+    assert "names another kernel" in caplog.text
 
 
 def test_a_server_loads_the_kernels_from_the_artifacts_without_triton_jit(compiled, tmp_path):

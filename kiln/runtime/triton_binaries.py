@@ -17,8 +17,9 @@ A warm process's `load` checks both files against their manifests, that the meta
 recorded, this process's Triton version, the GPU target of the current device and the same environment, and then
 builds Triton's `CompiledKernel` from the files: no `triton.compile`, no `JITFunction`, no `triton_key()`.
 Anything missing, damaged or made for something else is one log line and None: the launcher goes through
-Triton's JIT as a cold process does (a damaged file is removed, and the next cold load stores it again). The C
-launcher for the kernel's signature is still Triton's (from its cache, or compiled), as in a JIT load.
+Triton's JIT as a cold process does, and what the JIT loaded is stored again (a damaged file is replaced, so the
+next process finds it whole). The C launcher for the kernel's signature is still Triton's (from its cache, or
+compiled), as in a JIT load.
 """
 from __future__ import annotations
 
@@ -112,15 +113,22 @@ def load(described: dict):
     One per hash and device in a process, as Triton's JIT keeps one per specialization and device: launchers of
     kernels equal up to names (kiln/codegen/triton/shared_kernels.py) share it, and its module and C launcher
     are loaded once."""
-    import triton
-
-    key = (described.get("hash") if isinstance(described, dict) else None,
-           triton.runtime.driver.active.get_current_device())
+    key = (described.get("hash") if isinstance(described, dict) else None, _current_device())
     with _lock:
         if key in _loaded:
             return _loaded[key]
         _loaded[key] = kernel = _load(described)
     return kernel
+
+
+def _current_device():
+    """The device Triton loads a binary onto now (None where its driver cannot say: the load then fails, logged)."""
+    import triton
+
+    try:
+        return triton.runtime.driver.active.get_current_device()
+    except Exception:  # noqa: BLE001 -- no usable driver: `_load` refuses with the reason
+        return None
 
 
 def _load(described: dict):

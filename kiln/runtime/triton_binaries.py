@@ -36,11 +36,13 @@ from kiln.runtime.triton_cache import BINARY_SUFFIX
 log = logging.getLogger("kiln.runtime.cache")
 
 FOLDER = "triton-bin"
-# What this process did: binaries `stored`, `loaded` without Triton's JIT, and `refused` (the JIT loads them).
+# What this process did, in distinct binaries: `stored`, `loaded` without Triton's JIT, and `refused` (the JIT
+# loads them).
 stats = {"stored": 0, "loaded": 0, "refused": 0}
 
 _PLAIN = (bool, int, float, str, type(None))
 _loaded: dict[tuple, object] = {}  # (hash, device) -> the CompiledKernel, or None where it was refused
+_kept: set[str] = set()  # the hashes this process stored
 _lock = threading.Lock()
 
 
@@ -92,7 +94,10 @@ def store(binary) -> dict | None:
     except OSError as e:  # a full or read-only cache: the next warm process loads through Triton's JIT
         log.info("kiln: could not keep the Triton binary %s (%s)", described["hash"], e)
         return None
-    stats["stored"] += 1
+    with _lock:
+        if described["hash"] not in _kept:
+            _kept.add(described["hash"])
+            stats["stored"] += 1
     return described
 
 

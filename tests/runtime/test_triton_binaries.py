@@ -118,7 +118,7 @@ def compiled(tmp_path_factory) -> tuple[Path, dict]:
     """Caches a cold process filled (its two specializations compiled and kept), and what it said."""
     root = tmp_path_factory.mktemp("triton_binaries")
     built = _child(root, "cold")
-    assert "JITFunction.run" in built["jit"] and built["stats"]["stored"] == 3, built
+    assert "JITFunction.run" in built["jit"] and built["stats"]["stored"] == 2, built  # two distinct binaries
     return root, built
 
 
@@ -298,7 +298,8 @@ def test_a_warm_compile_loads_the_cold_kernels_for_the_same_launches_without_tri
         assert done.returncode == 0 and "fell back" not in done.stderr, done.stderr
         said.append(json.loads(done.stdout.strip().splitlines()[-1]))
     cold, warm = said
-    assert cold["kernels"] > 0 and cold["stats"]["stored"] == len(cold["launchers"]), cold
+    binaries = {h for launcher in cold["launchers"].values() for h in launcher["binaries"]}
+    assert cold["kernels"] > 0 and cold["stats"]["stored"] == len(binaries) > 0, cold
     assert warm["hits"] == 2 and warm["jit"] == [], warm
     assert warm["stats"] == {"stored": 0, "loaded": cold["stats"]["stored"], "refused": 0}, warm
     assert warm["launchers"] == cold["launchers"]

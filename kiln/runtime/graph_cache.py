@@ -39,7 +39,7 @@ import torch
 import torch.fx
 
 from kiln.config import compiler
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_binaries
 from kiln.runtime.lazy_graphs import source
 from kiln.runtime.private_files import discard, publish, temp_name, verify
 
@@ -83,8 +83,6 @@ class KernelSignature:
         loads them through the JIT)."""
         if not self.precompiles or not self.stored or len(self.stored) != len(self.precompiles):
             return False
-        from kiln.runtime import triton_binaries
-
         for (launcher, dtypes, ints), described in zip(self.precompiles, self.stored):
             binary = triton_binaries.load(described)
             if binary is None or not getattr(module, launcher).adopt([_dtype(d) for d in dtypes], list(ints),
@@ -305,8 +303,6 @@ def record_binaries(product: dict, namespace: dict) -> None:
 def _store_binaries(module: dict, precompiles) -> list | None:
     """Keep the binary each precompile of one kernel loaded in kiln's cache (kiln/runtime/triton_binaries.py); their
     descriptions in precompile order, or None unless every one was kept."""
-    from kiln.runtime import triton_binaries
-
     out = []
     for launcher, dtypes, ints in precompiles:
         binary = getattr(module.get(launcher), "compiled", {}).get((tuple(dtypes), tuple(ints)))

@@ -53,9 +53,9 @@ def _paths(digest: str, suffix: str) -> tuple[Path, Path]:
 
 def _environment() -> dict:
     """The environment variables that change what Triton compiles (Triton's own list)."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
+    import triton
 
-    return dict(get_cache_invalidating_env_vars())
+    return dict(triton._C.libtriton.get_cache_invalidating_env_vars())
 
 
 def describe(binary) -> dict | None:
@@ -186,14 +186,14 @@ def _check(described: dict) -> tuple[str | None, tuple[Path, Path] | None]:
 def _compiled_kernel(described: dict, paths: tuple[Path, Path]):
     """Triton's CompiledKernel over kiln's files, with a source that tells Triton's launcher builder what the
     JIT's would: the signature, the constants and the argument names."""
-    from triton.compiler import CompiledKernel
+    import triton
 
     name = described["name"]
     fn = SimpleNamespace(arg_names=list(described["arg_names"]), launch_metadata=None, __name__=name)
     src = SimpleNamespace(fn=fn, name=name, signature=dict(described["signature"]),
                           constants={tuple(k): v for k, v in described["constants"]})
     group = {f"{name}.json": str(paths[0]), f"{name}.{described['binary']}": str(paths[1])}
-    kernel = CompiledKernel(src, group, described["hash"])
+    kernel = triton.compiler.CompiledKernel(src, group, described["hash"])
     stats["loaded"] += 1
     return kernel
 

@@ -26,6 +26,11 @@ cProfile and writes DIR/<model>-<compiler>-<mode>-<k>.pstats, with the 60 costli
 time) beside it in a .txt: where a warm process's seconds go. On Python 3.12 and later cProfile sees every thread
 (the Triton precompile pool's too); on 3.11 only the main thread. The profiler slows Python-heavy parts, so the
 timings of a profiled run are not the benchmark's.
+
+Each row also says what could make a warm process's steady step differ from a cold one's: `step_cpu_s` (the CPU
+seconds of one steady step, every thread of the process), `background` (its other threads and child processes
+then) and, for kiln, `kiln` (Triton kernels loaded from kiln's cache without Triton's JIT, whether the build workers
+started, and launches of the steady steps that missed a launcher's fast path).
 """
 from __future__ import annotations
 
@@ -139,19 +144,52 @@ def worker(job: dict) -> dict:
     if profile is not None:
         profile.disable()
         _write_profile(profile, Path(job["profile"]))
-    steady = []
+    slow_before = _slow_launches()
+    steady, steady_cpu = [], []
     for _ in range(3):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         step()
         bench.sync(device)
         steady.append(time.perf_counter() - t)
+        steady_cpu.append(time.process_time() - c)
     result["step_s"] = statistics.median(steady)
+    result["step_cpu_s"] = statistics.median(steady_cpu)  # every thread of the process: background work shows
+    result["background"] = _background()
+    if job["compiler"] == "kiln":
+        result["kiln"] = _kiln_paths(_slow_launches() - slow_before)
     result["compile_s"] = result["first_step_s"] - result["step_s"]
     if job["mode"] == "cold":
         blob = _save_artifacts(job["compiler"])
         if blob:
             Path(job["blob"]).write_bytes(blob)
     return result
+
+
+def _slow_launches() -> int:
+    launch = sys.modules.get("kiln.codegen.triton.launch")
+    return launch.stats["slow_launches"] if launch is not None else 0
+
+
+def _background() -> dict:
+    """What else runs in the process during the steady steps (a cold and a warm process should not differ): its
+    threads besides the main one, and its child processes (Triton build workers, compilers)."""
+    import threading
+
+    children = 0
+    for task in Path("/proc/self/task").glob("*/children"):
+        children += len(task.read_text().split())
+    return {"threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
+            "children": children}
+
+
+def _kiln_paths(slow_launches: int) -> dict:
+    """How kiln's kernels were loaded and launched: Triton kernels loaded from kiln's cache without Triton's JIT
+    (kiln/runtime/triton_binaries.py), whether the build workers started, and the launches of the three steady
+    steps that missed a launcher's fast path (kiln/codegen/triton/launch.py)."""
+    binaries = sys.modules.get("kiln.runtime.triton_binaries")
+    workers = sys.modules.get("kiln.codegen.triton.build_workers")
+    return {"binaries": dict(binaries.stats) if binaries else {},
+            "build_workers": getattr(workers, "_pool", None) is not None, "slow_launches": slow_launches}
 
 
 def _write_profile(profile: cProfile.Profile, path: Path) -> None:
@@ -200,14 +238,15 @@ def _median_of(runs: list[dict]) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms | step_cpu_ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | error | | | |")
+            lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | error | | | | |")
             continue
         lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | {r['compile_s']:.2f} | "
-                     f"{r['first_step_s']:.2f} | {r['load_s']:.3f} | {r['step_s'] * 1000:.1f} |")
+                     f"{r['first_step_s']:.2f} | {r['load_s']:.3f} | {r['step_s'] * 1000:.1f} | "
+                     f"{r.get('step_cpu_s', 0) * 1000:.1f} |")
     return "\n".join(lines)
 
 

@@ -502,8 +502,6 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOpt
     gpu = _gpu_of(example_inputs)
     compiler.before_trace = functools.partial(_start_gpu_build, gpu)  # the device, not the inputs: the compiler
     # lives as long as the compiled program, which must not keep its example tensors
-    if gpu is not None and not triton_target.interpreting():
-        triton_cache.hash_triton_early()  # every Triton kernel lookup, built or cached, needs it first
     if drop_masks_that_mask_nothing(gm):
         log.info("%s: attention masks that mask nothing dropped (fused attention runs)", name)
     try:
@@ -523,9 +521,13 @@ def _start_gpu_build(device: str | None) -> None:
     AOT cache has no ATen graphs for a variant it can keep, or caching is off) or the lowering (where the compile
     cache has no product).
     A warm process, whose graphs all come from the caches, starts none: their imports would compete with its
-    first steps for the CPU. `device`: the graph's GPU (None for a CPU graph: nothing to start)."""
+    first steps for the CPU. Nor does it hash Triton's installation (`triton_key`), which only Triton's JIT needs:
+    its kernels come from kiln's cache (kiln/runtime/triton_binaries.py). `device`: the graph's GPU (None for a
+    CPU graph: nothing to start)."""
     if device is not None:
         triton_target.start_build_workers(device)
+        if not triton_target.interpreting():
+            triton_cache.hash_triton_early()  # every lookup of Triton's JIT needs it first
 
 
 def _gpu_of(example_inputs: list) -> str | None:

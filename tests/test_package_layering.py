@@ -54,6 +54,8 @@ FUNCTION_LEVEL = {
     ("kiln.runtime.autotune", "triton.testing"): "optional dependency: only GPU autotuning benchmarks with Triton",
     ("kiln.runtime.triton_cache", "triton"):
         "optional dependency: only a process that loaded Triton binaries, or a blob carrying some, needs Triton",
+    ("kiln.runtime.triton_binaries", "triton"):
+        "optional dependency: only a GPU graph's kernels are stored or loaded, and kiln runs without Triton on the CPU",
     ("kiln.runtime.autotune", "tqdm"): "optional dependency: a progress bar where tqdm is installed",
     ("kiln.progress", "tqdm"): "optional dependency: a progress bar where tqdm is installed",
     ("kiln.capture.values.constant", "kiln.capture.values.exceptions"):

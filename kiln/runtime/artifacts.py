@@ -8,7 +8,8 @@ As torch.compiler.save_cache_artifacts / load_cache_artifacts. The blob holds ev
 this process compiled with (kiln/runtime/cache.py `used()`): the captured graphs' ATen graphs
 (kiln/autograd/aot_cache.py), the compiled graphs' products (kiln/runtime/graph_cache.py), the C++ libraries
 (the kernels', and the guards' extension, kiln/capture/tensor_checks.py, which a fresh cache would otherwise build
-while the first calls run), the autotuning decisions and the Triton modules, and what Triton compiled of those
+while the first calls run), the autotuning decisions, the Triton modules and their compiled kernels as kiln keeps
+them (kiln/runtime/triton_binaries.py: loaded without Triton's JIT), and what Triton compiled of those
 modules (each kernel's metadata and GPU binary, and the C launchers, from Triton's own cache:
 kiln/runtime/triton_cache.py), each with its size and SHA-256, and the environment it was made in.
 
@@ -37,12 +38,14 @@ VERSION = 1
 # The files a blob may hold: a folder of the cache's, a two-character shard, a file named by its key.
 _ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|(graphs|aot)/[0-9a-f]{2}/[0-9a-f]{64}\.json"
                       r"|autotune/[0-9a-f]{2}/[0-9a-f]{64}\.json|triton/[0-9a-f]{2}/[0-9a-f]{64}\.py"
+                      r"|triton-bin/[0-9a-f]{2}/[0-9a-f]{64}\.(json|cubin|hsaco|zebin)"
                       r"|ext/[0-9a-f]{16}/kiln_tensor_checks\.[A-Za-z0-9_-]+\.so"
                       r"|triton-cache/[A-Z2-7]{52}/(?!__grp__)[A-Za-z0-9_][A-Za-z0-9_.-]{0,200})$")
 TRITON = "triton-cache/"  # Triton's own cache entries (kiln/runtime/triton_cache.py), published into its folder
 
 
-_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/")  # files published with a manifest, checked before they are saved
+# files published with a manifest, checked before they are saved
+_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/", "triton-bin/")
 _BUILT_FOR_THIS_CPU = ("cpp", "ext")  # machine code: left out of a blob loaded on another CPU
 
 

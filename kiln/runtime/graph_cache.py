@@ -39,7 +39,7 @@ import torch
 import torch.fx
 
 from kiln.config import compiler
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_binaries
 from kiln.runtime.lazy_graphs import source
 from kiln.runtime.private_files import discard, publish, temp_name, verify
 
@@ -64,11 +64,31 @@ class KernelSignature:
     reports_errors: bool
     precompiles: list | None = None
     binaries: list | None = None  # Triton's cache entries its launchers loaded (`record_binaries`)
+    stored: list | None = None  # per precompile, its binary kept in kiln's cache (kiln/runtime/triton_binaries.py)
 
     def precompile(self, module) -> None:
         """Compile the kernel's launchers as the generator's kernel object did (Triton's load_kernels)."""
         for launcher, dtypes, ints in self.precompiles or ():
             getattr(module, launcher).precompile([_dtype(d) for d in dtypes], list(ints))
+
+    def keep_binaries(self, module) -> None:
+        """After `precompile` (kiln's copies of the binaries did not load, `load_stored`): keep what the JIT
+        loaded in kiln's cache again, so that a damaged or removed copy heals for the next process."""
+        if self.stored:
+            _store_binaries(vars(module), self.precompiles or ())
+
+    def load_stored(self, module) -> bool:
+        """Hand each launcher the binary its precompile loaded in the process that stored this product, from
+        kiln's cache and without Triton's JIT; False if one is not there or not usable here (then `precompile`
+        loads them through the JIT)."""
+        if not self.precompiles or not self.stored or len(self.stored) != len(self.precompiles):
+            return False
+        for (launcher, dtypes, ints), described in zip(self.precompiles, self.stored):
+            binary = triton_binaries.load(described)
+            if binary is None or not getattr(module, launcher).adopt([_dtype(d) for d in dtypes], list(ints),
+                                                                     binary):
+                return False
+        return True
 
 
 class _PrecompileRecorder:
@@ -275,6 +295,22 @@ def record_binaries(product: dict, namespace: dict) -> None:
         entries = [getattr(module.get(launcher), "binaries", None) for launcher, _, _ in signature["precompiles"] or ()]
         if entries and all(entries):
             signature["binaries"] = sorted(set().union(*entries))
+        stored = _store_binaries(module, signature["precompiles"] or ())
+        if stored:
+            signature["stored"] = stored
+
+
+def _store_binaries(module: dict, precompiles) -> list | None:
+    """Keep the binary each precompile of one kernel loaded in kiln's cache (kiln/runtime/triton_binaries.py); their
+    descriptions in precompile order, or None unless every one was kept."""
+    out = []
+    for launcher, dtypes, ints in precompiles:
+        binary = getattr(module.get(launcher), "compiled", {}).get((tuple(dtypes), tuple(ints)))
+        described = triton_binaries.store(binary) if binary is not None else None
+        if described is None:
+            return None
+        out.append(described)
+    return out
 
 
 def decode_product(product: dict, base: dict) -> tuple[dict, dict]:

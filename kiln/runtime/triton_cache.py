@@ -8,7 +8,8 @@ Triton keeps what it compiles in its cache folder (`triton.knobs.cache.dir`, TRI
   (`<name>.cubin` on CUDA), the intermediate IR, and `__grp__<name>.json`, which lists the entry's files by
   absolute path: Triton's lookup reads that list, so a kernel is found only where its list names its folder;
 - the C launcher Triton builds for each kernel signature (`__triton_launcher<EXT_SUFFIX>`, a Python extension
-  compiled with the C compiler) has an entry of its own, named by the hash of its C source and the platform.
+  compiled with the C compiler) has an entry of its own, named by the hash of its C source and the platform, as
+  has the driver's own extension (`cuda_utils<EXT_SUFFIX>`, which loads binaries onto the GPU).
 
 `record_kernel` and `record_launcher` (called where kiln loads a binary, kiln/codegen/triton/launch.py) note the
 entries; `saved_files` hands them to kiln.save_cache_artifacts (a kernel's metadata and binary only: the IR is
@@ -38,6 +39,8 @@ from kiln.runtime.private_files import unsafe_reason, write_atomic
 # The file the GPU loads, by Triton's backend name (what torch's artifacts carry too).
 BINARY_SUFFIX = {"cuda": "cubin", "hip": "hsaco", "xpu": "zebin"}
 LAUNCHER_PREFIX = "__triton_launcher"
+# The C extensions Triton compiles and keeps in its cache: a launcher per kernel signature, the driver's utilities.
+EXTENSION_PREFIXES = (LAUNCHER_PREFIX, "cuda_utils", "hip_utils")
 GROUP_PREFIX = "__grp__"
 # An entry's name: base32 of a SHA-256, unpadded (Triton's `_base32`).
 ENTRY_NAME = re.compile(r"^[A-Z2-7]{52}$")
@@ -80,10 +83,27 @@ def record_kernel(binary) -> str | None:
 
 def record_launcher(run) -> None:
     """Note the cache entry of the C launcher behind `run` (a CompiledKernel's `run`: its `launch` is the
-    extension's function), where it is one of Triton's cache."""
-    module = getattr(getattr(run, "launch", None), "__self__", None)
+    extension's function), where it is one of Triton's cache; and, once, the driver's own extension (its
+    `load_binary`), which Triton compiles the same way on a machine whose cache lacks it."""
+    global _utils_recorded
+    _record_extension(getattr(getattr(run, "launch", None), "__self__", None))
+    if not _utils_recorded:
+        _utils_recorded = True
+        import triton
+
+        try:
+            utils = triton.runtime.driver.active.utils
+        except Exception:  # noqa: BLE001 -- no driver (a compile-only one): nothing to carry
+            return
+        _record_extension(getattr(getattr(utils, "load_binary", None), "__self__", None))
+
+
+_utils_recorded = False
+
+
+def _record_extension(module) -> None:
     path = getattr(module, "__file__", None)
-    if not isinstance(path, str) or not Path(path).name.startswith(LAUNCHER_PREFIX):
+    if not isinstance(path, str) or not Path(path).name.startswith(EXTENSION_PREFIXES):
         return
     folder = Path(path).parent
     if folder.parent != cache_root() or not ENTRY_NAME.match(folder.name):
@@ -124,6 +144,17 @@ def hash_triton_early() -> None:
             return
         _key_thread = threading.Thread(target=_quietly, args=(triton_key,), name="kiln-triton-key", daemon=True)
         _key_thread.start()
+
+
+def hashed_triton() -> None:
+    """Wait for Triton's key of its installation (started now if it was not): before threads that each look a
+    kernel up start. Triton memoizes it without a lock, so threads that miss the memo together each compute it
+    (a precompile pool of 32 threads hashed Triton 32 times over, and a hashing thread left running held the GIL
+    into the model's first steps)."""
+    hash_triton_early()
+    thread = _key_thread
+    if thread is not None:
+        thread.join()
 
 
 def _quietly(fn) -> None:
@@ -192,7 +223,7 @@ def check(header, files: dict[str, dict[str, bytes]]) -> None:
         if kind == "kernel":
             _check_kernel(entry, named, info)
         elif kind != "launcher" or not isinstance(info.get("platform"), list) or len(named) != 1 \
-                or not next(iter(named)).startswith(LAUNCHER_PREFIX):
+                or not next(iter(named)).startswith(EXTENSION_PREFIXES):
             raise ValueError(f"kiln.load_cache_artifacts: the Triton entry {entry} is not one kiln carries")
 
 

@@ -243,3 +243,30 @@ def test_c_launchers_travel_for_the_same_platform_only(fresh_cache, tmp_path, mo
     if written:
         assert published.read_bytes() == b"\x7fELF a launcher"
         assert not list(published.parent.glob("__grp__*"))  # a launcher has no file list: Triton asks for the file
+
+
+def test_the_driver_extension_travels_with_the_launchers(fresh_cache, tmp_path, monkeypatch):
+    """Triton's driver compiles its own C extension (`cuda_utils`, which loads binaries onto the GPU) into its cache
+    the first time a process needs it: carried once, a server starting from empty caches runs no C compiler."""
+    import sysconfig
+    from types import SimpleNamespace
+
+    import triton
+
+    monkeypatch.setattr(triton_cache, "_used", {})
+    monkeypatch.setattr(triton_cache, "_utils_recorded", False)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "built"))
+    utils = f"cuda_utils{sysconfig.get_config_var('EXT_SUFFIX')}"
+    entry = tmp_path / "built" / ("U" * 52)
+    entry.mkdir(parents=True)
+    (entry / utils).write_bytes(b"\x7fELF the driver's utilities")
+    module = SimpleNamespace(__file__=str(entry / utils))
+    monkeypatch.setattr(triton.runtime.driver, "_active", SimpleNamespace(utils=SimpleNamespace(
+        load_binary=SimpleNamespace(__self__=module))))
+    name = f"{triton_cache.LAUNCHER_PREFIX}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    triton_cache.record_launcher(_launcher_in(tmp_path / "built", name))
+    monkeypatch.setattr(triton_cache, "_here", lambda version: (tmp_path / "served", ["cuda", 90, 32]))
+    (tmp_path / "served").mkdir()
+    loaded = kiln.load_cache_artifacts(kiln.save_cache_artifacts())
+    assert loaded.get("triton-cache") == 2, loaded
+    assert (tmp_path / "served" / ("U" * 52) / utils).read_bytes() == b"\x7fELF the driver's utilities"

@@ -3,7 +3,8 @@
 A cached product records where Triton's cache keeps each kernel's binaries (kiln/runtime/triton_cache.py): a
 kernel found there is loaded in the graph's process, and no build worker starts (each imports torch and Triton,
 seconds of CPU that a warm process's first steps would compete with). Triton's key of its own installation,
-which the first lookup needs, is hashed in the background from the moment a GPU graph reaches the compiler.
+which the first JIT lookup needs, is hashed in the background from the moment a GPU graph's kernels are to be
+built, and once: the precompile pool's threads wait for it rather than each hashing Triton.
 """
 from __future__ import annotations
 
@@ -54,6 +55,30 @@ def test_tritons_own_key_is_hashed_once_in_the_background(monkeypatch):
     triton_cache._key_thread.join(timeout=10)
     assert calls == ["hashed"]
     assert triton_cache._key_thread.daemon  # never holds the process's exit
+
+
+def test_threads_that_each_look_a_kernel_up_wait_for_one_hash(monkeypatch):
+    """Triton memoizes its key without a lock: the precompile pool's threads, missing it together, each hashed
+    Triton. `hashed_triton` (before the pool starts) computes it once, joining a hash already under way."""
+    import threading
+    import time
+
+    import triton.runtime.cache
+
+    calls = []
+
+    def slow_key():
+        calls.append(threading.current_thread().name)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(triton.runtime.cache, "triton_key", slow_key)
+    monkeypatch.setattr(triton_cache, "_key_thread", None)
+    threads = [threading.Thread(target=triton_cache.hashed_triton) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert calls == ["kiln-triton-key"] and not triton_cache._key_thread.is_alive()
 
 
 def test_a_failing_hash_is_left_for_the_lookup_to_raise(monkeypatch):

@@ -5,7 +5,8 @@ differ. All kernels of one graph go in one Python module (kernels, then their
 launchers); the module is written to `$KILN_CACHE_DIR/triton/<hash>.py` and
 imported from there (Triton reads a kernel's source from its file), so a second
 process with the same graph reuses the file, and Triton's own cache keeps the
-compiled binaries. Under `TRITON_INTERPRET=1` the same module runs on CPU
+compiled binaries (and kiln's a copy of each, which a warm process loads without
+Triton's JIT: kiln/runtime/triton_binaries.py). Under `TRITON_INTERPRET=1` the same module runs on CPU
 tensors through Triton's interpreter (how the tests run it).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kiln.codegen.triton.shared_kernels import share_identical_kernels
 from kiln.codegen.wrapper import ERROR_FLAG
 from kiln.fallbacks import KernelBuildFailed
 from kiln.lower import ir
-from kiln.runtime import cache
+from kiln.runtime import cache, triton_cache
 from kiln.runtime.current_device import made_current
 from kiln.runtime.private_files import unsafe_reason, write_atomic
 from kiln.schedule import deps
@@ -192,6 +193,9 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     """Compile every kernel (name -> kernel) now, where a compile error can still make the kernel fall
     back to ATen (`KernelBuildFailed` names the first kernel that failed).
 
+    A cached product's kernels whose binaries kiln kept (kiln/runtime/triton_binaries.py) are loaded first, in
+    this thread and without Triton's JIT; only the others go on.
+
     A big training graph has hundreds of kernels (benchmarks/compile_time.py). On a GPU they are compiled
     first in the build worker processes (kiln/codegen/triton/build_workers.py: Triton's front end holds the
     GIL), into Triton's cache; then here, in a thread pool, where each finds its binary in that cache (or
@@ -201,6 +205,9 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     device 0: each build runs with the graph's `device` current, or a rank on `cuda:1` launched kernels loaded
     on `cuda:0` ("invalid resource handle").
     """
+    kernels = _not_stored(module, kernels, device)
+    if not kernels:
+        return
     workers = min(len(kernels), cache.build_jobs())  # KILN_BUILD_JOBS, as for the C++ build
     if workers > 1 and not interpreting():
         _build_in_workers(module, kernels, device)
@@ -208,9 +215,22 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
         for name, k in kernels.items():
             _precompile(name, k, module, device)
         return
+    triton_cache.hashed_triton()  # once, not by every thread of the pool at the same time
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-triton-build") as pool:
         for future in [pool.submit(_precompile, name, k, module, device) for name, k in kernels.items()]:
             future.result()
+
+
+def _not_stored(module, kernels: dict, device: str) -> dict:
+    """`kernels` less those whose launchers took their binaries from kiln's cache (a cached product's kernels,
+    kiln/runtime/triton_binaries.py): loaded here, in this thread, with no Triton JIT, build worker or thread
+    pool. Each loads onto the graph's `device`."""
+    cached = [name for name, k in kernels.items() if hasattr(k, "load_stored")]  # a product's KernelSignatures
+    if not cached or interpreting():
+        return kernels
+    with made_current(device):
+        loaded = {name for name in cached if kernels[name].load_stored(module)}
+    return {name: k for name, k in kernels.items() if name not in loaded}
 
 
 def _build_in_workers(module, kernels: dict, device: str) -> None:
@@ -246,6 +266,9 @@ def _precompile(name: str, kernel, module, device: str) -> None:
     try:
         with contextlib.nullcontext() if interpreting() else made_current(device):
             kernel.precompile(module)
+        keep = getattr(kernel, "keep_binaries", None)  # a cached product's kernel (kiln/runtime/graph_cache.py)
+        if keep is not None and not interpreting():
+            keep(module)
     except Exception as e:
         raise KernelBuildFailed(name, "build", e) from e
 

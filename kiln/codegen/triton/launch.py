@@ -63,11 +63,20 @@ def _picker(check: tuple, num_tensors: int):
     return itemgetter(*check)
 
 
+def compiled_key(dtypes, ints) -> tuple:
+    """How `Launcher.compiled` names one precompile: the dtypes by name (as a cached product writes them), the
+    integers."""
+    return tuple(str(d).removeprefix("torch.") for d in dtypes), tuple(ints)
+
+
 def _int_key(v: int):
     return (v == 1, v % 16 == 0, v >= 2**31 or v < -2**31)
 
 
 _data_ptr = torch.Tensor.data_ptr
+# Launches that missed a launcher's fast path (another specialization, an unaligned tensor, hooks installed): a
+# steady step should have none (benchmarks/warm_start.py reports them per step).
+stats = {"slow_launches": 0}
 
 
 class Launcher:
@@ -96,6 +105,9 @@ class Launcher:
         # Triton's cache entries of the binaries loaded (kiln/runtime/triton_cache.py): a cached product records
         # them, and a warm process that finds them all compiles nothing in the build workers
         self.binaries: set[str] = set()
+        # the binary each `precompile(dtypes, ints)` loaded, by (dtype names, ints): a cached product keeps them in
+        # kiln's cache (kiln/runtime/triton_binaries.py), and a warm process hands them back through `adopt`
+        self.compiled: dict[tuple, object] = {}
 
     def precompile(self, dtypes, ints) -> None:
         """Compile now (at graph compile time, where a failure falls back to ATen) rather than at the first call.
@@ -108,7 +120,26 @@ class Launcher:
         binary = self.fn.warmup(*dtypes, *ints, grid=(1,), **self.constexprs, **self.options)
         self._record(binary)
         if binary is not None and _no_hooks():
-            self._add(tuple([True] * len(dtypes) + [_int_key(v) for v in ints]), binary, tuple(ints))
+            self._add(self._precompiled_key(dtypes, ints), binary, tuple(ints))
+            self.compiled[compiled_key(dtypes, ints)] = binary
+
+    def adopt(self, dtypes, ints, binary) -> bool:
+        """Launch `binary` (a kernel compiled before, loaded from kiln's cache without Triton's JIT) for the
+        arguments `precompile(dtypes, ints)` would have compiled it for, exactly as if it had: the same
+        specialization table entry and fast path. False where it cannot be (launch hooks installed, the
+        interpreter, or Triton failing to load it here): the caller then precompiles through the JIT."""
+        if not self.direct or not _no_hooks():
+            return False
+        try:
+            self._add(self._precompiled_key(dtypes, ints), binary, tuple(ints))
+        except Exception:  # noqa: BLE001 -- not loadable here (nothing was added): Triton's JIT loads it, and
+            return False  # raises what is wrong
+        self.compiled[compiled_key(dtypes, ints)] = binary
+        return True
+
+    def _precompiled_key(self, dtypes, ints) -> tuple:
+        """The specialization key of a precompile: every tensor aligned, the integers as given."""
+        return tuple([True] * len(dtypes) + [_int_key(v) for v in ints])
 
     def _record(self, binary) -> None:
         entry = triton_cache.record_kernel(binary) if binary is not None else None
@@ -144,6 +175,7 @@ class Launcher:
         self._call(grid, args)
 
     def _call(self, grid, args) -> None:
+        stats["slow_launches"] += 1
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         if self.direct:
             hooks = _no_hooks()

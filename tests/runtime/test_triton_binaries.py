@@ -71,8 +71,10 @@ CHILD = textwrap.dedent('''
     JITFunction.run = counted("JITFunction.run", JITFunction.run)
     triton_runtime_cache.triton_key = counted("triton_key", triton_runtime_cache.triton_key)
     module = load_module(sys.stdin.read())
-    precompiles = [["_launch_triton_double", [d, d], [4096]] for d in ("float32", "bfloat16")]
-    precompiles.append(["_launch_triton_twice", ["float32", "float32"], [4096]])
+    # a launcher takes one dtype signature (its kernel's); the shared kernel's second launcher takes two here, so
+    # that its float32 specialization is the binary the first launcher loaded too
+    precompiles = [["_launch_triton_double", ["float32", "float32"], [4096]]]
+    precompiles += [["_launch_triton_twice", [d, d], [4096]] for d in ("bfloat16", "float32")]
     described = {"arg_names": ["in_ptr0", "out_ptr0"], "size_args": [], "reports_errors": False,
                  "precompiles": precompiles}
     if mode == "warm":

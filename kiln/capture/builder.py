@@ -61,8 +61,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, (list, dict)) and id(obj) in state.mutable_values:
         return _alias(state, obj, source, expr)
     if isinstance(obj, nn.Module):
-        guard_identity(state, obj, source, expr)
-        state.module_sources.add(source)
+        _module(state, obj, source, expr)
         return ModuleValue(obj, source)
     if isinstance(obj, (bool, type(None))):
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
@@ -150,6 +149,24 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ObjectValue(obj, source)
     _type(state, obj, source, expr)
     return OpaqueValue(obj, source)
+
+
+def _module(state, m: nn.Module, source: Source, expr: str) -> None:
+    """A module is guarded by its class, not its identity, as torch.compile guards a module it inlines: what
+    capture reads of it (its parameters and buffers, which are graph inputs, its submodules, hooks, training
+    flag and attributes) is guarded where it is read, so another instance of the class that matches all of that
+    (the twelve layers of a decoder) runs the same entry. One module reached through two sources (a submodule
+    shared by two layers) is guarded to stay one object: the capture's view of its attributes is shared."""
+    first = state.mutable_values.setdefault(("module", id(m)), (None, source))[1]
+    if first != source:
+        first_expr = state.source_expr(first)
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}",
+                               f"the same module as {first_expr}", "'a different module'"))
+    else:
+        _type(state, m, source, expr)
+    state.module_sources.add(source)
+    if isinstance(source, LocalSource):
+        state.instances[source.local] = m
 
 
 def _partial(state, obj: functools.partial, source: Source) -> Value:

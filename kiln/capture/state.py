@@ -56,6 +56,9 @@ class CaptureState:
         self.grads_reset = False
         self.specialized_scalars: list = []  # (source, value) of int inputs capture read the value of
         self.module_sources: set = set()  # sources of the nn.Modules wrapped (their ints stay specialized)
+        # the frame's locals that are modules, by name: the instances an entry was compiled for, which its guards
+        # (on the class, not the object) do not name; the recompile limit counts per instance (entry.CacheEntry)
+        self.instances: dict[str, Any] = {}
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",

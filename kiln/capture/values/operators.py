@@ -389,12 +389,21 @@ def identical(state, a: Value, b: Value) -> bool:
 
 
 def _guard_identity(state, a: Value, b: Value, same: bool) -> bool:
-    """The identity of two objects found by source holds only while they are (or are not) one object."""
+    """The identity of two objects found by source holds only while they are (or are not) one object; so does
+    that of an object found by source and one capture holds (a module is guarded by its class, not itself)."""
     if a.source is not None and b.source is not None and a.source != b.source:
         ea, eb = state.source_expr(a.source), state.source_expr(b.source)
-        check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
-        state.guards.add(Guard(GuardKind.ID_MATCH, a.source, check, f"{'' if same else 'not '}the same object as {eb}",
-                               f"'the same object' if {ea} is {eb} else 'a different object'"))
+    elif (a.source is None) != (b.source is None):
+        sourced, held = (a, b) if a.source is not None else (b, a)
+        if isinstance(sourced, ConstantValue):  # guarded by value already
+            return same
+        ea, eb = state.source_expr(sourced.source), state.guards.constant(_object_of(held), "obj")
+    else:
+        return same
+    check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
+    state.guards.add(Guard(GuardKind.ID_MATCH, a.source or b.source, check,
+                           f"{'' if same else 'not '}the same object as {eb}",
+                           f"'the same object' if {ea} is {eb} else 'a different object'"))
     return same
 
 

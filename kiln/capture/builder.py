@@ -73,7 +73,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
                                type(obj).__name__, f"type({expr}).__name__"))
         if type(obj) is int and is_symbolic_int(state, obj, source):
             return _int_input(state, obj, source)
-        origin = (source, obj) if _is_frame_input(state, source) else None
+        origin = (source, obj) if _is_frame_input(state, source, through_modules=type(obj) is float) else None
 
         def guard_value():
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, constant_check(expr, obj, name), repr(obj), expr))
@@ -167,6 +167,28 @@ def _module(state, m: nn.Module, source: Source, expr: str) -> None:
     state.module_sources.add(source)
     if isinstance(source, LocalSource):
         state.instances[source.local] = m
+    for written, written_source in state.written_modules:
+        _guard_distinct(state, m, source, written, written_source)
+
+
+def module_written(state, m: nn.Module, source: Source) -> None:
+    """Traced code writes an attribute of `m`: capture's view of its attributes (the side-effect overlay) is
+    shared only with the sources that are `m`, so `m` must stay apart from every other module of its class that
+    capture reached (`self.first.calls += 1; self.second.calls += 1` counts twice on one shared module)."""
+    if any(written is m for written, _ in state.written_modules):
+        return
+    state.written_modules.append((m, source))
+    for key, (_, other_source) in list(state.mutable_values.items()):
+        if isinstance(key, tuple) and key[0] == "module":
+            _guard_distinct(state, state.real_value(other_source), other_source, m, source)
+
+
+def _guard_distinct(state, m: nn.Module, source: Source, other: nn.Module, other_source: Source) -> None:
+    if m is other or type(m) is not type(other):  # one object: guarded by `_module`; two classes: by type guards
+        return
+    expr, other_expr = state.source_expr(source), state.source_expr(other_source)
+    state.guards.add(Guard(GuardKind.ID_MATCH, source, f"not ({expr} is {other_expr})",
+                           f"not the same module as {other_expr}", "'the same module'"))
 
 
 def _partial(state, obj: functools.partial, source: Source) -> Value:
@@ -325,16 +347,18 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
 
 
-def _is_frame_input(state, source: Source) -> bool:
+def _is_frame_input(state, source: Source, through_modules: bool = False) -> bool:
     """Whether `source` is an argument of the frame or reached from one (an item of a list argument, an
     attribute of an object passed in) without going through an nn.Module: the ints that automatic dynamic
     makes symbols once they change, as torch does. Ints of modules, globals and closures stay specialized:
-    they are configuration, which a program does not vary between calls."""
+    they are configuration, which a program does not vary between calls. `through_modules`: a float of a module
+    passed in counts too, as torch.compile makes it an input once it changed (a layer's scale that differs
+    between the instances of one layer class)."""
     while not isinstance(source, LocalSource):
         source = getattr(source, "base", None)
-        if source is None or source in state.module_sources:
+        if source is None or (source in state.module_sources and not through_modules):
             return False
-    return source not in state.module_sources
+    return through_modules or source not in state.module_sources
 
 
 def is_symbolic_int(state, value: int, source: Source) -> bool:

@@ -59,6 +59,7 @@ class CaptureState:
         # the frame's locals that are modules, by name: the instances an entry was compiled for, which its guards
         # (on the class, not the object) do not name; the recompile limit counts per instance (entry.CacheEntry)
         self.instances: dict[str, Any] = {}
+        self.written_modules: list = []  # (module, source) of the modules traced code wrote attributes of
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
@@ -114,6 +115,10 @@ class CaptureState:
     def guard_identity(self, obj: Any, source: Source) -> None:
         """Capture relied on the object at `source` being `obj` itself."""
         builder.guard_identity(self, obj, source, self.source_expr(source))
+
+    def module_written(self, module: Any, source: Source) -> None:
+        """Traced code writes an attribute of `module` (builder.module_written)."""
+        builder.module_written(self, module, source)
 
     def guard_hasattr(self, source: Source | None, name: str, present: bool) -> None:
         """Capture relied on `hasattr(obj, name)` being `present` (builder.guard_hasattr)."""

@@ -78,9 +78,11 @@ class ModuleValue(Value):
         return class_attribute(state, self, type(m), name, source)
 
     def setattr(self, state, name: str, value: Value) -> None:
+        state.module_written(self.module, self.source)
         state.side_effects.store_attr(self.module, self, name, value)
 
     def delattr(self, state, name: str) -> None:
+        state.module_written(self.module, self.source)
         state.side_effects.del_attr(self.module, self, name)  # nn.Module.__delattr__ runs on replay
 
     # --- calls --------------------------------------------------------------------------------

@@ -239,6 +239,7 @@ HELPERS: dict[str, Any] = {
     "___grad_enabled": torch.is_grad_enabled,
     "___tf32_matmuls": torch._C._get_cublas_allow_tf32,
     "torch": torch,
+    "math": math,  # shape relations over rounded sizes read `math.ceil(L['x'].size()[0] / 2)`
 }
 
 

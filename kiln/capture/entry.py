@@ -312,8 +312,9 @@ class CompiledFrame:
 
     def _entries_for_these_objects(self, L, G, C) -> int:
         """The entries compiled for the objects this call's locals are (a module's `self`), as torch.compile
-        counts its recompile limit: the twelve layers of a model, one code and one entry per instance, do not
-        use up each other's budget. Past `ACCUMULATED_LIMIT` entries in all, the frame counts as full."""
+        counts its recompile limit: the twelve layers of a model whose code reads an attribute that differs
+        between them (an entry per layer) do not use up each other's budget. Past `ACCUMULATED_LIMIT` entries in
+        all, the frame counts as full."""
         if len(self.entries) < recompile_limit():
             return len(self.entries)
         if len(self.entries) >= ACCUMULATED_LIMIT:

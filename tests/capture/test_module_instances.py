@@ -242,3 +242,40 @@ def test_instances_past_the_recompile_limit_still_compile():
     for layer in layers:
         assert_same(compiled(layer, x), layer(x))
     assert backend.graphs == 12
+
+
+def test_kiln_compile_of_each_instance_with_one_backend_shares_the_entry():
+    """`kiln.compile(layer)` per layer, one backend object: the calls share one compile context, as torch.compile's
+    cache is keyed by the backend, so the backend sees one graph."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    layers = [Layer() for _ in range(6)]
+    backend, torch_backend = Counting(), Counting()
+    x = torch.randn(3, 4)
+    for layer in layers:
+        assert_same(kiln.compile(layer, backend=backend)(x), layer(x))
+        torch.compile(layer, backend=torch_backend)(x)
+    assert backend.graphs == 1 <= torch_backend.graphs
+
+
+def test_the_default_backend_builds_a_layer_class_once_for_every_instance(fresh_cache, monkeypatch):
+    """With the default backend named by its string, each kiln.compile call has a context of its own, but the
+    graph captured for the second layer is the first one's: its ATen graphs come from the compile cache, and
+    nothing is traced again (training: the backward too)."""
+    from kiln.autograd import aot, aot_cache
+
+    traces = []
+    for name in ("trace_joint", "trace_forward"):
+        traced = getattr(aot, name)
+        monkeypatch.setattr(aot, name, lambda *a, _traced=traced, _name=name, **k: traces.append(_name)
+                            or _traced(*a, **k))
+    torch.manual_seed(0)
+    layers = [Layer() for _ in range(3)]
+    references = copy.deepcopy(layers)
+    x = torch.randn(3, 4)
+    hits = aot_cache.stats["hits"]
+    for layer, reference in zip(layers, references):
+        kiln.compile(layer)(x).sum().backward()
+        reference(x).sum().backward()
+        assert_same(layer.fc.weight.grad, reference.fc.weight.grad)
+    assert traces == ["trace_joint"] and aot_cache.stats["hits"] - hits == 2

@@ -11,18 +11,29 @@ import collections
 import dataclasses
 import enum
 import functools
+import math
 import os
 import types
 from typing import Any
 
+import sympy
 import torch
 from torch import nn
+from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind, constant_check, describe_tensor, input_aliasing, tensor_signature
-from kiln.capture.sources import AttrSource, ItemSource, LocalSource, ScalarTensorSource, Source
+from kiln.capture.sources import (
+    AttrSource,
+    ItemSource,
+    LocalSource,
+    ScalarTensorSource,
+    SizeFloatSource,
+    Source,
+    fast_expr,
+)
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
@@ -396,6 +407,22 @@ def _scalar_tensor_maker(state, obj: Any, source: Source):
         return _tensor_input(state, as_scalar_tensor(obj), tensor_source, state.source_expr(tensor_source))
 
     return make
+
+
+def size_float_tensor(state, value: SymValue) -> TensorValue:
+    """The symbolic float `value` (`math.sqrt(n)` of a size n) as a 0-d float64 graph input the program computes
+    from the call's sizes (`SizeFloatSource`): a kernel reads a tensor, where a float computed from sizes has no
+    form in kiln's code generator."""
+    reads = {}
+    for symbol in value.sym.node.expr.free_symbols:
+        source, dim = state.graph.symbol_sources[symbol]
+        read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"
+        reads[symbol] = sympy.Symbol(read)
+    python = PythonPrinter().doprint(value.sym.node.expr.xreplace(reads))
+    state.guards.namespace.update(___as_tensor=as_scalar_tensor, math=math, torch=torch)  # names the printer writes
+    source = SizeFloatSource(python)
+    now = eval(python, dict(state.guards.namespace), {"L": state.L, "G": state.G, "C": state.C})
+    return _tensor_input(state, as_scalar_tensor(now), source, source.expr())
 
 
 def as_scalar_tensor(value: float) -> torch.Tensor:

@@ -116,6 +116,10 @@ class CaptureState:
         """Capture relied on the object at `source` being `obj` itself."""
         builder.guard_identity(self, obj, source, self.source_expr(source))
 
+    def size_float_tensor(self, value: Value) -> Value:
+        """A symbolic float as a 0-d float64 graph input computed from the call's sizes (builder)."""
+        return builder.size_float_tensor(self, value)
+
     def module_written(self, module: Any, source: Source) -> None:
         """Traced code writes an attribute of `module` (builder.module_written)."""
         builder.module_written(self, module, source)

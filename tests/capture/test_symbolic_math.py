@@ -93,3 +93,23 @@ def test_a_rounded_size_that_makes_an_invalid_shape_raises_eagers_error():
         fn(torch.ones(7, 3))
     with pytest.raises(RuntimeError, match="invalid for input of size 21"):
         compiled(torch.ones(7, 3))
+
+
+FLOAT_CASES = {
+    "divided by a float32 tensor": (lambda x: x / math.sqrt(x.shape[-1]), torch.float32),
+    "times a float64 tensor": (lambda x: x * (x.shape[0] / 3), torch.float64),
+    "times a 0-d float32 tensor": (lambda x: x.sum() * math.log2(x.shape[0]), torch.float32),
+    "times an int64 tensor": (lambda x: x * math.sqrt(x.shape[0]), torch.int64),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOAT_CASES))
+def test_a_float_computed_from_sizes_compiles_with_kilns_code_generator(name):
+    """A symbolic float meeting a tensor enters the graph as a 0-d input the program computes from the call's
+    sizes, at the dtype eager converts the number to (strict mode: a graph run through ATen would raise)."""
+    fn, dtype = FLOAT_CASES[name]
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in SIZES:
+        x = (torch.randn(n, 3) * 10).to(dtype)
+        assert_same(compiled(x), fn(x), atol=1e-6, rtol=1e-6)
+    assert len(kiln.api.context_of(compiled).records) == 1

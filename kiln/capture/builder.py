@@ -19,8 +19,8 @@ from typing import Any
 import sympy
 import torch
 from torch import nn
-from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak

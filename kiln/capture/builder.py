@@ -174,7 +174,8 @@ def _module(state, m: nn.Module, source: Source, expr: str) -> None:
         state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}",
                                f"the same module as {first_expr}", "'a different module'"))
     else:
-        _type(state, m, source, expr)
+        state.guards.add(Guard(GuardKind.MODULE_TYPE, source, f"type({expr}) is {_type_name(state, m)}",
+                               type(m).__name__, f"type({expr}).__name__"))
     state.module_sources.add(source)
     if isinstance(source, LocalSource):
         state.instances[source.local] = m

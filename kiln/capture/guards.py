@@ -83,6 +83,9 @@ def _use_locals(check: str, exprs: dict[str, str]) -> str:
 
 class GuardKind(enum.Enum):
     TYPE_MATCH = "type"
+    # an nn.Module's class: its instances (a decoder's layers) share entries, but are never taken for one object
+    # the way type-matched configs are (`_likely_same`), which would check each layer's guards inside a block
+    MODULE_TYPE = "module type"
     ID_MATCH = "id"
     EQUALS_MATCH = "constant"
     TENSOR_MATCH = "tensor"

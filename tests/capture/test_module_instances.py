@@ -28,14 +28,16 @@ class Counting:
 
 
 class Layer(nn.Module):
-    def __init__(self, scale=2, act="relu", width=4, bias=True):
+    def __init__(self, scale=2, act="relu", width=4, bias=True, residual=False):
         super().__init__()
         self.fc = nn.Linear(width, width, bias=bias)
-        self.scale, self.act = scale, act
+        self.scale, self.act, self.residual = scale, act, residual
 
     def forward(self, x):
         y = self.fc(x)
         y = torch.relu(y) if self.act == "relu" else torch.tanh(y)
+        if self.residual:
+            y = y + x
         return y * self.scale
 
 
@@ -77,6 +79,24 @@ def test_each_instance_computes_with_its_own_parameters_and_gets_its_own_gradien
         assert_same(layer.fc.weight.grad, reference.fc.weight.grad)
         assert_same(layer.fc.bias.grad, reference.fc.bias.grad)
     assert backend.graphs == 1
+
+
+class Masked(nn.Module):
+    """A tensor kept as a plain attribute (neither parameter nor buffer): a graph input like a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.mask = torch.randn(4) > 0
+
+    def forward(self, x):
+        return x * self.mask
+
+
+def test_a_plain_tensor_attribute_is_each_instances_own():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    graphs, torch_graphs = graphs_for(call, [(Masked(), x) for _ in range(4)])
+    assert graphs == 1 <= torch_graphs
 
 
 def test_buffers_written_by_the_graph_are_each_instances_own():
@@ -127,6 +147,7 @@ def test_the_layers_a_frame_run_eagerly_calls_share_one_graph():
     pytest.param(lambda i: Layer(scale=i + 1), id="int attribute"),
     pytest.param(lambda i: Layer(scale=0.5 * (i + 1)), id="float attribute"),
     pytest.param(lambda i: Layer(act=("relu", "tanh")[i % 2]), id="str attribute"),
+    pytest.param(lambda i: Layer(residual=i % 2 == 1), id="bool attribute"),
     pytest.param(lambda i: Layer(width=4 + i), id="parameter shape"),
     pytest.param(lambda i: Layer(bias=i % 2 == 0), id="parameter or None"),
     pytest.param(lambda i: Layer().to(torch.float64 if i % 2 else torch.float32), id="parameter dtype"),

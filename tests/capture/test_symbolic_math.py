@@ -1,4 +1,4 @@
-"""`math` and rounding on symbolic sizes stay symbolic (kiln/capture/values/builtins.py `_symbolic_math`).
+"""`math` and rounding on symbolic sizes stay symbolic (kiln/capture/values/symbolic_math.py).
 
 `math.ceil(n / 2)`, `math.floor`, `math.trunc`, `math.sqrt`, `int(n / 2)` and `round(n / 3)` of a dynamic size
 (`dynamic=True`, or automatic dynamic after a size changed) are graph nodes over SymFloats, as under torch.compile,

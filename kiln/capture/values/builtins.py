@@ -12,7 +12,6 @@ import copy
 import functools
 import inspect
 import itertools
-import math
 import operator
 import sys
 import types
@@ -63,6 +62,7 @@ from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.polyfills import POLYFILLS
 from kiln.capture.values.symbolic import SymValue
+from kiln.capture.values.symbolic_math import SYMBOLIC_MATH, symbolic_math
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
@@ -734,38 +734,17 @@ def _scalar_cast(cls):
     return handler
 
 
-# `math` on a symbolic number stays symbolic, as under torch.compile: rounding through the SymFloat's own
-# `__ceil__` / `__floor__` / `__trunc__` / `__round__` (sympy's ceiling and floor), the rest through torch's
-# `_sym_<name>` functions. `math.ceil(n / 2)` of a dynamic size is then one graph for every size, not a
-# recompile per size.
-_ROUNDING = (math.ceil, math.floor, math.trunc, builtins.round)
-_SYMBOLIC_MATH = {**{fn: fn for fn in _ROUNDING}, **{
-    getattr(math, name): getattr(torch, f"_sym_{name}") for name in (
-        "sqrt", "cos", "cosh", "sin", "sinh", "tan", "tanh", "asin", "acos", "atan", "log2")
-    if hasattr(torch, f"_sym_{name}")}}
-
-
-def _symbolic_math(fn: Callable):
+def _math(fn: Callable):
+    """`fn` (a `math` function, `round`) symbolic on a symbolic number (values/symbolic_math.py), else folded."""
     def handler(state, *args, **kwargs):
-        values = [a.realize() for a in args]
-        if kwargs or not any(isinstance(v, SymValue) for v in values) or not all(
-                isinstance(v, SymValue) or (v.is_constant() and type(v.as_constant()) in (int, float))
-                for v in values):
-            return _fold(fn, list(args), kwargs)
-        if fn in _ROUNDING and values[0].python_type() is int and (len(values) == 1 or fn is not builtins.round):
-            return values[0]  # an int rounds to itself
-        try:
-            return trace_op(state, "call_function", _SYMBOLIC_MATH[fn], values, {})
-        except GraphBreak as e:
-            if e.reason.id != "exception":
-                raise
-            return _fold(fn, list(args), kwargs)  # the fake run raised (a domain error): Python's own answer
+        result = None if kwargs else symbolic_math(state, fn, [a.realize() for a in args])
+        return result if result is not None else _fold(fn, list(args), kwargs)
 
     return handler
 
 
-for _fn in _SYMBOLIC_MATH:
-    HANDLERS[_fn] = _symbolic_math(_fn)
+for _fn in SYMBOLIC_MATH:
+    HANDLERS[_fn] = _math(_fn)
 
 
 # float(n) and int(n) of a symbolic size stay symbolic (graph nodes), as torch's sym_float / sym_int

@@ -90,8 +90,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiler = resolve_backend(backend, mode, options)
     if disable:
         return model
-    ctx = CompileContext(split_at_ddp_buckets(compiler), fullgraph=fullgraph, dynamic=dynamic)
-    _contexts.add(ctx)
+    ctx = _context(compiler, fullgraph, dynamic, shared=compiler is backend)
     if isinstance(model, nn.Module):
         return OptimizedModule(model, ctx)
     return _compile_callable(model, ctx)
@@ -99,6 +98,29 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 # the options, from the option table, in the docstring's indent
 compile.__doc__ = compile.__doc__.rstrip() + "\n" + textwrap.indent(describe_options(), " " * 8) + "\n"
+
+
+# Contexts of kiln.compile calls given one backend object, by (id of the backend, fullgraph, dynamic). Kept until
+# kiln.reset(), as torch.compile keeps its cache entries (and their backend) on the code object: the compiled
+# wrapper of one layer is often dropped before the next layer is compiled. Each holds its backend, so the id stays
+# its own.
+_shared_contexts: dict[tuple, CompileContext] = {}
+
+
+def _context(compiler: Callable, fullgraph: bool, dynamic: bool | None, shared: bool) -> CompileContext:
+    """The compile context of a kiln.compile call. Calls given the same backend object (a user's callable, as
+    torch.compile's cache keys its entries by the backend) share one: `kiln.compile(layer)` for each of a
+    model's twelve layers compiles the layer class's forward once, and every layer runs that entry. A backend
+    named by a string gets a context of its own per call (its compiled products are shared through the compile
+    cache instead)."""
+    key = (id(compiler), fullgraph, dynamic)
+    ctx = _shared_contexts.get(key) if shared else None
+    if ctx is None:
+        ctx = CompileContext(split_at_ddp_buckets(compiler), fullgraph=fullgraph, dynamic=dynamic)
+        _contexts.add(ctx)
+        if shared:
+            _shared_contexts[key] = ctx
+    return ctx
 
 
 def _compile_backward_graph(gm: torch.fx.GraphModule) -> Callable:
@@ -242,6 +264,7 @@ def reset() -> None:
         ctx.frames.clear()
         ctx.functions.clear()
         ctx.records.clear()
+    _shared_contexts.clear()
     fallbacks.reset()
 
 

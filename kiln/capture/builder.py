@@ -11,18 +11,29 @@ import collections
 import dataclasses
 import enum
 import functools
+import math
 import os
 import types
 from typing import Any
 
+import sympy
 import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
 from kiln.capture.guards import Guard, GuardKind, constant_check, describe_tensor, input_aliasing, tensor_signature
-from kiln.capture.sources import AttrSource, ItemSource, LocalSource, ScalarTensorSource, Source
+from kiln.capture.sources import (
+    AttrSource,
+    ItemSource,
+    LocalSource,
+    ScalarTensorSource,
+    SizeFloatSource,
+    Source,
+    fast_expr,
+)
 from kiln.capture.tensor_checks import NATIVE_TYPES
 from kiln.capture.values.base import LazyValue, UnguardedValue, Value
 from kiln.capture.values.collectives import DISTRIBUTED_HANDLES
@@ -61,8 +72,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
     if isinstance(obj, (list, dict)) and id(obj) in state.mutable_values:
         return _alias(state, obj, source, expr)
     if isinstance(obj, nn.Module):
-        guard_identity(state, obj, source, expr)
-        state.module_sources.add(source)
+        _module(state, obj, source, expr)
         return ModuleValue(obj, source)
     if isinstance(obj, (bool, type(None))):
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr} is {obj!r}", repr(obj), expr))
@@ -74,7 +84,7 @@ def wrap(state, obj: Any, source: Source) -> Value:
                                type(obj).__name__, f"type({expr}).__name__"))
         if type(obj) is int and is_symbolic_int(state, obj, source):
             return _int_input(state, obj, source)
-        origin = (source, obj) if _is_frame_input(state, source) else None
+        origin = (source, obj) if _is_frame_input(state, source, through_modules=type(obj) is float) else None
 
         def guard_value():
             state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, constant_check(expr, obj, name), repr(obj), expr))
@@ -150,6 +160,47 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return ObjectValue(obj, source)
     _type(state, obj, source, expr)
     return OpaqueValue(obj, source)
+
+
+def _module(state, m: nn.Module, source: Source, expr: str) -> None:
+    """A module is guarded by its class, not its identity, as torch.compile guards a module it inlines: what
+    capture reads of it (its parameters and buffers, which are graph inputs, its submodules, hooks, training
+    flag and attributes) is guarded where it is read, so another instance of the class that matches all of that
+    (the twelve layers of a decoder) runs the same entry. One module reached through two sources (a submodule
+    shared by two layers) is guarded to stay one object: the capture's view of its attributes is shared."""
+    first = state.mutable_values.setdefault(("module", id(m)), (None, source))[1]
+    if first != source:
+        first_expr = state.source_expr(first)
+        state.guards.add(Guard(GuardKind.ID_MATCH, source, f"{expr} is {first_expr}",
+                               f"the same module as {first_expr}", "'a different module'"))
+    else:
+        state.guards.add(Guard(GuardKind.MODULE_TYPE, source, f"type({expr}) is {_type_name(state, m)}",
+                               type(m).__name__, f"type({expr}).__name__"))
+    state.module_sources.add(source)
+    if isinstance(source, LocalSource):
+        state.instances[source.local] = m
+    for written, written_source in state.written_modules:
+        _guard_distinct(state, m, source, written, written_source)
+
+
+def module_written(state, m: nn.Module, source: Source) -> None:
+    """Traced code writes an attribute of `m`: capture's view of its attributes (the side-effect overlay) is
+    shared only with the sources that are `m`, so `m` must stay apart from every other module of its class that
+    capture reached (`self.first.calls += 1; self.second.calls += 1` counts twice on one shared module)."""
+    if any(written is m for written, _ in state.written_modules):
+        return
+    state.written_modules.append((m, source))
+    for key, (_, other_source) in list(state.mutable_values.items()):
+        if isinstance(key, tuple) and key[0] == "module":
+            _guard_distinct(state, state.real_value(other_source), other_source, m, source)
+
+
+def _guard_distinct(state, m: nn.Module, source: Source, other: nn.Module, other_source: Source) -> None:
+    if m is other or type(m) is not type(other):  # one object: guarded by `_module`; two classes: by type guards
+        return
+    expr, other_expr = state.source_expr(source), state.source_expr(other_source)
+    state.guards.add(Guard(GuardKind.ID_MATCH, source, f"not ({expr} is {other_expr})",
+                           f"not the same module as {other_expr}", "'the same module'"))
 
 
 def _partial(state, obj: functools.partial, source: Source) -> Value:
@@ -308,16 +359,18 @@ def dynamic_dims(state, t: torch.Tensor, source: Source) -> frozenset:
     return frozenset(d for d in dims if 0 <= d < t.dim() and t.shape[d] >= 2)
 
 
-def _is_frame_input(state, source: Source) -> bool:
+def _is_frame_input(state, source: Source, through_modules: bool = False) -> bool:
     """Whether `source` is an argument of the frame or reached from one (an item of a list argument, an
     attribute of an object passed in) without going through an nn.Module: the ints that automatic dynamic
     makes symbols once they change, as torch does. Ints of modules, globals and closures stay specialized:
-    they are configuration, which a program does not vary between calls."""
+    they are configuration, which a program does not vary between calls. `through_modules`: a float of a module
+    passed in counts too, as torch.compile makes it an input once it changed (a layer's scale that differs
+    between the instances of one layer class)."""
     while not isinstance(source, LocalSource):
         source = getattr(source, "base", None)
-        if source is None or source in state.module_sources:
+        if source is None or (source in state.module_sources and not through_modules):
             return False
-    return source not in state.module_sources
+    return through_modules or source not in state.module_sources
 
 
 def is_symbolic_int(state, value: int, source: Source) -> bool:
@@ -355,6 +408,22 @@ def _scalar_tensor_maker(state, obj: Any, source: Source):
         return _tensor_input(state, as_scalar_tensor(obj), tensor_source, state.source_expr(tensor_source))
 
     return make
+
+
+def size_float_tensor(state, value: SymValue) -> TensorValue:
+    """The symbolic float `value` (`math.sqrt(n)` of a size n) as a 0-d float64 graph input the program computes
+    from the call's sizes (`SizeFloatSource`): a kernel reads a tensor, where a float computed from sizes has no
+    form in kiln's code generator."""
+    reads = {}
+    for symbol in value.sym.node.expr.free_symbols:
+        source, dim = state.graph.symbol_sources[symbol]
+        read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"
+        reads[symbol] = sympy.Symbol(read)
+    python = PythonPrinter().doprint(value.sym.node.expr.xreplace(reads))
+    state.guards.namespace.update(___as_tensor=as_scalar_tensor, math=math, torch=torch)  # names the printer writes
+    source = SizeFloatSource(python)
+    now = eval(python, dict(state.guards.namespace), {"L": state.L, "G": state.G, "C": state.C})
+    return _tensor_input(state, as_scalar_tensor(now), source, source.expr())
 
 
 def as_scalar_tensor(value: float) -> torch.Tensor:

@@ -20,6 +20,7 @@ import re
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -131,16 +132,6 @@ class CaptureRecord:
     def program_source(self) -> str:
         return readable_program(self.guards, self.program_text)
 
-    @functools.cached_property
-    def _identity_check(self) -> Callable | None:
-        """The guards on the identity of the frame's locals, compiled once (None: the entry has none)."""
-        identities = self.guards.local_identities()
-        return identities.compile() if identities.guards else None
-
-    def compiled_for(self, L, G, C) -> bool:
-        """Whether this entry was compiled for the objects this call's locals are (a module's `self`); an entry
-        guarding no local's identity was compiled for any."""
-        return self._identity_check is None or bool(self._identity_check(L, G, C))
 
 
 @dataclass
@@ -152,6 +143,9 @@ class CacheEntry:
     record: CaptureRecord | None = None
     input_shapes: list = field(default_factory=list)  # (source, shape) of each tensor input, for automatic dynamic
     input_scalars: list = field(default_factory=list)  # (source, value) of each int input read as a constant
+    # the module instances among the frame's locals it was captured for, by local name (weak: an entry does not
+    # keep a model alive); its guards check their class, so other instances may run it too
+    instances: dict[str, weakref.ref] = field(default_factory=dict)
 
     @functools.cached_property
     def program_source(self) -> str:
@@ -164,8 +158,10 @@ class CacheEntry:
         return identities.compile() if identities.guards else None
 
     def compiled_for(self, L, G, C) -> bool:
-        """Whether this entry was compiled for the objects this call's locals are (a module's `self`); an entry
-        guarding no local's identity was compiled for any."""
+        """Whether this entry was compiled for the objects this call's locals are (a module's `self`, the objects
+        its identity guards name); an entry naming no local object was compiled for any."""
+        if any(L.get(name) is not ref() for name, ref in self.instances.items()):
+            return False
         return self._identity_check is None or bool(self._identity_check(L, G, C))
 
 
@@ -316,8 +312,9 @@ class CompiledFrame:
 
     def _entries_for_these_objects(self, L, G, C) -> int:
         """The entries compiled for the objects this call's locals are (a module's `self`), as torch.compile
-        counts its recompile limit: the twelve layers of a model, one code and one entry per instance, do not
-        use up each other's budget. Past `ACCUMULATED_LIMIT` entries in all, the frame counts as full."""
+        counts its recompile limit: the twelve layers of a model whose code reads an attribute that differs
+        between them (an entry per layer) do not use up each other's budget. Past `ACCUMULATED_LIMIT` entries in
+        all, the frame counts as full."""
         if len(self.entries) < recompile_limit():
             return len(self.entries)
         if len(self.entries) >= ACCUMULATED_LIMIT:
@@ -738,7 +735,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, source, record,
                        [(source, tuple(real.shape)) for source, real in state.graph.inputs
                         if isinstance(real, torch.Tensor)],
-                       state.specialized_scalars)
+                       state.specialized_scalars, {name: weakref.ref(m) for name, m in state.instances.items()})
     if tensor_checks.available() is None and any(g.native is not None for g in state.guards.guards):
         tensor_checks.when_ready(entry, _recompile_guard)  # its tensor checks move to C++ once that is built
     return entry, record

@@ -83,6 +83,9 @@ def _use_locals(check: str, exprs: dict[str, str]) -> str:
 
 class GuardKind(enum.Enum):
     TYPE_MATCH = "type"
+    # an nn.Module's class: its instances (a decoder's layers) share entries, but are never taken for one object
+    # the way type-matched configs are (`_likely_same`), which would check each layer's guards inside a block
+    MODULE_TYPE = "module type"
     ID_MATCH = "id"
     EQUALS_MATCH = "constant"
     TENSOR_MATCH = "tensor"
@@ -239,6 +242,7 @@ HELPERS: dict[str, Any] = {
     "___grad_enabled": torch.is_grad_enabled,
     "___tf32_matmuls": torch._C._get_cublas_allow_tf32,
     "torch": torch,
+    "math": math,  # shape relations over rounded sizes read `math.ceil(L['x'].size()[0] / 2)`
 }
 
 

@@ -14,6 +14,7 @@ It is readable Python: `print(entry.program_source)` or the `bytecode` log.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any
 
@@ -81,6 +82,7 @@ class ProgramWriter:
                 self._bound_symbols.add(name)
                 read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"  # an int input
                 self.symbol_lines.append(f"{name} = {read}")
+        self.namespace.setdefault("math", math)  # a rounded size prints as `math.ceil(s0 / 2)`
         return f"({PythonPrinter().doprint(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:

@@ -130,6 +130,21 @@ class ScalarTensorSource(Source):
 
 
 @dataclass(frozen=True)
+class SizeFloatSource(Source):
+    """A float computed from sizes and int inputs (`math.sqrt(x.size(1))`, written over `L`), passed to the graph
+    as a 0-d float64 tensor where it meets a floating-point tensor: the program computes it from this call's
+    sizes, so it needs no guard, and kernels read it as a tensor."""
+
+    python: str
+
+    def expr(self) -> str:
+        return f"___as_tensor({self.python})"
+
+    def name(self) -> str:
+        return "size_float"
+
+
+@dataclass(frozen=True)
 class ArithmeticSource(Source):
     """An int computed from an int input and a literal (`L['n'] % 2`): a value read as a dim or a size is
     guarded as this expression, so the input itself may change as long as the expression keeps its value."""

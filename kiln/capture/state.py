@@ -56,6 +56,10 @@ class CaptureState:
         self.grads_reset = False
         self.specialized_scalars: list = []  # (source, value) of int inputs capture read the value of
         self.module_sources: set = set()  # sources of the nn.Modules wrapped (their ints stay specialized)
+        # the frame's locals that are modules, by name: the instances an entry was compiled for, which its guards
+        # (on the class, not the object) do not name; the recompile limit counts per instance (entry.CacheEntry)
+        self.instances: dict[str, Any] = {}
+        self.written_modules: list = []  # (module, source) of the modules traced code wrote attributes of
         self.mutable_values: dict = {}  # id(list or dict), or ("tensor", id) -> (its tracker, its first source)
         self._constant_ids: dict[int, str] = {}
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
@@ -111,6 +115,14 @@ class CaptureState:
     def guard_identity(self, obj: Any, source: Source) -> None:
         """Capture relied on the object at `source` being `obj` itself."""
         builder.guard_identity(self, obj, source, self.source_expr(source))
+
+    def size_float_tensor(self, value: Value) -> Value:
+        """A symbolic float as a 0-d float64 graph input computed from the call's sizes (builder)."""
+        return builder.size_float_tensor(self, value)
+
+    def module_written(self, module: Any, source: Source) -> None:
+        """Traced code writes an attribute of `module` (builder.module_written)."""
+        builder.module_written(self, module, source)
 
     def guard_hasattr(self, source: Source | None, name: str, present: bool) -> None:
         """Capture relied on `hasattr(obj, name)` being `present` (builder.guard_hasattr)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
+import weakref
 
 import sympy
 import torch
@@ -74,14 +74,18 @@ class ParameterDerived:
     changed in place (its version counter moves). Called with other tensors (an input that is not a
     parameter is a new tensor on every call) it computes without keeping anything.
 
+    One graph may serve several modules of one class (the layers of a decoder share a capture entry), each
+    calling it with its own parameters: the outputs are kept per set of parameter objects, so layers called in
+    turn do not recompute each other's.
+
     A recomputation writes into the kept tensors, so they never move: a CUDA graph that read them
     stays valid as long as `refresh` runs before each replay (`kiln.runtime.cudagraphs` does)."""
 
-    __slots__ = ("compute", "positions", "sources", "key", "values")
+    __slots__ = ("compute", "positions", "kept")
 
     def __init__(self, compute, positions: tuple):
         self.compute, self.positions = compute, positions  # positions: the inputs' places in the graph's inputs
-        self.sources, self.key, self.values = (), None, None
+        self.kept: dict[tuple[int, ...], KeptOutputs] = {}  # ids of the parameters -> what is kept for them
 
     def __call__(self, *sources):
         return self._current(sources) if _keeps(sources) else self.compute(*sources)
@@ -94,20 +98,48 @@ class ParameterDerived:
             self._current(sources)
 
     def _current(self, sources):
-        """The kept outputs for these parameters, recomputed first if one was replaced or changed."""
+        """The kept outputs for these parameters, recomputed first if one was changed."""
         key = [(s._version, s.data_ptr()) for s in sources]
-        if key == self.key and all(map(operator.is_, sources, self.sources)):
-            return self.values
+        ids = tuple(map(id, sources))
+        kept = self.kept.get(ids)
+        if kept is not None and not kept.of(sources):  # an id of a parameter that is gone, reused
+            kept = None
+        if kept is not None and kept.key == key:
+            return kept.values
         fresh = self.compute(*sources)
-        if self.values is not None and all(o.shape == n.shape and o.stride() == n.stride()
-                                           for o, n in zip(self.values, fresh)):
-            with torch.no_grad():
-                for old, new in zip(self.values, fresh):
-                    old.copy_(new)
+        if kept is not None and kept.fits(fresh):
+            kept.update(key, fresh)
         else:
-            self.values = fresh
-        self.sources, self.key = sources, key
-        return self.values
+            for stale in [k for k, v in self.kept.items() if not v.alive()]:  # parameters replaced since
+                del self.kept[stale]
+            kept = self.kept[ids] = KeptOutputs(sources, key, fresh)
+        return kept.values
+
+
+class KeptOutputs:
+    """What a `ParameterDerived` keeps for one set of parameters (held weakly: a replaced parameter's outputs
+    go with it)."""
+
+    __slots__ = ("refs", "key", "values")
+
+    def __init__(self, sources, key: list, values):
+        self.refs, self.key, self.values = [weakref.ref(s) for s in sources], key, values
+
+    def of(self, sources) -> bool:
+        return all(ref() is s for ref, s in zip(self.refs, sources))
+
+    def alive(self) -> bool:
+        return all(ref() is not None for ref in self.refs)
+
+    def fits(self, fresh) -> bool:
+        return all(o.shape == n.shape and o.stride() == n.stride() for o, n in zip(self.values, fresh))
+
+    def update(self, key: list, fresh) -> None:
+        """Write the recomputed outputs into the kept tensors, so they never move."""
+        with torch.no_grad():
+            for old, new in zip(self.values, fresh):
+                old.copy_(new)
+        self.key = key
 
 
 def _keeps(sources) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
@@ -26,6 +26,18 @@ from kiln.lower.ops import LOWERINGS
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
+
+
+class _SizeFloat:
+    """What a float node computed from sizes lowers to (`n / 2` in `math.ceil(n / 2)`): nothing a kernel reads.
+    The size computed from it is lowered from its own expression (`_sym`); a kernel or output that would read
+    the float itself is unsupported (the graph runs through ATen), never a constant."""
+
+    def __repr__(self) -> str:
+        return "<a float computed from sizes>"
+
+
+SIZE_FLOAT = _SizeFloat()
 
 # An unrealized body bigger than this is realized (bounds kernel size and compile time).
 MAX_INLINE_SIZE = 120
@@ -283,6 +295,10 @@ class GraphLowering:
             return self._sym(meta)
         if isinstance(meta, torch.SymInt):
             return self._sym(meta)
+        if isinstance(meta, (torch.SymFloat, float)) and not isinstance(node.target, torch._ops.OpOverload):
+            return SIZE_FLOAT  # `n / 2` on the way to a size (`math.ceil(n / 2)`), whose own expression is read
+        if any(a is SIZE_FLOAT for a in tree_leaves((args, kwargs))):
+            raise Unsupported(f"{node.target}: a float computed from sizes reaches a kernel")
         rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
         if rule is not None:
             try:
@@ -443,6 +459,8 @@ class GraphLowering:
         values = tree_flatten(tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args[0]))[0]
         metas = tree_flatten(tree_map(lambda n: n.meta.get("val") if isinstance(n, torch.fx.Node) else n,
                                       node.args[0]))[0]
+        if any(v is SIZE_FLOAT for v in values):
+            raise Unsupported("the graph returns a float computed from sizes")
         results = tree_flatten(node.args[0])[0]
         visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
         outputs = []

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Iterable, Sequence
 
 import sympy
+from torch.utils._sympy import functions as torch_sympy
 
 
 class FloorDiv(sympy.Function):
@@ -85,8 +86,38 @@ def sympify(x) -> sympy.Expr:
         return x
     node = getattr(x, "node", None)
     if node is not None and hasattr(node, "expr"):
-        return pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None))
+        return integer_rounding(pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None)))
     return sympy.Integer(int(x))
+
+
+def _ceil_of_division(a, b):
+    return FloorDiv(a + b - 1, b)
+
+
+# A size computed by rounding a division (`math.ceil(n / 2)`, `math.floor(n / 3)`, `int(n / 2)` of a size): torch's
+# sympy functions over a float quotient, which no kernel prints. With a positive integer divisor each is an integer
+# floor division (ceil(a / b) == (a + b - 1) // b; trunc is floor on sizes, which are not negative).
+_ROUNDED_DIVISIONS = {torch_sympy.FloorToInt: FloorDiv, torch_sympy.CeilToInt: _ceil_of_division,
+                      torch_sympy.TruncToInt: FloorDiv}
+
+
+def integer_rounding(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with each rounded division of integers by a positive integer written as a floor division."""
+    def rewrite(e):
+        rule = _ROUNDED_DIVISIONS.get(type(e))
+        quotient = e.args[0] if e.args else None
+        if rule is None or type(quotient) is not torch_sympy.IntTrueDiv:
+            return None
+        a, b = quotient.args
+        if not (b.is_Integer and int(b) > 0 and a.is_integer):
+            return None
+        if rule is FloorDiv and type(e) is torch_sympy.TruncToInt and not a.is_nonnegative:
+            return None
+        return rule(a, b)
+
+    if not any(type(f) in _ROUNDED_DIVISIONS for f in expr.atoms(sympy.Function)):
+        return expr
+    return expr.replace(lambda e: rewrite(e) is not None, rewrite)
 
 
 def pinned(expr: sympy.Expr, shape_env) -> sympy.Expr:

@@ -73,3 +73,16 @@ def test_dynamic_number_with_a_0d_tensor_keeps_eagers_dtype(name, dtype_name):
     t = make(dtype)
     for x in numbers:
         assert_same(fn(t, x), compiled(t, x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(64,), ()], ids=["with dims", "0-d"])
+def test_dynamic_float_with_a_half_type_tensor_computes_as_eager(dtype, shape):
+    """Eager multiplies a half-type tensor by a Python float in float32, from the float itself; kiln's kernels
+    round a 0-d tensor operand to the half type first (off by an ulp of it). So the float stays specialized
+    against a half type, under kiln's default backend too."""
+    torch.manual_seed(0)
+    compiled = kiln.compile(lambda t, x: t * x)
+    t = torch.randn(shape).to(dtype)
+    for x in (1.1, 2.2360679774997896, 2.6457513110645907):
+        assert_same(compiled(t, x), t * x, atol=0, rtol=0)

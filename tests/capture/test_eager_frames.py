@@ -112,8 +112,8 @@ def test_training_through_the_compiled_layers_matches_eager():
 
 
 def test_more_layer_instances_than_the_recompile_limit_all_compile():
-    """One entry per layer instance (kiln guards each layer's identity): the recompile limit counts the entries
-    of one instance, as torch.compile's does, so the twelve layers of a model are not cut to eager at eight."""
+    """Twelve layers of one class: one entry serves them all (a module is guarded by its class), so the recompile
+    limit is never near; tests/capture/test_module_instances.py has layers that need an entry each."""
     x = torch.randn(4, 8)
     graphs, _ = _graphs(lambda: Model(LayerDrop(n=12)), x)
     assert sum("relu" in code for code in graphs) >= 1

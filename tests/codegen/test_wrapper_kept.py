@@ -40,7 +40,8 @@ def test_a_kernel_reading_only_parameters_runs_once(compiled_graphs):
     model, compiled, _ = compiled_and_called()
     (graph,) = compiled_graphs
     assert "ParameterDerived(" in graph.artefacts["wrapper.py"]
-    (kept,) = graph.kept
+    (derived,) = graph.kept
+    (kept,) = derived.kept.values()  # one set of parameters
     first_key, first = kept.key, [t.data_ptr() for t in kept.values]
     with torch.no_grad():
         for _ in range(3):
@@ -66,6 +67,30 @@ def test_a_replaced_parameter_is_seen():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+def test_instances_sharing_one_graph_keep_their_own_results(compiled_graphs):
+    """Two ScaledLinear layers called in turn run one graph (a module is guarded by its class): each keeps its own
+    results, computed once, and each computes with its own weights."""
+    torch.manual_seed(0)
+    first, second = ScaledLinear(), ScaledLinear()
+    compiled = kiln.compile(lambda layer, x: layer(x))
+    with torch.no_grad():
+        for _ in range(3):
+            for layer in (first, second):
+                x = torch.randn(4, 16)
+                torch.testing.assert_close(compiled(layer, x), layer(x))
+    (graph,) = compiled_graphs
+    (derived,) = graph.kept
+    assert len(derived.kept) == 2
+    keys = [kept.key for kept in derived.kept.values()]
+    with torch.no_grad():
+        compiled(first, x), compiled(second, x)
+    assert all(kept.key is key for kept, key in zip(derived.kept.values(), keys))  # neither recomputed
+    del first
+    with torch.no_grad():
+        compiled(ScaledLinear(), x)  # a third set: the first one's, gone, is dropped
+    assert len(derived.kept) == 2
+
+
 def test_a_training_graph_keeps_nothing(compiled_graphs):
     torch.manual_seed(0)
     model = ScaledLinear()
@@ -86,7 +111,7 @@ def test_results_of_tensors_that_are_not_parameters_are_not_kept():
     a = torch.randn(3)
     derived(a)
     derived(a)
-    assert len(calls) == 2 and derived.values is None
+    assert len(calls) == 2 and not derived.kept
     p = nn.Parameter(torch.randn(3))
     derived(p)
     derived(p)

@@ -365,3 +365,44 @@ def test_more_architectures_inference(name):
             kwargs = inputs(g)
             assert_outputs_close(compiled(**kwargs), model(**kwargs))
     assert len(context_of(compiled).records) == 1
+
+
+class _CountingBackend:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.allows_fallback("graph_break: OPT's layer drop branches on a random draw inside a try block")
+def test_opt_layer_drop_compiles_its_layers_once_for_all():
+    """OPT's decoder draws per layer whether to drop it (a data-dependent branch inside transformers' try block):
+    the decoder frame runs eagerly and its six layers are compiled from there. A layer is guarded by its class, so
+    the six share one entry, as under torch.compile (whose graph count is measured here); each computes with its
+    own weights (loss and gradients as eager, under one seed per step)."""
+    config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=6, ffn_dim=64,
+                                    num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                    layerdrop=0.3, use_cache=False)
+    x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    counts = {}
+    for name, compile_ in (("torch", torch.compile), ("kiln", kiln.compile)):
+        torch.manual_seed(0)
+        model, reference = transformers.OPTForCausalLM(config).train(), transformers.OPTForCausalLM(config).train()
+        reference.load_state_dict(model.state_dict())
+        torch._dynamo.reset()
+        backend = _CountingBackend()
+        compiled = compile_(model, backend=backend)
+        for step in range(3):
+            torch.manual_seed(step)
+            loss = compiled(input_ids=x, labels=x).loss
+            loss.backward()
+            torch.manual_seed(step)
+            expected = reference(input_ids=x, labels=x).loss
+            expected.backward()
+            torch.testing.assert_close(loss, expected)
+        for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=f"gradient of {n} differs")
+        counts[name] = backend.graphs
+    assert counts["kiln"] <= counts["torch"], counts

@@ -62,6 +62,7 @@ from kiln.capture.values.objects import ClassValue, PartialValue, SuperValue
 from kiln.capture.values.operators import apply_operator
 from kiln.capture.values.polyfills import POLYFILLS
 from kiln.capture.values.symbolic import SymValue
+from kiln.capture.values.symbolic_math import SYMBOLIC_MATH, symbolic_math
 from kiln.capture.values.tensor import TensorValue, trace_op
 
 HANDLERS: dict[Any, Callable] = {}
@@ -141,7 +142,7 @@ def _constant_fold(*fns):
         HANDLERS[fn] = lambda state, *args, _fn=fn, **kwargs: _fold(_fn, list(args), kwargs)
 
 
-_constant_fold(builtins.round, builtins.divmod, builtins.pow, builtins.hash, builtins.repr, builtins.format,
+_constant_fold(builtins.divmod, builtins.pow, builtins.hash, builtins.repr, builtins.format,
                builtins.ord, builtins.chr, builtins.hex, builtins.bin, builtins.complex)
 # Pure functions of (immutable) annotations, as used by dataclass validators.
 _constant_fold(typing.get_origin, typing.get_args)
@@ -731,6 +732,19 @@ def _scalar_cast(cls):
         return _fold(cls, [x, *rest], {})
 
     return handler
+
+
+def _math(fn: Callable):
+    """`fn` (a `math` function, `round`) symbolic on a symbolic number (values/symbolic_math.py), else folded."""
+    def handler(state, *args, **kwargs):
+        result = None if kwargs else symbolic_math(state, fn, [a.realize() for a in args])
+        return result if result is not None else _fold(fn, list(args), kwargs)
+
+    return handler
+
+
+for _fn in SYMBOLIC_MATH:
+    HANDLERS[_fn] = _math(_fn)
 
 
 # float(n) and int(n) of a symbolic size stay symbolic (graph nodes), as torch's sym_float / sym_int

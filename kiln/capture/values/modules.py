@@ -1,11 +1,12 @@
 """nn.Modules during capture: forward inlined, parameters and buffers as graph inputs.
 
-A module is guarded by identity. Calling it inlines `type(m).forward` after a
-guard that it has no hooks; its parameters and buffers are read by attribute
-source (`L['self'].fc1.weight`) and become graph inputs with tensor guards;
-`self.training` is guarded by value. Plain attributes are guarded by value on
-every module, torch.nn's own too: `model.dropout.p = 0.0` after compiling must
-recompile (torch.compile does), not keep the old probability.
+A module is guarded by its class, not its identity (builder._module), as torch.compile inlines modules:
+everything capture reads of it is guarded where it is read, so one entry serves every instance that
+matches. Calling it inlines `type(m).forward` after a guard that it has no hooks; its parameters and
+buffers are read by attribute source (`L['self'].fc1.weight`) and become graph inputs with tensor guards;
+`self.training` is guarded by value; a container's member names are guarded. Plain attributes are guarded
+by value on every module, torch.nn's own too: `model.dropout.p = 0.0` after compiling must recompile
+(torch.compile does), not keep the old probability.
 """
 from __future__ import annotations
 
@@ -77,9 +78,11 @@ class ModuleValue(Value):
         return class_attribute(state, self, type(m), name, source)
 
     def setattr(self, state, name: str, value: Value) -> None:
+        state.module_written(self.module, self.source)
         state.side_effects.store_attr(self.module, self, name, value)
 
     def delattr(self, state, name: str) -> None:
+        state.module_written(self.module, self.source)
         state.side_effects.del_attr(self.module, self, name)  # nn.Module.__delattr__ runs on replay
 
     # --- calls --------------------------------------------------------------------------------
@@ -148,16 +151,19 @@ class ModuleValue(Value):
             return [ConstantValue(k) for k in m.keys()]
         return [self.getattr(state, k) for k in self._keys()]
 
+    def _table(self) -> str:
+        """The dict of the members a container iterates: its parameters, or its modules."""
+        return "_parameters" if isinstance(self.module, (nn.ParameterList, nn.ParameterDict)) else "_modules"
+
     def _keys(self) -> list[str]:
-        m = self.module
-        if isinstance(m, (nn.ParameterList, nn.ParameterDict)):
-            return list(m._parameters.keys())
-        return list(m._modules.keys())
+        return list(getattr(self.module, self._table()).keys())
 
     def _guard_length(self, state) -> None:
-        expr = state.source_expr(self.source)
-        n = len(self.module)
-        state.guards.add(Guard(GuardKind.LENGTH_MATCH, self.source, f"len({expr}) == {n}", str(n), f"len({expr})"))
+        """The container's member names, in order (which imply its length): another container of the class, or
+        this one changed, with other names (a ModuleDict's keys, a Sequential's named layers) recompiles."""
+        expr, keys = state.source_expr(self.source), self._keys()
+        table = f"list({expr}.{self._table()})"
+        state.guards.add(Guard(GuardKind.DICT_KEYS, self.source, f"{table} == {keys!r}", repr(keys), table))
 
     def truth(self, state) -> bool:
         """`if self.downsample:` — a module is true unless its class defines __bool__ or __len__ (containers)."""

@@ -80,11 +80,17 @@ _STATEMENTS: dict[Callable, Callable] = {
 
 
 def _as_graph_tensor(state, value: Value, partner: TensorValue) -> Value:
+    """A number meeting tensor `partner` in arithmetic, as a 0-d float64 graph input where it is not a constant of
+    the graph: a float input made dynamic, or a float computed from sizes (`x / math.sqrt(x.size(-1))`)."""
+    if isinstance(value, SymValue) and value.python_type() is float:
+        return _size_float_tensor(state, value, partner)
     if not isinstance(value, ScalarInputValue):
         return value
     zero_dim = partner.fake.dim() == 0
-    if zero_dim and type(value.value) is float and partner.fake.dtype in (torch.bfloat16, torch.float16):
-        return value  # eager computes with such a tensor in float32, from the number itself: it is specialized
+    if type(value.value) is float and partner.fake.dtype in (torch.bfloat16, torch.float16):
+        # eager computes with a half-type tensor in float32 from the number itself, where kiln's kernels round a
+        # 0-d tensor operand to the half type first: the number is specialized
+        return value
     tensor = value.graph_tensor(partner.fake)
     if tensor is None:
         return value
@@ -93,6 +99,21 @@ def _as_graph_tensor(state, value: Value, partner: TensorValue) -> Value:
         # int64 input would promote it: the number enters at the partner's dtype, as eager converts it.
         return trace_op(state, "call_method", "to", [tensor, ConstantValue(partner.fake.dtype)], {})
     return tensor
+
+
+def _size_float_tensor(state, value: Value, partner: TensorValue) -> Value:
+    """A float computed from sizes (`math.sqrt(n)`) meeting `partner`: a 0-d graph input of the dtype the number
+    enters the arithmetic at, as eager converts a Python float: the partner's float32 or float64, the default
+    dtype against an integer or bool tensor. Against a half type (eager computes from the number itself in
+    float32, where kiln's kernels would round a 0-d tensor operand to the half type first) or a complex tensor it
+    stays a symbolic float."""
+    dtype = partner.fake.dtype
+    if dtype.is_complex or dtype in (torch.float16, torch.bfloat16):
+        return value
+    target = dtype if dtype.is_floating_point else torch.get_default_dtype()
+    tensor = state.size_float_tensor(value)
+    return trace_op(state, "call_method", "to", [tensor, ConstantValue(target)], {}) if target != torch.float64 \
+        else tensor
 
 
 def _same_kind(partner: torch.dtype, number: torch.dtype) -> bool:
@@ -389,12 +410,21 @@ def identical(state, a: Value, b: Value) -> bool:
 
 
 def _guard_identity(state, a: Value, b: Value, same: bool) -> bool:
-    """The identity of two objects found by source holds only while they are (or are not) one object."""
+    """The identity of two objects found by source holds only while they are (or are not) one object; so does
+    that of an object found by source and one capture holds (a module is guarded by its class, not itself)."""
     if a.source is not None and b.source is not None and a.source != b.source:
         ea, eb = state.source_expr(a.source), state.source_expr(b.source)
-        check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
-        state.guards.add(Guard(GuardKind.ID_MATCH, a.source, check, f"{'' if same else 'not '}the same object as {eb}",
-                               f"'the same object' if {ea} is {eb} else 'a different object'"))
+    elif (a.source is None) != (b.source is None):
+        sourced, held = (a, b) if a.source is not None else (b, a)
+        if isinstance(sourced, ConstantValue):  # guarded by value already
+            return same
+        ea, eb = state.source_expr(sourced.source), state.guards.constant(_object_of(held), "obj")
+    else:
+        return same
+    check = f"{ea} is {eb}" if same else f"not ({ea} is {eb})"
+    state.guards.add(Guard(GuardKind.ID_MATCH, a.source or b.source, check,
+                           f"{'' if same else 'not '}the same object as {eb}",
+                           f"'the same object' if {ea} is {eb} else 'a different object'"))
     return same
 
 

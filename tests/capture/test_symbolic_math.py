@@ -1,0 +1,115 @@
+"""`math` and rounding on symbolic sizes stay symbolic (kiln/capture/values/symbolic_math.py).
+
+`math.ceil(n / 2)`, `math.floor`, `math.trunc`, `math.sqrt`, `int(n / 2)` and `round(n / 3)` of a dynamic size
+(`dynamic=True`, or automatic dynamic after a size changed) are graph nodes over SymFloats, as under torch.compile,
+not a specialization per value: one graph serves every size. Each case compares the graphs made for six sizes with
+torch.compile's and the values with eager's. Rounded divisions used as sizes compile with kiln's own code generator
+(kiln/lower/index.py `integer_rounding` writes them as integer floor divisions).
+"""
+import math
+
+import pytest
+import torch
+
+import kiln
+from support.capture import assert_same
+
+SIZES = (4, 5, 6, 7, 9, 12)
+
+
+class Counting:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+CASES = {
+    "ceil as a slice bound": lambda x: x[:math.ceil(x.shape[0] / 2)] * 2,
+    "floor as a slice bound": lambda x: x[:math.floor(x.shape[0] / 3)] + 1,
+    "trunc as a slice bound": lambda x: x[:math.trunc(x.shape[0] / 2)] + 1,
+    "int() as a slice bound": lambda x: x[:int(x.shape[0] / 2)] + 1,
+    "round() as a slice bound": lambda x: x[:round(x.shape[0] / 3)] + 1,
+    "ceil as a size": lambda x: x.new_ones(math.ceil(x.shape[0] / 2), 2) * x.shape[1],
+    "sqrt as a factor": lambda x: x * math.sqrt(x.shape[0]),
+    "log2 as a factor": lambda x: x * math.log2(x.shape[0]),
+    "round with digits as a factor": lambda x: x * round(x.shape[0] / 3, 1),
+    "ceil of an int": lambda x: x[:math.ceil(x.shape[0])] + 1,
+}
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic dynamic"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_math_on_a_dynamic_size_stays_symbolic(name, dynamic):
+    fn = CASES[name]
+    torch._dynamo.reset()
+    backend, torch_backend = Counting(), Counting()
+    compiled = kiln.compile(fn, backend=backend, dynamic=dynamic)
+    reference = torch.compile(fn, backend=torch_backend, dynamic=dynamic)
+    for n in SIZES:
+        x = torch.randn(n, 3)
+        assert_same(compiled(x), fn(x))
+        reference(x)
+    # torch.compile's graphs: one, or two or three where a result is a size 0 or 1 it specializes; a graph per size
+    # would be six
+    assert backend.graphs <= torch_backend.graphs, (backend.graphs, torch_backend.graphs)
+
+
+def test_math_on_an_int_input_made_dynamic_stays_symbolic():
+    def fn(x, n):
+        return x[:math.ceil(n / 2)] + math.floor(n / 3)
+
+    torch._dynamo.reset()
+    backend, torch_backend = Counting(), Counting()
+    compiled, reference = kiln.compile(fn, backend=backend), torch.compile(fn, backend=torch_backend)
+    x = torch.randn(12, 3)
+    for n in SIZES:
+        assert_same(compiled(x, n), fn(x, n))
+        reference(x, n)
+    assert backend.graphs <= torch_backend.graphs
+
+
+@pytest.mark.parametrize("name", ["ceil as a slice bound", "floor as a slice bound", "int() as a slice bound",
+                                  "ceil as a size"])
+def test_rounded_sizes_compile_with_kilns_code_generator(name):
+    """The default backend: the rounded division is an integer floor division in the wrapper and kernels (strict
+    mode: a graph that fell back to ATen would raise)."""
+    fn = CASES[name]
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in SIZES:
+        x = torch.arange(n * 3.0).view(n, 3)
+        assert_same(compiled(x), fn(x))
+
+
+def test_a_rounded_size_that_makes_an_invalid_shape_raises_eagers_error():
+    def fn(x):
+        return x.reshape(math.ceil(x.shape[0] / 2), -1).sum(0)
+
+    compiled = kiln.compile(fn, dynamic=True)
+    assert_same(compiled(torch.ones(4, 3)), fn(torch.ones(4, 3)))
+    with pytest.raises(RuntimeError, match="invalid for input of size 21"):
+        fn(torch.ones(7, 3))
+    with pytest.raises(RuntimeError, match="invalid for input of size 21"):
+        compiled(torch.ones(7, 3))
+
+
+FLOAT_CASES = {
+    "divided by a float32 tensor": (lambda x: x / math.sqrt(x.shape[-1]), torch.float32),
+    "times a float64 tensor": (lambda x: x * (x.shape[0] / 3), torch.float64),
+    "times a 0-d float32 tensor": (lambda x: x.sum() * math.log2(x.shape[0]), torch.float32),
+    "times an int64 tensor": (lambda x: x * math.sqrt(x.shape[0]), torch.int64),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOAT_CASES))
+def test_a_float_computed_from_sizes_compiles_with_kilns_code_generator(name):
+    """A symbolic float meeting a tensor enters the graph as a 0-d input the program computes from the call's
+    sizes, at the dtype eager converts the number to (strict mode: a graph run through ATen would raise)."""
+    fn, dtype = FLOAT_CASES[name]
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in SIZES:
+        x = (torch.randn(n, 3) * 10).to(dtype)
+        assert_same(compiled(x), fn(x), atol=1e-6, rtol=1e-6)
+    assert len(kiln.api.context_of(compiled).records) == 1

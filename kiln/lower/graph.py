@@ -351,16 +351,17 @@ class GraphLowering:
             return value
         broadcast = _broadcast_dims(eager, value)
         if broadcast:
-            return self.realize_broadcast(value, broadcast)
-        if _memory_order(eager) is not None:
+            return self.realize_broadcast(value, broadcast, eager.stride)
+        if _memory_order(eager) is not None or _padded_rows(eager):
             return self.realize(value, stride=eager.stride)
         return value
 
-    def realize_broadcast(self, v: IndexFunction, dims: list[int]) -> IndexFunction:
+    def realize_broadcast(self, v: IndexFunction, dims: list[int], eager_stride: tuple) -> IndexFunction:
         """`v`, whose values do not change along `dims`, stored with those dims of size 1 and returned as a
-        view of that buffer expanded over them (stride 0)."""
-        small = self.realize(IndexFunction(tuple(1 if d in dims else n for d, n in enumerate(v.size)), v.dtype,
-                                           v.body))
+        view of that buffer expanded over them (stride 0). The other dims keep eager's strides, padded rows
+        included: memory-efficient attention requires its mask's rows aligned, and eager pads them so."""
+        small = IndexFunction(tuple(1 if d in dims else n for d, n in enumerate(v.size)), v.dtype, v.body)
+        small = self.realize(small, stride=tuple(1 if d in dims else s for d, s in enumerate(eager_stride)))
         buf, offset, strides = small.buffer_view()
         stride = tuple(sympy.Integer(0) if d in dims else s for d, s in enumerate(strides))
         return from_buffer(buf, ir.Layout(tuple(v.size), stride, v.dtype, offset))
@@ -568,6 +569,20 @@ def _broadcast_dims(eager: ir.Layout, v: IndexFunction) -> list[int]:
     used = ir.index_symbols(v.body)
     return [d for d, (n, s) in enumerate(zip(eager.size, eager.stride))
             if n != 1 and sympify(s) == 0 and variables[d] not in used]
+
+
+def _padded_rows(layout: ir.Layout) -> bool:
+    """Whether `layout` is row-major with gaps after some dims' runs (rows padded to an alignment, as eager pads
+    an attention mask for the memory-efficient kernel), not dense: static strides, the last one 1, each
+    dim's stride at least the extent of the dims inside it."""
+    dims = [d for d, n in enumerate(layout.size) if n != 1]
+    if not dims or not all(sympify(s).is_Integer for s in layout.stride) or not _static(layout.size):
+        return False
+    stride, size = [int(layout.stride[d]) for d in dims], [int(layout.size[d]) for d in dims]
+    if stride[-1] != 1:
+        return False
+    inside = [stride[k + 1] * size[k + 1] for k in range(len(dims) - 1)]
+    return all(s >= e for s, e in zip(stride, inside)) and any(s > e for s, e in zip(stride, inside))
 
 
 def _static(size) -> bool:

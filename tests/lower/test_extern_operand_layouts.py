@@ -139,3 +139,31 @@ def test_an_operand_that_varies_along_an_expanded_dim_is_stored_whole():
     (attention,) = [n for n in graph.nodes if isinstance(n, ir.Extern)]
     assert 0 not in tuple(attention.kwargs["attn_mask"].layout.stride)
     check(fn, *inputs)
+
+
+def test_an_expanded_operand_keeps_eager_s_padded_rows():
+    """scaled_dot_product_attention pads its mask's rows to a multiple of 8 before expanding it (the
+    memory-efficient kernel requires aligned rows): the mask is stored once with those padded rows."""
+    def fn(q, k, v, allowed):
+        bias = torch.where(allowed, 0.0, float("-inf"))
+        padded = F.pad(bias, (0, 8 - N % 8))[..., :N].expand(B, HEADS, N, N)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=padded)[0]
+    inputs = attention_inputs_with_mask()
+    graph = lower_graph(trace(fn, *inputs), inputs)
+    (attention,) = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    assert tuple(attention.kwargs["attn_mask"].layout.stride) == (N * 16, 0, 16, 1)
+    check(fn, *inputs)
+
+
+def test_an_operand_with_padded_rows_keeps_them():
+    """The same for a mask that differs per head (not expanded): stored with eager's padded rows."""
+    def fn(q, k, v, allowed):
+        heads = torch.arange(HEADS, dtype=torch.float32).view(1, HEADS, 1, 1)
+        bias = torch.where(allowed, 0.0, float("-inf")) + heads
+        padded = F.pad(bias, (0, 8 - N % 8))[..., :N]
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=padded)[0]
+    inputs = attention_inputs_with_mask()
+    graph = lower_graph(trace(fn, *inputs), inputs)
+    (attention,) = [n for n in graph.nodes if isinstance(n, ir.Extern)]
+    assert tuple(attention.kwargs["attn_mask"].layout.stride) == (HEADS * N * 16, N * 16, 16, 1)
+    check(fn, *inputs)

@@ -80,3 +80,29 @@ def test_an_index_read_from_a_tensor_stays_indirect():
     x, idx = torch.randn(3, 8), torch.tensor([7, 0, 3])
     assert len(indirect_loads(fn, x, idx)) == 1
     check(fn, x, idx)
+
+
+def test_a_roll_of_a_dynamic_size():
+    """With the rolled dim's size a symbol the index is `fmod(arange(s) + start, s)`, `start` itself computed
+    from `s`: kiln cannot prove it in range, keeps the checked gather, and returns eager's values."""
+    fn = ROLLS["one_dim"]
+    compiled = compile_fn(fn, torch.randn(2, 8, 5, 3), mode="symbolic")
+    for n in (8, 11):
+        y = torch.randn(2, n, 5, 3)
+        (got,) = compiled(y)
+        torch.testing.assert_close(got, fn(y))
+
+
+def test_a_constant_index_into_a_dynamic_size_keeps_its_check():
+    """A constant position (a filled index tensor) into a dim whose size is a symbol: in range for one size,
+    not for all, so it stays checked."""
+    def fn(x):
+        return x.index_select(1, torch.full((2,), 4, dtype=torch.int64)) * 2
+    compiled = compile_fn(fn, torch.randn(3, 8), mode="symbolic")
+    (got,) = compiled(torch.randn(3, 6)[:, :6].contiguous())
+    assert got.shape == (3, 2)
+    x = torch.randn(3, 5)
+    (got,) = compiled(x)
+    torch.testing.assert_close(got, fn(x))
+    with pytest.raises(IndexError):
+        compiled(torch.randn(3, 4))

@@ -54,10 +54,10 @@ def static_position(e: ir.Expr, size) -> sympy.Expr | None:
     position = _as_index(e)
     if position is None or not _nonnegative(position):
         return None
-    size = sympy.sympify(size)
+    size = sympy.sympify(size)  # a symbol where sizes are dynamic: then only what holds for any size counts
     if position.is_Integer:
-        return position if position < size else None
-    if isinstance(position, Mod) and position.args[1].is_Integer and position.args[1] <= size:
+        return position if (size - position - 1).is_nonnegative is True else None
+    if isinstance(position, Mod) and position.args[1].is_Integer and (size - position.args[1]).is_nonnegative is True:
         return position
     return None
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
-from kiln.lower.layout import dense_strides, load_order_strides, padded
+from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
@@ -154,7 +154,7 @@ class GraphLowering:
         """An extern argument for `v`: the buffer itself, or an as_strided view of one. With `any_order`
         (a matmul) a computed `v` is stored in the order of its loads, or with zero-padded rows."""
         if any_order and v.buffer_view() is None:
-            stride = load_order_strides(v)
+            stride = matmul_operand_strides(v)
             v = self.realize_zero_padded(v) if stride is None and self._pads(v) else self.realize(v, stride)
         v = self.realize(v)
         buf, offset, strides = v.buffer_view()
@@ -342,22 +342,45 @@ class GraphLowering:
             return None
         return channels_last_strides(out.size)
 
-    def _in_eager_order(self, args: tuple) -> tuple:
+    def _in_eager_order(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The extern's computed operands stored in the dense order eager gives them (channels-last after a
         permute, a transposed projection): cuDNN and ATen pick their kernels by layout, and a depthwise
         convolution on a row-major copy of a channels-last value runs a generic kernel many times slower
-        than the one eager runs. Values eager holds in row-major order (or not densely) stay row-major."""
+        than the one eager runs. Values eager holds in row-major order (or not densely) stay row-major.
+
+        An operand eager passes expanded (stride 0 on a broadcast dim: attention's mask, made per batch
+        and expanded over the heads) is stored once and passed expanded the same way, not written out in
+        full for every head (`realize_broadcast`)."""
         fx_args = self._current.args if self._current is not None else ()
-        out = list(args)
-        for k, (value, fx) in enumerate(zip(args, fx_args)):
-            meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
-            computed = isinstance(value, IndexFunction) and value.buffer_view() is None
-            if not (computed and isinstance(meta, torch.Tensor)):
-                continue
-            eager = _layout(meta)
-            if eager.size == tuple(value.size) and _memory_order(eager) is not None:
-                out[k] = self.realize(value, stride=eager.stride)
-        return tuple(out)
+        fx_kwargs = self._current.kwargs if self._current is not None else {}
+        out = tuple(self._eager_ordered(value, fx) for value, fx in zip(args, fx_args)) + args[len(fx_args):]
+        return out, {k: self._eager_ordered(value, fx_kwargs.get(k)) for k, value in kwargs.items()}
+
+    def _eager_ordered(self, value, fx):
+        """One operand of `_in_eager_order`: `value`, stored as eager holds `fx`'s value where that matters."""
+        meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
+        computed = isinstance(value, IndexFunction) and value.buffer_view() is None
+        if not (computed and isinstance(meta, torch.Tensor)):
+            return value
+        eager = _layout(meta)
+        if eager.size != tuple(value.size):
+            return value
+        broadcast = _broadcast_dims(eager, value)
+        if broadcast:
+            return self.realize_broadcast(value, broadcast, eager.stride)
+        if _memory_order(eager) is not None or _padded_rows(eager):
+            return self.realize(value, stride=eager.stride)
+        return value
+
+    def realize_broadcast(self, v: IndexFunction, dims: list[int], eager_stride: tuple) -> IndexFunction:
+        """`v`, whose values do not change along `dims`, stored with those dims of size 1 and returned as a
+        view of that buffer expanded over them (stride 0). The other dims keep eager's strides, padded rows
+        included: memory-efficient attention requires its mask's rows aligned, and eager pads them so."""
+        small = IndexFunction(tuple(1 if d in dims else n for d, n in enumerate(v.size)), v.dtype, v.body)
+        small = self.realize(small, stride=tuple(1 if d in dims else s for d, s in enumerate(eager_stride)))
+        buf, offset, strides = small.buffer_view()
+        stride = tuple(sympy.Integer(0) if d in dims else s for d, s in enumerate(strides))
+        return from_buffer(buf, ir.Layout(tuple(v.size), stride, v.dtype, offset))
 
     def _recomputable(self, node, out: IndexFunction) -> bool:
         """Whether each user may recompute `out`: a few ops, every user lowered (an extern realizes its
@@ -388,7 +411,7 @@ class GraphLowering:
             layouts = tuple(_channels_last_layout(m) if isinstance(m, torch.Tensor) and m.dim() == 4
                             else _layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
         elif not any_order:
-            args = self._in_eager_order(args)
+            args, kwargs = self._in_eager_order(args, kwargs)
 
         def convert(a):
             if isinstance(a, IndexFunction):
@@ -555,6 +578,29 @@ def _layout_differs(strides, meta) -> bool:
         return False
     eager = _layout(meta)
     return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, eager.stride))
+
+
+def _broadcast_dims(eager: ir.Layout, v: IndexFunction) -> list[int]:
+    """The dims (of more than one element) along which eager's operand is expanded (stride 0) and `v`'s body
+    does not vary: storing `v` once along them loses nothing."""
+    variables = index_vars("i", v.ndim)
+    used = ir.index_symbols(v.body)
+    return [d for d, (n, s) in enumerate(zip(eager.size, eager.stride))
+            if n != 1 and sympify(s) == 0 and variables[d] not in used]
+
+
+def _padded_rows(layout: ir.Layout) -> bool:
+    """Whether `layout` is row-major with gaps after some dims' runs (rows padded to an alignment, as eager pads
+    an attention mask for the memory-efficient kernel), not dense: static strides, the last one 1, each
+    dim's stride at least the extent of the dims inside it."""
+    dims = [d for d, n in enumerate(layout.size) if n != 1]
+    if not dims or not all(sympify(s).is_Integer for s in layout.stride) or not _static(layout.size):
+        return False
+    stride, size = [int(layout.stride[d]) for d in dims], [int(layout.size[d]) for d in dims]
+    if stride[-1] != 1:
+        return False
+    inside = [stride[k + 1] * size[k + 1] for k in range(len(dims) - 1)]
+    return all(s >= e for s, e in zip(stride, inside)) and any(s > e for s, e in zip(stride, inside))
 
 
 def _static(size) -> bool:

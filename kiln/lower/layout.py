@@ -33,6 +33,44 @@ def load_order_strides(v: IndexFunction):
     return None
 
 
+def matmul_operand_strides(v: IndexFunction):
+    """Strides storing `v`, a matmul's computed operand, so that the copy making it reads and writes memory in
+    the same order (cuBLAS and the templates take either order of a matrix's two dims at no cost), or None
+    (contiguous).
+
+    A load that is a permutation of `v`'s dims gives its own order (`load_order_strides`). Through a view that
+    merges dims (attention's batch and head dims folded into bmm's one batch dim) the load is not affine in
+    `v`'s dims and gives no order; the matrix's last two dims are then still swapped when the load walks its
+    rows contiguously and its columns apart (a transposed key `k.transpose(-2, -1)` read from the projection):
+    stored row-major, that copy would write or read with a stride of a whole row."""
+    stride = load_order_strides(v)
+    if stride is not None or v.ndim < 2:
+        return stride
+    steps = _unit_steps(v)
+    if steps is None or steps[-2] != 1 or steps[-1] <= 1:
+        return None
+    return dense_strides(v.size, [*range(v.ndim - 2), v.ndim - 1, v.ndim - 2])
+
+
+def _unit_steps(v: IndexFunction) -> list[int] | None:
+    """How far (in elements) the first full-size load of `v` moves in memory for one step along each of the
+    last two dims, from index 0: a merged dim's `Mod`/`FloorDiv` terms step by its innermost part. None when
+    no unmasked, direct load reads at a constant step along both."""
+    variables = index_vars("i", v.ndim)
+    matrix = variables[-2:]
+    if any(not sympy.sympify(n).is_Integer or int(n) < 2 for n in v.size[-2:]):
+        return None
+    for ld in ir.loads(v.body):
+        index = sympy.sympify(ld.index)
+        if ld.mask is not None or ld.indirect or not set(matrix) <= index.free_symbols:
+            continue
+        origin = {x: 0 for x in variables}
+        steps = [index.subs({**origin, x: 1}) - index.subs(origin) for x in matrix]
+        if all(s.is_Integer for s in steps):
+            return [int(s) for s in steps]
+    return None
+
+
 def dense_strides(size, order) -> list:
     """Strides of a dense tensor of `size` whose dims in `order` (outermost first) are laid out one after
     the other; dims not in `order` (size 1) get stride 1."""

@@ -346,3 +346,19 @@ def test_small_cnn_trains_like_eager_with_templates_and_biases_apart(monkeypatch
     assert "fused_mm" in forward and "torch.addmm" not in backward and "torch.mm" not in backward
     assert "torch.convolution(arg" in forward and ", None, [1, 1]" in forward  # no bias in the ATen call
     assert backward.count("convolution_backward") == 2 and "True, True, True]" not in backward
+
+
+@pytest.mark.parametrize("transposed", ["a", "b", "both"])
+def test_padded_matmul_pads_an_operand_in_its_own_memory_order(transposed):
+    """A transposed operand (a tied LM head reads `embedding.T`) is padded into a tensor of the same memory
+    order, so the padding copy reads and writes in one order; the product is aten's."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(6, 13, generator=g), torch.randn(13, 1001, generator=g)
+    if transposed in ("a", "both"):
+        a = a.t().contiguous().t()
+    if transposed in ("b", "both"):
+        b = b.t().contiguous().t()
+    padded = templates._pad_dim(b, -1, 8)
+    assert padded.shape == (13, 1008) and (padded.stride(0) == 1) == (transposed != "a")
+    assert padded[:, 1001:].eq(0).all()
+    torch.testing.assert_close(templates.PaddedMatmul("mm", 8)(a, b), a @ b)

@@ -102,6 +102,17 @@ def compile_for_sm90(builds: list[dict]) -> dict[str, str]:
     return {b["name"]: _outcomes[k] for k, b in zip(keys, builds) if _outcomes[k] is not None}
 
 
+def ttgir_for_sm90(build: dict) -> str:
+    """The TTGIR (Triton's GPU-level IR, with the memory layouts it chose) of one recorded kernel for sm_90."""
+    child = _compiler()
+    child.stdin.write(json.dumps({"ttgir": build}) + "\n")
+    child.stdin.flush()
+    reply = json.loads(child.stdout.readline() or "{}")
+    if "error" in reply or "ttgir" not in reply:
+        raise RuntimeError(f"the sm_90 compile of {build['name']} failed: {reply.get('error')}")
+    return reply["ttgir"]
+
+
 def assert_compiles_for_sm90(builds: list[dict]) -> None:
     """Fail the calling test with each kernel's compile error if any of `builds` does not compile for sm_90."""
     failures = compile_for_sm90(builds)
@@ -124,11 +135,12 @@ def _compile_one(build: dict, modules: dict) -> None:
         spec.loader.exec_module(modules[path])
     fn = getattr(modules[path], build["name"])
     dtypes = [getattr(torch, d) for d in build["dtypes"]]
-    fn.warmup(*dtypes, *build["ints"], grid=(1,), **build["constexprs"], **build["options"])
+    return fn.warmup(*dtypes, *build["ints"], grid=(1,), **build["constexprs"], **build["options"])
 
 
 def _serve() -> None:
-    """Answer each line of builds (JSON) with one line: {kernel name: error} of the builds that fail."""
+    """Answer each line of builds (JSON) with one line: {kernel name: error} of the builds that fail; a line
+    {"ttgir": build} with {"ttgir": its TTGIR} or {"error": why}."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -137,8 +149,17 @@ def _serve() -> None:
     triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*SM90)))
     modules: dict = {}
     for line in sys.stdin:
+        request = json.loads(line)
+        if isinstance(request, dict):
+            try:
+                answer = {"ttgir": _compile_one(request["ttgir"], modules).asm["ttgir"]}
+            except Exception as e:  # reported to the test
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+            continue
         failures = {}
-        for build in json.loads(line):
+        for build in request:
             try:
                 _compile_one(build, modules)
             except Exception as e:  # reported to the test, which names the kernel

@@ -251,7 +251,8 @@ class TritonKernel(KernelPrinter):
         self._in_inner = False
         reduction = bool(g.inner)
         tiled = cfg.kind == "tiled"
-        xshape = "[:, None]" if reduction else "[None, :]" if tiled else ""
+        # a tiled kernel's xindex runs down axis 0 as a reduction's does (see `_tile_rows`)
+        xshape = "[:, None]" if reduction or tiled else ""
         pid = "tl.program_id(0)" if cfg.index_dtype == "tl.int32" else "tl.program_id(0).to(tl.int64)"
         self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){xshape}")
         self.line("xmask = xindex < xnumel")
@@ -294,16 +295,22 @@ class TritonKernel(KernelPrinter):
         return f"{cfg.kind} kernel over {shape}: " + ", ".join(n.name for n in g.nodes)
 
     def _tile_rows(self) -> None:
-        """A tiled kernel's loop variables: the transposed dim from `rindex` (the tile's rows, axis 0), the
-        others from `xindex` (axis 1). The transposed dim's variable counts as a `y` variable, so an index
-        using it is masked with `rmask`."""
+        """A tiled kernel's loop variables: the transposed dim from `rindex` (axis 1), the others from
+        `xindex` (axis 0). The transposed dim's variable counts as a `y` variable, so an index using it is
+        masked with `rmask`.
+
+        Why the stores' dims go on axis 0: Triton lays a memory access out with its threads along the axis of
+        provable contiguity, and breaks a tie towards axis 0. The loads walk `rindex` (an arange: provably
+        contiguous), but a store whose last dim is merged into `xindex` at a size that is not a power of two
+        (Swin's 49-token windows: `xindex % 49`) proves no contiguity; on axis 1 it got a warp's threads along
+        the rows, each store a row apart."""
         g, t = self.group, self.tile_dim
         variables = list(g.outer_vars())
         others = [k for k in range(len(g.outer)) if k != t]
         for s in decompose_index("xindex", [g.outer[k] for k in others], [variables[k] for k in others]):
             self.line(s)
         pid = "tl.program_id(1)" if self.config.index_dtype == "tl.int32" else "tl.program_id(1).to(tl.int64)"
-        self.line(f"rindex = {pid} * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
+        self.line(f"rindex = {pid} * RBLOCK + tl.arange(0, RBLOCK)[None, :]")
         self.line("rmask = rindex < rnumel")
         self.line(f"{variables[t]} = rindex")
         self.line("mask = xmask & rmask")

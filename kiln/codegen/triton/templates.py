@@ -139,12 +139,23 @@ def padding_multiple(dtype: torch.dtype, device_type: str) -> int:
 
 
 def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    """`t` zero-padded along `dim` to a multiple of `multiple`, stored in `t`'s own memory order: a weight read
+    transposed (a tied LM head's `embedding.T`) is padded by a copy that reads and writes it in the same order,
+    not transposed into rows by a strided copy (a matmul takes either order at no cost)."""
     size = t.shape[dim]
     extra = -size % multiple
     if extra == 0:
         return t
-    pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
-    return torch.nn.functional.pad(t, pad)
+    shape = list(t.shape)
+    shape[dim] += extra
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))  # outermost first; stable for equal strides
+    stride, step = [0] * t.dim(), 1
+    for d in reversed(order):
+        stride[d], step = step, step * shape[d]
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    out.narrow(dim, size, extra).zero_()
+    out.narrow(dim, 0, size).copy_(t)
+    return out
 
 
 def needs_padding(k: int, n: int, multiple: int) -> bool:

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.index import index_vars, linear_index
+from kiln.lower.index import FloorDiv, Mod, index_vars, linear_index
 from kiln.lower.ops.common import broadcast, out_info
 from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
@@ -46,6 +46,63 @@ def _is_indirect(v) -> bool:
     return isinstance(v, (ir.Load, ir.Op, ir.Const, ir.IndexValue))
 
 
+def static_position(e: ir.Expr, size) -> sympy.Expr | None:
+    """An index computed from loop positions alone (no tensor read), as a sympy index, when it is provably in
+    [0, size): then the gather is a plain load, with no range check. `torch.roll` is the case: its reference
+    implementation reads `index_select(x, d, fmod(arange(n) + start, n))` with 0 <= start < n, an index kiln
+    would otherwise compute per element and check (Swin's shifted windows read every activation so)."""
+    position = _as_index(e)
+    if position is None or not _nonnegative(position):
+        return None
+    size = sympy.sympify(size)  # a symbol where sizes are dynamic: then only what holds for any size counts
+    if position.is_Integer:
+        return position if (size - position - 1).is_nonnegative is True else None
+    if isinstance(position, Mod) and position.args[1].is_Integer and (size - position.args[1]).is_nonnegative is True:
+        return position
+    return None
+
+
+def _as_index(e: ir.Expr) -> sympy.Expr | None:
+    """`e` (an integer IR expression) as a sympy index expression, or None (a load, a float, an op with no
+    rule in INDEX_OPS, a division by something other than a positive constant, a dividend not provably >= 0)."""
+    if isinstance(e, ir.IndexValue) and not e.dtype.is_floating_point and e.dtype != torch.bool:
+        return sympy.sympify(e.expr)
+    if isinstance(e, ir.Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return sympy.Integer(e.value)
+    if not isinstance(e, ir.Op) or e.name not in INDEX_OPS or e.dtype not in (torch.int32, torch.int64):
+        return None  # a float, a bool, or a narrow integer that could wrap
+    args = [_as_index(a) for a in e.args]
+    if None in args:
+        return None
+    return INDEX_OPS[e.name](*args)
+
+
+def _divided(kind):
+    """A division of a non-negative dividend by a positive constant (where C's and Python's rounding agree)."""
+    def rule(a, b):
+        return kind(a, b) if b.is_Integer and b > 0 and _nonnegative(a) else None
+    return rule
+
+
+# Integer ops an index computed from loop positions is made of, as sympy index expressions.
+INDEX_OPS = {
+    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "cast": lambda a: a,
+    "fmod": _divided(Mod), "mod": _divided(Mod), "floordiv": _divided(FloorDiv), "truncdiv": _divided(FloorDiv),
+}
+
+
+def _nonnegative(e) -> bool:
+    """Whether index expression `e` is >= 0 by its form: non-negative constants and loop variables combined by
+    sums, products, FloorDiv and Mod."""
+    if e is None:
+        return False
+    if e.is_Integer or e.is_Symbol:
+        return bool(e.is_nonnegative)
+    if isinstance(e, (sympy.Add, sympy.Mul, FloorDiv, Mod)):
+        return all(_nonnegative(a) for a in e.args)
+    return False
+
+
 def gather_load(ctx, x: IndexFunction, idx: list, rule: tuple) -> ir.Expr:
     """`x` at `idx`, where each entry is a sympy index or an IR expression (an indirect index) checked by
     `rule` (ADVANCED_INDEXING, INDEX_SELECT or GATHER)."""
@@ -56,6 +113,7 @@ def gather_load(ctx, x: IndexFunction, idx: list, rule: tuple) -> ir.Expr:
     x = ctx.realize(x)
     buf, offset, strides = x.buffer_view()
     binds, parts = [], []
+    idx = _static_positions(idx, x.size)
     for k, v in enumerate(idx):
         if _is_indirect(v):
             sym = sympy.Symbol(f"ind{len(binds)}", integer=True)
@@ -64,6 +122,15 @@ def gather_load(ctx, x: IndexFunction, idx: list, rule: tuple) -> ir.Expr:
         else:
             parts.append(v)
     return ir.Load(buf, linear_index(parts, strides, offset), x.dtype, None, tuple(binds))
+
+
+def _static_positions(idx: list, sizes) -> list:
+    """`idx` with each indirect entry that `static_position` proves in range replaced by its sympy index."""
+    out = []
+    for v, n in zip(idx, sizes):
+        position = static_position(v, n) if _is_indirect(v) else None
+        out.append(v if position is None else position)
+    return out
 
 
 def _inline_gather(x: IndexFunction, idx: list, rule: tuple) -> ir.Expr | None:
@@ -78,6 +145,7 @@ def _inline_gather(x: IndexFunction, idx: list, rule: tuple) -> ir.Expr | None:
     taken = {str(s) for ld in ir.loads(x.body) for s, _ in ld.indirect}
     fresh = (f"ind{k}" for k in range(len(taken) + len(idx) + 1) if f"ind{k}" not in taken)
     binds, parts = {}, []
+    idx = _static_positions(idx, x.size)
     for k, v in enumerate(idx):
         if _is_indirect(v):
             sym = sympy.Symbol(next(fresh), integer=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kiln
 from tests.fuzz.compare import check_program, run_program
 from tests.fuzz.programs import generate
 
@@ -172,3 +173,19 @@ def test_backward_raising_only_in_kiln_is_wrong():
               "def f(a):\n    return a * 2\n")
     outcome = run_program(source, refusing_backward)
     assert (outcome.status, outcome.kind) == ("wrong", "backward_raise")
+
+
+def test_a_graph_run_through_aten_is_named_in_the_outcome(monkeypatch):
+    """Right values from a graph kiln could not compile are no failure, but a long run must see them: the
+    outcome names the first graph or kernel fallback (under KILN_STRICT=1 the call would raise instead)."""
+    monkeypatch.setenv("KILN_STRICT", "0")
+
+    def falls_back(gm, example_inputs):
+        kiln.fallbacks.record("graph", "graph0/forward", RuntimeError("planted"), stage="compile")
+        return gm
+    source = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = False\n"
+              "def inputs(call):\n    return [torch.ones(3)]\n"
+              "def f(a):\n    return a * 2\n")
+    outcome = run_program(source, falls_back)
+    assert outcome.status == "ok" and "planted" in outcome.fallback, outcome
+    assert run_program(source, "aot_eager").fallback == ""

@@ -11,7 +11,8 @@ unused integer division by zero loses eager's ZeroDivisionError the same way.
 `eager_error` finds such ops; a graph with one runs eagerly, op by op, so that it raises
 exactly what eager raises (statically doomed ops raise on every call; a dead integer
 division only when its divisor holds a zero). Live integer divisions need nothing: the
-compiled graph runs them, and raises as eager does.
+compiled graph runs them, and raises as eager does. A reduction without identity over an empty tensor
+(`max()` of a size-0 tensor) raises in eager and not in fake tensors, used or not: such a graph runs eagerly too.
 """
 from __future__ import annotations
 
@@ -96,8 +97,44 @@ def _partial_overlap(node: torch.fx.Node) -> str | None:
     return None
 
 
+_NO_IDENTITY_REDUCTIONS = frozenset((
+    aten.max.default, aten.min.default, aten.max.dim, aten.min.dim, aten.amax.default, aten.amin.default,
+    aten.argmax.default, aten.argmin.default, aten.aminmax.default, aten.mode.default, aten.kthvalue.default,
+    aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim))
+"""Reductions with no identity element: over an empty extent eager refuses some (`max()`, `amax(0)` of a (0, 3)
+tensor), while fake tensors run several without a check, and an unused one is dead code to the compiled graph."""
+
+
+def _empty_reduction(node: torch.fx.Node) -> str | None:
+    """A reduction without identity over an empty input that eager refuses: the op itself decides, run on an
+    empty CPU tensor of the input's geometry (no data is read, and each op's rule about which empty extents it
+    refuses stays its own). Sizes are static where a tensor is empty: a size 0 specializes."""
+    if node.target not in _NO_IDENTITY_REDUCTIONS:
+        return None
+    values = _tensor_args(node)
+    if not values or any(v.numel() != 0 for v in values):
+        return None
+    try:
+        empties = {a: _empty_like(a.meta["val"]) for a in node.all_input_nodes}
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: empties[a])
+    except (TypeError, KeyError):  # symbolic geometry: not decidable here
+        return None
+    try:
+        node.target(*args, **kwargs)
+    except (RuntimeError, IndexError) as e:
+        return f"a reduction eager refuses over an empty extent ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return None
+
+
+def _empty_like(value: torch.Tensor) -> torch.Tensor:
+    if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
+        raise TypeError("symbolic geometry")
+    return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
+
+
 STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _bool_alpha, _in_place_cast,
-                                                                  _internal_overlap, _partial_overlap)
+                                                                  _internal_overlap, _partial_overlap,
+                                                                  _empty_reduction)
 """Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
 
 

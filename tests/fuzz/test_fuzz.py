@@ -49,6 +49,7 @@ ONCE_FAILING = {
         395, 411, 1421, 731, 822, 929, 1304, 1320, 772, 1099, 1433, 1732, 7139, 9050, 686, 2649, 12188, 12408,
         # the extended generator's (seeds from 100000)
         100042, 100120, 100133, 100199, 100234, 100244, 100337, 100342, 100419, 100424, 100252, 100241, 101337, 100642,
+        101788,  # an unused max() of an empty tensor (autograd/test_eager_errors.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -60,9 +61,9 @@ ONCE_FAILING = {
         12188, 12357, 12408, 818, 650, 980, 994, 1438,
         # the extended generator's (seeds from 100000)
         100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642,
-        # judged by the float64 run with module parameters widened (conditioning.py), and 100204's dynamic
-        # scatter in the backward compiled (lower/test_scatters.py)
-        100204, 101069,
+        # judged by the float64 run with module parameters widened (conditioning.py); 100204's dynamic scatter in
+        # the backward compiled (lower/test_scatters.py); floats of symbolic sizes compiled (lower/test_sym_floats.py)
+        101069, 101674, 100204, 101567,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
@@ -82,6 +83,13 @@ KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("inductor", 100853): SAVED_INPUT_WRITTEN_AFTER,
     ("aot_eager", 100489): SHARED_BACKWARD_NODE,
     ("inductor", 100489): SHARED_BACKWARD_NODE,
+    ("aot_eager", 101566): SHARED_BACKWARD_NODE,
+    ("inductor", 101566): SHARED_BACKWARD_NODE,
+    ("inductor", 101920): "values: a bf16 rounding (an autocast matmul) of float32 values that kiln's BatchNorm (eval) "
+                          "and tanh compute within 2 ulps of eager's flips by one bf16 ulp, which the softmax after it "
+                          "carries past float32's tolerance; torch.compile's inductor differs from eager by as many "
+                          "ulps on BatchNorm and tanh (here its roundings happen to land on eager's), and eager's "
+                          "re-runs run the same kernels, so the oracle cannot see the instability",
 }
 
 
@@ -91,9 +99,7 @@ def test_seed(backend, seed):
 
 
 # regression seeds whose programs make kiln fall back (they run with KILN_STRICT=0), with the fallback
-FALLING_BACK = {
-    ("inductor", 362): "graph: std's backward under dynamic sizes divides by a SymFloat kiln cannot lower",
-}
+FALLING_BACK: dict[tuple[str, int], str] = {}  # none now: 362's SymFloat graph compiles (lower/sym_floats.py)
 
 
 @pytest.mark.parametrize("backend,seed", [

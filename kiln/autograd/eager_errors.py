@@ -6,13 +6,15 @@ a write into a tensor with internal overlap (an expanded tensor) or that partial
 input of the op (`y[1:].copy_(y[:-1])`), subtraction or negation of
 a bool tensor. Functionalization then replaces the in-place op by its out-of-place variant and
 a cast-free copy, and dead-code elimination drops an unused op, taking its check with it; an
-unused integer division by zero loses eager's ZeroDivisionError the same way.
+unused integer division by zero loses eager's ZeroDivisionError the same way, and an unused gather,
+index_select, embedding or nll_loss its IndexError for an index out of range.
 
 `eager_error` finds such ops; a graph with one runs eagerly, op by op, so that it raises
 exactly what eager raises (statically doomed ops raise on every call; a dead integer
-division only when its divisor holds a zero). Live integer divisions need nothing: the
-compiled graph runs them, and raises as eager does. A reduction without identity over an empty tensor
-(`max()` of a size-0 tensor) raises in eager and not in fake tensors, used or not: such a graph runs eagerly too.
+division or indexing only when it meets a zero or an index out of range). Live integer divisions and
+indexing need nothing: the compiled graph runs them, and raises as eager does. A reduction without
+identity over an empty tensor (`max()` of a size-0 tensor) raises in eager and not in fake tensors, used
+or not: such a graph runs eagerly too.
 """
 from __future__ import annotations
 
@@ -36,6 +38,16 @@ _INTEGER_DIVISIONS = frozenset((aten.div.Tensor_mode, aten.div.Scalar_mode, aten
                                 aten.floor_divide_.Tensor, aten.floor_divide_.Scalar, aten.remainder.Tensor,
                                 aten.remainder.Scalar, aten.remainder_.Tensor, aten.remainder_.Scalar,
                                 aten.fmod.Tensor, aten.fmod.Scalar, aten.fmod_.Tensor, aten.fmod_.Scalar))
+
+
+_INDEX_CHECKED = frozenset((
+    aten.index_select.default, aten.gather.default, aten.embedding.default, aten.index.Tensor, aten.take.default,
+    aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, aten.scatter.src, aten.scatter.value,
+    aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
+    aten.index_add.default, aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
+    aten.index_put.default, aten.index_reduce.default))
+"""Ops whose eager kernel raises on an index out of range, a check of values: kiln's kernels make a live one
+report it (lower/ops/indexing.py, scatters.py); an unused one is dead code, so its graph runs op by op."""
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
@@ -150,6 +162,8 @@ def eager_error(gm: torch.fx.GraphModule) -> str | None:
                 return f"{reason} ({node.target})"
         if node.target in _INTEGER_DIVISIONS and node not in live and not _floating(node):
             return f"an unused integer division, whose division by zero eager raises ({node.target})"
+        if node.target in _INDEX_CHECKED and node not in live:
+            return f"an unused op whose indices eager checks ({node.target})"
     return None
 
 

@@ -310,3 +310,30 @@ def test_a_reduction_eager_runs_over_an_empty_tensor_returns(name, backend):
     kiln.reset()
     torch.testing.assert_close(kiln.compile(program, backend=backend, dynamic=False)(make()[0]), program(make()[0]),
                                equal_nan=True)
+
+
+# Ops whose eager kernel checks its indices: an unused one is dead code, so its graph runs op by op to raise.
+UNUSED_INDEXING = {  # (a: (3, 4), k: an index, out of range at 9) -> a tensor
+    "index_select": lambda a, k: (a.index_select(0, torch.tensor([k])), a * 2)[1],
+    "gather": lambda a, k: (a.gather(0, torch.tensor([[k, 0, 0, 0]])), a * 2)[1],
+    "embedding": lambda a, k: (torch.nn.functional.embedding(torch.tensor([k]), a), a * 2)[1],
+    "advanced_index": lambda a, k: (a[torch.tensor([k])], a * 2)[1],
+    "cross_entropy_target": lambda a, k: (torch.nn.functional.cross_entropy(a, torch.tensor([k, 0, 0])), a * 2)[1],
+    "scatter_add": lambda a, k: (a.scatter_add(0, torch.tensor([[k, 0, 0, 0]]), a[:1]), a * 2)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(UNUSED_INDEXING))
+def test_an_unused_op_with_an_index_out_of_range_raises(name, backend):
+    check_raises(lambda a, b: UNUSED_INDEXING[name](a, 9), backend)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(UNUSED_INDEXING))
+def test_an_unused_op_with_indices_in_range_returns(name, backend):
+    """The same programs with the index in range: the op-by-op graph returns eager's values."""
+    def in_range(a, b):
+        return UNUSED_INDEXING[name](a, 1)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(in_range, backend=backend)(*make()), in_range(*make()))

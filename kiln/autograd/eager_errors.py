@@ -40,14 +40,15 @@ _INTEGER_DIVISIONS = frozenset((aten.div.Tensor_mode, aten.div.Scalar_mode, aten
                                 aten.fmod.Tensor, aten.fmod.Scalar, aten.fmod_.Tensor, aten.fmod_.Scalar))
 
 
-_INDEX_CHECKED = frozenset((
+_VALUE_CHECKED = frozenset((
     aten.index_select.default, aten.gather.default, aten.embedding.default, aten.index.Tensor, aten.take.default,
     aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, aten.scatter.src, aten.scatter.value,
     aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
     aten.index_add.default, aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
-    aten.index_put.default, aten.index_reduce.default))
-"""Ops whose eager kernel raises on an index out of range, a check of values: kiln's kernels make a live one
-report it (lower/ops/indexing.py, scatters.py); an unused one is dead code, so its graph runs op by op."""
+    aten.index_put.default, aten.index_reduce.default, aten.binary_cross_entropy.default))
+"""Ops whose eager kernel checks the values it reads (an index out of range, binary cross-entropy's input outside
+[0, 1]) and raises: kiln's kernels report a live one's (lower/ops/indexing.py, scatters.py) or run it as ATen's
+(lower/decompositions.py KEEP); an unused one is dead code, so its graph runs op by op."""
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
@@ -162,8 +163,8 @@ def eager_error(gm: torch.fx.GraphModule) -> str | None:
                 return f"{reason} ({node.target})"
         if node.target in _INTEGER_DIVISIONS and node not in live and not _floating(node):
             return f"an unused integer division, whose division by zero eager raises ({node.target})"
-        if node.target in _INDEX_CHECKED and node not in live:
-            return f"an unused op whose indices eager checks ({node.target})"
+        if node.target in _VALUE_CHECKED and node not in live:
+            return f"an unused op whose values eager checks ({node.target})"
     return None
 
 

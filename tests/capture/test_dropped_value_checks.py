@@ -41,3 +41,10 @@ def test_one_hot_of_a_class_out_of_range_raises_as_eager_does(name, dynamic, bac
             assert got == expected
         else:
             torch.testing.assert_close(got, expected)
+
+
+def test_the_check_stays_in_the_graph():
+    """One graph, no break: the check is an op of the graph, not a Python branch on a value."""
+    compiled = kiln.compile(PROGRAMS["used"], fullgraph=True)
+    torch.testing.assert_close(compiled(CALLS[0]), PROGRAMS["used"](CALLS[0]))
+    assert _outcome(compiled, CALLS[1]) == _outcome(PROGRAMS["used"], CALLS[1])

@@ -196,7 +196,9 @@ def one_hot(tensor, num_classes=-1):
     GPU the graph-side check is a device assert, fatal to the process. `num_classes=-1` reads the values for the
     size, and capture breaks the graph there before this matters."""
     if num_classes >= 0 and tensor.dtype == torch.int64 and tensor.device.type == "cpu":
-        torch._assert_async(((tensor >= 0) & (tensor < num_classes)).all(), "one_hot: a class value out of range")
+        # the ATen op, traced into the graph (`torch._assert_async` itself breaks it, as an `assert` on a value may)
+        torch.ops.aten._assert_async.msg(((tensor >= 0) & (tensor < num_classes)).all(),
+                                         "one_hot: a class value out of range")
     return torch.ops.aten.one_hot.default(tensor, num_classes)
 
 

@@ -6,12 +6,15 @@ a write into a tensor with internal overlap (an expanded tensor) or that partial
 input of the op (`y[1:].copy_(y[:-1])`), subtraction or negation of
 a bool tensor. Functionalization then replaces the in-place op by its out-of-place variant and
 a cast-free copy, and dead-code elimination drops an unused op, taking its check with it; an
-unused integer division by zero loses eager's ZeroDivisionError the same way.
+unused integer division by zero loses eager's ZeroDivisionError the same way, and an unused gather,
+index_select, embedding or nll_loss its IndexError for an index out of range.
 
 `eager_error` finds such ops; a graph with one runs eagerly, op by op, so that it raises
 exactly what eager raises (statically doomed ops raise on every call; a dead integer
-division only when its divisor holds a zero). Live integer divisions need nothing: the
-compiled graph runs them, and raises as eager does.
+division or indexing only when it meets a zero or an index out of range). Live integer divisions and
+indexing need nothing: the compiled graph runs them, and raises as eager does. A reduction without
+identity over an empty tensor (`max()` of a size-0 tensor) raises in eager and not in fake tensors, used
+or not: such a graph runs eagerly too.
 """
 from __future__ import annotations
 
@@ -35,6 +38,17 @@ _INTEGER_DIVISIONS = frozenset((aten.div.Tensor_mode, aten.div.Scalar_mode, aten
                                 aten.floor_divide_.Tensor, aten.floor_divide_.Scalar, aten.remainder.Tensor,
                                 aten.remainder.Scalar, aten.remainder_.Tensor, aten.remainder_.Scalar,
                                 aten.fmod.Tensor, aten.fmod.Scalar, aten.fmod_.Tensor, aten.fmod_.Scalar))
+
+
+_VALUE_CHECKED = frozenset((
+    aten.index_select.default, aten.gather.default, aten.embedding.default, aten.index.Tensor, aten.take.default,
+    aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, aten.scatter.src, aten.scatter.value,
+    aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
+    aten.index_add.default, aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
+    aten.index_put.default, aten.index_reduce.default, aten.binary_cross_entropy.default))
+"""Ops whose eager kernel checks the values it reads (an index out of range, binary cross-entropy's input outside
+[0, 1]) and raises: kiln's kernels report a live one's (lower/ops/indexing.py, scatters.py) or run it as ATen's
+(lower/decompositions.py KEEP); an unused one is dead code, so its graph runs op by op."""
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
@@ -96,8 +110,44 @@ def _partial_overlap(node: torch.fx.Node) -> str | None:
     return None
 
 
+_NO_IDENTITY_REDUCTIONS = frozenset((
+    aten.max.default, aten.min.default, aten.max.dim, aten.min.dim, aten.amax.default, aten.amin.default,
+    aten.argmax.default, aten.argmin.default, aten.aminmax.default, aten.mode.default, aten.kthvalue.default,
+    aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim))
+"""Reductions with no identity element: over an empty extent eager refuses some (`max()`, `amax(0)` of a (0, 3)
+tensor), while fake tensors run several without a check, and an unused one is dead code to the compiled graph."""
+
+
+def _empty_reduction(node: torch.fx.Node) -> str | None:
+    """A reduction without identity over an empty input that eager refuses: the op itself decides, run on an
+    empty CPU tensor of the input's geometry (no data is read, and each op's rule about which empty extents it
+    refuses stays its own). Sizes are static where a tensor is empty: a size 0 specializes."""
+    if node.target not in _NO_IDENTITY_REDUCTIONS:
+        return None
+    values = _tensor_args(node)
+    if not values or any(v.numel() != 0 for v in values):
+        return None
+    try:
+        empties = {a: _empty_like(a.meta["val"]) for a in node.all_input_nodes}
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: empties[a])
+    except (TypeError, KeyError):  # symbolic geometry: not decidable here
+        return None
+    try:
+        node.target(*args, **kwargs)
+    except (RuntimeError, IndexError) as e:
+        return f"a reduction eager refuses over an empty extent ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return None
+
+
+def _empty_like(value: torch.Tensor) -> torch.Tensor:
+    if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
+        raise TypeError("symbolic geometry")
+    return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
+
+
 STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _bool_alpha, _in_place_cast,
-                                                                  _internal_overlap, _partial_overlap)
+                                                                  _internal_overlap, _partial_overlap,
+                                                                  _empty_reduction)
 """Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
 
 
@@ -113,6 +163,8 @@ def eager_error(gm: torch.fx.GraphModule) -> str | None:
                 return f"{reason} ({node.target})"
         if node.target in _INTEGER_DIVISIONS and node not in live and not _floating(node):
             return f"an unused integer division, whose division by zero eager raises ({node.target})"
+        if node.target in _VALUE_CHECKED and node not in live:
+            return f"an unused op whose values eager checks ({node.target})"
     return None
 
 

@@ -83,7 +83,9 @@ def is_recomputable(node: fx.Node) -> bool:
     if target in RECOMPUTABLE_OPS:
         return True
     if not isinstance(target, torch._ops.OpOverload):
-        return False
+        # a float computed from sizes (`n / 2` as an add's alpha): Python arithmetic, recomputed in the backward
+        # from the sizes it reads (saved free), as no tensor can hold it
+        return isinstance(node.meta.get("val"), torch.SymFloat)
     if torch.Tag.nondeterministic_seeded in target.tags:
         return False
     return target.is_view or torch.Tag.pointwise in target.tags
@@ -227,6 +229,14 @@ def _hashable(value):
     return value
 
 
+def _sizes_of_floats(node: fx.Node) -> list[fx.Node]:
+    """`node`, or where it is a float computed from sizes (a SymFloat), the nodes it is computed from, down to
+    the sizes."""
+    if not isinstance(node.meta.get("val"), torch.SymFloat):
+        return [node]
+    return [s for n in node.all_input_nodes for s in _sizes_of_floats(n)]
+
+
 def _unbound_symbols(gm: fx.GraphModule) -> set:
     """Symbols in `gm`'s sizes that no placeholder carries as a whole size, stride or int."""
     used, bound = set(), set()
@@ -299,10 +309,12 @@ class _JointNodes:
         return 0 if node in self.held else node_bytes(node)
 
     def naive_saved(self) -> list[fx.Node]:
-        """Every forward tensor that a node outside the forward reads."""
+        """Every forward tensor that a node outside the forward reads (for a float computed from sizes, which
+        no tensor holds, the sizes it reads: the backward recomputes it)."""
         fwd = self.required_forward
-        return [n for n in self.forward_side if n in fwd and (
+        read = [n for n in self.forward_side if n in fwd and (
             n in self.backward_reads or any(u not in fwd and u.op != "output" for u in n.users))]
+        return list(dict.fromkeys(s for n in read for s in _sizes_of_floats(n)))
 
     def cut_cost(self, fused: Callable[[Any], bool] | None) -> Callable[[fx.Node], float]:
         """What saving a node costs the cut, in quarter bytes: its `save_cost`, and a quarter more for a value

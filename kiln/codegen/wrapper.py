@@ -149,7 +149,10 @@ def _keeps(sources) -> bool:
 
 @functools.cache
 def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: tuple) -> str | None:
-    """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload.
+    """`torch.addmm` for `aten.addmm.default`, when calling the Python binding runs exactly that overload, with
+    the arguments the call leaves out given as the schema's defaults (`omitted_defaults`): a binding's own
+    default may differ (`torch._C._nn.binary_cross_entropy` and the other losses default to no reduction, the
+    schema to the mean, and a traced graph leaves a mean reduction out).
 
     The bindings (`torch.*`, `torch._C._nn.*`) parse their arguments in C++ and call the
     unboxed kernel; an `OpOverload` call goes through Python and the boxed dispatcher, which on
@@ -174,7 +177,28 @@ def torch_binding(op: torch._ops.OpOverload, num_positional: int, kwarg_names: t
             continue
         if _accepts(other._schema, num_positional, kwarg_names):
             return None
-    return text if _accepts(op._schema, num_positional, kwarg_names) else None
+    spelled = omitted_defaults(op, num_positional, kwarg_names)
+    return text if _accepts(op._schema, num_positional, kwarg_names) and spelled is not None else None
+
+
+# default values a call can spell out: the schema's defaults the wrapper passes to a binding by name
+_SPELLABLE = (type(None), bool, int, float)
+
+
+@functools.cache
+def omitted_defaults(op: torch._ops.OpOverload, num_positional: int, kwarg_names: tuple) -> tuple | None:
+    """`name=value` for each argument of `op` with a default that a call with `num_positional` arguments and
+    these keywords leaves out; None where a default is not a plain value (a call then takes the OpOverload)."""
+    spelled = []
+    for arg in op._schema.arguments[num_positional:]:
+        if arg.name in kwarg_names or not arg.has_default_value():
+            continue
+        value = arg.default_value
+        if not (isinstance(value, _SPELLABLE) or (isinstance(value, (list, tuple))
+                                                  and all(isinstance(v, int) for v in value))):
+            return None
+        spelled.append(f"{arg.name}={value!r}")
+    return tuple(spelled)
 
 
 def _accepts(schema, num_positional: int, kwarg_names: tuple) -> bool:
@@ -248,6 +272,14 @@ class WrapperCodegen:
             return torch_binding(op, num_positional, kwarg_names) or \
                 f"aten.{op._schema.name.split('::')[1]}.{op._overloadname}"
         return self.const(op)
+
+    @staticmethod
+    def binding_defaults(op, num_positional: int, kwarg_names: tuple) -> tuple:
+        """The defaults a call through a binding spells out (`torch_binding`); none for an OpOverload call."""
+        if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and torch_binding(
+                op, num_positional, kwarg_names):
+            return omitted_defaults(op, num_positional, kwarg_names)
+        return ()
 
     # -- the program
     def generate(self) -> str:
@@ -358,6 +390,7 @@ class WrapperCodegen:
             self.restride(n.name, n.name, n.layout)
             return
         args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
+        args += self.binding_defaults(n.op, len(n.args), tuple(n.kwargs))
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)

@@ -63,6 +63,9 @@ KEEP = [
     # index_put(accumulate=True) runs ATen's generic accumulate path, many times slower on the GPU for a
     # language model's vocabulary (benchmarks/results/zoo: T5 training)
     aten.embedding_dense_backward.default,
+    # eager's kernels check the values they read lie in [0, 1] (binary cross-entropy's input, bernoulli's tensor
+    # of probabilities) and raise; the decompositions (log and clamp, `rand_like(p) < p`) return numbers
+    aten.binary_cross_entropy.default, aten.bernoulli.default,
 ]
 
 

@@ -23,6 +23,7 @@ from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
+from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
@@ -295,11 +296,15 @@ class GraphLowering:
             return self._sym(meta)
         if isinstance(meta, torch.SymInt):
             return self._sym(meta)
+        if isinstance(meta, torch.SymFloat) and node.target in SYM_FLOAT_OPS:
+            return sym_float_value(node.target, args)  # a float kernels read: a 0-d value computed from sizes
         if isinstance(meta, (torch.SymFloat, float)) and not isinstance(node.target, torch._ops.OpOverload):
-            return SIZE_FLOAT  # `n / 2` on the way to a size (`math.ceil(n / 2)`), whose own expression is read
+            return SIZE_FLOAT  # on the way to a size (`math.ceil(math.sqrt(n))`), whose own expression is read
         if any(a is SIZE_FLOAT for a in tree_leaves((args, kwargs))):
             raise Unsupported(f"{node.target}: a float computed from sizes reaches a kernel")
         rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
+        if not reads_size_scalars(node.target, args, kwargs, lowered=rule is not None):
+            raise Unsupported(f"{node.target}: a float computed from sizes where the op takes a number")
         if rule is not None:
             try:
                 out = rule(self, meta, *args, **kwargs)
@@ -400,6 +405,8 @@ class GraphLowering:
     def extern(self, op, args, kwargs, meta) -> Any:
         """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (with
         `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
+        if not reads_size_scalars(op, args, kwargs, lowered=False):
+            raise Unsupported(f"{op}: an ATen call given a float computed from sizes")
         any_order = op in ANY_ORDER_EXTERNS
         layout = layouts = None
         if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):

@@ -77,6 +77,13 @@ def _simplify_loads(e: ir.Expr) -> ir.Expr:
     return e
 
 
+
+@dataclass(frozen=True)
+class SizeScalar(IndexFunction):
+    """A Python float the graph computes from its symbolic sizes (kiln/lower/sym_floats.py), read by the ops
+    that take it as a 0-d float64 value; it promotes as the Python scalar it stands for (`promote`)."""
+
+
 def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
     if e.dtype == dtype:
         return e

@@ -267,3 +267,73 @@ def test_backward_returns_what_eager_returns(program):
     program(ref).backward()
     kiln.compile(program)(got).backward()
     torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-4)
+
+
+# Reductions without identity over an empty tensor: eager refuses them (RuntimeError or IndexError, by op), fake
+# tensors run several (`max()`, `max(0)`, `mode(0)`) without a check, and an unused one was dead code (seed 101788).
+EMPTY_REDUCTIONS_RAISING = {
+    "unused_max": lambda a: (a[:0].max(), a * 2)[1],
+    "unused_min_of_a_product": lambda a: ((a[:0] * 2).min(), a + 1)[1],
+    "max": lambda a: a[:0].max() + 1,
+    "max_over_the_empty_dim": lambda a: a[:0].max(0).values * 2,
+    "unused_min_over_the_empty_dim": lambda a: (a[:0].min(0), a)[1] * 3,
+    "amax_over_the_empty_dim": lambda a: a[:0].amax(0),
+    "argmin": lambda a: a[:, :0].argmin(),
+    "aminmax": lambda a: torch.aminmax(a[:0])[1],
+    "unused_mode": lambda a: (a[:0].mode(0), a.sin())[1],
+    "kthvalue": lambda a: a[:0].kthvalue(1, 0).values,
+}
+EMPTY_REDUCTIONS_RETURNING = {
+    "max_over_a_nonempty_dim": lambda a: a[:0].max(1).values + 1,
+    "amax_over_a_nonempty_dim": lambda a: a[:0].amax(-1) * 2,
+    "median_of_empty": lambda a: a[:0].median(),  # nan, no error
+    "unused_argmax_over_a_nonempty_dim": lambda a: (a[:0].argmax(1), a * 2)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(EMPTY_REDUCTIONS_RAISING))
+def test_a_reduction_eager_refuses_over_an_empty_tensor_raises(name, backend):
+    program = EMPTY_REDUCTIONS_RAISING[name]
+    with pytest.raises(Exception) as eager:
+        program(make()[0])
+    kiln.reset()
+    with pytest.raises(type(eager.value)) as compiled:
+        kiln.compile(program, backend=backend, dynamic=False)(make()[0])
+    assert str(eager.value).split("\n")[0] in str(compiled.value)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(EMPTY_REDUCTIONS_RETURNING))
+def test_a_reduction_eager_runs_over_an_empty_tensor_returns(name, backend):
+    program = EMPTY_REDUCTIONS_RETURNING[name]
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(program, backend=backend, dynamic=False)(make()[0]), program(make()[0]),
+                               equal_nan=True)
+
+
+# Ops whose eager kernel checks its indices: an unused one is dead code, so its graph runs op by op to raise.
+UNUSED_INDEXING = {  # (a: (3, 4), k: an index, out of range at 9) -> a tensor
+    "index_select": lambda a, k: (a.index_select(0, torch.tensor([k])), a * 2)[1],
+    "gather": lambda a, k: (a.gather(0, torch.tensor([[k, 0, 0, 0]])), a * 2)[1],
+    "embedding": lambda a, k: (torch.nn.functional.embedding(torch.tensor([k]), a), a * 2)[1],
+    "advanced_index": lambda a, k: (a[torch.tensor([k])], a * 2)[1],
+    "cross_entropy_target": lambda a, k: (torch.nn.functional.cross_entropy(a, torch.tensor([k, 0, 0])), a * 2)[1],
+    "scatter_add": lambda a, k: (a.scatter_add(0, torch.tensor([[k, 0, 0, 0]]), a[:1]), a * 2)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(UNUSED_INDEXING))
+def test_an_unused_op_with_an_index_out_of_range_raises(name, backend):
+    check_raises(lambda a, b: UNUSED_INDEXING[name](a, 9), backend)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(UNUSED_INDEXING))
+def test_an_unused_op_with_indices_in_range_returns(name, backend):
+    """The same programs with the index in range: the op-by-op graph returns eager's values."""
+    def in_range(a, b):
+        return UNUSED_INDEXING[name](a, 1)
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(in_range, backend=backend)(*make()), in_range(*make()))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
-from kiln.codegen.wrapper import torch_binding
+from kiln.codegen.wrapper import omitted_defaults, torch_binding
 from support.lowering import check
 
 aten = torch.ops.aten
@@ -29,6 +29,30 @@ def test_binding_used_only_when_no_other_overload_fits():
     assert torch_binding(aten.full.default, 2, ()) is None  # a factory: torch.full obeys set_default_device
     assert torch_binding(aten.split.Tensor, 2, ()) is None  # torch.split is a Python function
     assert torch_binding(aten.convolution_backward.default, 11, ()) is None  # no binding
+
+
+def test_a_binding_call_spells_out_the_schema_defaults_it_leaves_out():
+    """A binding's default may differ from the schema's: `torch._C._nn.binary_cross_entropy(x, y)` reduces
+    nothing, the schema's default is the mean, and a traced graph leaves a mean reduction out."""
+    assert omitted_defaults(aten.binary_cross_entropy.default, 2, ()) == ("weight=None", "reduction=1")
+    assert omitted_defaults(aten.addmm.default, 3, ("beta",)) == ("alpha=1",)
+    assert omitted_defaults(aten.mm.default, 2, ()) == ()
+
+
+TARGETS = torch.tensor([0, 2, 1, 0])
+LOSSES_LEFT_AT_THE_MEAN = {  # (x in (0, 1), y in (0, 1)) -> a loss whose graph node omits reduction=mean
+    "binary_cross_entropy": lambda x, y: F.binary_cross_entropy(x, y),
+    "multi_margin": lambda x, y: F.multi_margin_loss(x, TARGETS),
+    "soft_margin": lambda x, y: F.soft_margin_loss(x, y),
+    "huber": lambda x, y: F.huber_loss(x, y),
+    "nll": lambda x, y: F.nll_loss(x.log(), TARGETS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES_LEFT_AT_THE_MEAN))
+def test_a_loss_with_its_default_reduction_matches_eager(name):
+    x, y = torch.rand(4, 3) * 0.9 + 0.05, torch.rand(4, 3)
+    check(lambda x, y: LOSSES_LEFT_AT_THE_MEAN[name](x, y) * 2, x, y)
 
 
 def test_extern_with_keyword_arguments_matches_eager():

@@ -8,7 +8,8 @@
 
 A long run executes each program in a worker subprocess (pool.py), so a program that kills its process
 counts as "died" and the run goes on. The summary gives counts per backend and outcome, counts per
-failure kind, and for each failure its seed, backend, first line and program.
+failure kind, and for each failure its seed, backend, first line and program; and the programs where a
+graph or kernel fell back to ATen (values right, compiled code missing: `fell_back`, `fallbacks`).
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ def long_run(args) -> dict:
             if result["status"] != "ok":
                 print(f"{backend} seed {seed}: {result['status']} [{result['kind']}] {result['message'][:160]}",
                       flush=True)
+            if result.get("fallback"):
+                print(f"{backend} seed {seed}: fell back: {result['fallback'][:160]}", flush=True)
             if len(results) % 50 == 0:
                 print(f"-- {len(results)}/{len(jobs)} programs, {time.time() - started:.0f} s", flush=True)
 
@@ -97,14 +100,17 @@ def summarize(results: list[dict], args, seconds: float) -> dict:
             "counts": {s: sum(r["status"] == s for r in mine)
                        for s in ("ok", "ill-conditioned", "wrong", "crash", "died")},
             "kinds": dict(Counter(f"{r['status']}:{r['kind']}" for r in mine if r["status"] != "ok").most_common()),
+            "fell_back": sum(bool(r.get("fallback")) for r in mine),  # a graph or kernel ran through ATen
         }
     failures = [{"seed": r["seed"], "backend": r["backend"], "status": r["status"], "kind": r["kind"],
                  "message": r["message"].split("\n")[0][:300], "program": r.get("program", "")}
                 for r in sorted(results, key=lambda r: (r["backend"], r["seed"])) if r["status"] != "ok"]
+    fallbacks = [{"seed": r["seed"], "backend": r["backend"], "fallback": r["fallback"]}
+                 for r in sorted(results, key=lambda r: (r["backend"], r["seed"])) if r.get("fallback")]
     return {"command": "python -m tests.fuzz " + " ".join(sys.argv[1:]), "device": args.device,
             "seeds": [args.start, args.start + args.programs], "programs_run": len(results),
             "seconds": round(seconds), "backends": per_backend,
-            "failures": failures}
+            "failures": failures, "fallbacks": fallbacks}
 
 
 def replay(args) -> None:
@@ -114,7 +120,10 @@ def replay(args) -> None:
     source = generate(args.replay, args.device)
     print(source)
     for backend in backends_of(args.backend):
-        print(f"{backend}: {run_program(source, backend, args.device).first_line()}")
+        outcome = run_program(source, backend, args.device)
+        print(f"{backend}: {outcome.first_line()}")
+        if outcome.fallback:
+            print(f"{backend}: fell back: {outcome.fallback}")
 
 
 def minimize_seed(args) -> None:
@@ -152,7 +161,7 @@ def main(argv=None) -> None:
         return minimize_seed(args)
     summary = long_run(args)
     for backend, info in summary["backends"].items():
-        print(f"{backend}: {info['counts']}  {info['kinds']}")
+        print(f"{backend}: {info['counts']}  {info['kinds']}  fell back: {info['fell_back']}")
     print(f"{summary['seconds']} s")
     if args.out:
         with open(args.out, "w") as fh:

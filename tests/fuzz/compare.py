@@ -41,6 +41,7 @@ class Outcome:
     status: str                 # ok | ill-conditioned | wrong | crash | died
     kind: str = ""              # what differed, for grouping failures: values, grad, state, raise:NameError...
     message: str = ""           # one line saying where and how
+    fallback: str = ""          # the first graph or kernel kiln ran through ATen instead (values may still be right)
 
     def first_line(self) -> str:
         return f"{self.status} [{self.kind}] {self.message}".split("\n")[0][:300]
@@ -340,9 +341,18 @@ def load(source: str) -> dict:
 
 
 def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> Outcome:
-    """Run `source` eagerly and compiled with `backend`; the first difference found, or ok."""
+    """Run `source` eagerly and compiled with `backend`; the first difference found, or ok. The outcome names
+    the first graph or kernel that fell back to ATen: no wrong value, but compiled code the user did not get
+    (under KILN_STRICT=1 the call raises instead, and the program reads as a crash)."""
     runtime.DEVICE = device
     kiln.reset()
+    outcome = _compare_runs(source, backend)
+    slow = [f for f in kiln.fallbacks.records() if f.kind in ("graph", "kernel")]
+    outcome.fallback = slow[0].describe().split("\n")[0][:300] if slow else ""
+    return outcome
+
+
+def _compare_runs(source: str, backend: str) -> Outcome:
     eager_ns, kiln_ns = load(source), load(source)
     compiled = kiln.compile(kiln_ns["f"], backend=backend, dynamic=kiln_ns.get("DYNAMIC"))
     ill_conditioned = None

@@ -130,3 +130,99 @@ def test_the_float64_run_computes_float32_in_float64_only(program):
     for g, e in zip(got, expected):
         assert g.dtype == (torch.float64 if e.dtype == torch.float32 else e.dtype)
         torch.testing.assert_close(g.to(e.dtype), e)
+
+
+# a float32 parameter whose sum nearly cancels scales a float64 input: eager sums it to 2.7, in reverse 1.3,
+# exactly 2.1 (the float64 run, with the module's parameters widened too)
+PARAMETER_SUM = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+                 "class Weights(torch.nn.Module):\n"
+                 "    def __init__(self):\n"
+                 "        super().__init__()\n"
+                 "        self.weight = torch.nn.Parameter(torch.tensor({weights}))\n"
+                 "MODEL = Weights()\n"
+                 "def inputs(call):\n    return [torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)]\n"
+                 "def f(b):\n    return b * MODEL.weight.sum()\n")
+CANCELLING = PARAMETER_SUM.format(weights=[3e7, 1.3, -3e7, 0.7, 0.1])
+WELL_CONDITIONED = PARAMETER_SUM.format(weights=[1.0, 2.0, 0.5])
+
+
+def _sums_parameters_in_reverse(gm, example_inputs):
+    """A backend as correct as eager, summing in another order: kiln lifts the module's parameters into graph
+    inputs, and this runs the graph on them reversed (the program only sums them)."""
+    return lambda *args: gm(*[a.flip(0) if a.dtype == torch.float32 else a for a in args])
+
+
+def _scales_by(factor: float):
+    def backend(gm, example_inputs):
+        return lambda *args: [o * factor for o in gm(*args)]
+    return backend
+
+
+def test_a_cancelling_parameter_sum_is_judged_by_its_float64_value():
+    """The float64 run widens the parameter too: both float32 sums are off from the true one, and kiln's is
+    of its scale (the run used to keep the parameter float32, agree with eager, and report kiln wrong)."""
+    outcome = run_program(CANCELLING, _sums_parameters_in_reverse)
+    assert outcome.status == "ill-conditioned", outcome.first_line()
+    assert "with float64 arithmetic" in outcome.message
+
+
+@pytest.mark.parametrize("source, factor", [(WELL_CONDITIONED, 1.001), (CANCELLING, 10.0)],
+                         ids=["well-conditioned", "off-the-scale"])
+def test_a_planted_wrong_value_over_a_parameter_is_wrong(source, factor):
+    """Widening the parameters explains rounding, not a wrong value: a sum every run agrees on scaled by
+    1.001, or the cancelling sum scaled far beyond its value's scale, stays wrong."""
+    assert run_program(source, _scales_by(factor)).status == "wrong"
+
+
+# a LayerNorm over a row near 1e30: its squares overflow float32, eager's CPU kernel gives NaN there; the
+# float64 run (the LayerNorm's affine parameters widened too) gives values of order 1
+LAYER_NORM_OF_HUGE_ROW = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+                          "torch.manual_seed(0)\n"
+                          "MODEL = torch.nn.LayerNorm(4)\n"
+                          "def inputs(call):\n"
+                          "    return [torch.tensor([[1e30, -2e30, 3e30, 5e29], [1.0, 2.0, 3.0, 4.0]])]\n"
+                          "def f(a):\n    return MODEL(a) * 2\n")
+
+
+def _layer_norm_in_float64(gm, example_inputs):
+    """A backend better than eager: the graph in float64, rounded back."""
+    return lambda *args: [o.float() for o in gm(*[a.double() for a in args])]
+
+
+def _nan_as(value: float):
+    def backend(gm, example_inputs):
+        return lambda *args: [torch.nan_to_num(o, nan=value) for o in gm(*args)]
+    return backend
+
+
+@pytest.mark.parametrize("backend, status", [(_layer_norm_in_float64, "ill-conditioned"),
+                                             (_nan_as(0.0), "ill-conditioned"), (_nan_as(1e30), "wrong")],
+                         ids=["true-value", "overflowed-to-zero", "far-off"])
+def test_where_eager_overflows_a_finite_value_is_judged_by_the_float64_run(backend, status):
+    """Eager's NaN is an overflow, not the value: kiln's true value passes, and so does another overflowed
+    answer of the value's scale (0, torch.compile's); 1e30 does not."""
+    outcome = run_program(LAYER_NORM_OF_HUGE_ROW, backend)
+    assert outcome.status == status, outcome.first_line()
+
+
+def test_a_rerun_replays_the_optimizer_steps_of_earlier_calls():
+    """Call 1's re-runs start from the parameters eager's call 1 saw: call 0's backward and `after_call`
+    (an SGD step) are replayed, not only its forward; the float64 run then agrees with eager's call 1."""
+    from tests.fuzz.compare import call_once, eager_reruns, gradients, load
+    from tests.fuzz.conditioning import FLOAT64_REFERENCE
+
+    source = ("CALLS = 2\nDYNAMIC = None\nNO_GRAD = False\n"
+              "torch.manual_seed(0)\nMODEL = torch.nn.Linear(3, 2)\n"
+              "OPT = torch.optim.SGD(MODEL.parameters(), lr=0.5, momentum=0.9)\n"
+              "def after_call(call):\n    OPT.step()\n"
+              "def inputs(call):\n    return [torch.full((2, 3), 1.0 + call)]\n"
+              "def f(a):\n    return MODEL(a)\n")
+    ns = load(source)
+    args, result, _ = call_once(ns, ns["f"], 0)
+    gradients(result, args, 0)
+    ns["after_call"](0)
+    _, expected, _ = call_once(ns, ns["f"], 1)
+    reruns = eager_reruns(source, 1)
+    for name in ("column-major inputs", "non-contiguous inputs", FLOAT64_REFERENCE):  # float64 inputs: a float32
+        torch.testing.assert_close(reruns[name].float(), expected, msg=name)           # Linear refuses them
+    assert reruns[FLOAT64_REFERENCE].dtype == torch.float64

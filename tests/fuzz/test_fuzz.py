@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kiln
 from tests.fuzz.compare import check_program, run_program
 from tests.fuzz.programs import generate
 
@@ -48,6 +49,8 @@ ONCE_FAILING = {
         395, 411, 1421, 731, 822, 929, 1304, 1320, 772, 1099, 1433, 1732, 7139, 9050, 686, 2649, 12188, 12408,
         # the extended generator's (seeds from 100000)
         100042, 100120, 100133, 100199, 100234, 100244, 100337, 100342, 100419, 100424, 100252, 100241, 101337, 100642,
+        101788,  # an unused max() of an empty tensor (autograd/test_eager_errors.py)
+        100489,  # a graph ending at backward() split into independent backward nodes (autograd/test_graph_parts.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -58,7 +61,11 @@ ONCE_FAILING = {
         395, 411, 1421, 731, 1304, 1320, 217, 1099, 1433, 1732, 1883, 7139, 9050, 686, 2649, 3196, 4147, 2197,
         12188, 12357, 12408, 818, 650, 980, 994, 1438,
         # the extended generator's (seeds from 100000)
-        100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642, 100489,
+        100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642,
+        100489,  # a graph ending at backward() split into independent backward nodes (autograd/test_graph_parts.py)
+        # judged by the float64 run with module parameters widened (conditioning.py); 100204's dynamic scatter in
+        # the backward compiled (lower/test_scatters.py); floats of symbolic sizes compiled (lower/test_sym_floats.py)
+        101069, 101674, 100204, 101567, 101788,
     ],
 }
 REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
@@ -68,16 +75,21 @@ SAVED_INPUT_WRITTEN_AFTER = ("backward_raise, shared with torch.compile: the par
                              "recompute `t1 - i` from (eager saves that value), and the input is written in place "
                              "after the graph; autograd's version check raises, with kiln's note "
                              "(autograd/test_saved_input_written.py)")
+SHARED_BACKWARD_NODE = ("backward_raise, shared with torch.compile: `loss.backward()` inside f frees the saved "
+                        "tensors of the graph before the break, whose outputs are computed from shared values and "
+                        "so share one backward node (as AOTAutograd's graph does; independent parts are split, "
+                        "autograd/test_graph_parts.py); a later backward through another of its outputs (eager: a "
+                        "node of its own) raises 'backward through the graph a second time', with kiln's note")
 KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("aot_eager", 100853): SAVED_INPUT_WRITTEN_AFTER,
     ("inductor", 100853): SAVED_INPUT_WRITTEN_AFTER,
-    ("inductor", 101069): "values, shared with torch.compile: a LayerNorm over a row near 1e30, whose squares "
-                          "overflow float32: eager's CPU kernel gives nan, kiln's kernel (and torch.compile's "
-                          "inductor) 0 before the affine; the float64 re-run, which would judge it, does not widen "
-                          "module parameters",
-    ("inductor", 100204): "oracle: a float32 parameter's sum that nearly cancels scales a float64 tensor; kiln and "
-                          "eager sum in different orders, and the conditioning re-runs do not re-lay or widen module "
-                          "parameters, so the difference reads as wrong",
+    ("aot_eager", 101566): SHARED_BACKWARD_NODE,
+    ("inductor", 101566): SHARED_BACKWARD_NODE,
+    ("inductor", 101920): "values: a bf16 rounding (an autocast matmul) of float32 values that kiln's BatchNorm (eval) "
+                          "and tanh compute within 2 ulps of eager's flips by one bf16 ulp, which the softmax after it "
+                          "carries past float32's tolerance; torch.compile's inductor differs from eager by as many "
+                          "ulps on BatchNorm and tanh (here its roundings happen to land on eager's), and eager's "
+                          "re-runs run the same kernels, so the oracle cannot see the instability",
 }
 
 
@@ -87,9 +99,7 @@ def test_seed(backend, seed):
 
 
 # regression seeds whose programs make kiln fall back (they run with KILN_STRICT=0), with the fallback
-FALLING_BACK = {
-    ("inductor", 362): "graph: std's backward under dynamic sizes divides by a SymFloat kiln cannot lower",
-}
+FALLING_BACK: dict[tuple[str, int], str] = {}  # none now: 362's SymFloat graph compiles (lower/sym_floats.py)
 
 
 @pytest.mark.parametrize("backend,seed", [
@@ -169,3 +179,19 @@ def test_backward_raising_only_in_kiln_is_wrong():
               "def f(a):\n    return a * 2\n")
     outcome = run_program(source, refusing_backward)
     assert (outcome.status, outcome.kind) == ("wrong", "backward_raise")
+
+
+def test_a_graph_run_through_aten_is_named_in_the_outcome(monkeypatch):
+    """Right values from a graph kiln could not compile are no failure, but a long run must see them: the
+    outcome names the first graph or kernel fallback (under KILN_STRICT=1 the call would raise instead)."""
+    monkeypatch.setenv("KILN_STRICT", "0")
+
+    def falls_back(gm, example_inputs):
+        kiln.fallbacks.record("graph", "graph0/forward", RuntimeError("planted"), stage="compile")
+        return gm
+    source = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = False\n"
+              "def inputs(call):\n    return [torch.ones(3)]\n"
+              "def f(a):\n    return a * 2\n")
+    outcome = run_program(source, falls_back)
+    assert outcome.status == "ok" and "planted" in outcome.fallback, outcome
+    assert run_program(source, "aot_eager").fallback == ""

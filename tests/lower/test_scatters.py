@@ -101,3 +101,32 @@ def test_a_scatter_over_the_dense_limit_stays_an_aten_call():
     x, index = torch.zeros(rows, 8), torch.zeros(64, 8, dtype=torch.int64)
     compiled = check(lambda x, index: (x.scatter_add(0, index, torch.ones(64, 8)), x.cumsum(0)), x, index)
     assert count_externs(compiled) == 2, compiled.artefacts["schedule"]
+
+
+DYNAMIC_ROWS = {  # x: (rows, 5) with `rows` a symbol -> a tensor; the dense cost is a product of symbols
+    "scatter_add": lambda x: x.scatter_add(1, INDEX[:1, :3].clamp(max=4).expand(x.shape[0], 3), x[:, :3]),
+    "scatter_of_a_value": lambda x: x.scatter(1, INDEX[:1, :2].clamp(max=4).expand(x.shape[0], 2), 3.0),
+    "index_fill": lambda x: x.index_fill(1, torch.tensor([0, 3]), 2.0),
+    "index_add": lambda x: x.index_add(1, torch.tensor([4, 0, 4]), x[:, :3]),
+    "cumsum": lambda x: x.cumsum(1),
+    "gather_backward": lambda x: x.gather(1, INDEX[:1, :3].clamp(max=4).expand(x.shape[0], 3)) * 2,
+    "index_select_backward": lambda x: x.index_select(1, torch.tensor([1, 1, 4])).sin(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_ROWS))
+def test_a_dense_reduction_over_symbolic_sizes_compiles(name):
+    """With dynamic sizes the dense cost is a product of symbols, which Python cannot compare with the limit
+    (sympy raised 'cannot determine truth value of Relational' and the whole graph fell back): where the
+    guards bound it the reduction is generated, otherwise the op stays ATen's; values and gradients are eager's."""
+    fn = DYNAMIC_ROWS[name]
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for rows in (3, 6):
+        x = torch.randn(rows, 5, generator=G, dtype=torch.float64, requires_grad=True)
+        expected = fn(x)
+        cotangent = torch.randn(expected.shape, generator=G, dtype=torch.float64)
+        got = compiled(x)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(torch.autograd.grad(got, x, cotangent)[0],
+                                   torch.autograd.grad(expected, x, cotangent)[0])

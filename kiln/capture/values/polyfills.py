@@ -1,5 +1,5 @@
 """Pure-Python versions of C helpers from `itertools` and `operator`, and of torch functions capture cannot
-step into (`associative_scan`), which capture inlines like user code.
+step into (`associative_scan`) or whose checks tracing drops (`one_hot`), which capture inlines like user code.
 
 kiln cannot step into a C function, and modelling each one as a tracker is a class per helper; these are
 the equivalents CPython's documentation gives, so the traced behaviour is Python's own: lazy where the
@@ -189,7 +189,21 @@ def _check_scan_inputs(combine_fn, leaves, dim, reverse, combine_mode):
         raise ValueError("All xs leaves must at least have 'dim' number of dimensions and scan dimension > 0")
 
 
+def one_hot(tensor, num_classes=-1):
+    """`F.one_hot` with the check of its class values that eager makes and tracing drops (fake tensors skip it, and
+    the traced graph compares with an arange, giving a row of zeros for a class out of range): such a value makes
+    the graph raise, and the frame's eager re-run (capture/rerun.py) raises eager's RuntimeError. CPU only: on a
+    GPU the graph-side check is a device assert, fatal to the process. `num_classes=-1` reads the values for the
+    size, and capture breaks the graph there before this matters."""
+    if num_classes >= 0 and tensor.dtype == torch.int64 and tensor.device.type == "cpu":
+        # the ATen op, traced into the graph (`torch._assert_async` itself breaks it, as an `assert` on a value may)
+        torch.ops.aten._assert_async.msg(((tensor >= 0) & (tensor < num_classes)).all(),
+                                         "one_hot: a class value out of range")
+    return torch.ops.aten.one_hot.default(tensor, num_classes)
+
+
 POLYFILLS = {
+    torch.nn.functional.one_hot: one_hot,
     torch_associative_scan: associative_scan,
     itertools.accumulate: accumulate,
     itertools.zip_longest: zip_longest,

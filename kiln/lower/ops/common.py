@@ -6,7 +6,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import index_vars, sympify
-from kiln.lower.values import IndexFunction, Unsupported, cast, const
+from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, cast, const
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -52,6 +52,8 @@ def operand(a, size, dtype) -> ir.Expr:
 
 
 def _meta_like(a):
+    if isinstance(a, SizeScalar):  # a Python float of eager's: a weak scalar in promotion
+        return 1.0
     if isinstance(a, IndexFunction):
         return torch.empty((1,) * a.ndim, dtype=a.dtype, device="meta")
     if isinstance(a, sympy.Basic):

@@ -69,8 +69,9 @@ def _arith(name):
         ops = tuple(operand(a, size, dtype) for a in args)
         if name in INTEGER_IDENTITY and not dtype.is_floating_point:
             return IndexFunction(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
-        if kwargs.get("alpha", 1) != 1:
-            ops = (ops[0], ir.Op("mul", (ops[1], const(kwargs["alpha"], dtype)), dtype))
+        alpha = kwargs.get("alpha", 1)
+        if isinstance(alpha, IndexFunction) or alpha != 1:  # a number, or one computed from sizes (`n / 2`)
+            ops = (ops[0], ir.Op("mul", (ops[1], operand(alpha, size, dtype)), dtype))
         return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype))
     return rule
 

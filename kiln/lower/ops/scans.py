@@ -11,11 +11,11 @@ import sympy
 import torch
 
 from kiln.lower import ir
-from kiln.lower.index import index_vars, product
+from kiln.lower.index import index_vars
 from kiln.lower.ops.common import out_info
 from kiln.lower.ops.reductions import reduce
 from kiln.lower.ops.registry import register
-from kiln.lower.ops.scatters import DENSE_LIMIT
+from kiln.lower.ops.scatters import dense_fits
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
 aten = torch.ops.aten
@@ -28,7 +28,7 @@ def _scan(rtype: str, identity):
             return IndexFunction(size, out, cast(x.body, out))
         dim = dim + x.ndim if dim < 0 else dim
         length = size[dim]
-        if out == torch.bool or not isinstance(length, sympy.Integer) or product(size) * length > DENSE_LIMIT:
+        if out == torch.bool or not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
             raise Unsupported("a scan too long for a dense reduction")
         acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
         n = x.ndim

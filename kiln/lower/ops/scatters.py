@@ -35,6 +35,13 @@ REDUCES = {
 }
 
 
+def dense_fits(ctx, size, length) -> bool:
+    """Whether a dense reduction over `length` source positions for each element of `size` costs at most
+    DENSE_LIMIT compares on every call the guards admit. Sizes may be symbols (a dynamic graph), which Python
+    cannot compare with an int: where the guards leave the bound open, the op stays ATen's."""
+    return ctx.known(sympy.Le(product(size) * length, DENSE_LIMIT)) is True
+
+
 def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -44,7 +51,7 @@ def _dense(ctx, x: IndexFunction, size, dtype, dim: int, length, matches, value,
     """`x` with each element reduced (`reduction`, a key of REDUCES) with the values `value(r)` for which
     `matches(r)` holds, r over `length` source positions; both are IR expressions over the output's index
     vars i0.. and r (the var i{n})."""
-    if dtype == torch.bool or not isinstance(length, sympy.Integer) or product(size) * length > DENSE_LIMIT:
+    if dtype == torch.bool or not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
         raise Unsupported("a scatter too large (or of bool) for a dense reduction")
     n = len(size)
     r = index_vars("i", n + 1)[n]
@@ -202,7 +209,7 @@ def index_fill(ctx, meta, x, dim, index, value):
     """`x` with the slices along `dim` that `index` names set to `value` (negative indices wrap, as eager's
     index_fill wraps them): a dense `any` over the index, then a select."""
     size, dtype = out_info(meta)
-    if index.ndim > 1 or product(size) * (index.size[0] if index.ndim else 1) > DENSE_LIMIT:
+    if index.ndim > 1 or not dense_fits(ctx, size, index.size[0] if index.ndim else 1):
         raise Unsupported("index_fill with a multi-dim or long index")
     dim = dim + x.ndim if dim < 0 else dim
     n = x.ndim
@@ -230,7 +237,7 @@ def scatter_of_a_value(ctx, meta, x, dim, index, value):
         raise Unsupported("a scatter of a value with an index of another rank")
     dim = dim + x.ndim if dim < 0 else dim
     length = index.size[dim] if x.ndim else sympy.Integer(1)
-    if not isinstance(length, sympy.Integer) or product(size) * length > DENSE_LIMIT:
+    if not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
         raise Unsupported("a scatter too large for a dense reduction")
     matches, _ = _scatter_positions(x, index, x, dim, size)
     n = len(size)

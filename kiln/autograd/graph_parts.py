@@ -8,11 +8,11 @@ raises too). When the graph's outputs fall into parts that share no computation 
 activation computed from the inputs beside it), each part becomes a graph and a backward node of its own, and
 the later backward goes through a node the first did not free, as in eager.
 
-The split is exact only for graphs whose parts do not meet through state: a part that writes into a tensor
-(an input, a buffer) or draws random numbers could run in another order relative to the other parts than
-eager's, so such graphs stay whole. Which ATen ops a node runs (and so whether it writes or draws) is read from
-a fake run of the graph. Grad-mode and autocast switches (calls that take no values and return none) are
-copied into every part, in their order, so each op runs in the mode it ran in.
+The split keeps eager's order where it matters: a part may write into a tensor (a module's running statistics,
+a counter buffer) that no other part reads, and at most one part may draw random numbers; a graph whose parts
+meet through a written tensor or both draw stays whole. What each node writes and draws is read from a fake run
+of the graph (the ATen ops it runs: nothing is computed). Grad-mode and autocast switches (calls that take no
+values and return none) are copied into every part, in their order, so each op runs in the mode it ran in.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 
@@ -47,12 +48,12 @@ class Split:
 
 
 def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split | None:
-    """`gm`'s parts when at least two of them give outputs that require grad and none writes into a tensor or
-    draws random numbers; None otherwise (compile it whole)."""
+    """`gm`'s parts when at least two of them give outputs that require grad and they do not meet through a
+    written tensor or random draws; None otherwise (compile it whole)."""
     nodes = list(gm.graph.nodes)
     returned = nodes[-1].args[0]
-    if not isinstance(returned, (tuple, list)) or any(_symbolic(n) for n in nodes if n.op == "placeholder"):
-        return None  # symbolic sizes: a part's values may be sized by an input it does not read
+    if not isinstance(returned, (tuple, list)):
+        return None
     switches = {n for n in nodes if n.op == "call_function" and not n.all_input_nodes and not n.users}
     part_of = _union_parts(nodes, switches)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -67,14 +68,35 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
         else:
             roots.setdefault(part_of(value), []).append(k)
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
-    if len(differentiable) < 2 or _writes_or_draws(gm, example_inputs):
-        return None  # a node no output reads is then pure: no part keeps it
-    first = {}
-    for position, n in enumerate(nodes):
-        if _in(n, switches) and part_of(n) in roots:
-            first.setdefault(part_of(n), position)
-    parts = [_part_graph(gm, nodes, switches, roots[root]) for root in sorted(roots, key=first.get)]
+    if len(differentiable) < 2:
+        return None
+    effects = _effects(gm, example_inputs)
+    if effects is None:
+        return None
+    order = {n: position for position, n in enumerate(nodes)}
+    ordered = sorted(roots, key=lambda r: min(order[n] for n in nodes if _in(n, switches) and part_of(n) is r))
+    members = {r: _reaching([returned[k] for k in roots[r]]) for r in ordered}
+    for node in effects:  # a write or a draw no output reads stays, in its part (or the first)
+        root = part_of(node)
+        members[root if root in members else ordered[0]] |= _reaching([node])
+    if not _apart(members, effects, placeholders):
+        return None
+    parts = [_part_graph(gm, nodes, switches, members[r], roots[r]) for r in ordered]
     return Split(parts, returned_inputs, constants, len(returned))
+
+
+def _apart(members: dict, effects: dict, placeholders: list) -> bool:
+    """Whether no input one part writes is read by another, and at most one part draws random numbers."""
+    drawing = [r for r, nodes in members.items() if any(effects.get(n, ((), False))[1] for n in nodes)]
+    if len(drawing) > 1:
+        return False
+    for root, nodes in members.items():
+        written = {placeholders[i] for n in nodes for i in effects.get(n, ((), False))[0]}
+        read_elsewhere = {a for r, others in members.items() if r is not root for n in others
+                          for a in n.all_input_nodes}
+        if written & read_elsewhere:
+            return False
+    return True
 
 
 def _union_parts(nodes: list, switches: set) -> Callable:
@@ -114,23 +136,15 @@ def _reaching(returned: list) -> set:
     return seen
 
 
-def _symbolic(placeholder) -> bool:
-    value = placeholder.meta.get("example_value")
-    if isinstance(value, torch.Tensor):
-        return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))
-    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
-
-
 def _requires_grad(node) -> bool:
     value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
     return isinstance(value, torch.Tensor) and value.requires_grad
 
 
-def _part_graph(gm, nodes: list, switches: set, outputs: list[int]) -> Part:
-    """The part of `gm` giving `outputs`: the inputs it reads, the switches, its nodes in `gm`'s order, and its
-    outputs."""
+def _part_graph(gm, nodes: list, switches: set, members: set, outputs: list[int]) -> Part:
+    """The part of `gm` made of `members`, giving `outputs`: the inputs it reads, the switches, its nodes in
+    `gm`'s order, and its outputs."""
     returned = nodes[-1].args[0]
-    members = _reaching([returned[k] for k in outputs])
     read = {a for n in members for a in n.all_input_nodes}
     graph = torch.fx.Graph()
     env: dict = {}
@@ -149,32 +163,54 @@ def _part_graph(gm, nodes: list, switches: set, outputs: list[int]) -> Part:
     return Part(part, inputs, outputs)
 
 
-class _Reads(TorchDispatchMode):
-    """Records whether any ATen op run under it writes into one of its arguments or draws random numbers."""
+class _Effects(TorchDispatchMode):
+    """Records, per node of a graph run under it (`node`, set by the interpreter), the storages its ATen ops
+    write into and whether they draw random numbers."""
 
     def __init__(self):
         super().__init__()
-        self.found = False
+        self.node = None
+        self.found: dict = {}  # node -> (set of storages written, draws)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         schema = func._schema
-        if _SEEDED in func.tags or schema.is_mutable or any(a.kwarg_only and a.name == "out" for a in schema.arguments):
-            self.found = True
-        return func(*args, **(kwargs or {}))
+        written = set()
+        for k, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = kwargs.get(arg.name) if arg.kwarg_only or k >= len(args) else args[k]
+                written |= {t.untyped_storage()._cdata for t in tree_leaves(value) if isinstance(t, torch.Tensor)}
+        draws = _SEEDED in func.tags
+        if written or draws:
+            storages, drew = self.found.get(self.node, (set(), False))
+            self.found[self.node] = (storages | written, drew or draws)
+        return func(*args, **kwargs)
 
 
-def _writes_or_draws(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
-    """Whether running `gm` writes into a tensor or draws random numbers (a fake run: nothing is computed).
-    A graph the fake run cannot go through (data-dependent sizes, ...) counts as one that does."""
-    reads = _Reads()
+class _Interpreter(torch.fx.Interpreter):
+    def __init__(self, gm, effects: _Effects):
+        super().__init__(gm)
+        self.effects = effects
+
+    def run_node(self, n):
+        self.effects.node = n
+        return super().run_node(n)
+
+
+def _effects(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
+    """Per node that writes or draws: (the positions of the inputs whose storage it writes, whether it draws);
+    None where the fake run cannot go through the graph (data-dependent sizes, ...)."""
+    effects = _Effects()
     try:
         with FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-            with reads:
-                torch.fx.Interpreter(gm).run(*fakes)
+            storages = [x.untyped_storage()._cdata if isinstance(x, torch.Tensor) else None for x in fakes]
+            with effects:
+                _Interpreter(gm, effects).run(*fakes)
     except Exception:
-        return True
-    return reads.found
+        return None
+    return {node: ({i for i, s in enumerate(storages) if s in written}, draws)
+            for node, (written, draws) in effects.found.items()}
 
 
 class PartsCompiled:

@@ -9,8 +9,8 @@ with the others (kiln/autograd/graph_parts.py), so the later backward gives eage
 (seed 100489).
 
 Parts that share computation stay one node: there kiln raises autograd's error with a note naming the graph, the
-user's backward() line and the way out (retain_graph=True). So do graphs whose parts write into tensors or draw
-random numbers, which could run in another order than eager's if split.
+user's backward() line and the way out (retain_graph=True). So do parts that meet through a tensor one writes and
+another reads, or that both draw random numbers: split, they could run in another order than eager's.
 """
 import pytest
 import torch
@@ -51,22 +51,32 @@ def kept_under_no_grad_beside_one_with_grad(a):
     return kept * scale
 
 
+def batch_norm_loss_beside_a_kept_activation(a, model):
+    kept = a.mean(-1)  # the model's running statistics are written by the loss's part only
+    loss = model(a).square().mean()
+    loss.backward()
+    return kept.flip(0)
+
+
 PROGRAMS = [output_computed_before_the_backward, module_loss_beside_a_kept_activation, two_kept_outputs,
-            kept_under_no_grad_beside_one_with_grad]
+            kept_under_no_grad_beside_one_with_grad, batch_norm_loss_beside_a_kept_activation]
 
 
 def model_of(program):
     torch.manual_seed(0)
     if program is module_loss_beside_a_kept_activation:
         return (torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)),)
+    if program is batch_norm_loss_beside_a_kept_activation:
+        return (torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)),)
     return ()
 
 
 def run(fn, program):
     a = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_(True)
-    out = fn(a, *model_of(program))
+    models = model_of(program)
+    out = fn(a, *models)
     out.sum().backward()
-    return out, a.grad
+    return out, a.grad, [b.clone() for m in models for b in m.buffers()]
 
 
 @pytest.mark.parametrize("program", PROGRAMS[:3], ids=lambda f: f.__name__)
@@ -78,11 +88,12 @@ def test_torch_compile_raises_too(program):
         run(torch.compile(program, backend="aot_eager"), program)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
-def test_independent_parts_give_eagers_outputs_and_gradients(program, backend):
+def test_independent_parts_give_eagers_outputs_and_gradients(program, backend, dynamic):
     expected = run(program, program)
-    torch.testing.assert_close(run(kiln.compile(program, backend=backend), program), expected)
+    torch.testing.assert_close(run(kiln.compile(program, backend=backend, dynamic=dynamic), program), expected)
 
 
 def shared_sum(a):
@@ -99,11 +110,27 @@ def random_part(a):
     return kept
 
 
+def random_parts(a):
+    kept = torch.nn.functional.dropout(a, 0.5)
+    loss = torch.nn.functional.dropout(a.sin(), 0.5).sum()
+    loss.backward()
+    return kept
+
+
 def written_part(a, b):
+    kept = a.exp()
     b.add_(1)
     loss = a.sin().sum()
     loss.backward()
-    return a.exp()
+    return kept
+
+
+def written_and_read_elsewhere(a, b):
+    kept = a.exp() + b
+    b.add_(1)
+    loss = (a * b).sum()
+    loss.backward()
+    return kept
 
 
 def captured_graph(program, *args):
@@ -117,16 +144,41 @@ def captured_graph(program, *args):
     return graphs[0]
 
 
-@pytest.mark.parametrize("program, parts", [(output_computed_before_the_backward, 2), (two_kept_outputs, 3),
-                                            (shared_sum, None), (random_part, None), (written_part, None)],
-                         ids=lambda p: getattr(p, "__name__", str(p)))
+@pytest.mark.parametrize("program, parts", [
+    (output_computed_before_the_backward, 2), (two_kept_outputs, 3), (random_part, 2), (written_part, 2),
+    (shared_sum, None), (random_parts, None), (written_and_read_elsewhere, None)],
+    ids=lambda p: getattr(p, "__name__", str(p)))
 def test_which_graphs_split(program, parts):
-    """Parts sharing computation, drawing random numbers or writing into a tensor keep the graph whole."""
-    args = [torch.ones(2, 3, requires_grad=True)] + ([torch.zeros(3)] if program is written_part else [])
+    """Parts sharing computation, both drawing random numbers, or one writing a tensor another reads keep the
+    graph whole; a write or a draw in one part alone is that part's."""
+    written = program in (written_part, written_and_read_elsewhere)
+    args = [torch.ones(2, 3, requires_grad=True)] + ([torch.zeros(3)] if written else [])
     gm, example_inputs = captured_graph(program, *args)
     assert gm.meta.get("kiln.ends_at_backward")
     split = independent_parts(gm, example_inputs)
     assert (None if split is None else len(split.parts)) == parts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_written_tensor_and_random_draws_stay_eagers(backend):
+    """A part's write and a part's draws, split from the rest, leave what eager leaves: the buffer written, the
+    dropout mask eager's for the seed (aot_eager runs eager's ops in eager's order)."""
+    def run_written(fn):
+        a, b = torch.ones(2, 3, requires_grad=True), torch.zeros(3)
+        out = fn(a, b)
+        out.sum().backward()
+        return out, a.grad, b
+
+    torch.testing.assert_close(run_written(kiln.compile(written_part, backend=backend)), run_written(written_part))
+    if backend == "aot_eager":
+        def run_random(fn):
+            torch.manual_seed(1)
+            a = torch.ones(4, 5, requires_grad=True)
+            out = fn(a)
+            out.sum().backward()
+            return out, a.grad
+
+        torch.testing.assert_close(run_random(kiln.compile(random_part, backend=backend)), run_random(random_part))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

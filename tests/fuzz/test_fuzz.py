@@ -50,7 +50,7 @@ ONCE_FAILING = {
         # the extended generator's (seeds from 100000)
         100042, 100120, 100133, 100199, 100234, 100244, 100337, 100342, 100419, 100424, 100252, 100241, 101337, 100642,
         101788,  # an unused max() of an empty tensor (autograd/test_eager_errors.py)
-        100489,  # a graph ending at backward() split into independent backward nodes (autograd/test_graph_parts.py)
+        100489, 101566,  # a graph ending at backward() split into backward nodes (autograd/test_graph_parts.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -62,7 +62,7 @@ ONCE_FAILING = {
         12188, 12357, 12408, 818, 650, 980, 994, 1438,
         # the extended generator's (seeds from 100000)
         100042, 100120, 100194, 100199, 100337, 100252, 100241, 100381, 101337, 100642,
-        100489,  # a graph ending at backward() split into independent backward nodes (autograd/test_graph_parts.py)
+        100489, 101566,  # a graph ending at backward() split into backward nodes (autograd/test_graph_parts.py)
         # judged by the float64 run with module parameters widened (conditioning.py); 100204's dynamic scatter in
         # the backward compiled (lower/test_scatters.py); floats of symbolic sizes compiled (lower/test_sym_floats.py)
         101069, 101674, 100204, 101567, 101788,
@@ -75,16 +75,9 @@ SAVED_INPUT_WRITTEN_AFTER = ("backward_raise, shared with torch.compile: the par
                              "recompute `t1 - i` from (eager saves that value), and the input is written in place "
                              "after the graph; autograd's version check raises, with kiln's note "
                              "(autograd/test_saved_input_written.py)")
-SHARED_BACKWARD_NODE = ("backward_raise, shared with torch.compile: `loss.backward()` inside f frees the saved "
-                        "tensors of the graph before the break, whose outputs are computed from shared values and "
-                        "so share one backward node (as AOTAutograd's graph does; independent parts are split, "
-                        "autograd/test_graph_parts.py); a later backward through another of its outputs (eager: a "
-                        "node of its own) raises 'backward through the graph a second time', with kiln's note")
 KNOWN_FAILING: dict[tuple[str, int], str] = {
     ("aot_eager", 100853): SAVED_INPUT_WRITTEN_AFTER,
     ("inductor", 100853): SAVED_INPUT_WRITTEN_AFTER,
-    ("aot_eager", 101566): SHARED_BACKWARD_NODE,
-    ("inductor", 101566): SHARED_BACKWARD_NODE,
     ("inductor", 101920): "values: a bf16 rounding (an autocast matmul) of float32 values that kiln's BatchNorm (eval) "
                           "and tanh compute within 2 ulps of eager's flips by one bf16 ulp, which the softmax after it "
                           "carries past float32's tolerance; torch.compile's inductor differs from eager by as many "

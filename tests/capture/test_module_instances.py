@@ -13,18 +13,7 @@ import torch
 from torch import nn
 
 import kiln
-from support.capture import assert_same
-
-
-class Counting:
-    """A backend that counts the graphs handed to it and runs each as captured."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+from support.capture import CountingBackend, assert_same
 
 
 class Layer(nn.Module):
@@ -49,7 +38,7 @@ def graphs_for(fn, calls, reference_calls=None):
     """Run `fn` on each argument tuple of `calls` eagerly, under kiln and under torch.compile (each with a
     counting backend); kiln's result must equal eager's on each call. Returns (kiln's graphs, torch's)."""
     torch._dynamo.reset()
-    kiln_backend, torch_backend = Counting(), Counting()
+    kiln_backend, torch_backend = CountingBackend(), CountingBackend()
     compiled, reference = kiln.compile(fn, backend=kiln_backend), torch.compile(fn, backend=torch_backend)
     for args in calls:
         assert_same(compiled(*args), fn(*args))
@@ -69,7 +58,7 @@ def test_each_instance_computes_with_its_own_parameters_and_gets_its_own_gradien
     torch.manual_seed(0)
     layers = [Layer() for _ in range(3)]
     references = copy.deepcopy(layers)
-    backend = Counting()
+    backend = CountingBackend()
     compiled = kiln.compile(lambda layer, x: layer(x).sum(), backend=backend)
     x = torch.randn(3, 4)
     for layer, reference in zip(layers, references):
@@ -104,7 +93,7 @@ def test_buffers_written_by_the_graph_are_each_instances_own():
     torch.manual_seed(0)
     norms = [nn.BatchNorm1d(4) for _ in range(3)]
     references = copy.deepcopy(norms)
-    compiled = kiln.compile(call, backend=Counting())
+    compiled = kiln.compile(call, backend=CountingBackend())
     for i, (norm, reference) in enumerate(zip(norms, references)):
         x = torch.randn(5, 4) + i
         assert_same(compiled(norm, x), reference(x))
@@ -186,7 +175,7 @@ def test_eval_and_train_instances_compute_as_eager():
     train, evaluating = Block(nn.Dropout(1.0)), Block(nn.Dropout(1.0))
     evaluating.eval()
     x = torch.randn(3, 4)
-    compiled = kiln.compile(call, backend=Counting())
+    compiled = kiln.compile(call, backend=CountingBackend())
     assert_same(compiled(train, x), torch.ones(3, 4))  # every element dropped
     assert_same(compiled(evaluating, x), x + 1)
     evaluating.train()
@@ -200,7 +189,7 @@ def test_a_hook_on_one_instance_runs_for_that_instance_only():
     hooked, plain = Layer(), Layer()
     hooked.register_forward_hook(lambda module, args, out: out * 10)
     x = torch.randn(3, 4)
-    backend = Counting()
+    backend = CountingBackend()
     compiled = kiln.compile(call, backend=backend)
     for layer in (plain, hooked, plain, hooked):
         assert_same(compiled(layer, x), layer(x))
@@ -247,7 +236,7 @@ def test_a_module_shared_by_two_slots_is_told_from_two_modules():
     shared = Counter()
     eager_pairs = [Pair(Counter(), Counter()), Pair(shared, shared)]
     compiled_pairs = copy.deepcopy(eager_pairs)
-    compiled = kiln.compile(call, backend=Counting())
+    compiled = kiln.compile(call, backend=CountingBackend())
     for pair, reference in zip(compiled_pairs, eager_pairs):
         assert_same(compiled(pair, x), reference(x))
         assert (pair.first.calls, pair.second.calls) == (reference.first.calls, reference.second.calls)
@@ -258,7 +247,7 @@ def test_instances_past_the_recompile_limit_still_compile():
     compiled for each instance, so none of them falls back to eager (strict mode would raise)."""
     layers = [Layer(scale=i + 1) for i in range(12)]
     x = torch.randn(3, 4)
-    backend = Counting()
+    backend = CountingBackend()
     compiled = kiln.compile(call, backend=backend)
     for layer in layers:
         assert_same(compiled(layer, x), layer(x))
@@ -271,7 +260,7 @@ def test_kiln_compile_of_each_instance_with_one_backend_shares_the_entry():
     torch.manual_seed(0)
     torch._dynamo.reset()
     layers = [Layer() for _ in range(6)]
-    backend, torch_backend = Counting(), Counting()
+    backend, torch_backend = CountingBackend(), CountingBackend()
     x = torch.randn(3, 4)
     for layer in layers:
         assert_same(kiln.compile(layer, backend=backend)(x), layer(x))

@@ -12,18 +12,9 @@ import pytest
 import torch
 
 import kiln
-from support.capture import assert_same
+from support.capture import CountingBackend, assert_same
 
 SIZES = (4, 5, 6, 7, 9, 12)
-
-
-class Counting:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 CASES = {
@@ -45,7 +36,7 @@ CASES = {
 def test_math_on_a_dynamic_size_stays_symbolic(name, dynamic):
     fn = CASES[name]
     torch._dynamo.reset()
-    backend, torch_backend = Counting(), Counting()
+    backend, torch_backend = CountingBackend(), CountingBackend()
     compiled = kiln.compile(fn, backend=backend, dynamic=dynamic)
     reference = torch.compile(fn, backend=torch_backend, dynamic=dynamic)
     for n in SIZES:
@@ -62,7 +53,7 @@ def test_math_on_an_int_input_made_dynamic_stays_symbolic():
         return x[:math.ceil(n / 2)] + math.floor(n / 3)
 
     torch._dynamo.reset()
-    backend, torch_backend = Counting(), Counting()
+    backend, torch_backend = CountingBackend(), CountingBackend()
     compiled, reference = kiln.compile(fn, backend=backend), torch.compile(fn, backend=torch_backend)
     x = torch.randn(12, 3)
     for n in SIZES:

@@ -145,6 +145,8 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     if isinstance(cause, BaseException):
         cause = describe_exception(cause)
     fallback = Fallback(kind, graph, cause, kernel, stage)
+    if _recovering:
+        return fallback
     if _collectors:
         _collectors[-1].append(fallback)
         if not _collectors[-1].count:
@@ -187,6 +189,21 @@ def collected(count: bool):
         yield found
     finally:
         _collectors.remove(found)
+
+
+_recovering: list[bool] = []
+
+
+@contextlib.contextmanager
+def recovering():
+    """Fallbacks recorded inside are kiln's own way back to eager's behaviour (a frame stepped through again
+    natively after its graph raised, to raise eager's exception): not the user's, so neither counted, warned
+    nor raised under KILN_STRICT=1, whatever collects them."""
+    _recovering.append(True)
+    try:
+        yield
+    finally:
+        _recovering.pop()
 
 
 def record_break(reason_id: str, frame: str, message: str, resumable: bool = True, warn_key: str = "") -> None:

@@ -77,6 +77,10 @@ class FullGraphError(RuntimeError):
     """`fullgraph=True` and the function has a graph break."""
 
 
+class CannotResume(RuntimeError):
+    """A continuation (which has no frame to run eagerly) met a break kiln cannot resume after."""
+
+
 class BackendCompilerFailed(RuntimeError):
     """The backend raised while compiling a captured graph."""
 
@@ -267,7 +271,12 @@ class CompiledFrame:
         if raised.rng is not None:
             restore_rng_state(raised.rng)
         try:
-            result = eager()
+            # kiln's own recovery, not the user's fallback: the breaks of a continuation stepped natively to
+            # reproduce eager's raise are neither counted nor raised under KILN_STRICT
+            with fallbacks.recovering():
+                result = eager()
+        except CannotResume:
+            raise error from None  # as for a call that cannot be re-run: the graph's own exception
         except Exception as eager_error:
             if type(eager_error) is not eager_error_type(error):
                 self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
@@ -422,7 +431,7 @@ class CompiledFrame:
             return self._natively_for(e.guards, L, G, C, eager, reason)
         except Unresumable as e:
             if eager is None:
-                raise RuntimeError(f"kiln cannot resume this frame after a graph break: {e}") from e
+                raise CannotResume(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False,

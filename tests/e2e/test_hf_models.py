@@ -20,6 +20,7 @@ import warnings
 import pytest
 import torch
 
+from support.capture import CountingBackend
 from support.threads import one_torch_thread
 
 transformers = pytest.importorskip("transformers")
@@ -367,15 +368,6 @@ def test_more_architectures_inference(name):
     assert len(context_of(compiled).records) == 1
 
 
-class _CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
-
-
 @pytest.mark.allows_fallback("graph_break: OPT's layer drop branches on a random draw inside a try block")
 def test_opt_layer_drop_compiles_its_layers_once_for_all():
     """OPT's decoder draws per layer whether to drop it (a data-dependent branch inside transformers' try block):
@@ -392,7 +384,7 @@ def test_opt_layer_drop_compiles_its_layers_once_for_all():
         model, reference = transformers.OPTForCausalLM(config).train(), transformers.OPTForCausalLM(config).train()
         reference.load_state_dict(model.state_dict())
         torch._dynamo.reset()
-        backend = _CountingBackend()
+        backend = CountingBackend()
         compiled = compile_(model, backend=backend)
         for step in range(3):
             torch.manual_seed(step)

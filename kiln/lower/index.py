@@ -283,6 +283,8 @@ def view_strides(old_size, old_stride, new_size):
 
 def proper_factor(a, b) -> bool:
     """a < b for products of sizes: true when b / a is a whole expression other than 1."""
+    if a == 0 or b == 0:
+        return False  # an empty tensor's sizes: b / a is no size (sympy's zoo, which compares with nothing)
     if a.is_Integer and b.is_Integer and int(a) > 0:  # static sizes: no sympy.cancel
         return int(b) % int(a) == 0 and int(b) > int(a)
     num, den = sympy.fraction(sympy.cancel(b / a))

@@ -145,7 +145,7 @@ def record(kind: str, graph: str, cause: str | BaseException, kernel: str = "", 
     if isinstance(cause, BaseException):
         cause = describe_exception(cause)
     fallback = Fallback(kind, graph, cause, kernel, stage)
-    if _recovering:
+    if getattr(_recovering, "depth", 0):
         return fallback
     if _collectors:
         _collectors[-1].append(fallback)
@@ -191,19 +191,20 @@ def collected(count: bool):
         _collectors.remove(found)
 
 
-_recovering: list[bool] = []
+_recovering = threading.local()
 
 
 @contextlib.contextmanager
 def recovering():
-    """Fallbacks recorded inside are kiln's own way back to eager's behaviour (a frame stepped through again
-    natively after its graph raised, to raise eager's exception): not the user's, so neither counted, warned
-    nor raised under KILN_STRICT=1, whatever collects them."""
-    _recovering.append(True)
+    """Fallbacks recorded inside (on this thread) are kiln's own way back to eager's behaviour (a frame stepped
+    through again natively after its graph raised, to raise eager's exception): not the user's, so neither
+    counted, warned nor raised under KILN_STRICT=1, whatever collects them. Other threads' fallbacks count."""
+    depth = getattr(_recovering, "depth", 0)
+    _recovering.depth = depth + 1
     try:
         yield
     finally:
-        _recovering.pop()
+        _recovering.depth = depth
 
 
 def record_break(reason_id: str, frame: str, message: str, resumable: bool = True, warn_key: str = "") -> None:

@@ -73,8 +73,12 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
     effects = _effects(gm, example_inputs)
     if effects is None:
         return None
-    order = {n: position for position, n in enumerate(nodes)}
-    ordered = sorted(roots, key=lambda r: min(order[n] for n in nodes if _in(n, switches) and part_of(n) is r))
+    switches -= effects.keys()  # a value-less call that draws (an unused torch.rand) runs once, in one part
+    first: dict = {}
+    for position, n in enumerate(nodes):
+        if _in(n, switches):
+            first.setdefault(part_of(n), position)
+    ordered = sorted(roots, key=first.__getitem__)
     members = {r: _reaching([returned[k] for k in roots[r]]) for r in ordered}
     for node in effects:  # a write or a draw no output reads stays, in its part (or the first)
         root = part_of(node)
@@ -90,11 +94,10 @@ def _apart(members: dict, effects: dict, placeholders: list) -> bool:
     drawing = [r for r, nodes in members.items() if any(effects.get(n, ((), False))[1] for n in nodes)]
     if len(drawing) > 1:
         return False
+    reads = {r: {a for n in nodes for a in n.all_input_nodes} for r, nodes in members.items()}
     for root, nodes in members.items():
         written = {placeholders[i] for n in nodes for i in effects.get(n, ((), False))[0]}
-        read_elsewhere = {a for r, others in members.items() if r is not root for n in others
-                          for a in n.all_input_nodes}
-        if written & read_elsewhere:
+        if any(written & read for r, read in reads.items() if r is not root):
             return False
     return True
 

@@ -181,6 +181,22 @@ def test_a_written_tensor_and_random_draws_stay_eagers(backend):
         torch.testing.assert_close(run_random(kiln.compile(random_part, backend=backend)), run_random(random_part))
 
 
+def unused_draw(a):
+    torch.rand(2)  # no value is read, but the generator moves on
+    kept = a.exp()
+    loss = a.sin().sum()
+    loss.backward()
+    return kept
+
+
+def test_an_unused_draw_runs_in_one_part():
+    """A call that takes no values and returns none is copied into every part when it switches a mode; one that
+    draws random numbers goes into one part only, or the generator would move once per part."""
+    gm, example_inputs = captured_graph(unused_draw, torch.ones(2, 3, requires_grad=True))
+    split = independent_parts(gm, example_inputs)
+    assert [part.gm.code.count("torch.rand(") for part in split.parts] in ([1, 0], [0, 1])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_parts_sharing_computation_raise_naming_the_graph_and_the_backward_line(backend):
     """The shared limitation that stays: one backward node for computation the two outputs share."""

@@ -78,3 +78,15 @@ def test_a_difference_float32_rounding_explains_is_not_reported(monkeypatch, kil
     wrong = hf_zoo.differences(kiln_result, eager)
     assert wrong == ["grad w"]
     assert hf_zoo.beyond_rounding("any", "training", kiln_result, eager, wrong) == (["grad w"] if flagged else [])
+
+
+@pytest.mark.parametrize("torch_correct, equal, passes", [(False, True, True), (False, False, False),
+                                                          (True, None, False), (None, None, False)])
+def test_a_model_that_traces_another_path_passes_only_where_kiln_equals_torch_compile(torch_correct, equal, passes):
+    """transformers 5.17's UMT5 decoder attends causally when traced (`is_tracing()` builds a causal mask) and
+    not when run eagerly: kiln and torch.compile return the same values, both unlike eager's. Such a case passes
+    only where torch.compile's values differ from eager's too and kiln's equal torch.compile's."""
+    result = hf_zoo.CaseResult("umt5", "inference", torch_graphs=4, kiln_graphs=1, torch_fullgraph=False,
+                               kiln_fullgraph=True, kiln_capture_correct=False,
+                               torch_capture_correct=torch_correct, kiln_equals_torch=equal)
+    assert result.capture_ok() is passes

@@ -2,6 +2,7 @@
 
     python benchmarks/zoo --list
     python benchmarks/zoo [--workloads a,b | --shard 0/4] [--compilers eager,torch,kiln] [--out run.json]
+    python benchmarks/zoo --jobs 3                              # three pairs compile side by side, time alone
     python benchmarks/zoo --table run.json [run2.json ...]      # the README table of one or more runs
 
 Each (workload, compiler) pair runs in its own subprocess with empty compile caches, so compile times are cold
@@ -18,11 +19,18 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
   takes too, by reason);
 - with `--profile`, `profile`: where a step's GPU time goes (kernel kinds, launch gaps, the longest kernel
   families; see benchmarks/gpu_profile.py).
+
+With `--jobs N`, N pairs run at once: their compiles share the machine's cores (so `compile_s` is a contended
+wall time, recorded with the run's `jobs`), and each pair's timed steps hold a lock that keeps every other pair's
+timed steps off the GPU meanwhile. A pair that runs out of GPU memory beside the others runs again alone.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import copy
+import fcntl
 import json
 import math
 import os
@@ -92,6 +100,22 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
 
 
+@contextlib.contextmanager
+def gpu_alone():
+    """Hold the run's timing lock (`ZOO_TIMING_LOCK`, set by a run with --jobs > 1) for a timed section, so
+    that no other pair's timed steps share the GPU meanwhile; a no-op for a run of one job at a time."""
+    path = os.environ.get("ZOO_TIMING_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     """Build, check and time one workload under one compiler (in this process)."""
     workload = WORKLOADS[name]
@@ -123,12 +147,13 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
 
     calls = iter(range(10**9))
-    ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
-    status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
-    record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
-              "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
-    if profile:
-        record["profile"] = profile_steps(lambda: step(inputs[next(calls) % len(inputs)]), steps=3, warmup=1)
+    with gpu_alone():
+        ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
+        status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
+        record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
+                  "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
+        if profile:
+            record["profile"] = profile_steps(lambda: step(inputs[next(calls) % len(inputs)]), steps=3, warmup=1)
     if compiler == "kiln":  # under KILN_STRICT=1 a fallback raises, so these count only what strict lets pass
         import kiln
         record["fallbacks"] = kiln.fallbacks.counts()
@@ -198,6 +223,29 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
+    """Every pair's record, in the pairs' order, `args.jobs` at a time; `save(records so far)` after each."""
+    records: dict[int, dict] = {}
+
+    def finished(index: int, record: dict) -> None:
+        records[index] = record
+        print(json.dumps(record), flush=True)
+        save([records[i] for i in sorted(records)])
+
+    with tempfile.NamedTemporaryFile(prefix="zoo-timing-") as lock:
+        if args.jobs > 1:
+            os.environ["ZOO_TIMING_LOCK"] = lock.name
+        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            futures = {pool.submit(spawn_job, *pair, args.timeout, args.profile): i for i, pair in enumerate(pairs)}
+            for future in concurrent.futures.as_completed(futures):
+                finished(futures[future], future.result())
+        os.environ.pop("ZOO_TIMING_LOCK", None)
+    for i, record in sorted(records.items()):  # out of GPU memory beside other pairs: again, alone
+        if args.jobs > 1 and "out of memory" in record.get("reason", ""):
+            finished(i, {**spawn_job(*pairs[i], args.timeout, args.profile), "ran_alone": True})
+    return [records[i] for i in sorted(records)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="print the workloads and exit")
@@ -208,6 +256,7 @@ def main() -> None:
     parser.add_argument("--out",
                         help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
     parser.add_argument("--profile", action="store_true", help="also profile where each step's GPU time goes")
+    parser.add_argument("--jobs", type=int, default=1, help="pairs run at once (timed steps still one at a time)")
     parser.add_argument("--table", nargs="+", metavar="RUN", help="print the table of these runs' JSON and exit")
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -223,13 +272,10 @@ def main() -> None:
         return print("\n".join(names))
     gpu = torch.cuda.get_device_name().split()[1].lower() if torch.cuda.is_available() else "cpu"
     out = args.out or result_path("zoo", gpu)
-    records = []
-    for name in names:
-        for compiler in args.compilers.split(","):
-            records.append(spawn_job(name, compiler, args.timeout, args.profile))
-            print(json.dumps(records[-1]), flush=True)
-            write_json(out, {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                             "torch": torch.__version__, "records": records})
+    pairs = [(name, compiler) for name in names for compiler in args.compilers.split(",")]
+    header = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "jobs": args.jobs}
+    records = run_pairs(pairs, args, lambda done: write_json(out, {**header, "records": done}))
     print(table(records))
 
 

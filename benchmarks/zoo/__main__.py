@@ -21,8 +21,9 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
   families; see benchmarks/gpu_profile.py).
 
 With `--jobs N`, N pairs run at once: their compiles share the machine's cores (so `compile_s` is a contended
-wall time, recorded with the run's `jobs`), and each pair's timed steps hold a lock that keeps every other pair's
-timed steps off the GPU meanwhile. A pair that runs out of GPU memory beside the others runs again alone.
+wall time, recorded with the run's `jobs`), and while one pair runs its timed steps every other pair's processes
+are stopped (SIGSTOP), so step times are measured with the machine to themselves. A pair that runs out of GPU
+memory beside the others runs again alone.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import fcntl
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,19 +103,30 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def gpu_alone():
-    """Hold the run's timing lock (`ZOO_TIMING_LOCK`, set by a run with --jobs > 1) for a timed section, so
-    that no other pair's timed steps share the GPU meanwhile; a no-op for a run of one job at a time."""
-    path = os.environ.get("ZOO_TIMING_LOCK")
-    if not path:
+def machine_alone():
+    """Run a timed section with the machine to itself: under the run's timing lock (`ZOO_TIMING_LOCK`, set by a
+    run with --jobs > 1), with every other pair's process group (`ZOO_PAIRS`, a folder naming each running pair's
+    group) stopped meanwhile, so that neither their kernels nor their compiles' host work shares the step's time.
+    A no-op for a run of one pair at a time."""
+    lock_path, pairs = os.environ.get("ZOO_TIMING_LOCK"), os.environ.get("ZOO_PAIRS")
+    if not lock_path:
         yield
         return
-    with open(path, "a") as lock:
+    with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        others = [int(n) for n in os.listdir(pairs) if int(n) != os.getpgrp()]
         try:
+            signal_groups(others, signal.SIGSTOP)
             yield
         finally:
+            signal_groups(others, signal.SIGCONT)
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def signal_groups(groups, signum) -> None:
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
 
 
 def run_job(name: str, compiler: str, profile: bool = False) -> dict:
@@ -147,7 +160,7 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
 
     calls = iter(range(10**9))
-    with gpu_alone():
+    with machine_alone():
         ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
         status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
         record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
@@ -162,20 +175,48 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
 
 
 def spawn_job(name: str, compiler: str, timeout: float, profile: bool = False) -> dict:
-    """Run one job in a fresh process with empty caches; a crash or timeout becomes a failed record."""
+    """Run one job in a fresh process (its own process group) with empty caches; a crash or timeout becomes a
+    failed record."""
     with tempfile.TemporaryDirectory(prefix="zoo-") as caches:
         env = dict(os.environ, KILN_CACHE_DIR=f"{caches}/kiln",
                    TORCHINDUCTOR_CACHE_DIR=f"{caches}/inductor", TRITON_CACHE_DIR=f"{caches}/triton")
         command = [sys.executable, HERE, "--_job", name, "--compilers", compiler] + ["--profile"] * profile
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"workload": name, "compiler": compiler, "status": "failed", "reason": f"timeout {timeout:.0f} s"}
-    for line in reversed(done.stdout.splitlines()):
+        with started(command, env) as job:
+            try:
+                stdout, stderr = job.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                signal_groups([job.pid], signal.SIGKILL)
+                job.communicate()
+                return {"workload": name, "compiler": compiler, "status": "failed",
+                        "reason": f"timeout {timeout:.0f} s"}
+    for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    tail = (stderr or stdout).strip().splitlines()[-3:]
     return {"workload": name, "compiler": compiler, "status": "failed", "reason": " | ".join(tail)[-600:]}
+
+
+@contextlib.contextmanager
+def started(command: list[str], env: dict):
+    """The job's process, named in `ZOO_PAIRS` while it runs (started under the timing lock, so that a timed
+    section that has stopped the others never misses it); every pair's group is continued when it ends, in case
+    it ended while it had them stopped."""
+    lock_path, pairs = os.environ.get("ZOO_TIMING_LOCK"), os.environ.get("ZOO_PAIRS")
+    if not lock_path:
+        yield subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+        return
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+        open(os.path.join(pairs, str(job.pid)), "w").close()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        yield job
+    finally:
+        os.remove(os.path.join(pairs, str(job.pid)))
+        signal_groups([int(n) for n in os.listdir(pairs)], signal.SIGCONT)
 
 
 def job_main(name: str, compiler: str, profile: bool) -> None:
@@ -232,14 +273,16 @@ def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
         print(json.dumps(record), flush=True)
         save([records[i] for i in sorted(records)])
 
-    with tempfile.NamedTemporaryFile(prefix="zoo-timing-") as lock:
+    with tempfile.TemporaryDirectory(prefix="zoo-run-") as run:
         if args.jobs > 1:
-            os.environ["ZOO_TIMING_LOCK"] = lock.name
+            os.environ["ZOO_TIMING_LOCK"], os.environ["ZOO_PAIRS"] = f"{run}/timing.lock", f"{run}/pairs"
+            os.makedirs(os.environ["ZOO_PAIRS"])
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             futures = {pool.submit(spawn_job, *pair, args.timeout, args.profile): i for i, pair in enumerate(pairs)}
             for future in concurrent.futures.as_completed(futures):
                 finished(futures[future], future.result())
         os.environ.pop("ZOO_TIMING_LOCK", None)
+        os.environ.pop("ZOO_PAIRS", None)
     for i, record in sorted(records.items()):  # out of GPU memory beside other pairs: again, alone
         if args.jobs > 1 and "out of memory" in record.get("reason", ""):
             finished(i, {**spawn_job(*pairs[i], args.timeout, args.profile), "ran_alone": True})

@@ -21,8 +21,9 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
   families; see benchmarks/gpu_profile.py).
 
 With `--jobs N`, N pairs run at once: their compiles share the machine's cores (so `compile_s` is a contended
-wall time, recorded with the run's `jobs`), and while one pair runs its timed steps every other pair's processes
-are stopped (SIGSTOP), so step times are measured with the machine to themselves. A pair that runs out of GPU
+wall time, recorded with the run's `jobs`), and while one pair runs its timed steps every other process of the run
+(pairs and their compile workers) is stopped (SIGSTOP), so step times are measured with the machine to
+themselves. A pair that runs out of GPU
 memory beside the others runs again alone.
 """
 from __future__ import annotations
@@ -105,28 +106,49 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 @contextlib.contextmanager
 def machine_alone():
     """Run a timed section with the machine to itself: under the run's timing lock (`ZOO_TIMING_LOCK`, set by a
-    run with --jobs > 1), with every other pair's process group (`ZOO_PAIRS`, a folder naming each running pair's
-    group) stopped meanwhile, so that neither their kernels nor their compiles' host work shares the step's time.
-    A no-op for a run of one pair at a time."""
-    lock_path, pairs = os.environ.get("ZOO_TIMING_LOCK"), os.environ.get("ZOO_PAIRS")
+    run with --jobs > 1), with every other process of the run stopped meanwhile (SIGSTOP, then SIGCONT): the
+    other pairs and their compile workers, also those that start sessions of their own. Neither their kernels
+    nor their compiles' host work then shares the step's time. A no-op for a run of one pair at a time."""
+    lock_path = os.environ.get("ZOO_TIMING_LOCK")
     if not lock_path:
         yield
         return
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        others = [int(n) for n in os.listdir(pairs) if int(n) != os.getpgrp()]
+        others = other_processes_of_the_run(int(os.environ["ZOO_RUN_PID"]))
         try:
-            signal_groups(others, signal.SIGSTOP)
+            signal_processes(others, signal.SIGSTOP)
             yield
         finally:
-            signal_groups(others, signal.SIGCONT)
+            signal_processes(others, signal.SIGCONT)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def signal_groups(groups, signum) -> None:
-    for group in groups:
+def other_processes_of_the_run(root: int) -> list[int]:
+    """Every descendant of the run's process `root` outside this process's own line (itself, its ancestors and
+    its descendants), read from /proc."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def line(pid: int) -> list[int]:
+        chain = [pid]
+        while chain[-1] in parent and chain[-1] != root:
+            chain.append(parent[chain[-1]])
+        return chain
+
+    mine = os.getpid()
+    return [pid for pid in parent if pid != root and root in line(pid)
+            and mine not in line(pid) and pid not in line(mine)]
+
+
+def signal_processes(pids, signum) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signum)
+            os.kill(pid, signum)
 
 
 def run_job(name: str, compiler: str, profile: bool = False) -> dict:
@@ -185,7 +207,8 @@ def spawn_job(name: str, compiler: str, timeout: float, profile: bool = False) -
             try:
                 stdout, stderr = job.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                signal_groups([job.pid], signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, signal.SIGKILL)
                 job.communicate()
                 return {"workload": name, "compiler": compiler, "status": "failed",
                         "reason": f"timeout {timeout:.0f} s"}
@@ -198,25 +221,20 @@ def spawn_job(name: str, compiler: str, timeout: float, profile: bool = False) -
 
 @contextlib.contextmanager
 def started(command: list[str], env: dict):
-    """The job's process, named in `ZOO_PAIRS` while it runs (started under the timing lock, so that a timed
-    section that has stopped the others never misses it); every pair's group is continued when it ends, in case
-    it ended while it had them stopped."""
-    lock_path, pairs = os.environ.get("ZOO_TIMING_LOCK"), os.environ.get("ZOO_PAIRS")
-    if not lock_path:
-        yield subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-        return
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """The job's process, in a process group of its own (a timeout kills its workers too), started under the
+    timing lock (a timed section that has stopped the run's processes never misses it); every process of the
+    run is continued when it ends, in case it ended while it had them stopped."""
+    lock_path = os.environ.get("ZOO_TIMING_LOCK")
+    with open(lock_path or os.devnull, "a") as lock:
+        if lock_path:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-        open(os.path.join(pairs, str(job.pid)), "w").close()
-        fcntl.flock(lock, fcntl.LOCK_UN)
     try:
         yield job
     finally:
-        os.remove(os.path.join(pairs, str(job.pid)))
-        signal_groups([int(n) for n in os.listdir(pairs)], signal.SIGCONT)
+        if lock_path:
+            signal_processes(other_processes_of_the_run(os.getpid()), signal.SIGCONT)
 
 
 def job_main(name: str, compiler: str, profile: bool) -> None:
@@ -275,14 +293,12 @@ def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="zoo-run-") as run:
         if args.jobs > 1:
-            os.environ["ZOO_TIMING_LOCK"], os.environ["ZOO_PAIRS"] = f"{run}/timing.lock", f"{run}/pairs"
-            os.makedirs(os.environ["ZOO_PAIRS"])
+            os.environ["ZOO_TIMING_LOCK"], os.environ["ZOO_RUN_PID"] = f"{run}/timing.lock", str(os.getpid())
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             futures = {pool.submit(spawn_job, *pair, args.timeout, args.profile): i for i, pair in enumerate(pairs)}
             for future in concurrent.futures.as_completed(futures):
                 finished(futures[future], future.result())
         os.environ.pop("ZOO_TIMING_LOCK", None)
-        os.environ.pop("ZOO_PAIRS", None)
     for i, record in sorted(records.items()):  # out of GPU memory beside other pairs: again, alone
         if args.jobs > 1 and "out of memory" in record.get("reason", ""):
             finished(i, {**spawn_job(*pairs[i], args.timeout, args.profile), "ran_alone": True})

@@ -23,6 +23,7 @@ from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
+from kiln.lower.scalar_operands import eager_reads
 from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
@@ -307,7 +308,8 @@ class GraphLowering:
             raise Unsupported(f"{node.target}: a float computed from sizes where the op takes a number")
         if rule is not None:
             try:
-                out = rule(self, meta, *args, **kwargs)
+                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs)
+                out = as_eager(self, meta, *rule_args, **rule_kwargs)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
                 log.debug("%s: no lowering (%s), running it as an extern", node.target, e)

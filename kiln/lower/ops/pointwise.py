@@ -71,9 +71,17 @@ def _arith(name):
             return IndexFunction(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
         alpha = kwargs.get("alpha", 1)
         if isinstance(alpha, IndexFunction) or alpha != 1:  # a number, or one computed from sizes (`n / 2`)
-            ops = (ops[0], ir.Op("mul", (ops[1], operand(alpha, size, dtype)), dtype))
+            return IndexFunction(size, dtype, _with_alpha(name, ops, operand(alpha, size, dtype), dtype))
         return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype))
     return rule
+
+
+def _with_alpha(name, ops, alpha, dtype):
+    """`a + alpha * b` (or `-`), as eager computes it: for a half type in float, rounded once at the end (the
+    product rounded to the half type on its own would be a second rounding)."""
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    a, b, alpha = (cast(x, compute) for x in (*ops, alpha))
+    return cast(ir.Op(name, (a, ir.Op("mul", (b, alpha), compute)), compute), dtype)
 
 
 def _simplify_pow(name, ops, dtype):

@@ -64,6 +64,7 @@ DRAWS = {
     "uniform_": lambda a: torch.empty(6).uniform_(),
     "exponential_": lambda a: torch.empty(6).exponential_(),
     "random_": lambda a: torch.empty(6).random_(100),
+    "random_ from": lambda a: torch.empty(2, 6).t().random_(-3, 100),  # `random_.from`: a strided draw
     "multinomial": lambda a: torch.multinomial(torch.ones(6), 3),
     "randperm": lambda a: torch.randperm(7),
 }

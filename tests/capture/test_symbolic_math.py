@@ -138,3 +138,18 @@ def test_a_float_computed_from_sizes_meets_a_half_or_complex_tensor(name, dtype)
         x = torch.complex(x, x.flip(0)) if dtype.is_complex else x.to(dtype)
         expected, actual = fn(x), compiled(x)
         assert actual.dtype == expected.dtype and torch.equal(actual, expected), (n, (actual != expected).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_a_float_of_the_sizes_as_alpha_of_an_integer_op_raises_eagers_error(dtype):
+    """`alpha` may not be a float for integer tensors: eager raises, and so does the compiled graph (the op runs
+    through ATen with the Python float, instead of a kernel adding `x * 1.5`)."""
+    def fn(x):
+        return torch.add(x, x, alpha=x.shape[0] / 2)
+
+    compiled = kiln.compile(fn, dynamic=True)
+    x = torch.arange(6).view(3, 2).to(dtype)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        compiled(x)

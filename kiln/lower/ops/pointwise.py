@@ -12,7 +12,7 @@ import torch
 from kiln.lower import ir
 from kiln.lower.ops.common import SUPPORTED_DTYPES, operand, out_info, promote
 from kiln.lower.ops.registry import register
-from kiln.lower.values import IndexFunction, Unsupported, cast, const
+from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, cast, const
 
 aten = torch.ops.aten
 
@@ -61,6 +61,8 @@ BOOL_AS_LOGICAL = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bi
 def _arith(name):
     def rule(ctx, meta, *args, **kwargs):
         size, dtype = out_info(meta)
+        if isinstance(kwargs.get("alpha"), (SizeScalar, float)) and not dtype.is_floating_point:
+            raise Unsupported("a float alpha of an integer op: ATen raises eager's error when the graph runs")
         if name == "bitwise_not" and dtype == torch.bool:
             return IndexFunction(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
         if name in BOOL_AS_LOGICAL and dtype == torch.bool:

@@ -3,7 +3,9 @@
 `torch.fx.Node.is_impure` is torch's own judgement and it changes between versions: torch 2.11 calls
 `_linalg_check_errors` pure, so eliminating dead code dropped the check and a singular solve returned
 numbers where eager raises. kiln keeps, besides what torch calls impure, every op whose schema returns
-nothing (it runs for its check or its effect alone) and every op that writes one of its arguments.
+nothing (it runs for its check or its effect alone), every op that writes one of its arguments, and every op
+that draws from a random generator (ATen's `nondeterministic_seeded` tag): an unused `torch.rand(2)` still
+moves the generator in eager, so the next draw after the call depends on it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ def has_effect(node: torch.fx.Node) -> bool:
         return True
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags:
+        return True
     schema = node.target._schema
     return not schema.returns or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from kiln.autograd.random_from import random_from_in_place
+
 aten = torch.ops.aten
 
 _TORCH_BATCH_NORM = get_decompositions([
@@ -43,11 +45,13 @@ def _updating_statistics(op: torch._ops.OpOverload) -> Callable:
 
 FUNCTIONALIZATION = {
     **_TORCH_BATCH_NORM,
+    getattr(aten.random_, "from"): random_from_in_place,  # `from` is a keyword: FX cannot print the op's name
     aten.native_batch_norm.default: _updating_statistics(aten.native_batch_norm.default),
     aten._native_batch_norm_legit.default: _updating_statistics(aten._native_batch_norm_legit.default),
 }
 """Ops that write their inputs in place (batch norm's running statistics) but that
-functionalization would keep as they are: decomposed into pure ops plus `copy_`."""
+functionalization would keep as they are, or turn into an op FX cannot print (`random_.from`):
+decomposed into pure ops plus `copy_`."""
 
 
 UNSAFE_FOR_TRAINING = (

@@ -56,7 +56,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.maxflow import FlowGraph
-from kiln.effects import eliminate_dead_code
+from kiln.effects import eliminate_dead_code, has_effect
 from kiln.runtime.lazy_graphs import graph_module
 
 aten = torch.ops.aten
@@ -159,12 +159,6 @@ class JointLayout:
     """Per primal, whether it requires grad (a parameter: held by its module, so free to save)."""
 
 
-# Ops that only check values and raise (an `assert` on a tensor's value): no output reads them, so the
-# partition keeps them in the forward by name.
-CHECK_OPS = frozenset((torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg,
-                       torch.ops.aten._assert_scalar.default))
-
-
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
               fused: Callable[[Any], bool] | None = None) -> Partition:
     """Split `joint` into forward and backward graphs (`strategy`: "min_cut" or "naive").
@@ -179,13 +173,13 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     if sum(map(cost, saved)) > sum(map(cost, naive)):
         raise AssertionError("kiln: min-cut partition costs more than save-all; this is a partitioner bug")
     backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
-                        anchors=set(joint.graph.nodes) - nodes.forward_side_set)
+                        anchors=set(joint.graph.nodes) - nodes.forward_side_set, effects=nodes.backward_effects)
     unbound = _unbound_symbols(backward)
     if unbound:  # sizes the backward's kernels need that none of its inputs' shapes carries
         saved += [_size_node(joint, nodes.primals, symbol) for symbol in sorted(unbound, key=str)]
         backward = _extract(joint, saved + nodes.tangents, nodes.backward_outputs,
-                            anchors=set(joint.graph.nodes) - nodes.forward_side_set)
-    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved, checks=nodes.forward_checks)
+                            anchors=set(joint.graph.nodes) - nodes.forward_side_set, effects=nodes.backward_effects)
+    forward = _extract(joint, nodes.primals, nodes.forward_outputs + saved, effects=nodes.forward_effects)
     recomputed = [n.name for n in backward.graph.nodes
                   if n.op == "call_function" and n.name in nodes.forward_side_names]
     input_storages = {StorageWeakRef(p.meta["val"].untyped_storage()): i for i, p in enumerate(nodes.primals)
@@ -292,11 +286,13 @@ class _JointNodes:
         self.backward_nodes = [n for n in joint.graph.nodes if n in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
-        required = ancestors(self.forward_outputs)
+        # ops that must run though no output reads them (an `assert` on a tensor's value, an unused random
+        # draw, which moves the generator): each runs once, on its side, where eager runs it
+        self.forward_effects = [n for n in self.forward_side if n.op == "call_function" and has_effect(n)]
+        self.backward_effects = [n for n in self.backward_nodes if n.op == "call_function" and has_effect(n)]
+        required = ancestors(self.forward_outputs + self.forward_effects)
         for node in list(required):  # every value of a multi-output op the forward runs is available
             required.update(u for u in node.users if u.target is operator.getitem)
-        # checks (`assert` on a tensor's value) read forward values and give none: the forward runs them
-        self.forward_checks = [n for n in self.forward_side if n.op == "call_function" and n.target in CHECK_OPS]
         self.required_forward = required | {n for n in self.forward_side if n.op != "call_function"}
         self.backward_reads = {n for n in self.forward_side
                                if any(u in tangent_dependent for u in n.users)} | {
@@ -479,9 +475,9 @@ def ancestors(roots: list) -> set:
 
 
 def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
-             anchors: set | None = None, checks: list = ()) -> fx.GraphModule:
+             anchors: set | None = None, effects: list = ()) -> fx.GraphModule:
     """The subgraph of `joint` computing `outputs` from `inputs` (which become its placeholders), and running
-    `checks` (ops giving no value, kept for their error).
+    `effects` (ops kept for their error or their effect: a check, a random draw no output reads).
 
     Nodes keep the joint graph's order, except that with `anchors` (the backward's own
     nodes) only anchors do: every other node (a forward op recomputed in the backward) is
@@ -493,7 +489,7 @@ def _extract(joint: fx.GraphModule, inputs: list[fx.Node], outputs: list,
         ph = graph.placeholder(node.name)
         ph.meta = dict(node.meta)
         env[node] = ph
-    needed, stack = set(), [o for o in [*outputs, *checks] if isinstance(o, fx.Node)]
+    needed, stack = set(), [o for o in [*outputs, *effects] if isinstance(o, fx.Node)]
     while stack:
         node = stack.pop()
         if node in env or node in needed:

@@ -23,6 +23,7 @@ import torch
 
 from kiln.codegen.index_printer import pyexpr
 from kiln.lower import ir
+from kiln.lower.sym_floats import python_float
 from kiln.schedule.fusion import ExternStep, KernelGroup, Schedule
 from kiln.schedule.memory import MemoryPlan
 
@@ -216,8 +217,8 @@ def _accepts(schema, num_positional: int, kwarg_names: tuple) -> bool:
 def base_namespace() -> dict:
     """The names every wrapper module runs with (the graph's constants and devices come on top): also what a
     wrapper read back from the compile cache is given again (kiln/runtime/graph_cache.py)."""
-    return {"torch": torch, "aten": torch.ops.aten, "empty_strided": torch.empty_strided, "_restride": _restride,
-            "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
+    return {"torch": torch, "math": math, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
+            "_restride": _restride, "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
             "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived,
             "_increment_version": torch.autograd.graph.increment_version}
 
@@ -261,6 +262,8 @@ class WrapperCodegen:
             return f"_view({a.buf}, {self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)})"
         if isinstance(a, ir.SymRef):
             return pyexpr(a.expr)
+        if isinstance(a, ir.SizeFloatRef):
+            return python_float(a.value, pyexpr)
         return self.const(a)
 
     def shape(self, xs) -> str:

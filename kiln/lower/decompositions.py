@@ -172,8 +172,35 @@ def _upsample_nearest_backward(exact: bool):
     return decomposition
 
 
+def _scalar_tensors_cast(op):
+    """`op`'s core decomposition, with each 0-d tensor operand of another dtype than the result cast to it first,
+    where the result is bf16/fp16 on the CPU: eager's kernel (TensorIterator) reads `addcmul(h, h, s)`'s 0-d
+    float32 `s` as half(s), and the decomposition, computing in float32, would read it at its value."""
+    decompose = core_aten_decompositions()[op]
+
+    def decomposition(*args, **kwargs):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        dtype = _dimensioned_dtype(tensors)
+        if dtype in (torch.float16, torch.bfloat16) and tensors[0].device.type == "cpu":
+            args = tuple(a.to(dtype) if _scalar_tensor_of_lower_category(a, dtype) else a for a in args)
+        return decompose(*args, **kwargs)
+    return decomposition
+
+
+def _dimensioned_dtype(tensors: list) -> torch.dtype | None:
+    """The promoted dtype of the tensors with dims (None if all are 0-d): the result's, where no 0-d tensor is of
+    a higher category (a complex scalar)."""
+    dims = [t.dtype for t in tensors if t.dim() > 0]
+    return functools.reduce(torch.promote_types, dims) if dims else None
+
+
+def _scalar_tensor_of_lower_category(a, dtype: torch.dtype) -> bool:
+    return isinstance(a, torch.Tensor) and a.dim() == 0 and a.dtype != dtype and not a.is_complex()
+
+
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
+    **{op: _scalar_tensors_cast(op) for op in (aten.lerp.Tensor, aten.addcmul.default, aten.addcdiv.default)},
     aten.convolution.default: convolution_bias_apart,
     aten.convolution_backward.default: convolution_backward_bias_apart,
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,

@@ -23,8 +23,9 @@ from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
-from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value
-from kiln.lower.values import IndexFunction, Unsupported, from_buffer
+from kiln.lower.scalar_operands import eager_reads
+from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value, wrapper_float
+from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, from_buffer
 
 log = logging.getLogger("kiln.lower")
 
@@ -303,11 +304,12 @@ class GraphLowering:
         if any(a is SIZE_FLOAT for a in tree_leaves((args, kwargs))):
             raise Unsupported(f"{node.target}: a float computed from sizes reaches a kernel")
         rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
-        if not reads_size_scalars(node.target, args, kwargs, lowered=rule is not None):
-            raise Unsupported(f"{node.target}: a float computed from sizes where the op takes a number")
+        if rule is not None and not reads_size_scalars(node.target, args, kwargs):
+            rule = None  # ATen takes the float as the Python float eager's program passes it
         if rule is not None:
             try:
-                out = rule(self, meta, *args, **kwargs)
+                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs)
+                out = as_eager(self, meta, *rule_args, **rule_kwargs)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
                 log.debug("%s: no lowering (%s), running it as an extern", node.target, e)
@@ -405,8 +407,6 @@ class GraphLowering:
     def extern(self, op, args, kwargs, meta) -> Any:
         """Run `op` through ATen on realized inputs; its outputs are buffers with eager's layout (with
         `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
-        if not reads_size_scalars(op, args, kwargs, lowered=False):
-            raise Unsupported(f"{op}: an ATen call given a float computed from sizes")
         any_order = op in ANY_ORDER_EXTERNS
         layout = layouts = None
         if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):
@@ -421,6 +421,8 @@ class GraphLowering:
             args, kwargs = self._in_eager_order(args, kwargs)
 
         def convert(a):
+            if isinstance(a, SizeScalar):  # the Python float eager's program passes, not a 0-d float64 tensor
+                return ir.SizeFloatRef(wrapper_float(a))
             if isinstance(a, IndexFunction):
                 return self.ref(a, any_order)
             if isinstance(a, sympy.Basic):

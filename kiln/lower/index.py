@@ -94,11 +94,21 @@ def _ceil_of_division(a, b):
     return FloorDiv(a + b - 1, b)
 
 
-# A size computed by rounding a division (`math.ceil(n / 2)`, `math.floor(n / 3)`, `int(n / 2)` of a size): torch's
-# sympy functions over a float quotient, which no kernel prints. With a positive integer divisor each is an integer
-# floor division (ceil(a / b) == (a + b - 1) // b; trunc is floor on sizes, which are not negative).
+def _round_of_division(a, b):
+    """round(a / b) as Python rounds, halves to even: (2a + b) // 2b rounds halves up, and a half (2a + b a
+    multiple of 2b, only for an even b) that it rounds up to an odd number goes down by one."""
+    twice = 2 * a + b
+    up = FloorDiv(twice, 2 * b)
+    if int(b) % 2:
+        return up
+    return up - Mod(up, 2) * (1 - sympy.Min(Mod(twice, 2 * b), 1))
+
+
+# A size computed by rounding a division (`math.ceil(n / 2)`, `math.floor(n / 3)`, `int(n / 2)`, `round(n / 3)` of a
+# size): torch's sympy functions over a float quotient, which no kernel prints. With a positive integer divisor each
+# is integer arithmetic (ceil(a / b) == (a + b - 1) // b; trunc is floor on sizes, which are not negative).
 _ROUNDED_DIVISIONS = {torch_sympy.FloorToInt: FloorDiv, torch_sympy.CeilToInt: _ceil_of_division,
-                      torch_sympy.TruncToInt: FloorDiv}
+                      torch_sympy.TruncToInt: FloorDiv, torch_sympy.RoundToInt: _round_of_division}
 
 
 def integer_rounding(expr: sympy.Expr) -> sympy.Expr:

@@ -207,6 +207,14 @@ class SymRef:
 
 
 @dataclass
+class SizeFloatRef:
+    """A float computed from sizes (`math.sqrt(n)`) passed to an Extern: the wrapper computes it as a Python float,
+    as eager's program computes it, from `value`, a float64 element expression over sizes (kiln/lower/sym_floats.py)."""
+
+    value: Any
+
+
+@dataclass
 class Extern:
     """An ATen call the code generator does not lower. `layouts` are the output(s) eager produces."""
 
@@ -294,6 +302,8 @@ def _format_ref(a) -> str:
         return a.buf if not a.view else f"view({a.buf}, {a.layout.size}, {a.layout.stride}, {a.layout.offset})"
     if isinstance(a, SymRef):
         return str(a.expr)
+    if isinstance(a, SizeFloatRef):
+        return format_expr(a.value)
     if isinstance(a, (list, tuple)):
         inner = ", ".join(_format_ref(x) for x in a)
         return f"[{inner}]" if isinstance(a, list) else f"({inner},)"

@@ -62,14 +62,21 @@ def test_math_on_an_int_input_made_dynamic_stays_symbolic():
     assert backend.graphs <= torch_backend.graphs
 
 
-@pytest.mark.parametrize("name", ["ceil as a slice bound", "floor as a slice bound", "int() as a slice bound",
-                                  "ceil as a size"])
+ROUNDED_SIZES = {
+    **{name: CASES[name] for name in ("ceil as a slice bound", "floor as a slice bound", "int() as a slice bound",
+                                      "round() as a slice bound", "ceil as a size")},
+    "round() of halves as a size": lambda x: x.new_ones(round(x.shape[0] / 2), 2) * x.shape[0],  # 2.5 -> 2, 3.5 -> 4
+    "round() by four as a slice bound": lambda x: x[:round(x.shape[0] / 4)] + 1,
+}
+
+
+@pytest.mark.parametrize("name", list(ROUNDED_SIZES))
 def test_rounded_sizes_compile_with_kilns_code_generator(name):
-    """The default backend: the rounded division is an integer floor division in the wrapper and kernels (strict
-    mode: a graph that fell back to ATen would raise)."""
-    fn = CASES[name]
+    """The default backend: the rounded division is integer arithmetic in the wrapper and kernels (Python's round
+    takes a half to the even neighbour) (strict mode: a graph that fell back to ATen would raise)."""
+    fn = ROUNDED_SIZES[name]
     compiled = kiln.compile(fn, dynamic=True)
-    for n in SIZES:
+    for n in (*SIZES, 10, 11, 14):
         x = torch.arange(n * 3.0).view(n, 3)
         assert_same(compiled(x), fn(x))
 
@@ -104,3 +111,45 @@ def test_a_float_computed_from_sizes_compiles_with_kilns_code_generator(name):
         x = (torch.randn(n, 3) * 10).to(dtype)
         assert_same(compiled(x), fn(x), atol=1e-6, rtol=1e-6)
     assert len(kiln.api.context_of(compiled).records) == 1
+
+
+NARROW_CASES = {
+    "times the square root of a size": lambda x: x * math.sqrt(x.shape[-1]),
+    "divided by the square root of a size": lambda x: x / math.sqrt(x.shape[-1]),
+    "plus a size ratio": lambda x: x + x.shape[0] / 3,
+    "a size ratio minus": lambda x: x.shape[0] / 3 - x,
+    "a size ratio as alpha": lambda x: torch.add(x, x.flip(0), alpha=x.shape[0] / 3),
+    "filled with a size ratio": lambda x: x + torch.full((x.shape[0], 1), x.shape[1] / 3, dtype=x.dtype),
+    "where with a size ratio": lambda x: torch.where(x.abs() > 1, x, x.shape[0] / 3),
+    "compared with a size ratio": lambda x: x.abs() > x.shape[0] / 3,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize("name", list(NARROW_CASES))
+def test_a_float_computed_from_sizes_meets_a_half_or_complex_tensor(name, dtype):
+    """A half-type tensor reads the float as eager does (rounded to the half type for add and sub, at its value in
+    float for mul and div: kiln/lower/scalar_operands.py), bit for bit; complex ops run through ATen, given the
+    float as a Python float the wrapper computes from the sizes (strict mode: no graph falls back)."""
+    fn = NARROW_CASES[name]
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in (5, 7, 12):  # 64 columns: eager computes every element in its vectorized loop
+        x = torch.randn(n, 64, generator=torch.Generator().manual_seed(n)) * 5
+        x = torch.complex(x, x.flip(0)) if dtype.is_complex else x.to(dtype)
+        expected, actual = fn(x), compiled(x)
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected), (n, (actual != expected).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_a_float_of_the_sizes_as_alpha_of_an_integer_op_raises_eagers_error(dtype):
+    """`alpha` may not be a float for integer tensors: eager raises, and so does the compiled graph (the op runs
+    through ATen with the Python float, instead of a kernel adding `x * 1.5`)."""
+    def fn(x):
+        return torch.add(x, x, alpha=x.shape[0] / 2)
+
+    compiled = kiln.compile(fn, dynamic=True)
+    x = torch.arange(6).view(3, 2).to(dtype)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        compiled(x)

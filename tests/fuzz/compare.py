@@ -170,6 +170,8 @@ def call_once(ns: dict, fn, call: int):
     if "before_call" in ns:
         ns["before_call"](call)
     args = ns["inputs"](call)
+    if ns.get("RNG"):  # the program draws random numbers: each side draws from the same generator state
+        torch.manual_seed(call)
     mode = torch.no_grad() if ns.get("NO_GRAD") else contextlib.nullcontext()
     with mode:
         try:
@@ -273,7 +275,11 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str
     """One call of the program, eager and compiled: raises Mismatch at the first difference; returns why
     the call is ill-conditioned (values that differ where eager's own do, see `conditioning`), or None."""
     e_args, e_res, e_err = call_once(eager_ns, eager_ns["f"], call)
+    e_generator = torch.get_rng_state()
     k_args, k_res, k_err = call_once(kiln_ns, compiled, call)
+    if eager_ns.get("RNG") and not torch.equal(torch.get_rng_state(), e_generator):
+        raise wrong("rng_state", "the global generator is not where eager's call left it (a draw dropped or "
+                                 "repeated)")
     if e_err is not None and k_err is None:
         raise wrong("no_raise", f"eager raised {first_line(e_err)}; kiln returned")
     if k_err is not None and (e_err is None or type(e_err) is not type(k_err)):

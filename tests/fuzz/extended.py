@@ -16,7 +16,12 @@ adds, on top of everything `Builder` draws:
   blocks and in called functions), drawn from a stream of their own in most programs; seeds below
   LOOPS_FROM name the programs they named before;
 - inputs of size 0, rank 4, with inf / nan / -0.0 values, and laid out column-major, channels_last,
-  expanded (stride 0) or at a storage offset.
+  expanded (stride 0) or at a storage offset;
+- from SCALARS_FROM up, statements from a stream of their own (SCALARS): random draws, used or not (the
+  program sets RNG: the harness seeds the global generator before each call and compares its state after),
+  and scalars meeting bf16/fp16 tensors (0-d float32/float64/int64 tensors, Python numbers, floats computed
+  from sizes, a complex tensor times one), whose results are compared bit for bit (`.view(torch.int16)`: a
+  value one ulp off is a wrong value, not a rounding within tolerance).
 """
 from __future__ import annotations
 
@@ -24,13 +29,15 @@ import random
 
 import torch
 
-from tests.fuzz.ops import FAMILIES, Op, broadcasts, has_dims, is_bool, is_float, is_int, is_num
+from tests.fuzz.ops import FAMILIES, Op, broadcasts, has_dims, is_any, is_bool, is_float, is_int, is_num, ops
 from tests.fuzz.programs import GPU_UNDEFINED, Builder, weighted
 
 EXTENDED_FROM = 100_000
 LOOPS_FROM = 100_500  # seeds from here up may draw LOOPS
 LOOP_PROGRAMS = 0.7  # the share of those programs that draw LOOPS
 LOOP_SHARE = 0.3     # in those, the share of statements drawn from LOOPS
+SCALARS_FROM = 200_000  # seeds from here up draw SCALARS, from a stream of their own
+SCALAR_SHARE = 0.3      # the share of their statements drawn from SCALARS
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -194,6 +201,45 @@ LOOPS = [
        is_float, makes="none"),
 ]
 
+def ops_making(where, makes: str, *codes: str) -> list[Op]:
+    """One-operand templates over operands satisfying `where`, each binding what `makes` says (see Op)."""
+    return ops(where, 1, *codes, makes=makes)
+
+
+RANDOM_DRAWS = (  # each moves the global generator, whether its value is used or not
+    ops_making(is_any, "none", "torch.rand(3)", "torch.randn(2, 3)", "torch.randint(0, 7, (4,))",
+               "torch.rand_like({a}.float())", "torch.empty(5).uniform_(-1, 1)", "torch.empty(4).exponential_()",
+               "torch.empty(6).random_(100)", "torch.empty(2, 3).t().random_(-3, 100)", "torch.randperm(6)",
+               "torch.multinomial(torch.ones(5), 2)", "torch.bernoulli(torch.full((4,), 0.5))",
+               "torch.empty(3).normal_()")
+    + ops_making(is_num, "tensor", "{a} * torch.rand_like({a}.float())",
+                 "torch.bernoulli(torch.full_like({a}.float(), 0.3)) * {a}",
+                 "{a}.float() + torch.randint(0, 3, {a}.shape)", "torch.normal({a}.float().detach(), 1.0)")
+    + ops_making(is_float, "tensor", "torch.nn.functional.dropout({a}, 0.5, training=True)",
+                 "{a} + torch.randn({a}.shape, dtype={a}.dtype)")
+    + ops_making(has_dims, "tensor", "torch.randperm({a}.shape[0]).float()")
+)
+
+# a bf16/fp16 result as its bits: one ulp off is a wrong value. (No `alpha`: eager's scalar loop, which takes a
+# tail shorter than a vector, rounds alpha * b to the half type where its vectorized loop does not.)
+NARROW_SCALARS = (
+    ops_making(is_num, "tensor", "({a}.to(torch.bfloat16) * torch.tensor(0.1)).view(torch.int16)",
+               "({a}.half() / torch.tensor(3.0, dtype=torch.float64)).view(torch.int16)",
+               "({a}.half() + 0.1).view(torch.int16)", "(torch.tensor(0.3) - {a}.to(torch.bfloat16)).view(torch.int16)",
+               "({a}.to(torch.bfloat16) * torch.tensor(2049)).view(torch.int16)", "{a}.half() > 0.1",
+               "{a}.to(torch.bfloat16) == torch.tensor(0.1)", "({a}.half() ** 0.3).view(torch.int16)",
+               "torch.lerp({a}.half(), {a}.half() * 2, torch.tensor(0.3)).view(torch.int16)",
+               "torch.addcmul({a}.to(torch.bfloat16), {a}.to(torch.bfloat16), torch.tensor(0.1)).view(torch.int16)",
+               "torch.div({a}.to(torch.bfloat16), 0.3, rounding_mode='floor').view(torch.int16)")
+    + ops_making(has_dims, "tensor", "({a}.to(torch.bfloat16) * math.sqrt({a}.shape[-1])).view(torch.int16)",
+               "({a}.half() / math.sqrt({a}.shape[0])).view(torch.int16)",
+               "({a}.half() + {a}.shape[0] / 3).view(torch.int16)",
+               "({a}.to(torch.complex64) * math.sqrt({a}.shape[-1])).real",
+               "torch.full({a}.shape, {a}.shape[0] / 3, dtype=torch.bfloat16).view(torch.int16)",
+               "{a}[:round({a}.shape[0] / 2)]", "{a}.float() * ({a}.shape[0] / 7)")
+)
+SCALARS = RANDOM_DRAWS + NARROW_SCALARS
+
 EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [
     ("grad_mode", GRAD_MODES, 1.5), ("autocast", AUTOCAST, 1), ("autograd", AUTOGRAD, 1.5),
     ("promotion", PROMOTION, 2), ("closure", CLOSURES, 0.7),
@@ -247,6 +293,9 @@ class ExtendedBuilder(Builder):
         # programs they named before loops were added (CI's and the regression seeds among them).
         self.loop_rng = random.Random(f"kiln-fuzz-loops-{seed}")
         self.loop_share = LOOP_SHARE if seed >= LOOPS_FROM and self.loop_rng.random() < LOOP_PROGRAMS else 0.0
+        # SCALARS likewise, from SCALARS_FROM up
+        self.scalar_rng = random.Random(f"kiln-fuzz-scalars-{seed}")
+        self.scalar_share = SCALAR_SHARE if seed >= SCALARS_FROM else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
@@ -300,6 +349,8 @@ class ExtendedBuilder(Builder):
 
     def _header(self) -> str:
         header = super()._header()
+        if self.scalar_share:  # the harness seeds the global generator before each call and compares it after
+            header = header.replace("\nNO_GRAD = ", "\nRNG = True\nNO_GRAD = ", 1)
         if not self.model_lines:
             return header
         model = "\n".join(self.model_lines) + "\n"
@@ -313,6 +364,8 @@ class ExtendedBuilder(Builder):
     def _pick_op(self) -> Op:
         if self.loop_share and self.loop_rng.random() < self.loop_share:
             return self.loop_rng.choice(LOOPS)
+        if self.scalar_share and self.scalar_rng.random() < self.scalar_share:
+            return self.scalar_rng.choice(SCALARS)
         families = [(ops, w) for _, ops, w in FAMILIES + EXTENDED_FAMILIES]
         if self.has_model:
             families.append((MODULE_CALLS, 4))
@@ -320,6 +373,10 @@ class ExtendedBuilder(Builder):
                 families.append((TRAIN_STEP, 0.5))
         op = self.rng.choice(weighted(self.rng, families))
         return op if self.device == "cpu" or op.code not in GPU_UNDEFINED else self._pick_op()
+
+
+def ops_making(where, makes: str, *codes: str) -> list[Op]:
+    return [Op(c, where, makes=makes) for c in codes]
 
 
 __all__ = ["EXTENDED_FROM", "ExtendedBuilder", "EXTENDED_FAMILIES"]

@@ -25,11 +25,15 @@ EXTENDED_COVERING = [100001, 100004, 100006, 100010, 100011, 100015, 100017, 100
                      100047, 100056, 100060, 100064, 100065]
 # seeds with graph breaks inside loop bodies (extended.LOOPS, from 100500): together they draw every loop template
 LOOP_COVERING = [100955, 100742, 100841, 100870, 100506, 100915, 100704, 100914, 100986, 100814, 100811, 100626]
+# seeds drawing random numbers and scalars that meet bf16/fp16 tensors (extended.SCALARS, from 200000), each of
+# which failed before the fixes of issue 21's draws and scalars: the generator moved otherwise than eager's (a
+# draw dropped from a training graph), a half-type result an ulp off, `random_(low, high)` crashing the backend
+SCALAR_FOUND = [200003, 200008, 200024, 200025, 200033, 200057, 200067, 200090, 200096]
 SEEDS = {
-    "eager": COVERING + EXTENDED_COVERING + LOOP_COVERING,
-    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING,
+    "eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND,
+    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND,
     # C++ builds dominate: a third of them keeps the file within its time budget
-    "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3],
+    "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3] + SCALAR_FOUND,
 }
 
 # seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression
@@ -123,6 +127,22 @@ def test_harness_sees_a_wrong_value():
               "def inputs(call):\n    return [torch.ones(3)]\n"
               "def f(a):\n    return a * 2\n")
     assert run_program(source, off_by_one).status == "wrong"
+
+
+def test_harness_sees_a_generator_moved_otherwise():
+    """A program that draws random numbers (RNG) is seeded before each call on both sides: a backend whose graph
+    draws once more than eager's leaves the generator elsewhere, which is wrong even where every value agrees."""
+    def draws_once_more(gm, example_inputs):
+        def run(*args):
+            torch.rand(1)
+            return gm(*args)
+        return run
+    source = ("CALLS = 1\nDYNAMIC = None\nRNG = True\nNO_GRAD = False\n"
+              "def inputs(call):\n    return [torch.ones(3)]\n"
+              "def f(a):\n    torch.rand(2)\n    return a * 2\n")
+    outcome = run_program(source, draws_once_more)
+    assert (outcome.status, outcome.kind) == ("wrong", "rng_state")
+    assert run_program(source, "aot_eager").status == "ok"
 
 
 def test_backward_raising_in_both_leaves_partial_gradients_uncompared():

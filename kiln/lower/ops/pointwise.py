@@ -12,7 +12,7 @@ import torch
 from kiln.lower import ir
 from kiln.lower.ops.common import SUPPORTED_DTYPES, operand, out_info, promote
 from kiln.lower.ops.registry import register
-from kiln.lower.values import IndexFunction, Unsupported, cast, const
+from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, cast, const
 
 aten = torch.ops.aten
 
@@ -61,6 +61,8 @@ BOOL_AS_LOGICAL = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bi
 def _arith(name):
     def rule(ctx, meta, *args, **kwargs):
         size, dtype = out_info(meta)
+        if isinstance(kwargs.get("alpha"), (SizeScalar, float)) and not dtype.is_floating_point:
+            raise Unsupported("a float alpha of an integer op: ATen raises eager's error when the graph runs")
         if name == "bitwise_not" and dtype == torch.bool:
             return IndexFunction(size, dtype, ir.Op("logical_not", (operand(args[0], size, dtype),), dtype))
         if name in BOOL_AS_LOGICAL and dtype == torch.bool:
@@ -71,9 +73,17 @@ def _arith(name):
             return IndexFunction(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
         alpha = kwargs.get("alpha", 1)
         if isinstance(alpha, IndexFunction) or alpha != 1:  # a number, or one computed from sizes (`n / 2`)
-            ops = (ops[0], ir.Op("mul", (ops[1], operand(alpha, size, dtype)), dtype))
+            return IndexFunction(size, dtype, _with_alpha(name, ops, operand(alpha, size, dtype), dtype))
         return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype))
     return rule
+
+
+def _with_alpha(name, ops, alpha, dtype):
+    """`a + alpha * b` (or `-`), as eager computes it: for a half type in float, rounded once at the end (the
+    product rounded to the half type on its own would be a second rounding)."""
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    a, b, alpha = (cast(x, compute) for x in (*ops, alpha))
+    return cast(ir.Op(name, (a, ir.Op("mul", (b, alpha), compute)), compute), dtype)
 
 
 def _simplify_pow(name, ops, dtype):

@@ -34,7 +34,9 @@ checks nothing else. Models are built here in plain PyTorch: DenseNet-121 (torch
 architecture: growth 32, blocks (6, 12, 24, 16), bn_size 4, BN+ReLU+Conv layers that concatenate
 every earlier feature map), a 12-layer pre-LN transformer, a ResNet-18-style CNN and a ConvNeXt-T-style
 CNN (depths 3, 3, 9, 3), at small sizes (compile time depends on the graph, not on the tensor sizes);
-`bert12` and `gpt2_12` are transformers' BERT (masked LM) and GPT-2 (causal LM) at 12 layers, width 256.
+`bert12` and `gpt2_12` are transformers' BERT (masked LM) and GPT-2 (causal LM) at 12 layers, width 256,
+`t5_6` its T5 (6 encoder and 6 decoder layers, width 256) and `vit12` its ViT (12 layers, width 256, 64x64
+images in 8x8 patches, 10 classes).
 The minifier's repro on a failed compile is off (KILN_REPRO_LEVEL=0): the job's stop after the compile is
 not a failure to reproduce.
 
@@ -65,6 +67,8 @@ TARGETS = ["cpp", "triton"]
 
 
 def build_model(name: str):
+    import inspect
+
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -184,6 +188,14 @@ def build_model(name: str):
         def forward(self, ids):
             return self.hf(input_ids=ids, labels=ids).loss
 
+    class ImageLoss(nn.Module):  # a Hugging Face image classifier called positionally, returning its loss
+        def __init__(self, hf):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, pixels, labels):
+            return self.hf(pixel_values=pixels, labels=labels).loss
+
     class ConvNeXtBlock(nn.Module):
         def __init__(self, dim):
             super().__init__()
@@ -223,6 +235,8 @@ def build_model(name: str):
 
         config_class, model_class, config = HF_MODELS[name]
         hf = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+        if "pixel_values" in inspect.signature(hf.forward).parameters:
+            return ImageLoss(hf), (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)))
         return LMLoss(hf), (torch.randint(0, 1000, (2, 64)),)
     if name == "convnext":
         return ConvNeXt(), (torch.randn(2, 3, 64, 64),)
@@ -243,6 +257,11 @@ HF_MODELS = {  # Hugging Face models at 12 layers (transformers' own modules), w
                                                      intermediate_size=1024, vocab_size=1000)),
     "gpt2_12": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=12, n_embd=256, n_head=4, vocab_size=1000,
                                                       n_positions=64, use_cache=False)),
+    "t5_6": ("T5Config", "T5ForConditionalGeneration", dict(num_layers=6, d_model=256, d_kv=64, d_ff=1024,
+                                                            num_heads=4, vocab_size=1000, use_cache=False)),
+    "vit12": ("ViTConfig", "ViTForImageClassification", dict(num_hidden_layers=12, hidden_size=256,
+                                                             num_attention_heads=4, intermediate_size=1024,
+                                                             image_size=64, patch_size=8, num_labels=10)),
 }
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 
 _DEF = re.compile(r"def (\w+)\((.*)\):$")
+# a whole identifier (or number): the arguments are renamed where one equals an argument's name, by one pattern
+# for every kernel (a pattern per kernel, of its argument names, was compiled anew for each)
+_WORD = re.compile(r"\w+")
 
 
 def share_identical_kernels(source: str) -> str:
@@ -64,9 +67,8 @@ def _up_to_names(function: list[str]) -> tuple[str, str]:
             (j for j in range(1, len(body)) if body[j].rstrip().endswith('"""')), len(body) - 1)
         body = body[end + 1:]
     renamed = {n: f"arg{j}" for j, n in enumerate(names)}
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
     text = "\n".join([params, *body])
-    return name, pattern.sub(lambda m: renamed[m.group(0)], text) if pattern else text
+    return name, _WORD.sub(lambda m: renamed.get(m.group(0), m.group(0)), text) if renamed else text
 
 
 def _code(line: str) -> str:

@@ -192,21 +192,23 @@ def _shape(node: ir.ComputedBuffer):
     return nonunit(d.ranges), ()
 
 
-def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
-    """A template group takes `node` as an epilogue: pointwise over its output space, reading one of its buffers."""
-    if node.is_reduction() or _shape(node)[0] != group.outer:  # asked of every template a node passes: cheap first
+def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> bool:
+    """A template group takes `node` (of `_shape` `shape`) as an epilogue: pointwise over its output space, reading
+    one of its buffers."""
+    if node.is_reduction() or shape[0] != group.outer:  # asked of every template a node passes: cheap first
         return False
     reads = deps.reads(node)
     return any(n.name in reads for s in group.segments for n in s.nodes)
 
 
-def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
-    """Add `node` to `group` if the fusion rules allow it; returns whether it was added.
+def _try_add(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> bool:
+    """Add `node` (of `_shape` `shape`, computed once per node) to `group` if the fusion rules allow it; returns
+    whether it was added.
 
     Called for every candidate kernel of every node (tens of thousands of times on a big
     training graph, mostly to say no): the loop space is checked first, without copying
     the group, and the group is changed only once `node` is accepted."""
-    fit = _loop_fit(group, node)
+    fit = _loop_fit(group, node, shape)
     if fit is None:
         return False
     # the group's loops as they would be
@@ -245,9 +247,9 @@ class LoopFit(NamedTuple):
     orders: dict  # the group's `orders` after
 
 
-def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer) -> LoopFit | None:
-    """How `group`'s loops take `node`, or None when they cannot."""
-    o, i = _shape(node)
+def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> LoopFit | None:
+    """How `group`'s loops take `node` (of `_shape` `shape`), or None when they cannot."""
+    o, i = shape
     orders = group.orders
     if node.is_reduction():
         if group.has_reduction() or group.inner:
@@ -350,11 +352,12 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
             where[node.name] = len(steps) - 1
             continue
         producers = {where.get(b, -1) for b in deps.reads(node)}
+        shape = _shape(node)
         placed = None if node.name in templates else next(  # a template starts a kernel of its own
             (k for k in _candidates(steps, producers) if (k not in template_groups or (
-                epilogue_fusion and _epilogue_ok(steps[k], node))) and _try_add(steps[k], node)), None)
+                epilogue_fusion and _epilogue_ok(steps[k], node, shape))) and _try_add(steps[k], node, shape)), None)
         if placed is None:
-            o, i = _shape(node)
+            o, i = shape
             steps.append(KernelGroup(f"kernel{kernels}", o, i, [Segment(bool(i), [node])]))
             kernels += 1
             placed = len(steps) - 1

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 
 _DEF = re.compile(r"def (\w+)\((.*)\):$")
-# a whole identifier (or number): the arguments are renamed where one equals an argument's name, by one pattern
-# for every kernel (a pattern per kernel, of its argument names, was compiled anew for each)
-_WORD = re.compile(r"\w+")
+# a function's text split at its identifiers (and numbers), which land at the odd positions: the arguments are
+# renamed where a word equals one (one pattern for every kernel, not one compiled per kernel from its names)
+_WORDS = re.compile(r"(\w+)")
 
 
 def share_identical_kernels(source: str) -> str:
@@ -68,7 +68,9 @@ def _up_to_names(function: list[str]) -> tuple[str, str]:
         body = body[end + 1:]
     renamed = {n: f"arg{j}" for j, n in enumerate(names)}
     text = "\n".join([params, *body])
-    return name, _WORD.sub(lambda m: renamed.get(m.group(0), m.group(0)), text) if renamed else text
+    parts = _WORDS.split(text)
+    parts[1::2] = [renamed.get(word, word) for word in parts[1::2]]
+    return name, "".join(parts)
 
 
 def _code(line: str) -> str:

@@ -343,6 +343,8 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
               "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "backend_s": round(backend_seconds[0], 3),
               "stages_s": {k: round(v, 3) for k, v in stages.items()},
               "stages_cpu_s": _stages_cpu(step_cpu, thread_cpu, backend_cpu[0]),
+              "aot_passes_cpu_s": {k: round(v, 3) for k, v in step_cpu.items()
+                                   if k not in STAGES and not k.startswith("compile")},
               "aot_passes_s": {k: round(v, 3) for k, v in aot_passes.items()}, "graphs": graphs,
               "kernels": sum(g["kernels"] for g in graphs)}
     if triton_build and target == "triton":

@@ -25,7 +25,8 @@ with `kiln.compile(model)`'s default backend and reports seconds per stage:
 `other` is the backend's time outside its stages (the decomposition table built on the first compile,
 checks between passes). `cpu_s` is the job process's CPU time over the compile (capture and backend): the C++
 compiler runs in child processes and is not in it, and unlike the seconds per stage it barely moves with the
-load of a shared host.
+load of a shared host. `stages_cpu_s` splits the compiling thread's CPU seconds the same way (capture, the
+autograd passes together, each stage, other); the line printed per job shows those.
 
 Targets: `cpp` is kiln's CPU target; `triton` is the GPU code generator run on CPU tensors
 (KILN_CPU_BACKEND=triton TRITON_INTERPRET=1). By default a job stops right after the compile (the
@@ -34,7 +35,9 @@ checks nothing else. Models are built here in plain PyTorch: DenseNet-121 (torch
 architecture: growth 32, blocks (6, 12, 24, 16), bn_size 4, BN+ReLU+Conv layers that concatenate
 every earlier feature map), a 12-layer pre-LN transformer, a ResNet-18-style CNN and a ConvNeXt-T-style
 CNN (depths 3, 3, 9, 3), at small sizes (compile time depends on the graph, not on the tensor sizes);
-`bert12` and `gpt2_12` are transformers' BERT (masked LM) and GPT-2 (causal LM) at 12 layers, width 256.
+`bert12` and `gpt2_12` are transformers' BERT (masked LM) and GPT-2 (causal LM) at 12 layers, width 256,
+`t5_6` its T5 (6 encoder and 6 decoder layers, width 256) and `vit12` its ViT (12 layers, width 256, 64x64
+images in 8x8 patches, 10 classes).
 The minifier's repro on a failed compile is off (KILN_REPRO_LEVEL=0): the job's stop after the compile is
 not a failure to reproduce.
 
@@ -65,6 +68,8 @@ TARGETS = ["cpp", "triton"]
 
 
 def build_model(name: str):
+    import inspect
+
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -184,6 +189,14 @@ def build_model(name: str):
         def forward(self, ids):
             return self.hf(input_ids=ids, labels=ids).loss
 
+    class ImageLoss(nn.Module):  # a Hugging Face image classifier called positionally, returning its loss
+        def __init__(self, hf):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, pixels, labels):
+            return self.hf(pixel_values=pixels, labels=labels).loss
+
     class ConvNeXtBlock(nn.Module):
         def __init__(self, dim):
             super().__init__()
@@ -223,6 +236,8 @@ def build_model(name: str):
 
         config_class, model_class, config = HF_MODELS[name]
         hf = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+        if "pixel_values" in inspect.signature(hf.forward).parameters:
+            return ImageLoss(hf), (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)))
         return LMLoss(hf), (torch.randint(0, 1000, (2, 64)),)
     if name == "convnext":
         return ConvNeXt(), (torch.randn(2, 3, 64, 64),)
@@ -243,6 +258,11 @@ HF_MODELS = {  # Hugging Face models at 12 layers (transformers' own modules), w
                                                      intermediate_size=1024, vocab_size=1000)),
     "gpt2_12": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=12, n_embd=256, n_head=4, vocab_size=1000,
                                                       n_positions=64, use_cache=False)),
+    "t5_6": ("T5Config", "T5ForConditionalGeneration", dict(num_layers=6, d_model=256, d_kv=64, d_ff=1024,
+                                                            num_heads=4, vocab_size=1000, use_cache=False)),
+    "vit12": ("ViTConfig", "ViTForImageClassification", dict(num_hidden_layers=12, hidden_size=256,
+                                                             num_attention_heads=4, intermediate_size=1024,
+                                                             image_size=64, patch_size=8, num_labels=10)),
 }
 
 
@@ -258,12 +278,14 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
 
     model, inputs = build_model(model_name)
     compiled: list = []
-    backend_seconds = [0.0]
+    backend_seconds, backend_cpu = [0.0], [0.0]
+    step_cpu = _cpu_timers()
 
     def backend(gm, example_inputs):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         out = kiln.inductor(gm, example_inputs)
         backend_seconds[0] += time.perf_counter() - start
+        backend_cpu[0] += time.thread_time() - cpu_start
         compiled.append(out)
         if not run:
             raise _StopAfterCompile
@@ -284,13 +306,14 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
 
         prof = cProfile.Profile()
         prof.enable()
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
     try:
         step()
     except Exception as e:  # the stop after compile arrives wrapped by kiln's capture
         if not any(isinstance(x, _StopAfterCompile) for x in _chain(e)):
             raise
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    thread_cpu = time.thread_time() - thread_start
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)
@@ -319,12 +342,57 @@ def job(model_name: str, target: str, autocast: str, run: bool, triton_build: bo
     result = {"model": model_name, "target": target, "autocast": autocast, "ran_step": run,
               "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "backend_s": round(backend_seconds[0], 3),
               "stages_s": {k: round(v, 3) for k, v in stages.items()},
+              "stages_cpu_s": _stages_cpu(step_cpu, thread_cpu, backend_cpu[0]),
+              "aot_passes_cpu_s": {k: round(v, 3) for k, v in step_cpu.items()
+                                   if k not in STAGES and not k.startswith("compile")},
               "aot_passes_s": {k: round(v, 3) for k, v in aot_passes.items()}, "graphs": graphs,
               "kernels": sum(g["kernels"] for g in graphs)}
     if triton_build and target == "triton":
         result["triton_build"] = _triton_build_all(compiled)
         result["stages_s"]["triton_build"] = result["triton_build"]["seconds"]
     return result
+
+
+def _cpu_timers() -> dict:
+    """Record, as kiln compiles, the compiling thread's CPU seconds in each pipeline stage and each autograd pass
+    (name -> seconds, each exclusive of the stages and passes it runs: a `compile ...` pass holds a graph's stages).
+    Unlike wall seconds these hardly move with the load of a shared host."""
+    from kiln import pipeline
+    from kiln.autograd import aot
+
+    seconds: dict = {}
+    nested: list[float] = []
+
+    def timed(name: str, run):
+        start = time.thread_time()
+        nested.append(0.0)
+        try:
+            return run()
+        finally:
+            spent = time.thread_time() - start
+            inner = nested.pop()
+            if nested:
+                nested[-1] += spent
+            seconds[name] = seconds.get(name, 0.0) + spent - inner
+
+    run_stage, run_pass = pipeline.Stages.__call__, aot.AOTCompiled._pass
+    pipeline.Stages.__call__ = lambda self, stage, fn, *args: timed(stage, lambda: run_stage(self, stage, fn, *args))
+    aot.AOTCompiled._pass = lambda self, key, name, fn, *args, **kwargs: timed(
+        name, lambda: run_pass(self, key, name, fn, *args, **kwargs))
+    return seconds
+
+
+def _stages_cpu(recorded: dict, thread_cpu: float, backend_cpu: float) -> dict:
+    """CPU seconds of the compiling thread: capture (outside the backend), the autograd passes together (`aot`),
+    each pipeline stage, and the backend's rest (`other`: the `compile ...` passes outside their stages, the
+    decomposition table, the checks between passes)."""
+    from kiln.pipeline import STAGES
+
+    stages = {"capture": thread_cpu - backend_cpu,
+              "aot": sum(v for k, v in recorded.items() if k not in STAGES and not k.startswith("compile")),
+              **{k: recorded.get(k, 0.0) for k in STAGES}}
+    stages["other"] = backend_cpu - sum(v for k, v in stages.items() if k != "capture")
+    return {k: round(v, 3) for k, v in stages.items()}
 
 
 def _chain(e):
@@ -487,8 +555,8 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory(prefix="kiln_ct_") as cache:
                 res = run_job(args, model, target, cache)
             results.append(res)
-            stages = res.get("stages_s")
-            print(f"{model:14s} {target:6s} " + (" ".join(f"{k} {v:.2f}" for k, v in stages.items()) +
+            stages = res.get("stages_cpu_s")
+            print(f"{model:14s} {target:6s} CPU s: " + (" ".join(f"{k} {v:.2f}" for k, v in stages.items()) +
                   f" | backend {res['backend_s']:.2f} s, {res['kernels']} kernels, compile CPU {res['cpu_s']:.2f} s"
                   if stages else res.get("error", "")),
                   flush=True)

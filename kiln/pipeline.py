@@ -46,7 +46,7 @@ from kiln.autograd import aot_compile
 from kiln.capture import bytecode
 from kiln.codegen import triton as triton_target
 from kiln.codegen.cpp import PRELUDE
-from kiln.codegen.describe import fused_graph, name_kernels
+from kiln.codegen.describe import FusedGraph, name_kernels
 from kiln.codegen.target import Target, select_target
 from kiln.codegen.wrapper import ParameterDerived, base_namespace, generate_wrapper
 from kiln.config import CompileOptions, as_options, config, field_name
@@ -392,7 +392,7 @@ def _compiled_graph(gm, graph, sched, plan, code: GeneratedCode, namespace: dict
                     times: dict) -> CompiledGraph:
     # IR, schedule and memory plan print on demand (str()): formatting big sympy indices costs seconds
     return _loaded_graph(gm, code, namespace, target, name, times, ir=graph, schedule=sched, memory=plan,
-                         fused_graph=fused_graph(sched))
+                         fused_graph=FusedGraph(sched))
 
 
 class ReadableGraph:

@@ -14,6 +14,7 @@ input. Inputs that share storage but are only read need nothing of this (tied we
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,9 +108,16 @@ _OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors"
 def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
     """Could `gm` write through a view with overlap: does it call both an overlapping view op and an in-place op?
     A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`)."""
-    names = {_called_name(n) for n in gm.graph.nodes if n.op in ("call_method", "call_function")}
+    calls = [n for n in gm.graph.nodes if n.op in ("call_method", "call_function")]
+    names = {_called_name(n) for n in calls}
+    writing = {_called_name(n) for n in calls if not any(n.target is op for op in _PURE_OPERATORS)}
     return bool(names & _OVERLAPPING_VIEWS) and any(
-        name in ("setitem", "__setitem__") or (name.endswith("_") and not name.startswith("_")) for name in names)
+        name in ("setitem", "__setitem__") or (name.endswith("_") and not name.startswith("_")) for name in writing)
+
+
+# Python's operators whose names end with "_" like an in-place op's, and which write nothing (`mask_a & mask_b`,
+# an attention mask's `&`, is `operator.and_`; its in-place form is `operator.iand`)
+_PURE_OPERATORS = (operator.and_, operator.or_, operator.not_, operator.is_)
 
 
 def _called_name(node: fx.Node) -> str:

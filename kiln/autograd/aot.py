@@ -475,8 +475,8 @@ class AOTCompiled:
         snapshots = [i is not None and i in written for i in split.saved_inputs]
         # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
         watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
-        primals = [n.name for n in split.forward.graph.find_nodes(op="placeholder")]
-        saved_primals = [primals.index(name) if name in primals else None for name in split.saved]
+        primals = {n.name: k for k, n in enumerate(split.forward.graph.find_nodes(op="placeholder"))}
+        saved_primals = [primals.get(name) for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, saved_primals, unreached, graph_origin(program.gm))

@@ -157,9 +157,15 @@ class GraphBuilder:
         return bool(self.symbol_sources)
 
     def _insert_placeholder(self, name: str) -> fx.Node:
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        if placeholders:
-            with self.graph.inserting_after(placeholders[-1]):
+        """A new placeholder after the others, which this method alone inserts and so keeps at the graph's start:
+        found from the start, not by a walk over every op (an input is lifted when first read, mid-graph)."""
+        last = None
+        for node in self.graph.nodes:
+            if node.op != "placeholder":
+                break
+            last = node
+        if last is not None:
+            with self.graph.inserting_after(last):
                 return self.graph.placeholder(name)
         with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
             return self.graph.placeholder(name)

@@ -9,8 +9,11 @@ wrapper calls, what the kernel source shows and what a profiler lists.
 
 `fused_graph(sched)` is the scheduled graph as data (nodes, edges, one cluster
 per kernel) for the debug package's diagrams; it holds names and labels only.
+`FusedGraph(sched)` is the same, computed when first read.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from kiln.lower import ir
 from kiln.schedule import deps
@@ -87,4 +90,26 @@ def fused_graph(sched: Schedule) -> dict:
     return {"nodes": nodes, "edges": edges, "clusters": clusters}
 
 
-__all__ = ["name_kernels", "fused_graph", "kernel_parts", "ExternStep"]
+class FusedGraph(Mapping):
+    """`fused_graph(sched)`, computed when first read: every compile keeps it as an artefact, only the debug
+    package's diagrams read it, and it walks every node's reads (a noticeable part of a big graph's compile)."""
+
+    def __init__(self, sched: Schedule):
+        self._sched, self._data = sched, None
+
+    def _computed(self) -> dict:
+        if self._data is None:
+            self._data = fused_graph(self._sched)
+        return self._data
+
+    def __getitem__(self, key: str):
+        return self._computed()[key]
+
+    def __iter__(self):
+        return iter(self._computed())
+
+    def __len__(self) -> int:
+        return len(self._computed())
+
+
+__all__ = ["name_kernels", "fused_graph", "FusedGraph", "kernel_parts", "ExternStep"]

@@ -158,8 +158,25 @@ def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
 
 
 def linear_index(idx: Sequence[sympy.Expr], stride: Sequence[sympy.Expr], offset=0) -> sympy.Expr:
+    """`offset + sum(i * s)`: asked of the same views again and again (every layer of a model lowers and prints the
+    same shapes), so each distinct question is answered once."""
+    try:
+        return _linear_index(tuple(idx), tuple(stride), offset)
+    except TypeError:  # an unhashable value somewhere: no cache
+        return _linear_index.__wrapped__(tuple(idx), tuple(stride), offset)
+
+
+@functools.lru_cache(maxsize=65536)
+def _linear_index(idx: tuple, stride: tuple, offset) -> sympy.Expr:
     terms = [sympy.sympify(offset)] + [i * s for i, s in zip(idx, stride) if s != 0 and i != 0]
     return sympy.Add(*terms)
+
+
+@functools.lru_cache(maxsize=65536)
+def expanded_coeff(expr, var: sympy.Symbol) -> sympy.Expr:
+    """The coefficient of `var` in `expr` expanded (a load's stride along a loop): asked of every load of every
+    kernel, the same indices in each repeated layer."""
+    return sympy.expand(expr).coeff(var)
 
 
 def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):

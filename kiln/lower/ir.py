@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from kiln.lower.index import contiguous_strides
 
@@ -241,8 +241,23 @@ def extern_reads(node: Extern | MultiOutput) -> set[str]:
     """Names of the buffers an extern (or one item of its tuple result) reads."""
     if isinstance(node, MultiOutput):
         return {node.source}
-    flat, _ = tree_flatten((node.args, node.kwargs))
-    return {a.buf for a in flat if isinstance(a, TensorRef)}
+    out: set[str] = set()
+    _add_refs((node.args, node.kwargs), out)
+    return out
+
+
+def _add_refs(tree, out: set) -> None:
+    """Add to `out` the buffers of the TensorRefs in `tree` (an extern's arguments: tuples, lists and dicts of
+    them). A walk over those containers alone: every pass that orders or plans the nodes asks for their reads,
+    and a general pytree flatten of the arguments cost more than the rest of the question."""
+    if isinstance(tree, TensorRef):
+        out.add(tree.buf)
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            _add_refs(x, out)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _add_refs(x, out)
 
 
 @dataclass

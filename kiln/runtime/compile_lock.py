@@ -9,14 +9,52 @@ Running compiled code never takes it.
 
 Reentrant: a compilation can run compiled code (a backend's example run, a nested frame), which
 may compile in turn.
+
+While a thread holds it, the cyclic garbage collector makes no full (oldest-generation) collections.
+A compile grows the heap by hundreds of thousands of objects (FX nodes, fake tensors, sympy
+expressions, IR), and CPython starts a full collection each time the objects surviving into the
+oldest generation grow by a quarter: every one walks the whole heap (the user's program, torch,
+the compile so far), so their cost grows with the graph faster than the compile's own work. The
+young generations are still collected, so short-lived cycles are freed as before; the oldest
+generation's threshold is restored when the outermost compilation releases the lock, and the next
+full collection then runs at the collector's usual pace.
 """
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
-compile_lock = threading.RLock()
+# the oldest generation's threshold while a compile runs: no full collection starts
+_PAUSED = 1 << 30
+
+
+class CompileLock:
+    """A reentrant lock (`with compile_lock:`) that pauses full collections while held (module docstring)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._depth = 0  # changed only by the thread holding the lock
+        self._thresholds: tuple | None = None
+
+    def __enter__(self) -> CompileLock:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1:
+            self._thresholds = gc.get_threshold()
+            gc.set_threshold(*self._thresholds[:2], _PAUSED)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None
+        self._lock.release()
+
+
+compile_lock = CompileLock()
 
 T = TypeVar("T")
 

@@ -192,20 +192,23 @@ def _shape(node: ir.ComputedBuffer):
     return nonunit(d.ranges), ()
 
 
-def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
-    """A template group takes `node` as an epilogue: pointwise over its output space, reading one of its buffers."""
-    o, i = _shape(node)
-    produced = {n.name for n in group.nodes}
-    return not node.is_reduction() and o == group.outer and bool(deps.reads(node) & produced)
+def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> bool:
+    """A template group takes `node` (of `_shape` `shape`) as an epilogue: pointwise over its output space, reading
+    one of its buffers."""
+    if node.is_reduction() or shape[0] != group.outer:  # asked of every template a node passes: cheap first
+        return False
+    reads = deps.reads(node)
+    return any(n.name in reads for s in group.segments for n in s.nodes)
 
 
-def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
-    """Add `node` to `group` if the fusion rules allow it; returns whether it was added.
+def _try_add(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> bool:
+    """Add `node` (of `_shape` `shape`, computed once per node) to `group` if the fusion rules allow it; returns
+    whether it was added.
 
     Called for every candidate kernel of every node (tens of thousands of times on a big
     training graph, mostly to say no): the loop space is checked first, without copying
     the group, and the group is changed only once `node` is accepted."""
-    fit = _loop_fit(group, node)
+    fit = _loop_fit(group, node, shape)
     if fit is None:
         return False
     # the group's loops as they would be
@@ -244,9 +247,9 @@ class LoopFit(NamedTuple):
     orders: dict  # the group's `orders` after
 
 
-def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer) -> LoopFit | None:
-    """How `group`'s loops take `node`, or None when they cannot."""
-    o, i = _shape(node)
+def _loop_fit(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> LoopFit | None:
+    """How `group`'s loops take `node` (of `_shape` `shape`), or None when they cannot."""
+    o, i = shape
     orders = group.orders
     if node.is_reduction():
         if group.has_reduction() or group.inner:
@@ -339,6 +342,7 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
     templates = templates or {}
     template_groups: set[int] = set()
     steps: list = []
+    kernels = 0  # kernel groups in `steps`, which name the next one
     where: dict[str, int] = {}
     for inp in graph.inputs:
         where[inp.name] = -1
@@ -348,19 +352,14 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
             where[node.name] = len(steps) - 1
             continue
         producers = {where.get(b, -1) for b in deps.reads(node)}
-        earliest = max(producers, default=-1)
-        candidates = [k for k in range(len(steps) - 1, max(earliest, 0) - 1, -1) if isinstance(steps[k], KernelGroup)]
-        if node.name in templates:
-            candidates = []
-        candidates = [k for k in candidates
-                      if k not in template_groups or (epilogue_fusion and _epilogue_ok(steps[k], node))]
-        # vertical fusion (into a producer's kernel) first, then horizontal
-        candidates.sort(key=lambda k: k not in producers)
-        placed = next((k for k in candidates if _try_add(steps[k], node)), None)
+        shape = _shape(node)
+        placed = None if node.name in templates else next(  # a template starts a kernel of its own
+            (k for k in _candidates(steps, producers) if (k not in template_groups or (
+                epilogue_fusion and _epilogue_ok(steps[k], node, shape))) and _try_add(steps[k], node, shape)), None)
         if placed is None:
-            o, i = _shape(node)
-            steps.append(KernelGroup(f"kernel{sum(isinstance(s, KernelGroup) for s in steps)}", o, i,
-                                     [Segment(bool(i), [node])]))
+            o, i = shape
+            steps.append(KernelGroup(f"kernel{kernels}", o, i, [Segment(bool(i), [node])]))
+            kernels += 1
             placed = len(steps) - 1
             if node.name in templates:
                 template_groups.add(placed)
@@ -370,20 +369,33 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
     return sched
 
 
+def _candidates(steps: list, producers: set):
+    """The kernels a node may join, in the order they are tried: its last producer's kernel (vertical fusion),
+    then every other kernel after that producer (horizontal), latest first. Lazily: the first kernel that takes
+    the node ends the walk (a list of every candidate, filtered whole, cost each node the length of the graph)."""
+    last = max(producers, default=-1)
+    if last >= 0 and isinstance(steps[last], KernelGroup):
+        yield last
+    for k in range(len(steps) - 1, max(last, 0) - 1, -1):
+        if k != last and isinstance(steps[k], KernelGroup):
+            yield k
+
+
 def _mark_local(sched: Schedule) -> None:
     """A buffer read only inside its own kernel, where its value is still in a register, is never stored."""
     graph = sched.graph
     outputs = deps.output_buffers(graph)
     readers = deps.readers(graph)
     for group in sched.kernels():
+        segment_of = {n.name: k for k, seg in enumerate(group.segments) for n in seg.nodes}
         for k, seg in enumerate(group.segments):
             for n in seg.nodes:
                 if n.name in outputs:
                     continue
                 ok = True
                 for r in readers.get(n.name, []):
-                    found = group.segment_of(r.name) if isinstance(r, ir.ComputedBuffer) else None
-                    if found is None or (seg.inner and not n.is_reduction() and found[0] != k):
+                    found = segment_of.get(r.name) if isinstance(r, ir.ComputedBuffer) else None
+                    if found is None or (seg.inner and not n.is_reduction() and found != k):
                         ok = False
                         break
                 if ok:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import sympy
 
 from kiln.lower import ir
-from kiln.lower.index import product
+from kiln.lower.index import expanded_coeff, product
 from kiln.schedule.fusion import KernelGroup
 from kiln.schedule.memory import storage_numel
 
@@ -126,7 +126,7 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
             continue
         for n in seg.nodes:
             for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
-                c = sympy.expand(ld.index).coeff(last)
+                c = expanded_coeff(ld.index, last)
                 if c != 0:
                     strides.append(c)
     return not strides or any(c == 1 for c in strides)
@@ -141,15 +141,14 @@ def transposed_dim(group: KernelGroup):
         return None
     variables = group.outer_vars()
     last = variables[-1]
-    if any(sympy.expand(group.store_index(n)).coeff(last) != 1 for n in group.nodes if n.name not in group.local):
+    if any(expanded_coeff(group.store_index(n), last) != 1 for n in group.nodes if n.name not in group.local):
         return None
     for n in group.nodes:
         for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
-            index = sympy.expand(ld.index)
-            if ld.indirect or index.coeff(last) in (0, 1):
+            if ld.indirect or expanded_coeff(ld.index, last) in (0, 1):
                 continue
             for t, v in enumerate(variables[:-1]):
-                if index.coeff(v) == 1 and _static(group.outer[t]) >= MIN_TILE_ROWS:
+                if expanded_coeff(ld.index, v) == 1 and _static(group.outer[t]) >= MIN_TILE_ROWS:
                     return t
     return None
 

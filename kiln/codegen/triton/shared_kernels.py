@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 
 _DEF = re.compile(r"def (\w+)\((.*)\):$")
+# a function's text split at its identifiers (and numbers), which land at the odd positions: the arguments are
+# renamed where a word equals one (one pattern for every kernel, not one compiled per kernel from its names)
+_WORDS = re.compile(r"(\w+)")
 
 
 def share_identical_kernels(source: str) -> str:
@@ -64,9 +67,10 @@ def _up_to_names(function: list[str]) -> tuple[str, str]:
             (j for j in range(1, len(body)) if body[j].rstrip().endswith('"""')), len(body) - 1)
         body = body[end + 1:]
     renamed = {n: f"arg{j}" for j, n in enumerate(names)}
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
     text = "\n".join([params, *body])
-    return name, pattern.sub(lambda m: renamed[m.group(0)], text) if pattern else text
+    parts = _WORDS.split(text)
+    parts[1::2] = [renamed.get(word, word) for word in parts[1::2]]
+    return name, "".join(parts)
 
 
 def _code(line: str) -> str:

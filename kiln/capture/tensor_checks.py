@@ -11,10 +11,13 @@ directly.
 The extension is built once per machine and torch version, with the system C++ compiler
 against the headers of the installed torch, and kept in kiln's cache directory, checked against
 its manifest before it is loaded (kiln/runtime/private_files.py) and built again if broken. The build
-takes about half a minute, so it runs in a background thread: until it is loaded, guards
+takes about half a minute, so it runs in the background: until it is loaded, guards
 check tensors in Python (`available()` is False), and each entry registered with
-`when_ready` gets its guard function rebuilt once it is. Any failure (no compiler, no
-headers) leaves the Python checks in place, with one log line.
+`when_ready` gets its guard function rebuilt once it is. The compiler runs in a detached builder
+process (kiln/runtime/detached_build.py) that a thread of this process waits for: a process that exits
+sooner leaves the builder to finish and publish the library, which the next process loads at once (a build
+in a thread of a short process was killed at its exit, and every process started it again). Any failure
+(no compiler, no headers) leaves the Python checks in place, with one log line.
 
 What a spec checks, as the Python guard does: the exact Python type, dtype, device, sizes,
 then either `is_contiguous()` or the exact strides, then `requires_grad`.
@@ -34,11 +37,12 @@ from pathlib import Path
 
 import torch
 
-from kiln.config import compiler
-from kiln.runtime import compiler as compiler_process
+from kiln.config import compiler, config
+from kiln.runtime import detached_build
 from kiln.runtime.cache import folder as cache_folder
-from kiln.runtime.cache import rebuild_log, record_use, write_new
-from kiln.runtime.private_files import discard, publish, sweep_orphans, temp_name, verify
+from kiln.runtime.cache import rebuild_log, record_use
+from kiln.runtime.compiler import BuildError
+from kiln.runtime.private_files import discard, verify
 
 log = logging.getLogger("kiln.guards")
 
@@ -208,8 +212,7 @@ def _start() -> None:
                 rebuild_log(path, f"the loader rejected it ({e})")
                 discard(path)
         _state = "building"
-        # A daemon: an exiting program does not wait for the build; kiln/runtime/compiler.py kills the
-        # compiler and removes its temporary files at exit.
+        # A daemon: an exiting program does not wait for the build, whose detached builder finishes it alone
         _build_thread = threading.Thread(target=_build_and_load, name="kiln-tensor-checks", daemon=True)
         _build_thread.start()
 
@@ -265,15 +268,13 @@ def _library_path() -> Path:
 
 
 def _build(path: Path) -> Path:
-    """Compile the extension to `path`: the source and the library under this process's own temporary names
-    (a second process building at the same time never touches them), published with its manifest."""
-    sweep_orphans(path.parent)
-    src, out = temp_name(path.with_suffix(".cpp")), temp_name(path)
-    with compiler_process.temporary(src, out):
-        write_new(src, SOURCE)
-        compiler_process.run([compiler(), str(src), "-o", str(out), *_flags()])
-        publish(out, path)
-    return path
+    """Compile the extension to `path` in a detached builder (kiln/runtime/detached_build.py), published with its
+    manifest; a second process building at the same time waits for it and builds nothing."""
+    try:
+        return detached_build.build([compiler(), "{source}", "-o", "{output}", *_flags()], SOURCE, path,
+                                    config.compiler_timeout)
+    except detached_build.DetachedBuildFailed as e:
+        raise BuildError(str(e)) from None
 
 
 def _load(path: Path):

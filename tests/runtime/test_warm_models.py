@@ -30,20 +30,23 @@ SCRIPT = textwrap.dedent("""
     import kiln
     from kiln.runtime import cache, graph_cache
 
-    def gpt2():
+    def gpt2(device="cpu", width=32, vocab=97, seq=16):
         from transformers import GPT2Config, GPT2LMHeadModel
-        cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97, n_positions=16, bos_token_id=0,
+        cfg = GPT2Config(n_layer=1, n_embd=width, n_head=2, vocab_size=vocab, n_positions=seq, bos_token_id=0,
                          eos_token_id=0)  # dropout on, a vocabulary of no round size, tied embeddings
-        model = GPT2LMHeadModel(cfg)
-        ids = torch.randint(0, 97, (2, 16))
+        model = GPT2LMHeadModel(cfg).to(device)
+        ids = torch.randint(0, vocab, (2, seq), device=device)
         fn = kiln.compile(model)
 
         def step():
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(device, dtype=torch.bfloat16):
                 loss = fn(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             return loss
         return step
+
+    def gpt2_cuda():  # GPT-2's own width and vocabulary: the LM head's matmuls are shape-padded
+        return gpt2("cuda", width=768, vocab=50257, seq=128)
 
     class Broken(torch.nn.Module):
         def __init__(self):
@@ -135,6 +138,15 @@ def test_the_second_process_compiles_nothing(runs, case):
 def test_a_symbolic_recompile_is_not_compiled_by_the_second_process(runs):
     warm = runs[1][SYMBOLIC]
     assert {k: warm[k] for k in NOTHING_COMPILED} == NOTHING_COMPILED, warm
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU")
+def test_the_second_process_compiles_nothing_on_the_gpu(tmp_path):
+    """GPT-2 training on the GPU at its own width and vocabulary (Triton kernels, shape-padded LM head)."""
+    pytest.importorskip("transformers")
+    cold, warm = _process(tmp_path / "cache", ["gpt2_cuda"]), _process(tmp_path / "cache", ["gpt2_cuda"])
+    assert cold["gpt2_cuda"]["compiles"] == 2 and cold["gpt2_cuda"]["uncacheable"] == 0, cold
+    assert {k: warm["gpt2_cuda"][k] for k in NOTHING_COMPILED} == NOTHING_COMPILED, warm
 
 
 def test_a_padded_matmul_graph_is_cached_for_the_gpu(fresh_cache, monkeypatch):

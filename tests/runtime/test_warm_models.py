@@ -23,6 +23,7 @@ import torch
 
 import kiln
 from kiln.runtime import graph_cache
+from support.cache import seed_guard_extension
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -118,6 +119,7 @@ def runs(tmp_path_factory) -> tuple[dict, dict]:
     """Every case in a first process over an empty cache, then in a second over the same cache."""
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("warm_models") / "cache"
+    seed_guard_extension(root)
     cases = [*CASES, SYMBOLIC]
     return _process(root, cases), _process(root, cases)
 
@@ -144,6 +146,7 @@ def test_a_symbolic_recompile_is_not_compiled_by_the_second_process(runs):
 def test_the_second_process_compiles_nothing_on_the_gpu(tmp_path):
     """GPT-2 training on the GPU at its own width and vocabulary (Triton kernels, shape-padded LM head)."""
     pytest.importorskip("transformers")
+    seed_guard_extension(tmp_path / "cache")
     cold, warm = _process(tmp_path / "cache", ["gpt2_cuda"]), _process(tmp_path / "cache", ["gpt2_cuda"])
     assert cold["gpt2_cuda"]["compiles"] == 2 and cold["gpt2_cuda"]["uncacheable"] == 0, cold
     assert {k: warm["gpt2_cuda"][k] for k in NOTHING_COMPILED} == NOTHING_COMPILED, warm

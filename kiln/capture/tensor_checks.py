@@ -212,15 +212,22 @@ def _start() -> None:
                 rebuild_log(path, f"the loader rejected it ({e})")
                 discard(path)
         _state = "building"
+        try:  # the builder starts here, not in the thread: a process that exits at once still leaves it running
+            build = _start_build(path)
+        except Exception as e:  # noqa: BLE001 -- no builder (no interpreter to run it): the checks stay in Python
+            _state = "failed"
+            log.info("kiln: tensor guards stay in Python (the C++ checks could not be built: %s)", e)
+            return
         # A daemon: an exiting program does not wait for the build, whose detached builder finishes it alone
-        _build_thread = threading.Thread(target=_build_and_load, name="kiln-tensor-checks", daemon=True)
+        _build_thread = threading.Thread(target=_build_and_load, args=(build,), name="kiln-tensor-checks",
+                                         daemon=True)
         _build_thread.start()
 
 
-def _build_and_load() -> None:
+def _build_and_load(build: detached_build.Build) -> None:
     global _module, _state
     try:
-        module = _build_and_load_once()
+        module = _build_and_load_once(build)
     except Exception as e:  # noqa: BLE001 -- any failure leaves the Python checks in place
         log.info("kiln: tensor guards stay in Python (the C++ checks could not be built: %s)", str(e)[-300:])
         with _lock:
@@ -234,16 +241,16 @@ def _build_and_load() -> None:
         run()
 
 
-def _build_and_load_once():
-    """Build and load the extension; a build the loader rejects is built once more, and removed if that one
-    fails too (the next process tries again)."""
-    path = _build(_library_path())
+def _build_and_load_once(build: detached_build.Build):
+    """Wait for `build` and load the extension; a build the loader rejects is built once more, and removed if that
+    one fails too (the next process tries again)."""
+    path = _wait(build)
     try:
         return _load(path)
     except (ImportError, OSError) as e:
         rebuild_log(path, f"the loader rejected it ({e})")
         discard(path)
-    path = _build(path)
+    path = _wait(_start_build(path))
     try:
         return _load(path)
     except BaseException:
@@ -267,12 +274,16 @@ def _library_path() -> Path:
     return cache_folder("ext", key.hexdigest()[:16]) / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
-def _build(path: Path) -> Path:
-    """Compile the extension to `path` in a detached builder (kiln/runtime/detached_build.py), published with its
-    manifest; a second process building at the same time waits for it and builds nothing."""
+def _start_build(path: Path) -> detached_build.Build:
+    """Start compiling the extension to `path` in a detached builder (kiln/runtime/detached_build.py), which
+    publishes it with its manifest; a second process building at the same time waits for it and builds nothing."""
+    return detached_build.start([compiler(), "{source}", "-o", "{output}", *_flags()], SOURCE, path,
+                                config.compiler_timeout)
+
+
+def _wait(build: detached_build.Build) -> Path:
     try:
-        return detached_build.build([compiler(), "{source}", "-o", "{output}", *_flags()], SOURCE, path,
-                                    config.compiler_timeout)
+        return build.wait()
     except detached_build.DetachedBuildFailed as e:
         raise BuildError(str(e)) from None
 

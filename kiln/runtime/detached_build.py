@@ -16,7 +16,8 @@ not the process that started it still runs; the next process finds it there.
 - It imports neither torch nor kiln: this file runs as a script and loads private_files.py from beside it (the
   standard library only), so it starts in milliseconds and takes no memory from the model.
 
-    build(command, source, artifact, timeout)   in the process that needs it: start the builder, wait for it
+    start(command, source, artifact, timeout).wait()   in the process that needs it: start the builder (at
+                                                       once), then wait for it (in a thread, or not at all)
 """
 from __future__ import annotations
 
@@ -37,19 +38,35 @@ class DetachedBuildFailed(RuntimeError):
     """The builder did not publish the artifact: the compiler failed or timed out (its message says which)."""
 
 
-def build(command: list[str], source: str, artifact: Path, timeout: float) -> Path:
-    """Publish `artifact`, built by a detached process: `source` written to a temporary file, `command` run with
-    "{source}" and "{output}" standing for the temporary paths, the output published as `artifact` (with its
-    manifest). Waits for the builder; if this process exits first, the builder finishes on its own."""
-    request = json.dumps({"command": command, "source": source, "artifact": str(artifact), "timeout": timeout})
-    with tempfile.TemporaryFile() as errors:  # anonymous: gone when the last of the two processes closes it
-        proc = subprocess.Popen([sys.executable, __file__, request], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True, close_fds=True)
-        if proc.wait() != 0:
-            errors.seek(0)
-            raise DetachedBuildFailed(errors.read().decode(errors="replace")[-4000:] or
-                                      f"kiln: the builder of {artifact} exited with status {proc.returncode}")
-    return artifact
+class Build:
+    """A detached builder started by `start`: `wait()` for its artifact."""
+
+    def __init__(self, command: list[str], source: str, artifact: Path, timeout: float):
+        self.artifact = artifact
+        request = json.dumps({"command": command, "source": source, "artifact": str(artifact), "timeout": timeout})
+        self.errors = tempfile.TemporaryFile()  # anonymous: gone once both processes have closed it
+        self.proc = subprocess.Popen([sys.executable, __file__, request], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.errors, start_new_session=True,
+                                     close_fds=True)
+
+    def wait(self) -> Path:
+        """The published artifact, once the builder is done; DetachedBuildFailed with its error output if not."""
+        try:
+            if self.proc.wait() != 0:
+                self.errors.seek(0)
+                raise DetachedBuildFailed(self.errors.read().decode(errors="replace")[-4000:] or
+                                          f"kiln: the builder of {self.artifact} exited with {self.proc.returncode}")
+        finally:
+            self.errors.close()
+        return self.artifact
+
+
+def start(command: list[str], source: str, artifact: Path, timeout: float) -> Build:
+    """Start building `artifact` in a detached process, now (before this call returns, so that a process exiting
+    right after still leaves the build running): `source` written to a temporary file, `command` run with
+    "{source}" and "{output}" standing for the temporary paths, the output published as `artifact` with its
+    manifest."""
+    return Build(command, source, artifact, timeout)
 
 
 # ----------------------------------------------------------------------------- the builder (this file as a script)

@@ -30,7 +30,8 @@ timings of a profiled run are not the benchmark's.
 Each row also says what could make a warm process's steady step differ from a cold one's: `step_cpu_s` (the CPU
 seconds of one steady step, every thread of the process), `background` (its other threads and child processes
 then) and, for kiln, `kiln` (Triton kernels loaded from kiln's cache without Triton's JIT, whether the build workers
-started, and launches of the steady steps that missed a launcher's fast path).
+started, launches of the steady steps that missed a launcher's fast path, and `made`: what the process traced or
+compiled instead of taking it from the cache).
 """
 from __future__ import annotations
 
@@ -184,12 +185,20 @@ def _background() -> dict:
 
 def _kiln_paths(slow_launches: int) -> dict:
     """How kiln's kernels were loaded and launched: Triton kernels loaded from kiln's cache without Triton's JIT
-    (kiln/runtime/triton_binaries.py), whether the build workers started, and the launches of the three steady
-    steps that missed a launcher's fast path (kiln/codegen/triton/launch.py)."""
+    (kiln/runtime/triton_binaries.py), whether the build workers started, the launches of the three steady
+    steps that missed a launcher's fast path (kiln/codegen/triton/launch.py), and what the process compiled
+    instead of taking it from the cache (`made`: AOT variants traced, ATen graphs compiled, keys or products the
+    cache could not describe; a warm process should show none)."""
+    from kiln.runtime import graph_cache
+
     binaries = sys.modules.get("kiln.runtime.triton_binaries")
     workers = sys.modules.get("kiln.codegen.triton.build_workers")
+    stats = graph_cache.folder_stats
+    made = {"traces": stats["aot"].get("traces"), "compiles": stats["graphs"].get("compiles"),
+            "uncacheable": stats["graphs"]["uncacheable"] + stats["aot"]["uncacheable"]}
     return {"binaries": dict(binaries.stats) if binaries else {},
-            "build_workers": getattr(workers, "_pool", None) is not None, "slow_launches": slow_launches}
+            "build_workers": getattr(workers, "_pool", None) is not None, "slow_launches": slow_launches,
+            "made": made}
 
 
 def _write_profile(profile: cProfile.Profile, path: Path) -> None:
@@ -238,15 +247,17 @@ def _median_of(runs: list[dict]) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms | step_cpu_ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | compiler | mode | compile_s | first_step_s | load_s | step_ms | step_cpu_ms | kiln made |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | error | | | | |")
+            lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | error | | | | | |")
             continue
+        made = r.get("kiln", {}).get("made")
         lines.append(f"| {r['model']} | {r['compiler']} | {r['mode']} | {r['compile_s']:.2f} | "
                      f"{r['first_step_s']:.2f} | {r['load_s']:.3f} | {r['step_s'] * 1000:.1f} | "
-                     f"{r.get('step_cpu_s', 0) * 1000:.1f} |")
+                     f"{r.get('step_cpu_s', 0) * 1000:.1f} | "
+                     f"{' '.join(f'{k} {v}' for k, v in made.items()) if made else ''} |")
     return "\n".join(lines)
 
 

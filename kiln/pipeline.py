@@ -153,6 +153,7 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             graph_cache.forget(key)
     recorded = len(fallbacks.records())
+    graph_cache.stats["compiles"] += 1
     compiled = _compile_stages(gm, example_inputs, options, name, run)
     product = getattr(compiled, "product", None)
     if key and product is not None and len(fallbacks.records()) == recorded:
@@ -194,7 +195,8 @@ def _product(code: GeneratedCode, target: Target) -> dict | None:
         return graph_cache.encode_product(target.name, code.source, code.wrapper, code.kernels, code.namespace,
                                           base_namespace())
     except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value it cannot describe: the compile stands
-        log.debug("not cached: %s: %s", type(e).__name__, e)
+        log.info("%s graph not cached: %s: %s", target.name, type(e).__name__, e)  # every process compiles it
+        graph_cache.stats["uncacheable"] += 1
         return None
 
 

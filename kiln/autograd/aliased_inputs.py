@@ -107,17 +107,27 @@ _OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors"
 
 def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
     """Could `gm` write through a view with overlap: does it call both an overlapping view op and an in-place op?
-    A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`)."""
+    A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`): a warm start pays
+    for that run too (nothing of it is cached), so an op that is not in place must not count as one."""
     calls = [n for n in gm.graph.nodes if n.op in ("call_method", "call_function")]
-    names = {_called_name(n) for n in calls}
-    writing = {_called_name(n) for n in calls if not any(n.target is op for op in _PURE_OPERATORS)}
-    return bool(names & _OVERLAPPING_VIEWS) and any(
-        name in ("setitem", "__setitem__") or (name.endswith("_") and not name.startswith("_")) for name in writing)
+    return bool({_called_name(n) for n in calls} & _OVERLAPPING_VIEWS) and any(map(_in_place, calls))
 
 
-# Python's operators whose names end with "_" like an in-place op's, and which write nothing (`mask_a & mask_b`,
-# an attention mask's `&`, is `operator.and_`; its in-place form is `operator.iand`)
-_PURE_OPERATORS = (operator.and_, operator.or_, operator.not_, operator.is_)
+# Python's operators that write their left operand (`x += y`, `x[i] = y`), as functions and as methods. The
+# operator module's other names are not in place, whatever their spelling (`&` is `operator.and_`).
+_IN_PLACE_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.iand, operator.ifloordiv, operator.ilshift,
+                                 operator.imatmul, operator.imod, operator.imul, operator.ior, operator.ipow,
+                                 operator.irshift, operator.isub, operator.itruediv, operator.ixor})
+_IN_PLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS)
+
+
+def _in_place(node: fx.Node) -> bool:
+    """Could this call write an argument in place: one of Python's in-place operators, or a torch method or
+    function named in place (`add_`, `torch.relu_`, `torch.nn.init.zeros_`)?"""
+    if node.op == "call_function" and getattr(node.target, "__module__", None) in ("operator", "_operator"):
+        return node.target in _IN_PLACE_OPERATORS
+    name = _called_name(node)
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
 
 
 def _called_name(node: fx.Node) -> str:

@@ -367,6 +367,7 @@ class AOTCompiled:
         nothing is cached: one that builds in the background (`before_trace`, kiln's Triton build workers) starts
         now, during the trace. Not for a variant the cache cannot keep while caching is on: its ATen graphs are
         traced every time, but the compiler's products of them may well be cached."""
+        aot_cache.stats["traces"] += 1
         start = getattr(self.compiler, "before_trace", None)
         if start is not None and (product_key is not None or self.cache is None):
             start()

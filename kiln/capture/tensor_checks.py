@@ -11,10 +11,13 @@ directly.
 The extension is built once per machine and torch version, with the system C++ compiler
 against the headers of the installed torch, and kept in kiln's cache directory, checked against
 its manifest before it is loaded (kiln/runtime/private_files.py) and built again if broken. The build
-takes about half a minute, so it runs in a background thread: until it is loaded, guards
+takes about half a minute, so it runs in the background: until it is loaded, guards
 check tensors in Python (`available()` is False), and each entry registered with
-`when_ready` gets its guard function rebuilt once it is. Any failure (no compiler, no
-headers) leaves the Python checks in place, with one log line.
+`when_ready` gets its guard function rebuilt once it is. The compiler runs in a detached builder
+process (kiln/runtime/detached_build.py) that a thread of this process waits for: a process that exits
+sooner leaves the builder to finish and publish the library, which the next process loads at once (a build
+in a thread of a short process was killed at its exit, and every process started it again). Any failure
+(no compiler, no headers) leaves the Python checks in place, with one log line.
 
 What a spec checks, as the Python guard does: the exact Python type, dtype, device, sizes,
 then either `is_contiguous()` or the exact strides, then `requires_grad`.
@@ -34,11 +37,12 @@ from pathlib import Path
 
 import torch
 
-from kiln.config import compiler
-from kiln.runtime import compiler as compiler_process
+from kiln.config import compiler, config
+from kiln.runtime import detached_build
 from kiln.runtime.cache import folder as cache_folder
-from kiln.runtime.cache import rebuild_log, record_use, write_new
-from kiln.runtime.private_files import discard, publish, sweep_orphans, temp_name, verify
+from kiln.runtime.cache import rebuild_log, record_use
+from kiln.runtime.compiler import BuildError
+from kiln.runtime.private_files import discard, verify
 
 log = logging.getLogger("kiln.guards")
 
@@ -208,16 +212,22 @@ def _start() -> None:
                 rebuild_log(path, f"the loader rejected it ({e})")
                 discard(path)
         _state = "building"
-        # A daemon: an exiting program does not wait for the build; kiln/runtime/compiler.py kills the
-        # compiler and removes its temporary files at exit.
-        _build_thread = threading.Thread(target=_build_and_load, name="kiln-tensor-checks", daemon=True)
+        try:  # the builder starts here, not in the thread: a process that exits at once still leaves it running
+            build = _start_build(path)
+        except Exception as e:  # noqa: BLE001 -- no builder (no interpreter to run it): the checks stay in Python
+            _state = "failed"
+            log.info("kiln: tensor guards stay in Python (the C++ checks could not be built: %s)", e)
+            return
+        # A daemon: an exiting program does not wait for the build, whose detached builder finishes it alone
+        _build_thread = threading.Thread(target=_build_and_load, args=(build,), name="kiln-tensor-checks",
+                                         daemon=True)
         _build_thread.start()
 
 
-def _build_and_load() -> None:
+def _build_and_load(build: detached_build.Build) -> None:
     global _module, _state
     try:
-        module = _build_and_load_once()
+        module = _build_and_load_once(build)
     except Exception as e:  # noqa: BLE001 -- any failure leaves the Python checks in place
         log.info("kiln: tensor guards stay in Python (the C++ checks could not be built: %s)", str(e)[-300:])
         with _lock:
@@ -231,16 +241,16 @@ def _build_and_load() -> None:
         run()
 
 
-def _build_and_load_once():
-    """Build and load the extension; a build the loader rejects is built once more, and removed if that one
-    fails too (the next process tries again)."""
-    path = _build(_library_path())
+def _build_and_load_once(build: detached_build.Build):
+    """Wait for `build` and load the extension; a build the loader rejects is built once more, and removed if that
+    one fails too (the next process tries again)."""
+    path = _wait(build)
     try:
         return _load(path)
     except (ImportError, OSError) as e:
         rebuild_log(path, f"the loader rejected it ({e})")
         discard(path)
-    path = _build(path)
+    path = _wait(_start_build(path))
     try:
         return _load(path)
     except BaseException:
@@ -264,16 +274,18 @@ def _library_path() -> Path:
     return cache_folder("ext", key.hexdigest()[:16]) / f"kiln_tensor_checks{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
-def _build(path: Path) -> Path:
-    """Compile the extension to `path`: the source and the library under this process's own temporary names
-    (a second process building at the same time never touches them), published with its manifest."""
-    sweep_orphans(path.parent)
-    src, out = temp_name(path.with_suffix(".cpp")), temp_name(path)
-    with compiler_process.temporary(src, out):
-        write_new(src, SOURCE)
-        compiler_process.run([compiler(), str(src), "-o", str(out), *_flags()])
-        publish(out, path)
-    return path
+def _start_build(path: Path) -> detached_build.Build:
+    """Start compiling the extension to `path` in a detached builder (kiln/runtime/detached_build.py), which
+    publishes it with its manifest; a second process building at the same time waits for it and builds nothing."""
+    return detached_build.start([compiler(), "{source}", "-o", "{output}", *_flags()], SOURCE, path,
+                                config.compiler_timeout)
+
+
+def _wait(build: detached_build.Build) -> Path:
+    try:
+        return build.wait()
+    except detached_build.DetachedBuildFailed as e:
+        raise BuildError(str(e)) from None
 
 
 def _load(path: Path):

@@ -225,9 +225,32 @@ def _describe_input(x) -> list:
 
 # ----------------------------------------------------------------------------- values of the wrapper's namespace
 
+# kiln's own helper objects that a wrapper's namespace may hold beside ATen's (an extern whose op is a kiln
+# callable: a shape-padded matmul), by class name. Each rebuilds from plain fields as `cls(**value.fields())`.
+# Only classes registered here are rebuilt: a name read from a product is looked up, never imported.
+_HELPERS: dict[str, type] = {}
+_FIELD_TYPES = (type(None), bool, int, float, str)
+
+
+def describable(cls: type) -> type:
+    """Class decorator: `cls`'s instances may be kept in a product (`fields()` -> plain values, the keyword
+    arguments that build an equal instance). Without it, a graph whose wrapper holds one is compiled in every
+    process."""
+    _HELPERS[cls.__qualname__] = cls
+    return cls
+
+
+def _encode_helper(value) -> dict:
+    fields = value.fields()
+    if not all(isinstance(k, str) and type(v) in _FIELD_TYPES for k, v in fields.items()):
+        raise Uncacheable(f"a {type(value).__name__} with fields that are not plain values")
+    return {"kiln": type(value).__qualname__, "fields": fields}
+
 
 def encode_value(value) -> dict:
     """A JSON description of one namespace value, or Uncacheable."""
+    if _HELPERS.get(type(value).__qualname__) is type(value):
+        return _encode_helper(value)
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter) or value.is_meta:
             raise Uncacheable(f"a tensor of type {type(value).__name__}")
@@ -263,6 +286,11 @@ def decode_value(d: dict):
         namespace, name = d["op"].split("::")
         packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
         return getattr(packet, d["overload"] or "default")
+    if "kiln" in d:
+        helper = _HELPERS.get(d["kiln"])
+        if helper is None:
+            raise ValueError(f"kiln: a cached graph names a helper this kiln does not have: {d['kiln']!r}")
+        return helper(**d["fields"])
     for kind in (torch.dtype, torch.memory_format, torch.layout):
         if kind.__name__ in d:
             value = getattr(torch, d[kind.__name__])
@@ -323,9 +351,12 @@ def decode_product(product: dict, base: dict) -> tuple[dict, dict]:
 
 # The folders of whole-graph products: "graphs" (an ATen graph's kernels and wrapper, kept here) and "aot"
 # (a captured graph's AOT autograd product, kiln/autograd/aot_cache.py). Each counts its own stores, and the
-# hits its user counts: a product read back that does not load is no hit.
+# hits its user counts: a product read back that does not load is no hit. What was made instead of taken from
+# the cache, cacheable or not, is counted by the user too: "compiles" (graphs: ATen graphs run through the
+# stages), "traces" (aot: variants traced). A warm process over a complete cache counts none of either.
 FOLDERS = ("graphs", "aot")
-folder_stats = {folder: {"hits": 0, "stores": 0, "uncacheable": 0} for folder in FOLDERS}
+folder_stats = {folder: {"hits": 0, "stores": 0, "uncacheable": 0, "compiles": 0, "traces": 0}
+                for folder in FOLDERS}
 stats = folder_stats["graphs"]
 
 
@@ -374,5 +405,5 @@ def forget(key: str, folder: str = "graphs") -> None:
     discard(product_path(key, folder))
 
 
-__all__ = ["graph_key", "encode_product", "decode_product", "record_binaries", "lookup", "store", "forget",
-           "Uncacheable", "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]
+__all__ = ["graph_key", "describable", "encode_product", "decode_product", "record_binaries", "lookup", "store",
+           "forget", "Uncacheable", "KernelSignature", "environment", "host", "stats", "folder_stats", "FOLDERS"]

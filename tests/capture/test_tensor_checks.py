@@ -120,10 +120,9 @@ def test_an_entry_compiled_while_the_extension_builds_switches_to_it(monkeypatch
     x = torch.randn(2, 4)
     compiled(x)
     assert not _checks_in_cpp(compiled)
-    monkeypatch.setattr(tensor_checks, "_library_path", lambda: None)
-    monkeypatch.setattr(tensor_checks, "_build", lambda path: path)
+    monkeypatch.setattr(tensor_checks, "_wait", lambda build: None)
     monkeypatch.setattr(tensor_checks, "_load", lambda path: module)
-    tensor_checks._build_and_load()  # what the build thread does when the compiler is done
+    tensor_checks._build_and_load(None)  # what the build thread does when the builder is done
     assert _checks_in_cpp(compiled)
     torch.testing.assert_close(compiled(x), model(x))
     assert len(context_of(compiled).records) == 1

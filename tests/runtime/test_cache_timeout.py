@@ -1,6 +1,7 @@
 """A hung compiler is killed after `kiln.config.compiler_timeout` seconds: the build raises a clear error and
-the graph runs through ATen (a recorded fallback). No compiler outlives the process, and no build's
-temporary files stay behind, even for the daemon thread that builds the guards' tensor checks."""
+the graph runs through ATen (a recorded fallback). No kernel compiler outlives the process, and no build's
+temporary files stay behind; the guards' tensor checks, built by a detached process that outlives its parent on
+purpose, are held to the same time limit there."""
 from __future__ import annotations
 
 import os
@@ -71,24 +72,29 @@ def test_compiled_function_falls_back_to_aten_when_the_compiler_hangs(fresh_cach
 EXITING = textwrap.dedent("""
     import sys, time
     from kiln.capture import tensor_checks
-    tensor_checks.available()  # starts the extension's build in its daemon thread
+    tensor_checks.available()  # starts the extension's build in its detached builder
     while not open(sys.argv[1]).read().strip():
         time.sleep(0.05)
     sys.exit(0)  # exits while the compiler runs
 """)
 
 
-def test_no_orphaned_compiler_or_temporary_file_after_exit(tmp_path):
-    """The guards' extension builds in a daemon thread: at exit its compiler is killed and its files removed."""
+def test_a_hung_build_left_by_an_exited_process_is_killed_and_leaves_no_files(tmp_path):
+    """The guards' extension builds in a detached process that outlives its parent (kiln/runtime/detached_build.py):
+    a compiler that hangs there is killed at the time limit all the same, and the builder removes its files."""
     pids = tmp_path / "pids"
     pids.write_text("")
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"),
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_COMPILER_TIMEOUT="2",
                KILN_CXX=str(fake_compiler(tmp_path / "bin", SLEEPER.format(pids=pids))))
     proc = subprocess.run([sys.executable, "-c", EXITING, str(pids)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _wait_dead([int(p) for p in pids.read_text().split()])
-    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert _wait_dead([int(p) for p in pids.read_text().split()], seconds=30)
+    deadline = time.time() + 10  # the builder removes its temporary files after its compiler is gone
+    while [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".lock")] and \
+            time.time() < deadline:
+        time.sleep(0.1)
+    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".lock")]
     assert leftovers == []
 
 

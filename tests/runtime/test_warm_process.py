@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from support.cache import seed_guard_extension
+
 # argv: a JSON list of variants, each {"body": "gelu" | "tanh", "scale": the global SCALE, "batch": batch size},
 # each compiled by a new kiln.compile in this process; prints one JSON line per variant
 SCRIPT = textwrap.dedent("""
@@ -83,6 +85,7 @@ def _process(cache_dir: Path, variants: list[dict]) -> list[dict]:
 def runs(tmp_path_factory) -> dict:
     """A first process on an empty cache, then a second over it: the first's variant again, then each change."""
     root = tmp_path_factory.mktemp("warm") / "cache"
+    seed_guard_extension(root)
     [first] = _process(root, [FIRST])
     second = _process(root, [FIRST, *CHANGES.values()])
     return {"first": first, "warm": second[0], **dict(zip(CHANGES, second[1:]))}

@@ -33,3 +33,23 @@ def fake_compiler(folder: Path, body: str) -> Path:
     script.write_text("#!/bin/sh\n" + body + "\n")
     script.chmod(0o755)
     return script
+
+
+def seed_guard_extension(root: Path) -> None:
+    """Copy the guards' extension built for the tests (kiln/capture/tensor_checks.py) into the cache `root`, as a
+    machine that ran kiln before has it: processes over `root` load it rather than each fresh cache starting its
+    own detached build (twenty seconds of the compiler competing with the tests). Nothing where it cannot be
+    built."""
+    import shutil
+
+    from kiln.capture import tensor_checks
+    from kiln.runtime.private_files import manifest_path
+
+    module = tensor_checks.wait()
+    if module is None:
+        return
+    built = Path(module.__file__)
+    folder = root / built.parent.relative_to(built.parents[2])  # ext/<key>
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path in (built, manifest_path(built)):
+        shutil.copy2(path, folder / path.name)

@@ -42,6 +42,7 @@ from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.lower import ir
 from kiln.lower.index import index_vars
+from kiln.runtime import graph_cache
 from kiln.schedule.fusion import KernelGroup, Segment, nonunit
 
 aten = torch.ops.aten
@@ -194,6 +195,7 @@ def padded_matmul(op: str, args: tuple, kwargs: dict, multiple: int) -> torch.Te
     return out[..., :n] if out.shape[-1] != n else out
 
 
+@graph_cache.describable  # a graph calling it is kept in the compile cache like one calling ATen ops only
 class PaddedMatmul:
     """An extern's op: the ATen matmul with shape padding (the wrapper calls it as it calls ATen ops)."""
 
@@ -205,6 +207,9 @@ class PaddedMatmul:
 
     def __repr__(self) -> str:
         return f"PaddedMatmul({self.op}, multiple={self.multiple})"
+
+    def fields(self) -> dict:
+        return {"op": self.op, "multiple": self.multiple}
 
 
 def aten_matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, multiple: int) -> None:

@@ -1,0 +1,82 @@
+"""Which graphs pay for a fake run to find their writes through an expanded view (aliased_inputs.py).
+
+A graph that expands an input and writes in place may write the input through the expanded view
+(`x.expand(3, n)[1].copy_(v)`), which needs the input to become a view of a base. Finding out runs the whole
+captured graph on fake tensors, in a cold and in a warm process alike, so only graphs that call both an
+overlapping view op and an in-place op pay for it. Python's operators are in place only as `x op= y` and
+`x[i] = y`: `m & k` (`operator.and_`, a transformer's attention mask) is not, and costs no run. Each program
+runs in eager and kiln side by side.
+"""
+import pytest
+import torch
+
+from kiln.autograd import aliased_inputs
+from support.differential import check
+
+
+def mask_and(x, v):
+    keep = (x > 0) & (v > 0)  # operator.and_
+    return x.expand(3, 4) * keep
+
+
+def mask_or_not(x, v):
+    keep = (x > 0) | ~(v > 0)  # operator.or_, operator.invert
+    return torch.where(keep, x.expand(3, 4), 0.0)
+
+
+def is_none_check(x, v):
+    bias = None
+    scale = 2.0 if bias is None else 1.0  # operator.is_ where the capture keeps it
+    return x.expand(2, 4) * v * scale
+
+
+def copy_into_an_expanded_row(x, v):
+    x.expand(3, 4)[1].copy_(v)
+    return x * 2
+
+
+def add_assign_into_an_expanded_row(x, v):
+    row = x.expand(3, 4)[1]
+    row += v  # operator.iadd
+    return x * 2
+
+
+def assign_into_an_expanded_row(x, v):
+    x.expand(3, 4)[1][:] = v  # operator.setitem
+    return x + 1
+
+
+def add_into_an_expanded_row(x, v):
+    x.expand(3, 4)[2].add_(v)
+    return x.sum()
+
+
+NOT_IN_PLACE = [mask_and, mask_or_not, is_none_check]
+IN_PLACE = [copy_into_an_expanded_row, add_assign_into_an_expanded_row, assign_into_an_expanded_row,
+            add_into_an_expanded_row]
+
+
+def _arguments(call):
+    return [torch.linspace(-1.0, 1.0, 4).reshape(1, 4) + call, torch.linspace(1.0, -0.5, 4)]
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """The fake runs `_input_writes` makes, counted."""
+    runs = []
+    original = aliased_inputs._input_writes
+    monkeypatch.setattr(aliased_inputs, "_input_writes", lambda *args: runs.append(1) or original(*args))
+    return runs
+
+
+@pytest.mark.parametrize("program", NOT_IN_PLACE, ids=lambda f: f.__name__)
+def test_operators_that_are_not_in_place_cost_no_fake_run(program, fake_runs):
+    check(program, _arguments, "aot_eager", calls=2)
+    assert fake_runs == []
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", IN_PLACE, ids=lambda f: f.__name__)
+def test_writes_through_an_expanded_view_are_found_and_kept(program, backend, fake_runs):
+    check(program, _arguments, backend, calls=2)
+    assert fake_runs, "an in-place op next to an expand is looked at"

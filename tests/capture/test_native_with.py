@@ -45,8 +45,8 @@ def swallowing(value):
 class Logged:
     """A class manager that logs what its `__exit__` sees and suppresses when told to."""
 
-    def __init__(self, value, suppress=False):
-        self.value, self.suppress = value, suppress
+    def __init__(self, value, suppress=False, exit_raises=False):
+        self.value, self.suppress, self.exit_raises = value, suppress, exit_raises
 
     def __enter__(self):
         _current["LOG"].append(("enter", self.value))
@@ -54,6 +54,8 @@ class Logged:
 
     def __exit__(self, kind, value, traceback):
         _current["LOG"].append(("exit", kind and kind.__name__, str(value) if value else None))
+        if self.exit_raises:
+            raise KeyError("exit failed")
         return self.suppress
 
 
@@ -75,6 +77,7 @@ MANAGERS = {
     "suppressing generator": "swallowing(2)",
     "class": "Logged(2)",
     "suppressing class": "Logged(2, suppress=True)",
+    "class whose exit raises": "Logged(2, exit_raises=True)",
     "suppress": "contextlib.suppress(ValueError)",
 }
 
@@ -173,6 +176,36 @@ def f(x):
 """,
 }
 
+# a break inside a block, then one in a loop: the continuation (inside the block) steps its loop natively
+BLOCKS_AROUND_LOOPS = {
+    "the loop inside the block": """
+def f(x):
+    print('a', file=BUF)
+    with {m}:
+        print('b', file=BUF)
+        out = []
+        for i in range(3):
+            print(i, file=BUF)
+            out.append(x.mm(x) + i)
+        LOG.append((torch.is_grad_enabled(), torch.is_autocast_enabled('cpu')))
+    LOG.append((torch.is_grad_enabled(), torch.is_autocast_enabled('cpu')))
+    return out
+""",
+    "a block inside the block, left by an exception": """
+def f(x):
+    print('a', file=BUF)
+    with {m}:
+        print('b', file=BUF)
+        for i in range(3):
+            with contextlib.suppress(ZeroDivisionError):
+                print(i, file=BUF)
+                x = x * 2
+                LOG.append(i / (i - 1))
+            LOG.append((i, torch.is_grad_enabled(), torch.is_autocast_enabled('cpu')))
+    return x
+""",
+}
+
 # a continuation (after the print) whose graph raises: stepped through natively again from its start
 GRAPH_RAISES = {
     "raise inside the block": """
@@ -249,6 +282,14 @@ def test_a_block_in_a_natively_stepped_loop_behaves_as_eager(loop, manager, grad
     _compare(LOOPS[loop].format(m=MANAGERS[manager]), torch.ones(2, 2), grad, "eager")
 
 
+@pytest.mark.allows_fallback("graph_break: the prints, which torch.compile breaks on too")
+@pytest.mark.parametrize("manager", ["no_grad", "enable_grad", "autocast", "class", "suppressing class"])
+@pytest.mark.parametrize("program", BLOCKS_AROUND_LOOPS)
+def test_a_stepped_loop_inside_a_block_behaves_as_eager(program, manager):
+    _compare(BLOCKS_AROUND_LOOPS[program].format(m=MANAGERS[manager]), torch.ones(2, 2, requires_grad=True),
+             True, "eager")
+
+
 @pytest.mark.allows_fallback("graph_break: the print before the raising graph")
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("manager", MANAGERS)
@@ -258,7 +299,7 @@ def test_a_block_in_a_rerun_continuation_behaves_as_eager(program, manager, back
 
 
 @pytest.mark.allows_fallback("graph_break: the print in the loop, which torch.compile breaks on too")
-@pytest.mark.parametrize("manager", MANAGERS)
+@pytest.mark.parametrize("manager", [m for m in MANAGERS if m != "class whose exit raises"])
 def test_a_function_called_in_a_block_of_a_stepped_loop_is_compiled_as_torch_compile_does(manager):
     """torch.compile skips the frame and compiles `step` as a frame of its own; kiln steps the frame natively
     and compiles `step` (before, it ran the frame eagerly, `step` uncompiled): the same graphs."""

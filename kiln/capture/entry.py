@@ -135,6 +135,7 @@ class CaptureRecord:
     recompile_reason: str | None = None
     id: int = 0  # process-wide graph id, shown by the report, the debug directory and the profiler range
     name: str = ""  # the function's name
+    function: str = ""  # the function with its file and line (`FrameSpec.function`), continuations included
     backend_seconds: float = 0.0  # the part of compile_seconds spent in the backend
     compiled: Any = None  # what the backend returned
     calls: int = 0  # calls of this entry's program and their time, counted while instrumentation is on
@@ -744,8 +745,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
     log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
     record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, source, 0.0,
-                           id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
-                           compiled=compiled)
+                           id=graph_id, name=spec.code.co_name, function=spec.function(),
+                           backend_seconds=backend_seconds, compiled=compiled)
     if log_program.isEnabledFor(logging.INFO):
         log_program.info("output program for %s\n%s", spec.describe(), record.program_source)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, source, record,

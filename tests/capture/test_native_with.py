@@ -60,6 +60,13 @@ class Logged:
         return self.suppress
 
 
+class EnterOnly:
+    """Not a manager: it lacks `__exit__` (CPython's TypeError says so)."""
+
+    def __enter__(self):
+        _current["LOG"].append("entered")
+
+
 def step(x):
     return x.relu() * 3 + 1
 
@@ -80,6 +87,7 @@ MANAGERS = {
     "suppressing class": "Logged(2, suppress=True)",
     "class whose exit raises": "Logged(2, exit_raises=True)",
     "suppress": "contextlib.suppress(ValueError)",
+    "no __exit__": "EnterOnly()",
 }
 
 # a break in the loop (the print) makes the frame step through natively, with the block in the loop's body
@@ -238,8 +246,8 @@ _current: dict = {}
 def _namespace() -> dict:
     """Fresh module state for one run of a program (its globals)."""
     namespace = {"torch": torch, "contextlib": contextlib, "logged": logged, "swallowing": swallowing,
-                 "Logged": Logged, "step": step, "fail": fail, "LOG": [], "OBJ": types.SimpleNamespace(), "COUNT": 0,
-                 "BUF": io.StringIO()}
+                 "Logged": Logged, "EnterOnly": EnterOnly, "step": step, "fail": fail, "LOG": [],
+                 "OBJ": types.SimpleNamespace(), "COUNT": 0, "BUF": io.StringIO()}
     _current.clear()
     _current.update(namespace)
     return namespace
@@ -310,7 +318,7 @@ def test_a_block_in_a_rerun_continuation_behaves_as_eager(program, manager, back
 
 
 @pytest.mark.allows_fallback("graph_break: the print in the loop, which torch.compile breaks on too")
-@pytest.mark.parametrize("manager", [m for m in MANAGERS if m != "class whose exit raises"])
+@pytest.mark.parametrize("manager", [m for m in MANAGERS if m not in ("class whose exit raises", "no __exit__")])
 def test_a_function_called_in_a_block_of_a_stepped_loop_is_compiled_as_torch_compile_does(manager):
     """torch.compile skips the frame and compiles `step` as a frame of its own; kiln steps the frame natively
     and compiles `step` (before, it ran the frame eagerly, `step` uncompiled): the same graphs."""

@@ -186,7 +186,8 @@ def readable_program(guards: GuardSet, program: str) -> str:
 
 @dataclass(eq=False)
 class CompileContext:
-    """Everything one `kiln.compile(...)` call owns: its backend, options and frames."""
+    """Everything the `kiln.compile(...)` calls naming one backend own together (kiln.api): that backend, its
+    options and the frames compiled for them."""
 
     backend: Callable
     fullgraph: bool = False

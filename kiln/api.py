@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from kiln import compiled_autograd, fallbacks
-from kiln.backends import resolve_backend
+from kiln.backends import resolve_backend, shares_by_value
 from kiln.capture.entry import CompileContext, call_module, forward_replaced, has_hooks
 from kiln.capture.hooked_call import call_module_with_hooks
 from kiln.config import describe_options
@@ -90,7 +90,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiler = resolve_backend(backend, mode, options)
     if disable:
         return model
-    ctx = _context(compiler, fullgraph, dynamic, shared=compiler is backend)
+    ctx = _context(compiler, fullgraph, dynamic)
     if isinstance(model, nn.Module):
         return OptimizedModule(model, ctx)
     return _compile_callable(model, ctx)
@@ -100,20 +100,20 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 compile.__doc__ = compile.__doc__.rstrip() + "\n" + textwrap.indent(describe_options(), " " * 8) + "\n"
 
 
-# Contexts of kiln.compile calls given one backend object, by (id of the backend, fullgraph, dynamic). Kept until
-# kiln.reset(), as torch.compile keeps its cache entries (and their backend) on the code object: the compiled
-# wrapper of one layer is often dropped before the next layer is compiled. Each holds its backend, so the id stays
-# its own.
+# Contexts of kiln.compile calls by (backend, fullgraph, dynamic): the backend resolved from a name and options
+# (equal for equal ones), or the id of a backend object. Kept until kiln.reset(), as torch.compile keeps its cache
+# entries (and their backend) on the code object: the compiled wrapper of one layer is often dropped before the
+# next layer is compiled. Each holds its backend, so an id stays its own.
 _shared_contexts: dict[tuple, CompileContext] = {}
 
 
-def _context(compiler: Callable, fullgraph: bool, dynamic: bool | None, shared: bool) -> CompileContext:
-    """The compile context of a kiln.compile call. Calls given the same backend object (a user's callable, as
-    torch.compile's cache keys its entries by the backend) share one: `kiln.compile(layer)` for each of a
-    model's twelve layers compiles the layer class's forward once, and every layer runs that entry. A backend
-    named by a string gets a context of its own per call (its compiled products are shared through the compile
-    cache instead)."""
-    key = (id(compiler), fullgraph, dynamic)
+def _context(compiler: Callable, fullgraph: bool, dynamic: bool | None, shared: bool = True) -> CompileContext:
+    """The compile context of a kiln.compile call. Calls given the same backend share one, as torch.compile's
+    cache entries are kept per code object and run for any call whose backend compares equal to theirs
+    (`backend="inductor"` with the same mode and options, the same registered name, the same callable):
+    `kiln.compile(layer)` for each of a model's twelve layers compiles the layer class's forward once, and every
+    layer runs that entry. `shared=False`: a context of its own."""
+    key = (compiler if shares_by_value(compiler) else id(compiler), fullgraph, dynamic)
     ctx = _shared_contexts.get(key) if shared else None
     if ctx is None:
         ctx = CompileContext(split_at_ddp_buckets(compiler), fullgraph=fullgraph, dynamic=dynamic)
@@ -125,8 +125,9 @@ def _context(compiler: Callable, fullgraph: bool, dynamic: bool | None, shared: 
 
 def _compile_backward_graph(gm: torch.fx.GraphModule) -> Callable:
     """Compiled autograd's default: a captured backward graph through kiln's default backend. Its sizes are
-    those the engine keeps static (the engine passes the ones it saw change as symbolic `sizes`)."""
-    return compile(gm)
+    those the engine keeps static (the engine passes the ones it saw change as symbolic `sizes`). Each graph gets
+    a context of its own: its code was made for it and dies with it, where a shared context would keep it."""
+    return OptimizedModule(gm, _context(resolve_backend("inductor", None, None), False, None, shared=False))
 
 
 compiled_autograd.set_default_compiler(_compile_backward_graph)

@@ -50,7 +50,8 @@ def list_backends() -> list[str]:
 
 
 def resolve_backend(backend: Any, mode: str | None, options: dict | None) -> Backend:
-    """Turn `backend`, `mode` and `options` into a callable with the backend contract."""
+    """Turn `backend`, `mode` and `options` into a callable with the backend contract. Two calls naming one
+    backend with equal options get equal callables (the registered function itself where it takes none)."""
     if mode == "default":  # torch.compile drops mode="default" for every backend: it names no options
         mode = None
     if callable(backend) and not isinstance(backend, str):
@@ -82,6 +83,13 @@ class _CallableWithOptions:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         return self.fn(gm, example_inputs, **self.kwargs)
 
+    # equal for one backend given equal options: kiln.compile calls with both share their captures (kiln.api)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _CallableWithOptions and other.fn is self.fn and other.kwargs == self.kwargs
+
+    def __hash__(self) -> int:
+        return hash(id(self.fn))
+
     def __repr__(self) -> str:
         return f"{getattr(self.fn, '__name__', self.fn)!s}({self.kwargs})"
 
@@ -94,6 +102,15 @@ class _BoundBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         return self.fn(gm, example_inputs, options=self.options)
+
+    # equal for one name resolved to equal options (`mode` and `options=` spelling them either way), as
+    # torch.compile's inductor wrapper compares its config: kiln.compile calls with both share their captures
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _BoundBackend and other.fn is self.fn and other.name == self.name
+                and other.options == self.options)
+
+    def __hash__(self) -> int:
+        return hash((id(self.fn), self.name))
 
     def __repr__(self) -> str:
         chosen = {k: v for k, v in self.options.as_dict().items() if v != OPTIONS[k].default}
@@ -154,3 +171,9 @@ def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     compiled = aot_compile(gm, example_inputs, compiler, name=name)
     compiled.cudagraph_pool = pool
     return compiled
+
+
+def shares_by_value(compiler: Callable) -> bool:
+    """Whether `compiler` is one `resolve_backend` made, which equals another it made for the same backend and
+    options; any other callable is shared by identity (a user's backend object may not be hashable)."""
+    return type(compiler) in (_BoundBackend, _CallableWithOptions)

@@ -21,13 +21,17 @@ def pytest_configure(config):
 def kiln_strict(request, monkeypatch):
     """Tests run strict (KILN_STRICT=1: a kiln fallback is an error, kiln/fallbacks.py) unless the environment
     says otherwise or the test is marked `allows_fallback` (it exercises a fallback on purpose). Each test
-    starts with no fallback recorded or warned about, and with the graph cache off."""
+    starts with no fallback recorded or warned about, with the graph cache off, and with no compile context
+    shared with another test's."""
     import kiln
     from kiln import fallbacks
 
     # Tests read what the stages made (the IR, the schedule), which a graph from the compile cache lacks; the
     # warm-start tests (tests/runtime/test_cache_warm.py) turn it on over a cache of their own.
     monkeypatch.setattr(kiln.config, "graph_cache", False)
+    # kiln.compile calls naming one backend share their captures, as torch.compile's do (kiln.api); those of one
+    # test share, and not with another test's, as torch's own tests call torch._dynamo.reset() between them
+    monkeypatch.setattr(kiln.api, "_shared_contexts", {})
     if request.node.get_closest_marker("allows_fallback") is not None:
         monkeypatch.setenv("KILN_STRICT", "0")
     else:

@@ -66,6 +66,9 @@ def wrap(state, obj: Any, source: Source) -> Value:
         return UnguardedValue(source)
     expr = state.source_expr(source)
     if isinstance(obj, GradModeRestore):  # resuming inside a `with torch.no_grad():` block
+        # the mode its exit restores is the caller's, which the program's exit writes as a constant
+        state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr}.prev is {obj.prev!r}", repr(obj.prev),
+                               f"{expr}.prev"))
         return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))
     if isinstance(obj, torch.Tensor):
         return _tensor(state, obj, source, expr)

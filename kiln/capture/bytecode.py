@@ -160,6 +160,12 @@ def exception_ranges(code: types.CodeType) -> tuple[HandlerRange, ...]:
     return tuple(ranges)
 
 
+def handler_around(code: types.CodeType, index: int) -> HandlerRange | None:
+    """The exception-table entry an exception raised at instruction `index` goes to (the first covering it, as
+    CPython searches the table), or None: it leaves the frame."""
+    return next((r for r in exception_ranges(code) if r.start <= index < r.end), None)
+
+
 def handler_is_with_cleanup(code: types.CodeType, target: int) -> bool:
     """True when an exception handler is the cleanup of a `with` block (it starts by calling __exit__)."""
     ins = instructions(code)

@@ -34,7 +34,15 @@ from kiln.capture.builder import guard_input_aliasing, wrap_lazy
 from kiln.capture.guards import Guard, GuardKind, GuardSet
 from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_hooks
 from kiln.capture.interpreter import Frame, StopAtBreak
-from kiln.capture.native import FRAME_READERS, calls_frame_reader, read_in_frame, render_instruction, resumable_anywhere
+from kiln.capture.native import (
+    FRAME_READERS,
+    calls_frame_reader,
+    enter_with,
+    read_in_frame,
+    render_instruction,
+    resumable_anywhere,
+    within_handler,
+)
 from kiln.capture.output import records_grad_inside, write_program
 from kiln.capture.rerun import GraphRaised, eager_error_type, restore_rng_state
 from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
@@ -127,6 +135,7 @@ class CaptureRecord:
     recompile_reason: str | None = None
     id: int = 0  # process-wide graph id, shown by the report, the debug directory and the profiler range
     name: str = ""  # the function's name
+    function: str = ""  # the function with its file and line (`FrameSpec.function`), continuations included
     backend_seconds: float = 0.0  # the part of compile_seconds spent in the backend
     compiled: Any = None  # what the backend returned
     calls: int = 0  # calls of this entry's program and their time, counted while instrumentation is on
@@ -177,7 +186,8 @@ def readable_program(guards: GuardSet, program: str) -> str:
 
 @dataclass(eq=False)
 class CompileContext:
-    """Everything one `kiln.compile(...)` call owns: its backend, options and frames."""
+    """Everything the `kiln.compile(...)` calls naming one backend own together (kiln.api): that backend, its
+    options and the frames compiled for them."""
 
     backend: Callable
     fullgraph: bool = False
@@ -538,31 +548,27 @@ def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, op
                 raise _with_guards(_unresumable(e, compiling_path), state) from e
             if bytecode.has_try_block(spec.code):
                 raise _with_guards(_unresumable(e, "in a function with a try block"), state) from e
-            # a boundary after the block resumes: the code after it is its own capture (a `with` around the
-            # model's forward in a training step; the step's backward and optimizer step come after it)
-            if (not bytecode.resumes_after_boundary(spec.code, frame.current.index) if e.reason.boundary
-                    else bytecode.has_unresumable_with(spec.code)):
-                why = "in a function with a `with` block it cannot resume in"
-                raise _with_guards(_unresumable(e, why), state) from e
             if not resumable_anywhere(spec.code):
                 why = "in a function with an instruction a continuation cannot run natively"
                 raise _with_guards(_unresumable(e, why), state) from e
             in_loop = (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
                        and bytecode.loops_back_after(spec.code, frame.current.index))
-            if (on_compiling_path or in_loop) and bytecode.has_with_block(spec.code):
-                # stepped through natively, the frame would meet its `with` on a manager it got natively, which
-                # a continuation cannot enter: the frame runs eagerly instead; a continuation, which has no frame
-                # to run eagerly, resumes after a break in its loop as outside one, an iteration at a time
-                if on_compiling_path or not spec.is_continuation():
-                    why = compiling_path if on_compiling_path else "inside a loop of a function with a `with` block"
-                    raise _with_guards(_unresumable(e, why), state) from e
-                in_loop = False
+            # a frame stepped through natively enters every `with` block itself (`native.enter_with`); a
+            # boundary after the block resumes: the code after it is its own capture (a `with` around the
+            # model's forward in a training step; the step's backward and optimizer step come after it)
+            natively = opaque or in_loop or on_compiling_path
+            if not natively and (not bytecode.resumes_after_boundary(spec.code, frame.current.index)
+                                 if e.reason.boundary else bytecode.has_unresumable_with(spec.code)):
+                why = "in a function with a `with` block it cannot resume in"
+                raise _with_guards(_unresumable(e, why), state) from e
             if on_compiling_path:
                 raise _with_guards(StepsNatively(e, compiling_path, for_good=False), state) from e
             if in_loop:
                 raise _with_guards(StepsNatively(e, "inside a loop"), state) from e
             break_at, reason = frame.current.index, e
-            if e.reason.boundary:
+            # a frame stepped through natively breaks at each use of its (opaque) inputs: how it steps, not a
+            # break of the user's, whose fallback was recorded once where the frame began to step natively
+            if e.reason.boundary or opaque:
                 log_breaks.debug("%s: %s", spec.describe(), e.message())
                 continue
             log_breaks.info("%s", e.message())
@@ -641,6 +647,7 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     own_cells = {name: cell for name, cell in frame.cells.items() if name not in spec.code.co_freevars}
     cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx, ___frame_globals=state.G)
+    writer.namespace["___enter_with"] = enter_with
 
     def resume(index: int, new_stack: list) -> str:
         target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
@@ -661,6 +668,8 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         cells = {name: writer.value(cell) for name, cell in frame.cells.items()}
         stack[-2] = f"{reader}({stack[-2]}, {_dict_expr(local_exprs)}, {_dict_expr(cells)})"
     lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
+    if spec.native:  # the blocks it entered natively see an exception raised here (their values are all native)
+        lines = within_handler(spec.code, frame.current, stack, lines, resume)
     if writer.reentries:
         lines = _inside_blocks(writer, lines)
     else:
@@ -737,8 +746,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
     exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
     log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
     record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, source, 0.0,
-                           id=graph_id, name=spec.code.co_name, backend_seconds=backend_seconds,
-                           compiled=compiled)
+                           id=graph_id, name=spec.code.co_name, function=spec.function(),
+                           backend_seconds=backend_seconds, compiled=compiled)
     if log_program.isEnabledFor(logging.INFO):
         log_program.info("output program for %s\n%s", spec.describe(), record.program_source)
     entry = CacheEntry(guard_fn, namespace["program"], state.guards, source, record,

@@ -112,16 +112,15 @@ class Frame:
     def unwind(self, exc: TracedException) -> bool:
         """Jump to the handler of the innermost `try` around the current instruction, as CPython does:
         the exception-table entry covering it gives the stack depth and the target. False when none does."""
-        index = self.current.index
-        for entry in bytecode.exception_ranges(self.code):
-            if entry.start <= index < entry.end:
-                del self.stack[entry.depth:]
-                if entry.lasti:
-                    self.push(ConstantValue(self.current.offset))
-                self.push(exc.value)
-                self.jump(entry.target)
-                return True
-        return False
+        entry = bytecode.handler_around(self.code, self.current.index)
+        if entry is None:
+            return False
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(ConstantValue(self.current.offset))
+        self.push(exc.value)
+        self.jump(entry.target)
+        return True
 
     def location(self) -> UserLocation:
         lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno

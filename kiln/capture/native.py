@@ -13,7 +13,7 @@ import builtins
 from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
-from kiln.capture.bytecode import Instruction, instructions
+from kiln.capture.bytecode import Instruction, handler_around, instructions
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import BuiltinValue
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS
@@ -224,9 +224,70 @@ def _format_value(ins, stack, kw, resume, temp):
     return [f"{r} = format({convert}({value}), {spec})", resume(ins.index + 1, rest + [r])]
 
 
+# --- `with` blocks entered natively: a frame stepped through natively meets managers it got natively (every
+# input of such a frame is opaque), so it enters them itself and leaves them through its exception table
+# (`within_handler`): the exit on a normal path, a `return`, `break` or `continue` is the block's own call of
+# `__exit__(None, None, None)`, a native call like any other.
+
 @renders("BEFORE_WITH")
 def _before_with(ins, stack, kw, resume, temp):
-    raise Unresumable("unknown_context", "a `with` block whose context manager kiln does not model")
+    exit_, entered = temp(), temp()
+    return [f"{exit_}, {entered} = ___enter_with({stack[-1]}, ___call_nested)",
+            resume(ins.index + 1, stack[:-1] + [exit_, entered])]
+
+
+def _special_method(manager, name: str):
+    """`manager.name` as the interpreter looks a special method up: on the type (its MRO), bound by its descriptor
+    protocol; None when the type has none."""
+    cls = type(manager)
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            found = vars(klass)[name]
+            get = getattr(type(found), "__get__", None)
+            return get(found, manager, cls) if get is not None else found
+    return None
+
+
+def enter_with(manager, call: Callable) -> tuple:
+    """BEFORE_WITH: the manager's bound `__exit__` and what its `__enter__` returned (called through `call`, which
+    compiles a Python `__enter__`), with the TypeError CPython raises for an object that is not a manager."""
+    enter = _special_method(manager, "__enter__")
+    if enter is None:
+        raise TypeError(f"'{type(manager).__name__}' object does not support the context manager protocol")
+    exit_ = _special_method(manager, "__exit__")
+    if exit_ is None:
+        raise TypeError(f"'{type(manager).__name__}' object does not support the context manager protocol "
+                        "(missed __exit__ method)")
+    return exit_, call(enter)
+
+
+@renders("WITH_EXCEPT_START")
+def _with_except_start(ins, stack, kw, resume, temp):
+    """An exception leaves a block whose `__exit__` (fourth on the stack) is a native value: call it with the
+    exception; what it returns says whether the exception is suppressed."""
+    r = temp()
+    exc = stack[-1]
+    return [f"{r} = ___call_nested({stack[-4]}, type({exc}), {exc}, {exc}.__traceback__)",
+            resume(ins.index + 1, stack + [r])]
+
+
+@renders("RERAISE")
+def _reraise(ins, stack, kw, resume, temp):
+    return [f"raise {stack[-1]}"]
+
+
+def within_handler(code, ins: Instruction, stack: Stack, lines: list[str], resume: Resume) -> list[str]:
+    """`lines` (the breaking instruction run natively, then the call of the continuation) of a frame stepped
+    through natively, inside the handler of the exception-table entry around the instruction, as the frame's
+    own table would send an exception raised there: to the cleanup of a `with` block, whose `__exit__` sees it
+    and may suppress it. A continuation has no handlers of its own; the handler runs as one, from the entry's
+    target with the stack it expects (kept to the entry's depth, the raising offset, the exception)."""
+    entry = handler_around(code, ins.index)
+    if entry is None:
+        return lines
+    kept = stack[:entry.depth] + ([repr(ins.offset)] if entry.lasti else [])
+    return (["try:", *("    " + line for line in lines), "except BaseException as ___exc:",
+             "    " + resume(entry.target, kept + ["___exc"])])
 
 
 # --- slices, container building, imports, deletions: their handlers break on values kiln does
@@ -355,8 +416,7 @@ NEVER_BREAKS = frozenset({
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
     "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
     "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",
-    "PUSH_EXC_INFO", "POP_EXCEPT", "RERAISE", "CHECK_EXC_MATCH",
-    "WITH_EXCEPT_START",
+    "PUSH_EXC_INFO", "POP_EXCEPT", "CHECK_EXC_MATCH",
 })
 
 

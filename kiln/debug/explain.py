@@ -6,6 +6,7 @@ source line), ops per graph, guards and compile times.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 
 from kiln.api import compile as kiln_compile
 from kiln.api import context_of
+from kiln.backends import resolve_backend
 
 
 @dataclass
@@ -77,7 +79,9 @@ def explain(fn: Callable, *extra_args, **extra_kwargs) -> Callable[..., ExplainO
     """`kiln.explain(fn)(*args, **kwargs)` -> ExplainOutput (also accepts explain(fn, *args) like torch's old form)."""
 
     def run(*args, **kwargs) -> ExplainOutput:
-        compiled = kiln_compile(fn, backend="eager")
+        # a backend object of its own, not the name "eager": the report is this call's captures, not those of
+        # every kiln.compile naming "eager", which share theirs (as torch's explain hands dynamo its own backend)
+        compiled = kiln_compile(fn, backend=functools.partial(resolve_backend("eager", None, None)))
         out = compiled(*args, **kwargs)
         report = ExplainOutput(out=out)
         for record in context_of(compiled).records:

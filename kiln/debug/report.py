@@ -50,7 +50,8 @@ class GraphInfo:
 
 @dataclass
 class Region:
-    """One `kiln.compile(...)` call: its function, backend and graphs."""
+    """One compiled function (its entry and continuations): its backend and graphs. kiln.compile calls naming one
+    backend share a context; each function compiled in it is a region of its own."""
 
     index: int
     name: str
@@ -101,22 +102,37 @@ def graph_info(record: CaptureRecord) -> GraphInfo:
 
 def collect(contexts: list[CompileContext]) -> list[Region]:
     regions = []
-    for n, ctx in enumerate(contexts, 1):
-        records = list(ctx.records)
-        name = records[0].frame if records else "(never called)"
-        region = Region(n, name, backend_name(ctx.backend), run_seconds=ctx.run_seconds)
-        for r in records:
-            if r.graph is not None:
-                region.graphs.append(graph_info(r))
-            else:
-                region.graphless_capture += r.compile_seconds
-            if r.graph_break is not None and not any(same_break(r, seen) for seen in region.breaks):
-                region.breaks.append(r)  # a recompile captures the same break again: listed once
-            if r.recompile_reason:
-                region.recompiles.append(r)
-            region.calls += r.calls if r.frame == name else 0
-        regions.append(region)
+    for ctx in contexts:
+        for records in _by_function(list(ctx.records)):
+            regions.append(_region(len(regions) + 1, ctx, records))
     return regions
+
+
+def _by_function(records: list[CaptureRecord]) -> list[list[CaptureRecord]]:
+    """The records of each function, in the order the functions were first captured (one empty list: a context
+    whose functions were never called)."""
+    groups: dict[str, list[CaptureRecord]] = {}
+    for r in records:
+        groups.setdefault(r.function, []).append(r)
+    return list(groups.values()) or [[]]
+
+
+def _region(index: int, ctx: CompileContext, records: list[CaptureRecord]) -> Region:
+    """The region of one function's records. Its time in compiled code is its programs' (a function it calls
+    compiled is counted in its own region and, where called from a program, in the caller's too)."""
+    name = records[0].frame if records else "(never called)"
+    region = Region(index, name, backend_name(ctx.backend), run_seconds=sum(r.run_seconds for r in records))
+    for r in records:
+        if r.graph is not None:
+            region.graphs.append(graph_info(r))
+        else:
+            region.graphless_capture += r.compile_seconds
+        if r.graph_break is not None and not any(same_break(r, seen) for seen in region.breaks):
+            region.breaks.append(r)  # a recompile captures the same break again: listed once
+        if r.recompile_reason:
+            region.recompiles.append(r)
+        region.calls += r.calls if r.frame == name else 0
+    return region
 
 
 def same_break(a: CaptureRecord, b: CaptureRecord) -> bool:

@@ -105,6 +105,22 @@ def test_grad_mode_across_breaks(fn, outer, backend):
         assert graph_count(context_of(compiled)) == GRAPHS[fn]
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", list(GRAPHS), ids=lambda f: f.__name__)
+def test_one_compiled_function_called_under_either_grad_mode(fn, backend):
+    """The continuation inside the block restores the caller's grad mode on leaving it: its entry is guarded on
+    that mode (the first call's, written as a constant, was restored after a call made with the other)."""
+    compiled = kiln.compile(fn, backend=backend)
+    x = torch.randn(3, requires_grad=True)
+    for outer in (True, False, True, False):
+        with torch.set_grad_enabled(outer):
+            expected, mode_eager = fn(x), torch.is_grad_enabled()
+        with torch.set_grad_enabled(outer):
+            got, mode_kiln = compiled(x), torch.is_grad_enabled()
+        assert mode_kiln == mode_eager
+        assert [o.requires_grad for o in got] == [o.requires_grad for o in expected]
+
+
 @pytest.mark.parametrize("fn", [break_inside_no_grad, enable_grad_inside_no_grad], ids=lambda f: f.__name__)
 def test_grad_mode_across_breaks_with_the_default_backend(fn):
     _run(fn, "inductor", True)

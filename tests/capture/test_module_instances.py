@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import kiln
-from support.capture import CountingBackend, assert_same
+from kiln.api import context_of
+from support.capture import CountingBackend, assert_same, graph_count
 
 
 class Layer(nn.Module):
@@ -268,10 +269,10 @@ def test_kiln_compile_of_each_instance_with_one_backend_shares_the_entry():
     assert backend.graphs == 1 <= torch_backend.graphs
 
 
-def test_the_default_backend_builds_a_layer_class_once_for_every_instance(fresh_cache, monkeypatch):
-    """With the default backend named by its string, each kiln.compile call has a context of its own, but the
-    graph captured for the second layer is the first one's: its ATen graphs come from the compile cache, and
-    nothing is traced again (training: the backward too)."""
+def test_the_default_backend_captures_a_layer_class_once_for_every_instance(fresh_cache, monkeypatch):
+    """With the default backend named by its string, the kiln.compile calls share one context, as torch.compile's
+    calls with `backend="inductor"` and the same options share their cache entries: the second layer runs the
+    entry captured for the first, nothing is captured or traced again (training: the backward too)."""
     from kiln.autograd import aot, aot_cache
 
     traces = []
@@ -284,8 +285,74 @@ def test_the_default_backend_builds_a_layer_class_once_for_every_instance(fresh_
     references = copy.deepcopy(layers)
     x = torch.randn(3, 4)
     hits = aot_cache.stats["hits"]
+    compiled = []
     for layer, reference in zip(layers, references):
-        kiln.compile(layer)(x).sum().backward()
+        compiled.append(kiln.compile(layer))
+        compiled[-1](x).sum().backward()
         reference(x).sum().backward()
         assert_same(layer.fc.weight.grad, reference.fc.weight.grad)
-    assert traces == ["trace_joint"] and aot_cache.stats["hits"] - hits == 2
+    assert traces == ["trace_joint"] and aot_cache.stats["hits"] == hits
+    assert len({id(context_of(c)) for c in compiled}) == 1 and graph_count(context_of(compiled[0])) == 1
+
+
+# a counting backend registered by name with kiln and with torch (each its own counter), taking the `mode` and
+# `options` keywords both pass a named backend
+COUNTED = "kiln_test_counted"
+KILN_COUNTER, TORCH_COUNTER = CountingBackend(), CountingBackend()
+kiln.register_backend(lambda gm, example_inputs, options=None: KILN_COUNTER(gm, example_inputs), name=COUNTED,
+                      takes_options=True)
+torch._dynamo.register_backend(lambda gm, example_inputs, **kwargs: TORCH_COUNTER(gm, example_inputs),
+                               name=COUNTED)
+
+
+def _graphs_by_name(layers, x, settings) -> tuple[int, int]:
+    """Compile each layer with its own kiln.compile call and its own torch.compile call, with the `settings`
+    (keyword arguments) of its turn, and compare with eager: the graphs each backend saw."""
+    torch._dynamo.reset()
+    KILN_COUNTER.graphs = TORCH_COUNTER.graphs = 0
+    for layer, kwargs in zip(layers, settings):
+        assert_same(kiln.compile(layer, backend=COUNTED, **kwargs)(x), layer(x))
+        torch.compile(layer, backend=COUNTED, **kwargs)(x)
+    torch._dynamo.reset()
+    return KILN_COUNTER.graphs, TORCH_COUNTER.graphs
+
+
+SETTINGS = {
+    "one name": [{}] * 4,
+    "one name, equal options": [{"options": {"trace.enabled": True}}] * 4,
+    "options that differ": [{}, {"options": {"trace.enabled": True}}] * 2,
+    "dynamic that differs": [{}, {"dynamic": False}] * 2,
+}
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_compiles_naming_one_backend_share_as_torch_compiles_do(settings):
+    """A backend named by its string (and the same mode and options) shares the captures of every kiln.compile
+    call naming it, as torch.compile's calls share their cache entries: one graph for many layers. Calls whose
+    options or `dynamic` differ each compile their own, as under torch.compile."""
+    torch.manual_seed(0)
+    layers = [Layer() for _ in range(4)]
+    graphs, torch_graphs = _graphs_by_name(layers, torch.randn(3, 4), SETTINGS[settings])
+    assert graphs == torch_graphs
+
+
+def test_each_backend_name_compiles_its_own():
+    """Two names are two backends: each sees the layer class's graph once."""
+    torch.manual_seed(0)
+    layers = [Layer() for _ in range(4)]
+    x = torch.randn(3, 4)
+    compiled = [kiln.compile(layer, backend=name) for layer, name in zip(layers, ["eager", COUNTED] * 2)]
+    KILN_COUNTER.graphs = 0
+    for layer, fn in zip(layers, compiled):
+        assert_same(fn(x), layer(x))
+    assert KILN_COUNTER.graphs == 1 and context_of(compiled[0]) is context_of(compiled[2])
+    assert context_of(compiled[0]) is not context_of(compiled[1])
+
+
+def test_fullgraph_calls_do_not_run_entries_captured_without_it():
+    """torch.compile's cache entries do not record `fullgraph`: a `fullgraph=True` call runs an entry another call
+    captured with breaks, and raises nothing. kiln keeps the two apart (a context each), one graph more."""
+    torch.manual_seed(0)
+    layers = [Layer() for _ in range(4)]
+    graphs, torch_graphs = _graphs_by_name(layers, torch.randn(3, 4), [{}, {"fullgraph": True}] * 2)
+    assert graphs == torch_graphs + 1 == 2

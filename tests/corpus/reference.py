@@ -215,6 +215,7 @@ def _module_state(mod: torch.nn.Module):
 def _run(make_target, calls, backend, state, modules, atol, rtol, compile_kwargs,
          torch_gives_up: str | None = None) -> Counts:
     eager, kiln_src, torch_src = make_target(), make_target(), make_target()
+    kiln.reset()  # as torch's below: calls naming one backend share their captures, and each case counts its own
     compiled = kiln.compile(kiln_src, backend=backend, **compile_kwargs)
     torch._dynamo.reset()
     counter = GraphCounter()

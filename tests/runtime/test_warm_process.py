@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent("""
     captures = []
     entry.RECORD_LISTENERS.append(lambda ctx, record: captures.append(record.op_count))
     for variant in json.loads(sys.argv[1]):
+        kiln.reset()  # each variant a compile of its own (calls naming one backend share their captures)
         helper = gelu_helper if variant["body"] == "gelu" else tanh_helper
         SCALE = variant["scale"]
         torch.manual_seed(0)

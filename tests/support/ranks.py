@@ -48,6 +48,8 @@ def _rank_main(rank: int, port: int, module: str, names: list[str], out_dir: str
     import torch
     import torch.distributed as dist
 
+    import kiln
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=120))
@@ -56,6 +58,7 @@ def _rank_main(rank: int, port: int, module: str, names: list[str], out_dir: str
     try:
         for name in names:
             torch.manual_seed(0)
+            kiln.reset()  # each scenario compiles its own (kiln.compile calls naming one backend share captures)
             start = time.perf_counter()
             try:
                 results[name] = getattr(scenarios, name)(rank)

@@ -96,6 +96,8 @@ class GraphLowering:
         self.constants: dict[str, torch.Tensor] = {}
         self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
+        self.computed_reductions: dict[tuple, str] = {}  # a reduction's key -> its buffer (lower/ops/reductions.py)
+        self._returned = _returned_nodes(gm)  # FX node -> "visible" or "saved" (see `_maybe_realize`)
 
     # -- naming and buffers
     def new_name(self, prefix: str = "buf") -> str:
@@ -335,6 +337,15 @@ class GraphLowering:
             meta = node.meta.get("val")
             eager = _layout(meta).stride if isinstance(meta, torch.Tensor) else None
             return self.realize(out, stride=conv_stride or eager)
+        returned = self._returned.get(node)
+        if returned is not None and out.buffer_view() is None and ir.loads(out.body):
+            # A value the graph returns is stored where it is computed, as Inductor's lowering does, not where the
+            # output is reached: stored at the end, it would keep what it reads alive to the end (a gradient's
+            # cast to float32 would hold the bf16 matmul result it casts through the rest of the backward). A
+            # value that reads no buffer (a constant fill) costs nothing to hold back.
+            meta = node.meta.get("val")
+            eager = _layout(meta).stride
+            return self.realize(out, stride=eager if returned == "visible" else conv_stride or eager)
         return out
 
     def preferred_stride(self, node: torch.fx.Node, out: IndexFunction) -> tuple | None:
@@ -612,6 +623,23 @@ def _padded_rows(layout: ir.Layout) -> bool:
 
 def _static(size) -> bool:
     return all(sympify(s).is_Integer for s in size)
+
+
+def _returned_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """The FX nodes the graph returns (as themselves, not through a view): "visible" where the caller sees one,
+    "saved" for a value a forward returns only to save it for its backward."""
+    outputs = gm.graph.find_nodes(op="output")
+    if not outputs:
+        return {}
+    results = tree_flatten(outputs[0].args[0])[0]
+    visible = gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results)) if isinstance(gm.meta, dict) \
+        else len(results)
+    returned: dict[torch.fx.Node, str] = {}
+    for k, result in enumerate(results):
+        if isinstance(result, torch.fx.Node) and isinstance(result.meta.get("val"), torch.Tensor):
+            if k < visible or returned.get(result) != "visible":
+                returned[result] = "visible" if k < visible else "saved"
+    return returned
 
 
 def _realizing_uses(node: torch.fx.Node) -> int:

@@ -23,6 +23,7 @@ from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
+from kiln.lower.shape_padding import padded_result_strides, pads
 from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value
 from kiln.lower.values import IndexFunction, Unsupported, from_buffer
 
@@ -96,6 +97,7 @@ class GraphLowering:
         self.constants: dict[str, torch.Tensor] = {}
         self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
+        self.padded_results: set[str] = set()  # matmul results with padded rows (`_padded_result`)
         self.computed_reductions: dict[tuple, str] = {}  # a reduction's key -> its buffer (lower/ops/reductions.py)
         self._returned = _returned_nodes(gm)  # FX node -> "visible" or "saved" (see `_maybe_realize`)
 
@@ -448,7 +450,7 @@ class GraphLowering:
         aliases = bool(schema and any(r.alias_info is not None for r in schema.returns))
         name = self.new_name()
         if isinstance(meta, torch.Tensor):
-            layout = layout or _layout(meta)
+            layout = layout or self._padded_result(op, c_args, name) or _layout(meta)
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layout, aliases))
             return from_buffer(name, layout)
         if isinstance(meta, (tuple, list)) and all(m is None or isinstance(m, (torch.Tensor, int, torch.SymInt))
@@ -471,6 +473,26 @@ class GraphLowering:
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, None, aliases))
             return None
         raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
+
+    def _padded_result(self, op, args: tuple, name: str) -> ir.Layout | None:
+        """The layout of a matmul that shape padding will run padded (kiln/lower/shape_padding.py, as the
+        Triton target's `prepare` decides): its result is the padded product's slice, rows `N` padded apart,
+        and `name` joins `padded_results`; None for any other extern."""
+        refs = [a for a in args if isinstance(a, ir.TensorRef)]
+        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2:
+            return None
+        sizes = [*refs[-2].layout.size[-2:], refs[-1].layout.size[-1]]
+        if not all(sympify(s).is_Integer for s in sizes):
+            return None
+        m, k, n = (int(s) for s in sizes)
+        dtype = refs[-1].layout.dtype
+        multiple = pads(m, k, n, dtype, "cuda")
+        size = (*refs[-2].layout.size[:-1], refs[-1].layout.size[-1])
+        strides = padded_result_strides(size, multiple) if multiple else None
+        if strides is None:
+            return None
+        self.padded_results.add(name)
+        return ir.Layout(tuple(sympify(s) for s in size), tuple(sympify(s) for s in strides), dtype)
 
     def _dense_channels_last(self, v: IndexFunction) -> bool:
         """Whether `v` is a whole buffer of this graph's, stored channels-last (a convolution's result, a
@@ -527,9 +549,10 @@ class GraphLowering:
                 v = self.realize(v, stride=_layout(meta).stride)
                 owners[v.buffer_view()[0]] = root
             elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)) \
-                    and not (saved is not None and self._dense_channels_last(v)):
+                    and not (saved is not None and self._dense_channels_last(v)) and view[0] not in self.padded_results:
                 # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
-                # the caller may .view() it
+                # the caller may .view() it. A padded matmul's result is returned with its padded rows, as
+                # torch.compile returns it (kiln/lower/shape_padding.py)
                 v = self.realize(v, stride=_layout(meta).stride)
             elif view is None:
                 preferred = self.preferred_stride(saved, v) if saved is not None else None

@@ -31,10 +31,10 @@ def sink_outputs_for_memory(sched: Schedule) -> int:
     outputs = deps.output_buffers(sched.graph)
     inputs = {i.name for i in sched.graph.inputs}
     candidates = [s for s in sched.steps if isinstance(s, KernelGroup) and _writes_only_outputs(s, outputs, inputs)]
-    moved = 0
-    for step in reversed(candidates):
-        moved += _sink(sched, step, sizes, outputs)
-    return moved
+    if not candidates:
+        return 0
+    order = _Order(sched, sizes, outputs, inputs)
+    return sum(order.sink(step) for step in reversed(candidates))
 
 
 def _writes_only_outputs(group: KernelGroup, outputs: set, inputs: set) -> bool:
@@ -55,65 +55,67 @@ def _buffer_bytes(graph: ir.LoweredGraph) -> dict[str, int] | None:
     return sizes
 
 
-def _live_bytes(steps: list, sizes: dict, outputs: set, graph: ir.LoweredGraph) -> tuple[list[int], list[int]]:
-    """(bytes live while each step runs, bytes freed right after it)."""
-    born, last = {i.name: 0 for i in graph.inputs}, {}
-    for k, step in enumerate(steps):
-        for b in step_writes(step):
-            born.setdefault(b, k)
-        for b in step_reads(step):
-            last[b] = k
-    delta = [0] * (len(steps) + 1)
-    freed = [0] * len(steps)
-    for b, start in born.items():
-        end = len(steps) - 1 if b in outputs else max(last.get(b, start), start)
-        delta[start] += sizes.get(b, 0)
-        delta[end + 1] -= sizes.get(b, 0)
-        freed[end] += sizes.get(b, 0) if b not in outputs else 0
-    live, total = [], 0
-    for k in range(len(steps)):
-        total += delta[k]
-        live.append(total)
-    return live, freed
+class _Order:
+    """The schedule's steps with what each reads and writes, computed once (a step's reads walk its IR), and
+    the live bytes of their order, computed again only after a step moves."""
 
+    def __init__(self, sched: Schedule, sizes: dict, outputs: set, inputs: set):
+        self.steps, self.sizes, self.outputs, self.inputs = sched.steps, sizes, outputs, inputs
+        self.reads = [step_reads(s) for s in self.steps]
+        self.writes = [set(step_writes(s)) for s in self.steps]
+        self._profile = None
 
-def _sink(sched: Schedule, step: KernelGroup, sizes: dict, outputs: set) -> int:
-    """Move `step` to the place after it where the peak is lowest, if strictly lower; 1 if it moved."""
-    steps = sched.steps
-    p = steps.index(step)
-    reads, writes = step_reads(step), set(step_writes(step))
-    later = len(steps)
-    for k in range(p + 1, len(steps)):
-        # not past a reader of what it writes (a forward's saved output read by the next matmul), nor past a
-        # kernel writing into what it reads (an input's new value stored in place)
-        if step_reads(steps[k]) & writes or set(step_writes(steps[k])) & reads:
-            later = k
-            break
-    if later <= p + 1:
-        return 0
-    live, freed = _live_bytes(steps, sizes, outputs, sched.graph)
-    last = {}
-    for k, s in enumerate(steps):
-        for b in step_reads(s):
-            last[b] = k
-    held = sum(sizes.get(b, 0) for b in reads if last.get(b) == p and b not in outputs)  # dies after `step`
-    out = sum(sizes.get(b, 0) for b in step_writes(step))
-    if out <= held:
-        return 0  # later would hold more in between
-    peak = max(live)
-    before = max(live[:p], default=0)
-    after = [0] * (len(steps) + 1)  # after[k]: the peak of steps k..end
-    for k in range(len(steps) - 1, -1, -1):
-        after[k] = max(live[k], after[k + 1])
-    best, best_q, between = peak, None, 0
-    for q in range(p + 1, later):
-        between = max(between, live[q] + held - out)  # steps p+1..q run before it, without its output
-        at_step = live[q] - freed[q] + held
-        new_peak = max(before, between, at_step, after[q + 1])
-        if new_peak < best:
-            best, best_q = new_peak, q
-    if best_q is None:
-        return 0
-    del steps[p]
-    steps.insert(best_q, step)  # after the step that was at best_q (one place earlier once `step` is out)
-    return 1
+    def profile(self) -> tuple[dict, list[int], list[int], list[int]]:
+        """(buffer -> the last step reading it, bytes live while each step runs, bytes freed right after it,
+        the peak of the steps from each one to the end)."""
+        if self._profile is None:
+            n, sizes = len(self.steps), self.sizes
+            born, last = dict.fromkeys(self.inputs, 0), {}
+            for k in range(n):
+                for b in self.writes[k]:
+                    born.setdefault(b, k)
+                for b in self.reads[k]:
+                    last[b] = k
+            delta, freed = [0] * (n + 1), [0] * n
+            for b, start in born.items():
+                size = sizes.get(b, 0)
+                end = n - 1 if b in self.outputs else max(last.get(b, start), start)
+                delta[start] += size
+                delta[end + 1] -= size
+                if b not in self.outputs:
+                    freed[end] += size
+            live, total = [], 0
+            for k in range(n):
+                total += delta[k]
+                live.append(total)
+            after = [0] * (n + 1)
+            for k in range(n - 1, -1, -1):
+                after[k] = max(live[k], after[k + 1])
+            self._profile = (last, live, freed, after)
+        return self._profile
+
+    def sink(self, step: KernelGroup) -> int:
+        """Move `step` to the place after it where the peak is lowest, if strictly lower; 1 if it moved."""
+        p = self.steps.index(step)
+        last, live, freed, after = self.profile()
+        reads, writes = self.reads[p], self.writes[p]
+        held = sum(self.sizes.get(b, 0) for b in reads if last.get(b) == p and b not in self.outputs)
+        out = sum(self.sizes.get(b, 0) for b in writes)
+        if out <= held:
+            return 0  # later would hold more in between
+        best, best_q, between, before = after[0], None, 0, max(live[:p], default=0)
+        for q in range(p + 1, len(self.steps)):
+            # not past a reader of what it writes (a forward's saved output read by the next matmul), nor past
+            # a kernel writing into what it reads (an input's new value stored in place)
+            if self.reads[q] & writes or self.writes[q] & reads:
+                break
+            between = max(between, live[q] + held - out)  # steps p+1..q run before it, without its output
+            new_peak = max(before, between, live[q] - freed[q] + held, after[q + 1])
+            if new_peak < best:
+                best, best_q = new_peak, q
+        if best_q is None:
+            return 0
+        for order in (self.steps, self.reads, self.writes):
+            order.insert(best_q, order.pop(p))  # after the step that was at best_q
+        self._profile = None
+        return 1

@@ -199,7 +199,7 @@ def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
     return not node.is_reduction() and o == group.outer and bool(deps.reads(node) & produced)
 
 
-def _try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
+def try_add(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
     """Add `node` to `group` if the fusion rules allow it; returns whether it was added.
 
     Called for every candidate kernel of every node (tens of thousands of times on a big
@@ -356,7 +356,7 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
                       if k not in template_groups or (epilogue_fusion and _epilogue_ok(steps[k], node))]
         # vertical fusion (into a producer's kernel) first, then horizontal
         candidates.sort(key=lambda k: k not in producers)
-        placed = next((k for k in candidates if _try_add(steps[k], node)), None)
+        placed = next((k for k in candidates if try_add(steps[k], node)), None)
         if placed is None:
             o, i = _shape(node)
             steps.append(KernelGroup(f"kernel{sum(isinstance(s, KernelGroup) for s in steps)}", o, i,

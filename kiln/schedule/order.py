@@ -6,8 +6,9 @@ float32 weight gradient cast from a bf16 matmul result holds twice the bytes fro
 rest of the backward, where the activations' gradients peak. A graph output lives to the end wherever it
 is computed, so such a kernel may run later at no cost but holding what it reads. Like Inductor's
 `reorder_for_peak_memory` (torch/_inductor/memory.py), each one is placed where the simulated peak of live
-bytes is lowest (before the first step that reads what it writes, or writes what it reads), and stays where
-it is unless a place is strictly better.
+bytes is lowest (before the first step that reads what it writes, or writes what it reads), the latest such
+place. Kernels that meet there are fused, as the scheduler fuses siblings: where the peak lies elsewhere (the
+start of a large model's backward), a backward's gradient casts gather at its end as one launch.
 
 The simulation counts what the wrapper holds (kiln/schedule/memory.py): every stored buffer and input from
 its write (an input from the start) to its last reader, graph outputs to the end. Graphs with symbolic sizes
@@ -19,22 +20,97 @@ import sympy
 
 from kiln.lower import ir
 from kiln.schedule import deps
-from kiln.schedule.fusion import KernelGroup, Schedule
+from kiln.schedule.fusion import KernelGroup, Schedule, Segment, try_add
 from kiln.schedule.memory import step_reads, step_writes, storage_numel
 
 
 def sink_outputs_for_memory(sched: Schedule) -> int:
-    """Move kernels that write only graph outputs later where that lowers the peak; returns how many moved."""
+    """Move kernels that write only graph outputs later where that lowers the peak, or as late as the peak
+    allows, and fuse those that meet; returns how many moved."""
     sizes = _buffer_bytes(sched.graph)
     if sizes is None:
         return 0
     outputs = deps.output_buffers(sched.graph)
     inputs = {i.name for i in sched.graph.inputs}
-    candidates = [s for s in sched.steps if isinstance(s, KernelGroup) and _writes_only_outputs(s, outputs, inputs)]
+    candidates = [s for s in sched.steps if isinstance(s, KernelGroup) and _writes_only_outputs(s, outputs, inputs)
+                  and sched.template_of(s) is None]
     if not candidates:
         return 0
     order = _Order(sched, sizes, outputs, inputs)
-    return sum(order.sink(step) for step in reversed(candidates))
+    moved = sum(order.sink(step) for step in reversed(candidates))
+    _fuse_neighbours(order, set(map(id, candidates)))
+    return moved
+
+
+def _fuse_neighbours(order: _Order, movable: set[int]) -> None:
+    """Within each run of neighbouring output-only kernels (`movable`, by id), fuse each into the first earlier
+    kernel of the run whose loops take it (the scheduler's horizontal rule) where the peak stays as it is:
+    kernels sunk to the same place, such as a backward's float32 gradient casts at its end, are one launch
+    per shape, as they were when all were computed there."""
+    last, live, _, after = order.profile()
+    peak, steps, out, k = after[0], order.steps, [], 0
+    while k < len(steps):
+        end = k
+        while end < len(steps) and id(steps[end]) in movable:
+            end += 1
+        if end == k:
+            out.append(steps[k])
+            k += 1
+            continue
+        costs = [order.costs(r, last) for r in range(k, end)]
+        out += _fused_run(steps[k:end], live[k:end], costs, peak)
+        k = end
+    steps[:] = out
+
+
+def _fused_run(run: list[KernelGroup], live: list[int], costs: list[tuple[int, int]], peak: int) -> list:
+    """The kernels of one run, each fused into the first earlier one that takes it without raising `peak`:
+    fused into the kernel at run position i, the one at j stores its outputs there and frees its inputs
+    there, so the bytes live between i and j change by (its outputs - its dying inputs), `costs[j]`. Not into
+    a kernel before one whose output it reads: the merged kernel would read that output before it is
+    written. `live`: bytes live while each kernel of the run runs, updated as kernels fuse."""
+    live = list(live)
+    fused: list[tuple[int, KernelGroup]] = []  # (run position, kernel)
+    for j, group in enumerate(run):
+        held, stored = costs[j]
+        reads = step_reads(group)
+        first = next((f for f in range(len(fused) - 1, -1, -1) if reads & set(step_writes(fused[f][1]))), 0)
+        for f in range(first, len(fused)):
+            i, kernel = fused[f]
+            if max([live[i] + stored, *(live[t] + stored - held for t in range(i + 1, j))]) > peak:
+                continue
+            merged = _merged(kernel, group)
+            if merged is not None:
+                fused[f] = (i, merged)
+                live[i] += stored
+                for t in range(i + 1, j):
+                    live[t] += stored - held
+                live[j] -= held
+                break
+        else:
+            fused.append((j, group))
+    return [kernel for _, kernel in fused]
+
+
+def _merged(first: KernelGroup, second: KernelGroup) -> KernelGroup | None:
+    """`first` with `second`'s nodes added, or None when a node does not fit its loops or a register-only value
+    of either would have to be stored (`first` is left unchanged)."""
+    if first.orders or second.orders:
+        return None
+    trial = KernelGroup(first.name, first.outer, first.inner, [Segment(s.inner, list(s.nodes)) for s in first.segments],
+                        local=first.local | second.local)
+    if not all(try_add(trial, node) for node in second.nodes):
+        return None
+    return trial if all(_still_local(trial, name) for name in trial.local) else None
+
+
+def _still_local(group: KernelGroup, name: str) -> bool:
+    """Whether a register-only value of a fused kernel is still read only where it is in a register: a pointwise
+    value of an inner segment in that segment (the scheduler's `_mark_local` rule)."""
+    k, node = group.segment_of(name)
+    if not group.segments[k].inner or node.is_reduction():
+        return True
+    return all(group.segment_of(n.name)[0] == k for n in group.nodes if name in deps.reads(n))
 
 
 def _writes_only_outputs(group: KernelGroup, outputs: set, inputs: set) -> bool:
@@ -94,13 +170,18 @@ class _Order:
             self._profile = (last, live, freed, after)
         return self._profile
 
+    def costs(self, k: int, last: dict) -> tuple[int, int]:
+        """(bytes of what step `k` reads for the last time, bytes of what it stores)."""
+        held = sum(self.sizes.get(b, 0) for b in self.reads[k] if last.get(b) == k and b not in self.outputs)
+        return held, sum(self.sizes.get(b, 0) for b in self.writes[k])
+
     def sink(self, step: KernelGroup) -> int:
-        """Move `step` to the place after it where the peak is lowest, if strictly lower; 1 if it moved."""
+        """Move `step` to the place after it where the peak is lowest, the latest of those where it is no
+        higher than now; 1 if it moved."""
         p = self.steps.index(step)
         last, live, freed, after = self.profile()
         reads, writes = self.reads[p], self.writes[p]
-        held = sum(self.sizes.get(b, 0) for b in reads if last.get(b) == p and b not in self.outputs)
-        out = sum(self.sizes.get(b, 0) for b in writes)
+        held, out = self.costs(p, last)
         if out <= held:
             return 0  # later would hold more in between
         best, best_q, between, before = after[0], None, 0, max(live[:p], default=0)
@@ -111,7 +192,7 @@ class _Order:
                 break
             between = max(between, live[q] + held - out)  # steps p+1..q run before it, without its output
             new_peak = max(before, between, live[q] - freed[q] + held, after[q + 1])
-            if new_peak < best:
+            if new_peak <= best:
                 best, best_q = new_peak, q
         if best_q is None:
             return 0

@@ -101,3 +101,20 @@ def test_returned_cast_stays_where_later_is_no_better():
 
     wrapper = check(fn, a, x).artefacts["wrapper.py"]
     assert _line_of(wrapper, "kernel_cast") < _line_of(wrapper, "kernel_mul"), wrapper
+
+
+def test_returned_casts_gather_into_one_kernel_where_the_peak_allows():
+    """Three float32 casts of bf16 products (a backward's weight gradients) and a large product after them,
+    where the peak is: the casts move past it, as late as the peak allows, and run as one kernel there."""
+    bf16 = torch.bfloat16
+    a, b, c = (torch.randn(64, 96, dtype=bf16) for _ in range(3))
+    w, big = torch.randn(96, 96, dtype=bf16), torch.randn(2048, 96, dtype=bf16)
+
+    def fn(a, b, c, w, big):
+        grads = [(x.t() @ x).float() for x in (a, b, c)]
+        return (*grads, (big @ w).relu().sum(0))
+
+    compiled = check(fn, a, b, c, w, big)
+    casts = [line for line in compiled.artefacts["wrapper.py"].splitlines() if "cast" in line and "(" in line
+             and "data_ptr" in line]
+    assert len(casts) == 1, compiled.artefacts["wrapper.py"]

@@ -525,16 +525,18 @@ class GraphLowering:
         if any(v is SIZE_FLOAT for v in values):
             raise Unsupported("the graph returns a float computed from sizes")
         results = tree_flatten(node.args[0])[0]
-        visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
+        aot = self.gm.meta.get("kiln.aot", {})
+        visible, bases = aot.get("visible_outputs", len(results)), aot.get("alias_bases", ())
         outputs = []
         for k, (v, meta, result) in enumerate(zip(values, metas, results)):
             computed = isinstance(result, torch.fx.Node) and result.op == "call_function"
             self._current = result if computed else node
-            outputs.append(self._output(v, meta, owners, _alias_root(result), result if k >= visible else None))
+            outputs.append(self._output(v, meta, owners, _alias_root(result), result if k >= visible else None,
+                                        k in bases))
         self._current = node
         return outputs
 
-    def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None):
+    def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None, alias_base: bool = False):
         """The graph output `v` (traced value `meta`, a view of node `root` or `root` itself).
 
         `owners`: buffer -> the node whose storage it holds, so that an output with storage of its own
@@ -542,14 +544,16 @@ class GraphLowering:
         output's buffer: eager's are distinct tensors, and a write to one would show in the other.
         `saved`: the FX node of an output the forward saves for the backward alone (no caller sees it): it
         keeps a channels-last layout of kiln's own, which the backward is compiled for (kiln/autograd/aot.py
-        hands it the strides the compiled forward returns)."""
+        hands it the strides the compiled forward returns). `alias_base`: other outputs are rebuilt on it as
+        views at its traced geometry, so it keeps eager's strides (not a padded matmul's rows)."""
         if isinstance(v, IndexFunction):
             view = v.buffer_view()
             if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
                 v = self.realize(v, stride=_layout(meta).stride)
                 owners[v.buffer_view()[0]] = root
             elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)) \
-                    and not (saved is not None and self._dense_channels_last(v)) and view[0] not in self.padded_results:
+                    and not (saved is not None and self._dense_channels_last(v)) \
+                    and (alias_base or view[0] not in self.padded_results):
                 # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
                 # the caller may .view() it. A padded matmul's result is returned with its padded rows, as
                 # torch.compile returns it (kiln/lower/shape_padding.py)

@@ -23,10 +23,13 @@ from support.lowering import assert_same, trace
 HALF = torch.float16
 
 
-def lowered_for_cuda(fn, *inputs):
+def lowered_for_cuda(fn, *inputs, alias_bases=()):
     """`fn`'s graph lowered and prepared as on a GPU with shape padding, its kernels built for the CPU: (the
-    lowered graph, the compiled call over a list of inputs)."""
+    lowered graph, the compiled call over a list of inputs). `alias_bases`: the outputs kiln.autograd says
+    other outputs are rebuilt on (`gm.meta["kiln.aot"]["alias_bases"]`)."""
     gm = trace(fn, *inputs)
+    if alias_bases:
+        gm.meta["kiln.aot"] = {"alias_bases": alias_bases}
     graph = lower_graph(gm, list(inputs), pad_matmul_operands=True)
     templates.prepare(graph, "cuda", max_autotune=False, shape_padding=True)
     sched = schedule(graph, {}, epilogue_fusion=True)
@@ -69,6 +72,19 @@ def test_views_of_the_padded_result_are_returned_as_views():
     assert unflat.stride() == (256 * 520, 520, 1)
     assert flat.stride() == (1,)
     assert_same((unflat, flat), ((x @ w).view(2, 256, 515), (x @ w).view(-1)))
+
+
+def test_an_output_other_outputs_view_keeps_eager_strides():
+    """The runtime rebuilds outputs that view another output (`logits, logits[:, -1]`) on it at their traced
+    geometry (kiln/autograd/signature.py `OutputAlias`): that base is returned with eager's contiguous rows,
+    or the rebuilt views would read the wrong elements."""
+    x, w = operands()
+    _, call = lowered_for_cuda(lambda x, w: (x @ w, (x @ w) * 2), x, w, alias_bases=(0,))
+    base, other = call([x, w])
+    assert base.stride() == (515, 1) and other.stride() == (515, 1)
+    assert_same((base, other), (x @ w, (x @ w) * 2))
+    _, call = lowered_for_cuda(lambda x, w: x @ w, x, w, alias_bases=(0,))
+    assert call([x, w])[0].stride() == (515, 1)
 
 
 def test_kernels_read_the_padded_rows():

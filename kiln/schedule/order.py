@@ -47,8 +47,7 @@ def _fuse_neighbours(order: _Order, movable: set[int]) -> None:
     kernel of the run whose loops take it (the scheduler's horizontal rule) where the peak stays as it is:
     kernels sunk to the same place, such as a backward's float32 gradient casts at its end, are one launch
     per shape, as they were when all were computed there."""
-    last, live, _, after = order.profile()
-    peak, steps, out, k = after[0], order.steps, [], 0
+    live, peak, steps, out, k = order.live, order.after[0], order.steps, [], 0
     while k < len(steps):
         end = k
         while end < len(steps) and id(steps[end]) in movable:
@@ -57,7 +56,7 @@ def _fuse_neighbours(order: _Order, movable: set[int]) -> None:
             out.append(steps[k])
             k += 1
             continue
-        costs = [order.costs(r, last) for r in range(k, end)]
+        costs = [order.costs(r) for r in range(k, end)]
         out += _fused_run(steps[k:end], live[k:end], costs, peak)
         k = end
     steps[:] = out
@@ -132,71 +131,73 @@ def _buffer_bytes(graph: ir.LoweredGraph) -> dict[str, int] | None:
 
 
 class _Order:
-    """The schedule's steps with what each reads and writes, computed once (a step's reads walk its IR), and
-    the live bytes of their order, computed again only after a step moves."""
+    """The schedule's steps with what each reads and writes (computed once: a step's reads walk its IR) and the
+    live bytes of their order, computed once and updated as steps move."""
 
     def __init__(self, sched: Schedule, sizes: dict, outputs: set, inputs: set):
-        self.steps, self.sizes, self.outputs, self.inputs = sched.steps, sizes, outputs, inputs
+        self.steps, self.sizes, self.outputs = sched.steps, sizes, outputs
         self.reads = [step_reads(s) for s in self.steps]
         self.writes = [set(step_writes(s)) for s in self.steps]
-        self._profile = None
+        n = len(self.steps)
+        born, last = dict.fromkeys(inputs, 0), {}
+        for k in range(n):
+            for b in self.writes[k]:
+                born.setdefault(b, k)
+            for b in self.reads[k]:
+                last[b] = k
+        delta, self.dying = [0] * (n + 1), [set() for _ in range(n)]  # dying[k]: what step k reads last
+        for b, start in born.items():
+            size = sizes.get(b, 0)
+            end = n - 1 if b in outputs else max(last.get(b, start), start)
+            delta[start] += size
+            delta[end + 1] -= size
+            if b not in outputs and b in last:
+                self.dying[end].add(b)
+        self.live, total = [], 0  # bytes live while each step runs
+        for k in range(n):
+            total += delta[k]
+            self.live.append(total)
+        self.freed = [sum(sizes.get(b, 0) for b in dying) for dying in self.dying]  # bytes freed after each step
+        self._suffix_peaks()
 
-    def profile(self) -> tuple[dict, list[int], list[int], list[int]]:
-        """(buffer -> the last step reading it, bytes live while each step runs, bytes freed right after it,
-        the peak of the steps from each one to the end)."""
-        if self._profile is None:
-            n, sizes = len(self.steps), self.sizes
-            born, last = dict.fromkeys(self.inputs, 0), {}
-            for k in range(n):
-                for b in self.writes[k]:
-                    born.setdefault(b, k)
-                for b in self.reads[k]:
-                    last[b] = k
-            delta, freed = [0] * (n + 1), [0] * n
-            for b, start in born.items():
-                size = sizes.get(b, 0)
-                end = n - 1 if b in self.outputs else max(last.get(b, start), start)
-                delta[start] += size
-                delta[end + 1] -= size
-                if b not in self.outputs:
-                    freed[end] += size
-            live, total = [], 0
-            for k in range(n):
-                total += delta[k]
-                live.append(total)
-            after = [0] * (n + 1)
-            for k in range(n - 1, -1, -1):
-                after[k] = max(live[k], after[k + 1])
-            self._profile = (last, live, freed, after)
-        return self._profile
+    def _suffix_peaks(self) -> None:
+        """`after[k]`: the peak of the steps from k to the end."""
+        self.after = [0] * (len(self.live) + 1)
+        for k in range(len(self.live) - 1, -1, -1):
+            self.after[k] = max(self.live[k], self.after[k + 1])
 
-    def costs(self, k: int, last: dict) -> tuple[int, int]:
+    def costs(self, k: int) -> tuple[int, int]:
         """(bytes of what step `k` reads for the last time, bytes of what it stores)."""
-        held = sum(self.sizes.get(b, 0) for b in self.reads[k] if last.get(b) == k and b not in self.outputs)
-        return held, sum(self.sizes.get(b, 0) for b in self.writes[k])
+        return self.freed[k], sum(self.sizes.get(b, 0) for b in self.writes[k])
 
     def sink(self, step: KernelGroup) -> int:
         """Move `step` to the place after it where the peak is lowest, the latest of those where it is no
         higher than now; 1 if it moved."""
         p = self.steps.index(step)
-        last, live, freed, after = self.profile()
+        live, after = self.live, self.after
         reads, writes = self.reads[p], self.writes[p]
-        held, out = self.costs(p, last)
+        held, out = self.costs(p)
         if out <= held:
             return 0  # later would hold more in between
         best, best_q, between, before = after[0], None, 0, max(live[:p], default=0)
+        touched = writes | reads
         for q in range(p + 1, len(self.steps)):
-            # not past a reader of what it writes (a forward's saved output read by the next matmul), nor past
-            # a kernel writing into what it reads (an input's new value stored in place)
-            if self.reads[q] & writes or self.writes[q] & reads:
+            # not past a reader of what it writes (a forward's saved output read by the next matmul) or of
+            # what it reads (which would then live longer), nor past a kernel writing into what it reads (an
+            # input's new value stored in place)
+            if not (self.reads[q].isdisjoint(touched) and self.writes[q].isdisjoint(reads)):
                 break
             between = max(between, live[q] + held - out)  # steps p+1..q run before it, without its output
-            new_peak = max(before, between, live[q] - freed[q] + held, after[q + 1])
-            if new_peak <= best:
-                best, best_q = new_peak, q
+            at_step = live[q] - self.freed[q] + held
+            peak = max(before, between, at_step, after[q + 1])
+            if peak <= best:
+                best, best_q, best_live = peak, q, at_step
         if best_q is None:
             return 0
-        for order in (self.steps, self.reads, self.writes):
+        for t in range(p + 1, best_q + 1):  # they run before it now: its inputs live, its outputs not yet
+            live[t] += held - out
+        live[p] = best_live
+        for order in (self.steps, self.reads, self.writes, self.dying, self.freed, live):
             order.insert(best_q, order.pop(p))  # after the step that was at best_q
-        self._profile = None
+        self._suffix_peaks()
         return 1

@@ -7,8 +7,9 @@ rest of the backward, where the activations' gradients peak. A graph output live
 is computed, so such a kernel may run later at no cost but holding what it reads. Like Inductor's
 `reorder_for_peak_memory` (torch/_inductor/memory.py), each one is placed where the simulated peak of live
 bytes is lowest (before the first step that reads what it writes or reads, or writes what it reads), the
-latest such place. Kernels that meet there are fused, as the scheduler fuses siblings: where the peak lies elsewhere (the
-start of a large model's backward), a backward's gradient casts gather at its end as one launch.
+latest such place. Kernels that meet there are fused, as the scheduler fuses siblings: where the peak lies
+elsewhere (the start of a large model's backward), a backward's gradient casts gather at its end, one launch
+per shape.
 
 The simulation counts what the wrapper holds (kiln/schedule/memory.py): every stored buffer and input from
 its write (an input from the start) to its last reader, graph outputs to the end. Graphs with symbolic sizes

@@ -77,6 +77,28 @@ def cuda_time(fn, warmup: int = 5, iters: int = 30) -> float:
     return statistics.median(times)
 
 
+def cpu_allocation_profile(fn) -> tuple[int, int]:
+    """(bytes allocated at the end of `fn()`, peak allocated during it), relative to its start, from the CPU
+    allocator's events as the profiler records them (torch's CPU allocator keeps no peak statistic)."""
+    from torch._C._profiler import _EventType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.typed[0] == _EventType.Allocation:
+            events.append((e.start_time_ns, e.typed[1].total_allocated, e.typed[1].alloc_size))
+        stack.extend(e.children)
+    if not events:
+        return 0, 0
+    events.sort()
+    # `total_allocated` counts everything the process holds: subtract what was held at the start.
+    base = events[0][1] - events[0][2]
+    return events[-1][1] - base, max(t for _, t, _ in events) - base
+
+
 def write_json(path: str | None, data) -> None:
     """Write a run's result as indented JSON when the script was given a path (`--out`/`--json`)."""
     if path:

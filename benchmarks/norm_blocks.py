@@ -10,7 +10,8 @@ What the partition saves decides the traffic of both passes: a forward that save
 (x - mean) * rstd writes it, and the backward reads it back; recomputing it inside the norm's backward kernel,
 from the input and the per-row mean and rstd the forward saves, writes nothing more (Inductor's partitioner,
 and kiln's since 454d146). Reported per block and compiler: milliseconds per step (CUDA events, median), peak
-memory of the step over what the model and inputs hold, and for kiln the tensors and bytes its forward saves.
+memory of the step over what the model and inputs hold (on the CPU, from the allocator's events), and for
+kiln the tensors and bytes its forward saves.
 
     PYTHONPATH=. python benchmarks/norm_blocks.py --out X.json              # a GPU; about a minute on an H100
     PYTHONPATH=. python benchmarks/norm_blocks.py --device cpu --rows 256    # try it without one (C++ target)
@@ -110,6 +111,11 @@ def measure(block: str, stream: bool, compiler: str, rows: int, device: str, war
         loss.backward()
 
     step()  # compiles
+    if device == "cpu":
+        step()  # lazy allocations out of the measured step
+        for p in params:
+            p.grad = None
+        cpu_peak = common.cpu_allocation_profile(step)[1]
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -119,6 +125,8 @@ def measure(block: str, stream: bool, compiler: str, rows: int, device: str, war
            "width": width, "ms": round(ms, 4)}
     if device == "cuda":
         row["peak_mib"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+    else:  # the CPU allocator's events (no peak statistic there): the step after the warm-up steps
+        row["peak_mib"] = round(cpu_peak / 2**20, 1)
     partitions = [p for r in record for p in r.partitions.values()]
     if partitions:
         (split,) = partitions

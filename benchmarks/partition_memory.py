@@ -12,6 +12,9 @@ are the partition's, not a code generator's). Reported per model:
   retained_after_forward  CPU bytes still allocated after forward+loss (activations held for backward)
   peak_step               CPU peak of allocated bytes over forward+loss+backward, above the start
                           (from the profiler's allocation events: torch's CPU allocator reports)
+  peak_step_compiled      the same peak for the whole step compiled, per compiler (`--compilers`): eager,
+                          kiln (kiln.compile, its default backend: the C++ code generator) and torch.compile
+                          (Inductor); the memory a training step holds once its graphs are generated code
 
 Models: transformer6 and the Fashion-MNIST CNN from /work/shared/bench/models_bench.py, and a
 GPT-2-style block (d 768, 12 heads, causal attention written out as HF GPT-2 does, GELU-tanh,
@@ -20,7 +23,7 @@ minute; every byte count scales linearly with the batch.
 
     python benchmarks/partition_memory.py [--out PATH]
         (default PATH: benchmarks/results/partition_memory/<date>_cpu_<commit>.json)
-        [--models transformer6,cnn_fashion,gpt2_block] [--batch-scale 4]
+        [--models transformer6,cnn_fashion,gpt2_block] [--batch-scale 4] [--compilers eager,kiln,torch]
 """
 from __future__ import annotations
 
@@ -36,11 +39,11 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._C._profiler import _EventType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import result_path  # noqa: E402
+import kiln  # noqa: E402
+from common import cpu_allocation_profile, result_path  # noqa: E402
 from kiln.autograd import aot_eager  # noqa: E402
 
 
@@ -131,25 +134,6 @@ def eager_saved_bytes(fn) -> int:
     return sum(storages.values())
 
 
-def allocation_profile(fn) -> tuple[int, int]:
-    """(bytes allocated at the end of `fn()`, peak allocated during it), relative to its start."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.typed[0] == _EventType.Allocation:
-            events.append((e.start_time_ns, e.typed[1].total_allocated, e.typed[1].alloc_size))
-        stack.extend(e.children)
-    if not events:
-        return 0, 0
-    events.sort()
-    # `total_allocated` counts everything the process holds: subtract what was held at the start.
-    base = events[0][1] - events[0][2]
-    return events[-1][1] - base, max(t for _, t, _ in events) - base
-
-
 def measure(name, make_model, x, loss_fn, info) -> dict:
     torch.manual_seed(0)
     model = make_model()
@@ -175,11 +159,11 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
         result[f"saved_bytes_{label}_hooks"] = eager_saved_bytes(forward)
         holder.clear()
         model.zero_grad(set_to_none=True)
-        retained, _ = allocation_profile(forward)
+        retained, _ = cpu_allocation_profile(forward)
         holder.clear()
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        _, peak = allocation_profile(step)
+        _, peak = cpu_allocation_profile(step)
         result[f"step_s_{label}_profiled"] = round(time.perf_counter() - start, 3)
         result[f"retained_after_forward_{label}"] = retained
         result[f"peak_step_{label}"] = peak
@@ -193,6 +177,28 @@ def measure(name, make_model, x, loss_fn, info) -> dict:
     return result
 
 
+def compiled_peaks(make_model, x, loss_fn, compilers: list[str]) -> dict[str, int]:
+    """Peak CPU bytes of one training step (gradients cleared first) per compiler, each on its own copy of the
+    model from the same seed, measured after two warm-up steps (compilation and lazy allocations)."""
+    peaks = {}
+    for compiler in compilers:
+        torch.manual_seed(0)
+        model = make_model()
+        fn = {"eager": lambda m: m, "kiln": kiln.compile, "torch": torch.compile}[compiler](model)
+
+        def step(fn=fn, model=model):
+            model.zero_grad(set_to_none=True)
+            loss_fn(fn(x)).backward()
+
+        step()
+        step()
+        model.zero_grad(set_to_none=True)
+        peaks[compiler] = cpu_allocation_profile(step)[1]
+        torch._dynamo.reset()
+        kiln.reset()
+    return peaks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None,
@@ -200,6 +206,8 @@ def main() -> int:
     parser.add_argument("--batch-scale", type=float, default=1.0, help="multiply every batch size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=None, help="comma list of model names (default: all)")
+    parser.add_argument("--compilers", default="eager,kiln,torch",
+                        help="whose compiled step's peak to measure (eager, kiln, torch; empty: none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     date = datetime.datetime.now(datetime.UTC)
@@ -209,6 +217,8 @@ def main() -> int:
         if args.models and name not in args.models.split(","):
             continue
         r = measure(name, make_model, x, loss_fn, info)
+        compilers = [c for c in args.compilers.split(",") if c]
+        r["peak_step_compiled"] = compiled_peaks(make_model, x, loss_fn, compilers)
         results.append(r)
         mib = 1 << 20
         print(f"{name:13s} saved kiln {r['saved_bytes_kiln'] / mib:8.1f} MiB ({r['saved_tensors_kiln']} tensors) | "
@@ -216,8 +226,9 @@ def main() -> int:
               f"eager {r['saved_bytes_eager'] / mib:8.1f} MiB || retained after fw kiln "
               f"{r['retained_after_forward_kiln'] / mib:7.1f} / "
               f"eager {r['retained_after_forward_eager'] / mib:7.1f} MiB"
-              f" | peak kiln {r['peak_step_kiln'] / mib:7.1f} / eager {r['peak_step_eager'] / mib:7.1f} MiB",
-              flush=True)
+              f" | peak kiln {r['peak_step_kiln'] / mib:7.1f} / eager {r['peak_step_eager'] / mib:7.1f} MiB"
+              " | compiled step peak " + ", ".join(f"{c} {b / mib:.1f}" for c, b in r["peak_step_compiled"].items())
+              + " MiB", flush=True)
     doc = {"date": date.isoformat(timespec="seconds"), "command": " ".join(["python"] + sys.argv),
            "torch": torch.__version__, "python": platform.python_version(), "device": "cpu",
            "threads": args.threads, "backend": "aot_eager (kiln autograd stage, ATen ops run as traced)",

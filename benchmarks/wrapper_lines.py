@@ -63,14 +63,15 @@ class LineClock:
         return rows
 
 
-def isolated_line_costs(call, source: str, args: tuple, repeat: int, sync) -> list[dict]:
+def isolated_line_costs(call, source: str, args: list, repeat: int, sync) -> list[dict]:
     """(microseconds per run, code) for each statement of the wrapper function `call` (`source`: the
-    wrapper's), each run `repeat` times alone on the arguments `args` of a real call."""
+    wrapper's), each run `repeat` times alone on the arguments `args` of a real call (the wrapper takes them
+    as one list, `args`, which its first lines unpack and empty)."""
     lines = source.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("def call("))
     body = [line.strip() for line in lines[start + 1:] if line.strip()]
     env = dict(call.__globals__)
-    env.update(zip(call.__code__.co_varnames[:call.__code__.co_argcount], args))
+    env["args"] = list(args)
     rows = []
     with torch.no_grad():
         for line in body:
@@ -94,9 +95,9 @@ def record_calls(graphs) -> dict:
     for graph in graphs:
         inner = graph.call
 
-        def record(*a, _graph=graph, _inner=inner):
-            recorded.setdefault(_graph.artefacts.get("name"), (_inner, _graph.artefacts["wrapper.py"], a))
-            return _inner(*a)
+        def record(args, _graph=graph, _inner=inner):  # one list, which the wrapper empties: kept as a copy
+            recorded.setdefault(_graph.artefacts.get("name"), (_inner, _graph.artefacts["wrapper.py"], list(args)))
+            return _inner(args)
         graph.call = record
     return recorded
 

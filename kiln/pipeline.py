@@ -65,6 +65,7 @@ from kiln.runtime.host_scalars import is_host_scalar, on_device
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.input_writes import write_into_inputs
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
+from kiln.schedule.order import sink_outputs_for_memory
 
 log = logging.getLogger("kiln.pipeline")
 log_output_code = logging.getLogger("kiln.output_code")
@@ -280,13 +281,17 @@ def runs_channels_last(gm: torch.fx.GraphModule, target: Target) -> bool:
 def schedule_kernels(graph: ir.LoweredGraph, target: Target, epilogue_fusion: bool,
                      writes: tuple[tuple[int, int], ...] = ()) -> Schedule:
     """Kernel groups and extern calls in order, each kernel named after what it fuses; the target first rewrites
-    what it makes templates of (Triton's matmuls). The new values of inputs in `writes` ((graph output, graph
+    what it makes templates of (Triton's matmuls). Kernels computing graph outputs move later where that lowers
+    the peak of live bytes (kiln/schedule/order.py). The new values of inputs in `writes` ((graph output, graph
     input) pairs) are stored into those inputs where that is safe (kiln/schedule/input_writes.py)."""
     sched = schedule(graph, target.prepare(graph), epilogue_fusion=epilogue_fusion)
     if writes:
         renamed = write_into_inputs(sched, writes)
         if renamed:
             log.debug("new input values written in place: %s", ", ".join(f"{b} -> {i}" for b, i in renamed.items()))
+    moved = sink_outputs_for_memory(sched)
+    if moved:
+        log.debug("%d kernels computing graph outputs moved later (lower peak memory)", moved)
     name_kernels(sched)
     return sched
 
@@ -358,7 +363,9 @@ def unbound_globals(code, namespace: dict) -> list[str]:
 
 
 class CompiledGraph:
-    """A compiled ATen graph: call it with the graph's positional inputs."""
+    """A compiled ATen graph: call it with the graph's positional inputs, or `boxed_call` it with one list.
+
+    `call` takes one list of the inputs (the boxed convention), which it may empty."""
 
     def __init__(self, call: Callable, artefacts: dict, profiled: Callable[[], Callable] | None = None,
                  kept: list[ParameterDerived] = ()):
@@ -378,12 +385,17 @@ class CompiledGraph:
             derived.refresh(args)
 
     def __call__(self, *args):
+        return self.boxed_call(list(args))
+
+    def boxed_call(self, args: list):
+        """Run on one list of the graph's inputs, which the call empties: each input is dropped after its last
+        use (`kiln.autograd.runtime.boxed` calls this; a backward's saved tensors are freed as it runs)."""
         if self._profiled is not None and _profiler._is_profiler_enabled:  # a module global: cheap per call
             if self._profiled_call is None:
                 self._profiled_call = self._profiled()
             with torch.profiler.record_function(f"kiln: {self.artefacts.get('name', 'graph')}"):
-                return self._profiled_call(*args)
-        return self.call(*args)
+                return self._profiled_call(args)
+        return self.call(args)
 
     @property
     def num_kernels(self) -> int:
@@ -463,7 +475,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list,
     except Exception as e:  # correctness first: never fail the user's program (unless KILN_STRICT=1)
         log.debug("compile failure", exc_info=True)
         fallbacks.record("graph", name, e, stage="compile")
-        compiled = CompiledGraph(lambda *args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
+        compiled = CompiledGraph(lambda args: gm(*args), {"fallback": f"{type(e).__name__}: {e}", "name": name,
                                                            "aten_graph": gm.print_readable(print_output=False)})
     for listener in GRAPH_LISTENERS:
         listener(compiled, options)

@@ -52,7 +52,7 @@ from kiln.autograd.graph_parts import PartsCompiled, independent_parts
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
-from kiln.autograd.signature import FlatProgram, NeedsStaticShapes
+from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias
 from kiln.runtime import graph_cache
 from kiln.runtime.compile_lock import build_once, compile_lock
 from kiln.runtime.graph_cache import Uncacheable
@@ -385,17 +385,22 @@ class AOTCompiled:
         graph_cache.store(product_key, product, aot_cache.FOLDER)
 
     def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None,
-                 mutations: list[InputMutation] = (), input_strides: dict[int, tuple] | None = None) -> Callable:
+                 mutations: list[InputMutation] = (), input_strides: dict[int, tuple] | None = None,
+                 alias_bases: tuple[int, ...] = ()) -> Callable:
         """`graph` through the compiler, told its kind, (a forward's) how many outputs the caller sees (the
         rest are saved for the backward) and (an inference graph's) which outputs are new values of its inputs:
         the compiler may write them into the inputs, which the runtime then finds written. `input_strides`
         (placeholder index -> strides): inputs the graph receives with other strides than it was traced with
-        (a backward's activations, saved channels-last by the compiled forward)."""
+        (a backward's activations, saved channels-last by the compiled forward). `alias_bases`: the outputs
+        other outputs are rebuilt on as views at their traced geometry (signature.py `OutputAlias`): the
+        compiler must return those with their traced strides."""
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
         if visible_outputs is not None:
             graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
         if mutations:
             graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations)
+        if alias_bases:
+            graph.meta["kiln.aot"]["alias_bases"] = alias_bases
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
         if input_strides:
             example_inputs = restrided_examples(graph, example_inputs, input_strides, self.program.fake_mode())
@@ -406,7 +411,8 @@ class AOTCompiled:
         product_key, cached = self._cached(key, "inference")
         if cached is not None:
             signature, graphs, mutations = cached
-            compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations)
+            compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations,
+                                     alias_bases=_alias_bases(signature))
             return InferenceRunner(program, signature, compiled, mutations)
         self._before_trace(product_key)
         signature = self._trace(key, "analyze", program.analyze, None, graph_of=None)
@@ -419,7 +425,8 @@ class AOTCompiled:
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
         self._store(product_key, aot_cache.encode_inference, signature, graph, mutations)
-        return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations),
+        return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations,
+                                                                 alias_bases=_alias_bases(signature)),
                                mutations)
 
     def _build_training(self, key: tuple) -> Callable:
@@ -464,7 +471,8 @@ class AOTCompiled:
         program = self.program
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
-        forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations))
+        forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations),
+                                alias_bases=_alias_bases(signature))
         saved_strides = _saved_strides(forward, split)
         backward = BackwardVariants(split.backward, len(signature.tangent_specs()),
                                     lambda graph: boxed(self._compile(key, "backward", graph,
@@ -491,6 +499,11 @@ def graph_origin(gm: torch.fx.GraphModule) -> str:
     if "kiln.ends_at" in meta:
         origin += f", ending at the graph break at {meta['kiln.ends_at']}"
     return origin or type(gm).__name__
+
+
+def _alias_bases(signature) -> tuple[int, ...]:
+    """The graph outputs that other outputs are rebuilt on as views (`OutputAlias`), in order."""
+    return tuple(sorted({leaf.output_index for leaf in signature.leaves if isinstance(leaf, OutputAlias)}))
 
 
 def _saved_strides(forward: Callable, split: Partition) -> dict[int, tuple]:

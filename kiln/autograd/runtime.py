@@ -38,10 +38,12 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
 
     The boxed convention (torch's, too) lets a graph drop each input after its last use:
     with positional arguments the caller's tuple keeps every input alive until the end.
-    A compiler opts in with `_boxed_call = True`; other callables get their inputs spread.
+    A compiler opts in with `_boxed_call = True` or a `boxed_call(args)` method (kiln's CompiledGraph); other
+    callables get their inputs spread.
     Autocast is off while the graph runs: its casts were traced into the graph.
     """
-    call = compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args))
+    call = getattr(compiled, "boxed_call", None) or (
+        compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args)))
 
     def run(args: list):
         if torch._C._is_any_autocast_enabled():

@@ -1,6 +1,8 @@
 """The wrapper: the generated Python host program that runs one compiled graph.
 
-It binds the size symbols from the inputs, allocates each kernel output with
+It takes the graph's inputs as one list, which it empties (the boxed
+convention, torch's too: each input is dropped after its last use), binds the
+size symbols from the inputs, allocates each kernel output with
 `torch.empty_strided` (or in the storage of a dead buffer, per the memory plan; an
 output written into a graph input is that input, kiln/schedule/input_writes.py),
 calls the kernels and the extern ATen ops in schedule order, drops each buffer
@@ -289,9 +291,17 @@ class WrapperCodegen:
         g = self.graph
         names = [i.name for i in g.inputs]
         self.line = lambda s: self.lines.append("    " + s)
-        self.lines.append("def call(" + ", ".join(names) + "):")
+        # Boxed: the caller's list is emptied, so that an input dropped after its last use (the memory plan)
+        # is freed there, unless the caller holds it elsewhere (a parameter).
+        self.lines.append("def call(args):")
+        if names:
+            self.line("".join(n + ", " for n in names) + "= args")
+        self.line("args.clear()")
         for sym, source in g.size_vars.items():
             self.line(f"{sym} = {source}")
+        unread = self.plan.release_after.get(-1)
+        if unread:  # after the sizes are read from them
+            self.line("del " + ", ".join(unread))
         kernel_reads, kernel_writes = set(), set()
         for k in self.kernels.values():
             kernel_reads |= set(k.arg_names)

@@ -24,6 +24,7 @@ from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sym
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.scalar_operands import eager_reads
+from kiln.lower.shape_padding import padded_result_strides, pads
 from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value, wrapper_float
 from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, from_buffer
 
@@ -97,6 +98,9 @@ class GraphLowering:
         self.constants: dict[str, torch.Tensor] = {}
         self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
+        self.padded_results: set[str] = set()  # matmul results with padded rows (`_padded_result`)
+        self.computed_reductions: dict[tuple, str] = {}  # a reduction's key -> its buffer (lower/ops/reductions.py)
+        self._returned = _returned_nodes(gm)  # FX node -> "visible" or "saved" (see `_maybe_realize`)
 
     # -- naming and buffers
     def new_name(self, prefix: str = "buf") -> str:
@@ -337,6 +341,15 @@ class GraphLowering:
             meta = node.meta.get("val")
             eager = _layout(meta).stride if isinstance(meta, torch.Tensor) else None
             return self.realize(out, stride=conv_stride or eager)
+        returned = self._returned.get(node)
+        if returned is not None and out.buffer_view() is None and ir.loads(out.body):
+            # A value the graph returns is stored where it is computed, as Inductor's lowering does, not where the
+            # output is reached: stored at the end, it would keep what it reads alive to the end (a gradient's
+            # cast to float32 would hold the bf16 matmul result it casts through the rest of the backward). A
+            # value that reads no buffer (a constant fill) costs nothing to hold back.
+            meta = node.meta.get("val")
+            eager = _layout(meta).stride
+            return self.realize(out, stride=eager if returned == "visible" else conv_stride or eager)
         return out
 
     def preferred_stride(self, node: torch.fx.Node, out: IndexFunction) -> tuple | None:
@@ -439,7 +452,7 @@ class GraphLowering:
         aliases = bool(schema and any(r.alias_info is not None for r in schema.returns))
         name = self.new_name()
         if isinstance(meta, torch.Tensor):
-            layout = layout or _layout(meta)
+            layout = layout or self._padded_result(op, c_args, name) or _layout(meta)
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, layout, aliases))
             return from_buffer(name, layout)
         if isinstance(meta, (tuple, list)) and all(m is None or isinstance(m, (torch.Tensor, int, torch.SymInt))
@@ -462,6 +475,26 @@ class GraphLowering:
             self.add_buffer(ir.Extern(name, op, c_args, c_kwargs, None, aliases))
             return None
         raise Unsupported(f"{op}: result of type {type(meta).__name__} cannot be an extern")
+
+    def _padded_result(self, op, args: tuple, name: str) -> ir.Layout | None:
+        """The layout of a matmul that shape padding will run padded (kiln/lower/shape_padding.py, as the
+        Triton target's `prepare` decides): its result is the padded product's slice, rows `N` padded apart,
+        and `name` joins `padded_results`; None for any other extern."""
+        refs = [a for a in args if isinstance(a, ir.TensorRef)]
+        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2:
+            return None
+        sizes = [*refs[-2].layout.size[-2:], refs[-1].layout.size[-1]]
+        if not all(sympify(s).is_Integer for s in sizes):
+            return None
+        m, k, n = (int(s) for s in sizes)
+        dtype = refs[-1].layout.dtype
+        multiple = pads(m, k, n, dtype, "cuda")
+        size = (*refs[-2].layout.size[:-1], refs[-1].layout.size[-1])
+        strides = padded_result_strides(size, multiple) if multiple else None
+        if strides is None:
+            return None
+        self.padded_results.add(name)
+        return ir.Layout(tuple(sympify(s) for s in size), tuple(sympify(s) for s in strides), dtype)
 
     def _dense_channels_last(self, v: IndexFunction) -> bool:
         """Whether `v` is a whole buffer of this graph's, stored channels-last (a convolution's result, a
@@ -494,16 +527,18 @@ class GraphLowering:
         if any(v is SIZE_FLOAT for v in values):
             raise Unsupported("the graph returns a float computed from sizes")
         results = tree_flatten(node.args[0])[0]
-        visible = self.gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results))
+        aot = self.gm.meta.get("kiln.aot", {})
+        visible, bases = aot.get("visible_outputs", len(results)), aot.get("alias_bases", ())
         outputs = []
         for k, (v, meta, result) in enumerate(zip(values, metas, results)):
             computed = isinstance(result, torch.fx.Node) and result.op == "call_function"
             self._current = result if computed else node
-            outputs.append(self._output(v, meta, owners, _alias_root(result), result if k >= visible else None))
+            outputs.append(self._output(v, meta, owners, _alias_root(result), result if k >= visible else None,
+                                        k in bases))
         self._current = node
         return outputs
 
-    def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None):
+    def _output(self, v, meta, owners: dict, root, saved: torch.fx.Node | None = None, alias_base: bool = False):
         """The graph output `v` (traced value `meta`, a view of node `root` or `root` itself).
 
         `owners`: buffer -> the node whose storage it holds, so that an output with storage of its own
@@ -511,16 +546,19 @@ class GraphLowering:
         output's buffer: eager's are distinct tensors, and a write to one would show in the other.
         `saved`: the FX node of an output the forward saves for the backward alone (no caller sees it): it
         keeps a channels-last layout of kiln's own, which the backward is compiled for (kiln/autograd/aot.py
-        hands it the strides the compiled forward returns)."""
+        hands it the strides the compiled forward returns). `alias_base`: other outputs are rebuilt on it as
+        views at its traced geometry, so it keeps eager's strides (not a padded matmul's rows)."""
         if isinstance(v, IndexFunction):
             view = v.buffer_view()
             if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
                 v = self.realize(v, stride=_layout(meta).stride)
                 owners[v.buffer_view()[0]] = root
             elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)) \
-                    and not (saved is not None and self._dense_channels_last(v)):
+                    and not (saved is not None and self._dense_channels_last(v)) \
+                    and (alias_base or view[0] not in self.padded_results):
                 # eager's strides, not kiln's own (padded rows, a channels-last convolution's result):
-                # the caller may .view() it
+                # the caller may .view() it. A padded matmul's result is returned with its padded rows, as
+                # torch.compile returns it (kiln/lower/shape_padding.py)
                 v = self.realize(v, stride=_layout(meta).stride)
             elif view is None:
                 preferred = self.preferred_stride(saved, v) if saved is not None else None
@@ -614,6 +652,23 @@ def _padded_rows(layout: ir.Layout) -> bool:
 
 def _static(size) -> bool:
     return all(sympify(s).is_Integer for s in size)
+
+
+def _returned_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """The FX nodes the graph returns (as themselves, not through a view): "visible" where the caller sees one,
+    "saved" for a value a forward returns only to save it for its backward."""
+    outputs = gm.graph.find_nodes(op="output")
+    if not outputs:
+        return {}
+    results = tree_flatten(outputs[0].args[0])[0]
+    visible = gm.meta.get("kiln.aot", {}).get("visible_outputs", len(results)) if isinstance(gm.meta, dict) \
+        else len(results)
+    returned: dict[torch.fx.Node, str] = {}
+    for k, result in enumerate(results):
+        if isinstance(result, torch.fx.Node) and isinstance(result.meta.get("val"), torch.Tensor):
+            if k < visible or returned.get(result) != "visible":
+                returned[result] = "visible" if k < visible else "saved"
+    return returned
 
 
 def _realizing_uses(node: torch.fx.Node) -> int:

@@ -291,7 +291,8 @@ class CUDAGraphed:
 
     def __init__(self, compiled: Callable, pool: CUDAGraphPool, name: str, device: torch.device | None = None):
         self.compiled = compiled
-        self.call = compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args))
+        self.call = getattr(compiled, "boxed_call", None) or (
+            compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args)))
         # results the wrapper keeps across calls (kiln.codegen.wrapper.ParameterDerived): a replay reads them
         # where they are, so they are brought up to date outside the graph first
         self.refresh = compiled.refresh if getattr(compiled, "kept", None) else None

@@ -21,17 +21,17 @@ def made_current(device: str):
 
 
 def with_current_device(call: Callable, device: str) -> Callable:
-    """`call`, made to run with `device` current; `call` itself for the CPU (and for CUDA-named graphs that
-    never run on a GPU: kernels for a GPU compiled on a machine without one)."""
+    """`call` (boxed: one list of inputs), made to run with `device` current; `call` itself for the CPU (and
+    for CUDA-named graphs that never run on a GPU: kernels for a GPU compiled on a machine without one)."""
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return call
     index = torch.device(device).index
     current = torch._C._cuda_getDevice
 
-    def run(*args):
+    def run(args: list):
         if current() == index:
-            return call(*args)
+            return call(args)
         with torch.cuda.device(index):
-            return call(*args)
+            return call(args)
 
     return run

@@ -42,11 +42,10 @@ class HostScalarCall:
     def __init__(self, call: Callable, device: str, inputs: tuple[int, ...], outputs: tuple[int, ...]):
         self.call, self.device, self.inputs, self.outputs = call, device, inputs, outputs
 
-    def __call__(self, *args):
-        args = list(args)
+    def __call__(self, args: list):
         for k in self.inputs:
             args[k] = args[k].to(self.device, non_blocking=True)
-        results = self.call(*args)
+        results = self.call(args)
         if not self.outputs:
             return results
         results = list(results)

@@ -201,14 +201,14 @@ def _epilogue_ok(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> b
     return any(n.name in reads for s in group.segments for n in s.nodes)
 
 
-def _try_add(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple) -> bool:
-    """Add `node` (of `_shape` `shape`, computed once per node) to `group` if the fusion rules allow it; returns
-    whether it was added.
+def try_add(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple | None = None) -> bool:
+    """Add `node` (of `_shape` `shape`, computed once per node by the scheduler; computed here when not given)
+    to `group` if the fusion rules allow it; returns whether it was added.
 
     Called for every candidate kernel of every node (tens of thousands of times on a big
     training graph, mostly to say no): the loop space is checked first, without copying
     the group, and the group is changed only once `node` is accepted."""
-    fit = _loop_fit(group, node, shape)
+    fit = _loop_fit(group, node, shape if shape is not None else _shape(node))
     if fit is None:
         return False
     # the group's loops as they would be
@@ -355,7 +355,7 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
         shape = _shape(node)
         placed = None if node.name in templates else next(  # a template starts a kernel of its own
             (k for k in _candidates(steps, producers) if (k not in template_groups or (
-                epilogue_fusion and _epilogue_ok(steps[k], node, shape))) and _try_add(steps[k], node, shape)), None)
+                epilogue_fusion and _epilogue_ok(steps[k], node, shape))) and try_add(steps[k], node, shape)), None)
         if placed is None:
             o, i = shape
             steps.append(KernelGroup(f"kernel{kernels}", o, i, [Segment(bool(i), [node])]))

@@ -1,10 +1,17 @@
 """Memory planning over a Schedule: when each buffer dies, and which storage it reuses.
 
 Buffers the wrapper holds: kernel outputs that are stored (not register-only),
-extern results and their tuple items. Each is released right after its last
-reader runs. A kernel output is allocated in the storage of a released kernel
-output of the same dtype and storage size when one exists (and is kept for
-that only when a later allocation can use it). Graph outputs, buffers that a
+extern results and their tuple items, and the graph's inputs. Each is released
+right after its last reader runs (an input the graph never reads, before the
+first step: `release_after[-1]`). The wrapper takes its inputs boxed (one list,
+which it empties), so releasing an input drops the last reference to a tensor
+no one else holds: a backward's saved activations die at their last use, as
+eager's autograd nodes free theirs, instead of living to the end of the
+backward. An input's storage is never reused: the caller may hold it too.
+
+A kernel output is allocated in the storage of a released kernel output of the
+same dtype and storage size when one exists (and is kept for that only when a
+later allocation can use it). Graph outputs, buffers that a
 graph output or an aliasing extern views, inputs (which a kernel may write into:
 kiln/schedule/input_writes.py) and constants are never reused.
 
@@ -60,8 +67,8 @@ def input_only_kernels(sched: Schedule) -> list[str]:
     outputs = deps.output_buffers(sched.graph)
     found = []
     for group in sched.kernels():
-        reads = _step_reads(group)
-        if reads and reads <= inputs and not set(_step_writes(group)) & outputs and sched.template_of(group) is None \
+        reads = step_reads(group)
+        if reads and reads <= inputs and not set(step_writes(group)) & outputs and sched.template_of(group) is None \
                 and not _uses_size_symbols(group):
             found.append(group.name)
     return found
@@ -73,13 +80,13 @@ def _uses_size_symbols(group: KernelGroup) -> bool:
     return bool(group.size_symbols()) or any(sympy.sympify(s).free_symbols for s in sizes)
 
 
-def _step_writes(step) -> list[str]:
+def step_writes(step) -> list[str]:
     if isinstance(step, KernelGroup):
         return [n.name for n in step.nodes if n.name not in step.local]
     return [step.node.name]
 
 
-def _step_reads(step) -> set[str]:
+def step_reads(step) -> set[str]:
     if isinstance(step, KernelGroup):
         produced = {n.name for n in step.nodes}
         return {b for n in step.nodes for b in deps.reads(n)} - produced
@@ -101,6 +108,14 @@ def _hold_collective_inputs(sched: Schedule, last_use: dict[str, int]) -> None:
                     last_use[b] = max(last_use.get(b, k), k)
 
 
+def _released_inputs(graph: ir.LoweredGraph) -> list[str]:
+    """The inputs the wrapper drops after their last use: all but those returned (an input, or a view of one,
+    returned as an output; an input a kernel writes its new value into is returned as itself,
+    kiln/schedule/input_writes.py)."""
+    outputs = deps.output_buffers(graph)
+    return [i.name for i in graph.inputs if i.name not in outputs]
+
+
 def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
     """The plan for `sched`; `kept`: kernels (from `input_only_kernels`) whose outputs outlive the call."""
     graph = sched.graph
@@ -108,17 +123,17 @@ def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
     pinned = set(deps.output_buffers(graph)) | {i.name for i in graph.inputs}  # an input a kernel writes into
     for group in sched.kernels():
         if group.name in kept:
-            pinned |= set(_step_writes(group))
+            pinned |= set(step_writes(group))
     for step in sched.steps:
         if isinstance(step, ExternStep) and isinstance(step.node, ir.Extern) and step.node.aliases_inputs:
             pinned |= ir.extern_reads(step.node) | {step.node.name}
     last_use: dict[str, int] = {}
     written_at: dict[str, int] = {}
     for k, step in enumerate(sched.steps):
-        for b in _step_writes(step):
+        for b in step_writes(step):
             written_at[b] = k
             last_use.setdefault(b, k)
-        for b in _step_reads(step):
+        for b in step_reads(step):
             last_use[b] = k
     _hold_collective_inputs(sched, last_use)
     reusable = {n.name for step in sched.kernels() for n in step.nodes
@@ -131,12 +146,16 @@ def plan_memory(sched: Schedule, kept: list[str] = ()) -> MemoryPlan:
     for b, last in last_use.items():
         if b not in pinned and b in written_at:
             dying.setdefault(last, []).append(b)
+    for b in _released_inputs(graph):
+        dying.setdefault(last_use.get(b, -1), []).append(b)
 
     future = Counter(keys.values())
     plan = MemoryPlan(kept=list(kept))
+    if dying.get(-1):
+        plan.release_after[-1] = dying[-1]
     pool: dict = {}
     for k, step in enumerate(sched.steps):
-        for b in _step_writes(step):
+        for b in step_writes(step):
             if b in reusable:
                 key = keys[b]
                 future[key] -= 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.autograd.aot import aot_compile, run_graph
 from support.differential import check
 
 
@@ -296,3 +297,28 @@ def test_an_output_written_with_another_input(backend, requires_grad):
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_an_output_written_with_an_input_under_no_grad_call(backend):
     check(written_with_the_input_then_viewed, _vector(True, 6), backend, calls=2, grad_mode=False)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_compiler_is_told_which_outputs_others_view(requires_grad):
+    """The outputs rebuilt as views of another (`OutputAlias`) are rebuilt at their traced geometry, so the
+    compiler is told which graph outputs they view (`meta["kiln.aot"]["alias_bases"]`) and must return those
+    with their traced strides (a padded matmul's result is otherwise returned with its padded rows)."""
+    told = []
+
+    def compiler(gm, example_inputs):
+        told.append((gm.meta["kiln.aot"]["kind"], gm.meta["kiln.aot"].get("alias_bases", ())))
+        return run_graph(gm, example_inputs)
+
+    def fn(x):
+        y = x * 2
+        return y, y[:, 1], x + 1
+
+    x = torch.randn(4, 3, requires_grad=requires_grad)
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = aot_compile(gm, [x], compiler)
+    outs = compiled(x)
+    for got, ref in zip(outs, fn(x)):
+        torch.testing.assert_close(got, ref)
+    kind, bases = told[0]
+    assert kind == ("forward" if requires_grad else "inference") and len(bases) == 1, told

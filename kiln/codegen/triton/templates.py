@@ -42,6 +42,7 @@ from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.libdevice import interpreting
 from kiln.lower import ir
 from kiln.lower.index import index_vars
+from kiln.lower.shape_padding import needs_padding, padding_multiple, worth_padding
 from kiln.runtime import graph_cache
 from kiln.schedule.fusion import KernelGroup, Segment, nonunit
 
@@ -128,17 +129,6 @@ class MatmulSpec:
 # ----------------------------------------------------------------------------- shape padding
 
 
-def padding_multiple(dtype: torch.dtype, device_type: str) -> int:
-    """What tensor cores want the inner dims to be a multiple of (0: no padding), as torch's pad_mm decides."""
-    if device_type != "cuda":
-        return 0
-    if dtype in (torch.float16, torch.bfloat16):
-        return 8
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
-        return 4
-    return 0
-
-
 def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     """`t` zero-padded along `dim` to a multiple of `multiple`, stored in `t`'s own memory order: a weight read
     transposed (a tied LM head's `embedding.T`) is padded by a copy that reads and writes it in the same order,
@@ -157,22 +147,6 @@ def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     out.narrow(dim, size, extra).zero_()
     out.narrow(dim, 0, size).copy_(t)
     return out
-
-
-def needs_padding(k: int, n: int, multiple: int) -> bool:
-    return multiple > 0 and (k % multiple != 0 or n % multiple != 0)
-
-
-# Flops per element moved above which a matmul is limited by tensor-core throughput, not memory (a
-# Hopper GPU's bf16 flops per byte of memory traffic sit well above it): below it, padding's copies cost
-# more than the aligned kernel saves (benchmarks/padded_strides.py).
-PAD_MIN_INTENSITY = 128
-
-
-def worth_padding(m: int, n: int, k: int) -> bool:
-    """Whether an M x N x K matmul is compute-bound enough for shape padding to pay for its copies
-    (a language model's LM head is; a small CNN's narrow classifier over a long K is not)."""
-    return m * n * k >= PAD_MIN_INTENSITY * (m * k + k * n + m * n)
 
 
 def padded_matmul(op: str, args: tuple, kwargs: dict, multiple: int) -> torch.Tensor:

@@ -51,10 +51,16 @@ def reduce(ctx, x: IndexFunction, dims, keepdim: bool, rtype: str, dtype: torch.
     body = cast(x.at(idx), body_dtype or dtype)
     if not red:
         return IndexFunction(out_size, dtype, cast(_trivial(rtype, body), dtype))
-    name = ctx.new_name()
     layout = ir.Layout.contiguous(out_size, dtype)
-    ctx.add_buffer(ir.ComputedBuffer(name, layout, ir.Reduction(
-        out_size, tuple(x.size[k] for k in red), rtype, body)))
+    # The same reduction of the same values (`x.sum(-1, keepdim=True)` written twice, or with and without keepdim)
+    # is one buffer: computed once, wherever its readers land in kernels. Both are contiguous over the same
+    # dims of more than one element, so the first buffer is read in the second's shape at the same addresses.
+    key = (rtype, tuple(s for s in out_size if s != 1), tuple(x.size[k] for k in red), dtype, body)
+    name = ctx.computed_reductions.get(key)
+    if name is None:
+        name = ctx.computed_reductions[key] = ctx.new_name()
+        ctx.add_buffer(ir.ComputedBuffer(name, layout, ir.Reduction(
+            out_size, tuple(x.size[k] for k in red), rtype, body)))
     return from_buffer(name, layout)
 
 

@@ -42,7 +42,7 @@ def casts_read_by_matmuls(x, n: int):
 
 
 def _work_per_node(fn, n: int, monkeypatch) -> float:
-    """Kernels asked whether they take a node (`_try_add`, and `_epilogue_ok` for template kernels) while
+    """Kernels asked whether they take a node (`try_add`, and `_epilogue_ok` for template kernels) while
     scheduling `fn` at size `n`, per node of its lowered graph. The graph's reductions stand for templates."""
     x = torch.randn(4, 3)
     graph = lower_graph(trace(lambda t: fn(t, n), x), [x])

@@ -18,22 +18,9 @@ import torch.nn as nn
 from torch._C._profiler import _EventType
 
 import kiln
+from support.training_patterns import RMSNorm
 
 BF16 = torch.bfloat16
-
-
-class RMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm."""
-
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class NormBlock(nn.Module):

@@ -9,8 +9,9 @@ activation computed from the inputs beside it), each part becomes a graph and a 
 the later backward goes through a node the first did not free, as in eager.
 
 The split keeps eager's order where it matters: a part may write into a tensor (a module's running statistics,
-a counter buffer) that no other part reads, and at most one part may draw random numbers; a graph whose parts
-meet through a written tensor or both draw stays whole. What each node writes and draws is read from a fake run
+a counter buffer) that another part reads only where that part runs first and is done before the write, and at
+most one part may draw random numbers; a graph whose parts meet otherwise through a written tensor, or both
+draw, stays whole. What each node writes and draws is read from a fake run
 of the graph (the ATen ops it runs: nothing is computed). Grad-mode and autocast switches (calls that take no
 values and return none) are copied into every part, in their order, so each op runs in the mode it ran in.
 """
@@ -80,25 +81,47 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
             first.setdefault(part_of(n), position)
     ordered = sorted(roots, key=first.__getitem__)
     members = {r: _reaching([returned[k] for k in roots[r]]) for r in ordered}
-    for node in effects:  # a write or a draw no output reads stays, in its part (or the first)
+    for node in effects:  # a write or a draw no output reads stays, in its part (or the one it goes before)
         root = part_of(node)
-        members[root if root in members else ordered[0]] |= _reaching([node])
-    if not _apart(members, effects, placeholders):
+        if root not in members:
+            root = _home_of_effect(node, effects, nodes, part_of, members) or ordered[0]
+        members[root] |= _reaching([node])
+    if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
         return None
     parts = [_part_graph(gm, nodes, switches, members[r], roots[r]) for r in ordered]
     return Split(parts, returned_inputs, constants, len(returned))
 
 
-def _apart(members: dict, effects: dict, placeholders: list) -> bool:
-    """Whether no input one part writes is read by another, and at most one part draws random numbers."""
+def _home_of_effect(node, effects: dict, nodes: list, part_of: Callable, members: dict):
+    """The part a write or draw that no output reads runs in, keeping its place in eager's order: the part of
+    the first later node reading an input it writes (`x.mul_(0.9)` whose result nothing reads, then `y - x`), else
+    of the first later computing node of a part, else of the last earlier one (`counter += 1` at the end)."""
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    written = {placeholders[i] for i in effects[node][0]}
+    at = nodes.index(node)
+    later = [n for n in nodes[at + 1:] if _in(n, set()) and part_of(n) in members]
+    readers = [n for n in later if written & set(n.all_input_nodes)]
+    earlier = [n for n in nodes[:at] if _in(n, set()) and part_of(n) in members]
+    home = (readers or later or earlier[::-1] or [None])[0]
+    return None if home is None else part_of(home)
+
+
+def _apart(members: dict, effects: dict, placeholders: list, ordered: list, position: dict) -> bool:
+    """Whether at most one part draws random numbers, and every input one part writes is read by another only
+    where the split keeps eager's values: the reading part runs before the writing one and has computed all it
+    computes before the first write (a module's running statistics read, then updated by the module after)."""
     drawing = [r for r, nodes in members.items() if any(effects.get(n, ((), False))[1] for n in nodes)]
     if len(drawing) > 1:
         return False
     reads = {r: {a for n in nodes for a in n.all_input_nodes} for r, nodes in members.items()}
     for root, nodes in members.items():
-        written = {placeholders[i] for n in nodes for i in effects.get(n, ((), False))[0]}
-        if any(written & read for r, read in reads.items() if r is not root):
-            return False
+        for i in {i for n in nodes for i in effects.get(n, ((), False))[0]}:
+            first_write = min(position[n] for n in nodes if i in effects.get(n, ((), False))[0])
+            for r, read in reads.items():
+                if r is not root and placeholders[i] in read and not (
+                        ordered.index(r) < ordered.index(root)
+                        and max(position[n] for n in members[r]) < first_write):
+                    return False
     return True
 
 

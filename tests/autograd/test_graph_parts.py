@@ -125,12 +125,42 @@ def written_part(a, b):
     return kept
 
 
-def written_and_read_elsewhere(a, b):
-    kept = a.exp() + b
-    b.add_(1)
+def read_before_written_elsewhere(a, b):
+    kept = a.exp() + b  # reads b before the write: its part runs first, done before the write
+    b.add_(1)  # no output reads the write's result: it runs in the part of b's next reader
     loss = (a * b).sum()
     loss.backward()
     return kept
+
+
+def written_then_read_elsewhere(a, b):
+    b.add_(1)
+    kept = a.exp() + b  # reads b after the write
+    loss = (a * b).sum()
+    loss.backward()
+    return kept
+
+
+def read_after_a_part_wrote(a, b):
+    doubled = a * 2
+    b.add_(doubled.detach().sum())  # the loss's part writes b ...
+    kept = a.exp() + b  # ... and the kept output's part, starting later, reads it after
+    loss = doubled.sum()
+    loss.backward()
+    return kept
+
+
+def running_statistics_read_then_updated(a, b):
+    kept = a * a.sum().detach() + b.mean()  # BatchNorm-like statistics read, then updated by the loss's part
+    b.mul_(0.9)
+    b.add_(a.detach().mean(0), alpha=0.1)
+    loss = (a - b).square().mean()
+    loss.backward()
+    return kept
+
+
+READ_AND_WRITTEN = [read_before_written_elsewhere, written_then_read_elsewhere, read_after_a_part_wrote,
+                    running_statistics_read_then_updated]
 
 
 def captured_graph(program, *args):
@@ -146,12 +176,14 @@ def captured_graph(program, *args):
 
 @pytest.mark.parametrize("program, parts", [
     (output_computed_before_the_backward, 2), (two_kept_outputs, 3), (random_part, 2), (written_part, 2),
-    (shared_sum, None), (random_parts, None), (written_and_read_elsewhere, None)],
+    (shared_sum, None), (random_parts, None), (read_before_written_elsewhere, 2), (written_then_read_elsewhere, None),
+    (read_after_a_part_wrote, None), (running_statistics_read_then_updated, 2)],
     ids=lambda p: getattr(p, "__name__", str(p)))
 def test_which_graphs_split(program, parts):
-    """Parts sharing computation, both drawing random numbers, or one writing a tensor another reads keep the
-    graph whole; a write or a draw in one part alone is that part's."""
-    written = program in (written_part, written_and_read_elsewhere)
+    """Parts sharing computation, both drawing random numbers, or one reading a tensor another writes, unless the
+    reading part runs first and is done before the write, keep the graph whole; a write or a draw in one part
+    alone is that part's."""
+    written = program in [written_part] + READ_AND_WRITTEN
     args = [torch.ones(2, 3, requires_grad=True)] + ([torch.zeros(3)] if written else [])
     gm, example_inputs = captured_graph(program, *args)
     assert gm.meta.get("kiln.ends_at_backward")
@@ -179,6 +211,22 @@ def test_a_written_tensor_and_random_draws_stay_eagers(backend):
             return out, a.grad
 
         torch.testing.assert_close(run_random(kiln.compile(random_part, backend=backend)), run_random(random_part))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [read_before_written_elsewhere, running_statistics_read_then_updated],
+                         ids=lambda p: p.__name__)
+def test_a_tensor_read_and_written_by_two_parts_leaves_what_eager_leaves(program, backend):
+    """Split where a part reads a tensor before another part writes it: the outputs, the gradients after the
+    later backward and the written tensor equal eager's (the reading part ran first). The programs that stay
+    whole raise at the later backward, as under torch.compile (test_parts_sharing_computation_raise...)."""
+    def run(fn):
+        a, b = torch.linspace(-1, 1, 6).reshape(2, 3).requires_grad_(), torch.full((3,), 0.5)
+        out = fn(a, b)
+        out.sum().backward()
+        return out, a.grad, b
+
+    torch.testing.assert_close(run(kiln.compile(program, backend=backend)), run(program))
 
 
 def unused_draw(a):

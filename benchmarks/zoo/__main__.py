@@ -104,24 +104,34 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def machine_alone():
-    """Run a timed section with the machine to itself: under the run's timing lock (`ZOO_TIMING_LOCK`, set by a
-    run with --jobs > 1), with every other process of the run stopped meanwhile (SIGSTOP, then SIGCONT): the
-    other pairs and their compile workers, also those that start sessions of their own. Neither their kernels
-    nor their compiles' host work then shares the step's time. A no-op for a run of one pair at a time."""
-    lock_path = os.environ.get("ZOO_TIMING_LOCK")
-    if not lock_path:
-        yield
+def timing_lock():
+    """The run's timing lock (`ZOO_TIMING_LOCK`, set by a run with --jobs > 1) held; yields whether there is one
+    (a run of one pair at a time has none)."""
+    path = os.environ.get("ZOO_TIMING_LOCK")
+    if not path:
+        yield False
         return
-    with open(lock_path, "a") as lock:
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        others = other_processes_of_the_run(int(os.environ["ZOO_RUN_PID"]))
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def machine_alone():
+    """Run a timed section with the machine to itself: under the run's timing lock, with every other process of
+    the run stopped meanwhile (SIGSTOP, then SIGCONT): the other pairs and their compile workers, also those that
+    start sessions of their own. Neither their kernels nor their compiles' host work then shares the step's time.
+    A no-op for a run of one pair at a time."""
+    with timing_lock() as held:
+        others = other_processes_of_the_run(int(os.environ["ZOO_RUN_PID"])) if held else []
         try:
             signal_processes(others, signal.SIGSTOP)
             yield
         finally:
             signal_processes(others, signal.SIGCONT)
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def other_processes_of_the_run(root: int) -> list[int]:
@@ -224,16 +234,13 @@ def started(command: list[str], env: dict):
     """The job's process, in a process group of its own (a timeout kills its workers too), started under the
     timing lock (a timed section that has stopped the run's processes never misses it); every process of the
     run is continued when it ends, in case it ended while it had them stopped."""
-    lock_path = os.environ.get("ZOO_TIMING_LOCK")
-    with open(lock_path or os.devnull, "a") as lock:
-        if lock_path:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with timing_lock() as held:
         job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
         yield job
     finally:
-        if lock_path:
+        if held:
             signal_processes(other_processes_of_the_run(os.getpid()), signal.SIGCONT)
 
 
@@ -299,6 +306,7 @@ def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
             for future in concurrent.futures.as_completed(futures):
                 finished(futures[future], future.result())
         os.environ.pop("ZOO_TIMING_LOCK", None)
+        os.environ.pop("ZOO_RUN_PID", None)
     for i, record in sorted(records.items()):  # out of GPU memory beside other pairs: again, alone
         if args.jobs > 1 and "out of memory" in record.get("reason", ""):
             finished(i, {**spawn_job(*pairs[i], args.timeout, args.profile), "ran_alone": True})

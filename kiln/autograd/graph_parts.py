@@ -84,7 +84,7 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
     for node in effects:  # a write or a draw no output reads stays, in its part (or the one it goes before)
         root = part_of(node)
         if root not in members:
-            root = _home_of_effect(node, effects, nodes, part_of, members) or ordered[0]
+            root = _home_of_effect(node, effects, nodes, placeholders, part_of, members) or ordered[0]
         members[root] |= _reaching([node])
     if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
         return None
@@ -92,11 +92,10 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
     return Split(parts, returned_inputs, constants, len(returned))
 
 
-def _home_of_effect(node, effects: dict, nodes: list, part_of: Callable, members: dict):
+def _home_of_effect(node, effects: dict, nodes: list, placeholders: list, part_of: Callable, members: dict):
     """The part a write or draw that no output reads runs in, keeping its place in eager's order: the part of
     the first later node reading an input it writes (`x.mul_(0.9)` whose result nothing reads, then `y - x`), else
     of the first later computing node of a part, else of the last earlier one (`counter += 1` at the end)."""
-    placeholders = [n for n in nodes if n.op == "placeholder"]
     written = {placeholders[i] for i in effects[node][0]}
     at = nodes.index(node)
     later = [n for n in nodes[at + 1:] if _in(n, set()) and part_of(n) in members]
@@ -110,13 +109,16 @@ def _apart(members: dict, effects: dict, placeholders: list, ordered: list, posi
     """Whether at most one part draws random numbers, and every input one part writes is read by another only
     where the split keeps eager's values: the reading part runs before the writing one and has computed all it
     computes before the first write (a module's running statistics read, then updated by the module after)."""
+    def writes(n) -> tuple:
+        return effects.get(n, ((), False))[0]
+
     drawing = [r for r, nodes in members.items() if any(effects.get(n, ((), False))[1] for n in nodes)]
     if len(drawing) > 1:
         return False
     reads = {r: {a for n in nodes for a in n.all_input_nodes} for r, nodes in members.items()}
     for root, nodes in members.items():
-        for i in {i for n in nodes for i in effects.get(n, ((), False))[0]}:
-            first_write = min(position[n] for n in nodes if i in effects.get(n, ((), False))[0])
+        for i in {i for n in nodes for i in writes(n)}:
+            first_write = min(position[n] for n in nodes if i in writes(n))
             for r, read in reads.items():
                 if r is not root and placeholders[i] in read and not (
                         ordered.index(r) < ordered.index(root)

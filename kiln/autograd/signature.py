@@ -24,10 +24,10 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
 from kiln.autograd.view_replay import ViewRecorder, ViewStep, replay, symbolic_sizes
+from kiln.size_python import SIZE_NAMES, size_source
 
 
 @dataclass(frozen=True)
@@ -756,12 +756,11 @@ def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
     symbols = set().union(*(e.free_symbols for e in exprs))
     if not symbols <= size_sources.keys():
         raise NeedsStaticShapes(f"{what} with sizes no input dimension carries")
-    printer = PythonPrinter()
     lines = ["def sizes(flat):"] + [f"    {sym} = flat[{i}]" + ("" if d is None else f".size({d})") for sym, (i, d) in
                                     ((sym, size_sources[sym]) for sym in sorted(symbols, key=str))]
-    lines.append(f"    return ({''.join(printer.doprint(e) + ', ' for e in exprs)})")
+    lines.append(f"    return ({''.join(size_source(e) + ', ' for e in exprs)})")
     namespace: dict = {}
-    exec("\n".join(lines), {"max": max, "min": min}, namespace)
+    exec("\n".join(lines), dict(SIZE_NAMES), namespace)
     return namespace["sizes"]
 
 

@@ -11,7 +11,6 @@ import collections
 import dataclasses
 import enum
 import functools
-import math
 import os
 import types
 from typing import Any
@@ -20,7 +19,6 @@ import sympy
 import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
@@ -48,6 +46,7 @@ from kiln.capture.values.objects import ClassValue, ObjectValue, OpaqueValue, Pa
 from kiln.capture.values.symbolic import SymValue
 from kiln.capture.values.tensor import TensorValue
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, TorchFunctionValue
+from kiln.size_python import SIZE_NAMES, size_source
 
 
 def wrap_lazy(state, obj: Any, source: Source) -> Value:
@@ -422,8 +421,8 @@ def size_float_tensor(state, value: SymValue) -> TensorValue:
         source, dim = state.graph.symbol_sources[symbol]
         read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"
         reads[symbol] = sympy.Symbol(read)
-    python = PythonPrinter().doprint(value.sym.node.expr.xreplace(reads))
-    state.guards.namespace.update(___as_tensor=as_scalar_tensor, math=math, torch=torch)  # names the printer writes
+    python = size_source(value.sym.node.expr.xreplace(reads))
+    state.guards.namespace.update(SIZE_NAMES, ___as_tensor=as_scalar_tensor)  # names the printer writes
     source = SizeFloatSource(python)
     now = eval(python, dict(state.guards.namespace), {"L": state.L, "G": state.G, "C": state.C})
     return _tensor_input(state, as_scalar_tensor(now), source, source.expr())

@@ -14,18 +14,17 @@ It is readable Python: `print(entry.program_source)` or the `bytecode` log.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from typing import Any
 
 import torch
-from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import rerun
 from kiln.capture.sources import fast_expr, shared_fetches
 from kiln.capture.values.base import NULL, Value
 from kiln.capture.values.constant import ConstantValue, is_literal
 from kiln.capture.values.torch_api import GradModeRestore
+from kiln.size_python import SIZE_NAMES, size_source
 
 
 class ProgramWriter:
@@ -82,8 +81,9 @@ class ProgramWriter:
                 self._bound_symbols.add(name)
                 read = fast_expr(source) if dim is None else f"{fast_expr(source)}.size({dim})"  # an int input
                 self.symbol_lines.append(f"{name} = {read}")
-        self.namespace.setdefault("math", math)  # a rounded size prints as `math.ceil(s0 / 2)`
-        return f"({PythonPrinter().doprint(expr)})"
+        for name, value in SIZE_NAMES.items():  # a rounded size prints as `math.ceil(s0 / 2)`
+            self.namespace.setdefault(name, value)
+        return f"({size_source(expr)})"
 
     def grad_mode_exit(self, prev: bool) -> str:
         return f"{self.constant(GradModeRestore)}({prev!r})"

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
-from kiln.lower.index import affine_strides, contiguous_strides, index_vars, sympify
+from kiln.lower.index import PrecomputedSizes, affine_strides, contiguous_strides, index_vars, precomputing, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.scalar_operands import eager_reads
@@ -95,6 +95,7 @@ class GraphLowering:
         self.layouts: dict[str, ir.Layout] = {}
         self.inputs: list = []
         self.size_vars: dict = {}
+        self.precomputed = PrecomputedSizes()  # sizes the wrapper computes through floats
         self.constants: dict[str, torch.Tensor] = {}
         self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
@@ -171,6 +172,12 @@ class GraphLowering:
 
     # -- the walk
     def run(self, example_inputs) -> ir.LoweredGraph:
+        with precomputing(self.precomputed):
+            lowered = self._run(example_inputs)
+        self.precomputed.bind_formulas(self.size_vars)
+        return lowered
+
+    def _run(self, example_inputs) -> ir.LoweredGraph:
         env: dict[torch.fx.Node, Any] = self._env
         outputs = None
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -257,7 +264,7 @@ class GraphLowering:
             return bool(relation)
         if self.shape_env is None:
             return None
-        result = self.shape_env._maybe_evaluate_static(relation)
+        result = self.shape_env._maybe_evaluate_static(self.precomputed.defined(relation))
         return None if result is None else bool(result)
 
     def _note_shape_env(self, values) -> None:
@@ -321,7 +328,7 @@ class GraphLowering:
 
     def _sym(self, meta):
         expr = sympify(meta)
-        if not expr.free_symbols <= set(self.size_vars):
+        if not expr.free_symbols <= self.precomputed.bound(self.size_vars):
             raise Unsupported(f"size expression {expr} is not bound by the inputs")
         return expr
 

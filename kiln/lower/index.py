@@ -8,11 +8,15 @@ non-negative integers and would not simplify.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 
 import sympy
 from torch.utils._sympy import functions as torch_sympy
+
+from kiln.size_python import size_source
 
 
 class FloorDiv(sympy.Function):
@@ -86,7 +90,9 @@ def sympify(x) -> sympy.Expr:
         return x
     node = getattr(x, "node", None)
     if node is not None and hasattr(node, "expr"):
-        return integer_rounding(pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None)))
+        expr = integer_rounding(pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None)))
+        sizes = _PRECOMPUTED.get()
+        return expr if sizes is None else sizes.lifted(expr)
     return sympy.Integer(int(x))
 
 
@@ -128,6 +134,79 @@ def integer_rounding(expr: sympy.Expr) -> sympy.Expr:
     if not any(type(f) in _ROUNDED_DIVISIONS for f in expr.atoms(sympy.Function)):
         return expr
     return expr.replace(lambda e: rewrite(e) is not None, rewrite)
+
+
+# Functions of sizes every code generator prints (kiln/codegen/index_printer.py); a size made with any other
+# (`math.ceil(math.sqrt(n))`: CeilToInt(OpaqueUnaryFn_sqrt(ToFloat(n)))) is computed by the wrapper.
+_PRINTED_FUNCTIONS = (FloorDiv, Mod, torch_sympy.FloorDiv, torch_sympy.Mod, torch_sympy.PythonMod, sympy.Max,
+                      sympy.Min, torch_sympy.Max, torch_sympy.Min)
+
+
+def _printed(e: sympy.Basic) -> bool:
+    """Whether kernels print `e` itself (its arguments may still need lifting)."""
+    if isinstance(e, sympy.Pow):
+        return e.exp.is_Integer and int(e.exp) > 0
+    if type(e) is torch_sympy.PowByNatural:
+        return e.args[1].is_Integer and int(e.args[1]) > 0
+    return not isinstance(e, sympy.Function) or isinstance(e, _PRINTED_FUNCTIONS)
+
+
+class PrecomputedSizes:
+    """The sizes of one graph that the wrapper computes before its kernels: each maximal part of a size
+    expression that no kernel prints becomes a symbol `ps<k>`, computed in Python from the input symbols (eager's
+    program computed it in Python too, from the same ints), or read off an input of that size where there is
+    one (a backward graph may not see the symbols the formula reads). Kernels then take it as one more size
+    argument (as Inductor's precomputed sizes)."""
+
+    def __init__(self):
+        self.symbols: dict[sympy.Expr, sympy.Symbol] = {}
+        self.formulas: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def bound(self, size_vars: dict) -> set:
+        """The symbols that `size_vars` (the inputs' sizes) binds, with each formula over them."""
+        known = set(size_vars)
+        return known | {sym for sym, e in self.formulas.items() if e.free_symbols <= known}
+
+    def bind_formulas(self, size_vars: dict) -> None:
+        """Bind each symbol no input's size binds to its formula, after the input symbols it reads."""
+        for sym, expr in self.formulas.items():
+            if sym not in size_vars and expr.free_symbols <= size_vars.keys():
+                size_vars[sym] = size_source(expr)  # the wrapper's namespace has SIZE_NAMES
+
+    def lifted(self, expr: sympy.Expr) -> sympy.Expr:
+        if _printed(expr):
+            if not expr.args:
+                return expr
+            args = [self.lifted(a) for a in expr.args]
+            return expr if all(a is b for a, b in zip(args, expr.args)) else expr.func(*args)
+        return self._symbol(expr)
+
+    def defined(self, expr: sympy.Basic) -> sympy.Basic:
+        """`expr` over the input symbols alone (what the shape environment, which never saw `ps<k>`, reasons on)."""
+        if not self.symbols or not expr.free_symbols:
+            return expr
+        return expr.xreplace({sym: e for e, sym in self.symbols.items()})
+
+    def _symbol(self, expr: sympy.Expr) -> sympy.Symbol:
+        sym = self.symbols.get(expr)
+        if sym is None:
+            sym = sympy.Symbol(f"ps{len(self.symbols)}", integer=True, nonnegative=expr.is_nonnegative)
+            self.symbols[expr] = sym
+            self.formulas[sym] = expr
+        return sym
+
+
+_PRECOMPUTED: ContextVar[PrecomputedSizes | None] = ContextVar("kiln_precomputed_sizes", default=None)
+
+
+@contextlib.contextmanager
+def precomputing(sizes: PrecomputedSizes):
+    """While a graph lowers, lift the size expressions no kernel prints into `sizes`."""
+    token = _PRECOMPUTED.set(sizes)
+    try:
+        yield
+    finally:
+        _PRECOMPUTED.reset(token)
 
 
 def pinned(expr: sympy.Expr, shape_env) -> sympy.Expr:

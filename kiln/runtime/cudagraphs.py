@@ -333,12 +333,12 @@ class CUDAGraphed:
                 return self._replay(rec, copies, args)
         if self.disabled:
             return self._eager(args)
-        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
-        if key not in self.warmed:  # first call with this signature: run it as it is
+        key = _warm_up_key(args)
+        if key not in self.warmed and len(self.warmed) < 2 * MAX_RECORDINGS:  # first call with this signature
             self.warmed.add(key)
             self.stats["warmups"] += 1
             return list(self.call(list(args)))
-        if len(self.recordings) >= MAX_RECORDINGS:
+        if len(self.recordings) >= MAX_RECORDINGS or key not in self.warmed:
             self.disabled = f"more than {MAX_RECORDINGS} input signatures (shapes or parameter addresses)"
             log.info("%s: CUDA graphs off from now on: %s", self.name, self.disabled)
             return self._eager(args)
@@ -402,6 +402,16 @@ class CUDAGraphed:
         log.debug("%s: recorded a CUDA graph (%d inputs read in place, %d copied)", rec.name,
                   len(rec.static_at), len(rec.copied) + len(rec.spans))
         return rec
+
+
+def _warm_up_key(args: list) -> tuple:
+    """What a call must share with an earlier one to be recorded rather than warmed up: the shapes and dtypes,
+    and the parameters' addresses. Layers of one class sharing a graph then each warm up in the first step and
+    record in the second, in the order they run: recorded in another order (one layer warmed up while the
+    next ones recorded), a layer's replay would overwrite the outputs an earlier layer saved for its backward
+    in the same step (the pool's memory is shared in recording order)."""
+    return tuple((tuple(a.shape), a.dtype, a.data_ptr() if isinstance(a, torch.nn.Parameter) else None)
+                 if isinstance(a, torch.Tensor) else None for a in args)
 
 
 def _check_not_stale(args: list) -> None:

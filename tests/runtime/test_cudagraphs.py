@@ -515,3 +515,54 @@ def test_cuda_a_weight_changed_in_place_between_replays_is_seen():
         model[2].weight.mul_(-1)
         for _ in range(2):
             torch.testing.assert_close(compiled(x), model(x), rtol=2e-3, atol=2e-3)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.proj = nn.LayerNorm(32), nn.Linear(32, 32)
+
+    def forward(self, x):
+        return x + torch.relu(self.proj(self.norm(x)))
+
+
+def blocks(device, n=4, seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleList(Block() for _ in range(n)).to(device)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_layers_sharing_one_graph_record_once_each(device, train):
+    """`kiln.compile(layer, mode="reduce-overhead")` per layer of one class shares one captured graph (one
+    compile context per backend); each layer's parameters live elsewhere, so the graph keeps one recording per
+    layer, and a layer's replay must not overwrite the output the next layer is reading (an output of one
+    recording fed to another recording of the same graph)."""
+    ref = blocks(device)
+    layers = copy.deepcopy(ref)
+    kiln.reset()
+    before = set(cg._pools)
+    compiled = [kiln.compile(layer, mode="reduce-overhead") for layer in layers]
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(layers.parameters(), lr=0.1)
+    for step in range(4):
+        x = torch.randn(8, 32, device=device)
+        outs = []
+        for net, o in ((ref, opt_ref), (compiled, opt)):
+            with torch.set_grad_enabled(train):
+                h = x
+                for layer in net:
+                    h = layer(h)
+                outs.append(h.detach().clone())
+                if train:
+                    o.zero_grad()
+                    h.square().mean().backward()
+                    o.step()
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-3, atol=1e-4, msg=f"step {step}")
+        for p, q in zip(ref.parameters(), layers.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-3, atol=1e-4, msg=f"step {step}")
+    forward = [g for pool in new_pools(before) for g in pool.graphs if not g.name.endswith("backward")]
+    # one graph for the four layers; in training the first layer's input needs no grad: a graph of its own (as
+    # torch.compile's guards tell it too)
+    assert len(forward) == 1 + train, [g.name for g in forward]
+    assert sum(g.stats["recordings"] for g in forward) == 4, [g.stats for g in forward]
+    assert all(g.stats["replays"] >= 2 * g.stats["recordings"] for g in forward), [g.stats for g in forward]

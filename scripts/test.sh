@@ -12,5 +12,9 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && { ! command -v dot >/d
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } \
     || echo "scripts/test.sh: could not install graphviz/chromium; the tests that need them skip"
 fi
-# Two workers: CI has two cores, and the suite is mostly single-threaded compiles.
+# Two workers: CI has two cores, and the suite is mostly single-threaded compiles. Each worker runs torch and
+# kiln's OpenMP kernels on one thread: with two workers on two cores a second thread only contends (a parallel
+# region waits for the thread the other worker holds). Tests of parallel paths ask for two threads themselves
+# (tests/support/threads.py). KILN_FULL_TESTS=1 runs every sweep whole (README's testing section).
+export OMP_NUM_THREADS=1
 python3 -m pytest tests -p no:cacheprovider -n 2 "$@"

@@ -10,7 +10,6 @@ a global, printed text), grad mode after the call and the exception raised.
 """
 import contextlib
 import io
-import os
 import types
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 import kiln
 from support.capture import CountingBackend, assert_same
+from support.sweeps import full
 
 
 @contextlib.contextmanager
@@ -288,7 +288,7 @@ def _sampled_loops() -> list:
     sample in which each path meets a third of the managers and each manager a third of the paths."""
     every = [(loop, manager, grad) for i, loop in enumerate(LOOPS) for j, manager in enumerate(MANAGERS)
              for grad in (True, False)]
-    if os.environ.get("KILN_WITH_SWEEP"):
+    if full("KILN_WITH_SWEEP"):
         return every
     names, managers = list(LOOPS), list(MANAGERS)
     return [(loop, manager, grad) for loop, manager, grad in every

@@ -11,6 +11,9 @@ interpreter accepts code that Triton's compiler rejects.
 
 On a GPU the same tests run the kernels for real:
     KILN_TRITON_TEST_DEVICE=cuda python -m pytest tests/codegen/test_triton_kernels.py
+
+The reduction matrices (op x kernel kind, dtype x kernel kind) run a sample in CI, every kind of kernel and
+of reduction (plain, Welford's, arg-) kept; `KILN_TRITON_SWEEP=1` (or KILN_FULL_TESTS=1) runs all of them.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
+from support.sweeps import full
 from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
@@ -155,8 +159,14 @@ def test_padding_masks_loads():
 # ----------------------------------------------------------------------------- reductions
 
 
-@pytest.mark.parametrize("n", [19, LOOPED], ids=["persistent", "looped"])
-@pytest.mark.parametrize("op", ["sum", "amax", "amin", "argmax", "argmin", "mean", "var", "prod"])
+ROW_OPS = ["sum", "amax", "amin", "argmax", "argmin", "mean", "var", "prod"]
+# a looped row costs the interpreter seconds: CI loops one reduction of each kind (plain, arg-, Welford's)
+LOOPED_IN_CI = ["sum", "argmax", "var"]
+
+
+@pytest.mark.parametrize("op, n", [
+    pytest.param(op, n, id=f"{op}-{kind}") for kind, n in (("persistent", 19), ("looped", LOOPED)) for op in ROW_OPS
+    if kind == "persistent" or op in LOOPED_IN_CI or full("KILN_TRITON_SWEEP")])
 def test_row_reductions(op, n):
     x = torch.randn(5, n)
     if op == "prod":
@@ -375,8 +385,15 @@ def test_split_reduction_of_few_long_rows(op):
     assert "split reduction" in source(c) and "_partial" in source(c), source(c)
 
 
-@pytest.mark.parametrize("cols", [19, LOOPED, 9000], ids=["persistent", "looped", "split"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+VARIANCE_KINDS = {"persistent": 19, "looped": LOOPED, "split": 9000}
+# CI: both dtypes persistent, and each of the other kinds in one dtype
+VARIANCE_IN_CI = [(torch.float64, "persistent"), (torch.bfloat16, "persistent"), (torch.float64, "looped"),
+                  (torch.bfloat16, "split")]
+
+
+@pytest.mark.parametrize("dtype, cols", [
+    pytest.param(dtype, cols, id=f"{dtype}-{kind}") for dtype in (torch.float64, torch.bfloat16)
+    for kind, cols in VARIANCE_KINDS.items() if (dtype, kind) in VARIANCE_IN_CI or full("KILN_TRITON_SWEEP")])
 def test_variance_accumulates_in_its_dtype(dtype, cols):
     """Welford's running mean, M2 and count are in the body's compute type: a float64 variance's float32
     accumulators lose its precision, and Triton's compiler rejects a loop that widens them to float64."""

@@ -6,12 +6,12 @@ CI runs a sample of the model x optimizer x variant matrix; KILN_TRAIN_SWEEP=1 r
 """
 import copy
 import itertools
-import os
 
 import pytest
 import torch
 
 import kiln
+from support.sweeps import full
 
 
 class MLP(torch.nn.Module):
@@ -78,7 +78,7 @@ VARIANTS = {"plain": {}, "autocast": {"autocast": True}, "clip": {"clip": True}}
 ALL = list(itertools.product(MODELS, OPTIMIZERS, VARIANTS))
 SAMPLE = [("mlp", "sgd", "plain"), ("mlp", "adamw", "clip"), ("conv_bn", "adam", "clip"),
           ("block", "adamw", "plain"), ("mlp", "adam", "autocast")]
-CASES = ALL if os.environ.get("KILN_TRAIN_SWEEP") else SAMPLE
+CASES = ALL if full("KILN_TRAIN_SWEEP") else SAMPLE
 
 
 def make_step(model, optimizer, scheduler, autocast=False, clip=False):

@@ -20,12 +20,13 @@ import hf_zoo  # noqa: E402
 from hf_architectures import ARCHITECTURES  # noqa: E402
 from hf_zoo import MODES, run_case  # noqa: E402
 
+from support.sweeps import full  # noqa: E402
 from support.threads import one_torch_thread  # noqa: E402
 
 # one decoder, one encoder-decoder (a config deep-copied in the forward), one vision model, one encoder
 # whose forward builds an activation module through ACT2FN
 SAMPLE = ["qwen3", "t5", "vit", "deberta_v2"]
-SELECTED = (list(ARCHITECTURES) if os.environ.get("HF_ZOO") == "all"
+SELECTED = (list(ARCHITECTURES) if full("HF_ZOO", "all")
             else [n for n in os.environ.get("HF_ZOO", "").split(",") if n] or SAMPLE)
 
 

@@ -5,6 +5,11 @@ and shrink it with `--minimize SEED`. Longer runs: `python -m tests.fuzz --progr
 
 SEEDS cover the generator's features; ONCE_FAILING are seeds that found bugs since fixed; KNOWN_FAILING
 still fail (strict xfails, with what differs).
+
+CI runs a sample: the covering seeds under the AOT backend, every third of them under the capture-only backend
+(the AOT backend runs the same capture) and under inductor; each regression seed once, under the deepest backend
+it failed with (inductor for every third of inductor's). `KILN_FUZZ_SWEEP=1` (or KILN_FULL_TESTS=1) runs every
+seed under every backend it is listed for.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import pytest
 import torch
 
 import kiln
+from support.sweeps import full
 from tests.fuzz.compare import check_program, run_program
 from tests.fuzz.programs import generate
 
@@ -30,7 +36,9 @@ LOOP_COVERING = [100955, 100742, 100841, 100870, 100506, 100915, 100704, 100914,
 # draw dropped from a training graph), a half-type result an ulp off, `random_(low, high)` crashing the backend
 SCALAR_FOUND = [200003, 200008, 200024, 200025, 200033, 200057, 200067, 200090, 200096, 200368, 200814]
 SEEDS = {
-    "eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND,
+    # the AOT backend runs the capture-only backend's graphs too: CI runs a third of them capture-only
+    "eager": (COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND if full("KILN_FUZZ_SWEEP") else
+              COVERING[1::3] + EXTENDED_COVERING[1::3] + LOOP_COVERING[1::3] + SCALAR_FOUND[1::3]),
     "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND,
     # C++ builds dominate: a third of them keeps the file within its time budget
     "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3] + SCALAR_FOUND,
@@ -76,7 +84,23 @@ ONCE_FAILING = {
         100853,  # stepped natively through its `with` blocks (capture/test_native_with.py)
     ],
 }
-REGRESSION_SEEDS = [(b, s) for b, seeds in ONCE_FAILING.items() for s in (seeds[::3] if b == "inductor" else seeds)]
+
+
+def regression_seeds() -> list[tuple[str, int]]:
+    """Under KILN_FUZZ_SWEEP, every seed under every backend it failed with; in CI each seed once, under the deepest
+    of them (inductor runs capture and AOT too), inductor for every third of its seeds (C++ builds)."""
+    if full("KILN_FUZZ_SWEEP"):
+        return [(b, s) for b, seeds in ONCE_FAILING.items() for s in seeds]
+    built = set(ONCE_FAILING["inductor"][::3])
+    deepest = {}
+    for backend in ("eager", "aot_eager", "inductor"):
+        for seed in ONCE_FAILING[backend]:
+            if backend != "inductor" or seed in built:
+                deepest[seed] = backend
+    return [(b, s) for s, b in deepest.items()]
+
+
+REGRESSION_SEEDS = regression_seeds()
 
 # seeds that still fail, with what differs: strict xfails, so a fix shows up as a pass to move into ONCE_FAILING
 KNOWN_FAILING: dict[tuple[str, int], str] = {

@@ -3,7 +3,8 @@
 The table (`outcomes.json`, written by `python -m tests.opinfo`) holds every row's outcome: pass, fallback
 or xfail with its reason. A sampled row whose outcome changes fails here both ways: a pass that starts
 failing, and a failure or fallback that starts passing (then rerun its rows and commit the table, so it
-stays true). The sample is chosen by a hash of each row's key: the same rows on every run.
+stays true). The sample is chosen by a hash of each row's key: the same rows on every run. `KILN_OPINFO_SWEEP=1`
+(or KILN_FULL_TESTS=1) runs every row of the table (hours on two cores).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ pytest.importorskip("expecttest")  # OpInfo's module imports it
 
 from opinfo import table  # noqa: E402
 from opinfo.harness import Row, op_db, run_row  # noqa: E402
+from support.sweeps import full  # noqa: E402
 
 # How many rows of each (target, mode) CI runs: the C++ forward is the broad check; the Triton
 # interpreter and the backward cost more per row.
@@ -23,7 +25,9 @@ ROW_SECONDS = 60  # a row over this fails (the table's rows take a few seconds e
 
 
 def sampled_rows(rows: dict) -> list[str]:
-    """The first SAMPLE[target, mode] keys of each kind in hash order."""
+    """The first SAMPLE[target, mode] keys of each kind in hash order (every key under KILN_OPINFO_SWEEP)."""
+    if full("KILN_OPINFO_SWEEP"):
+        return list(rows)
     chosen = []
     for (target, mode), count in SAMPLE.items():
         keys = [k for k in rows if k.endswith(f"|{target}|{mode}")]

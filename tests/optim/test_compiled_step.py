@@ -3,7 +3,6 @@ creates the state) on: the same parameters and state as eager's step after every
 the learning rate changes, eager's own step where the compiled one does not apply."""
 import copy
 import logging
-import os
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 import kiln
 from kiln import optim
 from kiln.optim import initial_state
+from support.sweeps import full
 
 
 def setup(make_optimizer, seed=0):
@@ -77,7 +77,7 @@ VARIANTS = {
 SAMPLE = ["sgd_momentum_nesterov", "adam_amsgrad_wd", "adamw_fused", "sgd_foreach_off"]
 
 
-@pytest.mark.parametrize("name", list(VARIANTS) if os.environ.get("KILN_TRAIN_SWEEP") else SAMPLE)
+@pytest.mark.parametrize("name", list(VARIANTS) if full("KILN_TRAIN_SWEEP") else SAMPLE)
 def test_compiled_step_matches_eager(name, compiled_graphs):
     eager, compiled = setup(VARIANTS[name]), setup(VARIANTS[name])
     run_side_by_side(eager, compiled)

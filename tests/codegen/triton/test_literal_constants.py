@@ -7,6 +7,9 @@ reduction of a constant. The interpreter accepts much of that, so each case here
 against eager and then compiles every kernel for an H100 (tests/support/triton_sm90.py) without running it.
 The constants' values are the dtype's values (rounded to bf16/fp16, wrapped to uint8, int64 past int32), as
 eager's are.
+
+The looped float32 reduction of constants runs under `KILN_TRITON_SWEEP=1` (or KILN_FULL_TESTS=1) only: CI loops
+the bfloat16 and int64 ones.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ skip_module_unless_kernels_run()
 
 from kiln.codegen.triton.heuristics import PERSISTENT_MAX_RBLOCK  # noqa: E402
 from support.lowering import assert_same, compile_for_triton  # noqa: E402
+from support.sweeps import full  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90  # noqa: E402
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -114,8 +118,11 @@ def _reduced_constants(dtype):
     return fn
 
 
-@pytest.mark.parametrize("rows", [9, LOOPED], ids=["persistent", "looped"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+# a looped reduction costs the interpreter seconds: CI loops the half and int64 ones (KILN_TRITON_SWEEP=1: all)
+@pytest.mark.parametrize("dtype, rows", [
+    pytest.param(dtype, rows, id=f"{dtype}-{kind}") for dtype in (torch.float32, torch.bfloat16, torch.int64)
+    for kind, rows in (("persistent", 9), ("looped", LOOPED))
+    if kind == "persistent" or dtype != torch.float32 or full("KILN_TRITON_SWEEP")])
 def test_reductions_of_constants(dtype, rows):
     """A reduction whose value is a constant (a count, a constant's max) reduces a block of the constant's
     dtype, not a scalar (nor int32 lanes: an int64 sum of 2**31 - 1 overflows them)."""

@@ -8,8 +8,6 @@ blocks; KILN_SM90_MODELS=all compiles every one.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn as nn
@@ -17,6 +15,7 @@ import torch.nn as nn
 pytest.importorskip("triton")
 
 from support.fake_cuda import compile_model  # noqa: E402
+from support.sweeps import full  # noqa: E402
 from support.training_patterns import D, NormBlock, RMSNorm  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, recording_builds  # noqa: E402
 
@@ -31,7 +30,7 @@ def saved_tensors(backward) -> list[torch.Tensor]:
 NORMS = {"layernorm": lambda: nn.LayerNorm(D), "rmsnorm": lambda: RMSNorm(D)}
 # CI: the Llama-style RMSNorm of the float32 stream and LayerNorm of a bf16 input; KILN_SM90_MODELS=all: all four
 CASES = [(norm, stream) for norm in NORMS for stream in (True, False)
-         if os.environ.get("KILN_SM90_MODELS") == "all" or (norm == "rmsnorm") == stream]
+         if full("KILN_SM90_MODELS", "all") or (norm == "rmsnorm") == stream]
 
 
 @pytest.mark.parametrize("norm, stream", CASES, ids=[f"{n}-{'stream' if s else 'bf16'}" for n, s in CASES])

@@ -9,6 +9,8 @@ configurations they get):
 Sizes are small for the interpreter but large enough for each kind of kernel: columns that do not fill a tile,
 and row counts that are not multiples of a chunk. One-warp row programs are taken from 256 rows on here
 (WARP_ROW_MIN_XNUMEL lowered), where a GPU takes them from 1024.
+CI runs each shape in one dtype, float32 and bfloat16 taking turns; `KILN_TRITON_SWEEP=1` (or KILN_FULL_TESTS=1)
+runs each shape in both.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ skip_module_unless_kernels_run()
 
 from kiln.codegen.triton import heuristics  # noqa: E402
 from support.lowering import compile_for_triton  # noqa: E402
+from support.sweeps import full  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90  # noqa: E402
 
 aten = torch.ops.aten
@@ -77,8 +80,17 @@ def layer_norm_inputs(rows: int, width: int, grad_dtype: torch.dtype):
     return torch.randn(rows, width).to(grad_dtype), x, weight, bias, mean, rstd
 
 
-@pytest.mark.parametrize("rows, width", [(ROWS, 250), (ROWS, 48), (40, 96)], ids=["warp-rows", "narrow", "few-rows"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def shapes_and_dtypes(shapes: dict) -> list:
+    """Each shape with each dtype under KILN_TRITON_SWEEP=1; in CI each shape once, the dtypes taking turns."""
+    return [pytest.param(*shape, dtype, id=f"{dtype}-{name}") for i, (name, shape) in enumerate(shapes.items())
+            for j, dtype in enumerate(DTYPES) if full("KILN_TRITON_SWEEP") or (i + j) % len(DTYPES) == 1]
+
+
+@pytest.mark.parametrize("rows, width, dtype", shapes_and_dtypes({"warp-rows": (ROWS, 250), "narrow": (ROWS, 48),
+                                                                   "few-rows": (40, 96)}))
 def test_layer_norm_backward_with_weight_and_bias_gradients(rows, width, dtype, monkeypatch):
     monkeypatch.setattr(heuristics, "WARP_ROW_MIN_XNUMEL", 256)
     source = compiled_and_checked(layer_norm_backward, *layer_norm_inputs(rows, width, dtype))
@@ -95,8 +107,8 @@ def gelu_backward_and_bias_gradient(grad, h):
     return grad_h, wide(grad_h).sum(0)
 
 
-@pytest.mark.parametrize("rows, width", [(ROWS, 100), (300, 1000), (90, 40)], ids=["odd-width", "wide", "short"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows, width, dtype", shapes_and_dtypes({"odd-width": (ROWS, 100), "wide": (300, 1000),
+                                                                   "short": (90, 40)}))
 def test_gelu_backward_stores_and_sums_its_columns_in_one_split_kernel(rows, width, dtype):
     grad, h = torch.randn(rows, width).to(dtype), torch.randn(rows, width).to(dtype)
     source = compiled_and_checked(gelu_backward_and_bias_gradient, grad, h)

@@ -13,8 +13,6 @@ model in every mode, and all of their kernels.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -23,9 +21,10 @@ pytest.importorskip("transformers")
 
 from support.fake_cuda import compile_model  # noqa: E402
 from support.small_models import MODELS  # noqa: E402
+from support.sweeps import full  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, content_key, recording_builds  # noqa: E402
 
-FULL = os.environ.get("KILN_SM90_MODELS") == "all"
+FULL = full("KILN_SM90_MODELS", "all")
 MODES = ("train-fp32", "train-bf16", "infer-bf16")
 # CI: one mode per model, both training dtypes covered, bf16 where the issue's failures were (Llama, Swin)
 CI_MODES = {"gpt2": "train-fp32", "llama": "train-bf16", "bert": "train-bf16", "vit": "train-fp32",

@@ -58,6 +58,13 @@ static inline double vexpm1(double x) { return std::expm1(x); }
 static inline float vlog1p(float x) { return ::log1pf(x); }
 static inline double vlog1p(double x) { return std::log1p(x); }
 
+// A double from its bits: a NaN constant with a given sign and payload (std::bit_cast is C++20).
+static inline double f64_from_bits(uint64_t bits) {
+  double out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
 static inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float out;
@@ -65,15 +72,21 @@ static inline float bf16_to_float(uint16_t v) {
   return out;
 }
 
+// Storing a value: a NaN keeps its sign and upper payload (quieted), so that a bf16 NaN copied, moved or
+// negated keeps its bits as in eager; an op's result has already been rounded by round_bf16.
 static inline uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  if (f != f) return 0x7fc0;
+  if (f != f) return static_cast<uint16_t>((bits >> 16) | 0x40);
   bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
 }
 
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+// An op's float result rounded to bf16: eager's vectorized conversion (ATen's cvtfp32_bf16) makes every NaN
+// all ones (0xffff), whatever its sign; its scalar loop, for a tail shorter than a vector, makes 0x7fc0.
+static inline float round_bf16(float f) { return f != f ? bf16_to_float(0xffff) : bf16_to_float(float_to_bf16(f)); }
+// A result eager converts one element at a time (a reduction's): c10's scalar conversion makes a NaN 0x7fc0.
+static inline float round_bf16_scalar(float f) { return f != f ? bf16_to_float(0x7fc0) : round_bf16(f); }
 
 // IEEE half: float <-> binary16 bits (round to nearest even, subnormals, inf and NaN kept).
 static inline float fp16_to_float(uint16_t h) {
@@ -98,7 +111,10 @@ static inline uint16_t float_to_fp16(float f) {
   std::memcpy(&bits, &f, sizeof(bits));
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN, inf
+  // a NaN keeps its sign and upper payload, quieted, as eager's vectorized conversion (x86's vcvtps2ph);
+  // eager's scalar loop, for a tail shorter than a vector, makes sign | 0x7e00
+  if (abs > 0x7f800000u) return sign | 0x7e00 | static_cast<uint16_t>((abs >> 13) & 0x3ff);
+  if (abs == 0x7f800000u) return sign | 0x7c00;
   if (abs >= 0x477ff000u) return sign | 0x7c00;                                   // rounds past 65504
   if (abs < 0x38800000u) {  // below the smallest normal half: a subnormal (or zero), rounded to even
     float a;

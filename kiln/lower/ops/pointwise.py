@@ -7,6 +7,8 @@ The tables say, per op, the IR op name and how eager types it:
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from kiln.lower import ir
@@ -31,7 +33,6 @@ ARITH = {
     "asinh": [aten.asinh.default], "acosh": [aten.acosh.default], "atanh": [aten.atanh.default],
     "atan2": [aten.atan2.default], "floor": [aten.floor.default], "ceil": [aten.ceil.default],
     "round": [aten.round.default], "trunc": [aten.trunc.default],
-    "maximum": [aten.maximum.default], "minimum": [aten.minimum.default],
     "pow": [aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar],
     "mod": [aten.remainder.Tensor, aten.remainder.Scalar], "fmod": [aten.fmod.Tensor, aten.fmod.Scalar],
     "bitwise_and": [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
@@ -221,6 +222,32 @@ def nextafter(ctx, meta, a, b):
     if dtype not in (torch.float32, torch.float64):
         raise Unsupported(f"nextafter in {dtype}")
     return IndexFunction(size, dtype, ir.Op("nextafter", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
+
+
+# eager's vectorized CPU maximum and minimum OR a NaN mask into the result: a NaN comes out all ones
+ALL_ONES_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFFF))[0]
+
+
+def _nan_propagating(name):
+    """maximum / minimum: NaN if either operand is. On the CPU as eager's vectorized kernel (x86's max/min
+    instructions, a NaN mask ORed in): a NaN all ones, and the second operand between equal ones (0.0 and
+    -0.0); its scalar loop, for a tail shorter than a vector, and CUDA's kernel return the first operand
+    and its NaN, as the IR op does."""
+    def rule(ctx, meta, a, b):
+        size, dtype = out_info(meta)
+        x, y = operand(a, size, dtype), operand(b, size, dtype)
+        body = ir.Op(name, (x, y), dtype)
+        if dtype.is_floating_point and meta.device.type == "cpu":
+            body = ir.Op(name, (y, x), dtype)
+            either_nan = ir.Op("logical_or", (ir.Op("isnan", (x,), torch.bool), ir.Op("isnan", (y,), torch.bool)),
+                               torch.bool)
+            body = ir.Op("where", (either_nan, const(ALL_ONES_NAN, dtype), body), dtype)
+        return IndexFunction(size, dtype, body)
+    return rule
+
+
+register(aten.maximum.default)(_nan_propagating("maximum"))
+register(aten.minimum.default)(_nan_propagating("minimum"))
 
 
 def _nan_ignoring(name):

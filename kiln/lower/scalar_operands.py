@@ -17,6 +17,11 @@ type before rounding it to an integer, as eager does between two tensors. `eager
 eager reads otherwise: a number an op of `ROUNDED` reads becomes its value rounded to the half type, and an
 op of `ORIGINAL_SECOND` with a scalar second operand is computed in float32 and rounded once.
 
+Eager's vectorized loop and its scalar loop (the last `n % width` elements of a contiguous tensor, and every
+element where an operand's inner stride is neither 1 nor 0) round differently in some ops; kiln computes every
+element as the vectorized loop does. `add(a, b, alpha=0.1)` on half tensors: the vector loop rounds alpha to the
+half type and `a + alpha * b` once, in float; the scalar loop rounds `alpha * b` to the half type first.
+
 Only graphs on the CPU: CUDA's kernels read CPU scalars by rules of their own (`gpu_kernel_with_scalars`
 reads the original value in either position; a division by a scalar multiplies by its reciprocal), which
 no machine here runs; a CUDA graph is lowered as before.

@@ -96,3 +96,36 @@ def test_a_scalar_in_a_training_graph_as_in_eager(options):
         out.backward(torch.ones_like(out))
         results.append((out.detach(), h.grad))
     _assert_bitwise(results[1], results[0], "training")
+
+
+ALPHA_OPS = {"add": lambda a, b: torch.add(a, b, alpha=0.1), "sub": lambda a, b: torch.sub(a, b, alpha=3.3),
+             "add_": lambda a, b: a.clone().add_(b, alpha=-0.7),
+             "alpha from sizes": lambda a, b: torch.add(a, b, alpha=a.shape[0] / 3000)}
+
+
+def _two_halves(dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return tuple((torch.randn(n, generator=g) * 3).to(dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("op", list(ALPHA_OPS))
+def test_add_with_alpha_rounds_as_eager_s_vectorized_loop(op, dtype, options):
+    """`a + alpha * b`: eager's vectorized loop rounds alpha to the half type, computes in float and rounds once
+    (kiln's rule); its scalar loop, for the last `n % 32` elements, rounds `alpha * b` too. kiln matches every
+    element but those of the tail."""
+    program = ALPHA_OPS[op]
+    a, b = _two_halves(dtype, 4091)
+    got, expected = kiln.compile(program, options=options)(a, b), program(a, b)
+    body = len(a) // 32 * 32
+    _assert_bitwise([got[:body]], [expected[:body]], f"{op} in {dtype}")
+
+
+@pytest.mark.xfail(strict=True, reason="eager's scalar tail loop rounds alpha * b to the half type before adding; "
+                                       "kiln computes every element as the vectorized loop does")
+def test_add_with_alpha_in_eager_s_tail_loop():
+    a, b = _two_halves(torch.bfloat16, 4091)
+    program = ALPHA_OPS["sub"]
+    body = len(a) // 32 * 32
+    _assert_bitwise([kiln.compile(program)(a, b)[body:]], [program(a, b)[body:]], "the tail")

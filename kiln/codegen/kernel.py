@@ -28,7 +28,8 @@ from kiln.schedule.fusion import KernelGroup
 # Stored in half precision, computed in float: eager rounds every op's result to the half type.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 # Ops whose result in a half type is exact (no rounding after computing in float).
-EXACT_IN_HALF = {"where", "maximum", "minimum", "neg", "abs", "sign"}
+# (neg and abs round too: eager's scalar loop computes them through float, which makes a bf16 NaN 0x7fc0)
+EXACT_IN_HALF = {"where", "maximum", "minimum", "sign"}
 # Reductions whose result in a half type is one of its inputs: the others accumulate in float and round once.
 EXACT_REDUCTIONS = {"max", "min", "argmax", "argmin", "any"}
 
@@ -41,7 +42,6 @@ class KernelPrinter:
 
     INDENT: ClassVar[str] = "    "   # one level of the target's indentation
     COMPUTE: ClassVar[dict] = {}     # torch dtype -> the target's type that values of that dtype are computed in
-    EXACT_IN_HALF: ClassVar[frozenset] = frozenset(EXACT_IN_HALF)  # ops not rounded after computing in float
 
     def __init__(self, group: KernelGroup, layouts: dict):
         self.group = group
@@ -73,11 +73,6 @@ class KernelPrinter:
     def round_half(self, code: str, dtype: torch.dtype) -> str:
         """`code` (computed in float) rounded to the half type `dtype`, still in the compute type."""
         raise NotImplementedError
-
-    def round_reduced(self, code: str, dtype: torch.dtype) -> str:
-        """A reduction's float result `code` rounded to the half type `dtype` (as `round_half` where the target
-        rounds it no differently)."""
-        return self.round_half(code, dtype)
 
     def template(self, e: ir.Op, args: list) -> str:
         """The format string of op `e` (`{0}`.. its operands, `{T}` a compute type); may rewrite `args`."""
@@ -139,7 +134,7 @@ class KernelPrinter:
         template = self.template(e, args)
         t = self.COMPUTE[e.args[0].dtype] if e.name != "where" else self.COMPUTE[e.dtype]
         out = template.format(*args, T=t)
-        if e.dtype in HALF_DTYPES and e.name not in self.EXACT_IN_HALF:
+        if e.dtype in HALF_DTYPES and e.name not in EXACT_IN_HALF:
             out = self.round_half(out, e.dtype)
         return out
 
@@ -175,7 +170,7 @@ class KernelPrinter:
         once, at its result, and the ops fused after the reduction must read that rounded value, as they would
         from the stored buffer (`sum(bf16).float()` in a backward is the gradient eager computes)."""
         var = self.new_tmp()
-        self.line(self.declare(var, self.round_reduced(acc, dtype), dtype))
+        self.line(self.declare(var, self.round_half(acc, dtype), dtype))
         return var
 
     def _mapped(self, node):

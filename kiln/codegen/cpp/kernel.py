@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import struct
 
 import sympy
 import torch
@@ -48,8 +47,6 @@ STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uin
            torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
            torch.uint8: "uint8_t", torch.bool: "bool"}
 COMPUTE = {**STORAGE, torch.bfloat16: "float", torch.float16: "float"}
-# The bits of Python's float('nan'), printed as the C++ type's quiet NaN; other NaNs are printed from their bits.
-CANONICAL_NAN_BITS = 0x7FF8000000000000
 # Half types: stored as their bits, computed in float, rounded after each op as eager rounds.
 # dtype -> (load: bits -> float, store: float -> bits, round: float -> float).
 HALF = {torch.bfloat16: ("kiln::bf16_to_float", "kiln::float_to_bf16", "kiln::round_bf16"),
@@ -123,21 +120,13 @@ cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-def _nan_literal(value: float, t: str) -> str:
-    """A NaN of the C++ type `t` with `value`'s sign and payload (eager's CPU maximum makes all ones)."""
-    bits = struct.unpack("<Q", struct.pack("<d", value))[0]
-    if bits == CANONICAL_NAN_BITS:
-        return f"std::numeric_limits<{t}>::quiet_NaN()"
-    return f"static_cast<{t}>(kiln::f64_from_bits({bits:#x}ULL))"
-
-
 def const_literal(value, dtype) -> str:
     t = COMPUTE[dtype]
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_floating_point:
         if math.isnan(value):
-            return _nan_literal(value, t)
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
         if math.isinf(value):
             return f"{'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity()"
         return f"static_cast<{t}>({float(value)!r})"
@@ -147,9 +136,6 @@ def const_literal(value, dtype) -> str:
 class CppKernel(KernelPrinter):
     INDENT = "  "
     COMPUTE = COMPUTE
-    # eager's CPU clamp and relu of a half type convert through float, which makes a NaN all ones in bf16
-    # (the prelude's round_bf16): kiln rounds their maximum and minimum too (exact for every other value)
-    EXACT_IN_HALF = KernelPrinter.EXACT_IN_HALF - {"maximum", "minimum"}
 
     def __init__(self, group: KernelGroup, layouts: dict):
         super().__init__(group, layouts)
@@ -167,10 +153,6 @@ class CppKernel(KernelPrinter):
     def round_half(self, code: str, dtype: torch.dtype) -> str:
         return f"{HALF[dtype][2]}({code})"
 
-    def round_reduced(self, code: str, dtype: torch.dtype) -> str:
-        # eager converts a reduction's result one element at a time (c10's scalar rule: a bf16 NaN is 0x7fc0)
-        return f"kiln::round_bf16_scalar({code})" if dtype == torch.bfloat16 else self.round_half(code, dtype)
-
     def declare(self, var: str, code: str, dtype: torch.dtype) -> str:
         return f"{'auto' if dtype == torch.bool else COMPUTE[dtype]} {var} = {code};"
 
@@ -187,8 +169,6 @@ class CppKernel(KernelPrinter):
             return x
         if dst == torch.bool:
             return f"({x} != 0)"
-        if dst == torch.bfloat16 and src == torch.float16:  # eager's copy converts it one element at a time
-            return f"kiln::round_bf16_scalar({x})"
         if dst in HALF:
             return f"{HALF[dst][2]}(static_cast<float>({x}))"
         return f"static_cast<{COMPUTE[dst]}>({x})"

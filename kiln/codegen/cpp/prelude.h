@@ -58,13 +58,6 @@ static inline double vexpm1(double x) { return std::expm1(x); }
 static inline float vlog1p(float x) { return ::log1pf(x); }
 static inline double vlog1p(double x) { return std::log1p(x); }
 
-// A double from its bits: a NaN constant with a given sign and payload (std::bit_cast is C++20).
-static inline double f64_from_bits(uint64_t bits) {
-  double out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
 static inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float out;
@@ -82,11 +75,10 @@ static inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// An op's float result rounded to bf16: eager's vectorized conversion (ATen's cvtfp32_bf16) makes every NaN
-// all ones (0xffff), whatever its sign; its scalar loop, for a tail shorter than a vector, makes 0x7fc0.
-static inline float round_bf16(float f) { return f != f ? bf16_to_float(0xffff) : bf16_to_float(float_to_bf16(f)); }
-// A result eager converts one element at a time (a reduction's): c10's scalar conversion makes a NaN 0x7fc0.
-static inline float round_bf16_scalar(float f) { return f != f ? bf16_to_float(0x7fc0) : round_bf16(f); }
+// An op's float result rounded to bf16, as c10's scalar conversion rounds it (a NaN is 0x7fc0): eager's scalar
+// loop, which a tensor shorter than a vector, a vector loop's tail and strided operands see. (Its vectorized
+// loop, ATen's cvtfp32_bf16, makes a NaN 0xffff: tests/codegen/test_nan_bits.py.)
+static inline float round_bf16(float f) { return f != f ? bf16_to_float(0x7fc0) : bf16_to_float(float_to_bf16(f)); }
 
 // IEEE half: float <-> binary16 bits (round to nearest even, subnormals, inf and NaN kept).
 static inline float fp16_to_float(uint16_t h) {
@@ -111,8 +103,7 @@ static inline uint16_t float_to_fp16(float f) {
   std::memcpy(&bits, &f, sizeof(bits));
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   uint32_t abs = bits & 0x7fffffffu;
-  // a NaN keeps its sign and upper payload, quieted, as eager's vectorized conversion (x86's vcvtps2ph);
-  // eager's scalar loop, for a tail shorter than a vector, makes sign | 0x7e00
+  // a NaN keeps its sign and upper payload, quieted (c10's conversion and x86's vcvtps2ph alike)
   if (abs > 0x7f800000u) return sign | 0x7e00 | static_cast<uint16_t>((abs >> 13) & 0x3ff);
   if (abs == 0x7f800000u) return sign | 0x7c00;
   if (abs >= 0x477ff000u) return sign | 0x7c00;                                   // rounds past 65504

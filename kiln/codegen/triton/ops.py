@@ -71,8 +71,8 @@ def literal(value, dtype: torch.dtype) -> str:
         return "True" if value else "False"
     if dtype.is_floating_point:
         v = float(value)
-        if math.isnan(v):  # its sign kept (eager's CPU maximum makes a negative NaN); its payload is not
-            return "float('-nan')" if math.copysign(1.0, v) < 0 else "float('nan')"
+        if math.isnan(v):
+            return "float('nan')"
         if math.isinf(v):
             return "float('inf')" if v > 0 else "float('-inf')"
         return repr(v)

@@ -7,8 +7,6 @@ The tables say, per op, the IR op name and how eager types it:
 """
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from kiln.lower import ir
@@ -236,24 +234,18 @@ def nextafter(ctx, meta, a, b):
     return IndexFunction(size, dtype, ir.Op("nextafter", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
 
 
-# eager's vectorized CPU maximum and minimum OR a NaN mask into the result: a NaN comes out all ones
-ALL_ONES_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFFF))[0]
-
-
 def _nan_propagating(name):
-    """maximum / minimum: NaN if either operand is. On the CPU as eager's vectorized kernel (x86's max/min
-    instructions, a NaN mask ORed in): a NaN all ones, and the second operand between equal ones (0.0 and
-    -0.0); its scalar loop, for a tail shorter than a vector, and CUDA's kernel return the first operand
-    and its NaN, as the IR op does."""
+    """maximum / minimum: NaN if either operand is. On the CPU the quiet NaN of eager's scalar loop (which a tensor
+    shorter than a vector and strided operands see; its vectorized loop makes an all-ones NaN), on CUDA the
+    operand's NaN, as the IR op returns it."""
     def rule(ctx, meta, a, b):
         size, dtype = out_info(meta)
         x, y = operand(a, size, dtype), operand(b, size, dtype)
         body = ir.Op(name, (x, y), dtype)
         if dtype.is_floating_point and meta.device.type == "cpu":
-            body = ir.Op(name, (y, x), dtype)
             either_nan = ir.Op("logical_or", (ir.Op("isnan", (x,), torch.bool), ir.Op("isnan", (y,), torch.bool)),
                                torch.bool)
-            body = ir.Op("where", (either_nan, const(ALL_ONES_NAN, dtype), body), dtype)
+            body = ir.Op("where", (either_nan, const(float("nan"), dtype), body), dtype)
         return IndexFunction(size, dtype, body)
     return rule
 

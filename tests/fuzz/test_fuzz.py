@@ -87,9 +87,9 @@ KNOWN_FAILING: dict[tuple[str, int], str] = {
                           "by an ulp in a third of the elements (its BatchNorm, also an ulp off before, now rounds as "
                           "eager's: lower/test_batch_norm_inference.py); eager's re-runs run the same kernels, so the "
                           "oracle cannot see the instability",
-    ("inductor", 200320): "values: the sign of a NaN (viewed as int16) from a LayerNorm over a row holding inf: eager's "
-                          "kernel takes it from x86's operand order in its fused formula, kiln's C++ compiler orders "
-                          "the commutative operands its own way (tests/codegen/test_nan_bits.py's docstring)",
+    ("inductor", 200320): "values: the sign of a NaN (viewed as int16) from a LayerNorm over a row holding inf: "
+                          "eager's kernel takes it from x86's operand order in its fused formula, kiln's C++ compiler "
+                          "orders the commutative operands its own way (tests/codegen/test_nan_bits.py's docstring)",
 }
 
 

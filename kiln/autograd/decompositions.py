@@ -22,7 +22,6 @@ aten = torch.ops.aten
 _TORCH_BATCH_NORM = get_decompositions([
     aten.native_batch_norm,
     aten._native_batch_norm_legit,
-    aten._native_batch_norm_legit_no_training,
 ])
 
 
@@ -31,10 +30,15 @@ def _updating_statistics(op: torch._ops.OpOverload) -> Callable:
 
     The functional op runs eager's kernel, which on the CPU takes the mean as a sum over the count (-inf for a
     column holding -inf and finite values), where torch's decomposition takes var_mean's (nan there). Without
-    running statistics or outside training nothing is written, and torch's decomposition serves."""
+    running statistics nothing is written, and torch's decomposition serves. Outside training the op reads them
+    and writes nothing: `_native_batch_norm_legit_no_training`, which the code generator's table decomposes as
+    eager computes it (lower/decompositions.py) and `aot_eager` runs as eager's kernel."""
     def decompose(input, weight, bias, running_mean, running_var, training, momentum, eps):
-        if running_mean is None or running_var is None or not training:
+        if running_mean is None or running_var is None:
             return _TORCH_BATCH_NORM[op](input, weight, bias, running_mean, running_var, training, momentum, eps)
+        if not training:
+            return aten._native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
+                                                             momentum, eps)
         out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
             input, weight, bias, running_mean, running_var, training, momentum, eps)
         running_mean.copy_(new_mean)

@@ -198,6 +198,43 @@ def _scalar_tensor_of_lower_category(a, dtype: torch.dtype) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 0 and a.dtype != dtype and not a.is_complex()
 
 
+def _batch_norm_inference_as_eager(decompose, training_at=None):
+    """Batch norm with running statistics, `decompose` (torch's decomposition) with the output computed as eager's
+    CPU kernel computes it (batch_norm_cpu_collect_linear_and_constant_terms, then the transform), where torch's
+    `(x - mean) * invstd * weight + bias` rounds otherwise, an ulp off in a third of the elements:
+
+    - per channel, in the math type (float for half types): invstd = 1 / sqrt(var + eps), alpha = invstd * weight,
+      beta = bias - mean * alpha;
+    - out = x * alpha + beta, rounded to the input's dtype.
+
+    GCC contracts eager's `bias - mean * alpha` and `x * alpha + beta` into fused multiply-adds (one rounding);
+    kiln's kernels are built without contraction, so a float32 fma is computed in float64 (the product is exact
+    there) and rounded to float32. `training_at`: the position of the op's `training` argument, where it has one
+    (in training the op decomposes as torch's)."""
+    def decomposition(*args):
+        input, weight, bias, running_mean, running_var = args[:5]
+        if (training_at is not None and args[training_at]) or input.device.type != "cpu" or running_var is None:
+            return decompose(*args)
+        _, *statistics = decompose(*args)  # the empty saved mean and invstd, as eager returns them
+        math = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+        invstd = 1 / torch.sqrt(running_var.to(math) + args[-1])
+        alpha = invstd * weight.to(math) if weight is not None else invstd
+        bias = bias.to(math) if bias is not None else torch.zeros_like(alpha)
+        beta = _fused_multiply_add(-running_mean.to(math), alpha, bias, math)
+        shape = [1, -1] + [1] * (input.dim() - 2)
+        out = _fused_multiply_add(input.to(math), alpha.reshape(shape), beta.reshape(shape), math)
+        return (out.to(input.dtype), *statistics)
+    return decomposition
+
+
+def _fused_multiply_add(a, b, c, math: torch.dtype):
+    """a * b + c rounded once to `math`, as an fma computes it: float32 through float64 (where the product of two
+    float32 values is exact); float64 as two roundings (no wider type here)."""
+    if math != torch.float32:
+        return a * b + c
+    return (a.to(torch.float64) * b.to(torch.float64) + c.to(torch.float64)).to(math)
+
+
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
     **{op: _scalar_tensors_cast(op) for op in (aten.lerp.Tensor, aten.addcmul.default, aten.addcdiv.default)},
@@ -206,6 +243,12 @@ OWN = {
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,
     aten.addbmm.default: addbmm_as_bmm_and_sum,
     aten._trilinear.default: trilinear_as_product_and_sum,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_inference_as_eager(
+        get_decompositions([aten._native_batch_norm_legit_no_training])[
+            aten._native_batch_norm_legit_no_training.default]),
+    aten.native_batch_norm.default: _batch_norm_inference_as_eager(
+        get_decompositions([aten.native_batch_norm])[aten.native_batch_norm.default], training_at=5),
+
     **{op: _upsample_nearest_backward(exact=False) for op in (
         aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,
         aten.upsample_nearest3d_backward.default)},

@@ -96,3 +96,58 @@ def test_a_scalar_in_a_training_graph_as_in_eager(options):
         out.backward(torch.ones_like(out))
         results.append((out.detach(), h.grad))
     _assert_bitwise(results[1], results[0], "training")
+
+
+ALPHA_OPS = {"add": lambda a, b: torch.add(a, b, alpha=0.1), "sub": lambda a, b: torch.sub(a, b, alpha=3.3),
+             "add_": lambda a, b: a.clone().add_(b, alpha=-0.7),
+             "alpha from sizes": lambda a, b: torch.add(a, b, alpha=a.shape[0] / 3000)}
+
+
+def _two_halves(dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return tuple((torch.randn(n, generator=g) * 3).to(dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("op", list(ALPHA_OPS))
+def test_add_with_alpha_rounds_as_eager_s_vectorized_loop(op, dtype, options):
+    """`a + alpha * b`: eager's vectorized loop rounds alpha to the half type, computes in float and rounds once
+    (kiln's rule); its scalar loop, for the last `n % 32` elements, rounds `alpha * b` too. kiln matches every
+    element but those of the tail."""
+    program = ALPHA_OPS[op]
+    a, b = _two_halves(dtype, 4091)
+    got, expected = kiln.compile(program, options=options)(a, b), program(a, b)
+    body = len(a) // 32 * 32
+    _assert_bitwise([got[:body]], [expected[:body]], f"{op} in {dtype}")
+
+
+@pytest.mark.xfail(strict=True, reason="eager's scalar tail loop rounds alpha * b to the half type before adding; "
+                                       "kiln computes every element as the vectorized loop does")
+def test_add_with_alpha_in_eager_s_tail_loop():
+    a, b = _two_halves(torch.bfloat16, 4091)
+    program = ALPHA_OPS["sub"]
+    body = len(a) // 32 * 32
+    _assert_bitwise([kiln.compile(program)(a, b)[body:]], [program(a, b)[body:]], "the tail")
+
+
+CUDA_SCALARS = {  # a Python number, or a float computed from sizes: a CPU scalar to CUDA's kernels
+    "div": lambda h: (h / 0.1, h / 2049, h / -3.3, torch.true_divide(h, 7)),
+    "div_trunc": lambda h: (torch.div(h, 0.1, rounding_mode="trunc"), torch.div(h, -3.3, rounding_mode="trunc")),
+    "mul": lambda h: (h * 0.1, 0.1 * h, h * 2049),
+    "add_sub": lambda h: (h + 0.1, 0.1 - h, h - 1000.3),
+    "from sizes": lambda h: (h / (h.shape[0] / 3), h * (h.shape[0] / 3)),
+}
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(),
+                    reason="eager's CUDA kernels: needs a GPU (KILN_TRITON_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("op", list(CUDA_SCALARS))
+def test_a_cpu_scalar_meets_a_cuda_tensor_as_in_eager(op, dtype):
+    """CUDA's kernels read a CPU scalar converted to the op's dtype, in either position, mul's and div's too; a
+    true or truncating division by one multiplies by its reciprocal (kiln/lower/scalar_operands.py, `cuda_reads`)."""
+    program = CUDA_SCALARS[op]
+    h = _halves(dtype).cuda() if dtype != torch.float32 else _halves(torch.bfloat16).float().cuda() * 1.1
+    kiln.reset()
+    _assert_bitwise(kiln.compile(program)(h), program(h), f"{op} in {dtype}")

@@ -65,15 +65,20 @@ static inline float bf16_to_float(uint16_t v) {
   return out;
 }
 
+// Storing a value: a NaN keeps its sign and upper payload (quieted), so that a bf16 NaN copied, moved or
+// negated keeps its bits as in eager; an op's result has already been rounded by round_bf16.
 static inline uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  if (f != f) return 0x7fc0;
+  if (f != f) return static_cast<uint16_t>((bits >> 16) | 0x40);
   bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
 }
 
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+// An op's float result rounded to bf16, as c10's scalar conversion rounds it (a NaN is 0x7fc0): eager's scalar
+// loop, which a tensor shorter than a vector, a vector loop's tail and strided operands see. (Its vectorized
+// loop, ATen's cvtfp32_bf16, makes a NaN 0xffff: tests/codegen/test_nan_bits.py.)
+static inline float round_bf16(float f) { return f != f ? bf16_to_float(0x7fc0) : bf16_to_float(float_to_bf16(f)); }
 
 // IEEE half: float <-> binary16 bits (round to nearest even, subnormals, inf and NaN kept).
 static inline float fp16_to_float(uint16_t h) {
@@ -98,7 +103,9 @@ static inline uint16_t float_to_fp16(float f) {
   std::memcpy(&bits, &f, sizeof(bits));
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN, inf
+  // a NaN keeps its sign and upper payload, quieted (c10's conversion and x86's vcvtps2ph alike)
+  if (abs > 0x7f800000u) return sign | 0x7e00 | static_cast<uint16_t>((abs >> 13) & 0x3ff);
+  if (abs == 0x7f800000u) return sign | 0x7c00;
   if (abs >= 0x477ff000u) return sign | 0x7c00;                                   // rounds past 65504
   if (abs < 0x38800000u) {  // below the smallest normal half: a subnormal (or zero), rounded to even
     float a;

@@ -31,7 +31,6 @@ ARITH = {
     "asinh": [aten.asinh.default], "acosh": [aten.acosh.default], "atanh": [aten.atanh.default],
     "atan2": [aten.atan2.default], "floor": [aten.floor.default], "ceil": [aten.ceil.default],
     "round": [aten.round.default], "trunc": [aten.trunc.default],
-    "maximum": [aten.maximum.default], "minimum": [aten.minimum.default],
     "pow": [aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar],
     "mod": [aten.remainder.Tensor, aten.remainder.Scalar], "fmod": [aten.fmod.Tensor, aten.fmod.Scalar],
     "bitwise_and": [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
@@ -74,7 +73,8 @@ def _arith(name):
         alpha = kwargs.get("alpha", 1)
         if isinstance(alpha, IndexFunction) or alpha != 1:  # a number, or one computed from sizes (`n / 2`)
             return IndexFunction(size, dtype, _with_alpha(name, ops, operand(alpha, size, dtype), dtype))
-        return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype))
+        number_exponent = len(args) > 1 and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)
+        return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype, number_exponent))
     return rule
 
 
@@ -86,28 +86,39 @@ def _with_alpha(name, ops, alpha, dtype):
     return cast(ir.Op(name, (a, ir.Op("mul", (b, alpha), compute)), compute), dtype)
 
 
-def _simplify_pow(name, ops, dtype):
+def _simplify_pow(name, ops, dtype, number_exponent: bool):
+    """pow by a constant as eager computes it: exactly where the result is exact (x * x, x, 1 / x); `POWERS` only
+    for an exponent given as a number (eager takes pow for a tensor, even one full of 3.0 that kiln folds)."""
     if name == "pow" and isinstance(ops[1], ir.Const):
         e = ops[1].value
         if e == 2:
             return ir.Op("mul", (ops[0], ops[0]), dtype)
         if e == 1:
             return ops[0]
-        if e == 0.5 and dtype in (torch.float32, torch.float64):  # as eager: half types take pow (pow(-0.0, 0.5)
-            return ir.Op("sqrt", (ops[0],), dtype)                  # is 0.0, sqrt(-0.0) is -0.0)
         if e == -1 and dtype.is_floating_point:
             return ir.Op("reciprocal", (ops[0],), dtype)
-        if e == 3 and dtype.is_floating_point:
-            return _cube(ops[0], dtype)
+        if number_exponent and e in POWERS and dtype.is_floating_point and (dtype, abs(e)) != (torch.float16, 0.5):
+            return _in_eager_steps(POWERS[e], ops[0], dtype)
     return ir.Op(name, ops, dtype)
 
 
-def _cube(x, dtype):
-    """x * x * x, as eager computes `x ** 3` (in float32 for half types, rounded once): GELU's tanh
-    form cubes every activation, and a general `pow` costs a log and an exp per element."""
-    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    x = cast(x, compute)
-    return cast(ir.Op("mul", (ir.Op("mul", (x, x), compute), x), compute), dtype)
+# ATen's CPU pow by these exponents is a product or a root, not a pow: x * x * x, 1 / (x * x), sqrt(x), 1 / sqrt(x)
+# (sqrt(-0.0) is -0.0 and rsqrt(-0.0) -inf, where pow gives 0.0 and inf; fp16's +-0.5 take pow). GELU's tanh
+# form cubes every activation, and a pow costs a log and an exp per element.
+POWERS = {
+    3: lambda x, t: ir.Op("mul", (ir.Op("mul", (x, x), t), x), t),
+    -2: lambda x, t: ir.Op("reciprocal", (ir.Op("mul", (x, x), t),), t),
+    0.5: lambda x, t: ir.Op("sqrt", (x,), t),
+    -0.5: lambda x, t: ir.Op("rsqrt", (x,), t),
+}
+
+
+def _in_eager_steps(power, x, dtype):
+    """`power` of `x` rounded as eager rounds it: bf16 after every step (ATen runs these over Vectorized<BFloat16>,
+    whose ops round to bf16), fp16 once (its kernel computes in float), float32 and float64 at every step."""
+    if dtype != torch.float16:
+        return power(x, dtype)
+    return cast(power(cast(x, torch.float32), torch.float32), dtype)
 
 
 def _compare(name):
@@ -221,6 +232,26 @@ def nextafter(ctx, meta, a, b):
     if dtype not in (torch.float32, torch.float64):
         raise Unsupported(f"nextafter in {dtype}")
     return IndexFunction(size, dtype, ir.Op("nextafter", (operand(a, size, dtype), operand(b, size, dtype)), dtype))
+
+
+def _nan_propagating(name):
+    """maximum / minimum: NaN if either operand is. On the CPU the quiet NaN of eager's scalar loop (which a tensor
+    shorter than a vector and strided operands see; its vectorized loop makes an all-ones NaN), on CUDA the
+    operand's NaN, as the IR op returns it."""
+    def rule(ctx, meta, a, b):
+        size, dtype = out_info(meta)
+        x, y = operand(a, size, dtype), operand(b, size, dtype)
+        body = ir.Op(name, (x, y), dtype)
+        if dtype.is_floating_point and meta.device.type == "cpu":
+            either_nan = ir.Op("logical_or", (ir.Op("isnan", (x,), torch.bool), ir.Op("isnan", (y,), torch.bool)),
+                               torch.bool)
+            body = ir.Op("where", (either_nan, const(float("nan"), dtype), body), dtype)
+        return IndexFunction(size, dtype, body)
+    return rule
+
+
+register(aten.maximum.default)(_nan_propagating("maximum"))
+register(aten.minimum.default)(_nan_propagating("minimum"))
 
 
 def _nan_ignoring(name):

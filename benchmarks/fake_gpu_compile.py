@@ -114,8 +114,14 @@ def stage_cpu_seconds() -> tuple[dict, list]:
 
 
 def model_and_inputs(args):
+    """(module, its input, autocast dtype or None) for `--model`: `zoo:<name>` is a model of the zoo
+    (benchmarks/zoo/workloads.py, built as the zoo builds it: `--bs` and the zoo's sequence length, `--img`
+    unused), `ct:<name>` one of benchmarks/compile_time.py's plain-PyTorch models at `--img`, `tv_<name>`
+    torchvision's, else timm's."""
     import torch
 
+    if args.model.startswith(("zoo:", "ct:")):
+        return _benchmark_model(args)
     if args.model.startswith("tv_"):
         import torchvision
 
@@ -126,15 +132,46 @@ def model_and_inputs(args):
         model = timm.create_model(args.model)
     x = torch.randn(args.bs, 3, args.img, args.img)
     if args.train:
-        return _Summed(model).train(), x, torch.bfloat16 if args.dtype == "bf16" else None
+        return _Summed(model).train(), [x], torch.bfloat16 if args.dtype == "bf16" else None
     model = model.eval()
     if args.dtype == "bf16":
-        return model.to(torch.bfloat16), x.to(torch.bfloat16), None
-    return model, x, None
+        return model.to(torch.bfloat16), [x.to(torch.bfloat16)], None
+    return model, [x], None
 
 
-def _summed_forward(self, x):
-    return self.model(x).float().sum()
+def _benchmark_model(args):
+    """A model of the zoo or of compile_time.py, as `model_and_inputs` returns it. Training sums the output of
+    compile_time.py's vision models as the other vision models here; a zoo model returns its own loss."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    kind, _, name = args.model.partition(":")
+    amp = torch.bfloat16 if args.train and args.dtype == "bf16" else None
+    if kind == "zoo":
+        from zoo.workloads import MODELS
+
+        model, make = MODELS[name][1](args.bs, torch.device("cpu"), args.train)
+        inputs = list(make(torch.Generator().manual_seed(0)))
+    else:
+        from compile_time import build_model
+
+        model, inputs = build_model(name)
+        inputs = [torch.randn(args.bs, *t.shape[1:]) if t.is_floating_point() else t for t in inputs]
+        if inputs[0].dim() == 4:
+            inputs[0] = torch.randn(args.bs, 3, args.img, args.img)
+        if args.train:
+            model = _Summed(model)
+    if args.train:
+        return model.train(), inputs, amp
+    model = model.eval()
+    if args.dtype == "bf16":
+        return model.to(torch.bfloat16), [t.to(torch.bfloat16) if t.is_floating_point() else t
+                                          for t in inputs], None
+    return model, inputs, None
+
+
+def _summed_forward(self, *inputs):
+    return self.model(*inputs).float().sum()
 
 
 def _Summed(model):
@@ -156,8 +193,9 @@ def worker_cpu_seconds() -> tuple[float, int]:
         return 0.0, 0
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for worker in pool.workers:
-        fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    pids = getattr(pool, "pids", None) or [worker.pid for worker in pool.workers]  # one process each, or forked
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return total / tick, getattr(pool, "requests_sent", 0)
 
@@ -184,13 +222,13 @@ def main() -> None:
         pass
     from support.fake_cuda import compile_model
 
-    model, x, amp = model_and_inputs(args)
+    model, inputs, amp = model_and_inputs(args)
     start, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
     from kiln.codegen import triton as triton_target
 
     if hasattr(triton_target, "start_build_workers"):  # as kiln's backend does when a CUDA graph enters it
         triton_target.start_build_workers("cuda:0")
-    graphs = compile_model(model, [x], train=args.train, amp=amp, name="g")
+    graphs = compile_model(model, inputs, train=args.train, amp=amp, name="g")
     wall, cpu, thread_cpu = time.perf_counter() - start, time.process_time() - cpu, time.thread_time() - thread_cpu
     stage_cpu["autograd and rest"] = thread_cpu - harness_cpu[0] - sum(stage_cpu.values())
     workers_cpu, sent = worker_cpu_seconds()

@@ -213,9 +213,16 @@ def main() -> None:
 
         build = build_workers.BuildWorkers.build
 
-        def counted_build(self, requests):
-            self.requests_sent = getattr(self, "requests_sent", 0) + len(requests)
-            return build(self, requests)
+        def counted_build(self, requests, compile_here=None):
+            here = [0]
+
+            def counted_here(request):
+                here[0] += 1
+                return compile_here(request)
+
+            done = build(self, requests, *([counted_here] if compile_here else []))
+            self.requests_sent = getattr(self, "requests_sent", 0) + len(done) - here[0]  # built by a worker
+            return done
 
         build_workers.BuildWorkers.build = counted_build
     except ImportError:  # a kiln without build workers

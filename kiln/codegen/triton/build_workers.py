@@ -30,11 +30,11 @@ import importlib.util
 import json
 import logging
 import os
-import queue
 import select
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,12 +55,13 @@ _pool_lock = threading.Lock()
 class BuildWorkers:
     """`count` worker processes compiling for `target` (Triton's GPUTarget as a list) into `cache_dir`.
 
-    A worker takes requests once it says it is ready (torch and Triton imported): a build that starts before
-    any is ready compiles in the graph's process rather than wait for them (a small graph compiled right after
-    the workers started)."""
+    A build hands its requests out one at a time to whoever is free: each ready worker and, where the caller
+    says how (`compile_here`), the graph's process itself, which would otherwise wait. A worker still starting
+    (the leader importing torch and Triton) joins the build once it says it is ready: a small graph compiled
+    right after the workers started is compiled in the graph's process, a big one there and in the workers as
+    they come, and nobody waits for a worker while requests are left."""
 
     def __init__(self, count: int, target: list, cache_dir: str):
-        self.idle: queue.Queue = queue.Queue()  # ready workers between requests; None once none is alive
         self.count, self.live = count, 0
         self.lock = threading.Lock()
         pipes = [(os.pipe(), os.pipe()) for _ in range(count)]  # per worker: (requests, replies), each (read, write)
@@ -80,48 +81,79 @@ class BuildWorkers:
         """The process ids of the workers that said they are ready (the first is the leader's)."""
         return [w.pid for w in self.workers if w.pid is not None]
 
-    def build(self, requests: list[dict]) -> dict[int, str | None]:
-        """Compile each request in a ready worker: {request index: the compile error, or None where it compiled}.
-        A request no worker compiled (none ready, or its worker died) is left out: the graph's process compiles
-        it."""
-        if not self.ready():
+    def build(self, requests: list[dict], compile_here: Callable[[dict], None] | None = None) -> dict[int, str | None]:
+        """Compile each request: {request index: the compile error, or None where it compiled}. `compile_here`
+        compiles one request in the graph's process (raising its error); without it, a build that finds no
+        worker ready compiles nothing. A request nobody compiled (its worker died) is left out: the graph's
+        process compiles it."""
+        if compile_here is None and not self.ready():
             return {}
+        pending = list(range(len(requests)))[::-1]  # taken from the end: in order; list.pop is atomic
+        done: dict[int, str | None] = {}
+
+        def by_worker(worker: _Channel) -> None:
+            while self._awaited(worker, pending):
+                try:
+                    k = pending.pop()
+                except IndexError:
+                    return
+                reply = self._ask(worker, requests[k])
+                if reply is None:  # the worker died: another takes its request
+                    pending.append(k)
+                    return
+                done[k] = reply["error"]
+
         with concurrent.futures.ThreadPoolExecutor(self.count, thread_name_prefix="kiln-triton-worker") as pool:
-            replies = list(pool.map(self._one, requests))
-        return {k: reply["error"] for k, reply in enumerate(replies) if reply is not None}
+            waits = [pool.submit(by_worker, w) for w in self.workers if w.state != "gone"]
+            while compile_here is not None and pending:
+                try:
+                    k = pending.pop()
+                except IndexError:
+                    break
+                done[k] = _error_of(compile_here, requests[k])
+            for wait in waits:
+                wait.result()
+        return done
 
     def ready(self) -> int:
-        """Take the workers that said they are ready since the last build into the idle queue; the number alive."""
+        """Take the workers that said they are ready since the last call; the number alive."""
         with self.lock:
             for worker in list(self.starting):
                 if select.select([worker.stdout], [], [], 0)[0]:
                     self.starting.remove(worker)
                     line = worker.stdout.readline()
                     if line:
-                        worker.pid = json.loads(line).get("pid")
+                        worker.pid, worker.state = json.loads(line).get("pid"), "ready"
                         self.live += 1
-                        self.idle.put(worker)
+                    else:  # it exited while starting
+                        worker.state = "gone"
             return self.live
 
-    def _one(self, request: dict) -> dict | None:
-        worker = self.idle.get()
-        if worker is None:  # no worker left alive
-            self.idle.put(None)
-            return None
-        try:
-            worker.stdin.write(json.dumps(request) + "\n")
-            worker.stdin.flush()
-            line = worker.stdout.readline()
-        except OSError:
-            line = ""
-        if line:
-            self.idle.put(worker)
-            return json.loads(line)
+    def _awaited(self, worker: _Channel, pending: list) -> bool:
+        """Whether `worker` is ready, waiting for a starting one only while requests are left."""
+        while worker.state == "starting" and pending:
+            select.select([worker.stdout], [], [], 0.05)
+            self.ready()
+        return worker.state == "ready"
+
+    def _ask(self, worker: _Channel, request: dict) -> dict | None:
+        """The worker's reply to `request` (one at a time per worker: builds may run side by side), or None where
+        it exited."""
+        with worker.busy:
+            if worker.state != "ready":
+                return None
+            try:
+                worker.stdin.write(json.dumps(request) + "\n")
+                worker.stdin.flush()
+                line = worker.stdout.readline()
+            except OSError:
+                line = ""
+            if line:
+                return json.loads(line)
+            worker.state = "gone"
         log.info("Triton build worker %s exited", worker.pid)  # a crash in LLVM, killed
         with self.lock:
             self.live -= 1
-            if not self.live:
-                self.idle.put(None)
         return None
 
     def close(self) -> None:
@@ -142,6 +174,8 @@ class _Channel:
         self.stdin = os.fdopen(requests, "w")
         self.stdout = os.fdopen(replies, "r")
         self.pid: int | None = None
+        self.state = "starting"  # then "ready", or "gone" once it exited
+        self.busy = threading.Lock()  # held for one request and its reply
 
     def close(self) -> None:
         for pipe in (self.stdin, self.stdout):
@@ -149,6 +183,15 @@ class _Channel:
                 pipe.close()
             except OSError:  # a worker gone mid-request: its pipe was broken
                 pass
+
+
+def _error_of(compile_here: Callable[[dict], None], request: dict) -> str | None:
+    """`compile_here(request)`'s error as a worker would reply it, or None where it compiled."""
+    try:
+        compile_here(request)
+    except Exception as e:  # noqa: BLE001 - reported; the graph's process raises it again where it falls back
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _worker_env() -> dict:

@@ -190,3 +190,21 @@ def test_workers_are_forked_from_one_process_and_stop_with_the_pool(tmp_path):
     while any(_process_state(pid) for pid in workers.pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_process_state(pid) for pid in workers.pids)
+
+
+def test_the_graphs_process_compiles_what_no_worker_is_ready_for(tmp_path):
+    """A build that starts while the workers still import torch and Triton does not wait for them: the graph's
+    process compiles every request itself (its errors reported as a worker's would be)."""
+    def compile_here(request):
+        compiled.append(request["launcher"])
+        if request["launcher"] == "broken":
+            raise ValueError("does not compile")
+
+    compiled = []
+    workers = build_workers.BuildWorkers(2, ["cuda", 90, 32], str(tmp_path))
+    try:
+        requests = [{"launcher": name} for name in ("first", "broken", "third")]
+        assert workers.build(requests, compile_here) == {0: None, 1: "ValueError: does not compile", 2: None}
+        assert compiled == ["first", "broken", "third"]
+    finally:
+        workers.close()

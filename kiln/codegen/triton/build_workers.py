@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import ctypes
 import importlib.util
 import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -344,9 +346,6 @@ def _die_with_parent() -> None:
     """A forked worker is stopped with the leader (Linux: PR_SET_PDEATHSIG), which the graph's process stops at
     its exit; elsewhere it stops at the end of its requests (its pipe closes with the graph's process)."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

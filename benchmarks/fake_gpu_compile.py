@@ -1,9 +1,11 @@
-"""Cold compile of a vision model for an H100/H200 on a machine without a GPU: kiln's phases and its Triton builds.
+"""Cold compile of a model for an H100/H200 on a machine without a GPU: kiln's phases and its Triton builds.
 
     PYTHONPATH=.:tests python benchmarks/fake_gpu_compile.py --model tv_densenet121 --train [--bs 64] [--img 224]
         [--dtype bf16|fp32] [--jobs N] [--interpret] [--out FILE --label TEXT]
 
-The model (`tv_<name>`: torchvision, else timm) is compiled by kiln on fake CUDA tensors
+The model (`tv_<name>`: torchvision; `zoo:<name>`: a model of benchmarks/zoo/workloads.py as the zoo builds it,
+a Hugging Face model returning its own loss when training; `ct:<name>`: one of benchmarks/compile_time.py's
+plain-PyTorch models; else timm) is compiled by kiln on fake CUDA tensors
 (tests/support/fake_cuda.py: the forward traced on fake CUDA tensors, kiln's AOT stage, each ATen graph through
 kiln's code generator for CUDA). Unlike the sm_90 tests, Triton is not interpreted: every kernel goes through
 Triton's full compile for sm_90 (TTIR to cubin, with ptxas) behind a driver that only names the target, as on the
@@ -14,7 +16,8 @@ It reports per graph the seconds of each stage (`build` is the Triton compile), 
 thread in each stage summed over the graphs (`stage_cpu_s`; `autograd and rest` is the compile's CPU outside
 kiln's stages and the harness's own re-traces), and for the whole compile: wall seconds, the CPU seconds of this
 process and of its children (the build workers and ptxas), how many kernels the graphs have, how many Triton
-compiles ran in this process and how many in build workers. On a loaded host compare CPU seconds and compile
+compiles ran in this process and how many in build workers (a build hands kernels to the workers and to
+this process side by side). On a loaded host compare CPU seconds and compile
 counts, not wall seconds. KILN_CACHE_DIR and Triton's cache are fresh
 temporary folders (a cold compile); `--jobs` sets KILN_BUILD_JOBS. `--interpret` leaves Triton interpreting
 (no kernel is compiled): kiln's own stages alone, quickly.

@@ -1,9 +1,11 @@
-"""Cold compile of a vision model for an H100/H200 on a machine without a GPU: kiln's phases and its Triton builds.
+"""Cold compile of a model for an H100/H200 on a machine without a GPU: kiln's phases and its Triton builds.
 
     PYTHONPATH=.:tests python benchmarks/fake_gpu_compile.py --model tv_densenet121 --train [--bs 64] [--img 224]
         [--dtype bf16|fp32] [--jobs N] [--interpret] [--out FILE --label TEXT]
 
-The model (`tv_<name>`: torchvision, else timm) is compiled by kiln on fake CUDA tensors
+The model (`tv_<name>`: torchvision; `zoo:<name>`: a model of benchmarks/zoo/workloads.py as the zoo builds it,
+a Hugging Face model returning its own loss when training; `ct:<name>`: one of benchmarks/compile_time.py's
+plain-PyTorch models; else timm) is compiled by kiln on fake CUDA tensors
 (tests/support/fake_cuda.py: the forward traced on fake CUDA tensors, kiln's AOT stage, each ATen graph through
 kiln's code generator for CUDA). Unlike the sm_90 tests, Triton is not interpreted: every kernel goes through
 Triton's full compile for sm_90 (TTIR to cubin, with ptxas) behind a driver that only names the target, as on the
@@ -14,7 +16,8 @@ It reports per graph the seconds of each stage (`build` is the Triton compile), 
 thread in each stage summed over the graphs (`stage_cpu_s`; `autograd and rest` is the compile's CPU outside
 kiln's stages and the harness's own re-traces), and for the whole compile: wall seconds, the CPU seconds of this
 process and of its children (the build workers and ptxas), how many kernels the graphs have, how many Triton
-compiles ran in this process and how many in build workers. On a loaded host compare CPU seconds and compile
+compiles ran in this process and how many in build workers (a build hands kernels to the workers and to
+this process side by side). On a loaded host compare CPU seconds and compile
 counts, not wall seconds. KILN_CACHE_DIR and Triton's cache are fresh
 temporary folders (a cold compile); `--jobs` sets KILN_BUILD_JOBS. `--interpret` leaves Triton interpreting
 (no kernel is compiled): kiln's own stages alone, quickly.
@@ -114,8 +117,14 @@ def stage_cpu_seconds() -> tuple[dict, list]:
 
 
 def model_and_inputs(args):
+    """(module, its input, autocast dtype or None) for `--model`: `zoo:<name>` is a model of the zoo
+    (benchmarks/zoo/workloads.py, built as the zoo builds it: `--bs` and the zoo's sequence length, `--img`
+    unused), `ct:<name>` one of benchmarks/compile_time.py's plain-PyTorch models at `--img`, `tv_<name>`
+    torchvision's, else timm's."""
     import torch
 
+    if args.model.startswith(("zoo:", "ct:")):
+        return _benchmark_model(args)
     if args.model.startswith("tv_"):
         import torchvision
 
@@ -126,15 +135,46 @@ def model_and_inputs(args):
         model = timm.create_model(args.model)
     x = torch.randn(args.bs, 3, args.img, args.img)
     if args.train:
-        return _Summed(model).train(), x, torch.bfloat16 if args.dtype == "bf16" else None
+        return _Summed(model).train(), [x], torch.bfloat16 if args.dtype == "bf16" else None
     model = model.eval()
     if args.dtype == "bf16":
-        return model.to(torch.bfloat16), x.to(torch.bfloat16), None
-    return model, x, None
+        return model.to(torch.bfloat16), [x.to(torch.bfloat16)], None
+    return model, [x], None
 
 
-def _summed_forward(self, x):
-    return self.model(x).float().sum()
+def _benchmark_model(args):
+    """A model of the zoo or of compile_time.py, as `model_and_inputs` returns it. Training sums the output of
+    compile_time.py's vision models as the other vision models here; a zoo model returns its own loss."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    kind, _, name = args.model.partition(":")
+    amp = torch.bfloat16 if args.train and args.dtype == "bf16" else None
+    if kind == "zoo":
+        from zoo.workloads import MODELS
+
+        model, make = MODELS[name][1](args.bs, torch.device("cpu"), args.train)
+        inputs = list(make(torch.Generator().manual_seed(0)))
+    else:
+        from compile_time import build_model
+
+        model, inputs = build_model(name)
+        inputs = [torch.randn(args.bs, *t.shape[1:]) if t.is_floating_point() else t for t in inputs]
+        if inputs[0].dim() == 4:
+            inputs[0] = torch.randn(args.bs, 3, args.img, args.img)
+        if args.train:
+            model = _Summed(model)
+    if args.train:
+        return model.train(), inputs, amp
+    model = model.eval()
+    if args.dtype == "bf16":
+        return model.to(torch.bfloat16), [t.to(torch.bfloat16) if t.is_floating_point() else t
+                                          for t in inputs], None
+    return model, inputs, None
+
+
+def _summed_forward(self, *inputs):
+    return self.model(*inputs).float().sum()
 
 
 def _Summed(model):
@@ -156,8 +196,9 @@ def worker_cpu_seconds() -> tuple[float, int]:
         return 0.0, 0
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for worker in pool.workers:
-        fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    pids = getattr(pool, "pids", None) or [worker.pid for worker in pool.workers]  # one process each, or forked
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return total / tick, getattr(pool, "requests_sent", 0)
 
@@ -175,22 +216,29 @@ def main() -> None:
 
         build = build_workers.BuildWorkers.build
 
-        def counted_build(self, requests):
-            self.requests_sent = getattr(self, "requests_sent", 0) + len(requests)
-            return build(self, requests)
+        def counted_build(self, requests, compile_here=None):
+            here = [0]
+
+            def counted_here(request):
+                here[0] += 1
+                return compile_here(request)
+
+            done = build(self, requests, *([counted_here] if compile_here else []))
+            self.requests_sent = getattr(self, "requests_sent", 0) + len(done) - here[0]  # built by a worker
+            return done
 
         build_workers.BuildWorkers.build = counted_build
     except ImportError:  # a kiln without build workers
         pass
     from support.fake_cuda import compile_model
 
-    model, x, amp = model_and_inputs(args)
+    model, inputs, amp = model_and_inputs(args)
     start, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
     from kiln.codegen import triton as triton_target
 
     if hasattr(triton_target, "start_build_workers"):  # as kiln's backend does when a CUDA graph enters it
         triton_target.start_build_workers("cuda:0")
-    graphs = compile_model(model, [x], train=args.train, amp=amp, name="g")
+    graphs = compile_model(model, inputs, train=args.train, amp=amp, name="g")
     wall, cpu, thread_cpu = time.perf_counter() - start, time.process_time() - cpu, time.thread_time() - thread_cpu
     stage_cpu["autograd and rest"] = thread_cpu - harness_cpu[0] - sum(stage_cpu.values())
     workers_cpu, sent = worker_cpu_seconds()

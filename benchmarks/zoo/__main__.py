@@ -16,7 +16,8 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
 - `error`: the relative error against an eager copy with the same weights on the same inputs (the loss of the first
   step for training; the output for inference). Dropout is off, so the two compare exactly;
 - for kiln, `fallbacks` (by kind; strict makes any fallback a failure) and `graph_breaks` (breaks torch.compile
-  takes too, by reason);
+  takes too, by reason), and `compile_stages_s`: where `compile_s` went (capture, autograd, lowering, scheduling,
+  codegen, build with its Triton compiles, and the rest: imports and the first step's run);
 - with `--profile`, `profile`: where a step's GPU time goes (kernel kinds, launch gaps, the longest kernel
   families; see benchmarks/gpu_profile.py).
 
@@ -184,10 +185,12 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    step = make_step(workload, compiled(model, compiler), model)
+    fn = compiled(model, compiler)
+    step = make_step(workload, fn, model)
     got = step(inputs[0])
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - start
+    stages = compile_stages(fn, compile_s) if compiler == "kiln" else None
     want = make_step(workload, reference, reference)(inputs[0])
     error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
 
@@ -197,6 +200,8 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
         status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
         record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
                   "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
+        if stages is not None:
+            record["compile_stages_s"] = stages
         if profile:
             record["profile"] = profile_steps(lambda: step(inputs[next(calls) % len(inputs)]), steps=3, warmup=1)
     if compiler == "kiln":  # under KILN_STRICT=1 a fallback raises, so these count only what strict lets pass
@@ -204,6 +209,21 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
         record["fallbacks"] = kiln.fallbacks.counts()
         record["graph_breaks"] = dict(kiln.fallbacks.breaks)
     return record
+
+
+def compile_stages(fn, compile_s: float) -> dict[str, float]:
+    """Seconds of kiln's compile of `fn` (what kiln.compile returned) by stage, as `python -m kiln run`'s report
+    sums them (capture, autograd, lowering, scheduling, codegen, build: `build` holds the Triton compiles), and
+    `rest`: the rest of `compile_s` (importing kiln, running the first step, the optimizer's step)."""
+    import kiln
+    from kiln.debug import report
+
+    total: dict[str, float] = {}
+    for region in report.collect([kiln.api.context_of(fn)]):
+        for stage, seconds in region.stages.items():
+            total[stage] = total.get(stage, 0.0) + seconds
+    total["rest"] = compile_s - sum(total.values())
+    return {stage: round(seconds, 3) for stage, seconds in total.items()}
 
 
 def spawn_job(name: str, compiler: str, timeout: float, profile: bool = False) -> dict:

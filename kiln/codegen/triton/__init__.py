@@ -197,9 +197,10 @@ def precompile_all(module, kernels: dict, device: str = "cpu") -> None:
     this thread and without Triton's JIT; only the others go on.
 
     A big training graph has hundreds of kernels (benchmarks/compile_time.py). On a GPU they are compiled
-    first in the build worker processes (kiln/codegen/triton/build_workers.py: Triton's front end holds the
-    GIL), into Triton's cache; then here, in a thread pool, where each finds its binary in that cache (or
-    compiles it: a kernel no worker built). The first error is raised once all are done.
+    first by the build worker processes (kiln/codegen/triton/build_workers.py: Triton's front end holds the
+    GIL) and this thread side by side, into Triton's cache; then loaded here, in a thread pool, where each finds
+    its binary in that cache (or compiles it: a kernel nobody built). The first error is raised once all are
+    done.
 
     Triton loads each binary into the context of the thread's current CUDA device, and a new thread's is
     device 0: each build runs with the graph's `device` current, or a rank on `cuda:1` launched kernels loaded
@@ -234,15 +235,22 @@ def _not_stored(module, kernels: dict, device: str) -> dict:
 
 
 def _build_in_workers(module, kernels: dict, device: str) -> None:
-    """Compile `kernels` in the build worker processes, where they run (their errors are found again here). The
-    workers start here if they have not yet, and only if some kernel needs compiling: none where every kernel's
-    binaries are in Triton's cache already (a cached product's kernels, kiln/runtime/triton_cache.py)."""
+    """Compile `kernels` in the build worker processes and, alongside them, in this thread, which would otherwise
+    wait (and compiles them all where no worker is ready yet); their errors are found again by the loads that
+    follow. The workers start here if they have not yet, and only if some kernel needs compiling: none where every
+    kernel's binaries are in Triton's cache already (a cached product's kernels, kiln/runtime/triton_cache.py)."""
     workers = _build_workers()
     requests = workers.requests_for(module, kernels)
     pool = workers.start(device) if requests else None
     if pool is not None:
-        errors = pool.build(requests)
-        log.debug("%d kernels compiled in %d workers, %d failed", len(errors), pool.count,
+        modules = {module.__file__: module}
+
+        def compile_here(request: dict) -> None:
+            with made_current(device):
+                workers.compile_request(request, modules)
+
+        errors = pool.build(requests, compile_here)
+        log.debug("%d kernels compiled with %d workers, %d failed", len(errors), pool.count,
                   sum(e is not None for e in errors.values()))
 
 

@@ -5,11 +5,14 @@ that emits TTIR), which holds the GIL; the build threads of `precompile_all` the
 that part, and a training graph of several hundred kernels (DenseNet-121's backward has over 400) took
 minutes on a 16-core GPU host. Inductor compiles in a pool of processes for the same reason.
 
-How: each worker is `python -m kiln.codegen.triton.build_workers`, started once per process (on the first
+How: one process, `python -m kiln.codegen.triton.build_workers`, is started once per process (on the first
 CUDA graph that will be built: before its autograd trace where the AOT cache misses, before its lowering where
-the compile cache misses, so the workers import torch and Triton meanwhile; a warm process starts none) and
-kept until exit. It is told the GPU target and Triton's cache folder, and needs no GPU: it compiles behind
-a driver that only names the target, into Triton's on-disk cache. The graph's process then compiles each
+the compile cache misses, so it imports torch and Triton meanwhile; a warm process starts none) and kept until
+exit. It imports torch, Triton and kiln once and then forks the other workers, as Inductor's compile pool forks
+its workers from one process: a worker started on its own spends seconds of CPU importing them, and sixteen
+such starts on a GPU host (more where several compiles share it) competed with the graph's own trace for the
+cores. It is told the GPU target, Triton's cache folder and one pair of pipes per worker, and needs no GPU: it
+compiles behind a driver that only names the target, into Triton's on-disk cache. The graph's process then compiles each
 kernel as before (`Launcher.precompile`), which finds the binary in that cache: the same source, target,
 options and environment give the same cache key. Workers are a speed-up only: a kernel a worker did not
 build (it failed, a worker died, the workers could not start) is compiled in the graph's process, where a
@@ -17,21 +20,23 @@ compile error makes the kernel fall back to ATen as before.
 
 A request is one JSON line naming the kernel module's file and a launcher in it with the dtypes and
 integers of its `precompile` (what `kiln.runtime.graph_cache.record_precompiles` records); the reply is one
-JSON line, the compile error or null.
+JSON line, the compile error or null. Each worker has its own pair of pipes: its requests and its replies.
 """
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import ctypes
 import importlib.util
 import json
 import logging
 import os
-import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,70 +57,143 @@ _pool_lock = threading.Lock()
 class BuildWorkers:
     """`count` worker processes compiling for `target` (Triton's GPUTarget as a list) into `cache_dir`.
 
-    A worker takes requests once it says it is ready (torch and Triton imported): a build that starts before
-    any is ready compiles in the graph's process rather than wait for them (a small graph compiled right after
-    the workers started)."""
+    A build hands its requests out one at a time to whoever is free: each ready worker and, where the caller
+    says how (`compile_here`), the graph's process itself, which would otherwise wait. A worker still starting
+    (the leader importing torch and Triton) joins the build once it says it is ready: a small graph compiled
+    right after the workers started is compiled in the graph's process, a big one there and in the workers as
+    they come, and nobody waits for a worker while requests are left."""
 
     def __init__(self, count: int, target: list, cache_dir: str):
-        self.idle: queue.Queue = queue.Queue()  # ready workers between requests; None once none is alive
         self.count, self.live = count, 0
         self.lock = threading.Lock()
-        init = json.dumps({"target": target, "cache_dir": cache_dir}) + "\n"
-        self.workers = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, env=_worker_env(), text=True)
-                        for _ in range(count)]
-        for worker in self.workers:
-            worker.stdin.write(init)
-            worker.stdin.flush()
+        pipes = [(os.pipe(), os.pipe()) for _ in range(count)]  # per worker: (requests, replies), each (read, write)
+        theirs = [[requests[0], replies[1]] for requests, replies in pipes]
+        self.leader = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, env=_worker_env(), text=True,
+                                       pass_fds=[fd for pair in theirs for fd in pair])
+        for fd in (fd for pair in theirs for fd in pair):
+            os.close(fd)
+        self.workers = [_Channel(requests[1], replies[0]) for requests, replies in pipes]
+        self.leader.stdin.write(json.dumps({"target": target, "cache_dir": cache_dir, "channels": theirs}) + "\n")
+        self.leader.stdin.close()
         self.starting = list(self.workers)
 
-    def build(self, requests: list[dict]) -> dict[int, str | None]:
-        """Compile each request in a ready worker: {request index: the compile error, or None where it compiled}.
-        A request no worker compiled (none ready, or its worker died) is left out: the graph's process compiles
-        it."""
-        if not self.ready():
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the workers that said they are ready (the first is the leader's)."""
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    def build(self, requests: list[dict], compile_here: Callable[[dict], None] | None = None) -> dict[int, str | None]:
+        """Compile each request: {request index: the compile error, or None where it compiled}. `compile_here`
+        compiles one request in the graph's process (raising its error); without it, a build that finds no
+        worker ready compiles nothing. A request nobody compiled (its worker died) is left out: the graph's
+        process compiles it."""
+        if compile_here is None and not self.ready():
             return {}
+        pending = list(range(len(requests)))[::-1]  # taken from the end: in order; list.pop is atomic
+        done: dict[int, str | None] = {}
+
+        def by_worker(worker: _Channel) -> None:
+            while self._awaited(worker, pending):
+                try:
+                    k = pending.pop()
+                except IndexError:
+                    return
+                reply = self._ask(worker, requests[k])
+                if reply is None:  # the worker died: another takes its request
+                    pending.append(k)
+                    return
+                done[k] = reply["error"]
+
         with concurrent.futures.ThreadPoolExecutor(self.count, thread_name_prefix="kiln-triton-worker") as pool:
-            replies = list(pool.map(self._one, requests))
-        return {k: reply["error"] for k, reply in enumerate(replies) if reply is not None}
+            waits = [pool.submit(by_worker, w) for w in self.workers if w.state != "gone"]
+            while compile_here is not None and pending:
+                try:
+                    k = pending.pop()
+                except IndexError:
+                    break
+                done[k] = _error_of(compile_here, requests[k])
+            for wait in waits:
+                wait.result()
+        return done
 
     def ready(self) -> int:
-        """Take the workers that said they are ready since the last build into the idle queue; the number alive."""
+        """Take the workers that said they are ready since the last call; the number alive."""
         with self.lock:
             for worker in list(self.starting):
                 if select.select([worker.stdout], [], [], 0)[0]:
                     self.starting.remove(worker)
-                    if worker.stdout.readline():
+                    line = worker.stdout.readline()
+                    if line:
+                        worker.pid, worker.state = json.loads(line).get("pid"), "ready"
                         self.live += 1
-                        self.idle.put(worker)
+                    else:  # it exited while starting
+                        worker.state = "gone"
             return self.live
 
-    def _one(self, request: dict) -> dict | None:
-        worker = self.idle.get()
-        if worker is None:  # no worker left alive
-            self.idle.put(None)
-            return None
-        try:
-            worker.stdin.write(json.dumps(request) + "\n")
-            worker.stdin.flush()
-            line = worker.stdout.readline()
-        except OSError:
-            line = ""
-        if line:
-            self.idle.put(worker)
-            return json.loads(line)
-        log.info("Triton build worker %d exited (%s)", worker.pid, worker.poll())  # a crash in LLVM, killed
+    def _awaited(self, worker: _Channel, pending: list) -> bool:
+        """Whether `worker` is ready, waiting for a starting one only while requests are left."""
+        while worker.state == "starting" and pending:
+            select.select([worker.stdout], [], [], 0.05)
+            self.ready()
+        return worker.state == "ready"
+
+    def _ask(self, worker: _Channel, request: dict) -> dict | None:
+        """The worker's reply to `request` (one at a time per worker: builds may run side by side), or None where
+        it exited."""
+        with worker.busy:
+            if worker.state != "ready":
+                return None
+            try:
+                worker.stdin.write(json.dumps(request) + "\n")
+                worker.stdin.flush()
+                line = worker.stdout.readline()
+            except OSError:
+                line = ""
+            if line:
+                return json.loads(line)
+            worker.state = "gone"
+        log.info("Triton build worker %s exited", worker.pid)  # a crash in LLVM, killed
         with self.lock:
             self.live -= 1
-            if not self.live:
-                self.idle.put(None)
         return None
 
     def close(self) -> None:
+        """Close every worker's pipes (a worker exits at the end of its requests) and stop the leader, whose
+        forked workers the kernel stops with it (`_die_with_parent`)."""
         for worker in self.workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+            worker.close()
+        if self.leader.poll() is None:
+            self.leader.kill()
+            self.leader.wait()
+
+
+class _Channel:
+    """The graph's process's ends of one worker's pipes: `stdin` takes its requests, `stdout` gives its replies
+    (text, one JSON line each). `pid`: the worker's, once it said it is ready."""
+
+    def __init__(self, requests: int, replies: int):
+        self.stdin = os.fdopen(requests, "w")
+        self.stdout = os.fdopen(replies, "r")
+        self.pid: int | None = None
+        self.state = "starting"  # then "ready", or "gone" once it exited
+        self.busy = threading.Lock()  # held for one request and its reply
+
+    def close(self) -> None:
+        for pipe in (self.stdin, self.stdout):
+            try:
+                pipe.close()
+            except OSError:  # a worker gone mid-request: its pipe was broken
+                pass
+
+
+def _error_of(compile_here: Callable[[dict], None], request: dict) -> str | None:
+    """`compile_here(request)`'s error as a worker would reply it, or None where it compiled."""
+    try:
+        compile_here(request)
+    except Exception as e:  # noqa: BLE001 - reported; the graph's process raises it again where it falls back
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _worker_env() -> dict:
@@ -240,13 +318,47 @@ def compile_request(request: dict, modules: dict) -> None:
     launcher.fn.warmup(*dtypes, *request["ints"], grid=(1,), **launcher.constexprs, **launcher.options)
 
 
-def serve(lines, out) -> None:
-    """The worker's loop: the first line sets the target and cache folder (answered with a line saying it is
-    ready), each further line is a request, answered with one line."""
-    init = json.loads(next(lines))
+def lead(init: dict) -> None:
+    """The first worker: set the target and cache folder (its forks inherit both), fork a worker for each pipe
+    pair after the first, and serve the first itself. Each worker closes the others' pipes, so that a reply pipe
+    ends (its worker gone) where its one worker exits."""
     triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*init["target"])))
     triton.knobs.cache.dir = init["cache_dir"]
-    out.write(json.dumps({"ready": True}) + "\n")
+    channels = init["channels"]
+    for k, (requests, replies) in enumerate(channels[1:], 1):
+        if os.fork() == 0:  # a worker: torch, Triton and kiln imported already
+            _die_with_parent()
+            _close_all_but(channels, k)
+            _serve_channel(requests, replies)
+            os._exit(0)  # not the leader's exit handlers
+    _close_all_but(channels, 0)
+    _serve_channel(*channels[0])
+
+
+def _close_all_but(channels: list, keep: int) -> None:
+    for k, pair in enumerate(channels):
+        if k != keep:
+            for fd in pair:
+                os.close(fd)
+
+
+def _die_with_parent() -> None:
+    """A forked worker is stopped with the leader (Linux: PR_SET_PDEATHSIG), which the graph's process stops at
+    its exit; elsewhere it stops at the end of its requests (its pipe closes with the graph's process)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serve_channel(requests: int, replies: int) -> None:
+    with os.fdopen(requests, "r") as lines, os.fdopen(replies, "w") as out:
+        serve(lines, out)
+
+
+def serve(lines, out) -> None:
+    """A worker's loop: a line saying it is ready (with its process id), then one reply line per request line."""
+    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     out.flush()
     modules: dict = {}
     for line in lines:
@@ -260,4 +372,4 @@ def serve(lines, out) -> None:
 
 
 if __name__ == "__main__":
-    serve(iter(sys.stdin), sys.stdout)
+    lead(json.loads(sys.stdin.readline()))

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,51 @@ def test_a_host_of_many_cores_starts_a_bounded_number_of_workers(monkeypatch):
     monkeypatch.setenv("KILN_BUILD_JOBS", "128")  # asked for: as many as asked
     monkeypatch.setattr(build_workers.cache, "build_jobs", lambda: 128)
     assert build_workers.worker_count() == 128
+
+
+def _process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of a live process, None once it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in "ZX" else (fields[0], int(fields[1]))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_are_forked_from_one_process_and_stop_with_the_pool(tmp_path):
+    """torch, Triton and kiln are imported once, by the first worker, which forks the others (each started on its
+    own spent seconds of CPU on those imports); closing the pool stops every worker."""
+    workers = build_workers.BuildWorkers(3, ["cuda", 90, 32], str(tmp_path))
+    try:
+        deadline = time.monotonic() + 240
+        while workers.ready() < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers.live == 3
+        leader, *forked = workers.pids
+        assert leader == workers.leader.pid and len(set(forked)) == 2
+        assert all(_process_state(pid)[1] == leader for pid in forked)
+    finally:
+        workers.close()
+    deadline = time.monotonic() + 30
+    while any(_process_state(pid) for pid in workers.pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_process_state(pid) for pid in workers.pids)
+
+
+def test_the_graphs_process_compiles_what_no_worker_is_ready_for(tmp_path):
+    """A build that starts while the workers still import torch and Triton does not wait for them: the graph's
+    process compiles every request itself (its errors reported as a worker's would be)."""
+    def compile_here(request):
+        compiled.append(request["launcher"])
+        if request["launcher"] == "broken":
+            raise ValueError("does not compile")
+
+    compiled = []
+    workers = build_workers.BuildWorkers(2, ["cuda", 90, 32], str(tmp_path))
+    try:
+        requests = [{"launcher": name} for name in ("first", "broken", "third")]
+        assert workers.build(requests, compile_here) == {0: None, 1: "ValueError: does not compile", 2: None}
+        assert compiled == ["first", "broken", "third"]
+    finally:
+        workers.close()

@@ -54,12 +54,15 @@ WARP_ROW_MIN_XNUMEL = 1024
 # Inductor keeps its outer reductions persistent up to 64), and so do columns up to PERSISTENT_MAX_RBLOCK that
 # the kernel reads back (`reads_back`); longer ones loop, and split their rows into
 # chunks of at least COLUMN_MIN_CHUNK_TILES tiles until COLUMN_SPLIT_PROGRAMS programs share the work (a few
-# hundred columns at 64 per program are a handful of programs, each walking every row).
+# hundred columns at 64 per program are a handful of programs, each walking every row). Up to
+# COLUMN_MAX_RSPLIT chunks: 64 channels of a batch norm over NHWC are one column tile, and MAX_RSPLIT chunks
+# of it left most SMs with one program of four warps, too few loads in flight to near the memory's bandwidth.
 COLUMN_XBLOCK = 64
 MIN_COLUMN_XBLOCK = 16
 COLUMN_TILE = 2048
 COLUMN_PERSISTENT_MAX_RNUMEL = 64
 COLUMN_SPLIT_PROGRAMS = 1024
+COLUMN_MAX_RSPLIT = 1024
 COLUMN_MIN_CHUNK_TILES = 2
 COMBINE_ELEMENTS = 4096        # partials one program of a split's combining kernel reads
 # max-autotune's other column shapes: (tile width, tile elements, programs a split aims for)
@@ -222,7 +225,8 @@ def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, w
     if xnumel is None or rnumel is None or reads_back:
         return narrowed(looped) if reads_back else looped
     wanted = _ceil_div(programs or COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
-    return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
+    return split(looped, xnumel, rnumel,
+                 min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), COLUMN_MAX_RSPLIT))
 
 
 def unsplit(group: KernelGroup, config: LaunchConfig) -> LaunchConfig:

@@ -119,7 +119,10 @@ def _index_dtype(group: KernelGroup, layouts: dict) -> str:
 
 
 def reduction_is_contiguous(group: KernelGroup) -> bool:
-    """True when loads walk the innermost reduction dim with stride 1 (a row reduction)."""
+    """True when loads walk the innermost reduction dim with stride 1 (a row reduction). A value the same
+    segment computes is read from registers, whatever the layout it is stored in: only loads from memory count
+    (batch norm's masked gradient, stored by rows while its NHWC inputs are read by columns, made a column
+    reduction a row one)."""
     if not group.inner:
         return True
     last = group.inner_vars()[-1]
@@ -127,10 +130,11 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
     for seg in group.segments:
         if not seg.inner:
             continue
+        computed = {n.name for n in seg.nodes}
         for n in seg.nodes:
             for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
                 c = expanded_coeff(ld.index, last)
-                if c != 0:
+                if c != 0 and ld.buf not in computed:
                     strides.append(c)
     return not strides or any(c == 1 for c in strides)
 

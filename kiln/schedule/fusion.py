@@ -21,6 +21,11 @@ Rules:
   so the values are summed where they are computed, not stored and read back;
 - a reduction is computed once; reductions with the same body, ranges and
   welford family share one loop (mean and m2 of one welford);
+- an inner segment that reads no reduction result and nothing of the segments
+  between runs in an earlier inner segment's loop (`merge_independent_segments`):
+  sibling reductions over values one loop computes (batch norm's backward sums
+  of a residual block's two branches) share that loop, and a group left as one
+  inner segment and its epilogue can split its reduction across programs;
 - externs (and their tuple items) are their own steps and order barriers only
   for their consumers;
 - templates (max-autotune's matmuls, given as reduction nodes by the Triton
@@ -365,8 +370,55 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
                 template_groups.add(placed)
         where[node.name] = placed
     sched = Schedule(graph, steps, dict(templates))
+    for group in sched.kernels():
+        merge_independent_segments(group)
     _mark_local(sched)
     return sched
+
+
+def merge_independent_segments(group: KernelGroup) -> None:
+    """Move each inner segment of `group` into the earliest inner segment before it whose loop can compute it, then
+    join outer segments left next to each other.
+
+    A node that starts an inner segment after an outer one (a second reduction after the first one's epilogue)
+    gets a loop of its own even when it reads nothing that loop must wait for. Read again, the kernel walks the
+    same rows twice; split (kiln/codegen/triton/split.py), it cannot be, being more than one inner segment and
+    its epilogue: a looped kernel with one program per few columns walked every row of a batch norm's input.
+    Segments keep the order of the nodes (each node joins the last segment or a new one), so nothing before
+    segment j reads it; it may move into inner segment i when it reads, of segments i..j-1, only values segment
+    i computes at the point being written (not its reductions, which are whole only after its loop)."""
+    segments = group.segments
+    j = 1
+    while j < len(segments):
+        home = _earliest_loop(segments, j) if segments[j].inner else None
+        if home is None:
+            j += 1
+            continue
+        segments[home].nodes.extend(segments.pop(j).nodes)
+    joined: list[Segment] = []
+    for seg in segments:
+        if joined and not seg.inner and not joined[-1].inner:
+            joined[-1].nodes.extend(seg.nodes)
+        else:
+            joined.append(seg)
+    group.segments = joined
+
+
+def _earliest_loop(segments: list, j: int) -> int | None:
+    """The earliest inner segment before `segments[j]` whose loop may compute it (see
+    `merge_independent_segments`), or None."""
+    read = set().union(*(deps.reads(n) for n in segments[j].nodes))
+    home = None
+    for i in range(j - 1, -1, -1):
+        seg = segments[i]
+        written = [n for n in seg.nodes if n.name in read]
+        if written and (not seg.inner or any(n.is_reduction() for n in written)):
+            break  # a value complete only after segment i: segment j stays after it
+        if seg.inner:
+            home = i
+        if written:
+            break  # read where segment i writes it: no earlier loop has it
+    return home
 
 
 def _candidates(steps: list, producers: set):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -138,3 +139,41 @@ def test_merged_runs_maps_each_dim_to_consecutive_loops():
     assert merged_runs((32, 12, 16384), (32, 12, 128), (128,)) is None
     assert merged_runs((64, 6, 128, 128), (32, 12, 128), (128,)) is None
     assert merged_runs((32, 12, 128, 128), (32, 12, 128), (128,)) is None  # the plain mapping
+
+
+def _second_reduction(kind: str, v):
+    """A reduction of each family over the rows of `v`: (outputs...)."""
+    if kind == "var_mean":
+        return torch.var_mean(v, -1)
+    return (getattr(v, kind)(-1),)
+
+
+@pytest.mark.parametrize("kind", ["sum", "var_mean", "amax", "argmax"])
+def test_a_sibling_reduction_after_an_epilogue_shares_the_first_ones_loop(kind):
+    """A second reduction joining a kernel after the first one's epilogue (an outer segment), and reading only
+    what the first loop reads or computes, runs in that loop: one inner segment and its epilogue, which the GPU
+    target can split across programs (batch norm's backward sums of a residual block's two branches)."""
+    def fn(x, y, w):
+        a = (x * 2).relu()
+        return (a.sum(-1) * w, *_second_reduction(kind, a * y))
+
+    c = check(fn, torch.randn(30, 500), torch.randn(30, 500), torch.randn(30))
+    (group,) = c.artefacts["schedule"].kernels()
+    assert [s.inner for s in group.segments] == [True, False], group
+
+
+def test_a_loop_reading_an_epilogue_or_a_reduction_result_stays_after_it():
+    """What an earlier loop cannot compute keeps its own loop after it: a sum of values centred by the epilogue
+    of the first sum (an outer segment), and a sum of squares around the row mean (the first loop's result)."""
+    def after_epilogue(x, w):
+        centre = x.sum(-1) * w
+        return centre, (x - centre[:, None]).abs().sum(-1)
+
+    def after_reduction(x):
+        return (x - x.mean(-1, keepdim=True)).square().sum(-1)
+
+    x, w = torch.randn(30, 500), torch.randn(30)
+    (group,) = check(after_epilogue, x, w).artefacts["schedule"].kernels()
+    assert [s.inner for s in group.segments] == [True, False, True], group
+    (group,) = check(after_reduction, x).artefacts["schedule"].kernels()
+    assert [s.inner for s in group.segments][:2] == [True, True], group

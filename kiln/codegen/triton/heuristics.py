@@ -54,12 +54,15 @@ WARP_ROW_MIN_XNUMEL = 1024
 # Inductor keeps its outer reductions persistent up to 64), and so do columns up to PERSISTENT_MAX_RBLOCK that
 # the kernel reads back (`reads_back`); longer ones loop, and split their rows into
 # chunks of at least COLUMN_MIN_CHUNK_TILES tiles until COLUMN_SPLIT_PROGRAMS programs share the work (a few
-# hundred columns at 64 per program are a handful of programs, each walking every row).
+# hundred columns at 64 per program are a handful of programs, each walking every row). Up to
+# COLUMN_MAX_RSPLIT chunks: 64 channels of a batch norm over NHWC are one column tile, and MAX_RSPLIT chunks
+# of it left most SMs with one program of four warps, too few loads in flight to near the memory's bandwidth.
 COLUMN_XBLOCK = 64
 MIN_COLUMN_XBLOCK = 16
 COLUMN_TILE = 2048
 COLUMN_PERSISTENT_MAX_RNUMEL = 64
 COLUMN_SPLIT_PROGRAMS = 1024
+COLUMN_MAX_RSPLIT = 1024
 COLUMN_MIN_CHUNK_TILES = 2
 COMBINE_ELEMENTS = 4096        # partials one program of a split's combining kernel reads
 # max-autotune's other column shapes: (tile width, tile elements, programs a split aims for)
@@ -116,7 +119,10 @@ def _index_dtype(group: KernelGroup, layouts: dict) -> str:
 
 
 def reduction_is_contiguous(group: KernelGroup) -> bool:
-    """True when loads walk the innermost reduction dim with stride 1 (a row reduction)."""
+    """True when loads walk the innermost reduction dim with stride 1 (a row reduction). A value the same
+    segment computes is read from registers, whatever the layout it is stored in: only loads from memory count
+    (batch norm's masked gradient, stored by rows while its NHWC inputs are read by columns, made a column
+    reduction a row one)."""
     if not group.inner:
         return True
     last = group.inner_vars()[-1]
@@ -124,10 +130,11 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
     for seg in group.segments:
         if not seg.inner:
             continue
+        computed = {n.name for n in seg.nodes}
         for n in seg.nodes:
             for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
                 c = expanded_coeff(ld.index, last)
-                if c != 0:
+                if c != 0 and ld.buf not in computed:
                     strides.append(c)
     return not strides or any(c == 1 for c in strides)
 
@@ -222,7 +229,8 @@ def column_reduction(xnumel: int | None, rnumel: int | None, index_dtype: str, w
     if xnumel is None or rnumel is None or reads_back:
         return narrowed(looped) if reads_back else looped
     wanted = _ceil_div(programs or COLUMN_SPLIT_PROGRAMS, _ceil_div(xnumel, xblock))
-    return split(looped, xnumel, rnumel, min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), MAX_RSPLIT))
+    return split(looped, xnumel, rnumel,
+                 min(wanted, rnumel // (COLUMN_MIN_CHUNK_TILES * rblock), COLUMN_MAX_RSPLIT))
 
 
 def unsplit(group: KernelGroup, config: LaunchConfig) -> LaunchConfig:

@@ -10,20 +10,20 @@ from __future__ import annotations
 import pytest
 
 from kiln.codegen.triton.heuristics import (
+    COLUMN_MAX_RSPLIT,
     COLUMN_MIN_CHUNK_TILES,
     COLUMN_PERSISTENT_MAX_RNUMEL,
     COLUMN_SPLIT_PROGRAMS,
     COLUMN_XBLOCK,
-    MAX_RSPLIT,
     WARP_ROW_ELEMENTS,
     column_reduction,
     row_reduction,
 )
 
 # (columns, rows): DeiT-small's and BERT-base's widths over their token counts, a ConvNeXt-like NHWC batch,
-# and odd sizes
+# ResNet-50's stem batch norm over NHWC (64 channels, batch 64 at 112x112), and odd sizes
 COLUMN_SHAPES = [(384, 12608), (1536, 12608), (768, 4096), (3072, 4096), (96, 200704), (300, 1100), (24, 9000),
-                 (5000, 700), (3, 1300)]
+                 (5000, 700), (3, 1300), (64, 802816)]
 
 
 def _ceil_div(n: int, d: int) -> int:
@@ -42,9 +42,9 @@ def test_a_column_sum_reads_coalesced_tiles_and_splits_its_rows_to_fill_the_gpu(
     assert cfg.kind == "split", cfg
     assert cfg.RCHUNK % cfg.RBLOCK == 0 and cfg.RCHUNK >= COLUMN_MIN_CHUNK_TILES * cfg.RBLOCK
     assert (cfg.RSPLIT - 1) * cfg.RCHUNK < rows <= cfg.RSPLIT * cfg.RCHUNK  # every chunk has rows
-    assert cfg.RSPLIT <= MAX_RSPLIT
+    assert cfg.RSPLIT <= COLUMN_MAX_RSPLIT
     # as many programs as the rows allow, up to about the target
-    assert programs * cfg.RSPLIT >= min(COLUMN_SPLIT_PROGRAMS // 2, programs * MAX_RSPLIT // 2,
+    assert programs * cfg.RSPLIT >= min(COLUMN_SPLIT_PROGRAMS // 2, programs * COLUMN_MAX_RSPLIT // 2,
                                         programs * rows // (2 * COLUMN_MIN_CHUNK_TILES * cfg.RBLOCK)), cfg
 
 

@@ -162,8 +162,9 @@ def test_a_softmax_over_a_strided_dim_reads_its_columns_once(dtype):
 
 def test_a_split_with_a_chunk_count_that_is_not_a_power_of_two():
     """The combine kernel reads the next power of two of partials, masked (the padding lanes read each
-    reduction's identity, Welford's an empty partial): 5 chunks of 192 rows here."""
-    x = torch.randn(900, 20)
+    reduction's identity, Welford's an empty partial): 5 chunks of 192 rows here. Seeded: a column whose sum
+    cancels to near zero makes the output-relative tolerance tighter than the summation order's error."""
+    x = torch.randn(900, 20, generator=torch.Generator().manual_seed(0))
     source = compiled_and_checked(lambda x: (x.sum(0), x.amax(0), torch.var_mean(x, 0)), x)
     assert re.search(r"RSPLIT=5, SBLOCK=8", source), source
 

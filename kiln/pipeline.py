@@ -58,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import graph_cache, symbolic_sizes, triton_cache
+from kiln.runtime import collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
@@ -160,6 +160,7 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     recorded = len(fallbacks.records())
     guards_before = len(shape_env.guards) if shape_env is not None else 0
     graph_cache.stats["compiles"] += 1
+    collector.resume()
     compiled = _compile_stages(gm, example_inputs, options, name, run)
     product = getattr(compiled, "product", None)
     if key and product is not None and len(fallbacks.records()) == recorded:

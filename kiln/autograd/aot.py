@@ -53,7 +53,7 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias
-from kiln.runtime import graph_cache, symbolic_sizes
+from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
 from kiln.runtime.graph_cache import Uncacheable
 
@@ -371,6 +371,7 @@ class AOTCompiled:
         now, during the trace. Not for a variant the cache cannot keep while caching is on: its ATen graphs are
         traced every time, but the compiler's products of them may well be cached."""
         aot_cache.stats["traces"] += 1
+        collector.resume()
         start = getattr(self.compiler, "before_trace", None)
         if start is not None and (product_key is not None or self.cache is None):
             start()

@@ -18,11 +18,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from support.cache import seed_guard_extension
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import torch
     import kiln
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -36,6 +37,9 @@ SCRIPT = textwrap.dedent("""
         return GUARDS[-1]
 
     ShapeEnv.produce_guards_expression = produce
+    DEVICE = os.environ.get("KILN_TEST_DEVICE", "cpu")
+    if DEVICE != "cpu":
+        torch.set_default_device(DEVICE)  # models and inputs made on it (the GPU case: Triton products)
 
     def mlp(width):  # each case its own width: a case must not find another's graphs in the cache
         return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.GELU(), torch.nn.Linear(width, 1))
@@ -108,8 +112,9 @@ SCRIPT = textwrap.dedent("""
 CASES = ["dynamic_batch", "dynamic_sequence", "dynamic_from_start", "marked_dynamic", "inference"]
 
 
-def _process(cache_dir: Path) -> dict[str, dict]:
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_GRAPH_CACHE="1", OMP_NUM_THREADS="1")
+def _process(cache_dir: Path, device: str = "cpu") -> dict[str, dict]:
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_GRAPH_CACHE="1", OMP_NUM_THREADS="1",
+               KILN_TEST_DEVICE=device)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, *CASES], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -145,3 +150,14 @@ def test_the_second_process_guards_as_the_first(runs, case):
     cold, warm = runs[0][case], runs[1][case]
     assert any("size()" in g for g in cold["guards"]), cold["guards"]  # the case has symbolic sizes
     assert warm["guards"] == cold["guards"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU")
+def test_the_second_process_compiles_nothing_on_the_gpu(tmp_path):
+    """The same cases on the GPU: Triton products with symbolic sizes, their launchers and binaries kept."""
+    seed_guard_extension(tmp_path / "cache")
+    cold, warm = _process(tmp_path / "cache", "cuda"), _process(tmp_path / "cache", "cuda")
+    for case in CASES:
+        assert cold[case]["uncacheable"] == 0, (case, cold[case])
+        assert (warm[case]["traces"], warm[case]["compiles"], warm[case]["uncacheable"]) == (0, 0, 0), (case, warm)
+        assert warm[case]["max_diff"] < 1e-3 and warm[case]["guards"] == cold[case]["guards"], (case, warm)

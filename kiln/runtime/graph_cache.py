@@ -202,10 +202,10 @@ def function_name(target) -> tuple[str, str] | None:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options: dict,
-              input_writes: tuple = (), shape_env: dict | None = None) -> str:
+              input_writes: tuple = (), size_environment: dict | None = None) -> str:
     """The product key of `gm` compiled for `example_inputs` (see the module docstring); Uncacheable if it has
     none. `input_writes`: the outputs that are inputs' new values, which its kernels may write into the inputs
-    (a product so compiled mutates its inputs: it serves no graph compiled without them). `shape_env`: what
+    (a product so compiled mutates its inputs: it serves no graph compiled without them). `size_environment`: what
     the code generator may read of the symbolic sizes' environment (kiln/runtime/symbolic_sizes.py
     `describe_env`)."""
     for node in gm.graph.nodes:
@@ -226,7 +226,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
                               and x.device.type == "cuda"})
     described = {"code": source(gm), "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "input_writes": [list(w) for w in input_writes],
-                 "environment": environment(), "environ": environ, "shape_env": shape_env or {}}
+                 "environment": environment(), "environ": environ, "shape_env": size_environment or {}}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -99,6 +99,9 @@ class _BoundBackend:
 
     def __init__(self, fn: Callable, options: CompileOptions, name: str):
         self.fn, self.options, self.name = fn, options, name
+        # kiln's own backends turn the cycle collector the capture paused on again where they start work that
+        # may run long (an AOT trace, a compile: kiln/runtime/collector.py), not while loading from the cache
+        self.resumes_collection = getattr(fn, "__module__", "").startswith("kiln.")
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         return self.fn(gm, example_inputs, options=self.options)

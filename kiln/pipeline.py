@@ -58,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import graph_cache, triton_cache
+from kiln.runtime import collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
@@ -142,24 +142,43 @@ def _cached_or_compiled(gm: torch.fx.GraphModule, example_inputs: list, options:
     """The graph from the compile cache (kiln/runtime/graph_cache.py) if an earlier compile stored it, else
     compiled through every stage and stored (when it compiled with no fallback: a product replays no
     fallback record)."""
-    key = _product_key(gm, example_inputs, options)
+    shape_env = symbolic_sizes.shape_env_of(example_inputs)
+    key = _product_key(gm, example_inputs, options, shape_env)
     product = graph_cache.lookup(key) if key else None
     if product is not None:
         try:
+            symbolic_sizes.replay_guards(shape_env, product.get("shape_guards", []))
             compiled = run("build", from_product, product, gm, example_inputs, options, name, run.times)
             graph_cache.stats["hits"] += 1
             return compiled
+        except symbolic_sizes.GuardsDoNotHold as e:  # made for other sizes: made again for these
+            log.info("kiln: %s: the cached compile is for other sizes (%s); compiling again", name, e)
         except Exception as e:  # noqa: BLE001 -- a product that does not load: compile as if it were not there
             log.warning("kiln: %s: the cached compile could not be used (%s: %s); compiling again", name,
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             graph_cache.forget(key)
     recorded = len(fallbacks.records())
+    guards_before = len(shape_env.guards) if shape_env is not None else 0
     graph_cache.stats["compiles"] += 1
+    collector.resume()
     compiled = _compile_stages(gm, example_inputs, options, name, run)
     product = getattr(compiled, "product", None)
     if key and product is not None and len(fallbacks.records()) == recorded:
-        graph_cache.store(key, product)
+        product["shape_guards"] = _guards_since(shape_env, guards_before)
+        if product["shape_guards"] is not None:
+            graph_cache.store(key, product)
     return compiled
+
+
+def _guards_since(shape_env, count: int) -> list | None:
+    """The size guards a compile added (kept with its product, added again by a process that loads it); None
+    where one cannot be described (the product is then not kept)."""
+    try:
+        return symbolic_sizes.guards_since(shape_env, count)
+    except graph_cache.Uncacheable as e:
+        log.info("graph not cached: %s", e)
+        graph_cache.stats["uncacheable"] += 1
+        return None
 
 
 def _caching(options: CompileOptions) -> bool:
@@ -176,12 +195,14 @@ def _aot_cache_key(options: CompileOptions) -> str | None:
         else None
 
 
-def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions) -> str | None:
+def _product_key(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions,
+                 shape_env=None) -> str | None:
     if not _caching(options):
         return None
     try:
         return graph_cache.graph_key(gm, example_inputs, gm.meta.get("kiln.aot", {}).get("kind", "graph"),
-                                     options.as_dict(), input_writes(gm, options))
+                                     options.as_dict(), input_writes(gm, options),
+                                     symbolic_sizes.describe_env(shape_env))
     except Exception as e:  # noqa: BLE001 -- Uncacheable, or a value the key cannot read: compiled, not cached
         log.debug("not cached: %s: %s", type(e).__name__, e)
         graph_cache.stats["uncacheable"] += 1

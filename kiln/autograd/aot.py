@@ -53,7 +53,7 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias
-from kiln.runtime import graph_cache
+from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
 from kiln.runtime.graph_cache import Uncacheable
 
@@ -353,6 +353,9 @@ class AOTCompiled:
                 split = self.partitions[key] = aot_cache.decode_partition(product, graphs)
                 decoded = (signature, split, mutations, int(product["num_outputs"]),
                            [bool(g) for g in product["grad_mask"]])
+        except symbolic_sizes.GuardsDoNotHold as e:  # traced for other sizes: traced again for these
+            log.info("%s: the cached %s graphs are for other sizes (%s); tracing again", self.name, kind, e)
+            return product_key, None
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
             log.warning("kiln: %s: the cached %s graphs could not be used (%s: %s); tracing again", self.name, kind,
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -368,16 +371,23 @@ class AOTCompiled:
         now, during the trace. Not for a variant the cache cannot keep while caching is on: its ATen graphs are
         traced every time, but the compiler's products of them may well be cached."""
         aot_cache.stats["traces"] += 1
+        collector.resume()
         start = getattr(self.compiler, "before_trace", None)
         if start is not None and (product_key is not None or self.cache is None):
             start()
 
-    def _store(self, product_key: str | None, encode: Callable, *parts) -> None:
-        """Keep the variant's ATen graphs in the compile cache (when it has a key and they can be described)."""
+    def _guard_count(self) -> int:
+        shape_env = self.program.shape_env()
+        return len(shape_env.guards) if shape_env is not None else 0
+
+    def _store(self, product_key: str | None, guards: int, encode: Callable, *parts) -> None:
+        """Keep the variant's ATen graphs in the compile cache (when it has a key and they can be described),
+        with the size guards its trace added after the first `guards` (a process loading it adds them)."""
         if product_key is None:
             return
         try:
             product = encode(*parts)
+            product["shape_guards"] = symbolic_sizes.guards_since(self.program.shape_env(), guards)
         except Uncacheable as e:
             log.debug("%s: not cached: %s", self.name, e)
             aot_cache.stats["uncacheable"] += 1
@@ -415,6 +425,7 @@ class AOTCompiled:
                                      alias_bases=_alias_bases(signature))
             return InferenceRunner(program, signature, compiled, mutations)
         self._before_trace(product_key)
+        guards = self._guard_count()
         signature = self._trace(key, "analyze", program.analyze, None, graph_of=None)
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
@@ -424,7 +435,7 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
-        self._store(product_key, aot_cache.encode_inference, signature, graph, mutations)
+        self._store(product_key, guards, aot_cache.encode_inference, signature, graph, mutations)
         return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations,
                                                                  alias_bases=_alias_bases(signature)),
                                mutations)
@@ -436,6 +447,7 @@ class AOTCompiled:
         if cached is not None:
             return self._training_runner(key, *cached)
         self._before_trace(product_key)
+        guards = self._guard_count()
         signature = self._trace(key, "analyze", program.analyze, requires_grad, graph_of=None)
         if self._integer_requires_grad(signature):
             return self.program.run
@@ -462,7 +474,8 @@ class AOTCompiled:
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
                                                  getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
-        self._store(product_key, aot_cache.encode_training, signature, split, mutations, num_outputs, joint.grad_mask)
+        self._store(product_key, guards, aot_cache.encode_training, signature, split, mutations, num_outputs,
+                    joint.grad_mask)
         return self._training_runner(key, signature, split, mutations, num_outputs, joint.grad_mask)
 
     def _training_runner(self, key: tuple, signature, split: Partition, mutations: list[InputMutation],

@@ -18,8 +18,10 @@ call: only torch's, kiln's and Python's own module-level functions are accepted,
 body the code does not show), its tensor attributes that are not parameters or buffers (by value), the flat
 inputs' sizes, strides, dtypes and devices, the non-tensor inputs baked in as constants, the variant (which
 inputs require grad, autocast), the code generator and its options, torch's switches that change what a
-trace records, and the versions of kiln, torch, Triton and Python (graph_cache.environment). A graph with
-symbolic sizes is not cached.
+trace records, and the versions of kiln, torch, Triton and Python (graph_cache.environment). With symbolic
+sizes, the inputs' sizes are expressions over the shape environment's symbols, the key describes that
+environment (ranges, guards, replacements), and the product keeps the guards the trace added, which a process
+loading it adds to its own environment first (kiln/runtime/symbolic_sizes.py).
 """
 from __future__ import annotations
 
@@ -44,12 +46,13 @@ from kiln.autograd.signature import (
     ConstantOutput,
     FlatProgram,
     GraphOutput,
+    IntSpec,
     OutputAlias,
     OutputSignature,
     TensorSpec,
 )
 from kiln.autograd.view_replay import ViewStep
-from kiln.runtime import fx_codec, graph_cache
+from kiln.runtime import fx_codec, graph_cache, symbolic_sizes
 from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
 
 log = logging.getLogger("kiln.aot")
@@ -69,8 +72,6 @@ _KNOWN_MODULES = ("torch", "kiln", "operator", "_operator", "math", "builtins")
 def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
     """The product key of `program`'s `variant` (AOTCompiled.key) compiled by `compiler` (its identity and
     options); Uncacheable if it has none."""
-    if program.symbolic:
-        raise Uncacheable("a symbolic size")
     gm = program.gm
     state = set(program.state_names)
     constants = {}
@@ -81,18 +82,23 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
             _check_known(node.target)
         if node.op == "get_attr" and node.target not in state:
             constants[node.target] = encode_value(_attribute(gm, node.target))
-    inputs = []
-    for spec in program.input_specs:
-        if spec.symbolic:
-            raise Uncacheable("a symbolic size")
-        inputs.append([list(spec.shape), list(spec.stride), str(spec.dtype), str(spec.device)])
+    inputs = [_describe_spec(spec) for spec in program.input_specs]
     baked = {str(i): _plain(value) for i, value in program.constants.items()}
     requires_grad, autocast = variant
     described = {"code": gm.code, "constants": constants, "inputs": inputs, "baked": baked,
                  "num_args": program.num_args, "state": program.state_names,
                  "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
-                 "compiler": compiler, "switches": switches(), "environment": graph_cache.environment()}
+                 "compiler": compiler, "switches": switches(), "environment": graph_cache.environment(),
+                 "shape_env": symbolic_sizes.describe_env(program.shape_env())}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _describe_spec(spec) -> list:
+    """A flat input's metadata, a symbolic size as its expression (an int input made a symbol: its symbol)."""
+    if isinstance(spec, IntSpec):
+        return ["symint", str(spec.value.node.expr)]
+    size = graph_cache.size_text
+    return [[size(s) for s in spec.shape], [size(s) for s in spec.stride], str(spec.dtype), str(spec.device)]
 
 
 def switches() -> dict:
@@ -168,8 +174,10 @@ def decode_graphs(product: dict, kind: str, mode) -> tuple[OutputSignature, dict
     ValueError (or a KeyError, TypeError) if it is not a `kind` product that rebuilds."""
     if product.get("kind") != kind:
         raise ValueError(f"a {product.get('kind')} product for a {kind} variant")
-    signature = decode_signature(product["signature"])
-    graphs = {name: fx_codec.decode_graph(described, mode) for name, described in product["graphs"].items()}
+    symbolic_sizes.replay_guards(mode.shape_env, product.get("shape_guards", []))
+    with symbolic_sizes.no_new_guards(mode.shape_env):
+        signature = decode_signature(product["signature"], mode.shape_env)
+        graphs = {name: fx_codec.decode_graph(described, mode) for name, described in product["graphs"].items()}
     mutations = [InputMutation(int(i), int(o)) for i, o in product["mutations"]]
     return signature, graphs, mutations
 
@@ -202,8 +210,9 @@ def encode_signature(signature: OutputSignature) -> dict:
     return {"tree": tree, **fields}
 
 
-def decode_signature(described: dict) -> OutputSignature:
-    fields = {f.name: _decode_part(described[f.name]) for f in dataclasses.fields(OutputSignature) if f.name != "tree"}
+def decode_signature(described: dict, shape_env=None) -> OutputSignature:
+    fields = {f.name: _decode_part(described[f.name], shape_env) for f in dataclasses.fields(OutputSignature)
+              if f.name != "tree"}
     return OutputSignature(tree=pytree.treespec_loads(described["tree"]), **fields)
 
 
@@ -218,23 +227,28 @@ def _encode_part(value):
         return {"frozenset": sorted(_encode_part(v) for v in value)}
     if isinstance(value, (torch.dtype, torch.device)):
         return encode_value(value)
+    if symbolic_sizes.is_symbolic(value):
+        return symbolic_sizes.encode_int(value)
     if _SIGNATURE_CLASSES.get(type(value).__name__) is type(value):
         return {"class": type(value).__name__,
                 "fields": {f.name: _encode_part(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     raise Uncacheable(f"an output signature holding a {type(value).__name__}")
 
 
-def _decode_part(value):
+def _decode_part(value, shape_env):
     if isinstance(value, list):
-        return [_decode_part(v) for v in value]
+        return [_decode_part(v, shape_env) for v in value]
     if not isinstance(value, dict):
         return value
     if "tuple" in value:
-        return tuple(_decode_part(v) for v in value["tuple"])
+        return tuple(_decode_part(v, shape_env) for v in value["tuple"])
     if "frozenset" in value:
-        return frozenset(_decode_part(v) for v in value["frozenset"])
+        return frozenset(_decode_part(v, shape_env) for v in value["frozenset"])
     if "class" in value:
-        return _SIGNATURE_CLASSES[value["class"]](**{k: _decode_part(v) for k, v in value["fields"].items()})
+        cls = _SIGNATURE_CLASSES[value["class"]]
+        return cls(**{k: _decode_part(v, shape_env) for k, v in value["fields"].items()})
+    if "symint" in value:
+        return symbolic_sizes.decode_int(value, shape_env)
     return decode_value(value)
 
 

@@ -53,6 +53,7 @@ from kiln.capture.values.functions import CellValue
 from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, Reentry
 from kiln.config import Config, config
+from kiln.runtime import collector
 from kiln.runtime.compile_lock import build_once, compile_lock
 
 log_breaks = logging.getLogger("kiln.graph_breaks")
@@ -523,6 +524,13 @@ RESUMED_IN_LOOPS = frozenset({"distributed_hooks"})
 
 def capture(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool,
             auto_dynamic: dict | None = None):
+    """The frame captured and compiled (kiln/runtime/collector.py: the cycle collector paused meanwhile)."""
+    with collector.paused():
+        return _capture_rounds(spec, L, G, C, ctx, opaque, auto_dynamic)
+
+
+def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileContext, opaque: bool,
+                    auto_dynamic: dict | None):
     break_at, reason = None, None
     while True:
         state = CaptureState(L, G, C, break_at, opaque_inputs=opaque, dynamic=ctx.dynamic, auto_dynamic=auto_dynamic,
@@ -760,6 +768,8 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
 
 
 def _call_backend(backend: Callable, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    if not getattr(backend, "resumes_collection", False):  # a user's backend may run long: collect as usual
+        collector.resume()
     for hook in BACKEND_HOOKS:
         backend = hook(backend)
     return backend(gm, example_inputs)

@@ -5,25 +5,28 @@
 
 Nothing is pickled and nothing read back is executed: each node is data (its op, its target named as a torch
 operator, `operator.<name>`, its arguments with node references by name, the metadata of its value), and a
-target is looked up only among torch's registered operators and the `operator` module. The graph's Python code
+target is looked up only among torch's registered operators and a table of Python's `operator` functions and torch's
+functions of symbolic sizes (graph_cache.SIZE_FUNCTIONS). The graph's Python code
 (`gm.code`) is kept beside the nodes, for a reader and as a check: the rebuilt graph must print exactly the same
 code, or it is refused (`ValueError`). The rebuilt module does not compile that code until it is called
 (kiln/runtime/lazy_graphs.py): the code generator reads its nodes, and its cache key the code printed here.
 
 Only what the code generator needs of a node's metadata is kept: `val` (the tensor metadata it lowers from) and
-`stack_trace` (FX prints it into the code). Graphs with symbolic sizes or targets of another kind (a higher-order
-operator, a Python function) raise `Uncacheable`.
+`stack_trace` (FX prints it into the code). A symbolic size is kept as its expression over the shape
+environment's symbols and made again in the environment of the fake mode it is decoded with
+(kiln/runtime/symbolic_sizes.py). Targets of another kind (a higher-order operator, a Python function) raise
+`Uncacheable`.
 """
 from __future__ import annotations
 
-import operator
+import functools
 
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from kiln.runtime import lazy_graphs
-from kiln.runtime.graph_cache import Uncacheable, decode_value, encode_value
+from kiln.runtime import lazy_graphs, symbolic_sizes
+from kiln.runtime.graph_cache import SIZE_FUNCTIONS, Uncacheable, decode_value, encode_value, function_name
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
 _KEPT_META = ("stack_trace",)
@@ -38,9 +41,9 @@ def _encode_target(node: torch.fx.Node):
         return target
     if isinstance(target, torch._ops.OpOverload):
         return {"op": target.name(), "overload": target._overloadname}
-    name = getattr(target, "__name__", None)
-    if getattr(target, "__module__", None) in ("_operator", "operator") and getattr(operator, name, None) is target:
-        return {"operator": name}
+    named = function_name(target)
+    if named is not None:
+        return {named[0]: named[1]}
     raise Uncacheable(f"a call of {target!r}, not a torch operator")
 
 
@@ -49,10 +52,11 @@ def _decode_target(op: str, target):
         if not isinstance(target, str):
             raise ValueError(f"a {op} node's target is not a name")
         return target
-    if isinstance(target, dict) and "operator" in target:
-        found = getattr(operator, str(target["operator"]), None)
-        if not callable(found) or str(target["operator"]).startswith("_"):
-            raise ValueError(f"no operator.{target['operator']}")
+    if isinstance(target, dict) and len(target) == 1:
+        [(module, name)] = target.items()
+        found = SIZE_FUNCTIONS.get((module, name))
+        if found is None:
+            raise ValueError(f"no function {module}.{name} a graph may call")
         return found
     if isinstance(target, dict) and "op" in target:
         return decode_value(target)
@@ -81,22 +85,26 @@ def _encode_arg(value):
         return value
     if isinstance(value, torch.Tensor):
         raise Uncacheable("a tensor as a node's argument")
+    if symbolic_sizes.is_symbolic(value):
+        return symbolic_sizes.encode_int(value)
     return encode_value(value)
 
 
-def _decode_arg(value, nodes: dict):
+def _decode_arg(value, nodes: dict, shape_env):
     if isinstance(value, list):
-        return [_decode_arg(v, nodes) for v in value]
+        return [_decode_arg(v, nodes, shape_env) for v in value]
     if not isinstance(value, dict):
         return value
     if "node" in value:
         return nodes[value["node"]]
     if "tuple" in value:
-        return tuple(_decode_arg(v, nodes) for v in value["tuple"])
+        return tuple(_decode_arg(v, nodes, shape_env) for v in value["tuple"])
     if "dict" in value:
-        return {k: _decode_arg(v, nodes) for k, v in value["dict"]}
+        return {k: _decode_arg(v, nodes, shape_env) for k, v in value["dict"]}
     if "slice" in value:
-        return slice(*(_decode_arg(v, nodes) for v in value["slice"]))
+        return slice(*(_decode_arg(v, nodes, shape_env) for v in value["slice"]))
+    if "symint" in value:
+        return symbolic_sizes.decode_int(value, shape_env)
     if "tensor" in value:
         raise ValueError("a tensor as a node's argument")
     return decode_value(value)
@@ -107,15 +115,14 @@ def _decode_arg(value, nodes: dict):
 
 def _encode_val(value):
     if isinstance(value, torch.Tensor):
-        geometry = [*value.shape, *value.stride(), value.storage_offset()]
-        if not all(type(s) is int for s in geometry):
-            raise Uncacheable("a symbolic size")
-        return {"fake": [list(value.shape), list(value.stride()), value.storage_offset(),
-                         str(value.dtype).removeprefix("torch."), str(value.device), value.requires_grad]}
+        size = symbolic_sizes.encode_int
+        return {"fake": [[size(s) for s in value.shape], [size(s) for s in value.stride()],
+                         size(value.storage_offset()), str(value.dtype).removeprefix("torch."), str(value.device),
+                         value.requires_grad]}
     if isinstance(value, (list, tuple)):
         return {"tuple" if isinstance(value, tuple) else "list": [_encode_val(v) for v in value]}
-    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-        raise Uncacheable("a symbolic value")
+    if symbolic_sizes.is_symbolic(value):
+        return {"value": symbolic_sizes.encode_int(value)}
     if value is None or isinstance(value, (bool, int, float)):
         return {"value": value}
     raise Uncacheable(f"a node value of type {type(value).__name__}")
@@ -127,19 +134,21 @@ def _decode_val(value: dict, mode: FakeTensorMode):
         dtype = getattr(torch, dtype)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"not a dtype: {value['fake'][3]}")
-        return _fake(mode, shape, stride, offset, dtype, torch.device(device), requires_grad)
+        size = functools.partial(symbolic_sizes.decode_int, shape_env=mode.shape_env)
+        return _fake(mode, [size(s) for s in shape], [size(s) for s in stride], size(offset), dtype,
+                     torch.device(device), requires_grad)
     if "tuple" in value:
         return tuple(_decode_val(v, mode) for v in value["tuple"])
     if "list" in value:
         return [_decode_val(v, mode) for v in value["list"]]
-    return value["value"]
+    return symbolic_sizes.decode_int(value["value"], mode.shape_env)
 
 
 def _fake(mode: FakeTensorMode, shape: list, stride: list, offset: int, dtype: torch.dtype, device: torch.device,
           requires_grad: bool) -> FakeTensor:
     """A fake tensor of `mode` with this geometry: a meta tensor wrapped as the fake mode wraps its own (a graph
     holds thousands of node values; making each through the mode's dispatch costs several times more)."""
-    if offset == 0:
+    if isinstance(offset, int) and offset == 0:
         meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
     else:
         meta = torch.empty(offset + _extent(shape, stride), dtype=dtype, device="meta").as_strided(shape, stride,
@@ -149,8 +158,9 @@ def _fake(mode: FakeTensorMode, shape: list, stride: list, offset: int, dtype: t
 
 
 def _extent(shape: list, stride: list) -> int:
-    """Elements spanned by a view of `shape` and `stride` from its first element."""
-    if any(s == 0 for s in shape):
+    """Elements spanned by a view of `shape` and `stride` from its first element (at least that many, with
+    symbolic sizes: comparing one to 0 would add a guard)."""
+    if any(type(s) is int and s == 0 for s in shape):
         return 0
     return 1 + sum((size - 1) * st for size, st in zip(shape, stride))
 
@@ -183,8 +193,8 @@ def decode_graph(described: dict, mode: FakeTensorMode) -> torch.fx.GraphModule:
         op = entry["op"]
         if op not in _NODE_OPS:
             raise ValueError(f"a node of kind {op!r}")
-        args = _decode_arg(entry["args"], nodes)
-        kwargs = {k: _decode_arg(v, nodes) for k, v in entry["kwargs"].items()}
+        args = _decode_arg(entry["args"], nodes, mode.shape_env)
+        kwargs = {k: _decode_arg(v, nodes, mode.shape_env) for k, v in entry["kwargs"].items()}
         node = graph.create_node(op, _decode_target(op, entry["target"]), tuple(args), kwargs, name=entry["name"])
         if node.name != entry["name"]:
             raise ValueError(f"node {entry['name']!r} could not keep its name")

@@ -17,8 +17,10 @@ The key is a SHA-256 over everything the product depends on: the graph's code (F
 Python), the metadata of its inputs (sizes, strides, dtype, device, requires_grad), the values of
 its tensor constants, its kind (inference, forward, backward), the compile options, and the
 versions of what generates and builds it (a hash of kiln's own source, torch, Triton, Python, the
-C++ compiler and its flags, the CPU). A graph with a symbolic size, or an operator that is not a
-named torch operator, is not cached: its product could depend on more than the key says.
+C++ compiler and its flags, the CPU). A graph with symbolic sizes also keys on what the code generator reads
+of their environment (ranges, guards), and keeps the guards its compile added (kiln/runtime/symbolic_sizes.py).
+A graph calling an operator that is not a named torch operator is not cached: its product could depend on more
+than the key says.
 """
 from __future__ import annotations
 
@@ -181,17 +183,34 @@ def _version(package: str) -> str | None:
         return None
 
 
-_PLAIN_TARGETS = (operator.getitem,)
+# Python functions an ATen graph may call besides torch's operators: Python's `operator` (getitem, and the size
+# arithmetic of a graph with symbolic sizes) and torch's functions over symbolic values. Each is named by its
+# module and name, and a name read back is looked up in this table only.
+SIZE_FUNCTIONS = {**{("torch", f.__name__): f for f in (torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min,
+                                                        torch.sym_not, torch.sym_ite)},
+                  **{("operator", name): f for name, f in vars(operator).items()
+                     if callable(f) and not isinstance(f, type) and not name.startswith("_")}}
+_NAMES = {f: name for name, f in SIZE_FUNCTIONS.items()}
+
+
+def function_name(target) -> tuple[str, str] | None:
+    """(module, name) of a function of `SIZE_FUNCTIONS`, else None."""
+    try:
+        return _NAMES.get(target)
+    except TypeError:  # an unhashable target
+        return None
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options: dict,
-              input_writes: tuple = ()) -> str:
+              input_writes: tuple = (), size_environment: dict | None = None) -> str:
     """The product key of `gm` compiled for `example_inputs` (see the module docstring); Uncacheable if it has
     none. `input_writes`: the outputs that are inputs' new values, which its kernels may write into the inputs
-    (a product so compiled mutates its inputs: it serves no graph compiled without them)."""
+    (a product so compiled mutates its inputs: it serves no graph compiled without them). `size_environment`: what
+    the code generator may read of the symbolic sizes' environment (kiln/runtime/symbolic_sizes.py
+    `describe_env`)."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
-                and node.target not in _PLAIN_TARGETS:
+                and function_name(node.target) is None:
             raise Uncacheable(f"calls {node.target!r}, not a named operator")
         if node.op in ("call_module", "call_method"):
             raise Uncacheable(f"a {node.op} node")
@@ -207,20 +226,29 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, kind: str, options
                               and x.device.type == "cuda"})
     described = {"code": source(gm), "inputs": [_describe_input(x) for x in example_inputs], "constants": constants,
                  "kind": kind, "options": options, "input_writes": [list(w) for w in input_writes],
-                 "environment": environment(), "environ": environ}
+                 "environment": environment(), "environ": environ, "shape_env": size_environment or {}}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _describe_input(x) -> list:
+    """An input's metadata; a symbolic size as its expression over the environment's symbols (printed)."""
     if isinstance(x, torch.Tensor):
-        sizes = [*x.shape, *x.stride(), x.storage_offset()]
-        if not all(isinstance(s, int) for s in sizes):
-            raise Uncacheable("a symbolic size")
-        return ["tensor", list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), str(x.device),
-                x.requires_grad]
+        return ["tensor", [size_text(s) for s in x.shape], [size_text(s) for s in x.stride()],
+                size_text(x.storage_offset()), str(x.dtype), str(x.device), x.requires_grad]
+    if isinstance(x, torch.SymInt):
+        return ["symint", size_text(x)]
     if isinstance(x, (bool, int, float)) or x is None:
         return ["value", x]
     raise Uncacheable(f"an input of type {type(x).__name__}")
+
+
+def size_text(s) -> int | str:
+    """A size for a key: an int, or a symbolic size's expression printed."""
+    if isinstance(s, torch.SymInt):
+        return str(s.node.expr)
+    if not isinstance(s, int):
+        raise Uncacheable(f"a size of type {type(s).__name__}")
+    return s
 
 
 # ----------------------------------------------------------------------------- values of the wrapper's namespace

@@ -123,11 +123,19 @@ def test_a_tampered_product_is_not_run_but_compiled_again(fresh_cache, caplog):
     assert any("rebuilding" in r.getMessage() and "graphs" in r.getMessage() for r in caplog.records)
 
 
-def test_dynamic_shapes_are_compiled_not_cached(fresh_cache):
-    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
-    uncacheable = graph_cache.stats["uncacheable"]
+def test_a_graph_with_symbolic_sizes_is_cached(fresh_cache):
+    """dynamic=True: the graph's product is kept, and a second compile (as in a new process) takes it for another
+    batch size (more cases, in separate processes: tests/runtime/test_warm_symbolic.py)."""
+    w, b = torch.randn(8, 8), torch.randn(8)
+    stats = dict(graph_cache.stats)
+    x = torch.randn(4, 8)
     torch.testing.assert_close(kiln.compile(_mlp, dynamic=True)(x, w, b), _mlp(x, w, b))
-    assert graph_cache.stats["uncacheable"] > uncacheable
+    assert graph_cache.stats["stores"] == stats["stores"] + 1
+    assert graph_cache.stats["uncacheable"] == stats["uncacheable"]
+    kiln.reset()
+    x = torch.randn(7, 8)
+    torch.testing.assert_close(kiln.compile(_mlp, dynamic=True)(x, w, b), _mlp(x, w, b))
+    assert graph_cache.stats["hits"] == stats["hits"] + 1 and graph_cache.stats["compiles"] == stats["compiles"] + 1
 
 
 def _to_fresh_cache(monkeypatch, root):

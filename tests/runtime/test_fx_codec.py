@@ -86,3 +86,26 @@ def test_a_description_that_does_not_rebuild_its_code_is_rejected(tamper):
     TAMPERING[tamper](described)
     with pytest.raises((ValueError, AttributeError, RuntimeError)):
         decode_graph(described, FakeTensorMode())
+
+
+def _size_arithmetic(x, w):
+    half = x[: x.shape[0] // 2]  # sizes that are expressions of the batch's symbol, computed in the graph
+    return torch.cat([half, x]).reshape(-1, 5) @ w, x.new_zeros(x.shape[0] * 2 + 1)
+
+
+@pytest.mark.parametrize("fn", [*CASES, _size_arithmetic], ids=lambda f: f.__name__)
+def test_a_graph_with_symbolic_sizes_round_trips_in_its_shape_environment(fn):
+    from kiln.runtime import symbolic_sizes
+
+    x, w = torch.randn(6, 5), torch.randn(5, 5)
+    gm = make_fx(fn, tracing_mode="symbolic")(x, w)
+    shape_env = symbolic_sizes.shape_env_of(n.meta["val"] for n in gm.graph.find_nodes(op="placeholder"))
+    assert shape_env is not None
+    guards = len(shape_env.guards)
+    rebuilt = decode_graph(json.loads(json.dumps(encode_graph(gm))), FakeTensorMode(shape_env=shape_env))
+    assert rebuilt.code == gm.code and len(shape_env.guards) == guards
+    for old, new in zip(gm.graph.nodes, rebuilt.graph.nodes):
+        if isinstance(old.meta.get("val"), torch.Tensor):
+            assert [str(s) for s in new.meta["val"].shape] == [str(s) for s in old.meta["val"].shape]
+    x = torch.randn(10, 5)  # another batch: the graph computes its sizes from its input
+    torch.testing.assert_close(rebuilt(x, w), fn(x, w), equal_nan=True)

@@ -45,8 +45,9 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
 from step_parts import KilnParts  # noqa: E402
+
+from common import result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
 
 
 class _Seq2Seq(nn.Module):

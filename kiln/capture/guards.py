@@ -240,12 +240,14 @@ def same_items(value: Any, expected: list | tuple) -> bool:
 def constant_check(expr: str, value: Any, name: str) -> str:
     """The guard expression that `expr` still holds `value` (spelled `name` in the guard's namespace or as a
     literal). `==` where it is exact, given the type guard every constant also gets (ints, strings, bytes,
-    floats other than zero and NaN); `same_items` for a list or tuple of such items; `same_constant` where equal
-    values can differ (see there)."""
+    floats other than zero and NaN); `same_items` for a list or tuple of such items; a zero by its text (its sign);
+    `same_constant` where equal values can differ (see there)."""
     if type(value) in (int, str, bytes) or (type(value) is float and value == value and value != 0.0):
         return f"{expr} == {name}"
     if type(value) in (list, tuple) and all(map(_equal_is_exact, value)):
         return f"___same_items({expr}, {name})"
+    if type(value) is float and value == 0.0:  # a float's text tells 0.0 from -0.0 (and from NaN): one C call
+        return f"str({expr}) == {str(value)!r}"
     return f"___same_constant({expr}, {name})"
 
 

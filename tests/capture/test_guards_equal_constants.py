@@ -56,6 +56,8 @@ CASES = [
     (float_sign, 0.0, -0.0),
     (float_sign, -0.0, 0.0),
     (float_sign, float("nan"), 2.0),
+    (float_sign, 0.0, float("nan")),
+    (float_sign, -0.0, float("nan")),
     (set_in_tuple, (frozenset({1}),), (frozenset({1.0}),)),
     (tuple_in_set_in_tuple, (frozenset({(1, 2)}),), (frozenset({(1, 2.0)}),)),
 ]

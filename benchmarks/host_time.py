@@ -18,6 +18,7 @@ Per (workload, compiler), after warm-up steps:
                      (median); on the CPU the whole step
     step_ms          the same step with the synchronize after it
     back_to_back_ms  wall time per step of steps run back to back
+    syncs_per_step   on CUDA, the calls in one step that wait for the GPU, with their places
 
 and with `--parts`, for kiln, microseconds per step inside its layers of the host path: the guard functions of
 the compiled frames and the generated wrappers of the compiled graphs (the rest of the step is the frame entry
@@ -45,6 +46,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from host_profile import _synchronizing_calls  # noqa: E402
 from step_parts import KilnParts  # noqa: E402
 
 from common import result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
@@ -220,6 +222,9 @@ def measure(name: str, compiler: str, device: torch.device, args) -> dict:
         step()
     row["host_ms"], row["step_ms"] = (round(v, 3) for v in _times(step, args.steps, sync, clock))
     row["back_to_back_ms"] = round(_back_to_back_ms(step, args.steps, sync, clock), 3)
+    if device.type == "cuda":  # a wait for the GPU inside the step makes its host and GPU times add up
+        places = _synchronizing_calls(step)
+        row["syncs_per_step"], row["sync_places"] = len(places), places[:10]
     if parts is not None:
         parts.stop_listening()
         parts.install(fn)

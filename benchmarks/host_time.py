@@ -238,6 +238,12 @@ def measure(name: str, compiler: str, device: torch.device, args) -> dict:
     return row
 
 
+def _gpu_name() -> str:
+    """The GPU's model as results are named by ("h100" for "NVIDIA H100 80GB HBM3")."""
+    words = torch.cuda.get_device_name().split()
+    return next((w for w in words if w[0].isalpha() and any(c.isdigit() for c in w)), words[-1]).lower()
+
+
 def _reset() -> None:
     import kiln
 
@@ -260,7 +266,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = torch.device(args.device)
-    machine = torch.cuda.get_device_name().split()[-1].lower() if device.type == "cuda" else "cpu"
+    machine = _gpu_name() if device.type == "cuda" else "cpu"
     rows = []
     for name in args.workloads.split(","):
         for compiler in args.compilers.split(","):

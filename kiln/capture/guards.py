@@ -223,17 +223,37 @@ def _tagged(value: Any) -> Any:
     return type(value), value
 
 
+def _equal_is_exact(value: Any) -> bool:
+    """Is `==` against `value` exact, once the compared value's type is known to be `value`'s (see `same_constant`):
+    ints, strings, bytes, bools, None, and floats other than zero and NaN."""
+    return type(value) in (int, str, bytes, bool, type(None)) or (
+        type(value) is float and value == value and value != 0.0)
+
+
+def same_items(value: Any, expected: list | tuple) -> bool:
+    """`same_constant` for a flat list or tuple whose items `==` compares exactly (`_equal_is_exact`): the same
+    type, equal items, and each item of its expected type. One call of C-level compares, where `same_constant`
+    recurses through every item in Python (a module's dict keys are dozens of strings, checked on every call)."""
+    return type(value) is type(expected) and value == expected and list(map(type, value)) == list(map(type, expected))
+
+
 def constant_check(expr: str, value: Any, name: str) -> str:
     """The guard expression that `expr` still holds `value` (spelled `name` in the guard's namespace or as a
     literal). `==` where it is exact, given the type guard every constant also gets (ints, strings, bytes,
-    floats other than zero and NaN); `same_constant` where equal values can differ (see there)."""
+    floats other than zero and NaN); `same_items` for a list or tuple of such items; a zero by its text (its sign);
+    `same_constant` where equal values can differ (see there)."""
     if type(value) in (int, str, bytes) or (type(value) is float and value == value and value != 0.0):
         return f"{expr} == {name}"
+    if type(value) in (list, tuple) and all(map(_equal_is_exact, value)):
+        return f"___same_items({expr}, {name})"
+    if type(value) is float and value == 0.0:  # a float's text tells 0.0 from -0.0 (and from NaN): one C call
+        return f"str({expr}) == {str(value)!r}"
     return f"___same_constant({expr}, {name})"
 
 
 HELPERS: dict[str, Any] = {
     "___same_constant": same_constant,
+    "___same_items": same_items,
     "___check_tensor": _check_tensor,
     "___tensor_signature": tensor_signature,
     "___describe_tensor": describe_tensor,

@@ -5,8 +5,9 @@ convention, torch's too: each input is dropped after its last use), binds the
 size symbols from the inputs, allocates each kernel output with
 `torch.empty_strided` (or in the storage of a dead buffer, per the memory plan; an
 output written into a graph input is that input, kiln/schedule/input_writes.py),
-calls the kernels and the extern ATen ops in schedule order, drops each buffer
-after its last use, and returns the graph's outputs. It is plain Python source
+calls the kernels and the extern ATen ops in schedule order (a view that several
+of them read made once per call), drops each buffer after its last use, and
+returns the graph's outputs. It is plain Python source
 (written to the debug directory with trace.enabled) compiled with `exec`.
 Target independent: a kernel call is `name(*pointers, *sizes)` for whatever
 launcher the target binds to `name`. A kernel that checks values (an index, an
@@ -16,6 +17,7 @@ integer divisor) reports what eager would raise as an error code of
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import weakref
@@ -226,8 +228,16 @@ def base_namespace() -> dict:
 
 
 class WrapperCodegen:
-    def __init__(self, sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu"):
+    def __init__(self, sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu",
+                 shared_views: frozenset = frozenset()):
         self.sched, self.plan, self.kernels, self.device = sched, plan, kernels, device
+        # A view of a buffer is a new tensor object per expression evaluated (as much host time as an allocation):
+        # one the program reads several times (the normalized activation feeding a layer's q, k and v projections)
+        # is made once per call into a local, dropped with its buffer so the memory plan's frees still free.
+        self.shared_views = shared_views  # the view expressions bound to locals (`view_uses` > 1 in a first pass)
+        self.view_uses: collections.Counter = collections.Counter()  # view expression -> times the program reads it
+        self.view_locals: dict[str, str] = {}  # a shared view's expression -> its local, once bound
+        self.views_of: dict[str, list[str]] = collections.defaultdict(list)  # buffer -> its views' locals
         self.graph = sched.graph
         self.layouts = self.graph.buffer_layouts()
         self.namespace: dict = base_namespace()
@@ -254,19 +264,40 @@ class WrapperCodegen:
         self.namespace[name] = value
         return name
 
-    def arg(self, a) -> str:
+    def arg(self, a, share: bool = True) -> str:
+        """`a` as Python source. `share=False` for the graph's outputs: each is a tensor of its own, as the traced
+        graph's are (the runtime tells outputs apart by identity), never a view an extern read too."""
         if isinstance(a, ir.TensorRef):
             if not a.view:
                 return a.buf
             lay = a.layout
             if lay.offset == 0:  # as_strided keeps the base's storage offset
-                return f"{a.buf}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
-            return f"_view({a.buf}, {self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)})"
+                view = f"{a.buf}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
+            else:
+                view = f"_view({a.buf}, {self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)})"
+            return self.shared_view(a.buf, view) if share else view
         if isinstance(a, ir.SymRef):
             return pyexpr(a.expr)
         if isinstance(a, ir.SizeFloatRef):
             return python_float(a.value, pyexpr)
         return self.const(a)
+
+    def shared_view(self, buf: str, view: str) -> str:
+        """`view` as the program reads it: the expression, or for a view read more than once its local (bound on
+        the line before its first reader)."""
+        self.view_uses[view] += 1
+        if view not in self.shared_views:
+            return view
+        name = self.view_locals.get(view)
+        if name is None:
+            name = self.view_locals[view] = f"_v{len(self.view_locals)}"
+            self.views_of[buf].append(name)
+            self.line(f"{name} = {view}")
+        return name
+
+    def released(self, bufs) -> str:
+        """The names to `del` when `bufs` die: they and the locals of their shared views."""
+        return ", ".join(n for b in bufs for n in (b, *self.views_of.pop(b, ())))
 
     def shape(self, xs) -> str:
         inner = ", ".join(pyexpr(x) for x in xs)
@@ -324,8 +355,8 @@ class WrapperCodegen:
                 self.extern_call(step)
             dead = self.plan.release_after.get(k, [])
             if dead:
-                self.line("del " + ", ".join(dead))
-        self.line("return (" + "".join(self.arg(o) + ", " for o in g.outputs) + ")")
+                self.line("del " + self.released(dead))
+        self.line("return (" + "".join(self.arg(o, share=False) + ", " for o in g.outputs) + ")")
         return "\n".join(self.functions + self.lines) + "\n"
 
     def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
@@ -353,10 +384,10 @@ class WrapperCodegen:
             lay = self.layouts[b]
             old = self.plan.reuse.get(b)
             if old is not None and old in self.exact and self._same_layout(self.layouts[old], lay):
-                self.line(f"{b} = {old}; del {old}  # reuse")
+                self.line(f"{b} = {old}; del {self.released([old])}  # reuse")
             elif old is not None:
                 view = f"{old}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
-                self.line(f"{b} = {view}; del {old}  # reuse")
+                self.line(f"{b} = {view}; del {self.released([old])}  # reuse")
             else:
                 self.line(f"{b} = empty_strided({self.shape(lay.size)}, {self.shape(lay.stride)}, "
                           f"dtype={lay.dtype}, device={self.device_name})")
@@ -410,6 +441,12 @@ class WrapperCodegen:
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:
-    """(source of `call`, the namespace it runs in, minus the kernel launchers)."""
+    """(source of `call`, the namespace it runs in, minus the kernel launchers). Written twice where the first
+    program reads a view more than once: the second binds each such view once (`WrapperCodegen.shared_view`)."""
     w = WrapperCodegen(sched, plan, kernels, device)
-    return w.generate(), w.namespace
+    source = w.generate()
+    shared = frozenset(v for v, n in w.view_uses.items() if n > 1)
+    if shared:
+        w = WrapperCodegen(sched, plan, kernels, device, shared)
+        source = w.generate()
+    return source, w.namespace

@@ -56,6 +56,8 @@ CASES = [
     (float_sign, 0.0, -0.0),
     (float_sign, -0.0, 0.0),
     (float_sign, float("nan"), 2.0),
+    (float_sign, 0.0, float("nan")),
+    (float_sign, -0.0, float("nan")),
     (set_in_tuple, (frozenset({1}),), (frozenset({1.0}),)),
     (tuple_in_set_in_tuple, (frozenset({(1, 2)}),), (frozenset({(1, 2.0)}),)),
 ]
@@ -96,3 +98,57 @@ def test_pure_python_typed_lru_cache_keeps_equal_arguments_of_two_types_apart():
     functools_py = import_helper.import_fresh_module("functools", blocked=["_functools"])
     compiled = kiln.compile(typed_squares, backend="eager")
     assert compiled(functools_py) == typed_squares(functools_py)
+
+
+class _Name(str):
+    """A string subclass: equal to its text, yet another type."""
+
+
+# (expected, value) pairs for the flat check: lists and tuples whose items `==` compares exactly
+FLAT_PAIRS = [
+    ((1, "a", None), (1, "a", None)),
+    ((1, "a", None), (1.0, "a", None)),
+    ((1, "a", None), (True, "a", None)),
+    ((1, "a", None), [1, "a", None]),
+    ((1, "a", None), (1, "a")),
+    ((1, "a", None), (1, "a", None, 2)),
+    ((2.5, b"x"), (2.5, b"x")),
+    ((2.5, b"x"), (2.5 + 0j, b"x")),
+    ((2.5, b"x"), (float("nan"), b"x")),
+    (["p", "q"], ["p", "q"]),
+    (["p", "q"], ["p", _Name("q")]),
+    ([False], [0]),
+    ([], []),
+    ([], ()),
+]
+
+
+@pytest.mark.parametrize("expected,value", FLAT_PAIRS, ids=[f"{e!r}-{v!r}" for e, v in FLAT_PAIRS])
+def test_the_flat_items_check_answers_as_same_constant(expected, value):
+    from kiln.capture import guards
+
+    assert "___same_items" in guards.constant_check("x", expected, "c")
+    assert guards.same_items(value, expected) == guards.same_constant(value, expected)
+
+
+@pytest.mark.parametrize("expected", [(0.0,), (float("nan"),), ((1, 2),), (frozenset({1}),), (1 + 0j,)])
+def test_items_that_equal_values_can_differ_from_keep_the_full_check(expected):
+    from kiln.capture import guards
+
+    assert "___same_constant" in guards.constant_check("x", expected, "c")
+
+
+def string_keys(x, d):
+    return x + len(d), [type(k).__name__ for k in d]
+
+
+def test_dict_keys_of_a_string_subclass_recompile():
+    compiled = kiln.compile(string_keys, backend="eager")
+    plain, subclass = {"a": 1, "b": 2}, {"a": 1, _Name("b"): 2}
+    assert_same(string_keys(INTS, plain), compiled(INTS, plain))
+    captures = len(context_of(compiled).records)
+    assert_same(string_keys(INTS, subclass), compiled(INTS, subclass))
+    recaptured = len(context_of(compiled).records)
+    assert recaptured > captures
+    assert_same(string_keys(INTS, plain), compiled(INTS, plain))
+    assert len(context_of(compiled).records) == recaptured  # the first entry still serves plain strings

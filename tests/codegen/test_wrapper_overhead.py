@@ -127,3 +127,59 @@ def test_an_extern_output_the_op_leaves_undefined_is_none_at_run_time():
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(compiled(q, k, v, mask), masked_attention(q, k, v, mask), atol=2e-2, rtol=2e-2)
+
+
+def _three_projections(x, wq, wk, wv):
+    """Attention's q, k and v projections of one normalized activation: each matmul reads the same 2-d view."""
+    h = torch.nn.functional.layer_norm(x, (8,))
+    return (h @ wq).relu(), (h @ wk).sigmoid(), (h @ wv).tanh()
+
+
+def _projections_of_a_dead_buffer(x, wq, wk, wv):
+    """The same, then the activation dies: its view's local must go with it (the memory plan frees it)."""
+    q, k, v = _three_projections(x, wq, wk, wv)
+    return (q + k + v).sum(-1)
+
+
+def _view_read_and_returned(x, wq, wk, wv):
+    """A view read by two matmuls and also returned: the output is a tensor of its own."""
+    h = x * 2
+    return h.view(8, 8) @ wq, h.view(8, 8) @ wk, h.view(8, 8), h
+
+
+@pytest.mark.parametrize("fn", [_three_projections, _projections_of_a_dead_buffer, _view_read_and_returned])
+def test_a_view_read_several_times_is_made_once_per_call(fn):
+    x, ws = torch.randn(2, 4, 8), [torch.randn(8, 8) for _ in range(3)]
+    wrapper = check(fn, x, *ws).artefacts["wrapper.py"]
+    bound = [line for line in wrapper.splitlines() if line.strip().startswith("_v0 = ")]
+    assert len(bound) == 1 and wrapper.count("_v0") >= 3, wrapper
+    returned = wrapper.splitlines()[-1]
+    assert "_v0" not in returned, wrapper  # outputs are never the shared view
+
+
+def test_a_shared_views_local_is_dropped_with_its_buffer():
+    x, ws = torch.randn(2, 4, 8), [torch.randn(8, 8) for _ in range(3)]
+    wrapper = check(_projections_of_a_dead_buffer, x, *ws).artefacts["wrapper.py"]
+    base = next(line.split(" = ")[1].split(".")[0] for line in wrapper.splitlines()
+                if line.strip().startswith("_v0 = "))
+    assert any(line.strip().startswith("del ") and base in line and "_v0" in line for line in wrapper.splitlines()), \
+        wrapper
+
+
+@pytest.mark.parametrize("fn", [_three_projections, _view_read_and_returned])
+def test_shared_views_under_autograd_match_eager(fn):
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    ws = [torch.randn(8, 8, requires_grad=True) for _ in range(3)]
+    compiled = kiln.compile(fn)
+    out, expected = compiled(x, *ws), fn(x, *ws)
+    for o, e in zip(out, expected):
+        torch.testing.assert_close(o, e)
+    sum(o.sum() for o in out).backward()
+    got = [t.grad for t in (x, *ws)]
+    for t in (x, *ws):
+        t.grad = None
+    sum(e.sum() for e in expected).backward()
+    for g, t in zip(got, (x, *ws)):
+        assert (g is None) == (t.grad is None)
+        if g is not None:
+            torch.testing.assert_close(g, t.grad)

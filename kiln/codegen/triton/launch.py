@@ -37,6 +37,19 @@ def _no_hooks() -> bool:
         not getattr(r.launch_exit_hook, "calls", r.launch_exit_hook)
 
 
+def _hook_calls(hook) -> list | tuple:
+    """What a launch hook as Triton loaded it runs: a HookChain's list of calls (which `add` fills in place), none
+    for None, else the hook itself (a hook set before kiln was imported: never the fast path)."""
+    return getattr(hook, "calls", () if hook is None else (hook,))
+
+
+# The hooks as loaded and what they run, for the fast path's inline check (a function call per launch cost as much
+# as the rest of the check): no hooks while both are the loaded objects and run nothing. A hook added to a chain
+# fills its list; one assigned in its place fails the identity test.
+_ENTER_HOOK, _EXIT_HOOK = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+_ENTER_CALLS, _EXIT_CALLS = _hook_calls(_ENTER_HOOK), _hook_calls(_EXIT_HOOK)
+
+
 def _direct_launch(binary) -> tuple:
     """(launch, head) such that `launch(gx, gy, 1, stream, *head, *args)` runs `binary`: its C launcher,
     skipping Triton's Python `CompiledKernel.run` (two nested functions built and a scratch check on every
@@ -163,8 +176,9 @@ class Launcher:
         about 0.35 us per tensor (BatchNorm kernels take a dozen). Every tensor is on the GPU: a graph with
         inputs on two devices never reaches a code generator (kiln.pipeline.decompose refuses it; it runs through
         ATen), and the wrapper allocates every other buffer on the graph's device."""
-        fast, n = self.fast, self.num_tensors
-        if fast is not None and args[n:] == self.fast_ints and _no_hooks():
+        fast, n, r = self.fast, self.num_tensors, _RUNTIME
+        if fast is not None and args[n:] == self.fast_ints and not _ENTER_CALLS and not _EXIT_CALLS \
+                and r.launch_enter_hook is _ENTER_HOOK and r.launch_exit_hook is _EXIT_HOOK:
             pointers = list(map(_data_ptr, args[:n]))
             checked = self.checked
             if not self.check or not reduce(or_, pointers if checked is None else checked(pointers)) & 15:

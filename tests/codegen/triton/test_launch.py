@@ -66,6 +66,31 @@ def test_other_integers_than_the_precompiled_ones_take_the_slow_path(recorded):
     assert not fast and len(slow) == 1
 
 
+def test_a_launch_hook_added_or_assigned_takes_the_slow_path(recorded, monkeypatch):
+    """Triton runs its launch hooks (profilers install them) only on its own path: with one installed, a launch
+    must go through it. A hook is added to the loaded chain, or assigned in the chain's place."""
+    make, fast, slow = recorded
+    launcher, runtime = make(2, None), launch._RUNTIME
+    launcher(5, *_tensors(2), 100)
+    assert (len(fast), len(slow)) == (1, 0)
+
+    def hook(*args, **kwargs):
+        pass
+
+    chain, slow_before = runtime.launch_enter_hook, 0
+    if hasattr(chain, "add"):  # Triton 3.6's HookChain
+        chain.add(hook)
+        try:
+            launcher(5, *_tensors(2), 100)
+        finally:
+            chain.remove(hook)
+        assert (len(fast), len(slow)) == (1, 1)
+        slow_before = 1
+    monkeypatch.setattr(runtime, "launch_exit_hook", hook)
+    launcher(5, *_tensors(2), 100)
+    assert (len(fast), len(slow)) == (1, slow_before + 1)
+
+
 class _LoadingBinary:
     """A compiled kernel as Triton 3.6 loads it on first use: its launcher is set before its function handle,
     with a pause between (the driver loading the binary) where another thread can read both."""

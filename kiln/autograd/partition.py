@@ -75,6 +75,13 @@ STORED_COST, UNSTORED_COST = 4, 5
 writes only to save it."""
 
 
+EXPOSED_COST = 2 ** 62
+"""What saving an exposed primal (`JointLayout.exposed_primals`) adds to its bytes: more than any set of values the
+backward could save instead, so the cut saves the values computed from it, as eager does, and the primal only
+where no cut avoids it. A primal saved to recompute from, which the caller writes in place before the backward,
+would fail autograd's version check where eager's backward runs."""
+
+
 def is_recomputable(node: fx.Node) -> bool:
     """May `node` be computed a second time, in the backward, with the same result at little cost?"""
     if node.op != "call_function":
@@ -157,6 +164,9 @@ class JointLayout:
     backward_outputs: list[int]
     grad_primals: tuple[bool, ...] = ()
     """Per primal, whether it requires grad (a parameter: held by its module, so free to save)."""
+    exposed_primals: tuple[bool, ...] = ()
+    """Per primal, whether the caller may write it in place before the backward where eager's backward reads
+    none of it (aot.py `_exposed_primals`): saved only where the backward reads it itself (`EXPOSED_COST`)."""
 
 
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
@@ -273,6 +283,7 @@ class _JointNodes:
         placeholders = list(joint.graph.find_nodes(op="placeholder"))
         self.primals = placeholders[:layout.num_primals]
         self.held = {p for p, grad in zip(self.primals, layout.grad_primals) if grad}
+        self.exposed = {p for p, exposed in zip(self.primals, layout.exposed_primals) if exposed}
         self.tangents = placeholders[layout.num_primals:]
         outs = joint.graph.find_nodes(op="output")[0].args[0]
         self.forward_outputs = [outs[i] for i in layout.forward_outputs]
@@ -301,7 +312,10 @@ class _JointNodes:
     def save_cost(self, node: fx.Node) -> float:
         """What saving `node` costs the cut: its bytes, except for a primal that requires grad (a parameter),
         which its owner holds anyway. So a value recomputed from an extern's output and parameters (a
-        convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes."""
+        convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes. An
+        exposed primal costs `EXPOSED_COST` more."""
+        if node in self.exposed:
+            return node_bytes(node) + EXPOSED_COST
         return 0 if node in self.held else node_bytes(node)
 
     def naive_saved(self) -> list[fx.Node]:

@@ -122,6 +122,11 @@ def is_size(node: fx.Node) -> bool:
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
 
 
+def _storage(node: fx.Node) -> StorageWeakRef | None:
+    val = node.meta.get("val")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
 def _hint(n) -> int:
     return n.node.hint if isinstance(n, torch.SymInt) else n
 
@@ -283,7 +288,6 @@ class _JointNodes:
         placeholders = list(joint.graph.find_nodes(op="placeholder"))
         self.primals = placeholders[:layout.num_primals]
         self.held = {p for p, grad in zip(self.primals, layout.grad_primals) if grad}
-        self.exposed = {p for p, exposed in zip(self.primals, layout.exposed_primals) if exposed}
         self.tangents = placeholders[layout.num_primals:]
         outs = joint.graph.find_nodes(op="output")[0].args[0]
         self.forward_outputs = [outs[i] for i in layout.forward_outputs]
@@ -297,6 +301,7 @@ class _JointNodes:
         self.backward_nodes = [n for n in joint.graph.nodes if n in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
+        self.exposed = self._on_exposed_storage(layout.exposed_primals)
         # ops that must run though no output reads them (an `assert` on a tensor's value, an unused random
         # draw, which moves the generator): each runs once, on its side, where eager runs it
         self.forward_effects = [n for n in self.forward_side if n.op == "call_function" and has_effect(n)]
@@ -309,11 +314,18 @@ class _JointNodes:
                                if any(u in tangent_dependent for u in n.users)} | {
                               n for n in self.backward_outputs if n is not None and n not in tangent_dependent}
 
+    def _on_exposed_storage(self, exposed_primals: tuple[bool, ...]) -> set[fx.Node]:
+        """The forward values on the storage of an exposed primal (`JointLayout.exposed_primals`): the primal and
+        its views (`x.t()`), which share its version counter."""
+        storages = {_storage(p) for p, exposed in zip(self.primals, exposed_primals) if exposed}
+        storages.discard(None)
+        return {n for n in self.forward_side if storages and _storage(n) in storages}
+
     def save_cost(self, node: fx.Node) -> float:
         """What saving `node` costs the cut: its bytes, except for a primal that requires grad (a parameter),
         which its owner holds anyway. So a value recomputed from an extern's output and parameters (a
         convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes. An
-        exposed primal costs `EXPOSED_COST` more."""
+        exposed primal, or a view of one, costs `EXPOSED_COST` more."""
         if node in self.exposed:
             return node_bytes(node) + EXPOSED_COST
         return 0 if node in self.held else node_bytes(node)

@@ -63,6 +63,10 @@ def exp_of_sum(x, w):
     return torch.exp(x + w) * 2  # eager saves the exp
 
 
+def exp_of_transposed_sum(x, w):
+    return torch.exp(x.t() + w[:, None]) * 2  # a view of x shares x's version counter
+
+
 def sigmoid_of_affine(x, w):
     return torch.sigmoid(2 * x + w) - 1  # eager saves the sigmoid
 
@@ -104,8 +108,9 @@ def run_then_write_the_input(fn, arity: int, n: int):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("program", [exp_of_sum, sigmoid_of_affine, tanh_of_scaled_times_weight, gelu_of_shift,
-                                     log_of_magnitude, shifted_magnitude], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("program", [exp_of_sum, exp_of_transposed_sum, sigmoid_of_affine,
+                                     tanh_of_scaled_times_weight, gelu_of_shift, log_of_magnitude, shifted_magnitude],
+                         ids=lambda f: f.__name__)
 def test_input_written_after_the_graph(program, backend):
     """Eager and kiln side by side, on two sizes: the same outputs, and the same gradients, or the same error
     where eager's backward reads the written input itself."""

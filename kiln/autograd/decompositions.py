@@ -76,10 +76,11 @@ def _fill_once(op: torch._ops.OpOverload, decomposed: Callable | None) -> Callab
     dimension cut to its first index): the graph then holds no write into a view with such overlap, which
     functionalization could not scatter back (`as_strided_scatter` refuses it, as eager's other in-place ops
     do), but a write into a view of the memory through a view with overlap (functionalize.py,
-    `_writes_through_overlaps`). Other tensors get the caller's decomposition, or the op itself."""
+    `_writes_through_overlaps`). Other tensors get the caller's decomposition, or the op itself: an empty one
+    among them, which the cut would give elements."""
     def decompose(t, *args, **kwargs):
         repeated = [_is(st, 0) and not _is(sz, 1) for sz, st in zip(t.shape, t.stride())]
-        if any(repeated):
+        if any(repeated) and not any(_is(sz, 0) for sz in t.shape):
             once = [1 if r else sz for sz, r in zip(t.shape, repeated)]
             op(t.as_strided(once, t.stride(), t.storage_offset()), *args, **kwargs)
             return t

@@ -249,8 +249,13 @@ def init_zeros_of_a_slice(a):
     return a.mean(0)
 
 
+def fill_no_rows(a):
+    a[3:].fill_(5.0)  # no row: the cut of its repeated dimension must not give it one
+    return a.clone()
+
+
 ALLOWED = [assign_an_empty_slice, add_into_no_rows, copy_into_an_empty_column_range, fill_all, zero_all_then_read,
-           fill_a_column, init_zeros_of_a_slice]
+           fill_a_column, init_zeros_of_a_slice, fill_no_rows]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -52,7 +52,7 @@ from kiln.autograd.graph_parts import PartsCompiled, independent_parts
 from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
-from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias
+from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
 from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
 from kiln.runtime.graph_cache import Uncacheable
@@ -470,7 +470,8 @@ class AOTCompiled:
             num_primals=joint.num_primals,
             forward_outputs=list(range(num_outputs)) + [m.output_index for m in mutations],
             backward_outputs=list(range(num_outputs, num_outputs + num_grads)),
-            grad_primals=_held_primals(joint.grad_mask, signature, mutations))
+            grad_primals=_held_primals(joint.grad_mask, signature, mutations),
+            exposed_primals=_exposed_primals(program, signature, mutations))
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
                                                  getattr(self.compiler, "fuses", None))
         log.info("%s partition, %s", self.name, split.summary())
@@ -555,6 +556,18 @@ def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutatio
     computed from it, keeps nothing alive that its owner does not, and autograd's version check holds)."""
     written = _written_inputs(signature, mutations)
     return tuple(grad and i not in written for i, grad in enumerate(grad_mask))
+
+
+def _exposed_primals(program: FlatProgram, signature, mutations: list[InputMutation]) -> tuple[bool, ...]:
+    """Per primal: a tensor the caller may write in place between the forward and the backward, which eager's
+    backward does not read: not a parameter, not saved by eager's autograd (whose version check would then
+    raise in eager too), not written by the graph (the runtime saves a copy of such an input). Saved by the
+    partition to recompute a value from, the backward would find it written (`x.add_(1)` after `exp(x + w)`,
+    where eager saved the exp): the partition saves what is computed from it instead (`JointLayout`)."""
+    saved_by_eager = {w.index for w in signature.saved_by_eager if w.of_input}
+    written = _written_inputs(signature, mutations)
+    return tuple(isinstance(spec, TensorSpec) and not parameter and i not in saved_by_eager and i not in written
+                 for i, (spec, parameter) in enumerate(zip(program.input_specs, program.parameters)))
 
 
 def _written_inputs(signature, mutations: list[InputMutation]) -> set[int]:

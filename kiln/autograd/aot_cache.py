@@ -86,7 +86,7 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
     baked = {str(i): _plain(value) for i, value in program.constants.items()}
     requires_grad, autocast = variant
     described = {"code": gm.code, "constants": constants, "inputs": inputs, "baked": baked,
-                 "num_args": program.num_args, "state": program.state_names,
+                 "num_args": program.num_args, "state": program.state_names, "parameters": program.parameters,
                  "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
                  "compiler": compiler, "switches": switches(), "environment": graph_cache.environment(),
                  "shape_env": symbolic_sizes.describe_env(program.shape_env())}

@@ -70,6 +70,33 @@ fused backward gives wrong gradients (measured: errors of order 10 on SDPA's q, 
 `core_aten()`). Training traces keep them whole; inference may decompose them."""
 
 
+FILLS = (aten.fill_.Scalar, aten.zero_.default)
+"""In-place ops that write one value into every element, whatever it held: eager allows them into a tensor whose
+elements share memory (an expanded tensor), where other in-place ops raise (eager_errors.py)."""
+
+
+def _fill_once(op: torch._ops.OpOverload, decomposed: Callable | None) -> Callable:
+    """`op` (of `FILLS`) as a fill of its tensor's memory seen once where a dimension of stride 0 repeats it (that
+    dimension cut to its first index): the graph then holds no write into a view with such overlap, which
+    functionalization could not scatter back (`as_strided_scatter` refuses it, as eager's other in-place ops
+    do), but a write into a view of the memory through a view with overlap (functionalize.py,
+    `_writes_through_overlaps`). Other tensors get the caller's decomposition, or the op itself: an empty one
+    among them, which the cut would give elements."""
+    def decompose(t, *args, **kwargs):
+        repeated = [_is(st, 0) and not _is(sz, 1) for sz, st in zip(t.shape, t.stride())]
+        if any(repeated) and not any(_is(sz, 0) for sz in t.shape):
+            once = [1 if r else sz for sz, r in zip(t.shape, repeated)]
+            op(t.as_strided(once, t.stride(), t.storage_offset()), *args, **kwargs)
+            return t
+        return decomposed(t, *args, **kwargs) if decomposed is not None else NotImplemented
+    return decompose
+
+
+def _is(size, value: int) -> bool:
+    """`size == value`, a symbolic size compared as an expression: no guard is added on the graph's sizes."""
+    return size.node.expr == value if isinstance(size, torch.SymInt) else size == value
+
+
 def core_aten() -> dict:
     """PyTorch's table down to the core ATen op set: what a code generator usually wants."""
     return core_aten_decompositions()
@@ -81,6 +108,8 @@ def tracing_table(decompositions: dict | Callable[[], dict] | None, training: bo
     if callable(decompositions):
         decompositions = decompositions()
     table = {**FUNCTIONALIZATION, **(decompositions or {})}
+    for op in FILLS:
+        table[op] = _fill_once(op, table.get(op))
     if training:
         for op in UNSAFE_FOR_TRAINING:
             table.pop(op, None)

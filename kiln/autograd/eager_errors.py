@@ -7,7 +7,9 @@ input of the op (`y[1:].copy_(y[:-1])`), subtraction or negation of
 a bool tensor. Functionalization then replaces the in-place op by its out-of-place variant and
 a cast-free copy, and dead-code elimination drops an unused op, taking its check with it; an
 unused integer division by zero loses eager's ZeroDivisionError the same way, and an unused gather,
-index_select, embedding or nll_loss its IndexError for an index out of range.
+index_select, embedding or nll_loss its IndexError for an index out of range. A write into a tensor whose
+elements share memory in a way eager's kernels do not check (overlapping windows) raises nothing in eager, whose
+kernel writes in its own order: only running the op computes what it computes.
 
 `eager_error` finds such ops; a graph with one runs eagerly, op by op, so that it raises
 exactly what eager raises (statically doomed ops raise on every call; a dead integer
@@ -23,8 +25,10 @@ from collections.abc import Callable
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from kiln.autograd.decompositions import FILLS
 from kiln.autograd.functionalize import fake_run, out_of_place
 from kiln.autograd.partition import ancestors
+from kiln.autograd.signature import TensorSpec
 
 aten = torch.ops.aten
 
@@ -91,12 +95,31 @@ def _in_place_cast(node: torch.fx.Node) -> str | None:
 
 
 def _internal_overlap(node: torch.fx.Node) -> str | None:
-    """A write into a tensor some of whose elements share memory (an expanded tensor)."""
-    first = node.args[0] if node.args else None  # a foreach op writes a list of tensors
-    written = first.meta.get("val") if _writes(node) and isinstance(first, torch.fx.Node) else None
-    if isinstance(written, torch.Tensor) and torch._debug_has_internal_overlap(written) == 1:
+    """A write into a tensor some of whose elements share memory (an expanded tensor): eager raises, or writes
+    anyway (`masked_fill_`, `index_put_`, with a deprecation warning). A fill, which eager allows, reaches the
+    graph as a fill of the memory seen once (decompositions.py, `FILLS`)."""
+    written = _first_written(node)
+    if written is not None and torch._debug_has_internal_overlap(written) == 1:
         return "an in-place write into a tensor with internal overlap"
     return None
+
+
+def _order_dependent_overlap(node: torch.fx.Node) -> str | None:
+    """A write other than a fill into a tensor whose elements share memory in a way ATen does not check (rows
+    that are overlapping windows of one vector, `as_strided((4, 3), (1, 1))`): eager's kernel writes each
+    element in its own order, each reading what earlier ones wrote (`add_(1)` adds once per element that shares
+    the memory), which no functional graph computes."""
+    written = _first_written(node)
+    if (written is None or node.target in FILLS or torch._debug_has_internal_overlap(written) != 2
+            or TensorSpec.of(written).symbolic or not TensorSpec.of(written).overlapping):
+        return None
+    return "an in-place write into a tensor whose elements share memory, in the order of eager's kernel"
+
+
+def _first_written(node: torch.fx.Node) -> torch.Tensor | None:
+    first = node.args[0] if node.args else None  # a foreach op writes a list of tensors
+    written = first.meta.get("val") if _writes(node) and isinstance(first, torch.fx.Node) else None
+    return written if isinstance(written, torch.Tensor) else None
 
 
 def _partial_overlap(node: torch.fx.Node) -> str | None:
@@ -146,8 +169,8 @@ def _empty_like(value: torch.Tensor) -> torch.Tensor:
 
 
 STATIC_CHECKS: tuple[Callable[[torch.fx.Node], str | None], ...] = (_bool_subtraction, _bool_alpha, _in_place_cast,
-                                                                  _internal_overlap, _partial_overlap,
-                                                                  _empty_reduction)
+                                                                  _internal_overlap, _order_dependent_overlap,
+                                                                  _partial_overlap, _empty_reduction)
 """Checks of eager's kernels that depend only on dtypes and strides: an op failing one raises on every call."""
 
 

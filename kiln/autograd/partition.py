@@ -75,6 +75,13 @@ STORED_COST, UNSTORED_COST = 4, 5
 writes only to save it."""
 
 
+EXPOSED_COST = 2 ** 62
+"""What saving an exposed primal (`JointLayout.exposed_primals`) adds to its bytes: more than any set of values the
+backward could save instead, so the cut saves the values computed from it, as eager does, and the primal only
+where no cut avoids it. A primal saved to recompute from, which the caller writes in place before the backward,
+would fail autograd's version check where eager's backward runs."""
+
+
 def is_recomputable(node: fx.Node) -> bool:
     """May `node` be computed a second time, in the backward, with the same result at little cost?"""
     if node.op != "call_function":
@@ -113,6 +120,11 @@ def is_size(node: fx.Node) -> bool:
     """Does `node` compute an integer (a symbolic size, `sym_size`, arithmetic on sizes)?"""
     val = node.meta.get("val")
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
+
+
+def _storage(node: fx.Node) -> StorageWeakRef | None:
+    val = node.meta.get("val")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def _hint(n) -> int:
@@ -157,6 +169,9 @@ class JointLayout:
     backward_outputs: list[int]
     grad_primals: tuple[bool, ...] = ()
     """Per primal, whether it requires grad (a parameter: held by its module, so free to save)."""
+    exposed_primals: tuple[bool, ...] = ()
+    """Per primal, whether the caller may write it in place before the backward where eager's backward reads
+    none of it (aot.py `_exposed_primals`): saved only where the backward reads it itself (`EXPOSED_COST`)."""
 
 
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
@@ -286,6 +301,7 @@ class _JointNodes:
         self.backward_nodes = [n for n in joint.graph.nodes if n in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
+        self.exposed = self._on_exposed_storage(layout.exposed_primals)
         # ops that must run though no output reads them (an `assert` on a tensor's value, an unused random
         # draw, which moves the generator): each runs once, on its side, where eager runs it
         self.forward_effects = [n for n in self.forward_side if n.op == "call_function" and has_effect(n)]
@@ -298,10 +314,20 @@ class _JointNodes:
                                if any(u in tangent_dependent for u in n.users)} | {
                               n for n in self.backward_outputs if n is not None and n not in tangent_dependent}
 
+    def _on_exposed_storage(self, exposed_primals: tuple[bool, ...]) -> set[fx.Node]:
+        """The forward values on the storage of an exposed primal (`JointLayout.exposed_primals`): the primal and
+        its views (`x.t()`), which share its version counter."""
+        storages = {_storage(p) for p, exposed in zip(self.primals, exposed_primals) if exposed}
+        storages.discard(None)
+        return {n for n in self.forward_side if storages and _storage(n) in storages}
+
     def save_cost(self, node: fx.Node) -> float:
         """What saving `node` costs the cut: its bytes, except for a primal that requires grad (a parameter),
         which its owner holds anyway. So a value recomputed from an extern's output and parameters (a
-        convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes."""
+        convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes. An
+        exposed primal, or a view of one, costs `EXPOSED_COST` more."""
+        if node in self.exposed:
+            return node_bytes(node) + EXPOSED_COST
         return 0 if node in self.held else node_bytes(node)
 
     def naive_saved(self) -> list[fx.Node]:

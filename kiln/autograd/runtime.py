@@ -259,6 +259,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
 
         @staticmethod
         def backward(ctx, *grad_outputs):
+            if all(g is None for g in grad_outputs):  # reached through an input edge alone (a later graph wrote
+                return (None,) * len(grad_mask)       # this output in place): eager's formulas give no gradient
             if watched:
                 ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
             args = _saved_tensors(ctx, len(differentiable), origin)

@@ -52,13 +52,15 @@ class TensorSpec:
     def overlapping(self) -> bool:
         """Do two elements share memory (a stride 0 of a dimension of size > 1, or strides that interleave)?
         Dimensions taken from the smallest stride up: each must step past the extent of those before it. With
-        symbolic sizes, a stride 0 of a dimension not of size 1, compared as expressions (no guard is added)."""
+        symbolic sizes, a stride 0 of a dimension not of size 1, compared as expressions (no guard is added).
+        An empty tensor has no elements to share anything: `a[:, 3:]` of an expanded `a` is written like any
+        tensor (eager writes nothing), whatever its strides."""
+        if any(not isinstance(sz, torch.SymInt) and sz == 0 for sz in self.shape):
+            return False
         if self.symbolic:
             return any(_expr(st) == 0 and _expr(sz) != 1 for sz, st in zip(self.shape, self.stride))
         extent = 0
         for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.stride) if sz != 1):
-            if size == 0:
-                return False
             if stride <= extent:
                 return True
             extent += (size - 1) * stride
@@ -271,6 +273,12 @@ class FlatProgram:
         self.has_int_inputs = bool(symbols)
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         inputs = [example_inputs[i] for i in self.tensor_positions]
+        # which flat inputs are parameters (or leaves that require grad, as a user's own weights): their owner holds
+        # them, and writes them in place only in an optimizer's step, after the backward (partition.py may save
+        # them to recompute from, where eager saves other values)
+        self.parameters = tuple(isinstance(t, torch.nn.Parameter) or (isinstance(t, torch.Tensor) and t.is_leaf
+                                                                      and t.requires_grad)
+                                for t in inputs + self.state())
         if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
             inputs = [_example(placeholders[i]) for i in self.tensor_positions]
         self.input_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else IntSpec(t)

@@ -4,7 +4,9 @@
 after. Eager allows a write whose written view has no overlap of its own (`a[0]`, `a[:, 1:]`,
 `a.diagonal()`) and raises where it has (`a.add_(1)`, `a.t()[1].mul_(2)`). kiln compiles the first kind
 (the input becomes a view of a base holding its memory, aliased_inputs.py, and the write one `as_strided`
-view of that base, functionalize.py) and raises eager's error for the second. Eager and kiln side by side.
+view of that base, functionalize.py) and raises eager's error for the second. Eager also allows an empty write
+(`a[:, 3:] = 0`) and a fill (`a.fill_(1)`, `a.zero_()`) whatever the overlap, and writes overlapping windows in
+its kernel's order. Eager and kiln side by side.
 """
 import pytest
 import torch
@@ -208,3 +210,115 @@ def test_write_of_infinities_through_an_expanded_view(program, backend, dynamic)
 def test_write_into_a_view_of_an_overlapping_input_dynamic(program, backend):
     """Sizes that change between calls, compiled as symbols: each shape's base and views are its own."""
     check(program, _arguments(program, "expanded"), backend, calls=3, dynamic=True)
+
+
+# -- writes eager allows into a view whose elements share memory: empty ones, and fills ---------------------------
+
+def assign_an_empty_slice(a):
+    a[..., a.shape[-1]:] = 0  # no element: eager writes nothing (fuzz seed 200565)
+    return a.clone()
+
+
+def add_into_no_rows(a):
+    a[:0].add_(1)
+    return a * 2
+
+
+def copy_into_an_empty_column_range(a):
+    a[:, 1:1].copy_(torch.ones(a.shape[0], 0))
+    return a.sum(1)
+
+
+def fill_all(a):
+    a.fill_(-3.0)
+    return a.clone()
+
+
+def zero_all_then_read(a):
+    a.zero_()
+    return a + 1
+
+
+def fill_a_column(a):
+    a[:, 0].fill_(7.0)  # every row's first element: one memory location per column of the expanded input
+    return a.t().clone()
+
+
+def init_zeros_of_a_slice(a):
+    torch.nn.init.zeros_(a[1:])
+    return a.mean(0)
+
+
+def fill_no_rows(a):
+    a[3:].fill_(5.0)  # no row: the cut of its repeated dimension must not give it one
+    return a.clone()
+
+
+ALLOWED = [assign_an_empty_slice, add_into_no_rows, copy_into_an_empty_column_range, fill_all, zero_all_then_read,
+           fill_a_column, init_zeros_of_a_slice, fill_no_rows]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("program", ALLOWED, ids=lambda f: f.__name__)
+def test_empty_writes_and_fills_of_an_overlapping_input(program, layout, backend):
+    """Eager writes nothing for an empty region and one value everywhere for a fill, whatever the overlap; the
+    compiled graph does the same, with no fallback (strict)."""
+    check(program, _arguments(program, layout), backend, calls=2)
+
+
+def column_of_ones(call):
+    """A column repeated along the rows (stride 0 in the last dimension), as an `(n, 1)` input expanded."""
+    return torch.linspace(-1.0, 2.0, 2 + call).reshape(-1, 1).expand(2 + call, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [assign_an_empty_slice, fill_all, zero_all_then_read],
+                         ids=lambda f: f.__name__)
+def test_empty_writes_and_fills_with_sizes_that_change(program, backend):
+    check(program, lambda call: [column_of_ones(call)], backend, calls=3, dynamic=True)
+
+
+def fill_the_expanded_one(a, b):
+    b.fill_(2.0)  # b expands a: a's memory, each element once
+    return a + 0, b.clone()
+
+
+def assign_nothing_into_the_expanded_one(a, b):
+    b[:, 5:] = 1.0
+    return a * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [fill_the_expanded_one, assign_nothing_into_the_expanded_one],
+                         ids=lambda f: f.__name__)
+def test_writes_into_an_input_expanding_another(program, backend):
+    def make(call):
+        a = torch.linspace(-1.0, 2.0, 3 + call)
+        return [a, a.expand(2, -1)]
+    check(program, make, backend, calls=2)
+
+
+def add_into_windows(a):
+    a.add_(1)  # rows are overlapping windows: eager's kernel adds once per element sharing the memory
+    return a.clone()
+
+
+def scale_windows(a):
+    a.mul_(2)
+    return a.sum(0)
+
+
+def copy_rows_into_windows(a):
+    a[torch.tensor([0, 1])] = torch.arange(2 * a.shape[1], dtype=a.dtype).reshape(2, -1)
+    return a.clone()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [add_into_windows, scale_windows, copy_rows_into_windows],
+                         ids=lambda f: f.__name__)
+def test_writes_in_the_order_of_eagers_kernel(program, backend):
+    """ATen does not check windows that overlap (`as_strided((3, n), (1, 1))`): eager's kernel writes them, each
+    element reading what the elements before it wrote, which no functional graph computes. kiln runs such a graph
+    op by op (a slow path, not a fallback), with eager's values."""
+    check(program, _arguments(program, "windows"), backend, calls=2)

@@ -113,3 +113,27 @@ def test_loss_from_one_output_of_a_graph_with_an_intermediate_mutation(loss_from
     def make(call):
         return (torch.linspace(-1.0, 1.0, 5).requires_grad_(), torch.linspace(0.5, 2.0, 5).requires_grad_())
     check(mutated_and_private, make, "aot_eager", calls=2, loss_from=loss_from)
+
+
+def written_after_a_break(a, b):
+    t = a @ a.t()
+    u = b.detach().requires_grad_() * 2  # a graph break: t is an output of the first graph, an input of the next
+    t[:1].add_(1)  # the second graph writes it: t's history now runs through that graph's backward node
+    return u
+
+
+def zeroed_after_a_break(a, b):
+    t = a * 3
+    u = b.detach().requires_grad_() + 1
+    t.zero_()
+    return u.exp()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [written_after_a_break, zeroed_after_a_break], ids=lambda f: f.__name__)
+def test_backward_node_reached_with_no_gradient_gives_none(program, backend):
+    """Fuzz seed 300002: the loss reaches the first graph's backward node only through the edge of an input the
+    next graph wrote, which carries no gradient; eager's formulas then give none, and `a.grad` stays None."""
+    def make(call):
+        return [torch.linspace(-1.0, 1.0, 9).reshape(3, 3).requires_grad_(), torch.linspace(0.5, 1.5, 2 + call)]
+    check(program, make, backend, calls=2)

@@ -21,7 +21,10 @@ adds, on top of everything `Builder` draws:
   program sets RNG: the harness seeds the global generator before each call and compares its state after),
   and scalars meeting bf16/fp16 tensors (0-d float32/float64/int64 tensors, Python numbers, floats computed
   from sizes, a complex tensor times one), whose results are compared bit for bit (`.view(torch.int16)`: a
-  value one ulp off is a wrong value, not a rounding within tolerance).
+  value one ulp off is a wrong value, not a rounding within tolerance);
+- from OVERLAPS_FROM up, inputs whose elements share memory (expanded along the first or the last dim, rows that
+  are overlapping windows) drawn from a stream of their own, and statements writing into them that eager allows
+  whatever the overlap (OVERLAP_WRITES: empty slices, fills).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ LOOP_PROGRAMS = 0.7  # the share of those programs that draw LOOPS
 LOOP_SHARE = 0.3     # in those, the share of statements drawn from LOOPS
 SCALARS_FROM = 200_000  # seeds from here up draw SCALARS, from a stream of their own
 SCALAR_SHARE = 0.3      # the share of their statements drawn from SCALARS
+OVERLAPS_FROM = 300_000  # seeds from here up draw overlapping layouts and OVERLAP_WRITES, from a stream of their own
+OVERLAP_SHARE = 0.2       # the share of their statements drawn from OVERLAP_WRITES, and of inputs laid out to overlap
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -240,6 +245,15 @@ NARROW_SCALARS = (
 )
 SCALARS = RANDOM_DRAWS + NARROW_SCALARS
 
+# writes eager allows into a tensor whose elements share memory: an empty region, and fills (any other in-place op
+# raises there, or writes overlapping windows in its kernel's order)
+OVERLAP_WRITES = (
+    ops_making(has_dims, "none", "{a}[..., {a}.shape[-1]:] = 0", "{a}[:0].add_(1)", "{a}[0].zero_()",
+               "torch.nn.init.zeros_({a}[..., :1])", "{a}[..., 1:].fill_(2)")
+    + ops_making(is_num, "none", "{a}.fill_(1)", "{a}.zero_()")
+)
+OVERLAPPING_LAYOUTS = ["expand", "expand_last", "windows"]
+
 EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [
     ("grad_mode", GRAD_MODES, 1.5), ("autocast", AUTOCAST, 1), ("autograd", AUTOGRAD, 1.5),
     ("promotion", PROMOTION, 2), ("closure", CLOSURES, 0.7),
@@ -296,6 +310,9 @@ class ExtendedBuilder(Builder):
         # SCALARS likewise, from SCALARS_FROM up
         self.scalar_rng = random.Random(f"kiln-fuzz-scalars-{seed}")
         self.scalar_share = SCALAR_SHARE if seed >= SCALARS_FROM else 0.0
+        # OVERLAPPING_LAYOUTS and OVERLAP_WRITES likewise, from OVERLAPS_FROM up
+        self.overlap_rng = random.Random(f"kiln-fuzz-overlaps-{seed}")
+        self.overlap_share = OVERLAP_SHARE if seed >= OVERLAPS_FROM else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
@@ -345,6 +362,9 @@ class ExtendedBuilder(Builder):
             extra.append("edges=True")
         if rng.random() < 0.35:
             extra.append(f"layout={rng.choice(['t', 'channels_last', 'expand', 'offset'])!r}")
+        if self.overlap_share and self.overlap_rng.random() < self.overlap_share:
+            extra = [e for e in extra if not e.startswith("layout=")]
+            extra.append(f"layout={self.overlap_rng.choice(OVERLAPPING_LAYOUTS)!r}")
         return line[:-1] + "".join(", " + e for e in extra) + ")" if extra else line
 
     def _header(self) -> str:
@@ -362,6 +382,8 @@ class ExtendedBuilder(Builder):
 
     # -- statements --------------------------------------------------------------------------
     def _pick_op(self) -> Op:
+        if self.overlap_share and self.overlap_rng.random() < self.overlap_share:
+            return self.overlap_rng.choice(OVERLAP_WRITES)
         if self.loop_share and self.loop_rng.random() < self.loop_share:
             return self.loop_rng.choice(LOOPS)
         if self.scalar_share and self.scalar_rng.random() < self.scalar_share:

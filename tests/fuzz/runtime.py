@@ -40,13 +40,21 @@ def randn(g: torch.Generator, shape, dtype=torch.float32, grad: bool = False, ed
 def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
     """`t`'s values in another memory layout, so compiled code meets the strides users' tensors have:
     "t" column-major (a transposed copy, transposed back), "channels_last" (4-d), "expand" (the first row
-    broadcast along dim 0: stride 0, values change), "offset" (a view at a storage offset), "" as made."""
+    broadcast along dim 0: stride 0, values change), "expand_last" (the first column broadcast along the last
+    dim), "windows" (rows that are overlapping windows of one vector: row i starts at element i, strides ATen
+    does not check for overlap), "offset" (a view at a storage offset), "" as made."""
     if layout == "t" and t.dim() >= 2:
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout == "channels_last" and t.dim() == 4:
         return t.contiguous(memory_format=torch.channels_last)
     if layout == "expand" and t.dim() >= 1 and t.shape[0]:
         return t[:1].expand(t.shape)
+    if layout == "expand_last" and t.dim() >= 1 and t.shape[-1]:
+        return t[..., :1].expand(t.shape)
+    if layout == "windows" and t.dim() >= 2 and t.shape[0] > 1 and t.numel():
+        row = t[0].numel()
+        rest = torch.empty(t.shape[1:]).stride()
+        return t.reshape(-1)[:t.shape[0] - 1 + row].clone().as_strided(t.shape, (1, *rest))
     if layout == "offset":
         return torch.cat([t.reshape(-1)[:1], t.reshape(-1)]).detach()[1:].view(t.shape) if t.numel() else t
     return t

@@ -34,15 +34,20 @@ LOOP_COVERING = [100955, 100742, 100841, 100870, 100506, 100915, 100704, 100914,
 # seeds drawing random numbers and scalars that meet bf16/fp16 tensors (extended.SCALARS, from 200000), each of
 # which failed before the fixes of issue 21's draws and scalars: the generator moved otherwise than eager's (a
 # draw dropped from a training graph), a half-type result an ulp off, `random_(low, high)` crashing the backend
-SCALAR_FOUND = [200003, 200008, 200024, 200025, 200033, 200057, 200067, 200090, 200096, 200368, 200814,
+SCALAR_FOUND = [200003, 200008, 200024, 200025, 200033, 200057, 200067, 200090, 200096, 200368, 200814, 200565,
                 200081, 200188]  # the last two: a bf16 NaN as eager's scalar loop makes it (codegen/test_nan_bits.py)
+# seeds with inputs whose elements share memory (extended.OVERLAPPING_LAYOUTS: expanded along the last dim, rows that
+# are overlapping windows) and writes into them eager allows (OVERLAP_WRITES, from 300000), covering each layout;
+# 300002 failed before a backward node reached with no gradient gave none (autograd/test_unused_gradients.py)
+OVERLAP_COVERING = [300001, 300012, 300025, 300031, 300049, 300060, 300002]
+FOUND = SCALAR_FOUND + OVERLAP_COVERING
 SEEDS = {
     # the AOT backend runs the capture-only backend's graphs too: CI runs a third of them capture-only
-    "eager": (COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND if full("KILN_FUZZ_SWEEP") else
-              COVERING[1::3] + EXTENDED_COVERING[1::3] + LOOP_COVERING[1::3] + SCALAR_FOUND[1::3]),
-    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + SCALAR_FOUND,
+    "eager": (COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND if full("KILN_FUZZ_SWEEP") else
+              COVERING[1::3] + EXTENDED_COVERING[1::3] + LOOP_COVERING[1::3] + FOUND[1::3]),
+    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND,
     # C++ builds dominate: a third of them keeps the file within its time budget
-    "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3] + SCALAR_FOUND,
+    "inductor": COVERING[::3] + EXTENDED_COVERING[::3] + LOOP_COVERING[::3] + SCALAR_FOUND + OVERLAP_COVERING[::2],
 }
 
 # seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression

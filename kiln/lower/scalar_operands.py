@@ -97,7 +97,9 @@ def _rounded(a, dtype: torch.dtype):
 def _scalar(a, meta: torch.Tensor) -> bool:
     """Is `a` a scalar operand: a Python number, a float computed from sizes, or a 0-d tensor of another dtype
     than the result?"""
-    return _cpu_scalar(a) or (isinstance(a, IndexFunction) and a.ndim == 0 and a.dtype != meta.dtype)
+    if isinstance(a, SizeScalar) or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+        return True
+    return isinstance(a, IndexFunction) and a.ndim == 0 and a.dtype != meta.dtype
 
 
 def _in_float(rule: Callable) -> Callable:
@@ -120,7 +122,7 @@ def cuda_reads(op, rule: Callable, meta, args: tuple, kwargs: dict) -> tuple[Cal
     mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
     if (op in CUDA_RECIPROCAL_DIVISIONS and CUDA_RECIPROCAL_DIVISIONS[op] == mode and meta.dtype.is_floating_point
             and _cpu_scalar(args[1])):
-        return _times_reciprocal(meta.dtype, mode), args[:2], {}
+        return _times_reciprocal(rule, meta.dtype, mode), args[:2], {}
     if (op in ROUNDED or op in ORIGINAL_SECOND) and _math_dtype(args) in HALF_DTYPES:
         dtype = _math_dtype(args)
         return rule, tuple(_rounded(a, dtype) for a in args), {k: _rounded(v, dtype) for k, v in kwargs.items()}
@@ -132,9 +134,8 @@ def _cpu_scalar(a) -> bool:
     return isinstance(a, SizeScalar) or (isinstance(a, (int, float)) and not isinstance(a, bool))
 
 
-def _times_reciprocal(dtype: torch.dtype, mode: str | None) -> Callable:
-    """A rule for a division by a CPU scalar `b` as CUDA's kernel computes it (neither a quotient nor its rounding:
-    it replaces the division's rule whole): b converted to `dtype`,
+def _times_reciprocal(rule: Callable, dtype: torch.dtype, mode: str | None) -> Callable:
+    """The division `rule` as CUDA's kernel computes a division by a CPU scalar `b`: b converted to `dtype`,
     its reciprocal in the math type (the true division's computed in float64 and cast, the truncating one's
     divided in the math type: the same correctly rounded value, which kiln computes in float64 too, as Triton's
     float32 division is not correctly rounded), the product in the math type, truncated for "trunc", rounded
@@ -142,13 +143,15 @@ def _times_reciprocal(dtype: torch.dtype, mode: str | None) -> Callable:
     math = torch.float32 if dtype in HALF_DTYPES else dtype
 
     def times_reciprocal(ctx, meta, a, b):
-        divisor = cast(_scalar_body(b, dtype), torch.float64)
-        inverse = cast(ir.Op("truediv", (ir.Const(1.0, torch.float64), divisor), torch.float64), math)
+        divisor = _scalar_body(b, dtype)
+        wide = torch.float64
+        inverse = cast(ir.Op("truediv", (ir.Const(1.0, wide), cast(divisor, wide)), wide), math)
         size, _ = out_info(meta)
         product = ir.Op("mul", (cast(operand(a, size, dtype), math), inverse), math)
         if mode == "trunc":
             product = ir.Op("trunc", (product,), math)
         return IndexFunction(size, dtype, cast(product, dtype))
+    del rule  # replaced whole: eager's kernel computes neither a quotient nor its rounding
     return times_reciprocal
 
 

@@ -22,13 +22,9 @@ element where an operand's inner stride is neither 1 nor 0) round differently in
 element as the vectorized loop does. `add(a, b, alpha=0.1)` on half tensors: the vector loop rounds alpha to the
 half type and `a + alpha * b` once, in float; the scalar loop rounds `alpha * b` to the half type first.
 
-CUDA's kernels read a CPU scalar (a Python number, a float computed from sizes) by rules of their own
-(`cuda_reads`): TensorIterator converts it to the op's dtype, and `gpu_kernel_with_scalars` reads that value in
-either position, mul and div included (`h * 0.1` multiplies by float(half(0.1))). A true or truncating division
-by one multiplies by its reciprocal (BinaryDivTrueKernel.cu: `a * (opmath)(1.0 / (double)b)`, rounded once;
-BinaryDivTruncKernel.cu: `trunc(a * (1 / b))`, the reciprocal and the product in the accumulate type, float for
-half types and float32). A floor division by one (BinaryDivFloorKernel.cu: an fmod-based formula) keeps kiln's
-rule. A 0-d CUDA tensor is no CPU scalar: it is read as a tensor, cast to the op's dtype, as kiln reads it.
+Only graphs on the CPU: CUDA's kernels read CPU scalars by rules of their own (`gpu_kernel_with_scalars`
+reads the original value in either position; a division by a scalar multiplies by its reciprocal), which
+no machine here runs; a CUDA graph is lowered as before.
 """
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from kiln.lower import ir
-from kiln.lower.ops.common import operand, out_info, promote
+from kiln.lower.ops.common import promote
 from kiln.lower.values import IndexFunction, SizeScalar, cast
 
 aten = torch.ops.aten
@@ -59,13 +55,9 @@ ORIGINAL_SECOND = frozenset({aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, 
 
 
 def eager_reads(op, rule: Callable, meta, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict]:
-    """(rule, args, kwargs) lowering `op` with its scalar operands read as eager's kernel reads them (see the
-    module docstring); `rule` and the arguments as they are where nothing differs."""
-    if not isinstance(meta, torch.Tensor):
-        return rule, args, kwargs
-    if meta.device.type == "cuda":
-        return cuda_reads(op, rule, meta, args, kwargs)
-    if meta.device.type != "cpu":
+    """(rule, args, kwargs) lowering `op` with its scalar operands read as eager's CPU kernel reads them
+    (see the module docstring); `rule` and the arguments as they are where nothing differs."""
+    if not isinstance(meta, torch.Tensor) or meta.device.type != "cpu":
         return rule, args, kwargs
     if op in ROUNDED and _math_dtype(args) in HALF_DTYPES:
         dtype = _math_dtype(args)
@@ -108,56 +100,3 @@ def _in_float(rule: Callable) -> Callable:
         out = rule(ctx, meta.to(torch.float32), *args, **kwargs)
         return IndexFunction(out.size, meta.dtype, cast(out.body, meta.dtype))
     return in_float
-
-
-CUDA_RECIPROCAL_DIVISIONS = {aten.div.Tensor: None, aten.div.Scalar: None, aten.div.Tensor_mode: "trunc",
-                             aten.div.Scalar_mode: "trunc"}
-"""Divisions whose CUDA kernel multiplies by the reciprocal of a CPU scalar divisor -> the rounding mode they do
-it for (None: true division)."""
-
-
-def cuda_reads(op, rule: Callable, meta, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict]:
-    """`eager_reads` for a graph on CUDA: a CPU scalar operand of a half-type op read rounded to the half type,
-    and a true or truncating division of a floating tensor by a CPU scalar as a product with its reciprocal."""
-    mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
-    if (op in CUDA_RECIPROCAL_DIVISIONS and CUDA_RECIPROCAL_DIVISIONS[op] == mode and meta.dtype.is_floating_point
-            and _cpu_scalar(args[1])):
-        return _times_reciprocal(rule, meta.dtype, mode), args[:2], {}
-    if (op in ROUNDED or op in ORIGINAL_SECOND) and _math_dtype(args) in HALF_DTYPES:
-        dtype = _math_dtype(args)
-        return rule, tuple(_rounded(a, dtype) for a in args), {k: _rounded(v, dtype) for k, v in kwargs.items()}
-    return rule, args, kwargs
-
-
-def _cpu_scalar(a) -> bool:
-    """Is `a` a scalar a CUDA kernel reads from the CPU: a Python number or a float computed from sizes?"""
-    return isinstance(a, SizeScalar) or (isinstance(a, (int, float)) and not isinstance(a, bool))
-
-
-def _times_reciprocal(rule: Callable, dtype: torch.dtype, mode: str | None) -> Callable:
-    """The division `rule` as CUDA's kernel computes a division by a CPU scalar `b`: b converted to `dtype`,
-    its reciprocal in the math type (the true division's computed in float64 and cast, the truncating one's
-    divided in the math type: the same correctly rounded value, which kiln computes in float64 too, as Triton's
-    float32 division is not correctly rounded), the product in the math type, truncated for "trunc", rounded
-    once to `dtype`."""
-    math = torch.float32 if dtype in HALF_DTYPES else dtype
-
-    def times_reciprocal(ctx, meta, a, b):
-        divisor = _scalar_body(b, dtype)
-        wide = torch.float64
-        inverse = cast(ir.Op("truediv", (ir.Const(1.0, wide), cast(divisor, wide)), wide), math)
-        size, _ = out_info(meta)
-        product = ir.Op("mul", (cast(operand(a, size, dtype), math), inverse), math)
-        if mode == "trunc":
-            product = ir.Op("trunc", (product,), math)
-        return IndexFunction(size, dtype, cast(product, dtype))
-    del rule  # replaced whole: eager's kernel computes neither a quotient nor its rounding
-    return times_reciprocal
-
-
-def _scalar_body(b, dtype: torch.dtype) -> ir.Expr:
-    """The IR value of a CPU scalar `b` converted to `dtype` (as TensorIterator converts it)."""
-    if isinstance(b, SizeScalar):
-        return cast(b.body, dtype)
-    return ir.Const(ir.converted(b, torch.float64 if isinstance(b, float) else torch.int64, dtype), dtype)
-

@@ -129,25 +129,3 @@ def test_add_with_alpha_in_eager_s_tail_loop():
     program = ALPHA_OPS["sub"]
     body = len(a) // 32 * 32
     _assert_bitwise([kiln.compile(program)(a, b)[body:]], [program(a, b)[body:]], "the tail")
-
-
-CUDA_SCALARS = {  # a Python number, or a float computed from sizes: a CPU scalar to CUDA's kernels
-    "div": lambda h: (h / 0.1, h / 2049, h / -3.3, torch.true_divide(h, 7)),
-    "div_trunc": lambda h: (torch.div(h, 0.1, rounding_mode="trunc"), torch.div(h, -3.3, rounding_mode="trunc")),
-    "mul": lambda h: (h * 0.1, 0.1 * h, h * 2049),
-    "add_sub": lambda h: (h + 0.1, 0.1 - h, h - 1000.3),
-    "from sizes": lambda h: (h / (h.shape[0] / 3), h * (h.shape[0] / 3)),
-}
-
-
-@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(),
-                    reason="eager's CUDA kernels: needs a GPU (KILN_TRITON_TEST_DEVICE=cuda)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("op", list(CUDA_SCALARS))
-def test_a_cpu_scalar_meets_a_cuda_tensor_as_in_eager(op, dtype):
-    """CUDA's kernels read a CPU scalar converted to the op's dtype, in either position, mul's and div's too; a
-    true or truncating division by one multiplies by its reciprocal (kiln/lower/scalar_operands.py, `cuda_reads`)."""
-    program = CUDA_SCALARS[op]
-    h = _halves(dtype).cuda() if dtype != torch.float32 else _halves(torch.bfloat16).float().cuda() * 1.1
-    kiln.reset()
-    _assert_bitwise(kiln.compile(program)(h), program(h), f"{op} in {dtype}")

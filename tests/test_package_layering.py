@@ -25,6 +25,7 @@ LAYERS = {
     "kiln.config": 0,
     "kiln.torch_switches": 0,  # torch's TORCH_LOGS, read before torch is imported (by `import kiln`, first)
     "kiln.effects": 0,  # which FX nodes dead-code elimination keeps: torch's purity differs between versions
+    "kiln.size_python": 0,  # symbolic sizes printed as Python, and the names that Python reads
     "kiln.runtime": 1,  # the on-disk cache, compile lock, CUDA graphs, autotuner: services the stages use
     "kiln.capture": 2,
     "kiln.autograd": 2,

@@ -28,7 +28,7 @@ import torch.nn as nn
 from gpu_profile import profile_steps
 from norm_blocks import step_time_ms
 
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import common  # benchmarks run strict: KILN_STRICT=1
 import kiln
 
 SHAPES = ["256x64x56x56", "256x256x56x56", "256x512x28x28", "256x2048x7x7"]
@@ -150,8 +150,7 @@ def main() -> None:
                     torch._dynamo.reset()
                     kiln.reset()
     print(table(rows))
-    common.write_json(args.out, {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                                 "torch": torch.__version__, "rows": rows})
+    common.write_rows(args.out, rows, args.device)
 
 
 if __name__ == "__main__":

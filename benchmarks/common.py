@@ -99,6 +99,22 @@ def cpu_allocation_profile(fn) -> tuple[int, int]:
     return events[-1][1] - base, max(t for _, t, _ in events) - base
 
 
+def compiled(model, compiler: str):
+    """`model` under one of the benchmarks' compilers: "eager" (itself), "torch" (torch.compile) or "kiln"."""
+    if compiler == "eager":
+        return model
+    if compiler == "torch":
+        return torch.compile(model)
+    import kiln
+    return kiln.compile(model)
+
+
+def write_rows(path: str | None, rows: list, device: str) -> None:
+    """A micro-benchmark's rows as JSON, with the GPU (or "cpu") and torch version they were measured with."""
+    write_json(path, {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                      "torch": torch.__version__, "rows": rows})
+
+
 def write_json(path: str | None, data) -> None:
     """Write a run's result as indented JSON when the script was given a path (`--out`/`--json`)."""
     if path:

@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_profile import _synchronizing_calls  # noqa: E402
 from step_parts import KilnParts  # noqa: E402
 
-from common import result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
+from common import compiled, result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
 
 
 class _Seq2Seq(nn.Module):
@@ -131,15 +131,6 @@ WORKLOADS = {
     "vit_train": (vit, 2, True),
     "vit_infer": (vit, 1, False),
 }
-
-
-def compiled(model, compiler: str):
-    if compiler == "eager":
-        return model
-    if compiler == "torch":
-        return torch.compile(model)
-    import kiln
-    return kiln.compile(model)
 
 
 def make_step(name: str, compiler: str, device: torch.device, amp: torch.dtype | None):

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn as nn
 
-import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+import common  # benchmarks run strict: KILN_STRICT=1
 import kiln
 from kiln.pipeline import inductor
 
@@ -167,8 +167,7 @@ def main() -> None:
                 torch._dynamo.reset()
                 kiln.reset()
     print(table(rows))
-    common.write_json(args.out, {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                                 "torch": torch.__version__, "rows": rows})
+    common.write_rows(args.out, rows, args.device)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import torch  # noqa: E402
 from gpu_profile import profile_steps  # noqa: E402
 
-from common import cuda_time, result_path, write_json  # noqa: E402
+from common import compiled, cuda_time, result_path, write_json  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # fp32 matmuls run in TF32, as in the shared harness
@@ -66,15 +66,6 @@ def without_dropout(model: torch.nn.Module) -> None:
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float):
                 setattr(module, name, 0.0)
-
-
-def compiled(model, compiler: str):
-    if compiler == "eager":
-        return model
-    if compiler == "torch":
-        return torch.compile(model)
-    import kiln
-    return kiln.compile(model)
 
 
 def make_step(workload, fn, model):

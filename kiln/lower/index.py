@@ -174,6 +174,7 @@ class PrecomputedSizes:
                 size_vars[sym] = size_source(expr)  # the wrapper's namespace has SIZE_NAMES
 
     def lifted(self, expr: sympy.Expr) -> sympy.Expr:
+        """`expr` with each maximal part no kernel prints replaced by its symbol."""
         if _printed(expr):
             if not expr.args:
                 return expr
@@ -183,9 +184,9 @@ class PrecomputedSizes:
 
     def defined(self, expr: sympy.Basic) -> sympy.Basic:
         """`expr` over the input symbols alone (what the shape environment, which never saw `ps<k>`, reasons on)."""
-        if not self.symbols or not expr.free_symbols:
+        if not self.formulas or not expr.free_symbols:
             return expr
-        return expr.xreplace({sym: e for e, sym in self.symbols.items()})
+        return expr.xreplace(self.formulas)
 
     def _symbol(self, expr: sympy.Expr) -> sympy.Symbol:
         sym = self.symbols.get(expr)

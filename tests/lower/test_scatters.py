@@ -130,3 +130,22 @@ def test_a_dense_reduction_over_symbolic_sizes_compiles(name):
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(torch.autograd.grad(got, x, cotangent)[0],
                                    torch.autograd.grad(expected, x, cotangent)[0])
+
+
+@pytest.mark.parametrize("name", ["one_index", "two_broadcast_indices"])
+def test_backward_of_indexing_with_a_symbolic_index_length_compiles(name):
+    """The gradient of `x[i]` is an accumulating index_put whose index tensors have symbolic lengths under
+    dynamic shapes: their broadcast shape is symbolic too (converting it to ints raised TypeError and the whole
+    backward graph ran through ATen). Two index lengths: one graph, eager's gradients, no fallback."""
+    fn = {"one_index": lambda x, i: (x[i] * 2).sum(0),
+          "two_broadcast_indices": lambda x, i: x[i[:, None], i.flip(0)[None, :].clamp(max=4)].exp().sum()}[name]
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(10, 5, generator=G, dtype=torch.float64, requires_grad=True)
+        i = torch.randint(0, 10, (n,), generator=G)
+        expected, got = fn(x, i), compiled(x, i)
+        torch.testing.assert_close(got, expected)
+        cotangent = torch.randn(expected.shape, generator=G, dtype=torch.float64)
+        torch.testing.assert_close(torch.autograd.grad(got, x, cotangent)[0],
+                                   torch.autograd.grad(expected, x, cotangent)[0])

@@ -36,6 +36,18 @@ def broadcast(v: IndexFunction, size) -> ir.Expr:
     return v.at(idx)
 
 
+def broadcast_sizes(*sizes) -> tuple:
+    """The size several sizes broadcast to (numpy's rule), for sizes that may be symbolic. Capture's fake
+    tensors already checked that the sizes broadcast, and symbolic sizes are never 1 (torch specializes 0 and
+    1), so each dimension is its one size other than 1, or 1."""
+    rank = max(map(len, sizes), default=0)
+    result = []
+    for d in range(rank):
+        named = [s[len(s) - rank + d] for s in sizes if len(s) - rank + d >= 0]
+        result.append(next((sympify(n) for n in named if n != 1), sympy.Integer(1)))
+    return tuple(result)
+
+
 def operand(a, size, dtype) -> ir.Expr:
     """A tensor, Python scalar or size expression as an element expression of `dtype`."""
     if isinstance(a, IndexFunction):

@@ -16,7 +16,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import FloorDiv, Mod, contiguous_strides, index_vars, product
-from kiln.lower.ops.common import broadcast, out_info
+from kiln.lower.ops.common import broadcast, broadcast_sizes, out_info
 from kiln.lower.ops.indexing import ADVANCED_INDEXING, GATHER, INDEX_SELECT, _safe_index, scatter_value
 from kiln.lower.ops.reductions import reduce
 from kiln.lower.ops.registry import register
@@ -172,8 +172,7 @@ def index_put(ctx, meta, x, indices, values, accumulate=False):
     present = [k for k, t in enumerate(indices) if t is not None]
     if not accumulate or not present or any(indices[k].dtype in (torch.bool, torch.uint8) for k in present):
         raise Unsupported("index_put without accumulate, or with a boolean mask")
-    bsize = tuple(torch.broadcast_shapes(*[tuple(int(s) for s in indices[k].size) for k in present]))
-    bsize = tuple(sympy.Integer(s) for s in bsize)
+    bsize = broadcast_sizes(*[indices[k].size for k in present])
     adjacent = present == list(range(present[0], present[-1] + 1))
     start = present[0] if adjacent else 0
     rest = [k for k in range(x.ndim) if k not in present]

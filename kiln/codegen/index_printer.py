@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 from torch.utils._sympy import functions as torch_sympy
 
-from kiln.lower.index import FloorDiv, Mod
+from kiln.lower.index import FLOOR_DIVISIONS, MAXIMA, MINIMA, REMAINDERS
 
 # Sizes from FX metadata (symbolic shapes) carry torch's own sympy functions (FloorDiv, Mod, Max, Min,
 # PowByNatural): on sizes, non-negative integers, they mean what kiln's and sympy's do and print the same.
@@ -42,10 +42,10 @@ class _Printer:
             return self.integer(int(e))
         if e.is_Symbol:
             return e.name
-        if isinstance(e, FloorDiv) or type(e) is torch_sympy.FloorDiv:
+        if isinstance(e, FLOOR_DIVISIONS):
             form = self.signed_floordiv if _over_signed(e) else self.floordiv
             return form.format(self.p(e.args[0]), self.p(e.args[1]))
-        if isinstance(e, Mod) or type(e) in (torch_sympy.Mod, torch_sympy.PythonMod):
+        if isinstance(e, REMAINDERS):
             form = self.signed_mod if _over_signed(e) else self.mod
             return form.format(self.p(e.args[0]), self.p(e.args[1]))
         if isinstance(e, sympy.Add):
@@ -62,8 +62,8 @@ class _Printer:
             return "(" + self.lnot + self.p(e.args[0]) + ")"
         if isinstance(e, sympy.core.relational.Relational):
             return f"({self.p(e.lhs)} {e.rel_op} {self.p(e.rhs)})"
-        if isinstance(e, (sympy.Max, sympy.Min, torch_sympy.Max, torch_sympy.Min)):
-            name = "max" if isinstance(e, (sympy.Max, torch_sympy.Max)) else "min"
+        if isinstance(e, MAXIMA + MINIMA):
+            name = "max" if isinstance(e, MAXIMA) else "min"
             return self.minmax(name, [self.p(a) for a in e.args])
         if type(e) is torch_sympy.PowByNatural and e.args[1].is_Integer and int(e.args[1]) > 0:
             return "(" + "*".join([self.p(e.args[0])] * int(e.args[1])) + ")"

@@ -136,10 +136,14 @@ def integer_rounding(expr: sympy.Expr) -> sympy.Expr:
     return expr.replace(lambda e: rewrite(e) is not None, rewrite)
 
 
-# Functions of sizes every code generator prints (kiln/codegen/index_printer.py); a size made with any other
-# (`math.ceil(math.sqrt(n))`: CeilToInt(OpaqueUnaryFn_sqrt(ToFloat(n)))) is computed by the wrapper.
-_PRINTED_FUNCTIONS = (FloorDiv, Mod, torch_sympy.FloorDiv, torch_sympy.Mod, torch_sympy.PythonMod, sympy.Max,
-                      sympy.Min, torch_sympy.Max, torch_sympy.Min)
+# Functions of sizes every code generator prints (kiln/codegen/index_printer.py reads these tables); a size made
+# with any other (`math.ceil(math.sqrt(n))`: CeilToInt(OpaqueUnaryFn_sqrt(ToFloat(n)))) is computed by the
+# wrapper. Sizes from FX metadata carry torch's own sympy functions beside kiln's and sympy's.
+FLOOR_DIVISIONS = (FloorDiv, torch_sympy.FloorDiv)
+REMAINDERS = (Mod, torch_sympy.Mod, torch_sympy.PythonMod)
+MAXIMA = (sympy.Max, torch_sympy.Max)
+MINIMA = (sympy.Min, torch_sympy.Min)
+_PRINTED_FUNCTIONS = FLOOR_DIVISIONS + REMAINDERS + MAXIMA + MINIMA
 
 
 def _printed(e: sympy.Basic) -> bool:

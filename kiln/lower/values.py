@@ -52,7 +52,7 @@ class IndexFunction:
         if aff is None:
             return None
         offset, strides = aff
-        if any(sympy.sympify(st).is_nonnegative is not True for st in strides):
+        if any(_reversed(sympy.sympify(st)) for st in strides):
             return None  # a reversed read (flip): torch's views have no negative strides, so it is computed
         return b.buf, offset, strides
 
@@ -62,10 +62,22 @@ class IndexFunction:
                                                     and not isinstance(self.body.args[0], ir.Op))
 
 
+def _reversed(stride: sympy.Expr) -> bool:
+    """Whether a load's stride walks backwards. A reversed read's coefficient is negative (-1, -s0); a stride
+    over sizes is a product of sizes, even where a factor is an int input's symbol whose sign sympy cannot
+    know (`groups` under dynamic=True: a channel count s0*s1): an unknown sign is taken as negative only where
+    the expression reads as one (`2 - s0`)."""
+    return stride.is_negative is True or (stride.is_nonnegative is not True and stride.could_extract_minus_sign())
+
+
 def from_buffer(name: str, layout: ir.Layout) -> IndexFunction:
     idx = index_vars("i", len(layout.size))
     load = ir.Load(name, linear_index(idx, layout.stride, layout.offset), layout.dtype)
-    return IndexFunction(tuple(layout.size), layout.dtype, load)
+    value = IndexFunction(tuple(layout.size), layout.dtype, load)
+    # The view is the layout itself: recovering it from the load's index may fail on symbolic strides whose sign
+    # sympy cannot prove, and a buffer just made must always be usable as an extern's argument.
+    value.__dict__["_buffer_view"] = (name, layout.offset, tuple(layout.stride))
+    return value
 
 
 def _simplify_loads(e: ir.Expr) -> ir.Expr:

@@ -1,15 +1,17 @@
-"""A Llama-style RMSNorm's backward in training, on the Triton target: values against float64 under the
-interpreter, kernels compiled for sm_90, and the weight gradient read in coalesced tiles.
+"""A norm's weight gradient is a column sum that also reads the norm's per-row statistics: on the Triton target,
+values against float64 under the interpreter, kernels compiled for sm_90, and the columns read in coalesced tiles.
 
-The backward gets the norm's input h (the residual stream) and its per-row mean square saved by the forward, and
-recomputes rstd = rsqrt(variance + eps) where it needs it. Two reductions read h and the gradient:
+A Llama-style RMSNorm's backward gets the norm's input h (the residual stream) and its per-row mean square saved
+by the forward, and recomputes rstd = rsqrt(variance + eps) where it needs it. Two reductions read h and the
+gradient:
 - grad_h, a row reduction per token (the dot product of the gradient and h over the width);
 - the weight's gradient, a column sum over every token of grad * h * rstd: a reduction over a strided dim, which
   also reads rstd, one value per token (per reduced row) with stride 1 along the reduced dim.
 Only the loads that vary with the columns decide the kernel's shape: the per-token statistic made the weight
 gradient a row reduction, one program per column whose every load walked memory with the width's stride (0.34 ms
-for 8192 tokens x 768 on an H100, where the traffic allows tens of microseconds). A weighted column sum (a per-row
-weight, as a loss weighted per sample) is the same class.
+for 8192 tokens x 768 on an H100, where the traffic allows tens of microseconds). The same class: a column sum
+weighted per row (a loss weighted per sample), and a layer norm over the channels of an NHWC activation
+(ConvNeXt's), whose mean and rstd are per position.
 """
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ def rms_norm_backward(grad_q, grad_k, grad_v, grad_stream, h, weight, variance):
 def weighted_column_sums(x, per_row):
     """A sum over rows weighted per row (a loss weighted per sample), and the plain column sum beside it."""
     return (wide(x) * per_row[:, None]).sum(0), wide(x).sum(0)
+
+
+def channels_layer_norm_weight_gradient(grad, x, mean, rstd):
+    """The weight and bias gradients of a layer norm over dim 1 (the channels) of a channels-last activation: sums
+    over every position of grad * (x - mean) * rstd and of grad, the statistics one value per position."""
+    return (wide(grad) * ((wide(x) - mean) * rstd)).sum((0, 2, 3)), wide(grad).sum((0, 2, 3))
 
 
 def compiled_and_checked(fn, *inputs) -> str:
@@ -94,4 +102,15 @@ def test_a_column_sum_weighted_per_row_splits_as_the_plain_one():
     x, per_row = torch.randn(900, 200), torch.rand(900)
     source = compiled_and_checked(weighted_column_sums, x, per_row)
     (partial,) = column_partials(source, 200)
+    assert "XBLOCK=64" in partial, source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_layer_norm_over_channels_sums_its_weight_gradient_in_column_tiles(dtype):
+    shape = (3, 40, 11, 13)  # 429 positions of 40 channels
+    grad, x = (torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last) for _ in range(2))
+    mean = wide(x).mean(1, keepdim=True)
+    rstd = torch.rsqrt(wide(x).var(1, keepdim=True, correction=0) + 1e-6)
+    source = compiled_and_checked(channels_layer_norm_weight_gradient, grad, x, mean, rstd)
+    (partial,) = column_partials(source, 40)
     assert "XBLOCK=64" in partial, source

@@ -122,11 +122,16 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
     """True when loads walk the innermost reduction dim with stride 1 (a row reduction). A value the same
     segment computes is read from registers, whatever the layout it is stored in: only loads from memory count
     (batch norm's masked gradient, stored by rows while its NHWC inputs are read by columns, made a column
-    reduction a row one)."""
+    reduction a row one). Of those, the loads that vary with the outer loops decide when there are any: a
+    vector indexed by the reduced dims alone (RMSNorm's per-row statistic in its weight gradient, a sum over
+    8192 rows of 768 columns) is one value per row for every column, read once per tile row whatever its
+    layout, while the tensors of rows x columns are what the tiles must read coalesced (the statistic's stride
+    1 made the weight gradient a row reduction: one program per column, every load strided by the width)."""
     if not group.inner:
         return True
     last = group.inner_vars()[-1]
-    strides = []
+    outer = set(group.outer_vars())
+    per_element, per_row = [], []
     for seg in group.segments:
         if not seg.inner:
             continue
@@ -135,7 +140,8 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
             for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
                 c = expanded_coeff(ld.index, last)
                 if c != 0 and ld.buf not in computed:
-                    strides.append(c)
+                    (per_element if ir.index_symbols(ld) & outer else per_row).append(c)
+    strides = per_element or per_row
     return not strides or any(c == 1 for c in strides)
 
 

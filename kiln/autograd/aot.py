@@ -501,6 +501,8 @@ class AOTCompiled:
         primals = {n.name: k for k, n in enumerate(split.forward.graph.find_nodes(op="placeholder"))}
         saved_primals = [primals.get(name) for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
+        if len(unreached) == sum(map(bool, key[0])):  # a differentiable output whose formulas give no input a
+            unreached = []  # gradient (vector_norm of order 0): eager's node keeps its edges, its output grad_fn
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, saved_primals, unreached, graph_origin(program.gm))
 

@@ -44,7 +44,12 @@ def integer_of_b(a, b):
     return a * b.argmax(), b.long()
 
 
-PROGRAMS = [detached_second, shape_only, mask_only, through_detach, not_used, under_no_grad, times_zero, integer_of_b]
+def norms_of_order_zero(a, b):  # outputs that require grad (eager's node has edges), gradients None
+    return torch.linalg.vector_norm(a, 0), torch.norm(b * 2, 0)
+
+
+PROGRAMS = [detached_second, shape_only, mask_only, through_detach, not_used, under_no_grad, times_zero, integer_of_b,
+            norms_of_order_zero]
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

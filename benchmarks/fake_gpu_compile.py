@@ -69,7 +69,7 @@ def compile_only_triton() -> dict:
     import triton.compiler.compiler as triton_compiler
     from triton.backends.compiler import GPUTarget
 
-    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+    from kiln.codegen.triton.build_worker_process import TargetOnlyDriver
     from kiln.codegen.triton.launch import Launcher
 
     triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget("cuda", 90, 32)))

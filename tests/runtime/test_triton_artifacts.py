@@ -38,10 +38,10 @@ CHILD = textwrap.dedent('''
     import triton.compiler.compiler as triton_compiler
     from triton.backends.compiler import GPUTarget
     import kiln
-    from kiln.codegen.triton import build_workers, launch, load_module
+    from kiln.codegen.triton import build_worker_process, launch, load_module
 
     mode, blob = sys.argv[1], sys.argv[2]
-    triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    triton.runtime.driver.set_active(build_worker_process.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
     launch._direct_launch = lambda binary: (None, ())  # no GPU to load the binary onto
     loaded = kiln.load_cache_artifacts(open(blob, "rb").read()) if mode == "load" else {}
     front_end_runs = []

@@ -48,12 +48,12 @@ CHILD = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
     import kiln
-    from kiln.codegen.triton import build_workers, launch, load_module, precompile_all
+    from kiln.codegen.triton import build_worker_process, launch, load_module, precompile_all
     from kiln.runtime import graph_cache, triton_binaries
 
     mode, device, product_file, blob, version = sys.argv[1:6]
     if device == "cpu":  # compile for sm_90 without a GPU; nothing is loaded onto one
-        triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+        triton.runtime.driver.set_active(build_worker_process.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
         launch._direct_launch = lambda binary: (None, ())
     if version:  # a process running another Triton than the one that compiled the binaries
         triton.__version__ = version
@@ -162,7 +162,7 @@ def stored(compiled, tmp_path, monkeypatch) -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+    from kiln.codegen.triton.build_worker_process import TargetOnlyDriver
     from kiln.runtime import cache
     from kiln.runtime.private_files import PrivateTree
 
@@ -197,7 +197,7 @@ def _another_gpu(monkeypatch):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+    from kiln.codegen.triton.build_worker_process import TargetOnlyDriver
 
     monkeypatch.setattr(triton.runtime.driver, "_active", TargetOnlyDriver(GPUTarget("cuda", 80, 32)))
 
@@ -262,11 +262,11 @@ PIPELINE = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
     from kiln.codegen import triton as triton_target
-    from kiln.codegen.triton import build_workers, launch
+    from kiln.codegen.triton import build_worker_process, launch
     from kiln.runtime import graph_cache, triton_binaries
     from support.fake_cuda import compile_model
 
-    triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    triton.runtime.driver.set_active(build_worker_process.TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
     launch._direct_launch = lambda binary: (None, ())
     jit = []
     run, key = JITFunction.run, triton_runtime_cache.triton_key

@@ -144,7 +144,7 @@ def _serve() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kiln.codegen.triton.build_workers import TargetOnlyDriver
+    from kiln.codegen.triton.build_worker_process import TargetOnlyDriver
 
     triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*SM90)))
     modules: dict = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.codegen.triton import templates, tuning
+from kiln.codegen.triton import build_worker_process, build_workers, templates, tuning
 from kiln.codegen.triton.generate import generate_kernel
 from kiln.codegen.triton.kernel import TritonKernel
 from kiln.codegen.triton.shared_kernels import share_identical_kernels
@@ -239,15 +239,14 @@ def _build_in_workers(module, kernels: dict, device: str) -> None:
     wait (and compiles them all where no worker is ready yet); their errors are found again by the loads that
     follow. The workers start here if they have not yet, and only if some kernel needs compiling: none where every
     kernel's binaries are in Triton's cache already (a cached product's kernels, kiln/runtime/triton_cache.py)."""
-    workers = _build_workers()
-    requests = workers.requests_for(module, kernels)
-    pool = workers.start(device) if requests else None
+    requests = build_workers.requests_for(module, kernels)
+    pool = build_workers.start(device) if requests else None
     if pool is not None:
         modules = {module.__file__: module}
 
         def compile_here(request: dict) -> None:
             with made_current(device):
-                workers.compile_request(request, modules)
+                build_worker_process.compile_request(request, modules)
 
         errors = pool.build(requests, compile_here)
         log.debug("%d kernels compiled with %d workers, %d failed", len(errors), pool.count,
@@ -259,15 +258,7 @@ def start_build_workers(device: str) -> None:
     import torch and Triton in the background while the graph is traced and lowered. Nothing on the CPU or under
     the interpreter."""
     if device.startswith("cuda") and not interpreting():
-        _build_workers().start(device)
-
-
-def _build_workers():
-    """kiln/codegen/triton/build_workers.py, imported where used: the workers run it as `python -m`, which
-    must not find it imported already by this package."""
-    from kiln.codegen.triton import build_workers
-
-    return build_workers
+        build_workers.start(device)
 
 
 def _precompile(name: str, kernel, module, device: str) -> None:

@@ -5,7 +5,8 @@ that emits TTIR), which holds the GIL; the build threads of `precompile_all` the
 that part, and a training graph of several hundred kernels (DenseNet-121's backward has over 400) took
 minutes on a 16-core GPU host. Inductor compiles in a pool of processes for the same reason.
 
-How: one process, `python -m kiln.codegen.triton.build_workers`, is started once per process (on the first
+How: one process (kiln/codegen/triton/build_worker_process.py, which imports of kiln only what a kernel module
+imports) is started once per process (on the first
 CUDA graph that will be built: before its autograd trace where the AOT cache misses, before its lowering where
 the compile cache misses, so it imports torch and Triton meanwhile; a warm process starts none) and kept until
 exit. It imports torch, Triton and kiln once and then forks the other workers, as Inductor's compile pool forks
@@ -26,23 +27,18 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import ctypes
-import importlib.util
 import json
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
-import torch
 import triton
-from triton.backends.compiler import GPUTarget
 
+from kiln.codegen.triton import build_worker_process
 from kiln.codegen.triton.launch import _int_key
 from kiln.runtime import cache, triton_cache
 from kiln.runtime.current_device import made_current
@@ -68,7 +64,7 @@ class BuildWorkers:
         self.lock = threading.Lock()
         pipes = [(os.pipe(), os.pipe()) for _ in range(count)]  # per worker: (requests, replies), each (read, write)
         theirs = [[requests[0], replies[1]] for requests, replies in pipes]
-        self.leader = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self.leader = subprocess.Popen([sys.executable, build_worker_process.__file__], stdin=subprocess.PIPE,
                                        stdout=subprocess.DEVNULL, env=_worker_env(), text=True,
                                        pass_fds=[fd for pair in theirs for fd in pair])
         for fd in (fd for pair in theirs for fd in pair):
@@ -197,12 +193,10 @@ def _error_of(compile_here: Callable[[dict], None], request: dict) -> str | None
 
 
 def _worker_env() -> dict:
-    """The parent's environment, with kiln importable, and no GPU for the workers to touch: they only compile
-    (a CUDA context per worker would take GPU memory)."""
+    """The parent's environment with no GPU for the workers to touch: they only compile (a CUDA context per
+    worker would take GPU memory). They find kiln's modules where their own file is."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("TRITON_INTERPRET", None)
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -280,96 +274,3 @@ def requests_for(module, kernels: dict) -> list[dict]:
                 requests.append({"path": module.__file__, "module": module.__name__, "launcher": name,
                                  "dtypes": dtypes, "ints": ints})
     return requests
-
-
-# ----------------------------------------------------------------------------- the worker process
-
-
-class TargetOnlyDriver:
-    """What Triton's JIT asks of the active driver to compile (not launch) a kernel: the target, a device, a
-    stream. The workers never load a binary (nor do the tests and benchmarks that compile for sm_90 without a
-    GPU, which install it too)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-
-def compile_request(request: dict, modules: dict) -> None:
-    """Compile the launcher `request` names (its module imported once per worker, from the same file and under
-    the same name as in the graph's process: Triton's cache key hashes the kernel's source)."""
-    module = modules.get(request["path"])
-    if module is None:
-        spec = importlib.util.spec_from_file_location(request["module"], request["path"])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[request["module"]] = module
-        spec.loader.exec_module(module)
-        modules[request["path"]] = module
-    launcher = getattr(module, request["launcher"])
-    dtypes = [getattr(torch, d) for d in request["dtypes"]]
-    launcher.fn.warmup(*dtypes, *request["ints"], grid=(1,), **launcher.constexprs, **launcher.options)
-
-
-def lead(init: dict) -> None:
-    """The first worker: set the target and cache folder (its forks inherit both), fork a worker for each pipe
-    pair after the first, and serve the first itself. Each worker closes the others' pipes, so that a reply pipe
-    ends (its worker gone) where its one worker exits."""
-    triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget(*init["target"])))
-    triton.knobs.cache.dir = init["cache_dir"]
-    channels = init["channels"]
-    for k, (requests, replies) in enumerate(channels[1:], 1):
-        if os.fork() == 0:  # a worker: torch, Triton and kiln imported already
-            _die_with_parent()
-            _close_all_but(channels, k)
-            _serve_channel(requests, replies)
-            os._exit(0)  # not the leader's exit handlers
-    _close_all_but(channels, 0)
-    _serve_channel(*channels[0])
-
-
-def _close_all_but(channels: list, keep: int) -> None:
-    for k, pair in enumerate(channels):
-        if k != keep:
-            for fd in pair:
-                os.close(fd)
-
-
-def _die_with_parent() -> None:
-    """A forked worker is stopped with the leader (Linux: PR_SET_PDEATHSIG), which the graph's process stops at
-    its exit; elsewhere it stops at the end of its requests (its pipe closes with the graph's process)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _serve_channel(requests: int, replies: int) -> None:
-    with os.fdopen(requests, "r") as lines, os.fdopen(replies, "w") as out:
-        serve(lines, out)
-
-
-def serve(lines, out) -> None:
-    """A worker's loop: a line saying it is ready (with its process id), then one reply line per request line."""
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    out.flush()
-    modules: dict = {}
-    for line in lines:
-        try:
-            compile_request(json.loads(line), modules)
-            error = None
-        except Exception as e:  # noqa: BLE001 - reported; the graph's process compiles it again and falls back
-            error = f"{type(e).__name__}: {e}"
-        out.write(json.dumps({"error": error}) + "\n")
-        out.flush()
-
-
-if __name__ == "__main__":
-    lead(json.loads(sys.stdin.readline()))

@@ -13,6 +13,7 @@ set (profilers), every call goes through the JITFunction.
 from __future__ import annotations
 
 import threading
+import weakref
 from functools import reduce
 from operator import itemgetter, or_
 
@@ -26,8 +27,21 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent
 _RUNTIME = triton.knobs.runtime
 # Triton loads a binary's handles on first use and sets its launcher (`run`) before its `function`: a thread
 # reading both while another is loading the same binary (two launchers of one shared kernel, precompiled side
-# by side) got function None, and the launch raised "argument 5 must be int, not None".
-_loading = threading.Lock()
+# by side) got function None, and the launch raised "argument 5 must be int, not None". Each binary has its own
+# lock: a load builds the C launcher of the kernel's signature (a C compiler run where Triton's cache lacks it)
+# and loads the binary onto the GPU, and one lock for all made a build's hundreds of loads run one at a time
+# (most of a training graph's build on an H100, its threads waiting for the lock).
+_load_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_load_locks_guard = threading.Lock()
+
+
+def _loading(binary) -> threading.Lock:
+    """The lock held while `binary`'s handles are read (and loaded, on first use)."""
+    with _load_locks_guard:
+        lock = _load_locks.get(binary)
+        if lock is None:
+            lock = _load_locks[binary] = threading.Lock()
+        return lock
 
 
 def _no_hooks() -> bool:
@@ -55,7 +69,7 @@ def _direct_launch(binary) -> tuple:
     skipping Triton's Python `CompiledKernel.run` (two nested functions built and a scratch check on every
     call), when the kernel needs no scratch memory; `binary.run` otherwise, or where Triton's launcher
     differs from 3.6's."""
-    with _loading:
+    with _loading(binary):
         run, function = binary.run, binary.function
     triton_cache.record_launcher(run)  # the C launcher Triton built for this signature travels with artifacts
     launch = getattr(run, "launch", None)

@@ -45,10 +45,10 @@ CHILD = textwrap.dedent('''
     import triton
     import triton.compiler.compiler as triton_compiler
     from triton.backends.compiler import GPUTarget
-    from kiln.codegen.triton import build_workers, load_module
+    from kiln.codegen.triton import build_worker_process, build_workers, load_module
 
     target = GPUTarget("cuda", 90, 32)
-    triton.runtime.driver.set_active(build_workers.TargetOnlyDriver(target))
+    triton.runtime.driver.set_active(build_worker_process.TargetOnlyDriver(target))
     triton.knobs.cache.dir = tempfile.mkdtemp()
     module = load_module(sys.stdin.read())
     requests = [{"path": module.__file__, "module": module.__name__, "launcher": launcher, "dtypes": [dtype] * 2,
@@ -67,7 +67,7 @@ CHILD = textwrap.dedent('''
     here = {}
     for k, request in enumerate(requests):
         try:
-            build_workers.compile_request(request, {module.__file__: module})
+            build_worker_process.compile_request(request, {module.__file__: module})
         except Exception as e:
             here[k] = type(e).__name__
     print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "front_end_runs": front_end_runs,
@@ -190,6 +190,35 @@ def test_workers_are_forked_from_one_process_and_stop_with_the_pool(tmp_path):
     while any(_process_state(pid) for pid in workers.pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_process_state(pid) for pid in workers.pids)
+
+
+SHELLED_IMPORTS = textwrap.dedent('''
+    import importlib.util, json, sys
+    spec = importlib.util.spec_from_file_location("worker", sys.argv[1])
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    worker._kiln_packages_as_shells()
+    import kiln.codegen.triton.helpers, kiln.codegen.triton.launch
+    print(json.dumps({"kiln": sorted(m for m in sys.modules if m.split(".")[0] == "kiln"),
+                      "launch": kiln.codegen.triton.launch.__file__}))
+''')
+
+
+def test_a_worker_imports_of_kiln_only_what_kernel_modules_import():
+    """A worker starts by importing what a kernel module imports: not kiln's compiler, which its package
+    `__init__` imports (as much CPU again as torch's import, while the kernels waited for a worker)."""
+    from kiln.codegen.triton import build_worker_process, launch
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    done = subprocess.run([sys.executable, "-c", SHELLED_IMPORTS, build_worker_process.__file__],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["launch"] == launch.__file__  # kiln's own modules, found through the shells
+    assert "kiln.codegen.triton.helpers" in result["kiln"]
+    compiler = [m for m in result["kiln"] if m.startswith(("kiln.pipeline", "kiln.api", "kiln.capture", "kiln.lower",
+                                                           "kiln.schedule", "kiln.autograd"))]
+    assert compiler == [], compiler
 
 
 def test_the_graphs_process_compiles_what_no_worker_is_ready_for(tmp_path):

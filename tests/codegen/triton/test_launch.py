@@ -133,3 +133,30 @@ def test_two_launchers_of_one_shared_binary_get_its_function_handle():
     for t in threads:
         t.join()
     assert [head[0] for head in heads] == [1234, 1234]
+
+
+def test_other_binaries_load_while_one_is_loading():
+    """A load builds the kernel signature's C launcher (a C compiler run where Triton's cache lacks it) and loads
+    the binary onto the GPU; the build's other kernels load meanwhile, not one at a time behind it."""
+    import threading
+
+    first_loading, second_loaded = threading.Event(), threading.Event()
+
+    class WaitsForTheSecond(_LoadingBinary):
+        @property
+        def run(self):
+            if self._run is None:
+                first_loading.set()
+                self.saw_second = second_loaded.wait(timeout=5)
+                self._run, self.function = (lambda *args: None), 1
+            return self._run
+
+    first, second, heads = WaitsForTheSecond(), _LoadingBinary(), []
+    loading_first = threading.Thread(target=lambda: heads.append(launch._direct_launch(first)[1]))
+    loading_first.start()
+    first_loading.wait()
+    heads.append(launch._direct_launch(second)[1])
+    second_loaded.set()
+    loading_first.join()
+    assert first.saw_second
+    assert sorted(head[0] for head in heads) == [1, 1234]

@@ -41,6 +41,10 @@ class FloorDiv(sympy.Function):
                 return whole + FloorDiv(rest, divisor)
         return None
 
+    def _eval_is_nonnegative(self):
+        """Known where the operands are: a stride that divides sizes is one (views with it are plain views)."""
+        return _nonnegative_quotient(*self.args)
+
 
 def _split_multiples(expr, d):
     """(sum of the terms of `expr` that are integer multiples of d, divided by d; the other terms)."""
@@ -71,6 +75,15 @@ class Mod(sympy.Function):
             if whole != 0:
                 return Mod(rest, divisor)
         return None
+
+    def _eval_is_nonnegative(self):
+        return _nonnegative_quotient(*self.args)
+
+
+def _nonnegative_quotient(base, divisor) -> bool | None:
+    """True where `base // divisor` and `base % divisor` are known non-negative (a non-negative base, a positive
+    divisor), else unknown (None)."""
+    return True if base.is_nonnegative and divisor.is_positive else None
 
 
 @functools.lru_cache(None)
@@ -264,7 +277,11 @@ def expanded_coeff(expr, var: sympy.Symbol) -> sympy.Expr:
 
 
 def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
-    """(offset, strides) if `index` is affine in `variables` with constant-in-vars coefficients, else None."""
+    """(offset, strides) if `index` is affine in `variables` with constant-in-vars coefficients, else None.
+
+    A division or modulo of sizes alone (`32*FloorDiv(s0 + 31, 32)`, the row of a tensor whose last dimension is
+    rounded up to a block, as memory-efficient attention's logsumexp is) is such a constant: only one that
+    reads the variables makes the index other than affine."""
     return _affine_strides(sympy.sympify(index), tuple(variables))
 
 
@@ -274,7 +291,7 @@ def _affine_strides(index: sympy.Expr, variables: tuple):
     if fast is not None:
         return fast
     index = sympy.expand(index)
-    if any(isinstance(a, (FloorDiv, Mod)) for a in index.atoms(sympy.Function)):
+    if any(a.free_symbols & set(variables) for a in index.atoms(FloorDiv, Mod)):
         return None
     strides = []
     for v in variables:
@@ -296,8 +313,6 @@ def _affine_terms(index: sympy.Expr, variables: tuple):
     offset = []
     for term in sympy.Add.make_args(index):
         if not term.free_symbols & where.keys():
-            if term.has(FloorDiv, Mod):
-                return None
             offset.append(term)
             continue
         coeff, rest = term.as_coeff_Mul()
@@ -307,7 +322,7 @@ def _affine_terms(index: sympy.Expr, variables: tuple):
             return None
         others = [f for f in factors if f is not hits[0]]
         c = coeff * sympy.Mul(*others)
-        if c.free_symbols & where.keys() or c.has(FloorDiv, Mod) or any(isinstance(f, sympy.Add) for f in others):
+        if c.free_symbols & where.keys() or any(isinstance(f, sympy.Add) for f in others):
             return None
         strides[where[hits[0]]] += c
     return sympy.Add(*offset), tuple(strides)

@@ -24,6 +24,8 @@ CASES = {
     "floor of log2 as a factor and a bound": lambda x: x[:math.floor(math.log2(x.shape[0]))].sum(0) * x.shape[0],
     "int of a power as a reshape size": lambda x: x[:int(x.shape[0] ** 0.5) ** 2].reshape(int(x.shape[0] ** 0.5), -1),
     "the same size twice": lambda x: x[:math.ceil(math.sqrt(x.shape[0]))] + x[-math.ceil(math.sqrt(x.shape[0])):],
+    # a division rounded up is a floor division kernels print: the result's row stride holds it
+    "ceil of a division as a row length": lambda x: x[:1].T * x.new_ones(math.ceil(x.shape[0] / 4)),
 }
 
 
@@ -63,6 +65,25 @@ def test_size_computed_through_floats_in_training(compiled_graphs):
     assert graphs_of(compiled_graphs) >= 1
 
 
+def test_rows_of_a_rounded_up_length_saved_for_the_backward(compiled_graphs):
+    """A tensor whose rows are `ceil(n / 4)` long, saved by the forward for the backward: its strides hold the
+    division, as the logsumexp of memory-efficient attention (rows rounded up to 32) on the GPU."""
+    def fn(x, w):
+        return ((w @ x.new_ones(3, math.ceil(x.shape[0] / 4))).tanh() * x[:3, :1]).sum()
+
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in SIZES:
+        x = torch.randn(n, 3)
+        ws = [torch.randn(3, 3, generator=torch.Generator().manual_seed(n)).requires_grad_() for _ in range(2)]
+        got, ref = compiled(x, ws[0]), fn(x, ws[1])
+        got.backward()
+        ref.backward()
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(ws[0].grad, ws[1].grad)
+    assert graphs_of(compiled_graphs) >= 1
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_size_computed_through_floats_returned_as_an_int(backend):
     """Capture's output program computes the returned int from the call's size (torch's printer writes it with
@@ -89,7 +110,8 @@ def test_the_wrapper_computes_the_size_as_python_does(compiled_graphs):
     assert "ps0 = math.ceil(" in wrapper, wrapper
 
 
-@pytest.mark.parametrize("name", ["ceil of sqrt as a slice bound", "ceil of sqrt as a new tensor's size"])
+@pytest.mark.parametrize("name", ["ceil of sqrt as a slice bound", "ceil of sqrt as a new tensor's size",
+                                  "ceil of a division as a row length"])
 def test_size_computed_through_floats_on_triton(compiled_graphs, name):
     skip_unless_kernels_run()
     fn = CASES[name]

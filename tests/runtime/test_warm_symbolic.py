@@ -153,9 +153,6 @@ def test_the_second_process_guards_as_the_first(runs, case):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU")
-@pytest.mark.xfail(strict=True, reason="on an H100 the cold process's graph4/forward fails to compile (TypeError: "
-                   "cannot unpack non-iterable NoneType object), a counted fallback strict mode raises; the same cases "
-                   "pass on the CPU's Triton target")
 def test_the_second_process_compiles_nothing_on_the_gpu(tmp_path):
     """The same cases on the GPU: Triton products with symbolic sizes, their launchers and binaries kept."""
     seed_guard_extension(tmp_path / "cache")

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
-from support.fake_cuda import compile_model  # noqa: E402
+from support.fake_cuda import allow_fake_cuda, compile_model  # noqa: E402
 from support.small_models import MODELS  # noqa: E402
 from support.sweeps import full  # noqa: E402
 from support.triton_sm90 import assert_compiles_for_sm90, content_key, recording_builds  # noqa: E402
@@ -101,4 +101,52 @@ def test_fused_attention_at_inference_binds_only_what_it_reads():
     call = next(line for line in wrapper.splitlines() if "_scaled_dot_product_cudnn_attention" in line)
     result = call.split("=")[0].strip()
     assert f"{result}[0]" in wrapper and f"{result}[1]" not in wrapper, wrapper
+    assert_compiles_for_sm90(builds)
+
+
+def symbolic_cuda_tensors(count: int, size: tuple, dynamic_dim: int) -> list[torch.Tensor]:
+    """`count` fake CUDA tensors of `size` whose dimension `dynamic_dim` is one symbol, as a capture with a dynamic
+    sequence length hands them to the code generator."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    allow_fake_cuda()
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dims = [DimDynamic.DYNAMIC if d == dynamic_dim else DimDynamic.STATIC for d in range(len(size))]
+    shaped = mode.from_tensor(torch.empty(size), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+    with mode:
+        return [torch.empty_strided(shaped.shape, shaped.stride(), device="cuda") for _ in range(count)]
+
+
+def _efficient_attention_forward(q, k, v):
+    out, logsumexp, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+    return out.relu(), logsumexp, seed, offset
+
+
+def _efficient_attention_backward(grad, q, k, v, out, logsumexp, seed, offset):
+    return torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        grad * 2, q, k, v, None, out, logsumexp, seed, offset, 0.0, [True, True, True, False])[:3]
+
+
+def test_memory_efficient_attention_over_a_symbolic_sequence_compiles():
+    """SDPA's choice on an H100 for float32 training: the logsumexp that memory-efficient attention saves for its
+    backward has rows rounded up to 32 (`32*ceil(n/32)`), so with a symbolic sequence length its strides hold a
+    division of the size. The forward returning it and the backward reading it failed to lower (TypeError:
+    a view with such strides was not taken for a view of its buffer) where the static sizes compiled."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.pipeline import compile_aten_graph
+
+    q, k, v = symbolic_cuda_tensors(3, (2, 2, 12, 8), dynamic_dim=2)
+    with q.fake_mode:
+        forward = make_fx(_efficient_attention_forward)(q, k, v)
+        saved = forward(q, k, v)
+        grad = torch.empty_like(q)
+        backward = make_fx(_efficient_attention_backward)(grad, q, k, v, *saved)
+    assert "CeilToInt" in str(saved[1].stride()), saved[1].stride()  # the rows rounded up to 32
+    with recording_builds() as builds:
+        graphs = [compile_aten_graph(forward, [q, k, v]), compile_aten_graph(backward, [grad, q, k, v, *saved])]
+    for g in graphs:
+        assert "fallback" not in g.artefacts, g.artefacts.get("fallback")
+        assert g.num_kernels > 0, g.artefacts["name"]
     assert_compiles_for_sm90(builds)

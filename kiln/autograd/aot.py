@@ -53,6 +53,7 @@ from kiln.autograd.eager_errors import backward_error, eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.graph_parts import PartsCompiled, independent_parts
 from kiln.autograd.joint import trace_forward, trace_joint
+from kiln.autograd.opaque_backward import calls_custom_ops
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
@@ -490,6 +491,8 @@ class AOTCompiled:
         try:
             return trace("trace joint", *args, graph_of=lambda j: j.gm)
         except DataDependentOutputException as e:
+            if not calls_custom_ops(program.gm):
+                raise
             log.info("%s: tracing the joint graph needs tensor data (%s); tracing it again with custom ops' "
                      "backward opaque", self.name, e)
         return trace("trace joint, custom ops' backward opaque", *args, True, graph_of=lambda j: j.gm)

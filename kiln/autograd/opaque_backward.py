@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 
 import torch
-from torch._library.custom_ops import OPDEFS
+from torch._library.custom_ops import OPDEFS, CustomOpDef
 from torch._library.utils import fill_defaults
 from torch.overrides import TorchFunctionMode
 
@@ -166,15 +166,27 @@ class _OpaqueBackward(torch.autograd.Function):
         return None, None, *(at_position.get(p) for p in range(len(needs)))
 
 
+def _definition(func) -> CustomOpDef | None:
+    """The `custom_op` definition of `func` (an op or its packet) if it has a registered backward, else None."""
+    op = func.default if isinstance(func, torch._ops.OpOverloadPacket) and func.overloads() == ["default"] else func
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    definition = OPDEFS.get(op._schema.name)
+    return definition if definition is not None and definition._backward_fn is not None else None
+
+
+def calls_custom_ops(gm: torch.fx.GraphModule) -> bool:
+    """Does the captured graph call a custom op with a registered backward (one that may be made opaque)?"""
+    return any(node.op == "call_function" and _definition(node.target) is not None for node in gm.graph.nodes)
+
+
 def _opaque_call(func, args: tuple, kwargs: dict):
     """`func(*args, **kwargs)` as `_OpaqueBackward` if `func` is a custom op this module covers and some
     argument requires grad; else None."""
-    op = func.default if isinstance(func, torch._ops.OpOverloadPacket) and func.overloads() == ["default"] else func
-    if not isinstance(op, torch._ops.OpOverload) or not torch.is_grad_enabled():
+    definition = _definition(func)
+    if definition is None or not torch.is_grad_enabled():
         return None
-    definition = OPDEFS.get(op._schema.name)
-    if definition is None or definition._backward_fn is None:
-        return None
+    op = definition._opoverload
     schema = op._schema
     if not schema.returns or not all(isinstance(r.type, torch.TensorType) for r in schema.returns):
         return None

@@ -29,7 +29,7 @@ from torch._library.utils import fill_defaults
 from torch.overrides import TorchFunctionMode
 
 _LIBRARY = torch.library.Library("kiln", "FRAGMENT")
-_LIBRARY.define("custom_op_backward(str op, str call, Tensor?[] tensors, Tensor[] outputs, Tensor[] grads, "
+_LIBRARY.define("custom_op_backward(str op, str call, Tensor[] tensors, Tensor[] outputs, Tensor[] grads, "
                 "int[] grad_inputs) -> Tensor[]")
 
 
@@ -204,8 +204,8 @@ def _as_dispatched(schema, args: tuple, kwargs: dict) -> tuple[list, dict] | Non
     """(the positional arguments, the keyword-only ones) of a call as the dispatcher hands them to the op's
     autograd kernel: positional arguments given by name moved to their place, trailing ones equal to their
     default left out (eager's `needs_input_grad` has no entry for those), keyword-only ones with their
-    defaults. None where
-    the call does not match the schema (the op then raises its own error, traced as it is)."""
+    defaults. None where the call does not match the schema (the op then raises its own error, traced as it
+    is)."""
     positional, keyword, unbound = [], {}, dict(kwargs)
     for k, argument in enumerate(schema.arguments):
         if k < len(args) and not argument.kwarg_only:

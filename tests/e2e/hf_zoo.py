@@ -341,11 +341,12 @@ def table(rows: list[dict]) -> str:
              "| kiln capture = eager | kiln default = eager | notes |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r.kind, r.arch, r.mode)):
-        notes = "; ".join(f"{k}: {v}" for k, v in r.errors.items()).replace("|", "/")[:240]
-        if r.kiln_fallbacks:
-            notes = f"kiln fallbacks {r.kiln_fallbacks}; " + notes
+        notes = [f"kiln fallbacks {r.kiln_fallbacks}"] if r.kiln_fallbacks else []
         if r.default_reference not in (None, "eager"):
-            notes = f"default compared with {r.default_reference} (the model traces another path); " + notes
+            notes.append(f"default compared with {r.default_reference} (the model traces another path)")
+        if r.errors:
+            notes.append("; ".join(f"{k}: {v}" for k, v in r.errors.items()).replace("|", "/")[:240])
+        notes = "; ".join(notes)
         lines.append(f"| {r.arch} | {r.kind} | {r.mode} | {_mark(r.torch_graphs)} | {_mark(r.kiln_graphs)} "
                      f"| {_mark(r.torch_fullgraph)} | {_mark(r.kiln_fullgraph)} | {_mark(r.kiln_capture_correct)} "
                      f"| {r.kiln_default or '-'} | {notes} |")

@@ -7,7 +7,9 @@ logged to `kiln.aot` as Python code:
     analyze       fake run of gm: output structure, aliases, which outputs need grad, (signature.py)
                   which inputs and outputs eager's backward saves                   (saved_versions.py)
     trace         ATen graph of the forward, or the joint forward+backward          (joint.py)
-                  (an op's error while tracing: the graph runs op by op, raising as eager does)
+                  (an op's error while tracing: the graph runs op by op, raising as eager does;
+                  a custom op's autograd formula reading tensor data: traced again with that
+                  backward one opaque call of the formula                             (opaque_backward.py))
     functionalize pure ops; input mutations become outputs                           (functionalize.py)
     partition     min-cut split of the joint into forward and backward               (partition.py)
     (cached)      a variant traced before (by any process) takes its signature and graphs from the
@@ -31,6 +33,7 @@ necessarily eager's stream.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import time
@@ -50,6 +53,7 @@ from kiln.autograd.eager_errors import backward_error, eager_error
 from kiln.autograd.functionalize import InputMutation, functionalize
 from kiln.autograd.graph_parts import PartsCompiled, independent_parts
 from kiln.autograd.joint import trace_forward, trace_joint
+from kiln.autograd.opaque_backward import calls_custom_ops
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
@@ -455,10 +459,7 @@ class AOTCompiled:
             # this signature's aliases (a view of an input that requires grad keeps its history)
             inference = self.runner((None, key[1]))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
-        joint = self._trace(key, "trace joint", trace_joint, program.graph_function(signature),
-                            program.input_specs, requires_grad, signature,
-                            tracing_table(self.decompositions, training=True), program.fake_mode(),
-                            graph_of=lambda j: j.gm)
+        joint = self._trace_joint(key, signature)
         if self._raises_in_eager(joint.gm, joint=True):
             return self.program.run
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
@@ -478,6 +479,23 @@ class AOTCompiled:
         self._store(product_key, guards, aot_cache.encode_training, signature, split, mutations, num_outputs,
                     joint.grad_mask)
         return self._training_runner(key, signature, split, mutations, num_outputs, joint.grad_mask)
+
+    def _trace_joint(self, key: tuple, signature):
+        """The joint graph; where tracing needs a value of tensor data, traced again with each custom op's
+        backward as one call of its registered formula (opaque_backward.py: a formula that reads tensor data,
+        transformers' grouped matmul of mixture-of-experts layers). If that needs one too, the error stands."""
+        program = self.program
+        trace = functools.partial(self._trace, key)
+        args = (trace_joint, program.graph_function(signature), program.input_specs, key[0], signature,
+                tracing_table(self.decompositions, training=True), program.fake_mode())
+        try:
+            return trace("trace joint", *args, graph_of=lambda j: j.gm)
+        except DataDependentOutputException as e:
+            if not calls_custom_ops(program.gm):
+                raise
+            log.info("%s: tracing the joint graph needs tensor data (%s); tracing it again with custom ops' "
+                     "backward opaque", self.name, e)
+        return trace("trace joint, custom ops' backward opaque", *args, True, graph_of=lambda j: j.gm)
 
     def _training_runner(self, key: tuple, signature, split: Partition, mutations: list[InputMutation],
                          num_outputs: int, grad_mask: list[bool]) -> TrainingRunner:

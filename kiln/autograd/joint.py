@@ -15,6 +15,7 @@ removes them.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import compiled_autograd
+from kiln.autograd.opaque_backward import opaque_custom_op_backwards
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
 from kiln.runtime.lazy_graphs import lazily_built
 
@@ -48,8 +50,10 @@ class JointGraph:
 
 
 def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
-                signature: OutputSignature, decompositions: dict, mode: FakeTensorMode | None = None) -> JointGraph:
-    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`."""
+                signature: OutputSignature, decompositions: dict, mode: FakeTensorMode | None = None,
+                opaque_custom_ops: bool = False) -> JointGraph:
+    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`. `opaque_custom_ops`: the
+    backward of each custom op that opaque_backward.py covers is one call running its registered formula."""
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     primals = [s.fake(mode, rg) for s, rg in zip(input_specs, requires_grad)]
     diff_outputs = signature.differentiable()
@@ -58,7 +62,8 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
     grad_mask: list[bool] = []
 
     def joint(*flat):
-        outs = fn(*flat[:n])
+        with opaque_custom_op_backwards() if opaque_custom_ops else contextlib.nullcontext():
+            outs = fn(*flat[:n])
         wrt = [p for p in flat[:n] if _requires_grad(p)]
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one

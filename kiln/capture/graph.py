@@ -18,6 +18,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import Source as TorchSource
+from torch._library.custom_ops import CustomOpDef
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.fx.graph import _is_from_torch
@@ -343,7 +344,11 @@ def printable_target(target: Any) -> Any:
     `split`, `stft`, `norm`, ...) print as `torch.<name>`, which is the Python wrapper taking other
     arguments; a function defined in `torch.testing` under a name its module does not bind (a lambda
     assigned to an attribute) prints as a name that does not exist. Such a target becomes a plain
-    function calling it, which FX binds by object."""
+    function calling it, which FX binds by object. A custom op's definition (what `torch.library.custom_op`
+    returns) is called as its operator, which is all its `__call__` does: the graph then names the op
+    (`torch.ops.<namespace>.<name>.default`), as the later stages and the compile cache know ops."""
+    if isinstance(target, CustomOpDef):
+        return target._opoverload
     cached = _PRINTABLE.get(id(target))
     if cached is not None and cached[0] is target:
         return cached[1]

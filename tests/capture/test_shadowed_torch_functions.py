@@ -46,3 +46,27 @@ def test_a_builtin_shadowed_in_torch_is_called_by_object():
     wrapped = printable_target(builtin)
     assert wrapped is not builtin and wrapped((torch.ones(2, 1), torch.ones(3)))[0].shape == (2, 3)
     assert printable_target(torch.add) is torch.add  # its printed name is itself
+
+
+@torch.library.custom_op("kilntest_capture::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+twice.register_fake(lambda x: torch.empty_like(x))
+
+
+def test_a_custom_op_definition_is_recorded_as_its_operator():
+    """`torch.library.custom_op` returns a definition object whose call runs the operator: the graph calls the
+    operator itself, by the name the later stages and the compile cache know it by."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(lambda t: twice(t) + 1, backend=backend, fullgraph=True)(x), x * 2 + 1)
+    (gm,) = graphs
+    assert torch.ops.kilntest_capture.twice.default in {n.target for n in gm.graph.nodes}
+    assert "torch.ops.kilntest_capture.twice.default" in gm.code

@@ -91,3 +91,36 @@ def test_a_model_that_traces_another_path_passes_only_where_kiln_equals_torch_co
                                kiln_fullgraph=True, kiln_capture_correct=False,
                                torch_capture_correct=torch_correct, kiln_equals_torch=equal)
     assert result.capture_ok() is passes
+
+
+class _CausalWhenTraced(torch.nn.Module):
+    """Like transformers 5.17's UMT5 decoder: a causal mask only when traced (`is_compiling()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        scores = self.proj(x) @ x.transpose(-1, -2)
+        if torch.compiler.is_compiling():
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ x
+
+
+@pytest.mark.parametrize("traced_path", [True, False], ids=["listed", "not_listed"])
+def test_the_default_backend_of_a_model_tracing_another_path_is_compared_with_torch_compile(monkeypatch,
+                                                                                            traced_path):
+    """A model listed in TRACED_PATH passes where kiln computes what torch.compile's capture computes; one not
+    listed is compared with eager, and the other path is a difference."""
+    class Toy:
+        kind = "toy"
+        build = staticmethod(_CausalWhenTraced)
+
+    monkeypatch.setitem(hf_zoo.ARCHITECTURES, "toy", Toy)
+    monkeypatch.setitem(hf_zoo.INPUTS, "toy", lambda model, generator, training: {
+        "x": torch.randn(2, 5, 4, generator=generator)})
+    if traced_path:
+        monkeypatch.setitem(hf_zoo.TRACED_PATH, "toy", "masks only when traced")
+    result = run_case("toy", "inference", checks=("default",))
+    assert result.default_reference == ("torch.compile" if traced_path else "eager")
+    assert (result.kiln_default == "ok") is traced_path, result

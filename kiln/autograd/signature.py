@@ -273,12 +273,10 @@ class FlatProgram:
         self.has_int_inputs = bool(symbols)
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         inputs = [example_inputs[i] for i in self.tensor_positions]
-        # which flat inputs are parameters (or leaves that require grad, as a user's own weights): their owner holds
-        # them, and writes them in place only in an optimizer's step, after the backward (partition.py may save
-        # them to recompute from, where eager saves other values)
-        self.parameters = tuple(isinstance(t, torch.nn.Parameter) or (isinstance(t, torch.Tensor) and t.is_leaf
-                                                                      and t.requires_grad)
-                                for t in inputs + self.state())
+        # which flat inputs are parameters (their type is guarded): their owner holds them, and writes them in place
+        # only in an optimizer's step, after the backward (partition.py may save them to recompute from, where
+        # eager saves other values; so may it a leaf that requires grad at the call, aot.py `_owned_inputs`)
+        self.parameters = tuple(isinstance(t, torch.nn.Parameter) for t in inputs + self.state())
         if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
             inputs = [_example(placeholders[i]) for i in self.tensor_positions]
         self.input_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else IntSpec(t)

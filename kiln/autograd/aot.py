@@ -475,7 +475,7 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),
                                       joint.num_outputs, graph_of=lambda result: result[0])
-        _check_no_mutation_of_grad_inputs(mutations, requires_grad)
+        _check_no_mutation_of_grad_inputs(mutations, requires_grad, signature.unversioned_inputs)
         num_outputs, num_grads = joint.num_outputs, sum(joint.grad_mask)
         layout = JointLayout(
             num_primals=joint.num_primals,
@@ -625,10 +625,12 @@ def _written_inputs(signature, mutations: list[InputMutation]) -> set[int]:
             | {i for i, _ in signature.restrided_inputs})
 
 
-def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...]) -> None:
-    """Inputs that require grad are mutated on clones (signature.mutated_grad_inputs), never in the graph."""
+def _check_no_mutation_of_grad_inputs(mutations: list[InputMutation], requires_grad: tuple[bool, ...],
+                                      unversioned: tuple[int, ...]) -> None:
+    """Inputs that require grad are mutated on clones (signature.mutated_grad_inputs), never in the graph, unless
+    the write is one autograd does not see (through `.data`: `unversioned`)."""
     for m in mutations:
-        if requires_grad[m.input_index]:
+        if requires_grad[m.input_index] and m.input_index not in unversioned:
             raise AssertionError(f"kiln: input {m.input_index} requires grad but the graph mutates it in place")
 
 

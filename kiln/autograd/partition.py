@@ -416,9 +416,13 @@ class _JointNodes:
 
     def _returned_and_saved_by_eager(self) -> set[fx.Node]:
         """Forward values that may not be recomputed because they are (views of) an output the caller receives
-        whose storage eager's backward reads (`JointLayout.outputs_saved_by_eager`): the backward reads the
-        output as returned, with whatever the caller wrote into it, as eager's does."""
-        return {n for n in self.read_as_returned if n.op == "call_function"}
+        whose storage eager's backward reads (`JointLayout.outputs_saved_by_eager`), or forward values computed
+        from one: the backward reads the output as returned, with whatever the caller wrote into it, as eager's
+        does, and the values the forward computed from it as the forward computed them (eager saved `exp(t)`
+        for `exp(t) * t`, not a recomputation from `t` as written since)."""
+        returned = {n for n in self.read_as_returned if n.op == "call_function"}
+        return returned | {n for n in self.required_forward if n.op == "call_function" and n not in returned
+                           and any(a in self.read_as_returned for a in n.all_input_nodes)}
 
     def _written_in_backward(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:
         """Forward values that may not be recomputed because a matmul or convolution of the backward reads them

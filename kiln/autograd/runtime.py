@@ -74,7 +74,11 @@ class MutationWriter:
     hold one dtype; a mixed list (batch norms' float statistics and int64 counters) is a copy per
     tensor, one memcpy launch each per training step."""
 
-    def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec]):
+    def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec],
+                 unversioned: tuple[int, ...] = ()):
+        # writes no version counter saw (through `.data`, OutputSignature.unversioned_inputs) are written so again
+        self.unseen = [m for m in mutations if m.input_index in unversioned]
+        mutations = [m for m in mutations if m.input_index not in unversioned]
         self.mutations = mutations
         groups: dict = {}
         for m in mutations:
@@ -83,6 +87,9 @@ class MutationWriter:
         self.groups = [([m.input_index for m in g], [m.output_index for m in g]) for g in groups.values()]
 
     def __call__(self, flat: list, outs: list) -> None:
+        for m in self.unseen:
+            if outs[m.output_index] is not flat[m.input_index]:
+                flat[m.input_index].data.copy_(outs[m.output_index])
         if not self.mutations:
             return
         # a compiled graph may have written the new value into the input itself (the output is the input):
@@ -152,7 +159,7 @@ class TrainingRunner:
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
         # the engine would otherwise visit), as eager's ops have none
         self.unreached = unreached
-        self.write_mutations = MutationWriter(mutations, program.input_specs)
+        self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, saved_primals, origin)
         differentiable = signature.differentiable()

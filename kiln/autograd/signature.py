@@ -222,6 +222,12 @@ class OutputSignature:
     """The order `assemble` builds the leaves in where some are rebuilt on another (`source_leaf`), which comes
     first; None: in order."""
 
+    unversioned_inputs: tuple[int, ...] = ()
+    """(A training graph's) inputs whose version counter the run left as it was: a write the functional graph makes
+    into one went through `.data`, which shares the storage and not the version counter. Eager's autograd sees no
+    such write (it neither raises nor records it, and what it saved reads the new values): the runtime writes it
+    through `.data` too (`MutationWriter`)."""
+
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
@@ -418,9 +424,11 @@ class FlatProgram:
         watched = saved_by_eager(saved, fakes, [f._version == v for f, v in zip(fakes, versions)], outputs.tensors,
                                  num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
             if requires_grad is not None else []
+        unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if f._version == v) \
+            if requires_grad is not None else ()
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
-                               watched, _build_order(kinds))
+                               watched, _build_order(kinds), unversioned)
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""

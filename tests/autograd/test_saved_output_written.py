@@ -175,3 +175,36 @@ def test_exposure_follows_the_call(leaves, backend):
     compiled = kiln.compile(scaled_exp, backend=backend)
     for leaf in (*leaves, *leaves):
         assert_same(write_input_then_backward(scaled_exp, leaf), write_input_then_backward(compiled, leaf))
+
+
+# Written through `.data` inside the compiled function: `.data` shares the storage with a version counter of its
+# own, so the write is one autograd does not see; a value saved for the backward (t0 for `t0 * t0`) is read with
+# what was written, and nothing raises. Captured as `detach()` (which shares the version counter), the trace met
+# autograd's error and the graph ran op by op, raising where eager runs (fuzz seed 400015).
+
+def data_write_of_a_saved_factor(a):
+    t0 = a * 1.5 + 0.5
+    p0 = t0 * t0
+    t0.data.mul_(2)
+    return t0 + p0
+
+
+def data_write_after_a_break(a):
+    t0 = a * 1.5 + 0.5
+    p0 = t0.exp() * t0
+    kiln.graph_break()
+    t0.data.add_(1)
+    return t0 + p0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [data_write_of_a_saved_factor, data_write_after_a_break], ids=lambda f: f.__name__)
+def test_data_write_inside_the_function(program, backend):
+    compiled = kiln.compile(program, backend=backend)
+    results = []
+    for fn in (program, compiled):
+        a = torch.linspace(-1.0, 1.0, 6).requires_grad_()
+        out = fn(a)
+        out.sum().backward()
+        results.append((out.detach(), a.grad))
+    torch.testing.assert_close(results[1], results[0])

@@ -516,11 +516,17 @@ class AOTCompiled:
         snapshots = [i is not None and i in written for i in split.saved_inputs]
         # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
         watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
+        # saved values on the storage of a watched tensor: eager's version check is the watch's, which raises only
+        # where a gradient reaches what eager saved; autograd's would raise at any backward through the graph
+        watched_inputs = {w.index for w in watched if w.of_input}
+        watched_outputs = {w.index for w in watched if not w.of_input}
+        watch_only = [i in watched_inputs or j in watched_outputs
+                      for i, j in zip(split.saved_inputs, split.saved_outputs)]
         primals = {n.name: k for k, n in enumerate(split.forward.graph.find_nodes(op="placeholder"))}
         saved_primals = [primals.get(name) for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
-                              snapshots, watched, saved_primals, unreached, graph_origin(program.gm))
+                              snapshots, watched, watch_only, saved_primals, unreached, graph_origin(program.gm))
 
 
 def graph_origin(gm: torch.fx.GraphModule) -> str:

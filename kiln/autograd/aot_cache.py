@@ -60,7 +60,7 @@ log = logging.getLogger("kiln.aot")
 FOLDER = "aot"
 stats = graph_cache.folder_stats[FOLDER]
 _PARTITION_NUMBERS = ("strategy", "saved", "saved_is_size", "saved_bytes", "naive_saved", "naive_bytes",
-                      "saved_inputs", "saved_input_bytes", "recomputed")
+                      "saved_inputs", "saved_input_bytes", "recomputed", "saved_outputs")
 # Modules whose module-level functions may be called by a cached captured graph: their behaviour is fixed by
 # the versions in the key (a user's function is not: its code is not in the captured graph's code).
 _KNOWN_MODULES = ("torch", "kiln", "operator", "_operator", "math", "builtins")

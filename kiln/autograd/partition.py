@@ -150,6 +150,8 @@ class Partition:
     saved_input_bytes: int
     """Of `saved_bytes`, those held by inputs (parameters, ...) that stay alive anyway."""
     recomputed: list[str] = field(default_factory=list)
+    saved_outputs: list[int | None] = field(default_factory=list)
+    """Per saved tensor: the joint output whose storage it shares (the output itself or a view), or None."""
 
     def summary(self) -> str:
         ratio = f"{self.saved_bytes / self.naive_bytes:.2f}" if self.naive_bytes else "-"
@@ -213,9 +215,18 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     saved_inputs = [None if is_size(n) else input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage()))
                     for n in saved]
     saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
+    output_storages: dict = {}
+    for j in layout.forward_outputs:
+        output_storages.setdefault(_storage(joint_outputs(joint)[j]), j)
+    output_storages.pop(None, None)
+    saved_outputs = [None if is_size(n) else output_storages.get(_storage(n)) for n in saved]
     return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
                      int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
-                     saved_inputs, int(saved_input_bytes), recomputed)
+                     saved_inputs, int(saved_input_bytes), recomputed, saved_outputs)
+
+
+def joint_outputs(joint: fx.GraphModule) -> list:
+    return joint.graph.find_nodes(op="output")[0].args[0]
 
 
 def merge_duplicates(joint: fx.GraphModule) -> None:

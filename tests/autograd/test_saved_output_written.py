@@ -208,3 +208,42 @@ def test_data_write_inside_the_function(program, backend):
         out.sum().backward()
         results.append((out.detach(), a.grad))
     torch.testing.assert_close(results[1], results[0])
+
+
+# Written, and not reached: eager raises only where a gradient reaches the node that saved the written value. A
+# compiled graph has one backward node for all its outputs, so its saved values are checked by kiln's watch of what
+# eager saves (saved_versions.py), not by autograd's check of each saved value, which would raise at any backward
+# through the graph (fuzz seed 400027).
+
+def product_and_double(x, w):
+    return x * w, w * 2  # saves x, for the gradient of w through the product
+
+
+def chain_with_a_square(x, w):
+    t0 = w * 1.5 + 0.5
+    t1 = t0 * 1.5 + 0.5
+    return t0, t1, t1 * t1  # saves t1, which the caller writes
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program, written", [(product_and_double, "input"), (chain_with_a_square, "output")],
+                         ids=["input", "output"])
+def test_written_and_not_reached(program, written, backend):
+    compiled = kiln.compile(program, backend=backend)
+    for loss_from in range(len(program(*make(2)[1]))):  # each output: whether its backward reaches the saver or not
+        results = []
+        for fn in (program, compiled):
+            weight, (x, w) = make(3)
+            outs = fn(x.detach(), weight)
+            with torch.no_grad():
+                (x if written == "input" else outs[1]).add_(1)
+            try:
+                outs[loss_from].sum().backward()
+                results.append(weight.grad)
+            except RuntimeError as error:
+                results.append((type(error), str(error).split(", which is")[0].split(" is at version")[0]))
+        assert type(results[1]) is type(results[0]), results
+        if isinstance(results[0], tuple):
+            assert results[1] == results[0]
+        else:
+            torch.testing.assert_close(results[1], results[0])

@@ -60,7 +60,7 @@ log = logging.getLogger("kiln.aot")
 FOLDER = "aot"
 stats = graph_cache.folder_stats[FOLDER]
 _PARTITION_NUMBERS = ("strategy", "saved", "saved_is_size", "saved_bytes", "naive_saved", "naive_bytes",
-                      "saved_inputs", "saved_input_bytes", "recomputed")
+                      "saved_inputs", "saved_input_bytes", "recomputed", "saved_outputs")
 # Modules whose module-level functions may be called by a cached captured graph: their behaviour is fixed by
 # the versions in the key (a user's function is not: its code is not in the captured graph's code).
 _KNOWN_MODULES = ("torch", "kiln", "operator", "_operator", "math", "builtins")
@@ -69,9 +69,10 @@ _KNOWN_MODULES = ("torch", "kiln", "operator", "_operator", "math", "builtins")
 # ----------------------------------------------------------------------------- the key
 
 
-def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
+def variant_key(program: FlatProgram, variant: tuple, compiler: str, owned: tuple[bool, ...] = ()) -> str:
     """The product key of `program`'s `variant` (AOTCompiled.key) compiled by `compiler` (its identity and
-    options); Uncacheable if it has none."""
+    options), for a training variant the inputs its partition takes to be held by an owner (aot.py
+    `_owned_inputs`); Uncacheable if it has none."""
     gm = program.gm
     state = set(program.state_names)
     constants = {}
@@ -87,7 +88,7 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
     requires_grad, autocast = variant
     described = {"code": gm.code, "constants": constants, "inputs": inputs, "baked": baked,
                  "num_args": program.num_args, "state": program.state_names, "parameters": program.parameters,
-                 "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
+                 "owned": owned, "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
                  "compiler": compiler, "switches": switches(), "environment": graph_cache.environment(),
                  "shape_env": symbolic_sizes.describe_env(program.shape_env())}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()

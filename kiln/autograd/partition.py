@@ -79,7 +79,8 @@ EXPOSED_COST = 2 ** 62
 """What saving an exposed primal (`JointLayout.exposed_primals`) adds to its bytes: more than any set of values the
 backward could save instead, so the cut saves the values computed from it, as eager does, and the primal only
 where no cut avoids it. A primal saved to recompute from, which the caller writes in place before the backward,
-would fail autograd's version check where eager's backward runs."""
+would fail autograd's version check where eager's backward runs. An output the caller holds, which eager's backward
+does not read, is exposed the same way (`JointLayout.exposed_outputs`): `y.mul_(2)` before the backward."""
 
 
 def is_recomputable(node: fx.Node) -> bool:
@@ -122,8 +123,8 @@ def is_size(node: fx.Node) -> bool:
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
 
 
-def _storage(node: fx.Node) -> StorageWeakRef | None:
-    val = node.meta.get("val")
+def _storage(node) -> StorageWeakRef | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
     return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
@@ -149,6 +150,8 @@ class Partition:
     saved_input_bytes: int
     """Of `saved_bytes`, those held by inputs (parameters, ...) that stay alive anyway."""
     recomputed: list[str] = field(default_factory=list)
+    saved_outputs: list[int | None] = field(default_factory=list)
+    """Per saved tensor: the joint output whose storage it shares (the output itself or a view), or None."""
 
     def summary(self) -> str:
         ratio = f"{self.saved_bytes / self.naive_bytes:.2f}" if self.naive_bytes else "-"
@@ -172,6 +175,16 @@ class JointLayout:
     exposed_primals: tuple[bool, ...] = ()
     """Per primal, whether the caller may write it in place before the backward where eager's backward reads
     none of it (aot.py `_exposed_primals`): saved only where the backward reads it itself (`EXPOSED_COST`)."""
+    exposed_outputs: tuple[int, ...] = ()
+    """Joint outputs the caller receives (or a view of them) and may write in place before the backward, whose
+    storage eager's backward does not read: saved, or a view of them, only where no cut avoids it, as exposed
+    primals (`EXPOSED_COST`). Saved to recompute from (`y, y.exp() * y.sigmoid()`, where eager saves the exp and
+    the sigmoid), a write to `y` fails the version check where eager's backward runs, or (through `.data`) changes
+    the gradient."""
+    outputs_saved_by_eager: tuple[int, ...] = ()
+    """Joint outputs the caller receives whose storage eager's backward reads (`exp(x)` saves its result): the
+    backward reads them as returned, never a recomputation, so that what the caller writes into them unseen by
+    version counters (`y.data.mul_(2)`) reaches kiln's backward as it reaches eager's."""
 
 
 def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_cut",
@@ -202,9 +215,18 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     saved_inputs = [None if is_size(n) else input_storages.get(StorageWeakRef(n.meta["val"].untyped_storage()))
                     for n in saved]
     saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
+    output_storages: dict = {}
+    for j in layout.forward_outputs:
+        output_storages.setdefault(_storage(joint_outputs(joint)[j]), j)
+    output_storages.pop(None, None)
+    saved_outputs = [None if is_size(n) else output_storages.get(_storage(n)) for n in saved]
     return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
                      int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
-                     saved_inputs, int(saved_input_bytes), recomputed)
+                     saved_inputs, int(saved_input_bytes), recomputed, saved_outputs)
+
+
+def joint_outputs(joint: fx.GraphModule) -> list:
+    return joint.graph.find_nodes(op="output")[0].args[0]
 
 
 def merge_duplicates(joint: fx.GraphModule) -> None:
@@ -301,7 +323,8 @@ class _JointNodes:
         self.backward_nodes = [n for n in joint.graph.nodes if n in tangent_dependent]
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
-        self.exposed = self._on_exposed_storage(layout.exposed_primals)
+        self.exposed = self._on_exposed_storage(layout, outs)
+        self.read_as_returned = self._on_storages({_storage(outs[i]) for i in layout.outputs_saved_by_eager})
         # ops that must run though no output reads them (an `assert` on a tensor's value, an unused random
         # draw, which moves the generator): each runs once, on its side, where eager runs it
         self.forward_effects = [n for n in self.forward_side if n.op == "call_function" and has_effect(n)]
@@ -313,20 +336,42 @@ class _JointNodes:
         self.backward_reads = {n for n in self.forward_side
                                if any(u in tangent_dependent for u in n.users)} | {
                               n for n in self.backward_outputs if n is not None and n not in tangent_dependent}
+        self.computed_from_returned = self._computed_for_backward_from(self.read_as_returned)
 
-    def _on_exposed_storage(self, exposed_primals: tuple[bool, ...]) -> set[fx.Node]:
-        """The forward values on the storage of an exposed primal (`JointLayout.exposed_primals`): the primal and
-        its views (`x.t()`), which share its version counter."""
-        storages = {_storage(p) for p, exposed in zip(self.primals, exposed_primals) if exposed}
+    def _on_exposed_storage(self, layout: JointLayout, outs: list) -> set[fx.Node]:
+        """The forward values on the storage of an exposed primal or output (`JointLayout`): the primal or output
+        and its views (`x.t()`), which share its version counter. An output on a primal's storage is the
+        primal's (`exposed_primals` decides for it), and one on the storage of an output eager saves is that
+        output's (`outputs_saved_by_eager`)."""
+        primal_storages = {_storage(p) for p in self.primals}
+        storages = {_storage(p) for p, exposed in zip(self.primals, layout.exposed_primals) if exposed}
+        storages |= {_storage(outs[i]) for i in layout.exposed_outputs} - primal_storages - {
+            _storage(outs[i]) for i in layout.outputs_saved_by_eager}
+        return self._on_storages(storages)
+
+    def _on_storages(self, storages: set) -> set[fx.Node]:
         storages.discard(None)
         return {n for n in self.forward_side if storages and _storage(n) in storages}
+
+    def _computed_for_backward_from(self, values: set[fx.Node]) -> set[fx.Node]:
+        """The forward values computed, directly or not, from `values` that the forward itself does not need: work
+        of the backward that tracing put before it (`cos(y)` for the gradient of `y.sin()`). Not the views on their
+        storage, which read them as they are."""
+        computed: set[fx.Node] = set()
+        for node in self.forward_side:
+            if node not in self.required_forward and node not in values and any(
+                    a in values or a in computed for a in node.all_input_nodes):
+                computed.add(node)
+        return computed
 
     def save_cost(self, node: fx.Node) -> float:
         """What saving `node` costs the cut: its bytes, except for a primal that requires grad (a parameter),
         which its owner holds anyway. So a value recomputed from an extern's output and parameters (a
         convolution's bias added, then ReLU) is not saved in the extern's stead for the parameters' bytes. An
-        exposed primal, or a view of one, costs `EXPOSED_COST` more."""
-        if node in self.exposed:
+        exposed primal or output, or a view of one, costs `EXPOSED_COST` more; so does a value computed for the
+        backward from an output eager saves (`cos(y)`, `y <= 0`): eager computes it in the backward from the output
+        as the caller left it, and so does kiln's, where a cut allows."""
+        if node in self.exposed or node in self.computed_from_returned:
             return node_bytes(node) + EXPOSED_COST
         return 0 if node in self.held else node_bytes(node)
 
@@ -349,7 +394,7 @@ class _JointNodes:
     def min_cut_saved(self, fused: Callable[[Any], bool] | None = None) -> list[fx.Node]:
         """The saved set of the minimum cut closest to the sink (see the module docstring)."""
         flow = FlowGraph()
-        banned = self._written_in_backward(fused)
+        banned = self._written_in_backward(fused) | self._returned_and_saved_by_eager()
         banned |= self._chained(fused, banned)
         cost = self.cut_cost(fused)
         for node in self.forward_side:
@@ -379,6 +424,16 @@ class _JointNodes:
         outputs = set(self.forward_outputs)
         return {n for n in self.forward_side if n not in outputs and _only_fused_read(n, fused) and all(
             epochs.get(u, epochs[n]) == epochs[n] for u in _readers(n) if u in self.forward_side_set)}
+
+    def _returned_and_saved_by_eager(self) -> set[fx.Node]:
+        """Forward values that may not be recomputed because they are (views of) an output the caller receives
+        whose storage eager's backward reads (`JointLayout.outputs_saved_by_eager`), or forward values computed
+        from one: the backward reads the output as returned, with whatever the caller wrote into it, as eager's
+        does, and the values the forward computed from it as the forward computed them (eager saved `exp(t)`
+        for `exp(t) * t`, not a recomputation from `t` as written since)."""
+        returned = {n for n in self.read_as_returned if n.op == "call_function"}
+        return returned | {n for n in self.required_forward if n.op == "call_function" and n not in returned
+                           and any(a in self.read_as_returned for a in n.all_input_nodes)}
 
     def _written_in_backward(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:
         """Forward values that may not be recomputed because a matmul or convolution of the backward reads them

@@ -74,7 +74,11 @@ class MutationWriter:
     hold one dtype; a mixed list (batch norms' float statistics and int64 counters) is a copy per
     tensor, one memcpy launch each per training step."""
 
-    def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec]):
+    def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec],
+                 unversioned: tuple[int, ...] = ()):
+        # writes no version counter saw (through `.data`, OutputSignature.unversioned_inputs) are written so again
+        self.unseen = [m for m in mutations if m.input_index in unversioned]
+        mutations = [m for m in mutations if m.input_index not in unversioned]
         self.mutations = mutations
         groups: dict = {}
         for m in mutations:
@@ -83,6 +87,9 @@ class MutationWriter:
         self.groups = [([m.input_index for m in g], [m.output_index for m in g]) for g in groups.values()]
 
     def __call__(self, flat: list, outs: list) -> None:
+        for m in self.unseen:
+            if outs[m.output_index] is not flat[m.input_index]:
+                flat[m.input_index].data.copy_(outs[m.output_index])
         if not self.mutations:
             return
         # a compiled graph may have written the new value into the input itself (the output is the input):
@@ -145,16 +152,16 @@ class TrainingRunner:
 
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
-                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager],
+                 grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager], watch_only: list[bool],
                  saved_primals: list[int | None], unreached: list[int] = (), origin: str = "a compiled graph"):
         self.program, self.signature = program, signature
         # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
         # the engine would otherwise visit), as eager's ops have none
         self.unreached = unreached
-        self.write_mutations = MutationWriter(mutations, program.input_specs)
+        self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask, snapshots, watched, saved_primals, origin)
+                                       signature, grad_mask, snapshots, watched, watch_only, saved_primals, origin)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -202,7 +209,8 @@ def _hook_only_gradients(out: torch.Tensor) -> None:
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
-                   watched: list[SavedByEager], saved_primals: list[int | None], origin: str) -> type:
+                   watched: list[SavedByEager], watch_only: list[bool], saved_primals: list[int | None],
+                   origin: str) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -215,7 +223,10 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     computed from the input, or the trace raised): such values are saved as copies.
 
     `watched`: the inputs and outputs whose values eager's backward saves; their versions are taken
-    at the forward and checked by the backward, as eager's are (`saved_versions`).
+    at the forward and checked by the backward, as eager's are (`saved_versions`). `watch_only`, per saved
+    value: it shares the storage of a watched tensor, so the watch alone checks its version: it is saved as
+    its `.data` (its own version counter) where it carries no history, since autograd's check would raise at any
+    backward through the graph, where eager's raises only for a gradient that reaches the node that saved it.
 
     `saved_primals`, per saved value: the forward input it is, or None (a value the forward computed,
     or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
@@ -232,6 +243,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
     snapshot = [k for k, copy in enumerate(snapshots) if copy]
+    unchecked = [k for k, only in enumerate(watch_only) if only]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -241,6 +253,9 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             outs = results[:len(results) - num_saved]
             for k in snapshot:
                 saved[k] = saved[k].clone()
+            for k in unchecked:
+                if not saved[k].requires_grad:  # an input with history stays itself (a double backward reads it)
+                    saved[k] = saved[k].data
             if has_sizes:
                 ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
                 saved = [v for v, size in zip(saved, saved_is_size) if not size]

@@ -222,6 +222,12 @@ class OutputSignature:
     """The order `assemble` builds the leaves in where some are rebuilt on another (`source_leaf`), which comes
     first; None: in order."""
 
+    unversioned_inputs: tuple[int, ...] = ()
+    """(A training graph's) inputs whose version counter the run left as it was: a write the functional graph makes
+    into one went through `.data`, which shares the storage and not the version counter. Eager's autograd sees no
+    such write (it neither raises nor records it, and what it saved reads the new values): the runtime writes it
+    through `.data` too (`MutationWriter`)."""
+
     def differentiable(self) -> list[int]:
         return [i for i, rg in enumerate(self.requires_grad) if rg]
 
@@ -273,12 +279,10 @@ class FlatProgram:
         self.has_int_inputs = bool(symbols)
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         inputs = [example_inputs[i] for i in self.tensor_positions]
-        # which flat inputs are parameters (or leaves that require grad, as a user's own weights): their owner holds
-        # them, and writes them in place only in an optimizer's step, after the backward (partition.py may save
-        # them to recompute from, where eager saves other values)
-        self.parameters = tuple(isinstance(t, torch.nn.Parameter) or (isinstance(t, torch.Tensor) and t.is_leaf
-                                                                      and t.requires_grad)
-                                for t in inputs + self.state())
+        # which flat inputs are parameters (their type is guarded): their owner holds them, and writes them in place
+        # only in an optimizer's step, after the backward (partition.py may save them to recompute from, where
+        # eager saves other values; so may it a leaf that requires grad at the call, aot.py `_owned_inputs`)
+        self.parameters = tuple(isinstance(t, torch.nn.Parameter) for t in inputs + self.state())
         if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
             inputs = [_example(placeholders[i]) for i in self.tensor_positions]
         self.input_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else IntSpec(t)
@@ -420,9 +424,11 @@ class FlatProgram:
         watched = saved_by_eager(saved, fakes, [f._version == v for f, v in zip(fakes, versions)], outputs.tensors,
                                  num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
             if requires_grad is not None else []
+        unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if f._version == v) \
+            if requires_grad is not None else ()
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
-                               watched, _build_order(kinds))
+                               watched, _build_order(kinds), unversioned)
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""

@@ -320,7 +320,10 @@ class WrapperCodegen:
 
     def arg(self, a, share: bool = True) -> str:
         """`a` as Python source. `share=False` for the graph's outputs: each is a tensor of its own, as the traced
-        graph's are (the runtime tells outputs apart by identity), never a view an extern read too."""
+        graph's are (the runtime tells outputs apart by identity), never a view an extern read too, nor a view
+        to autograd (`detach()`: the storage shared, no view of a buffer recorded). Returned as views by an
+        autograd.Function with several outputs, they could not be written in place (the 4-d output of a batched
+        matmul, a view of its 3-d buffer, written after a graph break), where eager's are not views."""
         if isinstance(a, ir.TensorRef):
             if not a.view:
                 return a.buf
@@ -331,7 +334,7 @@ class WrapperCodegen:
                 view = f"{a.buf}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
             else:
                 view = f"_view({a.buf}, {self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)})"
-            return self.shared_view(a.buf, view) if share else view
+            return self.shared_view(a.buf, view) if share else f"{view}.detach()"
         if isinstance(a, ir.SymRef):
             return pyexpr(a.expr)
         if isinstance(a, ir.SizeFloatRef):

@@ -24,7 +24,12 @@ adds, on top of everything `Builder` draws:
   value one ulp off is a wrong value, not a rounding within tolerance);
 - from OVERLAPS_FROM up, inputs whose elements share memory (expanded along the first or the last dim, rows that
   are overlapping windows) drawn from a stream of their own, and statements writing into them that eager allows
-  whatever the overlap (OVERLAP_WRITES: empty slices, fills).
+  whatever the overlap (OVERLAP_WRITES: empty slices, fills);
+- from WRITTEN_OUTPUTS_FROM up, values a graph returns that the code after a graph break writes in place before the
+  backward (WRITTEN_OUTPUTS: in grad mode, under no_grad, through `.data` or a detached view), beside values computed
+  from them that eager's backward saves, or not (the graph's partition must save what the writes leave as eager's
+  backward reads it), and inputs that are a leaf on some calls and a non-leaf on others (whether the caller may
+  write an input is decided per call), drawn from a stream of their own.
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ SCALARS_FROM = 200_000  # seeds from here up draw SCALARS, from a stream of thei
 SCALAR_SHARE = 0.3      # the share of their statements drawn from SCALARS
 OVERLAPS_FROM = 300_000  # seeds from here up draw overlapping layouts and OVERLAP_WRITES, from a stream of their own
 OVERLAP_SHARE = 0.2       # the share of their statements drawn from OVERLAP_WRITES, and of inputs laid out to overlap
+WRITTEN_OUTPUTS_FROM = 400_000  # seeds from here up draw WRITTEN_OUTPUTS and LEAF_SOMETIMES, from a stream of their own
+WRITTEN_SHARE = 0.3  # the share of their statements drawn from WRITTEN_OUTPUTS, and of their grad inputs LEAF_SOMETIMES
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -254,6 +261,23 @@ OVERLAP_WRITES = (
 )
 OVERLAPPING_LAYOUTS = ["expand", "expand_last", "windows"]
 
+# a value the graph returns to the code after a break ({out}), beside a value computed from it ({p}): eager's backward
+# saves {out} (sin, a product with itself), or only what it computed from it (exp, sigmoid, tanh)
+SAVED_BESIDE = ("{out}.exp() * {out}.sigmoid()", "{out}.sin()", "{out}.tanh() * 2", "{out} * {out}",
+                "torch.relu({out}) + {out}.exp()", "({out} * 3).exp()")
+# writes into it before the backward, each of which eager allows on a non-leaf
+WRITES = ("{out}.mul_(2)", "with torch.no_grad():\n    {out}.mul_(2)", "{out}.data.mul_(2)",
+          "{out}.detach()[..., :1].zero_()", "{out}[..., :1].add_(1)")
+WRITTEN_OUTPUTS = [Op("{out} = {a} * 1.5 + 0.5\n{p} = " + saved + "\nkiln.graph_break()\n" + write
+                      + "\n{out} = {out} + {p}", is_float, makes="block")
+                   for saved in SAVED_BESIDE for write in WRITES] + [
+    Op("{out} = ({a} * 2).exp() * 3\nkiln.graph_break()\n{a}.add_(1)", is_float, makes="block"),  # an input
+    Op("{out} = {a} @ {a}.mT\n{p} = {out}.exp() * {out}.sigmoid()\nkiln.graph_break()\n{out}.mul_(2)\n"
+       "{out} = {out} + {p}", lambda a: is_float(a) and a.dim() >= 2, makes="block"),
+]
+# an input requiring grad that is a leaf on even calls and a non-leaf (an activation) on odd ones
+LEAF_SOMETIMES = "(lambda t: t * 1 if call % 2 else t)({})"
+
 EXTENDED_FAMILIES: list[tuple[str, list[Op], float]] = [
     ("grad_mode", GRAD_MODES, 1.5), ("autocast", AUTOCAST, 1), ("autograd", AUTOGRAD, 1.5),
     ("promotion", PROMOTION, 2), ("closure", CLOSURES, 0.7),
@@ -313,6 +337,9 @@ class ExtendedBuilder(Builder):
         # OVERLAPPING_LAYOUTS and OVERLAP_WRITES likewise, from OVERLAPS_FROM up
         self.overlap_rng = random.Random(f"kiln-fuzz-overlaps-{seed}")
         self.overlap_share = OVERLAP_SHARE if seed >= OVERLAPS_FROM else 0.0
+        # WRITTEN_OUTPUTS and LEAF_SOMETIMES likewise, from WRITTEN_OUTPUTS_FROM up
+        self.written_rng = random.Random(f"kiln-fuzz-written-outputs-{seed}")
+        self.written_share = WRITTEN_SHARE if seed >= WRITTEN_OUTPUTS_FROM else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
@@ -365,7 +392,14 @@ class ExtendedBuilder(Builder):
         if self.overlap_share and self.overlap_rng.random() < self.overlap_share:
             extra = [e for e in extra if not e.startswith("layout=")]
             extra.append(f"layout={self.overlap_rng.choice(OVERLAPPING_LAYOUTS)!r}")
-        return line[:-1] + "".join(", " + e for e in extra) + ")" if extra else line
+        line = line[:-1] + "".join(", " + e for e in extra) + ")" if extra else line
+        if self.written_share and line.startswith(f"{name} = randn") and not self.no_grad and "grad=True" not in line \
+                and self.written_rng.random() < 0.5:  # values written before a backward matter where there is one
+            line = line[:-1] + ", grad=True)"
+        if "grad=True" in line and self.written_share and self.written_rng.random() < self.written_share:
+            value = line.split(" = ", 1)[1]
+            line = f"{name} = {LEAF_SOMETIMES.format(value)}"
+        return line
 
     def _header(self) -> str:
         header = super()._header()
@@ -382,6 +416,8 @@ class ExtendedBuilder(Builder):
 
     # -- statements --------------------------------------------------------------------------
     def _pick_op(self) -> Op:
+        if self.written_share and self.written_rng.random() < self.written_share:
+            return self.written_rng.choice(WRITTEN_OUTPUTS)
         if self.overlap_share and self.overlap_rng.random() < self.overlap_share:
             return self.overlap_rng.choice(OVERLAP_WRITES)
         if self.loop_share and self.loop_rng.random() < self.loop_share:

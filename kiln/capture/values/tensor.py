@@ -66,8 +66,10 @@ class TensorValue(Value):
         if name in METADATA_ATTRS:
             return ConstantValue(getattr(self.fake, name))
         if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
-            return trace_op(state, "call_function", getattr, [self, ConstantValue(name)], {}) if name != "data" \
-                else trace_op(state, "call_method", "detach", [self], {})
+            # `.data` is not `detach()`: it shares the storage with a version counter of its own, so that a write
+            # through it is one the autograd of `self` does not see (traced at the ATen level, it is a `detach`
+            # whose result counts versions apart)
+            return trace_op(state, "call_function", getattr, [self, ConstantValue(name)], {})
         if name == "grad":
             if self.source is None:
                 raise GraphBreak("unsupported_object", "reading .grad of a tensor made inside the graph")

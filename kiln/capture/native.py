@@ -208,10 +208,29 @@ def _unpack(ins, stack, kw, resume, temp):
 @renders("RAISE_VARARGS")
 def _raise(ins, stack, kw, resume, temp):
     if ins.arg == 1:
-        return [f"raise {stack[-1]}"]
+        return [f"___raise_at({ins.lineno}, {stack[-1]})"]
     if ins.arg == 2:
-        return [f"raise {stack[-2]} from {stack[-1]}"]
+        return [f"___raise_at({ins.lineno}, {stack[-2]}, {stack[-1]})"]
     raise Unresumable("unsupported_opcode", "a bare `raise`")
+
+
+_NO_CAUSE = object()
+_RAISERS: dict[tuple, object] = {}  # (file, function, line, with a cause) -> the code of a `raise` statement there
+
+
+def raise_at(code, lineno: int | None, exc, cause=_NO_CAUSE):
+    """RAISE_VARARGS run natively: `raise exc` (`from cause`), from a frame of the user's function at the
+    statement's line, so that the traceback a `with` block's `__exit__` gets (and the user sees) ends where
+    eager's does: in that function, at that line (Python's `raise` puts the raising frame last)."""
+    key = (code.co_filename, code.co_name, lineno, cause is not _NO_CAUSE)
+    raiser = _RAISERS.get(key)
+    if raiser is None:
+        statement = "raise ___exc from ___cause" if cause is not _NO_CAUSE else "raise ___exc"
+        # a module's code at the line (blank lines before it), named as the function: a frame of the
+        # function at the raise, as traceback printing and `extract_tb` read it (the line's text from the file)
+        module = compile("\n" * ((lineno or code.co_firstlineno) - 1) + statement, code.co_filename, "exec")
+        raiser = _RAISERS[key] = module.replace(co_name=code.co_name)
+    exec(raiser, {"___exc": exc, "___cause": cause})
 
 
 @renders("FORMAT_VALUE")

@@ -29,14 +29,15 @@ overwrite them (see staleness).
 
 Paths. The graphs a program calls need not repeat one sequence: a data-dependent branch, an extra
 forward without backward, the forward called twice before the backward, two models sharing a captured
-graph. A replay never overwrites an output returned in the current step that is still in use (a tensor
-other than kiln's own references shares its storage: the user's, a view, a tensor autograd saved for the
-backward), nor one of another recording of the same graph in use (two models sharing a captured graph:
-calling one is not the next call of the other). When the recording that fits a call would, the call
-replays another recording of the same
+graph. A replay never overwrites an output returned in the current step that is still in use (held by
+anything but kiln: the user, a view of it, autograd's saved tensors, a gradient waiting in autograd's
+input buffer). When the recording that fits a call would, the call replays another recording of the same
 graph and signature whose replay would not, and if there is none, records one in the next lane (a
 recording made last in its lane overwrites nothing but its own outputs); past `MAX_RECORDINGS`, such a
 call runs without graphs. After a few steps each path a program takes has its recordings and replays.
+Outputs of earlier steps are not protected, as torch's CUDA graph trees do not protect those of an
+earlier generation: a program rebinding `out = model(x)` holds the last step's output while it calls
+again, and protecting it would double every recording.
 
 Outputs and staleness. A replay returns the recording's static output tensors, as fresh
 aliases (`detach()`: same memory, a tensor object of its own). The aliases a replay overwrites are
@@ -187,12 +188,9 @@ class CUDAGraphPool:
         return self.lanes[rec.lane][rec.position:]
 
     def may_replay(self, rec: Recording) -> bool:
-        """False if replaying `rec` would overwrite an output still in use that it must keep: one returned in this
-        step, or one of another recording of the same graph (another model sharing the captured graph: calling
-        one is not the next call of the other)."""
+        """False if replaying `rec` would overwrite an output returned in this step that is still in use."""
         step = self.step
-        return not any((r.returned_in == step or (r.owner is rec.owner and r is not rec)) and r.outstanding
-                       and r.in_use() for r in self.overwritten_by(rec))
+        return not any(r.returned_in == step and r.outstanding and r.in_use() for r in self.overwritten_by(rec))
 
     def handle(self, lane: int, device: torch.device | None):
         while len(self.handles) <= lane:

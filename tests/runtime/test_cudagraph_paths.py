@@ -117,10 +117,9 @@ def test_eval_between_training_steps(device):
     run_steps(step, 8, before, settled_after=4)
 
 
-@pytest.mark.parametrize("orders", [["ab"], ["ab", "ba"]], ids=["same-order", "alternating-order"])
+@pytest.mark.parametrize("orders", [["ab"], ["ba"]])
 def test_two_models_sharing_one_graph_in_inference(device, orders):
-    """Two models of one class share one captured graph (and its pool): the outputs of both stay valid, whichever
-    runs first."""
+    """Two models of one class share one captured graph (and its pool): the outputs of both stay valid."""
     refs = {"a": mlp(device, seed=0), "b": mlp(device, seed=1)}
     models = {name: copy.deepcopy(m) for name, m in refs.items()}
     before = set(cg._pools)

@@ -188,6 +188,27 @@ def f(x):
         LOG.append(('survived', i))
     return x
 """,
+    "raise from": """
+def f(x):
+    for i in range(3):
+        print(i, file=BUF)
+        with {m}:
+            if i == 1:
+                raise ValueError('boom') from KeyError('cause')
+            x = x + 1
+        LOG.append(('survived', i))
+    return x
+""",
+    "raise in the graph": """
+def f(x):
+    for i in range(2):
+        print(i, file=BUF)
+        with {m}:
+            LOG.append(i)
+            x = x + x[(x * 0).long() + 9 * i]
+        LOG.append(('survived', i))
+    return x
+""",
     "raise from a nested block": """
 def f(x):
     for i in range(2):

@@ -177,7 +177,7 @@ class CUDAGraphPool:
     def enter(self, kind: str) -> None:
         """A call of a graph of kind `kind` begins a step unless a forward still waits for its backward."""
         if kind != "backward" and not self.awaiting_backward:
-            self.step += 1
+            self.begin_step()
         if kind == "forward":
             self.awaiting_backward = True
         elif kind == "backward":
@@ -491,7 +491,7 @@ class CUDAGraphed:
                 if storage.data_ptr() not in aliases:
                     rec.storages.append([storage, 0])
                 aliases[storage.data_ptr()] = aliases.get(storage.data_ptr(), 0) + 1
-        storage = None  # a storage object of its own would count as a use: measure without it
+        storage = None  # the loop's last storage object holds a use of its own: measured without it
         for entry in rec.storages:
             entry[1] = _use_count(entry[0]._cdata) + aliases[entry[0].data_ptr()]
             pool.output_storages[entry[0].data_ptr()] = entry

@@ -211,6 +211,31 @@ def test_an_output_in_use_is_not_overwritten_in_its_step():
     assert pool.step == 4
 
 
+def test_a_view_keeps_an_output_in_use():
+    """Only a view of the output survives (its storage is still used): the next call of the step records anew."""
+    pool = cg.CUDAGraphPool("test", FakeOps())
+    fwd = cg.CUDAGraphed(lambda a: [a * 2], pool, "fwd", kind="forward")
+    fwd([torch.randn(3)])
+    fwd([torch.randn(3)])
+    x = torch.randn(3)
+    view = fwd([x])[0][1:]
+    fwd([torch.randn(3)])
+    assert not is_stale(view) and torch.equal(view, x[1:] * 2)
+    assert [rec.lane for rec in fwd.recordings] == [0, 1]
+
+
+def test_past_the_recording_limit_a_call_that_would_overwrite_runs_without_graphs(monkeypatch):
+    monkeypatch.setattr(cg, "MAX_RECORDINGS", 1)
+    pool = cg.CUDAGraphPool("test", FakeOps())
+    fwd = cg.CUDAGraphed(lambda a: [a * 2], pool, "fwd", kind="forward")
+    xs = [torch.randn(3) for _ in range(4)]
+    outs = [fwd([x])[0] for x in xs]  # one step: every output is held
+    for x, out in zip(xs, outs):
+        assert not is_stale(out)
+        torch.testing.assert_close(out, x * 2)
+    assert fwd.stats == {"warmups": 1, "recordings": 1, "replays": 1, "eager": 2} and not fwd.disabled
+
+
 def test_an_output_no_longer_in_use_is_overwritten():
     pool = cg.CUDAGraphPool("test", FakeOps())
     fwd = cg.CUDAGraphed(lambda a: [a * 2], pool, "fwd", kind="forward")

@@ -38,6 +38,9 @@ from kiln.capture.native import (
     FRAME_READERS,
     calls_frame_reader,
     enter_with,
+    exit_with,
+    raise_at,
+    raised_at,
     read_in_frame,
     render_instruction,
     resumable_anywhere,
@@ -656,6 +659,9 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     cell_exprs = {name: writer.value(cell) for name, cell in own_cells.items()}
     writer.namespace["___call_nested"] = functools.partial(call_nested, ctx, ___frame_globals=state.G)
     writer.namespace["___enter_with"] = enter_with
+    writer.namespace["___raise_at"] = functools.partial(raise_at, spec.code)
+    writer.namespace["___exit_with"] = functools.partial(exit_with, writer.namespace["___call_nested"])
+    writer.namespace["___raised_at"] = functools.partial(raised_at, spec.code)
 
     def resume(index: int, new_stack: list) -> str:
         target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),

@@ -10,6 +10,9 @@ that writes the call of the continuation starting at instruction `index`.
 from __future__ import annotations
 
 import builtins
+import os
+import sys
+import types
 from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
@@ -208,10 +211,70 @@ def _unpack(ins, stack, kw, resume, temp):
 @renders("RAISE_VARARGS")
 def _raise(ins, stack, kw, resume, temp):
     if ins.arg == 1:
-        return [f"raise {stack[-1]}"]
+        return [f"___raise_at({ins.lineno}, {stack[-1]})"]
     if ins.arg == 2:
-        return [f"raise {stack[-2]} from {stack[-1]}"]
+        return [f"___raise_at({ins.lineno}, {stack[-2]}, {stack[-1]})"]
     raise Unresumable("unsupported_opcode", "a bare `raise`")
+
+
+_NO_CAUSE = object()
+_AT_LINE: dict[tuple, object] = {}  # (file, function, line, statement) -> the statement's code, at that line
+
+
+def _run_at(code, lineno: int | None, statement: str, namespace: dict) -> None:
+    """Run `statement` in a frame of the user's function (`code`'s file and name) at line `lineno`, as traceback
+    printing and `traceback.extract_tb` read a frame (the line's text comes from the file)."""
+    key = (code.co_filename, code.co_name, lineno, statement)
+    at_line = _AT_LINE.get(key)
+    if at_line is None:  # a module's code at the line (blank lines before it), named as the function
+        module = compile("\n" * ((lineno or code.co_firstlineno) - 1) + statement, code.co_filename, "exec")
+        at_line = _AT_LINE[key] = module.replace(co_name=code.co_name)
+    exec(at_line, namespace)
+
+
+def raise_at(code, lineno: int | None, exc, cause=_NO_CAUSE):
+    """RAISE_VARARGS run natively: `raise exc` (`from cause`), from a frame of the user's function at the
+    statement's line, so that the traceback a `with` block's `__exit__` gets (and the user sees) ends where
+    eager's does: in that function, at that line (Python's `raise` puts the raising frame last)."""
+    if cause is _NO_CAUSE:
+        _run_at(code, lineno, "raise ___exc", {"___exc": exc})
+    else:
+        _run_at(code, lineno, "raise ___exc from ___cause", {"___exc": exc, "___cause": cause})
+
+
+def raised_at(code, lineno: int | None, exc: BaseException) -> BaseException:
+    """`exc`, raised by an instruction the output program ran natively, with a frame of the user's function at
+    the instruction's line in its traceback, after the program's own frame (the caller): where eager's traceback
+    has the function's frame, so what a `with` block's `__exit__` reads of it is what eager's reads (the
+    frames the error came from, below it, are the same)."""
+    program = sys._getframe(1)
+    frames: list = []
+    _run_at(code, lineno, "___frames.append(___current_frame())", {"___frames": frames,
+                                                                   "___current_frame": sys._getframe})
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame is not program:
+        tb = tb.tb_next
+    if tb is None:
+        return exc
+    below = tb.tb_next
+    if _all_kiln(below):  # kiln's own code of the instruction (`enter_with`): eager has no frame there
+        below = None
+    tb.tb_next = types.TracebackType(below, frames[0], frames[0].f_lasti, lineno or frames[0].f_lineno)
+    return exc
+
+
+_KILN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _all_kiln(tb) -> bool:
+    """Whether the traceback entries from `tb` on (at least one) are all frames of kiln's own modules."""
+    if tb is None:
+        return False
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_KILN):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 @renders("FORMAT_VALUE")
@@ -266,9 +329,24 @@ def _with_except_start(ins, stack, kw, resume, temp):
     """An exception leaves a block whose `__exit__` (fourth on the stack) is a native value: call it with the
     exception; what it returns says whether the exception is suppressed."""
     r = temp()
-    exc = stack[-1]
-    return [f"{r} = ___call_nested({stack[-4]}, type({exc}), {exc}, {exc}.__traceback__)",
-            resume(ins.index + 1, stack + [r])]
+    return [f"{r} = ___exit_with({stack[-4]}, {stack[-1]})", resume(ins.index + 1, stack + [r])]
+
+
+def exit_with(call: Callable, exit_, exc: BaseException):
+    """WITH_EXCEPT_START run natively: `exit_(type, exc, traceback)` through `call`. CPython calls it while it
+    handles `exc`, so an exception `__exit__` raises has `exc` as its context (`__context__`, "During handling
+    of the above exception, another exception occurred"); here nothing is being handled, so the chain is made
+    as CPython makes it: `exc` becomes the context at its end."""
+    try:
+        return call(exit_, type(exc), exc, exc.__traceback__)
+    except BaseException as error:
+        seen, last = {id(exc)}, error
+        while id(last) not in seen and last.__context__ is not None:
+            seen.add(id(last))
+            last = last.__context__
+        if id(last) not in seen:
+            last.__context__ = exc
+        raise
 
 
 @renders("RERAISE")
@@ -286,8 +364,10 @@ def within_handler(code, ins: Instruction, stack: Stack, lines: list[str], resum
     if entry is None:
         return lines
     kept = stack[:entry.depth] + ([repr(ins.offset)] if entry.lasti else [])
+    # see raised_at; a raise has its frame already (`raise_at`), a re-raise the frames it was first raised from
+    exc = "___exc" if ins.opname in ("RAISE_VARARGS", "RERAISE") else f"___raised_at({ins.lineno}, ___exc)"
     return (["try:", *("    " + line for line in lines), "except BaseException as ___exc:",
-             "    " + resume(entry.target, kept + ["___exc"])])
+             "    " + resume(entry.target, kept + [exc])])
 
 
 # --- slices, container building, imports, deletions: their handlers break on values kiln does

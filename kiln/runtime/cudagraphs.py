@@ -13,26 +13,44 @@ recording (one graph per signature, at most `MAX_RECORDINGS` per compiled graph)
 Every other input is copied into a static buffer of the recording, and only when its
 address differs from that buffer's.
 
-Pool. All graphs of one compiled model (inference, forward, backward, every signature)
-allocate from one private memory pool (`torch.cuda.graph_pool_handle`).
+Pools and lanes. All graphs of one compiled model (inference, forward, backward, every signature)
+allocate from private memory pools (`torch.cuda.graph_pool_handle`) of its own, one per lane: a
+graph's first recording for a signature goes into lane 0, shared by all, another recording of that
+graph and signature (see Paths) into the next lane. A recording keeps its static outputs for as long as
+it lives, so no later recording places anything in them; its scratch memory (intermediates) was free
+when it was recorded, and a recording made later in the same lane may have placed its outputs there.
+So replaying a recording writes its own outputs and those of the recordings made after it in its lane,
+and nothing else.
+
+Steps. A call of the model's forward or inference graph begins a step, unless a forward of the model
+has run whose backward has not (a forward called twice before one backward is one step), and so does
+`kiln.cudagraph_mark_step_begin()`. Outputs returned in an earlier step are given up: a replay may
+overwrite them (see staleness).
+
+Paths. The graphs a program calls need not repeat one sequence: a data-dependent branch, an extra
+forward without backward, the forward called twice before the backward, two models sharing a captured
+graph. A replay never overwrites an output returned in the current step that is still in use (held by
+anything but kiln: the user, a view of it, autograd's saved tensors, a gradient waiting in autograd's
+input buffer). When the recording that fits a call would, the call replays another recording of the same
+graph and signature whose replay would not, and if there is none, records one in the next lane (a
+recording made last in its lane overwrites nothing but its own outputs); past `MAX_RECORDINGS`, such a
+call runs without graphs. After a few steps each path a program takes has its recordings and replays.
+Outputs of earlier steps are not protected, as torch's CUDA graph trees do not protect those of an
+earlier generation: a program rebinding `out = model(x)` holds the last step's output while it calls
+again, and protecting it would double every recording.
 
 Outputs and staleness. A replay returns the recording's static output tensors, as fresh
-aliases (`detach()`: same memory, a tensor object of its own). Replaying a recording
-writes its outputs and its intermediates where it did before, and a graph recorded
-later in the same pool may have placed its outputs in an earlier graph's freed
-intermediates; so replaying the pool's k-th recording overwrites the outputs returned
-by recordings k, k+1, ... Those aliases are invalidated at that moment (each recording
-counts its replays: the generation an output belongs to): reading one, or passing it
-to a compiled graph, raises an error naming the graph that overwrote it rather than
-giving its new contents. The rule, for users: an output of a `reduce-overhead` model
-is valid until the next call of the model (in training: until the next forward — the
-backward replay leaves the forward's outputs alone); `.clone()` what you keep longer.
-Views taken of an output before it went stale are not caught. A saved input (the
-recording's input buffer, refilled by the next forward) trips autograd's version check
+aliases (`detach()`: same memory, a tensor object of its own). The aliases a replay overwrites are
+invalidated at that moment (each recording counts its replays: the generation an output belongs to):
+reading one, or passing it to a compiled graph, raises an error naming the graph that overwrote it
+rather than giving its new contents. The rule, for users: an output of a `reduce-overhead` model
+is valid until the next step (in training: until the next forward after the backward); `.clone()`
+what you keep longer. Views taken of an output before it went stale are not caught. An output kept
+from an earlier step keeps its value until a replay writes its memory, and raises from then on. A saved
+input (the recording's input buffer, refilled by its next replay) trips autograd's version check
 instead: both are errors, neither a wrong gradient.
 `kiln.cudagraph_mark_step_begin()` (torch.compiler.cudagraph_mark_step_begin) ends a
-step explicitly: every output returned so far is invalidated at once. kiln does not
-need it (outputs go stale exactly when overwritten); code written for torch may call it.
+step explicitly: every output returned so far is invalidated at once.
 
 Gradients. The recording keeps a reference to each alias it returns until it is
 invalidated, so autograd's AccumulateGrad copies a gradient into `.grad` instead of
@@ -49,6 +67,7 @@ call, so such graphs are recorded; the write-back runs outside the graph.
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +86,10 @@ _pools: weakref.WeakSet[CUDAGraphPool] = weakref.WeakSet()
 def cudagraph_mark_step_begin() -> None:
     """Start a new step: every output of a CUDA-graph replay returned so far becomes invalid now."""
     for pool in list(_pools):
-        pool.invalidate_from(0, "kiln.cudagraph_mark_step_begin()")
+        pool.begin_step()
+        pool.awaiting_backward = False
+        for rec in pool.recordings:
+            rec.invalidate("kiln.cudagraph_mark_step_begin()")
 
 
 class CUDAGraphError(RuntimeError):
@@ -118,10 +140,14 @@ class CUDAGraphPool:
     def __init__(self, name: str, ops: Any = None):
         self.name = name
         self.ops = ops or CUDAOps()
-        self.handle = None                    # the memory pool, created with the first recording
-        self.recordings: list[Recording] = []  # in recording order
+        self.handles: list = []               # the memory pool of each lane, created with its first recording
+        self.lanes: list[list[Recording]] = []  # each lane's recordings, in recording order
+        self.recordings: list[Recording] = []  # all of them, in recording order
         self.owners: dict[int, CUDAGraphed | str] = {}  # address of a static output -> its graph (or _PARAMETER)
+        self.output_storages: dict[int, list] = {}  # address of a static output's storage -> its use entry
         self.graphs: list[CUDAGraphed] = []
+        self.step = 0  # counts the steps begun (a recording's outputs returned in this step are protected)
+        self.awaiting_backward = False  # a forward ran whose backward has not: the step goes on
         _pools.add(self)
 
     @classmethod
@@ -141,18 +167,38 @@ class CUDAGraphPool:
         if reason:
             log.info("%s: CUDA graphs off: %s", name, reason)
             return compiled
-        graphed = CUDAGraphed(compiled, self, name, device)
+        graphed = CUDAGraphed(compiled, self, name, device, kind)
         self.graphs.append(graphed)
         return graphed
 
-    def invalidate_from(self, order: int, by: str) -> None:
-        """Outputs of the recordings from `order` on are about to be overwritten: make them stale."""
-        for rec in self.recordings[order:]:
-            if rec.outstanding:
-                message = _stale_message(f"{rec.name} (replay {rec.replays})", by)
-                for t in rec.outstanding:
-                    _invalidate(t, message)
-                rec.outstanding = ()
+    def begin_step(self) -> None:
+        self.step += 1
+
+    def enter(self, kind: str) -> None:
+        """A call of a graph of kind `kind` begins a step unless a forward still waits for its backward."""
+        if kind != "backward" and not self.awaiting_backward:
+            self.begin_step()
+        if kind == "forward":
+            self.awaiting_backward = True
+        elif kind == "backward":
+            self.awaiting_backward = False
+
+    def overwritten_by(self, rec: Recording) -> list[Recording]:
+        """The recordings whose outputs a replay of `rec` writes: itself and those made after it in its lane."""
+        return self.lanes[rec.lane][rec.position:]
+
+    def may_replay(self, rec: Recording) -> bool:
+        """False if replaying `rec` would overwrite an output returned in this step that is still in use."""
+        step = self.step
+        return not any(r.returned_in == step and r.outstanding and r.in_use() for r in self.overwritten_by(rec))
+
+    def handle(self, lane: int, device: torch.device | None):
+        while len(self.handles) <= lane:
+            self.handles.append(None)
+            self.lanes.append([])
+        if self.handles[lane] is None:
+            self.handles[lane] = self.ops.new_pool(device)
+        return self.handles[lane]
 
 
 def _captured_reason(gm: torch.fx.GraphModule, example_inputs: list) -> str | None:
@@ -215,19 +261,22 @@ def _overlapping(t: torch.Tensor) -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+_use_count = torch._C._storage_Use_Count
+_refcount = sys.getrefcount
+_KILN_REFERENCES = 3  # of an alias in Recording.in_use: `outstanding`, the loop's variable, getrefcount's argument
 _PARAMETER = "parameter"  # pool.owners' mark for outputs viewing a parameter's memory
 
 
 class Recording:
     """One CUDA graph of a compiled graph, for one input signature."""
 
-    __slots__ = ("name", "owner", "graph", "order", "static_at", "static_addresses", "copied", "spans", "outputs",
-                 "outstanding", "replays", "last_copies", "scalars")
+    __slots__ = ("name", "owner", "graph", "lane", "position", "static_at", "static_addresses", "copied", "spans",
+                 "outputs", "outstanding", "returned_in", "storages", "replays", "last_copies", "scalars")
 
-    def __init__(self, name: str, owner: CUDAGraphed):
+    def __init__(self, name: str, owner: CUDAGraphed, lane: int):
         self.name, self.owner = name, owner
         self.graph = None
-        self.order = -1
+        self.lane, self.position = lane, -1  # its memory pool, and its place in that lane's recording order
         self.static_at: list[int] = []          # the inputs read in place (parameters, other graphs' outputs)
         self.static_addresses: list[int] = []   # and their addresses, baked into the recording
         # (index, buffer, address, shape, dtype) of each copied input
@@ -238,6 +287,11 @@ class Recording:
         self.scalars: list[tuple[int, Any]] = []
         self.outputs: list[tuple[Any, bool]] = []  # (static output, made stale by replays)
         self.outstanding: tuple | list = ()
+        self.returned_in = -1  # the pool's step in which `outstanding` was returned
+        # [storage, use count] of each storage the tracked outputs view: the storage's use count while kiln's
+        # references alone hold it (the static outputs, this entry, the aliases of a replay, what recordings
+        # reading it in place keep); above it, something else holds an output
+        self.storages: list[list] = []
         self.replays = 0
         self.last_copies = 0
 
@@ -263,6 +317,22 @@ class Recording:
             src.append(a.as_strided((span,), (1,)))
         return dst, src
 
+    def in_use(self) -> bool:
+        """Whether anything but kiln holds an output returned by the last replay: the alias itself (a Python
+        reference, or autograd's: its TensorImpl's count), or another tensor viewing its memory (a view, a tensor
+        autograd saved: its storage's count)."""
+        for alias in self.outstanding:
+            if _refcount(alias) > _KILN_REFERENCES or alias._use_count() > 1:
+                return True
+        return any(_use_count(storage._cdata) > expected for storage, expected in self.storages)
+
+    def invalidate(self, by: str) -> None:
+        if self.outstanding:
+            message = _stale_message(f"{self.name} (replay {self.replays})", by)
+            for t in self.outstanding:
+                _invalidate(t, message)
+            self.outstanding = ()
+
     def replay(self, dst: list, src: list) -> list:
         pool = self.owner.pool
         if dst:
@@ -276,11 +346,17 @@ class Recording:
             finally:
                 torch._C._set_grad_enabled(grad)
         self.last_copies = len(dst)
-        pool.invalidate_from(self.order, f"replay {self.replays + 1} of {self.name}")
+        by = f"replay {self.replays + 1} of {self.name}"
+        for rec in pool.overwritten_by(self):
+            rec.invalidate(by)
         pool.ops.replay(self.graph)
         self.replays += 1
-        outs = [s.detach() if isinstance(s, torch.Tensor) else s for s, _ in self.outputs]
+        # a parameter the graph returns (a weight saved for the backward) is returned itself, as the warm-up
+        # returned it: the backward's next call then has the signature of its warm-up, and records
+        outs = [s.detach() if isinstance(s, torch.Tensor) and not isinstance(s, torch.nn.Parameter) else s
+                for s, _ in self.outputs]
         self.outstanding = [o for o, (_, tracked) in zip(outs, self.outputs) if tracked]
+        self.returned_in = pool.step
         return outs
 
 
@@ -289,8 +365,10 @@ class CUDAGraphed:
 
     _boxed_call = True
 
-    def __init__(self, compiled: Callable, pool: CUDAGraphPool, name: str, device: torch.device | None = None):
+    def __init__(self, compiled: Callable, pool: CUDAGraphPool, name: str, device: torch.device | None = None,
+                 kind: str = "graph"):
         self.compiled = compiled
+        self.kind = kind  # "inference", "forward", "backward" (kiln's AOT graphs) or "graph": where steps begin
         self.call = getattr(compiled, "boxed_call", None) or (
             compiled if getattr(compiled, "_boxed_call", False) else (lambda args: compiled(*args)))
         # results the wrapper keeps across calls (kiln.codegen.wrapper.ParameterDerived): a replay reads them
@@ -304,12 +382,13 @@ class CUDAGraphed:
         self.stats = {"warmups": 0, "recordings": 0, "replays": 0, "eager": 0}
 
     def __call__(self, args: list) -> list:
+        self.pool.enter(self.kind)
         rec = self.last
         if rec is not None:
             if _set_stale is None:
                 _check_not_stale(args)
             copies = rec.copies_for(args)
-            if copies is not None:
+            if copies is not None and self.pool.may_replay(rec):
                 return self._replay(rec, copies, args)
         return self._miss(args)
 
@@ -326,33 +405,40 @@ class CUDAGraphed:
     def _miss(self, args: list) -> list:
         if _set_stale is None:
             _check_not_stale(args)
+        lanes = set()  # the lanes of the recordings that fit `args` but would overwrite an output in use
         for rec in self.recordings:
             copies = rec.copies_for(args)
-            if copies is not None:
+            if copies is None:
+                continue
+            if self.pool.may_replay(rec):
                 self.last = rec
                 return self._replay(rec, copies, args)
+            lanes.add(rec.lane)
         if self.disabled:
             return self._eager(args)
         key = _warm_up_key(args)
-        if key not in self.warmed and len(self.warmed) < 2 * MAX_RECORDINGS:  # first call with this signature
+        if not lanes and key not in self.warmed and len(self.warmed) < 2 * MAX_RECORDINGS:  # a new signature
             self.warmed.add(key)
             self.stats["warmups"] += 1
             return list(self.call(list(args)))
+        if len(self.recordings) >= MAX_RECORDINGS and lanes:  # this path runs without graphs; the others replay
+            return self._eager(args)
         if len(self.recordings) >= MAX_RECORDINGS or key not in self.warmed:
             self.disabled = f"more than {MAX_RECORDINGS} input signatures (shapes or parameter addresses)"
             log.info("%s: CUDA graphs off from now on: %s", self.name, self.disabled)
             return self._eager(args)
         if self.refresh is not None:  # so that the capture finds them up to date and records no recomputation
             self.refresh(args)
-        rec = self._record(args)
+        rec = self._record(args, min(set(range(len(lanes) + 1)) - lanes))
         if rec is None:
             return self._eager(args)
         self.last = rec
         return self._replay(rec, ([], []), args)
 
-    def _record(self, args: list) -> Recording | None:
+    def _record(self, args: list, lane: int) -> Recording | None:
         pool = self.pool
-        rec = Recording(f"{self.name}" + (f" (signature {len(self.recordings) + 1})" if self.recordings else ""), self)
+        rec = Recording(f"{self.name}" + (f" (signature {len(self.recordings) + 1})" if self.recordings else ""), self,
+                        lane)
         inputs = []
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -376,26 +462,41 @@ class CUDAGraphed:
                 buf.copy_(a.detach())
                 rec.copied.append((i, buf, buf.data_ptr(), a.shape, a.dtype))
                 inputs.append(buf)
-        if pool.handle is None:
-            pool.handle = pool.ops.new_pool(self.device)
+        handle = pool.handle(lane, self.device)
+        read_in_place = [pool.output_storages.get(inputs[i].untyped_storage().data_ptr()) for i in rec.static_at]
+        read_in_place = [entry for entry in read_in_place if entry is not None]
+        counts = [_use_count(storage._cdata) for storage, _ in read_in_place]
         try:
-            rec.graph, outs = pool.ops.capture(self.call, inputs, pool.handle, self.device)
+            rec.graph, outs = pool.ops.capture(self.call, inputs, handle, self.device)
         except Exception as e:  # ops that synchronize, CPU work, ...: run without graphs
             self.disabled = f"recording failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             log.info("%s: CUDA graphs off: %s", self.name, self.disabled)
             log.debug("%s: capture failure", self.name, exc_info=True)
             return None
+        for entry, count in zip(read_in_place, counts):  # what the recording keeps of the outputs it reads is kiln's
+            entry[1] += _use_count(entry[0]._cdata) - count
         in_place = {a.untyped_storage().data_ptr() for i, a in enumerate(inputs)
                     if isinstance(a, torch.Tensor) and i in rec.static_at}
+        aliases: dict[int, int] = {}  # storage address -> tracked outputs viewing it (aliases of each replay)
         for o in outs:
             if not isinstance(o, torch.Tensor):
                 rec.outputs.append((o, False))
                 continue
-            tracked = o.untyped_storage().data_ptr() not in in_place  # a view of a parameter is never stale
+            storage = o.untyped_storage()
+            tracked = storage.data_ptr() not in in_place  # a view of a parameter is never stale
             rec.outputs.append((o, tracked))
             # read in place by the other graphs of the pool (a backward reading saved weights too)
             pool.owners.setdefault(o.data_ptr(), self if tracked else _PARAMETER)
-        rec.order = len(pool.recordings)
+            if tracked:
+                if storage.data_ptr() not in aliases:
+                    rec.storages.append([storage, 0])
+                aliases[storage.data_ptr()] = aliases.get(storage.data_ptr(), 0) + 1
+        storage = None  # the loop's last storage object holds a use of its own: measured without it
+        for entry in rec.storages:
+            entry[1] = _use_count(entry[0]._cdata) + aliases[entry[0].data_ptr()]
+            pool.output_storages[entry[0].data_ptr()] = entry
+        rec.position = len(pool.lanes[lane])
+        pool.lanes[lane].append(rec)
         pool.recordings.append(rec)
         self.recordings.append(rec)
         self.stats["recordings"] += 1

@@ -10,6 +10,7 @@ a global, printed text), grad mode after the call and the exception raised.
 """
 import contextlib
 import io
+import traceback
 import types
 
 import pytest
@@ -41,6 +42,30 @@ def swallowing(value):
         yield value
     except ValueError as e:
         _current["LOG"].append(("swallowed", str(e)))
+
+
+@contextlib.contextmanager
+def reraising(value):
+    """A generator manager that turns a ValueError raised in its block into another exception, chained."""
+    try:
+        yield value
+    except ValueError as e:
+        _current["LOG"].append(("reraising", str(e)))
+        raise KeyError("other") from e
+
+
+class Traced:
+    """A class manager that logs the exception `__exit__` is given: its type, value, whether the traceback is the
+    exception's own, and the traceback's innermost frame (function, line number, source line)."""
+
+    def __enter__(self):
+        return 2
+
+    def __exit__(self, kind, value, tb):
+        innermost = [(f.name, f.lineno, f.line) for f in traceback.extract_tb(tb)][-1:] if tb is not None else []
+        _current["LOG"].append(("exit", kind and kind.__name__, str(value) if value else None,
+                                tb is (value.__traceback__ if value is not None else None), innermost))
+        return False
 
 
 class Logged:
@@ -83,9 +108,11 @@ MANAGERS = {
     "nullcontext": "contextlib.nullcontext(2)",
     "generator": "logged(2)",
     "suppressing generator": "swallowing(2)",
+    "generator raising another": "reraising(2)",
     "class": "Logged(2)",
     "suppressing class": "Logged(2, suppress=True)",
     "class whose exit raises": "Logged(2, exit_raises=True)",
+    "class reading the traceback": "Traced()",
     "suppress": "contextlib.suppress(ValueError)",
     "no __exit__": "EnterOnly()",
 }
@@ -158,6 +185,27 @@ def f(x):
             if i == 1:
                 raise ValueError('boom')
             x = x + 1
+        LOG.append(('survived', i))
+    return x
+""",
+    "raise from": """
+def f(x):
+    for i in range(3):
+        print(i, file=BUF)
+        with {m}:
+            if i == 1:
+                raise ValueError('boom') from KeyError('cause')
+            x = x + 1
+        LOG.append(('survived', i))
+    return x
+""",
+    "raise in the graph": """
+def f(x):
+    for i in range(2):
+        print(i, file=BUF)
+        with {m}:
+            LOG.append(i)
+            x = x + x[(x * 0).long() + 9 * i]
         LOG.append(('survived', i))
     return x
 """,
@@ -240,13 +288,62 @@ def f(x):
 """,
 }
 
+# a break inside a block (no loop): the continuation resumes inside it, as torch.compile's does
+BREAKS_IN_BLOCKS = {
+    "normal exit": """
+def f(x):
+    with {m} as v:
+        x = x + 1
+        print('break', file=BUF)
+        x = x * 2
+        LOG.append((torch.is_grad_enabled(), torch.is_autocast_enabled('cpu')))
+    LOG.append(('after', torch.is_grad_enabled(), torch.is_autocast_enabled('cpu')))
+    return x
+""",
+    "raise statement": """
+def f(x):
+    with {m} as v:
+        x = x + 1
+        print('break', file=BUF)
+        if x.sum() > 0:
+            raise ValueError('boom')
+    LOG.append('after')
+    return x
+""",
+    "raise in a call": """
+def f(x):
+    with {m}:
+        print('break', file=BUF)
+        OBJ.seen = True
+        fail(x)
+    LOG.append('after')
+    return x
+""",
+    "raise in the graph": """
+def f(x):
+    with {m}:
+        print('break', file=BUF)
+        LOG.append(1)
+        y = x[x * 0 + 9]
+    LOG.append('after')
+    return y
+""",
+    "return": """
+def f(x):
+    with {m}:
+        print('break', file=BUF)
+        return x * 2, torch.is_grad_enabled()
+""",
+}
+
 _current: dict = {}
 
 
 def _namespace() -> dict:
     """Fresh module state for one run of a program (its globals)."""
     namespace = {"torch": torch, "contextlib": contextlib, "logged": logged, "swallowing": swallowing,
-                 "Logged": Logged, "EnterOnly": EnterOnly, "step": step, "fail": fail, "LOG": [],
+                 "reraising": reraising, "Traced": Traced, "Logged": Logged, "EnterOnly": EnterOnly, "step": step,
+                 "fail": fail, "LOG": [],
                  "OBJ": types.SimpleNamespace(), "COUNT": 0, "BUF": io.StringIO()}
     _current.clear()
     _current.update(namespace)
@@ -255,7 +352,8 @@ def _namespace() -> dict:
 
 def _run(source: str, compile_with: str | None, x: torch.Tensor, grad: bool):
     """Define `f` from `source` in fresh globals and call it (compiled when `compile_with` names a backend) with
-    grad mode `grad`: the namespace after the call, the result, the exception, grad mode after the call."""
+    grad mode `grad`: the namespace after the call, the result, the exception, grad mode and autocast after the
+    call."""
     namespace = _namespace()
     exec(source, namespace)
     fn = namespace["f"] if compile_with is None else kiln.compile(namespace["f"], backend=compile_with)
@@ -264,8 +362,8 @@ def _run(source: str, compile_with: str | None, x: torch.Tensor, grad: bool):
             result, error = fn(x.clone()), None
         except Exception as e:
             result, error = None, e
-        grad_after = torch.is_grad_enabled()
-    return namespace, result, error, grad_after
+        modes_after = torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")
+    return namespace, result, error, modes_after
 
 
 def _state(namespace: dict) -> tuple:
@@ -273,14 +371,26 @@ def _state(namespace: dict) -> tuple:
 
 
 def _compare(source: str, x: torch.Tensor, grad: bool, backend: str) -> None:
-    eager_ns, expected, eager_error, eager_grad = _run(source, None, x, grad)
-    kiln_ns, actual, kiln_error, kiln_grad = _run(source, backend, x, grad)
+    eager_ns, expected, eager_error, eager_modes = _run(source, None, x, grad)
+    kiln_ns, actual, kiln_error, kiln_modes = _run(source, backend, x, grad)
     assert type(kiln_error) is type(eager_error), f"kiln raised {kiln_error!r}, eager {eager_error!r}"
     if eager_error is not None:
         assert str(kiln_error).splitlines()[0] == str(eager_error).splitlines()[0]
+        assert _chain(kiln_error) == _chain(eager_error)
     assert _state(kiln_ns) == _state(eager_ns)
-    assert kiln_grad == eager_grad
+    assert kiln_modes == eager_modes
     assert_same(expected, actual)
+
+
+def _chain(error: BaseException) -> list:
+    """The exceptions `error` was raised from or while handling (its `__cause__` or `__context__`, outermost
+    first), as CPython chains them: a generator manager raising another, an `__exit__` that raises."""
+    chain = []
+    while error is not None:
+        chain.append((type(error).__name__, str(error).splitlines()[0] if str(error) else "",
+                      error.__cause__ is not None, error.__suppress_context__))
+        error = error.__cause__ or error.__context__
+    return chain
 
 
 def _sampled_loops() -> list:
@@ -333,3 +443,13 @@ def test_a_function_called_in_a_block_of_a_stepped_loop_is_compiled_as_torch_com
     exec(source, namespace)
     assert_same(expected, kiln.compile(namespace["f"], backend=backend)(torch.ones(2, 2)))
     assert backend.graphs == reference.graphs >= 1
+
+
+@pytest.mark.allows_fallback("graph_break: the print inside the block, which torch.compile breaks on too")
+@pytest.mark.parametrize("manager", MANAGERS)
+@pytest.mark.parametrize("program", BREAKS_IN_BLOCKS)
+def test_a_break_inside_a_block_behaves_as_eager(program, manager):
+    """`__exit__` gets what Python gives it (the exception's type, value and traceback, or three Nones), a
+    generator manager gets the exception thrown in and may suppress it or raise another, and an `__exit__`
+    returning True suppresses: the same log, result, exception (chained as in eager) and modes as eager."""
+    _compare(BREAKS_IN_BLOCKS[program].format(m=MANAGERS[manager]), torch.arange(1, 5), True, "eager")

@@ -53,7 +53,14 @@ def with_except_start(frame, ins):
     the exception; what it returns says whether the exception is suppressed (`contextlib.suppress`)."""
     exc = frame.peek()
     exit_fn = frame.stack[-4]
-    traceback = ConstantValue(None)  # traced exceptions carry none; managers that read it see None
+    if isinstance(exc, ExceptionValue) and frame.is_root and frame.state.opaque_inputs and exc.raised_at is not None:
+        # a frame stepped through natively: the manager is the user's, its `__exit__` runs natively and gets the
+        # traceback Python gives, which only a raise run natively has: the break is at the raise
+        frame.current = exc.raised_at
+        raise GraphBreak("exception", f"{exc.message()} reaches a `with` block's `__exit__`, which reads its "
+                                      "traceback")
+    # a real exception (raised natively before this capture began) passes its own; traced ones carry none
+    traceback = ConstantValue(None) if isinstance(exc, ExceptionValue) else exc.getattr(frame.state, "__traceback__")
     frame.push(exit_fn.call(frame.state, [ClassValue(exc.python_type()), exc, traceback], {}))
 
 

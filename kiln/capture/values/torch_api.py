@@ -330,6 +330,13 @@ class Reentry:
         ctx.enter(state)
         return ExitValue(ctx)
 
+    def __call__(self, kind, value, traceback) -> bool:
+        """The block's `__exit__`, called where a continuation is stepped through natively (re-run to raise eager's
+        error, `kiln.capture.rerun`): the output program runs each of its instructions inside the real manager,
+        which it leaves itself, so leaving the block is what the manager's `__exit__` answers: these managers
+        suppress no exception."""
+        return False
+
     def __repr__(self) -> str:
         return f"Reentry({getattr(self.factory, '__name__', self.factory)}, {self.args}, {self.kwargs})"
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.utils._pytree import tree_map
 
 import kiln
 from tests.fuzz import runtime
@@ -216,18 +217,32 @@ def compare_outputs(e_res, k_res, e_args, k_args, eager_reruns: Callable[[], dic
     Values that differ only where eager disagrees with itself (`conditioning`) are no mismatch: the
     reason is returned (the program is ill-conditioned there), and the other checks still run.
     """
-    from tests.fuzz.conditioning import unstable_positions
-
-    ill_conditioned = None
-    try:
-        same_value(e_res, k_res, "out")
-    except Mismatch as m:
-        ill_conditioned = unstable_positions(e_res, k_res, eager_reruns()) if m.numeric else None
-        if ill_conditioned is None:
-            raise
-        ill_conditioned = f"{m.message}, where eager's own value depends on its kernels: {ill_conditioned}"
+    ill_conditioned = judged(e_res, k_res, "out", "values", eager_reruns)
     compare_identities(e_res, k_res, e_args, k_args)
     return ill_conditioned
+
+
+def judged(expected, actual, path: str, kind: str, eager_reruns: Callable[[], dict]) -> str | None:
+    """`same_value`, where tensor values that differ only where eager's own do under `conditioning`'s re-runs
+    (`eager_reruns()`: variant name -> eager's value of the same thing) are no mismatch: why, or None. Everything
+    else (structure, dtypes, shapes, Python values) must still be equal."""
+    from tests.fuzz.conditioning import unstable_positions
+
+    try:
+        same_value(expected, actual, path, kind)
+    except Mismatch as m:
+        why = unstable_positions(expected, actual, eager_reruns()) if m.numeric else None
+        if why is None:
+            raise
+        same_value(_tensors_described(expected), _tensors_described(actual), path, kind)
+        return f"{m.message}, where eager's own value depends on its kernels: {why}"
+    return None
+
+
+def _tensors_described(value):
+    """`value` with each tensor replaced by what `same_tensor` checks besides its values."""
+    return tree_map(lambda v: ("tensor", v.dtype, tuple(v.shape), v.requires_grad, v.device.type)
+                    if isinstance(v, torch.Tensor) else v, value)
 
 
 def compare_identities(e_res, k_res, e_args, k_args) -> None:
@@ -288,42 +303,38 @@ def compare_call(call: int, eager_ns: dict, kiln_ns: dict, compiled, source: str
     ill_conditioned = None
     if e_err is None:
         ill_conditioned = compare_outputs(e_res, k_res, e_args, k_args, lambda: eager_reruns(source, call))
-    same_value(e_args, k_args, "input after the call", "input_mutation")
-    same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state", "state")
+    whys = [ill_conditioned,
+            judged(e_args, k_args, "input after the call", "input_mutation", lambda: reruns(source, call, "inputs")),
+            judged(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state", "state",
+                   lambda: reruns(source, call, "state"))]
     if e_err is None and not eager_ns.get("NO_GRAD"):
-        grads_why = compare_gradients(e_res, k_res, e_args, k_args, call, lambda: eager_rerun_gradients(source, call))
-        ill_conditioned = ill_conditioned or grads_why
+        whys.append(compare_gradients(e_res, k_res, e_args, k_args, call, lambda: eager_rerun_gradients(source, call)))
         # hooks run in the backward, and module parameters hold the backward's .grad
-        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after backward",
-                   "state")
+        whys.append(judged(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after backward",
+                           "state", lambda: reruns(source, call, "state after backward")))
     if "after_call" in eager_ns:  # an optimizer step between calls: the next call must see the new parameters
         eager_ns["after_call"](call)
         kiln_ns["after_call"](call)
-        same_value(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after the step",
-                   "state")
-    return ill_conditioned
+        whys.append(judged(runtime.python_state(eager_ns), runtime.python_state(kiln_ns), "python state after the step",
+                           "state", lambda: reruns(source, call, "state after the step")))
+    return "; ".join(why for why in whys if why) or None
+
+
+def reruns(source: str, call: int, what: str) -> dict:
+    """Eager's `what` (see `conditioning.RUN_CALLS`) of call `call` in each of `conditioning.VARIANTS`."""
+    from tests.fuzz.conditioning import eager_results
+
+    return eager_results(source, call, what)
 
 
 def eager_reruns(source: str, call: int) -> dict:
     """Eager's results of call `call` with the same input values in each of `conditioning.VARIANTS`."""
-    from tests.fuzz.conditioning import VARIANTS, eager_rerun
-
-    return {name: eager_rerun(lambda: load(source), call, variant, call_once) for name, variant in VARIANTS.items()}
+    return reruns(source, call, "values")
 
 
 def eager_rerun_gradients(source: str, call: int) -> dict:
     """The inputs' gradients after eager's call `call` in each of `conditioning.VARIANTS` (None: not made)."""
-    from tests.fuzz.conditioning import VARIANTS, eager_rerun
-
-    def call_and_backward(ns, fn, c):
-        args, result, error = call_once(ns, fn, c)
-        if error is not None or c != call:
-            return args, result, error
-        grads, error = gradients(result, args, c)
-        return args, grads, error
-
-    return {name: eager_rerun(lambda: load(source), call, variant, call_and_backward)
-            for name, variant in VARIANTS.items()}
+    return reruns(source, call, "gradients")
 
 
 # -- the whole program ---------------------------------------------------------------------------------

@@ -32,19 +32,35 @@ optimizer state, tensors its globals hold (`world_changed`, on a fresh copy of t
 
 A program that reads a dtype (`if t.dtype == torch.float32`) may take another path in float64, so that
 run is dropped.
+
+One more of eager's answers comes from another process: eager with ATen's CPU kernels built without vector
+instructions (`ATEN_CPU_CAPABILITY=default`, what eager runs on a CPU without AVX2). An elementwise CPU kernel
+of eager's runs a vectorized loop over most of a contiguous tensor and a scalar loop over the rest (a tail, a
+tensor shorter than a vector, strided operands), and the two loops fix what IEEE leaves open differently: a
+float NaN converted to bf16 is 0xffff in the vector loop and 0x7fc0 in the scalar one, a fp16 NaN's sign can
+differ. Which one a program sees depends on where the element sits in the tensor, and the re-laid runs above
+move most elements into the scalar loop but not all (a column-major copy of a row vector is contiguous still).
+The process without vector kernels runs every element through the scalar loop. It starts only when a difference
+is being judged, and only for programs on the CPU.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from tests.fuzz.compare import call_once, close_mask, gradients, leaves, storage_of
+from tests.fuzz import runtime
+from tests.fuzz.compare import call_once, close_mask, gradients, leaves, load, storage_of
 
 
 def _dense_strides(shape, order, gap: int) -> list[int]:
@@ -155,19 +171,27 @@ def world_changed(change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[d
 @dataclass(frozen=True)
 class Variant:
     """One of eager's re-runs: how each tensor input changes, how the program's globals change before the
-    call (`world`), and what the call runs under."""
+    call (`world`), what the call runs under, and the ATen CPU capability of the process it runs in ("": this
+    process's)."""
     change: Callable[[torch.Tensor], torch.Tensor]
     arithmetic: Callable = field(default=contextlib.nullcontext)
     world: Callable[[dict], None] = field(default=lambda ns: None)
+    cpu_capability: str = ""
+
+
+def _unchanged(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 FLOAT64_REFERENCE = "float64 arithmetic"
+SCALAR_KERNELS = "CPU kernels without vector instructions"
 # eager's re-runs: the same values, other kernels; and the program computed in float64 (the reference)
 VARIANTS: dict[str, Variant] = {
     "column-major inputs": Variant(lambda t: _relaid(t, 1), world=world_changed(lambda t: _relaid(t, 1))),
     "non-contiguous inputs": Variant(lambda t: _relaid(t, 2), world=world_changed(lambda t: _relaid(t, 2))),
     "float64 inputs": Variant(_float64),
     FLOAT64_REFERENCE: Variant(_float64, Float64Arithmetic, world_changed(_float64_of_float32)),
+    SCALAR_KERNELS: Variant(_unchanged, cpu_capability="default"),
 }
 
 
@@ -176,11 +200,54 @@ MAKERS = ("randn", "ints", "bools")
 changed where they are made: the makers' tensors are, and the views the program derives from them follow."""
 
 
-def eager_rerun(load: Callable[[], dict], call: int, variant: Variant, run_call: Callable):
+def call_and_gradients(ns: dict, fn: Callable, call: int):
+    """(args, the inputs' `.grad` after a backward over the outputs, exception) of one call."""
+    args, result, error = call_once(ns, fn, call)
+    if error is not None:
+        return args, result, error
+    grads, error = gradients(result, args, call)
+    return args, grads, error
+
+
+def call_and_inputs(ns: dict, fn: Callable, call: int):
+    """(args, the inputs after the call (written in place), exception) of one call."""
+    args, _, error = call_once(ns, fn, call)
+    return args, args, error
+
+
+def state_after(stage: int) -> Callable:
+    """One call, then as `compare.compare_call` goes on (stage 1: the backward over its outputs, 2: and the
+    program's `after_call`): (args, the program's Python state then, exception)."""
+    def run(ns: dict, fn: Callable, call: int):
+        args, result, error = call_once(ns, fn, call)
+        if error is None and stage >= 1 and not ns.get("NO_GRAD"):
+            gradients(result, args, call)
+        if stage >= 2 and "after_call" in ns:
+            ns["after_call"](call)
+        return args, runtime.python_state(ns), error
+    return run
+
+
+# what a re-run returns: the call's result ("values"), the inputs' gradients after its backward, the inputs after
+# the call, or the Python state after the call, after its backward or after the program's step
+RUN_CALLS: dict[str, Callable] = {"values": call_once, "gradients": call_and_gradients, "inputs": call_and_inputs,
+                                  "state": state_after(0), "state after backward": state_after(1),
+                                  "state after the step": state_after(2)}
+
+
+def eager_results(source: str, call: int, what: str) -> dict:
+    """Variant name -> eager's result (`what`: "values" or "gradients") of call `call` under that variant (None:
+    it raised, or the variant does not apply)."""
+    return {name: eager_rerun(source, call, variant, what) for name, variant in VARIANTS.items()}
+
+
+def eager_rerun(source: str, call: int, variant: Variant, what: str):
     """The result of eager's call `call` of a fresh copy of the program (earlier calls replayed as the run under
     test made them, for the state they leave), its world and tensor inputs changed and the call run as
     `variant` says; None when it raised."""
-    ns = load()
+    if variant.cpu_capability:
+        return _rerun_in_process_with(variant.cpu_capability, source, call, what)
+    ns = load(source)
     change = variant.change
     # warnings of the changed world (a re-laid parameter's gradient layout) are not the program's
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -195,8 +262,43 @@ def eager_rerun(load: Callable[[], dict], call: int, variant: Variant, run_call:
                 ns[name] = _changed(ns[name], change)
         else:
             ns["inputs"] = lambda c: [change(a) if isinstance(a, torch.Tensor) else a for a in args]
-        _, result, error = run_call(ns, _under(variant.arithmetic, ns["f"]), call)
+        _, result, error = RUN_CALLS[what](ns, _under(variant.arithmetic, ns["f"]), call)
     return None if error is not None else result
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RERUN_TIMEOUT = 120  # seconds: a Python start, torch's import and one program
+
+
+def _rerun_in_process_with(capability: str, source: str, call: int, what: str):
+    """Eager's call in a fresh Python process whose ATen dispatches to the kernels built for `capability`
+    (`serve_rerun` runs there), with this process's thread count; its output tensors (`what` = "values") or
+    the inputs' gradients, or None when it raised, failed or the program's tensors are not on the CPU."""
+    if runtime.DEVICE != "cpu":
+        return None
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": str(torch.get_num_threads()),
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.pt"
+        command = [sys.executable, str(ROOT / "tests" / "fuzz"), "--rerun", str(call), what, str(out)]
+        try:
+            subprocess.run(command, input=source, text=True, env=env, cwd=ROOT, capture_output=True,
+                           timeout=RERUN_TIMEOUT, check=True)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            return None
+        return torch.load(out) if out.exists() else None
+
+
+def serve_rerun(call: str, what: str, out: str) -> None:
+    """The other process's side of `_rerun_in_process_with`: the program's source on stdin; its result saved
+    to `out` (nothing saved when the call raised). Values are the output tensors in `leaves` order, gradients
+    one per input (None where an input has none), detached; inputs and states their tensors in `leaves` order."""
+    result = eager_rerun(sys.stdin.read(), int(call), Variant(_unchanged), what)
+    if result is None:
+        return
+    detached = [t.detach() if isinstance(t, torch.Tensor) else None
+                for t in (result if what == "gradients" else leaves(result))]
+    torch.save(detached, out)
 
 
 def replay_call(ns: dict, call: int) -> None:

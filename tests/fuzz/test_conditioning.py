@@ -226,3 +226,60 @@ def test_a_rerun_replays_the_optimizer_steps_of_earlier_calls():
     for name in ("column-major inputs", "non-contiguous inputs", FLOAT64_REFERENCE):  # float64 inputs: a float32
         torch.testing.assert_close(reruns[name].float(), expected, msg=name)           # Linear refuses them
     assert reruns[FLOAT64_REFERENCE].dtype == torch.float64
+
+
+# a bf16 NaN made by an op, seen as bits: eager's vectorized loop (a contiguous tensor longer than a vector) makes
+# it 0xffff (-1 as int16), its scalar loop 0x7fc0 (32704), which every element gets in the process without
+# vector kernels; no eager loop makes 0x7fc1. `contiguous()`: re-laid inputs run the vectorized loop too
+BF16_NAN_BITS = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+                 "def inputs(call):\n    return [torch.full((64,), float('nan'), dtype=torch.bfloat16)]\n"
+                 "def f(a):\n    return (a.contiguous() * 2).view(torch.int16)\n")
+
+
+def _bf16_nans_as(bits: int):
+    """A backend that computes the program and makes each bf16 NaN `bits` (its outputs are those bits as int16)."""
+    def backend(gm, example_inputs):
+        return lambda *args: [torch.where(o == -1, torch.full_like(o, bits), o) for o in gm(*args)]
+    return backend
+
+
+@pytest.fixture
+def eager_s_vector_loop_makes_bf16_nans_all_ones():
+    from tests.fuzz.compare import load
+
+    ns = load(BF16_NAN_BITS)
+    if not bool((ns["f"](*ns["inputs"](0)) == -1).all()):
+        pytest.skip("this CPU's eager does not make a bf16 NaN 0xffff in its vectorized loop")
+
+
+@pytest.mark.parametrize("bits, status", [(0x7FC0, "ill-conditioned"), (0x7FC1, "wrong")])
+def test_nan_bits_of_eager_s_scalar_loop_are_eager_s_answer(eager_s_vector_loop_makes_bf16_nans_all_ones, bits,
+                                                            status):
+    """Eager without vector kernels (ATEN_CPU_CAPABILITY=default, another process) runs every element through its
+    scalar loop: 0x7fc0 is one of eager's answers, a NaN no eager loop makes stays wrong."""
+    outcome = run_program(BF16_NAN_BITS, _bf16_nans_as(bits))
+    assert outcome.status == status, outcome.first_line()
+    if status == "ill-conditioned":
+        assert "and eager itself 32704 with CPU kernels without vector instructions" in outcome.message
+
+
+def test_the_process_without_vector_kernels_runs_eager_s_scalar_loop():
+    """Its result is the program's, with every bf16 NaN 0x7fc0: the environment reaches ATen's dispatch."""
+    from tests.fuzz.conditioning import SCALAR_KERNELS, eager_results
+
+    (bits,) = eager_results(BF16_NAN_BITS, 0, "values")[SCALAR_KERNELS]
+    assert bits.tolist() == [0x7FC0] * 64
+
+
+@pytest.mark.parametrize("body", ["    OBJ.last = torch.nn.functional.gelu(a) + 1\n    return a * 2\n",
+                                  "    a.copy_(torch.nn.functional.gelu(a) + 1)\n    return a * 2\n"],
+                         ids=["python-state", "input-written"])
+@pytest.mark.parametrize("backend, status", [(_runs_on_relaid_inputs, "ill-conditioned"),
+                                             (_replaces_infinities, "wrong")])
+def test_tensors_in_python_state_and_inputs_are_judged_as_outputs(eager_gelu_of_inf_depends_on_layout, body,
+                                                                   backend, status):
+    """A tensor the program stores in Python state or writes into an input is eager's answer on another layout
+    (gelu(inf): inf), or one no eager run gives (0)."""
+    source = GELU_OF_INF.replace("    return torch.nn.functional.gelu(a) + 1\n", body)
+    outcome = run_program(source, backend)
+    assert outcome.status == status, outcome.first_line()

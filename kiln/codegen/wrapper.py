@@ -147,56 +147,6 @@ class KeptOutputs:
         self.key = key
 
 
-class ParameterView:
-    """A view of a graph input that an extern reads (a linear layer's weight transposed for `mm`), made once per
-    parameter rather than once per call: an `as_strided` of a parameter costs about a microsecond of host time,
-    this lookup a fifth of that, and an inference step of a 12-layer model makes about a hundred of them.
-
-    Kept only for parameters (an input that is a new tensor on each call gets a view of its own, made each
-    time) and while grad mode is off (a view made with grad mode on, as in a backward that builds a graph of
-    its own, records autograd history that a kept one has not). A kept view is valid while the parameter is
-    the same object with its data where it was: `.data =` and `set_` move it (the guards check its shape and
-    strides), in-place writes do not (the view reads them). It is a view of the parameter's `detach()`, which
-    shares its storage and version counter but does not hold the parameter: when the parameter is dropped
-    (the model deleted, the weight replaced), its entry goes with it, and its memory too."""
-
-    __slots__ = ("size", "stride", "offset", "kept")
-
-    def __init__(self, size: tuple, stride: tuple, offset: int):
-        self.size, self.stride, self.offset = size, stride, offset
-        self.kept: dict[int, tuple] = {}  # id of a parameter -> (weakref to it, its data_ptr, the view)
-
-    def __call__(self, source: torch.Tensor) -> torch.Tensor:
-        kept = self.kept.get(id(source))
-        if kept is not None and kept[0]() is source and kept[1] == source.data_ptr() and not _grad_enabled():
-            return kept[2]
-        if type(source) is not torch.nn.Parameter or _grad_enabled():
-            return source.as_strided(self.size, self.stride, source.storage_offset() + self.offset)
-        view = source.detach().as_strided(self.size, self.stride, source.storage_offset() + self.offset)
-        key = id(source)
-        self.kept[key] = (weakref.ref(source, functools.partial(_forget, self.kept, key)), source.data_ptr(), view)
-        return view
-
-
-def _forget(kept: dict, key: int, ref: weakref.ref) -> None:
-    """Drop the entry of a parameter that is gone (unless another parameter has taken its id since)."""
-    entry = kept.get(key)
-    if entry is not None and entry[0] is ref:
-        del kept[key]
-
-
-_grad_enabled = torch.is_grad_enabled
-
-
-def keeps_views_of_arguments(op) -> bool:
-    """Whether an extern may read kept views (`ParameterView`) of its arguments: an ATen op that writes none of
-    its arguments and returns none of them (a kept view does not share a view's autograd identity with
-    the parameter, so it must not come back out of the graph or be written through)."""
-    schema = getattr(op, "_schema", None)
-    return isinstance(op, torch._ops.OpOverload) and schema is not None and not any(
-        a.alias_info is not None for a in (*schema.arguments, *schema.returns))
-
-
 def _keeps(sources) -> bool:
     """Are these a kept computation's inputs: parameters, with version counters (not inference tensors)?"""
     return all(type(s) is torch.nn.Parameter and not s.is_inference() for s in sources)
@@ -274,7 +224,7 @@ def base_namespace() -> dict:
     return {"torch": torch, "math": math, "aten": torch.ops.aten, "empty_strided": torch.empty_strided,
             "_restride": _restride, "_view": _view, "device": torch.device, "_raise_kernel_error": _raise_kernel_error,
             "_check_error_flag": _check_error_flag, "ParameterDerived": ParameterDerived,
-            "_increment_version": torch.autograd.graph.increment_version, "ParameterView": ParameterView}
+            "_increment_version": torch.autograd.graph.increment_version}
 
 
 class WrapperCodegen:
@@ -298,10 +248,6 @@ class WrapperCodegen:
         self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
         self.input_names = {i.name for i in self.graph.inputs}
-        # views of graph inputs that the extern being written may read kept across calls (`ParameterView`)
-        self.keep_input_views = False
-        self.input_view_locals: dict[str, str] = {}  # a kept view's expression -> its local, once bound
-        self.input_views: list[str] = []  # module-level code before `call`: the `ParameterView`s
 
     # -- values as Python source
     def const(self, value) -> str:
@@ -328,8 +274,6 @@ class WrapperCodegen:
             if not a.view:
                 return a.buf
             lay = a.layout
-            if share and self.keep_input_views and a.buf in self.input_names and _static(lay):
-                return self.input_view(a.buf, lay)
             if lay.offset == 0:  # as_strided keeps the base's storage offset
                 view = f"{a.buf}.as_strided({self.shape(lay.size)}, {self.shape(lay.stride)})"
             else:
@@ -352,20 +296,6 @@ class WrapperCodegen:
             name = self.view_locals[view] = f"_v{len(self.view_locals)}"
             self.views_of[buf].append(name)
             self.line(f"{name} = {view}")
-        return name
-
-    def input_view(self, buf: str, lay: ir.Layout) -> str:
-        """The local that holds a view of graph input `buf` with layout `lay` (of static sizes) for this call,
-        bound on the line before its first reader from a `ParameterView` (module level) that keeps it across
-        calls when `buf` is a parameter."""
-        spelled = f"{self.shape(lay.size)}, {self.shape(lay.stride)}, {pyexpr(lay.offset)}"
-        expression = f"{buf}, {spelled}"
-        name = self.input_view_locals.get(expression)
-        if name is None:
-            name = self.input_view_locals[expression] = f"_p{len(self.input_view_locals)}"
-            self.views_of[buf].append(name)
-            self.input_views.append(f"_view{name} = ParameterView({spelled})")
-            self.line(f"{name} = _view{name}({buf})  # kept while {buf} is the same parameter")
         return name
 
     def released(self, bufs) -> str:
@@ -430,8 +360,7 @@ class WrapperCodegen:
             if dead:
                 self.line("del " + self.released(dead))
         self.line("return (" + "".join(self.arg(o, share=False) + ", " for o in g.outputs) + ")")
-        views = self.input_views + ["", ""] if self.input_views else []
-        return "\n".join(self.functions + views + self.lines) + "\n"
+        return "\n".join(self.functions + self.lines) + "\n"
 
     def restride(self, dst: str, src: str, layout: ir.Layout) -> None:
         """Make `src` have `layout`'s strides (a cheap tuple compare per call; a copy only if ATen differed).
@@ -507,18 +436,11 @@ class WrapperCodegen:
             self.line(f"{n.name} = {n.source}[{n.index}]")
             self.restride(n.name, n.name, n.layout)
             return
-        self.keep_input_views = keeps_views_of_arguments(n.op)
         args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
-        self.keep_input_views = False
         args += self.binding_defaults(n.op, len(n.args), tuple(n.kwargs))
         self.line(f"{n.name} = {self.op_name(n.op, len(n.args), tuple(n.kwargs))}({', '.join(args)})")
         if isinstance(n.layout, ir.Layout):
             self.restride(n.name, n.name, n.layout)
-
-
-def _static(lay: ir.Layout) -> bool:
-    """Are a layout's sizes, strides and offset numbers (not expressions of size symbols)?"""
-    return all(sympy.sympify(x).is_Integer for x in (*lay.size, *lay.stride, lay.offset))
 
 
 def generate_wrapper(sched: Schedule, plan: MemoryPlan, kernels: dict, device: str = "cpu") -> tuple[str, dict]:

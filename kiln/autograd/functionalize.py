@@ -172,15 +172,17 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
     the other nodes are copied as they are, their arguments redirected to the written storage's
     latest value, and each new node's value is computed as the re-trace computes it, by running
     its op on the fake values of its arguments: with the geometry of every alias unchanged by the
-    writes, the values downstream are those the re-trace computes.
+    writes, the values downstream are those the re-trace computes. A view of another geometry made
+    from a written value is recorded by the re-trace where it is first read: copied there too.
     """
     nodes = list(gm.graph.nodes)
     writes = {n: out_of_place(n.target) for n in nodes if _is_write(n)}
     if not all(writes.values()):
         return None
-    groups = _written_storages(nodes, writes) if writes else {}
-    if groups is None:
+    found = _written_storages(nodes, writes) if writes else ({}, set())
+    if found is None:
         return None
+    groups, views_of_written = found
     storage_of = {alias: storage for storage, aliases in groups.items() for alias in aliases}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -190,7 +192,17 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
         storage = storage_of.get(n)
         return latest[storage] if storage in latest else env[n]
 
+    def copy_views_read_by(node: torch.fx.Node) -> None:
+        for arg in node.all_input_nodes:
+            if arg in views_of_written and arg not in env:
+                copy_views_read_by(arg)
+                env[arg] = graph.node_copy(arg, read)
+
     for node in nodes:
+        if node in views_of_written:
+            continue
+        if node.op != "output":
+            copy_views_read_by(node)
         if node in writes:
             args, kwargs = torch.fx.map_arg((_functional_args(node, writes[node]), node.kwargs), read)
             new = graph.call_function(writes[node], args, kwargs)
@@ -204,6 +216,7 @@ def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:
             for placeholder in gm.graph.find_nodes(op="placeholder"):
                 if storage_of.get(placeholder) in latest:
                     graph.call_function(aten.copy_.default, (env[placeholder], latest[storage_of[placeholder]]))
+            copy_views_read_by(node)
         env[node] = graph.node_copy(node, read)
     return graph
 
@@ -236,28 +249,49 @@ def _is_write(node: torch.fx.Node) -> bool:
             and node.target._schema.is_mutable)
 
 
-def _written_storages(nodes: list[torch.fx.Node], writes: dict) -> dict | None:
-    """Each storage an in-place op writes -> the nodes whose value it holds; None where the rewrite could
-    differ from the re-trace: an alias with a geometry of its own (a view the re-trace would replay on the
-    new value), a storage of several graph inputs or of a constant, a write with its arguments in several
-    fake modes."""
+def _written_storages(nodes: list[torch.fx.Node], writes: dict) -> tuple[dict, set] | None:
+    """(each storage an in-place op writes -> the nodes whose value it holds (its aliases of the written
+    geometry, which read the storage's latest value); the views of another geometry made after a storage's
+    last write), or None where the rewrite could differ from the re-trace: an
+    alias of another geometry that the re-trace would replay on a new value (`_replayed`), writes of one
+    storage through several geometries, a storage of several graph inputs or of a constant, a write with its
+    arguments in several fake modes."""
     aliases = defaultdict(list)
     for n in nodes:
         storage = _storage(n)
         if storage is not None:
             aliases[storage].append(n)
-    groups = {}
+    written = defaultdict(list)
     for write in writes:
         storage = _storage(write.args[0]) if write.args and isinstance(write.args[0], torch.fx.Node) else None
         if storage is None or _storage(write) != storage or not _fake_mode(write):
             return None
-        groups[storage] = aliases[storage]
-    for group in groups.values():
-        first = group[0].meta["val"]
+        written[storage].append(write)
+    position = {n: k for k, n in enumerate(nodes)}
+    groups, views_of_written = {}, set()
+    for storage, storage_writes in written.items():
+        group, geometry = aliases[storage], storage_writes[0].args[0].meta["val"]
         if (sum(n.op == "placeholder" for n in group) > 1 or any(n.op == "get_attr" for n in group)
-                or not all(_same_geometry(n.meta["val"], first) for n in group)):
+                or not all(_same_geometry(w.args[0].meta["val"], geometry) for w in storage_writes)):
             return None
-    return groups
+        others = [n for n in group if not _same_geometry(n.meta["val"], geometry)]
+        if any(_replayed(n, storage_writes, position) for n in others):
+            return None
+        groups[storage] = [n for n in group if n not in others]
+        last = max(position[w] for w in storage_writes)
+        views_of_written.update(n for n in others if position[n] > last)
+    return groups, views_of_written
+
+
+def _replayed(alias: torch.fx.Node, storage_writes: list, position: dict) -> bool:
+    """Would the re-trace compute `alias` (a view of a written storage with a geometry of its own) again from a
+    value written after it was made? Not where it is made after the storage's last write (the copy computes it
+    from the latest value, as the re-trace does: a classifier's `view` of an activation written by `relu_`), or
+    read only before the first write (it holds the value it was made from); then it is copied as any node."""
+    first, last = (f(position[w] for w in storage_writes) for f in (min, max))
+    if alias.op == "placeholder":
+        return True
+    return position[alias] < last and any(position[user] > first for user in alias.users)
 
 
 def _same_geometry(a, b) -> bool:

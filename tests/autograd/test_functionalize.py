@@ -217,6 +217,39 @@ def written_input_in_a_promoted_dtype(x, scale):
     return [x + 1]
 
 
+def viewed_after_the_write(x):
+    """An activation written in place (`nn.ReLU(inplace=True)`) and then viewed, as a classifier's head flattens
+    it: the view is made from the written value, in the rewrite as in the re-trace, which records it (and a view
+    of it) where it is first read."""
+    h = x * 2
+    h.relu_()
+    flat = h.view(-1)
+    y = x.cos()
+    rows = flat.view(2, 6)
+    return [y, rows + 1, h.t()]
+
+
+def input_viewed_after_the_write(x):
+    x.relu_()
+    return [x.view(-1)]
+
+
+def viewed_before_the_write_and_read_before(x):
+    """A view read only before its storage is written holds the value it was made from."""
+    h = x + 1
+    before = h.view(-1) * 3
+    h.relu_()
+    return [before, h]
+
+
+def viewed_before_the_write_and_read_after(x):
+    """A view made before its storage is written and read after: the re-trace replays it on the new value."""
+    h = x + 1
+    flat = h.view(-1)
+    h.relu_()
+    return [flat * 2]
+
+
 @pytest.mark.parametrize("fn, args, rewritten", [
     (written_in_a_promoted_dtype, lambda: (torch.tensor(3.0), torch.tensor(0.01, dtype=torch.float64),
                                            torch.randn(4)), True),
@@ -228,6 +261,10 @@ def written_input_in_a_promoted_dtype(x, scale):
     (default_arguments, lambda: (torch.randn(4, 3),), True),
     (written_then_read, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
     (written_and_returned, lambda: (torch.randn(2, 3), torch.randn(2, 3)), True),
+    (viewed_after_the_write, lambda: (torch.randn(4, 3),), True),
+    (input_viewed_after_the_write, lambda: (torch.randn(4, 3),), True),
+    (viewed_before_the_write_and_read_before, lambda: (torch.randn(4, 3),), True),
+    (viewed_before_the_write_and_read_after, lambda: (torch.randn(4, 3),), False),
     (written_through_a_view, lambda: (torch.randn(4, 3),), False),
     (mutating, lambda: (torch.randn(2, 3), torch.randn(2, 3)), False),  # a view written
 ])

@@ -127,6 +127,9 @@ KNOWN_FAILING: dict[tuple[str, int], str] = {
                           "and 0 before the affine in kiln (101069's class); the ReLU after it then masks the backward "
                           "by the bias's sign in kiln, by nothing in eager (NaN), by the true values' in float64: the "
                           "LayerNorm bias's .grad differs from every eager answer at two of four positions",
+    ("inductor", 202434): "grad: an input's .grad through a bf16 autocast matmul (`b @ b`, b channels_last) on "
+                          "the third call is 0.3% off eager's (-2.99977 against -2.99196, about a bf16 ulp), beyond "
+                          "float32's tolerance; not analysed yet",
 }
 
 

@@ -11,11 +11,12 @@ then the program is compared no further: see `BothRaisedInBackward`). A program 
 parameters, buffers and `.grad` in that state, compared again after the backward (hooks ran) and after the
 program's `after_call(call)` (an optimizer step), so the next call runs on parameters the step changed.
 
-Outcomes: "ok"; "ill-conditioned" (output values differ only where eager's own value depends on its
-kernels: eager re-run on the same values laid out differently disagrees with itself there, see
-conditioning.py; not a kiln failure); "wrong" (a value, state, identity or gradient differs, or eager
-raised and kiln did not); "crash" (kiln raised what eager did not, or capture failed and kiln fell back
-to eager); "died" (the process running it ended: only seen by the subprocess runner in __main__.py).
+Outcomes: "ok"; "ill-conditioned" (tensor values, of outputs, gradients, inputs written in place or Python state,
+differ only where eager's own value depends on its kernels: eager re-run on the same values laid out
+differently, or without vector kernels, disagrees with itself there, see conditioning.py; not a kiln
+failure); "wrong" (a value, state, identity or gradient differs, or eager raised and kiln did not); "crash"
+(kiln raised what eager did not, or capture failed and kiln fell back to eager); "died" (the process running
+it ended: only seen by the subprocess runner in __main__.py).
 """
 from __future__ import annotations
 

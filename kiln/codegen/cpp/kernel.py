@@ -80,6 +80,10 @@ OPS = {
     "copysign": "std::copysign({0}, {1})", "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
+# float32 and float64 ops whose NaN of an operand outside their domain is eager's +NaN, not the hardware's (the
+# prelude's positive_nan_below_zero); half types keep the plain op: eager computes them otherwise
+FULL_FLOAT_OPS = {"sqrt": "kiln::sqrt_as_eager<{T}>({0})", "log": "kiln::log_as_eager<{T}>({0})",
+                  "log2": "kiln::log2_as_eager<{T}>({0})"}
 # Integer divisions report a zero divisor through the kernel's `kiln_error` (see the prelude).
 INTEGER_DIVISIONS = {name: OPS[name].replace("({0}, {1})", "({0}, {1}, kiln_error)") for name in ir.CHECKED_DIVISIONS}
 
@@ -162,6 +166,8 @@ class CppKernel(KernelPrinter):
             self.reports_errors = True
             return INTEGER_DIVISIONS[e.name]
         self.reports_errors |= e.name == "check_index"
+        if e.name in FULL_FLOAT_OPS and e.args[0].dtype in (torch.float32, torch.float64):
+            return FULL_FLOAT_OPS[e.name]
         return OPS[e.name]
 
     def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:

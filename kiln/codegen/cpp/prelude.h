@@ -58,6 +58,17 @@ static inline double vexpm1(double x) { return std::expm1(x); }
 static inline float vlog1p(float x) { return ::log1pf(x); }
 static inline double vlog1p(double x) { return std::log1p(x); }
 
+// float32 and float64 sqrt, log and log2 of a negative number (-inf included) are +NaN in eager's CPU kernels
+// (MKL's vector math, in its vectorized and scalar loops alike), where x86's sqrt and glibc's log make the
+// default NaN, which is negative; a NaN operand passes through both. The result is computed first and then
+// replaced, so the libm call stays unconditional and vectorizes.
+template <typename T> static inline T positive_nan_below_zero(T x, T result) {
+  return x < T(0) ? std::numeric_limits<T>::quiet_NaN() : result;
+}
+template <typename T> static inline T sqrt_as_eager(T x) { return positive_nan_below_zero(x, std::sqrt(x)); }
+template <typename T> static inline T log_as_eager(T x) { return positive_nan_below_zero(x, vlog(x)); }
+template <typename T> static inline T log2_as_eager(T x) { return positive_nan_below_zero(x, std::log2(x)); }
+
 static inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float out;

@@ -110,20 +110,26 @@ def measure(block: str, shape: str, layout: str, compiler: str, device: str, run
     row = {"block": block, "shape": shape, "layout": layout, "compiler": compiler,
            "ms": round(step_time_ms(step, device, warmup=5, runs=runs), 4), "max_rel_error": float(f"{error:.3g}")}
     if profile and compiler != "eager" and device == "cuda":
-        found = profile_steps(step, steps=5, warmup=2, top_n=6)
-        row["triton_ms"] = round(found["by_kind_ms"]["triton"], 4)
-        row["top_kernels_ms"] = {name[:80]: round(ms, 4) for name, ms in found["top_kernels_ms"].items()}
+        add_kernel_profile(row, step, top_n=6)
     return row
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| block | shape | layout | compiler | ms | vs eager | triton ms | max rel error |",
+def add_kernel_profile(row: dict, step, top_n: int) -> None:
+    """A compiled step's Triton milliseconds and its longest kernels, into its row (GPU only)."""
+    found = profile_steps(step, steps=5, warmup=2, top_n=top_n)
+    row["triton_ms"] = round(found["by_kind_ms"]["triton"], 4)
+    row["top_kernels_ms"] = {name[:80]: round(ms, 4) for name, ms in found["top_kernels_ms"].items()}
+
+
+def table(rows: list[dict], variant: str = "layout") -> str:
+    """The rows as markdown, each beside eager's row of the same block, shape and `variant` (layout, dtype)."""
+    lines = [f"| block | shape | {variant} | compiler | ms | vs eager | triton ms | max rel error |",
              "|---|---|---|---|---|---|---|---|"]
-    eager = {(r["block"], r["shape"], r["layout"]): r["ms"] for r in rows if r["compiler"] == "eager"}
+    eager = {(r["block"], r["shape"], r[variant]): r["ms"] for r in rows if r["compiler"] == "eager"}
     for r in rows:
-        base = eager.get((r["block"], r["shape"], r["layout"]))
+        base = eager.get((r["block"], r["shape"], r[variant]))
         speedup = f"{base / r['ms']:.2f}x" if base else "-"
-        lines.append(f"| {r['block']} | {r['shape']} | {r['layout']} | {r['compiler']} | {r['ms']} | {speedup} | "
+        lines.append(f"| {r['block']} | {r['shape']} | {r[variant]} | {r['compiler']} | {r['ms']} | {speedup} | "
                      f"{r.get('triton_ms', '-')} | {r['max_rel_error']} |")
     return "\n".join(lines)
 

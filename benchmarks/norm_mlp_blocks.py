@@ -28,8 +28,7 @@ import json
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from batchnorm_blocks import relative_error
-from gpu_profile import profile_steps
+from batchnorm_blocks import add_kernel_profile, relative_error, table
 from norm_blocks import RMSNorm, step_time_ms
 
 import common  # benchmarks run strict: KILN_STRICT=1
@@ -88,22 +87,8 @@ def measure(block: str, shape: str, dtype: str, compiler: str, device: str, runs
     row = {"block": block, "shape": shape, "dtype": dtype, "compiler": compiler,
            "ms": round(step_time_ms(step, device, warmup=5, runs=runs), 4), "max_rel_error": float(f"{error:.3g}")}
     if profile and compiler != "eager" and device == "cuda":
-        found = profile_steps(step, steps=5, warmup=2, top_n=8)
-        row["triton_ms"] = round(found["by_kind_ms"]["triton"], 4)
-        row["top_kernels_ms"] = {name[:80]: round(ms, 4) for name, ms in found["top_kernels_ms"].items()}
+        add_kernel_profile(row, step, top_n=8)
     return row
-
-
-def table(rows: list[dict]) -> str:
-    lines = ["| block | shape | dtype | compiler | ms | vs eager | triton ms | max rel error |",
-             "|---|---|---|---|---|---|---|---|"]
-    eager = {(r["block"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["compiler"] == "eager"}
-    for r in rows:
-        base = eager.get((r["block"], r["shape"], r["dtype"]))
-        speedup = f"{base / r['ms']:.2f}x" if base else "-"
-        lines.append(f"| {r['block']} | {r['shape']} | {r['dtype']} | {r['compiler']} | {r['ms']} | {speedup} | "
-                     f"{r.get('triton_ms', '-')} | {r['max_rel_error']} |")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -127,7 +112,7 @@ def main() -> None:
                     rows.append(row)
                     torch._dynamo.reset()
                     kiln.reset()
-    print(table(rows))
+    print(table(rows, variant="dtype"))
     common.write_rows(args.out, rows, args.device)
 
 

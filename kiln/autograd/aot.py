@@ -540,13 +540,21 @@ class AOTCompiled:
         watched_outputs = {w.index for w in watched if not w.of_input}
         watch_only = [i in watched_inputs or j in watched_outputs
                       for i, j in zip(split.saved_inputs, split.saved_outputs)]
+        # an output eager saves, saved as returned: the returned tensor itself (a code generator may write a value
+        # it returns twice into two buffers, and the backward must read what the caller wrote into the output)
+        forward_outputs = list(next(iter(split.forward.graph.find_nodes(op="output"))).args[0])
+        returned = forward_outputs[:num_outputs]
+        saved_returned = [(k, returned.index(node)) for k, node in enumerate(forward_outputs[len(forward_outputs)
+                                                                                               - len(split.saved):])
+                          if watch_only[k] and split.saved_outputs[k] is not None and node in returned]
         primals = {n.name: k for k, n in enumerate(split.forward.graph.find_nodes(op="placeholder"))}
         saved_primals = [primals.get(name) for name in split.saved]
         unreached = [i for i, (rg, grad) in enumerate(zip(key[0], grad_mask)) if rg and not grad]
         if len(unreached) == sum(map(bool, key[0])):  # a differentiable output whose formulas give no input a
             unreached = []  # gradient (vector_norm of order 0): eager's node keeps its edges, its output grad_fn
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
-                              snapshots, watched, watch_only, saved_primals, unreached, graph_origin(program.gm))
+                              snapshots, watched, watch_only, saved_returned, saved_primals, unreached,
+                              graph_origin(program.gm))
 
 
 def graph_origin(gm: torch.fx.GraphModule) -> str:

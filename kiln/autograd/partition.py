@@ -83,6 +83,11 @@ would fail autograd's version check where eager's backward runs. An output the c
 does not read, is exposed the same way (`JointLayout.exposed_outputs`): `y.mul_(2)` before the backward."""
 
 
+DTYPE_CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+"""A value's copy in another dtype: eager's kernels cast inside the op (a bf16 product computed in float32) and save
+the value itself; recomputed from it in the backward, as eager's backward reads what it saved."""
+
+
 def is_recomputable(node: fx.Node) -> bool:
     """May `node` be computed a second time, in the backward, with the same result at little cost?"""
     if node.op != "call_function":
@@ -430,9 +435,10 @@ class _JointNodes:
         whose storage eager's backward reads (`JointLayout.outputs_saved_by_eager`), or forward values computed
         from one: the backward reads the output as returned, with whatever the caller wrote into it, as eager's
         does, and the values the forward computed from it as the forward computed them (eager saved `exp(t)`
-        for `exp(t) * t`, not a recomputation from `t` as written since)."""
+        for `exp(t) * t`, not a recomputation from `t` as written since). Not a cast (`DTYPE_CASTS`)."""
         returned = {n for n in self.read_as_returned if n.op == "call_function"}
         return returned | {n for n in self.required_forward if n.op == "call_function" and n not in returned
+                           and n.target not in DTYPE_CASTS
                            and any(a in self.read_as_returned for a in n.all_input_nodes)}
 
     def _written_in_backward(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:

@@ -153,7 +153,8 @@ class TrainingRunner:
     def __init__(self, program: FlatProgram, signature: OutputSignature, forward: Callable,
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager], watch_only: list[bool],
-                 saved_primals: list[int | None], unreached: list[int] = (), origin: str = "a compiled graph"):
+                 saved_returned: list[tuple[int, int]], saved_primals: list[int | None], unreached: list[int] = (),
+                 origin: str = "a compiled graph"):
         self.program, self.signature = program, signature
         # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
@@ -161,7 +162,8 @@ class TrainingRunner:
         self.unreached = unreached
         self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
-                                       signature, grad_mask, snapshots, watched, watch_only, saved_primals, origin)
+                                       signature, grad_mask, snapshots, watched, watch_only, saved_returned,
+                                       saved_primals, origin)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -209,8 +211,8 @@ def _hook_only_gradients(out: torch.Tensor) -> None:
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
-                   watched: list[SavedByEager], watch_only: list[bool], saved_primals: list[int | None],
-                   origin: str) -> type:
+                   watched: list[SavedByEager], watch_only: list[bool], saved_returned: list[tuple[int, int]],
+                   saved_primals: list[int | None], origin: str) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -227,6 +229,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     value: it shares the storage of a watched tensor, so the watch alone checks its version: it is saved as
     its `.data` (its own version counter) where it carries no history, since autograd's check would raise at any
     backward through the graph, where eager's raises only for a gradient that reaches the node that saved it.
+    `saved_returned`: (saved value, output) pairs where the value saved is that output as returned.
 
     `saved_primals`, per saved value: the forward input it is, or None (a value the forward computed,
     or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
@@ -253,6 +256,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             outs = results[:len(results) - num_saved]
             for k in snapshot:
                 saved[k] = saved[k].clone()
+            for k, j in saved_returned:
+                saved[k] = outs[j]
             for k in unchecked:
                 if not saved[k].requires_grad:  # an input with history stays itself (a double backward reads it)
                     saved[k] = saved[k].data

@@ -1,9 +1,10 @@
 """Symbolic ints passed to a direct aten call whose schema takes `int` or `int[]` (kiln/capture/values/torch_api.py
 `_concrete_int_arguments`).
 
-Under `dynamic=True` an int argument of the frame is a symbol; ATen's parser accepts none where the schema says
-`int[2] kernel_size` (not `SymInt[]`), so capture's fake call raised and the graph broke. The graph passes the
-value, guarded, as eager does; a new value recompiles. Strict, several values, eager's results.
+Under `dynamic=True` an int the frame reads from its arguments (a dict of an op's keywords) is a symbol; ATen's
+parser accepts none where the schema says `int[2] kernel_size` (not `SymInt[]`), so capture's fake call raised
+and the graph broke. The graph passes the value, guarded, as eager does; a new value recompiles.
+Strict, several values, eager's results.
 """
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def pool_backward_keyword(x, k, s):
 @pytest.mark.parametrize("fn", [pool_backward_scalar_sizes, pool_backward_list_sizes, pool_backward_keyword])
 def test_symbolic_ints_reach_a_plain_int_argument_as_their_values(fn):
     kiln.reset()
-    compiled = kiln.compile(fn, dynamic=True)
-    for k, s, n in ((2, 2, 6), (3, 2, 9), (2, 1, 7)):
+    def call(x, sizes):  # the sizes in a dict, as OpInfo samples pass an op's keywords
+        return fn(x, sizes["k"], sizes["s"])
+
+    compiled = kiln.compile(call, dynamic=True)
+    for k, s, n in ((3, 2, 6), (3, 2, 9), (2, 1, 7)):
         x = torch.randn(1, 2, n, n + 1, generator=G)
-        torch.testing.assert_close(compiled(x, k, s), fn(x, k, s))
+        torch.testing.assert_close(compiled(x, {"k": k, "s": s}), call(x, {"k": k, "s": s}))

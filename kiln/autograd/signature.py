@@ -392,7 +392,9 @@ class FlatProgram:
         # the bookkeeping below is over tensors: an int input stands in as an empty tensor no op reads
         fakes = [v if isinstance(v, torch.Tensor) else _stand_in(mode) for v in values]
         versions = [f._version if requires_grad is not None else 0 for f in fakes]  # inference tensors have none
-        geometries = [_geometry_of(f) for f in fakes]
+        # the sizes themselves, read as expressions only when compared: the run may add a size replacement
+        # (a reshape's `s0 = s2*s3`) that rewrites the expressions of the fakes' sizes, changed or not
+        sizes_before = [(f.shape, f.stride(), f.storage_offset()) for f in fakes]
         storage_sizes = [f.untyped_storage().nbytes() for f in fakes]
         input_nodes = {f.grad_fn: i for i, f in enumerate(fakes) if rg[i]}  # before in-place ops replace them
         grad_fns = [f.grad_fn for f in fakes]
@@ -400,6 +402,7 @@ class FlatProgram:
         with torch.set_grad_enabled(requires_grad is not None), saved.recording():
             with mode, symbolic_dispatch(mode), views:  # factories (torch.arange(n)) make fakes too
                 out = self.run(values)
+        geometries = [_geometry_expressions(*g) for g in sizes_before]
         leaves, tree = pytree.tree_flatten(out)
         outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources(), views, mode)
         kinds = outputs.classify(leaves)
@@ -780,7 +783,12 @@ def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
 
 def _geometry_of(t: torch.Tensor) -> tuple:
     """(shape, stride, storage offset), symbolic sizes as expressions (comparing them adds no guard)."""
-    return (tuple(_expr(v) for v in t.shape), tuple(_expr(v) for v in t.stride()), _expr(t.storage_offset()))
+    return _geometry_expressions(t.shape, t.stride(), t.storage_offset())
+
+
+def _geometry_expressions(shape, stride, offset) -> tuple:
+    """Sizes, strides and offset as expressions, under the size replacements known now."""
+    return tuple(map(_expr, shape)), tuple(map(_expr, stride)), _expr(offset)
 
 
 def _expr(v):

@@ -5,6 +5,8 @@
     python -m tests.opinfo --reason 'extern aten.flip'  the table's rows whose reason matches: rerun the rows a
                                                        fix touches, no others (add --ops to narrow it further)
     python -m tests.opinfo --rates                      print the table's pass/fallback/xfail counts
+    python -m tests.opinfo --dynamic --every 2 ...      compile with dynamic=True; the rows go to (and --rates,
+                                                       --reason read) outcomes_dynamic.json instead
 
 Rows run in worker processes, a chunk at a time, each row's result appended to a JSON-lines journal
 as it finishes: a worker that crashes (a segfault in a kernel) costs its row, recorded as an xfail,
@@ -41,9 +43,10 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=40, help="rows per worker process")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--rates", action="store_true")
+    p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True; its own table")
     args = p.parse_args(argv)
     if args.rates:
-        print(json.dumps(table.rates(table.load()["rows"]), indent=1))
+        print(json.dumps(table.rates(table.load(table.path_for(args.dynamic))["rows"]), indent=1))
         return 0
     if args.worker:
         return _work(args)
@@ -61,7 +64,7 @@ def _selected(args) -> list[str]:
     chosen = rows(ops, tuple(args.targets.split(",")), tuple(args.modes.split(",")))
     keys = [r.key for r in chosen if dtypes is None or r.dtype in dtypes]
     if args.reason:  # rows the table holds, failing or falling back for the reason a fix addresses
-        tabled, pattern = table.load()["rows"], re.compile(args.reason)
+        tabled, pattern = table.load(table.path_for(args.dynamic))["rows"], re.compile(args.reason)
         keys = [k for k in keys if k in tabled and pattern.search(tabled[k]["reason"])]
     return keys
 
@@ -81,11 +84,11 @@ def _sweep(args) -> int:
         done = _read_journal(journal)
         todo = [k for k in chunk if k not in done] + todo  # a crash leaves the chunk's tail to run
     done = _read_journal(journal)
-    current = table.load()
+    current = table.load(table.path_for(args.dynamic))
     rows = {} if args.all else current["rows"]
     rows.update({k: done[k] for k in keys if k in done})
     meta = {"max_samples": args.max_samples or None}
-    table.save({"meta": {**current.get("meta", {}), **meta}, "rows": rows})
+    table.save({"meta": {**current.get("meta", {}), **meta}, "rows": rows}, table.path_for(args.dynamic))
     print(json.dumps(table.rates(rows), indent=1))
     return 0
 
@@ -96,7 +99,7 @@ def _run_chunk(chunk: list[str], journal: Path, args) -> None:
     started = journal.with_suffix(".started")
     started.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "tests.opinfo", "--worker", str(keys_file), "--journal", str(journal),
-           "--max-samples", str(args.max_samples)]
+           "--max-samples", str(args.max_samples)] + (["--dynamic"] if args.dynamic else [])
     rc = subprocess.call(cmd)
     if rc != 0 and started.exists():  # the row that was running when the worker died
         key = started.read_text()
@@ -113,7 +116,7 @@ def _work(args) -> int:
     for key in Path(args.worker).read_text().split():
         started.write_text(key)
         row = Row.parse(key)
-        result = run_row(ops[row.op], row, args.max_samples or None)
+        result = run_row(ops[row.op], row, args.max_samples or None, dynamic=args.dynamic)
         _append(journal, key, result)
         print(f"{key}: {result['outcome']} {result['reason'][:120]}", flush=True)
     started.unlink(missing_ok=True)

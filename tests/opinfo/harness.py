@@ -1,8 +1,9 @@
 """OpInfo conformance: every op of PyTorch's op database through kiln's code generator, compared with eager.
 
 A *row* is one (op variant, dtype, target, fwd|bwd). Running a row compiles, for each of its sample
-inputs, a function calling the op with `kiln.compile(..., dynamic=False)` (the default backend) and
-compares what it returns (and, for `bwd`, the gradients of its inputs) with eager. Its outcome is
+inputs, a function calling the op with `kiln.compile(..., dynamic=False)` (the default backend; `dynamic=True`
+for the dynamic table, where sizes and int arguments are symbols) and compares what it returns (and, for
+`bwd`, the gradients of its inputs) with eager. Its outcome is
 
 - `pass`: every sample matched eager and ran through kiln's kernels;
 - `fallback`: every sample matched, but some of the op ran through ATen where kiln meant to generate
@@ -227,7 +228,7 @@ def clone(value):
     return tree_map(copy, value)
 
 
-def run_sample(info, sample, row: Row):
+def run_sample(info, sample, row: Row, dynamic: bool = False):
     """(eager result, kiln result, Observer) of one sample; each result is the outputs, plus for `bwd` the
     gradients of the inputs; an exception raised is the result."""
     op = info.get_op()
@@ -241,7 +242,7 @@ def run_sample(info, sample, row: Row):
     cached, kiln.config.graph_cache = kiln.config.graph_cache, False  # a cached graph skips the lowering observed
     try:
         with target(row.target), observer.watching():
-            compiled = _evaluate(kiln.compile(call, dynamic=False), sample, row)
+            compiled = _evaluate(kiln.compile(call, dynamic=dynamic), sample, row)
     finally:
         kiln.config.graph_cache = cached
     return eager, compiled, observer
@@ -361,7 +362,7 @@ def _short(e: Exception) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x…", text)[:200]
 
 
-def run_row(info, row: Row, max_samples: int | None = None, seconds: int = 300) -> dict:
+def run_row(info, row: Row, max_samples: int | None = None, seconds: int = 300, dynamic: bool = False) -> dict:
     """The row's outcome over its first `max_samples` samples (all by default): {"outcome", "reason",
     "lowered" (the ATen overloads kiln's lowering generated code for), "samples"}."""
     lowered, fallbacks, failure = set(), [], None
@@ -370,7 +371,7 @@ def run_row(info, row: Row, max_samples: int | None = None, seconds: int = 300) 
         with time_limit(seconds):
             chosen = samples(info, row)[:max_samples]
             for sample in chosen:
-                eager, got, observer = run_sample(info, sample, row)
+                eager, got, observer = run_sample(info, sample, row, dynamic)
                 lowered |= observer.lowered
                 failure = failure or mismatch(eager, got, functools.partial(reference, info, sample, row))
                 fallbacks += observer.fallbacks()

@@ -7,6 +7,12 @@ from pathlib import Path
 import torch
 
 TABLE = Path(__file__).with_name("outcomes.json")
+# the same rows compiled with dynamic=True (symbolic sizes and int arguments), kept apart from the static table
+DYNAMIC_TABLE = Path(__file__).with_name("outcomes_dynamic.json")
+
+
+def path_for(dynamic: bool) -> Path:
+    return DYNAMIC_TABLE if dynamic else TABLE
 
 
 def load(path: Path = TABLE) -> dict:

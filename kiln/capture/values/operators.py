@@ -23,6 +23,7 @@ from kiln.capture.values.containers import (
     ListValue,
     SequenceValue,
     SetValue,
+    SizeValue,
     TupleValue,
     from_constant,
     python_override,
@@ -282,8 +283,9 @@ def apply_operator(state, fn: Callable, args: list[Value]) -> Value:
                 return a
             return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
         if plain in (operator.eq, operator.ne) and isinstance(b, SequenceValue):
-            # item by item as Python compares them: the same object is equal without asking (a tensor too)
-            same = len(a.items) == len(b.items) and all(
+            # item by item as Python compares them: the same object is equal without asking (a tensor too); a
+            # list is never equal to a tuple
+            same = isinstance(a, ListValue) == isinstance(b, ListValue) and len(a.items) == len(b.items) and all(
                 identical(state, x, y) or apply_operator(state, operator.eq, [x, y]).truth(state)
                 for x, y in zip(a.items, b.items))
             return ConstantValue(same if plain is operator.eq else not same)
@@ -353,8 +355,10 @@ def _dict_operator(state, fn: Callable, plain: Callable, a, b: Value) -> Value:
 
 def _as_sequence(value: Value) -> Value:
     """A constant tuple or list as a sequence tracker, so `(x, 1) + (2,)` mixes the two kinds."""
-    if isinstance(value, ConstantValue) and type(value.as_constant()) in (tuple, list):
+    if isinstance(value, ConstantValue) and type(value.as_constant()) in (tuple, list, torch.Size):
         items = [ConstantValue(v) for v in value.as_constant()]
+        if isinstance(value.as_constant(), torch.Size):  # `x.shape == (n,)` of a static shape and a symbol
+            return SizeValue(items)
         return ListValue(items) if isinstance(value.as_constant(), list) else TupleValue(items)
     return value
 

@@ -100,6 +100,8 @@ class TorchFunctionValue(CallableValue):
             return stateless_module(state, fn, args, kwargs)
         if isinstance(fn, type) and not issubclass(fn, torch.Tensor):
             raise GraphBreak("unsupported_call", f"constructing {fn.__qualname__}")
+        if isinstance(fn, torch._ops.OpOverload):
+            args, kwargs = _concrete_int_arguments(fn, args, kwargs)
         return trace_op(state, "call_function", fn, args, kwargs)
 
     def getattr(self, state, name: str) -> Value:
@@ -113,6 +115,42 @@ class TorchFunctionValue(CallableValue):
 
     def __repr__(self) -> str:
         return f"TorchFunction({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _concrete_int_arguments(op: torch._ops.OpOverload, args: list[Value], kwargs: dict[str, Value]):
+    """A direct aten call's symbolic ints specialized where its schema takes `int` or `int[]`, not `SymInt`.
+
+    ATen's argument parser accepts no SymInt there (`int[2] kernel_size` of max_pool2d_with_indices_backward
+    raises "Expected a value of type 'List[int]'"), and the kernel behind it reads the value anyway; eager
+    passes the int, so the graph does too, guarded on its value."""
+    schema = op._schema.arguments
+    plain = [a.name for a in schema if _takes_plain_ints(a.real_type)]
+    if not plain:
+        return args, kwargs
+    position = {a.name: k for k, a in enumerate(schema) if not a.kwarg_only}
+    args = list(args)
+    for name in plain:
+        k = position.get(name)
+        if k is not None and k < len(args):
+            args[k] = _specialized(args[k])
+        elif name in kwargs:
+            kwargs = {**kwargs, name: _specialized(kwargs[name])}
+    return args, kwargs
+
+
+def _takes_plain_ints(kind) -> bool:
+    """`int`, `int[]` or an optional one: ints that may not be symbols (`SymInt` has a type of its own)."""
+    if isinstance(kind, torch.OptionalType):
+        kind = kind.getElementType()
+    if isinstance(kind, torch.ListType):
+        kind = kind.getElementType()
+    return isinstance(kind, torch.IntType)
+
+
+def _specialized(value: Value) -> Value:
+    """`value` as a constant where it is or holds symbolic ints (a list's as_constant reads each item's value,
+    which guards it)."""
+    return ConstantValue(value.as_constant()) if _holds_symbols(value) else value
 
 
 def _holds_symbols(data: Value) -> bool:

@@ -63,6 +63,15 @@ def operand(a, size, dtype) -> ir.Expr:
     raise Unsupported(f"operand of type {type(a).__name__}")
 
 
+def scalar_operand(a, dtype) -> ir.Expr:
+    """A scalar argument (a fill value, an alpha) as an element expression of `dtype`. Under dynamic shapes an
+    int argument arrives as a size symbol and a float one computed from sizes as a SizeScalar, neither of which
+    folds to a constant; a Python number converts as eager's fill does (a float into an integer dtype truncates)."""
+    if isinstance(a, (bool, int, float)):
+        return const(a, dtype)
+    return operand(a, (), dtype)
+
+
 def _meta_like(a):
     if isinstance(a, SizeScalar):  # a Python float of eager's: a weak scalar in promotion
         return 1.0

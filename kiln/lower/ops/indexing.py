@@ -15,7 +15,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import FloorDiv, Mod, index_vars, linear_index
-from kiln.lower.ops.common import broadcast, out_info
+from kiln.lower.ops.common import broadcast, out_info, scalar_operand
 from kiln.lower.ops.registry import register
 from kiln.lower.values import IndexFunction, Unsupported, cast, const
 
@@ -228,7 +228,8 @@ def scatter_value(ctx, meta, x, dim, index, value):
     row[dim] = sympy.Integer(0)
     position = _safe_index(index.at(row), x.size[dim], GATHER)
     hit = ir.Op("eq", (position, ir.IndexValue(out_vars[dim], torch.int64)), torch.bool)
-    return IndexFunction(size, dtype, ir.Op("where", (hit, const(value, dtype), cast(x.at(out_vars), dtype)), dtype))
+    body = ir.Op("where", (hit, scalar_operand(value, dtype), cast(x.at(out_vars), dtype)), dtype)
+    return IndexFunction(size, dtype, body)
 
 
 @register(aten.index.Tensor)

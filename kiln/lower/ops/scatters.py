@@ -16,7 +16,7 @@ import torch
 
 from kiln.lower import ir
 from kiln.lower.index import FloorDiv, Mod, contiguous_strides, index_vars, product
-from kiln.lower.ops.common import broadcast, broadcast_sizes, out_info
+from kiln.lower.ops.common import broadcast, broadcast_sizes, out_info, scalar_operand
 from kiln.lower.ops.indexing import ADVANCED_INDEXING, GATHER, INDEX_SELECT, _safe_index, scatter_value
 from kiln.lower.ops.reductions import reduce
 from kiln.lower.ops.registry import register
@@ -140,7 +140,7 @@ def _index_reduce(ctx, meta, x, dim, index, source, reduction, include_self, rul
     def value(r):
         same_rank = source.ndim == x.ndim and x.ndim
         v = source.at([r if k == dim else out_vars[k] for k in range(x.ndim)] if same_rank else [r] * source.ndim)
-        return v if alpha == 1 else ir.Op("mul", (v, const(alpha, source.dtype)), source.dtype)
+        return v if alpha == 1 else ir.Op("mul", (v, scalar_operand(alpha, source.dtype)), source.dtype)
 
     return _dense(ctx, x, size, dtype, dim, length, matches, value, reduction, include_self)
 
@@ -218,7 +218,7 @@ def index_fill(ctx, meta, x, dim, index, value):
     position = _safe_index(index.at([r] if index.ndim else []), size[dim] if n else 1, ADVANCED_INDEXING)
     hit = ir.Op("eq", (position, ir.IndexValue(here, torch.int64)), torch.bool)
     named = reduce(ctx, IndexFunction(tuple(size) + (length,), torch.bool, hit), [n], False, "any", torch.bool)
-    fill = cast(value.body, dtype) if isinstance(value, IndexFunction) else const(value, dtype)
+    fill = scalar_operand(value, dtype)
     return IndexFunction(size, dtype, ir.Op("where", (named.body, fill, cast(x.body, dtype)), dtype))
 
 
@@ -242,4 +242,5 @@ def scatter_of_a_value(ctx, meta, x, dim, index, value):
     n = len(size)
     r = index_vars("i", n + 1)[n]
     named = reduce(ctx, IndexFunction(tuple(size) + (length,), torch.bool, matches(r)), [n], False, "any", torch.bool)
-    return IndexFunction(size, dtype, ir.Op("where", (named.body, const(value, dtype), cast(x.body, dtype)), dtype))
+    body = ir.Op("where", (named.body, scalar_operand(value, dtype), cast(x.body, dtype)), dtype)
+    return IndexFunction(size, dtype, body)

@@ -435,8 +435,10 @@ class _JointNodes:
         whose storage eager's backward reads (`JointLayout.outputs_saved_by_eager`), or forward values computed
         from one: the backward reads the output as returned, with whatever the caller wrote into it, as eager's
         does, and the values the forward computed from it as the forward computed them (eager saved `exp(t)`
-        for `exp(t) * t`, not a recomputation from `t` as written since). Not a cast (`DTYPE_CASTS`)."""
-        returned = {n for n in self.read_as_returned if n.op == "call_function"}
+        for `exp(t) * t`, not a recomputation from `t` as written since). Not a cast (`DTYPE_CASTS`), and not a
+        view: a view recomputed from the saved output reads the storage the caller wrote, as eager's does, and
+        saving views of one output apart from it costs their bytes again (a Cholesky factor and its transposes)."""
+        returned = {n for n in self.read_as_returned if n.op == "call_function" and not _is_view(n)}
         return returned | {n for n in self.required_forward if n.op == "call_function" and n not in returned
                            and n.target not in DTYPE_CASTS
                            and any(a in self.read_as_returned for a in n.all_input_nodes)}

@@ -50,8 +50,11 @@ _CYCLE = "cycle between trackers of mutually recursive Python types: "
 
 # (importer, imported) -> why the import is inside a function.
 FUNCTION_LEVEL = {
-    ("kiln.codegen.triton", "kiln.codegen.triton.build_workers"):
-        "the build workers run that module as `python -m`, which must not find it imported by its package first",
+    **{("kiln.codegen.triton.build_worker_process", module):
+       "a build worker runs this file as a script: kiln's packages must be registered as shells (no __init__) "
+       "before a kernel module's imports, and torch and Triton are imported once, in the first worker, before it forks"
+       for module in ("torch", "triton", "triton.backends.compiler", "triton.compiler.compiler",
+                      "triton.runtime.cache", "kiln.codegen.triton.helpers", "kiln.codegen.triton.launch")},
     ("kiln.runtime.autotune", "triton.testing"): "optional dependency: only GPU autotuning benchmarks with Triton",
     ("kiln.runtime.triton_cache", "triton"):
         "optional dependency: only a process that loaded Triton binaries, or a blob carrying some, needs Triton",

@@ -21,7 +21,7 @@ kernels and its longest kernels (torch.profiler), to compare the batch-norm redu
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 
 import torch
 import torch.nn as nn
@@ -145,16 +145,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="Triton time and longest kernels per compiled step")
     parser.add_argument("--out", default=None, help="write the rows as JSON")
     args = parser.parse_args()
-    rows = []
-    for block in args.blocks.split(","):
-        for shape in args.shapes.split(","):
-            for layout in args.layouts.split(","):
-                for compiler in args.compilers.split(","):
-                    row = measure(block, shape, layout, compiler, args.device, args.runs, args.profile)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-                    torch._dynamo.reset()
-                    kiln.reset()
+    cases = itertools.product(args.blocks.split(","), args.shapes.split(","), args.layouts.split(","),
+                              args.compilers.split(","))
+    rows = common.run_rows(cases, lambda *case: measure(*case, args.device, args.runs, args.profile))
     print(table(rows))
     common.write_rows(args.out, rows, args.device)
 

@@ -109,6 +109,20 @@ def compiled(model, compiler: str):
     return kiln.compile(model)
 
 
+def run_rows(cases, measure) -> list[dict]:
+    """Each case's row (`measure(*case)`), printed as it is measured, both compilers' caches emptied after it so
+    that every row compiles afresh: the loop of the micro-benchmarks (norm and batch-norm blocks)."""
+    import kiln
+    rows = []
+    for case in cases:
+        row = measure(*case)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        torch._dynamo.reset()
+        kiln.reset()
+    return rows
+
+
 def write_rows(path: str | None, rows: list, device: str) -> None:
     """A micro-benchmark's rows as JSON, with the GPU (or "cpu") and torch version they were measured with."""
     write_json(path, {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

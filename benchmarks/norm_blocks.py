@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import itertools
 import statistics
 import time
 
@@ -156,16 +156,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the rows as JSON")
     args = parser.parse_args()
     runs = args.runs or (100 if args.device == "cuda" else 5)
-    rows = []
-    for block in BLOCKS:
-        for stream in (True, False):
-            for compiler in args.compilers.split(","):
-                row = measure(block, stream, compiler, args.rows, args.device, warmup=10 if runs > 10 else 1,
-                              runs=runs)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                torch._dynamo.reset()
-                kiln.reset()
+    cases = itertools.product(BLOCKS, (True, False), args.compilers.split(","))
+    rows = common.run_rows(cases, lambda block, stream, compiler: measure(
+        block, stream, compiler, args.rows, args.device, warmup=10 if runs > 10 else 1, runs=runs))
     print(table(rows))
     common.write_rows(args.out, rows, args.device)
 

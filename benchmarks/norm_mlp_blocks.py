@@ -23,7 +23,7 @@ then timed with CUDA events (median). With `--profile`, each compiled step's Tri
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 
 import torch
 import torch.nn as nn
@@ -32,7 +32,6 @@ from batchnorm_blocks import add_kernel_profile, relative_error, table
 from norm_blocks import RMSNorm, step_time_ms
 
 import common  # benchmarks run strict: KILN_STRICT=1
-import kiln
 
 SHAPES = ["8192x768x2048", "4096x2048x5632", "12608x384x1536", "12608x768x3072"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
@@ -102,16 +101,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="Triton time and longest kernels per compiled step")
     parser.add_argument("--out", default=None, help="write the rows as JSON")
     args = parser.parse_args()
-    rows = []
-    for block in args.blocks.split(","):
-        for shape in args.shapes.split(","):
-            for dtype in args.dtypes.split(","):
-                for compiler in args.compilers.split(","):
-                    row = measure(block, shape, dtype, compiler, args.device, args.runs, args.profile)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-                    torch._dynamo.reset()
-                    kiln.reset()
+    cases = itertools.product(args.blocks.split(","), args.shapes.split(","), args.dtypes.split(","),
+                              args.compilers.split(","))
+    rows = common.run_rows(cases, lambda *case: measure(*case, args.device, args.runs, args.profile))
     print(table(rows, variant="dtype"))
     common.write_rows(args.out, rows, args.device)
 

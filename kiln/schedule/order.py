@@ -21,7 +21,7 @@ import sympy
 
 from kiln.lower import ir
 from kiln.schedule import deps
-from kiln.schedule.fusion import KernelGroup, Schedule, Segment, try_add
+from kiln.schedule.fusion import KernelGroup, Schedule, Segment, merge_independent_segments, try_add
 from kiln.schedule.memory import step_reads, step_writes, storage_numel
 
 
@@ -93,15 +93,29 @@ def _fused_run(run: list[KernelGroup], live: list[int], costs: list[tuple[int, i
 
 
 def _merged(first: KernelGroup, second: KernelGroup) -> KernelGroup | None:
-    """`first` with `second`'s nodes added, or None when a node does not fit its loops or a register-only value
-    of either would have to be stored (`first` is left unchanged)."""
+    """`first` with `second`'s nodes added, or None when a node does not fit its loops, a register-only value
+    of either would have to be stored, or the merged kernel would walk its rows more often than either kernel
+    alone (`first` is left unchanged).
+
+    Nodes join as the scheduler adds them, then independent inner segments share a loop as the scheduler's
+    (`merge_independent_segments`). Two batch norms' statistics that meet here (the first one's kernel moved
+    past a convolution to the second's) thus share one loop; left as two loops, the kernel could neither split
+    its rows across programs nor read its inputs once."""
     if first.orders or second.orders:
         return None
     trial = KernelGroup(first.name, first.outer, first.inner, [Segment(s.inner, list(s.nodes)) for s in first.segments],
                         local=first.local | second.local)
     if not all(try_add(trial, node) for node in second.nodes):
         return None
+    merge_independent_segments(trial)
+    if _loops(trial) > max(_loops(first), _loops(second)):
+        return None
     return trial if all(_still_local(trial, name) for name in trial.local) else None
+
+
+def _loops(group: KernelGroup) -> int:
+    """How many times `group` walks its inner (reduced) dims: its inner segments."""
+    return sum(1 for s in group.segments if s.inner)
 
 
 def _still_local(group: KernelGroup, name: str) -> bool:

@@ -104,3 +104,26 @@ def test_two_batch_norms_backward_sums_share_one_loop(dtype, channels_last):
     source = compiled_and_checked(backward, activation(dtype, channels_last), out, y, d, weight, mean, invstd,
                                   weight_d, mean_d, invstd_d)
     assert_one_loop_per_kernel(source, channels_last)
+
+
+def statistics_around_a_convolution(y, x, conv_weight, weight, bias, weight_d, bias_d):
+    """As `statistics`, with the downsample branch's input computed by a convolution between the two norms, as
+    a residual block runs them: the first norm's statistics kernel writes only graph outputs (the saved mean and
+    invstd), so it moves past the convolution to where its values are read (kiln/schedule/order.py), next to
+    the second norm's statistics."""
+    out, mean, invstd = aten.native_batch_norm(wide(y), weight, bias, None, None, True, 0.1, EPS)
+    d = aten.convolution(x, conv_weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    out_d, mean_d, invstd_d = aten.native_batch_norm(wide(d), weight_d, bias_d, None, None, True, 0.1, EPS)
+    return torch.relu(out + out_d).to(y.dtype), mean, invstd, mean_d, invstd_d
+
+
+@pytest.mark.parametrize("dtype, channels_last", [(torch.bfloat16, True), (torch.float32, False)],
+                         ids=["bf16-nhwc", "fp32-nchw"])
+def test_statistics_moved_past_a_convolution_share_one_loop(dtype, channels_last):
+    y = activation(dtype, channels_last)
+    x = torch.randn(SHAPE[0], 8, *SHAPE[2:]).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    conv_weight = (torch.randn(SHAPE[1], 8, 1, 1) * 0.3).to(dtype)
+    params = [torch.randn(40), torch.randn(40), torch.rand(40) + 0.5, torch.randn(40)]
+    source = compiled_and_checked(statistics_around_a_convolution, y, x, conv_weight, *params)
+    assert_one_loop_per_kernel(source, channels_last)

@@ -270,3 +270,18 @@ def test_triton_avg_pool_forward_and_backward(name):
     x = torch.randn(config[-1], generator=torch.Generator().manual_seed(0))
     _triton_check(_avg_pool(config), x)
     _triton_check(_avg_pool_backward(config), torch.randn(_avg_pool(config)(x).shape), x)
+
+
+def test_backward_stores_a_summed_channels_last_gradient_channels_last():
+    """The gradient reaching ResNet's stem pooling is the sum of two channels-last gradients (the residual
+    block's branches). Read at every window, it is stored once, in the order its loads read: channels-last,
+    not transposed to NCHW and then read across channels by the window kernel."""
+    config = CONFIGS["3x3_s2_p1"]
+    x = _input(config[-1]).contiguous(memory_format=torch.channels_last)
+    values, indices = _pool(config)(x)
+    a, b = (torch.randn(values.shape).contiguous(memory_format=torch.channels_last) for _ in range(2))
+    pool_backward = _pool_backward(config)
+    compiled = check(lambda a, b, x, i: pool_backward(a + b, x, i), a, b, x, indices)
+    n, c, h, w = a.shape  # the IR prints a permuted dense buffer with its dims in memory order
+    summed = [line for line in str(compiled.artefacts["ir"]).splitlines() if "add(load(arg0" in line]
+    assert len(summed) == 1 and f"float32[{n}, {h}, {w}, {c}] = pointwise" in summed[0], summed

@@ -244,8 +244,10 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
 
 
 def _read_often(ctx, v: IndexFunction, reads: int) -> IndexFunction:
-    """`v` read `reads` times per element: stored once unless it is cheap to recompute."""
-    return ctx.realize(v) if reads > 1 and not v.is_trivial() else v
+    """`v` read `reads` times per element: stored once unless it is cheap to recompute, in the order its own
+    loads read (the sum of a residual block's channels-last gradients, on its way to the stem's pooling
+    backward, was transposed to NCHW and then read by channels-last windows, both uncoalesced)."""
+    return ctx.realize(v, stride=load_order_strides(v)) if reads > 1 and not v.is_trivial() else v
 
 
 @register(aten.max_pool2d_with_indices_backward.default)

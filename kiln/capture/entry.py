@@ -633,6 +633,7 @@ def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Fram
     locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}
     stack = [NULL if is_null else _stack_value(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
              for i, is_null in enumerate(spec.stack_nulls)]
+    state.inherited_stack = frozenset(map(id, stack))
     cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
              for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
     for name in spec.cell_names:

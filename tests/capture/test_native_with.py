@@ -56,7 +56,11 @@ def reraising(value):
 
 class Traced:
     """A class manager that logs the exception `__exit__` is given: its type, value, whether the traceback is the
-    exception's own, and the traceback's innermost frame (function, line number, source line)."""
+    exception's own, and the traceback's innermost frame (function, line number, source line); it suppresses
+    when told to."""
+
+    def __init__(self, suppress=False):
+        self.suppress = suppress
 
     def __enter__(self):
         return 2
@@ -65,7 +69,7 @@ class Traced:
         innermost = [(f.name, f.lineno, f.line) for f in traceback.extract_tb(tb)][-1:] if tb is not None else []
         _current["LOG"].append(("exit", kind and kind.__name__, str(value) if value else None,
                                 tb is (value.__traceback__ if value is not None else None), innermost))
-        return False
+        return self.suppress
 
 
 class Logged:
@@ -113,6 +117,7 @@ MANAGERS = {
     "suppressing class": "Logged(2, suppress=True)",
     "class whose exit raises": "Logged(2, exit_raises=True)",
     "class reading the traceback": "Traced()",
+    "suppressing class reading the traceback": "Traced(suppress=True)",
     "suppress": "contextlib.suppress(ValueError)",
     "no __exit__": "EnterOnly()",
 }

@@ -54,7 +54,7 @@ from kiln.capture.tensor_frames import holds_torch_values
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
-from kiln.capture.values.torch_api import ExitValue, GradModeContext, Reentry
+from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, Reentry
 from kiln.config import Config, config
 from kiln.runtime import collector
 from kiln.runtime.compile_lock import build_once, compile_lock
@@ -292,10 +292,11 @@ class CompiledFrame:
         except CannotResume:
             raise error from None  # as for a call that cannot be re-run: the graph's own exception
         except Exception as eager_error:
-            if type(eager_error) is not eager_error_type(error):
+            if type(eager_error) is not eager_error_type(error) and not raised.in_python_block:
                 self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
             raise
-        self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
+        if not raised.in_python_block:
+            self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
         return result
 
     def _warn_rerun(self, error: Exception, outcome: str) -> None:
@@ -634,6 +635,8 @@ def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Fram
     stack = [NULL if is_null else _stack_value(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
              for i, is_null in enumerate(spec.stack_nulls)]
     state.inherited_stack = frozenset(map(id, stack))
+    state.in_python_block = any(not isinstance(L[f"___stack{at}"], (Reentry, GradModeRestore))
+                                for at in bytecode.with_exits(code, spec.start))
     cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
              for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
     for name in spec.cell_names:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import kiln
+from kiln import fallbacks
 from support.capture import CountingBackend, assert_same
 from support.sweeps import full
 
@@ -587,4 +588,14 @@ def _ops_torch_compile_captures(source: str) -> int:
         return _graphs_of(source, torch.compile).ops
     except torch._dynamo.exc.InternalTorchDynamoError:
         return 0
+
+
+@pytest.mark.allows_fallback("graph_break: the print inside the block, which torch.compile breaks on too")
+@pytest.mark.parametrize("manager", ["suppressing class", "class whose exit raises", "suppress"])
+def test_a_graph_raising_in_a_block_whose_exit_handles_it_is_no_fallback(manager):
+    """The continuation's graph raises inside the block, and the re-run from its start gives eager's outcome,
+    which the manager's `__exit__` decides (it suppresses the error, or raises another): that is not a graph
+    raising what eager does not, and no fallback is recorded (the print's break is one torch.compile takes too)."""
+    _compare(BREAKS_IN_BLOCKS["raise in the graph"].format(m=MANAGERS[manager]), torch.arange(1, 5), True, "eager")
+    assert fallbacks.records() == []
 

@@ -69,6 +69,11 @@ def wrap(state, obj: Any, source: Source) -> Value:
         state.guards.add(Guard(GuardKind.EQUALS_MATCH, source, f"{expr}.prev is {obj.prev!r}", repr(obj.prev),
                                f"{expr}.prev"))
         return ExitValue(GradModeContext(not obj.prev, applied_on_creation=True, prev=obj.prev))
+    if type(obj) in (torch.no_grad, torch.enable_grad) and isinstance(source, LocalSource):
+        # a local made before a break (`ctx = torch.no_grad()`), entered after it: one entry serves every such
+        # object, as for one made inside (torch's own, a decorator's, stay objects whose methods are inlined)
+        _type(state, obj, source, expr)
+        return GradModeContext(type(obj) is torch.enable_grad)
     if isinstance(obj, torch.Tensor):
         return _tensor(state, obj, source, expr)
     if isinstance(obj, (list, dict)) and id(obj) in state.mutable_values:

@@ -173,66 +173,17 @@ def handler_is_with_cleanup(code: types.CodeType, target: int) -> bool:
     return "WITH_EXCEPT_START" in names
 
 
-# Managers a continuation can resume inside: grad mode (carried across the break), autocast and inference
-# mode (entered again; `values.torch_api.Reentry`)
-RESUMABLE_CONTEXTS = frozenset({"no_grad", "enable_grad", "set_grad_enabled", "autocast", "inference_mode"})
-
-
-@cache
-def has_with_block(code: types.CodeType) -> bool:
-    """True when `code` has a `with` block of any manager."""
-    return any(instr.opname == "BEFORE_WITH" for instr in instructions(code))
-
-
-@cache
-def has_unresumable_with(code: types.CodeType) -> bool:
-    """True when `code` has a `with` block kiln cannot resume inside (an unknown manager).
-
-    A break inside any other block, or before one whose continuation would break inside it,
-    cannot be resumed. The manager is recognised by the names loaded on the `with` line before
-    BEFORE_WITH.
-    """
-    return bool(_unresumable_with_starts(code))
-
-
-def _unresumable_with_starts(code: types.CodeType) -> list[int]:
-    """The BEFORE_WITH instructions of `with` blocks kiln cannot resume inside."""
-    ins = instructions(code)
-    starts = []
-    for i, instr in enumerate(ins):
-        if instr.opname != "BEFORE_WITH":
-            continue
-        names = set()
-        j = i - 1
-        while j >= 0 and ins[j].lineno == instr.lineno and ins[j].opname != "BEFORE_WITH":
-            if ins[j].opname in ("LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST"):
-                names.add(ins[j].argval)
-            j -= 1
-        if not names & RESUMABLE_CONTEXTS:
-            starts.append(i)
-    return starts
-
-
-def resumes_after_boundary(code: types.CodeType, index: int) -> bool:
-    """Whether a boundary at instruction `index` can end the graph in a function with unresumable `with`
-    blocks: it is in none of them, and none comes after it (the code after it is captured as continuations,
-    which have no frame to run eagerly if they break inside such a block)."""
-    return not in_unresumable_with(code, index) and all(start < index for start in _unresumable_with_starts(code))
-
-
-def in_unresumable_with(code: types.CodeType, index: int) -> bool:
-    """True when instruction `index` is inside (or opens) a `with` block kiln cannot resume inside: the
-    block's body is the exception range(s) whose handler is its cleanup, the first such range after its
-    BEFORE_WITH."""
-    ranges = exception_ranges(code)
-    for start in _unresumable_with_starts(code):
-        if index == start:
-            return True
-        cleanup = next((r.target for r in sorted(ranges, key=lambda r: r.start)
-                        if r.start > start and handler_is_with_cleanup(code, r.target)), None)
-        if any(r.target == cleanup and r.start <= index < r.end for r in ranges):
-            return True
-    return False
+def with_exits(code: types.CodeType, index: int) -> list[int]:
+    """Where the `__exit__` of each `with` block around instruction `index` sits on the stack, innermost first:
+    an exception raised there goes to the innermost block's cleanup, whose own code the next block's entry
+    covers, and so on out."""
+    exits, entry, seen = [], handler_around(code, index), set()
+    while entry is not None and entry.target not in seen:
+        seen.add(entry.target)
+        if handler_is_with_cleanup(code, entry.target):
+            exits.append(entry.depth - 1)
+        entry = handler_around(code, entry.target)
+    return exits
 
 
 @cache

@@ -54,7 +54,7 @@ from kiln.capture.tensor_frames import holds_torch_values
 from kiln.capture.values.base import NULL
 from kiln.capture.values.functions import CellValue
 from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
-from kiln.capture.values.torch_api import ExitValue, GradModeContext, Reentry
+from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, Reentry
 from kiln.config import Config, config
 from kiln.runtime import collector
 from kiln.runtime.compile_lock import build_once, compile_lock
@@ -292,10 +292,11 @@ class CompiledFrame:
         except CannotResume:
             raise error from None  # as for a call that cannot be re-run: the graph's own exception
         except Exception as eager_error:
-            if type(eager_error) is not eager_error_type(error):
+            if type(eager_error) is not eager_error_type(error) and not raised.in_python_block:
                 self._warn_rerun(error, f"running it eagerly raised {type(eager_error).__name__} instead")
             raise
-        self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
+        if not raised.in_python_block:
+            self._warn_rerun(error, "running it eagerly raised nothing, and its result is returned")
         return result
 
     def _warn_rerun(self, error: Exception, outcome: str) -> None:
@@ -444,6 +445,14 @@ class CompiledFrame:
                 return self._capture(L, G, C, eager, True, reason)
             return self._natively_for(e.guards, L, G, C, eager, reason)
         except Unresumable as e:
+            if eager is None and not opaque:
+                # a continuation has no frame to run eagerly: it steps through natively from its start, which
+                # enters the blocks after it natively too (a generator manager's block it breaks inside)
+                log_breaks.info("%s", e.message())
+                fallbacks.record_break(e.reason.id, self.spec.describe(), e.message(), resumable=False,
+                                       warn_key=self.spec.function())
+                self.steps_natively = True
+                return self._capture(L, G, C, eager, True, reason)
             if eager is None:
                 raise CannotResume(f"kiln cannot resume this frame after a graph break: {e}") from e
             self._add_eager_entry(e.guards, reason)
@@ -564,14 +573,10 @@ def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileCon
                 raise _with_guards(_unresumable(e, why), state) from e
             in_loop = (not opaque and not e.reason.boundary and e.reason.id not in RESUMED_IN_LOOPS
                        and bytecode.loops_back_after(spec.code, frame.current.index))
-            # a frame stepped through natively enters every `with` block itself (`native.enter_with`); a
-            # boundary after the block resumes: the code after it is its own capture (a `with` around the
-            # model's forward in a training step; the step's backward and optimizer step come after it)
-            natively = opaque or in_loop or on_compiling_path
-            if not natively and (not bytecode.resumes_after_boundary(spec.code, frame.current.index)
-                                 if e.reason.boundary else bytecode.has_unresumable_with(spec.code)):
-                why = "in a function with a `with` block it cannot resume in"
-                raise _with_guards(_unresumable(e, why), state) from e
+            # A break inside a `with` block resumes in it when the program can hand its manager on (grad mode,
+            # autocast; a manager written in Python, whose `__exit__` the continuation calls); one whose manager
+            # it cannot rebuild (a generator's, suspended at its `yield`) is unresumable once the program is
+            # written, and a continuation that meets one steps through natively (see `CompiledFrame._capture`).
             if on_compiling_path:
                 raise _with_guards(StepsNatively(e, compiling_path, for_good=False), state) from e
             if in_loop:
@@ -629,6 +634,9 @@ def _root_frame(state: CaptureState, spec: FrameSpec, L: dict, C: tuple) -> Fram
     locals_ = {name: wrap_lazy(state, L[name], LocalSource(name)) for name in names}
     stack = [NULL if is_null else _stack_value(state, L[f"___stack{i}"], LocalSource(f"___stack{i}"))
              for i, is_null in enumerate(spec.stack_nulls)]
+    state.inherited_stack = frozenset(map(id, stack))
+    state.in_python_block = any(not isinstance(L[f"___stack{at}"], (Reentry, GradModeRestore))
+                                for at in bytecode.with_exits(code, spec.start))
     cells = {name: CellValue(real=cell, source=ClosureSource(i, name))
              for i, (name, cell) in enumerate(zip(code.co_freevars, C))}
     for name in spec.cell_names:
@@ -670,8 +678,8 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         items = [f"{k!r}: {v}" for k, v in local_exprs.items()]
         items += [f"'___stack{i}': {s}" for i, s in enumerate(new_stack) if s is not None]
         items += [f"'___cell_{k}': {v}" for k, v in cell_exprs.items()]
-        if writer.reentries:  # called once the blocks are left (see `_inside_blocks`)
-            return f"___next = ({name}, {{{', '.join(items)}}})"
+        if writer.reentries or (handled and grad_exits):  # called once the blocks are left (`_inside_blocks`),
+            return f"___next = ({name}, {{{', '.join(items)}}})"  # or the handler (`within_handler`) is past
         if grad_exits:  # called inside the handler that leaves those blocks (see `_exiting_grad_mode_blocks`)
             return f"return {name}({{{', '.join(items)}}}, G, C)"
         return f"return {writer.constant(Continue)}({name}, {{{', '.join(items)}}})"  # run by the caller's loop
@@ -681,15 +689,27 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
         reader = writer.constant(functools.partial(read_in_frame, frame_globals=state.G))
         cells = {name: writer.value(cell) for name, cell in frame.cells.items()}
         stack[-2] = f"{reader}({stack[-2]}, {_dict_expr(local_exprs)}, {_dict_expr(cells)})"
+    # the blocks around the instruction see an exception raised there: those it entered natively (a native frame's
+    # values are all native), and those of a manager written in Python, whose `__exit__` must get it; what the
+    # continuation raises is not the instruction's (its own handlers saw it), so it is called past the handler
+    handled = spec.native or _in_block_of_python_manager(frame, spec.code)
     lines = render_instruction(frame.current, stack, frame.kw_names, resume, writer.temp)
-    if spec.native:  # the blocks it entered natively see an exception raised here (their values are all native)
+    if handled:
         lines = within_handler(spec.code, frame.current, stack, lines, resume)
     if writer.reentries:
         lines = _inside_blocks(writer, lines)
     else:
+        if handled and grad_exits:
+            lines = [*lines, "return ___next[0](___next[1], G, C)"]
         lines = _exiting_grad_mode_blocks(lines, grad_exits)
     loc = frame.location()
     return [f"# graph break at {loc.filename}:{loc.lineno}: {loc.line_text()}"] + lines
+
+
+def _in_block_of_python_manager(frame: Frame, code: types.CodeType) -> bool:
+    """Whether the breaking instruction is inside a `with` block whose `__exit__` is not one kiln traces into the
+    graph (grad mode, autocast, inference mode: their blocks are left by the program's own handlers)."""
+    return any(not isinstance(frame.stack[at], ExitValue) for at in bytecode.with_exits(code, frame.current.index))
 
 
 def _dict_expr(exprs: dict[str, str]) -> str:

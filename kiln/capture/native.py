@@ -194,6 +194,14 @@ def _load_global(ins, stack, kw, resume, temp):
     return [f"{r} = eval({ins.argval!r}, G)", resume(ins.index + 1, stack + pushed)]
 
 
+@renders("LOAD_FAST")
+def _load_fast(ins, stack, kw, resume, temp):
+    """A local read before it is bound (the only way LOAD_FAST breaks: a `with` block whose `__exit__` suppressed
+    the exception that skipped its assignment): the UnboundLocalError eager raises, at its line."""
+    message = f"cannot access local variable {ins.argval!r} where it is not associated with a value"
+    return [f"___raise_at({ins.lineno}, UnboundLocalError({message!r}))"]
+
+
 @renders("STORE_ATTR")
 def _store_attr(ins, stack, kw, resume, temp):
     return [f"setattr({stack[-1]}, {ins.argval!r}, {stack[-2]})", resume(ins.index + 1, stack[:-2])]
@@ -492,7 +500,7 @@ def _delete_subscr(ins, stack, kw, resume, temp):
 # the module lacks, and is rendered: a continuation has no frame to raise that NameError otherwise.)
 NEVER_BREAKS = frozenset({
     "NOP", "RESUME", "PRECALL", "COPY_FREE_VARS", "CACHE", "EXTENDED_ARG", "POP_TOP", "PUSH_NULL", "COPY", "SWAP",
-    "END_FOR", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "MAKE_CELL", "LOAD_FAST", "LOAD_FAST_AND_CLEAR",
+    "END_FOR", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "MAKE_CELL", "LOAD_FAST_AND_CLEAR",
     "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF", "JUMP_FORWARD", "JUMP_BACKWARD",
     "JUMP_ABSOLUTE", "JUMP", "KW_NAMES", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SLICE",
     "BUILD_CONST_KEY_MAP", "STORE_GLOBAL", "MAKE_FUNCTION", "LOAD_ASSERTION_ERROR",

@@ -228,6 +228,8 @@ def _graph_call(writer: ProgramWriter, call: str, inputs: list[str], rerunnable:
     if graph.enters_autocast:
         lines.append(f"___autocast = {writer.constant(rerun.autocast_snapshot)}()")
         args.append("autocast=___autocast")
+    if writer.state.in_python_block:
+        args.append("in_python_block=True")
     return lines + ["try:", f"    ___out = {call}", "except Exception as ___e:",
                     f"    {writer.constant(rerun.graph_raised)}(___e, {', '.join(args)})"]
 

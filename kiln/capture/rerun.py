@@ -50,9 +50,13 @@ class GraphRaised(Exception):
     `rewind` (when not None) has put back the inputs the graph wrote.
     """
 
-    def __init__(self, error: Exception, rerunnable: bool, rng, rewind: Callable[[], None] | None = None):
+    def __init__(self, error: Exception, rerunnable: bool, rng, rewind: Callable[[], None] | None = None,
+                 in_python_block: bool = False):
         super().__init__(f"the compiled graph raised {type(error).__name__}: {error}")
         self.error, self.rerunnable, self.rng, self.rewind = error, rerunnable, rng, rewind
+        # inside a block of a manager written in Python: its `__exit__` may suppress or replace the error, so eager
+        # raising otherwise is no sign of a wrong graph
+        self.in_python_block = in_python_block
 
 
 def rng_state(cuda_devices: tuple[int, ...]):
@@ -128,14 +132,15 @@ def restore_autocast(state: tuple) -> None:
 
 
 def graph_raised(error: Exception, entry_grad_enabled: bool, entry_autocast: tuple, rng=None, written: tuple = (),
-                 versions: tuple | None = None, saved: tuple | None = None, autocast: tuple | None = None):
+                 versions: tuple | None = None, saved: tuple | None = None, autocast: tuple | None = None,
+                 in_python_block: bool = False):
     """Called by the program when its graph raised: restore grad mode and autocast, then raise `GraphRaised`.
 
     `written` are the inputs the graph writes and `versions` their version counters before it ran
     (None: the frame is not to be re-run: a continuation already stepped through natively, or a
     graph drawing from a user's generator);
     `saved` their copies (None: the graph has no op that checks values); `autocast` the autocast state
-    before a graph entering it ran.
+    before a graph entering it ran; `in_python_block`: see `GraphRaised`.
     """
     torch._C._set_grad_enabled(entry_grad_enabled)
     if autocast is not None:
@@ -145,4 +150,4 @@ def graph_raised(error: Exception, entry_grad_enabled: bool, entry_autocast: tup
     if not untouched and versions is not None and saved is not None and restorable(written, saved):
         rewind = functools.partial(restore_inputs, written, saved)
     same_autocast = HELPERS["___autocast_state"]() == entry_autocast
-    raise GraphRaised(error, (untouched or rewind is not None) and same_autocast, rng, rewind)
+    raise GraphRaised(error, (untouched or rewind is not None) and same_autocast, rng, rewind, in_python_block)

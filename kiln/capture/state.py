@@ -47,6 +47,12 @@ class CaptureState:
         self.side_effects = SideEffects()
         self.break_at = break_at
         self.frames: list = []  # the interpreter's frame stack, innermost last
+        # ids of the values a continuation starts with on its stack: the `__exit__` of a block it resumes in was
+        # taken before this capture, from a manager the user's code holds (see opcodes.exceptions)
+        self.inherited_stack: frozenset[int] = frozenset()
+        # the graph runs inside (or enters) a block of a manager written in Python, whose `__exit__` may suppress or
+        # replace what the graph raises: eager's outcome then differs from the graph's error by design
+        self.in_python_block = False
         self.entry_grad_enabled = torch.is_grad_enabled()
         self.grad_enabled = self.entry_grad_enabled
         self.autocast_stack: list = []

@@ -22,10 +22,13 @@ when it was recorded, and a recording made later in the same lane may have place
 So replaying a recording writes its own outputs and those of the recordings made after it in its lane,
 and nothing else.
 
-Steps. A call of the model's forward or inference graph begins a step, unless a forward of the model
-has run whose backward has not (a forward called twice before one backward is one step), and so does
-`kiln.cudagraph_mark_step_begin()`. Outputs returned in an earlier step are given up: a replay may
-overwrite them (see staleness).
+Steps. A step is a pass over the models sharing a pool: a call of a forward or inference graph begins a
+step when that model (its parameters) was already called in the current one, unless a forward has run
+whose backward has not (a forward called twice before one backward is one step); a graph reading no
+parameter begins a step with each call, and so does `kiln.cudagraph_mark_step_begin()`. Two models sharing
+a captured graph are thus one step whichever runs first: `a(x)` then `b(x)`, then `b(x)` and `a(x)`, keep
+both outputs of each step. Outputs returned in an earlier step are given up: a replay may overwrite them
+(see staleness).
 
 Paths. The graphs a program calls need not repeat one sequence: a data-dependent branch, an extra
 forward without backward, the forward called twice before the backward, two models sharing a captured
@@ -44,7 +47,8 @@ aliases (`detach()`: same memory, a tensor object of its own). The aliases a rep
 invalidated at that moment (each recording counts its replays: the generation an output belongs to):
 reading one, or passing it to a compiled graph, raises an error naming the graph that overwrote it
 rather than giving its new contents. The rule, for users: an output of a `reduce-overhead` model
-is valid until the next step (in training: until the next forward after the backward); `.clone()`
+is valid until the next step (until that model is called again; in training: until the next forward after
+the backward); `.clone()`
 what you keep longer. Views taken of an output before it went stale are not caught. An output kept
 from an earlier step keeps its value until a replay writes its memory, and raises from then on. A saved
 input (the recording's input buffer, refilled by its next replay) trips autograd's version check
@@ -148,6 +152,7 @@ class CUDAGraphPool:
         self.graphs: list[CUDAGraphed] = []
         self.step = 0  # counts the steps begun (a recording's outputs returned in this step are protected)
         self.awaiting_backward = False  # a forward ran whose backward has not: the step goes on
+        self.called: set[int] = set()  # the models (a parameter's address) called in this step
         _pools.add(self)
 
     @classmethod
@@ -173,15 +178,20 @@ class CUDAGraphPool:
 
     def begin_step(self) -> None:
         self.step += 1
+        self.called.clear()
 
-    def enter(self, kind: str) -> None:
-        """A call of a graph of kind `kind` begins a step unless a forward still waits for its backward."""
-        if kind != "backward" and not self.awaiting_backward:
+    def enter(self, kind: str, model: int | None) -> None:
+        """A call of a graph of kind `kind` for `model` (the address of a parameter it reads; None: it reads none)
+        begins a step when that model was called in this step already, unless a forward still waits for its
+        backward: two models sharing the pool, called in either order, are one step."""
+        if kind == "backward":
+            self.awaiting_backward = False
+            return
+        if not self.awaiting_backward and (model is None or model in self.called):
             self.begin_step()
+        self.called.add(model)
         if kind == "forward":
             self.awaiting_backward = True
-        elif kind == "backward":
-            self.awaiting_backward = False
 
     def overwritten_by(self, rec: Recording) -> list[Recording]:
         """The recordings whose outputs a replay of `rec` writes: itself and those made after it in its lane."""
@@ -379,10 +389,11 @@ class CUDAGraphed:
         self.last: Recording | None = None
         self.warmed: set = set()
         self.disabled: str | None = None
+        self.parameter_at: int | None = None  # the first parameter's place among the inputs, -1: none (`_model`)
         self.stats = {"warmups": 0, "recordings": 0, "replays": 0, "eager": 0}
 
     def __call__(self, args: list) -> list:
-        self.pool.enter(self.kind)
+        self.pool.enter(self.kind, self._model(args))
         rec = self.last
         if rec is not None:
             if _set_stale is None:
@@ -391,6 +402,14 @@ class CUDAGraphed:
             if copies is not None and self.pool.may_replay(rec):
                 return self._replay(rec, copies, args)
         return self._miss(args)
+
+    def _model(self, args: list) -> int | None:
+        """Which model calls: the address of the first parameter among `args` (its place is found once; models
+        sharing the graph pass their parameters in the same places), or None when the graph reads none."""
+        at = self.parameter_at
+        if at is None or (at >= 0 and not isinstance(args[at], torch.nn.Parameter)):
+            at = self.parameter_at = next((i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)), -1)
+        return _data_ptr(args[at]) if at >= 0 else None
 
     def _replay(self, rec: Recording, copies: tuple, args: list) -> list:
         self.stats["replays"] += 1

@@ -17,7 +17,7 @@ from torch import nn
 
 import kiln
 from kiln.runtime import cudagraphs as cg
-from runtime.test_cudagraphs import assert_stale, graphs_on, new_pools
+from runtime.test_cudagraphs import assert_stale, graphs_on, is_stale, new_pools
 
 TOL = {"rtol": 1e-3, "atol": 1e-4}
 
@@ -117,9 +117,11 @@ def test_eval_between_training_steps(device):
     run_steps(step, 8, before, settled_after=4)
 
 
-@pytest.mark.parametrize("orders", [["ab"], ["ba"]])
+@pytest.mark.parametrize("orders", [["ab"], ["ba"], ["ab", "ba"]], ids=["ab", "ba", "swapping"])
 def test_two_models_sharing_one_graph_in_inference(device, orders):
-    """Two models of one class share one captured graph (and its pool): the outputs of both stay valid."""
+    """Two models of one class share one captured graph (and its pool): the outputs of both stay valid, also
+    when the order swaps between steps (the model called second replays after the first one's output was
+    returned: its replay must not overwrite it)."""
     refs = {"a": mlp(device, seed=0), "b": mlp(device, seed=1)}
     models = {name: copy.deepcopy(m) for name, m in refs.items()}
     before = set(cg._pools)
@@ -131,9 +133,43 @@ def test_two_models_sharing_one_graph_in_inference(device, orders):
         with torch.no_grad():
             outs = {name: compiled[name](x) for name in order}
             for name in order:
-                torch.testing.assert_close(outs[name], refs[name](x), **TOL, msg=f"{name}, step {k}")
+                assert_valid_and_close(outs[name], refs[name](x), f"{name}, step {k}")
 
     run_steps(step, 8, before, settled_after=4)
+
+
+@pytest.mark.parametrize("orders", [["ab"], ["ab", "ba"]], ids=["ab", "swapping"])
+def test_two_models_sharing_one_graph_in_training(device, orders):
+    """The same in training: both forwards, then the backward of the sum of their losses; each step's outputs
+    (the losses, the gradients) are eager's whichever model runs first."""
+    refs = {"a": mlp(device, seed=0), "b": mlp(device, seed=1)}
+    models = {name: copy.deepcopy(m) for name, m in refs.items()}
+    before = set(cg._pools)
+    compiled = {name: kiln.compile(m, mode="reduce-overhead") for name, m in models.items()}
+
+    def step(k):
+        x = torch.randn(8, 16, device=device)
+        order = orders[k % len(orders)]
+        for nets in (refs, models):
+            for net in nets.values():
+                net.zero_grad()
+        outs = {name: compiled[name](x) for name in order}
+        expected = {name: refs[name](x) for name in order}
+        for name in order:
+            assert_valid_and_close(outs[name], expected[name], f"{name}, step {k}")
+        sum(o.square().mean() for o in outs.values()).backward()
+        sum(o.square().mean() for o in expected.values()).backward()
+        for name in order:
+            assert_grads_equal(models[name], refs[name], k)
+
+    run_steps(step, 8, before, settled_after=4)
+
+
+def assert_valid_and_close(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
+    """`actual` was not overwritten by a replay (on the CPU torch cannot mark it stale: kiln's own mark says so)
+    and holds eager's values."""
+    assert not is_stale(actual), f"{msg}: overwritten by a replay while still held"
+    torch.testing.assert_close(actual, expected, **TOL, msg=msg)
 
 
 def test_forward_twice_then_backward(device):

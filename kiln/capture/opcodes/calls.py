@@ -89,6 +89,7 @@ def before_with(frame, ins):
         frame.push(ctx.enter(frame.state))
         return
     if _has_python_protocol(ctx):  # a context manager written in Python (nullcontext, a user's class): inline it
+        frame.state.in_python_block = True
         exit_method = ctx.getattr(frame.state, "__exit__")
         entered = ctx.getattr(frame.state, "__enter__").call(frame.state, [], {})
         frame.push(exit_method)

@@ -11,6 +11,7 @@ from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class
 from kiln.capture.values.objects import ClassValue
+from kiln.capture.values.torch_api import ExitValue
 
 
 @opcode("RAISE_VARARGS")
@@ -53,9 +54,12 @@ def with_except_start(frame, ins):
     the exception; what it returns says whether the exception is suppressed (`contextlib.suppress`)."""
     exc = frame.peek()
     exit_fn = frame.stack[-4]
-    if isinstance(exc, ExceptionValue) and frame.is_root and frame.state.opaque_inputs and exc.raised_at is not None:
-        # a frame stepped through natively: the manager is the user's, its `__exit__` runs natively and gets the
-        # traceback Python gives, which only a raise run natively has: the break is at the raise
+    entered_before = frame.state.opaque_inputs or (id(exit_fn) in frame.state.inherited_stack
+                                                   and not isinstance(exit_fn.realize(), ExitValue))
+    if isinstance(exc, ExceptionValue) and frame.is_root and entered_before and exc.raised_at is not None:
+        # a block entered before this capture (natively, in a frame stepped through natively; or resumed in, by a
+        # continuation): the manager is the user's, its `__exit__` runs natively and gets the traceback Python
+        # gives, which only a raise run natively has: the break is at the raise
         frame.current = exc.raised_at
         raise GraphBreak("exception", f"{exc.message()} reaches a `with` block's `__exit__`, which reads its "
                                       "traceback")

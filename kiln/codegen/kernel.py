@@ -175,7 +175,7 @@ class KernelPrinter:
 
     def _mapped(self, node):
         """`node`'s body over the group's loop variables."""
-        return ir.subs_expr(node.data.body, self.group.var_map(node))
+        return self.group.mapped_body(node)
 
     def _outer_segment(self, seg, scope: Scope) -> None:
         """A segment with no reduced loops: each node's value computed and stored once per output element."""

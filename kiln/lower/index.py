@@ -328,6 +328,55 @@ def _affine_terms(index: sympy.Expr, variables: tuple):
     return sympy.Add(*offset), tuple(strides)
 
 
+def simplify_in_ranges(index, ranges: tuple):
+    """`index` (an expression or a mask) with each `a // d` and `a % d` folded where `a` is known to lie in
+    [0, d) over `ranges` ((loop variable, size) pairs): to 0 and to `a`. A node whose dims merge runs of a
+    kernel's loops reads a [N*H*W, C] view of an [N, H, W | C] value at `(h*W + w) // W` and the like,
+    which are `h` and `w` only once the loops' bounds are known (a layer norm's statistics read back by its
+    normalization, stored as a matmul's 2-d operand)."""
+    if not isinstance(index, sympy.Basic) or not index.has(FloorDiv, Mod):
+        return index
+    return _simplify_in_ranges(index, ranges)
+
+
+@functools.lru_cache(maxsize=16384)
+def _simplify_in_ranges(index, ranges: tuple):
+    bounds = dict(ranges)
+
+    def fold(e):
+        a, d = e.args
+        top = _upper_bound(a, bounds)
+        if top is None or not d.is_Integer or top >= int(d):
+            return e
+        return sympy.Integer(0) if isinstance(e, FloorDiv) else a
+
+    while True:
+        folded = index.replace(lambda e: isinstance(e, (FloorDiv, Mod)), fold)
+        if isinstance(folded, sympy.Expr):
+            folded = sympy.expand(folded)
+        if folded == index:
+            return folded
+        index = folded
+
+
+def _upper_bound(a: sympy.Expr, bounds: dict) -> int | None:
+    """The largest value of `a` when it is a sum of non-negative multiples of variables in `bounds` (each below
+    its size) and a non-negative constant; None otherwise (not known non-negative, or unbounded)."""
+    top = 0
+    for term in sympy.Add.make_args(sympy.expand(a)):
+        c, rest = term.as_coeff_Mul()
+        if not c.is_Integer or c < 0:
+            return None
+        if rest == 1:
+            top += int(c)
+            continue
+        size = bounds.get(rest)
+        if size is None or not sympy.sympify(size).is_Integer:
+            return None
+        top += int(c) * (int(size) - 1)
+    return top
+
+
 def simplify(index: sympy.Expr) -> sympy.Expr:
     """Fold `c*(a // d)*d + c*(a % d)` back into `c*a` (what merging then splitting dims leaves)."""
     if not index.has(FloorDiv):

@@ -397,6 +397,26 @@ def _subs(e: Expr, mapping: dict, memo: dict) -> Expr:
     return out
 
 
+def map_indices(e: Expr, fn, memo: dict | None = None) -> Expr:
+    """`e` with `fn` applied to every load's index and mask and to every index value."""
+    if memo is None:
+        memo = {}
+    key = id(e)
+    if key in memo:
+        return memo[key][1]
+    if isinstance(e, Load):
+        out = Load(e.buf, fn(e.index), e.dtype, None if e.mask is None else fn(e.mask),
+                   tuple((s, map_indices(x, fn, memo)) for s, x in e.indirect))
+    elif isinstance(e, IndexValue):
+        out = IndexValue(fn(e.expr), e.dtype)
+    elif isinstance(e, Op):
+        out = Op(e.name, tuple(map_indices(a, fn, memo) for a in e.args), e.dtype)
+    else:
+        out = e
+    memo[key] = (e, out)
+    return out
+
+
 def add_mask(e: Expr, cond) -> Expr:
     """AND `cond` into the mask of every load of `e` whose address depends on it (loads outside their
     tensor must not happen). A load whose index does not use `cond`'s symbols reads a valid address

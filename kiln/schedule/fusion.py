@@ -47,7 +47,7 @@ from typing import NamedTuple
 import sympy
 
 from kiln.lower import ir
-from kiln.lower.index import index_vars, linear_index
+from kiln.lower.index import index_vars, linear_index, simplify_in_ranges
 from kiln.schedule import deps
 
 
@@ -122,6 +122,22 @@ class KernelGroup:
                 mapping[index_vars("r", j + 1)[j]] = loop[k] if s != 1 else sympy.Integer(0)
                 k += s != 1
         return mapping
+
+    def loop_ranges(self) -> tuple:
+        """(loop variable, size) of each of the kernel's loops."""
+        return tuple(zip((*self.outer_vars(), *self.inner_vars()), (*self.outer, *self.inner)))
+
+    def mapped_index(self, index, mapping: dict) -> sympy.Expr:
+        """A node's load `index` over this kernel's loops (`mapping`: its `var_map`), with the divisions and
+        remainders the loops' bounds decide folded (`simplify_in_ranges`): where the node's dims merge runs of
+        loops, it reads an in-kernel producer at the point written only once they are."""
+        return simplify_in_ranges(sympy.expand(sympy.sympify(index).xreplace(mapping)), self.loop_ranges())
+
+    def mapped_body(self, node: ir.ComputedBuffer) -> ir.Expr:
+        """`node`'s body over this kernel's loops, its indices as `mapped_index` gives them."""
+        body = ir.subs_expr(node.data.body, self.var_map(node))
+        ranges = self.loop_ranges()
+        return ir.map_indices(body, lambda index: simplify_in_ranges(index, ranges))
 
     def store_index(self, node: ir.ComputedBuffer) -> sympy.Expr:
         idx = index_vars("i", len(node.layout.size))
@@ -227,7 +243,7 @@ def try_add(group: KernelGroup, node: ir.ComputedBuffer, shape: tuple | None = N
         if found is None:
             continue
         k, producer = found
-        if sympy.expand(ld.index.xreplace(vm)) != trial.store_index(producer):
+        if trial.mapped_index(ld.index, vm) != trial.store_index(producer):
             return False
         if k == len(group.segments) - 1 and producer.is_reduction():
             same_segment_ok = False
@@ -299,7 +315,7 @@ def _reads_where_written(trial: KernelGroup, reduction: ir.ComputedBuffer) -> bo
     vm = trial.var_map(reduction)
     for ld in deps.body_loads(reduction):
         found = trial.segment_of(ld.buf)
-        if found is not None and sympy.expand(ld.index.xreplace(vm)) != trial.store_index(found[1]):
+        if found is not None and trial.mapped_index(ld.index, vm) != trial.store_index(found[1]):
             return False
     return True
 

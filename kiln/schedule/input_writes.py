@@ -118,7 +118,7 @@ def _reads_in_place(group: KernelGroup, writer: ir.ComputedBuffer, name: str) ->
             return False
         mapping = group.var_map(node)
         for ld in loads:
-            if ld.mask is not None or ld.indirect or sympy.expand(sympy.sympify(ld.index).xreplace(mapping)) != store:
+            if ld.mask is not None or ld.indirect or group.mapped_index(ld.index, mapping) != store:
                 return False
     return True
 

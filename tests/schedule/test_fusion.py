@@ -130,6 +130,37 @@ def test_softmax_read_through_a_reshaping_view_is_one_kernel():
     assert c.num_kernels == 1 and count_externs(c) == 2, c.artefacts["schedule"]
 
 
+def test_layer_norm_read_through_a_flattening_view_is_one_kernel():
+    """ConvNeXt's block: a layer norm over the channels of an [N, H, W, C] value whose result a linear layer
+    reads as [N*H*W, C]. The normalization runs over merged dims of the statistics kernel's loops and reads
+    its mean and variance at `(h*W + w) // W`-like indices, equal to the loops' own only within their bounds:
+    it joins that kernel (one read of the input) instead of a second kernel reading it again."""
+    def block(x, w, b, weight):
+        y = torch.nn.functional.layer_norm(x, (12,), w, b)
+        return torch.mm(y.view(-1, 12), weight)
+
+    x = torch.randn(2, 5, 7, 12)
+    c = check(block, x, torch.randn(12), torch.randn(12), torch.randn(12, 6))
+    assert c.num_kernels == 1 and count_externs(c) == 1, c.artefacts["schedule"]
+
+
+def test_simplify_in_ranges_folds_what_the_bounds_decide():
+    import sympy
+
+    from kiln.lower.index import FloorDiv, Mod, index_vars, simplify_in_ranges
+
+    x0, x1, x2 = index_vars("x", 3)
+    ranges = ((x0, 4), (x1, 56), (x2, 56))
+    merged = 56 * x1 + x2
+    assert simplify_in_ranges(FloorDiv(merged, 3136) + Mod(merged, 56), ranges) == x2
+    assert simplify_in_ranges(Mod(x1 + FloorDiv(x2, 56), 56), ranges) == x1
+    assert simplify_in_ranges(FloorDiv(merged, 56), ranges) == x1
+    # what may reach the divisor, or a variable of unknown range, is left as it is
+    assert simplify_in_ranges(FloorDiv(x2 + 1, 56), ranges) == FloorDiv(x2 + 1, 56)
+    unknown = sympy.Symbol("s0", integer=True, nonnegative=True)
+    assert simplify_in_ranges(Mod(unknown, 56), ranges) == Mod(unknown, 56)
+
+
 def test_merged_runs_maps_each_dim_to_consecutive_loops():
     from kiln.schedule.fusion import merged_runs
 

@@ -137,7 +137,7 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
             continue
         computed = {n.name for n in seg.nodes}
         for n in seg.nodes:
-            for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
+            for ld in ir.loads(group.mapped_body(n)):
                 c = expanded_coeff(ld.index, last)
                 if c != 0 and ld.buf not in computed:
                     (per_element if ir.index_symbols(ld) & outer else per_row).append(c)
@@ -157,7 +157,7 @@ def transposed_dim(group: KernelGroup):
     if any(expanded_coeff(group.store_index(n), last) != 1 for n in group.nodes if n.name not in group.local):
         return None
     for n in group.nodes:
-        for ld in ir.loads(ir.subs_expr(n.data.body, group.var_map(n))):
+        for ld in ir.loads(group.mapped_body(n)):
             if ld.indirect or expanded_coeff(ld.index, last) in (0, 1):
                 continue
             for t, v in enumerate(variables[:-1]):

@@ -129,9 +129,10 @@ def squeeze(ctx, meta, x, dims=None):
 
 
 def _is_negative(ctx, index) -> bool:
-    """Whether `index` counts from the end. A symbolic one is a symbol of an int input (or an expression of one),
-    whose sign tracing the op fixed with a guard; where the guards leave it open the op runs through ATen."""
-    negative = ctx.known(sympy.Lt(index, 0))
+    """Whether `index` counts from the end. A symbolic one is a symbol of an int input (or an expression of one):
+    where tracing the op left its sign open, the sign at this call is decided and guarded (`GraphLowering.decide`),
+    as a specialization of the int's sign, so a call with the other sign compiles again."""
+    negative = ctx.decide(sympy.Lt(index, 0))
     if negative is None:
         raise Unsupported(f"an index {index} whose sign the guards do not fix")
     return negative

@@ -267,6 +267,16 @@ class GraphLowering:
         result = self.shape_env._maybe_evaluate_static(self.precomputed.defined(relation))
         return None if result is None else bool(result)
 
+    def decide(self, relation) -> bool | None:
+        """`relation` where the guards fix it; where they leave it open, its value at the sizes being compiled,
+        which becomes a size guard of the graph (a call that fails it compiles again, and decides again). For a
+        choice between two correct lowerings by cost (a dense scatter's compares) that must not be made blind:
+        None only for a graph with no shape environment."""
+        known = self.known(relation)
+        if known is not None or self.shape_env is None:
+            return known
+        return bool(self.shape_env.evaluate_expr(self.precomputed.defined(sympy.sympify(relation))))
+
     def _note_shape_env(self, values) -> None:
         for v in values:
             if isinstance(v, torch.SymInt) and self.shape_env is None:

@@ -32,10 +32,9 @@ CONFIGS = {
     "5x5_s3_p2": ([5, 5], [3, 3], [2, 2], [1, 1], True, (1, 2, 11, 9)),
     "1x1": ([1, 1], [1, 1], [0, 0], [1, 1], False, (1, 2, 3, 4)),
     "3d_input": ([2, 2], [2, 2], [1, 1], [1, 1], False, (3, 6, 7)),
-}
-FORWARD_ONLY = {
     "dilated": ([3, 3], [2, 2], [1, 1], [2, 2], False, (1, 2, 9, 8)),
     "dilated_ceil": ([2, 3], [2, 1], [1, 1], [3, 2], True, (1, 2, 8, 7)),
+    "dilated_columns_ceil": ([3, 3], [2, 2], [0, 0], [1, 2], True, (1, 2, 3, 6)),  # OpInfo's sample
 }
 
 
@@ -65,9 +64,9 @@ def _assert_indices_exact(compiled, fn, *inputs):
     assert torch.equal(got[1], ref[1]), (got[1], ref[1])
 
 
-@pytest.mark.parametrize("name", list(CONFIGS) + list(FORWARD_ONLY))
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_forward(name):
-    config = {**CONFIGS, **FORWARD_ONLY}[name]
+    config = CONFIGS[name]
     x = _input(config[-1])
     compiled = check(_pool(config), x)
     assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
@@ -131,12 +130,47 @@ def test_backward_fuses_with_relus_backward():
     assert compiled.artefacts["num_kernels"] == 1
 
 
-def test_dilated_backward_stays_an_extern():
-    config = FORWARD_ONLY["dilated"]
+def test_backward_of_more_windows_than_it_sums_stays_an_extern():
+    """A 4x4 window dilated by 2 at stride 1 puts each input element under 16 windows (past MAX_WINDOWS)."""
+    config = ([4, 4], [1, 1], [0, 0], [2, 2], False, (1, 2, 11, 11))
     x = _input(config[-1])
     values, indices = _pool(config)(x)
     compiled = check(_pool_backward(config), torch.randn(values.shape), x, indices)
     assert "max_pool2d_with_indices_backward" in str(compiled.artefacts["ir"])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_symbolic_sizes_forward_and_backward(name):
+    """Traced with symbolic input sizes (the output sizes are then floor divisions of them), the pool and its
+    backward are still kernels: every bound a window may cross stays in its mask unless the guards rule it out."""
+    config = CONFIGS[name]
+    x = _input(config[-1])
+    forward = check(_pool(config), x, mode="symbolic")
+    assert count_externs(forward) == 0, forward.artefacts["schedule"]
+    _assert_indices_exact(forward, _pool(config), x)
+    values, indices = _pool(config)(x)
+    grad = torch.randn(values.shape, generator=torch.Generator().manual_seed(1))
+    backward = check(_pool_backward(config), grad, x, indices, mode="symbolic")
+    assert count_externs(backward) == 0, backward.artefacts["schedule"]
+
+
+@pytest.mark.parametrize("name", ["3x3_s2_p1_ceil", "dilated_ceil"])
+def test_one_dynamic_compile_pools_every_size(name, compiled_graphs):
+    """kiln.compile(dynamic=True): one graph per direction serves inputs of several sizes, even and odd (ceil_mode's
+    last window in or out of the input), with eager's values, indices and gradients."""
+    kernel, stride, padding, dilation, ceil_mode, size = CONFIGS[name]
+    fn = lambda x: nn.functional.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode).sin()  # noqa: E731
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for grow in range(3):
+        x = _input(size[:-2] + (size[-2] + grow, size[-1] + 2 * grow), torch.float64).requires_grad_()
+        expected, got = fn(x), compiled(x)
+        torch.testing.assert_close(got, expected, equal_nan=True)
+        cotangent = torch.randn(expected.shape, generator=torch.Generator().manual_seed(grow), dtype=torch.float64)
+        torch.testing.assert_close(torch.autograd.grad(got, x, cotangent)[0],
+                                   torch.autograd.grad(expected, x, cotangent)[0], equal_nan=True)
+    assert len(compiled_graphs) == 2, [g.artefacts["name"] for g in compiled_graphs]
+    assert all(count_externs(g) == 0 for g in compiled_graphs), [str(g.artefacts["schedule"]) for g in compiled_graphs]
 
 
 class SmallCNN(nn.Module):
@@ -227,6 +261,18 @@ def test_avg_pool_forward_and_backward(name, dtype):
     assert count_externs(forward) == 0 and count_externs(backward) == 0
 
 
+@pytest.mark.parametrize("name", list(AVG_CONFIGS))
+def test_avg_pool_with_symbolic_sizes(name):
+    """Traced with symbolic input sizes: the divisor's clipping and the backward's window bounds are masks over
+    the symbols, not Python comparisons; forward and backward stay kernels with eager's values."""
+    config = AVG_CONFIGS[name]
+    x = torch.randn(config[-1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    forward = check(_avg_pool(config), x, mode="symbolic")
+    grad = torch.randn(_avg_pool(config)(x).shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    backward = check(_avg_pool_backward(config), grad, x, mode="symbolic")
+    assert count_externs(forward) == 0 and count_externs(backward) == 0
+
+
 def test_avg_pool_backward_fuses_into_the_batch_norm_backward_before_it():
     """DenseNet's transition: relu -> avg_pool 2x2 stride 2; the pool's backward is a gather (one window
     per input element) inside relu's backward kernel."""
@@ -249,7 +295,7 @@ def _triton_check(fn, *inputs):
     return check_triton(fn, *inputs)
 
 
-@pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1", "3x3_s2_p1_ceil"])
+@pytest.mark.parametrize("name", ["2x2_s2", "3x3_s2_p1", "3x3_s2_p1_ceil", "dilated_ceil"])
 def test_triton_forward_and_backward(name):
     config = CONFIGS[name]
     x = _input(config[-1])

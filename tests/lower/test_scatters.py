@@ -149,3 +149,38 @@ def test_backward_of_indexing_with_a_symbolic_index_length_compiles(name):
         cotangent = torch.randn(expected.shape, generator=G, dtype=torch.float64)
         torch.testing.assert_close(torch.autograd.grad(got, x, cotangent)[0],
                                    torch.autograd.grad(expected, x, cotangent)[0])
+
+
+SYMBOLIC_LENGTHS = {  # (x: (rows, 5), index: (n, 5) in [0, rows), src: (n, 5)) -> a tensor; n a symbol
+    "scatter_add": lambda x, index, src: x.scatter_add(0, index, src),
+    "scatter_reduce_amax": lambda x, index, src: x.scatter_reduce(0, index, src, "amax", include_self=False),
+    "index_add": lambda x, index, src: x.index_add(0, index[:, 0], src),
+    "index_put_accumulate": lambda x, index, src: x.index_put((index[:, 0],), src, accumulate=True),
+    "cumsum": lambda x, index, src: src.cumsum(0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYMBOLIC_LENGTHS))
+def test_a_dense_reduction_of_symbolic_length_is_a_kernel(name):
+    """The index length along the scattered dim is a symbol, so the dense cost (output x length) is open to the
+    guards: it is decided at the compiled sizes (a size guard), and the op is generated, not left to ATen."""
+    fn = SYMBOLIC_LENGTHS[name]
+    x, index, src = torch.randn(4, 5, generator=G), INDEX[:3], SRC
+    compiled = check(fn, x, index, src, mode="symbolic")
+    assert count_externs(compiled) == 0, compiled.artefacts["schedule"]
+
+
+def test_a_symbolic_scatter_past_the_dense_limit_compiles_again_as_an_aten_call(compiled_graphs):
+    """The dense choice made at small sizes is a guard: the same function called with an output whose dense cost
+    is past DENSE_LIMIT fails it and compiles again, with the scatter as ATen's op; both match eager."""
+    fn = SYMBOLIC_LENGTHS["scatter_add"]
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for rows, n in ((4, 3), (6, 5), (DENSE_LIMIT // 64, 64)):
+        x = torch.randn(rows, 5, generator=G)
+        index = torch.randint(0, rows, (n, 5), generator=G)
+        src = torch.randn(n, 5, generator=G)
+        torch.testing.assert_close(compiled(x, index, src), fn(x, index, src))
+    dense, past_the_limit = compiled_graphs
+    assert count_externs(dense) == 0, dense.artefacts["schedule"]
+    assert count_externs(past_the_limit) == 1, past_the_limit.artefacts["schedule"]

@@ -76,7 +76,7 @@ OPS = {
     "lshift": "({0} << {1})", "rshift": "({0} >> {1})", "isnan": "std::isnan({0})",
     "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
     "check_index": "kiln::check_index({0}, {1}, {2}, kiln_error)",
-    "digamma": "kiln::digamma<{T}>({0})", "trigamma": "kiln::trigamma<{T}>({0})",
+    "digamma": "kiln::digamma<{T}>({0})", "trigamma": "kiln::trigamma<{T}>({0})", "zeta": "kiln::zeta<{T}>({0}, {1})",
     "copysign": "std::copysign({0}, {1})", "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)

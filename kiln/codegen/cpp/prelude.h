@@ -330,4 +330,46 @@ template <typename T> static inline T trigamma(T x) {
   return sign * result;
 }
 
+// The Hurwitz zeta function sum over k >= 0 of (k + q)^-x, as ATen's CPU kernel computes it (Cephes' zeta:
+// terms summed directly until q + k passes 9, then the Euler-Maclaurin tail), in double as ATen accumulates on
+// the CPU; its first term is a power in T, as ATen's is. Polygamma of order n >= 2 is a multiple of zeta(n + 1, x).
+template <typename T> static inline T zeta(T x, T q) {
+  const double eps = 1.11022302462515654042E-16;  // Cephes' MACHEP: a term below eps * sum ends the series
+  // (2j)! / B_2j, B_2j the Bernoulli numbers: the tail's coefficients
+  static const double bernoulli_ratio[12] = {
+      12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+      -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15, 1.8152105401943546773e17,
+      -7.1661652561756670113e18};
+  if (x == T(1)) return std::numeric_limits<T>::infinity();
+  if (x < T(1)) return std::numeric_limits<T>::quiet_NaN();
+  if (q <= T(0)) {
+    if (q == std::floor(q)) return std::numeric_limits<T>::infinity();  // a pole
+    if (x != std::floor(x)) return std::numeric_limits<T>::quiet_NaN();  // (k + q)^-x of a negative base
+  }
+  double sum = static_cast<double>(std::pow(q, -x));
+  double base = q, term = 0;
+  for (int k = 0; k < 9 || base <= 9.0; ++k) {
+    base += 1.0;
+    term = std::pow(base, -static_cast<double>(x));
+    sum += term;
+    if (-eps * sum < term && term < eps * sum) return static_cast<T>(sum);
+  }
+  const double w = base;
+  sum += term * w / (static_cast<double>(x) - 1.0);
+  sum -= 0.5 * term;
+  double rising = 1.0, k = 0.0;  // x (x + 1) ... (x + 2j), built two factors a step
+  for (int j = 0; j < 12; ++j) {
+    rising *= static_cast<double>(x) + k;
+    term /= w;
+    const double t = rising * term / bernoulli_ratio[j];
+    sum += t;
+    if (-eps * sum < std::fabs(t) && std::fabs(t) < eps * sum) return static_cast<T>(sum);
+    k += 1.0;
+    rising *= static_cast<double>(x) + k;
+    term /= w;
+    k += 1.0;
+  }
+  return static_cast<T>(sum);
+}
+
 }  // namespace kiln

@@ -214,6 +214,76 @@ def kiln_trigamma(x):
     result = result + (1.0 + 1.0 / (2.0 * y) + series) / y
     return tl.where(reflect, -result, result)
 
+
+@triton.jit
+def _zeta_tail_step(s, rising, term, k, w, x, coefficient: tl.constexpr, eps, done, result):
+    """One term of zeta's Euler-Maclaurin tail (kiln_zeta): a lane whose term falls below eps * sum is done. The
+    coefficient is a constexpr, so that it is made in float64 exactly (a plain float argument is a float32)."""
+    rising = rising * (x + k)
+    term = term / w
+    t = rising * term / tl.full([], coefficient, tl.float64)
+    s = s + t
+    small = tl.where(-eps * s < tl.abs(t), tl.where(tl.abs(t) < eps * s, 1, 0), 0)
+    result = tl.where(done == 0, tl.where(small == 1, s, result), result)
+    done = tl.where(small == 1, 1, done)
+    rising = rising * (x + k + 1.0)
+    return s, rising, term / w, k + 2.0, done, result
+
+
+@triton.jit
+def kiln_zeta(x, q):
+    """ATen's CPU zeta (Cephes, as prelude.h's kiln::zeta): the first term a power in x's dtype, the rest summed in
+    float64, directly until q + k passes 9 (a loop that runs while any lane still sums: a negative q takes more
+    steps), then the Euler-Maclaurin tail; a lane stops where its term falls below eps * sum. Flags are ints and
+    selections nest (no `&` of comparisons: a 0-dim operand's under the interpreter is refused)."""
+    eps = tl.full([], 1.11022302462515654042E-16, tl.float64)
+    xd = x.to(tl.float64)
+    floor_q = libdevice.floor(q)
+    special = tl.where(x == 1.0, float("inf"), tl.where(x < 1.0, float("nan"),
+                                                         tl.where(q == floor_q, float("inf"), float("nan"))))
+    done = tl.where(x == 1.0, 1, tl.where(x < 1.0, 1, tl.where(
+        q <= 0.0, tl.where(q == floor_q, 1, tl.where(x != libdevice.floor(x), 1, 0)), 0)))
+    result = special.to(tl.float64) + tl.zeros_like(xd)
+    s = libdevice.pow(q, -x).to(tl.float64)
+    a = q.to(tl.float64)
+    term = tl.zeros_like(xd)
+    i = 0
+    active = tl.where(done == 0, 1, 0)
+    while tl.max(active, axis=None) > 0:
+        a = tl.where(active == 1, a + 1.0, a)
+        term = tl.where(active == 1, libdevice.pow(a, -xd), term)
+        s = tl.where(active == 1, s + term, s)
+        small = tl.where(-eps * s < term, tl.where(term < eps * s, 1, 0), 0)
+        finished = tl.where(active == 1, small, 0)
+        result = tl.where(finished == 1, s, result)
+        done = tl.where(finished == 1, 1, done)
+        i += 1
+        active = tl.where(done == 0, tl.where(i < 9, 1, tl.where(a <= 9.0, 1, 0)), 0)
+    w = a
+    s = s + term * w / (xd - 1.0)
+    s = s - 0.5 * term
+    rising = tl.zeros_like(xd) + 1.0
+    k = tl.zeros_like(xd)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 12.0, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -720.0, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 30240.0, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -1209600.0, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 47900160.0, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -1.8924375803183791606e9, eps,
+                                                       done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 7.47242496e10, eps, done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -2.950130727918164224e12, eps,
+                                                       done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 1.1646782814350067249e14, eps,
+                                                       done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -4.5979787224074726105e15, eps,
+                                                       done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, 1.8152105401943546773e17, eps,
+                                                       done, result)
+    s, rising, term, k, done, result = _zeta_tail_step(s, rising, term, k, w, xd, -7.1661652561756670113e18, eps,
+                                                       done, result)
+    return tl.where(done == 0, s, result).to(x.dtype)
+
 __all__ += [name for name in list(globals()) if name.startswith("kiln_")]
 # interpreter-only replacements of builtins the kernels use (see libdevice.py); none on the GPU
 globals().update(OVERRIDES)

@@ -54,6 +54,7 @@ OPS = {
     "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
     "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
     "nextafter": "libdevice.nextafter({0}, {1})", "digamma": "kiln_digamma({0})", "trigamma": "kiln_trigamma({0})",
+    "zeta": "kiln_zeta({0} + tl.zeros_like({1}), {1})",  # q is never a literal (kiln/lower/ops/pointwise.py `zeta`)
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 # Ops printed as Python operators, which take a Python scalar operand; the others are calls (helpers, libdevice).

@@ -294,11 +294,33 @@ def round_decimals(ctx, meta, x, *, decimals=0):
     return IndexFunction(size, dtype, cast(body, dtype))
 
 
+@register(aten.special_zeta.default)
+def zeta(ctx, meta, x, q):
+    """The Hurwitz zeta function of the order `x` and the shift `q`, in the result dtype as ATen's kernel."""
+    size, dtype = out_info(meta)
+    if not dtype.is_floating_point:
+        raise Unsupported(f"zeta in {dtype}")
+    return IndexFunction(size, dtype, _zeta(operand(x, size, dtype), operand(q, size, dtype), dtype))
+
+
+def _zeta(x: ir.Expr, q: ir.Expr, dtype: torch.dtype) -> ir.Expr:
+    if isinstance(q, ir.Const):  # the Triton helper takes its shape from q: a literal has none
+        raise Unsupported("zeta of a constant shift")
+    return ir.Op("zeta", (x, q), dtype)
+
+
 @register(aten.polygamma.default)
 def polygamma(ctx, meta, n, x):
-    """polygamma(0, x) is digamma, polygamma(1, x) trigamma (the gradients of lgamma and digamma); higher orders
-    (a Hurwitz zeta series) stay ATen calls."""
-    if n not in (0, 1):
-        raise Unsupported(f"polygamma of order {n}")
+    """polygamma(0, x) is digamma, polygamma(1, x) trigamma (the gradients of lgamma and digamma); a higher order is
+    (-1)^(n+1) n! zeta(n + 1, x), with n! as ATen's kernel computes it (exp(lgamma(n + 1)), in the result dtype).
+    The order is the schema's `int`: tracing specializes it, under dynamic shapes too."""
     size, dtype = out_info(meta)
-    return IndexFunction(size, dtype, ir.Op("digamma" if n == 0 else "trigamma", (operand(x, size, dtype),), dtype))
+    if not dtype.is_floating_point or n < 0:
+        raise Unsupported(f"polygamma of order {n} in {dtype}")  # a negative order: ATen raises eager's error
+    x = operand(x, size, dtype)
+    if n <= 1:
+        return IndexFunction(size, dtype, ir.Op("digamma" if n == 0 else "trigamma", (x,), dtype))
+    sign = const(1 if n % 2 else -1, dtype)
+    factorial = ir.Op("exp", (ir.Op("lgamma", (const(n + 1, dtype),), dtype),), dtype)
+    body = ir.Op("mul", (ir.Op("mul", (sign, factorial), dtype), _zeta(const(n + 1, dtype), x, dtype)), dtype)
+    return IndexFunction(size, dtype, body)

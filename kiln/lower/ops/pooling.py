@@ -9,8 +9,10 @@ backward).
 
 Eager's semantics are kept exactly: a window's max is taken in row-major order, replacing the
 current one when an element is greater or NaN (ties keep the first, the last NaN wins), starting
-from the first in-bounds element; padding never wins. Symbolic sizes, integer tensors, windows of
-more than MAX_TAPS elements and dilated backwards raise Unsupported: ATen runs them.
+from the first in-bounds element; padding never wins. Integer tensors, symbolic windows (kernel, stride,
+padding, dilation), windows of more than MAX_TAPS elements and backwards summing more than MAX_WINDOWS
+windows per element raise Unsupported: ATen runs them. Input and output sizes may be symbols: a bound a tap
+may cross is left out of its condition only where the guards prove it never does (`Axis.known`).
 
 Average pooling is the same window summed in row-major order (in float32 for 16-bit inputs, as
 ATen's CUDA kernels accumulate) and divided by eager's divisor: the taps inside the padded input
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -49,22 +52,29 @@ MAX_WINDOWS = 9
 
 @dataclass(frozen=True)
 class Axis:
-    """One spatial dim of a pooling: kernel, stride, padding, dilation, input and output sizes."""
+    """One spatial dim of a pooling: kernel, stride, padding, dilation (ints), input and output sizes (sympy
+    expressions, symbols under dynamic shapes), and `known`: whether a relation over the sizes holds on every
+    call the guards admit (True, False, or None where they leave it open; `GraphLowering.known`)."""
 
     kernel: int
     stride: int
     padding: int
     dilation: int
-    size: int
-    out: int
+    size: sympy.Expr
+    out: sympy.Expr
+    known: Callable[[sympy.Basic], bool | None] = field(compare=False)
 
     def lowest(self, tap: int) -> int:
         """The input position of `tap` in the first window."""
         return -self.padding + tap * self.dilation
 
-    def highest(self, tap: int) -> int:
+    def highest(self, tap: int) -> sympy.Expr:
         """The input position of `tap` in the last window."""
         return (self.out - 1) * self.stride + self.lowest(tap)
+
+    def always(self, relation) -> bool:
+        """Whether `relation` holds on every call (False where the guards leave it open)."""
+        return self.known(relation) is True
 
 
 @dataclass(frozen=True)
@@ -91,33 +101,32 @@ def _pair(v, what: str) -> tuple:
     return tuple(_static(a, what) for a in v * (3 - len(v)))
 
 
-def _axes(x: IndexFunction, out_size, kernel_size, stride, padding, dilation) -> tuple:
+def _axes(ctx, x: IndexFunction, out_size, kernel_size, stride, padding, dilation) -> tuple:
     """The two Axis of a pooling of `x` into `out_size`, with ATen's argument defaults (stride = kernel)."""
     if x.ndim not in (3, 4):
         raise Unsupported(f"2-d pooling of a {x.ndim}-d tensor")
     kernel = _pair(kernel_size, "kernel size")
     stride = _pair(stride, "stride") if stride else kernel
     padding, dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
-    sizes = [_static(s, "size") for s in x.size[-2:]]
-    outs = [_static(s, "size") for s in out_size[-2:]]
-    return tuple(Axis(*args) for args in zip(kernel, stride, padding, dilation, sizes, outs))
+    sizes, outs = [sympify(s) for s in x.size[-2:]], [sympify(s) for s in out_size[-2:]]
+    return tuple(Axis(*args, known=ctx.known) for args in zip(kernel, stride, padding, dilation, sizes, outs))
 
 
 def _tap(axis: Axis, tap: int, o: sympy.Symbol) -> Tap | None:
     """Kernel position `tap` of `axis` at output index `o`, or None if it is never inside the input.
     Bounds that hold for every `o` are left out of the conditions."""
     lo, hi = axis.lowest(tap), axis.highest(tap)
-    if hi < 0 or lo >= axis.size:
+    if axis.always(sympy.Lt(hi, 0)) or axis.always(sympy.Ge(lo, axis.size)):
         return None
     pos = o * axis.stride + lo
     inside = sympy.And(sympy.Ge(pos, 0) if lo < 0 else sympy.true,
-                       sympy.Lt(pos, axis.size) if hi >= axis.size else sympy.true)
-    if tap == 0 or axis.highest(tap - 1) < 0:
+                       sympy.true if axis.always(sympy.Lt(hi, axis.size)) else sympy.Lt(pos, axis.size))
+    if tap == 0 or axis.always(sympy.Lt(axis.highest(tap - 1), 0)):
         first = sympy.true
     elif axis.lowest(tap - 1) >= 0:
         first = sympy.false
     else:
-        first = sympy.Lt(pos - axis.dilation, 0)  # the previous tap falls in the padding
+        first = sympy.Lt(pos - axis.dilation, 0)  # the previous tap falls in the left padding
     return Tap(pos, inside, first)
 
 
@@ -205,7 +214,7 @@ def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dil
     size, dtype = out_info(meta[0])
     if not dtype.is_floating_point:
         raise Unsupported(f"max_pool2d of {dtype}")
-    axes = _axes(x, size, kernel_size, stride, padding, dilation)
+    axes = _axes(ctx, x, size, kernel_size, stride, padding, dilation)
     if axes[0].kernel * axes[1].kernel > MAX_TAPS:
         raise Unsupported(f"a {axes[0].kernel}x{axes[1].kernel} window")
     x = _pool_input(ctx, x)
@@ -223,7 +232,7 @@ def max_pool2d_with_indices(ctx, meta, x, kernel_size, stride=(), padding=0, dil
 
 def _windows(axis: Axis, i: sympy.Symbol) -> list:
     """The output indices along `axis` whose window can hold input index `i`, each with the condition that
-    it does (an index in range, `i` under one of its taps). Needs dilation 1."""
+    it does (an index in range, `i` under one of its taps). Needs dilation 1 (`_dilated_windows` takes any)."""
     base = FloorDiv(i + axis.padding, axis.stride)
     out = []
     for j in range(-(-axis.kernel // axis.stride)):
@@ -232,7 +241,28 @@ def _windows(axis: Axis, i: sympy.Symbol) -> list:
                  if (j + 1) * axis.stride > axis.kernel else sympy.true]
         if axis.padding // axis.stride - j < 0:
             conds.append(sympy.Ge(o, 0))
-        if (axis.size - 1 + axis.padding) // axis.stride - j >= axis.out:
+        # the last input index's window j is past the last output, unless the guards prove it is not:
+        # (size - 1 + padding) // stride - j < out, written without the floor
+        if not axis.always(sympy.Lt(axis.size - 1 + axis.padding, (axis.out + j) * axis.stride)):
+            conds.append(sympy.Lt(o, axis.out))
+        out.append((o, sympy.And(*conds)))
+    return out
+
+
+def _dilated_windows(axis: Axis, i: sympy.Symbol) -> list:
+    """As `_windows`, for any dilation: tap k of output o reads i where o * stride - padding + k * dilation = i,
+    so each tap names one output, o = (i + padding - k * dilation) / stride, when that is a whole number in
+    [0, out). Taps ascending, so outputs descending, as `_windows` lists them. The numerators are shifted by a
+    multiple of the stride to stay non-negative (FloorDiv and Mod are kiln's non-negative ones)."""
+    shift = axis.stride * -(-(axis.kernel - 1) * axis.dilation // axis.stride)
+    out = []
+    for k in range(axis.kernel):
+        numerator = i + axis.padding + shift - k * axis.dilation
+        o = FloorDiv(numerator, axis.stride) - shift // axis.stride
+        conds = [sympy.Eq(Mod(numerator, axis.stride), 0)]
+        if axis.padding - k * axis.dilation < 0:
+            conds.append(sympy.Ge(i + axis.padding - k * axis.dilation, 0))
+        if not axis.always(sympy.Lt(axis.size - 1 + axis.padding - k * axis.dilation, axis.out * axis.stride)):
             conds.append(sympy.Lt(o, axis.out))
         out.append((o, sympy.And(*conds)))
     return out
@@ -259,12 +289,11 @@ def max_pool2d_with_indices_backward(ctx, meta, grad, x, kernel_size, stride, pa
     size, dtype = out_info(meta)
     if not dtype.is_floating_point:
         raise Unsupported(f"max_pool2d backward of {dtype}")
-    axes = _axes(x, grad.size, kernel_size, stride, padding, dilation)
-    if any(a.dilation != 1 for a in axes):
-        raise Unsupported("dilated max_pool2d backward")
+    axes = _axes(ctx, x, grad.size, kernel_size, stride, padding, dilation)
     variables = index_vars("i", len(size))
     lead, (h, w) = list(variables[:-2]), variables[-2:]
-    windows = list(itertools.product(_windows(axes[0], h), _windows(axes[1], w)))
+    windows = list(itertools.product(*((_windows if a.dilation == 1 else _dilated_windows)(a, i)
+                                       for a, i in zip(axes, (h, w)))))
     if len(windows) > MAX_WINDOWS:
         raise Unsupported(f"{len(windows)} windows per input element")
     grad, indices = _read_often(ctx, grad, len(windows)), _read_often(ctx, indices, len(windows))
@@ -302,7 +331,8 @@ def _divisor(axes: tuple, out_vars, count_include_pad: bool, divisor_override) -
             if count_include_pad:  # ATen clips the window to the padded input: [start, size + padding)
                 last = axis.highest(k)
                 pos = o * axis.stride + axis.lowest(k)
-                conds.append(sympy.true if last < axis.size + axis.padding else sympy.Lt(pos, axis.size + axis.padding))
+                conds.append(sympy.true if axis.always(sympy.Lt(last, axis.size + axis.padding))
+                             else sympy.Lt(pos, axis.size + axis.padding))
             else:
                 tap = _tap(axis, k, o)
                 conds.append(sympy.false if tap is None else tap.inside)
@@ -312,14 +342,15 @@ def _divisor(axes: tuple, out_vars, count_include_pad: bool, divisor_override) -
     return ir.Op("mul", tuple(counts), torch.int64)
 
 
-def _avg_axes(x, out_size, kernel_size, stride, padding) -> tuple:
+def _avg_axes(ctx, x, out_size, kernel_size, stride, padding) -> tuple:
     """The pooling's two Axis; ceil_mode needs nothing more (the output size comes from the result's shape,
     and `_divisor` clips each window as eager does)."""
-    axes = _axes(x, out_size, kernel_size, stride, padding, 1)
+    axes = _axes(ctx, x, out_size, kernel_size, stride, padding, 1)
     if axes[0].kernel * axes[1].kernel > MAX_TAPS:
         raise Unsupported(f"a {axes[0].kernel}x{axes[1].kernel} window")
-    for axis in axes:  # ceil_mode can make a last window that starts in the right padding: eager writes 0
-        if (axis.out - 1) * axis.stride - axis.padding >= axis.size:
+    for axis in axes:  # a last window that starts in the right padding (eager writes 0), where sizes say so;
+        # ATen's output size (pooling_output_shape) drops such a window, so symbolic sizes need no check
+        if axis.always(sympy.Ge((axis.out - 1) * axis.stride - axis.padding, axis.size)):
             raise Unsupported("an average-pooling window outside the input")
     return axes
 
@@ -330,7 +361,7 @@ def avg_pool2d(ctx, meta, x, kernel_size, stride=(), padding=0, ceil_mode=False,
     size, dtype = out_info(meta)
     if not dtype.is_floating_point:
         raise Unsupported(f"avg_pool2d of {dtype}")
-    axes = _avg_axes(x, size, kernel_size, stride, padding)
+    axes = _avg_axes(ctx, x, size, kernel_size, stride, padding)
     x = _pool_input(ctx, x)
     out_vars = index_vars("i", len(size))
     lead, (oh, ow) = list(out_vars[:-2]), out_vars[-2:]
@@ -351,7 +382,7 @@ def avg_pool2d_backward(ctx, meta, grad, x, kernel_size, stride, padding, ceil_m
     size, dtype = out_info(meta)
     if not dtype.is_floating_point:
         raise Unsupported(f"avg_pool2d backward of {dtype}")
-    axes = _avg_axes(x, grad.size, kernel_size, stride, padding)
+    axes = _avg_axes(ctx, x, grad.size, kernel_size, stride, padding)
     variables = index_vars("i", len(size))
     lead, (h, w) = list(variables[:-2]), variables[-2:]
     windows = list(itertools.product(_windows(axes[0], h), _windows(axes[1], w)))

@@ -28,7 +28,7 @@ def _scan(rtype: str, identity):
             return IndexFunction(size, out, cast(x.body, out))
         dim = dim + x.ndim if dim < 0 else dim
         length = size[dim]
-        if out == torch.bool or not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
+        if out == torch.bool or not dense_fits(ctx, size, length):
             raise Unsupported("a scan too long for a dense reduction")
         acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
         n = x.ndim

@@ -6,7 +6,8 @@ index names it: `out[..., j, ...] = reduce(x[..., j, ...], src[..., r, ...] for 
 element is written twice and nothing is atomic, so the result is deterministic and the reduction fuses with
 what reads the sources (autograd's `scatter_add` into zeros for `gather`, `take_along_dim`, `index_select`).
 The work is the output's size times the index's length along the dim: up to DENSE_LIMIT compares, larger
-scatters stay ATen's (a sorted or atomic scatter beats a dense one there). An index outside the dim makes
+scatters stay ATen's (a sorted or atomic scatter beats a dense one there). Under symbolic sizes the bound is
+decided at the sizes being compiled and kept as a size guard. An index outside the dim makes
 the kernel report the error eager raises (`check_index`), so no bad index is dropped silently.
 """
 from __future__ import annotations
@@ -37,9 +38,10 @@ REDUCES = {
 
 def dense_fits(ctx, size, length) -> bool:
     """Whether a dense reduction over `length` source positions for each element of `size` costs at most
-    DENSE_LIMIT compares on every call the guards admit. Sizes may be symbols (a dynamic graph), which Python
-    cannot compare with an int: where the guards leave the bound open, the op stays ATen's."""
-    return ctx.known(sympy.Le(product(size) * length, DENSE_LIMIT)) is True
+    DENSE_LIMIT compares. Sizes may be symbols (a dynamic graph): where the guards leave the bound open, it is
+    decided at the sizes being compiled and guarded (`GraphLowering.decide`), so the dense kernel never runs
+    over the limit and a graph that grows past it compiles again with the op as an ATen call."""
+    return ctx.decide(sympy.Le(product(size) * length, DENSE_LIMIT)) is True
 
 
 def _accumulator(dtype: torch.dtype) -> torch.dtype:
@@ -51,7 +53,7 @@ def _dense(ctx, x: IndexFunction, size, dtype, dim: int, length, matches, value,
     """`x` with each element reduced (`reduction`, a key of REDUCES) with the values `value(r)` for which
     `matches(r)` holds, r over `length` source positions; both are IR expressions over the output's index
     vars i0.. and r (the var i{n})."""
-    if dtype == torch.bool or not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
+    if dtype == torch.bool or not dense_fits(ctx, size, length):
         raise Unsupported("a scatter too large (or of bool) for a dense reduction")
     n = len(size)
     r = index_vars("i", n + 1)[n]
@@ -236,7 +238,7 @@ def scatter_of_a_value(ctx, meta, x, dim, index, value):
         raise Unsupported("a scatter of a value with an index of another rank")
     dim = dim + x.ndim if dim < 0 else dim
     length = index.size[dim] if x.ndim else sympy.Integer(1)
-    if not isinstance(length, sympy.Integer) or not dense_fits(ctx, size, length):
+    if not dense_fits(ctx, size, length):
         raise Unsupported("a scatter too large for a dense reduction")
     matches, _ = _scatter_positions(x, index, x, dim, size)
     n = len(size)

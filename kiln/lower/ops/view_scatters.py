@@ -39,17 +39,18 @@ def slice_scatter(ctx, meta, x, src, dim=0, start=None, end=None, step=1):
     size, dtype = out_info(meta)
     dim = _dim(dim, len(size))
     start = _norm_start(ctx, start, size[dim])
-    if step != 1 and not start.is_Integer:
-        raise Unsupported("a strided slice_scatter from a symbolic start")
     out_vars = list(index_vars("i", len(size)))
     i, count = out_vars[dim], src.size[dim]
     inside = sympy.And(sympy.Ge(i, start), sympy.Lt(i, start + step * count))
     src_index = list(out_vars)
     if step == 1:
         src_index[dim] = i - start
-    else:  # i = start + step * k: with i's residue fixed, k is i // step less start's quotient (no negative division)
+    elif start.is_Integer:  # i = start + step * k: with i's residue fixed, k is i // step less start's quotient
         inside = sympy.And(inside, sympy.Eq(Mod(i, step), int(start) % step))
         src_index[dim] = FloorDiv(i, step) - int(start) // step
+    else:  # a symbolic start: i - start, a multiple of step where `inside` holds (elsewhere the read is masked)
+        inside = sympy.And(inside, sympy.Eq(Mod(i - start, step), 0))
+        src_index[dim] = FloorDiv(i - start, step)
     return _into_view(x, src, size, dtype, inside, src_index)
 
 

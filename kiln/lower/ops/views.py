@@ -23,7 +23,7 @@ from kiln.lower.index import (
 from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
 from kiln.lower.ops.registry import register
-from kiln.lower.values import IndexFunction, Unsupported, cast
+from kiln.lower.values import IndexFunction, cast
 
 aten = torch.ops.aten
 
@@ -128,22 +128,26 @@ def squeeze(ctx, meta, x, dims=None):
     return IndexFunction(tuple(s for k, s in enumerate(x.size) if k not in dims), x.dtype, x.at(idx))
 
 
-def _is_negative(ctx, index) -> bool:
-    """Whether `index` counts from the end. A symbolic one is a symbol of an int input (or an expression of one),
-    whose sign tracing the op fixed with a guard; where the guards leave it open the op runs through ATen."""
+def _from_end(ctx, index, size) -> sympy.Expr:
+    """`index` as a position: `index + size` where it counts from the end (is negative). A symbolic index is a
+    symbol of an int input (or an expression of one), which may have either sign where the guards leave it
+    open: `size` is then added at run time, times 1 for a negative index and 0 otherwise (an integer
+    expression of Max and Min, which kernels print), so one kernel serves both signs."""
     negative = ctx.known(sympy.Lt(index, 0))
     if negative is None:
-        raise Unsupported(f"an index {index} whose sign the guards do not fix")
-    return negative
+        return index + size * (1 - sympy.Min(sympy.Max(index + 1, 0), 1))
+    return index + size if negative else index
 
 
 def _norm_start(ctx, start, size):
-    """A slice's start as the position it reads from: from the end when negative, clamped to the dimension."""
-    start = sympify(0 if start is None else start)
-    if _is_negative(ctx, start):
-        start = start + size
-        if _is_negative(ctx, start):  # before the first element: the slice starts at it
-            start = sympy.Integer(0)
+    """A slice's start as the position it reads from: from the end when negative, clamped to the dimension (to its
+    first element where counting from the end passes it)."""
+    start = _from_end(ctx, sympify(0 if start is None else start), size)
+    before_first = ctx.known(sympy.Lt(start, 0))
+    if before_first:
+        start = sympy.Integer(0)
+    elif before_first is None:
+        start = sympy.Max(start, 0)
     if start.is_Integer and size.is_Integer:
         start = sympy.Integer(min(int(start), int(size)))
     return start
@@ -163,9 +167,7 @@ def slice_(ctx, meta, x, dim=0, start=None, end=None, step=1):
 @register(aten.select.int)
 def select(ctx, meta, x, dim, index):
     dim = _dim(dim, x.ndim)
-    index = sympify(index)
-    if _is_negative(ctx, index):
-        index = index + x.size[dim]
+    index = _from_end(ctx, sympify(index), x.size[dim])
     out_vars = index_vars("i", x.ndim - 1)
     idx = list(out_vars[:dim]) + [index] + list(out_vars[dim:])
     return IndexFunction(x.size[:dim] + x.size[dim + 1:], x.dtype, x.at(idx))

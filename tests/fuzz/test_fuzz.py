@@ -82,6 +82,9 @@ ONCE_FAILING = {
         # a leaf's gradient through `b @ b` under autocast: eager's cast cache casts it once and sums the two
         # gradients in bf16 (autograd/test_autocast_cache.py)
         202434,
+        # an empty view through dropout, returned beside the view: eager returns the view itself, a copy with symbolic
+        # sizes in kiln (capture/test_returned_inputs.py)
+        301245,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -107,6 +110,7 @@ ONCE_FAILING = {
         202434,  # eager's autocast cast cache (autograd/test_autocast_cache.py)
         # a LayerNorm row whose statistics eager's CPU kernel makes NaN (lower/test_eager_moments.py)
         102617,
+        301245,  # dropout's input returned itself (capture/test_returned_inputs.py)
     ],
 }
 

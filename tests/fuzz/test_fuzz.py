@@ -85,6 +85,9 @@ ONCE_FAILING = {
         # an empty view through dropout, returned beside the view: eager returns the view itself, a copy with symbolic
         # sizes in kiln (capture/test_returned_inputs.py)
         301245,
+        # aliased inputs `b = a[1:]`, `c = b[::2]`, c written: the base taken from c fed no gradient to b's other rows
+        # (autograd/test_input_aliasing.py)
+        301393,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -111,6 +114,7 @@ ONCE_FAILING = {
         # a LayerNorm row whose statistics eager's CPU kernel makes NaN (lower/test_eager_moments.py)
         102617,
         301245,  # dropout's input returned itself (capture/test_returned_inputs.py)
+        301393,  # the base of aliased inputs taken from the member holding the others (autograd/test_input_aliasing.py)
     ],
 }
 

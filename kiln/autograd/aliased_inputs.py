@@ -223,12 +223,14 @@ class SyntheticBases:
         member_of = {i: (g, k) for g in groups for k, i in enumerate(g.members)}
         self.kept = [i for i in range(len(example_inputs)) if i not in member_of]
         self.returned_inputs = _returned_placeholders(gm, set(member_of))
+        self.covering = [_covering_member(example_inputs, g) for g in groups]
         self.restrided = _restrided(gm, example_inputs, set(member_of))
         self.compiled = compile(_rewrite(gm, groups, example_inputs), self.inputs(example_inputs))
 
     def inputs(self, args) -> list:
         """The rewritten graph's inputs: the unaliased ones, then one base per group."""
-        bases = [args[g.members[0]].as_strided((g.extent,), (1,), 0) for g in self.groups]
+        bases = [_spanning(args, g.members, covering).as_strided((g.extent,), (1,), 0)
+                 for g, covering in zip(self.groups, self.covering)]
         return [args[i] for i in self.kept] + bases
 
     def __call__(self, *args):
@@ -262,6 +264,35 @@ def _returned_placeholders(gm: fx.GraphModule, members: set[int]) -> list[tuple[
     if not isinstance(result, (tuple, list)):
         return []
     return [(k, placeholders[n]) for k, n in enumerate(result) if n in placeholders and placeholders[n] in members]
+
+
+def _spanning(args, members: tuple[int, ...], covering: int | None) -> torch.Tensor:
+    """The tensor to take a group's base from, under autograd. A view's backward gives a gradient only to the
+    elements of the tensor it views: a base taken from one member would drop the gradient of every element the
+    other members read beyond it (`b = a[1:]`, `c = b[::2]`: `b.sum()` through a base of `c` reached only `c`'s
+    rows). So: the member whose elements hold every member's (`covering`, by position in the group); else, where
+    the members all view one tensor that requires grad through views with autograd history (or are that tensor),
+    that tensor; else the first member."""
+    tensors = [args[i] for i in members]
+    if covering is not None:
+        return tensors[covering]
+    root = tensors[0]._base if tensors[0]._base is not None else tensors[0]
+    if root.requires_grad and all(t is root or (t._base is root and t.grad_fn is not None) for t in tensors):
+        return root
+    return tensors[0]
+
+
+def _covering_member(inputs: list, group: AliasGroup) -> int | None:
+    """The position in `group` of a member whose elements include every other member's (their geometry is guarded:
+    fixed for the compiled graph), or None."""
+    marks = []
+    for i in group.members:
+        t = inputs[i]
+        mark = torch.zeros(group.extent, dtype=torch.bool)
+        mark.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
+        marks.append(mark)
+    union = torch.stack(marks).any(0)
+    return next((k for k, mark in enumerate(marks) if torch.equal(mark, union)), None)
 
 
 def _rewrite(gm: fx.GraphModule, groups: list[AliasGroup], example_inputs: list) -> fx.GraphModule:

@@ -20,7 +20,10 @@ logged to `kiln.aot` as Python code:
 Which graphs are built depends on the call: when grad mode is on and some input
 requires grad, the training pair for that requires-grad pattern; otherwise the
 inference graph. Autocast active at the call is traced into the graphs (the
-casts become graph ops), and the graphs then run with autocast off. The variant
+casts become graph ops), and the graphs then run with autocast off; where an
+autocast region meets a training graph, which inputs eager's cast cache holds
+(casts once, summing their uses' gradients in the low precision dtype) is part
+of the variant too (autocast_cache.py). The variant
 the example inputs ask for is compiled at once; others lazily, on the first call
 that needs them.
 
@@ -45,7 +48,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from kiln import compiled_autograd, fallbacks
-from kiln.autograd import aot_cache
+from kiln.autograd import aot_cache, autocast_cache
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.aliased_inputs import AliasedInputsCompiled, written_alias_groups
 from kiln.autograd.decompositions import tracing_table
@@ -176,7 +179,7 @@ class Trace:
 
 
 class AOTCompiled:
-    """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast) variant."""
+    """The callable `aot_compile` returns: one compiled runner per (requires-grad, autocast, cast cache) variant."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler,
                  decompositions: dict | Callable[[], dict] | None, name: str, static_shapes: bool = False,
@@ -203,7 +206,7 @@ class AOTCompiled:
 
     def __call__(self, *args):
         flat = self.program.flatten_inputs(args)
-        key = self.key(flat, self.program.has_int_inputs)
+        key = self.key(flat, self.program)
         runner = self.runner(key, flat)
         if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)) or (
                 self.leaf_checks and not self._leaves_admitted(key, flat)):
@@ -228,20 +231,21 @@ class AOTCompiled:
     def compile_for(self, args) -> None:
         """Compile now the variant that a call with `args` runs (the rest compile on first use)."""
         flat = self.program.flatten_inputs(tuple(args))
-        self.runner(self.key(flat, self.program.has_int_inputs), flat)
+        self.runner(self.key(flat, self.program), flat)
 
     @staticmethod
-    def key(flat: list, has_ints: bool = False) -> tuple:
-        """(None for inference, else which flat inputs require grad; the autocast state). `has_ints`: some flat
-        inputs are ints (`FlatProgram.has_int_inputs`), which require no grad."""
+    def key(flat: list, program: FlatProgram) -> tuple:
+        """(None for inference, else which flat inputs require grad; the autocast state; for training where an
+        autocast region meets the graph, eager's autocast cache at the call (autocast_cache.py), else None)."""
         autocast = ()
         if torch._C._is_any_autocast_enabled():
             autocast = tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
                              if torch.is_autocast_enabled(d))
-        requires_grad = _int_or_requires_grad if has_ints else _requires_grad
+        requires_grad = _int_or_requires_grad if program.has_int_inputs else _requires_grad
         if not torch.is_grad_enabled() or not any(map(requires_grad, flat)):
-            return None, autocast
-        return tuple(map(requires_grad, flat)), autocast
+            return None, autocast, None
+        cast_cache = autocast_cache.variant(flat, bool(autocast), program.enters_autocast)
+        return tuple(map(requires_grad, flat)), autocast, cast_cache
 
     def runner(self, key: tuple, flat: list) -> Callable | None:
         """The variant for `key`; compiled on its first call (`flat`: its inputs), by one thread (calls come from
@@ -468,7 +472,7 @@ class AOTCompiled:
             return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
-            inference = self.runner((None, key[1]), flat)
+            inference = self.runner((None, key[1], None), flat)
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
         joint = self._trace_joint(key, signature)
         if self._raises_in_eager(joint.gm, joint=True):
@@ -500,7 +504,7 @@ class AOTCompiled:
         program = self.program
         trace = functools.partial(self._trace, key)
         args = (trace_joint, program.graph_function(signature), program.input_specs, key[0], signature,
-                tracing_table(self.decompositions, training=True), program.fake_mode())
+                tracing_table(self.decompositions, training=True), program.fake_mode(), key[2])
         try:
             return trace("trace joint", *args, graph_of=lambda j: j.gm)
         except DataDependentOutputException as e:

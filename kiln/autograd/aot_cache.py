@@ -85,10 +85,11 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str, owned: tupl
             constants[node.target] = encode_value(_attribute(gm, node.target))
     inputs = [_describe_spec(spec) for spec in program.input_specs]
     baked = {str(i): _plain(value) for i, value in program.constants.items()}
-    requires_grad, autocast = variant
+    requires_grad, autocast, cast_cache = variant
     described = {"code": gm.code, "constants": constants, "inputs": inputs, "baked": baked,
                  "num_args": program.num_args, "state": program.state_names, "parameters": program.parameters,
                  "owned": owned, "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
+                 "cast_cache": None if cast_cache is None else [cast_cache.enabled, cast_cache.held],
                  "compiler": compiler, "switches": switches(), "environment": graph_cache.environment(),
                  "shape_env": symbolic_sizes.describe_env(program.shape_env())}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()

@@ -24,6 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import compiled_autograd
+from kiln.autograd import autocast_cache
+from kiln.autograd.autocast_cache import CastCache
 from kiln.autograd.opaque_backward import opaque_custom_op_backwards
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
 from kiln.runtime.lazy_graphs import lazily_built
@@ -51,9 +53,11 @@ class JointGraph:
 
 def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
                 signature: OutputSignature, decompositions: dict, mode: FakeTensorMode | None = None,
-                opaque_custom_ops: bool = False) -> JointGraph:
-    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`. `opaque_custom_ops`: the
-    backward of each custom op that opaque_backward.py covers is one call running its registered formula."""
+                cast_cache: CastCache | None = None, opaque_custom_ops: bool = False) -> JointGraph:
+    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`. `cast_cache`: eager's
+    autocast cache at the call (autocast_cache.py), None where no autocast region meets the graph.
+    `opaque_custom_ops`: the backward of each custom op that opaque_backward.py covers is one call running its
+    registered formula."""
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     primals = [s.fake(mode, rg) for s, rg in zip(input_specs, requires_grad)]
     diff_outputs = signature.differentiable()
@@ -62,8 +66,9 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
     grad_mask: list[bool] = []
 
     def joint(*flat):
-        with opaque_custom_op_backwards() if opaque_custom_ops else contextlib.nullcontext():
-            outs = fn(*flat[:n])
+        with opaque_custom_op_backwards() if opaque_custom_ops else contextlib.nullcontext(), \
+                autocast_cache.as_eager(cast_cache):
+            outs = fn(*autocast_cache.uncached_inputs(flat[:n], cast_cache))
         wrt = [p for p in flat[:n] if _requires_grad(p)]
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one
@@ -76,6 +81,7 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
 
     with mode, symbolic_dispatch(mode), torch.enable_grad(), lazily_built():
         gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
+    autocast_cache.drop_aliases(gm, primals, cast_cache)
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)
 
 

@@ -277,6 +277,9 @@ class FlatProgram:
         # shape, `static_shapes`, is compiled per value of its int inputs).
         self.constants = {i: a for i, a in enumerate(example_inputs) if i not in self.tensor_positions}
         self.has_int_inputs = bool(symbols)
+        # a graph entering autocast casts as eager's autocast cache lets it (autocast_cache.py): its training
+        # variants tell which inputs the cache may hold
+        self.enters_autocast = any(n.target is torch.amp.autocast_mode._enter_autocast for n in gm.graph.nodes)
         self.state_names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         inputs = [example_inputs[i] for i in self.tensor_positions]
         # which flat inputs are parameters (their type is guarded): their owner holds them, and writes them in place

@@ -20,6 +20,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from kiln.lower.eager_moments import group_norm_as_eager, layer_norm_as_eager
 from kiln.lower.foreach import FOREACH_DECOMPOSITIONS
 from kiln.lower.ops.scatters import DENSE_LIMIT
 from kiln.lower.special_decompositions import SPECIAL_DECOMPOSITIONS
@@ -248,6 +249,11 @@ OWN = {
             aten._native_batch_norm_legit_no_training.default]),
     aten.native_batch_norm.default: _batch_norm_inference_as_eager(
         get_decompositions([aten.native_batch_norm])[aten.native_batch_norm.default], training_at=5),
+    # the rows whose statistics eager's CPU kernel makes NaN (an overflowed square times an empty merge's count)
+    aten.native_layer_norm.default: layer_norm_as_eager(
+        get_decompositions([aten.native_layer_norm])[aten.native_layer_norm.default]),
+    aten.native_group_norm.default: group_norm_as_eager(
+        get_decompositions([aten.native_group_norm])[aten.native_group_norm.default]),
 
     **{op: _upsample_nearest_backward(exact=False) for op in (
         aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,

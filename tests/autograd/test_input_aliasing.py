@@ -217,3 +217,43 @@ def test_a_detached_alias_of_an_input_that_requires_grad(program, backend):
         return a, a.detach()[:2]
 
     check(program, make_args, backend, calls=2, loss_from=[0])
+
+
+def zero_a_column_without_grad(b, c):
+    with torch.no_grad():
+        c[..., :1].zero_()
+    return b.sum(1) * 3
+
+
+def scale_a_column(b, c):
+    c[..., :1].mul_(2)
+    return b.sum(1) * 3
+
+
+# (b, c) of a (5, 3) tensor: c inside b (the base is taken from b), or overlapping without either holding the other
+# (from the tensor both view)
+ALIASES = {"nested": lambda a: (a[1:], a[1:][::2]), "overlapping": lambda a: (a[2:5], a[1:3])}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aliases", list(ALIASES))
+@pytest.mark.parametrize("leaf", [True, False], ids=["views of a leaf", "views of a non-leaf"])
+@pytest.mark.parametrize("program", [zero_a_column_without_grad, scale_a_column], ids=lambda f: f.__name__)
+def test_the_gradient_reaches_elements_beyond_the_first_alias(program, leaf, aliases, backend):
+    """Fuzz seed 301393: `b = a[1:]`, `c = b[::2]`, c written: the base holding both was taken from c, and the
+    gradient of `b.sum(1)` reached only c's rows of `a` (a view's backward feeds only the elements it views)."""
+    grads = []
+    for fn in (program, kiln.compile(program, backend=backend)):
+        w = torch.linspace(-1.0, 2.0, 15).reshape(5, 3).clone().requires_grad_()
+        try:
+            out = fn(*ALIASES[aliases](w if leaf else w * 1))
+        except RuntimeError as e:  # eager's in-place write through a view of a leaf that requires grad
+            grads.append(type(e))
+            continue
+        out.sum().backward()
+        grads.append((out.detach(), w.grad))
+    if isinstance(grads[0], type):
+        assert grads[1] is grads[0]
+        return
+    for e, a in zip(*grads):
+        torch.testing.assert_close(a, e)

@@ -129,7 +129,7 @@ def test_inference_when_no_input_requires_grad():
     compiled = compile_module(model, [x])
     out, saved = count_saved(lambda: compiled(x))
     assert saved == 0 and out.grad_fn is None
-    assert [requires_grad for requires_grad, _ in compiled.runners] == [None]  # only the inference graph
+    assert [requires_grad for requires_grad, *_ in compiled.runners] == [None]  # only the inference graph
 
 
 def test_training_saves_exactly_what_the_partition_chose():

@@ -20,6 +20,7 @@ from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
 from kiln.capture.values.containers import ListValue, SizeValue, SliceValue, TupleValue
 from kiln.capture.values.exceptions import raise_python
+from kiln.capture.values.returned_inputs import returned_input
 from kiln.capture.values.symbolic import SYM_TYPES, SymValue, is_symbolic
 
 # Tensor methods that read data into Python: the graph ends there.
@@ -243,6 +244,8 @@ def trace_op(state, kind: str, target: Any, args: list[Value], kwargs: dict[str,
         node_kwargs[k], fake_kwargs[k] = _lower(state, v)
     node, fake = state.graph.call(kind, target, tuple(node_args), node_kwargs, tuple(fake_args), fake_kwargs)
     returned = _returned_argument(fake, [*args, *kwargs.values()])
+    if returned is None:
+        returned = returned_input(target, args, kwargs)
     return returned if returned is not None else wrap_result(state, node, fake)
 
 

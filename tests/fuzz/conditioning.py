@@ -28,7 +28,9 @@ optimizer state, tensors its globals hold (`world_changed`, on a fresh copy of t
   accepted if it is of the value's scale, within twice the larger of the float64 value's magnitude and
   eager's distance from it (a kiln answer of 1e30 stays wrong). Where eager's value is inf or NaN and the
   float64 value is a finite float32, an intermediate overflowed (a LayerNorm over a row near 1e30: eager
-  gives NaN there, and 0 on a row near 1e19, where the value is of order 1): within twice its magnitude.
+  gives NaN there, and 0 on a row near 1e19, where the value is of order 1): within twice the largest of the
+  true values where eager's overflowed (a Linear after the LayerNorm mixes the row: one of its outputs may be
+  near 0, and kiln's, the Linear's bias, is of the row's scale).
 
 A program that reads a dtype (`if t.dtype == torch.float32`) may take another path in float64, so that
 run is dropped.
@@ -407,8 +409,17 @@ def _float32_noise(e: torch.Tensor, k: torch.Tensor, runs: dict, like: torch.Ten
         return torch.zeros_like(like)
     x, e64, k64 = reference.double(), e.detach().double(), k.detach().double()
     both_off = ~close_mask(x, e) & ~close_mask(x, k) & torch.isfinite(x) & torch.isfinite(k64)
-    scale = torch.where(torch.isfinite(e64), torch.maximum(x.abs(), (e64 - x).abs()), x.abs())
+    scale = torch.where(torch.isfinite(e64), torch.maximum(x.abs(), (e64 - x).abs()), _overflowed_scale(x, e64))
     return both_off & ((k64 - x).abs() <= 2 * scale)
+
+
+def _overflowed_scale(x: torch.Tensor, e64: torch.Tensor) -> torch.Tensor:
+    """The scale of the true values where eager's overflowed: the largest of them, for each such position.
+    An overflow upstream of a layer that mixes elements (a LayerNorm's row then a Linear) leaves each output of
+    the row a value of the row's scale, one of which may be near 0: its own magnitude measures nothing."""
+    overflowed = ~torch.isfinite(e64) & torch.isfinite(x)
+    largest = x[overflowed].abs().max() if overflowed.any() else x.new_zeros(())
+    return torch.maximum(x.abs(), largest)
 
 
 def _as_near_as_eager(e: torch.Tensor, k: torch.Tensor, runs: dict, like: torch.Tensor):

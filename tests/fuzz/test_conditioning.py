@@ -205,6 +205,32 @@ def test_where_eager_overflows_a_finite_value_is_judged_by_the_float64_run(backe
     assert outcome.status == status, outcome.first_line()
 
 
+# the huge row through a layer that mixes its elements: the float64 run's outputs of that row are of order 1, one of
+# them near 0 (fuzz seed 401154: LayerNorm, ReLU, Linear)
+LAYER_NORM_THEN_LINEAR = ("CALLS = 1\nDYNAMIC = None\nNO_GRAD = True\n"
+                          "torch.manual_seed(1154)\n"
+                          "MODEL = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.ReLU(), torch.nn.Linear(4, 3))\n"
+                          "def inputs(call):\n"
+                          "    return [torch.tensor([[0.0, 1e29, 5e29, 0.0], [1.0, 2.0, 3.0, 4.0]])]\n"
+                          "def f(a):\n    return MODEL(a)\n")
+
+
+def _overflow_to_zero(gm, example_inputs):
+    """A backend whose LayerNorm takes an overflowed variance as infinite, normalizing the row to 0 (kiln's): the
+    graph on the huge row's elements made 0 (the module's parameters, of order 1, are inputs too)."""
+    return lambda *args: gm(*[torch.where(a.abs() > 1e20, 0.0, a) for a in args])
+
+
+@pytest.mark.parametrize("backend, status", [(_overflow_to_zero, "ill-conditioned"), (_nan_as(1e30), "wrong")],
+                         ids=["overflowed-to-zero", "far-off"])
+def test_an_overflow_before_a_mixing_layer_is_judged_by_the_scale_of_its_row(backend, status):
+    """Eager's NaN row after the Linear is one overflow: each output of the row is judged by the row's scale
+    (the bias, kiln's answer there, is 0.28 off a true value of -0.08, in a row up to 1.02), and 1e30 is still
+    wrong."""
+    outcome = run_program(LAYER_NORM_THEN_LINEAR, backend)
+    assert outcome.status == status, outcome.first_line()
+
+
 def test_a_rerun_replays_the_optimizer_steps_of_earlier_calls():
     """Call 1's re-runs start from the parameters eager's call 1 saw: call 0's backward and `after_call`
     (an SGD step) are replayed, not only its forward; the float64 run then agrees with eager's call 1."""

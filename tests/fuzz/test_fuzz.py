@@ -115,6 +115,8 @@ ONCE_FAILING = {
         102617,
         301245,  # dropout's input returned itself (capture/test_returned_inputs.py)
         301393,  # the base of aliased inputs taken from the member holding the others (autograd/test_input_aliasing.py)
+        # a LayerNorm row overflowed (eager NaN) then a Linear: judged by the row's scale (fuzz/test_conditioning.py)
+        401154,
     ],
 }
 

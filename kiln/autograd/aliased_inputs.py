@@ -46,7 +46,8 @@ def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[Alias
     """The groups of inputs that share storage if the graph writes one of them; [] if none needs
     rewriting; None if some cannot be: run the graph as it is. One base cannot hold members of different
     dtypes, nor members that require grad and members that do not (`b = a.detach()[:2]`: eager's writes
-    through b are no autograd op, where writes through a view of a's base would be one on a leaf's view)."""
+    through b are no autograd op, where writes through a view of a's base would be one on a leaf's view), nor a
+    leaf that requires grad (`_owns_its_gradient`)."""
     groups = _storage_groups(example_inputs)
     if not groups and not _may_write_through_overlap(gm):
         return []
@@ -62,7 +63,17 @@ def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[Alias
     tensors = [[example_inputs[i] for i in g] for g in groups]
     if any(len({t.dtype for t in ts}) > 1 or len({t.requires_grad for t in ts}) > 1 for ts in tensors):
         return None
+    if any(_owns_its_gradient(t) for ts in tensors for t in ts):
+        return None
     return [_group(g, ts) for g, ts in zip(groups, tensors)]
+
+
+def _owns_its_gradient(t: torch.Tensor) -> bool:
+    """A leaf that requires grad: eager gives it a gradient of its own shape, one value per element, whatever
+    memory its elements share with each other (an expanded leaf) or with other inputs. Through a base, the
+    gradient would reach the storage: an expanded leaf's elements would get the mean of theirs, and a second
+    leaf on the storage none. Eager writes such a leaf only where no gradient is recorded (`no_grad`, `.data`)."""
+    return t.requires_grad and t.is_leaf
 
 
 def _storage_groups(inputs: list) -> list[list[int]]:
@@ -199,7 +210,8 @@ class AliasedInputsCompiled:
         self._for(example_inputs)
 
     def _for(self, args) -> Callable:
-        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
+        key = tuple((tuple(a.shape), a.stride(), _owns_its_gradient(a)) if isinstance(a, torch.Tensor) else None
+                    for a in args)
         if key not in self.compiled:
             groups = written_alias_groups(self.gm, list(args))
             if groups is None:  # no one base can hold these inputs (`written_alias_groups`)

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln import fallbacks
 from kiln.autograd.functionalize import IN_PLACE_VIEWS
 from kiln.autograd.signature import TensorSpec
 from kiln.autograd.view_replay import ViewRecorder
@@ -200,12 +201,14 @@ def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup:
 
 class AliasedInputsCompiled:
     """`gm` compiled per input shape for the aliasing of its inputs: with a base input per storage
-    where the graph writes one of several inputs on it, as it is where none is, and run as it is
-    where one base cannot hold them (`written_alias_groups`). Per shape, since the views of the bases
-    are taken at each shape's geometry (the capture guards the aliasing itself)."""
+    where the graph writes one of several inputs on it, as it is where none is, and run op by op
+    where one base cannot hold them (`written_alias_groups`): correct, not compiled, so a fallback
+    (kiln.fallbacks) of graph `name`. Per shape, since the views of the bases are taken at each shape's
+    geometry (the capture guards the aliasing itself)."""
 
-    def __init__(self, gm: fx.GraphModule, example_inputs: list, compile: Callable[[fx.GraphModule, list], Callable]):
-        self.gm, self.compile = gm, compile
+    def __init__(self, gm: fx.GraphModule, example_inputs: list, compile: Callable[[fx.GraphModule, list], Callable],
+                 name: str):
+        self.gm, self.compile, self.name = gm, compile, name
         self.compiled: dict[tuple, Callable] = {}
         self._for(example_inputs)
 
@@ -214,7 +217,10 @@ class AliasedInputsCompiled:
                     for a in args)
         if key not in self.compiled:
             groups = written_alias_groups(self.gm, list(args))
-            if groups is None:  # no one base can hold these inputs (`written_alias_groups`)
+            if groups is None:
+                fallbacks.record("graph", self.name, "inputs share a storage the graph writes, and no one base input "
+                                 "can hold them (different dtypes or requires_grad, or a leaf that requires grad); "
+                                 "the captured graph runs op by op", stage="autograd")
                 self.compiled[key] = self.gm
             elif groups:
                 self.compiled[key] = SyntheticBases(self.gm, list(args), groups, self.compile)

@@ -112,7 +112,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
         log.info("%s: inputs share storage and one is written: compiling with a base input per storage", name)
         return AliasedInputsCompiled(gm, example_inputs,
                                      lambda g, inputs: PerShapeCompiled(g, inputs, compiler, decompositions, name,
-                                                                        cache))
+                                                                        cache), name)
     try:
         compiled = AOTCompiled(gm, example_inputs, compiler, decompositions, name, cache=cache)
         compiled.compile_for(example_inputs)

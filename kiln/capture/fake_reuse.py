@@ -16,7 +16,7 @@ A call is described, and its result kept, only where the description fixes the r
   plain type (None, bool, int, float, str, dtype, device, layout, memory format, Ellipsis, slices and sequences of
   these), and no size is symbolic;
 - torch's state that changes a result is the same: grad mode, inference mode, autocast, the default dtype, the
-  attention backends, and no other torch function or dispatch mode is active.
+  attention backends, and no other torch function or dispatch mode, nor a functorch transform, is active.
 
 And only a result that is new memory is kept: one fake tensor or a tuple of them, no view, sharing storage with no
 argument nor with each other, at version 0, with no constant value, the call having written no argument (a batch
@@ -39,6 +39,7 @@ _CONSTANT_TYPES = frozenset((type(None), bool, int, float, str, torch.dtype, tor
                              torch.memory_format, type(Ellipsis)))
 _TORCH_OWN_MODULES = ("operator", "_operator", "math")
 _OPERATOR_NAMESPACES = ("aten", "prims")
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 # calls whose fake result was made from an earlier call's (`reused`), or run and kept for reuse (`kept`)
 stats = {"reused": 0, "kept": 0}
 
@@ -59,7 +60,8 @@ class FakeResults:
 
     def describe(self, kind: str, target: Any, args: tuple, kwargs: dict) -> tuple | None:
         """The description of `target(*args, **kwargs)` that fixes its result, or None."""
-        if not _torch_own(kind, target) or _len_torch_dispatch_stack() or torch._C._len_torch_function_stack():
+        if not _torch_own(kind, target) or _len_torch_dispatch_stack() or torch._C._len_torch_function_stack() \
+                or torch._C._functorch.peek_interpreter_stack() is not None:  # modes and transforms: run them
             return None
         try:
             described = (kind, target, _state(), _describe(args, self.mode),
@@ -153,7 +155,7 @@ def _state() -> tuple:
     """torch's settings that change an op's result metadata (dtype, layout, which kernel runs, autograd)."""
     autocast = ()
     if torch._C._is_any_autocast_enabled():
-        autocast = (tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)),
+        autocast = (tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)),
                     torch.is_autocast_cache_enabled())
     backends = torch.backends.cuda
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast, torch.get_default_dtype(),

@@ -58,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import collector, graph_cache, symbolic_sizes, triton_cache
+from kiln.runtime import code_cache, collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar, on_device
@@ -355,7 +355,7 @@ def build(code: GeneratedCode, target: Target, name: str) -> dict:
     a launcher reads but nothing binds fails here, not on a later call."""
     namespace = code.namespace
     namespace.update(target.load(code.source, code.kernels))
-    wrapper_code = compile(code.wrapper, f"<kiln wrapper {name}>", "exec")
+    wrapper_code = code_cache.compiled(code.wrapper, f"<kiln wrapper {name}>")
     exec(wrapper_code, namespace)
     missing = unbound_globals(wrapper_code, namespace)
     for launcher in (namespace[k] for k in code.kernels if hasattr(namespace.get(k), "__code__")):  # Triton's

@@ -25,6 +25,7 @@ from torch.fx.graph import _is_from_torch
 from torch.fx.node import _get_qualified_name
 
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.fake_reuse import FakeResults
 from kiln.capture.sources import Source
 
 
@@ -40,6 +41,7 @@ class GraphBuilder:
         # printed into generated code would name a symbol nothing binds.
         self.shape_env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
         self.fake_mode = WatchingFakeMode(allow_non_fake_inputs=False, shape_env=self.shape_env)
+        self.fake_results = FakeResults(self.fake_mode)  # repeated calls' results, made without running them
         # sympy symbol -> (source, dim) of the input size it stands for; dim None: an int input itself
         self.symbol_sources: dict = {}
         self.inputs: list[tuple[Source, torch.Tensor | int]] = []  # placeholder order: tensors and int inputs
@@ -189,6 +191,18 @@ class GraphBuilder:
         return node, fake_out
 
     def _run_fake(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The call's fake result: run on the fake tensors, or made anew from an earlier identical call's
+        (kiln/capture/fake_reuse.py; not with symbolic sizes, whose ops may add guards)."""
+        described = None if self.symbol_sources else self.fake_results.describe(kind, target, args, kwargs)
+        if described is not None:
+            reused = self.fake_results.reuse(described)
+            if reused is not None:
+                return reused
+            return self.fake_results.run(described, lambda: self._fake_call(kind, target, args, kwargs), args,
+                                         kwargs)
+        return self._fake_call(kind, target, args, kwargs)
+
+    def _fake_call(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         fn: Callable = getattr(args[0], target) if kind == "call_method" else target
         call_args = args[1:] if kind == "call_method" else args
         try:

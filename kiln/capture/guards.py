@@ -20,6 +20,7 @@ import torch
 
 from kiln.capture import tensor_checks
 from kiln.capture.sources import AttrSource, LocalSource, Source
+from kiln.runtime import code_cache
 
 # where a source expression may start in a guard (L[...], G[...], C[...], getattr(...), a namespace name), and
 # the string literals to skip (a dict-keys guard's expected keys are text, not code)
@@ -570,7 +571,7 @@ class GuardSet:
         namespace = dict(HELPERS, **self.namespace)
         if specs:
             namespace.update(___check_tensors=native.check, ___tensor_specs=native.specs(specs))
-        exec(compile(source, "<kiln guards>", "exec"), namespace)
+        exec(code_cache.compiled(source, "<kiln guards>"), namespace)
         return namespace["guard"]
 
     def first_failure(self, L: dict, G: dict, C: tuple) -> str | None:

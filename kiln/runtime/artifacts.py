@@ -9,7 +9,8 @@ this process compiled with (kiln/runtime/cache.py `used()`): the captured graphs
 (kiln/autograd/aot_cache.py), the compiled graphs' products (kiln/runtime/graph_cache.py), the C++ libraries
 (the kernels', and the guards' extension, kiln/capture/tensor_checks.py, which a fresh cache would otherwise build
 while the first calls run), the autotuning decisions, the Triton modules and their compiled kernels as kiln keeps
-them (kiln/runtime/triton_binaries.py: loaded without Triton's JIT), and what Triton compiled of those
+them (kiln/runtime/triton_binaries.py: loaded without Triton's JIT), the code objects of the wrappers and
+guard functions (kiln/runtime/code_cache.py: for the same Python only), and what Triton compiled of those
 modules (each kernel's metadata and GPU binary, and the C launchers, from Triton's own cache:
 kiln/runtime/triton_cache.py), each with its size and SHA-256, and the environment it was made in.
 
@@ -38,6 +39,7 @@ VERSION = 1
 # The files a blob may hold: a folder of the cache's, a two-character shard, a file named by its key.
 _ALLOWED = re.compile(r"^(cpp/[0-9a-f]{2}/[0-9a-f]{64}\.(so|cpp)|(graphs|aot)/[0-9a-f]{2}/[0-9a-f]{64}\.json"
                       r"|autotune/[0-9a-f]{2}/[0-9a-f]{64}\.json|triton/[0-9a-f]{2}/[0-9a-f]{64}\.py"
+                      r"|code/[0-9a-f]{2}/[0-9a-f]{64}\.marshal"
                       r"|triton-bin/[0-9a-f]{2}/[0-9a-f]{64}\.(json|cubin|hsaco|zebin)"
                       r"|ext/[0-9a-f]{16}/kiln_tensor_checks\.[A-Za-z0-9_-]+\.so"
                       r"|triton-cache/[A-Z2-7]{52}/(?!__grp__)[A-Za-z0-9_][A-Za-z0-9_.-]{0,200})$")
@@ -45,7 +47,7 @@ TRITON = "triton-cache/"  # Triton's own cache entries (kiln/runtime/triton_cach
 
 
 # files published with a manifest, checked before they are saved
-_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/", "triton-bin/")
+_MANIFESTED = ("cpp/", "graphs/", "aot/", "ext/", "triton-bin/", "code/")
 _BUILT_FOR_THIS_CPU = ("cpp", "ext")  # machine code: left out of a blob loaded on another CPU
 
 

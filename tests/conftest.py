@@ -72,10 +72,21 @@ def compiled_graphs():
     GRAPH_LISTENERS.remove(listener)
 
 
+@pytest.fixture(scope="session")
+def guard_extension():
+    """The guards' C++ extension of this session (None where it cannot be built), built or loaded in the session's
+    cache directory: a session fixture is set up before a test's own `fresh_cache` points KILN_CACHE_DIR elsewhere,
+    where it would be built again. support.cache.seed_guard_extension copies it into a child process's cache."""
+    from kiln.capture import tensor_checks
+
+    return tensor_checks.wait()
+
+
 @pytest.fixture
-def fresh_cache(tmp_path, monkeypatch) -> Path:
+def fresh_cache(guard_extension, tmp_path, monkeypatch) -> Path:
     """An empty cache directory of this test's, with the compile cache (graphs, AOT autograd) on, and no memory of
-    earlier refusals, loaded libraries or used files."""
+    earlier refusals, loaded libraries or used files. The guards' extension stays the session's (`guard_extension`):
+    a first compile under this cache does not build it there again, nor with a compiler the test stands in."""
     from kiln.config import config
     from kiln.runtime import cache
     from kiln.runtime.private_files import PrivateTree

@@ -27,6 +27,14 @@ from kiln.lower.special_decompositions import SPECIAL_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
+
+@functools.cache
+def _core_table():
+    """PyTorch's core-ATen decomposition table, read-only here, made once per process: each
+    `core_aten_decompositions()` call builds it anew from every registered op (a tenth of a CPU second), which this
+    module's import and its first `decomposition_table()` paid four times in every process."""
+    return core_aten_decompositions()
+
 # Composite ops that the core table keeps but that fuse better as their parts.
 EXTRA = [
     aten.gelu, aten.gelu_backward,
@@ -177,7 +185,7 @@ def _scalar_tensors_cast(op):
     """`op`'s core decomposition, with each 0-d tensor operand of another dtype than the result cast to it first,
     where the result is bf16/fp16 on the CPU: eager's kernel (TensorIterator) reads `addcmul(h, h, s)`'s 0-d
     float32 `s` as half(s), and the decomposition, computing in float32, would read it at its value."""
-    decompose = core_aten_decompositions()[op]
+    decompose = _core_table()[op]
 
     def decomposition(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -273,7 +281,7 @@ def decomposition_table(fallback_random: bool = False) -> dict:
     own way (`bernoulli(p)` as `rand_like(p) < p`, attention's dropout as a mask from `rand`), which on
     some devices is not the stream eager's kernel draws; kept whole, each random op is the ATen call eager
     makes, run as an extern in graph order, so the same seed gives eager's values bit for bit."""
-    table = dict(core_aten_decompositions())
+    table = dict(_core_table())
     table.update(get_decompositions(EXTRA))
     for op in KEEP:
         table.pop(op, None)

@@ -12,7 +12,7 @@ import pytest
 
 from kiln.runtime import cache
 from kiln.runtime.private_files import manifest_path
-from support.cache import answer, answer_source, fake_compiler, library_path
+from support.cache import answer, answer_source, fake_compiler, library_path, seed_guard_extension
 
 CORRUPTIONS = {
     "truncated": lambda data: data[:4096],
@@ -78,6 +78,7 @@ print("rebuilds", cache.stats["rebuilds"])
 def test_next_process_rebuilds_a_truncated_library_and_is_correct(fresh_cache):
     """The issue's SIGBUS: a library truncated to a few KB crashed every later process. Strict mode: the
     rebuilt kernels run, no fallback."""
+    seed_guard_extension(fresh_cache)
     env = dict(os.environ, KILN_CACHE_DIR=str(fresh_cache), KILN_STRICT="1", OMP_NUM_THREADS="1")
     first = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]

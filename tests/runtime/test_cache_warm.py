@@ -18,7 +18,7 @@ from kiln.autograd import aot_cache
 from kiln.runtime import cache, graph_cache
 from kiln.runtime.private_files import PrivateTree
 from support import triton_device
-from support.cache import fake_compiler
+from support.cache import fake_compiler, seed_guard_extension
 
 
 def _mlp(x, w, b):
@@ -206,6 +206,7 @@ def test_a_server_starts_warm_from_a_blob_built_elsewhere_without_a_compiler(tmp
     fails if called, loads the blob and runs strict (no fallback) with every graph from the cache: it traces no
     AOT graph (the joint graph's forward and backward come from the cache too) and builds no kernel."""
     blob = tmp_path / "artifacts.bin"
+    seed_guard_extension(tmp_path / "build")  # the build machine ran kiln before: the blob carries the extension
     env = dict(os.environ, KILN_STRICT="1", OMP_NUM_THREADS="1", KILN_CACHE_DIR=str(tmp_path / "build"),
                KILN_CXX="g++")
     first = subprocess.run([sys.executable, "-c", DEPLOY, "save", str(blob)], env=env, capture_output=True,

@@ -65,19 +65,19 @@ def _result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _library(env: dict) -> Path:
-    proc = subprocess.run([sys.executable, "-c", "from kiln.capture import tensor_checks; "
-                           "print(tensor_checks._library_path())"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    return Path(proc.stdout.strip())
+def _library(env: dict, monkeypatch) -> Path:
+    """Where processes with `env` look for the extension (its path depends on the cache directory and compiler)."""
+    monkeypatch.setenv("KILN_CACHE_DIR", env["KILN_CACHE_DIR"])
+    monkeypatch.setenv("KILN_CXX", env["KILN_CXX"])
+    return tensor_checks._library_path()
 
 
-def test_a_short_process_leaves_the_build_to_finish_and_the_next_one_loads_it(copying_compiler):
+def test_a_short_process_leaves_the_build_to_finish_and_the_next_one_loads_it(copying_compiler, monkeypatch):
     env, runs = copying_compiler
     env = env(delay=2)
     first = _result(_start(env, "available"))  # exits while the compiler still runs
     assert first == {"loaded": False, "built_here": True}
-    library = _library(env)
+    library = _library(env, monkeypatch)
     deadline = time.time() + 60
     while verify(library) is not None and time.time() < deadline:
         time.sleep(0.1)
@@ -87,14 +87,14 @@ def test_a_short_process_leaves_the_build_to_finish_and_the_next_one_loads_it(co
     assert runs.read_text().split() == ["run"]
 
 
-def test_processes_starting_together_build_the_extension_once(copying_compiler):
+def test_processes_starting_together_build_the_extension_once(copying_compiler, monkeypatch):
     env, runs = copying_compiler
     env = env(delay=1)
     procs = [_start(env, "wait") for _ in range(3)]
     results = [_result(p) for p in procs]
     assert all(r["loaded"] for r in results), results
     assert runs.read_text().split() == ["run"], "the later builders found the first's library"
-    leftovers = sorted(p.name for p in _library(env).parent.iterdir())
+    leftovers = sorted(p.name for p in _library(env, monkeypatch).parent.iterdir())
     assert [n for n in leftovers if ".tmp" in n] == []
 
 

@@ -39,7 +39,7 @@ def seed_guard_extension(root: Path) -> None:
     """Copy the guards' extension built for the tests (kiln/capture/tensor_checks.py) into the cache `root`, as a
     machine that ran kiln before has it: processes over `root` load it rather than each fresh cache starting its
     own detached build (twenty seconds of the compiler competing with the tests). Nothing where it cannot be
-    built."""
+    built. Under `fresh_cache` it is the session's (the `guard_extension` fixture, conftest.py)."""
     import shutil
 
     from kiln.capture import tensor_checks

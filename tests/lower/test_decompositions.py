@@ -1,0 +1,31 @@
+"""The code generator's decomposition table (kiln/lower/decompositions.py): built from PyTorch's core-ATen table
+made once per process, since each `core_aten_decompositions()` call builds that table anew from every registered
+op, a cost every process importing kiln paid once per use."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.lower import decompositions
+
+aten = torch.ops.aten
+
+
+def test_a_table_is_built_without_making_the_core_table_again(monkeypatch):
+    def made_again():
+        pytest.fail("core_aten_decompositions() called again: the core table is made once per process")
+
+    monkeypatch.setattr(decompositions, "core_aten_decompositions", made_again)
+    for fallback_random in (False, True):
+        table = decompositions.decomposition_table.__wrapped__(fallback_random)  # built now, not the cached one
+        assert aten.mse_loss.default in table  # from the core table
+        assert table[aten.addcmul.default] is decompositions.OWN[aten.addcmul.default]  # kiln's own over it
+        assert (aten._scaled_dot_product_attention_math.default in table) != fallback_random  # draws dropout
+
+
+def test_kilns_own_decomposition_over_a_core_one_still_computes_eagers_value():
+    """addcmul's own decomposition wraps the core one (a 0-d float32 operand read at bf16, as eager reads it)."""
+    h = torch.randn(8, dtype=torch.bfloat16)
+    s = torch.tensor(0.1)
+    decompose = decompositions.decomposition_table()[aten.addcmul.default]
+    torch.testing.assert_close(decompose(h, h, s), torch.addcmul(h, h, s), rtol=0, atol=0)

@@ -138,6 +138,22 @@ def write_new(path: Path, data: str | bytes) -> Path:
     return path
 
 
+def publish_new(path: Path, data: str | bytes, what: str) -> bool:
+    """Publish `data` at `path` (a temporary file renamed into place, its manifest first) and record its use;
+    False, with one log line, where the cache cannot take it (full or read-only: the process keeps `what` it
+    made all the same)."""
+    tmp = temp_name(path)
+    try:
+        write_new(tmp, data)
+        publish(tmp, path)
+    except OSError as e:
+        log.info("kiln: could not store %s in %s (%s)", what, path, e)
+        discard(tmp)
+        return False
+    record_use(path)
+    return True
+
+
 def build_jobs() -> int:
     env = os.environ.get("KILN_BUILD_JOBS")
     if env:

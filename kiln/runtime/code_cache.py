@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kiln.config import config
 from kiln.runtime import cache
-from kiln.runtime.private_files import discard, publish, temp_name, verify
+from kiln.runtime.private_files import discard, verify
 
 log = logging.getLogger("kiln.runtime.cache")
 
@@ -86,16 +86,8 @@ def _load(path: Path) -> types.CodeType | None:
 
 
 def _store(path: Path, code: types.CodeType) -> None:
-    tmp = temp_name(path)
-    try:
-        cache.write_new(tmp, marshal.dumps(code))
-        publish(tmp, path)
-    except OSError as e:  # a full or read-only cache: the code object serves this process all the same
-        log.info("kiln: could not store compiled code in %s (%s)", path, e)
-        discard(tmp)
-        return
-    cache.record_use(path)
-    stats["stores"] += 1
+    if cache.publish_new(path, marshal.dumps(code), "compiled code"):
+        stats["stores"] += 1
 
 
 __all__ = ["compiled", "stats", "FOLDER"]

@@ -43,7 +43,7 @@ import torch.fx
 from kiln.config import compiler
 from kiln.runtime import cache, triton_binaries
 from kiln.runtime.lazy_graphs import source
-from kiln.runtime.private_files import discard, publish, temp_name, verify
+from kiln.runtime.private_files import discard, verify
 
 log = logging.getLogger("kiln.runtime.cache")
 
@@ -415,17 +415,8 @@ def lookup(key: str, folder: str = "graphs") -> dict | None:
 
 def store(key: str, product: dict, folder: str = "graphs") -> None:
     """Publish `product` under `key` (a temporary file renamed into place, its manifest first)."""
-    path = product_path(key, folder)
-    tmp = temp_name(path)
-    try:
-        cache.write_new(tmp, json.dumps(product))
-        publish(tmp, path)
-    except OSError as e:  # a full or read-only cache: this process keeps its compiled graph all the same
-        log.info("kiln: could not store the compiled graph in %s (%s)", path, e)
-        discard(tmp)
-        return
-    cache.record_use(path)
-    folder_stats[folder]["stores"] += 1
+    if cache.publish_new(product_path(key, folder), json.dumps(product), "the compiled graph"):
+        folder_stats[folder]["stores"] += 1
 
 
 def forget(key: str, folder: str = "graphs") -> None:

@@ -377,24 +377,8 @@ def _xreplace(expr, items: tuple):
 
 
 def _subs(e: Expr, mapping: dict, memo: dict) -> Expr:
-    key = id(e)
-    if key in memo:
-        return memo[key][1]
-    items = memo.get("items")
-    if items is None:
-        items = memo["items"] = tuple(mapping.items())
-    if isinstance(e, Load):
-        out = Load(e.buf, _xreplace(e.index, items), e.dtype,
-                   None if e.mask is None else _xreplace(e.mask, items),
-                   tuple((s, _subs(x, mapping, memo)) for s, x in e.indirect))
-    elif isinstance(e, IndexValue):
-        out = IndexValue(_xreplace(e.expr, items), e.dtype)
-    elif isinstance(e, Op):
-        out = Op(e.name, tuple(_subs(a, mapping, memo) for a in e.args), e.dtype)
-    else:
-        out = e
-    memo[key] = (e, out)
-    return out
+    items = tuple(mapping.items())
+    return map_indices(e, lambda index: _xreplace(index, items), memo)
 
 
 def map_indices(e: Expr, fn, memo: dict | None = None) -> Expr:

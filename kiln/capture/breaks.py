@@ -124,6 +124,26 @@ class Unresumable(GraphBreak):
     """A break kiln cannot resume after; the frame runs natively (eagerly)."""
 
 
+# What torch's errors for a tensor made in inference mode and used outside it say (an in-place write, a view
+# written, saving for backward, requires_grad_, a version-counter read): each names inference mode or tensors.
+_INFERENCE_RULE_WORDS = ("inference tensor", "inferencemode", "inference mode")
+
+
+def breaks_inference_rule(error: RuntimeError) -> bool:
+    message = str(error).lower()
+    return any(words in message for words in _INFERENCE_RULE_WORDS)
+
+
+def inference_tensor_misuse(what: str, error: RuntimeError) -> Unresumable:
+    """Eager raises `error` at `what` because a tensor an inference-mode block made is used outside it.
+
+    In the graph that block's ops run as a `no_grad` block, so its tensors are ordinary ones: the op run natively
+    after a break would succeed. Only the frame run natively makes real inference tensors, and so eager's error.
+    """
+    return Unresumable("exception", f"{what} raised {type(error).__name__}: {error} (a tensor made in an "
+                       "inference-mode block, used outside it, so the frame runs natively)")
+
+
 class StepsNatively(GraphBreak):
     """A graph break after which the frame is stepped through natively, its calls compiled, as torch.compile
     skips such a frame and compiles the functions it calls (see `entry.capture`): one inside a loop (a graph

@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch.fx.graph import _is_from_torch
 from torch.fx.node import _get_qualified_name
 
-from kiln.capture.breaks import GraphBreak
+from kiln.capture.breaks import GraphBreak, breaks_inference_rule, inference_tensor_misuse
 from kiln.capture.fake_reuse import FakeResults
 from kiln.capture.sources import Source
 
@@ -53,6 +53,10 @@ class GraphBuilder:
         self._names: set[str] = set()
         self.op_count = 0
         self.enables_grad = False  # a grad-mode change inside the graph turns it on
+        # Inside a traced `torch.inference_mode()` block (set by the capture state): fake ops run in real
+        # inference mode, so the tensors they make are inference tensors as eager's are, and a use eager
+        # forbids outside the block (an in-place write, saving one for backward) raises here as it does there.
+        self.inference_mode = False
 
     # --- inputs -----------------------------------------------------------------------------
     def input(self, source: Source, real: torch.Tensor, dynamic_dims: frozenset = frozenset()):
@@ -193,14 +197,16 @@ class GraphBuilder:
     def _run_fake(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         """The call's fake result: run on the fake tensors, or made anew from an earlier identical call's
         (kiln/capture/fake_reuse.py; not with symbolic sizes, whose ops may add guards)."""
-        described = None if self.symbol_sources else self.fake_results.describe(kind, target, args, kwargs)
-        if described is not None:
-            reused = self.fake_results.reuse(described)
-            if reused is not None:
-                return reused
-            return self.fake_results.run(described, lambda: self._fake_call(kind, target, args, kwargs), args,
-                                         kwargs)
-        return self._fake_call(kind, target, args, kwargs)
+        # not `inference_mode(False)` outside a block: that turns grad mode on
+        with torch.inference_mode() if self.inference_mode else contextlib.nullcontext():
+            described = None if self.symbol_sources else self.fake_results.describe(kind, target, args, kwargs)
+            if described is not None:
+                reused = self.fake_results.reuse(described)
+                if reused is not None:
+                    return reused
+                return self.fake_results.run(described, lambda: self._fake_call(kind, target, args, kwargs), args,
+                                             kwargs)
+            return self._fake_call(kind, target, args, kwargs)
 
     def _fake_call(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         fn: Callable = getattr(args[0], target) if kind == "call_method" else target
@@ -216,6 +222,10 @@ class GraphBuilder:
             raise GraphBreak("tensor_to_python", f"{_name(target)} ({type(e).__name__})") from e
         except GraphBreak:
             raise
+        except RuntimeError as e:
+            if not self.inference_mode and breaks_inference_rule(e):
+                raise inference_tensor_misuse(_name(target), e) from e
+            raise GraphBreak("exception", f"{_name(target)} raised {type(e).__name__}: {e}") from e
         except Exception as e:
             raise GraphBreak("exception", f"{_name(target)} raised {type(e).__name__}: {e}") from e
 

@@ -71,7 +71,7 @@ class CaptureState:
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"___grad_enabled() is {self.grad_enabled}",
                               str(self.grad_enabled), "___grad_enabled()"))
         inference = torch.is_inference_mode_enabled()
-        self.inference_mode = int(inference)  # inference-mode blocks the traced code is in (is_inference_mode_enabled)
+        self.inference_mode = int(inference)
         self.guards.add(Guard(GuardKind.GRAD_MODE, None, f"torch.is_inference_mode_enabled() is {inference}",
                               f"inference mode {inference}", "torch.is_inference_mode_enabled()"))
         self.entry_autocast = _autocast_state()
@@ -81,6 +81,17 @@ class CaptureState:
         tf32 = torch._C._get_cublas_allow_tf32()
         self.guards.add(Guard(GuardKind.MATMUL_PRECISION, None, f"___tf32_matmuls() is {tf32}",
                               f"TF32 matmuls {tf32}", "___tf32_matmuls()"))
+
+    @property
+    def inference_mode(self) -> int:
+        """The inference-mode blocks the traced code is in (what `is_inference_mode_enabled()` answers)."""
+        return self._inference_mode
+
+    @inference_mode.setter
+    def inference_mode(self, depth: int) -> None:
+        # the graph's fake ops run in the same mode, so that they make inference tensors where eager does
+        self._inference_mode = depth
+        self.graph.inference_mode = depth > 0
 
     # --- sources ---------------------------------------------------------------------------
     def source_expr(self, source: Source) -> str:

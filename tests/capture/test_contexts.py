@@ -245,3 +245,75 @@ def test_break_inside_a_python_context_manager_runs_the_frame_natively_and_corre
     out, depth = c(x)
     torch.testing.assert_close(out, x * 2 + 1)
     assert depth == 0 and outer.depth == 0
+
+
+def write_after_block(x):
+    with torch.inference_mode():
+        y = x * 2
+    y.add_(1)
+    return y
+
+
+def write_after_block_with_break(x):
+    with torch.inference_mode():
+        kiln.graph_break()
+        y = x.sum()
+    y.zero_()
+    return y
+
+
+def write_view_made_in_block(x):
+    base = x * 2
+    with torch.inference_mode():
+        view = base[0]
+    view.mul_(3)
+    return base
+
+
+def save_for_backward_after_block(x, w):
+    with torch.inference_mode():
+        y = x + 1
+    return w * y
+
+
+def version_read_after_block(x):
+    with torch.inference_mode():
+        y = x + 1
+    return y * y._version
+
+
+def requires_grad_after_block(x):
+    with torch.inference_mode():
+        y = x + 1
+    return y.requires_grad_()
+
+
+@pytest.mark.parametrize("fn,args", [
+    (write_after_block, (t(3),)),
+    (write_after_block_with_break, (t(3),)),
+    (write_view_made_in_block, (t(2, 3, grad=True),)),
+    (save_for_backward_after_block, (t(3), t(3, grad=True))),
+    (version_read_after_block, (t(3),)),
+    (requires_grad_after_block, (t(3),)),
+], ids=["inplace", "inplace_after_break", "view_inplace", "saved_for_backward", "version", "requires_grad_"])
+def test_inference_tensor_used_outside_its_block_raises_what_eager_raises(fn, args):
+    with pytest.raises(RuntimeError) as expected:
+        fn(*args)
+    for backend in ("eager", "aot_eager"):
+        kiln.fallbacks.reset()
+        with pytest.raises(RuntimeError) as got:
+            kiln.compile(fn, backend=backend)(*args)
+        assert str(got.value) == str(expected.value)
+        # the frame runs natively from the use eager raises at: a break, not a fallback (a failed capture would be
+        # one, and an error of its own under strict mode)
+        assert kiln.fallbacks.breaks["exception"] == 1 and kiln.fallbacks.records() == []
+
+
+def test_inference_tensor_uses_eager_allows_stay_in_one_graph():
+    def fn(x, w):
+        with torch.inference_mode():
+            y = x * 2
+            y.add_(1)  # inside the block: allowed
+        return y + x, (w * 2) * y.sum()  # read outside it, and not saved for backward: allowed
+
+    check(fn, t(3), t(3, grad=True), graphs=1, fullgraph=True)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kiln.capture.breaks import GraphBreak
+from kiln.capture.breaks import GraphBreak, breaks_inference_rule, inference_tensor_misuse
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
@@ -81,6 +81,8 @@ class TensorValue(Value):
             return state.wrap(state.real_value(self.source).grad, AttrSource(self.source, "grad"))
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return TensorMethodValue(self, name)
+        if name == "_version":  # read natively below, from the graph's tensor, which counts versions
+            self.raise_if_inference_misuse(state, "Tensor._version", lambda fake: fake._version)
         if not hasattr(torch.Tensor, name) and (self.source is None
                                                 or not hasattr(state.real_value(self.source), name)):
             # hasattr(t, "jax") and getattr(t, name, default) rely on the AttributeError
@@ -96,7 +98,7 @@ class TensorValue(Value):
         if name == "size" and not args and not kwargs:
             return self.size_value(state)
         if name in AUTOGRAD_FLAG_METHODS:
-            return self.set_autograd_flags(name, args, kwargs)
+            return self.set_autograd_flags(state, name, args, kwargs)
         if name in METADATA_METHODS and not (name == "type" and (args or kwargs)):  # t.type(dtype) converts
             const_args = [a.as_constant() for a in args]
             const_kwargs = {k: v.as_constant() for k, v in kwargs.items()}
@@ -106,7 +108,7 @@ class TensorValue(Value):
             return ConstantValue(result)
         return trace_op(state, "call_method", name, [self, *args], kwargs)
 
-    def set_autograd_flags(self, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    def set_autograd_flags(self, state, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """`t.requires_grad_(flag)` or `t.detach_()`: the tensor itself where its flags stay as they are, as
         eager returns it; a graph break where they change (or eager raises: `detach_` of a view).
 
@@ -120,7 +122,20 @@ class TensorValue(Value):
             unchanged = not self.fake.requires_grad and not self.fake._is_view()
         if unchanged:
             return self
+        if name == "requires_grad_":  # run natively after the break, on the graph's tensor, which allows it
+            self.raise_if_inference_misuse(state, "Tensor.requires_grad_()", lambda t: t.detach().requires_grad_())
         raise GraphBreak("autograd_flags", f"Tensor.{name}() changes a tensor's requires_grad")
+
+    def raise_if_inference_misuse(self, state, what: str, use) -> None:
+        """Eager raises at this `use` of a tensor an inference-mode block made, outside the block
+        (`kiln.capture.breaks.inference_tensor_misuse`): tried on the fake, an inference tensor where eager's is."""
+        if state.inference_mode or not self.fake.is_inference():
+            return
+        try:
+            use(self.fake)
+        except RuntimeError as e:
+            if breaks_inference_rule(e):
+                raise inference_tensor_misuse(what, e) from e
 
     def size_value(self, state) -> Value:
         """`t.shape`: a constant torch.Size, or a SizeValue whose dynamic entries are symbolic."""

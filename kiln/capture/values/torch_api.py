@@ -318,6 +318,8 @@ class InferenceModeContext(GradModeContext):
 
     Tensors it makes are ordinary tensors in the graph; `torch.is_inference_mode_enabled()` answers
     True inside it. A break inside the block runs the breaking instruction in the real inference mode.
+    Capture's fake tensors are inference tensors where eager's are (the capture state runs the block's fake ops
+    in inference mode), so a use eager forbids outside the block runs the frame natively, to raise eager's error.
     """
 
     def __init__(self):

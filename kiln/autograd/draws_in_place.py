@@ -28,7 +28,7 @@ DRAWS = (
 """ATen's in-place draws that write their first argument (`random_.from` has its own op: random_from.py)."""
 
 
-def _fresh(self: torch.Tensor, stride) -> torch.Tensor:
+def fresh_strided(self: torch.Tensor, stride) -> torch.Tensor:
     """An uninitialized tensor of `self`'s sizes and the written tensor's `stride`: drawn into, its elements take
     eager's order. The strides are an argument, not read from `self`: a code generator passes `self` in a layout
     of its choosing."""
@@ -62,10 +62,10 @@ def _define(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     _LIBRARY.define(_schema(op, name), tags=(torch.Tag.nondeterministic_seeded,))
 
     def drawn(self, stride, *args):
-        return op(_fresh(self, stride), *args)
+        return op(fresh_strided(self, stride), *args)
 
     _LIBRARY.impl(name, drawn, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"kiln::{name}", lambda self, stride, *args: _fresh(self, stride), lib=_LIBRARY)
+    torch.library.register_fake(f"kiln::{name}", lambda self, stride, *args: fresh_strided(self, stride), lib=_LIBRARY)
     return getattr(torch.ops.kiln, name).default
 
 

@@ -155,6 +155,7 @@ IN_PLACE_DRAWS = {
     "log_normal_": lambda t: t.log_normal_(),
     "random_": lambda t: t.random_(),
     "random_ to": lambda t: t.random_(100),
+    "random_ from": lambda t: t.random_(-3, 100),
 }
 
 

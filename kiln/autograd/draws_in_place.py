@@ -11,6 +11,10 @@ Tracing therefore writes such a draw as a `kiln.<op>_drawn` op that runs ATen's 
 tensor of x's sizes and of strides passed to it as an argument (eager's kernel on eager's layout), copied
 into x. A row-major x (the usual activation) keeps the op as it is, so a code generator still lowers it. A
 draw from a generator of the caller's stays as it is.
+
+`rand_like(x)` and its kin draw into `empty_like(x)` as eager does (`LIKE`): where x is not row-major (a
+strided slice), written so, the draw is one of the above, and a code generator that runs `rand_like` as an
+extern on x in a layout of its own no longer decides where the numbers land.
 """
 from __future__ import annotations
 
@@ -100,4 +104,23 @@ def draw_in_place(op: torch._ops.OpOverload):
             return NotImplemented
         positional = [*args, *(kwargs.get(a.name, a.default_value) for a in _arguments(op)[len(args):])]
         return self.copy_(DRAWN[op](self, self.stride(), *positional))
+    return decompose
+
+
+LIKE = {
+    aten.rand_like.default: lambda t: t.uniform_(0, 1),
+    aten.randn_like.default: lambda t: t.normal_(0, 1),
+    aten.randint_like.default: lambda t, high: t.random_(0, high),
+    aten.randint_like.low_dtype: lambda t, low, high: t.random_(low, high),
+}
+"""ATen's `*_like` draws, each as the in-place draw eager's kernel runs into `empty_like(self)`."""
+
+
+def draw_like(op: torch._ops.OpOverload):
+    """The tracing decomposition of `op` (of `LIKE`): where `self` is not row-major, `empty_like(self)` drawn
+    into in place (see `draw_in_place`); otherwise the op as it is."""
+    def decompose(self, *args, **options):
+        if _row_major(self):
+            return NotImplemented
+        return LIKE[op](aten.empty_like(self, **options), *args)
     return decompose

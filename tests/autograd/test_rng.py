@@ -174,6 +174,32 @@ def test_an_in_place_draw_puts_eager_numbers_where_eager_puts_them(name, layout,
     _same_draws(f, kiln.compile(f, backend=backend), torch.randn(4, 6, 5), seed=3)
 
 
+LIKE_DRAWS = {
+    "rand_like": torch.rand_like,
+    "randn_like": torch.randn_like,
+    "randint_like": lambda t: torch.randint_like(t, 10),
+    "randint_like low": lambda t: torch.randint_like(t, -4, 10),
+}
+VALUE_LAYOUTS = {
+    "transposed": lambda a: (a * 1).permute(2, 0, 1),
+    "transposed with gaps": lambda a: (a * 1).permute(2, 1, 0)[:, :, ::2],
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("layout", list(VALUE_LAYOUTS))
+@pytest.mark.parametrize("name", list(LIKE_DRAWS))
+def test_a_draw_like_a_strided_value_puts_eager_numbers_where_eager_puts_them(name, layout, backend):
+    """`rand_like(x)` draws into `empty_like(x)`: a code generator running it on x in a layout of its own (a
+    strided slice stored row-major) must not move the numbers."""
+    draw, make = LIKE_DRAWS[name], VALUE_LAYOUTS[layout]
+
+    def f(a):
+        return a * 2, draw(make(a))
+
+    _same_draws(f, kiln.compile(f, backend=backend), torch.randn(4, 6, 10), seed=4)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_dropout_on_a_transposed_input_keeps_eager_mask(backend):
     """Dropout draws its mask into `empty_like(input)`: with the input's strides, not row-major ones."""

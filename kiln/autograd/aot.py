@@ -30,7 +30,8 @@ that needs them.
 RNG: random ops are traced as the ATen ops eager runs (`bernoulli`, ...), draw
 from the global generator when the graph runs, and are never recomputed in the
 backward (the partitioner bans them). Under `aot_eager` the ops run in eager's
-order, so dropout masks equal eager's bit for bit for the same seed (tested). A
+order, so dropout masks equal eager's bit for bit for the same seed (tested; an
+in-place draw into a tensor not laid out row-major draws into eager's layout: draws_in_place.py). A
 code generator that lowers random ops itself gets eager's distribution, not
 necessarily eager's stream.
 """

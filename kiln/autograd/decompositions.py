@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from kiln.autograd.draws_in_place import DRAWS, LIKE, draw_in_place, draw_like
 from kiln.autograd.random_from import random_from_in_place
 
 aten = torch.ops.aten
@@ -52,10 +53,13 @@ FUNCTIONALIZATION = {
     getattr(aten.random_, "from"): random_from_in_place,  # `from` is a keyword: FX cannot print the op's name
     aten.native_batch_norm.default: _updating_statistics(aten.native_batch_norm.default),
     aten._native_batch_norm_legit.default: _updating_statistics(aten._native_batch_norm_legit.default),
+    **{op: draw_in_place(op) for op in DRAWS},
+    **{op: draw_like(op) for op in LIKE},
 }
 """Ops that write their inputs in place (batch norm's running statistics) but that
-functionalization would keep as they are, or turn into an op FX cannot print (`random_.from`):
-decomposed into pure ops plus `copy_`."""
+functionalization would keep as they are, turn into an op FX cannot print (`random_.from`), or
+into a draw laid out otherwise than eager's (`bernoulli_` on a transposed tensor): decomposed into
+pure ops plus `copy_`."""
 
 
 UNSAFE_FOR_TRAINING = (

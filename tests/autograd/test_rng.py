@@ -5,6 +5,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
+from kiln.autograd import aot_cache
 from support.autograd import compile_module
 
 
@@ -134,3 +135,94 @@ def test_an_unused_draw_in_a_backward_runs_in_the_backward(backend):
         states.append(torch.get_rng_state())
         torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
     assert torch.equal(*states)
+
+
+# In-place draws into tensors laid out otherwise than row-major, as a user's program meets them: dropout on a
+# transposed activation (`empty_like` keeps its strides), a draw into a strided slice of a buffer.
+LAYOUTS = {
+    "transposed": lambda a: torch.empty_like(a.detach()).permute(2, 0, 1),
+    "every other column": lambda a: a.detach().new_zeros(4, 6, 10)[:, :, ::2],
+    "transposed with gaps": lambda a: a.detach().new_zeros(10, 6, 4).permute(2, 1, 0)[:, :, ::2],
+}
+IN_PLACE_DRAWS = {
+    "bernoulli_ p": lambda t: t.bernoulli_(0.3),
+    "bernoulli_ tensor": lambda t: t.bernoulli_(torch.full_like(t, 0.3)),
+    "normal_": lambda t: t.normal_(),
+    "uniform_": lambda t: t.uniform_(-1, 1),
+    "exponential_": lambda t: t.exponential_(),
+    "geometric_": lambda t: t.geometric_(0.3),
+    "cauchy_": lambda t: t.cauchy_(),
+    "log_normal_": lambda t: t.log_normal_(),
+    "random_": lambda t: t.random_(),
+    "random_ to": lambda t: t.random_(100),
+    "random_ from": lambda t: t.random_(-3, 100),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(IN_PLACE_DRAWS))
+def test_an_in_place_draw_puts_eager_numbers_where_eager_puts_them(name, layout, backend):
+    """Functionalization's variant of an in-place draw allocates its own result (`bernoulli.p` row-major,
+    `normal_functional` a dense clone): drawn there, the numbers land elsewhere than eager's kernel puts them
+    in the tensor's own layout."""
+    draw, make = IN_PLACE_DRAWS[name], LAYOUTS[layout]
+
+    def f(a):
+        return a * 2, draw(make(a))
+
+    _same_draws(f, kiln.compile(f, backend=backend), torch.randn(4, 6, 5), seed=3)
+
+
+LIKE_DRAWS = {
+    "rand_like": torch.rand_like,
+    "randn_like": torch.randn_like,
+    "randint_like": lambda t: torch.randint_like(t, 10),
+    "randint_like low": lambda t: torch.randint_like(t, -4, 10),
+}
+VALUE_LAYOUTS = {
+    "transposed": lambda a: (a * 1).permute(2, 0, 1),
+    "transposed with gaps": lambda a: (a * 1).permute(2, 1, 0)[:, :, ::2],
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("layout", list(VALUE_LAYOUTS))
+@pytest.mark.parametrize("name", list(LIKE_DRAWS))
+def test_a_draw_like_a_strided_value_puts_eager_numbers_where_eager_puts_them(name, layout, backend):
+    """`rand_like(x)` draws into `empty_like(x)`: a code generator running it on x in a layout of its own (a
+    strided slice stored row-major) must not move the numbers."""
+    draw, make = LIKE_DRAWS[name], VALUE_LAYOUTS[layout]
+
+    def f(a):
+        return a * 2, draw(make(a))
+
+    _same_draws(f, kiln.compile(f, backend=backend), torch.randn(4, 6, 10), seed=4)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dropout_on_a_transposed_input_keeps_eager_mask(backend):
+    """Dropout draws its mask into `empty_like(input)`: with the input's strides, not row-major ones."""
+    def f(a):
+        return a.exp(), F.dropout(a, 0.5, training=True)
+
+    compiled = kiln.compile(f, backend=backend)
+    for requires_grad in (False, True):
+        a = torch.randn(2, 4, 7).permute(2, 0, 1).requires_grad_(requires_grad)
+        expected, actual = _same_draws(f, compiled, a, seed=11)
+        if requires_grad:
+            actual[1].sum().backward()
+            torch.testing.assert_close(a.grad, (expected[1] != 0).float() * 2)
+
+
+def test_a_draw_in_place_taken_from_the_compile_cache_keeps_eager_mask(fresh_cache):
+    """The drawn op prints as Python that a cached graph runs again: a warm compile draws eager's numbers too."""
+    def f(a):
+        mask, slice_drawn = F.dropout(a, 0.5, training=True), torch.empty(6, 4).t()[:, ::2].uniform_(-1, 1)
+        return a.exp(), torch.cat([mask.flatten(), slice_drawn.flatten()])
+
+    hits = aot_cache.stats["hits"]
+    for _ in range(2):
+        kiln.reset()
+        _same_draws(f, kiln.compile(f), torch.randn(2, 4, 7).permute(2, 0, 1), seed=5)
+    assert aot_cache.stats["hits"] == hits + 1

@@ -89,6 +89,7 @@ ONCE_FAILING = {
         # (autograd/test_input_aliasing.py)
         301393,
         401093,  # an expanded leaf written under no_grad: per-element grads (autograd/test_leaves_sharing_memory.py)
+        302233,  # dropout on a transposed input: its mask drawn row-major (autograd/test_rng.py, draws in place)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,

@@ -276,6 +276,20 @@ def expanded_coeff(expr, var: sympy.Symbol) -> sympy.Expr:
     return sympy.expand(expr).coeff(var)
 
 
+def unit_step(expr, var: sympy.Symbol, variables: Sequence[sympy.Symbol]) -> sympy.Expr:
+    """How far `expr` moves when `var` steps from 0 to 1, the other `variables` at 0: a load's stride along a loop
+    where the loop starts. For an affine index it is the coefficient; for one that wraps or divides the loop
+    (`32*Mod(y0, 49) + 4704*FloorDiv(y0, 49)`, a window of 49 rows of 32 columns) it is the stride of the
+    innermost run, which the coefficient (0: the variable is only inside the remainder) does not show."""
+    return _unit_step(sympy.sympify(expr), var, tuple(variables))
+
+
+@functools.lru_cache(maxsize=16384)
+def _unit_step(expr: sympy.Expr, var: sympy.Symbol, variables: tuple) -> sympy.Expr:
+    start = {v: sympy.Integer(0) for v in variables}
+    return sympy.expand(expr.xreplace({**start, var: sympy.Integer(1)}) - expr.xreplace(start))
+
+
 def affine_strides(index: sympy.Expr, variables: Sequence[sympy.Symbol]):
     """(offset, strides) if `index` is affine in `variables` with constant-in-vars coefficients, else None.
 

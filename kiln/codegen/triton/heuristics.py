@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import sympy
 
 from kiln.lower import ir
-from kiln.lower.index import expanded_coeff, product
+from kiln.lower.index import expanded_coeff, product, unit_step
 from kiln.schedule.fusion import KernelGroup
 from kiln.schedule.memory import storage_numel
 
@@ -119,30 +119,41 @@ def _index_dtype(group: KernelGroup, layouts: dict) -> str:
 
 
 def reduction_is_contiguous(group: KernelGroup) -> bool:
-    """True when loads walk the innermost reduction dim with stride 1 (a row reduction). A value the same
-    segment computes is read from registers, whatever the layout it is stored in: only loads from memory count
-    (batch norm's masked gradient, stored by rows while its NHWC inputs are read by columns, made a column
-    reduction a row one). Of those, the loads that vary with the outer loops decide when there are any: a
-    vector indexed by the reduced dims alone (RMSNorm's per-row statistic in its weight gradient, a sum over
-    8192 rows of 768 columns) is one value per row for every column, read once per tile row whatever its
-    layout, while the tensors of rows x columns are what the tiles must read coalesced (the statistic's stride
-    1 made the weight gradient a row reduction: one program per column, every load strided by the width)."""
+    """True when the kernel's memory traffic runs along the innermost reduction dim (a row reduction), False when
+    it runs along the last outer dim (a column reduction, read in tiles of columns).
+
+    Each access of the reduction loop votes by its stride where the loops start (`unit_step`, which sees the
+    innermost run of an index that wraps, as a window's rows do): a load from memory, and a store of a value
+    computed per element (a transposing concatenation stored beside its column sum: Swin's q, k and v gradients
+    stored as one matrix whose bias gradient sums them, where k's transposed load alone had made one program per
+    column store with the width's stride). Rows win ties; with no stride-1 row access it is a column reduction.
+    A value the same segment computes is read from registers, whatever the layout it is stored in: only loads
+    from memory count (batch norm's masked gradient, stored by rows while its NHWC inputs are read by columns).
+    Of the loads, those that vary with the outer loops decide when there are any: a vector indexed by the reduced
+    dims alone (RMSNorm's per-row statistic in its weight gradient) is one value per row for every column, read
+    once per tile row whatever its layout."""
     if not group.inner:
         return True
-    last = group.inner_vars()[-1]
+    variables = (*group.outer_vars(), *group.inner_vars())
+    last, column = group.inner_vars()[-1], group.outer_vars()[-1] if group.outer else None
     outer = set(group.outer_vars())
-    per_element, per_row = [], []
+    per_element, per_row = {}, {}  # (buffer, index) -> index: a load repeated in the body is one access
     for seg in group.segments:
         if not seg.inner:
             continue
         computed = {n.name for n in seg.nodes}
         for n in seg.nodes:
             for ld in ir.loads(group.mapped_body(n)):
-                c = expanded_coeff(ld.index, last)
-                if c != 0 and ld.buf not in computed:
-                    (per_element if ir.index_symbols(ld) & outer else per_row).append(c)
-    strides = per_element or per_row
-    return not strides or any(c == 1 for c in strides)
+                if ld.buf not in computed and last in ir.index_symbols(ld):
+                    (per_element if ir.index_symbols(ld) & outer else per_row)[ld.buf, ld.index] = ld.index
+            stored = None if n.name in group.local or isinstance(n.data, ir.Reduction) else group.store_index(n)
+            if stored is not None and last in stored.free_symbols:
+                per_element[n.name, stored] = stored
+    accesses = list((per_element or per_row).values())
+    rows = sum(unit_step(index, last, variables) == 1 for index in accesses)
+    columns = 0 if column is None else sum(unit_step(index, last, variables) != 1
+                                           and unit_step(index, column, variables) == 1 for index in accesses)
+    return not accesses or (rows > 0 and rows >= columns)
 
 
 def transposed_dim(group: KernelGroup):

@@ -46,7 +46,7 @@ def parse_args(argv):
     p.add_argument("--minimize", type=int, metavar="SEED", help="print the smallest program failing like SEED")
     p.add_argument("--isolate", action="store_true", help="minimize in a subprocess (for programs that die)")
     p.add_argument("--worker", nargs=2, metavar=("BACKEND", "DEVICE"), help=argparse.SUPPRESS)
-    p.add_argument("--rerun", nargs=3, metavar=("CALL", "WHAT", "OUT"), help=argparse.SUPPRESS)  # conditioning.py
+    p.add_argument("--serve-reruns", action="store_true", help=argparse.SUPPRESS)  # conditioning.py
     return p.parse_args(argv)
 
 
@@ -156,9 +156,9 @@ def main(argv=None) -> None:
     if args.worker:
         from tests.fuzz.pool import serve
         return serve(*args.worker)
-    if args.rerun:
-        from tests.fuzz.conditioning import serve_rerun
-        return serve_rerun(*args.rerun)
+    if args.serve_reruns:
+        from tests.fuzz.conditioning import serve_reruns
+        return serve_reruns()
     if args.replay is not None:
         return replay(args)
     if args.minimize is not None:

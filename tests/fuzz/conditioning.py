@@ -47,8 +47,11 @@ is being judged, and only for programs on the CPU.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -271,31 +274,73 @@ def eager_rerun(source: str, call: int, variant: Variant, what: str):
 ROOT = Path(__file__).resolve().parents[2]
 RERUN_TIMEOUT = 120  # seconds: a Python start, torch's import and one program
 
+# (CPU capability, thread count, the asking process) -> the process that re-runs programs with them. One process
+# serves every program of the asking one: a fresh Python and torch import per program cost seconds each, most of
+# the judge's time.
+_RERUN_SERVERS: dict[tuple[str, int, int], subprocess.Popen] = {}
+
 
 def _rerun_in_process_with(capability: str, source: str, call: int, what: str):
-    """Eager's call in a fresh Python process whose ATen dispatches to the kernels built for `capability`
-    (`serve_rerun` runs there), with this process's thread count; its output tensors (`what` = "values") or
-    the inputs' gradients, or None when it raised, failed or the program's tensors are not on the CPU."""
+    """Eager's call in another Python process whose ATen dispatches to the kernels built for `capability`
+    (`serve_reruns` runs there), with this process's thread count; its output tensors (`what` = "values") or
+    the inputs' gradients, or None when it raised, failed or the program's tensors are not on the CPU. A
+    server that dies or hangs on a program is stopped, and the next program gets a new one."""
     if runtime.DEVICE != "cpu":
         return None
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": str(torch.get_num_threads()),
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    key = (capability, torch.get_num_threads(), os.getpid())
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "result.pt"
-        command = [sys.executable, str(ROOT / "tests" / "fuzz"), "--rerun", str(call), what, str(out)]
+        server = _RERUN_SERVERS.get(key) or _start_rerun_server(*key)
+        request = json.dumps({"source": source, "call": call, "what": what, "out": str(out)})
         try:
-            subprocess.run(command, input=source, text=True, env=env, cwd=ROOT, capture_output=True,
-                           timeout=RERUN_TIMEOUT, check=True)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            server.stdin.write(request + "\n")
+            server.stdin.flush()
+            ready, _, _ = select.select([server.stdout], [], [], RERUN_TIMEOUT)
+            answered = bool(ready) and server.stdout.readline() == "done\n"
+        except OSError:
+            answered = False
+        if not answered:
+            _stop_rerun_server(key)
             return None
         return torch.load(out) if out.exists() else None
 
 
-def serve_rerun(call: str, what: str, out: str) -> None:
-    """The other process's side of `_rerun_in_process_with`: the program's source on stdin; its result saved
-    to `out` (nothing saved when the call raised). Values are the output tensors in `leaves` order, gradients
-    one per input (None where an input has none), detached; inputs and states their tensors in `leaves` order."""
-    result = eager_rerun(sys.stdin.read(), int(call), Variant(_unchanged), what)
+def _start_rerun_server(capability: str, threads: int, asking: int) -> subprocess.Popen:
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz"), "--serve-reruns"], env=env, cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if not _RERUN_SERVERS:
+        atexit.register(lambda: [_stop_rerun_server(k) for k in list(_RERUN_SERVERS)])
+    _RERUN_SERVERS[capability, threads, asking] = server
+    return server
+
+
+def _stop_rerun_server(key: tuple[str, int, int]) -> None:
+    server = _RERUN_SERVERS.pop(key, None)
+    if server is not None:
+        server.kill()
+        server.wait()
+
+
+def serve_reruns() -> None:
+    """The other process's side of `_rerun_in_process_with`: one request per line on stdin (a JSON object: the
+    program's source, the call, what to return, the file to save it to), "done" on stdout once it is saved
+    (nothing saved when the call raised). Values are the output tensors in `leaves` order, gradients one per input
+    (None where an input has none), detached; inputs and states their tensors in `leaves` order. What the programs
+    print goes to stderr, so that stdout carries only the replies."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    for line in sys.stdin:
+        request = json.loads(line)
+        with contextlib.suppress(Exception):
+            _serve_rerun(request["source"], request["call"], request["what"], request["out"])
+        replies.write("done\n")
+        replies.flush()
+
+
+def _serve_rerun(source: str, call: int, what: str, out: str) -> None:
+    result = eager_rerun(source, call, Variant(_unchanged), what)
     if result is None:
         return
     detached = [t.detach() if isinstance(t, torch.Tensor) else None

@@ -23,5 +23,6 @@ fi
 # kiln's OpenMP kernels on one thread: with two workers on two cores a second thread only contends (a parallel
 # region waits for the thread the other worker holds). Tests of parallel paths ask for two threads themselves
 # (tests/support/threads.py). KILN_FULL_TESTS=1 runs every sweep whole (README's testing section).
+# --dist loadgroup: tests sharing a module fixture run on one worker (tests/conftest.py), which sets it up once.
 export OMP_NUM_THREADS=1
-python3 -m pytest tests -p no:cacheprovider -n 2 "$@"
+python3 -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup "$@"

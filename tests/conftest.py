@@ -98,3 +98,14 @@ def fresh_cache(guard_extension, tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(cache, "_used", {})
     monkeypatch.setattr(config, "graph_cache", True)
     return root
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that share a module-scoped fixture run on one xdist worker (`--dist loadgroup`, scripts/test.sh): a
+    module fixture is set up once per worker that runs one of its tests, and those of the warm-start and cache
+    tests run whole processes that compile models."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        if defs is not None and any(d.scope == "module" for fixture_defs in defs.name2fixturedefs.values()
+                                    for d in fixture_defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

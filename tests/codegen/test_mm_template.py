@@ -231,7 +231,8 @@ def test_shape_padding_rewrites_compute_bound_externs_on_cuda_graphs():
     padded = _padded_ops(1024, 1001, 1024)
     assert len(padded) == 1
     x, w = torch.randn(64, 1001), torch.randn(1001, 96)
-    torch.testing.assert_close(padded[0](x, w), x @ w)
+    exact = x.double() @ w.double()  # the BLAS sums 1001 products in an order of its own, padded or not
+    assert (padded[0](x, w) - exact).abs().max() <= 2 * (x @ w - exact).abs().max() + 1e-5
     assert _padded_ops(64, 3137, 128) == []
     assert templates.worth_padding(8192, 50257, 768) and not templates.worth_padding(64, 128, 3137)
 

@@ -30,6 +30,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,6 +153,29 @@ def publish_new(path: Path, data: str | bytes, what: str) -> bool:
         return False
     record_use(path)
     return True
+
+
+class Unusable(ValueError):
+    """Raised by a `read_published` decoder for content it refuses, with the reason."""
+
+
+def read_published(path: Path, decode: Callable[[bytes], object]):
+    """What `decode` makes of the file published at `path` (`publish_new`) when it matches its manifest, its use
+    recorded; None when there is none. A broken one (not matching its manifest, unreadable, or content `decode`
+    refuses: `Unusable`) is removed with one log line, and its product made again."""
+    problem = verify(path)
+    if problem == "missing":
+        return None
+    if problem is None:
+        try:
+            value = decode(path.read_bytes())
+            record_use(path)
+            return value
+        except (OSError, ValueError, EOFError, TypeError) as e:
+            problem = str(e) if isinstance(e, Unusable) else f"unreadable ({type(e).__name__})"
+    rebuild_log(path, problem)
+    discard(path)
+    return None
 
 
 def build_jobs() -> int:

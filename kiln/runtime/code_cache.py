@@ -27,7 +27,6 @@ from pathlib import Path
 
 from kiln.config import config
 from kiln.runtime import cache
-from kiln.runtime.private_files import discard, verify
 
 log = logging.getLogger("kiln.runtime.cache")
 
@@ -68,21 +67,14 @@ def _named(code: types.CodeType, filename: str) -> types.CodeType:
 
 
 def _load(path: Path) -> types.CodeType | None:
-    problem = verify(path)
-    if problem == "missing":
-        return None
-    if problem is None:
-        try:
-            code = marshal.loads(path.read_bytes())
-            if isinstance(code, types.CodeType):
-                cache.record_use(path)
-                return code
-            problem = "not a code object"
-        except (OSError, ValueError, EOFError, TypeError) as e:
-            problem = f"unreadable ({type(e).__name__})"
-    cache.rebuild_log(path, problem)
-    discard(path)
-    return None
+    return cache.read_published(path, _code)
+
+
+def _code(data: bytes) -> types.CodeType:
+    code = marshal.loads(data)
+    if not isinstance(code, types.CodeType):
+        raise cache.Unusable("not a code object")
+    return code
 
 
 def _store(path: Path, code: types.CodeType) -> None:

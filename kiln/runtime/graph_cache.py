@@ -43,7 +43,7 @@ import torch.fx
 from kiln.config import compiler
 from kiln.runtime import cache, triton_binaries
 from kiln.runtime.lazy_graphs import source
-from kiln.runtime.private_files import discard, verify
+from kiln.runtime.private_files import discard
 
 log = logging.getLogger("kiln.runtime.cache")
 
@@ -395,22 +395,14 @@ def product_path(key: str, folder: str = "graphs") -> Path:
 def lookup(key: str, folder: str = "graphs") -> dict | None:
     """The product stored under `key`, if there is one that matches its manifest (a broken one is removed,
     with one log line, and the graph compiled again)."""
-    path = product_path(key, folder)
-    problem = verify(path)
-    if problem == "missing":
-        return None
-    if problem is None:
-        try:
-            product = json.loads(path.read_bytes())
-            if isinstance(product, dict) and product.get("format") == FORMAT:
-                cache.record_use(path)
-                return product
-            problem = "not a product of this kiln"
-        except (OSError, ValueError) as e:
-            problem = f"unreadable ({type(e).__name__})"
-    cache.rebuild_log(path, problem)
-    discard(path)
-    return None
+    return cache.read_published(product_path(key, folder), _product)
+
+
+def _product(data: bytes) -> dict:
+    product = json.loads(data)
+    if not isinstance(product, dict) or product.get("format") != FORMAT:
+        raise cache.Unusable("not a product of this kiln")
+    return product
 
 
 def store(key: str, product: dict, folder: str = "graphs") -> None:

@@ -60,6 +60,7 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.opaque_backward import calls_custom_ops
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
+from kiln.autograd.second_order import forward_to_rerun
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
 from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
@@ -543,7 +544,8 @@ class AOTCompiled:
             unreached = []  # gradient (vector_norm of order 0): eager's node keeps its edges, its output grad_fn
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, watch_only, saved_returned, saved_primals, unreached,
-                              graph_origin(program.gm))
+                              graph_origin(program.gm),
+                              forward_to_rerun(split.forward, saved_primals, split.saved_is_size))
 
 
 def graph_origin(gm: torch.fx.GraphModule) -> str:

@@ -25,7 +25,7 @@ import torch
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.saved_versions import SavedByEager, VersionWatch
-from kiln.autograd.second_order import CallInputs, saved_with_history
+from kiln.autograd.second_order import InputKeeper, saved_with_history
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
 DOUBLE_BACKWARD_ERROR = (
@@ -164,7 +164,8 @@ class TrainingRunner:
         self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, watch_only, saved_returned,
-                                       saved_primals, origin, rerun)
+                                       saved_primals, origin, rerun,
+                                       InputKeeper(program.parameters) if rerun is not None else None)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -213,7 +214,8 @@ def _hook_only_gradients(out: torch.Tensor) -> None:
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
                    watched: list[SavedByEager], watch_only: list[bool], saved_returned: list[tuple[int, int]],
-                   saved_primals: list[int | None], origin: str, rerun: torch.fx.GraphModule | None = None) -> type:
+                   saved_primals: list[int | None], origin: str, rerun: torch.fx.GraphModule | None = None,
+                   keeper: InputKeeper | None = None) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -235,7 +237,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     `saved_primals`, per saved value: the forward input it is, or None (a value the forward computed,
     or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
     under autograd, where that is exact (`_differentiable_saves`), or, with `rerun` (the forward graph), where its
-    saved values computed again from the call's inputs under autograd carry their history (second_order.py);
+    saved values computed again from the call's inputs (those `keeper` keeps) under autograd carry their history
+    (second_order.py);
     otherwise its gradients raise a clear error when differentiated.
 
     `origin`: the user's code the graph holds, named when a second backward finds the saved tensors freed.
@@ -287,7 +290,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             if watched:
                 ctx.versions = VersionWatch(watched, flat, outs)
             if rerun is not None:
-                ctx.call_inputs = CallInputs(flat)
+                ctx.call_inputs = keeper.keep(flat)
             return tuple(outs)
 
         @staticmethod

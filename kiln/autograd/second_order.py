@@ -8,13 +8,14 @@ would recompute them from (the input may be written before the backward: partiti
 `((x - w) ** 2).mean()` saves `x - w`, as eager does.
 
 Such a backward gets its saved values again by running the forward graph's ATen ops under autograd on the
-inputs of the call, as they were: the inputs are kept from the forward (weakly, but for leaves that require grad,
-which the autograd graph holds anyway) with their versions, and the recomputation runs only if each is alive and
-unwritten. A forward that draws random numbers (which a second run would draw anew) or has other effects is not
-run again: its gradient raises runtime.py's clear error when differentiated, as before.
+inputs of the call, as they were: the inputs are kept from the forward (weakly, but for parameters) with their
+versions, and the recomputation runs only if each is alive and unwritten (`InputKeeper`). A forward that draws
+random numbers (which a second run would draw anew) or has other effects is not run again: its gradient raises
+runtime.py's clear error when differentiated, as before.
 """
 from __future__ import annotations
 
+import operator
 import weakref
 
 import torch
@@ -34,28 +35,44 @@ def forward_to_rerun(forward: fx.GraphModule, saved_primals: list[int | None],
     return forward
 
 
-class CallInputs:
-    """The inputs of one forward call, for a second run of the forward graph on them."""
+class InputKeeper:
+    """Which inputs of one graph a call keeps for a second run of its forward, decided once per graph: the
+    parameters as they are (their module holds them, and an optimizer's step writes them after the backward, as the
+    partition takes them to be), every other tensor weakly, with its version (an activation the backward does not
+    read must not live on for this), numbers as they are. Per call it costs a lookup of the parameters and a weak
+    reference to each other input."""
 
-    def __init__(self, flat: tuple):
-        self.refs = [_reference(t) for t in flat]
-        self.versions = [t._version if isinstance(t, torch.Tensor) else None for t in flat]
+    def __init__(self, parameters: tuple[bool, ...]):
+        held = [i for i, parameter in enumerate(parameters) if parameter]
+        self.others = [i for i, parameter in enumerate(parameters) if not parameter]
+        self.order = held + self.others
+        self.take_parameters = operator.itemgetter(*held) if len(held) > 1 else (
+            (lambda flat: (flat[held[0]],)) if held else (lambda flat: ()))
+
+    def keep(self, flat: tuple) -> CallInputs:
+        return CallInputs(self, flat)
+
+
+class CallInputs:
+    """The inputs of one forward call (`InputKeeper`), for a second run of the forward graph on them."""
+
+    def __init__(self, keeper: InputKeeper, flat: tuple):
+        self.keeper = keeper
+        self.parameters = keeper.take_parameters(flat)
+        others = [flat[i] for i in keeper.others]
+        self.others = [weakref.ref(t) if isinstance(t, torch.Tensor) else t for t in others]
+        self.versions = [t._version if isinstance(t, torch.Tensor) else None for t in others]
 
     def as_they_were(self) -> list | None:
-        """The inputs, or None if one has been freed or written in place since the forward."""
-        inputs = [r() if isinstance(r, weakref.ref) else r for r in self.refs]
-        for t, version in zip(inputs, self.versions):
+        """The inputs in order, or None if one that is no parameter was freed or written in place since."""
+        others = [r() if isinstance(r, weakref.ref) else r for r in self.others]
+        for t, version in zip(others, self.versions):
             if version is not None and (t is None or t._version != version):
                 return None
+        inputs = [None] * len(self.keeper.order)
+        for i, value in zip(self.keeper.order, [*self.parameters, *others]):
+            inputs[i] = value
         return inputs
-
-
-def _reference(value):
-    """A leaf that requires grad as it is (its gradient accumulator, which the graph holds, holds it); another
-    tensor weakly (an activation the backward does not read must not live on for this); a number as it is."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value if value.requires_grad and value.is_leaf else weakref.ref(value)
 
 
 def saved_with_history(forward: fx.GraphModule, inputs: list, num_saved: int) -> list:

@@ -545,7 +545,20 @@ class AOTCompiled:
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, watch_only, saved_returned, saved_primals, unreached,
                               graph_origin(program.gm),
-                              forward_to_rerun(split.forward, saved_primals, split.saved_is_size))
+                              forward_to_rerun(split.forward, saved_primals, split.saved_is_size),
+                              _computed_as_views(returned))
+
+
+def _computed_as_views(returned: list) -> tuple[int, ...]:
+    """The positions of the forward graph's returned values that are views of its own values: a view op's
+    result, or an element of one's (`split`, `unbind`). The runtime returns them detached (runtime.py)."""
+    def is_view(node) -> bool:
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return is_view(node.args[0])
+        return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+    return tuple(k for k, node in enumerate(returned) if is_view(node))
 
 
 def graph_origin(gm: torch.fx.GraphModule) -> str:

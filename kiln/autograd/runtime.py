@@ -155,7 +155,8 @@ class TrainingRunner:
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager], watch_only: list[bool],
                  saved_returned: list[tuple[int, int]], saved_primals: list[int | None], unreached: list[int] = (),
-                 origin: str = "a compiled graph", rerun: torch.fx.GraphModule | None = None):
+                 origin: str = "a compiled graph", rerun: torch.fx.GraphModule | None = None,
+                 viewed_outputs: tuple[int, ...] = ()):
         self.program, self.signature = program, signature
         # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
@@ -165,7 +166,7 @@ class TrainingRunner:
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, watch_only, saved_returned,
                                        saved_primals, origin, rerun,
-                                       InputKeeper(program.parameters) if rerun is not None else None)
+                                       InputKeeper(program.parameters) if rerun is not None else None, viewed_outputs)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -215,7 +216,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
                    watched: list[SavedByEager], watch_only: list[bool], saved_returned: list[tuple[int, int]],
                    saved_primals: list[int | None], origin: str, rerun: torch.fx.GraphModule | None = None,
-                   keeper: InputKeeper | None = None) -> type:
+                   keeper: InputKeeper | None = None, viewed_outputs: tuple[int, ...] = ()) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -242,6 +243,12 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     otherwise its gradients raise a clear error when differentiated.
 
     `origin`: the user's code the graph holds, named when a second backward finds the saved tensors freed.
+
+    `viewed_outputs`: the outputs the forward graph computes as views of its own values (`unsqueeze_` of an
+    intermediate, made functional). Each is returned detached (its storage shared, no view recorded): returned
+    as a view, autograd would mark it one made inside a custom Function and refuse an in-place write through it
+    (`t1[0].zero_()` after a graph break), where eager's tensor is no view. Kiln's code generator returns them so
+    itself (codegen/wrapper.py); graphs run op by op (aot_eager) do not.
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -268,6 +275,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            for k in viewed_outputs:
+                outs[k] = outs[k].detach()
             for k in snapshot:
                 saved[k] = saved[k].clone()
             for k, j in saved_returned:

@@ -99,6 +99,9 @@ ONCE_FAILING = {
         # prod's gradient at an inf element: eager divides the product by it (nan), the trace multiplied the others
         # (autograd/test_eager_formulas.py)
         104093, 400004,
+        # an output made a view of the graph's own value by an in-place view op (`unsqueeze_`), written through a view
+        # after the call: autograd refused it as a view made in the Function (autograd/test_in_place_views.py)
+        405495,
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,

@@ -60,6 +60,7 @@ from kiln.autograd.joint import trace_forward, trace_joint
 from kiln.autograd.opaque_backward import calls_custom_ops
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
+from kiln.autograd.second_order import forward_to_rerun
 from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
 from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
@@ -198,28 +199,20 @@ class AOTCompiled:
         # they are checked here, and calls that fail them (or variants the symbolic path
         # cannot express: runner None) run a compilation specialized to their sizes.
         self.size_checks: dict[Any, str] = {}
-        # Inputs a variant's partition saved because they were leaves that require grad at the call that built it
-        # (`_owned_inputs`): a call that passes a non-leaf there, which its caller may write before the backward,
-        # runs a compilation of its own, which exposes it.
-        self.leaf_checks: dict[Any, tuple[int, ...]] = {}
         self.specialized: PerShapeCompiled | None = None
         self._covered_by_capture = True
 
     def __call__(self, *args):
         flat = self.program.flatten_inputs(args)
         key = self.key(flat, self.program)
-        runner = self.runner(key, flat)
-        if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)) or (
-                self.leaf_checks and not self._leaves_admitted(key, flat)):
+        runner = self.runner(key)
+        if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)):
             return self._specialized(args)
         return runner(flat)
 
     def _sizes_admitted(self, key, flat: list) -> bool:
         check = self.size_checks.get(key)
         return check is None or self.program.shape_env().evaluate_guards_expression(check, flat)
-
-    def _leaves_admitted(self, key, flat: list) -> bool:
-        return all(flat[i].is_leaf for i in self.leaf_checks.get(key, ()))
 
     def _specialized(self, args: tuple):
         if self.specialized is None:
@@ -231,8 +224,7 @@ class AOTCompiled:
 
     def compile_for(self, args) -> None:
         """Compile now the variant that a call with `args` runs (the rest compile on first use)."""
-        flat = self.program.flatten_inputs(tuple(args))
-        self.runner(self.key(flat, self.program), flat)
+        self.runner(self.key(self.program.flatten_inputs(tuple(args)), self.program))
 
     @staticmethod
     def key(flat: list, program: FlatProgram) -> tuple:
@@ -248,22 +240,21 @@ class AOTCompiled:
         cast_cache = autocast_cache.variant(flat, bool(autocast), program.enters_autocast)
         return tuple(map(requires_grad, flat)), autocast, cast_cache
 
-    def runner(self, key: tuple, flat: list) -> Callable | None:
-        """The variant for `key`; compiled on its first call (`flat`: its inputs), by one thread (calls come from
-        many)."""
+    def runner(self, key: tuple) -> Callable | None:
+        """The variant for `key`; compiled on its first call, by one thread (calls come from many)."""
         try:
             return self.runners[key]  # every call: no lock
         except KeyError:
-            return build_once(self.runners, key, self._build_runner, key, flat)
+            return build_once(self.runners, key, self._build_runner, key)
 
-    def _build_runner(self, key: tuple, flat: list) -> Callable | None:
+    def _build_runner(self, key: tuple) -> Callable | None:
         start = time.perf_counter()
         self.traces[key] = []
         covered = self._covered_by_capture  # compiled within the capture's backend call
         shape_env = self.program.shape_env()
         guards_before = len(shape_env.guards) if shape_env else 0
         try:
-            runner = self._build_training(key, flat) if key[0] is not None else self._build_inference(key)
+            runner = self._build_training(key) if key[0] is not None else self._build_inference(key)
         except NeedsStaticShapes as e:
             if covered:
                 raise
@@ -348,14 +339,14 @@ class AOTCompiled:
         if graph is not None and log.isEnabledFor(logging.INFO):
             log.info("%s %s graph:\n%s", self.name, name, graph.print_readable(print_output=False))
 
-    def _cached(self, key: tuple, kind: str, owned: tuple[bool, ...] = ()) -> tuple[str | None, tuple | None]:
+    def _cached(self, key: tuple, kind: str) -> tuple[str | None, tuple | None]:
         """(the product key of variant `key`, or None if it cannot be cached; what the compile cache keeps of it,
         decoded, or None: the output signature, and the ATen graphs with what the runtime needs of them). A product
         that does not decode is removed (and compiled again), with one warning."""
         if self.cache is None:
             return None, None
         try:
-            product_key = aot_cache.variant_key(self.program, key, self.cache, owned)
+            product_key = aot_cache.variant_key(self.program, key, self.cache)
         except Uncacheable as e:
             log.debug("%s: not cached: %s", self.name, e)
             aot_cache.stats["uncacheable"] += 1
@@ -459,13 +450,12 @@ class AOTCompiled:
                                                                  alias_bases=_alias_bases(signature)),
                                mutations)
 
-    def _build_training(self, key: tuple, flat: list) -> Callable:
+    def _build_training(self, key: tuple) -> Callable:
         program = self.program
         requires_grad = key[0]
-        owned = _owned_inputs(program, requires_grad, flat)
-        product_key, cached = self._cached(key, "training", owned)
+        product_key, cached = self._cached(key, "training")
         if cached is not None:
-            return self._training_runner(key, owned, *cached)
+            return self._training_runner(key, *cached)
         self._before_trace(product_key)
         guards = self._guard_count()
         signature = self._trace(key, "analyze", program.analyze, requires_grad, graph_of=None)
@@ -473,7 +463,7 @@ class AOTCompiled:
             return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
             # this signature's aliases (a view of an input that requires grad keeps its history)
-            inference = self.runner((None, key[1], None), flat)
+            inference = self.runner((None, key[1], None))
             return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
         joint = self._trace_joint(key, signature)
         if self._raises_in_eager(joint.gm, joint=True):
@@ -488,7 +478,7 @@ class AOTCompiled:
             forward_outputs=list(range(num_outputs)) + [m.output_index for m in mutations],
             backward_outputs=list(range(num_outputs, num_outputs + num_grads)),
             grad_primals=_held_primals(joint.grad_mask, signature, mutations),
-            exposed_primals=_exposed_primals(program, signature, mutations, owned),
+            exposed_primals=_exposed_primals(program, signature, mutations),
             exposed_outputs=_returned_outputs(signature, saved_by_eager=False),
             outputs_saved_by_eager=_returned_outputs(signature, saved_by_eager=True))
         split = self.partitions[key] = self._pass(key, "partition", partition, graph, layout, "min_cut",
@@ -496,7 +486,7 @@ class AOTCompiled:
         log.info("%s partition, %s", self.name, split.summary())
         self._store(product_key, guards, aot_cache.encode_training, signature, split, mutations, num_outputs,
                     joint.grad_mask)
-        return self._training_runner(key, owned, signature, split, mutations, num_outputs, joint.grad_mask)
+        return self._training_runner(key, signature, split, mutations, num_outputs, joint.grad_mask)
 
     def _trace_joint(self, key: tuple, signature):
         """The joint graph; where tracing needs a value of tensor data, traced again with each custom op's
@@ -515,15 +505,10 @@ class AOTCompiled:
                      "backward opaque", self.name, e)
         return trace("trace joint, custom ops' backward opaque", *args, True, graph_of=lambda j: j.gm)
 
-    def _training_runner(self, key: tuple, owned: tuple[bool, ...], signature, split: Partition,
-                         mutations: list[InputMutation], num_outputs: int, grad_mask: list[bool]) -> TrainingRunner:
-        """The forward and backward graphs of `split` compiled, behind one autograd.Function. `owned`: the inputs
-        the partition took to be held by an owner (`_owned_inputs`), which later calls must pass as leaves where
-        the partition saved them (`leaf_checks`)."""
+    def _training_runner(self, key: tuple, signature, split: Partition, mutations: list[InputMutation],
+                         num_outputs: int, grad_mask: list[bool]) -> TrainingRunner:
+        """The forward and backward graphs of `split` compiled, behind one autograd.Function."""
         program = self.program
-        leaf_checks = _saved_as_owned_leaves(program, signature, mutations, owned, split)
-        if leaf_checks:
-            self.leaf_checks[key] = leaf_checks
         self._record(key, "forward", 0.0, split.forward)
         self._record(key, "backward", 0.0, split.backward)
         forward = self._compile(key, "forward", split.forward, visible_outputs=num_outputs + len(mutations),
@@ -559,7 +544,21 @@ class AOTCompiled:
             unreached = []  # gradient (vector_norm of order 0): eager's node keeps its edges, its output grad_fn
         return TrainingRunner(program, signature, forward, backward, moved, split.saved_is_size, grad_mask,
                               snapshots, watched, watch_only, saved_returned, saved_primals, unreached,
-                              graph_origin(program.gm))
+                              graph_origin(program.gm),
+                              forward_to_rerun(split.forward, saved_primals, split.saved_is_size),
+                              _computed_as_views(returned))
+
+
+def _computed_as_views(returned: list) -> tuple[int, ...]:
+    """The positions of the forward graph's returned values that are views of its own values: a view op's
+    result, or an element of one's (`split`, `unbind`). The runtime returns them detached (runtime.py)."""
+    def is_view(node) -> bool:
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return is_view(node.args[0])
+        return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+    return tuple(k for k, node in enumerate(returned) if is_view(node))
 
 
 def graph_origin(gm: torch.fx.GraphModule) -> str:
@@ -615,37 +614,19 @@ def _held_primals(grad_mask: list[bool], signature, mutations: list[InputMutatio
     return tuple(grad and i not in written for i, grad in enumerate(grad_mask))
 
 
-def _owned_inputs(program: FlatProgram, requires_grad: tuple[bool, ...], flat: list) -> tuple[bool, ...]:
-    """Per flat input of the call `flat`: held by an owner that writes it in place only after the backward (an
-    optimizer's step): a parameter (its type is guarded), or a leaf that requires grad (a user's own weight;
-    eager refuses an in-place write to it under grad mode). A non-leaf that requires grad is an activation,
-    which the caller may well write in place before the backward. Whether an input is a leaf is no guard: a
-    variant that saved one (`_saved_as_owned_leaves`) checks it per call."""
-    return tuple(parameter or (grad and isinstance(t, torch.Tensor) and t.is_leaf)
-                 for parameter, grad, t in zip(program.parameters, requires_grad, flat))
-
-
-def _saved_as_owned_leaves(program: FlatProgram, signature, mutations: list[InputMutation], owned: tuple[bool, ...],
-                           split: Partition) -> tuple[int, ...]:
-    """The inputs `split` saved that only their being leaves kept unexposed (`_owned_inputs`): a later call that
-    passes a non-leaf there needs a partition that exposes it."""
-    exposed_unless_leaf = _exposed_primals(program, signature, mutations, program.parameters)
-    saved = set(split.saved_inputs)
-    return tuple(i for i, (own, parameter, exposed) in enumerate(zip(owned, program.parameters, exposed_unless_leaf))
-                 if own and not parameter and exposed and i in saved)
-
-
-def _exposed_primals(program: FlatProgram, signature, mutations: list[InputMutation],
-                     owned: tuple[bool, ...]) -> tuple[bool, ...]:
+def _exposed_primals(program: FlatProgram, signature, mutations: list[InputMutation]) -> tuple[bool, ...]:
     """Per primal: a tensor the caller may write in place between the forward and the backward, which eager's
-    backward does not read: not `owned` (`_owned_inputs`), not saved by eager's autograd (whose version check would
-    then raise in eager too), not written by the graph (the runtime saves a copy of such an input). Saved by the
-    partition to recompute a value from, the backward would find it written (`x.add_(1)` after `exp(x + w)`,
-    where eager saved the exp): the partition saves what is computed from it instead (`JointLayout`)."""
+    backward does not read: not a parameter (held by its module, written in place by an optimizer's step, after
+    the backward), not saved by eager's autograd (whose version check would then raise in eager too), not written
+    by the graph (the runtime saves a copy of such an input). A leaf that requires grad is exposed too: eager
+    refuses an in-place write to it under grad mode, but not under `no_grad` (`nn.init.zeros_`) nor through a
+    detached alias (`x.detach()[:2]`, which shares its version counter). Saved by the partition to recompute a
+    value from, the backward would find it written (`x.add_(1)` after `exp(x + w)`, where eager saved the exp):
+    the partition saves what is computed from it instead (`JointLayout`)."""
     saved_by_eager = {w.index for w in signature.saved_by_eager if w.of_input}
     written = _written_inputs(signature, mutations)
-    return tuple(isinstance(spec, TensorSpec) and not own and i not in saved_by_eager and i not in written
-                 for i, (spec, own) in enumerate(zip(program.input_specs, owned)))
+    return tuple(isinstance(spec, TensorSpec) and not parameter and i not in saved_by_eager and i not in written
+                 for i, (spec, parameter) in enumerate(zip(program.input_specs, program.parameters)))
 
 
 def _returned_outputs(signature, saved_by_eager: bool) -> tuple[int, ...]:

@@ -69,10 +69,9 @@ _KNOWN_MODULES = ("torch", "kiln", "operator", "_operator", "math", "builtins")
 # ----------------------------------------------------------------------------- the key
 
 
-def variant_key(program: FlatProgram, variant: tuple, compiler: str, owned: tuple[bool, ...] = ()) -> str:
+def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
     """The product key of `program`'s `variant` (AOTCompiled.key) compiled by `compiler` (its identity and
-    options), for a training variant the inputs its partition takes to be held by an owner (aot.py
-    `_owned_inputs`); Uncacheable if it has none."""
+    options); Uncacheable if it has none."""
     gm = program.gm
     state = set(program.state_names)
     constants = {}
@@ -88,7 +87,7 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str, owned: tupl
     requires_grad, autocast, cast_cache = variant
     described = {"code": gm.code, "constants": constants, "inputs": inputs, "baked": baked,
                  "num_args": program.num_args, "state": program.state_names, "parameters": program.parameters,
-                 "owned": owned, "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
+                 "requires_grad": requires_grad, "autocast": [[d, str(t)] for d, t in autocast],
                  "cast_cache": None if cast_cache is None else [cast_cache.enabled, cast_cache.held],
                  "compiler": compiler, "switches": switches(), "environment": graph_cache.environment(),
                  "shape_env": symbolic_sizes.describe_env(program.shape_env())}

@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln import compiled_autograd
 from kiln.autograd import autocast_cache
 from kiln.autograd.autocast_cache import CastCache
+from kiln.autograd.eager_formulas import eager_formulas
 from kiln.autograd.opaque_backward import opaque_custom_op_backwards
 from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
 from kiln.runtime.lazy_graphs import lazily_built
@@ -67,7 +68,7 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
 
     def joint(*flat):
         with opaque_custom_op_backwards() if opaque_custom_ops else contextlib.nullcontext(), \
-                autocast_cache.as_eager(cast_cache):
+                autocast_cache.as_eager(cast_cache), eager_formulas():
             outs = fn(*autocast_cache.uncached_inputs(flat[:n], cast_cache))
         wrt = [p for p in flat[:n] if _requires_grad(p)]
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled

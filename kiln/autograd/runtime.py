@@ -25,6 +25,7 @@ import torch
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.saved_versions import SavedByEager, VersionWatch
+from kiln.autograd.second_order import InputKeeper, saved_with_history
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
 DOUBLE_BACKWARD_ERROR = (
@@ -154,7 +155,8 @@ class TrainingRunner:
                  backward: BackwardVariants, mutations: list[InputMutation], saved_is_size: list[bool],
                  grad_mask: list[bool], snapshots: list[bool], watched: list[SavedByEager], watch_only: list[bool],
                  saved_returned: list[tuple[int, int]], saved_primals: list[int | None], unreached: list[int] = (),
-                 origin: str = "a compiled graph"):
+                 origin: str = "a compiled graph", rerun: torch.fx.GraphModule | None = None,
+                 viewed_outputs: tuple[int, ...] = ()):
         self.program, self.signature = program, signature
         # inputs that require grad but no output's gradient reaches (`t.detach()` inside): the Function gets
         # them detached, so that it has no edge to their history (a graph already run backward and freed, which
@@ -163,7 +165,8 @@ class TrainingRunner:
         self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.function = _make_function(forward, backward, len(signature.graph_outputs), saved_is_size,
                                        signature, grad_mask, snapshots, watched, watch_only, saved_returned,
-                                       saved_primals, origin)
+                                       saved_primals, origin, rerun,
+                                       InputKeeper(program.parameters) if rerun is not None else None, viewed_outputs)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
 
@@ -212,7 +215,8 @@ def _hook_only_gradients(out: torch.Tensor) -> None:
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
                    signature: OutputSignature, grad_mask: list[bool], snapshots: list[bool],
                    watched: list[SavedByEager], watch_only: list[bool], saved_returned: list[tuple[int, int]],
-                   saved_primals: list[int | None], origin: str) -> type:
+                   saved_primals: list[int | None], origin: str, rerun: torch.fx.GraphModule | None = None,
+                   keeper: InputKeeper | None = None, viewed_outputs: tuple[int, ...] = ()) -> type:
     """A `torch.autograd.Function` class bound to one pair of compiled graphs.
 
     Saved tensors go through `save_for_backward`, so autograd's version check applies: an
@@ -233,10 +237,18 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
 
     `saved_primals`, per saved value: the forward input it is, or None (a value the forward computed,
     or a size). A backward run with create_graph=True is differentiated by running its graph's ATen ops
-    under autograd, where that is exact (`_differentiable_saves`); otherwise its gradients raise a clear
-    error when differentiated.
+    under autograd, where that is exact (`_differentiable_saves`), or, with `rerun` (the forward graph), where its
+    saved values computed again from the call's inputs (those `keeper` keeps) under autograd carry their history
+    (second_order.py);
+    otherwise its gradients raise a clear error when differentiated.
 
     `origin`: the user's code the graph holds, named when a second backward finds the saved tensors freed.
+
+    `viewed_outputs`: the outputs the forward graph computes as views of its own values (`unsqueeze_` of an
+    intermediate, made functional). Each is returned detached (its storage shared, no view recorded): returned
+    as a view, autograd would mark it one made inside a custom Function and refuse an in-place write through it
+    (`t1[0].zero_()` after a graph break), where eager's tensor is no view. Kiln's code generator returns them so
+    itself (codegen/wrapper.py); graphs run op by op (aot_eager) do not.
     """
     differentiable = signature.differentiable()
     # (output index, traced spec, whether its sizes are symbolic), decided once, not per backward
@@ -248,12 +260,23 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     snapshot = [k for k, copy in enumerate(snapshots) if copy]
     unchecked = [k for k, only in enumerate(watch_only) if only]
 
+    def recomputed_with_history(ctx, args: list) -> bool:
+        """Replace the saved values in `args` by the forward graph's, run again under autograd on the call's inputs
+        (second_order.py), where it can be; whether they were."""
+        inputs = ctx.call_inputs.as_they_were() if rerun is not None else None
+        if inputs is None:
+            return False
+        args[:num_saved] = saved_with_history(rerun, inputs, num_saved)
+        return True
+
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *flat):
             results = list(forward(list(flat)))
             saved = results[len(results) - num_saved:] if num_saved else []
             outs = results[:len(results) - num_saved]
+            for k in viewed_outputs:
+                outs[k] = outs[k].detach()
             for k in snapshot:
                 saved[k] = saved[k].clone()
             for k, j in saved_returned:
@@ -275,6 +298,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 ctx.tangent_shapes = [outs[i].shape for i in differentiable]
             if watched:
                 ctx.versions = VersionWatch(watched, flat, outs)
+            if rerun is not None:
+                ctx.call_inputs = keeper.keep(flat)
             return tuple(outs)
 
         @staticmethod
@@ -296,7 +321,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
             backward = backward_for(absent)  # eager runs no backward formula of an output the loss skips
             # Grad mode is on in a backward exactly when it runs with create_graph=True.
             differentiating_twice = torch.is_grad_enabled()
-            if differentiating_twice and _differentiable_saves(args, saved_primals, snapshot, grad_mask):
+            if differentiating_twice and (_differentiable_saves(args, saved_primals, snapshot, grad_mask)
+                                          or recomputed_with_history(ctx, args)):
                 grads = iter(torch.fx.Interpreter(backward_for.graph_for(absent)).run(*args))
                 differentiating_twice = False  # autograd recorded the ops: their gradients are eager's
             else:

@@ -284,7 +284,8 @@ class FlatProgram:
         inputs = [example_inputs[i] for i in self.tensor_positions]
         # which flat inputs are parameters (their type is guarded): their owner holds them, and writes them in place
         # only in an optimizer's step, after the backward (partition.py may save them to recompute from, where
-        # eager saves other values; so may it a leaf that requires grad at the call, aot.py `_owned_inputs`)
+        # eager saves other values; not a leaf that requires grad, which the caller may write: aot.py
+        # `_exposed_primals`)
         self.parameters = tuple(isinstance(t, torch.nn.Parameter) for t in inputs + self.state())
         if self.shared_mode is not None:  # trace with the capture's symbolic sizes, not this call's
             inputs = [_example(placeholders[i]) for i in self.tensor_positions]

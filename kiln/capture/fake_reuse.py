@@ -69,6 +69,8 @@ class FakeResults:
             hash(described)
         except (_NotDescribed, TypeError):  # TypeError: an unhashable target, or a symbolic size
             return None
+        except RuntimeError:  # a view's history that autograd cannot rebuild on fake tensors (`_describe`)
+            return None
         return described
 
     def reuse(self, described: tuple) -> Any:
@@ -164,6 +166,10 @@ def _state() -> tuple:
 
 
 def _describe(value: Any, mode) -> Any:
+    """`value` as a key. RuntimeError where reading a fake tensor's `is_leaf` raises: a view of a leaf that is
+    itself a view of a tensor without grad, its base written in place since (`nn.init.zeros_(b[:1])`, then
+    `b[1:]`), whose history autograd rebuilds by replaying the views on fake tensors and fails to (eager's real
+    tensors rebuild it as an as_strided view). The call then runs on the fake tensors."""
     kind = type(value)
     if kind is FakeTensor:
         if value.fake_mode is not mode:

@@ -4,7 +4,9 @@ A compiled backward is one autograd node whose kernels record nothing. Run with 
 the backward graph's ATen ops under autograd instead, which differentiates exactly when every tensor the
 backward reads is a forward input, with its history (`x ** 3` reads x; a linear layer reads its weight). A
 backward that reads a value the forward computed (`tanh(x @ w)` reads the tanh) would lose the terms through
-it: its gradient raises a clear error when differentiated, never a silently wrong second derivative.
+it: those values are computed again from the call's inputs under autograd (second_order.py), and where that
+cannot be (a random draw, an input written since) the gradient raises a clear error when differentiated, never
+a silently wrong second derivative.
 """
 from __future__ import annotations
 
@@ -87,15 +89,41 @@ def test_a_linear_layers_input_gradient_carries_the_weight_term():
     torch.testing.assert_close(expected, lin.weight.grad)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_backward_reading_computed_values_raises_when_differentiated(backend):
-    """tanh's backward reads the tanh: differentiated as ops, it would drop the term through it."""
-    def fn(x, w):
-        return (x @ w).tanh().sum()
+def tanh_of_product(x, w):
+    return (x @ w).tanh().sum()  # tanh's backward reads the tanh, a value the forward computed
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_reading_computed_values_is_differentiated_through_them(backend):
+    """The tanh the backward reads is computed again from x and w under autograd (second_order.py): the terms
+    through it are eager's."""
+    expected = gradient_penalty(tanh_of_product, *inputs())
+    got = gradient_penalty(kiln.compile(tanh_of_product, backend=backend), *inputs())
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def dropout_of_product(x, w):
+    return torch.nn.functional.dropout(x @ w, 0.5).tanh().sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_that_cannot_recompute_raises_when_differentiated(backend):
+    """A forward that draws random numbers (a second run would draw others), or an input written in place since
+    the forward: the gradient is right, and differentiating it raises a clear error, never a wrong value."""
     x, w = inputs()
-    (expected,) = torch.autograd.grad(fn(x, w), x)
-    (gx,) = torch.autograd.grad(kiln.compile(fn, backend=backend)(x, w), x, create_graph=True)
-    torch.testing.assert_close(gx, expected)  # the first derivative is right
+    (gx,) = torch.autograd.grad(kiln.compile(dropout_of_product, backend=backend)(x, w), x, create_graph=True)
     with pytest.raises(RuntimeError, match="kiln: double backward"):
         gx.sum().backward()
+    x, w = inputs()
+    v = w * 1  # an input that is no leaf, which eager's backward does not read, written before the backward
+    out = kiln.compile(tanh_of_shifted, backend=backend)(x, v)
+    with torch.no_grad():
+        v.add_(1)
+    (gx,) = torch.autograd.grad(out, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="kiln: double backward"):
+        gx.sum().backward()
+
+
+def tanh_of_shifted(x, w):
+    return (x * 2 + w).tanh().sum()  # eager saves the tanh alone

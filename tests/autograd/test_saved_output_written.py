@@ -147,11 +147,9 @@ def test_module_output_written_before_the_backward(write, backend):
     torch.testing.assert_close(grads[1], grads[0])
 
 
-# Whether an input may be written by the caller before the backward is decided per variant from the call that
-# compiled it: a leaf that requires grad is a weight (eager refuses an in-place write to it under grad mode), and
-# the partition may save it to recompute from, where eager saves values computed from it; a non-leaf is an
-# activation, which the caller may write. Leafness is no guard: two calls that differ in it must each do what
-# eager does.
+# An input that is a leaf at one call and an activation (a non-leaf, which the caller writes) at the next: either
+# may be written before the backward (a leaf under no_grad: test_saved_input_written.py), so the partition saves
+# neither to recompute from where eager saves values computed from it, and both calls do what eager does.
 
 def scaled_exp(x, w):
     return torch.exp(x * 2) * 3 + w  # eager saves the exp; kiln may save a leaf x and recompute it

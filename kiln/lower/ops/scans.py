@@ -2,8 +2,7 @@
 
 Each output element is its own masked reduction over the whole dim (`where(r <= j, x[r], identity)`), so
 the work is the output's size times the dim's length: up to `DENSE_LIMIT` (kiln/lower/ops/scatters.py),
-longer scans stay ATen's sequential ones. The sums are accumulated in float32 for half types, as eager's
-CPU kernel accumulates them.
+longer scans stay ATen's sequential ones. Values are accumulated in eager's kernel's dtype (`_accumulator`).
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ def _scan(rtype: str, identity):
         length = size[dim]
         if out == torch.bool or not dense_fits(ctx, size, length):
             raise Unsupported("a scan too long for a dense reduction")
-        acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+        acc = _accumulator(out, meta.device)
         n = x.ndim
         out_vars = index_vars("i", n + 1)
         r = out_vars[n]
@@ -40,6 +39,17 @@ def _scan(rtype: str, identity):
         total = reduce(ctx, IndexFunction(tuple(size) + (length,), acc, body), [n], False, rtype, acc)
         return IndexFunction(size, out, cast(total.body, out))
     return rule
+
+
+def _accumulator(out: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype eager's scan kernel accumulates in (`acc_type`): float32 for half types; on the CPU, double for
+    float32 (a running product through 1e30 * 1e30 comes back within range, `1e8 + 1 - 1e8` keeps its 1), where
+    CUDA's kernel accumulates float32 as it is."""
+    if out in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if out == torch.float32 and device.type == "cpu":
+        return torch.float64
+    return out
 
 
 register(aten.cumsum.default)(_scan("sum", 0))

@@ -126,6 +126,9 @@ ONCE_FAILING = {
         401154,
         401093,  # as in aot_eager (autograd/test_leaves_sharing_memory.py)
         104495,  # a computed NaN converted to int64: eager's INT64_MIN (codegen/test_float_to_int_casts.py)
+        # a BatchNorm over equal rows: the weight's gradient is float32's rounding noise, which eager with its
+        # roundings moved shows (fuzz/test_conditioning.py)
+        104347,
     ],
 }
 

@@ -167,9 +167,9 @@ class RoundingNoise(TorchDispatchMode):
         return tree_map(self._moved, out) if rounds(func) else out
 
     def _moved(self, value):
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.device.type != "cpu":
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
             return value
-        u = torch.rand(value.shape, generator=self.generator) * 2 - 1
+        u = torch.rand(value.shape, generator=self.generator).to(value.device) * 2 - 1
         return value * (1 + u * 2.0 ** -23)
 
 

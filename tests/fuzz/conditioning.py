@@ -134,7 +134,7 @@ ROUNDING_OPS = frozenset({
     "add", "sub", "rsub", "mul", "div", "addcmul", "addcdiv", "lerp", "pow", "exp", "exp2", "expm1", "log", "log1p",
     "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "sin", "cos", "tan", "asin", "acos", "atan",
     "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "gelu", "silu", "softplus", "elu",
-    "mish", "hypot", "fmod", "remainder", "sum", "mean", "var", "std", "var_mean", "std_mean", "prod", "norm",
+    "mish", "hypot", "remainder", "sum", "mean", "var", "std", "var_mean", "std_mean", "prod", "norm",
     "linalg_vector_norm", "cumsum", "cumprod", "logsumexp", "_softmax", "_log_softmax", "mm", "bmm", "addmm",
     "baddbmm", "mv", "dot", "matmul", "linear", "convolution", "_convolution", "native_batch_norm",
     "_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",

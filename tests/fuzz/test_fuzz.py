@@ -129,6 +129,7 @@ ONCE_FAILING = {
         # a BatchNorm over equal rows: the weight's gradient is float32's rounding noise, which eager with its
         # roundings moved shows (fuzz/test_conditioning.py)
         104347,
+        203064,  # a flattened value fused into a column sum's split loops (schedule/test_fusion.py)
     ],
 }
 

@@ -289,8 +289,10 @@ class AOTCompiled:
         either way the graph then runs op by op, which does what eager does."""
         try:
             return self._pass(key, name, fn, *args, graph_of=graph_of)
-        except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException):
-            raise  # kiln's own limits, and data-dependent sizes, have their own handling
+        except (NotImplementedError, DynamicOutputShapeException, DataDependentOutputException, RecursionError):
+            # kiln's own limits, and data-dependent sizes, have their own handling; Python's stack running out is
+            # a failure of kiln's tracing (a cycle of decompositions), never an op's check that eager makes too
+            raise
         except RuntimeError as e:
             raise RaisesInEager() from e
 

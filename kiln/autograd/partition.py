@@ -401,6 +401,10 @@ class _JointNodes:
         flow = FlowGraph()
         banned = self._written_in_backward(fused) | self._returned_and_saved_by_eager()
         banned |= self._chained(fused, banned)
+        # a float computed from sizes cannot be saved (no tensor holds it): banned from recomputation, the backward
+        # could have it neither way, and no cut would separate the source from the sink. Recomputed from the sizes
+        # it reads, it costs nothing held across the backward.
+        banned = {n for n in banned if not isinstance(n.meta.get("val"), torch.SymFloat)}
         cost = self.cut_cost(fused)
         for node in self.forward_side:
             if node.op != "call_function" or (node in self.required_forward and not is_recomputable(node)) \

@@ -236,6 +236,17 @@ def _batch_norm_inference_as_eager(decompose, training_at=None):
     return decomposition
 
 
+_TORCH_LEGIT_BATCH_NORM = get_decompositions([aten._native_batch_norm_legit])[aten._native_batch_norm_legit.default]
+
+
+def _legit_without_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    """torch's decomposition of `_native_batch_norm_legit_no_training`, called as the function its op dispatches
+    to. Through the op, tracing a training graph looped: the autograd stage's table takes
+    `_native_batch_norm_legit(training=False)` back to `_native_batch_norm_legit_no_training`
+    (autograd/decompositions.py), until Python's stack ran out."""
+    return _TORCH_LEGIT_BATCH_NORM(input, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
 def _fused_multiply_add(a, b, c, math: torch.dtype):
     """a * b + c rounded once to `math`, as an fma computes it: float32 through float64 (where the product of two
     float32 values is exact); float64 as two roundings (no wider type here)."""
@@ -252,9 +263,7 @@ OWN = {
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,
     aten.addbmm.default: addbmm_as_bmm_and_sum,
     aten._trilinear.default: trilinear_as_product_and_sum,
-    aten._native_batch_norm_legit_no_training.default: _batch_norm_inference_as_eager(
-        get_decompositions([aten._native_batch_norm_legit_no_training])[
-            aten._native_batch_norm_legit_no_training.default]),
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_inference_as_eager(_legit_without_training),
     aten.native_batch_norm.default: _batch_norm_inference_as_eager(
         get_decompositions([aten.native_batch_norm])[aten.native_batch_norm.default], training_at=5),
     # the rows whose statistics eager's CPU kernel makes NaN (an overflowed square times an empty merge's count)

@@ -296,7 +296,8 @@ def _reordered(group: KernelGroup, reduction: ir.ComputedBuffer, outer: tuple, i
     group's buffers where it is written. None when no order does, or when a reordered group's nodes
     do not all run on its loops one dim each."""
     loops = outer + inner
-    if loops == group.outer and _reads_where_written(KernelGroup(group.name, outer, inner, group.segments), reduction):
+    if loops == group.outer and all(_runs_on(n, outer, inner) for n in group.nodes) \
+            and _reads_where_written(KernelGroup(group.name, outer, inner, group.segments), reduction):
         return {}
     if group.orders or len(loops) != len(group.outer) or sorted(map(str, loops)) != sorted(map(str, group.outer)):
         return None
@@ -308,6 +309,15 @@ def _reordered(group: KernelGroup, reduction: ir.ComputedBuffer, outer: tuple, i
             if _reads_where_written(trial, reduction):
                 return trial.orders
     return None
+
+
+def _runs_on(node: ir.ComputedBuffer, outer: tuple, inner: tuple) -> bool:
+    """Do pointwise `node`'s dims run on the loops `outer | inner`: one dim per loop, or dims merging runs of loops
+    (`merged_runs`)? A [9] view of a [3, 3] group's value merges both loops, and once a reduction splits them into
+    (3 | 3) no dim may cross from the outer loops into the inner one: it ran on the outer loop alone and left
+    six of its nine elements unwritten."""
+    sizes = nonunit(node.data.ranges)
+    return sizes == outer + inner or merged_runs(sizes, outer, inner) is not None
 
 
 def _reads_where_written(trial: KernelGroup, reduction: ir.ComputedBuffer) -> bool:

@@ -1,4 +1,6 @@
 """The min-cut partitioner: what it saves, what it recomputes, and that it never saves more than save-all."""
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -280,3 +282,27 @@ def test_returned_factors_eager_saves_are_saved_once_with_their_views(op):
     expected, got = (expected, got) if isinstance(expected, tuple) else ((expected,), (got,))
     loss = [sum(o.sin().sum() for o in outs) for outs in (expected, got)]
     torch.testing.assert_close(torch.autograd.grad(loss[1], x)[0], torch.autograd.grad(loss[0], x)[0])
+
+
+def complex_scaled_by_a_size(a):
+    """Fuzz seed 402194: a complex value times the square root of a symbolic size, a float no tensor holds, which
+    the complex multiplication's backward reads on both sides of a kernel boundary (its reads span epochs)."""
+    t0 = (a.to(torch.complex64) * math.sqrt(a.shape[-1])).real
+    t1 = t0 * 1.5 + 0.5
+    return t0, t1, t1.exp() * t1.sigmoid()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_float_of_sizes_read_across_the_backward_is_recomputed(backend):
+    """Recomputing the float from the sizes is the only way the backward can have it: a cut that banned it
+    failed the whole graph (max-flow found an infinite path). The second size recompiles with symbolic sizes."""
+    compiled = kiln.compile(complex_scaled_by_a_size, backend=backend)
+    for n in (5, 2, 7):
+        a = torch.randn(n, generator=torch.Generator().manual_seed(n)).bfloat16().requires_grad_()
+        b = a.detach().clone().requires_grad_()
+        got, expected = compiled(a), complex_scaled_by_a_size(b)
+        sum(t.float().sum() for t in got).backward()
+        sum(t.float().sum() for t in expected).backward()
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+        torch.testing.assert_close(a.grad, b.grad)

@@ -87,3 +87,19 @@ def test_backward_raises_as_eager(program, dynamic, backend):
         assert e_fwd is None and k_fwd is None
         torch.testing.assert_close(k_out, e_out)
         assert e_bwd is not None and k_bwd == e_bwd
+
+
+def test_a_tracing_that_runs_out_of_stack_is_kiln_s_failure(monkeypatch):
+    """RecursionError is a RuntimeError, but no op's check of eager's: it is kiln's tracing looping (two
+    decomposition tables taking an op to each other). It fails the compile, loudly, rather than running the graph
+    op by op as if eager raised there too, which hid the loop behind right answers."""
+    from kiln.autograd import aot
+    from kiln.capture.entry import BackendCompilerFailed
+
+    def loops(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(aot, "trace_joint", loops)
+    compiled = kiln.compile(lambda x: x.sin() * 2, backend="aot_eager")
+    with pytest.raises(BackendCompilerFailed, match="RecursionError"):
+        compiled(torch.randn(3, requires_grad=True))

@@ -44,11 +44,22 @@ differ. Which one a program sees depends on where the element sits in the tensor
 move most elements into the scalar loop but not all (a column-major copy of a row vector is contiguous still).
 The process without vector kernels runs every element through the scalar loop. It starts only when a difference
 is being judged, and only for programs on the CPU.
+
+The last of eager's answers measure what float32 rounding alone does to a value (Monte Carlo arithmetic): eager
+again, each float32 result of an op that rounds (`ROUNDING_OPS`: arithmetic, reductions, matmuls, norms and their
+backwards) moved by up to one unit in the last place, at random, forward, backward and optimizer step alike, once
+per seed of `NOISE_SEEDS`. A value that moves past the tolerance then is float32's rounding noise, whatever kernel
+computes it: a BatchNorm over a batch of equal rows normalizes differences of one ulp by sqrt(eps), and the
+gradient it passes to the Linear before it, exactly 0 in exact arithmetic, is eager's rounding noise, 0 or 4e-5 by
+element, 5e-4 once perturbed (fuzz seed 104347). Re-laid inputs do not show it: the rows are the program's
+intermediates, not its inputs. Ops whose float results are exact (copies, views, max, floor, where) are left
+alone: a value that is exact in every implementation is not noise.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import select
@@ -62,6 +73,7 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from tests.fuzz import runtime
@@ -120,6 +132,50 @@ class Float64Arithmetic(TorchFunctionMode):
         return super().__exit__(*exc)
 
 
+# ops whose float result is rounded (the packet's name; every `*_backward` besides these too): `RoundingNoise` moves it
+ROUNDING_OPS = frozenset({
+    "add", "sub", "rsub", "mul", "div", "addcmul", "addcdiv", "lerp", "pow", "exp", "exp2", "expm1", "log", "log1p",
+    "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "sin", "cos", "tan", "asin", "acos", "atan",
+    "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "gelu", "silu", "softplus", "elu",
+    "mish", "hypot", "remainder", "sum", "mean", "var", "std", "var_mean", "std_mean", "prod", "norm",
+    "linalg_vector_norm", "cumsum", "cumprod", "logsumexp", "_softmax", "_log_softmax", "mm", "bmm", "addmm",
+    "baddbmm", "mv", "dot", "matmul", "linear", "convolution", "_convolution", "native_batch_norm",
+    "_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
+    "native_layer_norm", "native_group_norm", "_fused_rms_norm", "mse_loss", "binary_cross_entropy",
+    "nll_loss_forward", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+})
+EXACT_BACKWARDS = frozenset({"threshold_backward", "hardtanh_backward", "max_pool2d_with_indices_backward"})
+
+
+def rounds(func) -> bool:
+    """Is `func`'s float result rounded (so float32 rounding noise is a property of it)? Not a view, nor an op
+    that writes its inputs (an in-place op's result is its input)."""
+    schema = func._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return False
+    name = func.overloadpacket.__name__
+    return name in ROUNDING_OPS or (name.endswith(("_backward", "_backward_data")) and name not in EXACT_BACKWARDS)
+
+
+class RoundingNoise(TorchDispatchMode):
+    """Each float32 result of an op that rounds (`rounds`), times 1 + u * 2**-23 with u uniform in [-1, 1] from
+    this mode's own generator (the program's draws are untouched): float32's rounding, once more, at random."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return tree_map(self._moved, out) if rounds(func) else out
+
+    def _moved(self, value):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+            return value
+        u = torch.rand(value.shape, generator=self.generator).to(value.device) * 2 - 1
+        return value * (1 + u * 2.0 ** -23)
+
+
 def _float64_of_float32(t: torch.Tensor) -> torch.Tensor:
     """float32 as float64, a leaf with t's requires_grad; bf16 and fp16 stay, their roundings are the program's."""
     return t.detach().double().requires_grad_(t.requires_grad) if t.dtype == torch.float32 else t
@@ -176,12 +232,14 @@ def world_changed(change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[d
 @dataclass(frozen=True)
 class Variant:
     """One of eager's re-runs: how each tensor input changes, how the program's globals change before the
-    call (`world`), what the call runs under, and the ATen CPU capability of the process it runs in ("": this
-    process's)."""
+    call (`world`), what the program's function runs under (`arithmetic`), what the whole re-run runs under
+    (`whole_call`: the earlier calls replayed, whose gradients and steps the state carries, and the call, its
+    backward and step), and the ATen CPU capability of the process it runs in ("": this process's)."""
     change: Callable[[torch.Tensor], torch.Tensor]
     arithmetic: Callable = field(default=contextlib.nullcontext)
     world: Callable[[dict], None] = field(default=lambda ns: None)
     cpu_capability: str = ""
+    whole_call: Callable = field(default=contextlib.nullcontext)
 
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
@@ -198,6 +256,9 @@ VARIANTS: dict[str, Variant] = {
     FLOAT64_REFERENCE: Variant(_float64, Float64Arithmetic, world_changed(_float64_of_float32)),
     SCALAR_KERNELS: Variant(_unchanged, cpu_capability="default"),
 }
+NOISE_SEEDS = range(4)
+VARIANTS.update({f"float32 rounding noise {seed}":
+                 Variant(_unchanged, whole_call=functools.partial(RoundingNoise, seed)) for seed in NOISE_SEEDS})
 
 
 MAKERS = ("randn", "ints", "bools")
@@ -255,7 +316,7 @@ def eager_rerun(source: str, call: int, variant: Variant, what: str):
     ns = load(source)
     change = variant.change
     # warnings of the changed world (a re-laid parameter's gradient layout) are not the program's
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), variant.whole_call():
         warnings.simplefilter("ignore")
         for earlier in range(call):
             replay_call(ns, earlier)

@@ -309,3 +309,58 @@ def test_tensors_in_python_state_and_inputs_are_judged_as_outputs(eager_gelu_of_
     source = GELU_OF_INF.replace("    return torch.nn.functional.gelu(a) + 1\n", body)
     outcome = run_program(source, backend)
     assert outcome.status == status, outcome.first_line()
+
+
+# fuzz seed 104347, minimized: a BatchNorm in training over a batch of equal rows (`t0` broadcast by where). The
+# gradient it passes to the Linear's weight is 0 in exact arithmetic; eager's is float32's rounding noise, 0 at some
+# elements and 4e-5 at others, and kiln's other noise (2e-4) was reported wrong
+EQUAL_ROWS = '''CALLS = 1
+DYNAMIC = None
+NO_GRAD = False
+torch.manual_seed(4347)
+MODEL = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False), torch.nn.BatchNorm1d(3), torch.nn.Tanh())
+
+def inputs(call):
+    g = torch.Generator().manual_seed(43470)
+    return [randn(g, (4, 3), torch.float32), randn(g, (4,), torch.float32)]
+
+def f(a, d):
+    t0 = (d + 1).sum()
+    return (MODEL(torch.where(a > t0, a, t0)),)
+'''
+
+
+def _weight_gradient(source: str, variant: str | None) -> torch.Tensor:
+    from tests.fuzz.conditioning import VARIANTS, Variant, _unchanged, eager_rerun
+
+    state = eager_rerun(source, 0, VARIANTS[variant] if variant else Variant(_unchanged), "state after backward")
+    return state["MODEL"]["0.weight.grad"]
+
+
+def test_rounding_noise_moves_a_gradient_float32_cannot_compute():
+    """The rows are the program's intermediates: re-laid inputs leave eager's answer where it was, and only eager
+    with its float32 roundings moved shows the gradient is noise."""
+    from tests.fuzz.compare import close_mask
+    from tests.fuzz.conditioning import NOISE_SEEDS
+
+    eager = _weight_gradient(EQUAL_ROWS, None)
+    assert torch.equal(_weight_gradient(EQUAL_ROWS, "column-major inputs"), eager)
+    moved = [_weight_gradient(EQUAL_ROWS, f"float32 rounding noise {seed}") for seed in NOISE_SEEDS]
+    assert any((~close_mask(eager, m)).any() for m in moved), (eager, moved)
+
+
+def test_rounding_noise_keeps_well_conditioned_and_exact_values():
+    """Distinct rows: each gradient moves by ulps, within the tolerance. Ops whose results are exact (max, floor,
+    where, copies) are not moved: over the inputs they give eager's own bits."""
+    from tests.fuzz.compare import close_mask
+    from tests.fuzz.conditioning import VARIANTS, Variant, _unchanged, eager_rerun
+
+    distinct = EQUAL_ROWS.replace("torch.where(a > t0, a, t0)", "a * t0")
+    eager, moved = _weight_gradient(distinct, None), _weight_gradient(distinct, "float32 rounding noise 0")
+    assert close_mask(eager, moved).all() and not torch.equal(eager, moved), (eager, moved)
+    exact = EQUAL_ROWS.replace("return (MODEL(torch.where(a > t0, a, t0)),)",
+                               "return a.floor(), a.amax(0), torch.where(a > 0, a, d[0]), -a.abs(), a.t().contiguous()")
+    plain = eager_rerun(exact, 0, Variant(_unchanged), "values")
+    noisy = eager_rerun(exact, 0, VARIANTS["float32 rounding noise 0"], "values")
+    for p, n in zip(plain, noisy, strict=True):
+        assert torch.equal(p, n), (p, n)

@@ -208,3 +208,17 @@ def test_a_loop_reading_an_epilogue_or_a_reduction_result_stays_after_it():
     assert [s.inner for s in group.segments] == [True, False, True], group
     (group,) = check(after_reduction, x).artefacts["schedule"].kernels()
     assert [s.inner for s in group.segments][:2] == [True, True], group
+
+
+def test_a_flattened_value_stays_out_of_a_reduction_that_splits_its_loops():
+    """Fuzz seed 203064: `y.flatten()` ([9]) ran on the [3, 3] loops of `y.floor()` by merging them; the column sum
+    `y.sum(0)` then took the kernel over, splitting the loops into (3 | 3), which no [9] dim can run on without
+    crossing from the outer loop into the inner one. It ran on the outer loop alone, six of nine elements left as
+    whatever the allocator held. It gets a kernel of its own."""
+    def fn(x):
+        y = x * 2
+        return y.floor(), y.flatten(), y.sum(0, keepdim=True)
+
+    x = torch.arange(9.0).reshape(3, 3) - 4
+    c = check(fn, x)
+    assert c.num_kernels == 2, c.artefacts["schedule"]

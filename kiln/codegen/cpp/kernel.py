@@ -177,6 +177,8 @@ class CppKernel(KernelPrinter):
             return f"({x} != 0)"
         if dst in HALF:
             return f"{HALF[dst][2]}(static_cast<float>({x}))"
+        if src.is_floating_point and not dst.is_floating_point:
+            return f"kiln::float_to_int<{COMPUTE[dst]}>({x})"
         return f"static_cast<{COMPUTE[dst]}>({x})"
 
     def load_code(self, e: ir.Load, index) -> str:

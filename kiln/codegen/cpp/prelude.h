@@ -130,6 +130,18 @@ static inline uint16_t float_to_fp16(float f) {
 
 static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
 
+// A float converted to an integer type as eager's CPU kernels convert it on x86-64. C++ leaves the conversion of
+// a value outside the target's range undefined, and the compiler uses that: a NaN it can see became 0 where eager
+// gives INT64_MIN. Eager's conversion truncates toward zero into int64 for an 8-byte target and into int32 for a
+// narrower one; NaN, the infinities and values outside that type's range give its minimum (the instruction's
+// "integer indefinite"); a narrower target keeps the low bits of the int32 (NaN to int8 is 0, 300.5 to uint8 44).
+template <typename I, typename F> static inline I float_to_int(F x) {
+  using Wide = typename std::conditional<(sizeof(I) > 4), int64_t, int32_t>::type;
+  constexpr F bound = static_cast<F>(-static_cast<double>(std::numeric_limits<Wide>::min()));  // 2^63 or 2^31
+  const bool fits = x >= -bound && x < bound;
+  return static_cast<I>(fits ? static_cast<Wide>(x) : std::numeric_limits<Wide>::min());
+}
+
 // NaN wins; between equal values (0.0 and -0.0) the first, as eager's maximum, clamp and relu.
 template <typename T> static inline T maximum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { if (a != a) return a; if (b != b) return b; }

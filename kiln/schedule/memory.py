@@ -58,7 +58,9 @@ class MemoryPlan:
 
 def input_only_kernels(sched: Schedule) -> list[str]:
     """Kernels that read nothing but graph inputs and write no graph output: their results change only
-    when those inputs do, so a graph whose inputs include the parameters may keep them across calls.
+    when those inputs do, so a graph whose inputs include the parameters may keep them across calls. A kernel
+    that writes nothing (its values all overwritten before any read: `where(a > a, a, a)[:, 1:]` then filled) has
+    nothing to keep.
 
     A kernel whose loops or layouts use a size symbol is left out: the kept computation runs outside the
     wrapper's `call`, where the symbols are not bound, and a size that varies between calls is not a
@@ -68,7 +70,8 @@ def input_only_kernels(sched: Schedule) -> list[str]:
     found = []
     for group in sched.kernels():
         reads = step_reads(group)
-        if reads and reads <= inputs and not set(step_writes(group)) & outputs and sched.template_of(group) is None \
+        writes = set(step_writes(group))
+        if reads and writes and reads <= inputs and not writes & outputs and sched.template_of(group) is None \
                 and not _uses_size_symbols(group):
             found.append(group.name)
     return found

@@ -126,3 +126,15 @@ def test_an_input_only_kernel_over_inference_tensors_is_computed_every_call():
         for _ in range(3):
             x, m = torch.randn(4, 16), torch.randn(16, 8)
             torch.testing.assert_close(compiled(x, m), x @ (m * 2.0))
+
+
+def test_a_kernel_that_writes_nothing_is_not_kept():
+    """A computation over inputs alone whose every value is overwritten before it is read (the part of `t` the
+    fill covers) leaves a kernel that stores nothing: there is nothing to keep, and the graph still compiles."""
+    def fill_after_select(a):
+        t = torch.where(a > a, a, a)
+        t[..., 1:].fill_(2)
+        return t
+
+    a = torch.randn(4, 3)
+    torch.testing.assert_close(kiln.compile(fill_after_select)(a), fill_after_select(a))

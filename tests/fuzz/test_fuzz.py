@@ -142,6 +142,7 @@ ONCE_FAILING = {
         # roundings moved shows (fuzz/test_conditioning.py)
         104347,
         203064,  # a flattened value fused into a column sum's split loops (schedule/test_fusion.py)
+        406168,  # a kernel over inputs alone that stores nothing was kept: no outputs to assign (test_wrapper_kept.py)
     ],
 }
 

@@ -118,7 +118,11 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     eager_errors.py keeps): `as_strided_scatter` of that one view into the owner computes just that.
 
     The owner is a tensor the graph made, or an input whose chain starts with `as_strided` (the base of
-    aliased inputs, aliased_inputs.py): `as_strided` then reads offsets as the graph already does."""
+    aliased inputs, aliased_inputs.py): `as_strided` then reads offsets as the graph already does. A chain that
+    reinterprets the dtype (`.view(torch.int16)` of a bf16 tensor) writes the direct view viewed as the written
+    dtype, so that the value written is the view's, not converted to the owner's. Of another element size, the
+    view's geometry is not one of the owner's: the graph raises at its first run and the frame runs eagerly (a
+    counted fallback)."""
     writes = [n for n in gm.graph.nodes if _through_overlap(n)]
     if not writes:
         return gm
@@ -128,10 +132,14 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         target = node.args[0]
         value = target.meta["val"]
+        owner = _view_chain(target)[0]
         with gm.graph.inserting_before(node):
             direct = gm.graph.call_function(aten.as_strided.default, (
-                _view_chain(target)[0], tuple(value.shape), tuple(value.stride()), value.storage_offset()))
-        direct.meta["val"] = fake_run(aten.as_strided.default, direct)
+                owner, tuple(value.shape), tuple(value.stride()), value.storage_offset()))
+            direct.meta["val"] = fake_run(aten.as_strided.default, direct)
+            if owner.meta["val"].dtype != value.dtype and owner.meta["val"].element_size() == value.element_size():
+                direct = gm.graph.call_function(aten.view.dtype, (direct, value.dtype))
+                direct.meta["val"] = fake_run(aten.view.dtype, direct)
         node.args = (direct, *node.args[1:])
     gm.recompile()
     return gm

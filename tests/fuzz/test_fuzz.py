@@ -105,6 +105,8 @@ ONCE_FAILING = {
         # a complex value times a float of symbolic sizes: the cut banned the float from recomputation, which no
         # tensor can save (autograd/test_partition.py)
         402194,
+        406073,  # a fill through an expanded view of a bit view (`.view(torch.int16)`): bf16's 2.0 written
+        #          (autograd/test_writes_through_overlaps.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -142,6 +144,7 @@ ONCE_FAILING = {
         # roundings moved shows (fuzz/test_conditioning.py)
         104347,
         203064,  # a flattened value fused into a column sum's split loops (schedule/test_fusion.py)
+        406073,  # as in aot_eager (autograd/test_writes_through_overlaps.py)
         406168,  # a kernel over inputs alone that stores nothing was kept: no outputs to assign (test_wrapper_kept.py)
     ],
 }

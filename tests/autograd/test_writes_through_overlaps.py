@@ -1,0 +1,24 @@
+"""A write into a view taken through a view whose elements share memory, of a tensor the graph made.
+
+kiln turns such a write into a write of one `as_strided` view of the tensor that owns the memory
+(kiln/autograd/functionalize.py, `_writes_through_overlaps`). Where the chain reinterprets the dtype on the way
+(`.view(torch.int16)` of a bf16 tensor, then `unsqueeze(-1).expand(...)`), the owner is of the other dtype: the
+direct view is viewed back as the written dtype, so the written value keeps its bits (a fill of 2 into the int16
+view wrote bf16's 2.0, 16384; fuzz seed 406073). Eager and kiln side by side: values, aliasing and gradients.
+"""
+import pytest
+import torch
+
+from support.differential import check
+
+
+def fill_an_expanded_bit_view(b):
+    t0 = (b.to(torch.bfloat16) * 2).view(torch.int16)
+    t2 = t0.unsqueeze(-1).expand(*t0.shape, 3)
+    t2[..., 1:].fill_(2)
+    return t0, t2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_write_through_an_overlapping_bit_view_writes_the_views_value(backend):
+    check(fill_an_expanded_bit_view, lambda call: [torch.randn(3, 4)], backend, calls=2)

@@ -19,6 +19,14 @@ def fill_an_expanded_bit_view(b):
     return t0, t2
 
 
+def fill_an_expanded_view(b):
+    t0 = b * 2
+    t2 = t0.unsqueeze(-1).expand(*t0.shape, 3)
+    t2[..., 1:].fill_(2)
+    return t0, b + 1
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_a_write_through_an_overlapping_bit_view_writes_the_views_value(backend):
-    check(fill_an_expanded_bit_view, lambda call: [torch.randn(3, 4)], backend, calls=2)
+@pytest.mark.parametrize("program", [fill_an_expanded_bit_view, fill_an_expanded_view], ids=lambda f: f.__name__)
+def test_a_write_through_an_overlapping_view_writes_the_views_value(program, backend):
+    check(program, lambda call: [torch.randn(3, 4, generator=torch.Generator().manual_seed(call))], backend, calls=2)

@@ -402,10 +402,12 @@ def test_variance_accumulates_in_its_dtype(dtype, cols):
 
 
 def test_split_full_and_column_and_batchnorm_style_reductions():
-    x = torch.randn(9000, 3)
+    # seeded: the split adds its partial sums in another order than eager, and a sum of 27000 random values that
+    # cancels to ~0.2 can then differ by more than float32's tolerance for some draws (one did in CI's command)
+    x = torch.randn(9000, 3, generator=torch.Generator().manual_seed(0))
     c = check(lambda x: (x.sum(0), x.amin(0), x.sum()), x)
     assert "split reduction" in source(c)
-    y = torch.randn(4, 3, 50, 50)
+    y = torch.randn(4, 3, 50, 50, generator=torch.Generator().manual_seed(0))
     c = check(lambda y: torch.var_mean(y, (0, 2, 3), correction=0), y)
     assert "split reduction" in source(c)
 

@@ -137,22 +137,24 @@ def reduction_is_contiguous(group: KernelGroup) -> bool:
     variables = (*group.outer_vars(), *group.inner_vars())
     last, column = group.inner_vars()[-1], group.outer_vars()[-1] if group.outer else None
     outer = set(group.outer_vars())
-    per_element, per_row = {}, {}  # (buffer, index) -> index: a load repeated in the body is one access
+    per_element, per_row = set(), set()  # (buffer, index): a load repeated in the body is one access
     for seg in group.segments:
         if not seg.inner:
             continue
         computed = {n.name for n in seg.nodes}
         for n in seg.nodes:
             for ld in ir.loads(group.mapped_body(n)):
-                if ld.buf not in computed and last in ir.index_symbols(ld):
-                    (per_element if ir.index_symbols(ld) & outer else per_row)[ld.buf, ld.index] = ld.index
+                symbols = ir.index_symbols(ld)
+                if ld.buf not in computed and last in symbols:
+                    (per_element if symbols & outer else per_row).add((ld.buf, ld.index))
             stored = None if n.name in group.local or isinstance(n.data, ir.Reduction) else group.store_index(n)
             if stored is not None and last in stored.free_symbols:
-                per_element[n.name, stored] = stored
-    accesses = list((per_element or per_row).values())
-    rows = sum(unit_step(index, last, variables) == 1 for index in accesses)
-    columns = 0 if column is None else sum(unit_step(index, last, variables) != 1
-                                           and unit_step(index, column, variables) == 1 for index in accesses)
+                per_element.add((n.name, stored))
+    accesses = [index for _, index in per_element or per_row]
+    along_rows = [unit_step(index, last, variables) == 1 for index in accesses]
+    rows = sum(along_rows)
+    columns = 0 if column is None else sum(not row and unit_step(index, column, variables) == 1
+                                           for row, index in zip(along_rows, accesses))
     return not accesses or (rows > 0 and rows >= columns)
 
 

@@ -371,8 +371,6 @@ def _start_rerun_server(capability: str, threads: int, asking: int) -> subproces
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz"), "--serve-reruns"], env=env, cwd=ROOT,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    if not _RERUN_SERVERS:
-        atexit.register(lambda: [_stop_rerun_server(k) for k in list(_RERUN_SERVERS)])
     _RERUN_SERVERS[capability, threads, asking] = server
     return server
 
@@ -382,6 +380,12 @@ def _stop_rerun_server(key: tuple[str, int, int]) -> None:
     if server is not None:
         server.kill()
         server.wait()
+
+
+@atexit.register
+def _stop_rerun_servers() -> None:
+    for key in list(_RERUN_SERVERS):
+        _stop_rerun_server(key)
 
 
 def serve_reruns() -> None:

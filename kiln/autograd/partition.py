@@ -239,9 +239,9 @@ def merge_duplicates(joint: fx.GraphModule) -> None:
 
     Autocast casts an input to bf16 once per linear that reads it (a gated MLP's gate and up projections):
     two equal values, which the backward's matmuls both read and the partition would save twice. Views
-    and outputs are not replaced: a view or an output is a tensor of its own to the caller."""
-    outs = joint.graph.find_nodes(op="output")[0].args[0]
-    outputs = {o for o in outs if isinstance(o, fx.Node)}
+    and returned values are not replaced: an output, or the base an output views, is memory of its own to the
+    caller (two outputs computed alike, `(t.half() + 1).view(torch.int16)` twice, share no storage in eager)."""
+    outputs = _returned_storage(joint_outputs(joint))
     seen: dict[tuple, fx.Node] = {}
     for node in list(joint.graph.nodes):
         if node.op != "call_function" or _is_view(node) or not is_recomputable(node) \
@@ -254,6 +254,18 @@ def merge_duplicates(joint: fx.GraphModule) -> None:
         if first is not node and node not in outputs:
             node.replace_all_uses_with(first)
             joint.graph.erase_node(node)
+
+
+def _returned_storage(outs) -> set[fx.Node]:
+    """The nodes whose memory the graph returns: each output and, through views, the base it views."""
+    returned, stack = set(), [o for o in outs if isinstance(o, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in returned:
+            returned.add(node)
+            if _is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+                stack.append(node.args[0])
+    return returned
 
 
 def _hashable(value):

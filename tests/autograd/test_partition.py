@@ -268,6 +268,27 @@ def test_identical_outputs_stay_apart():
     assert len(graph.graph.find_nodes(op="call_function", target=torch.ops.aten._to_copy.default)) == 2, graph.code
 
 
+def two_bit_views_alike(a):
+    """Fuzz seed 210311: two values computed alike, each returned through a view (a dtype view, a view of that)."""
+    t = a * 0
+    first = (t.half() + 1).view(torch.int16)
+    second = (t.half() + 1).view(torch.int16)
+    return t, first, second[...]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_bases_of_returned_views_stay_apart(backend):
+    # the second `t.half() + 1` is no output, but the storage of one is: merged into the first, the two returned
+    # views shared one storage, and writing one changed the other
+    a = torch.randn(1, 3, requires_grad=True)
+    expected, got = two_bit_views_alike(a), kiln.compile(two_bit_views_alike, backend=backend)(a)
+    assert got[1].untyped_storage().data_ptr() != got[2].untyped_storage().data_ptr()
+    got[1].add_(1)
+    expected[1].add_(1)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)
+
+
 @pytest.mark.parametrize("op", ["cholesky", "eigh", "qr", "svd"])
 def test_returned_factors_eager_saves_are_saved_once_with_their_views(op):
     """A factorization's results are returned and saved by eager's backward (read as returned): their transposes

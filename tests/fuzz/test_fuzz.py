@@ -107,6 +107,7 @@ ONCE_FAILING = {
         402194,
         406073,  # a fill through an expanded view of a bit view (`.view(torch.int16)`): bf16's 2.0 written
         #          (autograd/test_writes_through_overlaps.py)
+        210311,  # the base of a returned view merged into an equal value returned too (autograd/test_partition.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,
@@ -146,6 +147,7 @@ ONCE_FAILING = {
         203064,  # a flattened value fused into a column sum's split loops (schedule/test_fusion.py)
         406073,  # as in aot_eager (autograd/test_writes_through_overlaps.py)
         406168,  # a kernel over inputs alone that stores nothing was kept: no outputs to assign (test_wrapper_kept.py)
+        210311,  # as in aot_eager (autograd/test_partition.py)
     ],
 }
 
@@ -197,8 +199,14 @@ def test_once_failing_seed(backend, seed):
     check_program(generate(seed), backend)
 
 
-@pytest.mark.parametrize("backend,seed", [pytest.param(b, s, marks=pytest.mark.xfail(strict=True, reason=why))
-                                          for (b, s), why in KNOWN_FAILING.items()])
+# known failures that hang on the machine's libraries: on another glibc's libmvec kiln's tanh may round as Sleef's
+# (the GPU machine's Python 3.12 build passes 101920), so a pass there is no news
+HOST_DEPENDENT = {("inductor", 101920)}
+
+
+@pytest.mark.parametrize("backend,seed", [
+    pytest.param(b, s, marks=pytest.mark.xfail(strict=(b, s) not in HOST_DEPENDENT, reason=why))
+    for (b, s), why in KNOWN_FAILING.items()])
 def test_known_failing_seed(backend, seed):
     check_program(generate(seed), backend)
 

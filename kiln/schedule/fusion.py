@@ -377,7 +377,10 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
     where: dict[str, int] = {}
     for inp in graph.inputs:
         where[inp.name] = -1
+    dead = unread_buffers(graph)
     for node in graph.nodes:
+        if node.name in dead:
+            continue
         if not isinstance(node, ir.ComputedBuffer):
             steps.append(ExternStep(node))
             where[node.name] = len(steps) - 1
@@ -400,6 +403,24 @@ def schedule(graph: ir.LoweredGraph, templates: dict | None = None, *, epilogue_
         merge_independent_segments(group)
     _mark_local(sched)
     return sched
+
+
+def unread_buffers(graph: ir.LoweredGraph) -> set[str]:
+    """Computed buffers whose values reach nothing: no node reads them, directly or through other such buffers,
+    and the graph returns none of them. A lowering may leave one behind: `copy(slice, src)` reads only the
+    slice's geometry, so the slice's values, computed as a buffer, are read by no one. Scheduled, such a buffer
+    became a kernel that stores nothing and still ran on every call. A buffer that checks for values eager raises
+    on stays."""
+    outputs = deps.output_buffers(graph)
+    readers = {name: len(nodes) for name, nodes in deps.readers(graph).items()}
+    dead: set[str] = set()
+    for node in reversed(graph.nodes):
+        if isinstance(node, ir.ComputedBuffer) and node.name not in outputs and not readers.get(node.name) \
+                and not ir.finds_invalid_values(node.data.body):
+            dead.add(node.name)
+            for b in deps.reads(node):
+                readers[b] = readers.get(b, 0) - 1
+    return dead
 
 
 def merge_independent_segments(group: KernelGroup) -> None:

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kiln
+
 from kiln.autograd import aot_compile
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph
@@ -222,3 +224,35 @@ def test_a_flattened_value_stays_out_of_a_reduction_that_splits_its_loops():
     x = torch.arange(9.0).reshape(3, 3) - 4
     c = check(fn, x)
     assert c.num_kernels == 2, c.artefacts["schedule"]
+
+
+
+def fill_after_select(a):
+    t = torch.where(a > a, a, a)
+    t[..., 1:].fill_(2)
+    return t
+
+
+def test_values_no_one_reads_make_no_kernel(compiled_graphs):
+    # `copy_` into a slice reads the slice's geometry, not its values: the slice of `where(...)`, lowered as a
+    # buffer of its own, reaches nothing and made a kernel that stored nothing, run on every call
+    a = torch.randn(4, 3)
+    torch.testing.assert_close(kiln.compile(fill_after_select)(a), fill_after_select(a))
+    assert [g.num_kernels for g in compiled_graphs] == [1]
+
+
+def quotient_then_fill(a, b):
+    q = a // b
+    q[..., 1:].fill_(2)
+    return q
+
+
+def test_unread_values_that_eager_checks_still_run():
+    # an integer division's zero check raises as eager does, also where the quotient is overwritten unread
+    compiled = kiln.compile(quotient_then_fill)
+    a = torch.tensor([[4, 5, 6]])
+    torch.testing.assert_close(compiled(a, torch.tensor([[2, 1, 3]])), quotient_then_fill(a, torch.tensor([[2, 1, 3]])))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        quotient_then_fill(a, torch.tensor([[2, 1, 0]]))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(a, torch.tensor([[2, 1, 0]]))

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-
 from kiln.autograd import aot_compile
 from kiln.lower.decompositions import decomposition_table
 from kiln.pipeline import compile_aten_graph

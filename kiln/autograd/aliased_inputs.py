@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -76,8 +77,59 @@ def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[Alias
         # a group none of whose members the graph writes is only read (tied weights, an expanded input): as it is
         groups = [g for g in groups if written & set(g)]
     built = [_group(g, [example_inputs[i] for i in g]) for g in groups]
+    if any(isinstance(b, str) for b in built):
+        built = _without_unreached_leaves(gm, example_inputs, groups, built)
     unholdable = [b for b in built if isinstance(b, str)]
     return unholdable[0] if unholdable else built
+
+
+def _without_unreached_leaves(gm: fx.GraphModule, inputs: list, groups: list[list[int]],
+                              built: list[AliasGroup | str]) -> list[AliasGroup | str]:
+    """`built`, with each group no base could hold built again as if its leaves that require grad did not, where the
+    graph gives them no gradient: no output's (nor written input's) history reaches them (`_reached_leaves`).
+
+    Such a leaf is written only where autograd records nothing (`torch.nn.init.zeros_` of an expanded leaf), so
+    as a view of the detached base it reads and writes what eager's does, and nothing else of it is observable."""
+    leaves = {i for g, b in zip(groups, built) if isinstance(b, str) for i in g
+              if inputs[i].requires_grad and inputs[i].is_leaf}
+    reached = _reached_leaves(gm, inputs, leaves)
+    if reached is None or reached == leaves:
+        return built
+    return [_group(g, [inputs[i] for i in g], ignored={k for k, i in enumerate(g) if i in leaves - reached})
+            if isinstance(b, str) else b for g, b in zip(groups, built)]
+
+
+def _reached_leaves(gm: fx.GraphModule, inputs: list, leaves: set[int]) -> set[int] | None:
+    """Those of `leaves` (inputs that are leaves requiring grad) whose gradient one run of `gm` in grad mode on fake
+    copies of `inputs` could reach: from its outputs, or from inputs it gave history. None where the run cannot tell
+    (an op the fake run cannot do, a write autograd refuses, a leaf not copied as a leaf)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
+    if any(not (fakes[i].is_leaf and fakes[i].requires_grad) for i in leaves):
+        return None
+    try:
+        with mode, torch.enable_grad():
+            out = gm(*fakes)
+    except Exception:  # noqa: BLE001 -- an op the fake run cannot do, or a write to a leaf eager refuses too
+        return None
+    roots = [t.grad_fn for t in (*pytree.tree_leaves(out), *fakes)
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    accumulated = {id(v) for v in _accumulated_variables(roots)}
+    return {i for i in leaves if id(fakes[i]) in accumulated}
+
+
+def _accumulated_variables(roots: list) -> list[torch.Tensor]:
+    """The leaves whose gradient accumulators the autograd graphs of `roots` reach."""
+    seen, stack, found = set(), list(roots), []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            found.append(node.variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
 
 
 def _storage_groups(inputs: list) -> list[list[int]]:
@@ -197,7 +249,7 @@ def _geometry(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
-def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup | str:
+def _group(members: list[int], tensors: list[torch.Tensor], ignored: set[int] = frozenset()) -> AliasGroup | str:
     """The base and views that hold `tensors` (inputs `members`), or why none can.
 
     The members that require grad get their gradients through the base, so they must agree on where it goes:
@@ -205,8 +257,9 @@ def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup | str:
     autograd history (`_gradient_source`). A leaf that requires grad gets a gradient per element of its own shape:
     through a base it reaches the storage, which is the same only where the leaf's elements share no memory and no
     second leaf shares them. With no member that requires grad, the base has the smallest itemsize, which every
-    member's bytes are whole elements of."""
-    grads = [k for k, t in enumerate(tensors) if t.requires_grad]
+    member's bytes are whole elements of. `ignored`: members that require grad and get none from the graph
+    (`_without_unreached_leaves`), held as if they did not."""
+    grads = [k for k, t in enumerate(tensors) if t.requires_grad and k not in ignored]
     if grads:
         if len({tensors[k].dtype for k in grads}) > 1:
             return "members that require grad have different dtypes"
@@ -224,7 +277,8 @@ def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup | str:
         return f"the members' bytes end inside an element of the base's {dtype}, at the storage's end"
     if any(_in_base_units(t, dtype) is None for t in tensors):
         return f"a member's elements are parts of elements of the base's {dtype} (the members that require grad)"
-    detached = tuple(t.dtype != dtype or (bool(grads) and not t.requires_grad) for t in tensors)
+    detached = tuple(t.dtype != dtype or k not in grads and (bool(grads) or t.requires_grad)
+                     for k, t in enumerate(tensors))
     return AliasGroup(tuple(members), extent, dtype, detached, source)
 
 
@@ -362,11 +416,14 @@ class SyntheticBases:
 
 
 def _base(args, group: AliasGroup) -> torch.Tensor:
-    """The group's base, under autograd: a view of the tensor its gradients go to (`AliasGroup.source`)."""
+    """The group's base, under autograd: a view of the tensor its gradients go to (`AliasGroup.source`); where
+    no member carries a gradient, of its detached alias (an unreached leaf's history stays out of the graph)."""
     if group.source == ROOT:
         source = _root([args[i] for i, d in zip(group.members, group.detached) if not d])
     else:
         source = args[group.members[group.source]]
+    if all(group.detached[k] or not args[i].requires_grad for k, i in enumerate(group.members)):
+        source = source.detach()
     return source.as_strided((group.extent,), (1,), 0)
 
 

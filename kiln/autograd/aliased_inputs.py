@@ -337,9 +337,11 @@ def _covering_member(tensors: list[torch.Tensor]) -> int | None:
 
 
 def _key(args) -> tuple:
-    """What a rewrite depends on beyond what the capture guards (which inputs alias, where; dtypes, requires_grad):
-    the geometry (per shape, the views are static), and which inputs are leaves."""
-    return tuple((tuple(a.shape), a.stride(), a.is_leaf) if isinstance(a, torch.Tensor) else None for a in args)
+    """What a rewrite depends on besides which inputs alias and where (the capture guards that): the geometry (per
+    shape, the views are static), and which inputs require grad (guarded by kiln's capture, not by every caller of
+    a backend) and are leaves."""
+    return tuple((tuple(a.shape), a.stride(), a.requires_grad, a.is_leaf) if isinstance(a, torch.Tensor) else None
+                 for a in args)
 
 
 class AliasedInputsCompiled:

@@ -483,19 +483,23 @@ def _member(graph: fx.Graph, base: fx.Node, group: AliasGroup, k: int, t: torch.
     if t.dtype != group.dtype:
         member = graph.call_method("view", (member, t.dtype))
         if wider:
-            member = graph.call_method("squeeze", (member, -1))
+            member = graph.call_method("select", (member, -1, 0))
     return member
 
 
 def _in_base_units(t: torch.Tensor, dtype: torch.dtype) -> tuple[tuple, tuple, int, bool] | None:
-    """(shape, stride, storage offset) of the tensor of `dtype` whose bytes `t` reinterprets, and whether `t`'s
-    elements are wider (that tensor then has one more dim, of the elements making one of `t`'s); None where no
-    such tensor exists (`t` narrower, its elements not whole elements of `dtype`). Itemsizes are powers of two."""
+    """(shape, stride, storage offset) of the tensor of `dtype` whose bytes `t` reinterprets, and whether it has one
+    more dim than `t` (`t`'s elements wider, and not contiguous along its last dim: the new dim holds the elements
+    making one of `t`'s, and `_member` selects its first after the reinterpretation; squeezing it instead left a
+    size-1 dim whose stride the inverse of `view(dtype)` refused in the compiled complex case); None where no such
+    tensor exists (`t` narrower, its elements not whole elements of `dtype`). Itemsizes are powers of two."""
     shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
     if t.element_size() >= dtype.itemsize:
         r = t.element_size() // dtype.itemsize
         if r == 1:
             return shape, stride, offset, False
+        if shape and stride[-1] == 1:  # its last dim's elements are runs of the base's
+            return shape[:-1] + (shape[-1] * r,), tuple(st * r for st in stride[:-1]) + (1,), offset * r, False
         return shape + (r,), tuple(st * r for st in stride) + (1,), offset * r, True
     r = dtype.itemsize // t.element_size()
     if not shape or stride[-1] != 1 or shape[-1] % r or offset % r or any(st % r for st in stride[:-1]):

@@ -80,6 +80,9 @@ REINTERPRETED = {
     "float16 and wider int32": lambda: (lambda x: (x.requires_grad_(), x.detach()[2:6].view(torch.int32)))(
         _floats(torch.float16)),
     "int16 and wider float32, no grad": lambda: (lambda x: (x.view(torch.int16)[::2], x[1:7:2]))(_floats()),
+    # a wider member whose elements are not runs of the base's along its last dim: one more dim, then selected
+    "float32 and strided complex64": lambda: (lambda a: (a, a.detach().view(torch.complex64)[::2]))(
+        _floats().requires_grad_()),
     "float64 and strided int32, no grad": lambda: (lambda x: (x[1:], x.view(torch.int32)[1::3]))(
         _floats(torch.float64)),
 }

@@ -33,6 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln import fallbacks
+from kiln.autograd.decompositions import FILLS
 from kiln.autograd.functionalize import IN_PLACE_VIEWS
 from kiln.autograd.signature import TensorSpec
 from kiln.autograd.view_replay import ViewRecorder
@@ -207,7 +208,8 @@ GEOMETRY_ONLY = {op.overloadpacket for op in IN_PLACE_VIEWS}
 
 class _DataWrites(TorchDispatchMode):
     """The storages whose data an op writes (in place, or as an `out=` argument), and those of them written
-    through a view whose elements share memory (by the views `views` recorded)."""
+    through a view whose elements share memory (by the views `views` recorded). A fill (`FILLS`) into such a view
+    itself counts: tracing makes it a fill of the memory seen once, a view of the view (decompositions.py)."""
 
     def __init__(self, views: ViewRecorder):
         super().__init__()
@@ -221,13 +223,13 @@ class _DataWrites(TorchDispatchMode):
             for k, arg in enumerate(func._schema.arguments):
                 value = args[k] if k < len(args) else kwargs.get(arg.name)
                 if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
-                    self._written(value)
+                    self._written(value, func in FILLS)
         return func(*args, **kwargs)
 
-    def _written(self, t: torch.Tensor) -> None:
+    def _written(self, t: torch.Tensor, fill: bool) -> None:
         storage = StorageWeakRef(t.untyped_storage())
         self.storages.add(storage)
-        if any(TensorSpec.of(v).overlapping for v in self.views.ancestors(t)):
+        if any(TensorSpec.of(v).overlapping for v in [t] * fill + self.views.ancestors(t)):
             self.through_overlap.add(storage)
 
 

@@ -146,7 +146,7 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         target = node.args[0]
         value = target.meta["val"]
-        owner = _view_chain(target)[0]
+        owner = _storage_chain(target)[0]
         with gm.graph.inserting_before(node):
             direct = gm.graph.call_function(aten.as_strided.default, (
                 owner, tuple(value.shape), tuple(value.stride()), value.storage_offset()))
@@ -165,7 +165,7 @@ def _through_overlap(node: torch.fx.Node) -> bool:
     where such a view's geometry is symbolic."""
     if not (_is_write(node) and out_of_place(node.target) and isinstance(node.args[0], torch.fx.Node)):
         return False
-    chain = _view_chain(node.args[0])
+    chain = _storage_chain(node.args[0])
     values = [n.meta.get("val") for n in chain]
     if len(chain) < 3 or not all(isinstance(v, torch.Tensor) for v in values):
         return False
@@ -478,6 +478,15 @@ def _view_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
         node = node.args[0]
         chain.append(node)
     return chain[::-1]
+
+
+def _storage_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """`_view_chain`, continued through in-place ops (whose result is the tensor they write: `x.mul_(2).expand(...)`
+    views `x`) up to the tensor that owns the storage."""
+    chain = _view_chain(node)
+    while (root := _written_tensor(chain[0])) is not chain[0]:
+        chain = _view_chain(root) + chain[1:]
+    return chain
 
 
 def _replay_on_copy(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> torch.fx.Node:

@@ -343,3 +343,25 @@ def test_a_fill_through_an_expanded_view_of_an_input(program, dtype, backend):
     view of that view), which the search for writes through overlap missed; functionalization then refused the
     write."""
     check(program, lambda call: [torch.arange(12 + 3 * call).reshape(-1, 3).to(dtype)], backend, calls=2)
+
+
+def scale_then_copy_through_an_expanded_input(x, v):
+    x.mul_(2)
+    x.expand(3, *x.shape)[1].copy_(v)
+    return x + 0
+
+
+def copy_through_an_expanded_in_place_result(x, v):
+    x.add_(1).expand(2, *x.shape)[0, 1:].copy_(v[1:])
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [scale_then_copy_through_an_expanded_input,
+                                     copy_through_an_expanded_in_place_result], ids=lambda f: f.__name__)
+def test_a_write_through_an_expanded_view_of_an_input_written_before(program, backend):
+    """The expanded view is taken of the input as an in-place op returned it: the write is still one `as_strided`
+    view of the input's base (its chain of views goes on through the in-place op), which functionalization
+    refused as a second `as_strided` when the chain stopped there."""
+    check(program, lambda call: [torch.linspace(1.0, 2.0, 4 + call), torch.linspace(5.0, 6.0, 4 + call)], backend,
+          calls=2)

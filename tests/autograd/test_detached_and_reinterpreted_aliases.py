@@ -5,7 +5,7 @@ op, and `a` reads the written bytes after it. The graph is compiled with one bas
 that require grad are views of it (their gradients go through it), the others views of its detached alias, a
 member of another dtype its bytes reinterpreted (`view(dtype)`). Each case runs eagerly and compiled on identically
 built arguments (`differential.check`: values, inputs after the call, aliasing, leaves' gradients), in grad mode
-and under no_grad; gradients of non-leaves are compared where they land (`_gradients_of_the_root`).
+and under no_grad; a non-leaf's gradient is compared where it lands, on its root.
 """
 from __future__ import annotations
 

@@ -8,6 +8,13 @@ storage becomes one *base* input (a 1-D view of the storage span the group cover
 member a view of it taken at the top of the graph. Writes through any member are then writes to
 the base, which functionalization sees as such and copies back into the real storage.
 
+Members may differ in dtype (`x` and `x.view(torch.int32)`) and in requires_grad (`x` and `x.detach()[:2]`):
+the members that require grad view the base, which carries their gradients; the others view its detached
+alias, reinterpreting its bytes where their dtype is another, so that writes through them are, as in eager,
+no autograd op, and what the others read after them. What one base cannot hold (an expanded leaf that requires
+grad, two such leaves on one storage, a member narrower than the base's dtype in parts of its elements) runs
+as captured, op by op, a counted fallback (`_group` says why).
+
 Which inputs share storage, and at what storage offsets, is fixed for a compiled graph: the
 capture guards it (`capture/guards.py`, the "input aliasing" guard) where the graph writes an
 input. Inputs that share storage but are only read need nothing of this (tied weights).
@@ -20,11 +27,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln import fallbacks
+from kiln.autograd.decompositions import FILLS
 from kiln.autograd.functionalize import IN_PLACE_VIEWS
 from kiln.autograd.signature import TensorSpec
 from kiln.autograd.view_replay import ViewRecorder
@@ -32,23 +41,32 @@ from kiln.autograd.view_replay import ViewRecorder
 
 @dataclass(frozen=True)
 class AliasGroup:
-    """Inputs `members` (positions) on one storage: the base spans its first `extent` elements, and
-    member k starts `offsets[k]` elements into it (its storage offset).
+    """Inputs `members` (positions) on one storage, rebuilt in the graph as views of one base: a 1-D tensor of
+    `dtype` over the storage's first `extent` elements of that dtype. Each member is a view of it at the member's
+    geometry (its storage offset included) at compile time.
 
     The base starts where the storage does: `as_strided` takes offsets from the storage's start,
-    so with a base at offset 0 the graph's views mean the same whoever runs them."""
+    so with a base at offset 0 the graph's views mean the same whoever runs them.
+
+    The base is taken from `source` (a member's position in the group, or `ROOT`: the tensor the members that
+    require grad view) and carries the gradients of the members that require grad (`detached[k]` False). Each
+    other member is a view of the detached base, as a member of another dtype (`x.view(torch.int16)`) or one
+    that requires no grad beside members that do (`x.detach()[:2]`) is in eager: writes through it are no
+    autograd op, and change the values the others read."""
 
     members: tuple[int, ...]
-    offsets: tuple[int, ...]
     extent: int
+    dtype: torch.dtype
+    detached: tuple[bool, ...]
+    source: int | str
 
 
-def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[AliasGroup] | None:
-    """The groups of inputs that share storage if the graph writes one of them; [] if none needs
-    rewriting; None if some cannot be: run the graph as it is. One base cannot hold members of different
-    dtypes, nor members that require grad and members that do not (`b = a.detach()[:2]`: eager's writes
-    through b are no autograd op, where writes through a view of a's base would be one on a leaf's view), nor a
-    leaf that requires grad (`_owns_its_gradient`)."""
+ROOT = "root"
+
+
+def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[AliasGroup] | str:
+    """The groups of inputs that share a storage the graph writes; [] if none needs rewriting; where one base
+    cannot hold some group, why not (`_group`): the graph then runs as it is."""
     groups = _storage_groups(example_inputs)
     if not groups and not _may_write_through_overlap(gm):
         return []
@@ -57,24 +75,62 @@ def written_alias_groups(gm: fx.GraphModule, example_inputs: list) -> list[Alias
         written, through_overlap = writes
         grouped = {i for g in groups for i in g}
         groups += [[i] for i in sorted(through_overlap - grouped)]
-        if not written & {i for g in groups for i in g}:
-            return []
-    if not groups:
-        return []
-    tensors = [[example_inputs[i] for i in g] for g in groups]
-    if any(len({t.dtype for t in ts}) > 1 or len({t.requires_grad for t in ts}) > 1 for ts in tensors):
-        return None
-    if any(_owns_its_gradient(t) for ts in tensors for t in ts):
-        return None
-    return [_group(g, ts) for g, ts in zip(groups, tensors)]
+        # a group none of whose members the graph writes is only read (tied weights, an expanded input): as it is
+        groups = [g for g in groups if written & set(g)]
+    built = [_group(g, [example_inputs[i] for i in g]) for g in groups]
+    if any(isinstance(b, str) for b in built):
+        built = _without_unreached_leaves(gm, example_inputs, groups, built)
+    unholdable = [b for b in built if isinstance(b, str)]
+    return unholdable[0] if unholdable else built
 
 
-def _owns_its_gradient(t: torch.Tensor) -> bool:
-    """A leaf that requires grad: eager gives it a gradient of its own shape, one value per element, whatever
-    memory its elements share with each other (an expanded leaf) or with other inputs. Through a base, the
-    gradient would reach the storage: an expanded leaf's elements would get the mean of theirs, and a second
-    leaf on the storage none. Eager writes such a leaf only where no gradient is recorded (`no_grad`, `.data`)."""
-    return t.requires_grad and t.is_leaf
+def _without_unreached_leaves(gm: fx.GraphModule, inputs: list, groups: list[list[int]],
+                              built: list[AliasGroup | str]) -> list[AliasGroup | str]:
+    """`built`, with each group no base could hold built again as if its leaves that require grad did not, where the
+    graph gives them no gradient: no output's (nor written input's) history reaches them (`_reached_leaves`).
+
+    Such a leaf is written only where autograd records nothing (`torch.nn.init.zeros_` of an expanded leaf), so
+    as a view of the detached base it reads and writes what eager's does, and nothing else of it is observable."""
+    leaves = {i for g, b in zip(groups, built) if isinstance(b, str) for i in g
+              if inputs[i].requires_grad and inputs[i].is_leaf}
+    reached = _reached_leaves(gm, inputs, leaves)
+    if reached is None or reached == leaves:
+        return built
+    return [_group(g, [inputs[i] for i in g], ignored={k for k, i in enumerate(g) if i in leaves - reached})
+            if isinstance(b, str) else b for g, b in zip(groups, built)]
+
+
+def _reached_leaves(gm: fx.GraphModule, inputs: list, leaves: set[int]) -> set[int] | None:
+    """Those of `leaves` (inputs that are leaves requiring grad) whose gradient one run of `gm` in grad mode on fake
+    copies of `inputs` could reach: from its outputs, or from inputs it gave history. None where the run cannot tell
+    (an op the fake run cannot do, a write autograd refuses, a leaf not copied as a leaf)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
+    if any(not (fakes[i].is_leaf and fakes[i].requires_grad) for i in leaves):
+        return None
+    try:
+        with mode, torch.enable_grad():
+            out = gm(*fakes)
+    except Exception:  # noqa: BLE001 -- an op the fake run cannot do, or a write to a leaf eager refuses too
+        return None
+    roots = [t.grad_fn for t in (*pytree.tree_leaves(out), *fakes)
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    accumulated = {id(v) for v in _accumulated_variables(roots)}
+    return {i for i in leaves if id(fakes[i]) in accumulated}
+
+
+def _accumulated_variables(roots: list) -> list[torch.Tensor]:
+    """The leaves whose gradient accumulators the autograd graphs of `roots` reach."""
+    seen, stack, found = set(), list(roots), []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            found.append(node.variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
 
 
 def _storage_groups(inputs: list) -> list[list[int]]:
@@ -152,7 +208,8 @@ GEOMETRY_ONLY = {op.overloadpacket for op in IN_PLACE_VIEWS}
 
 class _DataWrites(TorchDispatchMode):
     """The storages whose data an op writes (in place, or as an `out=` argument), and those of them written
-    through a view whose elements share memory (by the views `views` recorded)."""
+    through a view whose elements share memory (by the views `views` recorded). A fill (`FILLS`) into such a view
+    itself counts: tracing makes it a fill of the memory seen once, a view of the view (decompositions.py)."""
 
     def __init__(self, views: ViewRecorder):
         super().__init__()
@@ -166,13 +223,13 @@ class _DataWrites(TorchDispatchMode):
             for k, arg in enumerate(func._schema.arguments):
                 value = args[k] if k < len(args) else kwargs.get(arg.name)
                 if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
-                    self._written(value)
+                    self._written(value, func in FILLS)
         return func(*args, **kwargs)
 
-    def _written(self, t: torch.Tensor) -> None:
+    def _written(self, t: torch.Tensor, fill: bool) -> None:
         storage = StorageWeakRef(t.untyped_storage())
         self.storages.add(storage)
-        if any(TensorSpec.of(v).overlapping for v in self.views.ancestors(t)):
+        if any(TensorSpec.of(v).overlapping for v in [t] * fill + self.views.ancestors(t)):
             self.through_overlap.add(storage)
 
 
@@ -194,9 +251,99 @@ def _geometry(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
-def _group(members: list[int], tensors: list[torch.Tensor]) -> AliasGroup:
-    end = max(t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) for t in tensors)
-    return AliasGroup(tuple(members), tuple(t.storage_offset() for t in tensors), end + 1)
+def _group(members: list[int], tensors: list[torch.Tensor], ignored: set[int] = frozenset()) -> AliasGroup | str:
+    """The base and views that hold `tensors` (inputs `members`), or why none can.
+
+    The members that require grad get their gradients through the base, so they must agree on where it goes:
+    one dtype (the base's), and either a member whose elements hold all of theirs or one tensor they all view with
+    autograd history (`_gradient_source`). A leaf that requires grad gets a gradient per element of its own shape:
+    through a base it reaches the storage, which is the same only where the leaf's elements share no memory and no
+    second leaf shares them. With no member that requires grad, the base has the smallest itemsize, which every
+    member's bytes are whole elements of. `ignored`: members that require grad and get none from the graph
+    (`_without_unreached_leaves`), held as if they did not."""
+    grads = [k for k, t in enumerate(tensors) if t.requires_grad and k not in ignored]
+    if grads:
+        if len({tensors[k].dtype for k in grads}) > 1:
+            return "members that require grad have different dtypes"
+        source = _gradient_source(tensors, grads)
+        if isinstance(source, str) and source != ROOT:
+            return source
+        dtype = tensors[grads[0]].dtype
+    else:
+        source = min(range(len(tensors)), key=lambda k: tensors[k].element_size())
+        dtype = tensors[source].dtype
+    itemsize = dtype.itemsize
+    end = max(_end_byte(t) for t in tensors)
+    extent = -(-end // itemsize)
+    if extent * itemsize > tensors[0].untyped_storage().nbytes():
+        return f"the members' bytes end inside an element of the base's {dtype}, at the storage's end"
+    if any(_in_base_units(t, dtype) is None for t in tensors):
+        return f"a member's elements are parts of elements of the base's {dtype} (the members that require grad)"
+    detached = tuple(t.dtype != dtype or k not in grads and (bool(grads) or t.requires_grad)
+                     for k, t in enumerate(tensors))
+    return AliasGroup(tuple(members), extent, dtype, detached, source)
+
+
+def _end_byte(t: torch.Tensor) -> int:
+    """The byte just past `t`'s last element in its storage (where it starts, if it has none)."""
+    if not t.numel():
+        return t.storage_offset() * t.element_size()
+    return (t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _gradient_source(tensors: list[torch.Tensor], grads: list[int]) -> int | str:
+    """Where the base of a group takes its history from: the position of the member that requires grad whose
+    elements hold those of every other such member, or `ROOT` where they all view one tensor that requires grad
+    through views with history (or are it); else why neither is sound.
+
+    A view's backward gives a gradient only to the elements of the tensor it views: a base taken from one member
+    would drop the gradient of every element the other members read beyond it (`b = a[1:]`, `c = b[::2]`:
+    `b.sum()` through a base of `c` reached only `c`'s rows)."""
+    leaves = [k for k in grads if tensors[k].is_leaf]
+    if any(TensorSpec.of(tensors[k]).overlapping for k in leaves):
+        return "an expanded leaf that requires grad: its gradient is one value per element, not per storage place"
+    if len(leaves) > 1:
+        return "two leaves that require grad share the storage: each gets a gradient of its own"
+    if len(grads) == 1:
+        return grads[0]
+    if not leaves:
+        covering = _covering_member([tensors[k] for k in grads])
+        if covering is not None:
+            return grads[covering]
+    if _views_of_one_root([tensors[k] for k in grads]):
+        return ROOT
+    return "members that require grad are not views of one tensor, and none holds the others' elements"
+
+
+def _views_of_one_root(tensors: list[torch.Tensor]) -> bool:
+    """Whether `tensors` all view one tensor that requires grad through views with history, or are it."""
+    root = _root(tensors)
+    return root.requires_grad and all(t is root or (t._base is root and t.grad_fn is not None) for t in tensors)
+
+
+def _root(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0]._base if tensors[0]._base is not None else tensors[0]
+
+
+def _covering_member(tensors: list[torch.Tensor]) -> int | None:
+    """The position of the one of `tensors` (of one dtype, on one storage) whose elements include every other's
+    (their geometry is guarded: fixed for the compiled graph), or None."""
+    extent = max(_end_byte(t) for t in tensors) // tensors[0].element_size()
+    marks = []
+    for t in tensors:
+        mark = torch.zeros(extent, dtype=torch.bool)
+        mark.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
+        marks.append(mark)
+    union = torch.stack(marks).any(0)
+    return next((k for k, mark in enumerate(marks) if torch.equal(mark, union)), None)
+
+
+def _key(args) -> tuple:
+    """What a rewrite depends on besides which inputs alias and where (the capture guards that): the geometry (per
+    shape, the views are static), and which inputs require grad (guarded by kiln's capture, not by every caller of
+    a backend) and are leaves."""
+    return tuple((tuple(a.shape), a.stride(), a.requires_grad, a.is_leaf) if isinstance(a, torch.Tensor) else None
+                 for a in args)
 
 
 class AliasedInputsCompiled:
@@ -213,23 +360,27 @@ class AliasedInputsCompiled:
         self._for(example_inputs)
 
     def _for(self, args) -> Callable:
-        key = tuple((tuple(a.shape), a.stride(), _owns_its_gradient(a)) if isinstance(a, torch.Tensor) else None
-                    for a in args)
+        key = _key(args)
         if key not in self.compiled:
             groups = written_alias_groups(self.gm, list(args))
-            if groups is None:
-                fallbacks.record("graph", self.name, "inputs share a storage the graph writes, and no one base input "
-                                 "can hold them (different dtypes or requires_grad, or a leaf that requires grad); "
-                                 "the captured graph runs op by op", stage="autograd")
-                self.compiled[key] = self.gm
+            if isinstance(groups, str):
+                self.compiled[key] = self._as_captured(groups)
             elif groups:
                 self.compiled[key] = SyntheticBases(self.gm, list(args), groups, self.compile)
             else:
                 self.compiled[key] = self.compile(self.gm, list(args))
         return self.compiled[key]
 
+    def _as_captured(self, why: str) -> Callable:
+        fallbacks.record("graph", self.name, f"inputs share a storage the graph writes, and no one base input can "
+                         f"hold them ({why}); the captured graph runs op by op", stage="autograd")
+        return self.gm
+
     def __call__(self, *args):
-        return self._for(args)(*args)
+        compiled = self._for(args)
+        if isinstance(compiled, SyntheticBases) and not compiled.holds(args):
+            return self._as_captured("members that require grad are not views of one tensor")(*args)
+        return compiled(*args)
 
 
 class SyntheticBases:
@@ -241,15 +392,18 @@ class SyntheticBases:
         member_of = {i: (g, k) for g in groups for k, i in enumerate(g.members)}
         self.kept = [i for i in range(len(example_inputs)) if i not in member_of]
         self.returned_inputs = _returned_placeholders(gm, set(member_of))
-        self.covering = [_covering_member(example_inputs, g) for g in groups]
         self.restrided = _restrided(gm, example_inputs, set(member_of))
+        self.rooted = [g for g in groups if g.source == ROOT]
         self.compiled = compile(_rewrite(gm, groups, example_inputs), self.inputs(example_inputs))
+
+    def holds(self, args) -> bool:
+        """Whether the members that require grad still view one tensor where the base is taken from it (which
+        tensor a view's `_base` is, the capture does not guard)."""
+        return all(_views_of_one_root([args[i] for i, d in zip(g.members, g.detached) if not d]) for g in self.rooted)
 
     def inputs(self, args) -> list:
         """The rewritten graph's inputs: the unaliased ones, then one base per group."""
-        bases = [_spanning(args, g.members, covering).as_strided((g.extent,), (1,), 0)
-                 for g, covering in zip(self.groups, self.covering)]
-        return [args[i] for i in self.kept] + bases
+        return [args[i] for i in self.kept] + [_base(args, g) for g in self.groups]
 
     def __call__(self, *args):
         out = self.compiled(*self.inputs(args))
@@ -263,6 +417,18 @@ class SyntheticBases:
                 out[position] = args[i]
             out = tuple(out)
         return out
+
+
+def _base(args, group: AliasGroup) -> torch.Tensor:
+    """The group's base, under autograd: a view of the tensor its gradients go to (`AliasGroup.source`); where
+    no member carries a gradient, of its detached alias (an unreached leaf's history stays out of the graph)."""
+    if group.source == ROOT:
+        source = _root([args[i] for i, d in zip(group.members, group.detached) if not d])
+    else:
+        source = args[group.members[group.source]]
+    if all(group.detached[k] or not args[i].requires_grad for k, i in enumerate(group.members)):
+        source = source.detach()
+    return source.as_strided((group.extent,), (1,), 0)
 
 
 def _restrided(gm: fx.GraphModule, example_inputs: list, members: set[int]) -> list[tuple[int, tuple]]:
@@ -284,37 +450,8 @@ def _returned_placeholders(gm: fx.GraphModule, members: set[int]) -> list[tuple[
     return [(k, placeholders[n]) for k, n in enumerate(result) if n in placeholders and placeholders[n] in members]
 
 
-def _spanning(args, members: tuple[int, ...], covering: int | None) -> torch.Tensor:
-    """The tensor to take a group's base from, under autograd. A view's backward gives a gradient only to the
-    elements of the tensor it views: a base taken from one member would drop the gradient of every element the
-    other members read beyond it (`b = a[1:]`, `c = b[::2]`: `b.sum()` through a base of `c` reached only `c`'s
-    rows). So: the member whose elements hold every member's (`covering`, by position in the group); else, where
-    the members all view one tensor that requires grad through views with autograd history (or are that tensor),
-    that tensor; else the first member."""
-    tensors = [args[i] for i in members]
-    if covering is not None:
-        return tensors[covering]
-    root = tensors[0]._base if tensors[0]._base is not None else tensors[0]
-    if root.requires_grad and all(t is root or (t._base is root and t.grad_fn is not None) for t in tensors):
-        return root
-    return tensors[0]
-
-
-def _covering_member(inputs: list, group: AliasGroup) -> int | None:
-    """The position in `group` of a member whose elements include every other member's (their geometry is guarded:
-    fixed for the compiled graph), or None."""
-    marks = []
-    for i in group.members:
-        t = inputs[i]
-        mark = torch.zeros(group.extent, dtype=torch.bool)
-        mark.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
-        marks.append(mark)
-    union = torch.stack(marks).any(0)
-    return next((k for k, mark in enumerate(marks) if torch.equal(mark, union)), None)
-
-
 def _rewrite(gm: fx.GraphModule, groups: list[AliasGroup], example_inputs: list) -> fx.GraphModule:
-    """`gm` taking (unaliased inputs, bases), each aliased input an `as_strided` view of its base.
+    """`gm` taking (unaliased inputs, bases), each aliased input an `as_strided` view of its base (`_member`).
 
     Placeholders keep no fake values: the rewritten graph compiles per input shape (sizes the
     capture left symbolic are then static), since the views' geometry is its own."""
@@ -329,10 +466,44 @@ def _rewrite(gm: fx.GraphModule, groups: list[AliasGroup], example_inputs: list)
     for i, node in enumerate(placeholders):
         if i in member_of:
             g, k = member_of[i]
-            t = example_inputs[i]
-            env[node] = graph.call_function(torch.as_strided, (bases[g], tuple(t.shape), tuple(t.stride()),
-                                                               groups[g].offsets[k]))
+            env[node] = _member(graph, bases[g], groups[g], k, example_inputs[i])
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph)
+
+
+def _member(graph: fx.Graph, base: fx.Node, group: AliasGroup, k: int, t: torch.Tensor) -> fx.Node:
+    """Member `k` of `group` (the input `t`) as a view of the base: one `as_strided` of the base first (a write
+    through a view chain with `as_strided` further down cannot be made functional), then, where eager's writes
+    through the member are no autograd op, its detached alias, and, where its dtype is another, its bytes
+    reinterpreted (`view(dtype)`, `_in_base_units`)."""
+    shape, stride, offset, wider = _in_base_units(t, group.dtype)
+    member = graph.call_function(torch.as_strided, (base, shape, stride, offset))
+    if group.detached[k]:
+        member = graph.call_method("detach", (member,))
+    if t.dtype != group.dtype:
+        member = graph.call_method("view", (member, t.dtype))
+        if wider:
+            member = graph.call_method("select", (member, -1, 0))
+    return member
+
+
+def _in_base_units(t: torch.Tensor, dtype: torch.dtype) -> tuple[tuple, tuple, int, bool] | None:
+    """(shape, stride, storage offset) of the tensor of `dtype` whose bytes `t` reinterprets, and whether it has one
+    more dim than `t` (`t`'s elements wider, and not contiguous along its last dim: the new dim holds the elements
+    making one of `t`'s, and `_member` selects its first after the reinterpretation; squeezing it instead left a
+    size-1 dim whose stride the inverse of `view(dtype)` refused in the compiled complex case); None where no such
+    tensor exists (`t` narrower, its elements not whole elements of `dtype`). Itemsizes are powers of two."""
+    shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if t.element_size() >= dtype.itemsize:
+        r = t.element_size() // dtype.itemsize
+        if r == 1:
+            return shape, stride, offset, False
+        if shape and stride[-1] == 1:  # its last dim's elements are runs of the base's
+            return shape[:-1] + (shape[-1] * r,), tuple(st * r for st in stride[:-1]) + (1,), offset * r, False
+        return shape + (r,), tuple(st * r for st in stride) + (1,), offset * r, True
+    r = dtype.itemsize // t.element_size()
+    if not shape or stride[-1] != 1 or shape[-1] % r or offset % r or any(st % r for st in stride[:-1]):
+        return None
+    return shape[:-1] + (shape[-1] // r,), tuple(st // r for st in stride[:-1]) + (1,), offset // r, False

@@ -94,17 +94,31 @@ def _views_out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     tensor's geometry (`sym_size(slice, 1)` for the transposed slice's rows); re-traced as it is, the size
     would be read after the change, from the other dim. The op's own result is the changed tensor, which
     the later ops read: as a new view the change is the same, and the earlier tensor keeps its geometry.
-    A graph input keeps its op: the caller's tensor gets the new geometry after the call."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in IN_PLACE_VIEWS
-             and n.args[0].op != "placeholder"]
-    if not nodes:
+    A graph input keeps its op, also where it reaches the op as the result of in-place ops on it (`c.mul_(2).t_()`,
+    or `c.fill_(1)` then `c.t_()`): the caller's tensor gets the new geometry after the call, and the value written
+    back into it is the input's final one, viewed as the op leaves it (made out of place, the op changed no
+    geometry in the functional graph, and the value written before it was copied into the input as restrided
+    after the call: transposed, for a square one)."""
+    def of_a_tensor_made_here(node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node.target in IN_PLACE_VIEWS and _written_tensor(node.args[0]).op != \
+            "placeholder"
+
+    if not any(map(of_a_tensor_made_here, gm.graph.nodes)):
         return gm
     gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in IN_PLACE_VIEWS and node.args[0].op != "placeholder":
+        if of_a_tensor_made_here(node):
             node.target = IN_PLACE_VIEWS[node.target]
     gm.recompile()
     return gm
+
+
+def _written_tensor(node: torch.fx.Node) -> torch.fx.Node:
+    """The node of the tensor `node` is: itself, or, for the result of an in-place op (which returns the tensor it
+    writes, `mul_`, `t_`), that op's first argument's."""
+    while _is_write(node) and (node.target in IN_PLACE_VIEWS or out_of_place(node.target) is not None):
+        node = node.args[0]
+    return node
 
 
 def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -132,7 +146,7 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         target = node.args[0]
         value = target.meta["val"]
-        owner = _view_chain(target)[0]
+        owner = _storage_chain(target)[0]
         with gm.graph.inserting_before(node):
             direct = gm.graph.call_function(aten.as_strided.default, (
                 owner, tuple(value.shape), tuple(value.stride()), value.storage_offset()))
@@ -151,7 +165,7 @@ def _through_overlap(node: torch.fx.Node) -> bool:
     where such a view's geometry is symbolic."""
     if not (_is_write(node) and out_of_place(node.target) and isinstance(node.args[0], torch.fx.Node)):
         return False
-    chain = _view_chain(node.args[0])
+    chain = _storage_chain(node.args[0])
     values = [n.meta.get("val") for n in chain]
     if len(chain) < 3 or not all(isinstance(v, torch.Tensor) for v in values):
         return False
@@ -464,6 +478,15 @@ def _view_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
         node = node.args[0]
         chain.append(node)
     return chain[::-1]
+
+
+def _storage_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """`_view_chain`, continued through in-place ops (whose result is the tensor they write: `x.mul_(2).expand(...)`
+    views `x`) up to the tensor that owns the storage."""
+    chain = _view_chain(node)
+    while (root := _written_tensor(chain[0])) is not chain[0]:
+        chain = _view_chain(root) + chain[1:]
+    return chain
 
 
 def _replay_on_copy(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> torch.fx.Node:

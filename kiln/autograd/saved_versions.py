@@ -57,7 +57,8 @@ class SavedTensorLog:
 
     def reached_from(self, root: torch.Tensor) -> set[int]:
         """The tokens of the saved tensors the backward from `root` unpacks: each node's saved values are
-        read (`_saved_*`), which calls `_unpack`, over every node reachable from root's grad_fn."""
+        read (`_saved_*`; a custom Function's, `ctx.save_for_backward`'s, as `saved_tensors`), which calls
+        `_unpack`, over every node reachable from root's grad_fn."""
         self.unpacked = set()
         seen, stack = set(), [root.grad_fn] if root.grad_fn is not None else []
         while stack:
@@ -65,12 +66,14 @@ class SavedTensorLog:
             if node in seen:
                 continue
             seen.add(node)
-            for name in dir(node):
-                if name.startswith("_saved_"):
-                    try:
-                        getattr(node, name)
-                    except RuntimeError:  # a value saved without a tensor behind it (an undefined one)
-                        pass
+            names = [name for name in dir(node) if name.startswith("_saved_")]
+            if isinstance(node, torch.autograd.function.BackwardCFunction):
+                names.append("saved_tensors")
+            for name in names:
+                try:
+                    getattr(node, name)
+                except RuntimeError:  # a value saved without a tensor behind it (an undefined one)
+                    pass
             stack.extend(child for child, _ in node.next_functions if child is not None)
         return self.unpacked
 

@@ -322,3 +322,46 @@ def test_writes_in_the_order_of_eagers_kernel(program, backend):
     element reading what the elements before it wrote, which no functional graph computes. kiln runs such a graph
     op by op (a slow path, not a fallback), with eager's values."""
     check(program, _arguments(program, "windows"), backend, calls=2)
+
+
+def fill_an_expanded_view_of_an_input(a):
+    a.unsqueeze(-1).expand(*a.shape, 3).fill_(7)
+    return a * 2
+
+
+def zero_columns_of_an_expanded_view_of_an_input(a):
+    a.unsqueeze(-1).expand(*a.shape, 3)[:, 1:].zero_()
+    return a + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32], ids=str)
+@pytest.mark.parametrize("program", [fill_an_expanded_view_of_an_input, zero_columns_of_an_expanded_view_of_an_input],
+                         ids=lambda f: f.__name__)
+def test_a_fill_through_an_expanded_view_of_an_input(program, dtype, backend):
+    """Fuzz seed 407588: the fill itself is into the view with overlap (traced as a fill of its memory seen once, a
+    view of that view), which the search for writes through overlap missed; functionalization then refused the
+    write."""
+    check(program, lambda call: [torch.arange(12 + 3 * call).reshape(-1, 3).to(dtype)], backend, calls=2)
+
+
+def scale_then_copy_through_an_expanded_input(x, v):
+    x.mul_(2)
+    x.expand(3, *x.shape)[1].copy_(v)
+    return x + 0
+
+
+def copy_through_an_expanded_in_place_result(x, v):
+    x.add_(1).expand(2, *x.shape)[0, 1:].copy_(v[1:])
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [scale_then_copy_through_an_expanded_input,
+                                     copy_through_an_expanded_in_place_result], ids=lambda f: f.__name__)
+def test_a_write_through_an_expanded_view_of_an_input_written_before(program, backend):
+    """The expanded view is taken of the input as an in-place op returned it: the write is still one `as_strided`
+    view of the input's base (its chain of views goes on through the in-place op), which functionalization
+    refused as a second `as_strided` when the chain stopped there."""
+    check(program, lambda call: [torch.linspace(1.0, 2.0, 4 + call), torch.linspace(5.0, 6.0, 4 + call)], backend,
+          calls=2)

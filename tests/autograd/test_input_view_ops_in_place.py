@@ -46,12 +46,40 @@ def intermediate_and_input(a, b):
     return c + b.sum()
 
 
+def write_then_transpose(a, b):
+    """Fuzz seed 407272: the input reaches `t_` as the result of an in-place op on it. Made out of place as a view of
+    a tensor the graph made, the value written back was the one before `t_`: transposed into the square input (a
+    silent wrong answer), or a size mismatch."""
+    a.mul_(3)
+    a.t_()
+    b.fill_(1)
+    b.t_()
+    return a.sum(0)
+
+
+def chained_write_then_transpose(a, b):
+    a.add_(1).t_()
+    return b + 0
+
+
 PROGRAMS = [transpose_in_place, unsqueeze_then_write, squeeze_and_add, as_strided_in_place, returns_the_input,
-            intermediate_and_input]
+            intermediate_and_input, write_then_transpose, chained_write_then_transpose]
 
 
 def make():
     return torch.linspace(-1.0, 1.0, 6).reshape(1, 6)[:, :4].reshape(2, 2), torch.arange(6.0).reshape(2, 3)
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", [write_then_transpose, chained_write_then_transpose], ids=lambda f: f.__name__)
+def test_a_written_input_transposed_in_place_holds_eagers_values(program, backend, grad_mode):
+    """The inputs (and their values after the call) as eager's, with an input that requires grad too."""
+    def arguments(call):
+        a, b = make()
+        return a.requires_grad_() * 1 if grad_mode else a, b
+
+    check(program, arguments, backend, calls=2, grad_mode=grad_mode)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

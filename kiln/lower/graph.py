@@ -23,7 +23,7 @@ from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.index import PrecomputedSizes, affine_strides, contiguous_strides, index_vars, precomputing, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
-from kiln.lower.scalar_operands import eager_reads
+from kiln.lower.scalar_operands import eager_reads, host_scalar_operands
 from kiln.lower.shape_padding import padded_result_strides, pads
 from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value, wrapper_float
 from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, from_buffer
@@ -329,7 +329,8 @@ class GraphLowering:
             rule = None  # ATen takes the float as the Python float eager's program passes it
         if rule is not None:
             try:
-                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs)
+                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs,
+                                                               host_scalar_operands(node.args))
                 out = as_eager(self, meta, *rule_args, **rule_kwargs)
                 return self._maybe_realize(node, out)
             except Unsupported as e:

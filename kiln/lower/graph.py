@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
+from kiln.lower.host_work import crosses_to, host_work
 from kiln.lower.index import PrecomputedSizes, affine_strides, contiguous_strides, index_vars, precomputing, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
@@ -81,6 +82,8 @@ class GraphLowering:
                  through_aten: frozenset = frozenset()):
         self.gm = gm
         self.through_aten = through_aten  # FX node names run as externs, lowering or not (a kernel fell back)
+        self.host_work = host_work(gm)  # FX node names run as ATen externs on the CPU, as eager runs them
+        self._crossed: dict[torch.fx.Node, Any] = {}  # a 0-d CPU value -> its copy on the GPU (`_read`)
         self.origins: dict[str, frozenset] = {}  # buffer -> the FX nodes whose values it computes
         self._current: torch.fx.Node | None = None  # the FX node being lowered
         self._extern_args = False  # realizing the arguments of an extern call of `_current`
@@ -308,9 +311,9 @@ class GraphLowering:
         return expr
 
     def _call(self, node: torch.fx.Node, env):
-        args = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args)
-        kwargs = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.kwargs)
         meta = node.meta.get("val")
+        args = tree_map(lambda n: self._read(n, env, node) if isinstance(n, torch.fx.Node) else n, node.args)
+        kwargs = tree_map(lambda n: self._read(n, env, node) if isinstance(n, torch.fx.Node) else n, node.kwargs)
         if node.target is operator.getitem:
             return args[0][args[1]]
         if (isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool)
@@ -324,7 +327,7 @@ class GraphLowering:
             return SIZE_FLOAT  # on the way to a size (`math.ceil(math.sqrt(n))`), whose own expression is read
         if any(a is SIZE_FLOAT for a in tree_leaves((args, kwargs))):
             raise Unsupported(f"{node.target}: a float computed from sizes reaches a kernel")
-        rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
+        rule = None if node.name in self.through_aten or node.name in self.host_work else LOWERINGS.get(node.target)
         if rule is not None and not reads_size_scalars(node.target, args, kwargs):
             rule = None  # ATen takes the float as the Python float eager's program passes it
         if rule is not None:
@@ -336,6 +339,17 @@ class GraphLowering:
             except Unsupported as e:
                 log.debug("%s: no lowering (%s), running it as an extern", node.target, e)
         return self.extern(node.target, args, kwargs, meta)
+
+    def _read(self, arg: torch.fx.Node, env, reader: torch.fx.Node):
+        """`arg`'s value as `reader` reads it: a 0-d value computed on the CPU, read by a node on a GPU, copied
+        there once (kiln/lower/host_work.py); any other as it is."""
+        device = None if reader.name in self.host_work else crosses_to(arg, reader.meta.get("val"), self.host_work)
+        if device is None:
+            return env[arg]
+        if arg not in self._crossed:
+            meta = arg.meta["val"]
+            self._crossed[arg] = self.extern(aten._to_copy.default, (env[arg],), {"device": device}, meta)
+        return self._crossed[arg]
 
     def _sym(self, meta):
         expr = sympify(meta)

@@ -43,6 +43,7 @@ import torch
 from kiln.lower import ir
 from kiln.lower.ops.common import promote
 from kiln.lower.values import IndexFunction, SizeScalar, cast
+from kiln.runtime.host_scalars import is_host_scalar
 
 aten = torch.ops.aten
 
@@ -76,11 +77,7 @@ CUDA_ROUNDED = ROUNDED - CUDA_ORIGINAL
 def host_scalar_operands(fx_args: tuple) -> frozenset[int]:
     """The positions of the 0-d CPU tensors among an FX node's arguments (their `meta['val']`)."""
     return frozenset(k for k, a in enumerate(fx_args) if isinstance(a, torch.fx.Node)
-                     and _is_host_scalar(a.meta.get("val")))
-
-
-def _is_host_scalar(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0
+                     and is_host_scalar(a.meta.get("val")))
 
 
 def eager_reads(op, rule: Callable, meta, args: tuple, kwargs: dict,

@@ -187,3 +187,26 @@ def compile_model(model: torch.nn.Module, inputs: list[torch.Tensor], *, train: 
     with torch.set_grad_enabled(train):
         aot_compile(cpu_gm, cpu_inputs, compiler, decompositions=decomposition_table(), name=name)
     return graphs
+
+
+def compile_inference(model: torch.nn.Module, inputs: list[torch.Tensor]):
+    """kiln's CompiledGraph for `model(*inputs)` under no_grad on fake CUDA inputs, traced where it runs: no
+    autograd engine is involved, so the graph is not moved through the CPU, and the tensors the model makes
+    without a device (`torch.rand(())`, `torch.full((4,), 0.5)`) stay CPU tensors, as in eager."""
+    from kiln.autograd import aot_compile
+    from kiln.lower.decompositions import decomposition_table
+    from kiln.pipeline import compile_aten_graph, fuses
+
+    gm, fakes = forward_graph(model, inputs, None, train=False)
+    graphs = []
+
+    def compiler(aten_gm, example_inputs):
+        graphs.append(compile_aten_graph(aten_gm, example_inputs))
+        return graphs[-1]
+
+    compiler.fuses = fuses
+    with torch.no_grad():
+        aot_compile(gm, fakes, compiler, decompositions=decomposition_table(), name="graph")
+    (graph,) = graphs
+    assert "fallback" not in graph.artefacts, graph.artefacts["fallback"]
+    return graph

@@ -605,8 +605,9 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
     """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A constant made on the CPU
     inside a CUDA graph and returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one
-    target cannot give; one only used inside (a 0-d scale mixed into CUDA ops, as eager allows) is computed on
-    the graph's device, and 0-d CPU inputs and outputs cross to it and back (kiln/runtime/host_scalars.py)."""
+    target cannot give; one only used inside (a 0-d scale mixed into CUDA ops, as eager allows, a CPU draw) is
+    computed on the CPU as eager computes it (kiln/lower/host_work.py), and 0-d CPU inputs and outputs cross to
+    the graph's device and back (kiln/runtime/host_scalars.py)."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     for node in gm.graph.find_nodes(op="output"):
         for arg in pytree.tree_leaves(node.args):

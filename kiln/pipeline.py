@@ -273,8 +273,8 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: b
     """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
     kiln decomposes (or nodes without `meta['val']`); random ops stay whole under `fallback_random`."""
     devices = _tensor_devices(gm, example_inputs)
-    if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
-        raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for this mix")
+    if devices - {"cpu", "cuda"}:  # C++ kernels read host memory, Triton kernels CUDA memory
+        raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for these devices")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
     return _retrace(gm, example_inputs, fallback_random) if _needs_retrace(gm, fallback_random) else gm
@@ -603,11 +603,10 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 
 def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
-    """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A constant made on the CPU
-    inside a CUDA graph and returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one
-    target cannot give; one only used inside (a 0-d scale mixed into CUDA ops, as eager allows, a CPU draw) is
-    computed on the CPU as eager computes it (kiln/lower/host_work.py), and 0-d CPU inputs and outputs cross to
-    the graph's device and back (kiln/runtime/host_scalars.py)."""
+    """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A graph on CUDA tensors may
+    take and return CPU tensors too (`torch.zeros(n)` made without a device and returned): the Triton target
+    runs what eager computes on the CPU as ATen calls there (kiln/lower/host_work.py), 0-d CPU inputs and outputs
+    cross to the graph's device and back (kiln/runtime/host_scalars.py)."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     for node in gm.graph.find_nodes(op="output"):
         for arg in pytree.tree_leaves(node.args):

@@ -200,7 +200,7 @@ class GraphLowering:
             env[node] = self._call(node, env)
         nodes = _without_unread_items(self.nodes, outputs)
         return ir.LoweredGraph(self.inputs, nodes, outputs, self.size_vars, self.constants, self.zero_padded,
-                               self.origins, self.through_aten)
+                               self.origins, self.through_aten | self.host_work)
 
     def _origins(self, node: ir.Node) -> frozenset:
         """The FX nodes whose computation `node` (a buffer added while lowering `self._current`) holds:
@@ -340,6 +340,10 @@ class GraphLowering:
                 log.debug("%s: no lowering (%s), running it as an extern", node.target, e)
         return self.extern(node.target, args, kwargs, meta)
 
+    def _on_host(self) -> bool:
+        """Is the node being lowered one that runs on the CPU in a GPU graph: no GPU layout choice applies."""
+        return self._current is not None and self._current.name in self.host_work
+
     def _read(self, arg: torch.fx.Node, env, reader: torch.fx.Node):
         """`arg`'s value as `reader` reads it: a 0-d value computed on the CPU, read by a node on a GPU, copied
         there once (kiln/lower/host_work.py); any other as it is."""
@@ -454,10 +458,11 @@ class GraphLowering:
         `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
         any_order = op in ANY_ORDER_EXTERNS
         layout = layouts = None
-        if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):
+        gpu_layouts = self.channels_last_convs and not self._on_host()
+        if gpu_layouts and op is aten.convolution.default and _is_conv2d(args, meta):
             args = (self._channels_last(args[0]), self._channels_last(args[1])) + tuple(args[2:])
             layout = _channels_last_layout(meta)
-        elif self.channels_last_convs and op is aten.convolution_backward.default and _is_conv2d_backward(args):
+        elif gpu_layouts and op is aten.convolution_backward.default and _is_conv2d_backward(args):
             # cuDNN's channels-last kernels, given channels-last operands, return channels-last gradients
             args = tuple(self._channels_last(a) for a in args[:3]) + tuple(args[3:])
             layouts = tuple(_channels_last_layout(m) if isinstance(m, torch.Tensor) and m.dim() == 4
@@ -513,7 +518,7 @@ class GraphLowering:
         Triton target's `prepare` decides): its result is the padded product's slice, rows `N` padded apart,
         and `name` joins `padded_results`; None for any other extern."""
         refs = [a for a in args if isinstance(a, ir.TensorRef)]
-        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2:
+        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2 or self._on_host():
             return None
         sizes = [*refs[-2].layout.size[-2:], refs[-1].layout.size[-1]]
         if not all(sympify(s).is_Integer for s in sizes):

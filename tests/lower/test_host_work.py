@@ -57,6 +57,30 @@ def test_a_gpu_kernel_reads_cpu_values_only_through_copies_to_the_gpu():
             assert not read & host, f"{node.name} reads CPU buffers {read & host}:\n{graph}"
 
 
+class CpuInputAndOutputs(torch.nn.Module):
+    """A graph taking a CPU tensor with dims beside a CUDA one, writing it, and returning CPU tensors."""
+
+    def forward(self, x, y):
+        y.add_(1)
+        z = torch.randn(3, 3) @ y.t()
+        return x * 3 + z.sum().to(x.device), z, torch.zeros(3)
+
+
+def test_cpu_inputs_and_outputs_of_a_cuda_graph_compile_with_their_work_on_the_cpu():
+    """No fallback of the whole graph to ATen: the CPU work (the write of the input, the draw, the matmul, the
+    zeros) are ATen calls on the CPU, the GPU work a kernel that reads the CPU sum through a copy."""
+    compiled = compile_inference(CpuInputAndOutputs(), [torch.randn(4), torch.randn(2, 3)], cpu_inputs=(1,))
+    graph = compiled.artefacts["ir"]
+    externs = _externs(graph)
+    assert {str(e.op) for e in externs.values()} >= {"aten.add.Tensor", "aten.randn.default", "aten.mm.default",
+                                                      "aten.sum.dim_IntList", "aten._to_copy.default",
+                                                      "aten.full.default"}, graph
+    assert compiled.num_kernels == 1, graph
+    copies = [e for e in externs.values() if e.op is aten._to_copy.default]
+    (kernel,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer)]
+    assert {load.buf for load in ir.loads(kernel.data.body)} == {"arg0", copies[0].name}, graph
+
+
 def test_a_cpu_graph_has_no_host_work():
     """On the CPU every value is on the host, and the C++ target computes it: nothing is forced to ATen."""
     from kiln.lower.host_work import host_work
@@ -73,9 +97,20 @@ def _with_cpu_draws(x):
     return x * 2 + scale, x + mask.to(x.device), scale
 
 
+def _assert_same(got, want) -> None:
+    """CPU values bit for bit (eager's own ATen calls computed them); GPU values within float32 rounding (a
+    kernel may fuse `x * 2 + s` into one multiply-add)."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.device == w.device, (k, g.device, w.device)
+        if g.device.type == "cpu":
+            assert torch.equal(g, w), (k, g, w)
+        else:
+            torch.testing.assert_close(g, w, msg=lambda m, k=k: f"output {k}: {m}")
+
+
 @cuda
 def test_cpu_draws_in_a_cuda_graph_take_the_cpu_generator_as_in_eager():
-    """Values, the 0-d CPU output, and both generators' states after the call, bit for bit with eager."""
+    """Values, the 0-d CPU output, and both generators' states after the call, as in eager."""
     x = torch.randn(4, device="cuda")
     compiled = kiln.compile(_with_cpu_draws)
     compiled(x)  # compiled before the generators are compared
@@ -86,7 +121,31 @@ def test_cpu_draws_in_a_cuda_graph_take_the_cpu_generator_as_in_eager():
         results.append((out, torch.get_rng_state(), torch.cuda.get_rng_state()))
     (want, want_cpu, want_cuda), (got, got_cpu, got_cuda) = results
     assert got[2].device.type == "cpu"
-    for g, w in zip(got, want):
-        assert torch.equal(g, w), (g, w)
+    _assert_same(got, want)
     assert torch.equal(got_cpu, want_cpu), "the CPU generator is not where eager left it"
     assert torch.equal(got_cuda, want_cuda), "the GPU generator moved"
+
+
+def _with_cpu_tensors(x, y):
+    y.add_(1)
+    z = torch.randn(3, 3) @ y.t()
+    return x * 3 + z.sum().to(x.device), z, torch.zeros(3)
+
+
+@cuda
+def test_cpu_inputs_and_outputs_of_a_cuda_graph_as_in_eager():
+    """Values, devices, the write into the CPU input and the CPU generator's state, as in eager."""
+    x = torch.randn(4, device="cuda")
+    compiled = kiln.compile(_with_cpu_tensors)
+    compiled(x, torch.randn(2, 3))  # compiled before the generator is compared
+    results = []
+    for f in (_with_cpu_tensors, compiled):
+        y = torch.arange(6.0).reshape(2, 3)
+        torch.manual_seed(0)
+        out = f(x, y)
+        results.append((out, y, torch.get_rng_state()))
+    (want, want_y, want_state), (got, got_y, got_state) = results
+    assert [t.device.type for t in got] == ["cuda", "cpu", "cpu"]
+    _assert_same(got, want)
+    assert torch.equal(got_y, want_y), "the write into the CPU input"
+    assert torch.equal(got_state, want_state), "the CPU generator is not where eager left it"

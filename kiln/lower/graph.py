@@ -345,14 +345,17 @@ class GraphLowering:
         return self._current is not None and self._current.name in self.host_work
 
     def _read(self, arg: torch.fx.Node, env, reader: torch.fx.Node):
-        """`arg`'s value as `reader` reads it: a 0-d value computed on the CPU, read by a node on a GPU, copied
-        there once (kiln/lower/host_work.py); any other as it is."""
-        device = None if reader.name in self.host_work else crosses_to(arg, reader.meta.get("val"), self.host_work)
+        """`arg`'s value as `reader` reads it: a 0-d value computed on the CPU, read by a node a kernel computes
+        on a GPU, copied there once (kiln/lower/host_work.py; an ATen call takes the CPU scalar as eager's does);
+        any other as it is."""
+        kernel = reader.name not in self.host_work and reader.name not in self.through_aten \
+            and reader.target in LOWERINGS
+        device = crosses_to(arg, reader.meta.get("val"), self.host_work) if kernel else None
         if device is None:
             return env[arg]
         if arg not in self._crossed:
-            meta = arg.meta["val"]
-            self._crossed[arg] = self.extern(aten._to_copy.default, (env[arg],), {"device": device}, meta)
+            self._crossed[arg] = self.extern(aten._to_copy.default, (env[arg],),
+                                             {"device": device, "non_blocking": True}, arg.meta["val"])
         return self._crossed[arg]
 
     def _sym(self, meta):

@@ -24,15 +24,17 @@ half type and `a + alpha * b` once, in float; the scalar loop rounds `alpha * b`
 
 CUDA's kernels read by rules of their own, keyed by where the operand is. A host scalar (a Python number, a
 float computed from sizes, or a 0-d tensor on the CPU) is taken out of the iteration: add, sub and mul
-(`opmath_gpu_kernel_with_scalars`) read it, and their alpha, at its original value in float in either
-position (the CPU's vector loop rounds alpha), and the
-divisions read a second operand so (`iter.is_cpu_scalar(2)`: the float reciprocal of its value) but a first
-one as the half type (their functor takes `scalar_t`). A 0-d tensor on the GPU is an ordinary operand: cast
-to the op's dtype first, as the lowering rules cast it. Every other op of `ROUNDED` rounds a Python number
-there too (`CUDA_ROUNDED`). So a CUDA op whose result is a half type is lowered in float32, rounded once,
-where a host scalar is an operand of `CUDA_ORIGINAL` or the second operand of `CUDA_ORIGINAL_SECOND`; it
-rounds a Python number that is the first operand of a division. The rules apply by the device of the op's
-result: an op on CPU values inside a CUDA graph is read as the CPU reads it.
+(`opmath_gpu_kernel_with_scalars`) read it, and their alpha, at its original value in float in either position
+(the CPU's vector loop rounds alpha), and the divisions read a second operand so (`iter.is_cpu_scalar(2)`: a
+true division multiplies by the float reciprocal of its value) but a first one as the half type (their functor
+takes `scalar_t`). A 0-d tensor on the GPU is an ordinary operand: cast to the op's dtype first, as the
+lowering rules cast it. Every other op of `ROUNDED` rounds a Python number there too (`CUDA_ROUNDED`).
+
+So a CUDA op whose result is a half type is lowered in float32, rounded once, where a host scalar is an
+operand of `CUDA_ORIGINAL` or the second operand of `CUDA_ORIGINAL_SECOND`; a true division by a Python
+number as the product with its float reciprocal (by a 0-d CPU tensor, whose value the lowering does not know,
+it divides in float); a Python number that is the first operand of a division is rounded. The rules apply by
+the device of the op's result: an op on CPU values inside a CUDA graph is read as the CPU reads it.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from collections.abc import Callable
 import torch
 
 from kiln.lower import ir
+from kiln.lower.ops import LOWERINGS
 from kiln.lower.ops.common import promote
 from kiln.lower.values import IndexFunction, SizeScalar, cast
 from kiln.runtime.host_scalars import is_host_scalar
@@ -68,6 +71,10 @@ CUDA_ORIGINAL = frozenset({aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, at
 """Ops whose CUDA kernel reads a host scalar at its original value, in float, in either position."""
 
 CUDA_ORIGINAL_SECOND = DIVISIONS
+
+TRUE_DIVISIONS = frozenset({aten.div.Tensor, aten.div.Scalar})
+"""Divisions that CUDA computes as a product with the divisor's float reciprocal where the divisor is a host
+scalar."""
 """Ops whose CUDA kernel reads a host scalar second operand at its original value, in float."""
 
 CUDA_ROUNDED = ROUNDED - CUDA_ORIGINAL
@@ -110,6 +117,8 @@ def _cuda_reads(op, rule: Callable, meta: torch.Tensor, args: tuple, kwargs: dic
     if op in CUDA_ORIGINAL and (any(_host_scalar(args, k, host_scalars) for k in (0, 1))
                                 or _number(kwargs.get("alpha"))):
         return _in_float(rule), _device_operands_cast(args, meta.dtype, host_scalars), kwargs
+    if op in TRUE_DIVISIONS and len(args) == 2 and _literal(args[1]):
+        return _in_float(LOWERINGS[aten.mul.Tensor]), (args[0], _float_reciprocal(args[1])), kwargs
     if op in CUDA_ORIGINAL_SECOND and _host_scalar(args, 1, host_scalars):
         return _in_float(rule), _device_operands_cast(args, meta.dtype, host_scalars), kwargs
     if op in DIVISIONS and args and _number(args[0]):
@@ -131,6 +140,16 @@ def _device_operands_cast(args: tuple, dtype: torch.dtype, host_scalars: frozens
 
 def cast_to(a: IndexFunction, dtype: torch.dtype) -> IndexFunction:
     return IndexFunction(a.size, dtype, cast(a.body, dtype))
+
+
+def _literal(a) -> bool:
+    """Is `a` a Python number (known while lowering, unlike a float computed from sizes)?"""
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
+
+
+def _float_reciprocal(b: int | float) -> float:
+    """`1 / b` as CUDA's true division computes it for a host divisor: in float32, from `b` held in float32."""
+    return (torch.tensor(1.0) / torch.tensor(float(b), dtype=torch.float32)).item()
 
 
 def _number(a) -> bool:

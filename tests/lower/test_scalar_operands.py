@@ -180,13 +180,15 @@ def _lowered(fn, device: str, dtype: torch.dtype, kind: str) -> str:
 def _reading(ir_text: str, dtype: torch.dtype, kind: str) -> str:
     """"R" where the IR reads the scalar rounded to `dtype`, "O" where it reads it in float32 at its value."""
     if kind == "py":
-        rounded = repr(torch.tensor(SCALAR, dtype=torch.float64).to(dtype).item())
-        values = (SCALAR, torch.tensor(SCALAR).item())  # as a Python float, or held in float32
+        rounded = (repr(torch.tensor(SCALAR, dtype=torch.float64).to(dtype).item()),)
+        # as a Python float, held in float32, or its float32 reciprocal (a CUDA division multiplies by it)
+        values = (SCALAR, torch.tensor(SCALAR).item(), (1 / torch.tensor(SCALAR)).item())
         original = any(re.search(rf"(?<![\d.]){re.escape(repr(v))}(?!\d)", ir_text) for v in values)
-    else:
-        rounded = f"cast(load(arg1, 0), {str(dtype).removeprefix('torch.')})"
+    else:  # cast in a kernel, or by an ATen call on the CPU (a CPU scalar's arithmetic runs there)
+        name = str(dtype).removeprefix("torch.")
+        rounded = (f"cast(load(arg1, 0), {name})", f"_to_copy.default(arg1, dtype=torch.{name})")
         original = "cast(load(arg1, 0), float32)" in ir_text
-    readings = {"R"} if rounded in ir_text else set()
+    readings = {"R"} if any(r in ir_text for r in rounded) else set()
     readings |= {"O"} if original else set()
     assert len(readings) == 1, f"no single reading of the scalar in\n{ir_text}"
     return readings.pop()
@@ -206,6 +208,15 @@ def test_a_cpu_graph_reads_a_scalar_as_the_cpu_s_kernels_read_it(call, expected)
     fn = CUDA_READS[call][0]
     got = "".join(_reading(_lowered(fn, "cpu", torch.bfloat16, kind), torch.bfloat16, kind) for kind in ("py", "host"))
     assert got == expected, f"{call}: (py, host) read {got} on the CPU, eager {expected}"
+
+
+def test_a_cuda_division_by_a_number_multiplies_by_its_float_reciprocal():
+    """CUDA's true division by a host scalar computes `float(h) * (1.0f / b)`, rounded once; the floor
+    division divides."""
+    ir_text = _lowered(lambda h, s: (h / SCALAR, h / 3), "cuda", torch.bfloat16, "py")
+    for b in (SCALAR, 3):
+        reciprocal = (torch.tensor(1.0) / torch.tensor(float(b))).item()
+        assert f"mul(cast(load(arg0, i0), float32), {reciprocal!r})" in ir_text, ir_text
 
 
 def test_alpha_is_read_at_its_value_on_cuda_and_rounded_on_the_cpu():

@@ -61,7 +61,7 @@ from kiln.progress import StageProgress
 from kiln.runtime import code_cache, collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
-from kiln.runtime.host_scalars import is_host_scalar, on_device
+from kiln.runtime.host_scalars import is_host_scalar
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.input_writes import write_into_inputs
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
@@ -447,16 +447,15 @@ class ReadableGraph:
 
 def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
                   **stage_artefacts) -> CompiledGraph:
-    """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call (taking the graph's
-    0-d CPU tensors across, kiln/runtime/host_scalars.py), the artefacts every compile has, and `stage_artefacts`
-    (what the stages before build printed, or that it came from the cache)."""
+    """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call, the artefacts every
+    compile has, and `stage_artefacts` (what the stages before build printed, or that it came from the cache)."""
     artefacts = {"aten_graph": ReadableGraph(gm), target.artefact: code.source,
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
 
     def runnable(call: Callable) -> Callable:
-        return with_current_device(on_device(call, gm, target.device), target.device)
+        return with_current_device(call, target.device)
 
     return CompiledGraph(runnable(namespace["call"]), artefacts,
                          lambda: runnable(_profiled_call(code.wrapper, namespace, code.kernels, name)), kept)

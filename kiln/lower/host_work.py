@@ -8,9 +8,9 @@ generator, and the CPU's would stay where it was.
 
 So the lowering runs each op whose value is on the CPU, and each op that reads a CPU tensor with dims (the copy
 of it to the GPU, an index by CPU indices), as an ATen call on the tensors eager has (`host_work`). A 0-d CPU
-value that a GPU kernel reads crosses to the GPU as a copy (`crosses_to`); eager's kernel takes it as a scalar,
-and kiln/lower/scalar_operands.py reads it as that kernel does. Graph inputs that are 0-d CPU tensors crossed
-before the call already (kiln/runtime/host_scalars.py).
+value that a GPU kernel reads, computed in the graph or a graph input, crosses to the GPU as a copy
+(`crosses_to`); eager's kernel takes it as a scalar, and kiln/lower/scalar_operands.py reads it as that kernel
+does (kiln/runtime/host_scalars.py returns 0-d CPU outputs on the host).
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def host_work(gm: torch.fx.GraphModule) -> frozenset[str]:
 
 def crosses_to(arg: torch.fx.Node, reader_value, host: frozenset[str]) -> torch.device | None:
     """The GPU that `arg`'s value must be copied to for its reader (whose value is `reader_value`): where `arg`
-    is a 0-d CPU value computed in the graph (`host`) and the reader computes on a GPU; else None."""
-    if arg.name not in host or not is_host_scalar(arg.meta.get("val")):
+    is a 0-d CPU value (an input, or computed in the graph: `host`) and the reader computes on a GPU; else None."""
+    if not (arg.op == "placeholder" or arg.name in host) or not is_host_scalar(arg.meta.get("val")):
         return None
     devices = [t.device for t in tree_leaves(reader_value) if isinstance(t, torch.Tensor)]
     return devices[0] if devices and devices[0].type == "cuda" else None

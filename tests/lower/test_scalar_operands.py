@@ -184,10 +184,11 @@ def _reading(ir_text: str, dtype: torch.dtype, kind: str) -> str:
         # as a Python float, held in float32, or its float32 reciprocal (a CUDA division multiplies by it)
         values = (SCALAR, torch.tensor(SCALAR).item(), (1 / torch.tensor(SCALAR)).item())
         original = any(re.search(rf"(?<![\d.]){re.escape(repr(v))}(?!\d)", ir_text) for v in values)
-    else:  # cast in a kernel, or by an ATen call on the CPU (a CPU scalar's arithmetic runs there)
+    else:  # cast in a kernel (the input, or its copy on the GPU), or by an ATen call on the CPU
         name = str(dtype).removeprefix("torch.")
-        rounded = (f"cast(load(arg1, 0), {name})", f"_to_copy.default(arg1, dtype=torch.{name})")
-        original = "cast(load(arg1, 0), float32)" in ir_text
+        scalars = ["arg1", *re.findall(r"(buf\d+): \S+ = extern aten._to_copy.default\(arg1, device=", ir_text)]
+        rounded = (*(f"cast(load({b}, 0), {name})" for b in scalars), f"_to_copy.default(arg1, dtype=torch.{name})")
+        original = any(f"cast(load({b}, 0), float32)" in ir_text for b in scalars)
     readings = {"R"} if any(r in ir_text for r in rounded) else set()
     readings |= {"O"} if original else set()
     assert len(readings) == 1, f"no single reading of the scalar in\n{ir_text}"

@@ -317,9 +317,9 @@ def test_launcher_checks_the_alignment_of_graph_inputs_only():
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CPU and CUDA tensors mix only on a GPU")
-def test_a_cpu_scalar_input_to_a_cuda_graph_is_moved_to_the_gpu():
+def test_a_kernel_reads_a_cpu_scalar_input_of_a_cuda_graph_through_a_copy():
     """Eager multiplies a CUDA tensor by a CPU 0-dim tensor; launchers pass raw device addresses, so a kernel
-    must never read the CPU one: the compiled graph takes it on the GPU (kiln/runtime/host_scalars.py)."""
+    must never read the CPU one: it reads a copy the graph makes on the GPU (kiln/lower/host_work.py)."""
     fn = lambda x, s: x * s + 1  # noqa: E731
     x, s = torch.randn(64, device=DEVICE), torch.tensor(3.0)
     compiled = compile_aten_graph(trace(fn, x, s), [x, s], TRITON)

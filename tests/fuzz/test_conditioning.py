@@ -108,16 +108,6 @@ def test_a_value_float32_cannot_compute_is_ill_conditioned_within_its_scale(back
     assert outcome.status == status, outcome.first_line()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("backend,status", [(_sums_in_reverse, "ill-conditioned"), (_far_off, "wrong")])
-def test_outputs_on_the_gpu_are_judged_beside_re_runs_and_masks_on_the_cpu(backend, status):
-    """The same judgement of a program whose tensors are on the GPU: its values, its re-runs' and the masks the
-    judge builds meet on the CPU (they met on two devices, and the judge raised)."""
-    source = CANCELLING_MEAN.format(body="    return a.float().mean() * 2\n").replace("])]", "], device='cuda')]")
-    outcome = run_program(source, backend)
-    assert outcome.status == status, outcome.first_line()
-
-
 def test_a_program_reading_a_dtype_gets_no_float64_reference():
     """In float64 the program could take another branch: its float64 run is no reference, and the difference
     stays wrong."""

@@ -24,6 +24,7 @@ import torch
 
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.saved_parts import HeldSaved, saved_parts
 from kiln.autograd.saved_versions import SavedByEager, VersionWatch
 from kiln.autograd.second_order import InputKeeper, saved_with_history
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
@@ -257,6 +258,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     reached_by = _reached_by(signature, grad_mask)
     forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
+    parts = saved_parts(backward_for.graph, saved_is_size, len(tangents))
     snapshot = [k for k, copy in enumerate(snapshots) if copy]
     unchecked = [k for k, only in enumerate(watch_only) if only]
 
@@ -288,6 +290,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
                 saved = [v for v, size in zip(saved, saved_is_size) if not size]
             ctx.save_for_backward(*saved)
+            if parts is not None:
+                ctx.held = HeldSaved(parts, saved)
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])
             # Autograd would fill a zero gradient for every output the loss does not reach, the
@@ -308,7 +312,11 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 return (None,) * len(grad_mask)       # this output in place): eager's formulas give no gradient
             if watched:
                 ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
-            args = _saved_tensors(ctx, len(differentiable), origin)
+            if parts is None:
+                args = _saved_tensors(ctx, len(differentiable), origin)
+            else:
+                args = ctx.held.take([k for k, (i, _, _) in enumerate(tangents) if grad_outputs[i] is not None],
+                                     lambda: _saved_tensors(ctx, len(differentiable), origin))
             if has_sizes:
                 tensors, sizes = iter(args), iter(ctx.saved_sizes)
                 args = [next(sizes) if size else next(tensors) for size in saved_is_size]
@@ -366,11 +374,10 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
     """The tensors the forward saved; where autograd refuses them, its error with what it means here.
 
     An input saved to recompute from (eager saves the value computed from it) and written in place since fails
-    autograd's version check where eager's backward runs, as under torch.compile. And eager has a backward node
-    per op; a compiled graph has one for all its outputs that share computation (graph_parts.py splits the rest),
-    as torch.compile's does, so a backward through one output (`loss.backward()` in the compiled function)
-    frees what a later backward through another output needs, where eager's node of that other output would
-    still hold it."""
+    autograd's version check where eager's backward runs, as under torch.compile. And a backward through one
+    output (`loss.backward()` in the compiled function) frees what a later backward through another output needs
+    where their gradients meet at an op that reads a saved value (saved_parts.py holds the rest per part), as
+    eager's node of that op is freed."""
     try:
         return [*ctx.saved_tensors]
     except RuntimeError as e:
@@ -384,10 +391,9 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
             raise
         raise RuntimeError(
             f"{e}\nkiln: this backward goes through the compiled graph of {origin}. Its {num_differentiable} "
-            "outputs that require grad are computed from shared values and share one backward node (as they do "
-            "under torch.compile), and an earlier backward through one of them freed the values every one of them "
-            "needs, where eager keeps a node per operation. Pass retain_graph=True to the earlier backward(), or "
-            "compute the outputs used after it once it has run.") from None
+            "outputs that require grad meet in its backward at an op that reads a saved value, and an earlier "
+            "backward through one of them freed the values that op needs. Pass retain_graph=True to the earlier "
+            "backward(), or compute the outputs used after it once it has run.") from None
 
 
 def _differentiable_saves(saved: list, saved_primals: list[int | None], snapshot: list[int],

@@ -14,10 +14,8 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +23,7 @@ import torch
 
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.gradient_hooks import hook_only_gradients, hook_only_gradients_upstream
 from kiln.autograd.saved_parts import HeldSaved, saved_parts
 from kiln.autograd.saved_versions import SavedByEager, VersionWatch
 from kiln.autograd.second_order import InputKeeper, saved_with_history
@@ -181,32 +180,15 @@ class TrainingRunner:
                 args[i] = args[i].detach()
         outs = list(self.function.call(*args))
         for i in self.shared_node_outputs:
-            _hook_only_gradients(outs[i])
+            hook_only_gradients(outs[i])
         for i in self.partly_reached:
-            _hook_only_gradients_upstream(flat[i])
+            hook_only_gradients_upstream(flat[i])
         restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
             with contextlib.nullcontext() if self.signature.requires_grad[j] else torch.no_grad():
                 flat[i].copy_(outs[j])
         return self.program.assemble(self.signature, flat, outs)
-
-
-def _hook_only_gradients_upstream(t: torch.Tensor) -> None:
-    """`_hook_only_gradients` for `t` and every leaf its history reaches: the None this graph's node may hand `t`
-    goes on through `t`'s history (eager's nodes and other compiled graphs' pass it on), whose leaves' hooks
-    autograd then calls with None, where eager's backward never reaches them."""
-    _hook_only_gradients(t)
-    seen, todo = set(), [t.grad_fn] if t.grad_fn is not None else []
-    while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: the leaf it accumulates into
-        if isinstance(leaf, torch.Tensor):
-            _hook_only_gradients(leaf)
-        todo.extend(child for child, _ in node.next_functions if child is not None and child not in seen)
 
 
 def _partly_reached(reached_by: list[frozenset[int]] | None, num_differentiable: int) -> list[int]:
@@ -216,44 +198,6 @@ def _partly_reached(reached_by: list[frozenset[int]] | None, num_differentiable:
         return []
     every = frozenset(range(num_differentiable))
     return [i for i, outputs in enumerate(reached_by) if outputs and outputs != every]
-
-
-class _GradientOnlyHooks(collections.OrderedDict):
-    """The tensor-hook dict of a tensor a compiled graph's backward node may hand None.
-
-    Autograd runs the graph's one backward node when any output gets a gradient. It then calls the hooks of
-    every output, with None for those the loss does not reach (the node does not materialize zeros), and the
-    hooks of every input, with None for those only such outputs reach (`_drop_unreached`). Eager has a node per
-    op and never calls the hook of a tensor the loss does not reach. Hooks registered here
-    (`Tensor.register_hook` inserts into this dict) run only on a gradient."""
-
-    def __setitem__(self, key, hook):
-        super().__setitem__(key, _on_gradient(hook))
-
-
-def _on_gradient(hook: Callable) -> Callable:
-    if getattr(hook, "runs_on_gradients_only", False):
-        return hook
-
-    @functools.wraps(hook)  # keeps what torch reads off a hook (`__torch_unserializable__`)
-    def run(grad):
-        return None if grad is None else hook(grad)
-    run.runs_on_gradients_only = True
-    return run
-
-
-def _hook_only_gradients(t: torch.Tensor) -> None:
-    """Give `t` a hook dict whose hooks skip absent gradients; the hooks it has already skip them too."""
-    hooks = t._backward_hooks
-    if hooks is None:
-        if not t.requires_grad:
-            return
-        t._backward_hooks = _GradientOnlyHooks()
-        if t.grad_fn is not None:
-            t.grad_fn._register_hook_dict(t)
-    elif type(hooks) is not _GradientOnlyHooks:  # registered before the call: their handles keep this dict
-        for key, hook in list(hooks.items()):
-            hooks[key] = _on_gradient(hook)
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],

@@ -86,3 +86,30 @@ def test_hooks_registered_before_the_call_run_only_on_gradients(leaf, backend):
     (expected_grads, expected_log), (grads, log) = run(two_outputs), run(kiln.compile(two_outputs, backend=backend))
     assert log == expected_log
     torch.testing.assert_close(grads, expected_grads)
+
+
+def post_accumulate_hook_after_a_break(a, b, log):
+    kept = a.sin()
+    dropped = a * b
+    b.register_post_accumulate_grad_hook(lambda p: log.append(("after", p.grad.sum().item())))
+    return kept, dropped
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_post_accumulate_grad_hooks_run_only_after_a_gradient(backend):
+    """Registered before the call and inside it: autograd calls them with the leaf, whose `.grad` is None where
+    the backward gave it no gradient; eager's backward does not call them there."""
+    def run(fn):
+        a = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_(True)
+        b = torch.linspace(0.5, 1.5, 6).reshape(2, 3).requires_grad_(True)
+        log = []
+        b.register_post_accumulate_grad_hook(lambda p: log.append(("before", p.grad.sum().item())))
+        kept, dropped = fn(a, b, log)
+        kept.sum().backward()
+        dropped.sum().backward()
+        return (a.grad, b.grad), log
+
+    program = post_accumulate_hook_after_a_break
+    (expected_grads, expected_log), (grads, log) = run(program), run(kiln.compile(program, backend=backend))
+    assert log == expected_log
+    torch.testing.assert_close(grads, expected_grads)

@@ -140,8 +140,6 @@ class HeldSaved:
 
 
 def _keeps_graph() -> bool:
-    """Whether the running backward retains the graph (`retain_graph=True`, or `create_graph=True`)."""
-    try:
-        return torch._C._autograd._get_current_graph_task_keep_graph()
-    except RuntimeError:  # not inside the engine's backward (a backward graph traced by compiled autograd)
-        return True
+    """Whether the running backward retains the graph (`retain_graph=True`, `create_graph=True`); True outside the
+    engine's backward (a backward graph compiled autograd traced, run later), which frees nothing here."""
+    return torch._C._autograd._get_current_graph_task_keep_graph()

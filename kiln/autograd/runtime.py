@@ -3,9 +3,11 @@
 Training: a `torch.autograd.Function` per compiled graph. Its forward runs the
 compiled forward graph and saves the tensors the partitioner chose; its backward
 runs the compiled backward graph on them and the incoming gradients. Autograd
-then sees the compiled region as one node: `retain_graph`, hooks on the inputs
-and gradient accumulation behave as for any custom Function. Inference runs the
-forward-only graph and saves nothing.
+then sees the compiled region as one node, and gradient accumulation behaves as
+for any custom Function. Where eager's many nodes differ from one, the node
+follows eager: a backward frees only the saved tensors of the outputs it ran
+(saved_parts.py), and hooks of tensors it hands no gradient do not run
+(gradient_hooks.py). Inference runs the forward-only graph and saves nothing.
 
 Both paths then finish the call as eager would have: mutated inputs receive
 their new values (`copy_`; outside autograd for inputs that do not require grad,

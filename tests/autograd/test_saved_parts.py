@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.autograd.saved_parts import saved_parts
 
 BACKENDS = ["aot_eager", "inductor"]
 
@@ -153,3 +154,19 @@ def test_the_history_of_an_input_only_another_output_reaches_is_kept(backend):
     expected = run(lambda a, b: (a.sin(), a * b))
     torch.manual_seed(0)
     torch.testing.assert_close(run(kiln.compile(lambda a, b: (a.sin(), a * b), backend=backend)), expected)
+
+
+def test_parts_join_where_an_op_reading_a_saved_tensor_takes_several_gradients():
+    """In a backward graph (placeholders: saved values, then tangents), the sum of two outputs' contributions joins
+    nothing; an op that reads a saved tensor (here through `cos`, which reads no gradient) and depends on two
+    tangents joins them, as eager's node where their gradients meet."""
+    def apart(a, b, t0, t1):
+        return t0 * a.cos() + t1 * b, t1 * 2
+
+    def joined(a, b, t0, t1):
+        return (t0 + t1) * a.cos(), t1 * b
+
+    parts = saved_parts(torch.fx.symbolic_trace(apart), [False, False], 2)
+    assert parts.part_of[0] != parts.part_of[1]
+    assert parts.readers == (frozenset({parts.part_of[0]}), frozenset({parts.part_of[1]}))
+    assert saved_parts(torch.fx.symbolic_trace(joined), [False, False], 2) is None

@@ -3,9 +3,11 @@
 Training: a `torch.autograd.Function` per compiled graph. Its forward runs the
 compiled forward graph and saves the tensors the partitioner chose; its backward
 runs the compiled backward graph on them and the incoming gradients. Autograd
-then sees the compiled region as one node: `retain_graph`, hooks on the inputs
-and gradient accumulation behave as for any custom Function. Inference runs the
-forward-only graph and saves nothing.
+then sees the compiled region as one node, and gradient accumulation behaves as
+for any custom Function. Where eager's many nodes differ from one, the node
+follows eager: a backward frees only the saved tensors of the outputs it ran
+(saved_parts.py), and hooks of tensors it hands no gradient do not run
+(gradient_hooks.py). Inference runs the forward-only graph and saves nothing.
 
 Both paths then finish the call as eager would have: mutated inputs receive
 their new values (`copy_`; outside autograd for inputs that do not require grad,
@@ -14,7 +16,6 @@ as real views of it, and the output structure is restored.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import torch
 
 from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
+from kiln.autograd.gradient_hooks import hook_only_gradients, hook_only_gradients_upstream
+from kiln.autograd.saved_parts import HeldSaved, saved_parts
 from kiln.autograd.saved_versions import SavedByEager, VersionWatch
 from kiln.autograd.second_order import InputKeeper, saved_with_history
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
@@ -169,6 +172,7 @@ class TrainingRunner:
                                        InputKeeper(program.parameters) if rerun is not None else None, viewed_outputs)
         differentiable = signature.differentiable()
         self.shared_node_outputs = differentiable if len(differentiable) > 1 else []
+        self.partly_reached = _partly_reached(_reached_by(signature, grad_mask), len(differentiable))
 
     def __call__(self, flat: list) -> Any:
         args = flat
@@ -178,7 +182,9 @@ class TrainingRunner:
                 args[i] = args[i].detach()
         outs = list(self.function.call(*args))
         for i in self.shared_node_outputs:
-            _hook_only_gradients(outs[i])
+            hook_only_gradients(outs[i])
+        for i in self.partly_reached:
+            hook_only_gradients_upstream(flat[i])
         restride_inputs(self.signature, flat)
         self.write_mutations(flat, outs)
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
@@ -187,29 +193,13 @@ class TrainingRunner:
         return self.program.assemble(self.signature, flat, outs)
 
 
-class _GradientOnlyHooks(collections.OrderedDict):
-    """The tensor-hook dict of an output of a compiled graph with several differentiable outputs.
-
-    Autograd runs the graph's one backward node when any output gets a gradient, and then calls the
-    hooks of every output, with None for those the loss does not reach (the node does not materialize
-    zeros); eager has a node per tensor and never calls the hook of a tensor the loss does not reach.
-    Hooks registered here (`Tensor.register_hook` inserts into this dict) run only on a gradient."""
-
-    def __setitem__(self, key, hook):
-        super().__setitem__(key, _on_gradient(hook))
-
-
-def _on_gradient(hook: Callable) -> Callable:
-    def run(grad):
-        return None if grad is None else hook(grad)
-    return run
-
-
-def _hook_only_gradients(out: torch.Tensor) -> None:
-    """Give `out` (an output of a shared backward node) a hook dict whose hooks skip absent gradients."""
-    if out._backward_hooks is None and out.grad_fn is not None:
-        out._backward_hooks = _GradientOnlyHooks()
-        out.grad_fn._register_hook_dict(out)
+def _partly_reached(reached_by: list[frozenset[int]] | None, num_differentiable: int) -> list[int]:
+    """The inputs that get a gradient from some differentiable outputs but not all: a backward through the
+    others gives them None (`_drop_unreached`)."""
+    if reached_by is None:
+        return []
+    every = frozenset(range(num_differentiable))
+    return [i for i, outputs in enumerate(reached_by) if outputs and outputs != every]
 
 
 def _make_function(forward: Callable, backward_for: BackwardVariants, num_outputs: int, saved_is_size: list[bool],
@@ -257,6 +247,7 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
     reached_by = _reached_by(signature, grad_mask)
     forward = boxed(forward)
     num_saved, has_sizes = len(saved_is_size), any(saved_is_size)
+    parts = saved_parts(backward_for.graph, saved_is_size, len(tangents))
     snapshot = [k for k, copy in enumerate(snapshots) if copy]
     unchecked = [k for k, only in enumerate(watch_only) if only]
 
@@ -288,6 +279,8 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 ctx.saved_sizes = [v for v, size in zip(saved, saved_is_size) if size]
                 saved = [v for v, size in zip(saved, saved_is_size) if not size]
             ctx.save_for_backward(*saved)
+            if parts is not None:
+                ctx.held = HeldSaved(parts, saved)
             ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
                                           if i >= num_outputs or not signature.requires_grad[i]])
             # Autograd would fill a zero gradient for every output the loss does not reach, the
@@ -308,7 +301,11 @@ def _make_function(forward: Callable, backward_for: BackwardVariants, num_output
                 return (None,) * len(grad_mask)       # this output in place): eager's formulas give no gradient
             if watched:
                 ctx.versions.check([grad_outputs[i] is not None for i, _, _ in tangents])
-            args = _saved_tensors(ctx, len(differentiable), origin)
+            if parts is None:
+                args = _saved_tensors(ctx, len(differentiable), origin)
+            else:
+                args = ctx.held.take([k for k, (i, _, _) in enumerate(tangents) if grad_outputs[i] is not None],
+                                     lambda: _saved_tensors(ctx, len(differentiable), origin))
             if has_sizes:
                 tensors, sizes = iter(args), iter(ctx.saved_sizes)
                 args = [next(sizes) if size else next(tensors) for size in saved_is_size]
@@ -366,11 +363,10 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
     """The tensors the forward saved; where autograd refuses them, its error with what it means here.
 
     An input saved to recompute from (eager saves the value computed from it) and written in place since fails
-    autograd's version check where eager's backward runs, as under torch.compile. And eager has a backward node
-    per op; a compiled graph has one for all its outputs that share computation (graph_parts.py splits the rest),
-    as torch.compile's does, so a backward through one output (`loss.backward()` in the compiled function)
-    frees what a later backward through another output needs, where eager's node of that other output would
-    still hold it."""
+    autograd's version check where eager's backward runs, as under torch.compile. And a backward through one
+    output (`loss.backward()` in the compiled function) frees what a later backward through another output needs
+    where their gradients meet at an op that reads a saved value (saved_parts.py holds the rest per part), as
+    eager's node of that op is freed."""
     try:
         return [*ctx.saved_tensors]
     except RuntimeError as e:
@@ -384,10 +380,9 @@ def _saved_tensors(ctx, num_differentiable: int, origin: str) -> list:
             raise
         raise RuntimeError(
             f"{e}\nkiln: this backward goes through the compiled graph of {origin}. Its {num_differentiable} "
-            "outputs that require grad are computed from shared values and share one backward node (as they do "
-            "under torch.compile), and an earlier backward through one of them freed the values every one of them "
-            "needs, where eager keeps a node per operation. Pass retain_graph=True to the earlier backward(), or "
-            "compute the outputs used after it once it has run.") from None
+            "outputs that require grad meet in its backward at an op that reads a saved value, and an earlier "
+            "backward through one of them freed the values that op needs. Pass retain_graph=True to the earlier "
+            "backward(), or compute the outputs used after it once it has run.") from None
 
 
 def _differentiable_saves(saved: list, saved_primals: list[int | None], snapshot: list[int],

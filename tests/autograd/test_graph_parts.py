@@ -8,9 +8,11 @@ compiles a graph that ends at the user's `backward()` as one backward node per p
 with the others (kiln/autograd/graph_parts.py), so the later backward gives eager's gradients. Found by the fuzzer
 (seed 100489).
 
-Parts that share computation stay one node: there kiln raises autograd's error with a note naming the graph, the
-user's backward() line and the way out (retain_graph=True). So do parts that meet through a tensor one writes and
-another reads, or that both draw random numbers: split, they could run in another order than eager's.
+Parts that share computation stay one node, and so do parts that meet through a tensor one writes and another
+reads, or that both draw random numbers: split, they could run in another order than eager's. That node frees per
+part of its backward what the first backward read (test_saved_parts.py): where the outputs' gradients meet at an op
+reading a saved value, eager raises at the later backward, and kiln raises autograd's error with a note naming the
+graph, the user's backward() line and the way out (retain_graph=True).
 """
 import pytest
 import torch
@@ -245,15 +247,28 @@ def test_an_unused_draw_runs_in_one_part():
     assert [part.gm.code.count("torch.rand(") for part in split.parts] in ([1, 0], [0, 1])
 
 
+def shared_sine(a):
+    shared = a.sin()  # both outputs' gradients meet at sin's backward, which reads a
+    loss = shared.sum()
+    loss.backward()
+    return shared * 3
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_parts_sharing_computation_raise_naming_the_graph_and_the_backward_line(backend):
-    """The shared limitation that stays: one backward node for computation the two outputs share."""
-    run(shared_sum, shared_sum)  # eager gives gradients
+def test_parts_sharing_computation_give_eagers_gradients(backend):
+    """The outputs' gradients meet at the add's backward, which reads nothing saved: the later backward runs."""
+    torch.testing.assert_close(run(kiln.compile(shared_sum, backend=backend), shared_sum), run(shared_sum, shared_sum))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parts_meeting_at_a_saved_value_raise_naming_the_graph_and_the_backward_line(backend):
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        run(shared_sine, shared_sine)  # eager's sin node was freed by loss.backward()
     with pytest.raises(RuntimeError) as raised:
-        run(kiln.compile(shared_sum, backend=backend), shared_sum)
+        run(kiln.compile(shared_sine, backend=backend), shared_sine)
     message = str(raised.value)
     assert "backward through the graph a second time" in message  # autograd's own words come first
-    assert "compiled graph of shared_sum" in message
+    assert "compiled graph of shared_sine" in message
     assert "loss.backward()" in message  # the user's line that freed the graph's saved tensors
     assert "retain_graph=True" in message
 

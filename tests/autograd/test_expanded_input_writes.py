@@ -85,6 +85,7 @@ def _arguments(program, layout):
     return make
 
 
+@pytest.mark.sampled(every=2, classes=("program", "layout"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("program", WRITES, ids=lambda f: f.__name__)
@@ -258,6 +259,7 @@ ALLOWED = [assign_an_empty_slice, add_into_no_rows, copy_into_an_empty_column_ra
            fill_a_column, init_zeros_of_a_slice, fill_no_rows]
 
 
+@pytest.mark.sampled(every=2, classes=("program", "layout"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("program", ALLOWED, ids=lambda f: f.__name__)

@@ -68,6 +68,7 @@ ALIASINGS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("program", "aliasing"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("aliasing", list(ALIASINGS))
 @pytest.mark.parametrize("program", [add_then_read, write_second, write_both, write_through_view, returns_the_inputs,

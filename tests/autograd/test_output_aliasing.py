@@ -129,6 +129,7 @@ def dynamic_detach(x):
     return y, y.detach(), x.detach(), x
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("dynamic", [None, True], ids=["auto_dynamic", "dynamic"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [dynamic_views, dynamic_detach, strided_views, mixed], ids=lambda f: f.__name__)

@@ -100,6 +100,7 @@ def _on_last_input(program):
     return run
 
 
+@pytest.mark.sampled(every=2, classes=("program", "inputs"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("inputs", INPUTS)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)

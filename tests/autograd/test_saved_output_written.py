@@ -110,6 +110,7 @@ def assert_same(expected, actual):
         torch.testing.assert_close(k_result, e_result)
 
 
+@pytest.mark.sampled(every=2, classes=("program", "write"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)

@@ -257,6 +257,7 @@ def f(x):
 """
 
 
+@pytest.mark.sampled(every=3, classes=("op", "write"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("write", list(INPUT_WRITES))
 @pytest.mark.parametrize("op", ["floor_divide by zero", "gather out of range", "advanced index out of range"])

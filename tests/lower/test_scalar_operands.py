@@ -65,6 +65,7 @@ def _assert_bitwise(got, expected, what: str) -> None:
                                  f"{g[~same][:3].tolist()} vs eager's {e[~same][:3].tolist()}"
 
 
+@pytest.mark.sampled(every=2, classes=("op",))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("op", list(OPS))
 def test_a_scalar_meets_a_half_type_tensor_as_in_eager(op, options):

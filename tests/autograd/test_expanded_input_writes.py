@@ -192,6 +192,7 @@ def assign_through_an_expanded_input(x, v):
     return x.clone()
 
 
+@pytest.mark.sampled(every=2, classes=("dynamic", "program"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input,
                                      assign_through_an_expanded_input], ids=lambda f: f.__name__)
@@ -206,6 +207,7 @@ def test_write_of_infinities_through_an_expanded_view(program, backend, dynamic)
     check(program, make, backend, calls=2, dynamic=dynamic)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [fill_a_row, add_into_a_row, write_then_return_views], ids=lambda f: f.__name__)
 def test_write_into_a_view_of_an_overlapping_input_dynamic(program, backend):
@@ -274,6 +276,7 @@ def column_of_ones(call):
     return torch.linspace(-1.0, 2.0, 2 + call).reshape(-1, 1).expand(2 + call, 3)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [assign_an_empty_slice, fill_all, zero_all_then_read],
                          ids=lambda f: f.__name__)

@@ -54,6 +54,7 @@ def make():
     return torch.linspace(-1.0, 1.0, 6).reshape(1, 6)[:, :4].reshape(2, 2), torch.arange(6.0).reshape(2, 3)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_in_place_view_op_on_an_input(program, backend):
@@ -100,6 +101,7 @@ SHARED = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("program", "sharing"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("sharing", list(SHARED))
 @pytest.mark.parametrize("program", [transpose_then_read_the_other, unsqueeze_then_write_the_other,
@@ -124,6 +126,7 @@ def unsqueeze_then_branch(a, b):
     return t - 1
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [transpose_in_place, unsqueeze_then_write, as_strided_in_place,
                                      unsqueeze_then_branch], ids=lambda f: f.__name__)
@@ -195,6 +198,7 @@ def make_vector(call):
             .requires_grad_()]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", GRAD_PROGRAMS, ids=lambda f: f.__name__)
 def test_in_place_view_op_on_an_input_that_requires_grad(program, backend, caplog):

@@ -188,6 +188,7 @@ VALUE_LAYOUTS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("name", "layout"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("layout", list(VALUE_LAYOUTS))
 @pytest.mark.parametrize("name", list(LIKE_DRAWS))

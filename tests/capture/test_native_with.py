@@ -504,6 +504,7 @@ def test_a_stepped_loop_inside_a_block_behaves_as_eager(program, manager):
              True, "eager")
 
 
+@pytest.mark.sampled(every=2, classes=("program", "manager"))
 @pytest.mark.allows_fallback("graph_break: the print before the raising graph")
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("manager", MANAGERS)

@@ -63,6 +63,7 @@ def test_a_power_by_a_number_as_in_eager(power, dtype, options):
     _assert_bitwise(kiln.compile(program, options=options)(x), program(x), f"x ** {power} in {dtype}")
 
 
+@pytest.mark.sampled(every=2, classes=("exponent", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("exponent", list(TENSOR_EXPONENTS))

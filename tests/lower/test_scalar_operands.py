@@ -109,6 +109,7 @@ def _two_halves(dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]
     return tuple((torch.randn(n, generator=g) * 3).to(dtype) for _ in range(2))
 
 
+@pytest.mark.sampled(every=2, classes=("op", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("op", list(ALPHA_OPS))

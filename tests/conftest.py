@@ -4,17 +4,25 @@ Triton reads TRITON_INTERPRET when its own library functions (`tl.zeros`, ...) a
 import. Test modules that use torch.compile as the reference import triton through torch, so the
 decision in `triton_device` must be made here, ahead of every module, not in the Triton tests.
 """
+import hashlib  # noqa: E402
 import os  # noqa: E402
+import random  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from support import triton_device  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
+from support import (
+    sweeps,
+    triton_device,  # noqa: F401  (sets TRITON_INTERPRET on machines without a GPU)
+)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "allows_fallback(why): the test makes kiln fall back on purpose (runs with "
                                        "KILN_STRICT=0); `why` names the fallback")
+    config.addinivalue_line("markers", "sampled(every, classes): CI runs a diagonal sample of the test's parameter "
+                                       "matrix, about one case in `every`, each value of the `classes` parameters kept "
+                                       "(tests/support/sweeps.py); KILN_MATRIX_SWEEP=1 runs it whole")
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +45,18 @@ def kiln_strict(request, monkeypatch):
     else:
         monkeypatch.setenv("KILN_STRICT", os.environ.get("KILN_STRICT", "1"))
     fallbacks.reset()
+
+
+@pytest.fixture(autouse=True)
+def seeded(request):
+    """Each test starts torch's and Python's generators from a seed of its own, made from its id: the random
+    inputs of a test that does not seed them are the same on every run and every worker, so a tolerance that
+    unlucky values exceed fails always or never, not once in some runs (and a failure replays by its id)."""
+    import torch
+
+    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "little")
+    torch.manual_seed(seed)
+    random.seed(seed)
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +120,58 @@ def fresh_cache(guard_extension, tmp_path, monkeypatch) -> Path:
     return root
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    """CI's samples of the matrices marked `sampled` (the rest deselected), then `share_module_fixtures`."""
+    if not sweeps.full(sweeps.MATRIX_SWEEP):
+        named = {arg for arg in config.args if "[" in arg}  # cases asked for by id run, sampled or not
+        kept = sampled(items) | {item for item in items if any(arg.endswith(item.nodeid) for arg in named)}
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = [item for item in items if item in kept]
+    share_module_fixtures(items)
+
+
+def sampled(items) -> set:
+    """The items CI runs: every unmarked one, and `sweeps.diagonal`'s sample of each test marked `sampled`, whose
+    matrix has one axis per `parametrize`."""
+    matrices: dict[tuple, list] = {}
+    kept = set()
+    for item in items:
+        if item.get_closest_marker("sampled") is None or not hasattr(item, "callspec"):
+            kept.add(item)
+        else:
+            matrices.setdefault((item.module.__name__, item.cls, item.originalname), []).append(item)
+    for members in matrices.values():
+        mark = members[0].get_closest_marker("sampled")
+        axes = list(members[0].iter_markers("parametrize"))
+        cases = [{axis_name(axis): position(item, axis) for axis in axes} for item in members]
+        kept.update(members[i] for i in sweeps.diagonal(cases, mark.kwargs.get("every", 3),
+                                                        tuple(mark.kwargs.get("classes", ()))))
+    return kept
+
+
+def axis_name(parametrize) -> str:
+    """The name of a `parametrize`'s axis: its first parameter (argnames as "a,b" or as a sequence)."""
+    names = parametrize.args[0]
+    return (names.split(",") if isinstance(names, str) else list(names))[0].strip()
+
+
+PARAM = type(pytest.param(None))
+
+
+def position(item, parametrize) -> int:
+    """Where the item's value of the `parametrize`'s first parameter stands in its list of values (pytest's
+    `callspec.indices` numbers the cases of the whole matrix, not the positions along each axis)."""
+    values, single = parametrize.args[1], "," not in parametrize.args[0] if isinstance(parametrize.args[0], str) \
+        else len(parametrize.args[0]) == 1
+    value = item.callspec.params[axis_name(parametrize)]
+    for k, v in enumerate(values):
+        v = v.values if isinstance(v, PARAM) else (v,) if single else v
+        if v[0] is value:
+            return k
+    raise ValueError(f"{item.nodeid}: {value!r} is not among the values of {axis_name(parametrize)}")
+
+
+def share_module_fixtures(items):
     """Tests that share a module-scoped fixture run on one xdist worker (`--dist loadgroup`, scripts/test.sh): a
     module fixture is set up once per worker that runs one of its tests, and those of the warm-start and cache
     tests run whole processes that compile models."""

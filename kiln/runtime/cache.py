@@ -21,6 +21,12 @@ between functions that do not call each other, the text before the first mark
 to objects at once (one compiler process per CPU, `KILN_BUILD_JOBS` to change
 it) and are linked into the one library. g++ spends its time optimizing each
 function, so the build scales with the CPUs.
+
+Most of a small library's build is the compiler parsing the standard headers every kernel source starts
+with (<cmath>, <algorithm>, ...). Those `#include` lines are precompiled once per cache, compiler and flags
+(`pch/<key[:2]>/<key>.h` and its `.gch`), and each build reads them through `-include`: the compiler loads
+the precompiled form, or parses the header's text where it cannot use it. The source still includes them
+itself (a second include of a guarded header costs nothing), so the library is the same either way.
 """
 from __future__ import annotations
 
@@ -55,7 +61,7 @@ UNIT_MARK = "// kiln: unit\n"
 MIN_UNIT_BYTES = 40_000
 
 # What this process did: tests read it, and the debug report could.
-stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "units": 0, "rebuilds": 0}
+stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "units": 0, "rebuilds": 0, "headers": 0}
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
@@ -122,14 +128,66 @@ def _compile(source: str, lib: Path) -> Path:
     with compiler_process.temporary(src, out):
         write_new(src, source)
         units = split_units(source, build_jobs())
+        headers = precompiled_headers(source)
         if len(units) == 1:
-            compiler_process.run([compiler(), *CXX_FLAGS, str(src), "-o", str(out), *LIBS])
+            compiler_process.run([compiler(), *CXX_FLAGS, *headers, str(src), "-o", str(out), *LIBS])
         else:
-            _build_units(units, lib, out)
+            _build_units(units, lib, out, headers)
         if verify(lib) is not None:  # else another process published this key meanwhile: its library serves
             publish(out, lib)
             os.replace(src, lib.with_suffix(".cpp"))
     return lib
+
+
+_not_precompiled: set[str] = set()  # keys of headers this process's compiler refused to precompile
+
+
+def leading_includes(source: str) -> str:
+    """The `#include` lines `source` starts with (comments and blank lines between them skipped)."""
+    lines = []
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#include"):
+            lines.append(stripped + "\n")
+        elif stripped and not stripped.startswith("//"):
+            break
+    return "".join(lines)
+
+
+def precompiled_headers(source: str) -> list[str]:
+    """The flags that give the compiler the headers `source` starts with precompiled (see the module docstring),
+    building them on first use; [] where the source starts with none or the compiler could not precompile them
+    (a compiler that hangs raises CompilerTimeout, as the build it would have been part of)."""
+    headers = leading_includes(source)
+    flags = [f for f in CXX_FLAGS if f != "-shared"]
+    key = hashlib.sha256("\0".join([compiler(), *flags, headers]).encode()).hexdigest()
+    if not headers or key in _not_precompiled:
+        return []
+    header = folder("pch", key[:2]) / f"{key}.h"
+    precompiled = header.with_name(header.name + ".gch")
+    if verify(header) is not None or verify(precompiled) is not None:
+        try:
+            _precompile(headers, header, precompiled, flags)
+        except CompilerTimeout:
+            raise
+        except (BuildError, OSError) as e:
+            log.info("kiln: building without precompiled headers: %s", e)
+            _not_precompiled.add(key)
+            return []
+    return ["-include", str(header)]
+
+
+def _precompile(headers: str, header: Path, precompiled: Path, flags: list[str]) -> None:
+    """Write `headers` to `header` and compile them to `precompiled` beside it, under this process's own temporary
+    names (published precompiled form first: a reader uses the pair only when both match their manifests)."""
+    sweep_orphans(header.parent)
+    src, out = temp_name(header), temp_name(precompiled)
+    stats["headers"] += 1
+    with compiler_process.temporary(src, out):
+        write_new(src, headers)
+        compiler_process.run([compiler(), *flags, "-x", "c++-header", str(src), "-o", str(out)])
+        publish(out, precompiled)
+        publish(src, header)
 
 
 def write_new(path: Path, data: str | bytes) -> Path:
@@ -207,8 +265,9 @@ def split_units(source: str, jobs: int) -> list[str]:
     return [u for u in units if u != prelude]
 
 
-def _build_units(units: list[str], lib: Path, out: Path) -> None:
-    """Compile each unit to an object file in parallel, then link them into `out`."""
+def _build_units(units: list[str], lib: Path, out: Path, headers: list[str]) -> None:
+    """Compile each unit to an object file in parallel (`headers`: precompiled_headers' flags), then link them
+    into `out`."""
     work = temp_name(lib.with_suffix(".units"))
     with compiler_process.temporary(work):
         os.mkdir(work, 0o700)
@@ -216,7 +275,7 @@ def _build_units(units: list[str], lib: Path, out: Path) -> None:
         compile_flags = [f for f in CXX_FLAGS if f != "-shared"]
         with ThreadPoolExecutor(max_workers=min(len(units), build_jobs())) as pool:
             list(pool.map(lambda p: compiler_process.run(
-                [compiler(), *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))]), paths))
+                [compiler(), *compile_flags, *headers, "-c", str(p), "-o", str(p.with_suffix(".o"))]), paths))
         stats["units"] += len(units)
         compiler_process.run([compiler(), *CXX_FLAGS, *[str(p.with_suffix(".o")) for p in paths], "-o", str(out),
                               *LIBS])

@@ -66,6 +66,7 @@ def assert_eager_grads(fn, make_inputs, backend, around=contextlib.nullcontext):
             assert torch.equal(e, a), f"seed {seed}: largest difference {(e - a).abs().max().item()}"
 
 
+@pytest.mark.sampled(every=2, classes=("make",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("make", [leaf, non_leaf, leaf_view], ids=["leaf", "non_leaf", "leaf_view"])
 def test_an_input_cast_for_two_operands(backend, make):

@@ -29,6 +29,7 @@ def unique_plus(x):
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 # torch.compile captures the data-dependent ops; kiln's backends run such a graph op by op (a graph fallback)
+@pytest.mark.sampled(every=2, classes=("fn", "requires_grad"))
 @pytest.mark.allows_fallback("graph: data-dependent sizes in the captured graph")
 @pytest.mark.parametrize("fn", [masked_sum_and_count, scaled_by_item, unique_plus], ids=lambda f: f.__name__)
 def test_behind_torch_compile_with_data_dependent_capture(fn, backend, requires_grad, fallback_log):

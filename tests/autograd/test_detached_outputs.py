@@ -19,6 +19,7 @@ def two_detached(x, y):
     return x.detach() + y.detach(), (x * 0).detach()
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("fn", [detach_then_scale, detach_then_round, two_detached], ids=lambda f: f.__name__)
 def test_detached_outputs_do_not_require_grad(fn, backend):
@@ -71,6 +72,7 @@ def requires_grad_on_an_unreturned_alias(x):
     return y
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("fn", [detached_first, detached_slice_first, made_a_leaf_of_a_detached_alias,
                                 requires_grad_on_an_unreturned_alias], ids=lambda f: f.__name__)

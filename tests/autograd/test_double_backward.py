@@ -55,6 +55,7 @@ def inputs():
     return torch.randn(4, 4, generator=g, requires_grad=True), torch.randn(4, 4, generator=g, requires_grad=True)
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fn", [cube, sine_times_weight, squared_error, softplus_of_product],
                          ids=lambda f: f.__name__)

@@ -167,6 +167,7 @@ def make():
     return torch.linspace(-1.0, 1.0, 12).reshape(3, 4), torch.arange(-6, 6).reshape(3, 4)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", RAISING, ids=lambda f: f.__name__)
 def test_raises_what_eager_raises(program, backend):
@@ -217,6 +218,7 @@ def test_fake_kernel_refusing_what_eager_runs_with_dynamic_sizes(backend):
         torch.testing.assert_close(compiled(*args), expanded_input_written_with_itself(*args))
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", RETURNING, ids=lambda f: f.__name__)
 def test_returns_what_eager_returns(program, backend):
@@ -303,6 +305,7 @@ def test_a_reduction_eager_refuses_over_an_empty_tensor_raises(name, backend):
     assert str(eager.value).split("\n")[0] in str(compiled.value)
 
 
+@pytest.mark.sampled(every=2, classes=("name",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", sorted(EMPTY_REDUCTIONS_RETURNING))
 def test_a_reduction_eager_runs_over_an_empty_tensor_returns(name, backend):

@@ -57,6 +57,7 @@ def assert_same(actual, expected):
         torch.testing.assert_close(a, e, equal_nan=True)
 
 
+@pytest.mark.sampled(every=2, classes=("program", "values"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("values", INPUTS.values(), ids=INPUTS.keys())
 @pytest.mark.parametrize("program", PRODUCTS, ids=lambda f: f.__name__)
@@ -77,6 +78,7 @@ def median_amplified(x):
     return (torch.median(x) * 1e30) ** 2
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [largest_amplified, smallest_times_nan, median_amplified],
                          ids=lambda f: f.__name__)

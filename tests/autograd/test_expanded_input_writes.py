@@ -85,6 +85,7 @@ def _arguments(program, layout):
     return make
 
 
+@pytest.mark.sampled(every=2, classes=("program", "layout"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("program", WRITES, ids=lambda f: f.__name__)
@@ -191,6 +192,7 @@ def assign_through_an_expanded_input(x, v):
     return x.clone()
 
 
+@pytest.mark.sampled(every=2, classes=("dynamic", "program"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [write_through_an_expanded_intermediate, write_through_an_expanded_input,
                                      assign_through_an_expanded_input], ids=lambda f: f.__name__)
@@ -205,6 +207,7 @@ def test_write_of_infinities_through_an_expanded_view(program, backend, dynamic)
     check(program, make, backend, calls=2, dynamic=dynamic)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [fill_a_row, add_into_a_row, write_then_return_views], ids=lambda f: f.__name__)
 def test_write_into_a_view_of_an_overlapping_input_dynamic(program, backend):
@@ -258,6 +261,7 @@ ALLOWED = [assign_an_empty_slice, add_into_no_rows, copy_into_an_empty_column_ra
            fill_a_column, init_zeros_of_a_slice, fill_no_rows]
 
 
+@pytest.mark.sampled(every=2, classes=("program", "layout"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("program", ALLOWED, ids=lambda f: f.__name__)
@@ -272,6 +276,7 @@ def column_of_ones(call):
     return torch.linspace(-1.0, 2.0, 2 + call).reshape(-1, 1).expand(2 + call, 3)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [assign_an_empty_slice, fill_all, zero_all_then_read],
                          ids=lambda f: f.__name__)

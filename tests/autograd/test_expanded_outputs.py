@@ -28,6 +28,7 @@ def make(call):
     return [torch.linspace(-1.0, 1.0, 6).reshape(3, 2).requires_grad_()]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_backward_through_an_expanded_output(program, backend):

@@ -90,6 +90,7 @@ def test_torch_compile_raises_too(program):
         run(torch.compile(program, backend="aot_eager"), program)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)

@@ -33,6 +33,7 @@ def unsqueezed_then_squeezed(b):
     return t1, t0.flip(0)
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("fn", [transposed_slice_expanded, transposed_in_place_then_sized, unsqueezed_then_squeezed],
                          ids=lambda f: f.__name__)

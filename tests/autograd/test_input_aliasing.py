@@ -65,6 +65,7 @@ ALIASINGS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("program", "aliasing"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("aliasing", list(ALIASINGS))
 @pytest.mark.parametrize("program", [add_then_read, write_second, write_both, write_through_view, returns_the_inputs,
@@ -124,6 +125,7 @@ class Accumulator(torch.nn.Module):
         return self.total * x
 
 
+@pytest.mark.sampled(every=2, classes=("argument",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("argument", ["buffer", "buffer_view", "other"])
 def test_buffer_passed_as_input(backend, argument):
@@ -183,6 +185,7 @@ def test_clone_of_an_input_is_a_new_tensor(backend):
     check(f, lambda call: (_vector(), _vector() + 3), backend, calls=2)
 
 
+@pytest.mark.sampled(every=2, classes=("aliasing",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("aliasing", ["same", "prefix", "detached", "distinct"])
 def test_read_only_aliased_inputs_that_require_grad(backend, aliasing):
@@ -238,6 +241,7 @@ def scale_a_column(b, c):
 ALIASES = {"nested": lambda a: (a[1:], a[1:][::2]), "overlapping": lambda a: (a[2:5], a[1:3])}
 
 
+@pytest.mark.sampled(every=2, classes=("program", "leaf", "aliases"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("aliases", list(ALIASES))
 @pytest.mark.parametrize("leaf", [True, False], ids=["views of a leaf", "views of a non-leaf"])

@@ -82,6 +82,7 @@ def test_a_written_input_transposed_in_place_holds_eagers_values(program, backen
     check(program, arguments, backend, calls=2, grad_mode=grad_mode)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_in_place_view_op_on_an_input(program, backend):
@@ -128,6 +129,7 @@ SHARED = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("program", "sharing"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("sharing", list(SHARED))
 @pytest.mark.parametrize("program", [transpose_then_read_the_other, unsqueeze_then_write_the_other,
@@ -152,6 +154,7 @@ def unsqueeze_then_branch(a, b):
     return t - 1
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [transpose_in_place, unsqueeze_then_write, as_strided_in_place,
                                      unsqueeze_then_branch], ids=lambda f: f.__name__)
@@ -223,6 +226,7 @@ def make_vector(call):
             .requires_grad_()]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", GRAD_PROGRAMS, ids=lambda f: f.__name__)
 def test_in_place_view_op_on_an_input_that_requires_grad(program, backend, caplog):

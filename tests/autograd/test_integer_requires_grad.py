@@ -46,6 +46,7 @@ def outcome(fn, args):
         return None, (type(e), str(e))
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_integer_tensor_requiring_grad(program, backend):

@@ -44,6 +44,7 @@ def _same(eager, compiled):
         assert all(torch.equal(e, k) for e, k in zip(eager[1], compiled[1]))
 
 
+@pytest.mark.sampled(every=3, classes=("view", "write"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("write", list(WRITES))
 @pytest.mark.parametrize("view", list(MULTI_OUTPUT_VIEWS))

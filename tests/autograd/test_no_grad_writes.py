@@ -60,6 +60,7 @@ def make(leaf: bool):
     return (w if leaf else w * 1), x, w
 
 
+@pytest.mark.sampled(every=2, classes=("program", "leaf"))
 @pytest.mark.parametrize("leaf", [True, False], ids=["leaf", "non_leaf"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)

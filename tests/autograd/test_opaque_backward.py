@@ -157,6 +157,7 @@ def _step(fn, x, w, offs):
     return [o.detach() for o in outs], [x.grad, w.grad]
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("fn", [experts, experts_by_definition, gather_with_bias, gather_without_bias, both_ops,
                                 rows_by_keyword],

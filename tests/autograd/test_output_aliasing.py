@@ -111,6 +111,7 @@ def test_aliased_outputs_aot_eager(program, requires_grad):
     check(program, _vector(requires_grad), "aot_eager", calls=2)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("program", [detached_twin, strided_views, views_of_views, view_before_base, split_with_base,
                                      expanded_and_diagonal, input_views, mixed], ids=lambda f: f.__name__)
@@ -129,6 +130,7 @@ def dynamic_detach(x):
     return y, y.detach(), x.detach(), x
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("dynamic", [None, True], ids=["auto_dynamic", "dynamic"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [dynamic_views, dynamic_detach, strided_views, mixed], ids=lambda f: f.__name__)

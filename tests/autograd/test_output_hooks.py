@@ -36,6 +36,7 @@ def removed_hook(a, b, log):
     return (x + y).sum()
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [hooks_on_two_outputs, scaling_hook_on_a_reached_output, removed_hook],
                          ids=lambda f: f.__name__)

@@ -75,6 +75,7 @@ def test_operators_that_are_not_in_place_cost_no_fake_run(program, fake_runs):
     assert fake_runs == []
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", IN_PLACE, ids=lambda f: f.__name__)
 def test_writes_through_an_expanded_view_are_found_and_kept(program, backend, fake_runs):

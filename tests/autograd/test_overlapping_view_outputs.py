@@ -100,6 +100,7 @@ def _on_last_input(program):
     return run
 
 
+@pytest.mark.sampled(every=2, classes=("program", "inputs"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("inputs", INPUTS)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
@@ -107,6 +108,7 @@ def test_output_viewing_an_overlapping_input(program, inputs, backend):
     check(_on_last_input(program), INPUTS[inputs], backend, calls=2)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("program", [view_then_slice, transpose_of_a_narrow, views_of_an_expanded_intermediate],
                          ids=lambda f: f.__name__)

@@ -94,6 +94,7 @@ def _same_draws(fn, compiled, a, seed):
     return expected, actual
 
 
+@pytest.mark.sampled(every=2, classes=("name",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", list(DRAWS))
 def test_every_draw_moves_the_generator_as_in_eager(name, backend):
@@ -159,6 +160,7 @@ IN_PLACE_DRAWS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("name", "layout"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(IN_PLACE_DRAWS))
@@ -186,6 +188,7 @@ VALUE_LAYOUTS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("name", "layout"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("layout", list(VALUE_LAYOUTS))
 @pytest.mark.parametrize("name", list(LIKE_DRAWS))

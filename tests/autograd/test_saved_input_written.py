@@ -48,6 +48,7 @@ def make(call):
     return [b, torch.arange(n * n, dtype=torch.int32).reshape(n, n) % 5 - 2]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_backward_reads_the_value_the_graph_read(program, backend):
@@ -113,6 +114,7 @@ def backward_outcome(out: torch.Tensor, leaf: torch.Tensor):
     return out.detach(), leaf.grad
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [exp_of_sum, exp_of_transposed_sum, sigmoid_of_affine,
                                      tanh_of_scaled_times_weight, gelu_of_shift, log_of_magnitude, shifted_magnitude],
@@ -199,6 +201,7 @@ def run_then_write_the_leaf(fn, write, n: int):
     return backward_outcome(out, leaf)
 
 
+@pytest.mark.sampled(every=2, classes=("program", "write"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("write", [scaled_under_no_grad, first_zeroed_by_init, shifted_through_detached_alias,
                                    empty_slice_written], ids=lambda f: f.__name__)

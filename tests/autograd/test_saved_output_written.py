@@ -110,6 +110,7 @@ def assert_same(expected, actual):
         torch.testing.assert_close(k_result, e_result)
 
 
+@pytest.mark.sampled(every=2, classes=("program", "write"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
@@ -195,6 +196,7 @@ def data_write_after_a_break(a):
     return t0 + p0
 
 
+@pytest.mark.sampled(every=3, classes=("program",))
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [data_write_of_a_saved_factor, data_write_after_a_break], ids=lambda f: f.__name__)
 def test_data_write_inside_the_function(program, backend):
@@ -252,6 +254,7 @@ def batched_matmul(c):
     return t @ t.mT  # a view of the 3-d product's buffer in the compiled graph; eager's is no view
 
 
+@pytest.mark.sampled(every=2, classes=("write",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__)
 def test_view_of_a_buffer_written(write, backend):

@@ -36,6 +36,7 @@ def sigmoid_then_zero(d):
 PROGRAMS = [abs_of_saved_reciprocal, exp_transposed_in_place, input_of_mul_written, sigmoid_then_zero]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_backward_raises_as_eager(program, backend):
@@ -108,6 +109,7 @@ def backward_outcome(fn, args):
     return out.detach(), [a.grad for a in args]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", AFTER_THE_GRAPH, ids=lambda f: f.__name__)
 def test_value_saved_by_eager_written_after_the_graph(program, backend):

@@ -61,6 +61,7 @@ def outcome(fn, make, backward: bool):
     return out.detach(), None, None
 
 
+@pytest.mark.sampled(every=2, classes=("program", "dynamic"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("program", FORWARD_RAISES, ids=lambda f: f.__name__)
@@ -74,6 +75,7 @@ def test_forward_raises_as_eager(program, dynamic, backend):
         assert expected[1] is not None and actual == expected
 
 
+@pytest.mark.sampled(every=2, classes=("program", "dynamic"))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("program", BACKWARD_RAISES, ids=lambda f: f.__name__)

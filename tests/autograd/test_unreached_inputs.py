@@ -30,6 +30,7 @@ def one_reached_one_not(a, t):
     return a * t.detach(), (a * 0 + t).sum()
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [where_with_a_detached_input, add_a_detached_input, read_under_no_grad],
                          ids=lambda f: f.__name__)

@@ -52,6 +52,7 @@ PROGRAMS = [detached_second, shape_only, mask_only, through_detach, not_used, un
             norms_of_order_zero]
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_unused_input_keeps_grad_none(program, backend):
@@ -103,6 +104,7 @@ def mutated_and_private(a, b):
     return a, b * 4
 
 
+@pytest.mark.sampled(every=2, classes=("program", "loss_from"))
 @pytest.mark.parametrize("loss_from", [(0,), (1,), (2,), (0, 1), (1, 2)])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [two_heads, shared_and_private], ids=lambda f: f.__name__)

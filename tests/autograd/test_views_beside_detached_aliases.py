@@ -65,6 +65,7 @@ def _compare(expected, actual, where: str) -> None:
     assert _state(actual) == _state(expected), where
 
 
+@pytest.mark.sampled(every=2, classes=("program", "requires_grad", "grad_mode"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["plain_input", "input_requires_grad"])

@@ -41,6 +41,7 @@ def make():
     return torch.linspace(-1.0, 1.0, 6).reshape(2, 3), torch.tensor(0.7, requires_grad=True)
 
 
+@pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda f: f.__name__)
 def test_input_written_with_a_value_that_requires_grad(program, backend):

@@ -136,6 +136,7 @@ def test_graph_count_at_most_torch_compile(name):
     assert counts["kiln"] <= counts["torch"], counts
 
 
+@pytest.mark.sampled(every=2, classes=("name",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", ["cube_then_sin", "two_outputs", "setup_context_style"])
 def test_user_backward_runs_through_kilns_backends(name, backend):

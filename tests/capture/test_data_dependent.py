@@ -199,6 +199,7 @@ def run_and_compare(fn, compiled, x, requires_grad):
 MASKED_WRITE_FALLS_BACK = pytest.mark.allows_fallback("graph: a masked write's backward needs a data-dependent size")
 
 
+@pytest.mark.sampled(every=3, classes=("fn",))
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize("fn", [pytest.param(f, id=f.__name__,

@@ -28,6 +28,7 @@ def _outcome(fn, i):
         return type(e), str(e)
 
 
+@pytest.mark.sampled(every=3, classes=("name", "dynamic"))
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

@@ -74,6 +74,7 @@ def _check_like_eager(source: str, backend: str, *args):
     return eager_ns, kiln_ns
 
 
+@pytest.mark.sampled(every=3, classes=("op",))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(RAISING_OPS))
 def test_side_effects_before_a_raising_op_are_kept(op, backend):
@@ -148,6 +149,7 @@ def f(x):
 }
 
 
+@pytest.mark.sampled(every=3, classes=("case", "op"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["floor_divide by zero", "advanced index out of range"])
 @pytest.mark.parametrize("case", list(CONTINUATIONS))
@@ -257,6 +259,7 @@ def f(x):
 """
 
 
+@pytest.mark.sampled(every=3, classes=("op", "write"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("write", list(INPUT_WRITES))
 @pytest.mark.parametrize("op", ["floor_divide by zero", "gather out of range", "advanced index out of range"])

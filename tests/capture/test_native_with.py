@@ -504,6 +504,7 @@ def test_a_stepped_loop_inside_a_block_behaves_as_eager(program, manager):
              True, "eager")
 
 
+@pytest.mark.sampled(every=2, classes=("program", "manager"))
 @pytest.mark.allows_fallback("graph_break: the print before the raising graph")
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("manager", MANAGERS)
@@ -561,6 +562,7 @@ def _graphs_of(source: str, compile_fn) -> GraphOps:
     return backend
 
 
+@pytest.mark.sampled(every=2, classes=("program", "manager"))
 @pytest.mark.allows_fallback("graph_break: the print, which torch.compile breaks on too")
 @pytest.mark.parametrize("manager", PYTHON_CLASS_MANAGERS)
 @pytest.mark.parametrize("program", AROUND_BREAKS)

@@ -39,6 +39,7 @@ def results(fn, flag: str, p: float, training: bool):
     return dropped
 
 
+@pytest.mark.sampled(every=3, classes=("name", "case"))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("case", list(CASES))

@@ -125,6 +125,7 @@ NARROW_CASES = {
 }
 
 
+@pytest.mark.sampled(every=3, classes=("name", "dtype"))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64])
 @pytest.mark.parametrize("name", list(NARROW_CASES))
 def test_a_float_computed_from_sizes_meets_a_half_or_complex_tensor(name, dtype):

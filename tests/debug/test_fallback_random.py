@@ -48,6 +48,7 @@ def _eager_and_compiled(fn, backend, options, requires_grad):
     return expected, actual, x
 
 
+@pytest.mark.sampled(every=4, classes=("requires_grad", "fn"))
 @pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("backend, options", BACKENDS, ids=lambda v: str(v))
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])

@@ -42,6 +42,7 @@ def _input(shape: str, dtype: torch.dtype) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if shape == "channels-last" else x
 
 
+@pytest.mark.sampled(every=2, classes=("shape", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])

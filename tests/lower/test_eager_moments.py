@@ -65,6 +65,7 @@ ROWS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("rows", "fn"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("fn", [layer_norm, affine_layer_norm], ids=["plain", "affine"])
 @pytest.mark.parametrize("rows", list(ROWS))

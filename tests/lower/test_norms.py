@@ -16,6 +16,7 @@ def vector_norm(a, ord, dim=None, keepdim=False, dtype=None):
     return torch.linalg.vector_norm(a, ord, dim, keepdim, dtype=dtype)
 
 
+@pytest.mark.sampled(every=3, classes=("ord",))
 @pytest.mark.parametrize("ord", [2, 1, float("inf"), float("-inf"), 0, 3.5, -1])
 @pytest.mark.parametrize("dim", [None, 1, (0, 2)])
 def test_vector_norm(ord, dim):

@@ -93,6 +93,7 @@ def _cases(dtype):
     return INT_UNARY, INT_BINARY
 
 
+@pytest.mark.sampled(every=2, classes=("dtype", "shape"))
 @pytest.mark.parametrize("shape", list(_shapes()))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                                    torch.bool], ids=str)
@@ -135,6 +136,7 @@ REDUCTIONS = {
 }
 
 
+@pytest.mark.sampled(every=2, classes=("dtype", "shape"))
 @pytest.mark.parametrize("shape", [(6, 7), (1, 9), (5, 1), (3, 4, 5)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_reductions_float(dtype, shape):

@@ -253,6 +253,7 @@ def _avg_pool_backward(config):
     return lambda g, x: aten.avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, include_pad, divisor)
 
 
+@pytest.mark.sampled(every=2, classes=("name",))
 @pytest.mark.parametrize("name", list(AVG_CONFIGS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_avg_pool_forward_and_backward(name, dtype):

@@ -50,6 +50,7 @@ def _assert_bitwise(got, expected, what: str) -> None:
             f"{_bases(e.dtype)[~same][:3].tolist()}: {g[~same][:3].tolist()} vs eager's {e[~same][:3].tolist()}"
 
 
+@pytest.mark.sampled(every=2, classes=("power", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("power", list(POWERS))
@@ -62,6 +63,7 @@ def test_a_power_by_a_number_as_in_eager(power, dtype, options):
     _assert_bitwise(kiln.compile(program, options=options)(x), program(x), f"x ** {power} in {dtype}")
 
 
+@pytest.mark.sampled(every=2, classes=("exponent", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("exponent", list(TENSOR_EXPONENTS))

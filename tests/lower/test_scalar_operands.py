@@ -65,6 +65,7 @@ def _assert_bitwise(got, expected, what: str) -> None:
                                  f"{g[~same][:3].tolist()} vs eager's {e[~same][:3].tolist()}"
 
 
+@pytest.mark.sampled(every=2, classes=("op",))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("op", list(OPS))
 def test_a_scalar_meets_a_half_type_tensor_as_in_eager(op, options):
@@ -108,6 +109,7 @@ def _two_halves(dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]
     return tuple((torch.randn(n, generator=g) * 3).to(dtype) for _ in range(2))
 
 
+@pytest.mark.sampled(every=2, classes=("op", "dtype"))
 @pytest.mark.parametrize("options", TARGETS, ids=["cpp", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("op", list(ALPHA_OPS))

@@ -89,6 +89,7 @@ REPLICATION_PAD_BACKWARDS = {1: aten.replication_pad1d_backward, 2: aten.replica
 PADS = {"both_sides": [2, 1], "one_side": [0, 3], "crop_before": [-1, 2], "crop_both": [-1, -1]}
 
 
+@pytest.mark.sampled(every=2, classes=("ndim", "pads"))
 @pytest.mark.parametrize("pads", list(PADS))
 @pytest.mark.parametrize("ndim", [1, 2, 3])
 def test_replication_pad_backward(ndim, pads):
@@ -121,6 +122,7 @@ ADAPTIVE_CASES = {"divides": ((1, 2, 8, 8), (4, 2)), "overlaps": ((2, 3, 7, 5), 
                   "global": ((1, 2, 6, 6), (1, 1))}
 
 
+@pytest.mark.sampled(every=2, classes=("case",))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("case", list(ADAPTIVE_CASES))
 def test_adaptive_avg_pool2d_backward(case, dtype):

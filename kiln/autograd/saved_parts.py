@@ -12,6 +12,11 @@ is, in eager, one node that a backward through any of them runs and frees. Outpu
 part; the saved tensors each part reads are its own. A sum of gradient contributions that reads nothing saved
 (the accumulation into a parameter used by two outputs) joins nothing: eager's engine sums those.
 
+Eager's nodes hold more than tensors: `a * 2`'s node saves its scalar, and a second backward through it raises as
+well. So an op of the backward that depends on several outputs' gradients joins them wherever eager's node of it
+would save something: unless it only moves or sums gradients (`PASSES_GRADIENTS`: the engine's accumulation, a view's
+or an expand's backward), and a part that runs such an op is freed like one that reads a saved tensor.
+
 A backward frees the parts whose outputs it gives a gradient, and a later backward that needs a freed part
 raises eager's error; one that needs only parts still held runs, with zeros in place of the freed tensors the
 graph still takes (the values computed from them belong to outputs without a gradient in this backward, which
@@ -31,10 +36,24 @@ SECOND_BACKWARD_ERROR = (
     "you need to access saved tensors after calling backward.")
 
 
+aten = torch.ops.aten
+# Backward ops whose eager node saves nothing (a sum of gradient contributions, a view's or an expand's backward): a
+# second backward through them alone runs in eager.
+PASSES_GRADIENTS = frozenset({
+    aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.sum.dim_IntList, aten.sum.default, aten.view.default,
+    aten._unsafe_view.default, aten.reshape.default, aten.expand.default, aten.permute.default,
+    aten.transpose.int, aten.t.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.as_strided.default, aten.clone.default,
+    aten.alias.default, aten.slice_backward.default, aten.select_backward.default, aten.cat.default,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.stack.default,
+})
+
+
 @dataclass(frozen=True)
 class SavedParts:
     """`part_of[k]`: the part of tangent k; `readers[j]`: the parts reading saved tensor j (positions among the
-    saved tensors, sizes left out); `with_saved`: the parts that read any saved tensor."""
+    saved tensors, sizes left out); `with_saved`: the parts that read a saved tensor or run an op whose eager
+    node saves something (the parts a backward frees)."""
 
     part_of: tuple[int, ...]
     readers: tuple[frozenset[int], ...]
@@ -65,7 +84,8 @@ def saved_parts(backward: torch.fx.GraphModule, saved_is_size: list[bool], num_t
             saved_under[node] = saved
             continue
         tangents_of[node] = tangents
-        if saved:
+        holds = node.op == "call_function" and node.target not in PASSES_GRADIENTS
+        if saved or holds:
             first = min(tangents)
             for k in tangents:
                 _join(parent, first, k)
@@ -75,7 +95,7 @@ def saved_parts(backward: torch.fx.GraphModule, saved_is_size: list[bool], num_t
     for tangent, saved in reads:
         for j in saved:
             readers[j].add(part_of[tangent])
-    with_saved = frozenset(part for r in readers for part in r)
+    with_saved = frozenset(part_of[tangent] for tangent, _ in reads)
     if len(set(part_of)) < 2 or not with_saved:
         return None
     return SavedParts(part_of, tuple(frozenset(r) for r in readers), with_saved)

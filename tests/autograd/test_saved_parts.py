@@ -8,6 +8,7 @@ output runs as eager's does, and a second backward through the same part raises 
 """
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
 from kiln.autograd.saved_parts import saved_parts
@@ -166,7 +167,20 @@ def test_parts_join_where_an_op_reading_a_saved_tensor_takes_several_gradients()
     def joined(a, b, t0, t1):
         return (t0 + t1) * a.cos(), t1 * b
 
-    parts = saved_parts(torch.fx.symbolic_trace(apart), [False, False], 2)
+    def aten_graph(fn):
+        return make_fx(fn)(*(torch.randn(3) for _ in range(4)))
+
+    parts = saved_parts(aten_graph(apart), [False, False], 2)
     assert parts.part_of[0] != parts.part_of[1]
     assert parts.readers == (frozenset({parts.part_of[0]}), frozenset({parts.part_of[1]}))
-    assert saved_parts(torch.fx.symbolic_trace(joined), [False, False], 2) is None
+    assert saved_parts(aten_graph(joined), [False, False], 2) is None
+
+
+def test_parts_join_where_an_op_whose_eager_node_saves_a_scalar_takes_several_gradients():
+    """`(t0 + t1) * 2` is `a * 2`'s backward where two outputs' gradients meet: eager's node saved the 2 and a
+    second backward through it raises, so the outputs are one part though no saved tensor is read."""
+    def scaled_sum(a, t0, t1):
+        return (t0 + t1) * 2, t1 * a
+
+    graph = make_fx(scaled_sum)(*(torch.randn(3) for _ in range(3)))
+    assert saved_parts(graph, [False], 2) is None

@@ -276,9 +276,6 @@ def test_harness_reports_a_failed_compile_as_a_crash_not_a_generator_moved():
     assert "planted" in outcome.message, outcome
 
 
-@pytest.mark.xfail(strict=True, reason="a backward through a part of a compiled graph that an earlier backward ran "
-                   "without saved tensors (`a * 2` before the loss) runs, where eager's node of the op saved its "
-                   "scalar and raises (autograd/saved_parts.py joins outputs only where a saved tensor is read)")
 def test_backward_raising_in_both_leaves_partial_gradients_uncompared():
     """`t3` comes from the graph `loss.backward()` freed: the backward over t5 raises in eager and kiln alike,
     after eager accumulated the weight's gradient (a node per op) and before kiln did (one node per graph)."""

@@ -62,6 +62,7 @@ DETACHED = {
 }
 
 
+@pytest.mark.sampled(every=4, classes=("program", "inputs"))
 @pytest.mark.parametrize("grad_mode", [True, False], ids=["training", "no_grad"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("inputs", list(DETACHED))
@@ -99,6 +100,7 @@ def scale_then_read_the_bits(a, b):
     return a + 1, b + 0
 
 
+@pytest.mark.sampled(every=4, classes=("program", "inputs"))
 @pytest.mark.parametrize("grad_mode", [True, False], ids=["training", "no_grad"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("inputs", list(REINTERPRETED))

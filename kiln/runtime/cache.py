@@ -51,8 +51,10 @@ log = logging.getLogger("kiln.runtime.cache")
 # the optimizer folds e.g. `-a > -b` into `b > a`, which differs from eager when a negation wraps.
 # -ffp-contract=off: eager rounds each op; gcc would fuse `a*3 - b*3` into one fma, rounding once, so a value
 # eager computes as exactly 0 comes out as a rounding error.
+# -fsignaling-nans: gcc would fold `x * -1` and `x / -1` into `-x`, which flips a NaN's sign where eager's product
+# keeps it (tests/codegen/test_nan_bits.py), and `x * 1` into `x`, which leaves a signaling NaN unquieted.
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv",
-             "-ffp-contract=off"]
+             "-ffp-contract=off", "-fsignaling-nans"]
 LIBS = ["-lmvec", "-lm"]  # glibc's vector math (the kernels' exp/erf/tanh... in simd loops)
 
 # Between two independently compilable parts of a source (see the module docstring).

@@ -77,13 +77,20 @@ OPS = {
     "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
     "check_index": "kiln::check_index({0}, {1}, {2}, kiln_error)",
     "digamma": "kiln::digamma<{T}>({0})", "trigamma": "kiln::trigamma<{T}>({0})", "zeta": "kiln::zeta<{T}>({0}, {1})",
-    "copysign": "std::copysign({0}, {1})", "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
+    "copysign": "kiln::copy_sign<{T}>({0}, {1})", "hypot": "std::hypot({0}, {1})",
+    "nextafter": "std::nextafter({0}, {1})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
-# float32 and float64 ops whose NaN of an operand outside their domain is eager's +NaN, not the hardware's (the
-# prelude's positive_nan_below_zero); half types keep the plain op: eager computes them otherwise
-FULL_FLOAT_OPS = {"sqrt": "kiln::sqrt_as_eager<{T}>({0})", "log": "kiln::log_as_eager<{T}>({0})",
-                  "log2": "kiln::log2_as_eager<{T}>({0})"}
+# dtype -> ops whose NaN is eager's, not the hardware's or GCC's: a float negation flips the sign bit on the bits
+# (GCC folds `x - (-y)` into `x + y`, which keeps y's NaN's sign: the prelude's negate); float32 and float64 sqrt,
+# log and log2 of an operand outside their domain make +NaN (positive_nan_below_zero). Other ops keep the plain
+# template. Where two NaNs meet in an add, sub or mul, IEEE 754 leaves the result's sign open and x86 returns the
+# NaN of the operand the compiler put first: choosing eager's costs a compare and a select per op, 1.3 to 4.6 times
+# the time of arithmetic-bound kernels (docs/numerics.md), so kiln does not.
+_NEGATE = {"neg": "kiln::negate<{T}>({0})"}
+_FULL_FLOAT = {**_NEGATE, "sqrt": "kiln::sqrt_as_eager<{T}>({0})", "log": "kiln::log_as_eager<{T}>({0})",
+               "log2": "kiln::log2_as_eager<{T}>({0})"}
+NAN_RULES = {torch.float32: _FULL_FLOAT, torch.float64: _FULL_FLOAT, torch.bfloat16: _NEGATE, torch.float16: _NEGATE}
 # Integer divisions report a zero divisor through the kernel's `kiln_error` (see the prelude).
 INTEGER_DIVISIONS = {name: OPS[name].replace("({0}, {1})", "({0}, {1}, kiln_error)") for name in ir.CHECKED_DIVISIONS}
 
@@ -166,9 +173,7 @@ class CppKernel(KernelPrinter):
             self.reports_errors = True
             return INTEGER_DIVISIONS[e.name]
         self.reports_errors |= e.name == "check_index"
-        if e.name in FULL_FLOAT_OPS and e.args[0].dtype in (torch.float32, torch.float64):
-            return FULL_FLOAT_OPS[e.name]
-        return OPS[e.name]
+        return NAN_RULES.get(e.args[0].dtype, {}).get(e.name, OPS[e.name])
 
     def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:

@@ -69,6 +69,20 @@ template <typename T> static inline T sqrt_as_eager(T x) { return positive_nan_b
 template <typename T> static inline T log_as_eager(T x) { return positive_nan_below_zero(x, vlog(x)); }
 template <typename T> static inline T log2_as_eager(T x) { return positive_nan_below_zero(x, std::log2(x)); }
 
+// A float's bits, and its sign bit.
+template <typename T> using FloatBits = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+template <typename T> constexpr FloatBits<T> SIGN_BIT = FloatBits<T>(1) << (8 * sizeof(T) - 1);
+template <typename T> static inline FloatBits<T> bits_of(T x) {
+  FloatBits<T> bits;
+  std::memcpy(&bits, &x, sizeof(x));
+  return bits;
+}
+template <typename T> static inline T from_bits(FloatBits<T> bits) {
+  T x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
 static inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float out;
@@ -163,8 +177,17 @@ template <typename T> static inline T wrapping_neg(T a) {
     return -a;
   }
 }
+// Negation, abs and copysign set a float's sign bit on its bits, as eager's kernels do for a NaN, not through
+// `-x`, std::abs or std::copysign: GCC takes a NaN's sign as insignificant and folds them away (`x - (-y)` made
+// `x + y`, `(-x) / (-y)` made `x / y`, the fabs of `x * x` dropped and `copysign(y, x * x)` made fabs(y): it takes a
+// square to be non-negative, and the square of a negative NaN is negative).
+template <typename T> static inline T copy_sign(T magnitude, T sign) {
+  return from_bits<T>((bits_of(magnitude) & ~SIGN_BIT<T>) | (bits_of(sign) & SIGN_BIT<T>));
+}
+template <typename T> static inline T negate(T a) { return from_bits<T>(bits_of(a) ^ SIGN_BIT<T>); }
 template <typename T> static inline T absolute(T a) {
-  if constexpr (std::is_floating_point<T>::value || !std::is_signed<T>::value) return std::abs(a);
+  if constexpr (std::is_floating_point<T>::value) return from_bits<T>(bits_of(a) & ~SIGN_BIT<T>);
+  else if constexpr (!std::is_signed<T>::value) return a;
   else return a < 0 ? wrapping_neg(a) : a;
 }
 

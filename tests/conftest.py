@@ -172,14 +172,11 @@ def position(item, parametrize) -> int:
 
 
 def share_module_fixtures(items):
-    """Tests that share a module-scoped fixture run on one xdist worker (`--dist loadgroup`, scripts/test.sh), and
-    before the others: a module fixture is set up once per worker that runs one of its tests, and those of the
-    warm-start and cache tests run whole processes that compile models."""
+    """Tests that share a module-scoped fixture run on one xdist worker (`--dist loadgroup`, scripts/test.sh): a
+    module fixture is set up once per worker that runs one of its tests, and those of the warm-start and cache
+    tests run whole processes that compile models."""
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         if defs is not None and any(d.scope == "module" for fixture_defs in defs.name2fixturedefs.values()
                                     for d in fixture_defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    # the groups first: xdist hands out work in collection order, and a group (minutes of whole compiling processes
-    # on one worker) handed out last kept one worker busy while the other had nothing left
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kiln import fallbacks
 from kiln.autograd.decompositions import FILLS
 from kiln.autograd.functionalize import IN_PLACE_VIEWS
+from kiln.autograd.history import reachable_nodes
 from kiln.autograd.signature import TensorSpec
 from kiln.autograd.view_replay import ViewRecorder
 
@@ -121,16 +122,7 @@ def _reached_leaves(gm: fx.GraphModule, inputs: list, leaves: set[int]) -> set[i
 
 def _accumulated_variables(roots: list) -> list[torch.Tensor]:
     """The leaves whose gradient accumulators the autograd graphs of `roots` reach."""
-    seen, stack, found = set(), list(roots), []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if hasattr(node, "variable"):
-            found.append(node.variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
+    return [node.variable for node in reachable_nodes(roots) if hasattr(node, "variable")]
 
 
 def _storage_groups(inputs: list) -> list[list[int]]:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from kiln.autograd.history import reachable_nodes
+
 _ABSENCE = "kiln: whether the gradient was absent"
 
 
@@ -114,13 +116,7 @@ def hook_only_gradients(t: torch.Tensor) -> None:
 def hook_only_gradients_upstream(t: torch.Tensor) -> None:
     """`hook_only_gradients` for `t` and every leaf its history reaches, which a None handed to `t` reaches."""
     hook_only_gradients(t)
-    seen, todo = set(), [t.grad_fn] if t.grad_fn is not None else []
-    while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
+    for node in reachable_nodes([t.grad_fn]):
         leaf = getattr(node, "variable", None)  # an AccumulateGrad node: the leaf it accumulates into
         if isinstance(leaf, torch.Tensor):
             hook_only_gradients(leaf)
-        todo.extend(child for child, _ in node.next_functions if child is not None and child not in seen)

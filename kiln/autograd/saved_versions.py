@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from kiln.autograd.history import reachable_nodes
+
 OVERWRITTEN = ("one of the variables needed for gradient computation has been modified by an inplace operation: "
                "[{tensor}]{which} is at version {now}; expected version {then} instead. Hint: enable anomaly "
                "detection to find the operation that failed to compute its gradient, with "
@@ -60,12 +62,7 @@ class SavedTensorLog:
         read (`_saved_*`; a custom Function's, `ctx.save_for_backward`'s, as `saved_tensors`), which calls
         `_unpack`, over every node reachable from root's grad_fn."""
         self.unpacked = set()
-        seen, stack = set(), [root.grad_fn] if root.grad_fn is not None else []
-        while stack:
-            node = stack.pop()
-            if node in seen:
-                continue
-            seen.add(node)
+        for node in reachable_nodes([root.grad_fn]):
             names = [name for name in dir(node) if name.startswith("_saved_")]
             if isinstance(node, torch.autograd.function.BackwardCFunction):
                 names.append("saved_tensors")
@@ -74,7 +71,6 @@ class SavedTensorLog:
                     getattr(node, name)
                 except RuntimeError:  # a value saved without a tensor behind it (an undefined one)
                     pass
-            stack.extend(child for child, _ in node.next_functions if child is not None)
         return self.unpacked
 
 

@@ -433,11 +433,16 @@ def iter_exprs(e: Expr):
             stack.extend(v for _, v in x.indirect)
 
 
+def checks_values(op: Op) -> bool:
+    """Does `op` check for a value eager raises on (an index out of range, an integer division by zero), which
+    its kernel reports (`KERNEL_ERRORS`)?"""
+    return op.name == "check_index" or (op.name in CHECKED_DIVISIONS and not op.args[0].dtype.is_floating_point)
+
+
 def finds_invalid_values(e: Expr) -> bool:
-    """Does `e` check a value eager raises on (an index out of range, an integer division by zero)? Such a
-    computation must run even where nothing reads its result."""
-    return any(isinstance(x, Op) and (x.name == "check_index" or (
-        x.name in CHECKED_DIVISIONS and not x.args[0].dtype.is_floating_point)) for x in iter_exprs(e))
+    """Does `e` check for a value eager raises on? Such a computation must run even where nothing reads its
+    result."""
+    return any(isinstance(x, Op) and checks_values(x) for x in iter_exprs(e))
 
 
 def index_symbols(e: Expr) -> set:

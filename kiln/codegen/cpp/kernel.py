@@ -169,10 +169,10 @@ class CppKernel(KernelPrinter):
 
     def template(self, e: ir.Op, args: list) -> str:
         """The C++ template of `e`; one that may find an invalid value makes the kernel report errors."""
-        if e.name in ir.CHECKED_DIVISIONS and not e.args[0].dtype.is_floating_point:
+        if ir.checks_values(e):
             self.reports_errors = True
-            return INTEGER_DIVISIONS[e.name]
-        self.reports_errors |= e.name == "check_index"
+            if e.name in INTEGER_DIVISIONS:
+                return INTEGER_DIVISIONS[e.name]
         return NAN_RULES.get(e.args[0].dtype, {}).get(e.name, OPS[e.name])
 
     def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:

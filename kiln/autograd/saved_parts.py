@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.autograd.saved_versions import OVERWRITTEN
+
 SECOND_BACKWARD_ERROR = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
     "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
@@ -152,10 +154,8 @@ class HeldSaved:
             shape, stride, dtype, device = t
             return torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
         if t._version != self.versions[j]:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {self.versions[j]} "
-                "instead.")
+            raise RuntimeError(OVERWRITTEN.format(tensor=f"{t.type()} {list(t.shape)}", which="", now=t._version,
+                                                  then=self.versions[j]))
         return t
 
 

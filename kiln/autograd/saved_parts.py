@@ -136,9 +136,12 @@ class HeldSaved:
         try:
             tensors = from_autograd()
         except RuntimeError as e:
-            if "backward through the graph a second time" not in str(e):
+            freed = "backward through the graph a second time" in str(e)
+            if not freed and ("modified by an inplace operation" not in str(e) or self._written_read_by(running)):
                 raise
-            tensors = [self._checked(j) for j in range(len(self.tensors))]
+            # freed by an earlier backward, or written since but read only by parts this backward skips (eager's
+            # nodes of those outputs never run, and never check their saved tensors)
+            tensors = [self._checked(j, running) for j in range(len(self.tensors))]
         if not _keeps_graph():
             self.freed |= running & self.parts.with_saved
             for j, readers in enumerate(self.parts.readers):
@@ -147,13 +150,19 @@ class HeldSaved:
                     self.tensors[j] = (t.shape, t.stride(), t.dtype, t.device)
         return tensors
 
-    def _checked(self, j: int):
-        """Saved tensor j as this call holds it: a freed one's zeros, or the tensor, unless written since."""
+    def _written_read_by(self, running: set[int]) -> bool:
+        """Whether a saved tensor that one of the `running` parts reads was written in place since the forward."""
+        return any(isinstance(t, torch.Tensor) and t._version != self.versions[j] and self.parts.readers[j] & running
+                   for j, t in enumerate(self.tensors))
+
+    def _checked(self, j: int, running: set[int]):
+        """Saved tensor j as this call holds it: a freed one's zeros, or the tensor, unless written since and read
+        by one of the `running` parts."""
         t = self.tensors[j]
         if not isinstance(t, torch.Tensor):
             shape, stride, dtype, device = t
             return torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
-        if t._version != self.versions[j]:
+        if t._version != self.versions[j] and self.parts.readers[j] & running:
             raise RuntimeError(OVERWRITTEN.format(tensor=f"{t.type()} {list(t.shape)}", which="", now=t._version,
                                                   then=self.versions[j]))
         return t

@@ -133,10 +133,8 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     The owner is a tensor the graph made, or an input whose chain starts with `as_strided` (the base of
     aliased inputs, aliased_inputs.py): `as_strided` then reads offsets as the graph already does. A chain that
-    reinterprets the dtype (`.view(torch.int16)` of a bf16 tensor) writes the direct view viewed as the written
-    dtype, so that the value written is the view's, not converted to the owner's. Of another element size, the
-    view's geometry is not one of the owner's: the graph raises at its first run and the frame runs eagerly (a
-    counted fallback)."""
+    reinterprets the dtype (`.view(torch.int16)` of a bf16 tensor, `.real` of a complex one) writes the view read
+    as the written dtype, so that the value written is the view's, not converted to the owner's (`_direct_view`)."""
     writes = [n for n in gm.graph.nodes if _through_overlap(n)]
     if not writes:
         return gm
@@ -148,15 +146,33 @@ def _writes_through_overlaps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         value = target.meta["val"]
         owner = _storage_chain(target)[0]
         with gm.graph.inserting_before(node):
-            direct = gm.graph.call_function(aten.as_strided.default, (
-                owner, tuple(value.shape), tuple(value.stride()), value.storage_offset()))
-            direct.meta["val"] = fake_run(aten.as_strided.default, direct)
-            if owner.meta["val"].dtype != value.dtype and owner.meta["val"].element_size() == value.element_size():
-                direct = gm.graph.call_function(aten.view.dtype, (direct, value.dtype))
-                direct.meta["val"] = fake_run(aten.view.dtype, direct)
+            direct = _direct_view(gm.graph, owner, value)
         node.args = (direct, *node.args[1:])
     gm.recompile()
     return gm
+
+
+def _direct_view(graph: torch.fx.Graph, owner: torch.fx.Node, value: torch.Tensor) -> torch.fx.Node:
+    """`value`'s memory as a view of `owner`'s, `as_strided` first (functionalization replays no write through a
+    chain with `as_strided` further down). Of another dtype (`.view(torch.int16)` of a bf16 tensor, `.real` of a
+    complex one), the view's geometry counts elements of its own dtype: an owner's element that holds `k` of them
+    is viewed with a last dimension of one, read as `k` elements of the view's dtype, and the one at the offset's
+    remainder selected. Where the geometry is not whole elements of the owner, the graph raises at its first run
+    and the frame runs eagerly (a counted fallback)."""
+    def add(op, *args):
+        made = graph.call_function(op, args)
+        made.meta["val"] = fake_run(op, made)
+        return made
+
+    shape, stride, offset = tuple(value.shape), tuple(value.stride()), value.storage_offset()
+    k = owner.meta["val"].element_size() // value.element_size()
+    if owner.meta["val"].dtype == value.dtype:
+        return add(aten.as_strided.default, owner, shape, stride, offset)
+    if k > 1 and not any(size > 1 and step % k for size, step in zip(shape, stride)):
+        elements = add(aten.as_strided.default, owner, (*shape, 1), (*(step // k for step in stride), 1), offset // k)
+        return add(aten.select.int, add(aten.view.dtype, elements, value.dtype), -1, offset % k)
+    direct = add(aten.as_strided.default, owner, shape, stride, offset)
+    return add(aten.view.dtype, direct, value.dtype) if k == 1 else direct
 
 
 def _through_overlap(node: torch.fx.Node) -> bool:

@@ -53,7 +53,8 @@ computes it: a BatchNorm over a batch of equal rows normalizes differences of on
 gradient it passes to the Linear before it, exactly 0 in exact arithmetic, is eager's rounding noise, 0 or 4e-5 by
 element, 5e-4 once perturbed (fuzz seed 104347). Re-laid inputs do not show it: the rows are the program's
 intermediates, not its inputs. Ops whose float results are exact (copies, views, max, floor, where) are left
-alone: a value that is exact in every implementation is not noise.
+alone: a value that is exact in every implementation is not noise. A few runs sample that noise without reaching
+its ends, so where it moves a value, kiln's is accepted within their span widened by its width on each side.
 """
 from __future__ import annotations
 
@@ -257,8 +258,9 @@ VARIANTS: dict[str, Variant] = {
     SCALAR_KERNELS: Variant(_unchanged, cpu_capability="default"),
 }
 NOISE_SEEDS = range(4)
-VARIANTS.update({f"float32 rounding noise {seed}":
-                 Variant(_unchanged, whole_call=functools.partial(RoundingNoise, seed)) for seed in NOISE_SEEDS})
+NOISE_RUNS = tuple(f"float32 rounding noise {seed}" for seed in NOISE_SEEDS)
+VARIANTS.update({name: Variant(_unchanged, whole_call=functools.partial(RoundingNoise, seed))
+                 for name, seed in zip(NOISE_RUNS, NOISE_SEEDS)})
 
 
 MAKERS = ("randn", "ints", "bools")
@@ -467,7 +469,8 @@ def unstable_positions(e_res, k_res, reruns: dict) -> str | None:
         unexplained = differs & ~_true_value(k, runs, differs)
         if (unexplained & ~_any(unstable.values(), differs)).any():
             return None
-        noise = _float32_noise(e, k, runs, differs) | _as_near_as_eager(e, k, runs, differs)
+        noise = (_float32_noise(e, k, runs, differs) | _as_near_as_eager(e, k, runs, differs)
+                 | _within_noise_spread(e, k, runs, differs))
         if not (_within_eagers_span(e, k, list(runs.values()), differs) | noise)[unexplained].all():
             return None
         where = differs.nonzero()[0].tolist()
@@ -507,6 +510,22 @@ def _within_eagers_span(e: torch.Tensor, k: torch.Tensor, runs: list[torch.Tenso
         with contextlib.suppress(RuntimeError):
             matches |= (stacked.amin(0) <= k64) & (k64 <= stacked.amax(0))
     return matches
+
+
+def _within_noise_spread(e: torch.Tensor, k: torch.Tensor, runs: dict, like: torch.Tensor):
+    """Where float32 rounding noise moves eager's value past the tolerance and kiln's lies within the noise runs'
+    span widened by its own width on each side. Four runs of one-ulp noise sample the values float32 rounding
+    gives; they do not reach its ends: `sin` of an `exp` near 9300 moves by 7e-4 for each ulp of the exp, and
+    eager on another CPU (another exp kernel) lands outside the four runs' span, as kiln's may (fuzz seed 401646).
+    A value of another scale stays outside."""
+    noisy = [runs[name] for name in NOISE_RUNS if name in runs]
+    if not noisy or not k.dtype.is_floating_point:
+        return torch.zeros_like(like)
+    moved = _any([~close_mask(e, v) for v in noisy], like)
+    stacked = torch.stack([v.double() for v in [e.detach(), *noisy]])
+    low, high, k64 = stacked.amin(0), stacked.amax(0), k.detach().double()
+    width = high - low
+    return moved & torch.isfinite(width) & (low - width <= k64) & (k64 <= high + width)
 
 
 def _float32_noise(e: torch.Tensor, k: torch.Tensor, runs: dict, like: torch.Tensor):

@@ -364,3 +364,45 @@ def test_rounding_noise_keeps_well_conditioned_and_exact_values():
     noisy = eager_rerun(exact, 0, VARIANTS["float32 rounding noise 0"], "values")
     for p, n in zip(plain, noisy, strict=True):
         assert torch.equal(p, n), (p, n)
+
+
+# fuzz seed 401646, minimized: `sin` of an `exp` near 9300 moves by 7e-4 for each ulp of the exp. Eager on the GPU
+# machine's CPU (another exp kernel) gave 0.3646 there, kiln 0.3639: one ulp apart, outside the four noise runs.
+# Reading the dtype drops the float64 reference run, which would judge it (as the fuzz program's custom Function did)
+SINE_OF_A_LARGE_EXP = '''CALLS = 1
+DYNAMIC = None
+NO_GRAD = True
+
+def inputs(call):
+    return [torch.tensor([0.1, 3.0404])]
+
+def f(c):
+    assert c.dtype == torch.float32
+    return ((c * 3).exp().sin(),)
+'''
+
+
+def _shifted(by):
+    """A backend whose second value is eager's moved by `by(eager's value, the noise runs' lowest and highest)`."""
+    from tests.fuzz.conditioning import NOISE_RUNS, eager_results
+
+    runs = eager_results(SINE_OF_A_LARGE_EXP, 0, "values")
+    values = [runs[name][0][1].item() for name in NOISE_RUNS]
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            out = gm(*args)[0].clone()
+            out[1] += by(out[1].item(), min(values), max(values))
+            return [out]
+        return run
+    return backend
+
+
+@pytest.mark.parametrize("by, status", [(lambda e, low, high: high - e + (high - low) / 2, "ill-conditioned"),
+                                        (lambda e, low, high: 3.0, "wrong")],
+                         ids=["within-the-spread", "off-the-scale"])
+def test_a_value_float32_noise_moves_is_judged_by_the_noise_runs_spread(by, status):
+    """Four runs of one-ulp noise do not reach the ends of what float32 rounding gives: a value past their span by
+    less than its width is noise too; a value of another scale (a sine beyond 1) stays wrong."""
+    outcome = run_program(SINE_OF_A_LARGE_EXP, _shifted(by))
+    assert outcome.status == status, outcome.first_line()

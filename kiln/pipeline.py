@@ -61,7 +61,7 @@ from kiln.progress import StageProgress
 from kiln.runtime import code_cache, collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
-from kiln.runtime.host_scalars import is_host_scalar, on_device
+from kiln.runtime.host_scalars import is_host_scalar
 from kiln.schedule.fusion import Schedule, schedule
 from kiln.schedule.input_writes import write_into_inputs
 from kiln.schedule.memory import MemoryPlan, input_only_kernels, plan_memory
@@ -273,8 +273,8 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: b
     """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
     kiln decomposes (or nodes without `meta['val']`); random ops stay whole under `fallback_random`."""
     devices = _tensor_devices(gm, example_inputs)
-    if devices - {"cpu", "cuda"} or len(devices) > 1:  # C++ kernels read host memory, Triton kernels CUDA memory
-        raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for this mix")
+    if devices - {"cpu", "cuda"}:  # C++ kernels read host memory, Triton kernels CUDA memory
+        raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for these devices")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
     return _retrace(gm, example_inputs, fallback_random) if _needs_retrace(gm, fallback_random) else gm
@@ -447,16 +447,15 @@ class ReadableGraph:
 
 def _loaded_graph(gm, code: GeneratedCode, namespace: dict, target: Target, name: str, times: dict,
                   **stage_artefacts) -> CompiledGraph:
-    """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call (taking the graph's
-    0-d CPU tensors across, kiln/runtime/host_scalars.py), the artefacts every compile has, and `stage_artefacts`
-    (what the stages before build printed, or that it came from the cache)."""
+    """The CompiledGraph of a built wrapper, compiled now or loaded from the cache: its call, the artefacts every
+    compile has, and `stage_artefacts` (what the stages before build printed, or that it came from the cache)."""
     artefacts = {"aten_graph": ReadableGraph(gm), target.artefact: code.source,
                  "wrapper.py": code.wrapper, "num_kernels": len(code.kernels), "kernel_names": list(code.kernels),
                  "times": times, "name": name, **stage_artefacts}
     kept = [v for v in namespace.values() if isinstance(v, ParameterDerived)]
 
     def runnable(call: Callable) -> Callable:
-        return with_current_device(on_device(call, gm, target.device), target.device)
+        return with_current_device(call, target.device)
 
     return CompiledGraph(runnable(namespace["call"]), artefacts,
                          lambda: runnable(_profiled_call(code.wrapper, namespace, code.kernels, name)), kept)
@@ -603,10 +602,10 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 
 def _tensor_devices(gm: torch.fx.GraphModule, example_inputs: list) -> set[str]:
-    """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A constant made on the CPU
-    inside a CUDA graph and returned (`torch.zeros(n)` with no device) is a CPU tensor in eager, which one
-    target cannot give; one only used inside (a 0-d scale mixed into CUDA ops, as eager allows) is computed on
-    the graph's device, and 0-d CPU inputs and outputs cross to it and back (kiln/runtime/host_scalars.py)."""
+    """The device types of the graph's inputs and outputs, but for 0-d CPU tensors. A graph on CUDA tensors may
+    take and return CPU tensors too (`torch.zeros(n)` made without a device and returned): the Triton target
+    runs what eager computes on the CPU as ATen calls there (kiln/lower/host_work.py), 0-d CPU inputs and outputs
+    cross to the graph's device and back (kiln/runtime/host_scalars.py)."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     for node in gm.graph.find_nodes(op="output"):
         for arg in pytree.tree_leaves(node.args):

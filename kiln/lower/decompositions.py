@@ -183,17 +183,44 @@ def _upsample_nearest_backward(exact: bool):
 
 def _scalar_tensors_cast(op):
     """`op`'s core decomposition, with each 0-d tensor operand of another dtype than the result cast to it first,
-    where the result is bf16/fp16 on the CPU: eager's kernel (TensorIterator) reads `addcmul(h, h, s)`'s 0-d
-    float32 `s` as half(s), and the decomposition, computing in float32, would read it at its value."""
+    where the result is bf16/fp16: eager's kernels read `addcmul(h, h, s)`'s 0-d float32 `s` as half(s) (the
+    CPU's TensorIterator casts it; CUDA's functors take the half type, whether `s` is on the CPU or the GPU), and
+    the decomposition, computing in float32, would read it at its value."""
     decompose = _core_table()[op]
 
     def decomposition(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         dtype = _dimensioned_dtype(tensors)
-        if dtype in (torch.float16, torch.bfloat16) and tensors[0].device.type == "cpu":
+        if dtype in (torch.float16, torch.bfloat16):
             args = tuple(a.to(dtype) if _scalar_tensor_of_lower_category(a, dtype) else a for a in args)
         return decompose(*args, **kwargs)
     return decomposition
+
+
+def _xlogy_scalars_cast_on_cuda(op):
+    """`xlogy`'s core decomposition, with each scalar operand (a Python number, a 0-d tensor of another dtype)
+    cast to the result's dtype first, where the result is bf16/fp16 on a CUDA device: CUDA's kernel reads
+    `xlogy(h, 0.3)` as `xlogy(h, half(0.3))`, and the decomposition, computing in float32, would read 0.3 at its
+    value. The CPU's kernel reads them neither way throughout, and keeps the core decomposition."""
+    decompose = _core_table()[op]
+
+    def decomposition(self, other):
+        tensors = [a for a in (self, other) if isinstance(a, torch.Tensor)]
+        dtype = _dimensioned_dtype(tensors)
+        device = next((t.device for t in tensors if t.device.type == "cuda"), None)
+        if dtype not in (torch.float16, torch.bfloat16) or device is None:
+            return decompose(self, other)
+        self, other = (_half_operand(a, dtype, device) for a in (self, other))
+        return _core_table()[aten.xlogy.Tensor](self, other)
+    return decomposition
+
+
+def _half_operand(a, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`a` as a tensor holding the values of `dtype` it converts to, where it is a number or a 0-d tensor of a
+    lower category; a tensor of `dtype` as it is."""
+    if not isinstance(a, torch.Tensor):
+        return torch.scalar_tensor(a, dtype=dtype, device=device)
+    return a.to(dtype) if _scalar_tensor_of_lower_category(a, dtype) else a
 
 
 def _dimensioned_dtype(tensors: list) -> torch.dtype | None:
@@ -258,6 +285,8 @@ def _fused_multiply_add(a, b, c, math: torch.dtype):
 # kiln's own decompositions: each returns NotImplemented where it does not apply (no bias), and the op stays.
 OWN = {
     **{op: _scalar_tensors_cast(op) for op in (aten.lerp.Tensor, aten.addcmul.default, aten.addcdiv.default)},
+    **{op: _xlogy_scalars_cast_on_cuda(op)
+       for op in (aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)},
     aten.convolution.default: convolution_bias_apart,
     aten.convolution_backward.default: convolution_backward_bias_apart,
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,

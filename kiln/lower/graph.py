@@ -20,10 +20,11 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
+from kiln.lower.host_work import crosses_to, host_work
 from kiln.lower.index import PrecomputedSizes, affine_strides, contiguous_strides, index_vars, precomputing, sympify
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
-from kiln.lower.scalar_operands import eager_reads
+from kiln.lower.scalar_operands import eager_reads, host_scalar_operands
 from kiln.lower.shape_padding import padded_result_strides, pads
 from kiln.lower.sym_floats import SYM_FLOAT_OPS, reads_size_scalars, sym_float_value, wrapper_float
 from kiln.lower.values import IndexFunction, SizeScalar, Unsupported, from_buffer
@@ -81,6 +82,8 @@ class GraphLowering:
                  through_aten: frozenset = frozenset()):
         self.gm = gm
         self.through_aten = through_aten  # FX node names run as externs, lowering or not (a kernel fell back)
+        self.host_work = host_work(gm)  # FX node names run as ATen externs on the CPU, as eager runs them
+        self._crossed: dict[torch.fx.Node, Any] = {}  # a 0-d CPU value -> its copy on the GPU (`_read`)
         self.origins: dict[str, frozenset] = {}  # buffer -> the FX nodes whose values it computes
         self._current: torch.fx.Node | None = None  # the FX node being lowered
         self._extern_args = False  # realizing the arguments of an extern call of `_current`
@@ -197,7 +200,7 @@ class GraphLowering:
             env[node] = self._call(node, env)
         nodes = _without_unread_items(self.nodes, outputs)
         return ir.LoweredGraph(self.inputs, nodes, outputs, self.size_vars, self.constants, self.zero_padded,
-                               self.origins, self.through_aten)
+                               self.origins, self.through_aten | self.host_work)
 
     def _origins(self, node: ir.Node) -> frozenset:
         """The FX nodes whose computation `node` (a buffer added while lowering `self._current`) holds:
@@ -308,9 +311,9 @@ class GraphLowering:
         return expr
 
     def _call(self, node: torch.fx.Node, env):
-        args = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.args)
-        kwargs = tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, node.kwargs)
         meta = node.meta.get("val")
+        args = tree_map(lambda n: self._read(n, env, node) if isinstance(n, torch.fx.Node) else n, node.args)
+        kwargs = tree_map(lambda n: self._read(n, env, node) if isinstance(n, torch.fx.Node) else n, node.kwargs)
         if node.target is operator.getitem:
             return args[0][args[1]]
         if (isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool)
@@ -324,17 +327,36 @@ class GraphLowering:
             return SIZE_FLOAT  # on the way to a size (`math.ceil(math.sqrt(n))`), whose own expression is read
         if any(a is SIZE_FLOAT for a in tree_leaves((args, kwargs))):
             raise Unsupported(f"{node.target}: a float computed from sizes reaches a kernel")
-        rule = None if node.name in self.through_aten else LOWERINGS.get(node.target)
+        rule = None if node.name in self.through_aten or node.name in self.host_work else LOWERINGS.get(node.target)
         if rule is not None and not reads_size_scalars(node.target, args, kwargs):
             rule = None  # ATen takes the float as the Python float eager's program passes it
         if rule is not None:
             try:
-                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs)
+                as_eager, rule_args, rule_kwargs = eager_reads(node.target, rule, meta, args, kwargs,
+                                                               host_scalar_operands(node.args))
                 out = as_eager(self, meta, *rule_args, **rule_kwargs)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
                 log.debug("%s: no lowering (%s), running it as an extern", node.target, e)
         return self.extern(node.target, args, kwargs, meta)
+
+    def _on_host(self) -> bool:
+        """Is the node being lowered one that runs on the CPU in a GPU graph: no GPU layout choice applies."""
+        return self._current is not None and self._current.name in self.host_work
+
+    def _read(self, arg: torch.fx.Node, env, reader: torch.fx.Node):
+        """`arg`'s value as `reader` reads it: a 0-d value computed on the CPU, read by a node a kernel computes
+        on a GPU, copied there once (kiln/lower/host_work.py; an ATen call takes the CPU scalar as eager's does);
+        any other as it is."""
+        kernel = reader.name not in self.host_work and reader.name not in self.through_aten \
+            and reader.target in LOWERINGS
+        device = crosses_to(arg, reader.meta.get("val"), self.host_work) if kernel else None
+        if device is None:
+            return env[arg]
+        if arg not in self._crossed:
+            self._crossed[arg] = self.extern(aten._to_copy.default, (env[arg],),
+                                             {"device": device, "non_blocking": True}, arg.meta["val"])
+        return self._crossed[arg]
 
     def _sym(self, meta):
         expr = sympify(meta)
@@ -439,10 +461,11 @@ class GraphLowering:
         `channels_last_convs`, a convolution's and its backward's are channels-last, as their operands)."""
         any_order = op in ANY_ORDER_EXTERNS
         layout = layouts = None
-        if self.channels_last_convs and op is aten.convolution.default and _is_conv2d(args, meta):
+        gpu_layouts = self.channels_last_convs and not self._on_host()
+        if gpu_layouts and op is aten.convolution.default and _is_conv2d(args, meta):
             args = (self._channels_last(args[0]), self._channels_last(args[1])) + tuple(args[2:])
             layout = _channels_last_layout(meta)
-        elif self.channels_last_convs and op is aten.convolution_backward.default and _is_conv2d_backward(args):
+        elif gpu_layouts and op is aten.convolution_backward.default and _is_conv2d_backward(args):
             # cuDNN's channels-last kernels, given channels-last operands, return channels-last gradients
             args = tuple(self._channels_last(a) for a in args[:3]) + tuple(args[3:])
             layouts = tuple(_channels_last_layout(m) if isinstance(m, torch.Tensor) and m.dim() == 4
@@ -498,7 +521,7 @@ class GraphLowering:
         Triton target's `prepare` decides): its result is the padded product's slice, rows `N` padded apart,
         and `name` joins `padded_results`; None for any other extern."""
         refs = [a for a in args if isinstance(a, ir.TensorRef)]
-        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2:
+        if not self.pad_matmul_operands or op not in MATMUL_OPS or len(refs) < 2 or self._on_host():
             return None
         sizes = [*refs[-2].layout.size[-2:], refs[-1].layout.size[-1]]
         if not all(sympify(s).is_Integer for s in sizes):

@@ -271,7 +271,9 @@ class LoweredGraph:
     constants: dict = field(default_factory=dict)  # name -> tensor (graph attributes)
     zero_padded: dict = field(default_factory=dict)  # buffer -> logical last size (rows padded with zeros past it)
     origins: dict = field(default_factory=dict)  # buffer -> FX node names it computes (a kernel's fallback)
-    through_aten: frozenset = frozenset()  # FX node names lowered as ATen externs because a kernel fell back
+    # FX node names lowered as ATen externs whatever their lowering: a kernel fell back, or the value is computed
+    # on the CPU in a GPU graph (kiln/lower/host_work.py); no GPU template replaces them
+    through_aten: frozenset = frozenset()
 
     def buffer_layouts(self) -> dict:
         out = {b.name: b.layout for b in self.inputs if isinstance(b, InputBuffer)}

@@ -458,6 +458,8 @@ def unstable_positions(e_res, k_res, reruns: dict) -> str | None:
     for i, (e, k) in enumerate(zip(e_leaves, k_leaves)):
         if e.shape != k.shape:
             return None
+        # judged on the CPU, as `close_mask` judges: a CUDA program's outputs beside re-runs and masks on the CPU
+        e, k = e.detach().cpu(), k.detach().cpu()
         differs = ~close_mask(e, k)
         if not differs.any():
             continue
@@ -490,7 +492,7 @@ def _leaf(result, i: int, like: torch.Tensor) -> torch.Tensor | None:
     found = leaves(result) if result is not None else []
     if len(found) <= i or found[i].shape != like.shape:
         return None
-    return found[i].detach().to(like.dtype)
+    return found[i].detach().to(like.device, like.dtype)
 
 
 def _any(masks, like: torch.Tensor) -> torch.Tensor:

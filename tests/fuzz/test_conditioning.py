@@ -382,14 +382,14 @@ def f(c):
 '''
 
 
-def _shifted(by):
+def _shifted(by, source=SINE_OF_A_LARGE_EXP):
     """A backend whose second value is eager's moved by `by(eager's value, the noise runs' lowest and highest)`."""
     from tests.fuzz.conditioning import NOISE_RUNS, eager_results
 
-    runs = eager_results(SINE_OF_A_LARGE_EXP, 0, "values")
-    values = [runs[name][0][1].item() for name in NOISE_RUNS]
-
     def backend(gm, example_inputs):
+        runs = eager_results(source, 0, "values")
+        values = [runs[name][0][1].item() for name in NOISE_RUNS]
+
         def run(*args):
             out = gm(*args)[0].clone()
             out[1] += by(out[1].item(), min(values), max(values))
@@ -406,3 +406,19 @@ def test_a_value_float32_noise_moves_is_judged_by_the_noise_runs_spread(by, stat
     less than its width is noise too; a value of another scale (a sine beyond 1) stays wrong."""
     outcome = run_program(SINE_OF_A_LARGE_EXP, _shifted(by))
     assert outcome.status == status, outcome.first_line()
+
+
+ON_THE_GPU = "torch.tensor([0.1, 3.0404], device='cuda')"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("source, backend, status", [
+    (SINE_OF_A_LARGE_EXP.replace("torch.tensor([0.1, 3.0404])", ON_THE_GPU),
+     _shifted(lambda e, low, high: high - e + (high - low) / 2,
+              SINE_OF_A_LARGE_EXP.replace("torch.tensor([0.1, 3.0404])", ON_THE_GPU)), "ill-conditioned"),
+    (CANCELLING_MEAN.format(body="    return a.float().mean() * 2\n").replace("])]", "], device='cuda')]"), _far_off,
+     "wrong")], ids=["noise", "far-off"])
+def test_outputs_on_the_gpu_are_judged_beside_re_runs_and_masks_on_the_cpu(source, backend, status):
+    """The same judgements of programs whose tensors are on the GPU: their values, their re-runs' and the masks
+    the judge builds meet on the CPU (they met on two devices, and the judge raised)."""
+    assert run_program(source, backend).status == status

@@ -1,7 +1,8 @@
-"""0-d CPU tensors mixed into CUDA graphs (kiln/runtime/host_scalars.py), as eager allows them.
+"""0-d CPU tensors mixed into CUDA graphs (kiln/runtime/host_scalars.py, kiln/lower/host_work.py), as eager allows
+them.
 
-Which inputs and outputs cross to the GPU and back is decided from the graph (runs anywhere); the
-compiled graphs run on a GPU (the tests marked `cuda`)."""
+Where the lowering reads them is tested on fake CUDA tensors; the compiled graphs run on a GPU (the tests marked
+`cuda`)."""
 from __future__ import annotations
 
 import math
@@ -11,8 +12,8 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.runtime.host_scalars import HostScalarCall, host_scalar_inputs, host_scalar_outputs, on_device
-from support.lowering import trace
+from kiln.lower import ir
+from support.fake_cuda import compile_inference
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -21,13 +22,21 @@ def scaled(x, scale):
     return x / scale, scale * 2
 
 
-def test_the_host_scalars_of_a_graph_are_its_0d_cpu_inputs_and_the_outputs_the_caller_sees():
-    gm = trace(scaled, torch.randn(4), torch.tensor(2.0))
-    assert host_scalar_inputs(gm) == (1,) and host_scalar_outputs(gm) == (1,)
-    gm.meta["kiln.aot"] = {"kind": "forward", "visible_outputs": 1}  # output 1 is saved for the backward
-    assert host_scalar_outputs(gm) == ()
-    assert on_device(scaled, gm, "cpu") is scaled  # the C++ target reads host memory itself
-    assert isinstance(on_device(scaled, gm, "cuda:0"), HostScalarCall)
+class Scaled(nn.Module):
+    def forward(self, x, scale):
+        return scaled(x, scale)
+
+
+def test_a_kernel_reads_a_cpu_scalar_input_through_a_copy_and_the_host_computes_its_cpu_output():
+    """`x / scale` is a kernel reading a GPU copy of the input; `scale * 2`, a CPU tensor in eager, is an ATen
+    call on the host input, returned where it was made."""
+    graph = compile_inference(Scaled(), [torch.randn(4), torch.tensor(2.0)], cpu_inputs=(1,)).artefacts["ir"]
+    externs = {n.name: n for n in graph.nodes if isinstance(n, ir.Extern)}
+    (copy,) = [e for e in externs.values() if e.op is torch.ops.aten._to_copy.default]
+    (doubled,) = [e for e in externs.values() if e.op is torch.ops.aten.mul.Tensor]
+    assert copy.args[0].buf == doubled.args[0].buf == "arg1", graph
+    (kernel,) = [n for n in graph.nodes if isinstance(n, ir.ComputedBuffer)]
+    assert {load.buf for load in ir.loads(kernel.data.body)} == {"arg0", copy.name}, graph
 
 
 class ScaledAttentionScores(nn.Module):

@@ -95,17 +95,19 @@ def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str, requires_grad:
     return fake.requires_grad_(requires_grad) if requires_grad else fake
 
 
-def forward_graph(model: torch.nn.Module, inputs: list[torch.Tensor], amp: torch.dtype | None, train: bool):
+def forward_graph(model: torch.nn.Module, inputs: list[torch.Tensor], amp: torch.dtype | None, train: bool,
+                  cpu_inputs: tuple[int, ...] = ()):
     """(ATen graph of `model(*inputs)` over (inputs, parameters, buffers) on fake CUDA tensors, those inputs).
 
-    `inputs` (CPU tensors) and the model's parameters give sizes, strides and dtypes only. With `train` the
+    `inputs` (CPU tensors) and the model's parameters give sizes, strides and dtypes only; the inputs numbered in
+    `cpu_inputs` are fake CPU tensors, the rest fake CUDA tensors. With `train` the
     parameters require grad while tracing, as in a training step: composite ops choose their kernel by it
     (on a real GPU, attention picks cuDNN only where its bias needs no gradient)."""
     allow_fake_cuda()
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     state = [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()]
     mode = FakeTensorMode()
-    fakes = [fake_like(mode, t, "cuda") for t in [*inputs, *state]]
+    fakes = [fake_like(mode, t, "cpu" if k in cpu_inputs else "cuda") for k, t in enumerate([*inputs, *state])]
     for fake, (_, p) in zip(fakes[len(inputs):], model.named_parameters()):
         fake.requires_grad_(train and p.requires_grad)
 
@@ -187,3 +189,27 @@ def compile_model(model: torch.nn.Module, inputs: list[torch.Tensor], *, train: 
     with torch.set_grad_enabled(train):
         aot_compile(cpu_gm, cpu_inputs, compiler, decompositions=decomposition_table(), name=name)
     return graphs
+
+
+def compile_inference(model: torch.nn.Module, inputs: list[torch.Tensor], cpu_inputs: tuple[int, ...] = ()):
+    """kiln's CompiledGraph for `model(*inputs)` under no_grad on fake CUDA inputs, traced where it runs: no
+    autograd engine is involved, so the graph is not moved through the CPU, and the tensors the model makes
+    without a device (`torch.rand(())`, `torch.full((4,), 0.5)`) stay CPU tensors, as in eager; so do the inputs
+    numbered in `cpu_inputs`."""
+    from kiln.autograd import aot_compile
+    from kiln.lower.decompositions import decomposition_table
+    from kiln.pipeline import compile_aten_graph, fuses
+
+    gm, fakes = forward_graph(model, inputs, None, train=False, cpu_inputs=cpu_inputs)
+    graphs = []
+
+    def compiler(aten_gm, example_inputs):
+        graphs.append(compile_aten_graph(aten_gm, example_inputs))
+        return graphs[-1]
+
+    compiler.fuses = fuses
+    with torch.no_grad():
+        aot_compile(gm, fakes, compiler, decompositions=decomposition_table(), name="graph")
+    (graph,) = graphs
+    assert "fallback" not in graph.artefacts, graph.artefacts["fallback"]
+    return graph

@@ -69,17 +69,20 @@ class EagerProd(torch.autograd.Function):
     """`prod` with eager's backward formula (`prod_backward`). The backward computes the product again from the
     input rather than reading the forward's: the partition still computes it once (in the forward, or in the
     backward from the saved input), and a backward that reads only the input differentiates again under
-    autograd (create_graph=True, runtime.py `_differentiable_saves`)."""
+    autograd (create_graph=True, runtime.py `_differentiable_saves`). The result is saved all the same, as
+    eager's node saves it: unpacking it checks its version, so a result written in place before the backward
+    raises eager's error (tests/autograd/test_saved_value_overwritten.py)."""
 
     @staticmethod
     def forward(ctx, inp, dim, keepdim, dtype):
-        ctx.save_for_backward(inp)
+        result = _prod(inp, dim, keepdim, dtype)
+        ctx.save_for_backward(inp, result)
         ctx.dim, ctx.keepdim = dim, keepdim
-        return _prod(inp, dim, keepdim, dtype)
+        return result
 
     @staticmethod
     def backward(ctx, grad):
-        (inp,) = ctx.saved_tensors
+        inp, _ = ctx.saved_tensors
         # eager's formula reads the input in the gradient's dtype (`prod(x, dtype=torch.float64)`)
         same = inp.to(grad.dtype)
         g = prod_backward(grad, same, _prod(same, ctx.dim, ctx.keepdim, None), ctx.dim, ctx.keepdim)

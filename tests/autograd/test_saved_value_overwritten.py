@@ -33,7 +33,20 @@ def sigmoid_then_zero(d):
     return y
 
 
-PROGRAMS = [abs_of_saved_reciprocal, exp_transposed_in_place, input_of_mul_written, sigmoid_then_zero]
+def prod_rows_then_an_empty_write(d):
+    t = d.prod(1)  # saves its result, whichever formula its backward picks by the data (kiln's EagerProd too)
+    t[:0].add_(1)  # writes nothing, and counts as a write all the same (fuzz seed 412285)
+    return t
+
+
+def prod_then_add(d):
+    t = d.prod()
+    t.add_(1)
+    return t
+
+
+PROGRAMS = [abs_of_saved_reciprocal, exp_transposed_in_place, input_of_mul_written, sigmoid_then_zero,
+            prod_rows_then_an_empty_write, prod_then_add]
 
 
 @pytest.mark.sampled(every=2, classes=("program",))

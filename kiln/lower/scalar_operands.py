@@ -71,11 +71,11 @@ CUDA_ORIGINAL = frozenset({aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, at
 """Ops whose CUDA kernel reads a host scalar at its original value, in float, in either position."""
 
 CUDA_ORIGINAL_SECOND = DIVISIONS
+"""Ops whose CUDA kernel reads a host scalar second operand at its original value, in float."""
 
 TRUE_DIVISIONS = frozenset({aten.div.Tensor, aten.div.Scalar})
 """Divisions that CUDA computes as a product with the divisor's float reciprocal where the divisor is a host
 scalar."""
-"""Ops whose CUDA kernel reads a host scalar second operand at its original value, in float."""
 
 CUDA_ROUNDED = ROUNDED - CUDA_ORIGINAL
 """Ops whose CUDA kernel reads every scalar operand cast to the op's dtype."""
@@ -134,8 +134,13 @@ def _host_scalar(args: tuple, k: int, host_scalars: frozenset[int]) -> bool:
 def _device_operands_cast(args: tuple, dtype: torch.dtype, host_scalars: frozenset[int]) -> tuple:
     """`args` with each tensor operand on the device cast to `dtype`, the op's, as CUDA's kernel reads it (a 0-d
     float32 tensor on the GPU as half(s)) before `_in_float` computes in float32."""
-    return tuple(cast_to(a, dtype) if isinstance(a, IndexFunction) and k not in host_scalars and a.dtype != dtype
+    return tuple(cast_to(a, dtype) if _device_tensor(a) and k not in host_scalars and a.dtype != dtype
                  else a for k, a in enumerate(args))
+
+
+def _device_tensor(a) -> bool:
+    """Is `a` a tensor operand, not a float computed from sizes (a host scalar: the kernel reads its value)?"""
+    return isinstance(a, IndexFunction) and not isinstance(a, SizeScalar)
 
 
 def cast_to(a: IndexFunction, dtype: torch.dtype) -> IndexFunction:

@@ -223,6 +223,40 @@ def test_a_cuda_division_by_a_number_multiplies_by_its_float_reciprocal():
         assert f"mul(cast(load(arg0, i0), float32), {reciprocal!r})" in ir_text, ir_text
 
 
+def _lowered_with_a_symbolic_size(fn, device: str) -> str:
+    """The IR of `fn(h)` for a float32 `h` of symbolic length on `device` (fake tensors: nothing launched)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from kiln import pipeline
+    from kiln.codegen.target import select_target
+    from kiln.lower.decompositions import decomposition_table
+    from support.fake_cuda import allow_fake_cuda
+
+    allow_fake_cuda()
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    n = mode.shape_env.create_symintnode(mode.shape_env.create_symbol(7, ConstantSource("n")), hint=7)
+    with mode:
+        h = torch.empty(n, device=device)
+        gm = make_fx(fn, decomposition_table=decomposition_table())(h)
+    inputs = [h]
+    decomposed = pipeline.decompose(gm, inputs)
+    return str(pipeline.lower(decomposed, inputs, select_target(decomposed, inputs), shape_padding=False))
+
+
+@pytest.mark.parametrize("device, reading", [("cuda", "float32"), ("cpu", "float16")])
+def test_a_float_computed_from_sizes_is_a_host_scalar_on_cuda(device, reading):
+    """`h.half() + h.shape[0] / 3` under dynamic shapes: CUDA's add reads the Python float at its value in float,
+    the CPU's rounds it to the half type (fuzz seeds 411254, 411344: read as a GPU tensor, rounded, on CUDA)."""
+    ir_text = _lowered_with_a_symbolic_size(lambda h: h.half() + h.shape[0] / 3, device)
+    size_float = re.search(r"truediv\(cast\(index\(\w+\), float64\), 3\.0\)", ir_text)
+    assert size_float is not None, ir_text
+    read_as = re.search(rf"cast\({re.escape(size_float.group(0))}, (\w+)\)", ir_text)
+    assert read_as is not None and read_as.group(1) == reading, ir_text
+
+
 def test_alpha_is_read_at_its_value_on_cuda_and_rounded_on_the_cpu():
     """`add(a, b, alpha=0.7)` of two half tensors: CUDA's kernel reads alpha in float, the CPU's vector loop
     rounds it to the half type first."""

@@ -17,6 +17,20 @@ from support import (
 )
 
 
+def _reference_guards_untimed() -> None:
+    """torch.compile, the reference many tests compare kiln with, times each guard set it builds once for a debug
+    log line and a metric (torch/_dynamo/guards.py, `profile_guard_manager`), flushing the CPU's caches first:
+    tens of milliseconds per compiled frame, more than the rest of the reference's compile of a small function.
+    No test reads that latency, so the tests' torch.compile skips the timing. Set on torch's C module before
+    torch._dynamo.guards imports the name from it (kiln never imports torch._dynamo)."""
+    import torch
+
+    torch._C._dynamo.guards.profile_guard_manager = lambda root, scope, iterations: 0.0
+
+
+_reference_guards_untimed()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "allows_fallback(why): the test makes kiln fall back on purpose (runs with "
                                        "KILN_STRICT=0); `why` names the fallback")

@@ -17,6 +17,20 @@ from support import (
 )
 
 
+def _reference_guards_untimed() -> None:
+    """torch.compile, the reference many tests compare kiln with, times each guard set it builds once for a debug
+    log line and a metric (torch/_dynamo/guards.py, `profile_guard_manager`), flushing the CPU's caches first:
+    tens of milliseconds per compiled frame, more than the rest of the reference's compile of a small function.
+    No test reads that latency, so the tests' torch.compile skips the timing. Set on torch's C module before
+    torch._dynamo.guards imports the name from it (kiln never imports torch._dynamo)."""
+    import torch
+
+    torch._C._dynamo.guards.profile_guard_manager = lambda root, scope, iterations: 0.0
+
+
+_reference_guards_untimed()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "allows_fallback(why): the test makes kiln fall back on purpose (runs with "
                                        "KILN_STRICT=0); `why` names the fallback")
@@ -54,9 +68,20 @@ def seeded(request):
     unlucky values exceed fails always or never, not once in some runs (and a failure replays by its id)."""
     import torch
 
-    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "little")
+    seed = int.from_bytes(hashlib.sha256(command_line_id(request.node).encode()).digest()[:4], "little")
     torch.manual_seed(seed)
     random.seed(seed)
+
+
+def command_line_id(item) -> str:
+    """The test's id as a command line names it: xdist's `--dist loadgroup` appends "@" and the group to the ids
+    of the tests it keeps on one worker (`share_module_fixtures`), which a run without xdist does not."""
+    nodeid = item.nodeid
+    for mark in item.iter_markers("xdist_group"):
+        suffix = f"@{mark.args[0] if mark.args else mark.kwargs.get('name', 'default')}"
+        if nodeid.endswith(suffix):
+            return nodeid[:-len(suffix)]
+    return nodeid
 
 
 @pytest.fixture(autouse=True)
@@ -120,8 +145,11 @@ def fresh_cache(guard_extension, tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """CI's samples of the matrices marked `sampled` (the rest deselected), then `share_module_fixtures`."""
+    """CI's samples of the matrices marked `sampled` (the rest deselected), then `share_module_fixtures`. First of
+    the plugins' hooks: an xdist worker registers its own hook after this file is loaded (so it would run before
+    this one), and that hook reads the `xdist_group` marks `share_module_fixtures` adds."""
     if not sweeps.full(sweeps.MATRIX_SWEEP):
         named = {arg for arg in config.args if "[" in arg}  # cases asked for by id run, sampled or not
         kept = sampled(items) | {item for item in items if any(arg.endswith(item.nodeid) for arg in named)}

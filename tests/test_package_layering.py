@@ -125,7 +125,11 @@ def _imports(name: str, path: Path) -> list[Import]:
     return found
 
 
-IMPORTS = [imp for name, path in MODULES.items() for imp in _imports(name, path)]
+@pytest.fixture(scope="module")
+def imports() -> list[Import]:
+    """Every import of every kiln module: parsed where the tests run, once, not while the suite is collected (each
+    xdist worker collects it)."""
+    return [imp for name, path in MODULES.items() for imp in _imports(name, path)]
 
 
 def _unit(module: str) -> str:
@@ -139,16 +143,16 @@ def test_every_unit_has_a_layer():
     assert not missing, f"give each new stage or top-level module a layer in LAYERS: {missing}"
 
 
-def test_stages_import_one_way():
+def test_stages_import_one_way(imports):
     wrong = [f"{i.importer}:{i.line} imports {i.imported} ({_unit(i.importer)} is layer {LAYERS[_unit(i.importer)]}, "
              f"{_unit(i.imported)} layer {LAYERS[_unit(i.imported)]})"
-             for i in IMPORTS if i.imported.startswith("kiln") and _unit(i.importer) != _unit(i.imported)
+             for i in imports if i.imported.startswith("kiln") and _unit(i.importer) != _unit(i.imported)
              and _unit(i.imported) in LAYERS and LAYERS[_unit(i.importer)] <= LAYERS[_unit(i.imported)]]
     assert not wrong, "a stage imports a stage at its own layer or above:\n" + "\n".join(wrong)
 
 
-def test_imports_inside_functions_are_the_listed_exceptions():
-    found = {(i.importer, i.imported): i for i in IMPORTS if i.in_function}
+def test_imports_inside_functions_are_the_listed_exceptions(imports):
+    found = {(i.importer, i.imported): i for i in imports if i.in_function}
     unlisted = [f"{i.importer}:{i.line} imports {i.imported} inside a function"
                 for key, i in sorted(found.items()) if key not in FUNCTION_LEVEL]
     assert not unlisted, ("import at the module top, or route the call through a seam (the capture state); "
@@ -181,9 +185,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycles_besides_the_listed_ones():
+def test_no_import_cycles_besides_the_listed_ones(imports):
     graph: dict[str, set[str]] = {}
-    for i in IMPORTS:
+    for i in imports:
         if i.imported in MODULES and i.imported != i.importer and (i.importer, i.imported) not in FUNCTION_LEVEL:
             graph.setdefault(i.importer, set()).add(i.imported)
     cycle = _cycle(graph)

@@ -167,7 +167,7 @@ def precompiled_headers(source: str) -> list[str]:
         return []
     header = folder("pch", key[:2]) / f"{key}.h"
     precompiled = header.with_name(header.name + ".gch")
-    if verify(header) is not None or verify(precompiled) is not None:
+    if not _headers_match(header, precompiled):
         try:
             _precompile(headers, header, precompiled, flags)
         except CompilerTimeout:
@@ -177,6 +177,33 @@ def precompiled_headers(source: str) -> list[str]:
             _not_precompiled.add(key)
             return []
     return ["-include", str(header)]
+
+
+# The precompiled headers this process found matching their manifests, with the files' identity then (`_identity`).
+# The precompiled form is tens of megabytes, which a check reads whole: every build of a new library made one.
+_matched_headers: dict[Path, tuple] = {}
+
+
+def _identity(*paths: Path) -> tuple | None:
+    """What changes when a file is replaced (a publish renames a new file into place: another inode) or written
+    (its size, modification or change time): None where one of `paths` is missing."""
+    try:
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for st in map(os.lstat, paths))
+    except OSError:
+        return None
+
+
+def _headers_match(header: Path, precompiled: Path) -> bool:
+    """Whether `header` and its `precompiled` form match their manifests: checked whole the first time, and again
+    only once either file was replaced or written since."""
+    before = _identity(header, precompiled)
+    if before is not None and _matched_headers.get(precompiled) == before:
+        return True
+    if verify(header) is not None or verify(precompiled) is not None:
+        return False
+    if before is not None and _identity(header, precompiled) == before:  # not replaced while it was read
+        _matched_headers[precompiled] = before
+    return True
 
 
 def _precompile(headers: str, header: Path, precompiled: Path, flags: list[str]) -> None:

@@ -69,6 +69,8 @@ def _assert_same_bits(program, *args, what: str) -> None:
             f"{[hex(v) for v in got[~same][:3].tolist()]} vs eager's {[hex(v) for v in expected[~same][:3].tolist()]}"
 
 
+# CI: a diagonal of op x dtype, every op and every dtype kept (KILN_MATRIX_SWEEP=1: all of it)
+@pytest.mark.sampled(every=2, classes=("op", "dtype"))
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("op", list(OPS))
 def test_nan_bits_as_eager_s_scalar_loop_makes_them(op, dtype):
@@ -138,6 +140,8 @@ FOLDED_BY_GCC = {
 }
 
 
+# CI: a diagonal of op x dtype, every op and every dtype kept (KILN_MATRIX_SWEEP=1: all of it)
+@pytest.mark.sampled(every=2, classes=("op", "dtype"))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("op", list(FOLDED_BY_GCC))
 def test_nan_bits_of_expressions_gcc_would_fold_as_eager(op, dtype):

@@ -6,10 +6,10 @@ and shrink it with `--minimize SEED`. Longer runs: `python -m tests.fuzz --progr
 SEEDS cover the generator's features; ONCE_FAILING are seeds that found bugs since fixed; KNOWN_FAILING
 still fail (strict xfails, with what differs).
 
-CI runs a sample: the covering seeds under the AOT backend, every third of them under the capture-only backend
-(the AOT backend runs the same capture), every sixth under inductor (half of the found ones); each regression seed
-once, under the deepest backend it failed with (inductor for every sixth of inductor's). `KILN_FUZZ_SWEEP=1`
-(or KILN_FULL_TESTS=1) runs every seed under every backend it is listed for.
+CI runs a sample: every covering seed once, half of them under the AOT backend and the other half under the
+capture-only backend (the AOT backend runs the same capture), every sixth under inductor (half of the found ones);
+every second regression seed of each backend, under the deepest backend it failed with (inductor for every sixth of
+inductor's). `KILN_FUZZ_SWEEP=1` (or KILN_FULL_TESTS=1) runs every seed under every backend it is listed for.
 """
 from __future__ import annotations
 
@@ -45,10 +45,12 @@ SCALAR_FOUND = [200003, 200008, 200024, 200025, 200033, 200057, 200067, 200090, 
 OVERLAP_COVERING = [300001, 300012, 300025, 300031, 300049, 300060, 300002]
 FOUND = SCALAR_FOUND + OVERLAP_COVERING
 SEEDS = {
-    # the AOT backend runs the capture-only backend's graphs too: CI runs a third of them capture-only
+    # the AOT backend runs the capture-only backend's graphs too: CI runs each seed under one of the two, every
+    # second under AOT and the others capture-only
     "eager": (COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND if full("KILN_FUZZ_SWEEP") else
-              COVERING[1::3] + EXTENDED_COVERING[1::3] + LOOP_COVERING[1::3] + FOUND[1::3]),
-    "aot_eager": COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND,
+              COVERING[1::2] + EXTENDED_COVERING[1::2] + LOOP_COVERING[1::2] + FOUND[1::2]),
+    "aot_eager": (COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND if full("KILN_FUZZ_SWEEP") else
+                  COVERING[::2] + EXTENDED_COVERING[::2] + LOOP_COVERING[::2] + FOUND[::2]),
     # C++ builds (a fresh cache in CI) dominate the suite's time: a sixth of the covering seeds, half of the found ones
     "inductor": (COVERING + EXTENDED_COVERING + LOOP_COVERING + FOUND if full("KILN_FUZZ_SWEEP") else
                  COVERING[::6] + EXTENDED_COVERING[::6] + LOOP_COVERING[::6] + SCALAR_FOUND[::2]
@@ -56,8 +58,8 @@ SEEDS = {
 }
 
 # seeds that failed before issue 21's fixes (values, state, identity, raises, crashes) and pass now: regression
-# seeds (0-499, then those of the 2000-seed runs). CI runs every one under the capture-only and AOT backends, and
-# every sixth under inductor (C++ builds).
+# seeds (0-499, then those of the 2000-seed runs); a fix's own test is named beside its seed. CI runs every second
+# one of each backend (`regression_seeds`), inductor's among every sixth of its own (C++ builds).
 ONCE_FAILING = {
     "eager": [
         109, 127, 137, 145, 146, 172, 200, 210, 235, 236, 266, 288, 300, 306, 333, 363, 418, 434, 460, 463,
@@ -172,8 +174,9 @@ ONCE_FAILING = {
 
 
 def regression_seeds() -> list[tuple[str, int]]:
-    """Under KILN_FUZZ_SWEEP, every seed under every backend it failed with; in CI each seed once, under the deepest
-    of them (inductor runs capture and AOT too), inductor for every sixth of its seeds (C++ builds)."""
+    """Under KILN_FUZZ_SWEEP, every seed under every backend it failed with. In CI each seed under the deepest of
+    them (inductor runs capture and AOT too), inductor for every sixth of its seeds (C++ builds), and of the seeds
+    each backend gets so, every second: every backend keeps regression seeds in CI."""
     if full("KILN_FUZZ_SWEEP"):
         return [(b, s) for b, seeds in ONCE_FAILING.items() for s in seeds]
     built = set(ONCE_FAILING["inductor"][::6])
@@ -182,7 +185,10 @@ def regression_seeds() -> list[tuple[str, int]]:
         for seed in ONCE_FAILING[backend]:
             if backend != "inductor" or seed in built:
                 deepest[seed] = backend
-    return [(b, s) for s, b in deepest.items()]
+    by_backend: dict[str, list[int]] = {}
+    for seed, backend in deepest.items():
+        by_backend.setdefault(backend, []).append(seed)
+    return [(b, s) for b, seeds in by_backend.items() for s in seeds[::2]]
 
 
 REGRESSION_SEEDS = regression_seeds()

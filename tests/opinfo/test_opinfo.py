@@ -40,27 +40,33 @@ def sampled_rows(rows: dict, sample: dict = SAMPLE) -> list[str]:
 
 TABLE = table.load()
 DYNAMIC_TABLE = table.load(table.DYNAMIC_TABLE)
-OPS = op_db()
+
+
+@pytest.fixture(scope="module")
+def ops() -> dict:
+    """The op database, imported where the rows run, not where they are collected (seconds of imports): a module
+    fixture, so the rows run on one xdist worker (tests/conftest.py), which imports it once."""
+    return op_db()
 
 
 @pytest.mark.allows_fallback("the table records which rows fall back: a fallback is an outcome here, not an error")
 @pytest.mark.parametrize("key", sampled_rows(TABLE["rows"]))
-def test_row_keeps_its_outcome(key):
-    _check_row(key, TABLE, dynamic=False)
+def test_row_keeps_its_outcome(ops, key):
+    _check_row(ops, key, TABLE, dynamic=False)
 
 
 @pytest.mark.allows_fallback("the table records which rows fall back: a fallback is an outcome here, not an error")
 @pytest.mark.parametrize("key", sampled_rows(DYNAMIC_TABLE["rows"], DYNAMIC_SAMPLE))
-def test_dynamic_row_keeps_its_outcome(key):
-    _check_row(key, DYNAMIC_TABLE, dynamic=True)
+def test_dynamic_row_keeps_its_outcome(ops, key):
+    _check_row(ops, key, DYNAMIC_TABLE, dynamic=True)
 
 
-def _check_row(key: str, tabled: dict, dynamic: bool) -> None:
+def _check_row(ops: dict, key: str, tabled: dict, dynamic: bool) -> None:
     expected = tabled["rows"][key]
     row = Row.parse(key)
-    if row.op not in OPS:  # the table is made with torch 2.13; an older op database lacks some ops
+    if row.op not in ops:  # the table is made with torch 2.13; an older op database lacks some ops
         pytest.skip(f"{row.op} is not in this torch's op database")
-    got = run_row(OPS[row.op], row, expected["samples"] or None, seconds=ROW_SECONDS, dynamic=dynamic)
+    got = run_row(ops[row.op], row, expected["samples"] or None, seconds=ROW_SECONDS, dynamic=dynamic)
     flag, name = ("--dynamic ", table.DYNAMIC_TABLE.name) if dynamic else ("", table.TABLE.name)
     assert got["outcome"] == expected["outcome"], (
         f"{key}: now {got['outcome']} ({got['reason']}), the table says {expected['outcome']} ({expected['reason']}); "

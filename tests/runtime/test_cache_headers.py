@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from kiln.config import compiler
-from kiln.runtime import cache
+from kiln.runtime import cache, private_files
 from kiln.runtime.private_files import verify
 from support.cache import answer, fake_compiler
 
@@ -42,6 +42,18 @@ def test_the_headers_are_precompiled_once_and_read_precompiled_by_later_builds(f
                             "-fsyntax-only", "-x", "c++", "-"], input=kernel_source(4), capture_output=True,
                            text=True, check=True).stderr
     assert f"! {precompiled(fresh_cache)[0]}" in shown.splitlines()
+
+
+def test_later_builds_check_the_precompiled_header_against_its_manifest_once(fresh_cache, monkeypatch):
+    """The check reads the precompiled form whole (tens of megabytes): a process reads it for the first build that
+    uses it, and again only once the file was replaced or written (the damage test below: built again)."""
+    assert answer(cache.load(kernel_source(49))) == 7
+    (gch,) = precompiled(fresh_cache)
+    read, digest = [], private_files.file_digest
+    monkeypatch.setattr(private_files, "file_digest", lambda path: read.append(path) or digest(path))
+    assert answer(cache.load(kernel_source(64))) == 8
+    assert answer(cache.load(kernel_source(81))) == 9
+    assert read.count(gch) == 1, read
 
 
 def test_a_source_without_includes_builds_without_precompiled_headers(fresh_cache):

@@ -105,6 +105,9 @@ def test_a_column_sum_weighted_per_row_splits_as_the_plain_one():
     assert "XBLOCK=64" in partial, source
 
 
+# CI runs the first dtype (KILN_MATRIX_SWEEP=1: both): the kernels' shape is the same in either, and the
+# interpreter's seconds go to the reduction, not the casts (bf16 casts run in the other Triton tests)
+@pytest.mark.sampled(every=2)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_layer_norm_over_channels_sums_its_weight_gradient_in_column_tiles(dtype):
     shape = (3, 40, 11, 13)  # 429 positions of 40 channels

@@ -88,6 +88,8 @@ def repeated_blocks(x, *weights):
     return outs
 
 
+# CI runs float32 (KILN_MATRIX_SWEEP=1: bf16 too): the kernels shared are the same in either dtype
+@pytest.mark.sampled(every=2)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_repeated_blocks_compile_each_kernel_once_and_match_eager(dtype):
     """On the CPU the kernels run interpreted and are compiled for sm_90 apart; on a GPU they are compiled and

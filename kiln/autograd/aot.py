@@ -103,10 +103,9 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compil
     `cache`: the compiler's identity and options, as a string, to keep the ATen graphs in the compile cache
     under (aot_cache.py), or None to keep nothing (the compiler's output depends on more than it says).
     """
-    split = independent_parts(gm, example_inputs) if gm.meta.get("kiln.ends_at_backward") else None
+    split = independent_parts(gm, example_inputs, where_edges_differ=not gm.meta.get("kiln.ends_at_backward"))
     if split is not None:
-        log.info("%s: ends at a backward(): compiling its %d independent parts as a backward node each", name,
-                 len(split.parts))
+        log.info("%s: compiling its %d independent parts as a backward node each", name, len(split.parts))
         return PartsCompiled(split, lambda part, inputs: aot_compile(part, inputs, compiler,
                                                                      decompositions=decompositions, name=name,
                                                                      cache=cache), example_inputs)

@@ -1,4 +1,5 @@
-"""A graph that ends at the user's `backward()`, compiled as one autograd node per independent part.
+"""A graph compiled as one autograd node per independent part: where it ends at the user's `backward()`, or where
+its parts' outputs are computed from different inputs that require grad.
 
 A compiled graph is one backward node for all its outputs (an autograd.Function); eager has a node per op.
 Where the user's code calls `loss.backward()` right after the graph (the capture broke there), that backward
@@ -14,6 +15,12 @@ most one part may draw random numbers; a graph whose parts meet otherwise throug
 draw, stays whole. What each node writes and draws is read from a fake run
 of the graph (the ATen ops it runs: nothing is computed). Grad-mode and autocast switches (calls that take no
 values and return none) are copied into every part, in their order, so each op runs in the mode it ran in.
+
+Any graph is split where the parts giving outputs that require grad read different inputs that require grad: one
+node for them all has an edge to each such input, and the autograd engine runs the history of every input a node
+has an edge to, with a None gradient where nothing flows. A backward through `a.sin()` of `(a.sin(), a * b)`
+then ran (and freed) the history of `b`, and raised where that history held a saved tensor written since, where
+eager's backward never reaches it.
 """
 from __future__ import annotations
 
@@ -48,9 +55,11 @@ class Split:
     num_outputs: int
 
 
-def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split | None:
+def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edges_differ: bool = False) -> Split | None:
     """`gm`'s parts when at least two of them give outputs that require grad and they do not meet through a
-    written tensor or random draws; None otherwise (compile it whole)."""
+    written tensor or random draws; None otherwise (compile it whole). `where_edges_differ`: only where the
+    parts' differentiable outputs are computed from different inputs that require grad (see `differing_edges`),
+    and every computation of the graph is in a part."""
     nodes = list(gm.graph.nodes)
     returned = nodes[-1].args[0]
     if not isinstance(returned, (tuple, list)):
@@ -71,6 +80,9 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
     if len(differentiable) < 2:
         return None
+    if where_edges_differ and not _edges_differ(nodes, {r: _reaching([returned[k] for k in roots[r]]) for r in roots},
+                                                None, roots, returned, placeholders, example_inputs):
+        return None  # before the fake run below: most graphs stop here
     effects = _effects(gm, example_inputs)
     if effects is None:
         return None
@@ -88,8 +100,31 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list) -> Split |
         members[root] |= _reaching([node])
     if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
         return None
+    if where_edges_differ and not _edges_differ(nodes, members, switches, roots, returned, placeholders,
+                                                example_inputs):
+        return None
     parts = [_part_graph(gm, nodes, switches, members[r], roots[r]) for r in ordered]
     return Split(parts, returned_inputs, constants, len(returned))
+
+
+def _edges_differ(nodes: list, members: dict, switches: set, roots: dict, returned, placeholders: list,
+                  example_inputs: list) -> bool:
+    """Whether the parts giving differentiable outputs read different sets of the inputs that require grad, and
+    every computing node is in a part. One backward node for all of them has an edge to every such input, and a
+    backward through one output walks (runs and frees) the history of inputs only another output is computed
+    from, where eager's never reaches it. A computation in no part (a dead op that raises in eager) keeps the
+    graph whole, where the check of what eager raises sees it (`switches` None: not checked yet, the effects
+    not placed in parts)."""
+    in_parts = set().union(*members.values())
+    if switches is not None and any(n.op == "call_function" and n not in in_parts | switches for n in nodes):
+        return False
+    edges = set()
+    for root, nodes_of_part in members.items():
+        if any(_requires_grad(returned[k]) for k in roots[root]):
+            read = {a for n in nodes_of_part for a in n.all_input_nodes}
+            edges.add(frozenset(k for k, p in enumerate(placeholders) if p in read
+                                and isinstance(example_inputs[k], torch.Tensor) and example_inputs[k].requires_grad))
+    return len(edges) > 1
 
 
 def _home_of_effect(node, effects: dict, nodes: list, placeholders: list, part_of: Callable, members: dict):

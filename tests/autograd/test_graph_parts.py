@@ -301,3 +301,29 @@ def test_a_real_second_backward_raises_as_eager_does(backend):
             loss.backward()
             with pytest.raises(RuntimeError, match="backward through the graph a second time"):
                 loss.backward()
+
+
+def outputs_of_different_inputs(a, b):
+    return a.sin(), a * b
+
+
+def outputs_of_the_same_inputs(a, b):
+    return (a * b).sin(), a + b
+
+
+def outputs_beside_a_dead_op(a, b):
+    b[b.long()]  # nothing reads it; eager raises where an index is out of range (as fuzz seed 169, a bool - 1)
+    return a.sin(), a * b
+
+
+@pytest.mark.parametrize("program, parts", [(outputs_of_different_inputs, 2), (outputs_of_the_same_inputs, None),
+                                            (outputs_beside_a_dead_op, None)],
+                         ids=lambda p: getattr(p, "__name__", str(p)))
+def test_a_graph_splits_where_its_outputs_have_different_edges(program, parts):
+    """Outside a backward() a graph splits only where its parts' differentiable outputs are computed from
+    different inputs that require grad, and every op of it is in a part: a dead op keeps the graph whole, where
+    the check of what eager raises sees it."""
+    gm, example_inputs = captured_graph(program, torch.ones(2, 3, requires_grad=True),
+                                        torch.ones(2, 3, requires_grad=True))
+    split = independent_parts(gm, example_inputs, where_edges_differ=True)
+    assert (None if split is None else len(split.parts)) == parts

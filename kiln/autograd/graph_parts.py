@@ -78,14 +78,21 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
         else:
             roots.setdefault(part_of(value), []).append(k)
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
-    if len(differentiable) < 2:
+    # an input that requires grad written in place gets its new history from the graph's node: one more output
+    may_write = where_edges_differ and any(_may_write(n) for n in nodes)
+    if len(differentiable) < (1 if may_write else 2):
         return None
-    if where_edges_differ and not _edges_differ(nodes, {r: _reaching([returned[k] for k in roots[r]]) for r in roots},
-                                                None, roots, returned, placeholders, example_inputs):
+    if where_edges_differ and not may_write and not _edges_differ(
+            nodes, {r: _reaching([returned[k] for k in roots[r]]) for r in roots}, None, roots, returned, placeholders,
+            example_inputs):
         return None  # before the fake run below: most graphs stop here
     effects = _effects(gm, example_inputs)
     if effects is None:
         return None
+    if may_write:
+        for node, (written, _) in effects.items():
+            if any(_input_requires_grad(example_inputs, i) for i in written):
+                roots.setdefault(part_of(node), [])
     switches -= effects.keys()  # a value-less call that draws (an unused torch.rand) runs once, in one part
     first: dict = {}
     for position, n in enumerate(nodes):
@@ -119,12 +126,26 @@ def _edges_differ(nodes: list, members: dict, switches: set, roots: dict, return
     if switches is not None and any(n.op == "call_function" and n not in in_parts | switches for n in nodes):
         return False
     edges = set()
+    if sum(1 for r in roots if not roots[r] or any(_requires_grad(returned[k]) for k in roots[r])) < 2:
+        return False
     for root, nodes_of_part in members.items():
-        if any(_requires_grad(returned[k]) for k in roots[root]):
+        if any(_requires_grad(returned[k]) for k in roots[root]) or not roots[root]:  # (no outputs: it writes)
             read = {a for n in nodes_of_part for a in n.all_input_nodes}
             edges.add(frozenset(k for k, p in enumerate(placeholders) if p in read
-                                and isinstance(example_inputs[k], torch.Tensor) and example_inputs[k].requires_grad))
+                                and _input_requires_grad(example_inputs, k)))
     return len(edges) > 1
+
+
+def _input_requires_grad(example_inputs: list, i: int) -> bool:
+    return isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].requires_grad
+
+
+def _may_write(node: torch.fx.Node) -> bool:
+    """Whether `node` may write a tensor in place, by its name (`mul_`, `zero_`, `setitem`): the fake run that
+    tells runs only where one may."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.op in ("call_method", "call_function") and (
+        (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__"))
 
 
 def _home_of_effect(node, effects: dict, nodes: list, placeholders: list, part_of: Callable, members: dict):

@@ -327,3 +327,24 @@ def test_a_graph_splits_where_its_outputs_have_different_edges(program, parts):
                                         torch.ones(2, 3, requires_grad=True))
     split = independent_parts(gm, example_inputs, where_edges_differ=True)
     assert (None if split is None else len(split.parts)) == parts
+
+
+def written_input_beside_an_output(t5, t0):
+    t5.mul_(2)  # new history for t5: one more "output" of the graph's backward node
+    return (t0 * 2).exp() * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_written_beside_an_output_of_other_inputs_is_a_part_of_its_own(backend):
+    """A backward through the output never reaches t5's history (fuzz seed 420108): there `t3 * t3` saved t3, which
+    was written since, and running that node raises. One node for the write and the output had an edge to both."""
+    grads = []
+    for fn in (written_input_beside_an_output, kiln.compile(written_input_beside_an_output, backend=backend)):
+        a = torch.linspace(-1.0, 1.0, 6).reshape(3, 2).requires_grad_()
+        t3 = a * 1.5 + 0.5
+        p3 = t3 * t3
+        t3.mul_(2)
+        t5, t0 = (t3 + p3) * 1.5, a * 0.5
+        fn(t5, t0).sum().backward()
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0])

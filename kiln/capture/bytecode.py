@@ -208,51 +208,5 @@ def in_try_block(code: types.CodeType, index: int) -> bool:
     return False
 
 
-_READS_LOCALS = ("LOAD_FAST", "LOAD_FAST_AND_CLEAR")  # the second: 3.12's inlined comprehension saves the name
-_ENDS_BLOCK = ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD")
-# a call of one of these may read the frame's locals by name (`locals()`, `eval(s)`, `super()` reads its
-# first argument from the frame, `sys._getframe().f_locals`): every local then counts as live
-_FRAME_READERS = frozenset(("locals", "vars", "eval", "exec", "dir", "super", "_getframe", "currentframe",
-                            "f_locals"))
-
-
-def live_locals(code: types.CodeType, index: int) -> frozenset[str] | None:
-    """The local variables that may be read, before being written, on some path from instruction `index` on
-    (exception handlers included); None where the code may read its locals by name, so that all of them are.
-    A graph break passes only these to its continuation: a dead local would be one more graph output, kept
-    alive (and, requiring grad, one more edge of the graph's autograd node) for nothing."""
-    if _FRAME_READERS.intersection(code.co_names):
-        return None
-    return _live_in(code)[index]
-
-
-@cache
-def _live_in(code: types.CodeType) -> tuple[frozenset[str], ...]:
-    """Per instruction, the locals live before it: backward dataflow to a fixed point (loops and handlers)."""
-    ins = instructions(code)
-    successors = []
-    for i in ins:
-        after = [] if i.opname in _ENDS_BLOCK or i.index + 1 >= len(ins) else [i.index + 1]
-        if i.target is not None:
-            after.append(i.target)
-        handler = handler_around(code, i.index)
-        if handler is not None:
-            after.append(handler.target)
-        successors.append(after)
-    live = [frozenset()] * len(ins)
-    changed = True
-    while changed:
-        changed = False
-        for i in reversed(ins):
-            out = frozenset().union(*(live[j] for j in successors[i.index]))
-            if i.opname in _READS_LOCALS:
-                out = out | {i.argval}
-            elif i.opname in ("STORE_FAST", "DELETE_FAST"):
-                out = out - {i.argval}
-            if out != live[i.index]:
-                live[i.index], changed = out, True
-    return tuple(live)
-
-
 def is_supported_python() -> bool:
     return sys.version_info[:2] in SUPPORTED_VERSIONS

@@ -658,9 +658,7 @@ def _stack_value(state: CaptureState, obj, source: LocalSource):
 def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx: CompileContext) -> list[str]:
     """Rebuild the live stack and locals, run the breaking instruction natively, call the continuation."""
     stack = [None if v is NULL else writer.value(v) for v in frame.stack]
-    # only the locals the rest of the function may read: torch.compile's continuations take the live ones too
-    live = bytecode.live_locals(spec.code, frame.current.index)
-    local_exprs = {name: writer.value(v) for name, v in frame.locals.items() if live is None or name in live}
+    local_exprs = {name: writer.value(v) for name, v in frame.locals.items()}
     # The frame's own cells (not its closure's) pass as real cell objects, the same ones the closures
     # rebuilt for the continuation hold, so a nonlocal write on either side is seen by the other. Empty
     # cells pass too: a variable first assigned after the break may be read by a closure made before it,

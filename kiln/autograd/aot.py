@@ -438,6 +438,14 @@ class AOTCompiled:
         self._before_trace(product_key)
         guards = self._guard_count()
         signature = self._trace(key, "analyze", program.analyze, None, graph_of=None)
+        return self._inference_for(key, signature,
+                                   lambda graph, mutations: self._store(product_key, guards, aot_cache.encode_inference,
+                                                                        signature, graph, mutations))
+
+    def _inference_for(self, key: tuple, signature, store: Callable = lambda graph, mutations: None) -> Callable:
+        """The forward-only graph computing `signature`'s graph outputs, traced, functionalized and compiled;
+        `store(graph, mutations)` keeps it in the compile cache."""
+        program = self.program
         traced = self._trace(key, "trace", trace_forward, program.graph_function(signature), program.input_specs,
                              tracing_table(self.decompositions, training=False), program.fake_mode(),
                              graph_of=lambda gm: gm)
@@ -446,7 +454,7 @@ class AOTCompiled:
         graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
-        self._store(product_key, guards, aot_cache.encode_inference, signature, graph, mutations)
+        store(graph, mutations)
         return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations,
                                                                  alias_bases=_alias_bases(signature)),
                                mutations)
@@ -463,9 +471,15 @@ class AOTCompiled:
         if self._integer_requires_grad(signature):
             return self.program.run
         if not signature.differentiable():  # nothing to differentiate: the inference graph serves, with
-            # this signature's aliases (a view of an input that requires grad keeps its history)
+            # this signature's aliases (a view of an input that requires grad keeps its history), where it computes
+            # the same graph outputs: analyzed in grad mode, an output may be a graph output of its own where the
+            # inference graph returns its base and rebuilds it as a view (a transposed intermediate: fuzz 431840)
             inference = self.runner((None, key[1], None))
-            return inference.with_signature(signature) if isinstance(inference, InferenceRunner) else inference
+            if not isinstance(inference, InferenceRunner):
+                return inference
+            if _assembled_from(inference.signature) == _assembled_from(signature):
+                return inference.with_signature(signature)
+            return self._inference_for(key, signature)
         joint = self._trace_joint(key, signature)
         if self._raises_in_eager(joint.gm, joint=True):
             return self.program.run
@@ -570,6 +584,11 @@ def graph_origin(gm: torch.fx.GraphModule) -> str:
     if "kiln.ends_at" in meta:
         origin += f", ending at the graph break at {meta['kiln.ends_at']}"
     return origin or type(gm).__name__
+
+
+def _assembled_from(signature) -> list:
+    """The graph outputs the function's results are assembled from (those before the inputs written in place)."""
+    return signature.graph_outputs[:len(signature.graph_sources)]
 
 
 def _alias_bases(signature) -> tuple[int, ...]:

@@ -324,3 +324,28 @@ def test_compiler_is_told_which_outputs_others_view(requires_grad):
         torch.testing.assert_close(got, ref)
     kind, bases = told[0]
     assert kind == ("forward" if requires_grad else "inference") and len(bases) == 1, told
+
+
+WEIGHT = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 9).reshape(3, 3))
+
+
+def transposed_intermediate_beside_a_dead_product(t1):
+    with torch.no_grad():
+        t1.mul_(2)
+    t1 = t1 + 1
+    t2 = t1 @ WEIGHT  # a parameter makes the call a training one; nothing it computes is returned
+    t3 = t1.transpose(0, -1)
+    del t1, t2
+    return t3
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_training_call_without_differentiable_outputs_returns_its_views(backend, dynamic):
+    """Analyzed in grad mode, the transpose is a graph output of its own; the inference graph it reuses returns its
+    base and rebuilds it as a view. Assembled by the first with the graph of the second, it came back untransposed
+    (fuzz seed 431840, a `del` before a graph break): the inference graph serves only where it computes the same
+    graph outputs."""
+    check(transposed_intermediate_beside_a_dead_product,
+          lambda call: [torch.randn(7 - call, 3, generator=torch.Generator().manual_seed(call))], backend,
+          dynamic=dynamic, calls=2)

@@ -122,8 +122,8 @@ ONCE_FAILING = {
         401265, 401628,  # a saved tensor written since, read only by a part the backward skips (test_saved_parts.py)
         401913,  # a fill through an expanded `.real` of a complex tensor (autograd/test_writes_through_overlaps.py)
         412285,  # prod's result written in place in the graph: eager's node saves it (test_saved_value_overwritten.py)
-        431840,  # a transposed view of a dead intermediate returned with its base's shape (only with dead locals
-                 # dropped at breaks, since reverted)
+        431840,  # a transposed view of a dead intermediate, assembled by the grad-mode analysis from the inference
+                 # graph's base (autograd/test_output_aliasing.py)
     ],
     "inductor": [
         3, 5, 6, 10, 18, 23, 28, 29, 30, 38, 51, 58, 60, 64, 66, 71, 74, 77, 80, 99, 108, 109, 119, 120, 122,

@@ -170,7 +170,7 @@ def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
     A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`): a warm start pays
     for that run too (nothing of it is cached), so an op that is not in place must not count as one."""
     calls = [n for n in gm.graph.nodes if n.op in ("call_method", "call_function")]
-    return bool({_called_name(n) for n in calls} & _OVERLAPPING_VIEWS) and any(map(_in_place, calls))
+    return bool({_called_name(n) for n in calls} & _OVERLAPPING_VIEWS) and any(map(in_place_call, calls))
 
 
 # Python's operators that write their left operand (`x += y`, `x[i] = y`), as functions and as methods. The
@@ -181,7 +181,7 @@ _IN_PLACE_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.iand,
 _IN_PLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS)
 
 
-def _in_place(node: fx.Node) -> bool:
+def in_place_call(node: fx.Node) -> bool:
     """Could this call write an argument in place: one of Python's in-place operators, or a torch method or
     function named in place (`add_`, `torch.relu_`, `torch.nn.init.zeros_`)?"""
     if node.op == "call_function" and getattr(node.target, "__module__", None) in ("operator", "_operator"):

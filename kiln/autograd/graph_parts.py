@@ -32,6 +32,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from kiln.autograd.aliased_inputs import in_place_call
+
 _SEEDED = torch.Tag.nondeterministic_seeded
 
 
@@ -58,8 +60,8 @@ class Split:
 def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edges_differ: bool = False) -> Split | None:
     """`gm`'s parts when at least two of them give outputs that require grad and they do not meet through a
     written tensor or random draws; None otherwise (compile it whole). `where_edges_differ`: only where the
-    parts' differentiable outputs are computed from different inputs that require grad (see `differing_edges`),
-    and every computation of the graph is in a part."""
+    parts' differentiable outputs are computed from different inputs that require grad (`_edges_differ`), and
+    every computation of the graph is in a part."""
     nodes = list(gm.graph.nodes)
     returned = nodes[-1].args[0]
     if not isinstance(returned, (tuple, list)):
@@ -79,11 +81,11 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
             roots.setdefault(part_of(value), []).append(k)
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
     # an input that requires grad written in place gets its new history from the graph's node: one more output
-    may_write = where_edges_differ and any(_may_write(n) for n in nodes)
+    may_write = where_edges_differ and any(map(in_place_call, nodes))
     if len(differentiable) < (1 if may_write else 2):
         return None
     if where_edges_differ and not may_write and not _edges_differ(
-            nodes, {r: _reaching([returned[k] for k in roots[r]]) for r in roots}, None, roots, returned, placeholders,
+            {r: _reaching([returned[k] for k in roots[r]]) for r in roots}, roots, returned, placeholders,
             example_inputs):
         return None  # before the fake run below: most graphs stop here
     effects = _effects(gm, example_inputs)
@@ -107,45 +109,35 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
         members[root] |= _reaching([node])
     if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
         return None
-    if where_edges_differ and not _edges_differ(nodes, members, switches, roots, returned, placeholders,
-                                                example_inputs):
+    if where_edges_differ and not (_all_in_parts(nodes, members, switches)
+                                   and _edges_differ(members, roots, returned, placeholders, example_inputs)):
         return None
     parts = [_part_graph(gm, nodes, switches, members[r], roots[r]) for r in ordered]
     return Split(parts, returned_inputs, constants, len(returned))
 
 
-def _edges_differ(nodes: list, members: dict, switches: set, roots: dict, returned, placeholders: list,
-                  example_inputs: list) -> bool:
-    """Whether the parts giving differentiable outputs read different sets of the inputs that require grad, and
-    every computing node is in a part. One backward node for all of them has an edge to every such input, and a
-    backward through one output walks (runs and frees) the history of inputs only another output is computed
-    from, where eager's never reaches it. A computation in no part (a dead op that raises in eager) keeps the
-    graph whole, where the check of what eager raises sees it (`switches` None: not checked yet, the effects
-    not placed in parts)."""
-    in_parts = set().union(*members.values())
-    if switches is not None and any(n.op == "call_function" and n not in in_parts | switches for n in nodes):
-        return False
-    edges = set()
-    if sum(1 for r in roots if not roots[r] or any(_requires_grad(returned[k]) for k in roots[r])) < 2:
-        return False
-    for root, nodes_of_part in members.items():
-        if any(_requires_grad(returned[k]) for k in roots[root]) or not roots[root]:  # (no outputs: it writes)
-            read = {a for n in nodes_of_part for a in n.all_input_nodes}
-            edges.add(frozenset(k for k, p in enumerate(placeholders) if p in read
-                                and _input_requires_grad(example_inputs, k)))
-    return len(edges) > 1
+def _edges_differ(members: dict, roots: dict, returned, placeholders: list, example_inputs: list) -> bool:
+    """Whether the parts giving differentiable outputs (or writing an input that requires grad: a part without
+    outputs) read different sets of the inputs that require grad. One backward node for all of them has an edge
+    to every such input, and a backward through one output walks (runs and frees) the history of inputs only
+    another output is computed from, where eager's never reaches it."""
+    def edges(part: set) -> frozenset[int]:
+        read = {a for n in part for a in n.all_input_nodes}
+        return frozenset(k for k, p in enumerate(placeholders) if p in read and _input_requires_grad(example_inputs, k))
+
+    return len({edges(members[r]) for r in members
+                if not roots[r] or any(_requires_grad(returned[k]) for k in roots[r])}) > 1
+
+
+def _all_in_parts(nodes: list, members: dict, switches: set) -> bool:
+    """Whether every computing node is in a part: a computation in none (a dead op that raises in eager) keeps
+    the graph whole, where the check of what eager raises sees it."""
+    in_parts = set().union(*members.values()) | switches
+    return not any(n.op == "call_function" and n not in in_parts for n in nodes)
 
 
 def _input_requires_grad(example_inputs: list, i: int) -> bool:
     return isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].requires_grad
-
-
-def _may_write(node: torch.fx.Node) -> bool:
-    """Whether `node` may write a tensor in place, by its name (`mul_`, `zero_`, `setitem`): the fake run that
-    tells runs only where one may."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return node.op in ("call_method", "call_function") and (
-        (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__"))
 
 
 def _home_of_effect(node, effects: dict, nodes: list, placeholders: list, part_of: Callable, members: dict):

@@ -152,8 +152,12 @@ class HeldSaved:
 
     def _written_read_by(self, running: set[int]) -> bool:
         """Whether a saved tensor that one of the `running` parts reads was written in place since the forward."""
-        return any(isinstance(t, torch.Tensor) and t._version != self.versions[j] and self.parts.readers[j] & running
-                   for j, t in enumerate(self.tensors))
+        return any(self._overwritten(j, running) for j in range(len(self.tensors)))
+
+    def _overwritten(self, j: int, running: set[int]) -> bool:
+        """Whether saved tensor j, held (not freed) and read by one of the `running` parts, was written since."""
+        t = self.tensors[j]
+        return isinstance(t, torch.Tensor) and t._version != self.versions[j] and bool(self.parts.readers[j] & running)
 
     def _checked(self, j: int, running: set[int]):
         """Saved tensor j as this call holds it: a freed one's zeros, or the tensor, unless written since and read
@@ -162,7 +166,7 @@ class HeldSaved:
         if not isinstance(t, torch.Tensor):
             shape, stride, dtype, device = t
             return torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
-        if t._version != self.versions[j] and self.parts.readers[j] & running:
+        if self._overwritten(j, running):
             raise RuntimeError(OVERWRITTEN.format(tensor=f"{t.type()} {list(t.shape)}", which="", now=t._version,
                                                   then=self.versions[j]))
         return t

@@ -82,8 +82,8 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
     # an input that requires grad written in place gets its new history from the graph's node: one more output
     may_write = where_edges_differ and any(map(in_place_call, nodes))
-    if len(differentiable) < (1 if may_write else 2):
-        return None
+    if not may_write and len(differentiable) < 2:
+        return None  # with writes, the written inputs may be parts of their own even where no output is
     if where_edges_differ and not may_write and not _edges_differ(
             {r: _reaching([returned[k] for k in roots[r]]) for r in roots}, roots, returned, placeholders,
             example_inputs):
@@ -95,6 +95,8 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
         for node, (written, _) in effects.items():
             if any(_input_requires_grad(example_inputs, i) for i in written):
                 roots.setdefault(part_of(node), [])
+        if len([r for r in roots if r in differentiable or not roots[r]]) < 2:
+            return None
     switches -= effects.keys()  # a value-less call that draws (an unused torch.rand) runs once, in one part
     first: dict = {}
     for position, n in enumerate(nodes):

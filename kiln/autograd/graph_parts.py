@@ -92,8 +92,11 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
     if effects is None:
         return None
     if may_write:
-        for node, (written, _) in effects.items():
-            if any(_input_requires_grad(example_inputs, i) for i in written):
+        # a write giving an input that requires grad a new history that no later op reads is a part of its own; one
+        # a later op reads joins that op's part, and one through `.detach()` or `.data` is a plain effect (below)
+        for node, effect in effects.items():
+            if any(_input_requires_grad(example_inputs, i) for i in effect.rewrites_history) \
+                    and _later_reader(node, effects, nodes, placeholders, part_of, roots) is None:
                 roots.setdefault(part_of(node), [])
         if len([r for r in roots if r in differentiable or not roots[r]]) < 2:
             return None
@@ -146,23 +149,33 @@ def _home_of_effect(node, effects: dict, nodes: list, placeholders: list, part_o
     """The part a write or draw that no output reads runs in, keeping its place in eager's order: the part of
     the first later node reading an input it writes (`x.mul_(0.9)` whose result nothing reads, then `y - x`), else
     of the first later computing node of a part, else of the last earlier one (`counter += 1` at the end)."""
-    written = {placeholders[i] for i in effects[node][0]}
+    reader = _later_reader(node, effects, nodes, placeholders, part_of, members)
+    if reader is not None:
+        return reader
     at = nodes.index(node)
     later = [n for n in nodes[at + 1:] if _in(n, set()) and part_of(n) in members]
-    readers = [n for n in later if written & set(n.all_input_nodes)]
     earlier = [n for n in nodes[:at] if _in(n, set()) and part_of(n) in members]
-    home = (readers or later or earlier[::-1] or [None])[0]
+    home = (later or earlier[::-1] or [None])[0]
     return None if home is None else part_of(home)
+
+
+def _later_reader(node, effects: dict, nodes: list, placeholders: list, part_of: Callable, parts) -> object | None:
+    """The part (among `parts`) of the first node after `node` that reads an input `node` writes, or None."""
+    written = {placeholders[i] for i in effects[node].written}
+    for n in nodes[nodes.index(node) + 1:]:
+        if _in(n, set()) and part_of(n) in parts and written & set(n.all_input_nodes):
+            return part_of(n)
+    return None
 
 
 def _apart(members: dict, effects: dict, placeholders: list, ordered: list, position: dict) -> bool:
     """Whether at most one part draws random numbers, and every input one part writes is read by another only
     where the split keeps eager's values: the reading part runs before the writing one and has computed all it
     computes before the first write (a module's running statistics read, then updated by the module after)."""
-    def writes(n) -> tuple:
-        return effects.get(n, ((), False))[0]
+    def writes(n) -> set[int]:
+        return effects[n].written if n in effects else set()
 
-    drawing = [r for r, nodes in members.items() if any(effects.get(n, ((), False))[1] for n in nodes)]
+    drawing = [r for r, nodes in members.items() if any(n in effects and effects[n].draws for n in nodes)]
     if len(drawing) > 1:
         return False
     reads = {r: {a for n in nodes for a in n.all_input_nodes} for r, nodes in members.items()}
@@ -241,27 +254,42 @@ def _part_graph(gm, nodes: list, switches: set, members: set, outputs: list[int]
     return Part(part, inputs, outputs)
 
 
+@dataclass
+class Effect:
+    """What one node of a graph does besides computing its value: the inputs whose storage it writes (positions),
+    those of them it gives a new autograd history (written through a tensor that requires grad, grad mode on; not
+    through `.detach()` or `.data`), and whether it draws random numbers."""
+
+    written: set[int]
+    rewrites_history: set[int]
+    draws: bool
+
+
 class _Effects(TorchDispatchMode):
     """Records, per node of a graph run under it (`node`, set by the interpreter), the storages its ATen ops
-    write into and whether they draw random numbers."""
+    write into (and through a tensor that requires grad), and whether they draw random numbers."""
 
     def __init__(self):
         super().__init__()
         self.node = None
-        self.found: dict = {}  # node -> (set of storages written, draws)
+        self.found: dict = {}  # node -> (storages written, storages given a new history, draws)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         schema = func._schema
-        written = set()
+        written, rewritten = set(), set()
         for k, arg in enumerate(schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 value = kwargs.get(arg.name) if arg.kwarg_only or k >= len(args) else args[k]
-                written |= {t.untyped_storage()._cdata for t in tree_leaves(value) if isinstance(t, torch.Tensor)}
+                for t in tree_leaves(value):
+                    if isinstance(t, torch.Tensor):
+                        written.add(t.untyped_storage()._cdata)
+                        if t.requires_grad and torch.is_grad_enabled():
+                            rewritten.add(t.untyped_storage()._cdata)
         draws = _SEEDED in func.tags
         if written or draws:
-            storages, drew = self.found.get(self.node, (set(), False))
-            self.found[self.node] = (storages | written, drew or draws)
+            storages, histories, drew = self.found.get(self.node, (set(), set(), False))
+            self.found[self.node] = (storages | written, histories | rewritten, drew or draws)
         return func(*args, **kwargs)
 
 
@@ -287,8 +315,11 @@ def _effects(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
                 _Interpreter(gm, effects).run(*fakes)
     except Exception:
         return None
-    return {node: ({i for i, s in enumerate(storages) if s in written}, draws)
-            for node, (written, draws) in effects.found.items()}
+    def positions(found: set) -> set[int]:
+        return {i for i, s in enumerate(storages) if s in found}
+
+    return {node: Effect(positions(written), positions(rewritten), draws)
+            for node, (written, rewritten, draws) in effects.found.items()}
 
 
 class PartsCompiled:

@@ -394,3 +394,30 @@ def test_inputs_written_by_a_graph_returning_nothing_are_parts_of_their_own(back
         t4.sum().backward()
         grads.append(a.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def write_then_read_beside_other_inputs(t3, p3, b, through_detach):
+    (t3.detach() if through_detach else t3)[..., :1].zero_()
+    t3 = t3 + p3  # reads the written input: the write runs in this output's part
+    return t3, b * 1.5
+
+
+@pytest.mark.parametrize("through_detach", [True, False], ids=["through_detach", "in_place"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_write_read_later_runs_in_the_readers_part(backend, through_detach):
+    """A write into t3 that a later op of the graph reads belongs to that op's part, and the part of `b` stays a
+    node of its own: a backward through it never reaches t3's history, where relu's saved result was written
+    since (fuzz seed 412468: the write was a part of its own, which the reading part met, so the graph stayed one
+    node and the backward raised)."""
+    grads = []
+    for fn in (write_then_read_beside_other_inputs,
+               kiln.compile(write_then_read_beside_other_inputs, backend=backend)):
+        d = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_()
+        b = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_()
+        t1 = torch.relu(d)
+        t1[:0].add_(1)  # an empty write bumps the version relu's node saved
+        t3 = t1 * 1.5 + 0.5
+        out, other = fn(t3, t3 * t3, b, through_detach)
+        other.sum().backward()
+        grads.append(b.grad)
+    torch.testing.assert_close(grads[1], grads[0])

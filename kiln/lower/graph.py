@@ -103,6 +103,9 @@ class GraphLowering:
         self.shape_env = None  # the shape environment of the inputs' symbols (a dynamic graph), see `known`
         self._count = 0
         self.padded_results: set[str] = set()  # matmul results with padded rows (`_padded_result`)
+        # buffer -> the buffer whose memory it is on: an extern's result that aliases its first tensor argument (an
+        # as_strided or a dtype view the lowering leaves to ATen) is on that argument's memory
+        self.memory_of: dict[str, str] = {}
         self.computed_reductions: dict[tuple, str] = {}  # a reduction's key -> its buffer (lower/ops/reductions.py)
         self._returned = _returned_nodes(gm)  # FX node -> "visible" or "saved" (see `_maybe_realize`)
 
@@ -113,12 +116,21 @@ class GraphLowering:
 
     def add_buffer(self, node: ir.Node) -> None:
         self.nodes.append(node)
+        self._note_memory(node)
         if self._current is not None:
             self.origins[node.name] = self._origins(node)
         if isinstance(node, (ir.ComputedBuffer, ir.MultiOutput)):
             self.layouts[node.name] = node.layout
         elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
             self.layouts[node.name] = node.layout
+
+    def _note_memory(self, node: ir.Node) -> None:
+        if isinstance(node, ir.Extern) and node.aliases_inputs:
+            first = next((a for a in node.args if isinstance(a, ir.TensorRef)), None)
+            if first is not None:
+                self.memory_of[node.name] = self.memory_of.get(first.buf, first.buf)
+        elif isinstance(node, ir.MultiOutput) and node.source in self.memory_of:
+            self.memory_of[node.name] = self.memory_of[node.source]
 
     def realize(self, v: IndexFunction, stride=None) -> IndexFunction:
         """`v` backed by memory: a view of an existing buffer if it is one, else a new buffer.
@@ -590,7 +602,8 @@ class GraphLowering:
         views at its traced geometry, so it keeps eager's strides (not a padded matmul's rows)."""
         if isinstance(v, IndexFunction):
             view = v.buffer_view()
-            if view is not None and root is not None and owners.setdefault(view[0], root) is not root:
+            memory = None if view is None else self.memory_of.get(view[0], view[0])
+            if view is not None and root is not None and owners.setdefault(memory, root) is not root:
                 v = self.realize(v, stride=_layout(meta).stride)
                 owners[v.buffer_view()[0]] = root
             elif view is not None and (view[0] in self.zero_padded or _layout_differs(view[2], meta)) \

@@ -264,3 +264,23 @@ def test_the_gradient_reaches_elements_beyond_the_first_alias(program, leaf, ali
         return
     for e, a in zip(*grads):
         torch.testing.assert_close(a, e)
+
+
+def values_read_through_a_view_of_a_written_base(a, c):
+    """Each result is a new tensor in eager; the lowering reads each as the one element or row of `c` it is."""
+    summed, cloned, contiguous = c.sum(-1), c.clone(), c[:1].contiguous()
+    a[-1:] = 0  # a write into the shared storage: the graph takes one base input, `c` an as_strided view of it
+    return summed, cloned, contiguous
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_values_read_through_an_aliased_inputs_view_are_new_tensors(backend):
+    """With aliased inputs one of which is written, the graph reads `c` through an as_strided view of the base
+    input that ATen makes: a sum over a dim of one element, a clone or a contiguous copy of it is lowered as
+    that view, and was returned as it, on the input's memory (fuzz seed 442367: a later write into the input
+    changed the output)."""
+    def arguments(call):
+        a = torch.arange(3.0) + call
+        return a, a[1::2]
+
+    check(values_read_through_a_view_of_a_written_base, arguments, backend, calls=2)

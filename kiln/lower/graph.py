@@ -413,7 +413,7 @@ class GraphLowering:
             return None
         return channels_last_strides(out.size)
 
-    def _in_eager_order(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _in_eager_order(self, args: tuple, kwargs: dict, draws: bool = False) -> tuple[tuple, dict]:
         """The extern's computed operands stored in the dense order eager gives them (channels-last after a
         permute, a transposed projection): cuDNN and ATen pick their kernels by layout, and a depthwise
         convolution on a row-major copy of a channels-last value runs a generic kernel many times slower
@@ -421,11 +421,25 @@ class GraphLowering:
 
         An operand eager passes expanded (stride 0 on a broadcast dim: attention's mask, made per batch
         and expanded over the heads) is stored once and passed expanded the same way, not written out in
-        full for every head (`realize_broadcast`)."""
+        full for every head (`realize_broadcast`).
+
+        An op that `draws` random numbers gets each operand in eager's memory order, stored already or not: ATen
+        draws one number per element in the order of the tensor it draws into (`empty_like` of the operand), so
+        an operand kiln stored in another order (a transposed value kept row-major) gets other numbers."""
         fx_args = self._current.args if self._current is not None else ()
         fx_kwargs = self._current.kwargs if self._current is not None else {}
-        out = tuple(self._eager_ordered(value, fx) for value, fx in zip(args, fx_args)) + args[len(fx_args):]
-        return out, {k: self._eager_ordered(value, fx_kwargs.get(k)) for k, value in kwargs.items()}
+        ordered = self._drawn_in_eager_order if draws else self._eager_ordered
+        out = tuple(ordered(value, fx) for value, fx in zip(args, fx_args)) + args[len(fx_args):]
+        return out, {k: ordered(value, fx_kwargs.get(k)) for k, value in kwargs.items()}
+
+    def _drawn_in_eager_order(self, value, fx):
+        """An operand of a random op: `value` stored in the memory order of `empty_like(fx's value)` in eager."""
+        meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
+        view = value.buffer_view() if isinstance(value, IndexFunction) else None
+        if view is None or not isinstance(meta, torch.Tensor) or tuple(value.size) != tuple(meta.shape):
+            return self._eager_ordered(value, fx)
+        drawn = _empty_like_strides(_layout(meta))
+        return self.realize(value, stride=drawn) if _layout_differs(view[2], meta, drawn) else value
 
     def _eager_ordered(self, value, fx):
         """One operand of `_in_eager_order`: `value`, stored as eager holds `fx`'s value where that matters."""
@@ -483,7 +497,7 @@ class GraphLowering:
             layouts = tuple(_channels_last_layout(m) if isinstance(m, torch.Tensor) and m.dim() == 4
                             else _layout(m) if isinstance(m, torch.Tensor) else None for m in meta)
         elif not any_order:
-            args, kwargs = self._in_eager_order(args, kwargs)
+            args, kwargs = self._in_eager_order(args, kwargs, draws=torch.Tag.nondeterministic_seeded in op.tags)
 
         def convert(a):
             if isinstance(a, SizeScalar):  # the Python float eager's program passes, not a 0-d float64 tensor
@@ -672,12 +686,23 @@ def _feeds_matmul(node: torch.fx.Node) -> bool:
                for u in node.users)
 
 
-def _layout_differs(strides, meta) -> bool:
-    """Whether a buffer view's strides differ from eager's (`meta`'s) on a dim of more than one element."""
+def _layout_differs(strides, meta, eager_strides=None) -> bool:
+    """Whether a buffer view's strides differ from eager's (`meta`'s, or `eager_strides` of `meta`'s sizes) on a
+    dim of more than one element."""
     if not isinstance(meta, torch.Tensor):
         return False
     eager = _layout(meta)
-    return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, eager.stride))
+    expected = eager.stride if eager_strides is None else eager_strides
+    return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, expected))
+
+
+def _empty_like_strides(layout: ir.Layout) -> tuple:
+    """The strides of `torch.empty_like` of a tensor of `layout`: its own where dense, else dense in the order
+    of its strides (outermost first, ties in logical order)."""
+    if not all(sympy.sympify(s).is_Integer for s in layout.stride):
+        return tuple(layout.stride)
+    dims = [d for d, n in enumerate(layout.size) if n != 1]
+    return tuple(dense_strides(layout.size, sorted(dims, key=lambda d: -int(layout.stride[d]))))
 
 
 def _broadcast_dims(eager: ir.Layout, v: IndexFunction) -> list[int]:

@@ -178,6 +178,9 @@ ONCE_FAILING = {
         # a sum over a dim of one element read through the as_strided view ATen makes of a written base input:
         # returned as that view, on the input's memory (autograd/test_input_aliasing.py)
         442367,
+        # dropout (an extern while training) of a transposed value kiln had stored row-major: ATen draws in the
+        # operand's memory order, so the operand now has eager's (autograd/test_rng.py)
+        442727,
     ],
 }
 

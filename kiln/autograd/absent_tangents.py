@@ -11,8 +11,14 @@ tangents: every value computed only from absent tangents (and saved values) is, 
 arithmetic, zero, so where such a value feeds one that also depends on a present
 tangent, it is replaced by zeros of its shape. Values built from an absent tangent by
 ops that keep a zero exactly zero (views, sums, negation, ...) need no replacement: the
-zero tangent already makes them zero, and when nothing else needs one the graph is used
-as it is (no second compile).
+zero tangent already makes them zero.
+
+Where such an exact zero is summed into a present gradient (`add(zero, g)`, the accumulation
+of two outputs' contributions), the sum is `g` itself, as eager, which never adds a gradient it
+never computed: the sum is not exact at every value (`0.0 + -0.0` is `+0.0`; a complex add
+scales by `alpha` as a complex product, and `inf + 0j` picks up a NaN imaginary part that a
+later complex product carries into the real one). When nothing needs either rewrite the graph
+is used as it is (no second compile).
 """
 from __future__ import annotations
 
@@ -48,7 +54,9 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
     only_absent, exact_zero = _absent_only(backward.graph, absent_nodes, present_nodes)
     frontier = [n for n in only_absent if n not in exact_zero and isinstance(n.meta.get("val"), torch.Tensor)
                 and any(u not in only_absent for u in n.users)]
-    if not frontier:
+    sums = {n: kept for n in backward.graph.nodes if n not in only_absent
+            for kept in [_summed_with_zero(n, only_absent)] if kept is not None}
+    if not frontier and not sums:
         return None
     graph = torch.fx.Graph()
     copies: dict = {}
@@ -63,8 +71,32 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
         # computed (zeros_like reads its shape), but no present gradient reads its data any more.
         node.replace_all_uses_with(
             zeros, delete_user_cb=lambda user, zeros=zeros: user not in unchanged_users and user is not zeros)
+    for total, (gradient, negated) in sums.items():
+        node, kept = copies[total], copies[gradient]
+        if negated:
+            with graph.inserting_after(node):
+                kept = graph.call_function(aten.neg.default, (kept,))
+            kept.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(kept)
     eliminate_dead_code(graph)
     return graph_module(backward, graph)
+
+
+def _summed_with_zero(node: torch.fx.Node, zero: set) -> tuple[torch.fx.Node, bool] | None:
+    """For `add(a, b)` or `sub(a, b)` (alpha 1) where one operand is computed only from absent tangents (`zero`:
+    an exact zero, or zeros once rewritten) and the other a value of the result's shape and dtype: (that value,
+    whether the result is its negation, `0 - b`); else None."""
+    if node.target not in (aten.add.Tensor, aten.sub.Tensor) or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    a, b = node.args
+    if not all(isinstance(x, torch.fx.Node) for x in (a, b)) or (a in zero) == (b in zero):
+        return None
+    kept = b if a in zero else a
+    result, value = node.meta.get("val"), kept.meta.get("val")
+    if not (isinstance(result, torch.Tensor) and isinstance(value, torch.Tensor) and result.dtype == value.dtype
+            and list(map(str, result.shape)) == list(map(str, value.shape))):
+        return None  # a broadcast or a promotion: the sum is not the value as it is
+    return kept, node.target is aten.sub.Tensor and kept is b
 
 
 def _absent_only(graph: torch.fx.Graph, absent: set, present: set) -> tuple[set, set]:

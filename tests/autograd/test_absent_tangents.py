@@ -37,7 +37,14 @@ def pow_negative(b):
     return (b * z).sum(), z.pow(-1.5).sum(0)
 
 
-PROGRAMS = [sqrt_of_zero, div_by_zero, log_of_zero, shared_view, pow_negative]
+def complex_view_of_an_infinite_gradient(b):
+    # the absent tangent of `c` is summed with the gradient through `c.real` (inf + 0j): a complex add scales by
+    # alpha as a complex product, giving inf + nan j, which the product by 1.5 carries into the real part
+    c = b.to(torch.complex64) * 1.5
+    return (c.real * 100).exp(), c
+
+
+PROGRAMS = [sqrt_of_zero, div_by_zero, log_of_zero, shared_view, pow_negative, complex_view_of_an_infinite_gradient]
 
 
 @pytest.mark.sampled(every=2, classes=("program",))
@@ -65,3 +72,18 @@ def test_all_outputs_reached_then_one_skipped(backend):
     assert grads[0].isnan().any()
     torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
     check(sqrt_of_zero, make, backend, compiled=compiled, loss_from=[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_gradient_summed_with_an_absent_one_keeps_its_sign_of_zero(backend):
+    """`0.0 + -0.0` is `+0.0`: the zero of an unreached output's contribution added to a reached gradient of
+    -0.0 flipped its sign, where eager never adds it (fuzz seed 442951's class: the sum is the reached gradient)."""
+    def f(b):
+        return b * -0.0, b * 2
+
+    grads = []
+    for fn in (f, kiln.compile(f, backend=backend)):
+        b = torch.ones(3, requires_grad=True)
+        fn(b)[0].sum().backward()
+        grads.append(b.grad)
+    assert torch.equal(grads[1].signbit(), grads[0].signbit()) and grads[0].signbit().all()

@@ -181,6 +181,9 @@ ONCE_FAILING = {
         # dropout (an extern while training) of a transposed value kiln had stored row-major: ATen draws in the
         # operand's memory order, so the operand now has eager's (autograd/test_rng.py)
         442727,
+        # an unreached complex output's zero tangent summed with an infinite gradient: inf + nan j, which a complex
+        # product carried into the real part; the sum is now the reached gradient (autograd/test_absent_tangents.py)
+        442951,
     ],
 }
 

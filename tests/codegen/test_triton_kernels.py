@@ -208,6 +208,15 @@ def test_full_reductions():
     check(lambda x: (x.sum(), x.amax(), x.mean(), x.argmin()), x)
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (0, 3), (3, 0, 4)])
+def test_kernels_over_a_dim_of_size_zero_compile_for_the_gpu(shape):
+    """A reduction of an empty tensor (the sum is 0) and pointwise ops over it: every lane is masked, but the
+    flat index split into dims divided by the zero size, which Triton's compiler folds and fails on (fuzz seed
+    442933: its kernel fell back to ATen on the GPU)."""
+    x = torch.randn(shape)
+    check(lambda x: (x.sum(), (x * 1.5).exp(), x.sum(-1)), x)
+
+
 def test_argmax_first_index_on_ties_and_nan_is_max():
     x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, float("nan"), 5.0, float("nan")], [-1.0, -1.0, -1.0, -1.0]])
     check(lambda x: (x.argmax(-1), x.argmin(-1), x.amax(-1)), x)

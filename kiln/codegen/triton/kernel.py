@@ -58,11 +58,14 @@ texpr = TritonPrinter()
 
 
 def decompose_index(flat: str, sizes, variables) -> list[str]:
-    """`x0 = ...` lines splitting a flat block index into one variable per dim (row-major)."""
+    """`x0 = ...` lines splitting a flat block index into one variable per dim (row-major).
+
+    A dim of size 0 leaves no element to index (every lane is masked), but Triton's compiler folds a division by
+    a literal 0 and fails: such a dim divides by 1 instead."""
     lines, stride = [], sympy.Integer(1)
     n = len(sizes)
     for k in range(n - 1, -1, -1):
-        v, s = variables[k], sizes[k]
+        v, s = variables[k], _nonzero(sizes[k])
         if n == 1:
             code = flat
         elif k == 0:
@@ -74,6 +77,10 @@ def decompose_index(flat: str, sizes, variables) -> list[str]:
         lines.append(f"{v} = {code}")
         stride = stride * s
     return lines
+
+
+def _nonzero(size):
+    return sympy.Integer(1) if size == 0 else size
 
 
 def _literal_value(code: str):

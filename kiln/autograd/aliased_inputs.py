@@ -112,10 +112,12 @@ def _reached_leaves(gm: fx.GraphModule, inputs: list, leaves: set[int]) -> set[i
     try:
         with mode, torch.enable_grad():
             out = gm(*fakes)
+            # a view's grad_fn is rebuilt here where its base was written since, which autograd may refuse (an
+            # internal assert on CUDA fakes of a view written under no_grad)
+            roots = [t.grad_fn for t in (*pytree.tree_leaves(out), *fakes)
+                     if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     except Exception:  # noqa: BLE001 -- an op the fake run cannot do, or a write to a leaf eager refuses too
         return None
-    roots = [t.grad_fn for t in (*pytree.tree_leaves(out), *fakes)
-             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     accumulated = {id(v) for v in _accumulated_variables(roots)}
     return {i for i in leaves if id(fakes[i]) in accumulated}
 

@@ -16,6 +16,7 @@ import torch
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.backend_switches import call_switch, is_switch_call
 from kiln.capture.values.base import Value
 from kiln.capture.values.collectives import is_collective, trace_collective
 from kiln.capture.values.constant import ConstantValue
@@ -36,7 +37,7 @@ if hasattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack"):
 
 # Functions whose result depends only on the metadata of their arguments.
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
-                      torch.get_default_dtype, torch._C._get_cudnn_enabled}
+                      torch.get_default_dtype}
 
 # Functions with effects outside the graph: a break.
 BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call",
@@ -70,6 +71,8 @@ class TorchFunctionValue(CallableValue):
             return state.answer_is_compiling()
         if state.models(fn):
             return state.call_builtin(fn, args, kwargs)
+        if is_switch_call(fn):
+            return call_switch(state, fn, args, kwargs)
         if fn in WORLD_QUERIES:
             return ConstantValue(fn(*(a.as_constant() for a in args)))
         if fn in NOT_TRACING:
@@ -200,7 +203,10 @@ def _metadata_call(fn, args, kwargs) -> Value:
 # torch's Python functions that read what no graph op can see (a tensor's `.grad`): a graph node would be
 # traced later on fake tensors that have no grads (clip_grad_norm_ would clip nothing and return 0). They
 # are inlined like user code instead, so their reads are guarded values and their writes graph ops.
-INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad"})
+# torch.backends' Python (its `flags` managers, `set_flags`) is inlined too: it reads and writes the backend
+# switches kiln models (values/backend_switches.py), so `with torch.backends.cudnn.flags(...)` stays in the graph.
+INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad", "torch.backends", "torch.backends.cudnn",
+                                   "torch.backends.mkldnn"})
 
 
 def inlined_torch_function(obj: Any) -> bool:

@@ -203,14 +203,16 @@ def _metadata_call(fn, args, kwargs) -> Value:
 # torch's Python functions that read what no graph op can see (a tensor's `.grad`): a graph node would be
 # traced later on fake tensors that have no grads (clip_grad_norm_ would clip nothing and return 0). They
 # are inlined like user code instead, so their reads are guarded values and their writes graph ops.
-# torch.backends' Python (its `flags` managers, `set_flags`) is inlined too: it reads and writes the backend
-# switches kiln models (values/backend_switches.py), so `with torch.backends.cudnn.flags(...)` stays in the graph.
-INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad", "torch.backends", "torch.backends.cudnn",
-                                   "torch.backends.mkldnn"})
+INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad"})
+
+# torch.backends' `flags` managers are inlined too: their Python reads and writes the backend switches kiln
+# models (values/backend_switches.py), so `with torch.backends.cudnn.flags(...)` stays in the graph.
+INLINED_TORCH_FUNCTIONS = frozenset({torch.backends.cudnn.flags, torch.backends.mkldnn.flags})
 
 
 def inlined_torch_function(obj: Any) -> bool:
-    return isinstance(obj, types.FunctionType) and obj.__module__ in INLINED_TORCH_MODULES
+    return isinstance(obj, types.FunctionType) and (obj.__module__ in INLINED_TORCH_MODULES
+                                                    or obj in INLINED_TORCH_FUNCTIONS)
 
 
 def wrap_torch_attr(obj: Any) -> Value:

@@ -160,6 +160,24 @@ def test_switches_are_restored_as_eager_restores_them_when_the_block_raises(fn):
     assert switch_state() == before
 
 
+def indexes_in_cudnn_flags_block(x, index):
+    with torch.backends.cudnn.flags(enabled=False, benchmark=True):
+        y = x.sin()[index]
+    return y + 1
+
+
+def test_switches_are_restored_when_the_graph_raises_in_the_block():
+    """The graph raises what eager raises (an index out of range); the effects after it, the switches'
+    restoring among them, are eager's: the switches are as they were."""
+    compiled = kiln.compile(indexes_in_cudnn_flags_block, backend="eager")
+    x = torch.randn(4)
+    assert_same(compiled(x, torch.tensor([1, 2])), indexes_in_cudnn_flags_block(x, torch.tensor([1, 2])))
+    before = switch_state()
+    with pytest.raises(IndexError, match="out of bounds"):
+        compiled(x, torch.tensor([1, 9]))
+    assert switch_state() == before
+
+
 def branches_on_a_switch(x):
     return x * 2 if torch.backends.cudnn.enabled else x * 3
 

@@ -82,7 +82,8 @@ def in_cudnn_flags_block(x):
 
 def switch_state() -> tuple:
     return (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-            torch.backends.mkldnn.enabled, LEVEL, CONFIG.level)
+            torch.backends.mkldnn.enabled, torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), LEVEL, CONFIG.level)
 
 
 class OpCounter(CountingBackend):
@@ -241,3 +242,82 @@ def test_an_op_a_changed_switch_governs_runs_under_the_switch_as_in_eager():
     assert_same(expected, compiled(x, w))
     assert switch_state() == before
     assert fallbacks.breaks["backend_switch"] == breaks + 1
+
+
+@contextlib.contextmanager
+def deterministic_warning():
+    old = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old[0], warn_only=old[1])
+
+
+def sums_deterministically(x):
+    y = x * 2
+    with deterministic_warning():
+        y = y.cumsum(0)
+    return y + 1
+
+
+@pytest.mark.parametrize("entry", [(False, False), (True, False)], ids=["off", "on"])
+def test_deterministic_mode_set_in_a_block_is_restored_to_what_the_call_found(entry):
+    """`torch.use_deterministic_algorithms` in a manager: the mode it restores is the one the call began with,
+    read and guarded, not the one the first call found (which a graph node's result, kept as a constant,
+    would restore)."""
+    compiled = kiln.compile(sums_deterministically, backend="eager")
+    x = torch.randn(4)
+    compiled(x)
+    try:
+        torch.use_deterministic_algorithms(entry[0], warn_only=entry[1])
+        before = switch_state()
+        assert_same(compiled(x), sums_deterministically(x))
+        assert switch_state() == before
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@contextlib.contextmanager
+def cudnn_tf32_off():
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+def reads_a_linked_switch(x):
+    """cuDNN's TF32 flag sets the fp32 precision of cuDNN's convolutions: the precision read inside the block is
+    the one the flag's write left, which torch decides."""
+    with cudnn_tf32_off():
+        precision = torch.backends.cudnn.conv.fp32_precision
+        y = x + 1
+    return y, precision, torch.backends.cudnn.conv.fp32_precision
+
+
+def precision_state() -> tuple:
+    return (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.conv.fp32_precision,
+            torch.backends.cudnn.rnn.fp32_precision, torch._C._get_fp32_precision_getter("cuda", "all"))
+
+
+@pytest.mark.parametrize("fn, args", [(reads_a_linked_switch, ()), (in_cudnn_flags_block, ())],
+                         ids=["linked read", "cudnn.flags"])
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "no tf32"])
+def test_linked_switches_read_what_eager_reads(fn, args, tf32):
+    """A switch that is a view of another's state is not assumed unchanged by a write to the other: read after
+    such a write, it is what torch says (the read runs natively), and the state after the call is eager's."""
+    x = torch.randn(2, 3)
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = tf32
+        before = precision_state()
+        expected = fn(x, *args)
+        after_eager = precision_state()
+        torch.backends.cudnn.allow_tf32 = tf32
+        assert precision_state() == before
+        assert_same(expected, kiln.compile(fn, backend="eager")(x, *args))
+        assert precision_state() == after_eager
+    finally:
+        torch.backends.cudnn.allow_tf32 = old

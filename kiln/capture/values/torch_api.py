@@ -69,10 +69,10 @@ class TorchFunctionValue(CallableValue):
             raise GraphBreak("disabled", f"{getattr(fn, '__name__', fn)} is disabled by torch.compiler.disable")
         if spellings.asks_is_compiling(fn):
             return state.answer_is_compiling()
-        if state.models(fn):
-            return state.call_builtin(fn, args, kwargs)
         if is_switch_call(fn):
             return call_switch(state, fn, args, kwargs)
+        if state.models(fn):
+            return state.call_builtin(fn, args, kwargs)
         if fn in WORLD_QUERIES:
             return ConstantValue(fn(*(a.as_constant() for a in args)))
         if fn in NOT_TRACING:

@@ -321,3 +321,16 @@ def test_linked_switches_read_what_eager_reads(fn, args, tf32):
         assert precision_state() == after_eager
     finally:
         torch.backends.cudnn.allow_tf32 = old
+
+
+def reads_switches_kiln_does_not_model(x):
+    return x + 1, torch.backends.quantized.engine, torch.backends.miopen.immediate
+
+
+def test_a_torch_backends_attribute_kiln_does_not_model_reads_as_a_constant():
+    """Only the switches kiln models are traced through their module's descriptors; another one's C getter
+    is not put in the graph."""
+    x = torch.randn(3)
+    ours, ops = graphs_of(kiln.compile, reads_switches_kiln_does_not_model, x)
+    assert_same(reads_switches_kiln_does_not_model(x), ours)
+    assert ops == [1]

@@ -23,6 +23,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
 from kiln.capture.values.autograd_function import FunctionApplyValue, is_function_apply
+from kiln.capture.values.backend_switches import is_switch_call
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import (
     class_attribute,
@@ -290,7 +291,9 @@ class PythonModuleValue(Value):
 
 def _module_descriptor(module: types.ModuleType, name: str) -> Any:
     """The data descriptor a module object's own class (a `types.ModuleType` subclass, as torch.backends' are)
-    defines for `name`, where its `__get__` and `__set__` are Python functions; else None."""
+    defines for `name`, where its `__get__` and `__set__` are Python functions; else None. Of torch's, only
+    those whose getter is a switch kiln models or Python code (torch.backends' ContextProp): the others
+    (`torch.backends.miopen.immediate`) would only add their C getter to the graph, and read as constants."""
     for klass in type(module).__mro__:
         if klass is types.ModuleType:
             return None
@@ -298,8 +301,13 @@ def _module_descriptor(module: types.ModuleType, name: str) -> Any:
         if attr is not None:
             kind = type(attr)
             python = all(isinstance(getattr(kind, m, None), types.FunctionType) for m in ("__get__", "__set__"))
-            return attr if python else None
+            return attr if python and (not module.__name__.startswith("torch") or _reads_a_switch(attr)) else None
     return None
+
+
+def _reads_a_switch(descriptor: Any) -> bool:
+    getter = getattr(descriptor, "getter", None)
+    return isinstance(getter, types.FunctionType) or is_switch_call(getter)
 
 
 def store_global(state, globals_: dict, name: str, value: Value) -> None:

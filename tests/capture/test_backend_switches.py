@@ -4,7 +4,7 @@ A `@contextlib.contextmanager` generator is traced like any Python code: its bod
 module's attribute or to a torch.backends switch (`torch.backends.cudnn.flags(enabled=False)` around
 transformers' CTC loss; `torch.backends.cudnn.benchmark = True` in a user's manager) are replayed after the
 graph, reads of a switch are guarded, and the state after the call is eager's, also when the block raises.
-Each case compares eager, kiln and torch.compile (the graph counts, measured here).
+Results and state are compared with eager's; graph counts with torch.compile's, measured here.
 """
 import contextlib
 import types

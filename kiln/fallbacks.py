@@ -91,6 +91,9 @@ BREAKS: dict[str, tuple[bool, str]] = {
     "recursion": (False, "either: torch inlines deeper, and gives up somewhere too"),
     "distributed_hooks": (False, "by design: FSDP2's hooks run natively; torch.compile skips them too "
                                  "(skip_fsdp_hooks)"),
+    "backend_switch": (False, "by design: an op a torch.backends switch changed by the traced code governs runs "
+                               "under that switch, as in eager; torch.compile keeps it in the graph, under the "
+                               "switch the call found"),
     "numpy": (True, "shortfall: torch.compile traces numpy calls as torch ops"),
     "hooks": (True, "shortfall: torch.compile inlines module hooks"),
     "unknown_context": (True, "shortfall: torch.compile traces user context managers' __enter__/__exit__"),

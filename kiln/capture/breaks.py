@@ -63,6 +63,9 @@ CATALOGUE: dict[str, BreakReason] = {
         BreakReason("exception", "the traced code raises an exception", "check the inputs; the frame runs eagerly"),
         BreakReason("unknown_context", "a `with` block whose context manager kiln does not model",
                     "use torch.no_grad/enable_grad/autocast, or move the block out of the compiled region"),
+        BreakReason("backend_switch", "an op on a device whose torch.backends switch (cudnn.enabled, ...) the "
+                    "traced code changed: a graph runs under the switches as the call found them, so the op runs "
+                    "natively, under the switch as eager runs it", "change the switch outside the compiled region"),
         BreakReason("hooks", "a module with hooks registered is called",
                     "remove the hooks or compile a hook-free module"),
         BreakReason("distributed_hooks", "a module sharded by fully_shard (FSDP2) is called: its hooks all-gather "

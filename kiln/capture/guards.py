@@ -95,6 +95,7 @@ class GuardKind(enum.Enum):
     GRAD_MODE = "grad mode"
     AUTOCAST = "autocast"
     MATMUL_PRECISION = "matmul precision"  # TF32 for float32 matmuls: compiled templates bake it in
+    BACKEND_SWITCH = "backend switch"  # a torch.backends switch traced code read or wrote (cudnn.enabled, ...)
     MODULE_TRAINING = "module training"
     NO_HOOKS = "module hooks"
     SHAPE = "shape relations"

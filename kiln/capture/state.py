@@ -26,6 +26,7 @@ from kiln.capture.guards import HELPERS, Guard, GuardKind, GuardSet
 from kiln.capture.interpreter import inline_call
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import ConstantSource, GlobalSource, ItemSource, Source
+from kiln.capture.values.backend_switches import Switches
 from kiln.capture.values.base import Value
 from kiln.capture.values.builtins import HANDLERS, call_builtin
 from kiln.capture.values.constant import ConstantValue
@@ -45,6 +46,7 @@ class CaptureState:
         self.graph = GraphBuilder()
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        self.switches = Switches()  # torch.backends switches read or written (values/backend_switches.py)
         self.break_at = break_at
         self.frames: list = []  # the interpreter's frame stack, innermost last
         # ids of the values a continuation starts with on its stack: the `__exit__` of a block it resumes in was

@@ -23,6 +23,7 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.side_effects import is_deleted
 from kiln.capture.sources import AttrSource, ConstantSource
 from kiln.capture.values.autograd_function import FunctionApplyValue, is_function_apply
+from kiln.capture.values.backend_switches import is_switch_call
 from kiln.capture.values.base import Value
 from kiln.capture.values.classes import (
     class_attribute,
@@ -242,6 +243,9 @@ class PythonModuleValue(Value):
         pending = state.pending_globals.get((id(vars(self.module)), name))  # `mod.x = ...` or `global x` earlier
         if pending is not None:
             return pending
+        descriptor = _module_descriptor(self.module, name)
+        if descriptor is not None:  # torch.backends.cudnn.enabled: its getter is traced (a guarded switch)
+            return self._descriptor_method(state, descriptor, "__get__", [ClassValue(type(self.module))])
         modname = self.module.__name__
         fixed = (modname in ("math", "operator", "cmath") or modname.startswith(("numpy", "torch."))
                  or modname == "torch")
@@ -260,8 +264,20 @@ class PythonModuleValue(Value):
     def _source(self, state):
         return state.constant_source(self.module, self.module.__name__.replace(".", "_"))
 
+    def _descriptor_method(self, state, descriptor: Any, method: str, rest: list[Value]) -> Value:
+        """`type(descriptor).<method>(descriptor, module, *rest)`, inlined."""
+        source = state.constant_source(descriptor, f"{self.module.__name__}_{method}")
+        tracker = state.wrap(descriptor, source)
+        return function_value(state, getattr(type(descriptor), method)).call(state, [tracker, self, *rest], {})
+
     def setattr(self, state, name: str, value: Value) -> None:
-        """`mod.flag = v`: a store into the module's globals, as `global flag; flag = v` in it would be."""
+        """`mod.flag = v`: a store into the module's globals, as `global flag; flag = v` in it would be; or, where
+        the module's class defines `flag` as a data descriptor (`torch.backends.cudnn.enabled = False`), its
+        `__set__` traced."""
+        descriptor = _module_descriptor(self.module, name)
+        if descriptor is not None:
+            self._descriptor_method(state, descriptor, "__set__", [value])
+            return
         if self.module.__name__.split(".")[0] in ("torch", "math", "operator", "numpy"):
             raise GraphBreak("unsupported_object", f"setting {self.module.__name__}.{name}")
         store_global(state, vars(self.module), name, value)
@@ -271,6 +287,27 @@ class PythonModuleValue(Value):
 
     def __repr__(self):
         return f"PyModule({self.module.__name__})"
+
+
+def _module_descriptor(module: types.ModuleType, name: str) -> Any:
+    """The data descriptor a module object's own class (a `types.ModuleType` subclass, as torch.backends' are)
+    defines for `name`, where its `__get__` and `__set__` are Python functions; else None. Of torch's, only
+    those whose getter is a switch kiln models or Python code (torch.backends' ContextProp): the others
+    (`torch.backends.miopen.immediate`) would only add their C getter to the graph, and read as constants."""
+    for klass in type(module).__mro__:
+        if klass is types.ModuleType:
+            return None
+        attr = klass.__dict__.get(name)
+        if attr is not None:
+            kind = type(attr)
+            python = all(isinstance(getattr(kind, m, None), types.FunctionType) for m in ("__get__", "__set__"))
+            return attr if python and (not module.__name__.startswith("torch") or _reads_a_switch(attr)) else None
+    return None
+
+
+def _reads_a_switch(descriptor: Any) -> bool:
+    getter = getattr(descriptor, "getter", None)
+    return isinstance(getter, types.FunctionType) or is_switch_call(getter)
 
 
 def store_global(state, globals_: dict, name: str, value: Value) -> None:

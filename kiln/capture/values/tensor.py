@@ -257,6 +257,7 @@ def trace_op(state, kind: str, target: Any, args: list[Value], kwargs: dict[str,
     node_kwargs, fake_kwargs = {}, {}
     for k, v in kwargs.items():
         node_kwargs[k], fake_kwargs[k] = _lower(state, v)
+    state.switches.check_op(target, tuple(fake_args), fake_kwargs)
     node, fake = state.graph.call(kind, target, tuple(node_args), node_kwargs, tuple(fake_args), fake_kwargs)
     returned = _returned_argument(fake, [*args, *kwargs.values()])
     if returned is None:

@@ -16,6 +16,7 @@ import torch
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.values.backend_switches import call_switch, is_switch_call
 from kiln.capture.values.base import Value
 from kiln.capture.values.collectives import is_collective, trace_collective
 from kiln.capture.values.constant import ConstantValue
@@ -36,7 +37,7 @@ if hasattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack"):
 
 # Functions whose result depends only on the metadata of their arguments.
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
-                      torch.get_default_dtype, torch._C._get_cudnn_enabled}
+                      torch.get_default_dtype}
 
 # Functions with effects outside the graph: a break.
 BREAKING = {torch.manual_seed: "unsupported_call", torch.seed: "unsupported_call",
@@ -68,6 +69,8 @@ class TorchFunctionValue(CallableValue):
             raise GraphBreak("disabled", f"{getattr(fn, '__name__', fn)} is disabled by torch.compiler.disable")
         if spellings.asks_is_compiling(fn):
             return state.answer_is_compiling()
+        if is_switch_call(fn):
+            return call_switch(state, fn, args, kwargs)
         if state.models(fn):
             return state.call_builtin(fn, args, kwargs)
         if fn in WORLD_QUERIES:
@@ -202,9 +205,14 @@ def _metadata_call(fn, args, kwargs) -> Value:
 # are inlined like user code instead, so their reads are guarded values and their writes graph ops.
 INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.clip_grad"})
 
+# torch.backends' `flags` managers are inlined too: their Python reads and writes the backend switches kiln
+# models (values/backend_switches.py), so `with torch.backends.cudnn.flags(...)` stays in the graph.
+INLINED_TORCH_FUNCTIONS = frozenset({torch.backends.cudnn.flags, torch.backends.mkldnn.flags})
+
 
 def inlined_torch_function(obj: Any) -> bool:
-    return isinstance(obj, types.FunctionType) and obj.__module__ in INLINED_TORCH_MODULES
+    return isinstance(obj, types.FunctionType) and (obj.__module__ in INLINED_TORCH_MODULES
+                                                    or obj in INLINED_TORCH_FUNCTIONS)
 
 
 def wrap_torch_attr(obj: Any) -> Value:

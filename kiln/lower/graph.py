@@ -423,9 +423,11 @@ class GraphLowering:
         and expanded over the heads) is stored once and passed expanded the same way, not written out in
         full for every head (`realize_broadcast`).
 
-        An op that `draws` random numbers gets each operand in eager's memory order, stored already or not: ATen
-        draws one number per element in the order of the tensor it draws into (`empty_like` of the operand), so
-        an operand kiln stored in another order (a transposed value kept row-major) gets other numbers."""
+        An op that `draws` random numbers gets each operand with eager's strides, stored already or not: ATen
+        draws one number per element in the memory order of the tensor it draws into (`empty_like` of the
+        operand), and on CUDA picks its kernel, and so the generator offsets of each element, by the operand's
+        strides (contiguous or not): an operand kiln stored otherwise (a transposed value kept row-major, a
+        strided slice copied dense) gets other numbers."""
         fx_args = self._current.args if self._current is not None else ()
         fx_kwargs = self._current.kwargs if self._current is not None else {}
         ordered = self._drawn_in_eager_order if draws else self._eager_ordered
@@ -433,13 +435,16 @@ class GraphLowering:
         return out, {k: ordered(value, fx_kwargs.get(k)) for k, value in kwargs.items()}
 
     def _drawn_in_eager_order(self, value, fx):
-        """An operand of a random op: `value` stored in the memory order of `empty_like(fx's value)` in eager."""
+        """An operand of a random op: `value` with `fx`'s strides in eager (an expanded one as `_eager_ordered`
+        passes it: no storage holds it with stride 0 but its own)."""
         meta = fx.meta.get("val") if isinstance(fx, torch.fx.Node) else None
         view = value.buffer_view() if isinstance(value, IndexFunction) else None
         if view is None or not isinstance(meta, torch.Tensor) or tuple(value.size) != tuple(meta.shape):
             return self._eager_ordered(value, fx)
-        drawn = _empty_like_strides(_layout(meta))
-        return self.realize(value, stride=drawn) if _layout_differs(view[2], meta, drawn) else value
+        eager = _layout(meta)
+        if not _layout_differs(view[2], meta) or any(n != 1 and s == 0 for n, s in zip(eager.size, eager.stride)):
+            return value
+        return self.realize(value, stride=eager.stride)
 
     def _eager_ordered(self, value, fx):
         """One operand of `_in_eager_order`: `value`, stored as eager holds `fx`'s value where that matters."""
@@ -686,23 +691,12 @@ def _feeds_matmul(node: torch.fx.Node) -> bool:
                for u in node.users)
 
 
-def _layout_differs(strides, meta, eager_strides=None) -> bool:
-    """Whether a buffer view's strides differ from eager's (`meta`'s, or `eager_strides` of `meta`'s sizes) on a
-    dim of more than one element."""
+def _layout_differs(strides, meta) -> bool:
+    """Whether a buffer view's strides differ from eager's (`meta`'s) on a dim of more than one element."""
     if not isinstance(meta, torch.Tensor):
         return False
     eager = _layout(meta)
-    expected = eager.stride if eager_strides is None else eager_strides
-    return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, expected))
-
-
-def _empty_like_strides(layout: ir.Layout) -> tuple:
-    """The strides of `torch.empty_like` of a tensor of `layout`: its own where dense, else dense in the order
-    of its strides (outermost first, ties in logical order)."""
-    if not all(sympy.sympify(s).is_Integer for s in layout.stride):
-        return tuple(layout.stride)
-    dims = [d for d, n in enumerate(layout.size) if n != 1]
-    return tuple(dense_strides(layout.size, sorted(dims, key=lambda d: -int(layout.stride[d]))))
+    return any(n != 1 and sympify(a) != b for n, a, b in zip(eager.size, strides, eager.stride))
 
 
 def _broadcast_dims(eager: ir.Layout, v: IndexFunction) -> list[int]:

@@ -31,6 +31,8 @@ them) or records them (CUDA graphs) are not given this rewrite (`applies`).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 
 from kiln.lower import ir
@@ -124,7 +126,8 @@ def _reads_in_place(group: KernelGroup, writer: ir.ComputedBuffer, name: str) ->
 
 
 def _rename(sched: Schedule, old: str, new: str) -> None:
-    """`old` becomes `new` everywhere the schedule names it: the node, the loads of it, the graph's outputs."""
+    """`old` becomes `new` everywhere the schedule names it: the node, the loads of it, the externs' and the
+    templates' operands, the graph's outputs."""
     graph = sched.graph
     for node in graph.nodes:
         if isinstance(node, ir.ComputedBuffer):
@@ -137,6 +140,10 @@ def _rename(sched: Schedule, old: str, new: str) -> None:
             node.source = new
     graph.outputs = [ir.TensorRef(new, o.layout, o.view) if isinstance(o, ir.TensorRef) and o.buf == old else o
                      for o in graph.outputs]
+    for name, spec in sched.templates.items():  # a template's operands, named in its spec (a matmul's A and B)
+        operands = {f.name: ir.rename_refs(getattr(spec, f.name), {old: new}) for f in dataclasses.fields(spec)
+                    if isinstance(getattr(spec, f.name), ir.TensorRef)}
+        sched.templates[name] = dataclasses.replace(spec, **operands)
     if old in graph.origins:
         graph.origins[new] = graph.origins.pop(old)
     for group in sched.kernels():

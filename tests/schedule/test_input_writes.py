@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kiln
+from support.triton_device import DEVICE, skip_unless_kernels_run
 
 
 def accumulate(x, g):
@@ -123,3 +124,24 @@ def test_an_input_written_in_place_moves_its_version_counter():
     with torch.no_grad():
         kiln.compile(accumulate)(x, g)
     assert x._version > before
+
+
+def written_then_multiplied(b):
+    b[0].zero_()
+    t = b @ b.mT  # a matmul template reads the new value, stored into the input
+    return t, t.exp() * t.sigmoid()
+
+
+def test_a_template_reading_the_new_value_reads_the_input(compiled_graphs):
+    """On the Triton target the matmul is a template whose spec names its operands: the new value renamed to the
+    input it is stored into is renamed there too (fuzz seed 442662 on the GPU: the template's kernel failed to
+    build, naming a buffer the schedule no longer had, and fell back to ATen)."""
+    skip_unless_kernels_run()
+    eager_args = [torch.randn(5, 3, device=DEVICE)]
+    kiln_args = [eager_args[0].clone()]
+    with torch.no_grad():
+        expected = written_then_multiplied(*eager_args)
+        got = kiln.compile(written_then_multiplied, options={"cpu_backend": "triton"})(*kiln_args)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(kiln_args, eager_args)
+    assert "_mm" in compiled_graphs[-1].artefacts["kernels.py"]

@@ -29,6 +29,7 @@ from support.triton_device import DEVICE, skip_module_unless_kernels_run
 
 skip_module_unless_kernels_run()
 
+import kiln  # noqa: E402
 from kiln.codegen.triton.heuristics import COLUMN_SPLIT_PROGRAMS, PERSISTENT_MAX_RBLOCK  # noqa: E402
 from kiln.pipeline import compile_aten_graph  # noqa: E402
 from support.lowering import assert_same, trace  # noqa: E402
@@ -154,6 +155,22 @@ def test_padding_masks_loads():
     x = torch.randn(3, 5)
     check(lambda x: F.pad(x, (2, 1, 1, 0), value=0.5) * 2, x)
     check(lambda x: torch.cat([x, x * 2], dim=1).relu(), x)
+
+
+def test_a_masked_load_of_one_element_is_a_block():
+    """A strided slice of two elements written into its base, then read where the write's mask holds: the element
+    read is at a constant index, under a mask over the loop, and Triton takes no scalar pointer under a block
+    mask (fuzz seed 442352: the kernel raised on the GPU, and in the interpreter)."""
+    def write_into_every_other(b):
+        t0 = b * 1.5
+        t2 = t0[..., ::2].mul_(2)
+        return t2 * 1, t0 * 1.5 + 0.5
+
+    b = torch.randn(2, device=DEVICE)
+    with recording_builds() as builds:
+        got = kiln.compile(write_into_every_other, options=TRITON)(b)
+    assert_compiles_for_sm90(builds)
+    assert_same(got, write_into_every_other(b))
 
 
 # ----------------------------------------------------------------------------- reductions

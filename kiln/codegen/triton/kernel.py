@@ -221,7 +221,13 @@ class TritonKernel(KernelPrinter):
         masks = [m for m in [self.mask_for(syms)] if m]
         if e.mask is not None:
             masks.append(texpr(e.mask))
-        code = f"tl.load({e.buf} + ({texpr(index)})"
+        ptr = texpr(index)
+        if masks:  # the pointer block spans the mask's loops: Triton refuses a scalar pointer under a block mask
+            if syms & self.xvars and not index.free_symbols & self.xvars:
+                ptr = f"{ptr} + 0 * xindex"
+            if syms & self.yvars and not index.free_symbols & self.yvars:
+                ptr = f"{ptr} + 0 * rindex"
+        code = f"tl.load({e.buf} + ({ptr})"
         code += f", {' & '.join(masks)}, other=0)" if masks else ")"
         if e.dtype in ops.ROUNDED:
             code += ".to(tl.float32)"

@@ -4,7 +4,8 @@ Eager passes `__exit__` the exception's type, value and a traceback that starts 
 block. An exception raised by traced code is never raised for real during capture, so it has no traceback
 yet: kiln hands `__exit__` a stand-in that answers `tb is None` (False) and `if tb:` and may be passed on
 (contextlib's managers hand it to `gen.throw`); where `__exit__` reads it or keeps it, the break moves to the
-raise, which then runs natively and gives `__exit__` eager's traceback. Each case compares with eager; graph
+raise, which then runs natively and gives `__exit__` eager's traceback. `e.__traceback__` in a traced `except`
+is the same stand-in. Each case compares with eager; graph
 counts are compared with torch.compile's, measured here, where torch.compile computes what eager computes.
 """
 import contextlib
@@ -86,12 +87,22 @@ def keeps_the_traceback(x):
     return x + 1, manager.tb is not None, manager.tb.tb_frame.f_code.co_name
 
 
-def reads_the_traceback_of_a_caught_error(x):
+def _caught_error_has_a_traceback():
     try:
         raise KeyError("z")
     except KeyError as e:
-        tb = e.__traceback__
-    return x + 1, tb is None, tb.tb_lineno - reads_the_traceback_of_a_caught_error.__code__.co_firstlineno
+        return e.__traceback__ is not None
+
+
+def _line_of_a_caught_error():
+    try:
+        raise KeyError("z")
+    except KeyError as e:
+        return e.__traceback__.tb_lineno - _line_of_a_caught_error.__code__.co_firstlineno
+
+
+def reads_the_traceback_of_a_caught_error(x):
+    return x + 1, _caught_error_has_a_traceback(), _line_of_a_caught_error()
 
 
 @contextlib.contextmanager
@@ -160,10 +171,13 @@ def test_a_traceback_kept_by_exit_is_the_real_one():
     assert_same(keeps_the_traceback(x), kiln.compile(keeps_the_traceback, backend="eager")(x))
 
 
-def test_the_traceback_of_a_caught_error():
+def test_the_traceback_of_an_error_caught_in_traced_code():
+    """`e.__traceback__` in a traced `except` is not None; reading its line runs the helper natively."""
     x = torch.randn(3)
     expected = reads_the_traceback_of_a_caught_error(x)
-    assert_same(expected, kiln.compile(reads_the_traceback_of_a_caught_error, backend="eager")(x))
+    compiled = kiln.compile(reads_the_traceback_of_a_caught_error, backend="eager")
+    assert_same(expected, compiled(x))
+    assert expected[1:] == (True, 2)
 
 
 def test_contextlib_managers_stay_in_one_graph_as_under_torch_compile():

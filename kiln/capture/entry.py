@@ -556,8 +556,8 @@ def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileCon
         except GraphBreak as e:
             if e.reason.id == "autograd_backward" and compiled_autograd.is_active():
                 e = backward_boundary(e)
-            if isinstance(e, TracebackRead) and e.raised_at is not None and break_at is None:
-                frame.current = e.raised_at  # also when met writing the program, after the frame's end
+            if _moves_to_an_earlier_raise(e, break_at):
+                frame.current, break_at = e.raised_at, None  # met writing the program too, past the break
             if isinstance(e, Unresumable) or break_at is not None:
                 _with_guards(e, state)
                 raise
@@ -594,6 +594,13 @@ def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileCon
                 continue
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
+
+
+def _moves_to_an_earlier_raise(e: GraphBreak, break_at: int | None) -> bool:
+    """Whether `e` reads the traceback of an exception raised before the break chosen so far (or before the
+    frame's end): that raise is where the frame breaks instead (values/exceptions.py, `TracebackValue`)."""
+    return (isinstance(e, TracebackRead) and e.raised_at is not None
+            and (break_at is None or e.raised_at.index < break_at))
 
 
 def _interpret_and_finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame,

@@ -5,8 +5,8 @@ block. An exception raised by traced code is never raised for real during captur
 yet: kiln hands `__exit__` a stand-in that answers `tb is None` (False) and `if tb:` and may be passed on
 (contextlib's managers hand it to `gen.throw`); where `__exit__` reads it or keeps it, the break moves to the
 raise, which then runs natively and gives `__exit__` eager's traceback. `e.__traceback__` in a traced `except`
-is the same stand-in. Each case compares with eager; graph
-counts are compared with torch.compile's, measured here, where torch.compile computes what eager computes.
+is the same stand-in. Each case compares with eager; graph counts are compared with torch.compile's,
+measured here, where torch.compile computes what eager computes.
 """
 import contextlib
 import traceback
@@ -101,6 +101,15 @@ def _line_of_a_caught_error():
         return e.__traceback__.tb_lineno - _line_of_a_caught_error.__code__.co_firstlineno
 
 
+def keeps_the_traceback_then_breaks(x):
+    manager = Keeps()
+    with manager:
+        x = x * 2
+        raise ValueError
+    torch._dynamo.graph_break()
+    return x + 1, manager.tb.tb_frame.f_code.co_name
+
+
 def reads_the_traceback_of_a_caught_error(x):
     return x + 1, _caught_error_has_a_traceback(), _line_of_a_caught_error()
 
@@ -169,6 +178,12 @@ def test_an_error_from_a_helper_gets_a_traceback_through_the_helper():
 def test_a_traceback_kept_by_exit_is_the_real_one():
     x = torch.randn(3)
     assert_same(keeps_the_traceback(x), kiln.compile(keeps_the_traceback, backend="eager")(x))
+
+
+def test_a_traceback_kept_before_a_later_break_is_the_real_one():
+    """The later break was chosen first; the kept traceback moves it to the raise, before it."""
+    x = torch.randn(3)
+    assert_same(keeps_the_traceback_then_breaks(x), kiln.compile(keeps_the_traceback_then_breaks, backend="eager")(x))
 
 
 def test_the_traceback_of_an_error_caught_in_traced_code():

@@ -36,9 +36,11 @@ from kiln.capture.hooked_call import call_module_with_hooks, has_only_forward_ho
 from kiln.capture.interpreter import Frame, StopAtBreak
 from kiln.capture.native import (
     FRAME_READERS,
+    PROGRAM_FILE_PREFIX,
     calls_frame_reader,
     enter_with,
     exit_with,
+    from_users_frame,
     raise_at,
     raised_at,
     read_in_frame,
@@ -52,6 +54,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, fast_expr
 from kiln.capture.state import CaptureState
 from kiln.capture.tensor_frames import holds_torch_values
 from kiln.capture.values.base import NULL
+from kiln.capture.values.exceptions import TracebackRead
 from kiln.capture.values.functions import CellValue
 from kiln.capture.values.modules import any_global_hooks, hooks_run_natively
 from kiln.capture.values.torch_api import ExitValue, GradModeContext, GradModeRestore, Reentry
@@ -553,6 +556,8 @@ def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileCon
         except GraphBreak as e:
             if e.reason.id == "autograd_backward" and compiled_autograd.is_active():
                 e = backward_boundary(e)
+            if _moves_to_an_earlier_raise(e, break_at):
+                frame.current, break_at = e.raised_at, None  # met writing the program too, past the break
             if isinstance(e, Unresumable) or break_at is not None:
                 _with_guards(e, state)
                 raise
@@ -589,6 +594,13 @@ def _capture_rounds(spec: FrameSpec, L: dict, G: dict, C: tuple, ctx: CompileCon
                 continue
             log_breaks.info("%s", e.message())
             fallbacks.record_break(e.reason.id, spec.describe(), e.message(), warn_key=spec.function())
+
+
+def _moves_to_an_earlier_raise(e: GraphBreak, break_at: int | None) -> bool:
+    """Whether `e` reads the traceback of an exception raised before the break chosen so far (or before the
+    frame's end): that raise is where the frame breaks instead (values/exceptions.py, `TracebackValue`)."""
+    return (isinstance(e, TracebackRead) and e.raised_at is not None
+            and (break_at is None or e.raised_at.index < break_at))
 
 
 def _interpret_and_finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Frame,
@@ -670,6 +682,7 @@ def _break_tail(writer, state: CaptureState, spec: FrameSpec, frame: Frame, ctx:
     writer.namespace["___raise_at"] = functools.partial(raise_at, spec.code)
     writer.namespace["___exit_with"] = functools.partial(exit_with, writer.namespace["___call_nested"])
     writer.namespace["___raised_at"] = functools.partial(raised_at, spec.code)
+    writer.namespace["___from_users_frame"] = from_users_frame
 
     def resume(index: int, new_stack: list) -> str:
         target = FrameSpec(spec.code, index, tuple(s is None for s in new_stack), tuple(local_exprs), tuple(cell_exprs),
@@ -777,7 +790,7 @@ def _finish(state: CaptureState, spec: FrameSpec, ctx: CompileContext, frame: Fr
         _add_shape_guard(state)
     guard_fn = state.guards.compile()
     namespace = dict(writer.namespace)
-    exec(compile(source, f"<kiln program {spec.code.co_name}>", "exec"), namespace)
+    exec(compile(source, f"{PROGRAM_FILE_PREFIX}{spec.code.co_name}>", "exec"), namespace)
     log_guards.info("guards for %s\n%s", spec.describe(), state.guards)
     record = CaptureRecord(spec.describe(), gm, state.graph.op_count, reason, state.guards, source, 0.0,
                            id=graph_id, name=spec.code.co_name, function=spec.function(),

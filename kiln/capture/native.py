@@ -271,6 +271,7 @@ def raised_at(code, lineno: int | None, exc: BaseException) -> BaseException:
     return exc
 
 
+PROGRAM_FILE_PREFIX = "<kiln program "  # the file name of each output program's code: "<kiln program NAME>"
 _KILN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -357,6 +358,20 @@ def exit_with(call: Callable, exit_, exc: BaseException):
         raise
 
 
+def from_users_frame(exc: BaseException) -> BaseException:
+    """`exc`, caught by the output program for a `with` block's handler, with its traceback from the first frame
+    that is the user's (`raise_at` and `raised_at` put one of the user's function at the line), as eager's starts
+    at the frame of the `with` block when its `__exit__` reads it: the program's own frame and kiln's before it
+    are not frames of the user's program. Unchanged where none is the user's."""
+    first = exc.__traceback__
+    while first is not None and (first.tb_frame.f_code.co_filename.startswith(_KILN)
+                                 or first.tb_frame.f_code.co_filename.startswith(PROGRAM_FILE_PREFIX)):
+        first = first.tb_next
+    if first is not None:
+        exc.__traceback__ = first
+    return exc
+
+
 @renders("RERAISE")
 def _reraise(ins, stack, kw, resume, temp):
     return [f"raise {stack[-1]}"]
@@ -374,6 +389,7 @@ def within_handler(code, ins: Instruction, stack: Stack, lines: list[str], resum
     kept = stack[:entry.depth] + ([repr(ins.offset)] if entry.lasti else [])
     # see raised_at; a raise has its frame already (`raise_at`), a re-raise the frames it was first raised from
     exc = "___exc" if ins.opname in ("RAISE_VARARGS", "RERAISE") else f"___raised_at({ins.lineno}, ___exc)"
+    exc = f"___from_users_frame({exc})"
     return (["try:", *("    " + line for line in lines), "except BaseException as ___exc:",
              "    " + resume(entry.target, kept + [exc])])
 

@@ -9,7 +9,12 @@ from kiln.capture.breaks import GraphBreak
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.values.base import Value
 from kiln.capture.values.constant import ConstantValue
-from kiln.capture.values.exceptions import ExceptionValue, TracedException, is_exception_class
+from kiln.capture.values.exceptions import (
+    ExceptionValue,
+    TracebackValue,
+    TracedException,
+    is_exception_class,
+)
 from kiln.capture.values.objects import ClassValue
 from kiln.capture.values.torch_api import ExitValue
 
@@ -63,9 +68,24 @@ def with_except_start(frame, ins):
         frame.current = exc.raised_at
         raise GraphBreak("exception", f"{exc.message()} reaches a `with` block's `__exit__`, which reads its "
                                       "traceback")
-    # a real exception (raised natively before this capture began) passes its own; traced ones carry none
-    traceback = ConstantValue(None) if isinstance(exc, ExceptionValue) else exc.getattr(frame.state, "__traceback__")
-    frame.push(exit_fn.call(frame.state, [ClassValue(exc.python_type()), exc, traceback], {}))
+    # a real exception (raised natively before this capture began) passes its own; a traced one the traceback
+    # it will have, which exists only once its raise runs natively
+    if not isinstance(exc, ExceptionValue):
+        traceback = exc.getattr(frame.state, "__traceback__")
+        frame.push(exit_fn.call(frame.state, [ClassValue(exc.python_type()), exc, traceback], {}))
+        return
+    try:
+        frame.push(exit_fn.call(frame.state, [ClassValue(exc.python_type()), exc, TracebackValue(exc)], {}))
+    except TracedException:
+        raise
+    except GraphBreak:
+        # `__exit__` does what capture cannot (reads the traceback, calls what runs natively): the break is at
+        # the raise, so that the exit runs natively with the traceback eager gives it; run here, it would get
+        # the exception rebuilt, without one. (A `with` in a frame inlined into this one breaks at the call of
+        # that frame, which then runs natively and raises for real.)
+        if frame.is_root and exc.raised_at is not None:
+            frame.current = exc.raised_at
+        raise
 
 
 @opcode("CHECK_EXC_MATCH")

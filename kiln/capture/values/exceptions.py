@@ -12,6 +12,7 @@ and raises for real).
 """
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from kiln.capture.breaks import GraphBreak
@@ -41,13 +42,18 @@ class ExceptionValue(Value):
 
         if name == "args":
             return TupleValue(self.args)
-        if name in ("__traceback__", "__cause__", "__context__"):
+        if name == "__traceback__":
+            return TracebackValue(self)
+        if name in ("__cause__", "__context__"):
             return ConstantValue(None)
         raise GraphBreak("unsupported_object", f"attribute {name!r} of a {self.cls.__name__}")
 
     def setattr(self, state, name: str, value: Value) -> None:
-        """`exc.__traceback__ = tb` (contextlib's `__exit__` does so): traced exceptions carry no traceback."""
-        if name != "__traceback__" or not (value.is_constant() and value.as_constant() is None):
+        """`exc.__traceback__ = tb` with the traceback the exception already has (contextlib's generator
+        managers' `__exit__` does so): nothing changes."""
+        value = value.realize()
+        keeps_its_own = isinstance(value, TracebackValue) and value.exception is self
+        if name != "__traceback__" or not keeps_its_own:
             raise GraphBreak("unsupported_object", f"setting {name!r} of a {self.cls.__name__}")
 
     def message(self) -> str:
@@ -61,6 +67,51 @@ class ExceptionValue(Value):
 
     def __repr__(self) -> str:
         return f"Exception({self.cls.__name__})"
+
+
+class TracebackValue(Value):
+    """The traceback of a traced exception (`exc.__traceback__`, the third argument of a `with` block's
+    `__exit__`). The exception was never raised for real, so no traceback object exists at capture time: what
+    capture can answer without one (`tb is None` is False, `if tb:` is true, handing it on to `gen.throw` or back
+    to `exc.__traceback__`) stays in the graph; any other use, or one left for the output program to rebuild (an
+    `__exit__` that keeps it), is a break at the raise (`TracebackRead`; a `with` block's exit moves any break
+    of its `__exit__` there, opcodes/exceptions.py): the raise then runs natively and the traceback is real."""
+
+    def __init__(self, exception: ExceptionValue):
+        self.exception = exception
+
+    def python_type(self) -> type:
+        return types.TracebackType
+
+    def truth(self, state) -> bool:
+        return True
+
+    def getattr(self, state, name: str) -> Value:
+        raise self._read(f"attribute {name!r} of")
+
+    def call(self, state, args, kwargs) -> Value:
+        raise self._read("a call of")
+
+    def reconstruct(self, writer) -> str:
+        raise self._read("rebuilding")
+
+    def _read(self, what: str) -> TracebackRead:
+        raised = self.exception.message() or self.exception.cls.__name__
+        return TracebackRead(f"{what} the traceback of {raised}, which exists once the raise runs natively",
+                             self.exception.raised_at)
+
+    def __repr__(self) -> str:
+        return f"Traceback({self.exception.cls.__name__})"
+
+
+class TracebackRead(GraphBreak):
+    """A break on a traced exception's traceback: it belongs at `raised_at`, the root frame's instruction that
+    raised the exception (None where the exception has not reached the root frame: the break stays where
+    it is, at the call of the frame that raised it)."""
+
+    def __init__(self, detail: str, raised_at):
+        super().__init__("exception", detail)
+        self.raised_at = raised_at
 
 
 class TracedException(GraphBreak):

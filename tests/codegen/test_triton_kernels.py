@@ -234,6 +234,15 @@ def test_kernels_over_a_dim_of_size_zero_compile_for_the_gpu(shape):
     check(lambda x: (x.sum(), (x * 1.5).exp(), x.sum(-1)), x)
 
 
+def test_a_reduction_over_an_empty_dim_reads_nothing():
+    """The column means of no rows plus a bias: each sum over the empty dim is 0, its mean NaN. The kernel read
+    the bias and the empty matrix at a constant index, unmasked (fuzz seed 445128: a segfault under the
+    interpreter, a read past the buffer on the GPU); such a reduction is its identity, and reads nothing."""
+    x, bias = torch.randn(0, 3), torch.randn(3)
+    compiled = check(lambda x, bias: ((x + bias).mean(0), (x * bias).prod(0), (x > bias).any(0)), x, bias)
+    assert "tl.load" not in source(compiled), source(compiled)
+
+
 def test_argmax_first_index_on_ties_and_nan_is_max():
     x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, float("nan"), 5.0, float("nan")], [-1.0, -1.0, -1.0, -1.0]])
     check(lambda x: (x.argmax(-1), x.argmin(-1), x.amax(-1)), x)

@@ -51,6 +51,8 @@ def reduce(ctx, x: IndexFunction, dims, keepdim: bool, rtype: str, dtype: torch.
     body = cast(x.at(idx), body_dtype or dtype)
     if not red:
         return IndexFunction(out_size, dtype, cast(_trivial(rtype, body), dtype))
+    if any(x.size[k] == 0 for k in red):
+        return IndexFunction(out_size, dtype, _of_nothing(rtype, dtype))
     layout = ir.Layout.contiguous(out_size, dtype)
     # The same reduction of the same values (`x.sum(-1, keepdim=True)` written twice, or with and without keepdim)
     # is one buffer: computed once, wherever its readers land in kernels. Both are contiguous over the same
@@ -73,6 +75,19 @@ def _trivial(rtype, body):
     if rtype == "welford_m2":
         return const(0, body.dtype)
     return body
+
+
+# A reduction over no element: its identity. No kernel reads the empty input (a load at an index that does not
+# depend on the empty range, left unmasked, would read past it).
+_IDENTITY = {"sum": 0, "prod": 1, "any": False}
+
+
+def _of_nothing(rtype: str, dtype: torch.dtype):
+    """The value of `rtype` over no element, where eager's is its identity; eager raises for the others (max of an
+    empty range) or computes NaN (a variance's Welford terms): they stay ATen's."""
+    if rtype not in _IDENTITY:
+        raise Unsupported(f"{rtype} over an empty range")
+    return const(_IDENTITY[rtype], dtype)
 
 
 def _numel(x, dims):

@@ -77,14 +77,15 @@ def _trivial(rtype, body):
     return body
 
 
-# A reduction over no element: its identity. No kernel reads the empty input (a load at an index that does not
+# A reduction over no element: its identity (Welford's mean of nothing is NaN, as eager's mean; its sum of squares
+# 0, which the variance divides by a count of 0). No kernel reads the empty input (a load at an index that does not
 # depend on the empty range, left unmasked, would read past it).
-_IDENTITY = {"sum": 0, "prod": 1, "any": False}
+_IDENTITY = {"sum": 0, "prod": 1, "any": False, "welford_mean": float("nan"), "welford_m2": 0}
 
 
 def _of_nothing(rtype: str, dtype: torch.dtype):
-    """The value of `rtype` over no element, where eager's is its identity; eager raises for the others (max of an
-    empty range) or computes NaN (a variance's Welford terms): they stay ATen's."""
+    """The value of `rtype` over no element; eager raises for the others (max or argmax of an empty range): they
+    stay ATen's, which raises."""
     if rtype not in _IDENTITY:
         raise Unsupported(f"{rtype} over an empty range")
     return const(_IDENTITY[rtype], dtype)

@@ -17,8 +17,9 @@ Where such an exact zero is summed into a present gradient (`add(zero, g)`, the 
 of two outputs' contributions), the sum is `g` itself, as eager, which never adds a gradient it
 never computed: the sum is not exact at every value (`0.0 + -0.0` is `+0.0`; a complex add
 scales by `alpha` as a complex product, and `inf + 0j` picks up a NaN imaginary part that a
-later complex product carries into the real one). When nothing needs either rewrite the graph
-is used as it is (no second compile).
+later complex product carries into the real one). When nothing needs a rewrite (no zeros to
+put in, no complex sum: a real one changes at most a zero's sign) the graph is used as it is,
+with no second compile.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def without_absent_tangents(backward: torch.fx.GraphModule, num_tangents: int,
                 and any(u not in only_absent for u in n.users)]
     sums = {n: kept for n in backward.graph.nodes if n not in only_absent
             for kept in [_summed_with_zero(n, only_absent)] if kept is not None}
-    if not frontier and not sums:
-        return None
+    if not frontier and not any(n.meta["val"].dtype.is_complex for n in sums):
+        return None  # a real sum differs only in a zero's sign: not worth a second compile of the backward
     graph = torch.fx.Graph()
     copies: dict = {}
     graph.output(graph.graph_copy(backward.graph, copies))

@@ -18,6 +18,15 @@ from kiln import fallbacks
 from kiln.api import context_of
 from support.capture import CountingBackend, assert_same
 
+
+@pytest.fixture(autouse=True)
+def switches_settable(monkeypatch):
+    """torch's own test utilities (imported by the OpInfo tests in the same worker) freeze the torch.backends
+    flags at import (`disable_global_flags`), after which setting one raises: these tests set them as a user's
+    program does."""
+    monkeypatch.setitem(torch.backends.flags_frozen.__globals__, "__allow_nonbracketed_mutation_flag", True)
+
+
 CONFIG = types.ModuleType("config")
 CONFIG.level = 0
 LEVEL = 0

@@ -145,6 +145,13 @@ def test_int64_pointwise_floordiv_mod_with_negatives():
                         torch.div(x, y, rounding_mode="trunc")), x, y)
 
 
+def test_an_integer_operand_out_of_the_tensors_range_wraps_as_in_eager():
+    """`int32 + (1 << 40)` adds the operand as int32 holds it (0), as eager converts it; Triton refused the literal
+    out of int32's range (fuzz seed 446164 on the Triton target)."""
+    b = torch.tensor([1, -5, 7], dtype=torch.int32)
+    check(lambda b: (b + (1 << 40), b * (1 << 33) + 3, b + (1 << 31), b.to(torch.uint8) + 300), b)
+
+
 def test_bool_and_where():
     x = torch.randn(6, 9)
     check(lambda x: torch.where((x > 0) & (x < 1), x, -x) + (x > 0.5).float(), x)

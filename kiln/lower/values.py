@@ -105,11 +105,14 @@ def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
 
 
 def _py_value(v, dtype):
+    """`v` as a constant of `dtype` holds it: an integer wrapped into its range, as eager converts a Python int
+    operand (`int32 + (1 << 40)` adds 0), so that no printer meets a literal its type cannot hold."""
     if dtype == torch.bool:
         return bool(v)
     if dtype.is_floating_point:
         return float(v)
-    return int(v)
+    info = torch.iinfo(dtype)
+    return (int(v) - info.min) % (1 << info.bits) + info.min
 
 
 def const(value, dtype) -> ir.Const:

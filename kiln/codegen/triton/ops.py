@@ -77,15 +77,7 @@ def literal(value, dtype: torch.dtype) -> str:
         if math.isinf(v):
             return "float('inf')" if v > 0 else "float('-inf')"
         return repr(v)
-    return str(_wrapped(int(value), dtype))
-
-
-def _wrapped(value: int, dtype: torch.dtype) -> int:
-    """`value` as `dtype` holds it, as eager converts a Python int operand (`int32 + (1 << 40)` adds 0): Triton
-    refuses a literal outside its type's range."""
-    info = torch.iinfo(dtype)
-    span = 1 << info.bits
-    return (value - info.min) % span + info.min
+    return str(int(value))
 
 
 def lowest(dtype: torch.dtype) -> str:

@@ -2,6 +2,7 @@
 
     python -m tests.fuzz --programs 2000 --backend inductor --workers 16 --out summary.json
     python -m tests.fuzz --programs 300 --backend all --workers 2          # eager, aot_eager and inductor
+    python -m tests.fuzz --programs 400 --device cpu-triton --workers 2     # GPU programs, Triton kernels, no GPU
     python -m tests.fuzz --replay 123 --backend aot_eager                  # print program 123 and its outcome
     python -m tests.fuzz --minimize 123 --backend inductor [--isolate]     # print its smallest failing form
     python tests/fuzz ...        # the same, where an installed package named `tests` shadows this directory
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -29,6 +31,8 @@ if not __package__:  # run as `python tests/fuzz`: bind `tests` to this reposito
     sys.modules["tests"] = types.ModuleType("tests")
     sys.modules["tests"].__path__ = [str(_root / "tests")]
 
+from tests.fuzz.targets import DEVICES, environment, program_device  # noqa: E402 - after binding `tests`
+
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
@@ -38,7 +42,8 @@ def parse_args(argv):
     p.add_argument("--start", type=int, default=0, help="first seed")
     p.add_argument("--backend", default="inductor", help="eager, aot_eager, inductor, a comma list, or all")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu or cuda: where inputs live (and so which kernels run)")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="where inputs live and which kernels run (cpu-triton: Triton's, interpreted on the CPU)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one program may take before it counts as died")
     p.add_argument("--out", help="write the JSON summary here")
     p.add_argument("--budget", type=float, help="seconds: start no program after this (the summary counts those run)")
@@ -118,7 +123,7 @@ def replay(args) -> None:
     from tests.fuzz.compare import run_program
     from tests.fuzz.programs import generate
 
-    source = generate(args.replay, args.device)
+    source = generate(args.replay, program_device(args.device))
     print(source)
     for backend in backends_of(args.backend):
         outcome = run_program(source, backend, args.device)
@@ -133,7 +138,7 @@ def minimize_seed(args) -> None:
     from tests.fuzz.pool import Worker
     from tests.fuzz.programs import generate
 
-    source = generate(args.minimize, args.device)
+    source = generate(args.minimize, program_device(args.device))
     for backend in backends_of(args.backend):
         if args.isolate:
             worker = Worker(backend, args.device, args.timeout)
@@ -153,6 +158,7 @@ def minimize_seed(args) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.update(environment(args.device))  # before torch loads, here and in every worker
     if args.worker:
         from tests.fuzz.pool import serve
         return serve(*args.worker)

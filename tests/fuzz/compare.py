@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_map
 
 import kiln
 from tests.fuzz import runtime
+from tests.fuzz.targets import compile_options, tensor_device
 
 # values within atol * max(1, |largest expected value|) + rtol * |expected| compare equal
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-7, 1e-7), torch.bfloat16: (5e-2, 5e-2),
@@ -364,17 +365,17 @@ def run_program(source: str, backend: str = "inductor", device: str = "cpu") -> 
     """Run `source` eagerly and compiled with `backend`; the first difference found, or ok. The outcome names
     the first graph or kernel that fell back to ATen: no wrong value, but compiled code the user did not get
     (under KILN_STRICT=1 the call raises instead, and the program reads as a crash)."""
-    runtime.DEVICE = device
+    runtime.DEVICE = tensor_device(device)
     kiln.reset()
-    outcome = _compare_runs(source, backend)
+    outcome = _compare_runs(source, backend, compile_options(device))
     slow = [f for f in kiln.fallbacks.records() if f.kind in ("graph", "kernel")]
     outcome.fallback = slow[0].describe().split("\n")[0][:300] if slow else ""
     return outcome
 
 
-def _compare_runs(source: str, backend: str) -> Outcome:
+def _compare_runs(source: str, backend: str, options: dict) -> Outcome:
     eager_ns, kiln_ns = load(source), load(source)
-    compiled = kiln.compile(kiln_ns["f"], backend=backend, dynamic=kiln_ns.get("DYNAMIC"))
+    compiled = kiln.compile(kiln_ns["f"], backend=backend, dynamic=kiln_ns.get("DYNAMIC"), options=options or None)
     ill_conditioned = None
     with capture_failures() as failures:
         for call in range(eager_ns["CALLS"]):

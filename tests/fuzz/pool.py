@@ -28,13 +28,14 @@ def serve(backend: str, device: str) -> None:
 
     from tests.fuzz.compare import run_program
     from tests.fuzz.programs import generate
+    from tests.fuzz.targets import program_device
 
     torch.set_num_threads(1)
     for line in sys.stdin:
         request = json.loads(line)
         source = request.get("source", "")
         try:
-            source = source or generate(request["seed"], device)
+            source = source or generate(request["seed"], program_device(device))
             outcome = run_program(source, backend, device).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness itself failed: report, don't stop the run
             outcome = {"status": "crash", "kind": f"harness:{type(e).__name__}", "message": str(e)[:300]}

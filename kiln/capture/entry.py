@@ -508,10 +508,17 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
 
     def bind(self, args: tuple, kwargs: dict) -> dict:
-        if self._simple and not kwargs and len(args) == len(self._names):
-            return dict(zip(self._names, args))
+        if self._simple and not kwargs:
+            missing = len(self._names) - len(args)
+            defaults = self.fn.__defaults__ or ()  # read per call, as Python's own call does
+            if 0 <= missing <= len(defaults):  # `forward(x)` of `forward(x, labels=None)`: by zip, not inspect
+                return dict(zip(self._names, args + defaults[len(defaults) - missing:]))
         signature = self._signature or inspect.signature(self.fn, follow_wrapped=False)
-        bound = signature.bind(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            self.fn(*args, **kwargs)  # Python binds before running a line: raises its own message, as eager
+            raise
         bound.apply_defaults()
         return dict(bound.arguments)
 

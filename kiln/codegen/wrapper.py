@@ -13,7 +13,8 @@ Target independent: a kernel call is `name(*pointers, *sizes)` for whatever
 launcher the target binds to `name`. A kernel that checks values (an index, an
 integer divisor) reports what eager would raise as an error code of
 `ir.KERNEL_ERRORS` (a C++ kernel returns it; a Triton kernel stores it in the
-`kiln_error` flag tensor), and the wrapper raises it right after the launch.
+`kiln_error` flag tensor), and the wrapper raises it right after the launch (on the GPU it asserts the
+graph's one flag before returning: eager's index checks there are asynchronous device-side asserts).
 """
 from __future__ import annotations
 
@@ -244,6 +245,8 @@ class WrapperCodegen:
         # the device kernel outputs are allocated on, as a torch.device (a string is parsed on every call)
         self.device_name = "".join(c for c in device if c.isalnum())
         self.namespace[self.device_name] = torch.device(device)
+        self.on_gpu = torch.device(device).type == "cuda"
+        self.shared_flag = False  # on the GPU: the error flag of the graph's checking kernels is allocated
         self.lines: list[str] = []
         self.functions: list[str] = []  # module-level code before `call`: kept kernels' computations
         self.exact: set[str] = set()  # buffers allocated here: exactly their layout, storage offset 0
@@ -359,6 +362,8 @@ class WrapperCodegen:
             dead = self.plan.release_after.get(k, [])
             if dead:
                 self.line("del " + self.released(dead))
+        if self.shared_flag:
+            self.line(f"_check_error_flag({ERROR_FLAG})")
         self.line("return (" + "".join(self.arg(o, share=False) + ", " for o in g.outputs) + ")")
         return "\n".join(self.functions + self.lines) + "\n"
 
@@ -379,7 +384,13 @@ class WrapperCodegen:
             self.line(f"_s = {src}.stride()")
             self.line(f"if ({picked}) != ({wanted}): {fix}")
 
-    def kernel_call(self, group: KernelGroup) -> None:
+    def kernel_call(self, group: KernelGroup, own_flag: bool = False) -> None:
+        """Allocate `group`'s outputs and launch it. A Triton kernel that checks values reports into the error
+        flag, checked right after the launch under the interpreter, as eager raises at the op. On the GPU eager's
+        index checks are device-side asserts, reported at a later synchronization: there all the graph's
+        kernels share one flag, asserted once before the wrapper returns (one assert, not an allocation and two
+        kernels more per checking kernel: T5's 15 gathers a step). `own_flag`: a kept kernel's function checks
+        its own."""
         kernel = self.kernels[group.name]
         for b in kernel.outputs:
             if b in self.input_names:  # the kernel writes into the input (kiln/schedule/input_writes.py)
@@ -400,10 +411,15 @@ class WrapperCodegen:
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
         launch = f"{group.name}({', '.join(args)})"
-        if ERROR_FLAG in kernel.arg_names:
+        if ERROR_FLAG in kernel.arg_names and (own_flag or not self.on_gpu):
             self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
             self.line(launch)
             self.line(f"_check_error_flag({ERROR_FLAG})")
+        elif ERROR_FLAG in kernel.arg_names:
+            if not self.shared_flag:
+                self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
+                self.shared_flag = True
+            self.line(launch)
         elif getattr(kernel, "reports_errors", False):
             self.line(f"_error = {launch}")
             self.line("if _error: _raise_kernel_error(_error)")
@@ -417,7 +433,7 @@ class WrapperCodegen:
         sources = [a for a in kernel.arg_names if a in inputs]
         body: list[str] = []
         call_line, self.line = self.line, lambda s: body.append("    " + s)
-        self.kernel_call(group)
+        self.kernel_call(group, own_flag=True)
         self.line = call_line
         outputs = "".join(b + ", " for b in kernel.outputs)
         positions = self.shape([inputs.index(a) for a in sources])

@@ -279,6 +279,31 @@ def test_kwargs_and_defaults_at_entry():
     torch.testing.assert_close(c(scale=0.5, x=x), f(x, 0.5))
 
 
+def test_positional_calls_leaving_defaults_out_bind_as_python_does():
+    def f(x, scale=2.0, shift=None):
+        return x * scale if shift is None else x * scale + shift
+
+    c = kiln.compile(f, backend="eager")
+    x = t(3)
+    torch.testing.assert_close(c(x), f(x))
+    torch.testing.assert_close(c(x, 3.0), f(x, 3.0))
+    torch.testing.assert_close(c(x, 3.0, x), f(x, 3.0, x))
+    f.__defaults__ = (5.0, None)  # read per call, as Python reads it
+    torch.testing.assert_close(c(x), x * 5.0)
+
+
+@pytest.mark.parametrize("args,kwargs", [((), {}), ((1, 2, 3), {}), ((1,), {"q": 1}), ((1,), {"x": 1})])
+def test_a_call_python_cannot_bind_raises_pythons_own_error(args, kwargs):
+    def f(x, scale=2.0):
+        return x * scale
+
+    with pytest.raises(TypeError) as eager:
+        f(*args, **kwargs)
+    with pytest.raises(TypeError) as got:
+        kiln.compile(f, backend="eager")(*args, **kwargs)
+    assert str(got.value) == str(eager.value)
+
+
 def test_graph_break_outside_compiled_is_a_noop():
     assert kiln.graph_break() is None
 

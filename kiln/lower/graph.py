@@ -9,6 +9,7 @@ memory, or when several consumers would each recompute non-trivial work.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from typing import Any
@@ -115,6 +116,8 @@ class GraphLowering:
         return f"{prefix}{self._count - 1}"
 
     def add_buffer(self, node: ir.Node) -> None:
+        if isinstance(node, ir.ComputedBuffer):
+            node = self._without_empty_reads(node)
         self.nodes.append(node)
         self._note_memory(node)
         if self._current is not None:
@@ -123,6 +126,14 @@ class GraphLowering:
             self.layouts[node.name] = node.layout
         elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
             self.layouts[node.name] = node.layout
+
+    def _without_empty_reads(self, node: ir.ComputedBuffer) -> ir.ComputedBuffer:
+        """`node` reading 0 where it would load from a buffer of no element (ir.without_empty_reads)."""
+        empty = frozenset(name for name, lay in self.layouts.items() if any(s == 0 for s in lay.size))
+        body = ir.without_empty_reads(node.data.body, empty) if empty else node.data.body
+        if body is node.data.body:
+            return node
+        return ir.ComputedBuffer(node.name, node.layout, dataclasses.replace(node.data, body=body))
 
     def _note_memory(self, node: ir.Node) -> None:
         if isinstance(node, ir.Extern) and node.aliases_inputs:

@@ -474,6 +474,31 @@ def expr_size(e: Expr) -> int:
     return sum(1 for _ in iter_exprs(e))
 
 
+def without_empty_reads(e: Expr, empty: frozenset, memo: dict | None = None) -> Expr:
+    """`e` with each load of a buffer of no element (`empty`) read as 0. Any address in such a buffer is outside
+    it, so a correct program discards what such a load gives (a `where` whose condition the lowering folded
+    to False, the gradient of an empty slice scattered into zeros); loading it anyway read past the buffer (a
+    null pointer: a segfault on the CPU, an illegal address on the GPU)."""
+    if memo is None:
+        if not any(ld.buf in empty for ld in loads(e)):
+            return e
+        memo = {}
+    key = id(e)
+    if key in memo:
+        return memo[key]
+    if isinstance(e, Load) and e.buf in empty:
+        out = Const(False if e.dtype == torch.bool else 0.0 if e.dtype.is_floating_point else 0, e.dtype)
+    elif isinstance(e, Load):
+        out = Load(e.buf, e.index, e.dtype, e.mask,
+                   tuple((s, without_empty_reads(x, empty, memo)) for s, x in e.indirect))
+    elif isinstance(e, Op):
+        out = Op(e.name, tuple(without_empty_reads(a, empty, memo) for a in e.args), e.dtype)
+    else:
+        out = e
+    memo[key] = out
+    return out
+
+
 def rename_loads(e: Expr, names: dict, memo: dict | None = None) -> Expr:
     """`e` with its loads of each buffer `a` in `names` reading `names[a]` instead, at the same indices."""
     if memo is None:

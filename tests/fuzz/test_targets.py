@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not triton_target.interpreting(), reason="needs 
 TRITON_SEEDS = {
     445128: "a sum over an empty dim read its input at a constant index, unmasked (past the buffer)",
     446164: "int32 + (1 << 40): Triton refused the literal, where eager adds it wrapped to int32 (0)",
+    450200: "the gradient of an empty slice loaded the empty gradient at index 0, unmasked (a segfault)",
 }
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import kiln
+from support.triton_device import DEVICE
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 AS_INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -89,6 +90,19 @@ def test_a_bf16_sum_of_a_nan_as_eager():
     x[:, 3] = _nans_and_numbers(torch.bfloat16, 64)
     kiln.reset()
     _assert_same_bits(lambda x: [_bits((x * 1).sum(1))], x, what="sum")
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's conversion; on the GPU the hardware converts")
+def test_a_bf16_nan_of_the_triton_target_under_the_interpreter_as_eager_s_scalar_loop():
+    """The Triton target's bf16 rounding under the interpreter (libdevice.py) made a NaN 0xffff, as torch's
+    vectorized cast does, where eager's floor division stored 0x7fc0 (fuzz seed 449186 on the cpu-triton device)."""
+    x = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0, -0.5])
+
+    def program(x):
+        return [torch.div(x.to(torch.bfloat16), 0.3, rounding_mode="floor").view(torch.int16)]
+
+    got = kiln.compile(program, options={"cpu_backend": "triton"})(x)[0]
+    assert got.tolist() == program(x)[0].tolist()
 
 
 @pytest.mark.xfail(strict=True, reason="eager's vectorized loop makes a bf16 op's NaN 0xffff (ATen's cvtfp32_bf16) and "

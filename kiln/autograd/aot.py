@@ -537,8 +537,8 @@ class AOTCompiled:
         moved = [InputMutation(m.input_index, num_outputs + k) for k, m in enumerate(mutations)]
         written = _written_inputs(signature, mutations)
         snapshots = [i is not None and i in written for i in split.saved_inputs]
-        # inputs the runtime writes after the forward are not watched: eager's ops wrote them before saving
-        watched = [w for w in signature.saved_by_eager if not (w.of_input and w.index in written)]
+        # an input the runtime writes after the forward is watched from the version those writes leave it at
+        watched = signature.saved_by_eager
         # saved values on the storage of a watched tensor: eager's version check is the watch's, which raises only
         # where a gradient reaches what eager saved; autograd's would raise at any backward through the graph
         watched_inputs = {w.index for w in watched if w.of_input}

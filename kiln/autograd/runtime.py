@@ -27,7 +27,7 @@ from kiln.autograd.absent_tangents import BackwardVariants
 from kiln.autograd.functionalize import InputMutation
 from kiln.autograd.gradient_hooks import hook_only_gradients, hook_only_gradients_upstream
 from kiln.autograd.saved_parts import HeldSaved, saved_parts
-from kiln.autograd.saved_versions import SavedByEager, VersionWatch
+from kiln.autograd.saved_versions import SavedByEager, VersionWatch, arm_pending
 from kiln.autograd.second_order import InputKeeper, saved_with_history
 from kiln.autograd.signature import FlatProgram, OutputSignature, TensorSpec
 
@@ -190,6 +190,7 @@ class TrainingRunner:
         for i, j in self.signature.mutated_grad_inputs:  # recorded by autograd, as eager's in-place op was
             with contextlib.nullcontext() if self.signature.requires_grad[j] else torch.no_grad():
                 flat[i].copy_(outs[j])
+        arm_pending()
         return self.program.assemble(self.signature, flat, outs)
 
 

@@ -8,9 +8,15 @@ which graph inputs and outputs eager's autograd saves, and through which differe
 would reach them; the runtime keeps their version counters (through detached aliases, which share them)
 and its backward raises eager's error where eager's would: a watched tensor written since the forward,
 reached from an output that received a gradient.
+
+An input the graph itself writes, and eager saves at its new value (`a.zero_()` then `a @ w`), is watched
+from the version the call leaves it at: the runtime writes it after the forward graph ran (its version moves
+then), so its watch is armed once those writes are done (`arm_pending`); a later write by the user then raises
+at the backward, as eager's does.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -35,6 +41,7 @@ class SavedByEager:
     index: int
     reach: frozenset[int]
     which: str  # ", which is output 0 of AminBackward0,", as eager names the node that saved it
+    written: bool = False  # an input the graph writes, saved by eager at the value the call leaves it with
 
 
 class SavedTensorLog:
@@ -42,6 +49,7 @@ class SavedTensorLog:
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
+        self.versions: list[int] = []  # each tensor's version when saved
         self.unpacked: set[int] = set()
 
     @contextmanager
@@ -51,6 +59,7 @@ class SavedTensorLog:
 
     def _pack(self, tensor: torch.Tensor) -> int:
         self.tensors.append(tensor)
+        self.versions.append(tensor._version)
         return len(self.tensors) - 1
 
     def _unpack(self, token: int) -> torch.Tensor:
@@ -74,27 +83,34 @@ class SavedTensorLog:
         return self.unpacked
 
 
-def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], watchable: list[bool],
+def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], versions: list[int],
                    outputs: list[torch.Tensor], num_returned: int, differentiable: list[int]) -> list[SavedByEager]:
-    """Which inputs (those `watchable`) and returned graph outputs (the first `num_returned`: the rest are
-    new values of inputs, which the runtime copies into them) share storage, so a version counter, with a
-    tensor eager's backward saves, and which differentiable outputs reach each."""
+    """Which inputs and returned graph outputs (the first `num_returned`: the rest are new values of inputs,
+    which the runtime copies into them) share storage, so a version counter, with a tensor eager's backward
+    saves, and which differentiable outputs reach each. An input the run wrote (its version is no longer its
+    entry in `versions`) is watched where eager saved its last value; one eager saved before a later write of
+    the graph is not: eager's own backward trace raises there."""
     holders: dict[StorageWeakRef, tuple[bool, int]] = {}
     for j, t in enumerate(outputs[:num_returned]):
         holders.setdefault(_storage(t), (False, j))
     for i, t in enumerate(inputs):
-        if watchable[i]:
-            holders.setdefault(_storage(t), (True, i))
+        holders.setdefault(_storage(t), (True, i))
     reach: dict[tuple[bool, int], set[int]] = {}
     which: dict[tuple[bool, int], str] = {}
     for k, j in enumerate(differentiable):
         for token in log.reached_from(outputs[j]):
             saved = log.tensors[token]
             holder = holders.get(_storage(saved))
-            if holder is not None:
-                reach.setdefault(holder, set()).add(k)
-                which.setdefault(holder, _which(saved))
-    return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)])
+            if holder is None:
+                continue
+            of_input, index = holder
+            written = of_input and inputs[index]._version != versions[index]
+            if written and log.versions[token] != inputs[index]._version:
+                continue
+            reach.setdefault(holder, set()).add(k)
+            which.setdefault(holder, _which(saved))
+    return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)],
+                         of_input and inputs[index]._version != versions[index])
             for (of_input, index), ks in reach.items()]
 
 
@@ -106,6 +122,9 @@ def _which(saved: torch.Tensor) -> str:
     return f", which is output {saved.output_nr} of {saved.grad_fn.name()}," if saved.grad_fn is not None else ""
 
 
+_PENDING = threading.local()  # the watch of the forward call running in this thread, armed after its writes
+
+
 class VersionWatch:
     """The version counters of one forward call's watched tensors, checked when its backward runs."""
 
@@ -115,11 +134,23 @@ class VersionWatch:
             # An output is held through a detached alias, which shares its version counter without holding
             # its autograd node, the context itself (a cycle); an input holds no reference to the context.
             tensor = flat[w.index] if w.of_input else outs[w.index].detach()
-            self.entries.append((w, tensor, tensor._version))
+            self.entries.append([w, tensor, None if w.written else tensor._version])
+        _PENDING.watch = self if any(w.written for w in watched) else None
 
     def check(self, present: list[bool]) -> None:
         """Raise eager's error if a watched tensor was written since, and a present gradient reaches it."""
         for w, alias, version in self.entries:
-            if alias._version != version and any(present[k] for k in w.reach):
+            if version is not None and alias._version != version and any(present[k] for k in w.reach):
                 raise RuntimeError(OVERWRITTEN.format(tensor=f"{alias.type()} {list(alias.shape)}", which=w.which,
                                                       now=alias._version, then=version))
+
+
+def arm_pending() -> None:
+    """Take the versions of the inputs the forward call just made wrote, now that the runtime wrote them."""
+    watch = getattr(_PENDING, "watch", None)
+    if watch is None:
+        return
+    _PENDING.watch = None
+    for entry in watch.entries:
+        if entry[0].written:
+            entry[2] = entry[1]._version

@@ -428,7 +428,7 @@ class FlatProgram:
         if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
             raise NotImplementedError("kiln: resize_ that grows an input's storage")
         restrided = self._restrided(fakes, geometries)
-        watched = saved_by_eager(saved, fakes, [f._version == v for f, v in zip(fakes, versions)], outputs.tensors,
+        watched = saved_by_eager(saved, fakes, versions, outputs.tensors,
                                  num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
             if requires_grad is not None else []
         unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if f._version == v) \

@@ -45,6 +45,11 @@ move most elements into the scalar loop but not all (a column-major copy of a ro
 The process without vector kernels runs every element through the scalar loop. It starts only when a difference
 is being judged, and only for programs on the CPU.
 
+One more of eager's answers runs the program's function with `torch.compiler.is_compiling()` true: library
+code that branches on it computes otherwise under any compiler, kiln's capture included, whose traced code takes
+that branch (an optimizer stepped inside the function computes its bias corrections as float32 tensor ops, not
+Python floats: fuzz seed 461874, Adam stepped inside the compiled function, a gradient 1e-6 off after two steps).
+
 The last of eager's answers measure what float32 rounding alone does to a value (Monte Carlo arithmetic): eager
 again, each float32 result of an op that rounds (`ROUNDING_OPS`: arithmetic, reductions, matmuls, norms and their
 backwards) moved by up to one unit in the last place, at random, forward, backward and optimizer step alike, once
@@ -241,6 +246,7 @@ class Variant:
     world: Callable[[dict], None] = field(default=lambda ns: None)
     cpu_capability: str = ""
     whole_call: Callable = field(default=contextlib.nullcontext)
+    compile_path: bool = False  # the program's function, in every call, with torch.compiler.is_compiling() true
 
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
@@ -256,6 +262,7 @@ VARIANTS: dict[str, Variant] = {
     "float64 inputs": Variant(_float64),
     FLOAT64_REFERENCE: Variant(_float64, Float64Arithmetic, world_changed(_float64_of_float32)),
     SCALAR_KERNELS: Variant(_unchanged, cpu_capability="default"),
+    "library code on its compile path": Variant(_unchanged, compile_path=True),
 }
 NOISE_SEEDS = range(4)
 NOISE_RUNS = tuple(f"float32 rounding noise {seed}" for seed in NOISE_SEEDS)
@@ -316,6 +323,8 @@ def eager_rerun(source: str, call: int, variant: Variant, what: str):
     if variant.cpu_capability:
         return _rerun_in_process_with(variant.cpu_capability, source, call, what)
     ns = load(source)
+    if variant.compile_path:
+        ns["f"] = _under(_compiling, ns["f"])
     change = variant.change
     # warnings of the changed world (a re-laid parameter's gradient layout) are not the program's
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), variant.whole_call():
@@ -423,6 +432,17 @@ def replay_call(ns: dict, call: int) -> None:
         gradients(result, args, call)
     if "after_call" in ns:
         ns["after_call"](call)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """`torch.compiler.is_compiling()` true, as library code sees it inside a compiler's capture."""
+    original = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: True
+    try:
+        yield
+    finally:
+        torch.compiler.is_compiling = original
 
 
 def _under(arithmetic: Callable, fn: Callable) -> Callable:

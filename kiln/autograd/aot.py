@@ -75,6 +75,20 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 _requires_grad = operator.attrgetter("requires_grad")
 
 
+def _writes_a_leaf_view(runner, flat: list) -> bool:
+    """Does the call write, in place, an input that is a leaf that requires grad and views another tensor
+    (`base[1:].requires_grad_()`)? Written (under no_grad, through any view of it), it bumps its base's version,
+    and eager rebuilds the views of it taken before as views of the base, which requires no grad: what is computed
+    from them after gives it no gradient (fuzz seed 450555: `t = c.t(); zeros_(c[:, :1]); return t + 1`). A
+    compiled graph returns such a view taken after the write, with the leaf's history."""
+    signature = getattr(runner, "signature", None)
+    for i, _ in signature.mutated_grad_inputs if signature is not None else ():
+        t = flat[i]
+        if t.requires_grad and t.is_leaf and t._is_view():
+            return True
+    return False
+
+
 def _int_or_requires_grad(value) -> bool:
     """A flat input that is an int (a SymInt where torch.compile passes its example inputs) requires no grad."""
     return isinstance(value, torch.Tensor) and value.requires_grad
@@ -207,7 +221,16 @@ class AOTCompiled:
         runner = self.runner(key)
         if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)):
             return self._specialized(args)
+        if key[0] is not None and _writes_a_leaf_view(runner, flat):
+            return self._as_captured(flat)
         return runner(flat)
+
+    def _as_captured(self, flat: list):
+        """The captured graph run op by op, for a call that writes a leaf view (`_writes_a_leaf_view`)."""
+        fallbacks.record("graph", self.name, "it writes an input that is a view and a leaf that requires grad: "
+                         "eager's earlier views of it lose their history to its base, as a compiled graph's cannot; "
+                         "the captured graph runs op by op", stage="autograd")
+        return self.program.run(flat)
 
     def _sizes_admitted(self, key, flat: list) -> bool:
         check = self.size_checks.get(key)

@@ -17,6 +17,7 @@ graph's symbolic shapes and are kernel arguments.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -474,49 +475,39 @@ def expr_size(e: Expr) -> int:
     return sum(1 for _ in iter_exprs(e))
 
 
-def without_empty_reads(e: Expr, empty: frozenset, memo: dict | None = None) -> Expr:
+def replace_loads(e: Expr, bufs, replace: Callable[[Load], Expr]) -> Expr:
+    """`e` with each load of a buffer in `bufs` replaced by `replace(load)` (whose gathered indices are replaced
+    first); `e` itself where it loads none of them. Shared subexpressions are rebuilt once."""
+    if not any(ld.buf in bufs for ld in loads(e)):
+        return e
+    memo: dict[int, Expr] = {}
+
+    def walk(x: Expr) -> Expr:
+        key = id(x)
+        if key not in memo:
+            if isinstance(x, Load):
+                x_new = Load(x.buf, x.index, x.dtype, x.mask, tuple((s, walk(v)) for s, v in x.indirect))
+                memo[key] = replace(x_new) if x.buf in bufs else x_new
+            elif isinstance(x, Op):
+                memo[key] = Op(x.name, tuple(walk(a) for a in x.args), x.dtype)
+            else:
+                memo[key] = x
+        return memo[key]
+    return walk(e)
+
+
+def without_empty_reads(e: Expr, empty: frozenset) -> Expr:
     """`e` with each load of a buffer of no element (`empty`) read as 0. Any address in such a buffer is outside
     it, so a correct program discards what such a load gives (a `where` whose condition the lowering folded
     to False, the gradient of an empty slice scattered into zeros); loading it anyway read past the buffer (a
     null pointer: a segfault on the CPU, an illegal address on the GPU)."""
-    if memo is None:
-        if not any(ld.buf in empty for ld in loads(e)):
-            return e
-        memo = {}
-    key = id(e)
-    if key in memo:
-        return memo[key]
-    if isinstance(e, Load) and e.buf in empty:
-        out = Const(False if e.dtype == torch.bool else 0.0 if e.dtype.is_floating_point else 0, e.dtype)
-    elif isinstance(e, Load):
-        out = Load(e.buf, e.index, e.dtype, e.mask,
-                   tuple((s, without_empty_reads(x, empty, memo)) for s, x in e.indirect))
-    elif isinstance(e, Op):
-        out = Op(e.name, tuple(without_empty_reads(a, empty, memo) for a in e.args), e.dtype)
-    else:
-        out = e
-    memo[key] = out
-    return out
+    return replace_loads(e, empty, lambda ld: Const(False if ld.dtype == torch.bool else 0.0
+                                                    if ld.dtype.is_floating_point else 0, ld.dtype))
 
 
-def rename_loads(e: Expr, names: dict, memo: dict | None = None) -> Expr:
+def rename_loads(e: Expr, names: dict) -> Expr:
     """`e` with its loads of each buffer `a` in `names` reading `names[a]` instead, at the same indices."""
-    if memo is None:
-        if not any(ld.buf in names for ld in loads(e)):
-            return e
-        memo = {}
-    key = id(e)
-    if key in memo:
-        return memo[key]
-    if isinstance(e, Load):
-        out = Load(names.get(e.buf, e.buf), e.index, e.dtype, e.mask,
-                   tuple((s, rename_loads(x, names, memo)) for s, x in e.indirect))
-    elif isinstance(e, Op):
-        out = Op(e.name, tuple(rename_loads(a, names, memo) for a in e.args), e.dtype)
-    else:
-        out = e
-    memo[key] = out
-    return out
+    return replace_loads(e, names, lambda ld: Load(names[ld.buf], ld.index, ld.dtype, ld.mask, ld.indirect))
 
 
 def rename_refs(tree, names: dict):

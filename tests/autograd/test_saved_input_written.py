@@ -114,6 +114,18 @@ def backward_outcome(out: torch.Tensor, leaf: torch.Tensor):
     return out.detach(), leaf.grad
 
 
+def assert_side_by_side(run, program, compiled) -> None:
+    """`run(fn, n)` for eager's `program` and kiln's `compiled`, on two sizes: the same outputs, and the same
+    gradients, or the same error where eager's backward reads the written tensor itself."""
+    for n in (5, 6):
+        (e_out, e_result), (k_out, k_result) = run(program, n), run(compiled, n)
+        torch.testing.assert_close(k_out, e_out)
+        if isinstance(e_result, tuple):
+            assert k_result == e_result
+        else:
+            torch.testing.assert_close(k_result, e_result)
+
+
 @pytest.mark.sampled(every=2, classes=("program",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("program", [exp_of_sum, exp_of_transposed_sum, sigmoid_of_affine,
@@ -122,16 +134,9 @@ def backward_outcome(out: torch.Tensor, leaf: torch.Tensor):
 def test_input_written_after_the_graph(program, backend):
     """Eager and kiln side by side, on two sizes: the same outputs, and the same gradients, or the same error
     where eager's backward reads the written input itself."""
-    compiled = kiln.compile(program, backend=backend)
-    for n in (5, 6):
-        arity = program.__code__.co_argcount
-        (e_out, e_result), (k_out, k_result) = run_then_write_the_input(program, arity, n), \
-            run_then_write_the_input(compiled, arity, n)
-        torch.testing.assert_close(k_out, e_out)
-        if isinstance(e_result, tuple):
-            assert k_result == e_result
-        else:
-            torch.testing.assert_close(k_result, e_result)
+    arity = program.__code__.co_argcount
+    assert_side_by_side(lambda fn, n: run_then_write_the_input(fn, arity, n), program,
+                        kiln.compile(program, backend=backend))
 
 
 class ScaledExp(torch.nn.Module):
@@ -209,15 +214,8 @@ def run_then_write_the_leaf(fn, write, n: int):
 def test_leaf_written_after_the_graph(program, write, backend):
     """Eager and kiln side by side, on two sizes: the same outputs, and the same gradients, or the same error
     where eager's backward reads the written leaf itself."""
-    compiled = kiln.compile(program, backend=backend)
-    for n in (5, 6):
-        (e_out, e_result), (k_out, k_result) = run_then_write_the_leaf(program, write, n), \
-            run_then_write_the_leaf(compiled, write, n)
-        torch.testing.assert_close(k_out, e_out)
-        if isinstance(e_result, tuple):
-            assert k_result == e_result
-        else:
-            torch.testing.assert_close(k_result, e_result)
+    assert_side_by_side(lambda fn, n: run_then_write_the_leaf(fn, write, n), program,
+                        kiln.compile(program, backend=backend))
 
 
 # Written in the graph, then again after it: eager saves the input at the value the graph's own write left
@@ -254,12 +252,5 @@ def run_written_input(fn, n: int, write_after: bool):
 @pytest.mark.parametrize("program", [zeroed_then_scaled, shifted_then_matmul, halved_under_no_grad_then_product],
                          ids=lambda f: f.__name__)
 def test_input_written_in_the_graph_and_after_it(program, backend, write_after):
-    compiled = kiln.compile(program, backend=backend)
-    for n in (5, 6):
-        (e_out, e_result), (k_out, k_result) = run_written_input(program, n, write_after), \
-            run_written_input(compiled, n, write_after)
-        torch.testing.assert_close(k_out, e_out)
-        if isinstance(e_result, tuple):
-            assert k_result == e_result
-        else:
-            torch.testing.assert_close(k_result, e_result)
+    assert_side_by_side(lambda fn, n: run_written_input(fn, n, write_after), program,
+                        kiln.compile(program, backend=backend))

@@ -79,7 +79,7 @@ class GraphBuilder:
         node.meta["source"] = source.expr()
         self._input_nodes[source] = self._input_of_tensor[id(real)] = node, fake
         self.inputs.append((source, real))
-        self.input_is_dynamic.append(bool(dynamic_dims))
+        self.input_is_dynamic.append(any(isinstance(fake.shape[d], torch.SymInt) for d in dynamic_dims))
         return node, fake
 
     def int_input(self, source: Source, value: int) -> tuple[fx.Node, torch.SymInt]:

@@ -296,3 +296,23 @@ def test_sizes_returned_after_an_in_place_view_op_are_the_new_ones(op, backend):
         shape = (rows, 1) if op == "squeeze_" else (rows, rows + 2)
         expected, got = f(torch.randn(shape)), compiled(torch.randn(shape))
         assert got[0].shape == expected[0].shape and got[1:] == expected[1:]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_an_input_whose_view_is_an_earlier_argument_gets_the_guard_of_its_traced_sizes(backend, dynamic):
+    """`f(a, a[::2])`, the view read first: its fake made `a`'s with static sizes (the fake mode keeps one fake per
+    tensor), while `a`'s guard left its rows unchecked as dynamic. The graph traced for 3 rows then ran on 4,
+    returning 3 (fuzz seed 470191). The guard checks the sizes the graph was traced for."""
+    w = torch.randn(3, 3)
+
+    def f(a, b):
+        seen = b == -5
+        return (a * 1.5 + 0.5) * w.sum(), seen
+
+    compiled = kiln.compile(f, dynamic=dynamic, backend=backend)
+    for n in (3, 4, 5, 6):
+        a = torch.randn(n, 3)
+        got, want = compiled(a, a[::2]), f(a, a[::2])
+        assert got[0].shape == want[0].shape
+        torch.testing.assert_close(got, want)

@@ -98,6 +98,18 @@ class RaisesInEager(Exception):
     """Tracing a graph raised an error of one of its ops (the cause): eager raises it at run time."""
 
 
+class CannotFunctionalize(Exception):
+    """torch's functionalization failed on a traced graph (the cause: an internal assert of its own, on a write
+    into an expanded view of an empty tensor, fuzz seed 481169): the graph runs op by op, a counted fallback."""
+
+
+def _functionalized(*args):
+    try:
+        return functionalize(*args)
+    except RuntimeError as e:
+        raise CannotFunctionalize() from e
+
+
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, compiler: Compiler, *,
                 decompositions: dict | Callable[[], dict] | None = None, name: str = "graph", cache: str | None = None
                 ) -> Callable:
@@ -286,6 +298,12 @@ class AOTCompiled:
             runner = self._data_dependent_fallback(key, e)
         except RaisesInEager as e:
             runner = self._checked_by_eager(key, e.__cause__)
+        except CannotFunctionalize as e:
+            fallbacks.record("graph", f"{self.name}/{'training' if key[0] else 'inference'}",
+                             f"torch's functionalization failed ({type(e.__cause__).__name__}: "
+                             f"{str(e.__cause__).splitlines()[0][:200]}); the captured graph runs op by op",
+                             stage="autograd")
+            runner = self.program.run
         finally:
             if covered:
                 self._covered_by_capture = False
@@ -474,7 +492,7 @@ class AOTCompiled:
                              graph_of=lambda gm: gm)
         if self._raises_in_eager(traced):
             return self.program.run
-        graph, mutations = self._pass(key, "inference", functionalize, traced, program.input_specs,
+        graph, mutations = self._pass(key, "inference", _functionalized, traced, program.input_specs,
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
         store(graph, mutations)
@@ -506,7 +524,7 @@ class AOTCompiled:
         joint = self._trace_joint(key, signature)
         if self._raises_in_eager(joint.gm, joint=True):
             return self.program.run
-        graph, mutations = self._pass(key, "joint", functionalize, joint.gm,
+        graph, mutations = self._pass(key, "joint", _functionalized, joint.gm,
                                       program.input_specs + signature.tangent_specs(), program.fake_mode(),
                                       joint.num_outputs, graph_of=lambda result: result[0])
         _check_no_mutation_of_grad_inputs(mutations, requires_grad, signature.unversioned_inputs)

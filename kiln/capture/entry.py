@@ -517,7 +517,8 @@ class CompiledFunction:
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
-            self.fn(*args, **kwargs)  # Python binds before running a line: raises its own message, as eager
+            if not hasattr(self.fn, "__signature__"):  # the signature is the code's: Python's own binding fails
+                self.fn(*args, **kwargs)  # before running a line, and raises its own message, as eager
             raise
         bound.apply_defaults()
         return dict(bound.arguments)

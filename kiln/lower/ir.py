@@ -53,10 +53,23 @@ class Load:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const:
+    """A constant of the IR. Two are equal where they print the same: -0.0 and 0.0 are not (Python's == makes
+    them one, and an expression cache then gave `full_like(x, -0.0)` the code of an earlier `full_like(x, 0.0)`),
+    and NaN is one constant."""
+
     value: bool | int | float
     dtype: torch.dtype
+
+    def _key(self) -> tuple:
+        return type(self.value), repr(self.value), self.dtype
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Const) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 def converted(value, src: torch.dtype, dst: torch.dtype) -> bool | int | float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kiln
 from support.lowering import compile_fn
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
@@ -43,3 +44,14 @@ def test_a_fill_holds_its_dtypes_value_in_arithmetic(dtype):
     got, expected = compile_fn(fn, x)(x), fn(x)
     for g, e in zip(got, expected):
         assert torch.equal(g, e), (g, e)
+
+
+def test_negative_and_positive_zero_constants_are_not_one_expression():
+    """IR constants are dict keys all through code generation: `Const(-0.0) == Const(0.0)` under Python's ==, and
+    `full_like(x, -0.0)` compiled after `full_like(x, 0.0)` got the earlier graph's +0.0 (the zeros' signs, seen
+    through a bit view)."""
+    x = torch.tensor([1.0, -1.0])
+    positive = kiln.compile(lambda x: (torch.full_like(x, 0.0) * 1).view(torch.int32))(x)
+    negative = kiln.compile(lambda x: (torch.full_like(x, -0.0) * 1).view(torch.int32))(x)
+    assert positive.tolist() == [0, 0]
+    assert negative.tolist() == [-2**31, -2**31]

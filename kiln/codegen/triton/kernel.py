@@ -84,7 +84,9 @@ def _nonzero(size):
 
 
 def _literal_value(code: str):
-    """The Python value of a literal `ops.literal` printed (`0.5`, `-3`, `True`, `float('nan')`)."""
+    """The Python value of a literal `ops.literal` printed (`0.5`, `-3`, `True`, `float('nan')`, negative zero)."""
+    if code in ops.NEGATIVE_ZERO.values():
+        return -0.0
     return eval(code, {"float": float})
 
 

@@ -66,8 +66,15 @@ def to_half(code: str, dtype: torch.dtype) -> str:
     return f"kiln_to_bf16({code})" if dtype == torch.bfloat16 else f"{code}.to(tl.float16)"
 
 
+# Negative zero, made from its bits at run time: Triton makes every constant equal to 0 its +0.0 (a literal -0.0,
+# or float('-0.0'), multiplies as +0.0, on the GPU and in the interpreter), where eager's -0.0 * 2 is -0.0.
+NEGATIVE_ZERO = {torch.float64: "tl.cast(-9223372036854775808, tl.float64, bitcast=True)",
+                 torch.float32: "tl.cast(-2147483648, tl.float32, bitcast=True)"}
+
+
 def literal(value, dtype: torch.dtype) -> str:
-    """A Python literal Triton reads as a scalar of (roughly) `dtype`'s compute type."""
+    """A Python literal Triton reads as a scalar of (roughly) `dtype`'s compute type (negative zero: a scalar made
+    from its bits, `NEGATIVE_ZERO`)."""
     if dtype == torch.bool:
         return "True" if value else "False"
     if dtype.is_floating_point:
@@ -76,6 +83,8 @@ def literal(value, dtype: torch.dtype) -> str:
             return "float('nan')"
         if math.isinf(v):
             return "float('inf')" if v > 0 else "float('-inf')"
+        if v == 0 and math.copysign(1.0, v) < 0:
+            return NEGATIVE_ZERO[torch.float64 if dtype == torch.float64 else torch.float32]
         return repr(v)
     return str(int(value))
 

@@ -299,11 +299,8 @@ class AOTCompiled:
         except RaisesInEager as e:
             runner = self._checked_by_eager(key, e.__cause__)
         except CannotFunctionalize as e:
-            fallbacks.record("graph", f"{self.name}/{'training' if key[0] else 'inference'}",
-                             f"torch's functionalization failed ({type(e.__cause__).__name__}: "
-                             f"{str(e.__cause__).splitlines()[0][:200]}); the captured graph runs op by op",
-                             stage="autograd")
-            runner = self.program.run
+            runner = self._op_by_op(key, f"torch's functionalization failed ({type(e.__cause__).__name__}: "
+                                         f"{str(e.__cause__).splitlines()[0][:200]})")
         finally:
             if covered:
                 self._covered_by_capture = False
@@ -317,9 +314,13 @@ class AOTCompiled:
         """A variant whose ATen graphs would need a data-dependent size (capture keeps `y[mask] = v` in the
         graph, as torch.compile does, but its backward indexes by the mask): the captured graph runs op
         by op, with eager's autograd. Correct, not compiled: a fallback (kiln.fallbacks)."""
+        return self._op_by_op(key, f"needs a size or value that depends on tensor data ({type(error).__name__}: "
+                                   f"{error})")
+
+    def _op_by_op(self, key: tuple, why: str) -> Callable:
+        """The captured graph run op by op for variant `key`, a fallback (kiln.fallbacks) saying `why`."""
         fallbacks.record("graph", f"{self.name}/{'training' if key[0] else 'inference'}",
-                         f"needs a size or value that depends on tensor data ({type(error).__name__}: {error}); "
-                         "the captured graph runs op by op", stage="autograd")
+                         f"{why}; the captured graph runs op by op", stage="autograd")
         return self.program.run
 
     def _trace(self, key: tuple, name: str, fn: Callable, *args, graph_of: Callable) -> Any:

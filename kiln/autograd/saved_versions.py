@@ -95,22 +95,18 @@ def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], versions: li
         holders.setdefault(_storage(t), (False, j))
     for i, t in enumerate(inputs):
         holders.setdefault(_storage(t), (True, i))
+    written = {(True, i) for i, (t, v) in enumerate(zip(inputs, versions)) if t._version != v}
     reach: dict[tuple[bool, int], set[int]] = {}
     which: dict[tuple[bool, int], str] = {}
     for k, j in enumerate(differentiable):
         for token in log.reached_from(outputs[j]):
             saved = log.tensors[token]
             holder = holders.get(_storage(saved))
-            if holder is None:
-                continue
-            of_input, index = holder
-            written = of_input and inputs[index]._version != versions[index]
-            if written and log.versions[token] != inputs[index]._version:
+            if holder is None or holder in written and log.versions[token] != inputs[holder[1]]._version:
                 continue
             reach.setdefault(holder, set()).add(k)
             which.setdefault(holder, _which(saved))
-    return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)],
-                         of_input and inputs[index]._version != versions[index])
+    return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)], (of_input, index) in written)
             for (of_input, index), ks in reach.items()]
 
 

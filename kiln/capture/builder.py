@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from kiln.capture import spellings
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.graph import symbolic_dims
 from kiln.capture.guards import Guard, GuardKind, constant_check, describe_tensor, input_aliasing, tensor_signature
 from kiln.capture.sources import (
     AttrSource,
@@ -268,12 +269,11 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
                                                "e.g. an in-flight collective's result) runs natively")
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
-    # The fake may come out static where dims were asked dynamic: a view of `t` made into a fake before it (an
-    # input `a[::2]` read first) made `t`'s fake with its static sizes, and the fake mode keeps one per tensor.
-    # The guard checks the sizes the graph was traced for (a graph traced for 3 rows ran on 4: fuzz seed 470191).
+    # the guard checks the sizes the graph was traced for: a fake made static before (the base of an input
+    # `a[::2]` read first) stays static where dims were asked dynamic (3 rows traced ran on 4: fuzz seed 470191)
     asked = dynamic_dims(state, t, source)
     _, fake = state.graph.input(source, t, asked)
-    dynamic = frozenset(d for d in asked if isinstance(fake.shape[d], torch.SymInt))
+    dynamic = symbolic_dims(fake, asked)
     by_contiguity = t.is_contiguous() and min(shape, default=2) > 1
     names = [state.guards.constant(v, hint) for v, hint in ((cls, "type"), (dtype, "dtype"), (device, "device"))]
     check = f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} and "

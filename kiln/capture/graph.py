@@ -29,6 +29,12 @@ from kiln.capture.fake_reuse import FakeResults
 from kiln.capture.sources import Source
 
 
+def symbolic_dims(fake: torch.Tensor, asked: frozenset) -> frozenset:
+    """Those of the dims `asked` dynamic that `fake` has symbolic sizes at: the fake mode keeps one fake per tensor,
+    so a tensor made a fake before, static (as the base of a view of it read first), stays static."""
+    return frozenset(d for d in asked if isinstance(fake.shape[d], torch.SymInt))
+
+
 class GraphBuilder:
     """One graph under construction: its placeholders (by source) and its nodes."""
 
@@ -79,7 +85,7 @@ class GraphBuilder:
         node.meta["source"] = source.expr()
         self._input_nodes[source] = self._input_of_tensor[id(real)] = node, fake
         self.inputs.append((source, real))
-        self.input_is_dynamic.append(any(isinstance(fake.shape[d], torch.SymInt) for d in dynamic_dims))
+        self.input_is_dynamic.append(bool(symbolic_dims(fake, dynamic_dims)))
         return node, fake
 
     def int_input(self, source: Source, value: int) -> tuple[fx.Node, torch.SymInt]:

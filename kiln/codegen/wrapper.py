@@ -411,15 +411,14 @@ class WrapperCodegen:
         ptr = "{}" if getattr(kernel, "takes_tensors", False) else "{}.data_ptr()"
         args = [ptr.format(b) for b in kernel.arg_names] + [pyexpr(s) for s in kernel.size_args]
         launch = f"{group.name}({', '.join(args)})"
-        if ERROR_FLAG in kernel.arg_names and (own_flag or not self.on_gpu):
-            self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
-            self.line(launch)
-            self.line(f"_check_error_flag({ERROR_FLAG})")
-        elif ERROR_FLAG in kernel.arg_names:
-            if not self.shared_flag:
+        if ERROR_FLAG in kernel.arg_names:
+            checked_here = own_flag or not self.on_gpu  # else into the graph's one flag, asserted before the return
+            if checked_here or not self.shared_flag:
                 self.line(f"{ERROR_FLAG} = torch.zeros(1, dtype=torch.int32, device={self.device_name})")
-                self.shared_flag = True
+            self.shared_flag = self.shared_flag or not checked_here
             self.line(launch)
+            if checked_here:
+                self.line(f"_check_error_flag({ERROR_FLAG})")
         elif getattr(kernel, "reports_errors", False):
             self.line(f"_error = {launch}")
             self.line("if _error: _raise_kernel_error(_error)")

@@ -55,6 +55,9 @@ EXTRA = [
 KEEP = [
     aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default,
     aten.convolution_backward.default, aten.var_mean.correction, aten.var.correction,
+    # eager takes the square root in the dtype it accumulates the variance in (double on the CPU): a float32
+    # variance that overflows float32 still has a finite standard deviation
+    aten.std.correction, aten.std_mean.correction,
     aten.mean.dim, aten.clamp.default, aten.clamp.Tensor,
     # the decompositions (index_put) wrap negative indices and raise IndexError where eager raises
     # RuntimeError (index_add) or rejects negative indices (index_add, index_copy); index_fill, which

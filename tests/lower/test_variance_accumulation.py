@@ -45,6 +45,28 @@ def test_norm_statistics_accumulate_in_float_as_eager(name):
     check(NORMS[name])
 
 
+# values near 1e30: the variance (~1e59) overflows float32, its square root does not
+BEYOND = torch.tensor([[0.41, -1e-30, 0.37, 1e30, 2.0, -3e29]])
+
+STANDARD_DEVIATIONS = {
+    "std": lambda x: x.std(),
+    "std_dim": lambda x: x.std(1, keepdim=True) * 2,
+    "std_mean": lambda x: torch.std_mean(x, 1),
+    "std_of_bf16": lambda x: x.bfloat16().std(),
+}
+
+
+@pytest.mark.parametrize("name", list(STANDARD_DEVIATIONS))
+def test_standard_deviation_of_an_overflowing_variance_is_finite_as_eager(name):
+    """Eager takes the square root in double, then casts: finite (5e29) where float32 holds no variance (GPU fuzz
+    seed 490419's std of a bf16 row on the CPU: kiln inf)."""
+    fn = STANDARD_DEVIATIONS[name]
+    kiln.reset()
+    got, expected = kiln.compile(fn)(BEYOND), fn(BEYOND)
+    assert torch.stack([torch.as_tensor(v).float() for v in torch.utils._pytree.tree_leaves(expected)]).isfinite().all()
+    torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.xfail(strict=True, reason="var_mean is lowered with the norms' float32 accumulation: kiln cannot "
                                        "tell the user's var_mean (double in eager) from a norm's")
 def test_var_mean_accumulates_in_double_as_eager():

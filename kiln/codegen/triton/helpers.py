@@ -148,11 +148,15 @@ def kiln_argmin_combine(a, ia, b, ib):
 
 @triton.jit
 def kiln_welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
-    """Chan et al.'s merge of two (mean, M2, count) partials; empty partials (count 0) merge as no-ops."""
+    """Chan et al.'s merge of two (mean, M2, count) partials. An empty partial (count 0) merges as a no-op, chosen
+    rather than computed: the formula's `delta * delta * 0` is NaN where delta squared overflows (a mean near 1e30
+    merged with an empty lane's 0), where eager's merge skips the empty side."""
     w = w_a + w_b
     frac = tl.where(w == 0, 0.0, w_b / tl.where(w == 0, 1.0, w))
     delta = mean_b - mean_a
-    return mean_a + delta * frac, m2_a + m2_b + delta * delta * w_a * frac, w
+    mean = tl.where(w_b == 0, mean_a, tl.where(w_a == 0, mean_b, mean_a + delta * frac))
+    m2 = tl.where(w_b == 0, m2_a, tl.where(w_a == 0, m2_b, m2_a + m2_b + delta * delta * w_a * frac))
+    return mean, m2, w
 
 
 @triton.jit

@@ -221,6 +221,26 @@ def var(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
     return IndexFunction(v.size, out, cast(v.body, out))
 
 
+@register(aten.std.correction)
+def std(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
+    _, out = out_info(meta)
+    _, v = _welford(ctx, x, dims, keepdim, _correction(correction), _variance_acc(x, meta.device))
+    return _sqrt_as(v, out)
+
+
+@register(aten.std_mean.correction)
+def std_mean(ctx, meta, x, dims=None, *, correction=None, keepdim=False):
+    _, out = out_info(meta[0])
+    mean_, v = _welford(ctx, x, dims, keepdim, _correction(correction), _variance_acc(x, meta[0].device))
+    return _sqrt_as(v, out), IndexFunction(mean_.size, out, cast(mean_.body, out))
+
+
+def _sqrt_as(variance: IndexFunction, out: torch.dtype) -> IndexFunction:
+    """The standard deviation from `variance`, its square root taken in the variance's dtype (eager's
+    accumulation dtype) and only then cast to `out`."""
+    return IndexFunction(variance.size, out, cast(ir.Op("sqrt", (variance.body,), variance.dtype), out))
+
+
 @register(aten.linalg_vector_norm.default)
 def vector_norm(ctx, meta, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     size, out = out_info(meta)

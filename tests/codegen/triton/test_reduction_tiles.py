@@ -175,6 +175,21 @@ def test_a_split_with_a_chunk_count_that_is_not_a_power_of_two():
     assert re.search(r"RSPLIT=5, SBLOCK=8", source), source
 
 
+def test_an_empty_partial_merges_as_nothing_beside_a_mean_near_1e30():
+    """Welford's merge of a partial with an empty one (the combine kernel's padding lanes: 5 chunks read as 8)
+    computed `delta * delta * 0`: NaN where delta squared overflows float32 (a column holding 1e30), where eager's
+    merge skips the empty side and the variance is inf (GPU fuzz seed 490419: kiln NaN, eager inf)."""
+    x = torch.randn(900, 20, generator=torch.Generator().manual_seed(0))
+    x[3, 2] = 1e30
+    compiled, inputs, _ = compile_for_triton(lambda x: torch.var_mean(x, 0), x)
+    assert "RSPLIT=5, SBLOCK=8" in compiled.artefacts["kernels.py"]
+    with torch.no_grad():
+        variance, mean = compiled(*inputs)
+    expected_variance, expected_mean = torch.var_mean(inputs[0], 0)
+    assert variance[2].isinf() and expected_variance[2].isinf()
+    torch.testing.assert_close((variance, mean), (expected_variance, expected_mean), rtol=1e-4, atol=1e-4)
+
+
 def test_max_autotune_tries_other_column_tiles_and_split_targets():
     """Under max-autotune a column sum's candidates include other tile widths (32 and 128 columns) and split
     targets beside the rules' choice; whichever the timer picks (here the last one timed) equals eager."""

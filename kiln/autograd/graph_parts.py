@@ -81,7 +81,7 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
             roots.setdefault(part_of(value), []).append(k)
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
     # an input that requires grad written in place gets its new history from the graph's node: one more output
-    may_write = where_edges_differ and any(map(in_place_call, nodes))
+    may_write = any(map(in_place_call, nodes))
     if not may_write and len(differentiable) < 2:
         return None  # with writes, the written inputs may be parts of their own even where no output is
     if where_edges_differ and not may_write and not _edges_differ(

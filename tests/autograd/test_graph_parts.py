@@ -421,3 +421,28 @@ def test_a_write_read_later_runs_in_the_readers_part(backend, through_detach):
         other.sum().backward()
         grads.append(b.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def write_beside_a_loss(t2, a, model):
+    t2.add_(1)  # t2's new history comes from this graph, which ends at the user's backward
+    loss = model(a).square().mean()
+    loss.backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_write_beside_a_loss_is_a_node_of_its_own(backend):
+    """A graph ending at `loss.backward()` that also writes into an input that requires grad (a value of an earlier
+    graph): one node for both had an edge to that input's history, so the loss's backward ran (and freed) it, and a
+    later backward through the written input raised "backward through the graph a second time" where eager's
+    runs (fuzz seed 457701). The write is a part of its own, as in a graph not ending at a backward."""
+    results = []
+    for fn in (write_beside_a_loss, kiln.compile(write_beside_a_loss, backend=backend)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+        a = torch.linspace(-1.0, 1.0, 12).reshape(4, 3).requires_grad_()
+        t1 = a @ a.mT
+        t2 = (t1 * 2 + t1.exp()).unsqueeze(-2)
+        fn(t2, a, model)
+        t2.sum().backward()
+        results.append((a.grad, [p.grad for p in model.parameters()], list(model.buffers())))
+    torch.testing.assert_close(results[1], results[0])

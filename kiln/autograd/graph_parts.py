@@ -39,11 +39,15 @@ _SEEDED = torch.Tag.nondeterministic_seeded
 
 @dataclass
 class Part:
-    """One independent part: its graph, which of the whole graph's inputs it takes, which outputs it gives."""
+    """One independent part: its graph, which of the whole graph's inputs it takes, which outputs it gives, and the
+    values that do not require grad it takes from earlier parts and gives later ones (`handed_in`, `handed_out`:
+    nodes of the whole graph), after its inputs and outputs."""
 
     gm: torch.fx.GraphModule
     inputs: list[int]
     outputs: list[int]
+    handed_in: list[torch.fx.Node]
+    handed_out: list[torch.fx.Node]
 
 
 @dataclass
@@ -61,13 +65,35 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
     """`gm`'s parts when at least two of them give outputs that require grad and they do not meet through a
     written tensor or random draws; None otherwise (compile it whole). `where_edges_differ`: only where the
     parts' differentiable outputs are computed from different inputs that require grad (`_edges_differ`), and
-    every computation of the graph is in a part."""
+    every computation of the graph is in a part.
+
+    Parts that share computation only through values that do not require grad (an activation's bits seen as
+    int16, a mask, indices) are split too where nothing else splits the graph: the part computing such a value
+    hands it to the parts reading it, as eager's nodes meet no more than there (fuzz seed 470642)."""
     nodes = list(gm.graph.nodes)
     returned = nodes[-1].args[0]
     if not isinstance(returned, (tuple, list)):
         return None
     switches = {n for n in nodes if n.op == "call_function" and not n.all_input_nodes and not n.users}
-    part_of = _union_parts(nodes, switches)
+    return (_split(gm, example_inputs, where_edges_differ, nodes, switches, lambda arg, n: False)
+            or _split(gm, example_inputs, where_edges_differ, nodes, switches,
+                      lambda arg, n: _hands_off(arg, n, switches)))
+
+
+def _hands_off(arg, node, switches: set) -> bool:
+    """Whether `node` may read `arg` from another part: a tensor that does not require grad, which `node` does not
+    write (a part never writes what another computed)."""
+    value = arg.meta.get("example_value")
+    return (_in(arg, switches) and isinstance(value, torch.Tensor) and not value.requires_grad
+            and not in_place_call(node))
+
+
+def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, switches: set,
+           handed: Callable) -> Split | None:
+    """`independent_parts`, with the edges `handed(arg, node)` says a part may cross (a value handed over)."""
+    returned = nodes[-1].args[0]
+    switches = set(switches)  # a drawing switch leaves them below
+    part_of = _union_parts(nodes, switches, handed)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     roots, returned_inputs, constants = {}, {}, {}
     for k, value in enumerate(returned):
@@ -85,7 +111,7 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
     if not may_write and len(differentiable) < 2:
         return None  # with writes, the written inputs may be parts of their own even where no output is
     if where_edges_differ and not may_write and not _edges_differ(
-            {r: _reaching([returned[k] for k in roots[r]]) for r in roots}, roots, returned, placeholders,
+            {r: _reaching([returned[k] for k in roots[r]], handed) for r in roots}, roots, returned, placeholders,
             example_inputs):
         return None  # before the fake run below: most graphs stop here
     effects = _effects(gm, example_inputs)
@@ -106,19 +132,54 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
         if _in(n, switches):
             first.setdefault(part_of(n), position)
     ordered = sorted(roots, key=first.__getitem__)
-    members = {r: _reaching([returned[k] for k in roots[r]]) for r in ordered}
+    members = {r: _reaching([returned[k] for k in roots[r]], handed) for r in ordered}
     for node in effects:  # a write or a draw no output reads stays, in its part (or the one it goes before)
         root = part_of(node)
         if root not in members:
             root = _home_of_effect(node, effects, nodes, placeholders, part_of, members) or ordered[0]
-        members[root] |= _reaching([node])
+        members[root] |= _reaching([node], handed)
+    handed_in = _handed_in(ordered, members, nodes, switches, handed)
+    ordered = _producers_first(ordered, members, handed_in)
+    if ordered is None:
+        return None
     if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
         return None
     if where_edges_differ and not (_all_in_parts(nodes, members, switches)
                                    and _edges_differ(members, roots, returned, placeholders, example_inputs)):
         return None
-    parts = [_part_graph(gm, nodes, switches, members[r], roots[r]) for r in ordered]
+    handed_out = {r: [n for n in nodes if n in members[r] and any(n in handed_in[c] for c in ordered)]
+                  for r in ordered}
+    parts = [_part_graph(gm, nodes, switches, members[r], roots[r], handed_in[r], handed_out[r]) for r in ordered]
     return Split(parts, returned_inputs, constants, len(returned))
+
+
+def _handed_in(ordered: list, members: dict, nodes: list, switches: set, handed: Callable) -> dict:
+    """Per part, the values computed outside it that it reads (in `nodes`' order). A value no part computes (a
+    constant `torch.tensor(2049)` whose only reader is across a handed edge) joins the first part reading it."""
+    def outside(r) -> list:
+        return [n for n in nodes if _in(n, switches) and n not in members[r]
+                and any(n in m.all_input_nodes for m in members[r])]
+
+    while True:
+        computed = set().union(*members.values())
+        orphan = next(((r, n) for r in ordered for n in outside(r) if n not in computed), None)
+        if orphan is None:
+            return {r: outside(r) for r in ordered}
+        members[orphan[0]] |= _reaching([orphan[1]], handed)
+
+
+def _producers_first(ordered: list, members: dict, handed_in: dict) -> list | None:
+    """The parts in `ordered`'s order, except that a part computing a value another reads runs before it; None
+    where parts read each other's values (they meet both ways: not apart)."""
+    producer = {n: r for r in ordered for n in members[r]}
+    needs = {r: {producer[n] for n in handed_in[r]} for r in ordered}
+    done: list = []
+    while len(done) < len(ordered):
+        ready = [r for r in ordered if r not in done and needs[r] <= set(done)]
+        if not ready:
+            return None
+        done.append(ready[0])
+    return done
 
 
 def _edges_differ(members: dict, roots: dict, returned, placeholders: list, example_inputs: list) -> bool:
@@ -190,9 +251,10 @@ def _apart(members: dict, effects: dict, placeholders: list, ordered: list, posi
     return True
 
 
-def _union_parts(nodes: list, switches: set) -> Callable:
+def _union_parts(nodes: list, switches: set, handed: Callable) -> Callable:
     """A find function: each computing node to its part's root. Inputs and constants (placeholders, get_attr)
-    join nothing: two parts reading one input stay two parts, as eager's nodes of each are their own."""
+    join nothing: two parts reading one input stay two parts, as eager's nodes of each are their own; nor do
+    the edges `handed` names (a value one part may hand another)."""
     parent: dict = {}
 
     def find(n):
@@ -206,7 +268,7 @@ def _union_parts(nodes: list, switches: set) -> Callable:
             continue
         parent.setdefault(n, n)
         for arg in n.all_input_nodes:
-            if arg.op not in ("placeholder", "get_attr"):
+            if arg.op not in ("placeholder", "get_attr") and not handed(arg, n):
                 parent[find(arg)] = find(n)
     return find
 
@@ -216,14 +278,15 @@ def _in(node, switches: set) -> bool:
     return node.op not in ("placeholder", "get_attr", "output") and node not in switches
 
 
-def _reaching(returned: list) -> set:
-    """The computing nodes the `returned` ones are computed from (a pure node no output reads is left out)."""
+def _reaching(returned: list, handed: Callable) -> set:
+    """The computing nodes the `returned` ones are computed from (a pure node no output reads is left out), up to
+    the values `handed(arg, node)` says are handed over from another part."""
     seen, todo = set(), list(returned)
     while todo:
         n = todo.pop()
         if n not in seen and n.op not in ("placeholder", "get_attr"):
             seen.add(n)
-            todo.extend(n.all_input_nodes)
+            todo.extend(arg for arg in n.all_input_nodes if not handed(arg, n))
     return seen
 
 
@@ -232,9 +295,10 @@ def _requires_grad(node) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
 
 
-def _part_graph(gm, nodes: list, switches: set, members: set, outputs: list[int]) -> Part:
-    """The part of `gm` made of `members`, giving `outputs`: the inputs it reads, the switches, its nodes in
-    `gm`'s order, and its outputs."""
+def _part_graph(gm, nodes: list, switches: set, members: set, outputs: list[int], handed_in: list,
+                handed_out: list) -> Part:
+    """The part of `gm` made of `members`, giving `outputs`: the inputs it reads and the values handed to it, the
+    switches, its nodes in `gm`'s order, and its outputs and the values it hands on."""
     returned = nodes[-1].args[0]
     read = {a for n in members for a in n.all_input_nodes}
     graph = torch.fx.Graph()
@@ -244,14 +308,17 @@ def _part_graph(gm, nodes: list, switches: set, members: set, outputs: list[int]
     for p in placeholders:
         if p in read:
             env[p] = graph.node_copy(p)
+    for n in handed_in:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
     keep = members | switches | {n for n in read if n.op == "get_attr"}
     for n in nodes:
         if n in keep:
             env[n] = graph.node_copy(n, env.__getitem__)
-    graph.output(tuple(env[returned[k]] for k in outputs))
+    graph.output(tuple(env[returned[k]] for k in outputs) + tuple(env[n] for n in handed_out))
     part = torch.fx.GraphModule(gm, graph)
     part.meta = dict(gm.meta)
-    return Part(part, inputs, outputs)
+    return Part(part, inputs, outputs, handed_in, handed_out)
 
 
 @dataclass
@@ -326,15 +393,19 @@ class PartsCompiled:
     """The parts compiled one by one, called in `gm`'s order, their outputs put back in `gm`'s positions."""
 
     def __init__(self, split: Split, compile_part: Callable, example_inputs: list):
-        self.parts = [(part.inputs, part.outputs, compile_part(part.gm, [example_inputs[i] for i in part.inputs]))
+        self.parts = [(part, compile_part(part.gm, [example_inputs[i] for i in part.inputs]
+                                          + [n.meta["example_value"] for n in part.handed_in]))
                       for part in split.parts]
         self.split = split
 
     def __call__(self, *args):
         result = [None] * self.split.num_outputs
-        for inputs, outputs, compiled in self.parts:
-            for k, value in zip(outputs, compiled(*[args[i] for i in inputs])):
+        handed: dict = {}
+        for part, compiled in self.parts:
+            values = compiled(*[args[i] for i in part.inputs], *[handed[n] for n in part.handed_in])
+            for k, value in zip(part.outputs, values):
                 result[k] = value
+            handed.update(zip(part.handed_out, values[len(part.outputs):]))
         for k, i in self.split.returned_inputs.items():
             result[k] = args[i]
         for k, value in self.split.constants.items():

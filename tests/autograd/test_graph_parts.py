@@ -146,8 +146,10 @@ def written_then_read_elsewhere(a, b):
 
 def read_after_a_part_wrote(a, b):
     doubled = a * 2
-    b.add_(doubled.detach().sum())  # the loss's part writes b ...
-    kept = a.exp() + b  # ... and the kept output's part, starting later, reads it after
+    # the write's operand does not require grad: the loss's part hands it over, and the kept output's part,
+    # which reads b, writes it first
+    b.add_(doubled.detach().sum())
+    kept = a.exp() + b
     loss = doubled.sum()
     loss.backward()
     return kept
@@ -180,7 +182,7 @@ def captured_graph(program, *args):
 @pytest.mark.parametrize("program, parts", [
     (output_computed_before_the_backward, 2), (two_kept_outputs, 3), (random_part, 2), (written_part, 2),
     (shared_sum, None), (random_parts, None), (read_before_written_elsewhere, 2), (written_then_read_elsewhere, None),
-    (read_after_a_part_wrote, None), (running_statistics_read_then_updated, 2)],
+    (read_after_a_part_wrote, 2), (running_statistics_read_then_updated, 2)],
     ids=lambda p: getattr(p, "__name__", str(p)))
 def test_which_graphs_split(program, parts):
     """Parts sharing computation, both drawing random numbers, or one reading a tensor another writes, unless the
@@ -446,3 +448,47 @@ def test_a_write_beside_a_loss_is_a_node_of_its_own(backend):
         t2.sum().backward()
         results.append((a.grad, [p.grad for p in model.parameters()], list(model.buffers())))
     torch.testing.assert_close(results[1], results[0])
+
+
+def loss_of_an_activations_bits(t2, p2, model):
+    t2 = t2 + p2
+    bits = (t2 * 2049).view(torch.int16)  # no gradient flows through the bits: the loss meets t2 only here
+    loss = model(bits.float().reshape(-1, 3)).square().mean()
+    loss.backward()
+    return t2, bits
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parts_meeting_only_through_a_value_without_grad_hand_it_over(backend, dynamic):
+    """The loss reads `t2` only through its int16 bits, which carry no gradient: eager's backward through the loss
+    never reaches t2's history, and a later backward through t2 runs. kiln's graph was one node, freed by the loss's
+    backward, and the later backward raised (fuzz seed 470642). The part computing t2 hands the bits to the loss's
+    part, and each is a node of its own."""
+    results = []
+    for fn in (loss_of_an_activations_bits,
+               kiln.compile(loss_of_an_activations_bits, backend=backend, dynamic=dynamic)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+        a = torch.linspace(-1.0, 1.0, 12).reshape(4, 3).requires_grad_()
+        t2, bits = fn((a * 1.5).bfloat16(), (a * 3).exp().bfloat16(), model)
+        (t2.float() * 3).sum().backward()
+        results.append((t2, bits, a.grad, [p.grad for p in model.parameters()], list(model.buffers())))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_which_graphs_hand_values_over():
+    """Only where nothing else splits the graph: a mask shared by two outputs' parts is handed over, and a graph
+    whose outputs share a differentiable value stays whole."""
+    def masked_pair(a, b):
+        mask = a > 0
+        return a * mask, b.exp() * mask
+
+    def shared(a, b):
+        s = a * b
+        return s.sin(), s.cos()
+
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    split = independent_parts(*captured_graph(masked_pair, a, b), where_edges_differ=True)
+    assert split is not None and [len(p.handed_out) for p in split.parts] == [1, 0]
+    assert independent_parts(*captured_graph(shared, a, b), where_edges_differ=True) is None

@@ -45,6 +45,11 @@ move most elements into the scalar loop but not all (a column-major copy of a ro
 The process without vector kernels runs every element through the scalar loop. It starts only when a difference
 is being judged, and only for programs on the CPU.
 
+A GPU program gets one more of eager's answers from eager's CPU kernels: the program with its tensors made on
+the CPU. Where CUDA's eager and the CPU's disagree and kiln's value is one of theirs, the value depends on the
+kernel (a fp16 `lerp` whose last bit, seen through `.view(torch.int16)`, is summed into a product: GPU fuzz seed
+490194), where a GPU program's re-laid runs alone rarely move it.
+
 One more of eager's answers runs the program's function with `torch.compiler.is_compiling()` true: library
 code that branches on it computes otherwise under any compiler, kiln's capture included, whose traced code takes
 that branch (an optimizer stepped inside the function computes its bias corrections as float32 tensor ops, not
@@ -247,6 +252,7 @@ class Variant:
     cpu_capability: str = ""
     whole_call: Callable = field(default=contextlib.nullcontext)
     compile_path: bool = False  # the program's function, in every call, with torch.compiler.is_compiling() true
+    on_the_cpu: bool = False  # a GPU program's inputs made on the CPU, and run there (None for a CPU program)
 
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
@@ -262,6 +268,7 @@ VARIANTS: dict[str, Variant] = {
     "float64 inputs": Variant(_float64),
     FLOAT64_REFERENCE: Variant(_float64, Float64Arithmetic, world_changed(_float64_of_float32)),
     SCALAR_KERNELS: Variant(_unchanged, cpu_capability="default"),
+    "eager's CPU kernels": Variant(_unchanged, on_the_cpu=True),
     "library code on its compile path": Variant(_unchanged, compile_path=True),
 }
 NOISE_SEEDS = range(4)
@@ -322,6 +329,8 @@ def eager_rerun(source: str, call: int, variant: Variant, what: str):
     `variant` says; None when it raised."""
     if variant.cpu_capability:
         return _rerun_in_process_with(variant.cpu_capability, source, call, what)
+    if variant.on_the_cpu:
+        return _on_the_cpu(source, call, what)
     ns = load(source)
     if variant.compile_path:
         ns["f"] = _under(_compiling, ns["f"])
@@ -455,6 +464,18 @@ def _under(arithmetic: Callable, fn: Callable) -> Callable:
 def _shares_storage(args: list) -> bool:
     storages = [storage_of(a) for a in args if isinstance(a, torch.Tensor) and storage_of(a) is not None]
     return len(set(storages)) != len(storages)
+
+
+def _on_the_cpu(source: str, call: int, what: str):
+    """Eager's call of a GPU program with its tensors made on the CPU (see the module's docstring); None for a
+    CPU program, or where the call raises (a tensor the program keeps on the GPU)."""
+    if runtime.DEVICE == "cpu":
+        return None
+    device, runtime.DEVICE = runtime.DEVICE, "cpu"
+    try:
+        return eager_rerun(source, call, Variant(_unchanged), what)
+    finally:
+        runtime.DEVICE = device
 
 
 def _changed(maker: Callable, change: Callable) -> Callable:

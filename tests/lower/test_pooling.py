@@ -140,6 +140,7 @@ def test_backward_of_more_windows_than_it_sums_stays_an_extern():
     assert "max_pool2d_with_indices_backward" in str(compiled.artefacts["ir"])
 
 
+@pytest.mark.sampled(every=2)  # CI: half the configurations (each compiles twice, forward and backward)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_symbolic_sizes_forward_and_backward(name):
     """Traced with symbolic input sizes (the output sizes are then floor divisions of them), the pool and its
@@ -266,6 +267,7 @@ def test_avg_pool_forward_and_backward(name, dtype):
     assert count_externs(forward) == 0 and count_externs(backward) == 0
 
 
+@pytest.mark.sampled(every=2)
 @pytest.mark.parametrize("name", list(AVG_CONFIGS))
 def test_avg_pool_with_symbolic_sizes(name):
     """Traced with symbolic input sizes: the divisor's clipping and the backward's window bounds are masks over

@@ -130,7 +130,8 @@ REDUCTIONS = {
     "amin_all": lambda a: a.amin((0, 1)), "argmax": lambda a: a.argmax(-1), "argmin0": lambda a: a.argmin(0),
     "argmax_all": lambda a: a.argmax(), "max_dim": lambda a: a.max(1), "prod": lambda a: a.prod(-1),
     "var": lambda a: a.var(-1), "var_mean": lambda a: torch.var_mean(a, 0, correction=0),
-    "std": lambda a: a.std(), "any": lambda a: (a > 0.5).any(-1), "logsumexp": lambda a: a.logsumexp(-1),
+    "std": lambda a: a.std(), "std_mean": lambda a: torch.std_mean(a, -1, keepdim=True),
+    "any": lambda a: (a > 0.5).any(-1), "logsumexp": lambda a: a.logsumexp(-1),
     "softmax": lambda a: a.softmax(-1), "log_softmax0": lambda a: a.log_softmax(0),
     "norm": lambda a: a.norm(dim=-1), "max_all": lambda a: a.max(), "min_all": lambda a: a.min(),
 }

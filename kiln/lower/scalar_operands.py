@@ -31,9 +31,10 @@ takes `scalar_t`). A 0-d tensor on the GPU is an ordinary operand: cast to the o
 lowering rules cast it. Every other op of `ROUNDED` rounds a Python number there too (`CUDA_ROUNDED`).
 
 So a CUDA op whose result is a half type is lowered in float32, rounded once, where a host scalar is an
-operand of `CUDA_ORIGINAL` or the second operand of `CUDA_ORIGINAL_SECOND`; a true division by a Python
-number as the product with its float reciprocal (by a 0-d CPU tensor, whose value the lowering does not know,
-it divides in float); a Python number that is the first operand of a division is rounded. The rules apply by
+operand of `CUDA_ORIGINAL` or the second operand of `CUDA_ORIGINAL_SECOND`; a Python number that is the first
+operand of a division is rounded. A true division by a host scalar, whatever the result's float dtype, is the
+product with the divisor's reciprocal taken in the op's math type (float32, or double for float64): a number's
+while lowering, a 0-d CPU tensor's or a size's in the kernel. The rules apply by
 the device of the op's result: an op on CPU values inside a CUDA graph is read as the CPU reads it.
 """
 from __future__ import annotations
@@ -112,13 +113,16 @@ def _cuda_reads(op, rule: Callable, meta: torch.Tensor, args: tuple, kwargs: dic
     if op in CUDA_ROUNDED and _math_dtype(args) in HALF_DTYPES:
         dtype = _math_dtype(args)
         return rule, tuple(_rounded(a, dtype) for a in args), {k: _rounded(v, dtype) for k, v in kwargs.items()}
+    if op in TRUE_DIVISIONS and len(args) == 2 and _host_scalar(args, 1, host_scalars):
+        if meta.dtype in HALF_DTYPES:
+            return _in_float(LOWERINGS[aten.mul.Tensor]), (args[0], _reciprocal(args[1], torch.float32)), kwargs
+        if meta.dtype in (torch.float32, torch.float64):
+            return LOWERINGS[aten.mul.Tensor], (args[0], _reciprocal(args[1], meta.dtype)), kwargs
     if meta.dtype not in HALF_DTYPES:
         return rule, args, kwargs
     if op in CUDA_ORIGINAL and (any(_host_scalar(args, k, host_scalars) for k in (0, 1))
                                 or _number(kwargs.get("alpha"))):
         return _in_float(rule), _device_operands_cast(args, meta.dtype, host_scalars), kwargs
-    if op in TRUE_DIVISIONS and len(args) == 2 and _literal(args[1]):
-        return _in_float(LOWERINGS[aten.mul.Tensor]), (args[0], _float_reciprocal(args[1])), kwargs
     if op in CUDA_ORIGINAL_SECOND and _host_scalar(args, 1, host_scalars):
         return _in_float(rule), _device_operands_cast(args, meta.dtype, host_scalars), kwargs
     if op in DIVISIONS and args and _number(args[0]):
@@ -152,9 +156,12 @@ def _literal(a) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool)
 
 
-def _float_reciprocal(b: int | float) -> float:
-    """`1 / b` as CUDA's true division computes it for a host divisor: in float32, from `b` held in float32."""
-    return (torch.tensor(1.0) / torch.tensor(float(b), dtype=torch.float32)).item()
+def _reciprocal(b, dtype: torch.dtype):
+    """`1 / b` as CUDA's true division takes it from a host divisor `b` (a number, a float computed from sizes, a
+    0-d CPU tensor): in the op's math type `dtype`, from `b` held in it; a number's on the host, as CUDA's."""
+    if _literal(b):
+        return (torch.tensor(1.0, dtype=dtype) / torch.tensor(float(b), dtype=dtype)).item()
+    return IndexFunction(b.size, dtype, ir.Op("reciprocal", (cast(b.body, dtype),), dtype))
 
 
 def _number(a) -> bool:

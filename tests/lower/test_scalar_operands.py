@@ -223,6 +223,20 @@ def test_a_cuda_division_by_a_number_multiplies_by_its_float_reciprocal():
         assert f"mul(cast(load(arg0, i0), float32), {reciprocal!r})" in ir_text, ir_text
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_a_cuda_division_of_float_values_by_a_host_scalar_multiplies_by_its_reciprocal(dtype):
+    """Not only half types: a float32 (float64) value divided by a host scalar is, on the GPU, its product with
+    the reciprocal taken in float32 (double), an ulp from the quotient at times (GPU fuzz seed 510114's class);
+    a 0-d CPU tensor's reciprocal is taken in the kernel, from the tensor's value in the math type."""
+    number = _lowered(lambda h, s: h / SCALAR, "cuda", dtype, "py")
+    reciprocal = (torch.tensor(1.0, dtype=dtype) / torch.tensor(SCALAR, dtype=dtype)).item()
+    assert f"mul(load(arg0, i0), {reciprocal!r})" in number and "truediv" not in number, number
+    host = _lowered(lambda h, s: h / s, "cuda", dtype, "host")
+    assert "reciprocal(" in host and "truediv" not in host, host
+    if dtype == torch.float32:  # the float64 scalar held in float32 first
+        assert "cast(load(arg1, 0), float32)" in host or "_to_copy" in host, host
+
+
 def _lowered_with_a_symbolic_size(fn, device: str) -> str:
     """The IR of `fn(h)` for a float32 `h` of symbolic length on `device` (fake tensors: nothing launched)."""
     from torch._dynamo.source import ConstantSource

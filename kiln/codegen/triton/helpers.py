@@ -54,11 +54,12 @@ def kiln_prod_combine(a, b):
 def kiln_floordiv(a, b):
     if a.dtype.is_floating():  # eager's div_floor_floating: floor(a / b) rounds 1 // 0.1 up to 10
         mod = libdevice.fmod(a, b)
-        div = (a - mod) / b
+        div = libdevice.div_rn(a - mod, b)
         div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
         floor = libdevice.floor(div)
         floor = tl.where(div - floor > 0.5, floor + 1.0, floor)
-        return tl.where(b == 0, a / b, tl.where(div == 0, libdevice.copysign(0.0 * a, a / b), floor))
+        quotient = libdevice.div_rn(a, b)
+        return tl.where(b == 0, quotient, tl.where(div == 0, libdevice.copysign(0.0 * a, quotient), floor))
     else:
         q = a // b
         r = a - q * b
@@ -68,7 +69,7 @@ def kiln_floordiv(a, b):
 @triton.jit
 def kiln_truncdiv(a, b):
     if a.dtype.is_floating():
-        return libdevice.trunc(a / b)
+        return libdevice.trunc(libdevice.div_rn(a, b))
     else:
         return a // b
 

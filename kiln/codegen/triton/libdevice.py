@@ -43,7 +43,8 @@ if interpreting():
         "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
         "acosh": np.arccosh, "atanh": np.arctanh, "atan2": np.arctan2, "floor": np.floor, "ceil": np.ceil,
         "nearbyint": np.rint, "trunc": np.trunc, "fmod": np.fmod, "pow": np.power,
-        "copysign": np.copysign, "hypot": np.hypot, "nextafter": np.nextafter,
+        "copysign": np.copysign, "hypot": np.hypot, "nextafter": np.nextafter, "exp": np.exp,
+        "div_rn": np.divide,
     }
 
     def _erf(x):

@@ -492,3 +492,13 @@ def test_reduction_read_back_by_its_row_is_not_split():
     x, w = torch.randn(2, SPLIT_COLUMNS), torch.randn(SPLIT_COLUMNS)
     c = check(lambda x, w: F.layer_norm(x, (SPLIT_COLUMNS,), w), x, w, max_kernels=2)
     assert "split reduction" not in source(c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_exp_sigmoid_and_divisions_compile_in_every_float_dtype(dtype):
+    """The kernels' exp, sigmoid and divisions call libdevice (eager's CUDA math, codegen/triton/ops.py), which has
+    no float64 function of a float32 operand: a literal operand (`x / 3.0`, sigmoid's and reciprocal's 1) is made
+    in the value's dtype (GPU fuzz seeds 520011 and 520360: float64 kernels failed to build and fell back)."""
+    x = torch.randn(33, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    check(lambda x: (x.sigmoid(), x.reciprocal(), x / 3.0, 3.0 / x, x.exp() / (x + 2),
+                     torch.atan2(x, torch.tensor(2.0, dtype=dtype))), x)

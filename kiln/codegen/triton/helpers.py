@@ -51,6 +51,20 @@ def kiln_prod_combine(a, b):
 
 
 @triton.jit
+def kiln_reciprocal(x):
+    """`1 / x` correctly rounded, as eager's CUDA kernel divides; the 1 in x's dtype (a float64 x takes no
+    float32 literal in libdevice's division)."""
+    return libdevice.div_rn(tl.full([], 1.0, x.dtype), x)
+
+
+@triton.jit
+def kiln_sigmoid(x):
+    """Eager's CUDA sigmoid, `1 / (1 + exp(-x))` with CUDA's expf and a correctly rounded division."""
+    one = tl.full([], 1.0, x.dtype)
+    return libdevice.div_rn(one, one + libdevice.exp(-x))
+
+
+@triton.jit
 def kiln_floordiv(a, b):
     if a.dtype.is_floating():  # eager's div_floor_floating: floor(a / b) rounds 1 // 0.1 up to 10
         mod = libdevice.fmod(a, b)

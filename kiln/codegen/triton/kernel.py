@@ -175,11 +175,13 @@ class TritonKernel(KernelPrinter):
     def _literal_operands(self, e: ir.Op, args: list) -> list[int]:
         """The operands of `e` to make blocks: the first of an op over literals only (exp(2.0): a scalar has
         no exp), a literal first operand of an op Triton calls as a function (helpers read its dtype: 2.0 ** x,
-        7 // x), and both values of a where between literals (Triton would pick int32 or float32 for them,
-        not the where's dtype)."""
+        7 // x), every literal operand of a libdevice function of two (`ops.LIBDEVICE_BINARY`), and both values of
+        a where between literals (Triton would pick int32 or float32 for them, not the where's dtype)."""
         literal = [a in self.literals for a in args]
         if e.name == "where":
             return [1, 2] if literal[1] and literal[2] else []
+        if e.name in ops.LIBDEVICE_BINARY:
+            return [k for k, is_literal in enumerate(literal) if is_literal]
         if all(literal) or (literal[0] and e.name not in ops.INFIX):
             return [0]
         return []

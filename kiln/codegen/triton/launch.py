@@ -121,8 +121,12 @@ class Launcher:
         self.check = tuple(range(num_tensors)) if check_alignment is None else tuple(check_alignment)
         self.checked = _picker(self.check, num_tensors)
         self.num_warps = num_warps
-        self.options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
-                                                                            "num_stages": num_stages}
+        # enable_fp_fusion off: eager rounds `a * b` before adding `c` (two ops, two roundings), where Triton
+        # would contract the pair into one fused multiply-add, an ulp off eager's now and then (as the C++
+        # target's -ffp-contract=off)
+        self.options = {"num_warps": num_warps, "enable_fp_fusion": False}
+        if num_stages is not None:
+            self.options["num_stages"] = num_stages
         self.constexprs = constexprs
         self.const_values = tuple(constexprs.values())
         self.launches: dict = {}

@@ -36,8 +36,8 @@ OPS = {
     "abs": "tl.abs({0})", "sign": "kiln_sign({0})", "pow": "kiln_pow({0}, {1} + tl.zeros_like({0}))",
     "exp": "libdevice.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
     "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "expm1": "libdevice.expm1({0})",
-    "sqrt": "libdevice.sqrt({0})", "rsqrt": "libdevice.rsqrt({0})", "reciprocal": "libdevice.div_rn(1.0, {0})",
-    "sigmoid": "libdevice.div_rn(1.0, 1.0 + libdevice.exp(-{0}))", "tanh": "libdevice.tanh({0})",
+    "sqrt": "libdevice.sqrt({0})", "rsqrt": "libdevice.rsqrt({0})", "reciprocal": "kiln_reciprocal({0})",
+    "sigmoid": "kiln_sigmoid({0})", "tanh": "libdevice.tanh({0})",
     "erf": "libdevice.erf({0})",
     "erfc": "libdevice.erfc({0})", "lgamma": "libdevice.lgamma({0})",
     "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "libdevice.tan({0})",
@@ -63,6 +63,9 @@ OPS = {
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)
 # Ops printed as Python operators, which take a Python scalar operand; the others are calls (helpers, libdevice).
 INFIX = {name for name, template in OPS.items() if template.startswith("(")}
+# libdevice functions of two operands: a literal operand must be a block of its dtype (libdevice takes a Python float
+# as float32, and has no float64 function of a float32 operand)
+LIBDEVICE_BINARY = {name for name, template in OPS.items() if template.startswith("libdevice.") and "{1}" in template}
 
 
 def to_half(code: str, dtype: torch.dtype) -> str:

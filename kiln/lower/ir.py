@@ -117,7 +117,7 @@ sin cos tan asin acos atan sinh cosh asinh acosh atanh atan2 floor ceil round tr
 maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor logical_not
 bitwise_and bitwise_or bitwise_xor bitwise_not lshift rshift
 isnan isinf where cast check_index
-copysign hypot nextafter digamma trigamma zeta
+copysign hypot nextafter digamma trigamma zeta fma
 """.split())
 
 # Invalid values a kernel finds where eager raises: error code -> (exception type, message). A kernel

@@ -340,3 +340,12 @@ def test_a_division_or_xlogy_on_cuda_reads_its_scalar_as_eager(kind, dtype):
         differ = (g != e) & ~(g.isnan() & e.isnan())  # xlogy of a negative h is NaN in both
         assert int(differ.sum()) <= 2, f"{name}: {int(differ.sum())} of {len(h)} differ, e.g. " \
                                        f"{g[differ][:3].tolist()} vs eager's {e[differ][:3].tolist()}"
+
+
+@pytest.mark.parametrize("device, fused", [("cuda", True), ("cpu", False)])
+def test_add_with_alpha_is_one_fused_multiply_add_on_cuda(device, fused):
+    """CUDA's add kernel computes `a + alpha * b` as one fused multiply-add (its compiler contracts it), which
+    kiln's Triton kernels, compiled without contraction, write out (`fma`); the CPU's rounds the product."""
+    ir_text = _lowered(lambda h, s: (torch.add(h, s, alpha=0.7), torch.sub(h, s, alpha=0.7)), device,
+                       torch.float32, "device" if device == "cuda" else "host")
+    assert (ir_text.count("fma(") == 2) == fused, ir_text

@@ -77,7 +77,7 @@ OPS = {
     "isinf": "std::isinf({0})", "where": "({0} ? {1} : {2})",
     "check_index": "kiln::check_index({0}, {1}, {2}, kiln_error)",
     "digamma": "kiln::digamma<{T}>({0})", "trigamma": "kiln::trigamma<{T}>({0})", "zeta": "kiln::zeta<{T}>({0}, {1})",
-    "copysign": "kiln::copy_sign<{T}>({0}, {1})", "hypot": "std::hypot({0}, {1})",
+    "copysign": "kiln::copy_sign<{T}>({0}, {1})", "hypot": "std::hypot({0}, {1})", "fma": "std::fma({0}, {1}, {2})",
     "nextafter": "std::nextafter({0}, {1})",
 }
 assert set(OPS) | {"cast"} >= ir.OP_NAMES, ir.OP_NAMES - set(OPS)

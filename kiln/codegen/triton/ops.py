@@ -57,6 +57,7 @@ OPS = {
     # the check itself is emitted before (TritonKernel._checks): an index out of range reads address 0
     "check_index": "tl.where(({0} < 0) | ({0} >= {1}), 0, {0})",
     "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
+    "fma": "libdevice.fma({0}, {1}, {2})",
     "nextafter": "libdevice.nextafter({0}, {1})", "digamma": "kiln_digamma({0})", "trigamma": "kiln_trigamma({0})",
     "zeta": "kiln_zeta({0} + tl.zeros_like({1}), {1})",  # q is never a literal (kiln/lower/ops/pointwise.py `zeta`)
 }

@@ -72,17 +72,22 @@ def _arith(name):
             return IndexFunction(size, dtype, ops[0])  # an integer is its own floor (a double would round it)
         alpha = kwargs.get("alpha", 1)
         if isinstance(alpha, IndexFunction) or alpha != 1:  # a number, or one computed from sizes (`n / 2`)
-            return IndexFunction(size, dtype, _with_alpha(name, ops, operand(alpha, size, dtype), dtype))
+            fused = meta.device.type == "cuda"
+            return IndexFunction(size, dtype, _with_alpha(name, ops, operand(alpha, size, dtype), dtype, fused))
         number_exponent = len(args) > 1 and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)
         return IndexFunction(size, dtype, _simplify_pow(name, ops, dtype, number_exponent))
     return rule
 
 
-def _with_alpha(name, ops, alpha, dtype):
+def _with_alpha(name, ops, alpha, dtype, fused: bool):
     """`a + alpha * b` (or `-`), as eager computes it: for a half type in float, rounded once at the end (the
-    product rounded to the half type on its own would be a second rounding)."""
+    product rounded to the half type on its own would be a second rounding). `fused`: as CUDA's kernel, whose
+    compiler contracts it into one fused multiply-add (`a - alpha * b` is `a + (-alpha) * b` there); floats only."""
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     a, b, alpha = (cast(x, compute) for x in (*ops, alpha))
+    if fused and compute.is_floating_point:
+        factor = alpha if name == "add" else ir.Op("neg", (alpha,), compute)
+        return cast(ir.Op("fma", (b, factor, a), compute), dtype)
     return cast(ir.Op(name, (a, ir.Op("mul", (b, alpha), compute)), compute), dtype)
 
 

@@ -77,6 +77,33 @@ def _needs_alias(primal, held: bool) -> bool:
     return not held and isinstance(primal, torch.Tensor) and primal.dtype == torch.float32 and primal.requires_grad
 
 
+class LeafCopies:
+    """Copies of the written inputs eager's cache holds, made leaves: the traced program writes a copy of each
+    input it writes (signature.py), and a copy that is no leaf is not held by the cache, where eager's leaf written
+    under no_grad still is (`zeros_(w[:, :1])` then `w @ w` under autocast: one cast, the two gradients summed in
+    bf16; fuzz seed 500563). A leaf copy has no edge to its input: the joint trace takes its gradient and adds it
+    to the input's (`route`), what a clone's backward would pass on."""
+
+    def __init__(self, cache: CastCache | None):
+        self.cache = cache
+        self.made: dict[int, torch.Tensor] = {}
+
+    def __call__(self, i: int, t: torch.Tensor) -> torch.Tensor:
+        if self.cache is None or not self.cache.enabled or not self.cache.held[i]:
+            return t.clone()
+        self.made[i] = t.detach().clone().requires_grad_(t.requires_grad)
+        return self.made[i]
+
+    def route(self, grads: list, copy_grads: Sequence) -> list:
+        """`grads` (one per flat input) with each leaf copy's gradient (`copy_grads`, in `made`'s order) added to
+        its input's."""
+        grads = list(grads)
+        for i, g in zip(self.made, copy_grads):
+            if g is not None:
+                grads[i] = g if grads[i] is None else grads[i] + g
+        return grads
+
+
 def drop_aliases(gm: fx.GraphModule, primals: Sequence, cache: CastCache | None) -> None:
     """Remove the aliases `uncached_inputs` made from the traced graph: their uses read the placeholders, as a
     trace without them would. They are the graph's first aliases, one per aliased primal in order (the program

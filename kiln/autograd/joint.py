@@ -52,13 +52,16 @@ class JointGraph:
     grad_mask: list[bool]
 
 
-def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
+def trace_joint(graph_function: Callable, input_specs: list[TensorSpec], requires_grad: tuple[bool, ...],
                 signature: OutputSignature, decompositions: dict, mode: FakeTensorMode | None = None,
                 cast_cache: CastCache | None = None, opaque_custom_ops: bool = False) -> JointGraph:
-    """Trace `fn` and its backward: `(*primals, *tangents) -> (*outputs, *grads)`. `cast_cache`: eager's
+    """Trace the graph's function and its backward: `(*primals, *tangents) -> (*outputs, *grads)`.
+    `graph_function(copy)`: the function, its written inputs copied by `copy(i, t)`. `cast_cache`: eager's
     autocast cache at the call (autocast_cache.py), None where no autocast region meets the graph.
     `opaque_custom_ops`: the backward of each custom op that opaque_backward.py covers is one call running its
     registered formula."""
+    copies = autocast_cache.LeafCopies(cast_cache)
+    fn = graph_function(copies)
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     primals = [s.fake(mode, rg) for s, rg in zip(input_specs, requires_grad)]
     diff_outputs = signature.differentiable()
@@ -67,6 +70,7 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
     grad_mask: list[bool] = []
 
     def joint(*flat):
+        copies.made.clear()
         with opaque_custom_op_backwards() if opaque_custom_ops else contextlib.nullcontext(), \
                 autocast_cache.as_eager(cast_cache), eager_formulas():
             outs = fn(*autocast_cache.uncached_inputs(flat[:n], cast_cache))
@@ -74,9 +78,10 @@ def trace_joint(fn: Callable, input_specs: list[TensorSpec], requires_grad: tupl
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one
         with torch._C._DisableAutocast(), compiled_autograd.disable():
-            grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt, list(flat[n:]), allow_unused=True)
-        by_input = iter(grads)
-        full = [next(by_input) if _requires_grad(p) else None for p in flat[:n]]
+            grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt + list(copies.made.values()),
+                                        list(flat[n:]), allow_unused=True)
+        by_input = iter(grads[:len(wrt)])
+        full = copies.route([next(by_input) if _requires_grad(p) else None for p in flat[:n]], grads[len(wrt):])
         grad_mask[:] = [g is not None for g in full]
         return [*outs, *[g for g in full if g is not None]]
 

@@ -355,15 +355,17 @@ class FlatProgram:
         state = dict(zip(self.state_names, flat[n:]))
         return torch.func.functional_call(self.gm, state, tuple(args), strict=True, tie_weights=True)
 
-    def graph_function(self, signature: OutputSignature) -> Callable:
-        """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors."""
+    def graph_function(self, signature: OutputSignature, copy: Callable | None = None) -> Callable:
+        """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors. `copy(i, t)`:
+        the copy of input `i` the graph writes (a clone by default)."""
         sources = signature.graph_sources
         mutated = [i for i, _ in signature.mutated_grad_inputs]
+        copy = copy or (lambda i, t: t.clone())
 
         def graph_fn(*flat):
             flat = list(flat)
             for i in mutated:  # mutate a copy: the input itself is updated under autograd, after the call
-                flat[i] = flat[i].clone()
+                flat[i] = copy(i, flat[i])
             leaves = pytree.tree_leaves(self.run(flat))
             return [leaves[k]._base if of_base else leaves[k] for k, of_base in sources] + [flat[i] for i in mutated]
 

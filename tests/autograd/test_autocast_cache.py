@@ -75,6 +75,21 @@ def test_an_input_cast_for_two_operands(backend, make):
     assert_eager_grads(squared, [make], backend)
 
 
+def squared_after_a_write(b):
+    torch.nn.init.zeros_(b[..., :1])  # under no_grad: b stays a leaf, which eager's cache still holds
+    return squared(b)
+
+
+@pytest.mark.sampled(every=2, classes=("make",))
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make", [leaf, non_leaf], ids=["leaf", "non_leaf"])
+def test_an_input_written_then_cast_for_two_operands(backend, make):
+    """The graph writes the input before casting it: it traces a copy of the input it writes, which the cache held
+    only as a leaf of its own (fuzz seed 500563: the copy was cast twice, the gradients summed in float32 where
+    eager's one cast of the written leaf sums them in bf16)."""
+    assert_eager_grads(squared_after_a_write, [make], backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_leaf_weight_and_a_non_leaf_activation_in_one_graph(backend):
     """The weight's uses share one cast (bf16 sum), the activation's do not (float32 sum), in the same graph."""

@@ -1,4 +1,5 @@
 """The min-cut partitioner: what it saves, what it recomputes, and that it never saves more than save-all."""
+import functools
 import math
 
 import pytest
@@ -31,7 +32,7 @@ def joint_graph(fn, inputs, decompositions=FUNCTIONALIZATION):
     program = FlatProgram(torch.fx.symbolic_trace(fn), inputs)
     key = tuple(t.requires_grad for t in inputs)
     signature = program.analyze(key)
-    joint = trace_joint(program.graph_function(signature), program.input_specs, key, signature,
+    joint = trace_joint(functools.partial(program.graph_function, signature), program.input_specs, key, signature,
                         {**FUNCTIONALIZATION, **decompositions})
     tangents = [signature.graph_outputs[i] for i in signature.differentiable()]
     graph, mutations = functionalize(joint.gm, program.input_specs + tangents)

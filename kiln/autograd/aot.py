@@ -234,15 +234,10 @@ class AOTCompiled:
         if runner is None or (self.size_checks and not self._sizes_admitted(key, flat)):
             return self._specialized(args)
         if key[0] is not None and _writes_a_leaf_view(runner, flat):
-            return self._as_captured(flat)
+            return self._op_by_op(key, "it writes an input that is a view and a leaf that requires grad: eager's "
+                                       "earlier views of it lose their history to its base, as a compiled graph's "
+                                       "cannot")(flat)
         return runner(flat)
-
-    def _as_captured(self, flat: list):
-        """The captured graph run op by op, for a call that writes a leaf view (`_writes_a_leaf_view`)."""
-        fallbacks.record("graph", self.name, "it writes an input that is a view and a leaf that requires grad: "
-                         "eager's earlier views of it lose their history to its base, as a compiled graph's cannot; "
-                         "the captured graph runs op by op", stage="autograd")
-        return self.program.run(flat)
 
     def _sizes_admitted(self, key, flat: list) -> bool:
         check = self.size_checks.get(key)

@@ -24,6 +24,7 @@ eager's backward never reaches it.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,8 +76,9 @@ def independent_parts(gm: torch.fx.GraphModule, example_inputs: list, where_edge
     if not isinstance(returned, (tuple, list)):
         return None
     switches = {n for n in nodes if n.op == "call_function" and not n.all_input_nodes and not n.users}
-    return (_split(gm, example_inputs, where_edges_differ, nodes, switches, lambda arg, n: False)
-            or _split(gm, example_inputs, where_edges_differ, nodes, switches,
+    effects = functools.cache(lambda: _effects(gm, example_inputs))  # one fake run for both attempts
+    return (_split(gm, example_inputs, where_edges_differ, nodes, switches, effects, lambda arg, n: False)
+            or _split(gm, example_inputs, where_edges_differ, nodes, switches, effects,
                       lambda arg, n: _hands_off(arg, n, switches)))
 
 
@@ -88,9 +90,10 @@ def _hands_off(arg, node, switches: set) -> bool:
             and not in_place_call(node))
 
 
-def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, switches: set,
+def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, switches: set, effects_of: Callable,
            handed: Callable) -> Split | None:
-    """`independent_parts`, with the edges `handed(arg, node)` says a part may cross (a value handed over)."""
+    """`independent_parts`, with the edges `handed(arg, node)` says a part may cross (a value handed over);
+    `effects_of()`: the graph's `_effects`."""
     returned = nodes[-1].args[0]
     switches = set(switches)  # a drawing switch leaves them below
     part_of = _union_parts(nodes, switches, handed)
@@ -114,7 +117,7 @@ def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, swit
             {r: _reaching([returned[k] for k in roots[r]], handed) for r in roots}, roots, returned, placeholders,
             example_inputs):
         return None  # before the fake run below: most graphs stop here
-    effects = _effects(gm, example_inputs)
+    effects = effects_of()
     if effects is None:
         return None
     if may_write:

@@ -60,8 +60,7 @@ def kiln_reciprocal(x):
 @triton.jit
 def kiln_sigmoid(x):
     """Eager's CUDA sigmoid, `1 / (1 + exp(-x))` with CUDA's expf and a correctly rounded division."""
-    one = tl.full([], 1.0, x.dtype)
-    return libdevice.div_rn(one, one + libdevice.exp(-x))
+    return kiln_reciprocal(1.0 + libdevice.exp(-x))
 
 
 @triton.jit

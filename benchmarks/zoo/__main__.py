@@ -19,7 +19,9 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
   takes too, by reason), and `compile_stages_s`: where `compile_s` went (capture, autograd, lowering, scheduling,
   codegen, build with its Triton compiles, and the rest: imports and the first step's run);
 - with `--profile`, `profile`: where a step's GPU time goes (kernel kinds, launch gaps, the longest kernel
-  families; see benchmarks/gpu_profile.py).
+  families; see benchmarks/gpu_profile.py), and `host`: the host's side of a step (`host_ms`, the wall time to
+  issue one step with the GPU idle before it and not waited for after; `step_ms` with the wait) and, for the
+  compilers, the Python functions a few steps spend the most own time in (cProfile).
 
 With `--jobs N`, N pairs run at once: their compiles share the machine's cores (so `compile_s` is a contended
 wall time, recorded with the run's `jobs`), and while one pair runs its timed steps every other process of the run
@@ -33,11 +35,15 @@ import argparse
 import concurrent.futures
 import contextlib
 import copy
+import cProfile
 import fcntl
+import io
 import json
 import math
 import os
+import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,10 +201,40 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
             record["compile_stages_s"] = stages
         if profile:
             record["profile"] = profile_steps(lambda: step(inputs[next(calls) % len(inputs)]), steps=3, warmup=1)
+            record["host"] = host_profile(lambda: step(inputs[next(calls) % len(inputs)]), compiler != "eager")
     if compiler == "kiln":  # under KILN_STRICT=1 a fallback raises, so these count only what strict lets pass
         import kiln
         record["fallbacks"] = kiln.fallbacks.counts()
         record["graph_breaks"] = dict(kiln.fallbacks.breaks)
+    return record
+
+
+def host_profile(step, with_functions: bool, steps: int = 10) -> dict:
+    """The host's side of a step: a step whose host time exceeds its GPU time (`host_ms` near `step_ms`) is
+    bound by the Python that issues it, which the GPU profile shows only as gaps. With `with_functions`, also the
+    top functions by own time over a few steps (cProfile's clock slows each Python call, so its totals exceed
+    `host_ms`; read it for proportions)."""
+    host, total = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        issued = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append((issued - start) * 1e3)
+        total.append((time.perf_counter() - start) * 1e3)
+    record = {"host_ms": statistics.median(host), "step_ms": statistics.median(total)}
+    if with_functions:
+        profiler = cProfile.Profile()
+        torch.cuda.synchronize()
+        profiler.enable()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        record["functions_3_steps"] = text.getvalue()[-6000:]
     return record
 
 

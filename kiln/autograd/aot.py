@@ -444,10 +444,11 @@ class AOTCompiled:
 
     def _compile(self, key: tuple, kind: str, graph: torch.fx.GraphModule, visible_outputs: int | None = None,
                  mutations: list[InputMutation] = (), input_strides: dict[int, tuple] | None = None,
-                 alias_bases: tuple[int, ...] = ()) -> Callable:
+                 alias_bases: tuple[int, ...] = (), unversioned: tuple[int, ...] = ()) -> Callable:
         """`graph` through the compiler, told its kind, (a forward's) how many outputs the caller sees (the
         rest are saved for the backward) and (an inference graph's) which outputs are new values of its inputs:
-        the compiler may write them into the inputs, which the runtime then finds written. `input_strides`
+        the compiler may write them into the inputs, moving their version counters, which the runtime then finds
+        written; not those of `unversioned` (inputs eager writes without moving their counters). `input_strides`
         (placeholder index -> strides): inputs the graph receives with other strides than it was traced with
         (a backward's activations, saved channels-last by the compiled forward). `alias_bases`: the outputs
         other outputs are rebuilt on as views at their traced geometry (signature.py `OutputAlias`): the
@@ -455,8 +456,9 @@ class AOTCompiled:
         graph.meta["kiln.aot"] = {"kind": kind, "name": self.name}
         if visible_outputs is not None:
             graph.meta["kiln.aot"]["visible_outputs"] = visible_outputs
-        if mutations:
-            graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations)
+        if mutations:  # what eager writes where no version counter sees it is copied in by the runtime alone
+            graph.meta["kiln.aot"]["input_writes"] = tuple((m.output_index, m.input_index) for m in mutations
+                                                           if m.input_index not in unversioned)
         if alias_bases:
             graph.meta["kiln.aot"]["alias_bases"] = alias_bases
         example_inputs = [n.meta["val"] for n in graph.graph.find_nodes(op="placeholder")]
@@ -470,7 +472,7 @@ class AOTCompiled:
         if cached is not None:
             signature, graphs, mutations = cached
             compiled = self._compile(key, "inference", graphs["inference"], mutations=mutations,
-                                     alias_bases=_alias_bases(signature))
+                                     alias_bases=_alias_bases(signature), unversioned=signature.unversioned_inputs)
             return InferenceRunner(program, signature, compiled, mutations)
         self._before_trace(product_key)
         guards = self._guard_count()
@@ -492,9 +494,9 @@ class AOTCompiled:
                                       program.fake_mode(), len(signature.graph_outputs),
                                       graph_of=lambda result: result[0])
         store(graph, mutations)
-        return InferenceRunner(program, signature, self._compile(key, "inference", graph, mutations=mutations,
-                                                                 alias_bases=_alias_bases(signature)),
-                               mutations)
+        compiled = self._compile(key, "inference", graph, mutations=mutations, alias_bases=_alias_bases(signature),
+                                 unversioned=signature.unversioned_inputs)
+        return InferenceRunner(program, signature, compiled, mutations)
 
     def _build_training(self, key: tuple) -> Callable:
         program = self.program

@@ -80,27 +80,21 @@ class MutationWriter:
 
     def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec],
                  unversioned: tuple[int, ...] = ()):
-        # writes no version counter saw (through `.data`, OutputSignature.unversioned_inputs) are written so again
+        # writes no version counter saw (through `.data`, OutputSignature.unversioned_inputs: a batch norm's
+        # running statistics) are written so again
         self.unseen = [m for m in mutations if m.input_index in unversioned]
-        mutations = [m for m in mutations if m.input_index not in unversioned]
-        self.mutations = mutations
-        groups: dict = {}
-        for m in mutations:
-            spec = input_specs[m.input_index]
-            groups.setdefault((spec.dtype, spec.device), []).append(m)
-        self.groups = [([m.input_index for m in g], [m.output_index for m in g]) for g in groups.values()]
+        self.unseen_groups = _by_dtype_and_device(self.unseen, input_specs)
+        self.mutations = [m for m in mutations if m.input_index not in unversioned]
+        self.groups = _by_dtype_and_device(self.mutations, input_specs)
 
     def __call__(self, flat: list, outs: list) -> None:
-        for m in self.unseen:
-            if outs[m.output_index] is not flat[m.input_index]:
-                flat[m.input_index].data.copy_(outs[m.output_index])
+        if self.unseen:
+            self._write_unseen(flat, outs)
         if not self.mutations:
             return
-        # a compiled graph may have written the new value into the input itself (the output is the input):
-        # its version counter moves as eager's in-place op moves it (a backward that saved it then raises)
+        # a compiled graph may have written the new value into the input itself (the output is the input),
+        # having moved its version counter as eager's in-place op moves it (kiln/codegen/wrapper.py)
         written = [flat[m.input_index] for m in self.mutations if outs[m.output_index] is flat[m.input_index]]
-        if written:
-            torch.autograd.graph.increment_version(written)
         if len(written) == len(self.mutations):
             return
         with torch.no_grad():
@@ -116,8 +110,36 @@ class MutationWriter:
             for m in self.mutations:
                 flat[m.input_index].copy_(outs[m.output_index])
 
+    def _write_unseen(self, flat: list, outs: list) -> None:
+        """The unversioned writes, through `.data` (a version counter of its own, which the write moves): one fused
+        copy per dtype and device where the graph wrote none of them itself and their storages are distinct (a
+        ResNet's 53 batch norms: one copy launch per step, not 106), else one by one, in order."""
+        unseen = self.unseen
+        if (len(unseen) > 1 and all(outs[m.output_index] is not flat[m.input_index] for m in unseen)
+                and _distinct_storages(flat, unseen)):
+            for targets, values in self.unseen_groups:
+                torch._foreach_copy_([flat[i].data for i in targets], [outs[j] for j in values])
+            return
+        for m in unseen:
+            if outs[m.output_index] is not flat[m.input_index]:
+                flat[m.input_index].data.copy_(outs[m.output_index])
+
     def _distinct_storages(self, flat: list) -> bool:
-        return len({flat[m.input_index].untyped_storage().data_ptr() for m in self.mutations}) == len(self.mutations)
+        return _distinct_storages(flat, self.mutations)
+
+
+def _by_dtype_and_device(mutations: list[InputMutation], input_specs: list[TensorSpec]) -> list[tuple[list, list]]:
+    """(input indices, output indices) of `mutations` per dtype and device of their inputs, in order: the lists of
+    one `_foreach_copy_` (a multi-tensor kernel only where its lists hold one dtype)."""
+    groups: dict = {}
+    for m in mutations:
+        spec = input_specs[m.input_index]
+        groups.setdefault((spec.dtype, spec.device), []).append(m)
+    return [([m.input_index for m in g], [m.output_index for m in g]) for g in groups.values()]
+
+
+def _distinct_storages(flat: list, mutations: list[InputMutation]) -> bool:
+    return len({flat[m.input_index].untyped_storage().data_ptr() for m in mutations}) == len(mutations)
 
 
 class InferenceRunner:
@@ -127,7 +149,7 @@ class InferenceRunner:
                  mutations: list[InputMutation]):
         self.program, self.signature, self.compiled = program, signature, boxed(compiled)
         self.mutations = mutations
-        self.write_mutations = MutationWriter(mutations, program.input_specs)
+        self.write_mutations = MutationWriter(mutations, program.input_specs, signature.unversioned_inputs)
         self.plain = None if mutations else signature.plain_outputs()
 
     def with_signature(self, signature: OutputSignature) -> InferenceRunner:

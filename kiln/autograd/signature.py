@@ -397,7 +397,7 @@ class FlatProgram:
         values = [_non_leaf(s, mode) if r else s.fake(mode) for s, r in zip(self.input_specs, as_grad)]
         # the bookkeeping below is over tensors: an int input stands in as an empty tensor no op reads
         fakes = [v if isinstance(v, torch.Tensor) else _stand_in(mode) for v in values]
-        versions = [f._version if requires_grad is not None else 0 for f in fakes]  # inference tensors have none
+        versions = [_version_of(f) for f in fakes]
         # the sizes themselves, read as expressions only when compared: the run may add a size replacement
         # (a reshape's `s0 = s2*s3`) that rewrites the expressions of the fakes' sizes, changed or not
         sizes_before = [(f.shape, f.stride(), f.storage_offset()) for f in fakes]
@@ -433,8 +433,8 @@ class FlatProgram:
         watched = saved_by_eager(saved, fakes, versions, outputs.tensors,
                                  num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
             if requires_grad is not None else []
-        unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if f._version == v) \
-            if requires_grad is not None else ()
+        # written where no version counter saw it (batch norm's running statistics), in training and inference
+        unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if v is not None and f._version == v)
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
                                watched, _build_order(kinds), unversioned)
@@ -785,6 +785,11 @@ def _size_function(values: tuple, size_sources: dict, what: str) -> Callable:
     namespace: dict = {}
     exec("\n".join(lines), dict(SIZE_NAMES), namespace)
     return namespace["sizes"]
+
+
+def _version_of(t: torch.Tensor) -> int | None:
+    """`t`'s version counter, or None for an inference tensor (it has none: made under inference_mode)."""
+    return None if t.is_inference() else t._version
 
 
 def _geometry_of(t: torch.Tensor) -> tuple:

@@ -342,12 +342,34 @@ _INTEGER_DIVISIONS = frozenset((_aten.div, _aten.div_, _aten.floor_divide, _aten
 """Divisions that raise ZeroDivisionError on a zero divisor, when their result is an integer."""
 
 
+DEVICE_ASSERTED_ON_CUDA = frozenset((
+    _aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl, _aten._index_put_impl_, _aten.gather,
+    _aten.scatter, _aten.scatter_, _aten.scatter_add, _aten.scatter_add_, _aten.scatter_reduce, _aten.scatter_reduce_,
+    _aten.index_select, _aten.index_add, _aten.index_add_, _aten.index_copy, _aten.index_copy_, _aten.index_fill,
+    _aten.index_fill_, _aten.index_reduce, _aten.index_reduce_, _aten.embedding, _aten._embedding_bag,
+    _aten.embedding_bag, _aten.take, _aten.put, _aten.put_, _aten.nll_loss_forward, _aten.nll_loss2d_forward,
+    _aten._assert_async,
+))
+"""Value-checked ops whose CUDA kernels check with a device-side assert: no exception at the op, and a CUDA
+context no later call (a re-run included) survives. kiln's own CUDA kernels check indices so too."""
+
+
 def _checks_values(func, out) -> bool:
+    """Whether `func` may raise at run time on the values it reads, with `out` its (fake) result: on the GPU an
+    index or class check (`DEVICE_ASSERTED_ON_CUDA`) and an integer division (no check: eager's CUDA kernel
+    divides by zero without raising) raise nothing that a re-run could follow, so a CUDA graph with only those
+    takes no copy of the inputs it writes (a CNN's batch counters, every training step, for its loss's class
+    check)."""
     packet = getattr(func, "overloadpacket", None)
     if packet in VALUE_CHECKED_OPS:
-        return True
+        return not (packet in DEVICE_ASSERTED_ON_CUDA and _on_cuda(out))
     return packet in _INTEGER_DIVISIONS and isinstance(out, torch.Tensor) and not (
-        out.is_floating_point() or out.is_complex())
+        out.is_floating_point() or out.is_complex() or out.is_cuda)
+
+
+def _on_cuda(out) -> bool:
+    tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def _generator_of(device: torch.device):

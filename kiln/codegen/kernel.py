@@ -149,8 +149,8 @@ class KernelPrinter:
             return known[1], True
         if e.buf in self.group.local:
             raise AssertionError(f"{e.buf} is register-only but read at {index} in {self.group.name}")
-        if e.buf not in self.produced:
-            self.inputs[e.buf] = None
+        if e.buf not in self.produced or e.buf in self.group.writes_inputs:  # (a split reduction's partial kernel
+            self.inputs[e.buf] = None  # reads an input that its combining kernel writes: an argument of each)
         return self.load_code(e, index), False
 
     def _store(self, node: ir.ComputedBuffer, var: str, dtype: torch.dtype) -> None:

@@ -10,8 +10,9 @@ and returns the input itself, and the runtime, finding its output to be the inpu
 
 The store replaces the input's old value, so it is done only where nothing can read that value after it:
 
-- the new value `B` is computed by a pointwise kernel (no reduction, no template) with the input's exact
-  layout and dtype, and is returned once, as that input's new value, not as a view;
+- the new value `B` is computed by a pointwise kernel (no template), or by the epilogue of a reduction kernel
+  (a batch norm's running statistics, computed from its batch statistics), with the input's exact layout and
+  dtype, and is returned once, as that input's new value, not as a view;
 - no step after that kernel reads the input, and no extern views it (a view read later would see the new
   value) or the new value (its view would become the input's); the input is not itself returned (a
   forward graph returns inputs it saves for the backward);
@@ -83,15 +84,25 @@ def _writable(sched: Schedule, buf: str, target: ir.InputBuffer) -> KernelGroup 
 
 
 def _writer(sched: Schedule, buf: str) -> tuple[int, KernelGroup, ir.ComputedBuffer] | None:
-    """(step index, group, node) of the pointwise kernel that computes `buf`, if one does."""
+    """(step index, group, node) of the kernel that computes `buf` where it may store it into an input: a
+    pointwise kernel, or a reduction kernel whose epilogue computes it (module docstring), if one does."""
     for k, step in enumerate(sched.steps):
         if not isinstance(step, KernelGroup):
             continue
         for node in step.nodes:
             if node.name == buf:
-                usable = (not step.has_reduction() and sched.template_of(step) is None and buf not in step.local)
+                usable = (sched.template_of(step) is None and buf not in step.local
+                          and (not step.has_reduction() or _in_epilogue(step, node)))
                 return (k, step, node) if usable else None
     return None
+
+
+def _in_epilogue(group: KernelGroup, node: ir.ComputedBuffer) -> bool:
+    """Whether `node` is a pointwise node of a reduction kernel's outer segment (no reduced loop): stored once per
+    output row after the loops that reduce it, so every read of the row's own element in the loops (and every
+    partial kernel of a split reduction) comes before its store. A node of the loops themselves is not: a two-pass
+    reduction reads its loop's values a second time."""
+    return not node.is_reduction() and any(not seg.inner and node in seg.nodes for seg in group.segments)
 
 
 def _same_layout(a: ir.Layout, b: ir.Layout) -> bool:

@@ -456,3 +456,32 @@ def test_a_graph_raising_other_than_eager_raises_eagers_error_and_warns():
             kiln.compile(f, backend=raises)(torch.ones(2))
     assert info.value.__context__ is None
     assert any("running it eagerly raised KeyError" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_checks_that_cuda_makes_device_asserts_take_no_copy_on_the_gpu(device):
+    """On the GPU an index or class check is a device-side assert (no exception at the op, and a CUDA context no
+    re-run survives) and an integer division by zero raises nothing: a CUDA graph with only those needs no copy of
+    the inputs it writes, which a CNN's training step otherwise takes each step (its batch counters, for the
+    loss's class check). A check the host makes (a factorization's) still counts on either device."""
+    from kiln.capture.graph import WatchingFakeMode
+    from support.fake_cuda import allow_fake_cuda
+
+    allow_fake_cuda()
+    aten = torch.ops.aten
+
+    def checks(op, *args, **kwargs):
+        """Whether capture's fake mode notes a value check in `op` run on fakes of `args` ((shape, dtype) pairs
+        are tensors made on `device`)."""
+        with WatchingFakeMode() as mode:
+            op(*[torch.empty(a[0], dtype=a[1], device=device) if isinstance(a, tuple) else a for a in args],
+               **kwargs)
+        return mode.checks_values
+
+    logits, classes, info = ((4, 3), torch.float32), ((4,), torch.int64), ((), torch.int32)
+    on_gpu = device == "cuda"
+    assert checks(aten.nll_loss_forward, logits, classes, None, 1, -100) != on_gpu
+    assert checks(aten.index_select, logits, 0, classes) != on_gpu
+    assert checks(aten.floor_divide, classes, classes) != on_gpu
+    assert checks(aten.floor_divide, logits, logits) is False  # floats divide by zero without raising anywhere
+    assert checks(aten._linalg_check_errors, info, "cholesky", is_matrix=True) is True

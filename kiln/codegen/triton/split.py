@@ -17,6 +17,9 @@ chunks of RCHUNK elements:
                    RSPLIT need not be a power of two: the combine reads SBLOCK (the
                    next one) partials per row, masked.
 
+The workspaces of one dtype are parts of one allocation (a Welford's mean, M2 and
+count: one allocation per call, not three), each kernel offsetting its pointer.
+
 Only groups shaped [inner segment, outer segments...] are split (no inner segment
 reads a reduction result back). The schedule is unchanged: the pair is one
 kernel to the wrapper.
@@ -77,7 +80,9 @@ class SplitReductionKernel(TritonKernel):
         self.inputs, self.outputs = ins, outs
         self.arg_names = [b for b in ins if b not in outs] + list(outs)
         sizes = [str(s) for s in self.size_args]
-        ws = [w[0] for w in self.workspaces]
+        ws = self._workspace_arguments()
+        offsets = self._workspace_offsets()
+        partial_body, combine_body = offsets + partial_body, offsets + combine_body
         p_params = ws + self.partial_args + sizes + ["xnumel", "rnumel"] + [
             "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "RSPLIT: tl.constexpr", "RCHUNK: tl.constexpr"]
         c_params = ws + self.combine_args + sizes + ["xnumel", "XBLOCK: tl.constexpr", "RSPLIT: tl.constexpr",
@@ -90,6 +95,22 @@ class SplitReductionKernel(TritonKernel):
         src += combine_body
         self.jit_source = "\n".join(src)
         return self.jit_source + "\n\n\n" + self._launcher()
+
+    def _workspace_groups(self) -> dict:
+        """{torch dtype: the names of its workspaces}, in order: one allocation each."""
+        groups: dict = {}
+        for name, dtype, *_ in self.workspaces:
+            groups.setdefault(dtype, []).append(name)
+        return groups
+
+    def _workspace_arguments(self) -> list[str]:
+        """The kernels' workspace parameters: one per dtype, named after its first workspace."""
+        return [names[0] for names in self._workspace_groups().values()]
+
+    def _workspace_offsets(self) -> list[str]:
+        """Lines binding each further workspace of a dtype to its part of the allocation ([RSPLIT, xnumel] each)."""
+        return [f"    {name} = {names[0]} + {k} * RSPLIT * xnumel"
+                for names in self._workspace_groups().values() for k, name in enumerate(names) if k]
 
     def _docstring(self) -> str:
         g = self.group
@@ -154,7 +175,7 @@ class SplitReductionKernel(TritonKernel):
     def _launcher(self) -> str:
         g, cfg = self.group, self.config
         sizes = [str(s) for s in self.size_args]
-        ws = [w[0] for w in self.workspaces]
+        ws = self._workspace_arguments()
         first = self.arg_names[0]
         lines = [f"def {self.entry}({', '.join((self.signature or self.arg_names) + sizes)}):"]
         numbers = self._launch_numbers(product(g.outer), product(g.inner))
@@ -163,8 +184,9 @@ class SplitReductionKernel(TritonKernel):
         else:
             prelude, xnumel, rnumel, partial_grid, combine_grid, workspace = numbers
             lines += prelude
-            for name, dtype, *_ in self.workspaces:
-                lines.append(f"    {name} = torch.empty({workspace}, dtype={dtype}, device={first}.device)")
+            for name, (dtype, parts) in zip(ws, self._workspace_groups().items()):
+                length = workspace if len(parts) == 1 else f"{len(parts)} * {workspace}"
+                lines.append(f"    {name} = torch.empty({length}, dtype={dtype}, device={first}.device)")
             lines.append(f"    _launch_{self.jit_name}_partial{self.launch_suffix}(({partial_grid}, {cfg.RSPLIT}), "
                          f"{', '.join(ws + self.partial_args + sizes + [xnumel, rnumel])})")
             lines.append(f"    _launch_{self.jit_name}{self.launch_suffix}({combine_grid}, "
@@ -188,7 +210,7 @@ class SplitReductionKernel(TritonKernel):
 
     def _launcher_objects(self) -> list[str]:
         """The `Launcher`s of the partial and the combine kernel."""
-        cfg, ws = self.config, [w[0] for w in self.workspaces]
+        cfg, ws = self.config, self._workspace_arguments()
         cx, sblock = cfg.COMBINE_XBLOCK, next_pow2(cfg.RSPLIT)
         return [
             f"_launch_{self.jit_name}_partial{self.launch_suffix} = "
@@ -205,7 +227,7 @@ class SplitReductionKernel(TritonKernel):
         g = self.group
         sizes = [int(v) if v.is_Integer else 2 for v in self.size_args]
         numels = [int(v) if v.is_Integer else 2 for v in (product(g.outer), product(g.inner))]
-        ws_dtypes = [w[1] for w in self.workspaces]
+        ws_dtypes = list(self._workspace_groups())
         dt = [self.layouts[b].dtype for b in self.partial_args]
         partial = getattr(module, f"_launch_{self.jit_name}_partial{self.launch_suffix}")
         partial.precompile(ws_dtypes + dt, sizes + numels)

@@ -14,6 +14,11 @@
   extern's name, the first epilogue. The scheduler gives a template node a kernel of its
   own and fuses the pointwise nodes after it as epilogue segments (option
   `epilogue_fusion`).
+- on CUDA, an extern `addmm` (beta = alpha = 1) whose result only pointwise nodes read becomes `mm` and a
+  pointwise `bias + mm` under its name, which the scheduler fuses into those readers (`unfused_bias`): eager's
+  addmm asks cuBLASLt for its bias epilogue, whose algorithm query costs the host more per call than the mm
+  and the fused add (a ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The bias is added to the
+  mm rounded to its dtype, as a template's epilogue adds it (docs/numerics.md).
 - with `shape_padding` (and no template), an extern matmul on CUDA whose K or N is not a
   multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed), and that is compute-bound
   (`worth_padding`), calls `PaddedMatmul`: the operands are zero-padded on those dims,
@@ -44,6 +49,7 @@ from kiln.lower import ir
 from kiln.lower.index import index_vars
 from kiln.lower.shape_padding import needs_padding, padding_multiple, worth_padding
 from kiln.runtime import graph_cache
+from kiln.schedule import deps
 from kiln.schedule.fusion import KernelGroup, Segment, nonunit
 
 aten = torch.ops.aten
@@ -291,6 +297,7 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
     device_type = torch.device(device).type
     templates: dict = {}
     nodes = []
+    readers = deps.readers(graph) if device_type == "cuda" else {}
     for n in graph.nodes:
         # a matmul whose template kernel failed to build stays the ATen call (kiln.fallbacks)
         if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout) \
@@ -302,6 +309,9 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
                 nodes += made[0]
                 templates.update(made[1])
                 continue
+            unfused = _unfused_bias(n, readers.get(n.name, ()), graph)
+            if unfused is not None:
+                n = unfused[0]
             if multiple:
                 refs = [a for a in n.args if isinstance(a, ir.TensorRef)]
                 m, k = (_static(d) for d in refs[-2].layout.size[-2:])
@@ -310,9 +320,33 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
                     args = tuple(_whole_rows(a, graph) if a is refs[-2] else a for a in n.args)
                     n = ir.Extern(n.name, PaddedMatmul(MATMULS[n.op], multiple), args, n.kwargs, n.layout,
                                   n.aliases_inputs)
+            if unfused is not None:
+                nodes += [n, unfused[1]]
+                continue
         nodes.append(n)
     graph.nodes = nodes
     return templates
+
+
+def _unfused_bias(n: ir.Extern, readers, graph: ir.LoweredGraph) -> tuple[ir.Extern, ir.ComputedBuffer] | None:
+    """(the `mm` extern, the pointwise `bias + mm` named as `n`) for an `addmm` read only by pointwise nodes (module
+    docstring), or None."""
+    if n.op is not aten.addmm.default or len(n.args) != 3 or any(float(v) != 1 for v in n.kwargs.values()):
+        return None
+    if not readers or not all(isinstance(r, ir.ComputedBuffer) and not r.is_reduction() for r in readers):
+        return None
+    bias, a, b = n.args
+    if not all(isinstance(r, ir.TensorRef) for r in (bias, a, b)) or bias.layout.dtype != n.layout.dtype:
+        return None
+    name = f"{n.name}_mm"
+    mm = ir.Extern(name, aten.mm.default, (a, b), {}, ir.Layout.contiguous(n.layout.size, n.layout.dtype))
+    if n.name in graph.origins:
+        graph.origins[name] = graph.origins[n.name]
+    i = index_vars("i", 2)
+    out_index = sympy.expand(sum((v * s for v, s in zip(i, mm.layout.stride)), sympy.Integer(0)))
+    dtype = n.layout.dtype
+    add = ir.Op("add", (ir.Load(bias.buf, _broadcast_index(bias, i), dtype), ir.Load(name, out_index, dtype)), dtype)
+    return mm, ir.ComputedBuffer(n.name, n.layout, ir.Pointwise(tuple(n.layout.size), add))
 
 
 # ----------------------------------------------------------------------------- the kernel

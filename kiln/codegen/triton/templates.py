@@ -14,11 +14,11 @@
   extern's name, the first epilogue. The scheduler gives a template node a kernel of its
   own and fuses the pointwise nodes after it as epilogue segments (option
   `epilogue_fusion`).
-- on CUDA, an extern `addmm` (beta = alpha = 1) whose result only pointwise nodes read becomes `mm` and a
-  pointwise `bias + mm` under its name, which the scheduler fuses into those readers (`unfused_bias`): eager's
-  addmm asks cuBLASLt for its bias epilogue, whose algorithm query costs the host more per call than the mm
-  and the fused add (a ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The bias is added to the
-  mm rounded to its dtype, as a template's epilogue adds it (docs/numerics.md).
+- on CUDA, an extern float32 (or float64) `addmm` (beta = alpha = 1) whose result only pointwise nodes read
+  becomes `mm` and a pointwise `bias + mm` under its name, which the scheduler fuses into those readers
+  (`_unfused_bias`): eager's addmm asks cuBLASLt for its bias epilogue, whose algorithm query costs the host more
+  per call than the mm and the fused add (a ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The
+  product is a float32 result either way; a bf16/fp16 addmm stays, as its mm would be rounded before the add.
 - with `shape_padding` (and no template), an extern matmul on CUDA whose K or N is not a
   multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed), and that is compute-bound
   (`worth_padding`), calls `PaddedMatmul`: the operands are zero-padded on those dims,
@@ -338,6 +338,8 @@ def _unfused_bias(n: ir.Extern, readers, graph: ir.LoweredGraph) -> tuple[ir.Ext
     bias, a, b = n.args
     if not all(isinstance(r, ir.TensorRef) for r in (bias, a, b)) or bias.layout.dtype != n.layout.dtype:
         return None
+    if n.layout.dtype not in (torch.float32, torch.float64):  # a half-type mm rounds before the add: a second
+        return None  # rounding, which compounds over a deep model's layers
     name = f"{n.name}_mm"
     mm = ir.Extern(name, aten.mm.default, (a, b), {}, ir.Layout.contiguous(n.layout.size, n.layout.dtype))
     if n.name in graph.origins:

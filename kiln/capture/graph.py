@@ -313,7 +313,7 @@ class WatchingFakeMode(FakeTensorMode):
             for t in pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.rng_devices.add(_generator_of(t.device))
-        if not self.checks_values and _checks_values(func, out):
+        if not self.checks_values and (_checks_values(func, out) or _doomed(func, args, kwargs or {})):
             self.checks_values = True
         return out
 
@@ -365,6 +365,42 @@ def _checks_values(func, out) -> bool:
         return not (packet in DEVICE_ASSERTED_ON_CUDA and _on_cuda(out))
     return packet in _INTEGER_DIVISIONS and isinstance(out, torch.Tensor) and not (
         out.is_floating_point() or out.is_complex() or out.is_cuda)
+
+
+_BOOL_REFUSING = frozenset((_aten.sub, _aten.sub_, _aten.rsub, _aten.neg, _aten.neg_))
+_CASTING_WRITES = frozenset((_aten.copy_, _aten.fill_))  # they cast what they write, to any dtype
+_WITHOUT_IDENTITY = frozenset((_aten.max, _aten.min, _aten.amax, _aten.amin, _aten.argmax, _aten.argmin,
+                               _aten.aminmax))
+
+
+def _doomed(func, args: tuple, kwargs: dict) -> bool:
+    """Whether eager raises at `func` by its operands' types or layout, which fake tensors do not check (the graph
+    then runs op by op to raise: kiln/autograd/eager_errors.py): a subtraction or negation of a bool, an in-place
+    result its tensor's dtype cannot hold (not a copy or fill, which cast), a write into a tensor whose elements
+    share memory (an expanded one), a reduction without identity over no element. Like a value check, such a
+    graph may raise after writing its inputs, so they are copied before it runs."""
+    packet = getattr(func, "overloadpacket", None)
+    operands = [*args, *kwargs.values()]
+    if packet in _BOOL_REFUSING:
+        return any(isinstance(a, bool) or (isinstance(a, torch.Tensor) and a.dtype == torch.bool) for a in operands)
+    if packet in _WITHOUT_IDENTITY:
+        return bool(args) and isinstance(args[0], torch.Tensor) and args[0].numel() == 0
+    schema = getattr(func, "_schema", None)
+    written = schema is not None and schema.arguments and schema.arguments[0].alias_info is not None \
+        and schema.arguments[0].alias_info.is_write and not schema.arguments[0].kwarg_only
+    if not (written and args and isinstance(args[0], torch.Tensor)):
+        return False
+    target = args[0]
+    if any(stride == 0 and size > 1 for size, stride in zip(target.shape, target.stride())):
+        return True
+    if packet in _CASTING_WRITES:
+        return False
+    numbers = [a for a in operands[1:] if isinstance(a, (torch.Tensor, int, float, complex, bool))]
+    try:
+        result = torch.result_type(target, numbers[0]) if len(numbers) == 1 else target.dtype
+    except (RuntimeError, TypeError):
+        return False
+    return not torch.can_cast(result, target.dtype)
 
 
 def _on_cuda(out) -> bool:

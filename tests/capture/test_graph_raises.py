@@ -485,3 +485,29 @@ def test_checks_that_cuda_makes_device_asserts_take_no_copy_on_the_gpu(device):
     assert checks(aten.floor_divide, classes, classes) != on_gpu
     assert checks(aten.floor_divide, logits, logits) is False  # floats divide by zero without raising anywhere
     assert checks(aten._linalg_check_errors, info, "cholesky", is_matrix=True) is True
+
+
+# ops eager raises on by their operands' types or layout, which fake tensors do not check: a graph with one runs
+# op by op to raise as eager does (kiln/autograd/eager_errors.py)
+DOOMED_OPS = {
+    "subtraction of a bool tensor": "(t > 2) - 1",
+    "in-place result that cannot be cast": "(t > 0).mul_(2.5)",
+    "max of an empty tensor": "t[:0].max()",
+    "write into an expanded tensor": "t[:1].expand(4).add_(1)",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(DOOMED_OPS))
+def test_an_input_written_before_a_doomed_op_is_written_once(op, backend):
+    """A graph that eager's type or layout checks doom writes its inputs as it runs op by op: capture copies them
+    before it runs, as for an op that checks values, so that the frame re-runs eagerly from them (fuzz seed 571235:
+    a closure's state, changed before the raise, was lost with the re-run)."""
+    source = WRITING_PROGRAM.format(write="x.add_(1)", op=DOOMED_OPS[op])
+    x = torch.arange(1, 5)
+    eager_ns, _, eager_error = _run(source, None, x)
+    kx = torch.arange(1, 5)
+    kiln_ns, _, kiln_error = _run(source, backend, kx)
+    assert eager_error is not None and type(kiln_error) is type(eager_error) and str(kiln_error) == str(eager_error)
+    assert _state(kiln_ns) == _state(eager_ns) and eager_ns["LOG"] == [4]
+    assert torch.equal(kx, x)

@@ -183,3 +183,19 @@ def test_a_graph_that_falls_back_is_minified_after_capture_too(repro_dir, monkey
     with miscompile.sigmoid_raises(), pytest.warns(UserWarning, match="minified to 1 node"):
         torch.testing.assert_close(kiln.compile(model)(x), model(x))
     assert "sigmoid" in next(repro_dir.glob("*_capture_minified.py")).read_text()
+
+
+def rounding_program(x):
+    return torch.relu(x[:round(x.shape[0] / 2)])  # `round` of a symbolic size: a builtin the graph's code names
+
+
+def test_a_repro_imports_the_functions_its_graph_names(repro_dir):
+    """A graph over symbolic sizes calls Python builtins (`round`), which the script imports by module: the
+    whole graph's script is written, and shows the failure (it raised a NameError before it was)."""
+    with pytest.raises(kiln.BackendCompilerFailed) as raised:
+        kiln.compile(rounding_program, backend=relu_hater, dynamic=True)(torch.randn(8, 8))
+    assert "could not write a repro" not in str(raised.value)
+    (written,) = repro_dir.iterdir()
+    assert "importlib.import_module('builtins').round" in written.read_text()
+    shown = run_script(written)
+    assert shown.returncode == 1 and "NotImplementedError: relu is not supported" in shown.stdout, shown.stdout

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import re
 import runpy
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,10 @@ def load(path: str | Path) -> tuple[Repro, dict]:
     """Read a repro script back: the graph (traced from `Repro`), its inputs, and where it failed."""
     namespace = runpy.run_path(str(path), run_name="kiln_repro")
     module = namespace["Repro"]()
-    gm = torch.fx.symbolic_trace(module)
+    # builtins the graph's code calls on symbolic sizes (`round(s0 / 2)`) stay calls: a proxy has no __round__
+    builtins = tuple(v for v in namespace.values() if isinstance(v, types.BuiltinFunctionType)
+                     and getattr(v, "__module__", None) == "builtins")
+    gm = torch.fx.GraphModule(module, torch.fx.Tracer(autowrap_functions=builtins).trace(module))
     gm.meta["kiln.aot"] = {"kind": namespace["KIND"], "name": "repro"}
     torch.manual_seed(0)
     inputs = namespace["make_inputs"]()
@@ -123,6 +127,7 @@ TEMPLATE = '''"""kiln repro: {note}
 Run it to see the failure (the graph eagerly and through kiln): python {name}
 Shrink it to the fewest nodes that still fail: python -m kiln minify {name}
 """
+import importlib  # noqa: F401  (the imports below may name a function by its module)
 import os
 import sys
 from pathlib import Path

@@ -329,6 +329,10 @@ class AOTCompiled:
             # kiln's own limits, and data-dependent sizes, have their own handling; Python's stack running out is
             # a failure of kiln's tracing (a cycle of decompositions), never an op's check that eager makes too
             raise
+        except ZeroDivisionError as e:
+            # size arithmetic at these sizes divides by zero in Python (a variance's backward over as many
+            # elements as its correction: `2 / (n - 1)` at n = 1), where eager's C++ gives inf: static sizes do too
+            raise NeedsStaticShapes(f"sizes divided by zero ({e})") from e
         except RuntimeError as e:
             raise RaisesInEager() from e
 

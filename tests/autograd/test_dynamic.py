@@ -101,3 +101,22 @@ def test_an_output_viewing_an_input_with_symbolic_sizes_compiles_once():
         torch.testing.assert_close(sine, x.sin())
     graph = the_compiled_graph(compiled)
     assert isinstance(graph, AOTCompiled) and graph.specialized is None
+
+
+def first_half_variance(a):
+    return a[:round(a.shape[0] / 2)].var(0), a * 1.5
+
+
+def test_a_variance_over_as_many_elements_as_its_correction_gives_eagers_nan_gradient():
+    """The backward of `var` divides by `n - correction`: over symbolic sizes Python's division raised
+    ZeroDivisionError while the joint graph was traced at n = 1, where eager's C++ gives inf and a NaN gradient
+    (fuzz seed 573394, a crash). Such a graph compiles with static sizes instead."""
+    for n in (2, 4):
+        a = torch.randn(n, requires_grad=True)
+        kiln_a = a.detach().clone().requires_grad_()
+        want = first_half_variance(a)
+        got = kiln.compile(first_half_variance, dynamic=True)(kiln_a)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        sum(t.sum() for t in want).backward()
+        sum(t.sum() for t in got).backward()
+        torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)

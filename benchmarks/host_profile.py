@@ -31,7 +31,9 @@ import torch
 from common import build_step, load_bench, write_json
 
 
-def _times(step, n: int) -> tuple[float, float]:
+def step_times(step, n: int) -> tuple[float, float]:
+    """(host ms, step ms), medians over `n` steps each started with the GPU idle: the wall time to issue the step,
+    and the same with the wait for its GPU work."""
     host, total = [], []
     for _ in range(n):
         torch.cuda.synchronize()
@@ -84,7 +86,7 @@ def profile_one(bench, model_name: str, compiler: str, opts: dict, steps: int, t
     first = time.perf_counter() - t0
     for _ in range(5):
         step()
-    host_ms, step_ms = _times(step, steps)
+    host_ms, step_ms = step_times(step, steps)
     syncs = _synchronizing_calls(step)
     row = {"model": model_name, "compiler": compiler, "first_call_s": round(first, 2),
            "host_ms": round(host_ms, 3), "step_ms": round(step_ms, 3),

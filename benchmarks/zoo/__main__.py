@@ -43,7 +43,6 @@ import math
 import os
 import pstats
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import torch  # noqa: E402
 from gpu_profile import profile_steps  # noqa: E402
+from host_profile import step_times  # noqa: E402
 
 from common import compiled, cuda_time, result_path, write_json  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
@@ -214,16 +214,8 @@ def host_profile(step, with_functions: bool, steps: int = 10) -> dict:
     bound by the Python that issues it, which the GPU profile shows only as gaps. With `with_functions`, also the
     top functions by own time over a few steps (cProfile's clock slows each Python call, so its totals exceed
     `host_ms`; read it for proportions)."""
-    host, total = [], []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        issued = time.perf_counter()
-        torch.cuda.synchronize()
-        host.append((issued - start) * 1e3)
-        total.append((time.perf_counter() - start) * 1e3)
-    record = {"host_ms": statistics.median(host), "step_ms": statistics.median(total)}
+    host_ms, step_ms = step_times(step, steps)
+    record = {"host_ms": host_ms, "step_ms": step_ms}
     if with_functions:
         profiler = cProfile.Profile()
         torch.cuda.synchronize()

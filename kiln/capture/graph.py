@@ -319,39 +319,33 @@ class WatchingFakeMode(FakeTensorMode):
 
 
 _aten = torch.ops.aten
-VALUE_CHECKED_OPS = frozenset((
+DEVICE_ASSERTED_ON_CUDA = frozenset((
     # indices read from a tensor, checked against the indexed size
     _aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl, _aten._index_put_impl_, _aten.gather,
     _aten.scatter, _aten.scatter_, _aten.scatter_add, _aten.scatter_add_, _aten.scatter_reduce, _aten.scatter_reduce_,
     _aten.index_select, _aten.index_add, _aten.index_add_, _aten.index_copy, _aten.index_copy_, _aten.index_fill,
     _aten.index_fill_, _aten.index_reduce, _aten.index_reduce_, _aten.embedding, _aten._embedding_bag,
-    _aten.embedding_bag, _aten.take, _aten.put, _aten.put_, _aten.masked_scatter, _aten.masked_scatter_,
-    _aten.max_unpool2d, _aten.max_unpool3d,
+    _aten.embedding_bag, _aten.take, _aten.put, _aten.put_,
     # class targets checked against the number of classes
-    _aten.nll_loss_forward, _aten.nll_loss2d_forward, _aten.multi_margin_loss, _aten.multilabel_margin_loss_forward,
-    _aten._ctc_loss,
+    _aten.nll_loss_forward, _aten.nll_loss2d_forward,
+    # asserts on values
+    _aten._assert_async,
+))
+"""Value-checked ops whose CUDA kernels check with a device-side assert: no exception at the op, and a CUDA
+context no later call (a re-run included) survives. kiln's own CUDA kernels check indices so too."""
+
+VALUE_CHECKED_OPS = DEVICE_ASSERTED_ON_CUDA | frozenset((
+    _aten.masked_scatter, _aten.masked_scatter_, _aten.max_unpool2d, _aten.max_unpool3d,
+    _aten.multi_margin_loss, _aten.multilabel_margin_loss_forward, _aten._ctc_loss,
     # probabilities checked to lie in [0, 1]; factorizations checked for singular or non-definite inputs
     _aten.multinomial, _aten.bernoulli, _aten.bernoulli_, _aten.binary_cross_entropy, _aten._linalg_check_errors,
-    # asserts on values
-    _aten._assert_async, _aten._assert_scalar,
+    _aten._assert_scalar,
 ))
 """ATen ops whose kernels check the values they read and raise (fake tensors run no such check)."""
 
 _INTEGER_DIVISIONS = frozenset((_aten.div, _aten.div_, _aten.floor_divide, _aten.floor_divide_, _aten.remainder,
                                 _aten.remainder_, _aten.fmod, _aten.fmod_))
 """Divisions that raise ZeroDivisionError on a zero divisor, when their result is an integer."""
-
-
-DEVICE_ASSERTED_ON_CUDA = frozenset((
-    _aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl, _aten._index_put_impl_, _aten.gather,
-    _aten.scatter, _aten.scatter_, _aten.scatter_add, _aten.scatter_add_, _aten.scatter_reduce, _aten.scatter_reduce_,
-    _aten.index_select, _aten.index_add, _aten.index_add_, _aten.index_copy, _aten.index_copy_, _aten.index_fill,
-    _aten.index_fill_, _aten.index_reduce, _aten.index_reduce_, _aten.embedding, _aten._embedding_bag,
-    _aten.embedding_bag, _aten.take, _aten.put, _aten.put_, _aten.nll_loss_forward, _aten.nll_loss2d_forward,
-    _aten._assert_async,
-))
-"""Value-checked ops whose CUDA kernels check with a device-side assert: no exception at the op, and a CUDA
-context no later call (a re-run included) survives. kiln's own CUDA kernels check indices so too."""
 
 
 def _checks_values(func, out) -> bool:

@@ -14,11 +14,12 @@
   extern's name, the first epilogue. The scheduler gives a template node a kernel of its
   own and fuses the pointwise nodes after it as epilogue segments (option
   `epilogue_fusion`).
-- on CUDA, an extern float32 (or float64) `addmm` (beta = alpha = 1) whose result only pointwise nodes read
-  becomes `mm` and a pointwise `bias + mm` under its name, which the scheduler fuses into those readers
-  (`_unfused_bias`): eager's addmm asks cuBLASLt for its bias epilogue, whose algorithm query costs the host more
-  per call than the mm and the fused add (a ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The
-  product is a float32 result either way; a bf16/fp16 addmm stays, as its mm would be rounded before the add.
+- on CUDA, an extern float32 (or float64) `addmm` (beta = alpha = 1) of a small result (host-bound:
+  `UNFUSED_BIAS_MAX_ELEMENTS`) whose result only pointwise nodes read becomes `mm` and a pointwise `bias + mm`
+  under its name, which the scheduler fuses into those readers (`_unfused_bias`): eager's addmm asks cuBLASLt for
+  its bias epilogue, whose algorithm query costs the host more per call than the mm and the fused add (a
+  ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The product is a float32 result either way; a
+  bf16/fp16 addmm stays, as its mm would be rounded before the add.
 - with `shape_padding` (and no template), an extern matmul on CUDA whose K or N is not a
   multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed), and that is compute-bound
   (`worth_padding`), calls `PaddedMatmul`: the operands are zero-padded on those dims,
@@ -328,10 +329,21 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
     return templates
 
 
+# The largest addmm result (elements) whose bias is unfused: where the add fails to fuse into its readers (a
+# reader over a permuted view: a Swin window, a ConvNeXt block's return to NCHW), it runs as a kernel of its own,
+# whose pass over the result must stay within the few microseconds of host time the unfusing saves. Beyond it,
+# steps are bound by the GPU, which adds the bias in cuBLASLt's epilogue for free (Swin-T and ConvNeXt-T fp32
+# inference at batch 64 ran 7-20% slower unfused on the H100).
+UNFUSED_BIAS_MAX_ELEMENTS = 1 << 21
+
+
 def _unfused_bias(n: ir.Extern, readers, graph: ir.LoweredGraph) -> tuple[ir.Extern, ir.ComputedBuffer] | None:
     """(the `mm` extern, the pointwise `bias + mm` named as `n`) for an `addmm` read only by pointwise nodes (module
     docstring), or None."""
     if n.op is not aten.addmm.default or len(n.args) != 3 or any(float(v) != 1 for v in n.kwargs.values()):
+        return None
+    elements = _static(n.layout.size[0] * n.layout.size[1])
+    if elements is None or elements > UNFUSED_BIAS_MAX_ELEMENTS:
         return None
     if not readers or not all(isinstance(r, ir.ComputedBuffer) and not r.is_reduction() for r in readers):
         return None

@@ -3,10 +3,10 @@
 Eager's `addmm` with a bias vector asks cuBLASLt for a bias epilogue, whose algorithm query costs the host more
 per call than a plain `mm` and a pointwise add fused into the next kernel: a ViT-B/16 at batch 1, host-bound on
 its 48 linear layers, issued its step in 4.9 ms against torch.compile's 3.0 (which unfuses so too). On CUDA a
-float32 `addmm` whose result only pointwise nodes read becomes `mm` plus `bias + mm` fused into those readers
-(kiln/codegen/triton/templates.py `_unfused_bias`); one read by an extern (attention, another matmul) or returned
-as it is stays `addmm`, as the add would cost a kernel of its own, and so does a bf16 one, whose mm would round
-before the add.
+float32 `addmm` of a small result whose only readers are pointwise nodes becomes `mm` plus `bias + mm` fused into
+those readers (kiln/codegen/triton/templates.py `_unfused_bias`); one read by an extern (attention, another
+matmul) or returned as it is stays `addmm`, as the add would cost a kernel of its own; so do a large one (bound by
+the GPU, where the epilogue is free) and a bf16 one, whose mm would round before the add.
 """
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def test_biases_of_results_returned_or_read_by_a_matmul_stay_in_addmm():
     graph = compile_inference(Head(512), [torch.randn(512, 512)])
     wrapper = graph.artefacts["wrapper.py"]
     assert _calls(wrapper, "addmm") == 2, wrapper
+
+
+def test_large_results_keep_their_bias_in_addmm():
+    """A large result is GPU-bound: cuBLASLt's epilogue adds its bias for free, and an add that failed to fuse
+    would pass over the whole result."""
+    graph = compile_inference(Block(), [torch.randn(16384, 256)])
+    wrapper = graph.artefacts["wrapper.py"]
+    assert _calls(wrapper, "addmm") == 2 and _calls(wrapper, "mm") == 0, wrapper
 
 
 def test_half_type_biases_stay_in_addmm():

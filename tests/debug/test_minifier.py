@@ -189,7 +189,7 @@ def rounding_program(x):
     return torch.relu(x[:round(x.shape[0] / 2)])  # `round` of a symbolic size: a builtin the graph's code names
 
 
-def test_a_repro_imports_the_functions_its_graph_names(repro_dir):
+def test_a_repro_imports_the_functions_its_graph_names(repro_dir, monkeypatch, capsys):
     """A graph over symbolic sizes calls Python builtins (`round`), which the script imports by module: the
     whole graph's script is written, and shows the failure (it raised a NameError before it was)."""
     with pytest.raises(kiln.BackendCompilerFailed) as raised:
@@ -197,5 +197,5 @@ def test_a_repro_imports_the_functions_its_graph_names(repro_dir):
     assert "could not write a repro" not in str(raised.value)
     (written,) = repro_dir.iterdir()
     assert "importlib.import_module('builtins').round" in written.read_text()
-    shown = run_script(written)
-    assert shown.returncode == 1 and "NotImplementedError: relu is not supported" in shown.stdout, shown.stdout
+    status, shown = run_here(written, monkeypatch, capsys)
+    assert status == 1 and "NotImplementedError: relu is not supported" in shown, shown

@@ -349,3 +349,22 @@ def test_a_training_call_without_differentiable_outputs_returns_its_views(backen
     check(transposed_intermediate_beside_a_dead_product,
           lambda call: [torch.randn(7 - call, 3, generator=torch.Generator().manual_seed(call))], backend,
           dynamic=dynamic, calls=2)
+
+
+def real_view_returned_and_read(a):
+    t = (a.to(torch.complex64) * 2.0).real  # a float view of a complex intermediate
+    return (t * 3).exp(), t
+
+
+@pytest.mark.xfail(strict=True, reason="the view's gradients meet in the complex base (ATen's complex add of "
+                   "inf + 0j gives inf + nan j, then nan through the product), where eager sums them at the float "
+                   "view; fuzz seed 583189")
+def test_gradients_of_a_real_view_returned_and_read_meet_at_the_view_as_in_eager():
+    """The graph returns the complex base and the runtime rebuilds the `.real` view on it, so the output's
+    gradient reaches the graph as a complex tangent of the base, added there to the gradient of the view's use
+    inside the graph. Eager adds the two at the view, in float: at an infinite input its gradient is inf."""
+    a = torch.tensor([float("inf"), 1.0], requires_grad=True)
+    kiln_a = a.detach().clone().requires_grad_()
+    sum(t.sum() for t in real_view_returned_and_read(a)).backward()
+    sum(t.sum() for t in kiln.compile(real_view_returned_and_read, backend="aot_eager")(kiln_a)).backward()
+    torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)

@@ -76,56 +76,51 @@ class MutationWriter:
     specs), unless two targets share storage: the fused copy runs them in parallel, so those are
     copied one by one, in order. ATen's fused copy is one multi-tensor kernel only when its lists
     hold one dtype; a mixed list (batch norms' float statistics and int64 counters) is a copy per
-    tensor, one memcpy launch each per training step."""
+    tensor, one memcpy launch each per training step. Writes no version counter saw (through `.data`,
+    OutputSignature.unversioned_inputs: a batch norm's running statistics) are written so again, through `.data`
+    (a version counter of its own, which the write moves): a ResNet's 53 batch norms take one fused copy a step,
+    not 106."""
 
     def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec],
                  unversioned: tuple[int, ...] = ()):
-        # writes no version counter saw (through `.data`, OutputSignature.unversioned_inputs: a batch norm's
-        # running statistics) are written so again
-        self.unseen = [m for m in mutations if m.input_index in unversioned]
-        self.unseen_groups = _by_dtype_and_device(self.unseen, input_specs)
-        self.mutations = [m for m in mutations if m.input_index not in unversioned]
-        self.groups = _by_dtype_and_device(self.mutations, input_specs)
+        self.writes = [_CopyBack([m for m in mutations if m.input_index in unversioned], input_specs, _data),
+                       _CopyBack([m for m in mutations if m.input_index not in unversioned], input_specs, _itself)]
 
     def __call__(self, flat: list, outs: list) -> None:
-        if self.unseen:
-            self._write_unseen(flat, outs)
-        if not self.mutations:
+        for write in self.writes:
+            if write.mutations:
+                write(flat, outs)
+
+
+class _CopyBack:
+    """One kind of write of `MutationWriter`: the new values copied into `target(input)` (the input, or its
+    `.data`), except those the graph wrote into the input itself, having moved its version counter as eager's
+    in-place op moves it (kiln/codegen/wrapper.py)."""
+
+    def __init__(self, mutations: list[InputMutation], input_specs: list[TensorSpec], target: Callable):
+        self.mutations, self.target = mutations, target
+        self.groups = _by_dtype_and_device(mutations, input_specs)
+
+    def __call__(self, flat: list, outs: list) -> None:
+        pending = [m for m in self.mutations if outs[m.output_index] is not flat[m.input_index]]
+        if not pending:
             return
-        # a compiled graph may have written the new value into the input itself (the output is the input),
-        # having moved its version counter as eager's in-place op moves it (kiln/codegen/wrapper.py)
-        written = [flat[m.input_index] for m in self.mutations if outs[m.output_index] is flat[m.input_index]]
-        if len(written) == len(self.mutations):
-            return
+        target = self.target
         with torch.no_grad():
-            if written:
-                for m in self.mutations:
-                    if outs[m.output_index] is not flat[m.input_index]:
-                        flat[m.input_index].copy_(outs[m.output_index])
-                return
-            if len(self.mutations) > 1 and self._distinct_storages(flat):
+            if len(pending) == len(self.mutations) > 1 and _distinct_storages(flat, pending):
                 for targets, values in self.groups:
-                    torch._foreach_copy_([flat[i] for i in targets], [outs[j] for j in values])
+                    torch._foreach_copy_([target(flat[i]) for i in targets], [outs[j] for j in values])
                 return
-            for m in self.mutations:
-                flat[m.input_index].copy_(outs[m.output_index])
+            for m in pending:
+                target(flat[m.input_index]).copy_(outs[m.output_index])
 
-    def _write_unseen(self, flat: list, outs: list) -> None:
-        """The unversioned writes, through `.data` (a version counter of its own, which the write moves): one fused
-        copy per dtype and device where the graph wrote none of them itself and their storages are distinct (a
-        ResNet's 53 batch norms: one copy launch per step, not 106), else one by one, in order."""
-        unseen = self.unseen
-        if (len(unseen) > 1 and all(outs[m.output_index] is not flat[m.input_index] for m in unseen)
-                and _distinct_storages(flat, unseen)):
-            for targets, values in self.unseen_groups:
-                torch._foreach_copy_([flat[i].data for i in targets], [outs[j] for j in values])
-            return
-        for m in unseen:
-            if outs[m.output_index] is not flat[m.input_index]:
-                flat[m.input_index].data.copy_(outs[m.output_index])
 
-    def _distinct_storages(self, flat: list) -> bool:
-        return _distinct_storages(flat, self.mutations)
+def _itself(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _data(t: torch.Tensor) -> torch.Tensor:
+    return t.data
 
 
 def _by_dtype_and_device(mutations: list[InputMutation], input_specs: list[TensorSpec]) -> list[tuple[list, list]]:

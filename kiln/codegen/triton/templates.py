@@ -36,6 +36,8 @@ the template with `default_config`.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
@@ -298,7 +300,7 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
     device_type = torch.device(device).type
     templates: dict = {}
     nodes = []
-    readers = deps.readers(graph) if device_type == "cuda" else {}
+    readers = functools.cache(lambda: deps.readers(graph))  # a pass over the graph, for a graph with an addmm
     for n in graph.nodes:
         # a matmul whose template kernel failed to build stays the ATen call (kiln.fallbacks)
         if isinstance(n, ir.Extern) and n.op in MATMULS and isinstance(n.layout, ir.Layout) \
@@ -310,7 +312,7 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
                 nodes += made[0]
                 templates.update(made[1])
                 continue
-            unfused = _unfused_bias(n, readers.get(n.name, ()), graph)
+            unfused = _unfused_bias(n, readers, graph) if device_type == "cuda" else None
             if unfused is not None:
                 n = unfused[0]
             if multiple:
@@ -337,14 +339,16 @@ def prepare(graph: ir.LoweredGraph, device: str, *, max_autotune: bool, shape_pa
 UNFUSED_BIAS_MAX_ELEMENTS = 1 << 21
 
 
-def _unfused_bias(n: ir.Extern, readers, graph: ir.LoweredGraph) -> tuple[ir.Extern, ir.ComputedBuffer] | None:
+def _unfused_bias(n: ir.Extern, readers_of: Callable,
+                  graph: ir.LoweredGraph) -> tuple[ir.Extern, ir.ComputedBuffer] | None:
     """(the `mm` extern, the pointwise `bias + mm` named as `n`) for an `addmm` read only by pointwise nodes (module
-    docstring), or None."""
+    docstring), or None. `readers_of()`: the graph's readers of each buffer (`deps.readers`)."""
     if n.op is not aten.addmm.default or len(n.args) != 3 or any(float(v) != 1 for v in n.kwargs.values()):
         return None
     elements = _static(n.layout.size[0] * n.layout.size[1])
     if elements is None or elements > UNFUSED_BIAS_MAX_ELEMENTS:
         return None
+    readers = readers_of().get(n.name, ())
     if not readers or not all(isinstance(r, ir.ComputedBuffer) and not r.is_reduction() for r in readers):
         return None
     bias, a, b = n.args

@@ -8,6 +8,7 @@ torch-level calls — the graph every backend receives.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import operator
 from collections.abc import Callable
@@ -379,10 +380,7 @@ def _doomed(func, args: tuple, kwargs: dict) -> bool:
         return any(isinstance(a, bool) or (isinstance(a, torch.Tensor) and a.dtype == torch.bool) for a in operands)
     if packet in _WITHOUT_IDENTITY:
         return bool(args) and isinstance(args[0], torch.Tensor) and args[0].numel() == 0
-    schema = getattr(func, "_schema", None)
-    written = schema is not None and schema.arguments and schema.arguments[0].alias_info is not None \
-        and schema.arguments[0].alias_info.is_write and not schema.arguments[0].kwarg_only
-    if not (written and args and isinstance(args[0], torch.Tensor)):
+    if not (args and isinstance(args[0], torch.Tensor) and _writes_first_argument(func)):
         return False
     target = args[0]
     if any(stride == 0 and size > 1 for size, stride in zip(target.shape, target.stride())):
@@ -395,6 +393,17 @@ def _doomed(func, args: tuple, kwargs: dict) -> bool:
     except (RuntimeError, TypeError):
         return False
     return not torch.can_cast(result, target.dtype)
+
+
+@functools.cache
+def _writes_first_argument(func) -> bool:
+    """Whether `func`'s schema writes its first (positional) argument: an in-place op (per op, once: capture asks
+    at every op it runs)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    first = schema.arguments[0]
+    return first.alias_info is not None and first.alias_info.is_write and not first.kwarg_only
 
 
 def _on_cuda(out) -> bool:

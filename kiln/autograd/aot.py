@@ -552,8 +552,9 @@ class AOTCompiled:
         transformers' grouped matmul of mixture-of-experts layers). If that needs one too, the error stands."""
         program = self.program
         trace = functools.partial(self._trace, key)
-        args = (trace_joint, functools.partial(program.graph_function, signature), program.input_specs, key[0],
-                signature, tracing_table(self.decompositions, training=True), program.fake_mode(), key[2])
+        graph_function = functools.partial(program.graph_function, signature, at_views=signature.gradients_at_views)
+        args = (trace_joint, graph_function, program.input_specs, key[0], signature,
+                tracing_table(self.decompositions, training=True), program.fake_mode(), key[2])
         try:
             return trace("trace joint", *args, graph_of=lambda j: j.gm)
         except DataDependentOutputException as e:

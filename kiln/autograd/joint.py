@@ -28,7 +28,7 @@ from kiln.autograd import autocast_cache
 from kiln.autograd.autocast_cache import CastCache
 from kiln.autograd.eager_formulas import eager_formulas
 from kiln.autograd.opaque_backward import opaque_custom_op_backwards
-from kiln.autograd.signature import OutputSignature, TensorSpec, symbolic_dispatch
+from kiln.autograd.signature import OutputSignature, TensorSpec, gradient_at_view, symbolic_dispatch
 from kiln.runtime.lazy_graphs import lazily_built
 
 
@@ -75,11 +75,12 @@ def trace_joint(graph_function: Callable, input_specs: list[TensorSpec], require
                 autocast_cache.as_eager(cast_cache), eager_formulas():
             outs = fn(*autocast_cache.uncached_inputs(flat[:n], cast_cache))
         wrt = [p for p in flat[:n] if _requires_grad(p)]
+        roots, gradients = _at_views(outs, diff_outputs, list(flat[n:]), signature.gradients_at_views)
+        outs = [o._base if i in signature.gradients_at_views else o for i, o in enumerate(outs)]
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one
         with torch._C._DisableAutocast(), compiled_autograd.disable():
-            grads = torch.autograd.grad([outs[i] for i in diff_outputs], wrt + list(copies.made.values()),
-                                        list(flat[n:]), allow_unused=True)
+            grads = torch.autograd.grad(roots, wrt + list(copies.made.values()), gradients, allow_unused=True)
         by_input = iter(grads[:len(wrt)])
         full = copies.route([next(by_input) if _requires_grad(p) else None for p in flat[:n]], grads[len(wrt):])
         grad_mask[:] = [g is not None for g in full]
@@ -89,6 +90,15 @@ def trace_joint(graph_function: Callable, input_specs: list[TensorSpec], require
         gm = make_fx(joint, decomposition_table=decompositions)(*primals, *tangents)
     autocast_cache.drop_aliases(gm, primals, cast_cache)
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)
+
+
+def _at_views(outs: list, diff_outputs: list[int], tangents: list, at_views: tuple[int, ...]) -> tuple[list, list]:
+    """The tensors the backward starts from, with their gradients: each differentiable output with its tangent,
+    but for an output in `at_views` (given as the leaf it is the base of), the leaf, with its gradient read off
+    the base's tangent."""
+    roots = [outs[i] for i in diff_outputs]
+    gradients = [gradient_at_view(g, outs[i]) if i in at_views else g for i, g in zip(diff_outputs, tangents)]
+    return roots, gradients
 
 
 def _requires_grad(primal) -> bool:

@@ -222,6 +222,13 @@ class OutputSignature:
     """The order `assemble` builds the leaves in where some are rebuilt on another (`source_leaf`), which comes
     first; None: in order."""
 
+    gradients_at_views: tuple[int, ...] = ()
+    """Graph outputs that are the base of one output leaf, a view reading it as another dtype (`.real` of a
+    complex intermediate): the backward is traced with that leaf's gradient, read off the base's incoming
+    gradient, so that the gradient of the leaf's uses in the graph meets it at the leaf, in the leaf's dtype,
+    as in eager (`gradient_at_view`). Met at the complex base instead, ATen's complex add turns an infinite
+    real gradient into `inf + nanj`, and the next product spreads the NaN."""
+
     unversioned_inputs: tuple[int, ...] = ()
     """(A training graph's) inputs whose version counter the run left as it was: a write the functional graph makes
     into one went through `.data`, which shares the storage and not the version counter. Eager's autograd sees no
@@ -355,9 +362,11 @@ class FlatProgram:
         state = dict(zip(self.state_names, flat[n:]))
         return torch.func.functional_call(self.gm, state, tuple(args), strict=True, tie_weights=True)
 
-    def graph_function(self, signature: OutputSignature, copy: Callable | None = None) -> Callable:
+    def graph_function(self, signature: OutputSignature, copy: Callable | None = None,
+                       at_views: tuple[int, ...] = ()) -> Callable:
         """The function the ATen graphs compute: flat inputs -> list of the graph's output tensors. `copy(i, t)`:
-        the copy of input `i` the graph writes (a clone by default)."""
+        the copy of input `i` the graph writes (a clone by default). The graph outputs in `at_views` are given as
+        the leaf they are the base of (for the joint trace: `OutputSignature.gradients_at_views`)."""
         sources = signature.graph_sources
         mutated = [i for i, _ in signature.mutated_grad_inputs]
         copy = copy or (lambda i, t: t.clone())
@@ -367,7 +376,8 @@ class FlatProgram:
             for i in mutated:  # mutate a copy: the input itself is updated under autograd, after the call
                 flat[i] = copy(i, flat[i])
             leaves = pytree.tree_leaves(self.run(flat))
-            return [leaves[k]._base if of_base else leaves[k] for k, of_base in sources] + [flat[i] for i in mutated]
+            return [leaves[k]._base if of_base and j not in at_views else leaves[k]
+                    for j, (k, of_base) in enumerate(sources)] + [flat[i] for i in mutated]
 
         return graph_fn
 
@@ -437,7 +447,7 @@ class FlatProgram:
         unversioned = tuple(i for i, (f, v) in enumerate(zip(fakes, versions)) if v is not None and f._version == v)
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
-                               watched, _build_order(kinds), unversioned)
+                               watched, _build_order(kinds), tuple(outputs.gradients_at_views), unversioned)
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
@@ -583,6 +593,7 @@ class _OutputClassifier:
         self.needs_grad: list[bool] = []
         self.sources: list[tuple[int, bool]] = []
         self.tensors: list[torch.Tensor] = []  # the fake value of each graph output
+        self.gradients_at_views: list[int] = []  # see OutputSignature.gradients_at_views
 
     def classify(self, leaves: list) -> list:
         groups: dict[StorageWeakRef, list[int]] = {}  # storage -> the leaves on it (none on an input's)
@@ -608,6 +619,8 @@ class _OutputClassifier:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
+                if len(groups[storage]) == 1 and _gradient_meets_at_view(leaf, base):
+                    self.gradients_at_views.append(index)
                 kinds.append(self._alias(OutputAlias, index, base, leaves, k))
         return kinds
 
@@ -672,6 +685,25 @@ def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:
     autograd would mark it a view made inside a custom Function, which cannot be written in place (eager's
     can). The graph returns its base instead, and the view is rebuilt on it, as for outputs sharing storage."""
     return leaf._base is not None and leaf.requires_grad
+
+
+def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
+    """Is `leaf` a view reading `base` as another dtype whose gradient can be read off the base's gradient
+    (`gradient_at_view`)? Neither may share memory between elements, and the base's gradient must come with the
+    base's own strides (a symbolic one comes contiguous: `tangent_specs`)."""
+    spec = TensorSpec.of(base)
+    return leaf.dtype != base.dtype and leaf.requires_grad and not TensorSpec.of(leaf).overlapping \
+        and not spec.overlapping and (not spec.symbolic or tuple(map(_expr, spec.contiguous().stride)) ==
+                                      tuple(map(_expr, spec.stride)))
+
+
+def gradient_at_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    """The gradient of `leaf`, a view of another dtype of `leaf._base`, read off `gradient`, the base's (laid out
+    as the base): autograd's view backward put the leaf's gradient there, and zeros elsewhere."""
+    base = leaf._base
+    start = base.storage_offset() * base.dtype.itemsize // leaf.dtype.itemsize
+    return _reinterpreting_view(gradient, leaf.dtype, tuple(leaf.shape), tuple(leaf.stride()),
+                                leaf.storage_offset() - start)
 
 
 def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:

@@ -356,15 +356,34 @@ def real_view_returned_and_read(a):
     return (t * 3).exp(), t
 
 
-@pytest.mark.xfail(strict=True, reason="the view's gradients meet in the complex base (ATen's complex add of "
-                   "inf + 0j gives inf + nan j, then nan through the product), where eager sums them at the float "
-                   "view; fuzz seed 583189")
-def test_gradients_of_a_real_view_returned_and_read_meet_at_the_view_as_in_eager():
-    """The graph returns the complex base and the runtime rebuilds the `.real` view on it, so the output's
-    gradient reaches the graph as a complex tangent of the base, added there to the gradient of the view's use
-    inside the graph. Eager adds the two at the view, in float: at an infinite input its gradient is inf."""
-    a = torch.tensor([float("inf"), 1.0], requires_grad=True)
-    kiln_a = a.detach().clone().requires_grad_()
-    sum(t.sum() for t in real_view_returned_and_read(a)).backward()
-    sum(t.sum() for t in kiln.compile(real_view_returned_and_read, backend="aot_eager")(kiln_a)).backward()
-    torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)
+def imag_view_returned_and_read(a):
+    t = (a.to(torch.complex64) * 2.0j).imag
+    return (t * 3).exp(), t
+
+
+def real_pairs_returned_and_read(a):
+    t = torch.view_as_real(a.to(torch.complex64) * 2.0)[:-1]  # (n - 1, 2) floats over a complex intermediate
+    return (t * 3).exp(), t
+
+
+def complex_view_returned_and_read(a):
+    t = torch.view_as_complex(torch.stack([a * 2.0, a], -1))  # a complex view of a float intermediate
+    return (t * 3).exp().real, t
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn", [real_view_returned_and_read, imag_view_returned_and_read,
+                                real_pairs_returned_and_read, complex_view_returned_and_read])
+def test_gradients_of_a_dtype_view_returned_and_read_meet_at_the_view_as_in_eager(fn, dynamic, backend):
+    """The graph returns the intermediate base and the runtime rebuilds the view on it, so the output's gradient
+    reaches the graph as a gradient of the base. Eager adds it to the gradient of the view's use inside the
+    graph at the view, in the view's dtype; added at a complex base, ATen's complex add turns an infinite
+    gradient into `inf + nanj` and the product after it spreads the NaN (fuzz seed 583189)."""
+    compiled = kiln.compile(fn, backend=backend, dynamic=dynamic)
+    for n in (3, 4):
+        a = torch.tensor([float("inf"), 1.0, -2.0, 0.5][:n], requires_grad=True)
+        kiln_a = a.detach().clone().requires_grad_()
+        sum(t.abs().sum() for t in fn(a)).backward()
+        sum(t.abs().sum() for t in compiled(kiln_a)).backward()
+        torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)

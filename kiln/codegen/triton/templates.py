@@ -15,11 +15,11 @@
   own and fuses the pointwise nodes after it as epilogue segments (option
   `epilogue_fusion`).
 - on CUDA, an extern float32 (or float64) `addmm` (beta = alpha = 1) of a small result (host-bound:
-  `UNFUSED_BIAS_MAX_ELEMENTS`) whose result only pointwise nodes read becomes `mm` and a pointwise `bias + mm`
-  under its name, which the scheduler fuses into those readers (`_unfused_bias`): eager's addmm asks cuBLASLt for
-  its bias epilogue, whose algorithm query costs the host more per call than the mm and the fused add (a
-  ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The product is a float32 result either way; a
-  bf16/fp16 addmm stays, as its mm would be rounded before the add.
+  `UNFUSED_BIAS_MAX_ELEMENTS`) whose result only kernels read (pointwise or reductions: a layer norm) becomes `mm`
+  and a pointwise `bias + mm` under its name, which the scheduler fuses into those readers (`_unfused_bias`):
+  eager's addmm asks cuBLASLt for its bias epilogue, whose algorithm query costs the host more per call than the mm
+  and the fused add (a ViT-B/16 at batch 1 is host-bound on its 48 linear layers). The product is a float32 result
+  either way; a bf16/fp16 addmm stays, as its mm would be rounded before the add.
 - with `shape_padding` (and no template), an extern matmul on CUDA whose K or N is not a
   multiple of 8 (fp16/bf16) or 4 (fp32 when TF32 is allowed), and that is compute-bound
   (`worth_padding`), calls `PaddedMatmul`: the operands are zero-padded on those dims,
@@ -341,7 +341,7 @@ UNFUSED_BIAS_MAX_ELEMENTS = 1 << 21
 
 def _unfused_bias(n: ir.Extern, readers_of: Callable,
                   graph: ir.LoweredGraph) -> tuple[ir.Extern, ir.ComputedBuffer] | None:
-    """(the `mm` extern, the pointwise `bias + mm` named as `n`) for an `addmm` read only by pointwise nodes (module
+    """(the `mm` extern, the pointwise `bias + mm` named as `n`) for an `addmm` read only by kernels' nodes (module
     docstring), or None. `readers_of()`: the graph's readers of each buffer (`deps.readers`)."""
     if n.op is not aten.addmm.default or len(n.args) != 3 or any(float(v) != 1 for v in n.kwargs.values()):
         return None
@@ -349,7 +349,7 @@ def _unfused_bias(n: ir.Extern, readers_of: Callable,
     if elements is None or elements > UNFUSED_BIAS_MAX_ELEMENTS:
         return None
     readers = readers_of().get(n.name, ())
-    if not readers or not all(isinstance(r, ir.ComputedBuffer) and not r.is_reduction() for r in readers):
+    if not readers or not all(isinstance(r, ir.ComputedBuffer) for r in readers):
         return None
     bias, a, b = n.args
     if not all(isinstance(r, ir.TensorRef) for r in (bias, a, b)) or bias.layout.dtype != n.layout.dtype:

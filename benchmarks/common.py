@@ -109,6 +109,16 @@ def compiled(model, compiler: str):
     return kiln.compile(model)
 
 
+def settled(compiler: str) -> None:
+    """Wait for what a compiler finishes in the background after its first call, before steps are timed: kiln
+    builds its C++ tensor-guard checks once per machine (about half a minute, in a detached process) and checks
+    tensors in Python until then, about 3 us a tensor, a millisecond a step for a model of 300 parameters and
+    buffers. A process on a machine that built them loads them at once; timed steps are a long job's."""
+    if compiler == "kiln":
+        from kiln.capture import tensor_checks
+        tensor_checks.wait(timeout=300)
+
+
 def run_rows(cases, measure) -> list[dict]:
     """Each case's row (`measure(*case)`), printed as it is measured, both compilers' caches emptied after it so
     that every row compiles afresh: the loop of the micro-benchmarks (norm and batch-norm blocks)."""

@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_profile import _synchronizing_calls  # noqa: E402
 from step_parts import KilnParts  # noqa: E402
 
-from common import compiled, result_path, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
+from common import compiled, result_path, settled, write_json  # noqa: E402  (also makes the run strict: KILN_STRICT=1)
 
 
 class _Seq2Seq(nn.Module):
@@ -209,6 +209,7 @@ def measure(name: str, compiler: str, device: torch.device, args) -> dict:
     step()
     sync()
     row = {"workload": name, "compiler": compiler, "first_step_s": round(time.perf_counter() - t0, 2)}
+    settled(compiler)
     for _ in range(args.warmup):
         step()
     row["host_ms"], row["step_ms"] = (round(v, 3) for v in _times(step, args.steps, sync, clock))

@@ -10,14 +10,16 @@ and a crash or hang costs one pair. kiln runs with `KILN_STRICT=1` (set by bench
 measures anyway): a fallback fails the workload instead of hiding in its step time. Per pair the run records:
 - `status`: ok, wrong (compiled result off eager's beyond the tolerance), failed (raised, timed out), skipped
   (the model's library is missing);
-- `ms`: the median of CUDA-event-timed steps after warm-up;
+- `ms`: the median of CUDA-event-timed steps after warm-up, once the compiler's background work is done (kiln's C++
+  tensor guards, built once per machine: `common.settled`);
 - `compile_s`: wall time of the compiler call plus the first step (for training the whole first step);
 - `peak_mb`: peak allocated GPU memory from before the compiler call to the end of the timed steps;
 - `error`: the relative error against an eager copy with the same weights on the same inputs (the loss of the first
   step for training; the output for inference). Dropout is off, so the two compare exactly;
-- for kiln, `fallbacks` (by kind; strict makes any fallback a failure) and `graph_breaks` (breaks torch.compile
-  takes too, by reason), and `compile_stages_s`: where `compile_s` went (capture, autograd, lowering, scheduling,
-  codegen, build with its Triton compiles, and the rest: imports and the first step's run);
+- for kiln, `fallbacks` (by kind; strict makes any fallback a failure), `graph_breaks` (breaks torch.compile
+  takes too, by reason), `native_guards` (its tensor guards ran in C++, not Python), and `compile_stages_s`:
+  where `compile_s` went (capture, autograd, lowering, scheduling, codegen, build with its Triton compiles, and
+  the rest: imports and the first step's run);
 - with `--profile`, `profile`: where a step's GPU time goes (kernel kinds, launch gaps, the longest kernel
   families; see benchmarks/gpu_profile.py), and `host`: the host's side of a step (`host_ms`, the wall time to
   issue one step with the GPU idle before it and not waited for after; `step_ms` with the wait) and, for the
@@ -55,7 +57,7 @@ import torch  # noqa: E402
 from gpu_profile import profile_steps  # noqa: E402
 from host_profile import step_times  # noqa: E402
 
-from common import compiled, cuda_time, result_path, write_json  # noqa: E402
+from common import compiled, cuda_time, result_path, settled, write_json  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # fp32 matmuls run in TF32, as in the shared harness
@@ -191,6 +193,7 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     want = make_step(workload, reference, reference)(inputs[0])
     error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
 
+    settled(compiler)
     calls = iter(range(10**9))
     with machine_alone():
         ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
@@ -206,6 +209,8 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
         import kiln
         record["fallbacks"] = kiln.fallbacks.counts()
         record["graph_breaks"] = dict(kiln.fallbacks.breaks)
+        from kiln.capture import tensor_checks
+        record["native_guards"] = tensor_checks.available() is not None  # else its guards checked tensors in Python
     return record
 
 

@@ -28,7 +28,7 @@ from kiln.autograd import autocast_cache
 from kiln.autograd.autocast_cache import CastCache
 from kiln.autograd.eager_formulas import eager_formulas
 from kiln.autograd.opaque_backward import opaque_custom_op_backwards
-from kiln.autograd.signature import OutputSignature, TensorSpec, gradient_at_view, symbolic_dispatch
+from kiln.autograd.signature import OutputSignature, TensorSpec, gradient_at_view, gradient_off_view, symbolic_dispatch
 from kiln.runtime.lazy_graphs import lazily_built
 
 
@@ -75,12 +75,16 @@ def trace_joint(graph_function: Callable, input_specs: list[TensorSpec], require
                 autocast_cache.as_eager(cast_cache), eager_formulas():
             outs = fn(*autocast_cache.uncached_inputs(flat[:n], cast_cache))
         wrt = [p for p in flat[:n] if _requires_grad(p)]
-        roots, gradients = _at_views(outs, diff_outputs, list(flat[n:]), signature.gradients_at_views)
+        roots, gradients, rest = _at_views(outs, diff_outputs, list(flat[n:]), signature.gradients_at_views)
         outs = [o._base if i in signature.gradients_at_views else o for i, o in enumerate(outs)]
+        targets = wrt + list(copies.made.values())
         # eager runs backward outside the autocast region; the engine runs it as is, not through compiled
         # autograd, whose tracer cannot nest inside this one
         with torch._C._DisableAutocast(), compiled_autograd.disable():
-            grads = torch.autograd.grad(roots, wrt + list(copies.made.values()), gradients, allow_unused=True)
+            grads = torch.autograd.grad(roots, targets, gradients, allow_unused=True, retain_graph=bool(rest))
+            if rest:
+                more = torch.autograd.grad([b for b, _ in rest], targets, [g for _, g in rest], allow_unused=True)
+                grads = [_sum(a, b) for a, b in zip(grads, more)]
         by_input = iter(grads[:len(wrt)])
         full = copies.route([next(by_input) if _requires_grad(p) else None for p in flat[:n]], grads[len(wrt):])
         grad_mask[:] = [g is not None for g in full]
@@ -92,13 +96,26 @@ def trace_joint(graph_function: Callable, input_specs: list[TensorSpec], require
     return JointGraph(gm, n, len(tangents), len(signature.graph_outputs), grad_mask)
 
 
-def _at_views(outs: list, diff_outputs: list[int], tangents: list, at_views: tuple[int, ...]) -> tuple[list, list]:
+def _at_views(outs: list, diff_outputs: list[int], tangents: list,
+              at_views: tuple[int, ...]) -> tuple[list, list, list]:
     """The tensors the backward starts from, with their gradients: each differentiable output with its tangent,
     but for an output in `at_views` (given as the leaf it is the base of), the leaf, with its gradient read off
-    the base's tangent."""
-    roots = [outs[i] for i in diff_outputs]
-    gradients = [gradient_at_view(g, outs[i]) if i in at_views else g for i, g in zip(diff_outputs, tangents)]
-    return roots, gradients
+    the base's tangent. And (base, the rest of its tangent) per such output: the tangent off the leaf's
+    elements, zero unless the caller reached the base itself (`leaf._base`), run through a backward of its own
+    and added at the inputs, so that it never meets the leaf's gradient in the base's dtype."""
+    roots, gradients, rest = [], [], []
+    for i, g in zip(diff_outputs, tangents):
+        roots.append(outs[i])
+        if i not in at_views:
+            gradients.append(g)
+            continue
+        gradients.append(gradient_at_view(g, outs[i]))
+        rest.append((outs[i]._base, gradient_off_view(g, outs[i])))
+    return roots, gradients, rest
+
+
+def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return a if b is None else b if a is None else a + b
 
 
 def _requires_grad(primal) -> bool:

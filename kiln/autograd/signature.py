@@ -223,11 +223,13 @@ class OutputSignature:
     first; None: in order."""
 
     gradients_at_views: tuple[int, ...] = ()
-    """Graph outputs that are the base of one output leaf, a view reading it as another dtype (`.real` of a
-    complex intermediate): the backward is traced with that leaf's gradient, read off the base's incoming
+    """Graph outputs that are the base of one output leaf, a real view of it (`.real` of a complex intermediate)
+    that the graph also reads: the backward is traced with that leaf's gradient, read off the base's incoming
     gradient, so that the gradient of the leaf's uses in the graph meets it at the leaf, in the leaf's dtype,
     as in eager (`gradient_at_view`). Met at the complex base instead, ATen's complex add turns an infinite
-    real gradient into `inf + nanj`, and the next product spreads the NaN."""
+    real gradient into `inf + nanj`, and the next product spreads the NaN. The rest of the base's gradient
+    (`gradient_off_view`: zero unless the caller reached the base through `leaf._base`) gets a backward of its
+    own (joint.py)."""
 
     unversioned_inputs: tuple[int, ...] = ()
     """(A training graph's) inputs whose version counter the run left as it was: a write the functional graph makes
@@ -421,7 +423,7 @@ class FlatProgram:
         geometries = [_geometry_expressions(*g) for g in sizes_before]
         leaves, tree = pytree.tree_flatten(out)
         outputs = _OutputClassifier(fakes, requires_grad is not None, self.size_sources(), views, mode)
-        kinds = outputs.classify(leaves)
+        kinds = outputs.classify(leaves, self._read_in_graph(len(leaves)))
         mutated, num_returned = [], len(outputs.tensors)
         for i, fake in enumerate(fakes):
             # An input written in place with a value that requires grad requires grad after the call
@@ -448,6 +450,15 @@ class FlatProgram:
         return OutputSignature(tree, kinds, outputs.specs, outputs.needs_grad, mutated, outputs.sources, reaches,
                                restrided, tuple(k for k, leaf in enumerate(leaves) if _is_multi_output_view(leaf)),
                                watched, _build_order(kinds), tuple(outputs.gradients_at_views), unversioned)
+
+    def _read_in_graph(self, num_leaves: int) -> set[int]:
+        """The output leaves the graph also reads (its output node is not the only user of theirs); every leaf
+        where the output is not a plain structure of nodes."""
+        output = self.gm.graph.output_node()
+        nodes = pytree.tree_leaves(output.args[0])
+        if len(nodes) != num_leaves:
+            return set(range(num_leaves))
+        return {k for k, n in enumerate(nodes) if isinstance(n, torch.fx.Node) and set(n.users) - {output}}
 
     def _restrided(self, fakes: list, before: list[tuple]) -> list[tuple[int, tuple]]:
         """The inputs whose geometry the run changed in place, with their new geometry."""
@@ -595,7 +606,7 @@ class _OutputClassifier:
         self.tensors: list[torch.Tensor] = []  # the fake value of each graph output
         self.gradients_at_views: list[int] = []  # see OutputSignature.gradients_at_views
 
-    def classify(self, leaves: list) -> list:
+    def classify(self, leaves: list, read_in_graph: set[int]) -> list:
         groups: dict[StorageWeakRef, list[int]] = {}  # storage -> the leaves on it (none on an input's)
         for k, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and _storage(leaf) not in self.inputs:
@@ -619,7 +630,7 @@ class _OutputClassifier:
                 if storage not in roots:
                     roots[storage] = self._base(leaves, groups[storage])
                 index, base = roots[storage]
-                if len(groups[storage]) == 1 and _gradient_meets_at_view(leaf, base):
+                if len(groups[storage]) == 1 and k in read_in_graph and _gradient_meets_at_view(leaf, base):
                     self.gradients_at_views.append(index)
                 kinds.append(self._alias(OutputAlias, index, base, leaves, k))
         return kinds
@@ -688,11 +699,12 @@ def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:
 
 
 def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
-    """Is `leaf` a view reading `base` as another dtype whose gradient can be read off the base's gradient
+    """Is `leaf` a real view of complex `base` whose gradient can be read off the base's gradient
     (`gradient_at_view`)? Neither may share memory between elements, and the base's gradient must come with the
-    base's own strides (a symbolic one comes contiguous: `tangent_specs`)."""
+    base's own strides (a symbolic one comes contiguous: `tangent_specs`). (A complex view of a real base meets
+    its gradients in the real base, which ATen's real add cannot make NaN.)"""
     spec = TensorSpec.of(base)
-    return leaf.dtype != base.dtype and leaf.requires_grad and not TensorSpec.of(leaf).overlapping \
+    return base.is_complex() and not leaf.is_complex() and leaf.requires_grad and not TensorSpec.of(leaf).overlapping \
         and not spec.overlapping and (not spec.symbolic or tuple(map(_expr, spec.contiguous().stride)) ==
                                       tuple(map(_expr, spec.stride)))
 
@@ -704,6 +716,20 @@ def gradient_at_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor
     start = base.storage_offset() * base.dtype.itemsize // leaf.dtype.itemsize
     return _reinterpreting_view(gradient, leaf.dtype, tuple(leaf.shape), tuple(leaf.stride()),
                                 leaf.storage_offset() - start)
+
+
+def gradient_off_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    """`gradient` (the base's, a complex tensor laid out as the base) with the parts `leaf` (a real view of the
+    base) reads set to zero, computed without writing into a view (functionalization cannot scatter through the
+    `as_strided` of `gradient_at_view`): the storage's real numbers, those at the leaf's positions zeroed by index."""
+    base = leaf._base
+    pairs = torch.view_as_real(gradient)
+    size = 2 * gradient.untyped_storage().nbytes() // gradient.dtype.itemsize
+    start = 2 * base.storage_offset()
+    positions = torch.arange(size, device=gradient.device).as_strided(
+        tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - start + pairs.storage_offset())
+    flat = pairs.as_strided((size,), (1,), 0).index_put((positions.reshape(-1),), pairs.new_zeros(()))
+    return torch.view_as_complex(flat.as_strided(tuple(pairs.shape), tuple(pairs.stride()), pairs.storage_offset()))
 
 
 def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:

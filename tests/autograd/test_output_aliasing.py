@@ -9,6 +9,7 @@ import torch
 
 import kiln
 from kiln.autograd.aot import aot_compile, run_graph
+from kiln.autograd.signature import FlatProgram
 from support.differential import check
 
 
@@ -366,15 +367,10 @@ def real_pairs_returned_and_read(a):
     return (t * 3).exp(), t
 
 
-def complex_view_returned_and_read(a):
-    t = torch.view_as_complex(torch.stack([a * 2.0, a], -1))  # a complex view of a float intermediate
-    return (t * 3).exp().real, t
-
-
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("fn", [real_view_returned_and_read, imag_view_returned_and_read,
-                                real_pairs_returned_and_read, complex_view_returned_and_read])
+                                real_pairs_returned_and_read])
 def test_gradients_of_a_dtype_view_returned_and_read_meet_at_the_view_as_in_eager(fn, dynamic, backend):
     """The graph returns the intermediate base and the runtime rebuilds the view on it, so the output's gradient
     reaches the graph as a gradient of the base. Eager adds it to the gradient of the view's use inside the
@@ -387,3 +383,36 @@ def test_gradients_of_a_dtype_view_returned_and_read_meet_at_the_view_as_in_eage
         sum(t.abs().sum() for t in fn(a)).backward()
         sum(t.abs().sum() for t in compiled(kiln_a)).backward()
         torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)
+
+
+def real_part_returned_only(a):
+    return (a.to(torch.complex64) * 2.0).real
+
+
+def test_only_a_view_the_graph_also_reads_gets_its_gradient_at_the_view():
+    """A real view the graph only returns meets no other gradient in the graph: its base keeps its own gradient,
+    and its backward no second pass (an FFT model's `ifft(x).real` would run its FFT backward twice)."""
+    a = torch.tensor([1.0, 2.0], requires_grad=True)
+    read = FlatProgram(torch.fx.symbolic_trace(real_view_returned_and_read), [a]).analyze((True,))
+    returned = FlatProgram(torch.fx.symbolic_trace(real_part_returned_only), [a]).analyze((True,))
+    assert read.gradients_at_views == (1,) and returned.gradients_at_views == ()
+
+
+def rotated_real_part(a):
+    t = (a.to(torch.complex64) * (2.0 + 1.0j))[1:].real
+    return (t * 3).exp(), t
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_base_reached_through_the_returned_view_keeps_its_other_gradients(dynamic, backend):
+    """The view's gradient is read off the base's, and the rest of the base's gradient, zero unless the caller
+    reached the base through `t._base` (its imaginary parts, its first element), still reaches the inputs."""
+    compiled = kiln.compile(rotated_real_part, backend=backend, dynamic=dynamic)
+    for n in (3, 4):
+        a = torch.tensor([0.5, 1.0, -2.0, 0.25][:n], requires_grad=True)
+        kiln_a = a.detach().clone().requires_grad_()
+        for fn, x in ((rotated_real_part, a), (compiled, kiln_a)):
+            u, t = fn(x)
+            (u.sum() + t.sum() + 5 * t._base.imag.sum() + 7 * t._base.real[0]).backward()
+        torch.testing.assert_close(kiln_a.grad, a.grad)

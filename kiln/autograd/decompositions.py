@@ -79,6 +79,19 @@ FILLS = (aten.fill_.Scalar, aten.zero_.default)
 elements share memory (an expanded tensor), where other in-place ops raise (eager_errors.py)."""
 
 
+VIEW_BACKWARDS = (aten.slice_backward.default, aten.select_backward.default, aten.diagonal_backward.default)
+"""A view's backward, which the code generator's table writes as a scatter into zeros (`slice_scatter`). ATen
+differentiates those scatters for real dtypes only, and a backward run with create_graph=True runs its ops under
+autograd: a complex gradient keeps the view's backward (complex tensors run through ATen's ops anyway)."""
+
+
+def _real_only(decomposed: Callable) -> Callable:
+    """`decomposed` for real gradients; NotImplemented (the op traced as it is) for a complex one."""
+    def decompose(grad, *args, **kwargs):
+        return NotImplemented if grad.is_complex() else decomposed(grad, *args, **kwargs)
+    return decompose
+
+
 def _fill_once(op: torch._ops.OpOverload, decomposed: Callable | None) -> Callable:
     """`op` (of `FILLS`) as a fill of its tensor's memory seen once where a dimension of stride 0 repeats it (that
     dimension cut to its first index): the graph then holds no write into a view with such overlap, which
@@ -114,6 +127,9 @@ def tracing_table(decompositions: dict | Callable[[], dict] | None, training: bo
     table = {**FUNCTIONALIZATION, **(decompositions or {})}
     for op in FILLS:
         table[op] = _fill_once(op, table.get(op))
+    for op in VIEW_BACKWARDS:
+        if op in table:
+            table[op] = _real_only(table[op])
     if training:
         for op in UNSAFE_FOR_TRAINING:
             table.pop(op, None)

@@ -710,26 +710,27 @@ def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
 
 
 def gradient_at_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
-    """The gradient of `leaf`, a view of another dtype of `leaf._base`, read off `gradient`, the base's (laid out
-    as the base): autograd's view backward put the leaf's gradient there, and zeros elsewhere."""
-    base = leaf._base
-    start = base.storage_offset() * base.dtype.itemsize // leaf.dtype.itemsize
-    return _reinterpreting_view(gradient, leaf.dtype, tuple(leaf.shape), tuple(leaf.stride()),
-                                leaf.storage_offset() - start)
+    """The gradient of `leaf`, a real view of complex `leaf._base`, read off `gradient`, the base's (laid out as
+    the base): autograd's view backward put the leaf's gradient there, and zeros elsewhere. Read through
+    `view_as_real`, which a backward run with create_graph=True differentiates again (a dtype view would not)."""
+    return torch.view_as_real(gradient).as_strided(tuple(leaf.shape), tuple(leaf.stride()), _leaf_start(gradient, leaf))
 
 
 def gradient_off_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
-    """`gradient` (the base's, a complex tensor laid out as the base) with the parts `leaf` (a real view of the
-    base) reads set to zero, computed without writing into a view (functionalization cannot scatter through the
-    `as_strided` of `gradient_at_view`): the storage's real numbers, those at the leaf's positions zeroed by index."""
-    base = leaf._base
+    """`gradient` (the base's, laid out as the base) with the real numbers `leaf` reads set to zero, computed
+    without writing into a view (functionalization cannot scatter through `gradient_at_view`'s `as_strided`): the
+    storage's real numbers, those at the leaf's positions zeroed by index."""
     pairs = torch.view_as_real(gradient)
     size = 2 * gradient.untyped_storage().nbytes() // gradient.dtype.itemsize
-    start = 2 * base.storage_offset()
     positions = torch.arange(size, device=gradient.device).as_strided(
-        tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset() - start + pairs.storage_offset())
+        tuple(leaf.shape), tuple(leaf.stride()), _leaf_start(gradient, leaf))
     flat = pairs.as_strided((size,), (1,), 0).index_put((positions.reshape(-1),), pairs.new_zeros(()))
     return torch.view_as_complex(flat.as_strided(tuple(pairs.shape), tuple(pairs.stride()), pairs.storage_offset()))
+
+
+def _leaf_start(gradient: torch.Tensor, leaf: torch.Tensor) -> int:
+    """Where `leaf` starts in the storage of `gradient` (laid out as `leaf._base`), read as real numbers."""
+    return 2 * gradient.storage_offset() + leaf.storage_offset() - 2 * leaf._base.storage_offset()
 
 
 def _reached_inputs(roots: list[torch.Tensor], input_nodes: dict) -> list[frozenset[int]]:

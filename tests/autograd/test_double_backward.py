@@ -128,3 +128,21 @@ def test_a_backward_that_cannot_recompute_raises_when_differentiated(backend):
 
 def tanh_of_shifted(x, w):
     return (x * 2 + w).tanh().sum()  # eager saves the tanh alone
+
+
+def real_part_of_a_complex_slice(x, w):
+    t = (x.to(torch.complex64) * (2.0 + 1.0j))[1:].real  # its backward scatters a complex gradient into zeros
+    return ((t * w[1:]).sin() + t * t).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_through_complex_views_is_differentiated(backend):
+    """ATen differentiates `slice_scatter` for real dtypes only: the code generator's table writes a slice's
+    backward as one, so a complex gradient keeps eager's `slice_backward` (decompositions.py `VIEW_BACKWARDS`)."""
+    def values():
+        return torch.tensor([0.5, 1.0, -2.0], requires_grad=True), torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+
+    expected = gradient_penalty(real_part_of_a_complex_slice, *values())
+    got = gradient_penalty(kiln.compile(real_part_of_a_complex_slice, backend=backend), *values())
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)

@@ -385,6 +385,29 @@ def test_gradients_of_a_dtype_view_returned_and_read_meet_at_the_view_as_in_eage
         torch.testing.assert_close(kiln_a.grad, a.grad, equal_nan=True)
 
 
+def _write_the_view_then_backward(fn, a):
+    u, t = fn(a)
+    t.mul_(2)  # the returned view stays writable in place, its base's history rewritten as eager's
+    (u.sum() + (t * t).sum()).backward()
+    return a.grad
+
+
+def _backward_twice(fn, a):
+    u, t = fn(a)
+    gradient, = torch.autograd.grad(u.sum() + (t * t).sum(), a, create_graph=True)
+    gradient.sum().backward()  # the view's gradient, read off the base's, differentiates again
+    return a.grad
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("use", [_write_the_view_then_backward, _backward_twice])
+def test_a_real_view_read_in_the_graph_is_written_and_differentiated_as_eager_s(use, backend):
+    a = torch.tensor([0.5, 1.0, -2.0], requires_grad=True)
+    want = use(rotated_real_part, a)
+    got = use(kiln.compile(rotated_real_part, backend=backend), a.detach().clone().requires_grad_())
+    torch.testing.assert_close(got, want)
+
+
 def real_part_returned_only(a):
     return (a.to(torch.complex64) * 2.0).real
 

@@ -657,9 +657,12 @@ class _OutputClassifier:
         cheaper per call)."""
         steps, sizes = None, None
         if (self.grad_mode and leaf.requires_grad) or TensorSpec.of(base).overlapping or \
-                leaf._base is not _with_base(base):
+                leaf._base is not _with_base(base) or leaf.is_neg() != base.is_neg():
             steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
         if steps is None:
+            if leaf.is_neg() != base.is_neg():  # a strided view of the memory would read its values negated
+                raise NotImplementedError("kiln: an output that is a negated view (`z.conj().imag`) made by ops "
+                                          "that do not replay")
             return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
         return (False, None, None, 0, *_history(leaf, base, self.grad_mode), None, None, False, steps, sizes)
 
@@ -704,6 +707,8 @@ def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
     base's own strides (a symbolic one comes contiguous: `tangent_specs`). (A complex view of a real base meets
     its gradients in the real base, which ATen's real add cannot make NaN.)"""
     spec = TensorSpec.of(base)
+    if base.is_conj():
+        return False
     return base.is_complex() and not leaf.is_complex() and leaf.requires_grad and not TensorSpec.of(leaf).overlapping \
         and not spec.overlapping and (not spec.symbolic or tuple(map(_expr, spec.contiguous().stride)) ==
                                       tuple(map(_expr, spec.stride)))
@@ -712,8 +717,10 @@ def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
 def gradient_at_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
     """The gradient of `leaf`, a real view of complex `leaf._base`, read off `gradient`, the base's (laid out as
     the base): autograd's view backward put the leaf's gradient there, and zeros elsewhere. Read through
-    `view_as_real`, which a backward run with create_graph=True differentiates again (a dtype view would not)."""
-    return torch.view_as_real(gradient).as_strided(tuple(leaf.shape), tuple(leaf.stride()), _leaf_start(gradient, leaf))
+    `view_as_real`, which a backward run with create_graph=True differentiates again (a dtype view would not). A
+    negated view (`c.conj().imag`, the imaginary parts read negated) has its gradient there negated."""
+    read = torch.view_as_real(gradient).as_strided(tuple(leaf.shape), tuple(leaf.stride()), _leaf_start(gradient, leaf))
+    return read.neg() if leaf.is_neg() else read
 
 
 def gradient_off_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:

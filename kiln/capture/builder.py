@@ -267,6 +267,9 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     if is_traceable_wrapper_subclass(t):  # no storage of its own: a kernel cannot read it
         raise GraphBreak("unsupported_object", f"a {type(t).__name__} (a tensor subclass wrapping other tensors, "
                                                "e.g. an in-flight collective's result) runs natively")
+    if t.is_neg():  # its memory holds the negated values: a kernel would read them as they lie
+        raise GraphBreak("unsupported_object", "a tensor with a lazy negation (`z.conj().imag`, `x._neg_view()`) "
+                                               "runs natively; `.resolve_neg()` makes it a plain tensor")
     sig = tensor_signature(t)
     dtype, device, shape, stride, requires_grad, cls = sig
     # the guard checks the sizes the graph was traced for: a fake made static before (the base of an input
@@ -276,7 +279,8 @@ def _tensor(state, t: torch.Tensor, source: Source, expr: str) -> TensorValue:
     dynamic = symbolic_dims(fake, asked)
     by_contiguity = t.is_contiguous() and min(shape, default=2) > 1
     names = [state.guards.constant(v, hint) for v, hint in ((cls, "type"), (dtype, "dtype"), (device, "device"))]
-    check = f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} and "
+    check = f"type({expr}) is {names[0]} and {expr}.dtype is {names[1]} and {expr}.device == {names[2]} and " \
+        f"not {expr}.is_neg() and "
     if dynamic:  # sizes are checked by the shape guard over the symbols; here only rank, static dims, layout
         static = " and ".join(f"{expr}.size({d}) == {n}" for d, n in enumerate(shape) if d not in dynamic)
         check += f"{expr}.dim() == {len(shape)} and {expr}.is_contiguous() and " + (f"{static} and " if static else "")

@@ -141,6 +141,8 @@ def tensor_changes(expected: tuple, t: Any, dynamic: tuple = ()) -> str:
     before and after follow from its sizes, so they are not one either."""
     if not isinstance(t, torch.Tensor):
         return f"not a tensor any more ({type(t).__name__})"
+    if t.is_neg():
+        return "lazily negated (its memory holds the negated values: `z.conj().imag`)"
     now = list(tensor_signature(t))
     old = list(expected)
     if dynamic:
@@ -173,6 +175,7 @@ def _check_tensor(t: Any, sig: tuple) -> bool:
         type(t) is sig[5]
         and t.dtype == sig[0]
         and t.device == sig[1]
+        and not t.is_neg()
         and t.shape == sig[2]
         and t.stride() == sig[3]
         and t.requires_grad == sig[4]

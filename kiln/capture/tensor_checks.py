@@ -19,7 +19,7 @@ sooner leaves the builder to finish and publish the library, which the next proc
 in a thread of a short process was killed at its exit, and every process started it again). Any failure
 (no compiler, no headers) leaves the Python checks in place, with one log line.
 
-What a spec checks, as the Python guard does: the exact Python type, dtype, device, sizes,
+What a spec checks, as the Python guard does: the exact Python type, dtype, device, no negative bit, sizes,
 then either `is_contiguous()` or the exact strides, then `requires_grad`.
 """
 from __future__ import annotations
@@ -113,6 +113,7 @@ bool matches(PyObject* obj, const Spec& s) {
   if (reinterpret_cast<PyObject*>(Py_TYPE(obj)) != s.type || !THPVariable_Check(obj)) return false;
   const at::Tensor& t = THPVariable_Unpack(obj);
   if (t.layout() != c10::kStrided || t.scalar_type() != s.dtype || t.device() != s.device) return false;
+  if (t.is_neg()) return false;  // a lazily negated tensor: compiled code never takes one
   if (t.sizes() != c10::IntArrayRef(s.sizes)) return false;
   if (s.contiguous ? !t.is_contiguous() : t.strides() != c10::IntArrayRef(s.strides)) return false;
   return t.requires_grad() == s.requires_grad;

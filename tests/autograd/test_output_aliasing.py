@@ -362,6 +362,16 @@ def imag_view_returned_and_read(a):
     return (t * 3).exp(), t
 
 
+def conjugate_imag_returned_and_read(a):
+    t = (a.to(torch.complex64) * (2.0 + 1.0j)).conj().imag  # a negated view: its values are -imag
+    return (t * 3).exp(), t
+
+
+def conjugate_real_returned_and_read(a):
+    t = (a.to(torch.complex64) * 2.0).conj().real
+    return (t * 3).exp(), t
+
+
 def real_pairs_returned_and_read(a):
     t = torch.view_as_real(a.to(torch.complex64) * 2.0)[:-1]  # (n - 1, 2) floats over a complex intermediate
     return (t * 3).exp(), t
@@ -370,7 +380,8 @@ def real_pairs_returned_and_read(a):
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("fn", [real_view_returned_and_read, imag_view_returned_and_read,
-                                real_pairs_returned_and_read])
+                                real_pairs_returned_and_read, conjugate_imag_returned_and_read,
+                                conjugate_real_returned_and_read])
 def test_gradients_of_a_dtype_view_returned_and_read_meet_at_the_view_as_in_eager(fn, dynamic, backend):
     """The graph returns the intermediate base and the runtime rebuilds the view on it, so the output's gradient
     reaches the graph as a gradient of the base. Eager adds it to the gradient of the view's use inside the
@@ -406,6 +417,32 @@ def test_a_real_view_read_in_the_graph_is_written_and_differentiated_as_eager_s(
     want = use(rotated_real_part, a)
     got = use(kiln.compile(rotated_real_part, backend=backend), a.detach().clone().requires_grad_())
     torch.testing.assert_close(got, want)
+
+
+def negated_view_of_the_input(z):
+    return z.conj().imag  # a view whose memory holds the negated values
+
+
+def negated_view_of_an_intermediate(z):
+    w = z * 2
+    return w.conj().imag, w.conj().imag.exp()
+
+
+def negated_view_of_a_real_input(x):
+    return x._neg_view(), x._neg_view() * 3
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fn", [negated_view_of_the_input, negated_view_of_an_intermediate,
+                                negated_view_of_a_real_input])
+def test_a_returned_negated_view_keeps_its_negation(fn, backend):
+    """A lazily negated view has no geometry that says so: rebuilt by one `as_strided` it read its memory's
+    values, the wrong sign (torch.compile returns eager's); it is rebuilt by its view ops."""
+    z = torch.tensor([1 + 2j, 3 - 1j, 0.5 + 0.25j])
+    x = z if fn is not negated_view_of_a_real_input else z.real.clone()
+    want, got = fn(x.clone()), kiln.compile(fn, backend=backend)(x.clone())
+    for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        torch.testing.assert_close(g, w)
 
 
 def real_part_returned_only(a):

@@ -74,6 +74,28 @@ def test_a_non_contiguous_input_where_a_contiguous_one_was_compiled_recompiles(c
     assert len(context_of(compiled).records) == 2
 
 
+def lazily_negated(x):
+    """`z.conj().imag`: a view whose memory holds the negated values (its negation bit set)."""
+    return torch.view_as_complex(torch.stack([torch.zeros_like(x), -x], -1)).conj().imag
+
+
+def test_a_lazily_negated_input_runs_with_its_values(checks):
+    """A kernel reads a tensor's memory as it lies: a negated view (`z.conj().imag`) passed in would be read with
+    the wrong sign (torch.compile reads it so). Its frame runs natively, and a graph compiled for a plain tensor
+    never takes one (its guard checks the bit), first call or later."""
+    f = lambda x: x * 2 + 1  # noqa: E731
+    x = torch.randn(5)
+    later = kiln.compile(f)
+    torch.testing.assert_close(later(x.clone()), f(x))
+    assert lazily_negated(x).is_neg()
+    breaks = kiln.fallbacks.breaks.get("unsupported_object", 0)
+    torch.testing.assert_close(later(lazily_negated(x)), x * 2 + 1)
+    assert kiln.fallbacks.breaks["unsupported_object"] == breaks + 1  # the plain tensor's graph was not run on it
+    first = kiln.compile(f)
+    torch.testing.assert_close(first(lazily_negated(x)), x * 2 + 1)
+    torch.testing.assert_close(first(x.clone()), f(x))
+
+
 def test_a_tensor_subclass_is_checked_in_python():
     """A subclass may compute its properties in Python (`__torch_function__`): the C++ check reads none of it."""
     class Tagged(torch.Tensor):
@@ -99,6 +121,7 @@ def test_the_check_compares_each_property():
         "type": (p.detach(), t), "dtype": (nn.Parameter(p.double()), t), "shape": (nn.Parameter(torch.randn(3, 4)), t),
         "contiguity": (nn.Parameter(torch.randn(3, 4).t()), t), "strides": (p, t.contiguous()),
         "requires_grad": (nn.Parameter(p.detach(), requires_grad=False), t), "order": (t, p),
+        "negation bit": (p, t._neg_view()),
         "not a tensor": (p, 1.0),
     }
     for what, tensors in wrong.items():

@@ -25,6 +25,7 @@ FLOAT_UNARY = {
     "digamma": lambda a: torch.digamma(a * 3), "trigamma": lambda a: torch.polygamma(1, a * 3),
     "round_decimals": lambda a: torch.round(a * 50, decimals=1),
     "round_decimals_neg": lambda a: torch.round(a * 500, decimals=-2),
+    "neg_view": lambda a: a._neg_view() * 2,  # a lazily negated view, read for its (negated) values
 }
 FLOAT_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,

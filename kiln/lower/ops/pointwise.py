@@ -18,7 +18,9 @@ aten = torch.ops.aten
 
 ARITH = {
     "add": [aten.add.Tensor, aten.add.Scalar], "sub": [aten.sub.Tensor, aten.sub.Scalar],
-    "mul": [aten.mul.Tensor, aten.mul.Scalar], "neg": [aten.neg.default], "abs": [aten.abs.default],
+    "mul": [aten.mul.Tensor, aten.mul.Scalar], "abs": [aten.abs.default],
+    # a lazily negated view (`z.conj().imag`) is read for its values: a kernel computes them
+    "neg": [aten.neg.default, aten._neg_view.default],
     "sign": [aten.sign.default], "exp": [aten.exp.default], "exp2": [aten.exp2.default],
     "log": [aten.log.default], "log2": [aten.log2.default], "log10": [aten.log10.default],
     "log1p": [aten.log1p.default], "expm1": [aten.expm1.default], "sqrt": [aten.sqrt.default],

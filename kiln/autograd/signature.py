@@ -14,6 +14,7 @@ as in eager), or a constant (ints, None) that the graph does not compute.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -728,7 +729,10 @@ def gradient_off_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tenso
     without writing into a view (functionalization cannot scatter through `gradient_at_view`'s `as_strided`): the
     storage's real numbers, those at the leaf's positions zeroed by index."""
     pairs = torch.view_as_real(gradient)
-    size = 2 * gradient.untyped_storage().nbytes() // gradient.dtype.itemsize
+    if any(isinstance(d, torch.SymInt) for d in pairs.shape):  # contiguous (`_gradient_meets_at_view`): its size,
+        size = math.prod(pairs.shape)  # multiplied where tracing records it (a storage's symbolic size is not)
+    else:
+        size = 2 * gradient.untyped_storage().nbytes() // gradient.dtype.itemsize
     positions = torch.arange(size, device=gradient.device).as_strided(
         tuple(leaf.shape), tuple(leaf.stride()), _leaf_start(gradient, leaf))
     flat = pairs.as_strided((size,), (1,), 0).index_put((positions.reshape(-1),), pairs.new_zeros(()))

@@ -445,6 +445,24 @@ def test_a_returned_negated_view_keeps_its_negation(fn, backend):
         torch.testing.assert_close(g, w)
 
 
+def real_part_of_a_matrix(c):
+    t = (c.to(torch.complex64) * (2.0 + 1.0j)).real
+    return t, t == t
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_real_view_of_a_dynamic_matrix_is_traced(backend):
+    """Two symbolic sizes: the rest of the base's gradient is sized by products tracing records (its storage's
+    symbolic size, `2*s0*s1`, was one tracing could not rebuild: fuzz seed 593361)."""
+    compiled = kiln.compile(real_part_of_a_matrix, backend=backend, dynamic=True)
+    for m, n in ((2, 5), (3, 4)):
+        c = torch.randn(m, n, dtype=torch.float64, requires_grad=True)
+        kiln_c = c.detach().clone().requires_grad_()
+        real_part_of_a_matrix(c)[0].exp().sum().backward()
+        compiled(kiln_c)[0].exp().sum().backward()
+        torch.testing.assert_close(kiln_c.grad, c.grad)
+
+
 def real_part_returned_only(a):
     return (a.to(torch.complex64) * 2.0).real
 

@@ -29,7 +29,10 @@ adds, on top of everything `Builder` draws:
   backward (WRITTEN_OUTPUTS: in grad mode, under no_grad, through `.data` or a detached view), beside values computed
   from them that eager's backward saves, or not (the graph's partition must save what the writes leave as eager's
   backward reads it), and inputs that are a leaf on some calls and a non-leaf on others (whether the caller may
-  write an input is decided per call), drawn from a stream of their own.
+  write an input is decided per call), drawn from a stream of their own;
+- from NEGATED_FROM up, lazily negated tensors (`z.conj().imag`: a view whose memory holds the negated values):
+  float inputs passed so, and statements making, reading and returning such views (NEGATED_VIEWS), drawn from a
+  stream of their own.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ OVERLAPS_FROM = 300_000  # seeds from here up draw overlapping layouts and OVERL
 OVERLAP_SHARE = 0.2       # the share of their statements drawn from OVERLAP_WRITES, and of inputs laid out to overlap
 WRITTEN_OUTPUTS_FROM = 400_000  # seeds from here up draw WRITTEN_OUTPUTS and LEAF_SOMETIMES, from a stream of their own
 WRITTEN_SHARE = 0.3  # the share of their statements drawn from WRITTEN_OUTPUTS, and of their grad inputs LEAF_SOMETIMES
+NEGATED_FROM = 600_000  # seeds from here up draw lazily negated inputs and NEGATED_VIEWS, from a stream of their own
+NEGATED_SHARE = 0.15  # the share of their float inputs passed negated, and of their statements from NEGATED_VIEWS
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -261,6 +266,11 @@ OVERLAP_WRITES = (
 )
 OVERLAPPING_LAYOUTS = ["expand", "expand_last", "windows"]
 
+# a lazily negated view of a float value ({out} holds {a}'s values, negated in memory), then read or returned as is
+NEGATED_VIEWS = ops(is_float, 1, "torch.view_as_complex(torch.stack([{a}, -{a}], -1).contiguous()).conj().imag",
+                    "torch.view_as_complex(torch.stack([{a}, {a} * 0.5], -1).contiguous()).conj().imag * 2",
+                    "(-{a})._neg_view()", "(-{a})._neg_view().exp()")
+
 # a value the graph returns to the code after a break ({out}), beside a value computed from it ({p}): eager's backward
 # saves {out} (sin, a product with itself), or only what it computed from it (exp, sigmoid, tanh)
 SAVED_BESIDE = ("{out}.exp() * {out}.sigmoid()", "{out}.sin()", "{out}.tanh() * 2", "{out} * {out}",
@@ -340,6 +350,9 @@ class ExtendedBuilder(Builder):
         # WRITTEN_OUTPUTS and LEAF_SOMETIMES likewise, from WRITTEN_OUTPUTS_FROM up
         self.written_rng = random.Random(f"kiln-fuzz-written-outputs-{seed}")
         self.written_share = WRITTEN_SHARE if seed >= WRITTEN_OUTPUTS_FROM else 0.0
+        # negated inputs and NEGATED_VIEWS likewise, from NEGATED_FROM up
+        self.negated_rng = random.Random(f"kiln-fuzz-negated-{seed}")
+        self.negated_share = NEGATED_SHARE if seed >= NEGATED_FROM else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
@@ -392,6 +405,8 @@ class ExtendedBuilder(Builder):
         if self.overlap_share and self.overlap_rng.random() < self.overlap_share:
             extra = [e for e in extra if not e.startswith("layout=")]
             extra.append(f"layout={self.overlap_rng.choice(OVERLAPPING_LAYOUTS)!r}")
+        if self.negated_share and line.startswith(f"{name} = randn") and self.negated_rng.random() < self.negated_share:
+            extra = [e for e in extra if not e.startswith("layout=")] + ["layout='negated'"]
         line = line[:-1] + "".join(", " + e for e in extra) + ")" if extra else line
         if self.written_share and line.startswith(f"{name} = randn") and not self.no_grad and "grad=True" not in line \
                 and self.written_rng.random() < 0.5:  # values written before a backward matter where there is one
@@ -416,6 +431,8 @@ class ExtendedBuilder(Builder):
 
     # -- statements --------------------------------------------------------------------------
     def _pick_op(self) -> Op:
+        if self.negated_share and self.negated_rng.random() < self.negated_share:
+            return self.negated_rng.choice(NEGATED_VIEWS)
         if self.written_share and self.written_rng.random() < self.written_share:
             return self.written_rng.choice(WRITTEN_OUTPUTS)
         if self.overlap_share and self.overlap_rng.random() < self.overlap_share:

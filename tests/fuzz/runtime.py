@@ -42,7 +42,8 @@ def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
     "t" column-major (a transposed copy, transposed back), "channels_last" (4-d), "expand" (the first row
     broadcast along dim 0: stride 0, values change), "expand_last" (the first column broadcast along the last
     dim), "windows" (rows that are overlapping windows of one vector: row i starts at element i, strides ATen
-    does not check for overlap), "offset" (a view at a storage offset), "" as made."""
+    does not check for overlap), "offset" (a view at a storage offset), "negated" (a float tensor lazily negated:
+    its memory holds the negated values, as `z.conj().imag`'s does), "" as made."""
     if layout == "t" and t.dim() >= 2:
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout == "channels_last" and t.dim() == 4:
@@ -55,6 +56,8 @@ def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
         row = t[0].numel()
         rest = torch.empty(t.shape[1:]).stride()
         return t.reshape(-1)[:t.shape[0] - 1 + row].clone().as_strided(t.shape, (1, *rest))
+    if layout == "negated" and t.is_floating_point():
+        return (-t)._neg_view()
     if layout == "offset":
         return torch.cat([t.reshape(-1)[:1], t.reshape(-1)]).detach()[1:].view(t.shape) if t.numel() else t
     return t

@@ -61,13 +61,14 @@ class CallInputs:
         self.parameters = keeper.take_parameters(flat)
         others = [flat[i] for i in keeper.others]
         self.others = [weakref.ref(t) if isinstance(t, torch.Tensor) else t for t in others]
-        self.versions = [t._version if isinstance(t, torch.Tensor) else None for t in others]
+        # an inference tensor (made under inference_mode) has no version counter: no write to it is seen, as in eager
+        self.versions = [t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None for t in others]
 
     def as_they_were(self) -> list | None:
         """The inputs in order, or None if one that is no parameter was freed or written in place since."""
         others = [r() if isinstance(r, weakref.ref) else r for r in self.others]
-        for t, version in zip(others, self.versions):
-            if version is not None and (t is None or t._version != version):
+        for r, t, version in zip(self.others, others, self.versions):
+            if (isinstance(r, weakref.ref) and t is None) or (version is not None and t._version != version):
                 return None
         inputs = [None] * len(self.keeper.order)
         for i, value in zip(self.keeper.order, [*self.parameters, *others]):

@@ -10,6 +10,8 @@ a silently wrong second derivative.
 """
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 import torch.nn as nn
@@ -146,3 +148,25 @@ def test_a_backward_through_complex_views_is_differentiated(backend):
     got = gradient_penalty(kiln.compile(real_part_of_a_complex_slice, backend=backend), *values())
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+NORMED = nn.Sequential(nn.Linear(3, 3, bias=False), nn.BatchNorm1d(3), nn.Tanh()).eval()
+
+
+def through_inference_mode(a):
+    positives = len(a[a > 0])  # a graph break: the graphs after it take what the eager code made
+    negated = (-a)._neg_view()
+    with torch.inference_mode():
+        print("inference", file=io.StringIO())  # another, inside the block
+        total = (negated + 1).sum()  # an inference tensor: it has no version counter
+    return NORMED((-a)._neg_view().exp().float().reshape(-1, 3)), positives, total
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inference_tensor_input_is_kept_without_a_version(backend):
+    """The inputs a differentiable backward may run the forward on again are kept with their versions; an inference
+    tensor has none to read (reading it raised in the forward: fuzz seed 600307), and a write to it is not seen, as
+    in eager."""
+    a = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    for got, want in zip(kiln.compile(through_inference_mode, backend=backend)(a), through_inference_mode(a)):
+        torch.testing.assert_close(got, want)

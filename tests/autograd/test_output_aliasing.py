@@ -377,6 +377,7 @@ def real_pairs_returned_and_read(a):
     return (t * 3).exp(), t
 
 
+@pytest.mark.sampled(every=2, classes=("fn",))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("fn", [real_view_returned_and_read, imag_view_returned_and_read,

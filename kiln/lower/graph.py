@@ -290,7 +290,10 @@ class GraphLowering:
             return bool(relation)
         if self.shape_env is None:
             return None
-        result = self.shape_env._maybe_evaluate_static(self.precomputed.defined(relation))
+        try:
+            result = self.shape_env._maybe_evaluate_static(self.precomputed.defined(relation))
+        except KeyError:  # a sympy function the shape environment's evaluator has no rule for (`Mod` of a `round`)
+            return None  # open, as the guards would leave it: the caller's code then serves every case
         return None if result is None else bool(result)
 
     def decide(self, relation) -> bool | None:

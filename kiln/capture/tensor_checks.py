@@ -19,7 +19,7 @@ sooner leaves the builder to finish and publish the library, which the next proc
 in a thread of a short process was killed at its exit, and every process started it again). Any failure
 (no compiler, no headers) leaves the Python checks in place, with one log line.
 
-What a spec checks, as the Python guard does: the exact Python type, dtype, device, no negative bit, sizes,
+What a spec checks, as the Python guard does: the exact Python type, dtype, device, no negation bit, sizes,
 then either `is_contiguous()` or the exact strides, then `requires_grad`.
 """
 from __future__ import annotations

@@ -348,14 +348,14 @@ def _unfused_bias(n: ir.Extern, readers_of: Callable,
     elements = _static(n.layout.size[0] * n.layout.size[1])
     if elements is None or elements > UNFUSED_BIAS_MAX_ELEMENTS:
         return None
-    readers = readers_of().get(n.name, ())
-    if not readers or not all(isinstance(r, ir.ComputedBuffer) for r in readers):
-        return None
+    if n.layout.dtype not in (torch.float32, torch.float64):  # a half-type mm rounds before the add: a second
+        return None  # rounding, which compounds over a deep model's layers
     bias, a, b = n.args
     if not all(isinstance(r, ir.TensorRef) for r in (bias, a, b)) or bias.layout.dtype != n.layout.dtype:
         return None
-    if n.layout.dtype not in (torch.float32, torch.float64):  # a half-type mm rounds before the add: a second
-        return None  # rounding, which compounds over a deep model's layers
+    readers = readers_of().get(n.name, ())  # last: a pass over the whole graph, made once
+    if not readers or not all(isinstance(r, ir.ComputedBuffer) for r in readers):
+        return None
     name = f"{n.name}_mm"
     mm = ir.Extern(name, aten.mm.default, (a, b), {}, ir.Layout.contiguous(n.layout.size, n.layout.dtype))
     if n.name in graph.origins:

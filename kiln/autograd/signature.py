@@ -67,6 +67,13 @@ class TensorSpec:
             extent += (size - 1) * stride
         return False
 
+    def as_gradient(self) -> TensorSpec:
+        """The layout a gradient of a tensor of this spec comes in (`OutputSignature.tangent_specs`): its own
+        strides; contiguous where the sizes are symbolic, since the runtime can then make any gradient match with
+        `.contiguous()` without computing strides per call, and where elements share memory (an expanded
+        output): no gradient can be written with those strides."""
+        return self.contiguous() if self.symbolic or self.overlapping else self
+
     def contiguous(self) -> TensorSpec:
         strides, acc = [], 1
         for size in reversed(self.shape):
@@ -255,15 +262,9 @@ class OutputSignature:
         return None
 
     def tangent_specs(self) -> list[TensorSpec]:
-        """The incoming gradients the backward graph is traced with, one per differentiable output.
-
-        With the outputs' own strides; contiguous where the sizes are symbolic, since the runtime
-        can then make any gradient match with `.contiguous()` without computing strides per call, and
-        where elements of the output share memory (an expanded output): no gradient can be written
-        with those strides.
-        """
-        specs = [self.graph_outputs[i] for i in self.differentiable()]
-        return [s.contiguous() if s.symbolic or s.overlapping else s for s in specs]
+        """The incoming gradients the backward graph is traced with, one per differentiable output, each laid out
+        as `TensorSpec.as_gradient` says."""
+        return [self.graph_outputs[i].as_gradient() for i in self.differentiable()]
 
 
 REFUSE_GRAD = {"resize_", "resize_as_", "set_", torch.Tensor.resize_, torch.Tensor.resize_as_, torch.Tensor.set_}
@@ -704,15 +705,14 @@ def _views_an_intermediate_with_history(leaf: torch.Tensor) -> bool:
 
 def _gradient_meets_at_view(leaf: torch.Tensor, base: torch.Tensor) -> bool:
     """Is `leaf` a real view of complex `base` whose gradient can be read off the base's gradient
-    (`gradient_at_view`)? Neither may share memory between elements, and the base's gradient must come with the
-    base's own strides (a symbolic one comes contiguous: `tangent_specs`). (A complex view of a real base meets
-    its gradients in the real base, which ATen's real add cannot make NaN.)"""
-    spec = TensorSpec.of(base)
-    if base.is_conj():
+    (`gradient_at_view`)? The leaf may not share memory between elements, and the base's gradient must come with
+    the base's own strides (`TensorSpec.as_gradient`). (A complex view of a real base meets its gradients in the
+    real base, which ATen's real add cannot make NaN.)"""
+    if not (base.is_complex() and not base.is_conj() and not leaf.is_complex() and leaf.requires_grad):
         return False
-    return base.is_complex() and not leaf.is_complex() and leaf.requires_grad and not TensorSpec.of(leaf).overlapping \
-        and not spec.overlapping and (not spec.symbolic or tuple(map(_expr, spec.contiguous().stride)) ==
-                                      tuple(map(_expr, spec.stride)))
+    spec = TensorSpec.of(base)
+    return not TensorSpec.of(leaf).overlapping and tuple(map(_expr, spec.as_gradient().stride)) == \
+        tuple(map(_expr, spec.stride))
 
 
 def gradient_at_view(gradient: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:

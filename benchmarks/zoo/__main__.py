@@ -30,6 +30,12 @@ wall time, recorded with the run's `jobs`), and while one pair runs its timed st
 (pairs and their compile workers) is stopped (SIGSTOP), so step times are measured with the machine to
 themselves. A pair that runs out of GPU
 memory beside the others runs again alone.
+
+With `--gpus N` the run is sharded over the host's first N GPUs (shard i on GPU i, pinned to its own N-th of the
+cores), and the timing lock and the stopping above span all shards: a timed step has the whole host to itself,
+as in a one-GPU run, while the shards' compiles overlap. One JSON holds every shard's records (with `shard`).
+
+    python benchmarks/zoo --gpus 4 --jobs 4 --timeout 400
 """
 from __future__ import annotations
 
@@ -285,7 +291,9 @@ def started(command: list[str], env: dict):
         yield job
     finally:
         if held:
-            signal_processes(other_processes_of_the_run(os.getpid()), signal.SIGCONT)
+            stopped = set(other_processes_of_the_run(os.getpid()))  # this process's jobs and their workers
+            stopped |= set(other_processes_of_the_run(int(os.environ["ZOO_RUN_PID"])))  # and a host's other shards
+            signal_processes(stopped, signal.SIGCONT)
 
 
 def job_main(name: str, compiler: str, profile: bool) -> None:
@@ -342,19 +350,51 @@ def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
         print(json.dumps(record), flush=True)
         save([records[i] for i in sorted(records)])
 
+    host_wide = "ZOO_TIMING_LOCK" in os.environ  # a shard of a --gpus run: the host's lock, set by its parent
     with tempfile.TemporaryDirectory(prefix="zoo-run-") as run:
-        if args.jobs > 1:
+        if args.jobs > 1 and not host_wide:
             os.environ["ZOO_TIMING_LOCK"], os.environ["ZOO_RUN_PID"] = f"{run}/timing.lock", str(os.getpid())
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             futures = {pool.submit(spawn_job, *pair, args.timeout, args.profile): i for i, pair in enumerate(pairs)}
             for future in concurrent.futures.as_completed(futures):
                 finished(futures[future], future.result())
-        os.environ.pop("ZOO_TIMING_LOCK", None)
-        os.environ.pop("ZOO_RUN_PID", None)
+        if not host_wide:
+            os.environ.pop("ZOO_TIMING_LOCK", None)
+            os.environ.pop("ZOO_RUN_PID", None)
     for i, record in sorted(records.items()):  # out of GPU memory beside other pairs: again, alone
         if args.jobs > 1 and "out of memory" in record.get("reason", ""):
             finished(i, {**spawn_job(*pairs[i], args.timeout, args.profile), "ran_alone": True})
     return [records[i] for i in sorted(records)]
+
+
+def run_host(gpus: int, args) -> list[dict]:
+    """Every pair of the run, sharded over this host's first `gpus` GPUs: shard i runs on GPU i, pinned to its own
+    slice of the cores, and all shards share one timing lock and stop one another's processes (the run's process
+    tree is this process's), so every timed step has the host to itself, as in a run of one shard; the shards'
+    compiles overlap. The shards' records, in the order of the workloads."""
+    cores = sorted(os.sched_getaffinity(0))
+    per_shard = len(cores) // gpus
+    with tempfile.TemporaryDirectory(prefix="zoo-host-") as run:
+        env = dict(os.environ, ZOO_TIMING_LOCK=f"{run}/timing.lock", ZOO_RUN_PID=str(os.getpid()))
+        shards = []
+        for i in range(gpus):
+            command = [sys.executable, HERE, "--shard", f"{i}/{gpus}", "--jobs", str(args.jobs), "--timeout",
+                       str(args.timeout), "--compilers", args.compilers, "--out", f"{run}/shard{i}.json"]
+            command += ["--workloads", args.workloads] * bool(args.workloads) + ["--profile"] * args.profile
+            mine = set(cores[i * per_shard:(i + 1) * per_shard])
+            shards.append(subprocess.Popen(command, env=dict(env, CUDA_VISIBLE_DEVICES=str(i)),
+                                           stdout=open(f"{run}/shard{i}.log", "w"), stderr=subprocess.STDOUT,
+                                           preexec_fn=lambda mine=mine: os.sched_setaffinity(0, mine)))
+        for shard in shards:
+            shard.wait()
+        records = []
+        for i in range(gpus):
+            with contextlib.suppress(OSError, ValueError):
+                records += [{**r, "shard": i} for r in json.load(open(f"{run}/shard{i}.json"))["records"]]
+            if not any(r.get("shard") == i for r in records):
+                print(open(f"{run}/shard{i}.log").read()[-3000:], file=sys.stderr)
+    order = {name: k for k, name in enumerate(args.workloads.split(",") if args.workloads else WORKLOADS)}
+    return sorted(records, key=lambda r: order.get(r["workload"], len(order)))
 
 
 def main() -> None:
@@ -368,6 +408,8 @@ def main() -> None:
                         help="where the run's JSON goes (default benchmarks/results/zoo/<date>_<gpu>_<commit>)")
     parser.add_argument("--profile", action="store_true", help="also profile where each step's GPU time goes")
     parser.add_argument("--jobs", type=int, default=1, help="pairs run at once (timed steps still one at a time)")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="shard the run over this many GPUs of the host, timed steps one at a time host-wide")
     parser.add_argument("--table", nargs="+", metavar="RUN", help="print the table of these runs' JSON and exit")
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -386,7 +428,11 @@ def main() -> None:
     pairs = [(name, compiler) for name in names for compiler in args.compilers.split(",")]
     header = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "jobs": args.jobs}
-    records = run_pairs(pairs, args, lambda done: write_json(out, {**header, "records": done}))
+    if args.gpus > 1:
+        records = run_host(args.gpus, args)
+        write_json(out, {**header, "gpus": args.gpus, "records": records})
+    else:
+        records = run_pairs(pairs, args, lambda done: write_json(out, {**header, "records": done}))
     print(table(records))
 
 

@@ -12,7 +12,8 @@ measures anyway): a fallback fails the workload instead of hiding in its step ti
   (the model's library is missing);
 - `ms`: the median of CUDA-event-timed steps after warm-up, once the compiler's background work is done (kiln's C++
   tensor guards, built once per machine: `common.settled`);
-- `compile_s`: wall time of the compiler call plus the first step (for training the whole first step);
+- `compile_s`: wall time of the compiler call plus the first step (for training the whole first step), less
+  `stopped_s`, the time other pairs' timed sections had this pair stopped (below);
 - `peak_mb`: peak allocated GPU memory from before the compiler call to the end of the timed steps;
 - `error`: the relative error against an eager copy with the same weights on the same inputs (the loss of the first
   step for training; the output for inference). Dropout is off, so the two compare exactly;
@@ -133,11 +134,32 @@ def machine_alone():
     A no-op for a run of one pair at a time."""
     with timing_lock() as held:
         others = other_processes_of_the_run(int(os.environ["ZOO_RUN_PID"])) if held else []
+        start = time.monotonic()
         try:
             signal_processes(others, signal.SIGSTOP)
             yield
         finally:
-            signal_processes(others, signal.SIGCONT)
+            try:
+                if held:  # the others' compile clocks ran meanwhile: `stopped_during` subtracts this section
+                    with open(os.environ["ZOO_TIMING_LOCK"] + ".sections", "a") as sections:
+                        sections.write(f"{os.getpid()} {start} {time.monotonic()}\n")
+            finally:
+                signal_processes(others, signal.SIGCONT)
+
+
+def stopped_during(start: float, end: float) -> float:
+    """Seconds of the monotonic-clock interval [start, end] in which another pair's timed section had this
+    process stopped (`machine_alone`): a compile's wall time less these is what it took."""
+    path = os.environ.get("ZOO_TIMING_LOCK", "") + ".sections"
+    if not os.path.exists(path):
+        return 0.0
+    total = 0.0
+    with open(path) as sections:
+        for line in sections:
+            pid, begun, ended = line.split()
+            if int(pid) != os.getpid():
+                total += max(0.0, min(end, float(ended)) - max(start, float(begun)))
+    return total
 
 
 def other_processes_of_the_run(root: int) -> list[int]:
@@ -189,12 +211,14 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    start = time.monotonic()
     fn = compiled(model, compiler)
     step = make_step(workload, fn, model)
     got = step(inputs[0])
     torch.cuda.synchronize()
-    compile_s = time.perf_counter() - start
+    end = time.monotonic()
+    stopped_s = stopped_during(start, end)
+    compile_s = end - start - stopped_s
     stages = compile_stages(fn, compile_s) if compiler == "kiln" else None
     want = make_step(workload, reference, reference)(inputs[0])
     error = relative_error(got if torch.is_tensor(got) else got[0], want if torch.is_tensor(want) else want[0])
@@ -205,6 +229,7 @@ def run_job(name: str, compiler: str, profile: bool = False) -> dict:
         ms = cuda_time(lambda: step(inputs[next(calls) % len(inputs)]), warmup=3, iters=20)
         status = "ok" if error <= TOLERANCE[workload.dtype] else "wrong"
         record = {"workload": name, "compiler": compiler, "status": status, "ms": ms, "compile_s": compile_s,
+                  "stopped_s": stopped_s,
                   "peak_mb": torch.cuda.max_memory_allocated() / 2**20, "error": error}
         if stages is not None:
             record["compile_stages_s"] = stages
@@ -367,11 +392,12 @@ def run_pairs(pairs: list[tuple[str, str]], args, save) -> list[dict]:
     return [records[i] for i in sorted(records)]
 
 
-def run_host(gpus: int, args) -> list[dict]:
+def run_host(gpus: int, args, out: str) -> list[dict]:
     """Every pair of the run, sharded over this host's first `gpus` GPUs: shard i runs on GPU i, pinned to its own
     slice of the cores, and all shards share one timing lock and stop one another's processes (the run's process
     tree is this process's), so every timed step has the host to itself, as in a run of one shard; the shards'
-    compiles overlap. The shards' records, in the order of the workloads."""
+    compiles overlap. Each shard writes its records and log beside `out` as it goes (`<out>.shard<i>.json`, .log:
+    what a run cut short leaves). The shards' records, in the order of the workloads."""
     cores = sorted(os.sched_getaffinity(0))
     per_shard = len(cores) // gpus
     with tempfile.TemporaryDirectory(prefix="zoo-host-") as run:
@@ -379,20 +405,20 @@ def run_host(gpus: int, args) -> list[dict]:
         shards = []
         for i in range(gpus):
             command = [sys.executable, HERE, "--shard", f"{i}/{gpus}", "--jobs", str(args.jobs), "--timeout",
-                       str(args.timeout), "--compilers", args.compilers, "--out", f"{run}/shard{i}.json"]
+                       str(args.timeout), "--compilers", args.compilers, "--out", f"{out}.shard{i}.json"]
             command += ["--workloads", args.workloads] * bool(args.workloads) + ["--profile"] * args.profile
             mine = set(cores[i * per_shard:(i + 1) * per_shard])
             shards.append(subprocess.Popen(command, env=dict(env, CUDA_VISIBLE_DEVICES=str(i)),
-                                           stdout=open(f"{run}/shard{i}.log", "w"), stderr=subprocess.STDOUT,
+                                           stdout=open(f"{out}.shard{i}.log", "w"), stderr=subprocess.STDOUT,
                                            preexec_fn=lambda mine=mine: os.sched_setaffinity(0, mine)))
         for shard in shards:
             shard.wait()
         records = []
         for i in range(gpus):
             with contextlib.suppress(OSError, ValueError):
-                records += [{**r, "shard": i} for r in json.load(open(f"{run}/shard{i}.json"))["records"]]
+                records += [{**r, "shard": i} for r in json.load(open(f"{out}.shard{i}.json"))["records"]]
             if not any(r.get("shard") == i for r in records):
-                print(open(f"{run}/shard{i}.log").read()[-3000:], file=sys.stderr)
+                print(open(f"{out}.shard{i}.log").read()[-3000:], file=sys.stderr)
     order = {name: k for k, name in enumerate(args.workloads.split(",") if args.workloads else WORKLOADS)}
     return sorted(records, key=lambda r: order.get(r["workload"], len(order)))
 
@@ -429,7 +455,7 @@ def main() -> None:
     header = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "jobs": args.jobs}
     if args.gpus > 1:
-        records = run_host(args.gpus, args)
+        records = run_host(args.gpus, args, out)
         write_json(out, {**header, "gpus": args.gpus, "records": records})
     else:
         records = run_pairs(pairs, args, lambda done: write_json(out, {**header, "records": done}))

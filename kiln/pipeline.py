@@ -45,7 +45,6 @@ from kiln import fallbacks
 from kiln.autograd import aot_compile
 from kiln.capture import bytecode
 from kiln.codegen import triton as triton_target
-from kiln.codegen.conv_calls import convolution_calls
 from kiln.codegen.cpp import PRELUDE
 from kiln.codegen.describe import FusedGraph, name_kernels
 from kiln.codegen.target import Target, select_target
@@ -59,7 +58,7 @@ from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
 from kiln.progress import StageProgress
-from kiln.runtime import code_cache, collector, cudnn_warmup, graph_cache, symbolic_sizes, triton_cache
+from kiln.runtime import code_cache, collector, graph_cache, symbolic_sizes, triton_cache
 from kiln.runtime.cudagraphs import CUDAGraphPool
 from kiln.runtime.current_device import with_current_device
 from kiln.runtime.host_scalars import is_host_scalar
@@ -110,7 +109,6 @@ def _kernel_stages(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
     plan = run("plan memory", plan_buffers, sched, _is_inference(gm))
     with fallbacks.kernel_origins(sched, graph):  # a kernel that fails names the FX nodes it computes
         code = run("generate", generate, sched, plan, target)
-        cudnn_warmup.start(convolution_calls(sched.graph), target.device)  # made while the kernels build
         product = _product(code, target)  # before build: it runs the wrapper in (and adds to) the namespace
         namespace = run("build", build, code, target, name)
     compiled = _compiled_graph(gm, graph, sched, plan, code, namespace, target, name, run.times)
@@ -412,10 +410,7 @@ class CompiledGraph:
 
     def boxed_call(self, args: list):
         """Run on one list of the graph's inputs, which the call empties: each input is dropped after its last
-        use (`kiln.autograd.runtime.boxed` calls this; a backward's saved tensors are freed as it runs). First
-        waits for the cuDNN calls compiles queued (kiln/runtime/cudnn_warmup.py): none is timed beside its work."""
-        if cudnn_warmup.pending:
-            cudnn_warmup.wait()
+        use (`kiln.autograd.runtime.boxed` calls this; a backward's saved tensors are freed as it runs)."""
         if self._profiled is not None and _profiler._is_profiler_enabled:  # a module global: cheap per call
             if self._profiled_call is None:
                 self._profiled_call = self._profiled()

@@ -333,10 +333,12 @@ def _replayed(alias: torch.fx.Node, storage_writes: list, position: dict) -> boo
 
 
 def _same_geometry(a, b) -> bool:
-    """Same sizes, strides, offset, dtype and device; symbolic sizes compared as expressions, so that the
-    comparison adds no guard on the graph's sizes."""
+    """Same sizes, strides, offset, dtype and device, and the same lazy negation and conjugation (a `_neg_view`
+    has its base's geometry, and a write into it stores the value negated); symbolic sizes compared as
+    expressions, so that the comparison adds no guard on the graph's sizes."""
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-            and a.device == b.device and _exprs(a) == _exprs(b))
+            and a.device == b.device and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()
+            and _exprs(a) == _exprs(b))
 
 
 def _exprs(t: torch.Tensor) -> tuple:

@@ -145,7 +145,8 @@ def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, swit
     ordered = _producers_first(ordered, members, handed_in)
     if ordered is None:
         return None
-    if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}):
+    if not _apart(members, effects, placeholders, ordered, {n: k for k, n in enumerate(nodes)}) \
+            or _recomputes_a_written_tensor(members, placeholders):
         return None
     if where_edges_differ and not (_all_in_parts(nodes, members, switches)
                                    and _edges_differ(members, roots, returned, placeholders, example_inputs)):
@@ -252,6 +253,25 @@ def _apart(members: dict, effects: dict, placeholders: list, ordered: list, posi
                         and max(position[n] for n in members[r]) < first_write):
                     return False
     return True
+
+
+def _recomputes_a_written_tensor(members: dict, placeholders: list) -> bool:
+    """Whether a part computes a tensor (or a view of one) that another part writes in place. Each part computes
+    what it reads from the inputs on its own, so a value two parts share is computed twice: the part that writes
+    it (`t0 = x._neg_view(); t0[0].zero_()`) writes its own copy, and the other (`t0.detach() * 2`) read the
+    value from before the write (fuzz seed 600639). Inputs are `_apart`'s: they are not computed by any part."""
+    inputs = {_storage(p) for p in placeholders} - {None}
+    written = {r: {_storage(n.args[0]) for n in nodes if in_place_call(n) and n.args} - inputs - {None}
+               for r, nodes in members.items()}
+    return any(r is not other and _storage(n) in storages
+               for r, storages in written.items() if storages
+               for other, nodes in members.items() for n in nodes)
+
+
+def _storage(node):
+    """The storage of `node`'s value as the capture computed it (shared by its views), or None."""
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+    return value.untyped_storage()._cdata if isinstance(value, torch.Tensor) else None
 
 
 def _union_parts(nodes: list, switches: set, handed: Callable) -> Callable:

@@ -492,3 +492,38 @@ def test_which_graphs_hand_values_over():
     split = independent_parts(*captured_graph(masked_pair, a, b), where_edges_differ=True)
     assert split is not None and [len(p.handed_out) for p in split.parts] == [1, 0]
     assert independent_parts(*captured_graph(shared, a, b), where_edges_differ=True) is None
+
+
+def detached_after_an_in_place_write(a, linear):
+    t0 = a * 2
+    t0.mul_(3)
+    return t0, linear(t0.detach() + 1)
+
+
+def a_view_written_then_read_detached(a, linear):
+    t0 = a.sin()
+    t0[1:].add_(1)
+    return t0, linear(t0.detach())
+
+
+def a_negated_view_written_then_read_detached(a, linear):
+    t0 = (-a)._neg_view()
+    t0[0].zero_()
+    t3 = (-(t0.detach() * 2))._neg_view()
+    return t0, linear(t3), t3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("program", [detached_after_an_in_place_write, a_view_written_then_read_detached,
+                                     a_negated_view_written_then_read_detached], ids=lambda f: f.__name__)
+def test_a_part_reading_a_tensor_another_part_writes_reads_the_written_value(program, backend):
+    """An intermediate written in place, returned, and read detached by a module: the split made the module's part
+    compute the intermediate again from the inputs, without the write, and return values from before it, silently
+    (fuzz seed 600639). A tensor one part writes is computed by no other part: the graph stays whole."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(3, 3)
+    a = torch.randn(4, 3, requires_grad=True)
+    want = program(a, linear)
+    got = kiln.compile(program, backend=backend)(a, linear)
+    torch.testing.assert_close(got, want)
+    assert independent_parts(*captured_graph(program, a, linear)) is None

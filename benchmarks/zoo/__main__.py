@@ -1,4 +1,4 @@
-"""The model zoo: eager, torch.compile and kiln on the workloads of `workloads.py`, on one GPU.
+"""The model zoo: eager, torch.compile and kiln on the workloads of `workloads.py`, on one GPU or sharded over a host's.
 
     python benchmarks/zoo --list
     python benchmarks/zoo [--workloads a,b | --shard 0/4] [--compilers eager,torch,kiln] [--out run.json]

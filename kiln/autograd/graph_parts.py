@@ -12,7 +12,9 @@ the later backward goes through a node the first did not free, as in eager.
 The split keeps eager's order where it matters: a part may write into a tensor (a module's running statistics,
 a counter buffer) that another part reads only where that part runs first and is done before the write, and at
 most one part may draw random numbers; a graph whose parts meet otherwise through a written tensor, or both
-draw, stays whole. What each node writes and draws is read from a fake run
+draw, stays whole. Parts compute what they read from the inputs each on their own, so a tensor (or a view of one)
+that one part writes in place and another computes too keeps the graph whole: the other would read it from
+before the write. What each node writes and draws is read from a fake run
 of the graph (the ATen ops it runs: nothing is computed). Grad-mode and autocast switches (calls that take no
 values and return none) are copied into every part, in their order, so each op runs in the mode it ran in.
 

@@ -723,8 +723,9 @@ def _scalar_cast(cls):
             return ConstantValue(cls())
 
         if isinstance(x.realize(), TensorValue):
-            reason = "data_dependent_branch" if cls is bool else "tensor_to_python"
-            raise GraphBreak(reason, f"{cls.__name__}() of a tensor")
+            if cls is bool and not rest:
+                return ConstantValue(x.realize().truth(state))  # a break unless the value is known
+            raise GraphBreak("tensor_to_python", f"{cls.__name__}() of a tensor")
         if isinstance(x.realize(), SymValue) and cls in _SYMBOLIC_CASTS and not rest:
             return _symbolic_cast(state, cls, x.realize())
         if cls is bool:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from kiln.capture import value_bounds
 from kiln.capture.breaks import GraphBreak, breaks_inference_rule, inference_tensor_misuse
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value
@@ -50,6 +51,10 @@ METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"
 
 class TensorValue(Value):
     real: torch.Tensor | None = None  # the input tensor itself, for identity (`p in memo`, tied weights)
+    # what the capture knows of the values without reading them (kiln/capture/value_bounds.py): the closed range of
+    # every element, and the truth of a one-element comparison that range decides
+    bounds: tuple[float, float] | None = None
+    known_truth: bool | None = None
 
     def __init__(self, node: fx.Node, fake: torch.Tensor, source=None):
         self.node, self.fake, self.source = node, fake, source
@@ -181,6 +186,10 @@ class TensorValue(Value):
         return self.fake.shape[0]
 
     def truth(self, state) -> bool:
+        """`if t:`: a graph break, except for a one-element comparison whose value no draw changes
+        (`torch.rand([]) < 0.0`, value_bounds.py)."""
+        if self.known_truth is not None and self.fake.numel() == 1:
+            return self.known_truth
         raise GraphBreak("data_dependent_branch", "the truth value of a tensor")
 
     def reconstruct(self, writer) -> str:
@@ -262,7 +271,28 @@ def trace_op(state, kind: str, target: Any, args: list[Value], kwargs: dict[str,
     returned = _returned_argument(fake, [*args, *kwargs.values()])
     if returned is None:
         returned = returned_input(target, args, kwargs)
-    return returned if returned is not None else wrap_result(state, node, fake)
+    if returned is not None:
+        return returned
+    result = wrap_result(state, node, fake)
+    if isinstance(result, TensorValue):
+        _note_bounds(result, target, args)
+    return result
+
+
+def _note_bounds(result: TensorValue, target: Any, args: list[Value]) -> None:
+    """What value_bounds.py knows of `result`, made by `target(*args)`: the range of a uniform draw, the truth of
+    its comparison with a constant outside that range."""
+    try:
+        result.bounds = value_bounds.bounds_of(target, result.fake)
+        if len(args) != 2 or target not in value_bounds.COMPARISONS:
+            return
+    except TypeError:  # an unhashable target: none of these
+        return
+    first, second = (a.realize() for a in args)
+    if isinstance(first, TensorValue) and first.bounds is not None and second.is_constant():
+        result.known_truth = value_bounds.known_comparison(target, True, first.bounds, second.as_constant())
+    elif isinstance(second, TensorValue) and second.bounds is not None and first.is_constant():
+        result.known_truth = value_bounds.known_comparison(target, False, second.bounds, first.as_constant())
 
 
 def _returned_argument(fake: Any, args: list[Value]) -> Value | None:

@@ -55,6 +55,8 @@ WRITTEN_OUTPUTS_FROM = 400_000  # seeds from here up draw WRITTEN_OUTPUTS and LE
 WRITTEN_SHARE = 0.3  # the share of their statements drawn from WRITTEN_OUTPUTS, and of their grad inputs LEAF_SOMETIMES
 NEGATED_FROM = 600_000  # seeds from here up draw lazily negated inputs and NEGATED_VIEWS, from a stream of their own
 NEGATED_SHARE = 0.15  # the share of their float inputs passed negated, and of their statements from NEGATED_VIEWS
+DRAWN_FROM = 700_000  # seeds from here up draw DRAWN_BRANCHES, from a stream of their own
+DRAWN_SHARE = 0.2  # the share of their statements drawn from DRAWN_BRANCHES
 WIDTH = 3  # the model's feature width: inputs whose last dim is WIDTH feed it directly
 
 
@@ -271,6 +273,22 @@ NEGATED_VIEWS = ops(is_float, 1, "torch.view_as_complex(torch.stack([{a}, -{a}],
                     "torch.view_as_complex(torch.stack([{a}, {a} * 0.5], -1).contiguous()).conj().imag * 2",
                     "(-{a})._neg_view()", "(-{a})._neg_view().exp()")
 
+# branches on a uniform draw compared with a number, inside [0, 1] or outside it (kiln decides those at capture:
+# kiln/capture/value_bounds.py), a number that changes between calls (Obj.scale), NaN, several elements (ambiguous)
+_DRAW_COMPARED = [f"{draw} {cmp} {c}" for draw in ("torch.rand([])",) for cmp in ("<", "<=", ">", ">=")
+                  for c in ("0.0", "-1", "1.0", "1.5", "0.5", "Obj.scale", "float('nan')")]
+DRAWN_BRANCHES = (
+    [Op("{out} = {a}\nif " + test + ":\n    {out} = {out} * 2\nelse:\n    {out} = {out} - 1", is_num, makes="block")
+     for test in _DRAW_COMPARED]
+    + [Op("{out} = {a}\nif " + c + " " + cmp + " torch.rand([]):\n    {out} = {out} + 1", is_num, makes="block")
+       for cmp in ("<", ">=") for c in ("0.0", "1.5", "Obj.scale")]
+    + ops_making(is_num, "block",
+                 "{out} = {a}\nif bool(torch.rand_like({a}.float().reshape(-1)[:1]) < 0.0):\n    {out} = {out} * 0",
+                 "{out} = {a}\nfor i in range(3):\n    if torch.rand([]) < (0.0 if i else Obj.scale):\n"
+                 "        continue\n    {out} = {out} * 1.5 + i",
+                 "{out} = {a}\nif torch.rand(2) < 0.0:\n    {out} = {out} * 3")
+)
+
 # a value the graph returns to the code after a break ({out}), beside a value computed from it ({p}): eager's backward
 # saves {out} (sin, a product with itself), or only what it computed from it (exp, sigmoid, tanh)
 SAVED_BESIDE = ("{out}.exp() * {out}.sigmoid()", "{out}.sin()", "{out}.tanh() * 2", "{out} * {out}",
@@ -353,6 +371,9 @@ class ExtendedBuilder(Builder):
         # negated inputs and NEGATED_VIEWS likewise, from NEGATED_FROM up
         self.negated_rng = random.Random(f"kiln-fuzz-negated-{seed}")
         self.negated_share = NEGATED_SHARE if seed >= NEGATED_FROM else 0.0
+        # DRAWN_BRANCHES likewise, from DRAWN_FROM up
+        self.drawn_rng = random.Random(f"kiln-fuzz-drawn-{seed}")
+        self.drawn_share = DRAWN_SHARE if seed >= DRAWN_FROM else 0.0
         super().__init__(seed, device)
 
     def _draw_model(self, seed: int) -> list[str]:
@@ -431,6 +452,8 @@ class ExtendedBuilder(Builder):
 
     # -- statements --------------------------------------------------------------------------
     def _pick_op(self) -> Op:
+        if self.drawn_share and self.drawn_rng.random() < self.drawn_share:
+            return self.drawn_rng.choice(DRAWN_BRANCHES)
         if self.negated_share and self.negated_rng.random() < self.negated_share:
             return self.negated_rng.choice(NEGATED_VIEWS)
         if self.written_share and self.written_rng.random() < self.written_share:

@@ -446,6 +446,29 @@ def test_a_returned_negated_view_keeps_its_negation(fn, backend):
         torch.testing.assert_close(g, w)
 
 
+def negated_view_transposed_in_place(a):
+    t = (-a)._neg_view()
+    t.t_()
+    return t
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_returned_negated_view_that_does_not_replay_runs_eagers_ops_loudly(backend, monkeypatch):
+    """A negated view made by an in-place view op (`t_`) does not replay, and one `as_strided` would drop its
+    negation: the graph runs op by op (a counted fallback, an error under KILN_STRICT=1), with eager's values and
+    autograd. Before, kiln's refusal reached the caller as a backend failure (fuzz seed 704703)."""
+    monkeypatch.setenv("KILN_STRICT", "0")
+    a = torch.randn(2, 3, requires_grad=True)
+    before = len(kiln.fallbacks.records())
+    got = kiln.compile(negated_view_transposed_in_place, backend=backend)(a)
+    want = negated_view_transposed_in_place(a)
+    torch.testing.assert_close(got, want)
+    assert got.is_neg() and len(kiln.fallbacks.records()) > before
+    monkeypatch.setenv("KILN_STRICT", "1")
+    with pytest.raises(kiln.fallbacks.KilnStrictError, match="negated view"):  # a code of its own: compiled anew
+        kiln.compile(lambda a: negated_view_transposed_in_place(a), backend=backend)(a)
+
+
 def real_part_of_a_matrix(c):
     t = (c.to(torch.complex64) * (2.0 + 1.0j)).real
     return t, t == t

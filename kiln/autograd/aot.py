@@ -297,7 +297,9 @@ class AOTCompiled:
             runner = self._op_by_op(key, f"torch's functionalization failed ({type(e.__cause__).__name__}: "
                                          f"{str(e.__cause__).splitlines()[0][:200]})")
         except NotImplementedError as e:  # a limit of kiln's own (an output it cannot rebuild): eager's ops run
-            runner = self._op_by_op(key, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+            if not str(e).startswith("kiln:"):
+                raise  # torch's (a sparse tensor's storage): the backend fails as before
+            runner = self._op_by_op(key, str(e).splitlines()[0][:300])
         finally:
             if covered:
                 self._covered_by_capture = False

@@ -61,7 +61,7 @@ from kiln.autograd.opaque_backward import calls_custom_ops
 from kiln.autograd.partition import JointLayout, Partition, partition
 from kiln.autograd.runtime import InferenceRunner, TrainingRunner, boxed
 from kiln.autograd.second_order import forward_to_rerun
-from kiln.autograd.signature import FlatProgram, NeedsStaticShapes, OutputAlias, TensorSpec
+from kiln.autograd.signature import FlatProgram, KilnLimit, NeedsStaticShapes, OutputAlias, TensorSpec
 from kiln.runtime import collector, graph_cache, symbolic_sizes
 from kiln.runtime.compile_lock import build_once, compile_lock
 from kiln.runtime.graph_cache import Uncacheable
@@ -296,9 +296,7 @@ class AOTCompiled:
         except CannotFunctionalize as e:
             runner = self._op_by_op(key, f"torch's functionalization failed ({type(e.__cause__).__name__}: "
                                          f"{str(e.__cause__).splitlines()[0][:200]})")
-        except NotImplementedError as e:  # a limit of kiln's own (an output it cannot rebuild): eager's ops run
-            if not str(e).startswith("kiln:"):
-                raise  # torch's (a sparse tensor's storage): the backend fails as before
+        except KilnLimit as e:  # not torch's NotImplementedError (a sparse tensor's storage): that fails the backend
             runner = self._op_by_op(key, str(e).splitlines()[0][:300])
         finally:
             if covered:

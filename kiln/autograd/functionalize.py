@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln.autograd.signature import NeedsStaticShapes, TensorSpec, symbolic_dispatch
+from kiln.autograd.signature import KilnLimit, NeedsStaticShapes, TensorSpec, symbolic_dispatch
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -405,7 +405,7 @@ def _lift_input_mutations(graph: torch.fx.Graph) -> list[InputMutation]:
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
             if node.users:
-                raise NotImplementedError("kiln: a graph that reads the result of copy_ into its input")
+                raise KilnLimit("kiln: a graph that reads the result of copy_ into its input")
             mutations.append(InputMutation(placeholders[node.args[0]], len(outs)))
             outs.append(node.args[1])
             graph.erase_node(node)

@@ -105,6 +105,11 @@ def is_symbolic_int(value) -> bool:
     return isinstance(value, torch.SymInt) and value.node.expr.is_Symbol
 
 
+class KilnLimit(NotImplementedError):
+    """Something the autograd stage does not handle, as opposed to an op's own error: the variant runs op by op
+    (kiln/autograd/aot.py), a counted fallback naming it."""
+
+
 class NeedsStaticShapes(Exception):
     """A dynamic-shape graph does something whose sizes the runtime cannot yet compute per call
     (an output that is a size, or a view with symbolic geometry): compile it per input shape."""
@@ -442,7 +447,7 @@ class FlatProgram:
         differentiable = [t for t, rg in zip(outputs.tensors, outputs.needs_grad) if rg]
         reaches = _reached_inputs(differentiable, input_nodes) if requires_grad and len(differentiable) > 1 else None
         if any(f.untyped_storage().nbytes() != n for f, n in zip(fakes, storage_sizes)):
-            raise NotImplementedError("kiln: resize_ that grows an input's storage")
+            raise KilnLimit("kiln: resize_ that grows an input's storage")
         restrided = self._restrided(fakes, geometries)
         watched = saved_by_eager(saved, fakes, versions, outputs.tensors,
                                  num_returned, [j for j, g in enumerate(outputs.needs_grad) if g]) \
@@ -663,7 +668,7 @@ class _OutputClassifier:
             steps, sizes = _replayed(leaf, base, self.views, self.mode, self.size_sources)
         if steps is None:
             if leaf.is_neg() != base.is_neg():  # a strided view of the memory would read its values negated
-                raise NotImplementedError("kiln: an output that is a negated view (`z.conj().imag`) made by ops "
+                raise KilnLimit("kiln: an output that is a negated view (`z.conj().imag`) made by ops "
                                           "that do not replay")
             return (*_view_geometry(leaf, base, self.grad_mode, self.size_sources), leaf.is_conj() != base.is_conj())
         return (False, None, None, 0, *_history(leaf, base, self.grad_mode), None, None, False, steps, sizes)
@@ -688,7 +693,7 @@ class _OutputClassifier:
             base = leaves[k]._base if of_base else leaves[k]
             if all(leaves[j] is base or _same_geometry(leaves[j], base) or _covers(base, leaves[j]) for j in group):
                 return self._output(base, k, of_base), base
-        raise NotImplementedError("kiln: outputs that share storage, none of them (or their base) covering the others")
+        raise KilnLimit("kiln: outputs that share storage, none of them (or their base) covering the others")
 
 
 def _with_base(leaf: torch.Tensor) -> torch.Tensor:
@@ -829,7 +834,7 @@ def _reinterpreting_geometry(leaf: torch.Tensor, base: torch.Tensor, history: tu
     elements, the offset from where `base` starts (see `_reinterpreted`)."""
     if leaf.requires_grad and not (_is_complex_of(leaf.dtype, base.dtype) or _is_complex_of(base.dtype, leaf.dtype)):
         # only view_as_complex / view_as_real carry a gradient across dtypes (see `_reinterpreting_view`)
-        raise NotImplementedError("kiln: an output that views a tensor requiring grad as another dtype "
+        raise KilnLimit("kiln: an output that views a tensor requiring grad as another dtype "
                                   "(view_as_complex, view_as_real)")
     geometry = (*leaf.shape, *leaf.stride(), leaf.storage_offset(), base.storage_offset())
     if any(isinstance(v, torch.SymInt) for v in geometry):

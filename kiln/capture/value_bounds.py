@@ -20,14 +20,11 @@ import torch
 # ops whose every element lies in [0, 1]
 UNIFORM_DRAWS = {torch.rand, torch.rand_like}
 
-# comparison -> its reflection (`c < t` is `t > c`)
-COMPARISONS = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
-               torch.lt: torch.gt, torch.le: torch.ge, torch.gt: torch.lt, torch.ge: torch.le,
-               "__lt__": "__gt__", "__le__": "__ge__", "__gt__": "__lt__", "__ge__": "__le__",
-               "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
-_KIND = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=", torch.lt: "<", torch.le: "<=",
-         torch.gt: ">", torch.ge: ">=", "__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">=", "lt": "<",
-         "le": "<=", "gt": ">", "ge": ">="}
+# the comparison each target makes (an operator, a torch function, a tensor method)
+COMPARISONS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=", torch.lt: "<", torch.le: "<=",
+               torch.gt: ">", torch.ge: ">=", "__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">=", "lt": "<",
+               "le": "<=", "gt": ">", "ge": ">="}
+_REFLECTED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}  # `c < t` is `t > c`
 
 
 def bounds_of(target, result: torch.Tensor) -> tuple[float, float] | None:
@@ -40,9 +37,9 @@ def bounds_of(target, result: torch.Tensor) -> tuple[float, float] | None:
 def known_comparison(target, tensor_first: bool, bounds: tuple[float, float], constant) -> bool | None:
     """The value of every element of `tensor <op> constant` (`constant <op> tensor` where not `tensor_first`) for a
     tensor whose elements lie in `bounds`, where the range decides it; None otherwise."""
-    if target not in _KIND or isinstance(constant, bool) or not isinstance(constant, (int, float)):
+    if target not in COMPARISONS or isinstance(constant, bool) or not isinstance(constant, (int, float)):
         return None
-    kind = _KIND[target if tensor_first else COMPARISONS[target]]
+    kind = COMPARISONS[target] if tensor_first else _REFLECTED[COMPARISONS[target]]
     low, high = bounds
     c = float(constant)
     if math.isnan(c):

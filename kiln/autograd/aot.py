@@ -633,8 +633,11 @@ def graph_origin(gm: torch.fx.GraphModule) -> str:
 
 
 def _assembled_from(signature) -> list:
-    """The graph outputs the function's results are assembled from (those before the inputs written in place)."""
-    return signature.graph_outputs[:len(signature.graph_sources)]
+    """The graph outputs the function's results are assembled from (those before the inputs written in place),
+    each with the result it is (`graph_sources`: a leaf, or that leaf's base). The layout alone does not tell
+    them apart: a negated view and its base share one (`(-t)._neg_view()`), and an inference graph returning
+    the base where this signature wants the view would hand back the memory's values, negated (fuzz 704804)."""
+    return list(zip(signature.graph_outputs, signature.graph_sources))
 
 
 def _alias_bases(signature) -> tuple[int, ...]:

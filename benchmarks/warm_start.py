@@ -22,7 +22,8 @@ torch.compile runs with its defaults, its FX graph cache and AOTAutograd cache o
 
 Models: on the CPU (default) the shared harness's CPU-sized models at --quick sizes and kiln's bundled example
 (kiln/examples/vit_train.py, a training step); with --device cuda the harness's GPU models
-(../shared/bench/models_bench.py, --bench to point elsewhere). Results go to
+(../shared/bench/models_bench.py, --bench to point elsewhere) and three of kiln's zoo (benchmarks/zoo; any zoo
+workload is named `zoo:<workload>`, as `--models zoo:bert_train_bf16`). Results go to
 benchmarks/results/warm_start/<date>_<device>_<commit>.json and a markdown table on stdout.
 
 --profile DIR runs each process's timed part (loading the artifacts, the compile call and the first step) under
@@ -57,7 +58,9 @@ from common import result_path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BENCH = ROOT.parent / "shared" / "bench" / "models_bench.py"
 CPU_MODELS = ["mlp_small_bs1", "cnn_fashion_train", "transformer6_train", "kiln_vit_train"]
-GPU_MODELS = ["vit_b16_train", "gpt2_train", "bert_infer_bf16", "resnet50_infer_bs1"]
+ZOO = "zoo:"  # names the zoo's workloads (benchmarks/zoo), as `zoo:llama_train_bf16`
+GPU_MODELS = ["vit_b16_train", "gpt2_train", "bert_infer_bf16", "resnet50_infer_bs1", f"{ZOO}llama_train_bf16",
+              f"{ZOO}timm_convnext_infer_fp32_bs64", f"{ZOO}t5_train_bf16"]
 MODES = ["cold", "warm", "artifacts"]
 
 
@@ -114,22 +117,60 @@ def _save_artifacts(compiler: str) -> bytes | None:
     return saved[0] if saved else None
 
 
+def _harness_model(job: dict, device):
+    """The shared harness's model `job["model"]` (or kiln's bundled example): a function that compiles it and
+    returns its step, and the harness (for its sync)."""
+    from common import load_bench
+
+    bench = load_bench(job["bench"])
+    bench.seed_all(0)
+    if job["model"] == "kiln_vit_train":
+        workload = _example_workload(bench, device)
+    else:
+        workload = bench.MODELS[job["model"]].factory(bench.BuildCtx(device, job["quick"], 0))
+
+    def compile_and_step():
+        fn = _compile(job["compiler"], workload.model)
+        optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) \
+            if workload.kind == "train" else None
+        return bench.make_step(workload, fn, optimizer, device, bench.COMPILERS["eager"])
+    return compile_and_step
+
+
+def _zoo_model(job: dict, device):
+    """The zoo's workload `job["model"]` less its `zoo:` prefix (benchmarks/zoo/workloads.py), with the zoo's
+    backend switches: a function that compiles it and returns a step on one fixed batch."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "zoo"))
+    from workloads import WORKLOADS, gpu_settings, make_step, without_dropout
+
+    workload = WORKLOADS[job["model"].removeprefix(ZOO)]
+    gpu_settings()
+    torch.manual_seed(0)
+    train = workload.task == "train"
+    model, make_inputs = workload.build(workload.batch, device, train)
+    without_dropout(model)
+    model.train(train)
+    inputs = make_inputs(torch.Generator().manual_seed(1))
+    if not train:
+        model.to(workload.dtype)
+        inputs = tuple(x.to(workload.dtype) if x.is_floating_point() else x for x in inputs)
+
+    def compile_and_step():
+        step = make_step(workload, _compile(job["compiler"], model), model)
+        return lambda: step(inputs)
+    return compile_and_step
+
+
 def worker(job: dict) -> dict:
     """Build the model, then time: loading the artifacts (mode "artifacts"), the compile call and the first
     step, and three more steps. Saves the artifacts after a cold run."""
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from common import load_bench
-
-    bench = load_bench(job["bench"])
     device = torch.device(job["device"])
-    bench.seed_all(0)
-    if job["model"] == "kiln_vit_train":
-        workload = _example_workload(bench, device)
-    else:
-        workload = bench.MODELS[job["model"]].factory(bench.BuildCtx(device, job["quick"], 0))
-    comp = bench.COMPILERS["eager"]
+    compile_and_step = (_zoo_model if job["model"].startswith(ZOO) else _harness_model)(job, device)
     _import(job["compiler"])
     result = {"load_s": 0.0}
     profile = cProfile.Profile() if job.get("profile") else None
@@ -139,12 +180,9 @@ def worker(job: dict) -> dict:
     if job["mode"] == "artifacts":
         _load_artifacts(job["compiler"], Path(job["blob"]).read_bytes())
         result["load_s"] = time.perf_counter() - start
-    fn = _compile(job["compiler"], workload.model)
-    optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) if workload.kind == "train" \
-        else None
-    step = bench.make_step(workload, fn, optimizer, device, comp)
+    step = compile_and_step()
     step()
-    bench.sync(device)
+    _sync(device)
     result["first_step_s"] = time.perf_counter() - start
     result["first_step_cpu_s"] = time.process_time() - start_cpu
     if profile is not None:
@@ -155,7 +193,7 @@ def worker(job: dict) -> dict:
     for _ in range(3):
         t, c = time.perf_counter(), time.process_time()
         step()
-        bench.sync(device)
+        _sync(device)
         steady.append(time.perf_counter() - t)
         steady_cpu.append(time.process_time() - c)
     result["step_s"] = statistics.median(steady)
@@ -171,6 +209,13 @@ def worker(job: dict) -> dict:
         if blob:
             Path(job["blob"]).write_bytes(blob)
     return result
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _finish_background_builds(compiler: str) -> None:

@@ -65,42 +65,11 @@ from gpu_profile import profile_steps  # noqa: E402
 from host_profile import step_times  # noqa: E402
 
 from common import compiled, cuda_time, result_path, settled, write_json  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS, gpu_settings, make_step, without_dropout  # noqa: E402
 
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # fp32 matmuls run in TF32, as in the shared harness
 COMPILERS = ("eager", "torch", "kiln")
 MODEL_LIBRARIES = ("transformers", "timm", "torchvision")
-
-
-def without_dropout(model: torch.nn.Module) -> None:
-    """Turn every dropout off (modules and the float `*dropout*` attributes attention layers read), so that a
-    compiled step and an eager step draw no random numbers and their losses compare exactly."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name, value in list(vars(module).items()):
-            if "dropout" in name and isinstance(value, float):
-                setattr(module, name, 0.0)
-
-
-def make_step(workload, fn, model):
-    """One step of the workload through `fn`: forward (and for training backward and AdamW) -> a result tensor."""
-    if workload.task == "infer":
-        def infer(inputs):
-            with torch.no_grad():
-                out = fn(*inputs)
-            return out
-        return infer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def train(inputs):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fn(*inputs)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-    return train
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -192,9 +161,7 @@ def signal_processes(pids, signum) -> None:
 def run_job(name: str, compiler: str, profile: bool = False) -> dict:
     """Build, check and time one workload under one compiler (in this process)."""
     workload = WORKLOADS[name]
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
+    gpu_settings()
     device = torch.device("cuda")
     torch.manual_seed(0)
     train = workload.task == "train"

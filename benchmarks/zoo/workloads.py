@@ -215,3 +215,42 @@ def _all_workloads() -> dict[str, Workload]:
 
 
 WORKLOADS = _all_workloads()
+
+
+def gpu_settings() -> None:
+    """The backend switches every compiler's run of a workload shares: TF32 matmuls and convolutions, and cuDNN's
+    search for the fastest convolution algorithm (paid in each compiler's first step)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Turn every dropout off (modules and the float `*dropout*` attributes attention layers read), so that a
+    compiled step and an eager step draw no random numbers and their losses compare exactly."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
+def make_step(workload, fn, model):
+    """One step of the workload through `fn`: forward (and for training backward and AdamW) -> a result tensor."""
+    if workload.task == "infer":
+        def infer(inputs):
+            with torch.no_grad():
+                out = fn(*inputs)
+            return out
+        return infer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train(inputs):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(*inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+    return train

@@ -184,7 +184,10 @@ class Observer:
             hints.removeHandler(self.eager_graphs_handler)
             breaks.setLevel(level)
             LOWERINGS.update(rules)
-            self.breaks += [f.describe() for f in kiln.fallbacks.records()[recorded:] if f.kind != "graph"]
+            # a graph the compile stage sent through ATen is read off its artefacts (`fallbacks`); every other
+            # fallback, one the AOT stage took (the graph run op by op) included, is read here
+            self.breaks += [f.describe() for f in kiln.fallbacks.records()[recorded:]
+                            if not (f.kind == "graph" and f.stage == "compile")]
 
     def _recording(self, op, rule):
         def recorded(*args, **kwargs):

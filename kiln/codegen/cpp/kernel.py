@@ -117,6 +117,17 @@ for _dtype, _mode in ROUNDED_PRODUCT.items():
     REDUCTIONS[_mode] = ("{T} {a} = 1;", f"{{a}} = {HALF[_dtype][2]}({{a}} * {{v}});", "{a}",
                          f"{{a}} = {HALF[_dtype][2]}({{a}} * {{b}});", None)
 
+# A sum of floats (float32, and the half types computed in float; a two-pass variance's sums too) that runs
+# sequentially accumulates in double and is rounded to float once, at the end: a thread's partial of a full
+# reduction, each column's accumulator of a column tile, a sum over several inner loops or one that does not
+# vectorize. In float, one accumulator adds each element to a partial grown far larger than it, losing bits at
+# every step: the error grows with the count, where eager's cascade sum keeps it near one rounding (a bias
+# gradient summing 968 elements came out 30x further from the exact sum than eager's). A sum that is one
+# vectorized loop of at most FLOAT_LANES_LOOP elements stays in float: its SIMD lanes each add a few hundred
+# elements, and in double the loop would run at half the width (softmax and LayerNorm rows took 2x as long).
+WIDER_SUM = {"float": "double"}
+FLOAT_LANES_LOOP = 4096
+
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
 PARALLEL_MIN_WORK = 32768
 
@@ -293,12 +304,16 @@ class CppKernel(KernelPrinter):
         accs, decls = self._reduction_accumulators(seg)
         welford = [k for k in decls if k[0] == "welford"]
         produced_here = {n.name for n in seg.nodes}
-        if welford and not parallel and not any(ld.buf in produced_here for k in welford for ld in ir.loads(k[1])):
-            self._welford_means(accs, welford, outer_scope)
-            for k in welford:
-                accs[k] = (accs[k][0], "welford_two_pass", accs[k][2])
+        two_pass = welford and not parallel and \
+            not any(ld.buf in produced_here for k in welford for ld in ir.loads(k[1]))
+        for k in welford if two_pass else ():
+            accs[k] = (accs[k][0], "welford_two_pass", accs[k][2])
         simd_ops = [REDUCTIONS[accs[k][1]][4] for k in decls]
         simd_ok = all(op is not None for op in simd_ops)
+        if not (simd_ok and not parallel and self._one_short_inner_loop()):
+            accs = _widened(accs)
+        if two_pass:
+            self._welford_means(accs, welford, outer_scope)
         reduction_clause = "".join(
             f" reduction({op}:{accs[k][0]}{'_m2' if accs[k][1] == 'welford_two_pass' else ''})"
             for k, op in zip(decls, simd_ops)) if simd_ok else ""
@@ -318,9 +333,16 @@ class CppKernel(KernelPrinter):
             self._close(opened)
         self._finish_reductions(seg, accs)
 
+    def _one_short_inner_loop(self) -> bool:
+        """Is the reduction one loop of at most FLOAT_LANES_LOOP elements (vectorized, each lane then adds few
+        enough elements that its float partial stays accurate)?"""
+        inner = self.group.inner
+        return len(inner) == 1 and sympy.sympify(inner[0]).is_Integer and int(inner[0]) <= FLOAT_LANES_LOOP
+
     def _reduction_accumulators(self, seg) -> tuple[dict, list]:
-        """(reduction key -> (accumulator, reduction type, compute type), the keys in order): one accumulator
-        per distinct (family, body), so that welford's mean and m2 of one input share it."""
+        """(reduction key -> (accumulator, reduction type, accumulator type: the compute type, see `_widened`),
+        the keys in order): one accumulator per distinct (family, body), so that welford's mean and m2 of one
+        input share it."""
         accs: dict = {}
         decls = []
         for node in seg.nodes:
@@ -371,6 +393,7 @@ class CppKernel(KernelPrinter):
         *outer, size = g.outer
         *outer_vars, x = g.outer_vars()
         accs, decls = self._reduction_accumulators(seg)
+        accs = _widened(accs)  # each column's accumulator adds every row
         lane = {acc: f"{acc}[l]" for acc, _, _ in accs.values()}  # each column's accumulator in the tile
         if par is not None:
             self.line(f"#pragma omp parallel for{f' collapse({len(g.outer)})' if outer else ''}{par}")
@@ -476,10 +499,16 @@ class CppKernel(KernelPrinter):
             else:
                 result = REDUCTIONS[rtype][2].format(a=acc)
             var = self.new_tmp()
-            out_t = COMPUTE[node.layout.dtype] if rtype in ("argmax", "argmin") else t
+            out_t = COMPUTE[node.layout.dtype if rtype in ("argmax", "argmin") else node.data.body.dtype]
             self.line(f"{out_t} {var} = {result};")
             dtype = node.layout.dtype if rtype in ("argmax", "argmin") else node.data.body.dtype
             self._store(node, var, dtype)
+
+
+def _widened(accs: dict) -> dict:
+    """`accs` (see `_reduction_accumulators`) with float sums accumulating in double (`WIDER_SUM`)."""
+    return {key: (acc, mode, WIDER_SUM.get(t, t) if mode in ("sum", "welford_two_pass") else t)
+            for key, (acc, mode, t) in accs.items()}
 
 
 def _reducing_errors(line: str) -> str:

@@ -18,7 +18,10 @@ less, so compare CPU seconds there.
 With --repeat N the warm and artifacts cells run N processes each and report their median (`runs` and
 `cpu_runs` list each process's compile_s and compile_cpu_s): on a shared machine one process's time varies by a
 factor of two.
-torch.compile runs with its defaults, its FX graph cache and AOTAutograd cache on.
+torch.compile runs with its defaults, its FX graph cache and AOTAutograd cache on. `--compilers eager` adds one
+row per model: eager's own first step less a steady one, what any first step costs beyond a steady one (CUDA
+libraries' first calls, cuDNN's search for convolution algorithms with `cudnn.benchmark` on, as the zoo's
+workloads run), which every compiler's `compile_s` includes.
 
 Models: on the CPU (default) the shared harness's CPU-sized models at --quick sizes and kiln's bundled example
 (kiln/examples/vit_train.py, a training step); with --device cuda the harness's GPU models
@@ -86,7 +89,7 @@ def _import(compiler: str) -> None:
     import torch._dynamo  # noqa: F401
     if compiler == "kiln":
         import kiln  # noqa: F401
-    else:
+    elif compiler == "torch":
         import torch._inductor.compile_fx  # noqa: F401
 
 
@@ -96,7 +99,7 @@ def _compile(compiler: str, model):
     if compiler == "kiln":
         import kiln
         return kiln.compile(model)
-    return torch.compile(model)
+    return torch.compile(model) if compiler == "torch" else model
 
 
 def _load_artifacts(compiler: str, blob: bytes) -> None:
@@ -109,6 +112,8 @@ def _load_artifacts(compiler: str, blob: bytes) -> None:
 
 
 def _save_artifacts(compiler: str) -> bytes | None:
+    if compiler == "eager":
+        return None
     if compiler == "kiln":
         import kiln
         return kiln.save_cache_artifacts()
@@ -350,7 +355,7 @@ def main() -> None:
         for model in models:
             for compiler in args.compilers:
                 blob = caches / f"{model}-{compiler}.blob"
-                for mode in MODES:
+                for mode in MODES if compiler != "eager" else ["cold"]:
                     if mode == "artifacts" and not blob.exists():
                         continue
                     job = {"model": model, "compiler": compiler, "mode": mode, "device": args.device,

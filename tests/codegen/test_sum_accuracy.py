@@ -1,4 +1,5 @@
-"""A float sum through kiln's C++ kernels is as close to the exact sum as eager's.
+"""A float sum through kiln's C++ kernels is as close to the exact sum as eager's, and a full reduction in blocks counts
+every element once.
 
 Eager's CPU sum is a cascade: its error stays near one rounding however many elements it adds. A loop that adds
 each element to one float accumulator (per thread or SIMD lane) loses bits at every step once the partial is large,
@@ -48,3 +49,19 @@ def test_a_float_sum_is_as_close_to_the_exact_sum_as_eagers(fn, dtype):
     kiln_error = (got.double() - exact).abs().max().item()
     one_rounding = exact.abs().max().item() * torch.finfo(dtype).eps
     assert kiln_error <= max(2 * eager_error, one_rounding), (kiln_error, eager_error)
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 4097, 3 * 4096 + 5, 70_000])
+@pytest.mark.parametrize("fn", [lambda x: x.sum(), lambda x: x.amax(), lambda x: x.argmin(), lambda x: x.var(),
+                                lambda x: (x * x).mean()], ids=["sum", "amax", "argmin", "var", "mean_of_squares"])
+def test_a_full_reduction_over_blocks_reads_every_element_once(fn, size):
+    """A full reduction's innermost loop runs in blocks of 4096 elements shared among threads (codegen/cpp
+    `_open_blocked_loops`): sizes around and across a block's edge, one loop and two (the rows of a matrix), and
+    sizes the kernel reads as symbols, each element counted once."""
+    x = torch.randn(size, generator=torch.Generator().manual_seed(size))
+    for arg in (x, x[: size - size % 7].view(7, -1)):
+        torch.testing.assert_close(kiln.compile(fn)(arg), fn(arg), rtol=1e-5, atol=1e-5)
+    dynamic = kiln.compile(fn, dynamic=True)
+    for n in (size, size + 1):
+        y = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(dynamic(y), fn(y), rtol=1e-5, atol=1e-5)

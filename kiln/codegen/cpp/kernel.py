@@ -128,6 +128,10 @@ for _dtype, _mode in ROUNDED_PRODUCT.items():
 WIDER_SUM = {"float": "double"}
 FLOAT_LANES_LOOP = 4096
 
+# Elements per block of a full reduction's innermost loop (`_open_blocked_loops`): threads share the blocks out,
+# and each block is one vectorized loop.
+REDUCTION_BLOCK = 4096
+
 # Below this many element-iterations a kernel runs on one thread (fork/join costs more).
 PARALLEL_MIN_WORK = 32768
 
@@ -221,6 +225,25 @@ class CppKernel(KernelPrinter):
             self.line(f"for (int64_t {v} = 0; {v} < {cexpr(s)}; {v}++) {{")
             self.indent += 1
         return len(sizes)
+
+    def _open_blocked_loops(self, sizes, variables, pragma_shared: str, pragma_block: str | None) -> int:
+        """`_open_loops` with the last loop cut into blocks of REDUCTION_BLOCK elements: the other loops and the
+        blocks shared out among threads (`pragma_shared`, collapsed over them), each block one loop that
+        vectorizes (`pragma_block`). A full reduction's threads otherwise add their elements one at a time."""
+        *outer, last = sizes
+        *outer_vars, v = variables
+        self.line(f"{pragma_shared} collapse({len(sizes)})" if outer else pragma_shared)
+        for s, u in zip(outer, outer_vars):
+            self.line(f"for (int64_t {u} = 0; {u} < {cexpr(s)}; {u}++) {{")
+            self.indent += 1
+        self.line(f"for (int64_t {v}_block = 0; {v}_block < {cexpr(last)}; {v}_block += {REDUCTION_BLOCK}) {{")
+        self.indent += 1
+        self.line(f"const int64_t {v}_end = std::min<int64_t>({v}_block + {REDUCTION_BLOCK}, {cexpr(last)});")
+        if pragma_block:
+            self.line(pragma_block)
+        self.line(f"for (int64_t {v} = {v}_block; {v} < {v}_end; {v}++) {{")
+        self.indent += 1
+        return len(sizes) + 1
 
     def _close(self, n: int) -> None:
         for _ in range(n):
@@ -470,8 +493,10 @@ class CppKernel(KernelPrinter):
         for k in decls:
             acc, rtype, t = accs[k]
             self.line(REDUCTIONS[rtype][0].format(T=t, a=local[acc]))
-        collapse = f" collapse({len(g.inner)})" if len(g.inner) > 1 else ""
-        opened = self._open_loops(g.inner, g.inner_vars(), f"#pragma omp for schedule(static){collapse}", None)
+        clauses = [REDUCTIONS[accs[k][1]][4] for k in decls]
+        simd = "#pragma omp simd" + "".join(f" reduction({op}:{local[accs[k][0]]})" for k, op in zip(decls, clauses)) \
+            if all(op is not None for op in clauses) else None
+        opened = self._open_blocked_loops(g.inner, g.inner_vars(), "#pragma omp for schedule(static)", simd)
         self._segment_body(seg, accs, Scope(), acc_names=local)
         self._close(opened)
         self.line("#pragma omp for ordered schedule(static, 1)")

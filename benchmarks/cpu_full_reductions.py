@@ -1,0 +1,79 @@
+"""C++ target: full reductions (every element to one value) with their innermost loop cut into vectorized blocks
+(kiln/codegen/cpp/kernel.py `_open_blocked_loops`) against the flat loop they replace, and eager, on the CPU.
+
+A full reduction splits its elements among threads, each adding into its own partial. Flat, each thread's loop
+adds one element at a time (no SIMD: the partial is thread-private, and a worksharing loop cannot reduce into
+it); in blocks, the threads share out blocks of REDUCTION_BLOCK elements and each block is one `omp simd`
+loop. Each case is compiled both ways, checked against eager, and the three are timed interleaved (median of
+30 blocks of 5 calls).
+
+    python benchmarks/cpu_full_reductions.py
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+from kiln import config
+from kiln.codegen.cpp import kernel as cpp_kernel
+from kiln.lower.decompositions import decomposition_table
+from kiln.pipeline import compile_aten_graph
+
+CASES = {
+    "sum 2048x2048": (lambda x: x.sum(), (2048, 2048)),
+    "sum 4M (one loop)": (lambda x: x.sum(), (4 * 2**20,)),
+    "mean of squares 2048x2048": (lambda x: (x * x).mean(), (2048, 2048)),
+    "amax 2048x2048": (lambda x: x.amax(), (2048, 2048)),
+    "sum 64x64x56x56 (NCHW)": (lambda x: x.sum(), (64, 64, 56, 56)),
+}
+
+
+def _flat(self, sizes, variables, pragma_shared, pragma_block) -> int:
+    """The loops before blocks: every inner loop collapsed and shared out, no SIMD."""
+    collapse = f" collapse({len(sizes)})" if len(sizes) > 1 else ""
+    return self._open_loops(sizes, variables, pragma_shared + collapse, None)
+
+
+def compiled(fn, inputs, blocks: bool):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    original = cpp_kernel.CppKernel._open_blocked_loops
+    if not blocks:
+        cpp_kernel.CppKernel._open_blocked_loops = _flat
+    try:
+        with torch.no_grad():
+            gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+        return compile_aten_graph(gm, list(inputs), None)
+    finally:
+        cpp_kernel.CppKernel._open_blocked_loops = original
+
+
+def median_us(fn, inputs) -> float:
+    times = []
+    for _ in range(30):
+        start = time.perf_counter()
+        for _ in range(5):
+            fn(*inputs)
+        times.append((time.perf_counter() - start) / 5 * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    config.graph_cache = False  # the two versions of a graph share its cache key
+    print(f"| case | flat | blocks | eager |  (us per call, {torch.get_num_threads()} threads)\n|---|---|---|---|")
+    for name, (fn, shape) in CASES.items():
+        inputs = [torch.randn(*shape)]
+        versions = {"flat": compiled(fn, inputs, False), "blocks": compiled(fn, inputs, True), "eager": fn}
+        for version in versions.values():
+            got = version(*inputs)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            torch.testing.assert_close(got, fn(*inputs), rtol=1e-4, atol=1e-4)
+        times = {k: median_us(v, inputs) for k, v in versions.items()}
+        print(f"| {name} | {times['flat']:.0f} | {times['blocks']:.0f} | {times['eager']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

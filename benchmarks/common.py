@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -74,6 +75,17 @@ def cuda_time(fn, warmup: int = 5, iters: int = 30) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cpu_median_us(fn, inputs, blocks: int = 30, calls: int = 5) -> float:
+    """Microseconds per call of `fn(*inputs)` on the CPU: the median over `blocks` blocks of `calls` calls."""
+    times = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        times.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(times)
 
 

@@ -8,12 +8,10 @@ the three are timed interleaved (median of 30 blocks of 5 calls).
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+from common import cpu_median_us
 from kiln import config
 from kiln.codegen.cpp import kernel as cpp_kernel
 from kiln.lower.decompositions import decomposition_table
@@ -56,14 +54,6 @@ def _listed(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-def median_us(fn, inputs) -> float:
-    times = []
-    for _ in range(30):
-        start = time.perf_counter()
-        for _ in range(5):
-            fn(*inputs)
-        times.append((time.perf_counter() - start) / 5 * 1e6)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -75,7 +65,7 @@ def main() -> None:
         versions = {"rows": compiled(fn, inputs, False), "tiles": compiled(fn, inputs, True), "eager": fn}
         for version in versions.values():
             torch.testing.assert_close(_listed(version(*inputs)), _listed(fn(*inputs)), rtol=1e-4, atol=1e-4)
-        times = {k: median_us(v, inputs) for k, v in versions.items()}
+        times = {k: cpu_median_us(v, inputs) for k, v in versions.items()}
         print(f"{name:40s} {times['rows']:10.1f} {times['tiles']:10.1f} {times['eager']:10.1f}")
 
 

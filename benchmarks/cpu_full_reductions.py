@@ -11,12 +11,10 @@ loop. Each case is compiled both ways, checked against eager, and the three are 
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 import common  # noqa: F401  (benchmarks run strict: KILN_STRICT=1)
+from common import cpu_median_us
 from kiln import config
 from kiln.codegen.cpp import kernel as cpp_kernel
 from kiln.lower.decompositions import decomposition_table
@@ -51,14 +49,6 @@ def compiled(fn, inputs, blocks: bool):
         cpp_kernel.CppKernel._open_blocked_loops = original
 
 
-def median_us(fn, inputs) -> float:
-    times = []
-    for _ in range(30):
-        start = time.perf_counter()
-        for _ in range(5):
-            fn(*inputs)
-        times.append((time.perf_counter() - start) / 5 * 1e6)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -71,7 +61,7 @@ def main() -> None:
             got = version(*inputs)
             got = got[0] if isinstance(got, (list, tuple)) else got
             torch.testing.assert_close(got, fn(*inputs), rtol=1e-4, atol=1e-4)
-        times = {k: median_us(v, inputs) for k, v in versions.items()}
+        times = {k: cpu_median_us(v, inputs) for k, v in versions.items()}
         print(f"| {name} | {times['flat']:.0f} | {times['blocks']:.0f} | {times['eager']:.0f} |")
 
 

@@ -37,6 +37,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import KilnLimit, NeedsStaticShapes, TensorSpec, symbolic_dispatch
+from kiln.autograd.storages import node_storage
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -296,13 +297,13 @@ def _written_storages(nodes: list[torch.fx.Node], writes: dict) -> tuple[dict, s
     arguments in several fake modes."""
     aliases = defaultdict(list)
     for n in nodes:
-        storage = _storage(n)
+        storage = node_storage(n)
         if storage is not None:
             aliases[storage].append(n)
     written = defaultdict(list)
     for write in writes:
-        storage = _storage(write.args[0]) if write.args and isinstance(write.args[0], torch.fx.Node) else None
-        if storage is None or _storage(write) != storage or not _fake_mode(write):
+        storage = node_storage(write.args[0]) if write.args and isinstance(write.args[0], torch.fx.Node) else None
+        if storage is None or node_storage(write) != storage or not _fake_mode(write):
             return None
         written[storage].append(write)
     position = {n: k for k, n in enumerate(nodes)}
@@ -371,10 +372,6 @@ def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
 def _signature(schema) -> tuple:
     return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
 
-
-def _storage(node: torch.fx.Node):
-    val = node.meta.get("val")
-    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def _fake_mode(node: torch.fx.Node) -> FakeTensorMode | None:

@@ -56,6 +56,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.maxflow import FlowGraph
+from kiln.autograd.storages import node_storage
 from kiln.effects import eliminate_dead_code, has_effect
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -127,10 +128,6 @@ def is_size(node: fx.Node) -> bool:
     val = node.meta.get("val")
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
 
-
-def _storage(node) -> StorageWeakRef | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def _hint(n) -> int:
@@ -222,9 +219,9 @@ def partition(joint: fx.GraphModule, layout: JointLayout, strategy: str = "min_c
     saved_input_bytes = sum(node_bytes(n) for n, i in zip(saved, saved_inputs) if i is not None)
     output_storages: dict = {}
     for j in layout.forward_outputs:
-        output_storages.setdefault(_storage(joint_outputs(joint)[j]), j)
+        output_storages.setdefault(node_storage(joint_outputs(joint)[j]), j)
     output_storages.pop(None, None)
-    saved_outputs = [None if is_size(n) else output_storages.get(_storage(n)) for n in saved]
+    saved_outputs = [None if is_size(n) else output_storages.get(node_storage(n)) for n in saved]
     return Partition(forward, backward, strategy, [n.name for n in saved], [is_size(n) for n in saved],
                      int(sum(map(node_bytes, saved))), [n.name for n in naive], int(sum(map(node_bytes, naive))),
                      saved_inputs, int(saved_input_bytes), recomputed, saved_outputs)
@@ -341,7 +338,7 @@ class _JointNodes:
         self.forward_side_set = set(self.forward_side)
         self.forward_side_names = {n.name for n in self.forward_side}
         self.exposed = self._on_exposed_storage(layout, outs)
-        self.read_as_returned = self._on_storages({_storage(outs[i]) for i in layout.outputs_saved_by_eager})
+        self.read_as_returned = self._on_storages({node_storage(outs[i]) for i in layout.outputs_saved_by_eager})
         # ops that must run though no output reads them (an `assert` on a tensor's value, an unused random
         # draw, which moves the generator): each runs once, on its side, where eager runs it
         self.forward_effects = [n for n in self.forward_side if n.op == "call_function" and has_effect(n)]
@@ -360,15 +357,15 @@ class _JointNodes:
         and its views (`x.t()`), which share its version counter. An output on a primal's storage is the
         primal's (`exposed_primals` decides for it), and one on the storage of an output eager saves is that
         output's (`outputs_saved_by_eager`)."""
-        primal_storages = {_storage(p) for p in self.primals}
-        storages = {_storage(p) for p, exposed in zip(self.primals, layout.exposed_primals) if exposed}
-        storages |= {_storage(outs[i]) for i in layout.exposed_outputs} - primal_storages - {
-            _storage(outs[i]) for i in layout.outputs_saved_by_eager}
+        primal_storages = {node_storage(p) for p in self.primals}
+        storages = {node_storage(p) for p, exposed in zip(self.primals, layout.exposed_primals) if exposed}
+        storages |= {node_storage(outs[i]) for i in layout.exposed_outputs} - primal_storages - {
+            node_storage(outs[i]) for i in layout.outputs_saved_by_eager}
         return self._on_storages(storages)
 
     def _on_storages(self, storages: set) -> set[fx.Node]:
         storages.discard(None)
-        return {n for n in self.forward_side if storages and _storage(n) in storages}
+        return {n for n in self.forward_side if storages and node_storage(n) in storages}
 
     def _computed_for_backward_from(self, values: set[fx.Node]) -> set[fx.Node]:
         """The forward values computed, directly or not, from `values` that the forward itself does not need: work

@@ -24,6 +24,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.history import reachable_nodes
+from kiln.autograd.storages import storage_of
 
 OVERWRITTEN = ("one of the variables needed for gradient computation has been modified by an inplace operation: "
                "[{tensor}]{which} is at version {now}; expected version {then} instead. Hint: enable anomaly "
@@ -92,16 +93,16 @@ def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], versions: li
     the graph is not: eager's own backward trace raises there."""
     holders: dict[StorageWeakRef, tuple[bool, int]] = {}
     for j, t in enumerate(outputs[:num_returned]):
-        holders.setdefault(_storage(t), (False, j))
+        holders.setdefault(storage_of(t), (False, j))
     for i, t in enumerate(inputs):
-        holders.setdefault(_storage(t), (True, i))
+        holders.setdefault(storage_of(t), (True, i))
     written = {(True, i) for i, (t, v) in enumerate(zip(inputs, versions)) if t._version != v}
     reach: dict[tuple[bool, int], set[int]] = {}
     which: dict[tuple[bool, int], str] = {}
     for k, j in enumerate(differentiable):
         for token in log.reached_from(outputs[j]):
             saved = log.tensors[token]
-            holder = holders.get(_storage(saved))
+            holder = holders.get(storage_of(saved))
             if holder is None or holder in written and log.versions[token] != inputs[holder[1]]._version:
                 continue
             reach.setdefault(holder, set()).add(k)
@@ -109,9 +110,6 @@ def saved_by_eager(log: SavedTensorLog, inputs: list[torch.Tensor], versions: li
     return [SavedByEager(of_input, index, frozenset(ks), which[(of_input, index)], (of_input, index) in written)
             for (of_input, index), ks in reach.items()]
 
-
-def _storage(t: torch.Tensor) -> StorageWeakRef:
-    return StorageWeakRef(t.untyped_storage())
 
 
 def _which(saved: torch.Tensor) -> str:

@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.saved_versions import SavedByEager, SavedTensorLog, saved_by_eager
+from kiln.autograd.storages import storage_of
 from kiln.autograd.view_replay import ViewRecorder, ViewStep, replay, symbolic_sizes
 from kiln.size_python import SIZE_NAMES, size_source
 
@@ -591,9 +592,6 @@ def _non_leaf(spec: TensorSpec, mode: FakeTensorMode) -> torch.Tensor:
             spec.fake(mode, True))
 
 
-def _storage(t: torch.Tensor) -> StorageWeakRef:
-    return StorageWeakRef(t.untyped_storage())
-
 
 class _OutputClassifier:
     """Sorts the tensor leaves of one fake run of `gm` into graph outputs and aliases (see `OutputSignature`)."""
@@ -606,7 +604,7 @@ class _OutputClassifier:
         self.grad_mode = grad_mode  # without it, every view is one taken under no_grad: the call's mode decides
         self.inputs: dict[StorageWeakRef, int] = {}
         for i, f in enumerate(fakes):
-            self.inputs.setdefault(_storage(f), i)
+            self.inputs.setdefault(storage_of(f), i)
         self.specs: list[TensorSpec] = []
         self.needs_grad: list[bool] = []
         self.sources: list[tuple[int, bool]] = []
@@ -616,8 +614,8 @@ class _OutputClassifier:
     def classify(self, leaves: list, read_in_graph: set[int]) -> list:
         groups: dict[StorageWeakRef, list[int]] = {}  # storage -> the leaves on it (none on an input's)
         for k, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor) and _storage(leaf) not in self.inputs:
-                groups.setdefault(_storage(leaf), []).append(k)
+            if isinstance(leaf, torch.Tensor) and storage_of(leaf) not in self.inputs:
+                groups.setdefault(storage_of(leaf), []).append(k)
         roots: dict[StorageWeakRef, tuple[int, torch.Tensor]] = {}  # storage -> (graph output, base)
         kinds = []
         for k, leaf in enumerate(leaves):
@@ -627,7 +625,7 @@ class _OutputClassifier:
                 kinds.append(ConstantOutput(leaf, _size_function((leaf,), self.size_sources, "an output that is a size")
                                             if isinstance(leaf, torch.SymInt) else None))
                 continue
-            storage = _storage(leaf)
+            storage = storage_of(leaf)
             if storage in self.inputs:
                 i = self.inputs[storage]
                 kinds.append(self._alias(AliasOutput, i, self.fakes[i], leaves, k))

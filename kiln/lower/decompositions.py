@@ -277,6 +277,13 @@ def _legit_without_training(input, weight, bias, running_mean, running_var, mome
     return _TORCH_LEGIT_BATCH_NORM(input, weight, bias, running_mean, running_var, False, momentum, eps)
 
 
+def take_as_index(self, index):
+    """`self.reshape(-1)[index]` as one index op. torch's decomposition subscripts with the index tensor, and
+    Python reads a 0-dim integer index as an int (its value: `.item()`), which a trace cannot: the graph ran op by
+    op (the OpInfo rows of `take`)."""
+    return aten.index.Tensor(self.reshape(-1), [index])
+
+
 def _fused_multiply_add(a, b, c, math: torch.dtype):
     """a * b + c rounded once to `math`, as an fma computes it: float32 through float64 (where the product of two
     float32 values is exact); float64 as two roundings (no wider type here)."""
@@ -295,6 +302,7 @@ OWN = {
     aten.linalg_vector_norm.default: vector_norm_over_positive_dims,
     aten.addbmm.default: addbmm_as_bmm_and_sum,
     aten._trilinear.default: trilinear_as_product_and_sum,
+    aten.take.default: take_as_index,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference_as_eager(_legit_without_training),
     aten.native_batch_norm.default: _batch_norm_inference_as_eager(
         get_decompositions([aten.native_batch_norm])[aten.native_batch_norm.default], training_at=5),

@@ -29,3 +29,25 @@ def test_kilns_own_decomposition_over_a_core_one_still_computes_eagers_value():
     s = torch.tensor(0.1)
     decompose = decompositions.decomposition_table()[aten.addcmul.default]
     torch.testing.assert_close(decompose(h, h, s), torch.addcmul(h, h, s), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("index", [torch.tensor(5), torch.tensor(-1), torch.tensor([[0, 11], [-12, 3]]),
+                                   torch.tensor([7])], ids=["0-dim", "0-dim negative", "2-dim", "1-dim"])
+def test_take_with_an_index_of_any_rank_compiles_into_one_graph(index, monkeypatch):
+    """torch's `take` decomposition subscripts the flattened input with the index tensor; a 0-dim integer index
+    subscripts as a Python int, read with `.item()`, so the trace needed tensor data and the graph ran op by op (a
+    fallback, an error under strict). kiln's decomposition is one `index` op: values, gradient and eager's error for
+    an index out of range."""
+    import kiln
+
+    monkeypatch.setenv("KILN_STRICT", "1")
+    x = torch.randn(3, 4, requires_grad=True)
+    kiln_x = x.detach().clone().requires_grad_()
+    compiled = kiln.compile(lambda x, i: torch.take(x, i) * 2)
+    got, want = compiled(kiln_x, index), torch.take(x, index) * 2
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(kiln_x.grad, x.grad)
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(kiln_x.detach(), torch.tensor(12))

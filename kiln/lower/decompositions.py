@@ -284,6 +284,14 @@ def take_as_index(self, index):
     return aten.index.Tensor(self.reshape(-1), [index])
 
 
+def put_accumulating_as_index_put(self, index, source, accumulate=False):
+    """`put` with `accumulate` (`take`'s backward) as an accumulating `index_put` on the flattened input, which
+    kiln lowers; without it, duplicate indices keep whichever write ATen's kernel makes last, and the op stays."""
+    if not accumulate:
+        return NotImplemented
+    return aten.index_put.default(self.reshape(-1), [index.reshape(-1)], source.reshape(-1), True).view(self.shape)
+
+
 def _fused_multiply_add(a, b, c, math: torch.dtype):
     """a * b + c rounded once to `math`, as an fma computes it: float32 through float64 (where the product of two
     float32 values is exact); float64 as two roundings (no wider type here)."""
@@ -303,6 +311,7 @@ OWN = {
     aten.addbmm.default: addbmm_as_bmm_and_sum,
     aten._trilinear.default: trilinear_as_product_and_sum,
     aten.take.default: take_as_index,
+    aten.put.default: put_accumulating_as_index_put,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference_as_eager(_legit_without_training),
     aten.native_batch_norm.default: _batch_norm_inference_as_eager(
         get_decompositions([aten.native_batch_norm])[aten.native_batch_norm.default], training_at=5),

@@ -51,3 +51,18 @@ def test_take_with_an_index_of_any_rank_compiles_into_one_graph(index, monkeypat
     torch.testing.assert_close(kiln_x.grad, x.grad)
     with pytest.raises(IndexError, match="out of range"):
         compiled(kiln_x.detach(), torch.tensor(12))
+
+
+def test_an_accumulating_put_and_takes_backward_add_up_duplicate_indices(monkeypatch):
+    """`put(..., accumulate=True)`, which `take`'s backward is, decomposes into an accumulating `index_put` that
+    kiln lowers (before, the op ran through ATen): an index that repeats adds each of its values, as eager."""
+    import kiln
+    from support.lowering import check, count_externs
+
+    monkeypatch.setenv("KILN_STRICT", "1")
+    x, index, source = torch.randn(3, 4), torch.tensor([[1, 1], [-1, 5]]), torch.randn(2, 2)
+    assert count_externs(check(lambda x, i, s: torch.put(x * 1, i, s, accumulate=True), x, index, source)) == 0
+    leaf, kiln_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (torch.take(leaf, index) * source).sum().backward()
+    kiln.compile(lambda x, i, s: (torch.take(x, i) * s).sum())(kiln_leaf, index, source).backward()
+    torch.testing.assert_close(kiln_leaf.grad, leaf.grad)

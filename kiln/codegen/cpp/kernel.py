@@ -238,10 +238,10 @@ class CppKernel(KernelPrinter):
             self.indent += 1
         self.line(f"for (int64_t {v}_block = 0; {v}_block < {cexpr(last)}; {v}_block += {REDUCTION_BLOCK}) {{")
         self.indent += 1
-        self.line(f"const int64_t {v}_end = std::min<int64_t>({v}_block + {REDUCTION_BLOCK}, {cexpr(last)});")
-        if pragma_block:
+        if pragma_block:  # no statement between the collapsed loops: older compilers want them perfectly nested
             self.line(pragma_block)
-        self.line(f"for (int64_t {v} = {v}_block; {v} < {v}_end; {v}++) {{")
+        end = f"std::min<int64_t>({v}_block + {REDUCTION_BLOCK}, {cexpr(last)})"
+        self.line(f"for (int64_t {v} = {v}_block; {v} < {end}; {v}++) {{")
         self.indent += 1
         return len(sizes) + 1
 

@@ -107,12 +107,18 @@ class _CopyBack:
             return
         target = self.target
         with torch.no_grad():
-            if len(pending) == len(self.mutations) > 1 and _distinct_storages(flat, pending):
+            if len(pending) == len(self.mutations) > 1 and _distinct_storages(flat, pending) \
+                    and not any(_same_storage(flat[m.input_index], outs[m.output_index]) for m in pending):
                 for targets, values in self.groups:
                     torch._foreach_copy_([target(flat[i]) for i in targets], [outs[j] for j in values])
                 return
             for m in pending:
-                target(flat[m.input_index]).copy_(outs[m.output_index])
+                value = outs[m.output_index]
+                if _same_storage(flat[m.input_index], value):
+                    # the graph returned the input itself, viewed, as its new value (a write of the input with
+                    # its own elements, `t.copy_(t)`): ATen refuses a copy between overlapping views
+                    value = value.clone()
+                target(flat[m.input_index]).copy_(value)
 
 
 def _itself(t: torch.Tensor) -> torch.Tensor:
@@ -131,6 +137,10 @@ def _by_dtype_and_device(mutations: list[InputMutation], input_specs: list[Tenso
         spec = input_specs[m.input_index]
         groups.setdefault((spec.dtype, spec.device), []).append(m)
     return [([m.input_index for m in g], [m.output_index for m in g]) for g in groups.values()]
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _distinct_storages(flat: list, mutations: list[InputMutation]) -> bool:

@@ -62,8 +62,17 @@ def chained_write_then_transpose(a, b):
     return b + 0
 
 
-PROGRAMS = [transpose_in_place, unsqueeze_then_write, squeeze_and_add, as_strided_in_place, returns_the_input,
-            intermediate_and_input, write_then_transpose, chained_write_then_transpose]
+def unsqueeze_then_copy_itself(a, b):
+    """Fuzz seed 95825: the input's write with its own elements left the graph returning the input itself, viewed
+    (strides `(0, 1)`), as its new value, and copying that view back into the input raised ATen's overlap error."""
+    t = b.unsqueeze_(0)
+    t.copy_(t)
+    return t * 2, a + 1
+
+
+PROGRAMS = [unsqueeze_then_copy_itself, transpose_in_place, unsqueeze_then_write, squeeze_and_add,
+            as_strided_in_place, returns_the_input, intermediate_and_input, write_then_transpose,
+            chained_write_then_transpose]
 
 
 def make():
@@ -72,7 +81,8 @@ def make():
 
 @pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("program", [write_then_transpose, chained_write_then_transpose], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("program", [write_then_transpose, chained_write_then_transpose, unsqueeze_then_copy_itself],
+                         ids=lambda f: f.__name__)
 def test_a_written_input_transposed_in_place_holds_eagers_values(program, backend, grad_mode):
     """The inputs (and their values after the call) as eager's, with an input that requires grad too."""
     def arguments(call):

@@ -23,7 +23,7 @@ from kiln.lower.index import (
 from kiln.lower.layout import padded
 from kiln.lower.ops.common import out_info
 from kiln.lower.ops.registry import register
-from kiln.lower.values import IndexFunction, cast
+from kiln.lower.values import IndexFunction, Unsupported, cast
 
 aten = torch.ops.aten
 
@@ -237,3 +237,23 @@ def diagonal(ctx, meta, x, offset=0, dim1=0, dim2=1):
     idx[dim1] = k + max(-offset, 0)
     idx[dim2] = k + max(offset, 0)
     return IndexFunction(new_size, x.dtype, x.at(idx))
+
+
+@register(aten.as_strided.default)
+def as_strided(ctx, meta, x, size, stride, storage_offset=None):
+    """`x`'s storage read at `storage_offset + sum(i * stride)`, where that storage is `x` alone, laid out
+    contiguously: a tensor the graph computed, no view, as eager's meta value shows it (torch's CPU group norm
+    reshapes its `.contiguous()` statistics so). The storage of a graph input or of a view holds more than the
+    tensor, which only ATen knows at run time: those stay externs."""
+    source = ctx._current.args[0] if ctx._current is not None else None
+    eager = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if source is None or source.op == "placeholder" or not isinstance(eager, torch.Tensor) or eager._base is not None \
+            or not eager.is_contiguous() or eager.storage_offset() != 0 \
+            or eager.untyped_storage().nbytes() != eager.numel() * eager.element_size():
+        raise Unsupported("as_strided of a graph input, a view, or a tensor that is not its storage's contiguous whole")
+    new_size, _ = out_info(meta)
+    position = linear_index(index_vars("i", len(new_size)), [sympify(s) for s in stride],
+                            sympify(storage_offset or 0))
+    idx = [FloorDiv(position, cs) if k == 0 else Mod(FloorDiv(position, cs), s)
+           for k, (s, cs) in enumerate(zip(x.size, contiguous_strides(x.size)))]
+    return IndexFunction(tuple(new_size), x.dtype, x.at(idx))

@@ -141,6 +141,10 @@ COLUMN_LANES = 16
 LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln::highest<{T}>()", "any": "false",
              **{mode: "1" for mode in ROUNDED_PRODUCT.values()}}
 
+# Reductions a row's loop may run in lane tiles (`_lane_tiles`): max and min, and beside them those whose order does
+# not matter beyond rounding (not a half type's product, which eager rounds factor by factor, in order).
+LANE_TILED = frozenset(("max", "min", "sum", "prod", "any"))
+
 # Index expressions repeat across kernels (equal shapes, equal views): print each once.
 cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -345,6 +349,8 @@ class CppKernel(KernelPrinter):
             self.line(REDUCTIONS[rtype][0].format(T=t, a=acc))
         if parallel and decls:
             self._parallel_reduction(seg, accs, decls, par)
+        elif not simd_ok and len(g.inner) == 1 and all(accs[k][1] in LANE_TILED for k in decls):
+            self._lane_tiles(seg, accs, decls, outer_scope)
         else:
             inner_pragma = ("#pragma omp simd" + reduction_clause) if (simd_ok or not decls) else None
             outer_pragma = None
@@ -355,6 +361,37 @@ class CppKernel(KernelPrinter):
             self._segment_body(seg, accs, outer_scope)
             self._close(opened)
         self._finish_reductions(seg, accs)
+
+    def _lane_tiles(self, seg, accs, decls, outer_scope) -> None:
+        """The one inner loop of a max or min (whose NaN-keeping helpers the vectorizer does not take as a
+        reduction: no SIMD clause) in tiles of COLUMN_LANES elements, each lane with accumulators of its own, so that
+        the tile's loop vectorizes; the elements past the last whole tile go to the first lanes, and the lanes merge
+        in order at the end (`_column_tiles` does the same across columns)."""
+        (size,), (y,) = self.group.inner, self.group.inner_vars()
+        lanes = {accs[k][0]: f"{accs[k][0]}_lanes" for k in decls}
+        for k in decls:
+            acc, rtype, t = accs[k]
+            self.line(f"{t} {lanes[acc]}[{COLUMN_LANES}];")
+            self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {lanes[acc]}[l] = {LANE_INIT[rtype].format(T=t)};")
+        n = cexpr(size)
+        self.line(f"const int64_t {y}_tiled = {n} - {n} % {COLUMN_LANES};")
+        self.line(f"for (int64_t {y}_tile = 0; {y}_tile < {y}_tiled; {y}_tile += {COLUMN_LANES}) {{")
+        self.indent += 1
+        self.line("#pragma omp simd")
+        self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {{")
+        self.indent += 1
+        self.line(f"const int64_t {y} = {y}_tile + l;")
+        self._segment_body(seg, accs, outer_scope, acc_names={a: f"{v}[l]" for a, v in lanes.items()})
+        self._close(2)
+        self.line(f"for (int64_t {y} = {y}_tiled; {y} < {n}; {y}++) {{")
+        self.indent += 1
+        self.line(f"const int64_t l = {y} - {y}_tiled;")
+        self._segment_body(seg, accs, outer_scope, acc_names={a: f"{v}[l]" for a, v in lanes.items()})
+        self._close(1)
+        for k in decls:
+            acc, rtype, t = accs[k]
+            merge = REDUCTIONS[rtype][3].format(a=acc, b=f"{lanes[acc]}[l]", T=t)
+            self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {merge}")
 
     def _one_short_inner_loop(self) -> bool:
         """Is the reduction one loop of at most FLOAT_LANES_LOOP elements (vectorized, each lane then adds few

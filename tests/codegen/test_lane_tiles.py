@@ -52,3 +52,17 @@ def test_integer_and_half_rows(dtype):
     x = torch.randint(0, 100, (5, 37), generator=torch.Generator().manual_seed(1)).to(dtype)
     for fn in (row_max, row_min):
         torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("size", [40_000, 4096 * 3 + 7])
+@pytest.mark.parametrize("position", ["first", "tile", "rest"])
+def test_a_full_max_in_lane_tiles_per_block_keeps_a_nan_anywhere(size, position):
+    """A full reduction's threads share blocks of 4096 elements and run each in lane tiles: a NaN in a tile or in
+    a block's last, partial tile is the max and the min."""
+    x = torch.randn(size, generator=torch.Generator().manual_seed(size))
+    functions = (lambda t: t.amax(), lambda t: t.amin(), lambda t: t.max())
+    for fn in functions:
+        torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+    x[{"first": 0, "tile": 4096 + 17, "rest": size - 1}[position]] = float("nan")
+    for fn in functions:
+        assert kiln.compile(fn)(x).isnan()

@@ -234,6 +234,16 @@ class CppKernel(KernelPrinter):
         """`_open_loops` with the last loop cut into blocks of REDUCTION_BLOCK elements: the other loops and the
         blocks shared out among threads (`pragma_shared`, collapsed over them), each block one loop that
         vectorizes (`pragma_block`). A full reduction's threads otherwise add their elements one at a time."""
+        opened, start, end = self._open_blocks(sizes, variables, pragma_shared)
+        if pragma_block:  # no statement between the collapsed loops: older compilers want them perfectly nested
+            self.line(pragma_block)
+        v = variables[-1]
+        self.line(f"for (int64_t {v} = {start}; {v} < {end}; {v}++) {{")
+        self.indent += 1
+        return opened + 1
+
+    def _open_blocks(self, sizes, variables, pragma_shared: str) -> tuple[int, str, str]:
+        """The loops of `_open_blocked_loops` but a block's own: (loops opened, the block's first index, its end)."""
         *outer, last = sizes
         *outer_vars, v = variables
         self.line(f"{pragma_shared} collapse({len(sizes)})" if outer else pragma_shared)
@@ -242,12 +252,7 @@ class CppKernel(KernelPrinter):
             self.indent += 1
         self.line(f"for (int64_t {v}_block = 0; {v}_block < {cexpr(last)}; {v}_block += {REDUCTION_BLOCK}) {{")
         self.indent += 1
-        if pragma_block:  # no statement between the collapsed loops: older compilers want them perfectly nested
-            self.line(pragma_block)
-        end = f"std::min<int64_t>({v}_block + {REDUCTION_BLOCK}, {cexpr(last)})"
-        self.line(f"for (int64_t {v} = {v}_block; {v} < {end}; {v}++) {{")
-        self.indent += 1
-        return len(sizes) + 1
+        return len(sizes), f"{v}_block", f"std::min<int64_t>({v}_block + {REDUCTION_BLOCK}, {cexpr(last)})"
 
     def _close(self, n: int) -> None:
         for _ in range(n):
@@ -364,33 +369,48 @@ class CppKernel(KernelPrinter):
 
     def _lane_tiles(self, seg, accs, decls, outer_scope) -> None:
         """The one inner loop of a max or min (whose NaN-keeping helpers the vectorizer does not take as a
-        reduction: no SIMD clause) in tiles of COLUMN_LANES elements, each lane with accumulators of its own, so that
-        the tile's loop vectorizes; the elements past the last whole tile go to the first lanes, and the lanes merge
-        in order at the end (`_column_tiles` does the same across columns)."""
+        reduction: no SIMD clause) in lane tiles (`_tiled_loop`), the lanes merged in order at the end
+        (`_column_tiles` does the same across columns)."""
         (size,), (y,) = self.group.inner, self.group.inner_vars()
-        lanes = {accs[k][0]: f"{accs[k][0]}_lanes" for k in decls}
+        lanes = self._lane_accumulators(accs, decls, {accs[k][0]: accs[k][0] for k in decls})
+        self._tiled_loop(seg, accs, outer_scope, y, "0", cexpr(size), lanes)
+        self._merge_lanes(accs, decls, lanes, {accs[k][0]: accs[k][0] for k in decls})
+
+    def _lane_accumulators(self, accs, decls, names: dict) -> dict:
+        """Declare COLUMN_LANES accumulators for each of `decls` (named after `names[acc]`): acc -> its array."""
+        lanes = {}
         for k in decls:
             acc, rtype, t = accs[k]
+            lanes[acc] = f"{names[acc]}_lanes"
             self.line(f"{t} {lanes[acc]}[{COLUMN_LANES}];")
             self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {lanes[acc]}[l] = {LANE_INIT[rtype].format(T=t)};")
-        n = cexpr(size)
-        self.line(f"const int64_t {y}_tiled = {n} - {n} % {COLUMN_LANES};")
-        self.line(f"for (int64_t {y}_tile = 0; {y}_tile < {y}_tiled; {y}_tile += {COLUMN_LANES}) {{")
+        return lanes
+
+    def _tiled_loop(self, seg, accs, scope, y: str, start: str, end: str, lanes: dict) -> None:
+        """The loop of `y` from `start` to `end` in tiles of COLUMN_LANES elements, element l of a tile into lane l's
+        accumulators (`lanes`: accumulator -> its array) so that the tile's loop vectorizes; the elements past the
+        last whole tile go into the first lanes."""
+        in_lanes = {acc: f"{array}[l]" for acc, array in lanes.items()}
+        self.line(f"const int64_t {y}_tiled = {start} + ({end} - {start}) / {COLUMN_LANES} * {COLUMN_LANES};")
+        self.line(f"for (int64_t {y}_tile = {start}; {y}_tile < {y}_tiled; {y}_tile += {COLUMN_LANES}) {{")
         self.indent += 1
         self.line("#pragma omp simd")
         self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {{")
         self.indent += 1
         self.line(f"const int64_t {y} = {y}_tile + l;")
-        self._segment_body(seg, accs, outer_scope, acc_names={a: f"{v}[l]" for a, v in lanes.items()})
+        self._segment_body(seg, accs, scope, acc_names=in_lanes)
         self._close(2)
-        self.line(f"for (int64_t {y} = {y}_tiled; {y} < {n}; {y}++) {{")
+        self.line(f"for (int64_t {y} = {y}_tiled; {y} < {end}; {y}++) {{")
         self.indent += 1
         self.line(f"const int64_t l = {y} - {y}_tiled;")
-        self._segment_body(seg, accs, outer_scope, acc_names={a: f"{v}[l]" for a, v in lanes.items()})
+        self._segment_body(seg, accs, scope, acc_names=in_lanes)
         self._close(1)
+
+    def _merge_lanes(self, accs, decls, lanes: dict, into: dict) -> None:
+        """Each accumulator's lanes merged, in order, into `into[acc]`."""
         for k in decls:
             acc, rtype, t = accs[k]
-            merge = REDUCTIONS[rtype][3].format(a=acc, b=f"{lanes[acc]}[l]", T=t)
+            merge = REDUCTIONS[rtype][3].format(a=into[acc], b=f"{lanes[acc]}[l]", T=t)
             self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {merge}")
 
     def _one_short_inner_loop(self) -> bool:
@@ -531,11 +551,22 @@ class CppKernel(KernelPrinter):
             acc, rtype, t = accs[k]
             self.line(REDUCTIONS[rtype][0].format(T=t, a=local[acc]))
         clauses = [REDUCTIONS[accs[k][1]][4] for k in decls]
-        simd = "#pragma omp simd" + "".join(f" reduction({op}:{local[accs[k][0]]})" for k, op in zip(decls, clauses)) \
-            if all(op is not None for op in clauses) else None
-        opened = self._open_blocked_loops(g.inner, g.inner_vars(), "#pragma omp for schedule(static)", simd)
-        self._segment_body(seg, accs, Scope(), acc_names=local)
-        self._close(opened)
+        if all(op is not None for op in clauses):
+            simd = "#pragma omp simd" + "".join(f" reduction({op}:{local[accs[k][0]]})"
+                                                for k, op in zip(decls, clauses))
+            opened = self._open_blocked_loops(g.inner, g.inner_vars(), "#pragma omp for schedule(static)", simd)
+            self._segment_body(seg, accs, Scope(), acc_names=local)
+            self._close(opened)
+        elif all(accs[k][1] in LANE_TILED for k in decls):  # a max or min: each thread's blocks in lane tiles
+            lanes = self._lane_accumulators(accs, decls, local)
+            opened, start, end = self._open_blocks(g.inner, g.inner_vars(), "#pragma omp for schedule(static)")
+            self._tiled_loop(seg, accs, Scope(), g.inner_vars()[-1], start, end, lanes)
+            self._close(opened)
+            self._merge_lanes(accs, decls, lanes, local)
+        else:
+            opened = self._open_blocked_loops(g.inner, g.inner_vars(), "#pragma omp for schedule(static)", None)
+            self._segment_body(seg, accs, Scope(), acc_names=local)
+            self._close(opened)
         self.line("#pragma omp for ordered schedule(static, 1)")
         self.line("for (int t = 0; t < omp_get_num_threads(); t++) {")
         self.indent += 1

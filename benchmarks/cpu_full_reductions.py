@@ -4,7 +4,8 @@
 A full reduction splits its elements among threads, each adding into its own partial. Flat, each thread's loop
 adds one element at a time (no SIMD: the partial is thread-private, and a worksharing loop cannot reduce into
 it); in blocks, the threads share out blocks of REDUCTION_BLOCK elements and each block is one `omp simd`
-loop. Each case is compiled both ways, checked against eager, and the three are timed interleaved (median of
+loop (a max or min, which has no SIMD clause, in lane tiles within each block: `_tiled_loop`). Each case is
+compiled both ways, checked against eager, and the three are timed interleaved (median of
 30 blocks of 5 calls).
 
     python benchmarks/cpu_full_reductions.py
@@ -38,15 +39,15 @@ def _flat(self, sizes, variables, pragma_shared, pragma_block) -> int:
 def compiled(fn, inputs, blocks: bool):
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    original = cpp_kernel.CppKernel._open_blocked_loops
+    original, lane_tiled = cpp_kernel.CppKernel._open_blocked_loops, cpp_kernel.LANE_TILED
     if not blocks:
-        cpp_kernel.CppKernel._open_blocked_loops = _flat
+        cpp_kernel.CppKernel._open_blocked_loops, cpp_kernel.LANE_TILED = _flat, frozenset()
     try:
         with torch.no_grad():
             gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
         return compile_aten_graph(gm, list(inputs), None)
     finally:
-        cpp_kernel.CppKernel._open_blocked_loops = original
+        cpp_kernel.CppKernel._open_blocked_loops, cpp_kernel.LANE_TILED = original, lane_tiled
 
 
 

@@ -89,6 +89,36 @@ def cpu_median_us(fn, inputs, blocks: int = 30, calls: int = 5) -> float:
     return statistics.median(times)
 
 
+def print_cpp_rule_table(cases: dict, rule_off, labels: tuple[str, str]) -> None:
+    """A Markdown table timing kiln's C++ code for each case (name -> (fn, input shape)) with a code generator rule
+    off (`rule_off()`, a context manager) and on, and eager: each checked against eager, the three timed
+    interleaved (`cpu_median_us`). The graph cache is off: the two versions of a graph share its key."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln import config
+    from kiln.lower.decompositions import decomposition_table
+    from kiln.pipeline import compile_aten_graph
+
+    def compiled(fn, inputs):
+        with torch.no_grad():
+            gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+        return compile_aten_graph(gm, list(inputs), None)
+
+    config.graph_cache = False
+    print(f"| case | {labels[0]} | {labels[1]} | eager |  (us per call, {torch.get_num_threads()} threads)\n"
+          "|---|---|---|---|")
+    for name, (fn, shape) in cases.items():
+        inputs = [torch.randn(*shape)]
+        with rule_off():
+            before = compiled(fn, inputs)
+        versions = [before, compiled(fn, inputs), fn]
+        for version in versions:
+            got = version(*inputs)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            torch.testing.assert_close(got, fn(*inputs), rtol=1e-4, atol=1e-4)
+        print(f"| {name} | " + " | ".join(f"{cpu_median_us(v, inputs):.0f}" for v in versions) + " |")
+
+
 def cpu_allocation_profile(fn) -> tuple[int, int]:
     """(bytes allocated at the end of `fn()`, peak allocated during it), relative to its start, from the CPU
     allocator's events as the profiler records them (torch's CPU allocator keeps no peak statistic)."""

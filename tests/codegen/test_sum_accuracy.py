@@ -51,7 +51,7 @@ def test_a_float_sum_is_as_close_to_the_exact_sum_as_eagers(fn, dtype):
     assert kiln_error <= max(2 * eager_error, one_rounding), (kiln_error, eager_error)
 
 
-@pytest.mark.parametrize("size", [4095, 4096, 4097, 3 * 4096 + 5, 70_000])
+@pytest.mark.parametrize("size", [4096, 4097, 3 * 4096 + 5])
 @pytest.mark.parametrize("fn", [lambda x: x.sum(), lambda x: x.amax(), lambda x: x.argmin(), lambda x: x.var(),
                                 lambda x: (x * x).mean()], ids=["sum", "amax", "argmin", "var", "mean_of_squares"])
 def test_a_full_reduction_over_blocks_reads_every_element_once(fn, size):

@@ -391,6 +391,8 @@ class CppKernel(KernelPrinter):
         accumulators (`lanes`: accumulator -> its array) so that the tile's loop vectorizes; the elements past the
         last whole tile go into the first lanes."""
         in_lanes = {acc: f"{array}[l]" for acc, array in lanes.items()}
+        self.line("{  // a scope of its own: another segment of the kernel may tile the same loop")
+        self.indent += 1
         self.line(f"const int64_t {y}_tiled = {start} + ({end} - {start}) / {COLUMN_LANES} * {COLUMN_LANES};")
         self.line(f"for (int64_t {y}_tile = {start}; {y}_tile < {y}_tiled; {y}_tile += {COLUMN_LANES}) {{")
         self.indent += 1
@@ -404,7 +406,7 @@ class CppKernel(KernelPrinter):
         self.indent += 1
         self.line(f"const int64_t l = {y} - {y}_tiled;")
         self._segment_body(seg, accs, scope, acc_names=in_lanes)
-        self._close(1)
+        self._close(2)
 
     def _merge_lanes(self, accs, decls, lanes: dict, into: dict) -> None:
         """Each accumulator's lanes merged, in order, into `into[acc]`."""

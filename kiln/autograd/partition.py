@@ -408,7 +408,7 @@ class _JointNodes:
     def min_cut_saved(self, fused: Callable[[Any], bool] | None = None) -> list[fx.Node]:
         """The saved set of the minimum cut closest to the sink (see the module docstring)."""
         flow = FlowGraph()
-        banned = self._written_in_backward(fused) | self._returned_and_saved_by_eager()
+        banned = self._written_in_backward(fused) | self._returned_and_saved_by_eager() | self._compared_in_backward()
         banned |= self._chained(fused, banned)
         # a float computed from sizes cannot be saved (no tensor holds it): banned from recomputation, the backward
         # could have it neither way, and no cut would separate the source from the sink. Recomputed from the sizes
@@ -455,6 +455,16 @@ class _JointNodes:
         return returned | {n for n in self.required_forward if n.op == "call_function" and n not in returned
                            and n.target not in DTYPE_CASTS
                            and any(a in self.read_as_returned for a in n.all_input_nodes)}
+
+    def _compared_in_backward(self) -> set[fx.Node]:
+        """Forward values that an equality only the backward needs reads (`eq`, `ne`: which elements a max or min
+        picked, `x == amax(x)`, wherever the cut puts it): recomputed in the backward they need not have the bits
+        the forward's kernel gave them (a vectorized and a scalar `log` differ by an ulp), so no element equalled
+        the saved max and the gradient divided by a count of 0 (fuzz 96677). Kept from recomputation, the
+        comparison reads the forward's bits (the cut saves them, or the mask the forward computes), as eager's."""
+        return {n for n in self.forward_side if n in self.required_forward and is_recomputable(n) and not _is_view(n)
+                and any(u not in self.required_forward and getattr(u.target, "overloadpacket", None) in EQUALITIES
+                        for u in _readers(n))}
 
     def _written_in_backward(self, fused: Callable[[Any], bool] | None) -> set[fx.Node]:
         """Forward values that may not be recomputed because a matmul or convolution of the backward reads them
@@ -536,6 +546,9 @@ def _only_fused_read(node: fx.Node, fused: Callable[[Any], bool]) -> bool:
     if not (is_recomputable(node) and fused(node.target)) or _is_view(node):
         return False
     return all(u.op == "call_function" and fused(u.target) for u in _readers(node))
+
+
+EQUALITIES = frozenset((torch.ops.aten.eq, torch.ops.aten.ne))
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:

@@ -330,9 +330,9 @@ def test_a_float_of_sizes_read_across_the_backward_is_recomputed(backend):
         torch.testing.assert_close(a.grad, b.grad)
 
 
-@pytest.mark.parametrize("reduce", [lambda t: t.amax(0), lambda t: t.amin(-1), lambda t: t.max()],
-                         ids=["amax", "amin", "max"])
-@pytest.mark.parametrize("through", [torch.log1p, torch.exp, torch.tanh, torch.sin], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(("reduce", "through"), [
+    (lambda t: t.amax(0), torch.log1p), (lambda t: t.amin(-1), torch.tanh), (lambda t: t.max(), torch.sin),
+], ids=["amax-log1p", "amin-tanh", "max-sin"])
 def test_the_elements_a_max_picked_are_found_by_the_forwards_own_bits(reduce, through):
     """A max's gradient goes to the elements equal to it (`x == amax(x)`), a comparison only the backward needs.
     Recomputed in the backward, `log1p(|b|)` need not have the bits the forward's kernel gave it (a vectorized and

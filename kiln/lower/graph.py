@@ -115,6 +115,12 @@ class GraphLowering:
         self._count += 1
         return f"{prefix}{self._count - 1}"
 
+    def current_argument(self, k: int) -> torch.fx.Node | None:
+        """The FX node of argument `k` of the node being lowered (None if that argument is no node): where a rule
+        needs what eager knows of an input beyond its value, its producer and its meta layout."""
+        arg = self._current.args[k] if self._current is not None and k < len(self._current.args) else None
+        return arg if isinstance(arg, torch.fx.Node) else None
+
     def add_buffer(self, node: ir.Node) -> None:
         if isinstance(node, ir.ComputedBuffer):
             node = self._without_empty_reads(node)

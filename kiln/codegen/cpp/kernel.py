@@ -372,9 +372,10 @@ class CppKernel(KernelPrinter):
         reduction: no SIMD clause) in lane tiles (`_tiled_loop`), the lanes merged in order at the end
         (`_column_tiles` does the same across columns)."""
         (size,), (y,) = self.group.inner, self.group.inner_vars()
-        lanes = self._lane_accumulators(accs, decls, {accs[k][0]: accs[k][0] for k in decls})
+        themselves = {accs[k][0]: accs[k][0] for k in decls}
+        lanes = self._lane_accumulators(accs, decls, themselves)
         self._tiled_loop(seg, accs, outer_scope, y, "0", cexpr(size), lanes)
-        self._merge_lanes(accs, decls, lanes, {accs[k][0]: accs[k][0] for k in decls})
+        self._merge_lanes(accs, decls, lanes, themselves)
 
     def _lane_accumulators(self, accs, decls, names: dict) -> dict:
         """Declare COLUMN_LANES accumulators for each of `decls` (named after `names[acc]`): acc -> its array."""

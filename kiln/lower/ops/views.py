@@ -245,8 +245,8 @@ def as_strided(ctx, meta, x, size, stride, storage_offset=None):
     contiguously: a tensor the graph computed, no view, as eager's meta value shows it (torch's CPU group norm
     reshapes its `.contiguous()` statistics so). The storage of a graph input or of a view holds more than the
     tensor, which only ATen knows at run time: those stay externs."""
-    source = ctx._current.args[0] if ctx._current is not None else None
-    eager = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    source = ctx.current_argument(0)
+    eager = source.meta.get("val") if source is not None else None
     if source is None or source.op == "placeholder" or not isinstance(eager, torch.Tensor) or eager._base is not None \
             or not eager.is_contiguous() or eager.storage_offset() != 0 \
             or eager.untyped_storage().nbytes() != eager.numel() * eager.element_size():

@@ -54,6 +54,7 @@ from kiln.lower import ir, lower_graph
 from kiln.lower.collectives import place_collectives
 from kiln.lower.constant_masks import drop_masks_that_mask_nothing
 from kiln.lower.conv_layout import prefers_channels_last
+from kiln.lower.decompose_nodes import decompose_nodes
 from kiln.lower.decompositions import decomposes, decomposition_table
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.verify import verify
@@ -270,14 +271,17 @@ class Stages:
 
 
 def decompose(gm: torch.fx.GraphModule, example_inputs: list, fallback_random: bool = False) -> torch.fx.GraphModule:
-    """Refuse a graph no target can compile, then re-trace it through kiln's decompositions if it holds ops
-    kiln decomposes (or nodes without `meta['val']`); random ops stay whole under `fallback_random`."""
+    """Refuse a graph no target can compile, then decompose the ops kiln decomposes (random ops stay whole under
+    `fallback_random`): each traced alone and spliced in (lower/decompose_nodes.py), or, where one cannot be (a
+    node without `meta['val']`, symbolic sizes), the whole graph re-traced through kiln's decompositions."""
     devices = _tensor_devices(gm, example_inputs)
     if devices - {"cpu", "cuda"}:  # C++ kernels read host memory, Triton kernels CUDA memory
         raise NotImplementedError(f"tensors on {', '.join(sorted(devices))}: no code generator for these devices")
     if _has_mutation(gm):
         raise NotImplementedError("in-place ops in the ATen graph (expected a functional graph)")
-    return _retrace(gm, example_inputs, fallback_random) if _needs_retrace(gm, fallback_random) else gm
+    table = decomposition_table(fallback_random)
+    decomposed = decompose_nodes(gm, lambda n: _needs_decomposing(n, fallback_random), table)
+    return decomposed if decomposed is not None else _retrace(gm, example_inputs, fallback_random)
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: Target, shape_padding: bool,
@@ -619,13 +623,11 @@ def _is_inference(gm: torch.fx.GraphModule) -> bool:
     return gm.meta.get("kiln.aot", {}).get("kind") == "inference"
 
 
-def _needs_retrace(gm: torch.fx.GraphModule, fallback_random: bool) -> bool:
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
-            continue
-        if ("val" not in n.meta and not _item_of_traced(n)) or decomposes(n, fallback_random):
-            return True
-    return False
+def _needs_decomposing(n: torch.fx.Node, fallback_random: bool) -> bool:
+    """Does `n` decompose, or lack the traced value the code generator reads?"""
+    if n.op != "call_function" or isinstance(n.meta.get("val"), (int, torch.SymInt)):
+        return False
+    return ("val" not in n.meta and not _item_of_traced(n)) or decomposes(n, fallback_random)
 
 
 def _item_of_traced(node: torch.fx.Node) -> bool:

@@ -55,3 +55,20 @@ def source(gm: fx.GraphModule) -> str:
         printed = gm.__dict__.get("_printed_code")
         return printed if printed is not None else gm.graph.python_code(root_module="self").src
     return gm.code
+
+
+def module_with_constants(owner: fx.GraphModule, graph: fx.Graph, constants: dict) -> fx.GraphModule:
+    """`graph_module` of `graph`, a graph made from `owner`'s nodes and others traced apart: each attribute
+    its nodes read is `constants`'s of that name, else `owner`'s (a qualified name, as FX writes it); the meta
+    is `owner`'s."""
+    def attribute(name: str):
+        value = owner
+        for part in name.split("."):
+            value = getattr(value, part)
+        return value
+
+    owned = {n.target: attribute(n.target) for n in graph.nodes
+             if n.op in ("get_attr", "call_module") and n.target not in constants}
+    gm = graph_module({**owned, **constants}, graph)
+    gm.meta.update(owner.meta)
+    return gm

@@ -50,7 +50,7 @@ def op_table_targets() -> set[str]:
 
 def unreachable() -> set[str]:
     """Ops kiln's decomposition table rewrites: a graph holding one is retraced before lowering
-    (`kiln.codegen._needs_retrace`), so their rules serve no graph of the pipeline."""
+    (`kiln.pipeline.decompose`), so their rules serve no graph of the pipeline."""
     from kiln.lower.decompositions import decomposition_table
 
     table = decomposition_table()

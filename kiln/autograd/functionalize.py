@@ -38,6 +38,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.signature import KilnLimit, NeedsStaticShapes, TensorSpec, symbolic_dispatch
 from kiln.autograd.storages import node_storage
+from kiln.autograd.written_regions import functionalize_written_region
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
 
@@ -66,13 +67,16 @@ def functionalize(gm: torch.fx.GraphModule, input_specs: list[TensorSpec],
                   fresh_outputs: int = 0) -> tuple[torch.fx.GraphModule, list[InputMutation]]:
     """A functional copy of `gm`; input mutations are appended to its outputs.
 
-    Rewritten without tracing where `_rewrite_writes` applies; otherwise re-traced in
+    Rewritten without tracing where `_rewrite_writes` applies; else, where the written storages are
+    the graph's own, with only their nodes re-traced (written_regions.py); otherwise re-traced in
     `mode` (a fresh fake mode by default; a dynamic-shape graph passes the one owning its
     symbols). The first `fresh_outputs` outputs are tensors that eager creates (each on a storage
     of its own): they stay so, though dropping identities may have left them an input or each other
     (`_own_storages`)."""
     gm = _writes_through_overlaps(_views_out_of_place(gm))
     root, graph = gm, _rewrite_writes(gm)
+    if graph is None and (region := functionalize_written_region(gm)) is not None:
+        root, graph = region
     if graph is None:
         mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         fakes = [s.fake(mode) for s in input_specs]

@@ -137,9 +137,11 @@ def test_input_saved_for_backward_then_mutated_raises_in_backward_as_in_eager():
 
 
 def _retraced(gm, input_specs, monkeypatch):
-    """`functionalize` with the rewrite shortcut off: the graph through `torch.func.functionalize`."""
+    """`functionalize` with its shortcuts off (the rewrite, the written region alone): the whole graph through
+    `torch.func.functionalize`."""
     with monkeypatch.context() as m:
         m.setattr(functionalize_module, "_rewrite_writes", lambda gm: None)
+        m.setattr(functionalize_module, "functionalize_written_region", lambda gm: None)
         return functionalize(gm, input_specs)
 
 

@@ -60,7 +60,24 @@ def compile_request(request: dict, modules: dict) -> None:
         modules[request["path"]] = module
     launcher = getattr(module, request["launcher"])
     dtypes = [getattr(torch, d) for d in request["dtypes"]]
-    launcher.fn.warmup(*dtypes, *request["ints"], grid=(1,), **launcher.constexprs, **launcher.options)
+    binary = launcher.fn.warmup(*dtypes, *request["ints"], grid=(1,), **launcher.constexprs, **launcher.options)
+    _build_c_launcher(binary)
+
+
+def _build_c_launcher(binary) -> None:
+    """Build the C launcher of `binary`'s signature into Triton's cache, where the graph's process finds it when it
+    loads the kernel. Triton builds one per signature on a kernel's first load (a C compiler run, about 0.3 s): in
+    the graph's process those builds ran after the workers' compiles, about a second of each training graph's
+    build on a GPU host; here they run beside the other workers' compiles. A launcher that cannot be built here
+    (no CUDA driver library on the machine, another Triton) is built on load, as before."""
+    if binary is None or getattr(binary.metadata.target, "backend", None) != "cuda":
+        return
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(binary.src, binary.metadata)
+    except Exception:  # noqa: BLE001 - a speed-up only: the load builds it
+        pass
 
 
 def _kiln_packages_as_shells() -> None:

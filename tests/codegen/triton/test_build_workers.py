@@ -61,6 +61,8 @@ CHILD = textwrap.dedent('''
         time.sleep(0.05)
     in_workers = workers.build(requests)
     workers.close()
+    from pathlib import Path
+    launchers = sorted({p.parent.name for p in Path(triton.knobs.cache.dir).rglob("__triton_launcher*")})
     front_end_runs = []
     make_ir = triton_compiler.ASTSource.make_ir
     triton_compiler.ASTSource.make_ir = lambda self, *a: front_end_runs.append(self.name) or make_ir(self, *a)
@@ -71,7 +73,7 @@ CHILD = textwrap.dedent('''
         except Exception as e:
             here[k] = type(e).__name__
     print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "front_end_runs": front_end_runs,
-                      "here": here}))
+                      "here": here, "launchers_from_workers": len(launchers)}))
 ''')
 
 
@@ -90,6 +92,9 @@ def test_kernels_built_in_workers_are_not_compiled_again():
     # Triton's front end again, and failed again (it falls back to ATen there)
     assert result["front_end_runs"] == ["triton_broken"], result
     assert result["here"] == {"2": "CompilationError"}, result
+    # with a CUDA driver on the machine the workers also built the C launcher of the kernel's signature (one for
+    # both dtypes: pointers and an int), which the graph's process would otherwise build on its first load
+    assert result["launchers_from_workers"] == (1 if torch.cuda.is_available() else 0), result
 
 
 def test_requests_name_each_launcher_compile_of_generated_kernels(monkeypatch):

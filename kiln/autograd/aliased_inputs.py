@@ -172,7 +172,28 @@ def _may_write_through_overlap(gm: fx.GraphModule) -> bool:
     A cheap look at the calls, so that only such graphs pay for a fake run (`_input_writes`): a warm start pays
     for that run too (nothing of it is cached), so an op that is not in place must not count as one."""
     calls = [n for n in gm.graph.nodes if n.op in ("call_method", "call_function")]
-    return bool({_called_name(n) for n in calls} & _OVERLAPPING_VIEWS) and any(map(in_place_call, calls))
+    return bool({_called_name(n) for n in calls} & _OVERLAPPING_VIEWS) and writes_an_input(gm)
+
+
+def writes_an_input(gm: fx.GraphModule) -> bool:
+    """Could one of `gm`'s in-place calls (`in_place_call`) write the storage of an input? Not where the tensor
+    each writes is one the graph made: its value at capture (`example_value`) on a storage no input's value is on
+    (a decoder input built with `ids.new_zeros(...)` and written by slices; a mask filled in place). A graph of such
+    writes alone pays no fake run to find its input writes (a warm start pays that run too)."""
+    inputs = set()
+    for p in gm.graph.find_nodes(op="placeholder"):
+        value = p.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            inputs.add(StorageWeakRef(value.untyped_storage()))
+        elif "example_value" not in p.meta:
+            return any(in_place_call(n) for n in gm.graph.nodes if n.op in ("call_method", "call_function"))
+    for n in gm.graph.nodes:
+        if n.op in ("call_method", "call_function") and in_place_call(n):
+            written = n.args[0] if n.args else None
+            value = written.meta.get("example_value") if isinstance(written, fx.Node) else None
+            if not isinstance(value, torch.Tensor) or StorageWeakRef(value.untyped_storage()) in inputs:
+                return True
+    return False
 
 
 # Python's operators that write their left operand (`x += y`, `x[i] = y`), as functions and as methods. The

@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kiln.autograd.aliased_inputs import in_place_call
+from kiln.autograd.aliased_inputs import in_place_call, writes_an_input
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 
@@ -113,8 +113,8 @@ def _split(gm, example_inputs: list, where_edges_differ: bool, nodes: list, swit
     differentiable = [r for r, outs in roots.items() if any(_requires_grad(returned[k]) for k in outs)]
     # an input that requires grad written in place gets its new history from the graph's node: one more output
     may_write = any(map(in_place_call, nodes))
-    if not may_write and len(differentiable) < 2:
-        return None  # with writes, the written inputs may be parts of their own even where no output is
+    if len(differentiable) < 2 and not (may_write and writes_an_input(gm)):
+        return None  # with writes of inputs, the written inputs may be parts of their own even where no output is
     if where_edges_differ and not may_write and not _edges_differ(
             {r: _reaching([returned[k] for k in roots[r]], handed) for r in roots}, roots, returned, placeholders,
             example_inputs):

@@ -51,7 +51,24 @@ def add_into_an_expanded_row(x, v):
     return x.sum()
 
 
+def decoder_input_beside_an_expand(x, v):
+    """transformers' `shift_tokens_right` beside an expanded mask: every write is into a tensor the graph made."""
+    shifted = x.new_zeros(2, 4)
+    shifted[:, 1:] = x[:, :-1].expand(2, 3)
+    shifted[:, 0] = 2
+    shifted.masked_fill_(shifted > 0.5, 0.25)
+    return x.expand(2, 4) * shifted + v
+
+
+def mask_filled_in_place(x, v):
+    keep = (x.expand(3, 4) > 0).float()
+    keep.mul_(2)
+    keep += v
+    return keep
+
+
 NOT_IN_PLACE = [mask_and, mask_or_not, is_none_check]
+WRITES_OF_ITS_OWN = [decoder_input_beside_an_expand, mask_filled_in_place]
 IN_PLACE = [copy_into_an_expanded_row, add_assign_into_an_expanded_row, assign_into_an_expanded_row,
             add_into_an_expanded_row]
 
@@ -73,6 +90,19 @@ def fake_runs(monkeypatch):
 def test_operators_that_are_not_in_place_cost_no_fake_run(program, fake_runs):
     check(program, _arguments, "aot_eager", calls=2)
     assert fake_runs == []
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("program", WRITES_OF_ITS_OWN, ids=lambda f: f.__name__)
+def test_writes_into_tensors_the_graph_made_cost_no_fake_run(program, backend, fake_runs, monkeypatch):
+    """In-place ops beside an expand that write only tensors the graph made cannot write an input: no fake run,
+    neither here nor for the graph's independent parts (graph_parts.py)."""
+    from kiln.autograd import graph_parts
+    parts_runs = []
+    original = graph_parts._effects
+    monkeypatch.setattr(graph_parts, "_effects", lambda *args: parts_runs.append(1) or original(*args))
+    check(program, _arguments, backend, calls=2)
+    assert fake_runs == [] and parts_runs == []
 
 
 @pytest.mark.sampled(every=2, classes=("program",))

@@ -54,7 +54,8 @@ FUNCTION_LEVEL = {
        "a build worker runs this file as a script: kiln's packages must be registered as shells (no __init__) "
        "before a kernel module's imports, and torch and Triton are imported once, in the first worker, before it forks"
        for module in ("torch", "triton", "triton.backends.compiler", "triton.compiler.compiler",
-                      "triton.runtime.cache", "kiln.codegen.triton.helpers", "kiln.codegen.triton.launch")},
+                      "triton.runtime.cache", "triton.backends.nvidia.driver", "kiln.codegen.triton.helpers",
+                      "kiln.codegen.triton.launch")},
     ("kiln.runtime.autotune", "triton.testing"): "optional dependency: only GPU autotuning benchmarks with Triton",
     ("kiln.runtime.triton_cache", "triton"):
         "optional dependency: only a process that loaded Triton binaries, or a blob carrying some, needs Triton",

@@ -57,8 +57,8 @@ def _region(nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
     re-traced alone (see the module docstring)."""
     written = set()
     for node in nodes:
-        if _is_write(node):
-            value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        for argument in _written_arguments(node):
+            value = argument.meta.get("val") if isinstance(argument, torch.fx.Node) else None
             if not isinstance(value, FakeTensor):
                 return None
             written.add(storage_of(value))
@@ -86,9 +86,17 @@ def _static(t: torch.Tensor) -> bool:
     return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
-def _is_write(node: torch.fx.Node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and node.target._schema.is_mutable)
+def _written_arguments(node: torch.fx.Node) -> list:
+    """The arguments an op of `node` writes, by its schema (`self` of `add_`, `out` of `add.out`)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+            or not node.target._schema.is_mutable:
+        return []
+    found = []
+    for k, argument in enumerate(node.target._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = node.kwargs.get(argument.name) if argument.kwarg_only or k >= len(node.args) else node.args[k]
+            found += pytree.tree_leaves(value) if value is not None else [value]
+    return found
 
 
 def _region_graph(nodes: list[torch.fx.Node], region: set) -> tuple[torch.fx.Graph, list, dict]:

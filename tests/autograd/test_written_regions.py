@@ -117,3 +117,18 @@ def test_a_written_input_is_left_to_the_whole_retrace():
     got = graph(x.clone())
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[mutations[0].output_index], eager)
+
+
+def test_an_out_argument_is_the_written_tensor():
+    """`torch.mul(u, 2, out=t[:, :3])` writes `t`, not `u` (its first argument): the region is `t`'s."""
+    def written_through_out(x):
+        u = x * 1
+        t = torch.zeros(4, 6)
+        torch.mul(u[:, :3], 2, out=t[:, :3])
+        return [t * 2, u + 1]
+
+    x = torch.randn(4, 6)
+    traced = make_fx(written_through_out, tracing_mode="fake")(x)
+    assert functionalize_written_region(traced) is not None
+    graph, _ = functionalize(traced, [TensorSpec.of(x)])
+    torch.testing.assert_close(graph(x), written_through_out(x))

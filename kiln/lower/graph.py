@@ -97,6 +97,7 @@ class GraphLowering:
         self.zero_padded: dict[str, int] = {}  # buffer -> its logical last size (the rest of each row is 0)
         self.nodes: list[ir.Node] = []
         self.layouts: dict[str, ir.Layout] = {}
+        self.empty: set[str] = set()  # the buffers of `layouts` with no element (a size 0), kept with it
         self.inputs: list = []
         self.size_vars: dict = {}
         self.precomputed = PrecomputedSizes()  # sizes the wrapper computes through floats
@@ -129,13 +130,23 @@ class GraphLowering:
         if self._current is not None:
             self.origins[node.name] = self._origins(node)
         if isinstance(node, (ir.ComputedBuffer, ir.MultiOutput)):
-            self.layouts[node.name] = node.layout
+            self._set_layout(node.name, node.layout)
         elif isinstance(node, ir.Extern) and isinstance(node.layout, ir.Layout):
-            self.layouts[node.name] = node.layout
+            self._set_layout(node.name, node.layout)
+
+    def _set_layout(self, name: str, layout: ir.Layout) -> None:
+        """Record buffer `name`'s layout, and whether it holds no element: each new buffer reads the set of those
+        (`_without_empty_reads`), which a scan of every layout so far made quadratic in the graph's size (a
+        second of BART's lowering)."""
+        self.layouts[name] = layout
+        if any(s == 0 for s in layout.size):
+            self.empty.add(name)
+        else:
+            self.empty.discard(name)
 
     def _without_empty_reads(self, node: ir.ComputedBuffer) -> ir.ComputedBuffer:
         """`node` reading 0 where it would load from a buffer of no element (ir.without_empty_reads)."""
-        empty = frozenset(name for name, lay in self.layouts.items() if any(s == 0 for s in lay.size))
+        empty = frozenset(self.empty)
         body = ir.without_empty_reads(node.data.body, empty) if empty else node.data.body
         if body is node.data.body:
             return node
@@ -284,7 +295,7 @@ class GraphLowering:
         layout = ir.Layout(tuple(sympify(s) for s in value.shape), tuple(sympify(s) for s in value.stride()),
                            value.dtype)
         self.constants[name] = value
-        self.layouts[name] = layout
+        self._set_layout(name, layout)
         return from_buffer(name, layout)
 
     def known(self, relation) -> bool | None:
@@ -325,7 +336,7 @@ class GraphLowering:
             layout = ir.Layout(size, stride, example.dtype)
             name = f"arg{len(self.inputs)}"
             self.inputs.append(ir.InputBuffer(name, layout))
-            self.layouts[name] = layout
+            self._set_layout(name, layout)
             for d, s in enumerate(size):
                 if isinstance(s, sympy.Symbol):
                     self.size_vars.setdefault(s, f"{name}.size({d})")

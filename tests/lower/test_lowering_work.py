@@ -79,3 +79,46 @@ def test_a_buffer_realized_for_an_output_holds_that_output_only():
     graph = lower_graph(gm, [x])
     per_buffer = [graph.origins[name] for name in graph.origins]
     assert per_buffer and all(len(nodes) == 2 for nodes in per_buffer), per_buffer  # its mul and its sin
+
+
+class _ScansCounted(dict):
+    """A layouts table that counts the passes over all of it."""
+
+    scans = 0
+
+    def items(self):
+        _ScansCounted.scans += 1
+        return super().items()
+
+    def values(self):
+        _ScansCounted.scans += 1
+        return super().values()
+
+    def __iter__(self):
+        _ScansCounted.scans += 1
+        return super().__iter__()
+
+
+def _layout_scans(fn, n: int, monkeypatch) -> int:
+    from kiln.lower import graph as lowering
+
+    x = torch.randn(4, 3)
+    gm = trace(lambda t: fn(t, n), x)
+    original = lowering.GraphLowering.__init__
+
+    def counted_layouts(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.layouts = _ScansCounted(self.layouts)
+
+    _ScansCounted.scans = 0
+    with monkeypatch.context() as m:
+        m.setattr(lowering.GraphLowering, "__init__", counted_layouts)
+        lower_graph(gm, [x])
+    return _ScansCounted.scans
+
+
+@pytest.mark.parametrize("fn", [many_outputs, shared_inline_values])
+def test_no_buffer_scans_every_layout(fn, monkeypatch):
+    """Each new buffer asked which buffers so far hold no element by scanning every layout (a second of BART's
+    lowering); the passes over the whole table must not grow with the graph."""
+    assert _layout_scans(fn, 64, monkeypatch) <= _layout_scans(fn, 16, monkeypatch) + 2

@@ -67,12 +67,11 @@ def _region(nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
     region = set()
     for node in nodes:
         leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-        on_written = [v for v in leaves if storage_of(v) in written]
-        if not on_written:
+        if not any(storage_of(v) in written for v in leaves) and not _written_arguments(node):
             continue
         if node.op != "call_function" or len(leaves) != 1 or not isinstance(node.meta["val"], FakeTensor) \
                 or not _static(node.meta["val"]):
-            return None  # a written input or constant, an op of several results, symbolic sizes
+            return None  # a written input or constant, an op of several results (or none), symbolic sizes
         region.add(node)
     for node in region:
         for argument in node.all_input_nodes:

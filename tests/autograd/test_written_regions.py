@@ -132,3 +132,18 @@ def test_an_out_argument_is_the_written_tensor():
     assert functionalize_written_region(traced) is not None
     graph, _ = functionalize(traced, [TensorSpec.of(x)])
     torch.testing.assert_close(graph(x), written_through_out(x))
+
+
+def test_a_write_returning_nothing_is_left_to_the_whole_retrace():
+    """`torch._foreach_add_` writes its tensors and returns nothing: no value to place it by."""
+    def foreach_into_own_tensors(x):
+        a, b = torch.zeros(3, 4), torch.ones(3, 4)
+        a[:, 0] = x[:, 0]
+        torch._foreach_add_([a[:, 1:], b], 2.0)
+        return [a * b, b + x]
+
+    x = torch.randn(3, 4)
+    traced = make_fx(foreach_into_own_tensors, tracing_mode="fake")(x)
+    assert functionalize_written_region(traced) is None
+    graph, _ = functionalize(traced, [TensorSpec.of(x)])
+    torch.testing.assert_close(graph(x), foreach_into_own_tensors(x))

@@ -41,6 +41,7 @@ from kiln.autograd.storages import node_storage
 from kiln.autograd.written_regions import functionalize_written_region
 from kiln.effects import eliminate_dead_code
 from kiln.runtime.lazy_graphs import graph_module
+from kiln.runtime.symbolic_sizes import has_static_geometry
 
 aten = torch.ops.aten
 
@@ -195,13 +196,9 @@ def _through_overlap(node: torch.fx.Node) -> bool:
     overlapping = [TensorSpec.of(v).overlapping for v in values]
     if not (owner and not overlapping[0] and not overlapping[-1] and any(overlapping[1:-1])):
         return False
-    if not _static(values[-1]):  # the direct view's geometry is numbers: compiled per shape, it has them
+    if not has_static_geometry(values[-1]):  # the direct view's geometry is numbers: compiled per shape, it has them
         raise NeedsStaticShapes("a write through a view whose elements share memory, with symbolic sizes")
     return True
-
-
-def _static(t: torch.Tensor) -> bool:
-    return not any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _rewrite_writes(gm: torch.fx.GraphModule) -> torch.fx.Graph | None:

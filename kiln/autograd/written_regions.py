@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from kiln.autograd.storages import storage_of
 from kiln.runtime.lazy_graphs import module_with_constants
+from kiln.runtime.symbolic_sizes import has_static_geometry
 
 aten = torch.ops.aten
 
@@ -70,19 +71,16 @@ def _region(nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
         if not any(storage_of(v) in written for v in leaves) and not _written_arguments(node):
             continue
         if node.op != "call_function" or len(leaves) != 1 or not isinstance(node.meta["val"], FakeTensor) \
-                or not _static(node.meta["val"]):
+                or not has_static_geometry(node.meta["val"]):
             return None  # a written input or constant, an op of several results (or none), symbolic sizes
         region.add(node)
     for node in region:
         for argument in node.all_input_nodes:
             value = argument.meta.get("val")
-            if not isinstance(value, FakeTensor) or not _static(value):
+            if not isinstance(value, FakeTensor) or not has_static_geometry(value):
                 return None
     return region
 
-
-def _static(t: torch.Tensor) -> bool:
-    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _written_arguments(node: torch.fx.Node) -> list:

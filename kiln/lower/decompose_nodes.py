@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.runtime.lazy_graphs import module_with_constants
+from kiln.runtime.symbolic_sizes import has_static_geometry
 
 # meta of a graph's nodes that describes the traced value, which each spliced node has of its own
 _VALUE_META = ("val", "tensor_meta")
@@ -53,21 +54,18 @@ def decompose_nodes(gm: torch.fx.GraphModule, decomposes: Callable[[torch.fx.Nod
 def _traceable_alone(node: torch.fx.Node) -> bool:
     value = node.meta.get("val")
     values = value if isinstance(value, (tuple, list)) else [value]
-    if not all(v is None or (isinstance(v, torch.Tensor) and _static(v)) for v in values) or value is None:
+    if not all(v is None or (isinstance(v, torch.Tensor) and has_static_geometry(v)) for v in values) or value is None:
         return False
     if isinstance(value, (tuple, list)) and not all(
             u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
             for u in node.users):
         return False
     arguments = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
-    if not arguments or not all(isinstance(a.meta.get("val"), FakeTensor) and _static(a.meta["val"])
+    if not arguments or not all(isinstance(a.meta.get("val"), FakeTensor) and has_static_geometry(a.meta["val"])
                                 for a in arguments):
         return False
     return len({a.meta["val"].fake_mode for a in arguments}) == 1
 
-
-def _static(t: torch.Tensor) -> bool:
-    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _splice(graph: torch.fx.Graph, node: torch.fx.Node, env: dict, table: dict, constants: dict):

@@ -89,6 +89,11 @@ def is_symbolic(value) -> bool:
     return isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool)
 
 
+def has_static_geometry(t: torch.Tensor) -> bool:
+    """No size, stride or storage offset of `t` is a symbol."""
+    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
 def encode_int(value) -> object:
     """An int, or {"symint": tree} for a SymInt; Uncacheable for a symbolic float or bool."""
     if isinstance(value, torch.SymInt):
@@ -176,5 +181,6 @@ def no_new_guards(shape_env):
     return shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()
 
 
-__all__ = ["encode_expr", "decode_expr", "encode_int", "decode_int", "is_symbolic", "shape_env_of", "symbols_of",
+__all__ = ["encode_expr", "decode_expr", "encode_int", "decode_int", "is_symbolic",
+           "has_static_geometry", "shape_env_of", "symbols_of",
            "describe_env", "env_digest", "guards_since", "replay_guards", "no_new_guards", "GuardsDoNotHold"]

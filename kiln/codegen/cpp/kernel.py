@@ -144,6 +144,10 @@ LANE_INIT = {"sum": "0", "prod": "1", "max": "kiln::lowest<{T}>()", "min": "kiln
 # Reductions a row's loop may run in lane tiles (`_lane_tiles`): max and min, and beside them those whose order does
 # not matter beyond rounding (not a half type's product, which eager rounds factor by factor, in order).
 LANE_TILED = frozenset(("max", "min", "sum", "prod", "any"))
+# The updates of an accumulator in vector lanes (lane and column tiles) where they differ from REDUCTIONS': the
+# branch-free forms of the NaN-keeping max and min, which vectorize (prelude.h).
+LANE_UPDATES = {"max": "{a} = kiln::maximum_in_lanes<{T}>({a}, {v});",
+                "min": "{a} = kiln::minimum_in_lanes<{T}>({a}, {v});"}
 
 # Index expressions repeat across kernels (equal shapes, equal views): print each once.
 cexpr = functools.lru_cache(maxsize=65536)(_cexpr)
@@ -391,7 +395,7 @@ class CppKernel(KernelPrinter):
         """The loop of `y` from `start` to `end` in tiles of COLUMN_LANES elements, element l of a tile into lane l's
         accumulators (`lanes`: accumulator -> its array) so that the tile's loop vectorizes; the elements past the
         last whole tile go into the first lanes."""
-        in_lanes = {acc: f"{array}[l]" for acc, array in lanes.items()}
+        lane_names = {acc: f"{array}[l]" for acc, array in lanes.items()}
         self.line("{  // a scope of its own: another segment of the kernel may tile the same loop")
         self.indent += 1
         self.line(f"const int64_t {y}_tiled = {start} + ({end} - {start}) / {COLUMN_LANES} * {COLUMN_LANES};")
@@ -401,12 +405,12 @@ class CppKernel(KernelPrinter):
         self.line(f"for (int64_t l = 0; l < {COLUMN_LANES}; l++) {{")
         self.indent += 1
         self.line(f"const int64_t {y} = {y}_tile + l;")
-        self._segment_body(seg, accs, scope, acc_names=in_lanes)
+        self._segment_body(seg, accs, scope, acc_names=lane_names, in_lanes=True)
         self._close(2)
         self.line(f"for (int64_t {y} = {y}_tiled; {y} < {end}; {y}++) {{")
         self.indent += 1
         self.line(f"const int64_t l = {y} - {y}_tiled;")
-        self._segment_body(seg, accs, scope, acc_names=in_lanes)
+        self._segment_body(seg, accs, scope, acc_names=lane_names)
         self._close(2)
 
     def _merge_lanes(self, accs, decls, lanes: dict, into: dict) -> None:
@@ -490,7 +494,7 @@ class CppKernel(KernelPrinter):
             self.line(f"for (int64_t l = 0; l < lanes; l++) {acc}[l] = {LANE_INIT[rtype].format(T=t)};")
         rows = self._open_loops(g.inner, g.inner_vars())
         self._lane_loop(x, "#pragma omp simd")
-        self._segment_body(seg, accs, Scope(), acc_names=lane)
+        self._segment_body(seg, accs, Scope(), acc_names=lane, in_lanes=True)
         self._close(rows + 1)
         self._lane_loop(x, None)
         self._finish_reductions(seg, {key: (lane[acc], rtype, t) for key, (acc, rtype, t) in accs.items()})
@@ -522,7 +526,9 @@ class CppKernel(KernelPrinter):
             acc, _, t = accs[k]
             self.line(f"const {t} {acc}_mean = {acc}_sum / static_cast<{t}>({n});")
 
-    def _segment_body(self, seg, accs, outer_scope, acc_names=None) -> None:
+    def _segment_body(self, seg, accs, outer_scope, acc_names=None, in_lanes: bool = False) -> None:
+        """The segment's nodes inside its loops; reductions update `acc_names[acc]` (default: `acc`), with the
+        vector-lane updates (LANE_UPDATES) where `in_lanes`."""
         g = self.group
         scope = Scope(outer_scope)
         ridx = cexpr(linear_index(g.inner_vars(), contiguous_strides(g.inner)))
@@ -536,7 +542,7 @@ class CppKernel(KernelPrinter):
                 acc, mode, t = accs[(family, body)]
                 acc = (acc_names or {}).get(acc, acc)
                 if acc not in updated:  # welford mean and m2 share one accumulator
-                    update = REDUCTIONS[mode][1]  # welford's mean and m2 update alike
+                    update = (LANE_UPDATES.get(mode) if in_lanes else None) or REDUCTIONS[mode][1]
                     self.line(update.format(a=acc, v=var, r=ridx, T=t))
                     updated.add(acc)
             else:

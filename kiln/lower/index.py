@@ -103,7 +103,8 @@ def sympify(x) -> sympy.Expr:
         return x
     node = getattr(x, "node", None)
     if node is not None and hasattr(node, "expr"):
-        expr = integer_rounding(pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None)))
+        expr = integer_rounding(pinned(sympy.sympify(node.expr), getattr(node, "shape_env", None),
+                                       getattr(node, "hint", None)))
         sizes = _PRECOMPUTED.get()
         return expr if sizes is None else sizes.lifted(expr)
     return sympy.Integer(int(x))
@@ -227,15 +228,24 @@ def precomputing(sizes: PrecomputedSizes):
         _PRECOMPUTED.reset(token)
 
 
-def pinned(expr: sympy.Expr, shape_env) -> sympy.Expr:
+def pinned(expr: sympy.Expr, shape_env, hint=None) -> sympy.Expr:
     """`expr`, or the constant the shape environment's ranges pin it to. The capture guards those ranges,
     so the constant holds on every call: `a[::3]` of `a` with 2 <= s0 <= 3 rows has ((s0 + 2)//3) rows,
-    which is 1, and broadcasting it (`a[::3] / a`) must read its one row, not row i."""
+    which is 1, and broadcasting it (`a[::3] / a`) must read its one row, not row i. A size that is 0 or 1 at
+    the sizes traced (`hint`) is pinned too where the guards prove it: broadcasting `a[:round(s0 / 2)]` against
+    `a` guarded `round(s0 / 2) == 1`, and read as a symbol the broadcast read row i of it (fuzz seed 840789)."""
     if shape_env is None or expr.is_number:
         return expr
     bounds = shape_env.bound_sympy(expr)
     if bounds.lower == bounds.upper and bounds.is_int and bounds.lower.is_finite:
         return sympy.Integer(int(bounds.lower))
+    if hint in (0, 1):
+        try:
+            proven = shape_env._maybe_evaluate_static(sympy.Eq(expr, hint))
+        except KeyError:  # a sympy function the shape environment's evaluator has no rule for
+            proven = None
+        if proven is not None and bool(proven):
+            return sympy.Integer(hint)
     return expr
 
 

@@ -193,6 +193,9 @@ ONCE_FAILING = {
         # a max's operand recomputed in the backward by a scalar loop, an ulp off the forward's: no element equalled
         # the saved max, the gradient divided by 0 (autograd/test_partition.py)
         96677,
+        # `a[:round(s0 / 2)] == a`: a derived size the broadcast's guard proved 1, read as a symbol, so the broadcast
+        # read row i of it (lower/test_pinned_sizes.py)
+        840789,
     ],
 }
 

@@ -50,3 +50,25 @@ def test_a_size_pinned_to_one_broadcasts(fn):
 
 def test_a_size_pinned_to_one_broadcasts_when_dynamic_from_the_start():
     compare_over_sizes(every_third_row_over_all, True)
+
+
+def half_the_rows_against_all(a):
+    """`round(s0 / 2)` rows: 1 for two rows, a size its ranges leave open but the broadcast's guard proves."""
+    half = a[:round(a.shape[0] / 2)]
+    return half == a, half * a
+
+
+def all_but_the_last_row_against_all(a):
+    return a[:a.shape[0] - 1] - a, (a[a.shape[0] // 2:] + a).sum(0)
+
+
+@pytest.mark.parametrize("fn", [half_the_rows_against_all, all_but_the_last_row_against_all],
+                         ids=lambda f: f.__name__)
+def test_a_size_the_guards_prove_one_broadcasts(fn):
+    """(fuzz seed 840789) A derived size that is 1 at the traced sizes, where the broadcast guarded it is 1: read
+    as a symbol, the broadcast read row i of it, and `half == a` compared `a` with itself."""
+    compiled = kiln.compile(fn, dynamic=True)
+    a = torch.tensor([[0, 1, 0], [0, 1, 1]])
+    expected, got = fn(a), compiled(a)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)

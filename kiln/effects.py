@@ -24,6 +24,13 @@ def has_effect(node: torch.fx.Node) -> bool:
     return not schema.returns or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def written_arguments(schema: torch.FunctionSchema, args, kwargs: dict) -> list:
+    """The arguments a call of an op of `schema` writes, as passed to it (`self` of `add_`, `out` of `add.out`, a
+    list for an op writing several tensors; None for an optional one left out)."""
+    return [kwargs.get(a.name) if a.kwarg_only or k >= len(args) else args[k]
+            for k, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
 def eliminate_dead_code(graph: torch.fx.Graph) -> bool:
     """`graph.eliminate_dead_code()`, keeping every node `has_effect` keeps; whether anything was removed."""
     return graph.eliminate_dead_code(has_effect)

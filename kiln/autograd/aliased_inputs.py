@@ -38,6 +38,7 @@ from kiln.autograd.functionalize import IN_PLACE_VIEWS
 from kiln.autograd.history import reachable_nodes
 from kiln.autograd.signature import TensorSpec
 from kiln.autograd.view_replay import ViewRecorder
+from kiln.effects import written_arguments
 
 
 @dataclass(frozen=True)
@@ -235,9 +236,8 @@ class _DataWrites(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket not in GEOMETRY_ONLY:
-            for k, arg in enumerate(func._schema.arguments):
-                value = args[k] if k < len(args) else kwargs.get(arg.name)
-                if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+            for value in written_arguments(func._schema, args, kwargs):
+                if isinstance(value, torch.Tensor):
                     self._written(value, func in FILLS)
         return func(*args, **kwargs)
 

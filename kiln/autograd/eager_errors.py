@@ -29,6 +29,7 @@ from kiln.autograd.decompositions import FILLS
 from kiln.autograd.functionalize import fake_run, out_of_place
 from kiln.autograd.partition import ancestors
 from kiln.autograd.signature import TensorSpec
+from kiln.effects import written_arguments
 
 aten = torch.ops.aten
 
@@ -195,15 +196,9 @@ def _written_values(node: torch.fx.Node) -> list[torch.Tensor]:
     """The fake values of the arguments `node`'s op writes (`self` of an in-place op, `out`)."""
     if not _writes(node):
         return []
-    values = []
-    for k, arg in enumerate(node.target._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = node.args[k] if k < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name)
-        value = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if isinstance(value, torch.Tensor):
-            values.append(value)
-    return values
+    values = [a.meta.get("val") for a in written_arguments(node.target._schema, node.args, node.kwargs)
+              if isinstance(a, torch.fx.Node)]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _overlaps_partially(a: torch.Tensor, b: torch.Tensor) -> bool:

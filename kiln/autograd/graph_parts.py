@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from kiln.autograd.aliased_inputs import in_place_call, writes_an_input
+from kiln.effects import written_arguments
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 
@@ -368,16 +369,12 @@ class _Effects(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        schema = func._schema
         written, rewritten = set(), set()
-        for k, arg in enumerate(schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = kwargs.get(arg.name) if arg.kwarg_only or k >= len(args) else args[k]
-                for t in tree_leaves(value):
-                    if isinstance(t, torch.Tensor):
-                        written.add(t.untyped_storage()._cdata)
-                        if t.requires_grad and torch.is_grad_enabled():
-                            rewritten.add(t.untyped_storage()._cdata)
+        for t in tree_leaves(written_arguments(func._schema, args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                written.add(t.untyped_storage()._cdata)
+                if t.requires_grad and torch.is_grad_enabled():
+                    rewritten.add(t.untyped_storage()._cdata)
         draws = _SEEDED in func.tags
         if written or draws:
             storages, histories, drew = self.found.get(self.node, (set(), set(), False))

@@ -25,7 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from kiln.autograd.storages import storage_of
-from kiln.runtime.lazy_graphs import module_with_constants
+from kiln.effects import written_arguments
+from kiln.runtime.lazy_graphs import copied_constant, module_with_constants
 from kiln.runtime.symbolic_sizes import has_static_geometry
 
 aten = torch.ops.aten
@@ -56,9 +57,10 @@ def functionalize_written_region(gm: torch.fx.GraphModule) -> tuple[torch.fx.Gra
 def _region(nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
     """The nodes whose values live on a storage some op of the graph writes, or None where the region cannot be
     re-traced alone (see the module docstring)."""
+    writes = {node: arguments for node in nodes if (arguments := _written_arguments(node))}
     written = set()
-    for node in nodes:
-        for argument in _written_arguments(node):
+    for arguments in writes.values():
+        for argument in arguments:
             value = argument.meta.get("val") if isinstance(argument, torch.fx.Node) else None
             if not isinstance(value, FakeTensor):
                 return None
@@ -68,7 +70,7 @@ def _region(nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
     region = set()
     for node in nodes:
         leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-        if not any(storage_of(v) in written for v in leaves) and not _written_arguments(node):
+        if not any(storage_of(v) in written for v in leaves) and node not in writes:
             continue
         if node.op != "call_function" or len(leaves) != 1 or not isinstance(node.meta["val"], FakeTensor) \
                 or not has_static_geometry(node.meta["val"]):
@@ -89,10 +91,8 @@ def _written_arguments(node: torch.fx.Node) -> list:
             or not node.target._schema.is_mutable:
         return []
     found = []
-    for k, argument in enumerate(node.target._schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            value = node.kwargs.get(argument.name) if argument.kwarg_only or k >= len(node.args) else node.args[k]
-            found += pytree.tree_leaves(value) if value is not None else [value]
+    for value in written_arguments(node.target._schema, node.args, node.kwargs):
+        found += pytree.tree_leaves(value) if value is not None else [value]
     return found
 
 
@@ -170,9 +170,7 @@ def _spliced(gm, nodes, region, inputs, traced, placed) -> tuple[torch.fx.GraphM
         for recorded in by_position.get(position, ()):
             if recorded.op == "get_attr":
                 name = f"_functionalized_{len(constants)}"
-                constants[name] = getattr(traced, recorded.target)
-                local[recorded] = graph.get_attr(name)
-                local[recorded].meta.update(recorded.meta)
+                local[recorded] = copied_constant(graph, traced, recorded, constants, name)
             else:
                 local[recorded] = graph.node_copy(recorded, new)
 

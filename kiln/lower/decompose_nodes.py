@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.runtime.lazy_graphs import module_with_constants
+from kiln.runtime.lazy_graphs import copied_constant, module_with_constants
 from kiln.runtime.symbolic_sizes import has_static_geometry
 
 # meta of a graph's nodes that describes the traced value, which each spliced node has of its own
@@ -91,10 +91,7 @@ def _splice(graph: torch.fx.Graph, node: torch.fx.Node, env: dict, table: dict, 
         if sub.op == "placeholder":
             local[sub] = next(placeholders)
         elif sub.op == "get_attr":
-            name = f"_decomposed_{len(constants)}_{sub.target}"
-            constants[name] = getattr(traced, sub.target)
-            local[sub] = graph.get_attr(name)
-            local[sub].meta.update(sub.meta)
+            local[sub] = copied_constant(graph, traced, sub, constants, f"_decomposed_{len(constants)}_{sub.target}")
         elif sub.op == "output":
             result = torch.fx.map_arg(sub.args[0], local.__getitem__)
         else:

@@ -22,7 +22,15 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from kiln.lower import ir
 from kiln.lower.conv_layout import channels_last_values
 from kiln.lower.host_work import crosses_to, host_work
-from kiln.lower.index import PrecomputedSizes, affine_strides, contiguous_strides, index_vars, precomputing, sympify
+from kiln.lower.index import (
+    PrecomputedSizes,
+    affine_strides,
+    contiguous_strides,
+    index_vars,
+    precomputing,
+    proven,
+    sympify,
+)
 from kiln.lower.layout import dense_strides, matmul_operand_strides, padded
 from kiln.lower.ops import LOWERINGS
 from kiln.lower.scalar_operands import eager_reads, host_scalar_operands
@@ -307,11 +315,7 @@ class GraphLowering:
             return bool(relation)
         if self.shape_env is None:
             return None
-        try:
-            result = self.shape_env._maybe_evaluate_static(self.precomputed.defined(relation))
-        except KeyError:  # a sympy function the shape environment's evaluator has no rule for (`Mod` of a `round`)
-            return None  # open, as the guards would leave it: the caller's code then serves every case
-        return None if result is None else bool(result)
+        return proven(self.shape_env, self.precomputed.defined(relation))  # None: the caller's code serves every case
 
     def decide(self, relation) -> bool | None:
         """`relation` where the guards fix it; where they leave it open, its value at the sizes being compiled,

@@ -239,14 +239,19 @@ def pinned(expr: sympy.Expr, shape_env, hint=None) -> sympy.Expr:
     bounds = shape_env.bound_sympy(expr)
     if bounds.lower == bounds.upper and bounds.is_int and bounds.lower.is_finite:
         return sympy.Integer(int(bounds.lower))
-    if hint in (0, 1):
-        try:
-            proven = shape_env._maybe_evaluate_static(sympy.Eq(expr, hint))
-        except KeyError:  # a sympy function the shape environment's evaluator has no rule for
-            proven = None
-        if proven is not None and bool(proven):
-            return sympy.Integer(hint)
+    if hint in (0, 1) and proven(shape_env, sympy.Eq(expr, hint)):
+        return sympy.Integer(hint)
     return expr
+
+
+def proven(shape_env, relation) -> bool | None:
+    """Whether the shape environment's guards and ranges decide `relation`: True, False, or None where they leave it
+    open (or it holds a sympy function the environment's evaluator has no rule for: `Mod` of a `round`)."""
+    try:
+        result = shape_env._maybe_evaluate_static(relation)
+    except KeyError:
+        return None
+    return None if result is None else bool(result)
 
 
 def product(xs: Iterable) -> sympy.Expr:

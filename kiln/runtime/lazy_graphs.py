@@ -14,6 +14,7 @@ recompiled, as `gm.code` of an eager graph module is the code of its last recomp
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 
 import torch.fx as fx
@@ -57,17 +58,20 @@ def source(gm: fx.GraphModule) -> str:
     return gm.code
 
 
+def copied_constant(graph: fx.Graph, traced: fx.GraphModule, node: fx.Node, constants: dict, name: str) -> fx.Node:
+    """A `get_attr` in `graph` of the constant `node` (a `get_attr` of `traced`, a graph traced apart) reads, kept in
+    `constants` as `name` for `module_with_constants`."""
+    constants[name] = operator.attrgetter(node.target)(traced)
+    copied = graph.get_attr(name)
+    copied.meta.update(node.meta)
+    return copied
+
+
 def module_with_constants(owner: fx.GraphModule, graph: fx.Graph, constants: dict) -> fx.GraphModule:
     """`graph_module` of `graph`, a graph made from `owner`'s nodes and others traced apart: each attribute
     its nodes read is `constants`'s of that name, else `owner`'s (a qualified name, as FX writes it); the meta
     is `owner`'s."""
-    def attribute(name: str):
-        value = owner
-        for part in name.split("."):
-            value = getattr(value, part)
-        return value
-
-    owned = {n.target: attribute(n.target) for n in graph.nodes
+    owned = {n.target: operator.attrgetter(n.target)(owner) for n in graph.nodes
              if n.op in ("get_attr", "call_module") and n.target not in constants}
     gm = graph_module({**owned, **constants}, graph)
     gm.meta.update(owner.meta)

@@ -17,6 +17,13 @@ from kiln.lower import ir
 from kiln.lower.index import affine_strides, index_vars, linear_index, simplify
 
 
+# A gather (a load at a computed index) whose body is bigger than this is not trivial: each user that
+# recomputes it computes its index again. An embedding's row lookup is about 10; T5's position bias, a
+# logarithm of the query-key distance picking the table's bucket, about 80, recomputed in every layer's
+# softmax at every batch's element it was four times as slow as reading the bias from memory.
+GATHER_INDEX_SIZE = 32
+
+
 class Unsupported(Exception):
     """Raised by a lowering that cannot handle its arguments: the op runs as an extern instead."""
 
@@ -57,7 +64,10 @@ class IndexFunction:
         return b.buf, offset, strides
 
     def is_trivial(self) -> bool:
-        """True for loads, constants and index values: cheap to recompute at every use."""
+        """True for loads, constants and index values: cheap to recompute at every use. Not a gather whose
+        index takes more than a few ops to compute (see GATHER_INDEX_SIZE)."""
+        if isinstance(self.body, ir.Load):
+            return ir.expr_size(self.body) <= GATHER_INDEX_SIZE
         return not isinstance(self.body, ir.Op) or (self.body.name == "cast"
                                                     and not isinstance(self.body.args[0], ir.Op))
 

@@ -59,7 +59,8 @@ CHILD = textwrap.dedent('''
     not_ready = workers.build(requests)  # none has imported torch and Triton yet: the caller compiles
     while workers.ready() < 2:
         time.sleep(0.05)
-    in_workers = workers.build(requests)
+    compiled_here = []
+    in_workers = workers.build(requests, compiled_here.append)  # every worker ready: the caller compiles none
     workers.close()
     from pathlib import Path
     launchers = sorted({p.parent.name for p in Path(triton.knobs.cache.dir).rglob("__triton_launcher*")})
@@ -72,7 +73,8 @@ CHILD = textwrap.dedent('''
             build_worker_process.compile_request(request, {module.__file__: module})
         except Exception as e:
             here[k] = type(e).__name__
-    print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "front_end_runs": front_end_runs,
+    print(json.dumps({"not_ready": not_ready, "in_workers": in_workers, "compiled_here": compiled_here,
+                      "front_end_runs": front_end_runs,
                       "here": here, "launchers_from_workers": len(launchers)}))
 ''')
 
@@ -85,6 +87,7 @@ def test_kernels_built_in_workers_are_not_compiled_again():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["not_ready"] == {}, result
+    assert result["compiled_here"] == [], result  # with workers ready, the graph's process left them every request
     errors = {int(k): v for k, v in result["in_workers"].items()}
     assert errors[0] is None and errors[1] is None, errors  # one kernel, two specializations (dtypes)
     assert "name_that_is_not_defined" in errors[2], errors
@@ -122,6 +125,9 @@ def test_requests_name_each_launcher_compile_of_generated_kernels(monkeypatch):
         assert isinstance(getattr(module, request["launcher"]), Launcher)
         assert all(isinstance(getattr(torch, d), torch.dtype) for d in request["dtypes"])
         assert all(type(i) is int for i in request["ints"])
+    # the longest kernels are handed out first: the slowest compile does not start after the others are done
+    sizes = [build_workers.source_size(getattr(module, request["launcher"])) for request in requests]
+    assert sizes == sorted(sizes, reverse=True), sizes
 
 
 def test_a_kernel_whose_precompile_raises_is_left_to_the_graphs_process():

@@ -7,6 +7,7 @@ every op, so compare the same op across compilers, not absolute totals.
 
     python benchmarks/host_ops.py --bench .bench/models_bench.py --model cnn_fashion_train \\
         --compilers eager,kiln --out ops.json
+    python benchmarks/host_ops.py --model zoo:phi3_train_bf16 --compilers torch,kiln   # a zoo workload
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import argparse
 
 import torch
 
-from common import build_step, harness_compiler, load_bench, write_json
+from common import ZOO, build_step, harness_compiler, load_bench, write_json, zoo_step
 
 
 def op_table(step, steps: int, top: int) -> list[dict]:
@@ -34,17 +35,19 @@ def op_table(step, steps: int, top: int) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", required=True)
+    p.add_argument("--bench", help="the shared harness's models_bench.py (not for a zoo workload)")
     p.add_argument("--model", default="cnn_fashion_train")
     p.add_argument("--compilers", default="eager,kiln")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    bench = load_bench(args.bench)
+    bench = None if args.model.startswith(ZOO) else load_bench(args.bench)
     result = {}
     for compiler in args.compilers.split(","):
-        rows = op_table(build_step(bench, args.model, *harness_compiler(compiler)), args.steps, args.top)
+        step = zoo_step(args.model, compiler) if bench is None else build_step(bench, args.model,
+                                                                               *harness_compiler(compiler))
+        rows = op_table(step, args.steps, args.top)
         result[compiler] = rows
         print(f"== {compiler}: {sum(r['self_us'] for r in rows):.0f} us self time in the top {len(rows)}")
         for r in rows:

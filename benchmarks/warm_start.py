@@ -56,12 +56,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import result_path
+from common import ZOO, compiled_by, result_path, zoo_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BENCH = ROOT.parent / "shared" / "bench" / "models_bench.py"
 CPU_MODELS = ["mlp_small_bs1", "cnn_fashion_train", "transformer6_train", "kiln_vit_train"]
-ZOO = "zoo:"  # names the zoo's workloads (benchmarks/zoo), as `zoo:llama_train_bf16`
 GPU_MODELS = ["vit_b16_train", "gpt2_train", "bert_infer_bf16", "resnet50_infer_bs1", f"{ZOO}llama_train_bf16",
               f"{ZOO}timm_convnext_infer_fp32_bs64", f"{ZOO}t5_train_bf16"]
 MODES = ["cold", "warm", "artifacts"]
@@ -91,15 +90,6 @@ def _import(compiler: str) -> None:
         import kiln  # noqa: F401
     elif compiler == "torch":
         import torch._inductor.compile_fx  # noqa: F401
-
-
-def _compile(compiler: str, model):
-    import torch
-
-    if compiler == "kiln":
-        import kiln
-        return kiln.compile(model)
-    return torch.compile(model) if compiler == "torch" else model
 
 
 def _load_artifacts(compiler: str, blob: bytes) -> None:
@@ -135,7 +125,7 @@ def _harness_model(job: dict, device):
         workload = bench.MODELS[job["model"]].factory(bench.BuildCtx(device, job["quick"], 0))
 
     def compile_and_step():
-        fn = _compile(job["compiler"], workload.model)
+        fn = compiled_by(job["compiler"], workload.model)
         optimizer = workload.optim_fn(bench.params_for_optimizer(fn, workload.model)) \
             if workload.kind == "train" else None
         return bench.make_step(workload, fn, optimizer, device, bench.COMPILERS["eager"])
@@ -143,27 +133,13 @@ def _harness_model(job: dict, device):
 
 
 def _zoo_model(job: dict, device):
-    """The zoo's workload `job["model"]` less its `zoo:` prefix (benchmarks/zoo/workloads.py), with the zoo's
-    backend switches: a function that compiles it and returns a step on one fixed batch."""
-    import torch
-
-    sys.path.insert(0, str(ROOT / "benchmarks" / "zoo"))
-    from workloads import WORKLOADS, gpu_settings, make_step, without_dropout
-
-    workload = WORKLOADS[job["model"].removeprefix(ZOO)]
-    gpu_settings()
-    torch.manual_seed(0)
-    train = workload.task == "train"
-    model, make_inputs = workload.build(workload.batch, device, train)
-    without_dropout(model)
-    model.train(train)
-    inputs = make_inputs(torch.Generator().manual_seed(1))
-    if not train:
-        model.to(workload.dtype)
-        inputs = tuple(x.to(workload.dtype) if x.is_floating_point() else x for x in inputs)
+    """The zoo's workload `job["model"]` (common.zoo_workload): a function that compiles it and returns a step on
+    one fixed batch."""
+    workload, model, inputs = zoo_workload(job["model"], device)
+    from workloads import make_step  # the zoo's module, on the path once zoo_workload ran
 
     def compile_and_step():
-        step = make_step(workload, _compile(job["compiler"], model), model)
+        step = make_step(workload, compiled_by(job["compiler"], model), model)
         return lambda: step(inputs)
     return compile_and_step
 

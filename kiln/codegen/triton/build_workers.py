@@ -86,9 +86,7 @@ class BuildWorkers:
         is ready (its compiles hold the GIL the build threads need to hand requests out); without it, a build that
         finds no worker ready compiles nothing. A request nobody compiled (its worker died) is left out: the graph's
         process compiles it."""
-        # Workers that became ready since the last build are taken here, in one go: left to the build threads, each
-        # polled every starting worker while this thread held the GIL compiling, and the first build's compiles
-        # began half a second late (an H200 host, OPT's forward graph)
+        # the workers that became ready since the last build, taken before this thread decides whether it compiles
         if not self.ready() and compile_here is None:
             return {}
         pending = list(range(len(requests)))[::-1]  # taken from the end: in order; list.pop is atomic

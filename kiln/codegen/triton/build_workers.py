@@ -284,7 +284,13 @@ def requests_for(module, kernels: dict) -> list[dict]:
 
 def source_size(launcher) -> int:
     """The length of a launcher's kernel source: how long its compile takes, roughly (Triton's JIT function keeps
-    its source; the interpreter's wraps the Python function)."""
-    fn = launcher.fn
+    its source; the interpreter's wraps the Python function). 0 where there is none to read: the order of the
+    requests is a speed-up only."""
+    fn = getattr(launcher, "fn", None)
     src = getattr(fn, "src", None)
-    return len(src) if src is not None else len(inspect.getsource(fn.fn))
+    if src is None:
+        try:
+            src = inspect.getsource(fn.fn)
+        except (AttributeError, TypeError, OSError):
+            return 0
+    return len(src)

@@ -16,6 +16,7 @@ reported too: when it is close to the sum of the phases, the step is host-bound.
 
     python benchmarks/step_parts.py --bench .bench/models_bench.py \\
         --models cnn_fashion_train,resnet50_infer_bs1 --compilers eager,torch,kiln,kiln-ro --out parts.json
+    python benchmarks/step_parts.py --models zoo:phi3_train_bf16 --compilers torch,kiln   # a zoo workload
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from collections import defaultdict
 
 import torch
 
-from common import build_workload, harness_compiler, load_bench, write_json
+from common import ZOO, build_workload, compiled_by, harness_compiler, load_bench, write_json, zoo_workload
 
 
 class KilnParts:
@@ -105,14 +106,44 @@ def _phases(bench, workload, fn, optimizer, device, comp):
     return {"forward": infer}
 
 
+def _zoo_phases(name: str, compiler: str, device: torch.device):
+    """A zoo workload's step (benchmarks/zoo/workloads.py `make_step`: bf16 autocast and AdamW for training) as
+    named phases, and the compiled callable."""
+    workload, model, inputs = zoo_workload(name, device)
+    fn = compiled_by(compiler, model)
+    if workload.task != "train":
+        def infer():
+            with torch.no_grad():
+                fn(*inputs)
+        return {"forward": infer}, fn
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state = {}
+
+    def forward():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            state["loss"] = fn(*inputs)
+
+    def backward():
+        state.pop("loss").backward()
+
+    def optimize():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return {"forward": forward, "backward": backward, "optimizer": optimize}, fn
+
+
 def measure(bench, model_name: str, compiler: str, steps: int, device: torch.device) -> dict:
     base, opts = harness_compiler(compiler)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     parts = KilnParts() if base == "kiln" else None
     if parts is not None:
         parts.listen()
-    workload, fn, optimizer, comp = build_workload(bench, model_name, base, opts, device)
-    phases = _phases(bench, workload, fn, optimizer, device, comp)
+    if model_name.startswith(ZOO):
+        phases, fn = _zoo_phases(model_name, base, device)
+    else:
+        workload, fn, optimizer, comp = build_workload(bench, model_name, base, opts, device)
+        phases = _phases(bench, workload, fn, optimizer, device, comp)
     for _ in range(15):
         for run in phases.values():
             run()
@@ -145,14 +176,14 @@ def measure(bench, model_name: str, compiler: str, steps: int, device: torch.dev
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", required=True, help="path to models_bench.py")
+    p.add_argument("--bench", help="path to models_bench.py (not for the zoo's workloads, `zoo:<name>`)")
     p.add_argument("--models", default="cnn_fashion_train")
     p.add_argument("--compilers", default="eager,torch,kiln")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--device", default="cuda", help="cuda, or cpu to try the script without a GPU")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    bench = load_bench(args.bench)
+    bench = load_bench(args.bench) if args.bench else None
     rows = []
     for model in args.models.split(","):
         for compiler in args.compilers.split(","):

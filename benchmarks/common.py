@@ -61,12 +61,17 @@ def zoo_workload(name: str, device):
     return workload, model, inputs
 
 
-def compiled_by(compiler: str, model):
-    """`model` through `compiler`: kiln, torch (torch.compile with its defaults) or eager (the model itself)."""
+def compiled_by(compiler: str, model, options: dict | None = None):
+    """`model` through `compiler`: kiln or torch (torch.compile), with `options` as their keyword arguments (`mode`,
+    `backend`; the defaults without), or eager (the model itself)."""
     if compiler == "kiln":
         import kiln
-        return kiln.compile(model)
-    return torch.compile(model) if compiler == "torch" else model
+        return kiln.compile(model, **(options or {}))
+    if compiler == "torch":
+        return torch.compile(model, **(options or {}))
+    if options:
+        raise ValueError(f"eager takes no options, got {options}")
+    return model
 
 
 def zoo_step(name: str, compiler: str, device=None):

@@ -106,11 +106,11 @@ def _phases(bench, workload, fn, optimizer, device, comp):
     return {"forward": infer}
 
 
-def _zoo_phases(name: str, compiler: str, device: torch.device):
+def _zoo_phases(name: str, compiler: str, options: dict, device: torch.device):
     """A zoo workload's step (benchmarks/zoo/workloads.py `make_step`: bf16 autocast and AdamW for training) as
     named phases, and the compiled callable."""
     workload, model, inputs = zoo_workload(name, device)
-    fn = compiled_by(compiler, model)
+    fn = compiled_by(compiler, model, options)
     if workload.task != "train":
         def infer():
             with torch.no_grad():
@@ -140,7 +140,7 @@ def measure(bench, model_name: str, compiler: str, steps: int, device: torch.dev
     if parts is not None:
         parts.listen()
     if model_name.startswith(ZOO):
-        phases, fn = _zoo_phases(model_name, base, device)
+        phases, fn = _zoo_phases(model_name, base, opts, device)
     else:
         workload, fn, optimizer, comp = build_workload(bench, model_name, base, opts, device)
         phases = _phases(bench, workload, fn, optimizer, device, comp)

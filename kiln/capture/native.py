@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from kiln.capture.breaks import Unresumable
 from kiln.capture.bytecode import Instruction, handler_around, instructions
-from kiln.capture.values.base import NULL
+from kiln.capture.values.base import NULL, LazyValue
 from kiln.capture.values.functions import BuiltinValue
 from kiln.capture.values.operators import BINARY_OPS, COMPARE_OPS
 
@@ -540,7 +540,10 @@ def calls_frame_reader(ins: Instruction, stack: list, kw_names: tuple) -> bool:
     """Whether the breaking instruction is a call `eval(s)` or `exec(s)` (one argument: the frame's namespaces)."""
     if ins.opname != "CALL" or ins.arg != 1 or kw_names or len(stack) < 3 or stack[-3] is not NULL:
         return False
-    callee = stack[-2].realize()
+    callee = stack[-2]
+    if isinstance(callee, LazyValue):  # not looked at before the break: asked without wrapping it
+        return callee.is_one_of(FRAME_READERS)
+    callee = callee.realize()
     return isinstance(callee, BuiltinValue) and any(callee.fn is reader for reader in FRAME_READERS)
 
 

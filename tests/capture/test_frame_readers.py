@@ -87,3 +87,47 @@ def test_locals_vars_and_eval_see_the_frames_variables(fn):
         expected = fn(x)
         actual = kiln.compile(fn, backend="eager")(x)
         assert repr(actual) == repr(expected)
+
+
+def hooks_a_lazily_negated_input(a, c):
+    t = torch.sign(c)  # a lazily negated tensor is not modelled: a graph break
+    if c.requires_grad and c.is_leaf:
+        c.register_hook(lambda g: g.clamp(-1, 1))  # a break at a call of its method, resumed after the call
+    return t * a + c * 4
+
+
+def lazily_negated_leaf(seed: int) -> torch.Tensor:
+    """A leaf that requires grad, its memory holding its values negated (as `z.conj().imag`'s does)."""
+    return (-torch.randn(3, generator=torch.Generator().manual_seed(seed)))._neg_view().requires_grad_()
+
+
+def test_a_break_at_a_call_of_an_object_kiln_does_not_model_resumes_after_it():
+    """Writing the program of a break asks whether the breaking call is `eval(s)`/`exec(s)`, which read the frame.
+    Asking wrapped the callee, and wrapping a bound method of a lazily negated tensor breaks the graph, which
+    there it cannot: the whole continuation ran natively, a frame fallback (the fuzzer's seed 861365). The
+    callee is now told by identity, guarded; the break resumes after the call, the hook in place."""
+    compiled = kiln.compile(hooks_a_lazily_negated_input)
+    for seed in range(2):
+        a = torch.randn(3)
+        c_eager, c_kiln = lazily_negated_leaf(seed), lazily_negated_leaf(seed)
+        expected, actual = hooks_a_lazily_negated_input(a, c_eager), compiled(a, c_kiln)
+        torch.testing.assert_close(actual, expected)
+        (expected * 10).sum().backward()
+        (actual * 10).sum().backward()
+        torch.testing.assert_close(c_kiln.grad, c_eager.grad)  # clamped to [-1, 1] by the hook, as in eager
+        assert c_kiln.grad.abs().max() <= 1
+
+
+def call_at_a_break(f, c, s):
+    t = torch.sign(c) * 2  # a break: c is lazily negated
+    return f(s), t
+
+
+def test_the_callee_told_apart_without_wrapping_it_is_guarded():
+    """A continuation written for a callee that reads no frame (a method of a lazily negated tensor) is not run for
+    `eval`: the identity the program was written for is guarded, and `eval(s)` sees the frame's `t`."""
+    compiled = kiln.compile(call_at_a_break)
+    c = lazily_negated_leaf(0).detach()
+    for f, s in ((c.mul, 2.0), (eval, "t.sum()"), (c.mul, 3.0)):
+        expected, actual = call_at_a_break(f, c, s), compiled(f, c, s)
+        torch.testing.assert_close(actual, expected)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kiln.capture.breaks import GraphBreak
+from kiln.capture.guards import Guard, GuardKind
 from kiln.capture.sources import Source
 
 if TYPE_CHECKING:
@@ -120,6 +121,18 @@ class LazyValue(Value):
         if self._realized is None:
             self._realized = self._state.wrap(self._obj, self.source)
         return self._realized
+
+    def is_one_of(self, objects: tuple) -> bool:
+        """Whether this input is one of `objects`, told by identity and guarded either way, without wrapping it:
+        wrapping an object kiln does not model (a bound method of a lazily negated tensor) breaks the graph,
+        which where the question is asked (writing the program of a break already chosen) it cannot."""
+        expr = self._state.source_expr(self.source)
+        names = [self._state.guards.constant(o, "obj") for o in objects]
+        found = next((name for o, name in zip(objects, names) if self._obj is o), None)
+        check = f"{expr} is {found}" if found else f"not ({' or '.join(f'{expr} is {n}' for n in names)})"
+        self._state.guards.add(Guard(GuardKind.ID_MATCH, self.source, check, found or f"none of {', '.join(names)}",
+                                     self.source.expr()))
+        return found is not None
 
     def __getattr__(self, name: str):  # noqa: D401 - delegation
         raise AttributeError(name)

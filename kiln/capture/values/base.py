@@ -128,10 +128,13 @@ class LazyValue(Value):
         which where the question is asked (writing the program of a break already chosen) it cannot."""
         expr = self._state.source_expr(self.source)
         names = [self._state.guards.constant(o, "obj") for o in objects]
-        found = next((name for o, name in zip(objects, names) if self._obj is o), None)
-        check = f"{expr} is {found}" if found else f"not ({' or '.join(f'{expr} is {n}' for n in names)})"
-        self._state.guards.add(Guard(GuardKind.ID_MATCH, self.source, check, found or f"none of {', '.join(names)}",
-                                     self.source.expr()))
+        found = next((k for k, o in enumerate(objects) if self._obj is o), None)
+        readable = [getattr(o, "__name__", repr(o)) for o in objects]
+        if found is not None:
+            check, expected = f"{expr} is {names[found]}", readable[found]
+        else:
+            check, expected = f"not ({' or '.join(f'{expr} is {n}' for n in names)})", f"none of {', '.join(readable)}"
+        self._state.guards.add(Guard(GuardKind.ID_MATCH, self.source, check, expected, self.source.expr()))
         return found is not None
 
     def __getattr__(self, name: str):  # noqa: D401 - delegation

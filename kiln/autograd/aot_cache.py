@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import operator
 import os
 import sys
 
@@ -81,7 +82,7 @@ def variant_key(program: FlatProgram, variant: tuple, compiler: str) -> str:
         if node.op == "call_function":
             _check_known(node.target)
         if node.op == "get_attr" and node.target not in state:
-            constants[node.target] = encode_value(_attribute(gm, node.target))
+            constants[node.target] = encode_value(operator.attrgetter(node.target)(gm))
     inputs = [_describe_spec(spec) for spec in program.input_specs]
     baked = {str(i): _plain(value) for i, value in program.constants.items()}
     requires_grad, autocast, cast_cache = variant
@@ -139,13 +140,6 @@ def _plain(value):
     if isinstance(value, (tuple, list)):
         return [type(value).__name__, [_plain(v) for v in value]]
     raise Uncacheable(f"an input of type {type(value).__name__}")
-
-
-def _attribute(gm: torch.nn.Module, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 # ----------------------------------------------------------------------------- products

@@ -20,6 +20,7 @@ environment's symbols and made again in the environment of the fake mode it is d
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import torch.fx
@@ -180,7 +181,7 @@ def encode_graph(gm: torch.fx.GraphModule) -> dict:
             entry["val"] = _encode_val(node.meta["val"])
         entry.update({k: node.meta[k] for k in _KEPT_META if isinstance(node.meta.get(k), str)})
         nodes.append(entry)
-    constants = {n.target: encode_value(_attribute(gm, n.target)) for n in gm.graph.find_nodes(op="get_attr")}
+    constants = {n.target: encode_value(operator.attrgetter(n.target)(gm)) for n in gm.graph.find_nodes(op="get_attr")}
     return {"code": gm.code, "nodes": nodes, "constants": constants}
 
 
@@ -211,13 +212,6 @@ def decode_graph(described: dict, mode: FakeTensorMode) -> torch.fx.GraphModule:
     if code != described["code"]:
         raise ValueError("the rebuilt graph's code differs from the code stored with it")
     return gm
-
-
-def _attribute(gm: torch.fx.GraphModule, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 __all__ = ["encode_graph", "decode_graph"]

@@ -8,6 +8,7 @@ routing its users to an input of the same shape and dtype; `shrink` slices every
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,24 +127,19 @@ def lifted(gm: torch.fx.GraphModule, inputs: list) -> Case:
     minifier may cut or shrink is an input, and the written script needs no module state."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    attributes = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)]
+    attributes = [n for n in gm.graph.nodes
+                  if n.op == "get_attr" and isinstance(operator.attrgetter(n.target)(gm), torch.Tensor)]
     values = list(inputs)
     for node in gm.graph.find_nodes(op="placeholder"):
         env[node] = graph.node_copy(node)
     for node in attributes:
         env[node] = graph.placeholder(node.name)
-        value = _attr(gm, node.target)
+        value = operator.attrgetter(node.target)(gm)
         values.append(value.detach().clone().requires_grad_(value.requires_grad))
     for node in gm.graph.nodes:
         if node not in env:
             env[node] = graph.node_copy(node, lambda n: env[n])
     return Case(_module(gm, graph), values)
-
-
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    for part in target.split("."):
-        gm = getattr(gm, part)
-    return gm
 
 
 def _ancestors(outputs: list[torch.fx.Node], stops: set[torch.fx.Node]) -> set[torch.fx.Node]:

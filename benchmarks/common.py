@@ -41,18 +41,26 @@ def load_bench(path: str):
 ZOO = "zoo:"  # names a workload of kiln's zoo (benchmarks/zoo/workloads.py), as `zoo:llama_train_bf16`
 
 
+def zoo_module():
+    """benchmarks/zoo/workloads.py, imported as the zoo imports it (`workloads`, its folder on sys.path once)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zoo")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import workloads
+
+    return workloads
+
+
 def zoo_workload(name: str, device):
     """The zoo's workload `name` (`zoo:` prefix and all) as the zoo runs it, with the zoo's backend switches (TF32,
     cudnn.benchmark): (its Workload, the model, one fixed batch of inputs); an inference model in its dtype."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "zoo"))
-    from workloads import WORKLOADS, gpu_settings, without_dropout
-
-    workload = WORKLOADS[name.removeprefix(ZOO)]
-    gpu_settings()
+    zoo = zoo_module()
+    workload = zoo.WORKLOADS[name.removeprefix(ZOO)]
+    zoo.gpu_settings()
     torch.manual_seed(0)
     train = workload.task == "train"
     model, make_inputs = workload.build(workload.batch, device, train)
-    without_dropout(model)
+    zoo.without_dropout(model)
     model.train(train)
     inputs = make_inputs(torch.Generator().manual_seed(1))
     if not train:
@@ -78,8 +86,7 @@ def zoo_step(name: str, compiler: str, device=None):
     """One step of the zoo's workload `name` through `compiler` on one fixed batch (see zoo_workload): a function
     of no arguments."""
     workload, model, inputs = zoo_workload(name, device or torch.device("cuda"))
-    from workloads import make_step  # the zoo's module, on the path once zoo_workload ran
-    step = make_step(workload, compiled_by(compiler, model), model)
+    step = zoo_module().make_step(workload, compiled_by(compiler, model), model)
     return lambda: step(inputs)
 
 

@@ -56,7 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ZOO, compiled_by, result_path, zoo_workload
+from common import ZOO, compiled_by, result_path, zoo_module, zoo_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BENCH = ROOT.parent / "shared" / "bench" / "models_bench.py"
@@ -136,7 +136,7 @@ def _zoo_model(job: dict, device):
     """The zoo's workload `job["model"]` (common.zoo_workload): a function that compiles it and returns a step on
     one fixed batch."""
     workload, model, inputs = zoo_workload(job["model"], device)
-    from workloads import make_step  # the zoo's module, on the path once zoo_workload ran
+    make_step = zoo_module().make_step
 
     def compile_and_step():
         step = make_step(workload, compiled_by(job["compiler"], model), model)
